@@ -1,0 +1,1 @@
+"""vgpu_formats."""

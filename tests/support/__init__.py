@@ -1,0 +1,1 @@
+"""Test-support code shared by the suites (no product logic lives here)."""
