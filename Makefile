@@ -38,7 +38,7 @@ lint: venv
 	$(VENV)/bin/ruff check operator deviceplugin tests bench
 	$(VENV)/bin/mypy
 
-test-hook:
+test-hook: venv
 	$(MAKE) -C hook test
 
 test-python: venv
