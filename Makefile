@@ -23,9 +23,9 @@ venv: $(STAMP) proto tools
 # gRPC stubs are generated from the project's own .proto, never hand-edited.
 proto: $(STAMP)
 ifneq ($(PROTOS),)
-	$(PY) -m grpc_tools.protoc -I$(PROTO_DIR) --python_out=$(PROTO_DIR) --pyi_out=$(PROTO_DIR) \
-		--grpc_python_out=$(PROTO_DIR) $(PROTOS)
-	$(PY) deviceplugin/fix_stub_imports.py $(PROTO_DIR)
+	# -Ideviceplugin makes the stubs import each other as vgpu_deviceplugin.api.*
+	$(PY) -m grpc_tools.protoc -Ideviceplugin --python_out=deviceplugin --pyi_out=deviceplugin \
+		--grpc_python_out=deviceplugin $(PROTOS)
 endif
 
 tools: $(STAMP)
