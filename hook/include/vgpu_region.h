@@ -1,0 +1,112 @@
+/*
+ * vgpu_region.h - the shared region file of libvgpu.so, layout version 1.
+ *
+ * One file per container (path: $CUDA_DEVICE_MEMORY_SHARED_CACHE). Every process of the
+ * container that uses CUDA or NVML maps it MAP_SHARED and keeps its memory ledger in it; the
+ * node monitor maps it to read usage and limits. This header is the whole contract: readers in
+ * other languages copy the offsets below (each one is pinned by a _Static_assert).
+ *
+ * All integers are little-endian, naturally aligned, and read or written with 64-bit (or 32-bit)
+ * atomic loads/stores. Byte layout (file size 198784 bytes for version 1):
+ *
+ *   offset 0      struct vgpu_region_header            128 bytes
+ *   offset 128    struct vgpu_region_device[16]        16 x 128 bytes
+ *   offset 2176   struct vgpu_region_slot[1024]        1024 x 192 bytes
+ *
+ * A reader must check magic, version, header_size, device_size, slot_size, max_devices,
+ * max_slots and file_size before trusting anything else, and reject the file otherwise.
+ * See hook/README.md, "Shared region layout", for snapshots and liveness.
+ */
+#ifndef VGPU_REGION_H
+#define VGPU_REGION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* "VGPUREG1" read as a little-endian u64: HAMi-core's monitor (magic 19920718) rejects it. */
+#define VGPU_REGION_MAGIC UINT64_C(0x3147455255504756)
+
+enum {
+    VGPU_REGION_VERSION = 1,
+    VGPU_REGION_MAX_DEVICES = 16,
+    VGPU_REGION_MAX_SLOTS = 1024,
+    VGPU_REGION_UUID_BYTES = 64,
+};
+
+/* Values of vgpu_region_device.uuid_state. */
+enum { VGPU_UUID_UNSET = 0, VGPU_UUID_WRITING = 1, VGPU_UUID_SET = 2 };
+
+struct vgpu_region_header {
+    uint64_t magic;            /*   0 VGPU_REGION_MAGIC; stored last (release) by the creator */
+    uint32_t version;          /*   8 VGPU_REGION_VERSION */
+    uint32_t header_size;      /*  12 sizeof(struct vgpu_region_header) = 128 */
+    uint32_t device_size;      /*  16 sizeof(struct vgpu_region_device) = 128 */
+    uint32_t slot_size;        /*  20 sizeof(struct vgpu_region_slot) = 192 */
+    uint32_t max_devices;      /*  24 16 */
+    uint32_t max_slots;        /*  28 1024 */
+    uint64_t file_size;        /*  32 198784 */
+    uint64_t devices_offset;   /*  40 128 */
+    uint64_t slots_offset;     /*  48 2176 */
+    uint32_t slot_high_water;  /*  56 atomic: slots [0, slot_high_water) have ever been claimed */
+    int32_t creator_pid;       /*  60 pid (creator's namespace) that initialised the file */
+    uint64_t created_unix_ns;  /*  64 CLOCK_REALTIME at creation */
+    uint64_t reaped_slots;     /*  72 atomic: dead processes whose memory was given back */
+    uint8_t reserved[48];      /*  80 zero */
+};
+
+struct vgpu_region_device {
+    uint64_t limit_bytes;      /*   0 memory cap; 0 = no cap. Fixed at creation */
+    uint64_t used_bytes;       /*   8 atomic: bytes reserved by all live processes. The cap
+                                *     check is a compare-and-swap on this word */
+    uint64_t peak_bytes;       /*  16 atomic: highest used_bytes seen */
+    uint32_t sm_limit_percent; /*  24 SM cap in percent; 0 = no cap. Fixed at creation */
+    uint32_t uuid_state;       /*  28 VGPU_UUID_*: uuid is valid only when SET (acquire) */
+    char uuid[VGPU_REGION_UUID_BYTES]; /* 32 "GPU-xxxxxxxx-...", NUL-terminated, CUDA order */
+    uint64_t oom_refusals;     /*  96 atomic: allocations refused because of the cap */
+    uint64_t reserved[3];      /* 104 zero */
+};
+
+struct vgpu_region_slot {
+    int32_t pid;               /*   0 owner's pid in the container; 0 = free */
+    int32_t host_pid;          /*   4 written by the node monitor (0 = unknown); see README */
+    uint64_t generation;       /*   8 atomic: odd while the slot is being claimed or released */
+    uint64_t claimed_unix_ns;  /*  16 CLOCK_REALTIME when the owner claimed the slot */
+    uint64_t last_launch_unix_ns; /* 24 atomic: last kernel launch seen (about 1 s resolution) */
+    uint64_t used_bytes[VGPU_REGION_MAX_DEVICES]; /* 32 atomic: this process's ledger per device */
+    uint64_t reserved[4];      /* 160 zero */
+};
+
+_Static_assert(sizeof(struct vgpu_region_header) == 128, "header is 128 bytes");
+_Static_assert(sizeof(struct vgpu_region_device) == 128, "device record is 128 bytes");
+_Static_assert(sizeof(struct vgpu_region_slot) == 192, "slot is 192 bytes");
+_Static_assert(offsetof(struct vgpu_region_header, slot_high_water) == 56, "header offsets");
+_Static_assert(offsetof(struct vgpu_region_header, reaped_slots) == 72, "header offsets");
+_Static_assert(offsetof(struct vgpu_region_device, uuid) == 32, "device offsets");
+_Static_assert(offsetof(struct vgpu_region_device, oom_refusals) == 96, "device offsets");
+_Static_assert(offsetof(struct vgpu_region_slot, used_bytes) == 32, "slot offsets");
+
+enum {
+    VGPU_REGION_DEVICES_OFFSET = 128,
+    VGPU_REGION_SLOTS_OFFSET = 128 + 16 * 128,
+    VGPU_REGION_FILE_SIZE = 128 + 16 * 128 + 1024 * 192,
+};
+
+/* The whole file, as mapped. */
+struct vgpu_region {
+    struct vgpu_region_header header;
+    struct vgpu_region_device devices[VGPU_REGION_MAX_DEVICES];
+    struct vgpu_region_slot slots[VGPU_REGION_MAX_SLOTS];
+};
+
+_Static_assert(offsetof(struct vgpu_region, devices) == VGPU_REGION_DEVICES_OFFSET, "devices");
+_Static_assert(offsetof(struct vgpu_region, slots) == VGPU_REGION_SLOTS_OFFSET, "slots");
+_Static_assert(sizeof(struct vgpu_region) == VGPU_REGION_FILE_SIZE, "file size");
+
+/* Liveness: the owner of slot i holds an fcntl() write lock on the single byte at this file
+ * offset for as long as it lives; the kernel drops it when the process dies or execs. */
+static inline uint64_t vgpu_region_slot_lock_offset(uint32_t slot)
+{
+    return (uint64_t)VGPU_REGION_SLOTS_OFFSET + (uint64_t)slot * sizeof(struct vgpu_region_slot);
+}
+
+#endif /* VGPU_REGION_H */
