@@ -295,31 +295,34 @@ class DevicePluginSpec(ApiModel):
                             "(this project's plugin), or auto to read it from the image.")
 
 
-class ConfigMapRef(ApiModel):
-    """A ConfigMap by namespace and name."""
+_NAMESPACE_HELP = ("Namespace. The scheduler reads only the one named in its KnownGeometriesCMNamespace; "
+                   "the plugin tries kube-system, then volcano-system.")
+
+
+class DeviceConfigRef(ApiModel):
+    """The device-config ConfigMap (`device-config.yaml`), read by the scheduler and the plugin."""
+
+    namespace: str = Field("kube-system", max_length=63, pattern=DNS_NAME_PATTERN, description=_NAMESPACE_HELP)
+    name: str = Field("volcano-vgpu-device-config", max_length=NAME_MAX, pattern=DNS_NAME_PATTERN,
+                      description="Name (the scheduler's KnownGeometriesCMName).")
+
+
+class NodeConfigRef(ApiModel):
+    """The node-config ConfigMap (`config.json`), mounted into the device plugin pods."""
 
     namespace: str = Field("kube-system", max_length=63, pattern=DNS_NAME_PATTERN,
-                           description="Namespace. The scheduler reads only the one named in its "
-                                       "KnownGeometriesCMNamespace; the plugin tries kube-system, "
-                                       "then volcano-system.")
-    name: str = Field(max_length=NAME_MAX, pattern=DNS_NAME_PATTERN, description="Name.")
-
-
-def _device_config_ref() -> ConfigMapRef:
-    return ConfigMapRef(name="volcano-vgpu-device-config")
-
-
-def _node_config_ref() -> ConfigMapRef:
-    return ConfigMapRef(name="volcano-vgpu-node-config")
+                           description="Namespace; must be the DaemonSet's namespace (it is mounted).")
+    name: str = Field("volcano-vgpu-node-config", max_length=NAME_MAX, pattern=DNS_NAME_PATTERN,
+                      description="Name (the DaemonSet's config volume must mount it).")
 
 
 class TargetsSpec(ApiModel):
     """The two ConfigMaps the operator renders."""
 
-    device_config: ConfigMapRef = Field(default_factory=_device_config_ref,
-                                        description="device-config.yaml ConfigMap (scheduler and plugin).")
-    node_config: ConfigMapRef = Field(default_factory=_node_config_ref,
-                                      description="config.json ConfigMap (per-node plugin settings).")
+    device_config: DeviceConfigRef = Field(default_factory=DeviceConfigRef,
+                                           description="device-config.yaml ConfigMap (scheduler and plugin).")
+    node_config: NodeConfigRef = Field(default_factory=NodeConfigRef,
+                                       description="config.json ConfigMap (per-node plugin settings).")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,6 +331,12 @@ class TargetsSpec(ApiModel):
 
 class VGPUPolicySpec(ApiModel):
     """Desired vGPU configuration of the whole cluster."""
+
+    cel_rules: ClassVar[list[dict[str, str]]] = [
+        {"rule": "self.targets.nodeConfig.namespace == self.devicePlugin.namespace",
+         "message": "targets.nodeConfig.namespace must equal devicePlugin.namespace: the DaemonSet mounts "
+                    "that ConfigMap from its own namespace"},
+    ]
 
     resources: ResourceNames = Field(default_factory=ResourceNames,
                                      description="Resource names pods request.")
@@ -344,6 +353,12 @@ class VGPUPolicySpec(ApiModel):
     drift_policy: Literal["Enforce", "Report"] = Field(
         "Enforce", description="Enforce restores hand edits of owned settings; Report only reports them.")
     paused: bool = Field(False, description="Render and report, write nothing.")
+
+    @model_validator(mode="after")
+    def _node_config_beside_plugin(self) -> VGPUPolicySpec:
+        if self.targets.node_config.namespace != self.device_plugin.namespace:
+            raise ValueError(self.cel_rules[0]["message"])
+        return self
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,122 @@
+"""The CRD: in sync with the models, a valid CustomResourceDefinition, structural, described."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from vgpu_operator import api, crd
+
+
+def _schema() -> dict[str, Any]:
+    return crd.crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_file_matches_models() -> None:
+    # Fails when someone edits api.py without `python -m vgpu_operator.crd --write`.
+    assert crd.CRD_PATH.read_text() == crd.render_crd()
+    assert crd.main(["--check"]) == 0
+
+
+def test_check_reports_a_stale_file(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    stale = tmp_path / "crd.yaml"
+    stale.write_text(crd.render_crd().replace("maximum: 100", "maximum: 99", 1))
+    assert crd.main(["--check", "--path", str(stale)]) == 1
+    out = capsys.readouterr()
+    assert "-" in out.out and "maximum: 100" in out.out
+    assert "--write" in out.err
+
+
+def test_kubernetes_accepts_the_crd() -> None:
+    manifest = yaml.safe_load(crd.CRD_PATH.read_text())
+    kubernetes_validate.validate(manifest, "1.30", strict=True)
+
+
+def _walk(schema: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]]]:
+    found = [(path, schema)]
+    for key, sub in schema.get("properties", {}).items():
+        found += _walk(sub, f"{path}.{key}")
+    if "items" in schema:
+        found += _walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        found += _walk(schema["additionalProperties"], f"{path}{{}}")
+    return found
+
+
+def test_schema_is_structural_and_every_field_is_explained() -> None:
+    for path, node in _walk(_schema(), "root"):
+        assert "type" in node, path
+        assert not {"$ref", "anyOf", "oneOf", "allOf"} & node.keys(), path
+        if path.count(".") >= 2 and not path.endswith("]") and not path.endswith("}"):
+            assert node.get("description"), f"{path} has no description (kubectl explain)"
+
+
+def test_cel_lists_and_strings_are_bounded() -> None:
+    # The API server rejects CEL whose estimated cost is unbounded: every list and string
+    # in an object carrying rules must have a max size.
+    for path, node in _walk(_schema(), "root"):
+        if "x-kubernetes-validations" not in node:
+            continue
+        for sub_path, sub in _walk(node, path):
+            if sub.get("type") == "array":
+                assert "maxItems" in sub, sub_path
+            if sub.get("type") == "string" and "enum" not in sub:
+                assert "maxLength" in sub, sub_path
+
+
+def test_printer_columns_and_names() -> None:
+    manifest = crd.crd_manifest()
+    version = manifest["spec"]["versions"][0]
+    assert [c["name"].upper() for c in version["additionalPrinterColumns"]] == \
+        ["READY", "DRIFT", "NODES", "GPUS", "VGPUS", "AGE"]
+    assert version["subresources"] == {"status": {}}
+    assert manifest["spec"]["scope"] == "Cluster"
+    assert manifest["spec"]["names"]["shortNames"] == ["vgp"]
+    # each column points at a field the status model has
+    status = api.VGPUPolicyStatus(
+        conditions=[api.Condition(type="Ready", status="True")], drifted=1,
+        nodes=api.NodeSummary(summary="2/2"), capacity=api.Capacity(gpus=16, vgpus=160),
+    ).model_dump(by_alias=True, exclude_none=True)
+    assert status["drifted"] == 1 and status["nodes"]["summary"] == "2/2"
+    assert status["capacity"]["gpus"] == 16 and status["capacity"]["vgpus"] == 160
+
+
+def _validator() -> jsonschema.Draft4Validator:
+    return jsonschema.Draft4Validator(_schema())
+
+
+def test_schema_accepts_the_models_output() -> None:
+    spec = api.parse_spec({"nodeOverrides": [{"nodeNames": ["n1"], "deviceSplitCount": 4}],
+                           "device": {"knownMigGeometries": [
+                               {"models": ["A30"], "allowedGeometries": [
+                                   {"group": "g1", "geometries": [{"name": "1g.6gb", "memory": 6144,
+                                                                   "count": 4}]}]}]}})
+    obj = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "default"},
+           "spec": spec.model_dump(by_alias=True, exclude_none=True, mode="json"),
+           "status": api.VGPUPolicyStatus().model_dump(by_alias=True, exclude_none=True, mode="json")}
+    _validator().validate(obj)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"device": {"deviceSplitCount": 0}},
+        {"device": {"deviceSplitCount": 101}},
+        {"device": {"deviceMemoryScaling": 0}},
+        {"device": {"knownMigGeometries": [{"models": ["A30"], "allowedGeometries": [
+            {"group": "group-1", "geometries": [{"name": "x", "memory": 1, "count": 1}]}]}]}},
+        {"resources": {"count": "not a name"}},
+        {"driftPolicy": "Sometimes"},
+        {"devicePlugin": {"generation": "v2"}},
+        {"scheduler": {"volcanoVersion": "latest"}},
+    ],
+)
+def test_schema_and_model_reject_the_same_bad_values(spec: dict[str, Any]) -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        _validator().validate({"spec": spec})
+    with pytest.raises(ValueError):
+        api.parse_spec(spec)
