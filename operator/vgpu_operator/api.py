@@ -302,7 +302,8 @@ _NAMESPACE_HELP = ("Namespace. The scheduler reads only the one named in its Kno
 class DeviceConfigRef(ApiModel):
     """The device-config ConfigMap (`device-config.yaml`), read by the scheduler and the plugin."""
 
-    namespace: str = Field("kube-system", max_length=63, pattern=DNS_NAME_PATTERN, description=_NAMESPACE_HELP)
+    namespace: str = Field("kube-system", max_length=63, pattern=DNS_NAME_PATTERN,
+                           description=_NAMESPACE_HELP)
     name: str = Field("volcano-vgpu-device-config", max_length=NAME_MAX, pattern=DNS_NAME_PATTERN,
                       description="Name (the scheduler's KnownGeometriesCMName).")
 

@@ -143,9 +143,8 @@ def model_schema(model: type[BaseModel]) -> dict[str, Any]:
         properties[key] = field_schema(info)
         if info.is_required():
             required.append(key)
-    schema: dict[str, Any] = {"type": "object", "description": (model.__doc__ or "").strip().replace("\n", " "),
-                              "properties": properties}
-    schema["description"] = " ".join(schema["description"].split())
+    description = " ".join((model.__doc__ or "").split())
+    schema: dict[str, Any] = {"type": "object", "description": description, "properties": properties}
     if required:
         schema["required"] = required
     rules = getattr(model, "cel_rules", [])

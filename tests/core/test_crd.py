@@ -8,7 +8,6 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-
 from vgpu_operator import api, crd
 
 
