@@ -1,0 +1,86 @@
+{{/* Names: <release>-vgpu-operator unless the release name already contains the chart name. */}}
+{{- define "vgpu.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "vgpu.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "vgpu.operator.name" -}}{{ include "vgpu.fullname" . | trunc 54 | trimSuffix "-" }}{{- end -}}
+{{- define "vgpu.plugin.name" -}}{{ printf "%s-device-plugin" (include "vgpu.fullname" . | trunc 48 | trimSuffix "-") }}{{- end -}}
+
+{{/* Standard labels on every object; component-specific ones are added by the callers. */}}
+{{- define "vgpu.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "vgpu.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: vgpu-operator
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels: stable across upgrades (never add the version here). */}}
+{{- define "vgpu.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "vgpu.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "vgpu.componentLabels" -}}
+{{ include "vgpu.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "vgpu.image" -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+
+{{/* Where the device plugin the policy manages lives: ours, or the adopted upstream one. */}}
+{{- define "vgpu.plugin.namespace" -}}
+{{- if .Values.devicePlugin.enabled -}}{{ .Release.Namespace }}{{- else -}}{{ .Values.existingDevicePlugin.namespace }}{{- end -}}
+{{- end -}}
+
+{{- define "vgpu.plugin.daemonSet" -}}
+{{- if .Values.devicePlugin.enabled -}}{{ include "vgpu.plugin.name" . }}{{- else -}}{{ .Values.existingDevicePlugin.daemonSet }}{{- end -}}
+{{- end -}}
+
+{{- define "vgpu.plugin.container" -}}
+{{- if .Values.devicePlugin.enabled -}}device-plugin{{- else -}}{{ .Values.existingDevicePlugin.container }}{{- end -}}
+{{- end -}}
+
+{{/*
+The namespaces the operator watches (kopf --namespace): the scheduler's, the rendered
+ConfigMaps' and the device plugin's. The operator's namespaced RBAC is granted in exactly these
+(plus the release namespace for Events on cluster-scoped objects). Output: a JSON list.
+*/}}
+{{- define "vgpu.watchedNamespaces" -}}
+{{- list .Values.scheduler.namespace .Values.targets.namespace (include "vgpu.plugin.namespace" .) | uniq | toJson -}}
+{{- end -}}
+
+{{- define "vgpu.roleNamespaces" -}}
+{{- append (include "vgpu.watchedNamespaces" . | fromJsonArray) .Release.Namespace | uniq | toJson -}}
+{{- end -}}
+
+{{/* Container security context shared by every non-root container of the chart. */}}
+{{- define "vgpu.restrictedSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
