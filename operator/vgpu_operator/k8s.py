@@ -1,0 +1,247 @@
+"""The operator's API I/O: read what a policy renders against, write rendered targets, delete
+plugin pods, patch status, post events. Thin on purpose: every decision is made by the pure core.
+
+Objects travel as plain dicts (kubernetes-asyncio's `object` response type), so what is read is
+exactly what the renderers and `Observed` expect. Transient failures (409, 429, 5xx, connection
+errors) are retried with a short exponential backoff; anything else is raised to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+import random
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+from urllib.parse import quote
+
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from vgpu_operator import api
+from vgpu_operator.observed import Observed, wanted_objects
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# kind -> (API prefix, plural, namespaced)
+PATHS: dict[str, tuple[str, str, bool]] = {
+    "ConfigMap": ("/api/v1", "configmaps", True),
+    "Pod": ("/api/v1", "pods", True),
+    "Node": ("/api/v1", "nodes", False),
+    "Event": ("/api/v1", "events", True),
+    "Deployment": ("/apis/apps/v1", "deployments", True),
+    "DaemonSet": ("/apis/apps/v1", "daemonsets", True),
+    api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL, False),
+}
+MERGE_PATCH = "application/merge-patch+json"
+RETRIABLE = frozenset({409, 429, 500, 502, 503, 504})
+
+
+class TargetWrite(Protocol):
+    """What `apply` needs from a rendered target (the core's TargetRender satisfies it)."""
+
+    kind: str
+    namespace: str
+    name: str
+    live: dict[str, Any] | None
+    desired: dict[str, Any]
+
+    def patch(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Backoff for transient API failures: attempts in total, first delay, cap."""
+
+    attempts: int = 5
+    first_delay: float = 0.05
+    max_delay: float = 2.0
+
+    def delays(self) -> Iterable[float]:
+        delay = self.first_delay
+        for _ in range(self.attempts - 1):
+            yield delay * (0.5 + random.random())  # jitter: two operators must not retry in lockstep
+            delay = min(delay * 2, self.max_delay)
+
+
+def path_of(kind: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
+    prefix, plural, namespaced = PATHS[kind]
+    path = f"{prefix}/{plural}"
+    if namespaced:
+        path = f"{prefix}/namespaces/{quote(namespace or 'default')}/{plural}"
+    if name is not None:
+        path += f"/{quote(name)}"
+    if sub is not None:
+        path += f"/{sub}"
+    return path
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, ApiException):
+        return exc.status in RETRIABLE or exc.status == 0
+    return isinstance(exc, (ConnectionError, asyncio.TimeoutError, OSError))
+
+
+async def new_api_client(kubeconfig: str | None) -> k8s_client.ApiClient:
+    """A client from an explicit kubeconfig path, else the in-cluster service account.
+
+    $KUBECONFIG is deliberately not consulted here: kubernetes-asyncio reads it at import time,
+    so a test or the demo that sets it later would silently talk to another cluster.
+    """
+    if kubeconfig:
+        return await k8s_config.new_client_from_config(config_file=kubeconfig, persist_config=False)
+    configuration = k8s_client.Configuration()
+    k8s_config.load_incluster_config(client_configuration=configuration)
+    return k8s_client.ApiClient(configuration=configuration)
+
+
+class Kube:
+    """The operator's API calls, with retries. One instance per operator process."""
+
+    def __init__(self, api_client: k8s_client.ApiClient, retry: Retry | None = None) -> None:
+        self.api_client = api_client
+        self.retry = retry or Retry()
+
+    async def close(self) -> None:
+        await self.api_client.close()
+
+    # ----- transport -----
+
+    async def _call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
+                    content_type: str = "application/json") -> dict[str, Any]:
+        result = await self.api_client.call_api(
+            path, method, query_params=list((query or {}).items()),
+            header_params={"Accept": "application/json", "Content-Type": content_type}, body=body,
+            response_types_map={200: "object", 201: "object"}, auth_settings=["BearerToken"],
+            _return_http_data_only=True, _preload_content=True,
+        )
+        return result if isinstance(result, dict) else {}
+
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        for delay in self.retry.delays():
+            try:
+                return await call()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                logger.info("%s failed (%s); retrying in %.2fs", what, _brief(exc), delay)
+                await asyncio.sleep(delay)
+        return await call()
+
+    # ----- reads -----
+
+    async def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            return await self._retrying(f"get {kind} {name}",
+                                        lambda: self._call("GET", path_of(kind, namespace, name)))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def list_objects(self, kind: str, namespace: str | None = None, labels: str = "",
+                   fields: str = "") -> list[dict[str, Any]]:
+        query = {key: value for key, value in (("labelSelector", labels), ("fieldSelector", fields)) if value}
+        prefix, plural, namespaced = PATHS[kind]
+        path = path_of(kind, namespace) if namespaced and namespace else f"{prefix}/{plural}"
+        listing = await self._retrying(f"list {kind}", lambda: self._call("GET", path, query=query))
+        return list(listing.get("items") or [])
+
+    async def read_observed(self, spec: api.VGPUPolicySpec, nodes: list[dict[str, Any]]) -> Observed:
+        """The five objects the policy names (concurrently), plus the nodes the caller tracks."""
+        wanted = wanted_objects(spec)
+        found = await asyncio.gather(*(self.get(kind, ns, name) for kind, ns, name in wanted.values()))
+        observed = Observed(nodes=nodes)
+        for slot, obj in zip(wanted, found, strict=True):
+            setattr(observed, slot, obj)
+        return observed
+
+    async def plugin_pods(self, daemonset: dict[str, Any], node_names: Iterable[str]) -> list[dict[str, Any]]:
+        """The DaemonSet's pods on the given nodes: one label+field-selected list per node, never
+        a cluster-wide list of every pod."""
+        match_labels = ((daemonset.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        if not match_labels:
+            return []  # without a selector we cannot tell its pods from others: touch nothing
+        labels = ",".join(f"{key}={value}" for key, value in sorted(match_labels.items()))
+        namespace = daemonset["metadata"].get("namespace")
+        uid = daemonset["metadata"].get("uid")
+        pods: list[dict[str, Any]] = []
+        for node in sorted(set(node_names)):
+            on_node = f"spec.nodeName={node}"
+            for pod in await self.list_objects("Pod", namespace, labels=labels, fields=on_node):
+                owners = pod.get("metadata", {}).get("ownerReferences") or []
+                if uid and owners and not any(owner.get("uid") == uid for owner in owners):
+                    continue  # same labels, other owner: not ours to restart
+                pods.append(pod)
+        return pods
+
+    # ----- writes -----
+
+    async def apply(self, target: TargetWrite) -> dict[str, Any]:
+        """Merge-patch the target's owned fields; create it when it is missing."""
+        path = path_of(target.kind, target.namespace, target.name)
+
+        async def attempt() -> dict[str, Any]:
+            try:
+                return await self._call("PATCH", path, target.patch(), content_type=MERGE_PATCH)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+            return await self._call("POST", path_of(target.kind, target.namespace), target.desired)
+
+        return await self._retrying(f"apply {target.kind} {target.namespace}/{target.name}", attempt)
+
+    async def patch(self, kind: str, namespace: str | None, name: str, body: dict[str, Any],
+                    sub: str | None = None) -> dict[str, Any]:
+        path = path_of(kind, namespace, name, sub)
+        return await self._retrying(f"patch {kind} {name}",
+                                    lambda: self._call("PATCH", path, body, content_type=MERGE_PATCH))
+
+    async def patch_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """Replace the policy's status fields (merge patch on the status subresource)."""
+        return await self.patch(api.KIND, None, name, {"status": status}, sub="status")
+
+    async def delete_pod(self, namespace: str, name: str) -> bool:
+        """Delete one pod; False when it was already gone."""
+        try:
+            await self._retrying(f"delete pod {namespace}/{name}",
+                                 lambda: self._call("DELETE", path_of("Pod", namespace, name)))
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def post_event(self, involved: dict[str, Any], type_: str, reason: str, message: str,
+                         namespace: str | None = None) -> None:
+        """A core/v1 Event about `involved` (cluster-scoped objects: events go to `namespace`)."""
+        meta = involved.get("metadata") or {}
+        now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event_ns = meta.get("namespace") or namespace or os.environ.get("POD_NAMESPACE") or "default"
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'vgpu')}.", "namespace": event_ns},
+            "involvedObject": {"apiVersion": involved.get("apiVersion"), "kind": involved.get("kind"),
+                               "name": meta.get("name"), "uid": meta.get("uid"),
+                               "resourceVersion": meta.get("resourceVersion")},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "source": {"component": "vgpu-operator"}, "reportingComponent": "vgpu-operator",
+        }
+        try:
+            await self._retrying("post event", lambda: self._call("POST", path_of("Event", event_ns), body))
+        except ApiException as exc:  # an event is a report: losing one must not fail a reconcile
+            logger.warning("could not post event %s: %s", reason, _brief(exc))
+
+
+def _brief(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason}"
+    return f"{type(exc).__name__}: {exc}"

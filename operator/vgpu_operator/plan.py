@@ -1,0 +1,230 @@
+"""What a reconcile should do, decided from the render, the cluster and what we applied before.
+
+Pure: no I/O. `make_plan` classifies every target:
+
+* live == desired                                  -> InSync, no write (a steady state writes nothing)
+* differs, and desired is what we last applied     -> drift (someone edited or deleted it by hand):
+  Enforce writes it back (a repair), Report only reports it (Drifted / Missing)
+* differs otherwise (policy changed, first adoption) -> write (Updated)
+* paused                                            -> nothing is written, differences are reported
+
+Restarts follow from the writes (restart matrix, research anchors.md §5): the renderers put the
+config hash into the pod templates, so writing a changed hash *is* the scheduler or DaemonSet
+rollout; device-plugin pods are deleted only on nodes whose node-config entry changed, only for
+plugins that read node-config at start (not the builtin one, which watches the ConfigMap), and not
+when the DaemonSet is rolling anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from vgpu_formats import node_config
+from vgpu_formats.errors import FormatError
+
+SCHEDULER_HASH = "vgpu.io/scheduler-config-hash"
+PLUGIN_HASH = "vgpu.io/plugin-config-hash"
+
+TargetState = Literal["InSync", "Updated", "Drifted", "Missing", "Error"]
+RestartKind = Literal["scheduler", "daemonset", "plugin-pod"]
+
+
+class Target(Protocol):
+    """The parts of the core's TargetRender the plan reads."""
+
+    kind: str
+    namespace: str
+    name: str
+    live: dict[str, Any] | None
+    desired: dict[str, Any]
+    content_hash: str
+    changed: bool
+
+
+TargetKey = tuple[str, str, str]
+
+
+def key_of(target: Target) -> TargetKey:
+    return target.kind, target.namespace, target.name
+
+
+def describe(target: Target) -> str:
+    return f"{target.kind} {target.namespace}/{target.name}"
+
+
+@dataclass(frozen=True)
+class Previous:
+    """What the last reconcile left in status for one target."""
+
+    hash: str
+    state: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One target's outcome: whether to write it, and the state/hash status will show."""
+
+    target: Target
+    write: bool
+    repair: bool
+    state: TargetState
+    hash: str  # the content hash the cluster holds after this reconcile, as far as we know
+    message: str
+
+
+@dataclass(frozen=True)
+class Restart:
+    kind: RestartKind
+    target: str
+    reason: str
+    hash: str = ""
+
+
+@dataclass(frozen=True)
+class PlannedEvent:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    decisions: list[Decision]
+    restarts: list[Restart] = field(default_factory=list)
+    recreate_plugin_pods_on: list[str] = field(default_factory=list)
+    events: list[PlannedEvent] = field(default_factory=list)
+
+    @property
+    def writes(self) -> list[Target]:
+        return [decision.target for decision in self.decisions if decision.write]
+
+    @property
+    def drifted(self) -> list[Decision]:
+        return [d for d in self.decisions if d.state in ("Drifted", "Missing")]
+
+
+def previous_from_status(status: Mapping[str, Any] | None) -> dict[TargetKey, Previous]:
+    """Index status.targets (as stored on the policy) by (kind, namespace, name)."""
+    result: dict[TargetKey, Previous] = {}
+    for entry in (status or {}).get("targets") or []:
+        if isinstance(entry, Mapping):
+            key = (str(entry.get("kind", "")), str(entry.get("namespace", "")), str(entry.get("name", "")))
+            result[key] = Previous(hash=str(entry.get("hash") or ""), state=str(entry.get("state") or ""))
+    return result
+
+
+def _decide(target: Target, previous: Previous | None, enforce: bool, paused: bool) -> Decision:
+    last_applied = previous.hash if previous else ""
+    if not target.changed:
+        return Decision(target, False, False, "InSync", target.content_hash, "")
+    hand_edited = bool(last_applied) and last_applied == target.content_hash
+    gone = target.live is None
+    if paused:
+        state: TargetState = "Missing" if gone else "Drifted"
+        return Decision(target, False, False, state, last_applied,
+                        "paused: differs from the policy, not written")
+    if not hand_edited:
+        message = "created" if gone else "updated to the policy"
+        return Decision(target, True, False, "Updated", target.content_hash, message)
+    if enforce:
+        message = "recreated after it was deleted by hand" if gone else "repaired a hand edit"
+        return Decision(target, True, True, "Updated", target.content_hash, message)
+    message = "deleted by hand" if gone else "changed by hand"
+    return Decision(target, False, False, "Missing" if gone else "Drifted", last_applied,
+                    f"{message}; driftPolicy Report leaves it")
+
+
+def _template_annotation(obj: Mapping[str, Any] | None, key: str) -> str | None:
+    template = ((obj or {}).get("spec") or {}).get("template") or {}
+    value = ((template.get("metadata") or {}).get("annotations") or {}).get(key)
+    return None if value is None else str(value)
+
+
+def _node_entries(configmap: Mapping[str, Any] | None) -> dict[str, dict[str, Any]] | None:
+    """config.json entries by node name; None when the text cannot be read."""
+    text = ((configmap or {}).get("data") or {}).get(node_config.CONFIGMAP_KEY)
+    if text is None:
+        return {}
+    try:
+        parsed = node_config.parse_node_config(str(text))
+    except FormatError:
+        return None
+    return {entry["name"]: entry for entry in node_config.node_config_dict(parsed)["nodeconfig"]}
+
+
+def changed_node_entries(live: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> list[str]:
+    """Nodes whose config.json entry differs between live and desired (added, removed, changed).
+    An unreadable live config counts every desired node as changed."""
+    after = _node_entries(desired) or {}
+    before = _node_entries(live)
+    if before is None:
+        return sorted(after)
+    return sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
+
+
+def _is_node_config(target: Target) -> bool:
+    return node_config.CONFIGMAP_KEY in (target.desired.get("data") or {})
+
+
+def _restarts(decisions: Sequence[Decision], builtin_plugin: bool) -> tuple[list[Restart], list[str]]:
+    restarts: list[Restart] = []
+    node_changes: list[str] = []
+    daemonset_rolls = False
+    for decision in decisions:
+        if not decision.write:
+            continue
+        target = decision.target
+        if target.kind == "Deployment":
+            before, after = (_template_annotation(target.live, SCHEDULER_HASH),
+                             _template_annotation(target.desired, SCHEDULER_HASH))
+            if after is not None and before != after:
+                restarts.append(Restart("scheduler", describe(target), "scheduler config changed", after))
+        elif target.kind == "DaemonSet":
+            before, after = (_template_annotation(target.live, PLUGIN_HASH),
+                             _template_annotation(target.desired, PLUGIN_HASH))
+            if after is not None and before != after:
+                daemonset_rolls = True
+                restarts.append(Restart("daemonset", describe(target), "device plugin config changed", after))
+        elif target.kind == "ConfigMap" and _is_node_config(target) and target.live is not None:
+            # (a node-config created just now needs no restart: pods read it when they start)
+            node_changes = changed_node_entries(target.live, target.desired)
+    if builtin_plugin or daemonset_rolls:
+        node_changes = []
+    restarts += [Restart("plugin-pod", node, "node-config entry changed") for node in node_changes]
+    return restarts, node_changes
+
+
+def _events(decisions: Sequence[Decision], previous: Mapping[TargetKey, Previous],
+            restarts: Sequence[Restart]) -> list[PlannedEvent]:
+    events: list[PlannedEvent] = []
+    for decision in decisions:
+        target = decision.target
+        if decision.repair:
+            events.append(PlannedEvent("Warning", "DriftRepaired", f"{describe(target)}: {decision.message}"))
+        elif decision.write:
+            events.append(PlannedEvent("Normal", "Applied", f"{describe(target)}: {decision.message}"))
+        elif decision.state in ("Drifted", "Missing"):
+            before = previous.get(key_of(target))
+            if before is None or before.state != decision.state:  # report a drift once, not every resync
+                message = f"{describe(target)}: {decision.message}"
+                events.append(PlannedEvent("Warning", "DriftDetected", message))
+    for restart in restarts:
+        if restart.kind == "plugin-pod":
+            continue  # one event for all nodes, below
+        events.append(PlannedEvent("Normal", "Restarted", f"{restart.target}: rollout ({restart.reason})"))
+    nodes = [restart.target for restart in restarts if restart.kind == "plugin-pod"]
+    if nodes:
+        message = f"device plugin pods recreated on {len(nodes)} node(s): {', '.join(nodes[:10])}"
+        events.append(PlannedEvent("Normal", "Restarted", message))
+    return events
+
+
+def make_plan(targets: Sequence[Target], previous: Mapping[TargetKey, Previous], *, enforce: bool,
+              paused: bool, builtin_plugin: bool) -> Plan:
+    """Decide writes, restarts and events for one reconcile of the active policy."""
+    decisions = [_decide(target, previous.get(key_of(target)), enforce, paused) for target in targets]
+    restarts, nodes = _restarts(decisions, builtin_plugin)
+    return Plan(decisions=decisions, restarts=restarts, recreate_plugin_pods_on=nodes,
+                events=_events(decisions, previous, restarts))

@@ -1,0 +1,248 @@
+"""The policy's status, computed from what a reconcile found and did. Pure: no I/O.
+
+Conditions follow the Kubernetes convention: `lastTransitionTime` changes only when a condition's
+status changes, so an unchanged cluster yields an identical status and no status write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from vgpu_formats import annotations as node_annotations
+from vgpu_formats import node_config
+from vgpu_formats.errors import FormatError
+
+from vgpu_operator import api
+from vgpu_operator.plan import Plan, Restart
+
+MAX_MISMATCHED = 50
+MAX_RESTARTS = 20
+CondStatus = Literal["True", "False", "Unknown"]
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """One node as this policy sees it."""
+
+    name: str
+    gpu: bool
+    registered: bool
+    converged: bool
+    reason: str = ""
+    gpus: int = 0
+    vgpus: int = 0
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Everything a reconcile learned; the input of `build_status`."""
+
+    generation: int | None
+    problems: Sequence[str] = ()  # validation errors, each naming the field and the fix
+    warnings: Sequence[str] = ()
+    conflict_with: str | None = None  # the active policy, when this one is not it
+    plan: Plan | None = None
+    apply_error: str | None = None  # what failed while writing, if anything
+    nodes: Sequence[NodeReport] = ()
+    paused: bool = False
+    restarts: Sequence[Restart] = ()
+
+
+# ----- nodes -----------------------------------------------------------------------------------
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def expected_split(desired_node_config: Mapping[str, Any] | None, node: str, default: int) -> int:
+    """The split count the policy gives a node: its config.json entry, else the cluster default."""
+    text = ((desired_node_config or {}).get("data") or {}).get(node_config.CONFIGMAP_KEY)
+    if text:
+        try:
+            entry = node_config.parse_node_config(str(text)).entry_for(node)
+        except FormatError:
+            entry = None
+        if entry is not None and entry.devicesplitcount:
+            return entry.devicesplitcount
+    return default
+
+
+def report_node(node: Mapping[str, Any], spec: api.VGPUPolicySpec, split: int) -> NodeReport:
+    """Is this a GPU node, did its plugin register, does it advertise what the policy says?"""
+    meta = node.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    text = (meta.get("annotations") or {}).get(node_annotations.NODE_REGISTER)
+    wanted = spec.resources.count
+    advertised = sorted(res for res in (wanted, "volcano.sh/vgpu-number", "nvidia.com/gpu")
+                        if _quantity(allocatable.get(res)) > 0)
+    if text is None:
+        if not advertised:
+            return NodeReport(name, gpu=False, registered=False, converged=False)
+        return NodeReport(name, True, False, False, "no volcano.sh/node-vgpu-register annotation: the "
+                          "device plugin has not registered", vgpus=_quantity(allocatable.get(advertised[0])))
+    try:
+        devices = node_annotations.decode_node_register(str(text))
+    except FormatError as exc:
+        return NodeReport(name, True, False, False, f"unreadable register annotation: {exc}")
+    report = dict(gpus=len(devices), vgpus=sum(d.count for d in devices),
+                  memory_mib=sum(d.devmem for d in devices) * spec.device.gpu_memory_factor)
+    if wanted not in advertised:
+        other = ", ".join(res for res in advertised if res != wanted) or "no vGPU resource"
+        reason = f"node advertises {other} but policy says {wanted}"
+        return NodeReport(name, True, True, False, reason, **report)
+    wrong = sorted({d.count for d in devices if d.count != split})
+    if wrong:
+        reason = (f"registered split {', '.join(map(str, wrong))} but policy says {split} "
+                  "(device plugin pod not restarted yet?)")
+        return NodeReport(name, True, True, False, reason, **report)
+    return NodeReport(name, True, True, True, "", **report)
+
+
+def report_nodes(nodes: Sequence[Mapping[str, Any]], spec: api.VGPUPolicySpec,
+                 desired_node_config: Mapping[str, Any] | None) -> list[NodeReport]:
+    default = spec.device.device_split_count
+    reports = []
+    for node in nodes:
+        name = str((node.get("metadata") or {}).get("name", ""))
+        reports.append(report_node(node, spec, expected_split(desired_node_config, name, default)))
+    return [report for report in reports if report.gpu]
+
+
+def node_summary(reports: Sequence[NodeReport]) -> api.NodeSummary:
+    mismatched = [api.NodeMismatch(name=r.name, reason=r.reason) for r in reports if not r.converged]
+    converged = sum(1 for r in reports if r.converged)
+    return api.NodeSummary(total=len(reports), registered=sum(1 for r in reports if r.registered),
+                           converged=converged, summary=f"{converged}/{len(reports)}",
+                           mismatched=sorted(mismatched, key=lambda m: m.name)[:MAX_MISMATCHED])
+
+
+def capacity(reports: Sequence[NodeReport]) -> api.Capacity:
+    gpus = sum(r.gpus for r in reports)
+    return api.Capacity(gpus=gpus, vgpus=sum(r.vgpus for r in reports),
+                        memory_mib=sum(r.memory_mib for r in reports), cores=100 * gpus)
+
+
+# ----- conditions ------------------------------------------------------------------------------
+
+
+def _condition(type_: api.ConditionType, status: CondStatus, reason: str, message: str,
+               previous: api.VGPUPolicyStatus | None, now: str, generation: int | None) -> api.Condition:
+    before = previous.condition(type_) if previous else None
+    since = before.last_transition_time if before is not None and before.status == status else now
+    return api.Condition(type=type_, status=status, reason=reason, message=message[:32768],
+                         last_transition_time=since, observed_generation=generation)
+
+
+def _summarise(items: Sequence[str], limit: int = 5) -> str:
+    shown = "; ".join(items[:limit])
+    return shown + (f"; and {len(items) - limit} more" if len(items) > limit else "")
+
+
+ConditionRow = tuple[api.ConditionType, CondStatus, str, str]
+
+
+def _conditions(outcome: Outcome, summary: api.NodeSummary) -> list[ConditionRow]:
+    plan = outcome.plan
+    if outcome.conflict_with is not None:
+        message = (f"VGPUPolicy {outcome.conflict_with} is older and active; this one writes nothing. "
+                   "Delete one of them.")
+        return [("Conflict", "True", "NotActive", message), ("Ready", "False", "Conflict", message)]
+    rows: list[ConditionRow] = [("Conflict", "False", "Active", "")]
+    if outcome.problems:
+        message = _summarise(list(outcome.problems))
+        rows += [("Valid", "False", "Invalid", message),
+                 ("Applied", "False", "Invalid", "nothing written: the policy is invalid"),
+                 ("Ready", "False", "Invalid", message)]
+        return rows
+    rows.append(("Valid", "True", "Valid", _summarise(list(outcome.warnings))))
+    if outcome.apply_error:
+        rows.append(("Applied", "False", "ApplyFailed", outcome.apply_error))
+    elif outcome.paused:
+        pending = [d for d in (plan.decisions if plan else []) if d.state != "InSync"]
+        rows.append(("Applied", "False" if pending else "True", "Paused",
+                     f"paused: {len(pending)} target(s) differ and were not written"))
+    else:
+        rows.append(("Applied", "True", "Applied", ""))
+    drifted = plan.drifted if plan else []
+    if drifted:
+        rows.append(("InSync", "False", "Drifted",
+                     _summarise([f"{d.target.kind} {d.target.namespace}/{d.target.name}: {d.message}"
+                                 for d in drifted])))
+    else:
+        rows.append(("InSync", "True", "InSync", ""))
+    if summary.total == 0:
+        rows.append(("NodesReady", "False", "NoGPUNodes", "no node advertises vGPUs or registered with the "
+                     "device plugin"))
+    elif summary.converged < summary.total:
+        rows.append(("NodesReady", "False", "NodesNotConverged",
+                     f"{summary.converged}/{summary.total} converged: "
+                     + _summarise([f"{m.name}: {m.reason}" for m in summary.mismatched])))
+    else:
+        rows.append(("NodesReady", "True", "Converged", f"{summary.total} node(s) converged"))
+    failing = [f"{type_}: {reason}" for type_, status, reason, _ in rows
+               if type_ in ("Applied", "InSync", "NodesReady") and status != "True"]
+    if failing:
+        rows.append(("Ready", "False", "NotReady", "; ".join(failing)))
+    else:
+        rows.append(("Ready", "True", "Ready", ""))
+    return rows
+
+
+# ----- the whole status ------------------------------------------------------------------------
+
+
+def build_status(outcome: Outcome, previous: api.VGPUPolicyStatus | None, now: str) -> api.VGPUPolicyStatus:
+    """The status to store; equal to `previous` (times included) when nothing changed."""
+    summary = node_summary(outcome.nodes)
+    conditions = [_condition(type_, status, reason, message, previous, now, outcome.generation)
+                  for type_, status, reason, message in _conditions(outcome, summary)]
+    order = {type_: index for index, type_ in enumerate(api.CONDITION_TYPES)}
+    conditions.sort(key=lambda c: order[c.type])
+    targets = previous.targets if previous and outcome.plan is None else [
+        api.TargetStatus(kind=d.target.kind, namespace=d.target.namespace, name=d.target.name, hash=d.hash,
+                         state="Error" if outcome.apply_error and d.write else d.state, message=d.message)
+        for d in (outcome.plan.decisions if outcome.plan else [])
+    ]
+    restarts = list(previous.restarts) if previous else []
+    restarts += [api.RestartRecord(target=r.target if r.kind != "plugin-pod" else f"Pod on node {r.target}",
+                                   reason=r.reason, hash=r.hash, at=now) for r in outcome.restarts]
+    settled = outcome.plan is not None and not outcome.paused and not outcome.apply_error
+    last_applied = combined_hash([t.hash for t in targets]) if settled else (
+        previous.last_applied_hash if previous else None)
+    return api.VGPUPolicyStatus(
+        observed_generation=outcome.generation,
+        conditions=conditions,
+        targets=targets,
+        drifted=sum(1 for t in targets if t.state in ("Drifted", "Missing")),
+        nodes=summary,
+        capacity=capacity(outcome.nodes),
+        last_applied_hash=last_applied,
+        restarts=restarts[-MAX_RESTARTS:],
+    )
+
+
+def combined_hash(hashes: Sequence[str]) -> str:
+    return hashlib.sha256("\n".join(hashes).encode()).hexdigest()[:16]
+
+
+def status_dict(status: api.VGPUPolicyStatus) -> dict[str, Any]:
+    return status.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def parse_status(raw: Mapping[str, Any] | None) -> api.VGPUPolicyStatus | None:
+    """The stored status as a model; None when absent or unreadable (then it is rebuilt)."""
+    if not raw:
+        return None
+    try:
+        return api.VGPUPolicyStatus.model_validate(dict(raw))
+    except ValueError:
+        return None
