@@ -1,0 +1,272 @@
+"""Allocate for the count resource: which pod, which container, which answer. Pure.
+
+The kubelet's Allocate carries only fake device ids. The real GPUs come from the scheduler's
+annotations on the pod being admitted, so the plugin must find that pod:
+
+* only pods on this node (`spec.nodeName`, `volcano.sh/vgpu-node`), with bind-phase `allocating`;
+* whose *next* GPU call asks for as many devices as the kubelet asked for (upstream HEAD compares
+  the pod-wide total and so never matches a pod with two 1-GPU containers);
+* the oldest `volcano.sh/vgpu-time` first;
+* and never anything else: upstream v1.11 fell back to an arbitrary pod of the cluster and marked
+  it failed. Here "no pod" is its own error and patches nothing.
+
+The scheduler writes one `devices-to-allocate` part per container of `spec.containers` that has
+the count or the memory resource in its limits, in order. The kubelet calls Allocate for every
+container (init containers first) that has the count resource. An init container has no part:
+it gets the devices of the first pending part without consuming them (init containers finish
+before app containers start, so the scheduler's accounting still holds); the plugin counts the
+init calls it has answered per pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vgpu_formats import FormatError
+from vgpu_formats import annotations as ann
+
+from vgpu_deviceplugin.config import ResourceNames, Settings
+
+# Container paths HAMi-core and the images expect (upstream, identical in every version).
+LIBVGPU_CONTAINER_PATH = "/usr/local/vgpu/libvgpu.so"
+PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
+CACHE_CONTAINER_DIR = "/tmp/vgpu"
+LOCK_CONTAINER_DIR = "/tmp/vgpulock"
+DISABLE_CONTROL_ENV = "CUDA_DISABLE_CONTROL"
+
+Pod = Mapping[str, Any]
+
+
+class AllocateError(Exception):
+    """Allocate cannot be answered. `pod` is set when that pod must be marked failed."""
+
+    def __init__(self, message: str, pod: PodRef | None = None) -> None:
+        super().__init__(message)
+        self.pod = pod
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One Allocate call the kubelet will make for a pod."""
+
+    container: str
+    is_init: bool
+    part: int  # index into devices-to-allocate
+    devices: tuple[ann.ContainerDevice, ...]
+
+    @property
+    def amount(self) -> int:
+        return len(self.devices)
+
+
+@dataclass(frozen=True)
+class Mount:
+    container_path: str
+    host_path: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to answer and what to write for one Allocate call."""
+
+    pod: PodRef
+    call: Call
+    envs: dict[str, str]
+    mounts: tuple[Mount, ...]
+    cache_dir: str  # host directory to create (the monitor reads it)
+    devices_to_allocate: str | None  # new annotation value; None: unchanged (init call)
+    done: bool  # no call left: patch bind-phase success and release the node lock
+
+
+@dataclass
+class _Candidate:
+    pod: Pod
+    ref: PodRef
+    time: int
+    calls: list[Call] = field(default_factory=list)
+    error: FormatError | None = None
+
+
+def pod_ref(pod: Pod) -> PodRef:
+    meta = pod.get("metadata") or {}
+    return PodRef(str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")))
+
+
+def _limits(container: Mapping[str, Any]) -> Mapping[str, Any]:
+    return ((container.get("resources") or {}).get("limits")) or {}
+
+
+def pending_calls(pod: Pod, names: ResourceNames, init_served: int = 0) -> list[Call]:
+    """The Allocate calls still to come for `pod`, in the kubelet's order. Raises FormatError."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    parts = ann.decode_pod_devices(annotations.get(ann.DEVICES_TO_ALLOCATE, ""))
+    spec = pod.get("spec") or {}
+    gpu_containers = [c for c in spec.get("containers") or []
+                      if names.count in _limits(c) or names.memory in _limits(c)]
+    if len(parts) > len(gpu_containers):
+        raise FormatError(
+            f"annotation {ann.DEVICES_TO_ALLOCATE}",
+            f"has {len(parts)} container parts but the pod has {len(gpu_containers)} containers "
+            f"requesting {names.count} or {names.memory}",
+            "the scheduler and this plugin disagree on resource names; compare the device-config ConfigMap",
+        )
+    app_calls = [
+        Call(str(c.get("name")), False, j, tuple(d for d in parts[j] if d.type == ann.DEVICE_TYPE_NVIDIA))
+        for j, c in enumerate(gpu_containers[: len(parts)])
+        # The kubelet calls the count plugin only for containers that have the count resource.
+        if names.count in _limits(c) and any(d.type == ann.DEVICE_TYPE_NVIDIA for d in parts[j])
+    ]
+    init_with_gpu = [c for c in spec.get("initContainers") or [] if names.count in _limits(c)]
+    init_calls: list[Call] = []
+    if app_calls:
+        first = app_calls[0]
+        for c in init_with_gpu[init_served:]:
+            wanted = _int_limit(_limits(c).get(names.count))
+            init_calls.append(Call(str(c.get("name")), True, first.part, first.devices[:wanted]))
+    return init_calls + app_calls
+
+
+def _int_limit(value: Any) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def select(
+    pods: Sequence[Pod], node: str, amount: int, names: ResourceNames, init_served: Mapping[str, int]
+) -> tuple[PodRef, Pod, Call]:
+    """The pod this Allocate is for and its next call. Raises AllocateError."""
+    candidates: list[_Candidate] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        if (annotations.get(ann.VGPU_NODE) != node
+                or (pod.get("spec") or {}).get("nodeName") != node
+                or annotations.get(ann.BIND_PHASE) != ann.BIND_PHASE_ALLOCATING
+                or meta.get("deletionTimestamp")):
+            continue
+        ref = pod_ref(pod)
+        cand = _Candidate(pod, ref, ann.decode_vgpu_time(annotations.get(ann.VGPU_TIME)))
+        try:
+            cand.calls = pending_calls(pod, names, init_served.get(ref.uid, 0))
+        except FormatError as exc:
+            cand.error = exc
+        candidates.append(cand)
+    candidates.sort(key=lambda c: (c.time, c.ref.namespace, c.ref.name))
+    for cand in candidates:
+        if cand.calls and cand.calls[0].amount == amount:
+            return cand.ref, cand.pod, cand.calls[0]
+    broken = [c for c in candidates if c.error is not None]
+    if broken:
+        # It is waiting on this node and can never be served: fail it rather than leave it hanging.
+        raise AllocateError(f"pod {broken[0].ref}: {broken[0].error}", broken[0].ref)
+    waiting = ", ".join(f"{c.ref} (next container wants {c.calls[0].amount})" for c in candidates if c.calls)
+    raise AllocateError(
+        f"no pod on node {node} is waiting for {amount} {names.count} device(s) "
+        f"(annotations {ann.VGPU_NODE}={node}, {ann.BIND_PHASE}={ann.BIND_PHASE_ALLOCATING}); "
+        + (f"waiting pods: {waiting}. " if waiting else "")
+        + "Usually the pod was not scheduled by Volcano with deviceshare.VGPUEnable, or the scheduler "
+        f"reads other resource names than this plugin registered ({names.count}, {names.memory}, "
+        f"{names.cores}) from the device-config ConfigMap"
+    )
+
+
+def plan(
+    pod: Pod,
+    ref: PodRef,
+    call: Call,
+    settings: Settings,
+    gpu_uuids: frozenset[str],
+    hook_path: str,
+    cache_root: str,
+    lock_dir: str,
+    cache_id: str,
+) -> Plan:
+    """Build the response and the annotation update for `call`. Raises AllocateError (pod set)."""
+    for dev in call.devices:
+        if "[" in dev.uuid:
+            raise AllocateError(
+                f"pod {ref}: device {dev.uuid} asks for dynamic MIG, which this plugin does not "
+                "implement; set the node's operatingmode to hami-core", ref)
+        if dev.uuid not in gpu_uuids:
+            raise AllocateError(
+                f"pod {ref}: GPU {dev.uuid} from {ann.DEVICES_TO_ALLOCATE} is not on node "
+                f"{settings.node_name} (healthy GPUs here: {', '.join(sorted(gpu_uuids)) or 'none'})", ref)
+    container = _container(pod, call)
+    envs = hami_core_env(call.devices, settings, cache_id)
+    cache_dir = f"{cache_root}/containers/{ref.uid}_{call.container}"
+    mounts = [
+        Mount(LIBVGPU_CONTAINER_PATH, f"{hook_path}/libvgpu.so", True),
+        Mount(CACHE_CONTAINER_DIR, cache_dir, False),
+        Mount(LOCK_CONTAINER_DIR, lock_dir, False),
+    ]
+    if not any(e.get("name") == DISABLE_CONTROL_ENV for e in container.get("env") or []):
+        mounts.append(Mount(PRELOAD_CONTAINER_PATH, f"{hook_path}/ld.so.preload", True))
+    new_value: str | None = None
+    done = False
+    if not call.is_init:
+        parts = ann.decode_pod_devices(pod["metadata"]["annotations"][ann.DEVICES_TO_ALLOCATE])
+        parts[call.part] = [d for d in parts[call.part] if d.type != ann.DEVICE_TYPE_NVIDIA]
+        new_value = ann.encode_pod_devices(parts)
+        rest = dict(pod)
+        rest["metadata"] = {**pod["metadata"],
+                            "annotations": {**pod["metadata"]["annotations"],
+                                            ann.DEVICES_TO_ALLOCATE: new_value}}
+        done = not pending_calls(rest, settings.names, 0)
+    return Plan(ref, call, envs, tuple(mounts), cache_dir, new_value, done)
+
+
+def _container(pod: Pod, call: Call) -> Mapping[str, Any]:
+    key = "initContainers" if call.is_init else "containers"
+    for c in (pod.get("spec") or {}).get(key) or []:
+        if c.get("name") == call.container:
+            return dict(c)
+    return {}
+
+
+def hami_core_env(
+    devices: tuple[ann.ContainerDevice, ...], settings: Settings, cache_id: str
+) -> dict[str, str]:
+    """The environment libvgpu.so reads (upstream names, units and suffixes)."""
+    envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(dict.fromkeys(d.uuid for d in devices))}
+    for i, dev in enumerate(devices):
+        envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{dev.usedmem * settings.memory_factor}m"
+    if devices:
+        envs["CUDA_DEVICE_SM_LIMIT"] = str(devices[0].usedcores)
+    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{CACHE_CONTAINER_DIR}/{cache_id}.cache"
+    if settings.disable_core_limit:
+        # Upstream loads disableCoreLimit but never emits this; the ConfigMap field should work.
+        envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"
+    return envs
+
+
+def success_patch() -> dict[str, Any]:
+    return {"metadata": {"annotations": {ann.BIND_PHASE: ann.BIND_PHASE_SUCCESS,
+                                         ann.VGPU_TIME: ann.VGPU_TIME_DONE}}}
+
+
+def failed_patch() -> dict[str, Any]:
+    return {"metadata": {"annotations": {ann.BIND_PHASE: ann.BIND_PHASE_FAILED,
+                                         ann.VGPU_TIME: ann.VGPU_TIME_DONE}}}
+
+
+def consume_patch(new_value: str) -> dict[str, Any]:
+    return {"metadata": {"annotations": {ann.DEVICES_TO_ALLOCATE: new_value}}}
+
+
+def release_lock_patch() -> dict[str, Any]:
+    return {"metadata": {"annotations": {ann.NODE_LOCK: None}}}

@@ -1,0 +1,104 @@
+"""Allocate's I/O: read pods on this node, call the pure core, write annotations, report.
+
+Calls are serialised (one lock): two concurrent Allocates would otherwise pick the same pod part.
+Every path that ends an allocation releases the node lock (`hamivgpu`), as the scheduler expects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import Callable
+
+from vgpu_deviceplugin import allocate
+from vgpu_deviceplugin.allocate import AllocateError, Plan, PodRef
+from vgpu_deviceplugin.config import Flags
+from vgpu_deviceplugin.kube import KubeClient, KubeError
+from vgpu_deviceplugin.state import PluginState
+
+log = logging.getLogger(__name__)
+# The cache dir is written by the container's processes, whose uid the plugin cannot know; it is
+# mounted into that one container only. Sticky like /tmp, so processes cannot delete each other's files.
+SHARED_DIR_MODE = 0o1777
+
+
+class Allocator:
+    def __init__(
+        self,
+        kube: KubeClient,
+        state: PluginState,
+        flags: Flags,
+        cache_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+    ) -> None:
+        self._kube = kube
+        self._state = state
+        self._flags = flags
+        self._cache_id = cache_id
+        self._lock = asyncio.Lock()
+
+    async def allocate(self, amount: int) -> Plan:
+        async with self._lock:
+            try:
+                result = await self._allocate(amount)
+            except AllocateError as exc:
+                log.error("Allocate of %d device(s) failed: %s", amount, exc)
+                if exc.pod is not None:
+                    await self._mark_failed(exc.pod)
+                await self._release_node_lock()
+                raise
+            if result.done:
+                await self._release_node_lock()
+            return result
+
+    async def _allocate(self, amount: int) -> Plan:
+        state, flags = self._state, self._flags
+        node = state.settings.node_name
+        try:
+            pods = await self._kube.list_pods_on_node(node)
+        except KubeError as exc:
+            raise AllocateError(f"cannot list pods on node {node}: {exc}") from exc
+        ref, pod, call = allocate.select(pods, node, amount, state.settings.names, state.init_served)
+        result = allocate.plan(pod, ref, call, state.settings, state.gpu_uuids, flags.hook_path,
+                               flags.cache_root, flags.lock_dir, self._cache_id())
+        try:
+            _make_shared_dir(result.cache_dir)
+            _make_shared_dir(flags.lock_dir)
+        except OSError as exc:
+            raise AllocateError(f"pod {ref}: cannot create {result.cache_dir}: {exc}", ref) from exc
+        if call.is_init:
+            state.init_served[ref.uid] = state.init_served.get(ref.uid, 0) + 1
+        else:
+            assert result.devices_to_allocate is not None
+            try:
+                await self._kube.patch_pod(ref.namespace, ref.name,
+                                           allocate.consume_patch(result.devices_to_allocate))
+                if result.done:
+                    await self._kube.patch_pod(ref.namespace, ref.name, allocate.success_patch())
+            except KubeError as exc:
+                raise AllocateError(f"pod {ref}: cannot update its annotations: {exc}", ref) from exc
+            if result.done:
+                state.init_served.pop(ref.uid, None)
+        log.info("Allocate: pod %s container %s gets %s", ref, call.container,
+                 result.envs["NVIDIA_VISIBLE_DEVICES"])
+        return result
+
+    async def _mark_failed(self, ref: PodRef) -> None:
+        self._state.init_served.pop(ref.uid, None)
+        try:
+            await self._kube.patch_pod(ref.namespace, ref.name, allocate.failed_patch())
+        except KubeError as exc:
+            log.error("cannot mark pod %s failed: %s", ref, exc)
+
+    async def _release_node_lock(self) -> None:
+        node = self._state.settings.node_name
+        try:
+            await self._kube.patch_node(node, allocate.release_lock_patch())
+        except KubeError as exc:
+            log.error("cannot release the node lock on %s: %s", node, exc)
+
+
+def _make_shared_dir(path: str) -> None:
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, SHARED_DIR_MODE)

@@ -1,0 +1,129 @@
+"""The virtual devices each resource advertises to the kubelet, and the node register. Pure.
+
+Per physical GPU:
+
+* count: `split` devices ``<UUID>-<i>`` (upstream ids);
+* memory: ``floor(MiB / gpuMemoryFactor)`` devices ``<index>-<i>`` (the short legacy ids: HEAD's
+  ``<UUID>-memory-<i>`` is 3x longer and pushes 8 big GPUs past the kubelet's 4 MiB limit);
+* cores: ``int(100 * deviceCoreScaling)`` devices ``<UUID>-core-<i>``.
+
+The kubelet drops a ListAndWatch message over 4 MiB without a word and the resource stays at 0,
+so the memory list is capped to fit, with a warning naming the gpuMemoryFactor that would fit.
+The ids themselves carry no meaning: the real GPU choice comes from the pod annotations.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from vgpu_formats.annotations import DeviceInfo
+
+from vgpu_deviceplugin.api import deviceplugin_pb2 as pb
+from vgpu_deviceplugin.config import Settings
+from vgpu_deviceplugin.gpus import GpuDevice
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+# gRPC's default receive limit in the kubelet, minus room for the framing.
+MESSAGE_LIMIT = 4 * 1024 * 1024 - 64 * 1024
+
+
+class ResourceKind(enum.Enum):
+    COUNT = "count"
+    MEMORY = "memory"
+    CORES = "cores"
+
+    def resource_name(self, settings: Settings) -> str:
+        names = settings.names
+        return {ResourceKind.COUNT: names.count, ResourceKind.MEMORY: names.memory,
+                ResourceKind.CORES: names.cores}[self]
+
+
+@dataclass(frozen=True)
+class Advertised:
+    """One ListAndWatch message and what building it had to say."""
+
+    response: pb.ListAndWatchResponse
+    size: int
+    warning: str | None = None
+
+
+def visible_gpus(gpus: list[GpuDevice], settings: Settings) -> list[GpuDevice]:
+    """GPUs minus the node-config `filterdevices` (by UUID or NVML index)."""
+    return [g for g in gpus if g.uuid not in settings.filter_uuids and g.index not in settings.filter_indexes]
+
+
+def memory_units(gpu: GpuDevice, settings: Settings) -> int:
+    return gpu.memory_mib // settings.memory_factor
+
+
+def _entry_size(device_id: str, health: str) -> int:
+    # Device{ID, health} inside the repeated field: tag + length for each, all lengths < 128.
+    inner = 2 + len(device_id) + 2 + len(health)
+    return 2 + inner
+
+
+def advertise(
+    kind: ResourceKind, gpus: list[GpuDevice], health: Mapping[str, bool], settings: Settings
+) -> Advertised:
+    """The full device list for `kind`; `health` maps GPU uuid -> healthy (missing = healthy)."""
+    warning = None
+    per_gpu: list[tuple[GpuDevice, int]]
+    if kind is ResourceKind.COUNT:
+        per_gpu = [(g, settings.split_count) for g in gpus]
+    elif kind is ResourceKind.CORES:
+        per_gpu = [(g, settings.cores_per_gpu) for g in gpus]
+    else:
+        per_gpu = [(g, memory_units(g, settings)) for g in gpus]
+        per_gpu, warning = _cap_memory(per_gpu, settings)
+    response = pb.ListAndWatchResponse()
+    for gpu, units in per_gpu:
+        state = HEALTHY if health.get(gpu.uuid, True) else UNHEALTHY
+        for i in range(units):
+            response.devices.add(ID=_device_id(kind, gpu, i), health=state)
+    return Advertised(response=response, size=response.ByteSize(), warning=warning)
+
+
+def _device_id(kind: ResourceKind, gpu: GpuDevice, i: int) -> str:
+    if kind is ResourceKind.COUNT:
+        return f"{gpu.uuid}-{i}"
+    if kind is ResourceKind.CORES:
+        return f"{gpu.uuid}-core-{i}"
+    return f"{gpu.index}-{i}"
+
+
+def _cap_memory(
+    per_gpu: list[tuple[GpuDevice, int]], settings: Settings
+) -> tuple[list[tuple[GpuDevice, int]], str | None]:
+    """Shrink the memory list to fit MESSAGE_LIMIT (worst-case health text, so health flips fit too)."""
+    size = sum(_entry_size(f"{g.index}-{n - 1}", UNHEALTHY) * n for g, n in per_gpu)
+    if size <= MESSAGE_LIMIT:
+        return per_gpu, None
+    ratio = MESSAGE_LIMIT / size
+    capped = [(g, int(n * ratio)) for g, n in per_gpu]
+    total_mib = sum(g.memory_mib for g, _ in per_gpu)
+    fits = max(1, sum(n for _, n in capped))
+    factor = -(-total_mib // fits)  # ceiling
+    return capped, (
+        f"memory resource {settings.names.memory}: {sum(n for _, n in per_gpu)} devices would exceed the "
+        f"kubelet's 4 MiB ListAndWatch limit (it would then advertise 0); advertising "
+        f"{sum(n for _, n in capped)}. Set gpuMemoryFactor to {factor} or more in the device-config "
+        f"ConfigMap (now {settings.memory_factor})"
+    )
+
+
+def node_register(gpus: list[GpuDevice], health: Mapping[str, bool], settings: Settings) -> list[DeviceInfo]:
+    """The `volcano.sh/node-vgpu-register` records (devmem not scaled, as upstream)."""
+    return [
+        DeviceInfo(
+            uuid=g.uuid,
+            count=settings.split_count,
+            devmem=memory_units(g, settings),
+            type=f"NVIDIA-{g.name}",
+            health=health.get(g.uuid, True),
+            mode=settings.mode,
+        )
+        for g in gpus
+    ]

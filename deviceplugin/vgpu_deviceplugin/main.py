@@ -1,0 +1,160 @@
+"""`deviceplugin`: the console entry point. Flags -> Flags, then run_plugin until a signal."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from vgpu_deviceplugin.config import (
+    DEFAULT_CACHE_ROOT,
+    DEFAULT_DEVICE_PLUGIN_DIR,
+    DEFAULT_HOOK_PATH,
+    DEFAULT_LOCK_DIR,
+    DEFAULT_REGISTER_INTERVAL,
+    Flags,
+)
+from vgpu_deviceplugin.gpus import GpuError
+from vgpu_deviceplugin.runner import run_plugin
+
+log = logging.getLogger("vgpu_deviceplugin")
+
+# Flags of the current upstream plugin (NVIDIA heritage) that have no meaning here: accepted so an
+# old DaemonSet still starts, with a warning. Upstream rejected unknown flags and crash-looped.
+IGNORED_FLAGS = (
+    "--driver-root", "--nvidia-driver-root", "--dev-root", "--nvidia-dev-root", "--pass-device-specs",
+    "--device-list-strategy", "--device-id-strategy", "--gdrcopy-enabled", "--gds-enabled",
+    "--mofed-enabled", "--cdi-annotation-prefix", "--nvidia-cdi-hook-path", "--nvidia-ctk-path",
+    "--driver-root-ctr-path", "--container-driver-root", "--mps-root", "--device-discovery-strategy",
+    "--imex-channel-ids", "--imex-required", "--config-file", "--cdi-feature-flags",
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="deviceplugin",
+        description="Volcano vGPU device plugin (drop-in for volcano-vgpu-device-plugin). Resource names "
+        "and device settings come from the device-config ConfigMap the Volcano scheduler reads, per-node "
+        "settings from the node-config ConfigMap; flags only fill what the ConfigMaps leave out.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    env = os.environ.get
+    p.add_argument("--node-name", default=env("NODE_NAME"),
+                   help="this node's name (env NODE_NAME; the DaemonSet passes spec.nodeName)")
+    p.add_argument("--device-plugin-dir", default=DEFAULT_DEVICE_PLUGIN_DIR,
+                   help="kubelet device-plugin directory holding kubelet.sock; the plugin's sockets go here")
+    p.add_argument("--kubelet-socket", default=None,
+                   help="path of kubelet.sock (upstream HEAD flag); its folder becomes --device-plugin-dir")
+    p.add_argument("--device-config-name", default="volcano-vgpu-device-config",
+                   help="device-config ConfigMap (key device-config.yaml), the one the scheduler reads")
+    p.add_argument("--device-config-namespace", default=None,
+                   help="namespace of the device-config ConfigMap; unset: kube-system, then volcano-system")
+    p.add_argument("--node-config-name", default="volcano-vgpu-node-config",
+                   help="node-config ConfigMap (key config.json); the entry named like this node applies")
+    p.add_argument("--node-config-namespace", default=None,
+                   help="namespace of the node-config ConfigMap; unset: where the device-config was found")
+    p.add_argument("--mock-gpus", default=env("VGPU_MOCK_GPUS"), metavar="SPEC",
+                   help="use mock GPUs instead of NVML (env VGPU_MOCK_GPUS), e.g. 8xA100-80GB, 2xRTX4090, "
+                   "1xA100-40GB,1xT4 or 2xMyGPU:16384 (MiB)")
+    p.add_argument("--hook-path", default=env("HOOK_PATH", DEFAULT_HOOK_PATH),
+                   help="host directory with libvgpu.so and ld.so.preload (env HOOK_PATH); mounted into pods")
+    p.add_argument("--cache-root", default=DEFAULT_CACHE_ROOT,
+                   help="host directory for the per-container shared regions (<root>/containers/<pod-uid>_"
+                   "<container>); vgpu-monitor --containers-dir must be <root>/containers")
+    p.add_argument("--lock-dir", default=DEFAULT_LOCK_DIR, help="host directory mounted at /tmp/vgpulock")
+    p.add_argument("--register-interval", type=float, default=DEFAULT_REGISTER_INTERVAL,
+                   help="seconds between node annotation checks (the handshake needs 60 or less)")
+    p.add_argument("--no-handshake", dest="handshake", action="store_false",
+                   help="do not write volcano.sh/node-vgpu-handshake (only Volcano <= v1.15.0 needs it)")
+    p.add_argument("--kubeconfig", default=env("KUBECONFIG"),
+                   help="kubeconfig file (env KUBECONFIG); unset: in-cluster service account")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    legacy = p.add_argument_group(
+        "legacy flags", "Accepted for compatibility with volcano-vgpu-device-plugin. Each applies only when "
+        "the device-config ConfigMap leaves the field out; a flag that contradicts it is ignored with a "
+        "warning (a flag winning is how resource names drifted from the scheduler's).")
+    legacy.add_argument("--resource-name", help="count resource (ConfigMap resourceCountName)")
+    legacy.add_argument("--resource-memory-name", help="memory resource (ConfigMap resourceMemoryName)")
+    legacy.add_argument("--resource-core-name", help="cores resource (ConfigMap resourceCoreName)")
+    legacy.add_argument("--device-split-count", type=int, help="tasks per GPU (ConfigMap deviceSplitCount)")
+    legacy.add_argument("--gpu-memory-factor", type=int,
+                        help="MiB per memory unit (ConfigMap gpuMemoryFactor)")
+    legacy.add_argument("--device-cores-scaling", type=float,
+                        help="cores per GPU = 100 x this (ConfigMap deviceCoreScaling)")
+    legacy.add_argument("--mig-strategy", default="none", choices=["none", "single", "mixed"],
+                        help="only 'none' is served; others log a warning")
+    legacy.add_argument("--fail-on-init-error", default="true", choices=["true", "false"],
+                        help="GPU discovery failure: exit (true) or wait idle (false)")
+    legacy.add_argument("--debug", action="store_true", help="same as --log-level debug")
+    for name in IGNORED_FLAGS:
+        dest = "ignored_" + name[2:].replace("-", "_")
+        legacy.add_argument(name, dest=dest, default=None, nargs="?", const="true", metavar="VALUE",
+                            help="accepted, no effect (NVIDIA device plugin option)")
+    return p
+
+
+def flags_from(args: argparse.Namespace) -> Flags:
+    plugin_dir = os.path.dirname(args.kubelet_socket) if args.kubelet_socket else args.device_plugin_dir
+    return Flags(
+        node_name=args.node_name,
+        device_plugin_dir=plugin_dir,
+        device_config_name=args.device_config_name,
+        device_config_namespace=args.device_config_namespace,
+        node_config_name=args.node_config_name,
+        node_config_namespace=args.node_config_namespace,
+        mock_gpus=args.mock_gpus or None,
+        hook_path=args.hook_path,
+        cache_root=args.cache_root,
+        lock_dir=args.lock_dir,
+        register_interval=args.register_interval,
+        handshake=args.handshake,
+        kubeconfig=args.kubeconfig or None,
+        resource_name=args.resource_name,
+        resource_memory_name=args.resource_memory_name,
+        resource_core_name=args.resource_core_name,
+        device_split_count=args.device_split_count,
+        gpu_memory_factor=args.gpu_memory_factor,
+        device_cores_scaling=args.device_cores_scaling,
+        mig_strategy=args.mig_strategy,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    logging.basicConfig(level="DEBUG" if args.debug else args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.node_name:
+        p.error("--node-name (or env NODE_NAME) is required")
+    for name in IGNORED_FLAGS:
+        if getattr(args, "ignored_" + name[2:].replace("-", "_")) is not None:
+            log.warning("flag %s has no effect in this plugin; remove it", name)
+    flags = flags_from(args)
+    try:
+        asyncio.run(_serve(flags, fail_on_init_error=args.fail_on_init_error == "true"))
+    except GpuError as exc:
+        log.error("%s", exc)
+        return 1
+    return 0
+
+
+async def _serve(flags: Flags, fail_on_init_error: bool) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await run_plugin(flags, stop)
+    except GpuError as exc:
+        if fail_on_init_error:
+            raise
+        log.error("%s; waiting idle (--fail-on-init-error=false)", exc)
+        await stop.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

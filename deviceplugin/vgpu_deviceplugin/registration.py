@@ -1,0 +1,89 @@
+"""Serving the plugin sockets and registering them with the kubelet, again after it restarts.
+
+A kubelet restart creates a new `kubelet.sock` and wipes the plugin sockets in the directory; the
+plugin then has to listen again and call Register again. The watcher polls the socket's inode
+(every 0.25 s: no inotify dependency, and well inside the 2 s the plugin promises).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+
+import grpc
+
+from vgpu_deviceplugin.api import deviceplugin_pb2 as pb
+from vgpu_deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
+from vgpu_deviceplugin.server import OPTIONS, DevicePlugin
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+POLL_SECONDS = 0.25
+REGISTER_TIMEOUT = 5.0
+
+
+def socket_name(resource_name: str) -> str:
+    """`volcano.sh/vgpu-number` -> `vgpu-volcano.sh-vgpu-number.sock` (distinct from NVIDIA's names)."""
+    return "vgpu-" + resource_name.replace("/", "-") + ".sock"
+
+
+@dataclass
+class Endpoint:
+    resource_name: str
+    path: str
+    server: grpc.aio.Server
+
+
+async def serve(plugin: DevicePlugin, resource_name: str, directory: str) -> Endpoint:
+    path = os.path.join(directory, socket_name(resource_name))
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a stale socket from a previous run
+    server = grpc.aio.server()
+    pb_grpc.add_DevicePluginServicer_to_server(plugin, server)
+    server.add_insecure_port(f"unix://{path}")
+    await server.start()
+    return Endpoint(resource_name, path, server)
+
+
+async def stop(endpoint: Endpoint) -> None:
+    await endpoint.server.stop(grace=0.5)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(endpoint.path)
+
+
+async def register(directory: str, endpoint: Endpoint) -> None:
+    """Register `endpoint` with the kubelet. Raises grpc.aio.AioRpcError or TimeoutError."""
+    async with grpc.aio.insecure_channel(f"unix://{os.path.join(directory, KUBELET_SOCKET)}") as channel:
+        stub = pb_grpc.RegistrationStub(channel)
+        await stub.Register(
+            pb.RegisterRequest(version=API_VERSION, endpoint=os.path.basename(endpoint.path),
+                               resource_name=endpoint.resource_name, options=OPTIONS),
+            timeout=REGISTER_TIMEOUT, wait_for_ready=True,
+        )
+
+
+def socket_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of a socket file, None when it does not exist."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+async def wait_for_kubelet_change(directory: str, seen: tuple[int, int] | None, own_sockets: list[str],
+                                  stop: asyncio.Event) -> tuple[int, int] | None:
+    """Return when kubelet.sock is (re)created, or one of our sockets vanished; None on stop."""
+    kubelet = os.path.join(directory, KUBELET_SOCKET)
+    while not stop.is_set():
+        now = socket_identity(kubelet)
+        if now is not None and (now != seen or any(not os.path.exists(p) for p in own_sockets)):
+            return now
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), POLL_SECONDS)
+    return None

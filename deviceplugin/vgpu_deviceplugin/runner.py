@@ -1,0 +1,223 @@
+"""The running plugin: read config, discover GPUs, serve and register, keep everything current.
+
+    stop = asyncio.Event()
+    await run_plugin(flags, stop)                       # real cluster, NVML or --mock-gpus
+    await run_plugin(flags, stop, kube=..., backend=...)  # tests and the demo, in-process
+
+Four loops run until `stop` is set: GPU health, kubelet restarts, ConfigMap changes, node register.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from vgpu_formats import FormatError
+from vgpu_formats import device_config as dc
+from vgpu_formats import node_config as nc
+
+from vgpu_deviceplugin import registration
+from vgpu_deviceplugin.allocator import Allocator
+from vgpu_deviceplugin.config import Flags, Settings, resolve_settings
+from vgpu_deviceplugin.devices import ResourceKind, visible_gpus
+from vgpu_deviceplugin.gpus import GpuBackend, GpuDevice, backend_for
+from vgpu_deviceplugin.kube import ApiKubeClient, KubeClient
+from vgpu_deviceplugin.node_register import register_loop
+from vgpu_deviceplugin.server import DevicePlugin
+from vgpu_deviceplugin.state import PluginState
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(RuntimeError):
+    """The ConfigMaps cannot be used; the message names the field."""
+
+
+@dataclass
+class LoadedConfig:
+    settings: Settings
+    texts: tuple[str | None, str | None]  # raw device-config and node-config, to spot changes
+
+
+async def load_config(kube: KubeClient, flags: Flags) -> LoadedConfig:
+    """Read both ConfigMaps the way the scheduler finds them. Raises ConfigError on bad content."""
+    found_ns: str | None = None
+    device_text: str | None = None
+    for namespace in flags.device_config_namespaces():
+        data = await kube.get_configmap(namespace, flags.device_config_name)
+        if data is not None:
+            found_ns = namespace
+            device_text = data.get(dc.CONFIGMAP_KEY)
+            if device_text is None:
+                log.warning("ConfigMap %s/%s has no key %s; using upstream defaults", namespace,
+                            flags.device_config_name, dc.CONFIGMAP_KEY)
+            break
+    else:
+        log.warning("ConfigMap %s not found in %s; using upstream defaults (names volcano.sh/vgpu-*)",
+                    flags.device_config_name, ", ".join(flags.device_config_namespaces()))
+    node_ns = flags.node_config_namespace or found_ns or flags.device_config_namespaces()[0]
+    node_data = await kube.get_configmap(node_ns, flags.node_config_name)
+    node_text = node_data.get(nc.CONFIGMAP_KEY) if node_data is not None else None
+    try:
+        device_cfg = dc.parse_device_config(device_text) if device_text is not None else None
+        node_cfg = nc.parse_node_config(node_text) if node_text is not None else None
+    except FormatError as exc:
+        raise ConfigError(str(exc)) from exc
+    source = f"{found_ns}/{flags.device_config_name}" if found_ns else "defaults"
+    return LoadedConfig(resolve_settings(flags, device_cfg, node_cfg, source), (device_text, node_text))
+
+
+@dataclass
+class Plugin:
+    """The serving side: three endpoints over one shared state."""
+
+    flags: Flags
+    kube: KubeClient
+    state: PluginState
+    endpoints: list[registration.Endpoint] = field(default_factory=list)
+    registered: bool = False
+
+    async def start_endpoints(self) -> None:
+        allocator = Allocator(self.kube, self.state, self.flags)
+        for kind in ResourceKind:
+            plugin = DevicePlugin(kind, self.state, allocator)
+            name = kind.resource_name(self.state.settings)
+            self.endpoints.append(await registration.serve(plugin, name, self.flags.device_plugin_dir))
+
+    async def stop_endpoints(self) -> None:
+        for endpoint in self.endpoints:
+            await registration.stop(endpoint)
+        self.endpoints.clear()
+        self.registered = False
+
+    async def register_all(self) -> None:
+        try:
+            for endpoint in self.endpoints:
+                await registration.register(self.flags.device_plugin_dir, endpoint)
+            self.registered = True
+            log.info("registered %s with the kubelet", ", ".join(e.resource_name for e in self.endpoints))
+        except Exception as exc:  # kubelet down or restarting: the watcher tries again
+            log.warning("Register with the kubelet failed (%s); retrying", exc)
+
+    async def restart(self) -> None:
+        await self.stop_endpoints()
+        await self.start_endpoints()
+        await self.register_all()
+
+
+def log_settings(settings: Settings) -> None:
+    for warning in settings.warnings:
+        log.warning("%s", warning)
+    log.info("settings from %s: resources %s, %s, %s; split %d; memory factor %d; core scaling %s; mode %s",
+             settings.source, settings.names.count, settings.names.memory, settings.names.cores,
+             settings.split_count, settings.memory_factor, settings.core_scaling, settings.mode)
+
+
+async def run_plugin(
+    flags: Flags,
+    stop: asyncio.Event,
+    kube: KubeClient | None = None,
+    backend: GpuBackend | None = None,
+    started: Callable[[Plugin], Awaitable[None] | None] | None = None,
+) -> None:
+    own_kube = kube is None
+    kube = kube if kube is not None else await ApiKubeClient.connect(flags.kubeconfig)
+    backend = backend if backend is not None else backend_for(flags.mock_gpus, flags.node_name)
+    try:
+        all_gpus = backend.discover()
+        loaded = await _first_config(kube, flags)
+        log_settings(loaded.settings)
+        state = PluginState(loaded.settings, visible_gpus(all_gpus, loaded.settings))
+        plugin = Plugin(flags, kube, state)
+        await plugin.start_endpoints()
+        await plugin.register_all()
+        if started is not None:
+            maybe = started(plugin)
+            if maybe is not None:
+                await maybe
+        loops = [
+            backend.watch_health(lambda u: _spawn(state.mark_unhealthy(u)), stop),
+            _kubelet_loop(plugin, stop),
+            _config_loop(plugin, all_gpus, loaded, stop),
+            register_loop(kube, state, flags.register_interval, flags.handshake, stop),
+        ]
+        tasks = [asyncio.create_task(loop) for loop in loops]
+        try:
+            await stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await plugin.stop_endpoints()
+    finally:
+        if own_kube:
+            await kube.close()
+
+
+async def _first_config(kube: KubeClient, flags: Flags) -> LoadedConfig:
+    """Like load_config, but a broken ConfigMap falls back to the defaults, as the scheduler does."""
+    try:
+        return await load_config(kube, flags)
+    except ConfigError as exc:
+        log.error("the ConfigMap cannot be used, running on upstream defaults until it is fixed: %s", exc)
+        settings = resolve_settings(flags, None, None, f"defaults (ConfigMap unusable: {exc})")
+        return LoadedConfig(settings, (None, None))
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def _spawn(coro: Awaitable[None]) -> None:
+    async def run() -> None:
+        await coro
+
+    task = asyncio.get_running_loop().create_task(run())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+async def _kubelet_loop(plugin: Plugin, stop: asyncio.Event) -> None:
+    directory = plugin.flags.device_plugin_dir
+    seen = registration.socket_identity(f"{directory}/{registration.KUBELET_SOCKET}")
+    while not stop.is_set():
+        own = [e.path for e in plugin.endpoints]
+        if not plugin.registered and seen is not None:
+            await asyncio.sleep(1.0)  # kubelet there but Register failed: retry
+            await plugin.register_all()
+            continue
+        changed = await registration.wait_for_kubelet_change(directory, seen, own, stop)
+        if changed is None:
+            return
+        log.warning("kubelet restarted (new %s): serving and registering again", registration.KUBELET_SOCKET)
+        seen = changed
+        await plugin.restart()
+
+
+async def _config_loop(plugin: Plugin, all_gpus: list[GpuDevice], loaded: LoadedConfig,
+                       stop: asyncio.Event) -> None:
+    flags = plugin.flags
+    names = (flags.device_config_name, flags.node_config_name)
+    extra = (flags.node_config_namespace,) if flags.node_config_namespace else ()
+    namespaces = tuple(dict.fromkeys((*flags.device_config_namespaces(), *extra)))
+    async for _ in plugin.kube.watch_configmaps(namespaces, names):
+        try:
+            fresh = await load_config(plugin.kube, flags)
+        except Exception as exc:  # keep serving what works; say loudly what does not
+            log.error("ConfigMap change ignored, keeping the running settings: %s", exc)
+            continue
+        if fresh.texts == loaded.texts:
+            continue
+        loaded = fresh
+        if fresh.settings == plugin.state.settings:
+            continue
+        log.warning("configuration changed: re-registering")
+        log_settings(fresh.settings)
+        plugin.state.settings = fresh.settings
+        plugin.state.gpus = visible_gpus(all_gpus, fresh.settings)
+        await plugin.restart()
+        await plugin.state.bump()

@@ -1,0 +1,100 @@
+"""The kubelet-facing gRPC service, one instance per resource (count, memory, cores).
+
+Only the count resource does real work in Allocate; memory and cores answer one empty response
+per container (the kubelet merges the answers of all plugins a container uses).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from vgpu_deviceplugin.allocate import AllocateError, Plan
+from vgpu_deviceplugin.allocator import Allocator
+from vgpu_deviceplugin.api import deviceplugin_pb2 as pb
+from vgpu_deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
+from vgpu_deviceplugin.devices import ResourceKind, advertise
+from vgpu_deviceplugin.state import PluginState
+
+log = logging.getLogger(__name__)
+
+OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+
+class DevicePlugin(pb_grpc.DevicePluginServicer):
+    def __init__(self, kind: ResourceKind, state: PluginState, allocator: Allocator) -> None:
+        self.kind = kind
+        self._state = state
+        self._allocator = allocator
+        self._warned: str | None = None
+
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext
+    ) -> pb.DevicePluginOptions:
+        return OPTIONS
+
+    async def ListAndWatch(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        seen = -1
+        while True:
+            if seen != -1:
+                seen = await self._state.wait_change(seen)
+            else:
+                seen = self._state.version
+            yield self.current_list()
+
+    def current_list(self) -> pb.ListAndWatchResponse:
+        state = self._state
+        adv = advertise(self.kind, state.gpus, state.health, state.settings)
+        if adv.warning and adv.warning != self._warned:
+            log.warning("%s", adv.warning)
+            self._warned = adv.warning
+        return adv.response
+
+    async def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PreferredAllocationResponse:
+        # The real GPUs come from the pod annotations, so any ids do; prefer the required ones.
+        response = pb.PreferredAllocationResponse()
+        for req in request.container_requests:
+            chosen = list(req.must_include_deviceIDs)
+            for dev in req.available_deviceIDs:
+                if len(chosen) >= req.allocation_size:
+                    break
+                if dev not in chosen:
+                    chosen.append(dev)
+            response.container_responses.add(deviceIDs=chosen[: req.allocation_size])
+        return response
+
+    async def Allocate(
+        self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AllocateResponse:
+        response = pb.AllocateResponse()
+        if self.kind is not ResourceKind.COUNT:
+            for _ in request.container_requests:
+                response.container_responses.add()
+            return response
+        for req in request.container_requests:
+            try:
+                result = await self._allocator.allocate(len(req.devices_ids))
+            except AllocateError as exc:
+                code = grpc.StatusCode.FAILED_PRECONDITION if exc.pod else grpc.StatusCode.NOT_FOUND
+                await context.abort(code, str(exc))
+            response.container_responses.append(to_response(result))
+        return response
+
+    async def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+def to_response(result: Plan) -> pb.ContainerAllocateResponse:
+    out = pb.ContainerAllocateResponse()
+    out.envs.update(result.envs)
+    for m in result.mounts:
+        out.mounts.add(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+    return out

@@ -1,0 +1,49 @@
+"""What the running plugin knows right now: settings, GPUs, their health. Shared by the servers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from vgpu_deviceplugin.config import Settings
+from vgpu_deviceplugin.gpus import GpuDevice
+from vgpu_deviceplugin.gpus.base import ALL_GPUS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PluginState:
+    settings: Settings
+    gpus: list[GpuDevice]  # visible GPUs (node-config filters applied)
+    health: dict[str, bool] = field(default_factory=dict)
+    # Answered init-container calls per pod uid (see allocate.py); small, pruned when pods finish.
+    init_served: dict[str, int] = field(default_factory=dict)
+    version: int = 0
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    @property
+    def gpu_uuids(self) -> frozenset[str]:
+        return frozenset(g.uuid for g in self.gpus)
+
+    async def mark_unhealthy(self, gpu_uuid: str) -> None:
+        """Health never recovers without a restart (as upstream): an Xid needs a human."""
+        targets = [g.uuid for g in self.gpus] if gpu_uuid == ALL_GPUS else [gpu_uuid]
+        flipped = [u for u in targets if u in self.gpu_uuids and self.health.get(u, True)]
+        if not flipped:
+            return
+        for u in flipped:
+            self.health[u] = False
+        log.error("GPU(s) %s marked Unhealthy; ListAndWatch and the node annotation follow", flipped)
+        await self.bump()
+
+    async def bump(self) -> None:
+        async with self._changed:
+            self.version += 1
+            self._changed.notify_all()
+
+    async def wait_change(self, seen: int) -> int:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.version != seen)
+            return self.version

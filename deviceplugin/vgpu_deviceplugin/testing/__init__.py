@@ -1,0 +1,1 @@
+"""Test and demo helpers shipped with the package (no test framework needed)."""
