@@ -138,9 +138,8 @@ def to_json_schema(schema: Any) -> Any:
         out["type"] = [out["type"], "null"]
     # OpenAPI 3.0 spells an exclusive bound as a flag beside minimum/maximum; JSON Schema as the bound.
     for flag, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
-        if isinstance(out.get(flag), bool):
-            if out.pop(flag):
-                out[flag] = out.pop(bound)
+        if isinstance(out.get(flag), bool) and out.pop(flag):
+            out[flag] = out.pop(bound)
     return out
 
 

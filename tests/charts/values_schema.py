@@ -42,7 +42,8 @@ def main(argv: list[str]) -> int:
         return 0
     if argv == ["--check"]:
         if SCHEMA_FILE.read_text() != want:
-            print(f"{SCHEMA_FILE} is stale: run python -m tests.charts.values_schema --write", file=sys.stderr)
+            print(f"{SCHEMA_FILE} is stale: run python -m tests.charts.values_schema --write",
+                  file=sys.stderr)
             return 1
         return 0
     print(__doc__, file=sys.stderr)
