@@ -40,3 +40,40 @@ def fixture_pod(cluster_objects: list[dict[str, Any]]) -> dict[str, Any]:
     }
     pod["spec"].pop("nodeName", None)
     return pod
+
+
+# The fixture cluster with vGPU enabled the way the seeds document it: deviceshare with
+# VGPUEnable and an explicit KnownGeometriesCMNamespace. Everything else as in tests/fixtures.
+HEALTHY_SCHEDULER_CONF = """\
+actions: "enqueue, allocate, backfill"
+tiers:
+- plugins:
+  - name: priority
+  - name: gang
+    enablePreemptable: false
+  - name: conformance
+- plugins:
+  - name: drf
+    enablePreemptable: false
+  - name: deviceshare
+    arguments:
+      deviceshare.VGPUEnable: true
+      deviceshare.KnownGeometriesCMNamespace: kube-system
+  - name: predicates
+  - name: capacity-card
+    arguments:
+      cardUnlimitedCpuMemory: true
+  - name: nodeorder
+  - name: binpack
+"""
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+@pytest.fixture
+def healthy(cluster_objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    conf = find(cluster_objects, "ConfigMap", "volcano-scheduler-configmap")
+    conf["data"]["volcano-scheduler.conf"] = HEALTHY_SCHEDULER_CONF
+    return cluster_objects

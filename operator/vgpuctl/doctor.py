@@ -1,0 +1,531 @@
+"""`vgpuctl doctor`: every inconsistency across the four places, nodes, versions and failed pods.
+
+Pure: `ClusterFacts` in, a `Report` (findings, versions, names, node and pod diagnoses) out.
+Each finding names the place and field, says what goes wrong, and gives the fix. Severities:
+`error` (vGPU pods fail or the scheduler/plugin misbehaves), `warning` (works today by luck, or
+breaks on the next change), `info` (harmless, shown for completeness). The exit code counts
+errors and warnings only.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from vgpu_formats import FormatError
+from vgpu_formats import annotations as ann
+from vgpu_formats import device_config as dc
+from vgpu_operator import versions
+from vgpu_operator.versions import Version
+
+from vgpuctl.facts import (
+    CONFIG_KEY,
+    DEFAULT_NAMES,
+    FLAG_RESOURCE,
+    VOLCANO_PREFIX,
+    ClusterFacts,
+    show_version,
+)
+
+ERROR, WARNING, INFO = "error", "warning", "info"
+APPLY_POLICY = (
+    "kubectl apply a VGPUPolicy (start from `vgpuctl import`): the operator keeps all four places consistent"
+)
+MAX_NAMES_SHOWN = 5  # nodes named per grouped finding; a 5,000-node cluster must stay readable
+
+Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str
+    code: str  # stable identifier for scripts, e.g. resource-name-mismatch
+    place: str  # e.g. "DaemonSet kube-system/volcano-device-plugin"
+    field: str  # e.g. "args --resource-name"
+    message: str
+    fix: str
+
+
+@dataclass
+class PodDiagnosis:
+    pod: str  # namespace/name
+    state: str  # phase / reason
+    requests: dict[str, str]
+    causes: list[str]
+    fix: str
+
+
+@dataclass
+class Report:
+    versions: dict[str, str]
+    names: dict[str, dict[str, str]]  # side -> kind -> name
+    places: dict[str, str]  # role -> "Kind ns/name (found|missing)"
+    findings: list[Finding] = field(default_factory=list)
+    nodes: dict[str, int] = field(default_factory=dict)  # gpu nodes, registered, mismatched
+    pods: list[PodDiagnosis] = field(default_factory=list)
+
+    @property
+    def problems(self) -> int:
+        return sum(1 for f in self.findings if f.severity in (ERROR, WARNING))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "healthy": self.problems == 0,
+            "versions": self.versions,
+            "places": self.places,
+            "resourceNames": self.names,
+            "nodes": self.nodes,
+            "findings": [asdict(f) for f in self.findings],
+            "pods": [asdict(p) for p in self.pods],
+        }
+
+
+# --- the scheduler conf -------------------------------------------------------------------
+
+
+def check_scheduler(facts: ClusterFacts) -> list[Finding]:
+    s = facts.scheduler
+    place = str(s.conf)
+    if not s.conf.found:
+        return [Finding(ERROR, "scheduler-conf-missing", place, "",
+                        "the Volcano scheduler ConfigMap is not there",
+                        "install Volcano, or point spec.scheduler at its ConfigMap")]
+    if s.conf_error:
+        return [Finding(ERROR, "scheduler-conf-invalid", place, "volcano-scheduler.conf", s.conf_error,
+                        "fix the YAML; " + APPLY_POLICY)]
+    out: list[Finding] = []
+    if s.deviceshare is None:
+        out.append(Finding(ERROR, "deviceshare-missing", place, "tiers[].plugins",
+                           "the deviceshare plugin is not enabled: the scheduler treats vGPU requests as "
+                           "plain extended resources and writes no device annotations",
+                           "add `- name: deviceshare` with `deviceshare.VGPUEnable: true`; " + APPLY_POLICY))
+        return out
+    if not s.vgpu_enable:
+        out.append(Finding(ERROR, "vgpu-disabled", place, "deviceshare.VGPUEnable",
+                           "deviceshare.VGPUEnable is not true: vGPU pods get no device annotations and fail "
+                           "at the kubelet with 'device request not found'",
+                           "set deviceshare.VGPUEnable: true; " + APPLY_POLICY))
+    for arg in ("deviceshare.GPUSharingEnable", "deviceshare.GPUNumberEnable"):
+        if s.vgpu_enable and (s.deviceshare or {}).get(arg) in (True, "true", "True"):
+            out.append(Finding(ERROR, "gpushare-conflict", place, arg,
+                               f"{arg} together with VGPUEnable makes the scheduler exit (klog.Fatal)",
+                               f"remove {arg}"))
+    if not s.predicates:
+        out.append(Finding(ERROR, "predicates-missing", place, "tiers[].plugins",
+                           "the predicates plugin is not enabled: only it performs the device Allocate, so "
+                           "no GPU is ever assigned", "add `- name: predicates` to a tier"))
+    if not s.cm_namespace_set:
+        out.append(Finding(WARNING, "cm-namespace-unset", place, "deviceshare.KnownGeometriesCMNamespace",
+                           f"not set: the scheduler reads device-config only from {s.cm_namespace} (the "
+                           f"default) while the device plugin tries kube-system, then volcano-system; the "
+                           f"two can read different copies",
+                           f"set deviceshare.KnownGeometriesCMNamespace: "
+                           f"{facts.scheduler_config.place.namespace} explicitly; " + APPLY_POLICY))
+    return out
+
+
+# --- device-config ------------------------------------------------------------------------
+
+
+def check_device_config(facts: ClusterFacts) -> list[Finding]:
+    out: list[Finding] = []
+    sc, pc = facts.scheduler_config, facts.plugin_config
+    if not sc.place.found and pc.place.found:
+        out.append(Finding(ERROR, "device-config-split", str(sc.place),
+                           "deviceshare.KnownGeometriesCMNamespace",
+                           f"the scheduler reads {sc.place}, which does not exist, so it runs on built-in "
+                           f"defaults; the device plugin reads {pc.place}",
+                           f"set deviceshare.KnownGeometriesCMNamespace: {pc.place.namespace}; "
+                           + APPLY_POLICY))
+    elif not sc.place.found or sc.error:
+        what = "is missing" if not sc.place.found else f"cannot be used: {sc.error}"
+        out.append(Finding(ERROR if sc.place.found else WARNING, "device-config-unreadable", str(sc.place),
+                           dc.CONFIGMAP_KEY,
+                           f"the ConfigMap the scheduler reads {what}; the scheduler silently falls back to "
+                           f"built-in defaults (vgpu-memory-percentage ignored, no MIG geometries)",
+                           "create it with the resource names the plugin registers; " + APPLY_POLICY))
+    if sc.place.found and pc.place.found and sc.place != pc.place and sc.text != pc.text:
+        out.append(Finding(ERROR, "device-config-split", f"{sc.place} and {pc.place}", dc.CONFIGMAP_KEY,
+                           f"the scheduler reads {sc.place} but the device plugin reads {pc.place}, and "
+                           f"their contents differ",
+                           "keep one copy and point deviceshare.KnownGeometriesCMNamespace at it; "
+                           + APPLY_POLICY))
+    if sc.parsed is not None and sc.parsed.nvidia is not None and facts.scheduler.reads_config_names:
+        nvidia = sc.parsed.nvidia
+        for kind in ("count", "memory"):
+            if getattr(nvidia, f"resource_{kind}_name") in (None, ""):
+                out.append(Finding(ERROR, "resource-name-empty", str(sc.place), f"nvidia.{CONFIG_KEY[kind]}",
+                                   f"{CONFIG_KEY[kind]} is absent: the scheduler does not fill in defaults, "
+                                   f"so it looks for an empty resource name and no pod counts as a vGPU pod",
+                                   f"set {CONFIG_KEY[kind]}: {DEFAULT_NAMES[kind]}"))
+    return out
+
+
+# --- names: scheduler vs plugin vs versions -----------------------------------------------
+
+
+def check_names(facts: ClusterFacts) -> list[Finding]:
+    out: list[Finding] = []
+    plugin = facts.plugin
+    if not plugin.daemonset.found:
+        return [Finding(WARNING, "plugin-missing", str(plugin.daemonset), "",
+                        "no volcano-device-plugin DaemonSet found: nothing registers vGPU resources",
+                        "install the device plugin, or point spec.devicePlugin at it")]
+    sched_names = facts.scheduler_names()
+    plugin_names = facts.plugin_names()
+    s = facts.scheduler
+    sched_where = (f"{facts.scheduler_config.place}: nvidia.%s" if s.reads_config_names
+                   else f"hard-coded in Volcano {show_version(s.version)}")
+    for kind in ("count", "memory", "cores"):
+        want, (have, source) = sched_names[kind], plugin_names[kind]
+        if not want or want == have:
+            continue
+        setting = sched_where % CONFIG_KEY[kind] if "%s" in sched_where else sched_where
+        if plugin.generation == "legacy":
+            fix = (f"add `{FLAG_RESOURCE[kind]}={want}` to the args of container {plugin.container} in "
+                   f"{plugin.daemonset}, or set {CONFIG_KEY[kind]}: {have}; " + APPLY_POLICY)
+            field_name = f"{CONFIG_KEY[kind]} vs {FLAG_RESOURCE[kind]}"
+        else:
+            fix = f"use a name in the volcano.sh/ domain in {CONFIG_KEY[kind]}; " + APPLY_POLICY
+            field_name = CONFIG_KEY[kind]
+        out.append(Finding(
+            ERROR, "resource-name-mismatch", str(plugin.daemonset), field_name,
+            f"the scheduler's {kind} resource is {want} ({setting}), but the device plugin "
+            f"({show_version(plugin.version)}, {plugin.generation}) registers {have} ({source}); pods asking "
+            f"for {want} find no allocatable, pods asking for {have} are not vGPU pods to the scheduler and "
+            f"fail with UnexpectedAdmissionError 'device request not found'", fix))
+    if plugin.generation == "current":
+        legacy = [f for f in FLAG_RESOURCE.values() if f in plugin.flags]
+        if legacy:
+            out.append(Finding(ERROR, "legacy-flags", str(plugin.daemonset), "args " + " ".join(legacy),
+                               f"plugin {show_version(plugin.version)} has no {', '.join(legacy)}: it "
+                               f"rejects unknown flags and exits",
+                               "remove them; the names come from device-config"))
+    custom = {k: v for k, v in sched_names.items() if k in DEFAULT_NAMES and v and v != DEFAULT_NAMES[k]}
+    if custom and s.version is not None and versions.requires_builtin_resource_names(s.version):
+        out.append(Finding(ERROR, "custom-names-unsupported", str(s.deployment), "image",
+                           f"Volcano {show_version(s.version)} ignores nodes unless volcano.sh/vgpu-number, "
+                           f"-memory and -cores are allocatable, so custom names "
+                           f"({', '.join(custom.values())}) make every GPU node invisible",
+                           "keep the volcano.sh/vgpu-* names with this version"))
+    if s.version is not None and not versions.reads_custom_resource_names(s.version):
+        configured = facts.scheduler_config.parsed
+        names = dc.scheduler_view(configured) if configured else None
+        renamed = [getattr(names, f"resource_{k}_name") for k in ("count", "memory", "core")] if names else []
+        renamed = [n for n in renamed if n and n not in DEFAULT_NAMES.values()]
+        if renamed:
+            out.append(Finding(ERROR, "custom-names-unsupported", str(s.deployment), "image",
+                               f"Volcano {show_version(s.version)} hard-codes volcano.sh/vgpu-*: the custom "
+                               f"names {', '.join(renamed)} in device-config are ignored",
+                               "upgrade Volcano to 1.13-1.15.0, or keep the default names"))
+    outside = [n for n in sched_names.values() if n and not n.startswith(VOLCANO_PREFIX)]
+    if plugin.generation == "current" and outside:
+        out.append(Finding(WARNING, "name-outside-volcano-domain", str(facts.plugin_config.place),
+                           "nvidia.resource*Name", "plugin v1.12+ prefixes names outside volcano.sh/ "
+                           "(nvidia.com/gpu becomes volcano.sh/nvidia.com/gpu), so they never match",
+                           "use names under volcano.sh/"))
+    out.extend(_check_version_skew(facts))
+    out.extend(_check_sizing_flags(facts))
+    return out
+
+
+def _scheduler_needs_handshake(version: Version) -> bool:
+    key = (version.major, version.minor, version.patch)
+    return (1, 9, 0) <= key < (1, 14, 3) or key == (1, 15, 0)
+
+
+def _check_version_skew(facts: ClusterFacts) -> list[Finding]:
+    s, p = facts.scheduler, facts.plugin
+    if s.version is None or p.version is None:
+        return []
+    if _scheduler_needs_handshake(s.version) and p.version > Version(1, 12, 0):
+        return [Finding(ERROR, "version-skew", str(p.daemonset), "image",
+                        f"Volcano {show_version(s.version)} needs the volcano.sh/node-vgpu-handshake "
+                        f"annotation, which plugin {show_version(p.version)} no longer writes: every GPU "
+                        f"node is ignored",
+                        "use plugin <= v1.12.0 with this Volcano, or Volcano >= 1.15.1")]
+    if s.version >= Version(1, 12, 0) and p.version < Version(1, 10, 0):
+        return [Finding(ERROR, "version-skew", str(p.daemonset), "image",
+                        f"plugin {show_version(p.version)} writes 5-field register records; Volcano "
+                        f"{show_version(s.version)} needs 6 and rejects the node", "upgrade the plugin")]
+    return []
+
+
+def _check_sizing_flags(facts: ClusterFacts) -> list[Finding]:
+    """Legacy plugins take split count and memory factor from flags, not from device-config."""
+    p = facts.plugin
+    parsed = facts.plugin_config.parsed
+    if p.generation != "legacy" or parsed is None or parsed.nvidia is None:
+        return []
+    nvidia = parsed.nvidia
+    out: list[Finding] = []
+    for flag, key, value, default in (
+        ("--device-split-count", "deviceSplitCount", nvidia.device_split_count, 2),
+        ("--gpu-memory-factor", "gpuMemoryFactor", nvidia.gpu_memory_factor, 1),
+    ):
+        raw = p.flags.get(flag)
+        effective = int(raw) if raw and raw.isdigit() else default
+        if value is not None and value != effective:
+            shown = f"{flag}={raw}" if raw else f"{flag} not set (default {default})"
+            out.append(Finding(WARNING, "sizing-mismatch", str(p.daemonset), f"{key} vs {flag}",
+                               f"device-config says {key}: {value}, but the legacy plugin uses {shown} and "
+                               f"ignores the ConfigMap value",
+                               f"set `{flag}={value}` in the plugin args; " + APPLY_POLICY))
+    return out
+
+
+# --- nodes --------------------------------------------------------------------------------
+
+
+def _grouped(severity: str, code: str, field_name: str, message: str, fix: str, nodes: list[str]) -> Finding:
+    shown = ", ".join(nodes[:MAX_NAMES_SHOWN]) + (f" and {len(nodes) - MAX_NAMES_SHOWN} more"
+                                                  if len(nodes) > MAX_NAMES_SHOWN else "")
+    noun = "Node" if len(nodes) == 1 else f"{len(nodes)} nodes"
+    return Finding(severity, code, f"{noun} {shown}", field_name, message, fix)
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def check_nodes(facts: ClusterFacts) -> tuple[list[Finding], dict[str, int]]:
+    """Node advertisement vs names, register annotations, split counts; grouped per problem."""
+    sched = facts.scheduler_names()
+    plugin_names = _registered(facts)
+    groups: dict[tuple[str, str, str, str, str], list[str]] = defaultdict(list)
+    counts = {"gpuNodes": 0, "registered": 0, "withProblems": 0}
+    names = set(plugin_names.values()) | {v for v in sched.values() if v}
+    for node in facts.nodes:
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        raw = (meta.get("annotations") or {}).get(ann.NODE_REGISTER)
+        if raw is None and not any(n in allocatable for n in names):
+            continue
+        counts["gpuNodes"] += 1
+        before = sum(len(v) for v in groups.values())
+        _check_one_node(facts, name, raw, allocatable, sched, plugin_names, groups)
+        counts["registered"] += raw is not None
+        counts["withProblems"] += sum(len(v) for v in groups.values()) > before
+    findings = [_grouped(*key, nodes=nodes) for key, nodes in groups.items()]
+    if facts.node_config_parsed is not None:
+        present = {str((n.get("metadata") or {}).get("name")) for n in facts.nodes}
+        stale = [e.name for e in facts.node_config_parsed.nodeconfig if e.name not in present]
+        if stale:
+            findings.append(Finding(INFO, "node-config-stale", str(facts.node_config),
+                                    "config.json nodeconfig",
+                                    f"entries for nodes that do not exist: "
+                                    f"{', '.join(stale[:MAX_NAMES_SHOWN])}",
+                                    "remove them, or use nodeOverrides with a nodeSelector in a VGPUPolicy"))
+    if facts.node_config_parsed is not None and facts.plugin.generation == "legacy":
+        ignored = [e.name for e in facts.node_config_parsed.nodeconfig
+                   if e.devicesplitcount or (e.filterdevices and (e.filterdevices.uuid
+                                                                  or e.filterdevices.index))]
+        present = {str((n.get("metadata") or {}).get("name")) for n in facts.nodes}
+        ignored = [n for n in ignored if n in present]
+        if ignored:
+            findings.append(Finding(WARNING, "node-config-ignored", str(facts.node_config),
+                                    "config.json devicesplitcount/filterdevices",
+                                    f"the legacy plugin ({show_version(facts.plugin.version)}) ignores these "
+                                    f"settings for {', '.join(ignored[:MAX_NAMES_SHOWN])}: split count comes "
+                                    f"from --device-split-count only (volcano-vgpu-device-plugin #87)",
+                                    "upgrade the plugin to v1.12+, or drop the per-node settings"))
+    if facts.node_config_error:
+        findings.append(Finding(ERROR, "node-config-invalid", str(facts.node_config), "config.json",
+                                facts.node_config_error, "fix the JSON; " + APPLY_POLICY))
+    return findings, counts
+
+
+def _check_one_node(
+    facts: ClusterFacts,
+    name: str,
+    raw: str | None,
+    allocatable: Mapping[str, Any],
+    sched: Mapping[str, str],
+    plugin_names: Mapping[str, str],
+    groups: dict[tuple[str, str, str, str, str], list[str]],
+) -> None:
+    if raw is None:
+        groups[(ERROR, "node-not-registered", ann.NODE_REGISTER,
+                "advertises vGPU resources but has no register annotation: the scheduler skips its GPUs",
+                "check the device plugin pod on the node")].append(name)
+    else:
+        try:
+            devices = ann.decode_node_register(raw)
+        except FormatError as err:
+            groups[(ERROR, "node-register-invalid", ann.NODE_REGISTER, f"cannot be decoded: {err.problem}",
+                    err.fix or "upgrade the device plugin")].append(name)
+            devices = []
+        expected, source = facts.expected_split(name)
+        splits = sorted({d.count for d in devices})
+        if devices and facts.plugin.daemonset.found and splits != [expected]:
+            groups[(WARNING, "split-count-mismatch", f"{ann.NODE_REGISTER} count",
+                    f"registers split count {'/'.join(map(str, splits))}, but the plugin's settings give "
+                    f"{expected} ({source}): the plugin has not restarted since the change",
+                    "restart the device plugin pod on these nodes; " + APPLY_POLICY)].append(name)
+    count = sched.get("count", "")
+    if count and _quantity(allocatable.get(count, 0)) <= 0:
+        have = [n for n in sorted(set(plugin_names.values())) if n in allocatable]
+        groups[(ERROR, "node-advertisement", f"status.allocatable[{count}]",
+                f"has no allocatable {count}, the name the scheduler counts; it advertises "
+                f"{', '.join(have) or 'no vGPU resource'}",
+                "make the plugin register the scheduler's names (see resource-name-mismatch)")].append(name)
+    if facts.scheduler.requires_hard_coded_allocatable:
+        missing = [n for n in DEFAULT_NAMES.values() if _quantity(allocatable.get(n, 0)) <= 0]
+        if missing:
+            groups[(ERROR, "node-ignored-by-scheduler", "status.allocatable",
+                    f"lacks {', '.join(missing)}: Volcano {show_version(facts.scheduler.version)} "
+                    f"ignores the node",
+                    "keep the volcano.sh/vgpu-* names")].append(name)
+
+
+# --- pods ---------------------------------------------------------------------------------
+
+
+def pod_key(pod: Obj) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+
+
+def _extended_requests(pod: Obj) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        for key, value in limits.items():
+            if "/" in key:
+                out[key] = str(value)
+    return out
+
+
+def is_troubled(pod: Obj, names: Iterable[str]) -> bool:
+    """Pods doctor explains unasked: admission failures, and pending pods asking for vGPU names."""
+    status = pod.get("status") or {}
+    if status.get("reason") == "UnexpectedAdmissionError":
+        return True
+    wanted = set(_extended_requests(pod))
+    return status.get("phase") == "Pending" and not (pod.get("spec") or {}).get("nodeName") and bool(
+        wanted & set(names))
+
+
+def diagnose_pod(facts: ClusterFacts, pod: Obj) -> PodDiagnosis:
+    """Why this pod fails (or would fail) with "device request not found", most specific first."""
+    status = pod.get("status") or {}
+    spec = pod.get("spec") or {}
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    requests = _extended_requests(pod)
+    sched = facts.scheduler_names()
+    plugin = _registered(facts)
+    s = facts.scheduler
+    causes: list[str] = []
+    fixes: list[str] = []
+    recognised = [n for n in requests if n in (sched["count"], sched["memory"]) and n]
+    registered = [n for n in requests if n in plugin.values()]
+    state = f"{status.get('phase', 'Unknown')}" + (f" ({status['reason']})" if status.get("reason") else "")
+
+    if spec.get("schedulerName") != "volcano":
+        causes.append(f"schedulerName is {spec.get('schedulerName') or 'default-scheduler'}, not volcano: no "
+                      f"scheduler writes {ann.DEVICES_TO_ALLOCATE}")
+        fixes.append("set spec.schedulerName: volcano")
+    if s.deviceshare is None or not s.vgpu_enable:
+        causes.append(f"the scheduler's deviceshare.VGPUEnable is off ({s.conf}): it writes no device "
+                      f"annotations")
+        fixes.append("enable deviceshare.VGPUEnable")
+    elif not s.predicates:
+        causes.append("the scheduler's predicates plugin is off: no device is ever assigned")
+        fixes.append("enable the predicates plugin")
+    if requests and not recognised:
+        causes.append(
+            f"the pod asks for {', '.join(sorted(requests))}; the scheduler (Volcano "
+            f"{show_version(s.version)}, reading {facts.scheduler_config.place}) counts vGPU pods by "
+            f"{sched['count']} or {sched['memory']}, so it is not a vGPU pod and gets no "
+            f"{ann.DEVICES_TO_ALLOCATE}")
+    for key in requests:
+        if key in recognised and key not in plugin.values():
+            kind = next(k for k in ("count", "memory") if sched[k] == key)
+            causes.append(
+                f"the scheduler counts {key}, but the device plugin ({show_version(facts.plugin.version)}, "
+                f"{facts.plugin.generation}) registers {plugin.get(kind, '?')} "
+                f"({facts.plugin_names()[kind][1] if plugin else 'no plugin'}): no node has {key} "
+                f"allocatable from this plugin")
+            if facts.plugin.generation == "legacy":
+                fixes.append(f"add --resource-name={key} to {facts.plugin.daemonset} "
+                             f"(container {facts.plugin.container})" if kind == "count" else
+                             f"add {FLAG_RESOURCE[kind]}={key} to {facts.plugin.daemonset}")
+    for key in registered:
+        if key not in recognised and sched.get("count") != key:
+            causes.append(f"{key} is registered by the plugin but unknown to the scheduler: the kubelet "
+                          f"calls Allocate, which finds no NVIDIA entry: 'device request not found'")
+    if recognised and not annotations.get(ann.DEVICES_TO_ALLOCATE) and status.get("reason") == (
+            "UnexpectedAdmissionError"):
+        causes.append(
+            f"the pod has no {ann.DEVICES_TO_ALLOCATE}: the scheduler did not allocate devices for it. The "
+            f"scheduler reads device-config once at start; if {facts.scheduler_config.place} was edited "
+            f"after that, it still uses the old names")
+        fixes.append(f"restart the scheduler (kubectl -n {s.conf.namespace} rollout restart deployment "
+                     f"{s.deployment.name if s.deployment else 'volcano-scheduler'})")
+    if annotations.get(ann.BIND_PHASE) == ann.BIND_PHASE_SUCCESS and status.get("reason") == (
+            "UnexpectedAdmissionError"):
+        causes.append(f"{ann.DEVICES_TO_ALLOCATE} was already consumed (bind-phase success): a second "
+                      "Allocate, e.g. an init container asking for the count resource")
+    if any(set((c.get("resources") or {}).get("limits") or {}) & {sched["count"]}
+           for c in spec.get("initContainers") or []):
+        causes.append(f"an init container asks for {sched['count']}: it consumes the first app container's "
+                      "devices and the next Allocate fails")
+        fixes.append("remove vGPU resources from init containers")
+    if not causes:
+        causes.append("no cause found in the configuration: the four places agree for this pod")
+    fix = "; ".join(dict.fromkeys(fixes)) if fixes else ""
+    if len(causes) > 1 or fixes:
+        fix = (fix + "; or " if fix else "") + APPLY_POLICY
+    return PodDiagnosis(pod=pod_key(pod), state=state, requests=requests, causes=causes, fix=fix)
+
+
+# --- the report ---------------------------------------------------------------------------
+
+
+def diagnose(facts: ClusterFacts, pod: str | None = None) -> Report:
+    """The whole report; `pod` ("ns/name") adds that pod's diagnosis even if it looks fine."""
+    s, p = facts.scheduler, facts.plugin
+    plugin_names = _registered(facts)
+    report = Report(
+        versions={
+            "volcano": f"{show_version(s.version)} ({s.image or 'scheduler Deployment not found'})",
+            "devicePlugin": f"{show_version(p.version)} {p.generation} ({p.image or 'DaemonSet not found'})",
+        },
+        names={"scheduler": facts.scheduler_names(), "devicePlugin": plugin_names},
+        places={
+            "schedulerConf": _shown(s.conf),
+            "deviceConfig (scheduler)": _shown(facts.scheduler_config.place),
+            "deviceConfig (plugin)": _shown(facts.plugin_config.place),
+            "devicePlugin": _shown(p.daemonset),
+            "nodeConfig": _shown(facts.node_config),
+        },
+    )
+    report.findings += check_scheduler(facts)
+    report.findings += check_device_config(facts)
+    report.findings += check_names(facts)
+    node_findings, report.nodes = check_nodes(facts)
+    report.findings += node_findings
+    watched = {n for n in (*report.names["scheduler"].values(), *plugin_names.values()) if n}
+    for obj in facts.pods:
+        if pod_key(obj) == pod or (pod is None and is_troubled(obj, watched)):
+            report.pods.append(diagnose_pod(facts, obj))
+    order = {ERROR: 0, WARNING: 1, INFO: 2}
+    report.findings.sort(key=lambda f: order.get(f.severity, 3))
+    return report
+
+
+def _registered(facts: ClusterFacts) -> dict[str, str]:
+    """The names the plugin registers (count, memory, cores); none without a plugin."""
+    if not facts.plugin.daemonset.found:
+        return {}
+    return {kind: name for kind, (name, _) in facts.plugin_names().items()}
+
+
+def _shown(place: Any) -> str:
+    return f"{place} ({'found' if place.found else 'missing'})"

@@ -1,0 +1,380 @@
+"""What a cluster runs today, read from its objects: the four places, the versions, the names.
+
+Pure: a list of Kubernetes objects (from a live cluster or manifest files) in, a `ClusterFacts`
+out. `doctor` judges these facts and `import` turns them into a VGPUPolicy. Upstream behaviour
+encoded here (with the research section it comes from):
+
+* the scheduler reads device-config from deviceshare.KnownGeometriesCMName/Namespace only
+  (default kube-system), once per process (volcano-scheduler.md §1.1, §1.2);
+* Volcano < 1.13 uses hard-coded resource names, >= 1.13 the ConfigMap's (device-plugin.md §1.5);
+* a legacy plugin (<= v1.11) registers names from its --resource-* flags, defaulting to
+  volcano.sh/vgpu-*; a current one (>= v1.12) from the ConfigMap it finds first in kube-system,
+  then volcano-system, with the volcano.sh/ prefix forced (device-plugin.md §1.2-§1.4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from vgpu_formats import FormatError
+from vgpu_formats import device_config as dc
+from vgpu_formats import node_config as nc
+from vgpu_operator import versions
+from vgpu_operator.versions import Version
+
+Obj = Mapping[str, Any]
+
+SCHEDULER_CONF_NAME = "volcano-scheduler-configmap"
+SCHEDULER_CONF_KEY = "volcano-scheduler.conf"
+SCHEDULER_DEPLOYMENT = "volcano-scheduler"
+PLUGIN_DAEMONSET = "volcano-device-plugin"
+PLUGIN_CONTAINER = "volcano-device-plugin"
+VOLCANO_PREFIX = "volcano.sh/"
+
+# deviceshare argument keys (volcano-scheduler.md §1.1).
+ARG_VGPU_ENABLE = "deviceshare.VGPUEnable"
+ARG_CM_NAME = "deviceshare.KnownGeometriesCMName"
+ARG_CM_NAMESPACE = "deviceshare.KnownGeometriesCMNamespace"
+ARG_POLICY = "deviceshare.SchedulePolicy"
+ARG_WEIGHT = "deviceshare.ScheduleWeight"
+ARG_GPUSHARE = ("deviceshare.GPUSharingEnable", "deviceshare.GPUNumberEnable")
+
+# Legacy plugin flags and what they set (device-plugin.md §1.1).
+FLAG_RESOURCE = {
+    "count": "--resource-name", "memory": "--resource-memory-name", "cores": "--resource-core-name",
+}
+DEFAULT_NAMES = {
+    "count": dc.DEFAULT_COUNT_NAME, "memory": dc.DEFAULT_MEMORY_NAME, "cores": dc.DEFAULT_CORE_NAME,
+}
+CONFIG_KEY = {"count": "resourceCountName", "memory": "resourceMemoryName", "cores": "resourceCoreName"}
+LEGACY_SPLIT_DEFAULT = 2
+LEGACY_FACTOR_DEFAULT = 1
+
+
+def show_version(version: Version | None) -> str:
+    return "unknown" if version is None else str(version)
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where an object is: kind, namespace, name, and whether it exists."""
+
+    kind: str
+    namespace: str
+    name: str
+    found: bool
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+
+@dataclass
+class SchedulerFacts:
+    conf: Place
+    conf_error: str = ""
+    plugins: list[str] = field(default_factory=list)  # every plugin name in every tier
+    deviceshare: dict[str, Any] | None = None  # its arguments, None when the plugin is absent
+    deployment: Place | None = None
+    image: str = ""
+    version: Version | None = None
+
+    @property
+    def vgpu_enable(self) -> bool:
+        return _go_bool((self.deviceshare or {}).get(ARG_VGPU_ENABLE))
+
+    @property
+    def predicates(self) -> bool:
+        return "predicates" in self.plugins
+
+    @property
+    def cm_namespace(self) -> str:
+        value = (self.deviceshare or {}).get(ARG_CM_NAMESPACE)
+        return str(value) if isinstance(value, str) and value else dc.DEFAULT_NAMESPACE
+
+    @property
+    def cm_namespace_set(self) -> bool:
+        return isinstance((self.deviceshare or {}).get(ARG_CM_NAMESPACE), str)
+
+    @property
+    def cm_name(self) -> str:
+        value = (self.deviceshare or {}).get(ARG_CM_NAME)
+        return str(value) if isinstance(value, str) and value else dc.CONFIGMAP_NAME
+
+    @property
+    def schedule_policy(self) -> str:
+        value = (self.deviceshare or {}).get(ARG_POLICY)
+        return value if isinstance(value, str) else ""
+
+    @property
+    def schedule_weight(self) -> int:
+        value = (self.deviceshare or {}).get(ARG_WEIGHT)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    @property
+    def reads_config_names(self) -> bool:
+        """Volcano >= 1.13 takes request names from device-config (unknown version: assume so)."""
+        return self.version is None or versions.reads_custom_resource_names(self.version)
+
+    @property
+    def requires_hard_coded_allocatable(self) -> bool:
+        return self.version is not None and versions.requires_builtin_resource_names(self.version)
+
+
+@dataclass
+class PluginFacts:
+    daemonset: Place
+    container: str = PLUGIN_CONTAINER
+    image: str = ""
+    version: Version | None = None
+    args: list[str] = field(default_factory=list)
+    known_generation: str | None = None  # from vgpu_operator.versions; None: cannot tell from the image
+
+    @property
+    def generation(self) -> str:
+        """legacy (<= v1.11: --resource-* flags), current (>= v1.12: names from the ConfigMap) or
+        builtin (ours); from the image, else guessed from the flags."""
+        if self.known_generation is not None:
+            return self.known_generation
+        return "legacy" if any(f in self.flags for f in FLAG_RESOURCE.values()) else "current"
+
+    @property
+    def flags(self) -> dict[str, str]:
+        """`--flag=value` and `--flag value` args as a dict (bare flags map to "true")."""
+        out: dict[str, str] = {}
+        i = 0
+        while i < len(self.args):
+            arg = self.args[i]
+            if arg.startswith("-"):
+                name, eq, value = arg.partition("=")
+                name = "--" + name.lstrip("-")
+                if not eq and i + 1 < len(self.args) and not self.args[i + 1].startswith("-"):
+                    value, i = self.args[i + 1], i + 1
+                out[name] = value if (eq or value) else "true"
+            i += 1
+        return out
+
+
+@dataclass(frozen=True)
+class ConfigCopy:
+    """One device-config ConfigMap: where, its text (None: key missing), its parse error if any."""
+
+    place: Place
+    text: str | None
+    parsed: dc.DeviceConfig | None
+    error: str = ""
+
+
+@dataclass
+class ClusterFacts:
+    scheduler: SchedulerFacts
+    plugin: PluginFacts
+    scheduler_config: ConfigCopy  # what the scheduler reads
+    plugin_config: ConfigCopy  # what the plugin finds first (kube-system, then volcano-system)
+    node_config: Place
+    node_config_parsed: nc.NodeConfig | None = None
+    node_config_error: str = ""
+    nodes: list[Obj] = field(default_factory=list)
+    pods: list[Obj] = field(default_factory=list)
+    policies: list[Obj] = field(default_factory=list)
+
+    def scheduler_names(self) -> dict[str, str]:
+        """Resource names the scheduler recognises (count, memory, memory-percentage, cores)."""
+        if not self.scheduler.reads_config_names:
+            return {**DEFAULT_NAMES, "memoryPercentage": dc.DEFAULT_MEMORY_PERCENTAGE_NAME}
+        view = dc.scheduler_view(self.scheduler_config.parsed)
+        return {
+            "count": view.resource_count_name or "",
+            "memory": view.resource_memory_name or "",
+            "memoryPercentage": view.resource_memory_percentage_name or "",
+            "cores": view.resource_core_name or "",
+        }
+
+    def plugin_names(self) -> dict[str, tuple[str, str]]:
+        """Names the plugin registers with the kubelet, each with where it comes from."""
+        out: dict[str, tuple[str, str]] = {}
+        if self.plugin.generation == "legacy":
+            flags = self.plugin.flags
+            for kind, flag in FLAG_RESOURCE.items():
+                if flag in flags:
+                    out[kind] = (flags[flag], f"{flag}={flags[flag]}")
+                else:
+                    out[kind] = (DEFAULT_NAMES[kind], f"{flag} not set, default")
+            return out
+        if self.plugin.generation == "builtin":
+            # Ours reads the scheduler's copy with upstream defaults (ARCHITECTURE.md, the contract).
+            effective = dc.effective_nvidia(self.scheduler_config.parsed)
+            where = f"{self.scheduler_config.place}: "
+            return {k: (getattr(effective, _FIELD[k]) or "", where + CONFIG_KEY[k]) for k in CONFIG_KEY}
+        nvidia = self.plugin_config.parsed.nvidia if self.plugin_config.parsed else None
+        for kind, key in CONFIG_KEY.items():
+            value = getattr(nvidia, _FIELD[kind]) if nvidia is not None else None
+            name = value or ""
+            source = f"{self.plugin_config.place}: {key}"
+            if not name.startswith(VOLCANO_PREFIX):
+                source += f" ({name or 'empty'}, volcano.sh/ prefix forced)"
+                name = VOLCANO_PREFIX + name
+            out[kind] = (name, source)
+        return out
+
+    def expected_split(self, node_name: str) -> tuple[int, str]:
+        """The split count the plugin registers on a node, and which setting decides it."""
+        nvidia = dc.effective_nvidia(self.plugin_config.parsed)
+        if self.plugin.generation == "legacy":
+            # Legacy uses the flag (default 2) and ignores ConfigMap and node-config (VVDP #87).
+            raw = self.plugin.flags.get("--device-split-count")
+            if raw is None:
+                return LEGACY_SPLIT_DEFAULT, "--device-split-count not set (legacy default 2)"
+            return _int(raw, LEGACY_SPLIT_DEFAULT), f"--device-split-count={raw}"
+        entry = self.node_config_entry(node_name)
+        if entry is not None and entry.devicesplitcount:
+            return entry.devicesplitcount, f"{self.node_config}: {node_name}.devicesplitcount"
+        raw = self.plugin.flags.get("--device-split-count")
+        if raw is not None:
+            return _int(raw, LEGACY_SPLIT_DEFAULT), f"--device-split-count={raw}"
+        return nvidia.device_split_count or 0, f"{self.plugin_config.place}: deviceSplitCount"
+
+    def node_config_entry(self, node_name: str) -> nc.NodeConfigEntry | None:
+        return self.node_config_parsed.entry_for(node_name) if self.node_config_parsed else None
+
+
+_FIELD = {"count": "resource_count_name", "memory": "resource_memory_name", "cores": "resource_core_name"}
+
+
+def _int(text: str, default: int) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return default
+
+
+def _go_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    return isinstance(value, str) and value in ("1", "t", "T", "TRUE", "true", "True")
+
+
+def _index(objects: Iterable[Obj]) -> dict[tuple[str, str, str], Obj]:
+    out: dict[tuple[str, str, str], Obj] = {}
+    for obj in objects:
+        meta = obj.get("metadata") or {}
+        out[(str(obj.get("kind")), str(meta.get("namespace") or ""), str(meta.get("name") or ""))] = obj
+    return out
+
+
+def _find_by_name(objects: Iterable[Obj], kind: str, name: str) -> Obj | None:
+    """The object of that kind and name, in any namespace (the first one wins)."""
+    for obj in objects:
+        if obj.get("kind") == kind and (obj.get("metadata") or {}).get("name") == name:
+            return obj
+    return None
+
+
+def _place(kind: str, obj: Obj | None, namespace: str, name: str) -> Place:
+    if obj is None:
+        return Place(kind, namespace, name, False)
+    meta = obj.get("metadata") or {}
+    return Place(kind, str(meta.get("namespace") or ""), str(meta.get("name") or ""), True)
+
+
+def _containers(workload: Obj) -> list[Obj]:
+    return list(((workload.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or [])
+
+
+def _scheduler(objects: Sequence[Obj], index: Mapping[tuple[str, str, str], Obj]) -> SchedulerFacts:
+    conf_obj = _find_by_name(objects, "ConfigMap", SCHEDULER_CONF_NAME)
+    facts = SchedulerFacts(conf=_place("ConfigMap", conf_obj, "volcano-system", SCHEDULER_CONF_NAME))
+    if conf_obj is not None:
+        text = ((conf_obj.get("data") or {}).get(SCHEDULER_CONF_KEY))
+        if text is None:
+            facts.conf_error = f"key {SCHEDULER_CONF_KEY} is missing"
+        else:
+            _read_scheduler_conf(facts, text)
+    deployment = _find_by_name(objects, "Deployment", SCHEDULER_DEPLOYMENT)
+    facts.deployment = _place("Deployment", deployment, facts.conf.namespace, SCHEDULER_DEPLOYMENT)
+    if deployment is not None:
+        found = versions.volcano_version("auto", dict(deployment))
+        facts.version = found.version
+        facts.image = found.detail.removeprefix("from image ")
+    return facts
+
+
+def _read_scheduler_conf(facts: SchedulerFacts, text: str) -> None:
+    try:
+        conf = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        facts.conf_error = f"not valid YAML ({err}); the scheduler keeps its previous configuration"
+        return
+    if not isinstance(conf, dict):
+        facts.conf_error = "not a mapping; the scheduler keeps its previous configuration"
+        return
+    for tier in conf.get("tiers") or []:
+        for plugin in (tier or {}).get("plugins") or []:
+            name = str((plugin or {}).get("name", ""))
+            facts.plugins.append(name)
+            if name == "deviceshare":
+                args = plugin.get("arguments") or {}
+                facts.deviceshare = dict(args) if isinstance(args, dict) else {}
+
+
+def _config_copy(index: Mapping[tuple[str, str, str], Obj], namespace: str, name: str) -> ConfigCopy:
+    obj = index.get(("ConfigMap", namespace, name))
+    place = _place("ConfigMap", obj, namespace, name)
+    if obj is None:
+        return ConfigCopy(place, None, None, "not found")
+    text = (obj.get("data") or {}).get(dc.CONFIGMAP_KEY)
+    if text is None:
+        return ConfigCopy(place, None, None, f"key {dc.CONFIGMAP_KEY} is missing")
+    try:
+        return ConfigCopy(place, text, dc.parse_device_config(text))
+    except FormatError as err:
+        return ConfigCopy(place, text, None, str(err))
+
+
+def _plugin(objects: Sequence[Obj]) -> PluginFacts:
+    ds = _find_by_name(objects, "DaemonSet", PLUGIN_DAEMONSET)
+    facts = PluginFacts(daemonset=_place("DaemonSet", ds, "kube-system", PLUGIN_DAEMONSET))
+    if ds is None:
+        return facts
+    containers = _containers(ds)
+    container = next((c for c in containers if c.get("name") == PLUGIN_CONTAINER),
+                     containers[0] if containers else {})
+    facts.container = str(container.get("name", PLUGIN_CONTAINER))
+    facts.image = str(container.get("image", ""))
+    found = versions.generation_of_container(dict(container))
+    facts.version, facts.known_generation = found.version, found.generation
+    facts.args = [str(a) for a in (container.get("args") or [])]
+    return facts
+
+
+def gather(objects: Sequence[Obj]) -> ClusterFacts:
+    """Read the four places, the versions, nodes, pods and VGPUPolicies from `objects`."""
+    index = _index(objects)
+    scheduler = _scheduler(objects, index)
+    plugin = _plugin(objects)
+    scheduler_config = _config_copy(index, scheduler.cm_namespace, scheduler.cm_name)
+    copies = [_config_copy(index, ns, dc.CONFIGMAP_NAME) for ns in dc.PLUGIN_NAMESPACES]
+    plugin_config = next((c for c in copies if c.place.found), copies[0])
+    node_cfg_obj = _find_by_name(objects, "ConfigMap", nc.CONFIGMAP_NAME)
+    facts = ClusterFacts(
+        scheduler=scheduler,
+        plugin=plugin,
+        scheduler_config=scheduler_config,
+        plugin_config=plugin_config,
+        node_config=_place("ConfigMap", node_cfg_obj, "kube-system", nc.CONFIGMAP_NAME),
+        nodes=[o for o in objects if o.get("kind") == "Node"],
+        pods=[o for o in objects if o.get("kind") == "Pod"],
+        policies=[o for o in objects if o.get("kind") == "VGPUPolicy"],
+    )
+    if node_cfg_obj is not None:
+        text = (node_cfg_obj.get("data") or {}).get(nc.CONFIGMAP_KEY)
+        if text is None:
+            facts.node_config_error = f"key {nc.CONFIGMAP_KEY} is missing"
+        else:
+            try:
+                facts.node_config_parsed = nc.parse_node_config(text)
+            except FormatError as err:
+                facts.node_config_error = str(err)
+    return facts

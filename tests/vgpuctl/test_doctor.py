@@ -1,0 +1,233 @@
+"""doctor on the fixtures and on broken variants: every problem named, no false alarm."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from vgpuctl.doctor import Report, diagnose
+from vgpuctl.facts import gather
+from vgpuctl.main import main
+from vgpuctl.manifests import load_objects
+
+from .conftest import CLUSTER, SEED001, find
+
+PLUGIN_CONTAINER = ("DaemonSet", "volcano-device-plugin")
+
+
+def _doctor(objects: list[dict[str, Any]], pod: str | None = None) -> Report:
+    return diagnose(gather(objects), pod=pod)
+
+
+def _codes(report: Report, severities: tuple[str, ...] = ("error", "warning")) -> set[str]:
+    return {f.code for f in report.findings if f.severity in severities}
+
+
+def _device_config(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return find(objects, "ConfigMap", "volcano-vgpu-device-config")
+
+
+def _plugin_args(objects: list[dict[str, Any]]) -> list[str]:
+    container = find(objects, *PLUGIN_CONTAINER)["spec"]["template"]["spec"]["containers"][0]
+    args: list[str] = container["args"]
+    return args
+
+
+def _scheduler_conf(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return find(objects, "ConfigMap", "volcano-scheduler-configmap")["data"]
+
+
+def test_healthy_cluster_has_no_problems(healthy):
+    report = _doctor(healthy)
+    assert _codes(report) == set(), report.findings
+    assert report.problems == 0
+    assert report.nodes == {"gpuNodes": 2, "registered": 2, "withProblems": 0}
+    assert report.pods == []  # the bound fixture pod is fine, so it is not explained unasked
+    assert report.versions["volcano"].startswith("v1.13.0")
+    assert report.versions["devicePlugin"].startswith("v1.11.0 legacy")
+
+
+def test_seed001_names_the_mismatch_and_the_missing_namespace():
+    report = _doctor(load_objects([CLUSTER, SEED001]))
+    by_code = {f.code: f for f in report.findings}
+    mismatch = by_code["resource-name-mismatch"]
+    assert mismatch.severity == "error"
+    assert mismatch.field == "resourceCountName vs --resource-name"
+    assert "nvidia.com/gpu" in mismatch.message and "volcano.sh/vgpu-number" in mismatch.message
+    assert "--resource-name=nvidia.com/gpu" in mismatch.fix and "VGPUPolicy" in mismatch.fix
+    namespace = by_code["cm-namespace-unset"]
+    assert namespace.field == "deviceshare.KnownGeometriesCMNamespace"
+    assert "set deviceshare.KnownGeometriesCMNamespace: kube-system" in namespace.fix
+    assert "2 nodes" in by_code["node-advertisement"].place
+    # The failed pod is explained without being asked for.
+    (pod,) = report.pods
+    assert pod.pod == "volcano-system/test-vgpu-compatible"
+    assert pod.requests == {"nvidia.com/gpu": "2"}
+    assert any("registers volcano.sh/vgpu-number" in c for c in pod.causes)
+    assert any("no volcano.sh/devices-to-allocate" in c for c in pod.causes)
+    assert "--resource-name=nvidia.com/gpu" in pod.fix
+
+
+# Each of the four places wrong in turn: (how to break it, the codes that must appear).
+def _rename_count(objs: list[dict[str, Any]]) -> None:
+    cm = _device_config(objs)
+    cm["data"]["device-config.yaml"] = cm["data"]["device-config.yaml"].replace(
+        "resourceCountName: volcano.sh/vgpu-number", "resourceCountName: volcano.sh/gpu-count")
+
+
+def _drop_memory_name(objs: list[dict[str, Any]]) -> None:
+    cm = _device_config(objs)
+    cm["data"]["device-config.yaml"] = cm["data"]["device-config.yaml"].replace(
+        "  resourceMemoryName: volcano.sh/vgpu-memory\n", "")
+
+
+def _bad_yaml(objs: list[dict[str, Any]]) -> None:
+    cm = _device_config(objs)
+    cm["data"]["device-config.yaml"] = cm["data"]["device-config.yaml"].replace(
+        "deviceSplitCount: 10", "deviceSplitCount: ten")
+
+
+def _plugin_resource_flag(objs: list[dict[str, Any]]) -> None:
+    _plugin_args(objs).append("--resource-name=example.com/gpu")
+
+
+def _plugin_split(objs: list[dict[str, Any]]) -> None:
+    _plugin_args(objs)[0] = "--device-split-count=4"
+
+
+def _plugin_current_with_legacy_flags(objs: list[dict[str, Any]]) -> None:
+    container = find(objs, *PLUGIN_CONTAINER)["spec"]["template"]["spec"]["containers"][0]
+    container["image"] = "docker.io/projecthami/volcano-vgpu-device-plugin:v1.12.0"
+    container["args"] = ["--resource-name=volcano.sh/vgpu-number"]
+
+
+def _vgpu_off(objs: list[dict[str, Any]]) -> None:
+    conf = _scheduler_conf(objs)
+    text = conf["volcano-scheduler.conf"]
+    conf["volcano-scheduler.conf"] = text.replace("VGPUEnable: true", "VGPUEnable: false")
+
+
+def _wrong_namespace(objs: list[dict[str, Any]]) -> None:
+    conf = _scheduler_conf(objs)
+    conf["volcano-scheduler.conf"] = conf["volcano-scheduler.conf"].replace(
+        "KnownGeometriesCMNamespace: kube-system", "KnownGeometriesCMNamespace: volcano-system")
+
+
+def _gpushare_too(objs: list[dict[str, Any]]) -> None:
+    conf = _scheduler_conf(objs)
+    conf["volcano-scheduler.conf"] = conf["volcano-scheduler.conf"].replace(
+        "VGPUEnable: true", "VGPUEnable: true\n      deviceshare.GPUSharingEnable: true")
+
+
+def _no_predicates(objs: list[dict[str, Any]]) -> None:
+    conf = _scheduler_conf(objs)
+    conf["volcano-scheduler.conf"] = conf["volcano-scheduler.conf"].replace("  - name: predicates\n", "")
+
+
+def _node_config_invalid(objs: list[dict[str, Any]]) -> None:
+    node_config = find(objs, "ConfigMap", "volcano-vgpu-node-config")
+    node_config["data"]["config.json"] = '{"nodeconfig": [{"name": 1}]}'
+
+
+def _node_config_ignored(objs: list[dict[str, Any]]) -> None:
+    find(objs, "ConfigMap", "volcano-vgpu-node-config")["data"]["config.json"] = (
+        '{"nodeconfig": [{"name": "dev-app-2-150-master-1", "devicesplitcount": 5}]}')
+
+
+def _node_config_not_applied(objs: list[dict[str, Any]]) -> None:
+    """A current plugin honours node-config; the node still registers 10, so it was not restarted."""
+    _node_config_ignored(objs)
+    container = find(objs, *PLUGIN_CONTAINER)["spec"]["template"]["spec"]["containers"][0]
+    container["image"] = "docker.io/projecthami/volcano-vgpu-device-plugin:v1.12.0"
+
+
+def _node_unregistered(objs: list[dict[str, Any]]) -> None:
+    del find(objs, "Node", "test-app-64-46-msxf")["metadata"]["annotations"]
+
+
+BROKEN = {
+    "device-config: count renamed": (_rename_count, {"resource-name-mismatch", "node-advertisement"}),
+    "device-config: memory name absent": (_drop_memory_name, {"resource-name-empty"}),
+    "device-config: type error": (_bad_yaml, {"device-config-unreadable"}),
+    "plugin args: --resource-name": (_plugin_resource_flag, {"resource-name-mismatch"}),
+    "plugin args: split count": (_plugin_split, {"sizing-mismatch", "split-count-mismatch"}),
+    "plugin args: legacy flags on v1.12": (_plugin_current_with_legacy_flags, {"legacy-flags"}),
+    "scheduler conf: VGPUEnable off": (_vgpu_off, {"vgpu-disabled"}),
+    "scheduler conf: wrong namespace": (_wrong_namespace, {"device-config-split"}),
+    "scheduler conf: gpushare too": (_gpushare_too, {"gpushare-conflict"}),
+    "scheduler conf: no predicates": (_no_predicates, {"predicates-missing"}),
+    "node-config: invalid": (_node_config_invalid, {"node-config-invalid"}),
+    "node-config: ignored by legacy plugin": (_node_config_ignored, {"node-config-ignored"}),
+    "node-config: not applied yet": (_node_config_not_applied, {"split-count-mismatch"}),
+    "node: not registered": (_node_unregistered, {"node-not-registered"}),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_each_broken_place_is_named(healthy, case):
+    breaker, expected = BROKEN[case]
+    breaker(healthy)
+    report = _doctor(healthy)
+    assert _codes(report) == expected, [(f.code, f.message) for f in report.findings]
+    for finding in report.findings:
+        assert finding.place and finding.message and finding.fix
+
+
+def test_split_count_mismatch_names_node_and_setting(healthy):
+    _node_config_not_applied(healthy)
+    (finding,) = [f for f in _doctor(healthy).findings if f.code == "split-count-mismatch"]
+    assert finding.place == "Node dev-app-2-150-master-1"
+    assert "registers split count 10" in finding.message
+    setting = "ConfigMap kube-system/volcano-vgpu-node-config: dev-app-2-150-master-1.devicesplitcount"
+    assert f"give 5 ({setting})" in finding.message
+
+
+def test_version_skew_is_reported(healthy):
+    container = find(healthy, *PLUGIN_CONTAINER)["spec"]["template"]["spec"]["containers"][0]
+    container["image"] = "docker.io/projecthami/volcano-vgpu-device-plugin:v1.13.0"
+    container["args"] = []
+    report = _doctor(healthy)
+    skew = [f for f in report.findings if f.code == "version-skew"]
+    assert skew and "node-vgpu-handshake" in skew[0].message
+
+
+def test_volcano_1_15_1_with_custom_names(healthy):
+    _rename_count(healthy)
+    deployment = find(healthy, "Deployment", "volcano-scheduler")
+    deployment["spec"]["template"]["spec"]["containers"][0]["image"] = "volcanosh/vc-scheduler:v1.15.1"
+    codes = _codes(_doctor(healthy))
+    assert "custom-names-unsupported" in codes
+
+
+def test_pod_diagnosis_on_request(healthy):
+    pod = find(healthy, "Pod", "vgpu-test")
+    pod["spec"]["schedulerName"] = "default-scheduler"
+    pod["metadata"]["annotations"] = {}
+    pod["status"] = {"phase": "Failed", "reason": "UnexpectedAdmissionError"}
+    report = _doctor(healthy, pod="default/vgpu-test")
+    (diagnosis,) = report.pods
+    assert any("not volcano" in c for c in diagnosis.causes)
+    assert "spec.schedulerName: volcano" in diagnosis.fix
+
+
+def test_cli_exit_codes_and_json(capsys, tmp_path, healthy):
+    import yaml
+
+    path = tmp_path / "healthy.yaml"
+    path.write_text(yaml.safe_dump_all(healthy))
+    assert main(["doctor", "-f", str(path), "-o", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["healthy"] is True
+    assert main(["doctor", "--cluster-dir", str(CLUSTER), "--cluster-dir", str(SEED001), "-o", "yaml"]) == 1
+    assert "resource-name-mismatch" in capsys.readouterr().out
+    assert main(["doctor", "-f", str(tmp_path / "nope")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+
+
+def test_table_output_reads_well(capsys):
+    assert main(["doctor", "-c", str(CLUSTER), "-c", str(SEED001), "--no-color"]) == 1
+    out = capsys.readouterr().out
+    assert "\x1b[" not in out
+    assert "count              nvidia.com/gpu" in out and "volcano.sh/vgpu-number   error" in out
+    assert "Pod volcano-system/test-vgpu-compatible  Failed (UnexpectedAdmissionError)" in out
