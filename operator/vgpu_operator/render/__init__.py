@@ -1,0 +1,60 @@
+"""Pure renderers: policy + observed cluster -> the desired state of each target object.
+
+    result = render_all(policy, observed)
+    for target in result.targets:         # device-config, node-config, scheduler conf,
+        if target.error: ...              #   scheduler Deployment, device plugin DaemonSet
+        elif target.changed: apply(target.patch())
+
+One module per target (`device_config`, `node_config`, `scheduler_conf`, `scheduler_deployment`,
+`device_plugin`); each is deterministic (same input, same bytes) and edits only what it owns. A
+target whose input is unusable (malformed scheduler conf, missing container, unknown plugin
+generation) gets `error` and no `desired`; the other targets render as usual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vgpu_operator.api import VGPUPolicy, VGPUPolicySpec
+from vgpu_operator.observed import Observed
+from vgpu_operator.render.device_config import render_device_config_target
+from vgpu_operator.render.device_plugin import render_device_plugin_target
+from vgpu_operator.render.inputs import Problem
+from vgpu_operator.render.node_config import render_node_config_target
+from vgpu_operator.render.scheduler_conf import render_scheduler_conf_target
+from vgpu_operator.render.scheduler_deployment import render_scheduler_deployment_target
+from vgpu_operator.render.target import TargetRender
+
+__all__ = ["Problem", "RenderResult", "TargetRender", "render_all"]
+
+RENDERERS = (render_device_config_target, render_node_config_target, render_scheduler_conf_target,
+             render_scheduler_deployment_target, render_device_plugin_target)
+
+
+@dataclass
+class RenderResult:
+    """Every target, in a fixed order: device-config, node-config, scheduler ConfigMap, scheduler
+    Deployment, device plugin DaemonSet."""
+
+    targets: list[TargetRender]
+
+    @property
+    def problems(self) -> list[Problem]:
+        return [t.error for t in self.targets if t.error is not None]
+
+    @property
+    def changed(self) -> list[TargetRender]:
+        return [t for t in self.targets if t.changed]
+
+    def target(self, kind: str, name: str) -> TargetRender:
+        return next(t for t in self.targets if t.kind == kind and t.name == name)
+
+
+def spec_of(policy: VGPUPolicy | VGPUPolicySpec) -> VGPUPolicySpec:
+    return policy.spec if isinstance(policy, VGPUPolicy) else policy
+
+
+def render_all(policy: VGPUPolicy | VGPUPolicySpec, observed: Observed) -> RenderResult:
+    """Render every target. Pure: reads only its arguments."""
+    spec = spec_of(policy)
+    return RenderResult([render(spec, observed) for render in RENDERERS])

@@ -1,0 +1,137 @@
+"""Render the device-config ConfigMap (`device-config.yaml`) from the policy.
+
+We own the known keys of the `nvidia:` section. Other top-level sections (`vnpus` for Ascend),
+keys inside `nvidia:` that upstream does not know, other data keys, labels and annotations are
+kept as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from vgpu_formats import device_config as fmt
+
+from vgpu_operator.api import VGPUPolicySpec
+from vgpu_operator.observed import Observed
+from vgpu_operator.render.inputs import InputError, Problem, describe, short_hash
+from vgpu_operator.render.target import TargetRender, configmap_target, failed_target
+
+
+def _geometry(models: list[str], *groups: tuple[str, list[tuple[str, int, int]]]) -> dict[str, Any]:
+    return {"models": models, "allowedGeometries": [
+        {"group": group, "geometries": [{"name": n, "memory": m, "count": c} for n, m, c in shapes]}
+        for group, shapes in groups]}
+
+
+# The table volcano-vgpu-device-plugin ships (deployments/static/volcano-vgpu-device-plugin.yml),
+# kept exactly (the repeated A100-SXM4-40GB included) so adopting a stock install changes nothing.
+UPSTREAM_MIG_GEOMETRIES: list[dict[str, Any]] = [
+    _geometry(["A30"], ("group1", [("1g.6gb", 6144, 4)]), ("group2", [("2g.12gb", 12288, 2)]),
+              ("group3", [("4g.24gb", 24576, 1)])),
+    _geometry(["A100-SXM4-40GB", "A100-40GB-PCIe", "A100-PCIE-40GB", "A100-SXM4-40GB"],
+              ("group1", [("1g.5gb", 5120, 7)]), ("group2", [("2g.10gb", 10240, 3), ("1g.5gb", 5120, 1)]),
+              ("group3", [("3g.20gb", 20480, 2)]), ("group4", [("7g.40gb", 40960, 1)])),
+    _geometry(["A100-SXM4-80GB", "A100-80GB-PCIe", "A100-PCIE-80GB"],
+              ("group1", [("1g.10gb", 10240, 7)]), ("group2", [("2g.20gb", 20480, 3), ("1g.10gb", 10240, 1)]),
+              ("group3", [("3g.40gb", 40960, 2)]), ("group4", [("7g.79gb", 80896, 1)])),
+]
+
+# Every upstream key the policy can set; `passDeviceSpecs` (unused upstream) stays whatever it is.
+OWNED_KEYS = frozenset(field.alias or name for name, field in fmt.NvidiaConfig.model_fields.items()) - {
+    "passDeviceSpecs"}
+
+
+def desired_nvidia(spec: VGPUPolicySpec) -> fmt.NvidiaConfig:
+    """The `nvidia:` section the policy asks for, every owned field explicit."""
+    device, names = spec.device, spec.resources
+    if device.known_mig_geometries is None:
+        geometries = UPSTREAM_MIG_GEOMETRIES
+    else:
+        geometries = [g.model_dump(by_alias=True) for g in device.known_mig_geometries]
+    return fmt.NvidiaConfig.model_validate({
+        "resourceCountName": names.count,
+        "resourceMemoryName": names.memory,
+        "resourceMemoryPercentageName": names.memory_percentage,
+        "resourceCoreName": names.cores,
+        **({"resourcePriorityName": names.priority} if names.priority else {}),
+        "overwriteEnv": device.overwrite_env,
+        "defaultMemory": device.defaults.memory,
+        "defaultCores": device.defaults.cores,
+        "defaultGPUNum": device.defaults.gpu_num,
+        "deviceSplitCount": device.device_split_count,
+        "deviceMemoryScaling": device.device_memory_scaling,
+        "deviceCoreScaling": device.device_core_scaling,
+        "disableCoreLimit": device.disable_core_limit,
+        "gpuMemoryFactor": device.gpu_memory_factor,
+        "knownMigGeometries": geometries,
+    }, by_alias=True, by_name=False)
+
+
+# What Volcano's scheduler uses from the section (volcano-scheduler.md §1.2); the rest is plugin-only.
+SCHEDULER_KEYS = ("resourceCountName", "resourceMemoryName", "resourceMemoryPercentageName",
+                  "resourceCoreName", "gpuMemoryFactor", "knownMigGeometries")
+
+
+def owned_section(spec: VGPUPolicySpec) -> dict[str, Any]:
+    """Our part of `nvidia:` as plain data (the device plugin's restart hash covers it)."""
+    return desired_nvidia(spec).to_yaml_dict()
+
+
+def scheduler_section(section: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The keys of an `nvidia:` section the scheduler uses (its restart hash covers them)."""
+    if section is None:
+        return None
+    return {key: section.get(key) for key in SCHEDULER_KEYS}
+
+
+def live_document(observed: Observed, where: str) -> dict[str, Any] | None:
+    """The live `device-config.yaml` as data; None when the ConfigMap or key is missing.
+    Raises InputError when the text is not a YAML mapping (we would lose what it holds)."""
+    text = observed.device_config_text()
+    if text is None:
+        return None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        doc = exc
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict) or not isinstance(doc.get("nvidia", {}) or {}, dict):
+        raise InputError(Problem(
+            "spec.targets.deviceConfig", "DeviceConfigUnreadable",
+            f"{where} key {fmt.CONFIGMAP_KEY} is not a YAML mapping with an `nvidia:` mapping, so the "
+            "scheduler uses built-in defaults. The operator does not overwrite it blindly (it may hold "
+            f"other sections): fix the YAML or delete the key {fmt.CONFIGMAP_KEY}", object=where))
+    return {str(k): v for k, v in doc.items()}
+
+
+def live_owned_section(observed: Observed) -> dict[str, Any] | None:
+    """Our keys of the live `nvidia:` section (None: missing or unreadable)."""
+    try:
+        doc = live_document(observed, "")
+    except InputError:
+        return None
+    if doc is None:
+        return None
+    section = doc.get("nvidia") or {}
+    return {k: v for k, v in section.items() if k in OWNED_KEYS}
+
+
+def render_device_config_target(spec: VGPUPolicySpec, observed: Observed) -> TargetRender:
+    ref = spec.targets.device_config
+    where = describe("ConfigMap", ref.namespace, ref.name)
+    ours = desired_nvidia(spec)
+    try:
+        live_doc = live_document(observed, where)
+    except InputError as err:
+        return failed_target("ConfigMap", ref.namespace, ref.name, observed.device_config, err.problem)
+    live_doc = live_doc or {}
+    live_section = live_doc.get("nvidia") or {}
+    foreign = {k: v for k, v in live_section.items() if k not in OWNED_KEYS}
+    nvidia = ours.model_copy()
+    nvidia.__pydantic_extra__ = foreign
+    cfg = fmt.DeviceConfig(nvidia=nvidia, others={k: v for k, v in live_doc.items() if k != "nvidia"})
+    same = observed.device_config_text() is not None and fmt.device_config_dict(cfg) == live_doc
+    return configmap_target(ref.namespace, ref.name, fmt.CONFIGMAP_KEY, observed.device_config,
+                            fmt.render_device_config(cfg), same, short_hash(ours.to_yaml_dict()))

@@ -1,0 +1,106 @@
+"""Render the device plugin DaemonSet: args right for its generation, and a config hash.
+
+* legacy (<= v1.11): sizing and resource names come from flags only, so `LEGACY_FLAGS` are set to
+  the policy's values (replaced in place, `--flag=value` or `--flag value` form kept; missing ones
+  appended as `--flag=value`).
+* current (v1.12+): `--resource-*` flags make it exit and explicit sizing flags override the
+  ConfigMap, so all of `LEGACY_FLAGS` are removed; sizing comes from device-config.
+* builtin (ours): the same removal; our plugin watches the ConfigMaps itself.
+
+Every other arg keeps its value and order. `vgpu.io/plugin-config-hash` on the pod template covers
+what the plugin reads only at start (args, plus device-config content for legacy/current; builtin
+watches the ConfigMap). Env, volumes, other containers and other annotations are untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from vgpu_operator.api import VGPUPolicySpec
+from vgpu_operator.observed import Observed
+from vgpu_operator.render import device_config
+from vgpu_operator.render.inputs import InputError, Problem, describe, find_container, short_hash
+from vgpu_operator.render.target import TargetRender, failed_target, workload_target
+from vgpu_operator.versions import Generation, plugin_generation
+
+ANNOTATION = "vgpu.io/plugin-config-hash"
+LEGACY_FLAGS = ("resource-name", "resource-memory-name", "resource-core-name", "device-split-count",
+                "gpu-memory-factor", "device-cores-scaling")
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def desired_flags(spec: VGPUPolicySpec, generation: Generation) -> dict[str, str | None]:
+    """flag name (no dashes) -> value; None removes the flag."""
+    if generation != "legacy":
+        return dict.fromkeys(LEGACY_FLAGS)
+    return {
+        "resource-name": spec.resources.count,
+        "resource-memory-name": spec.resources.memory,
+        "resource-core-name": spec.resources.cores,
+        "device-split-count": str(spec.device.device_split_count),
+        "gpu-memory-factor": str(spec.device.gpu_memory_factor),
+        "device-cores-scaling": _number(spec.device.device_core_scaling),
+    }
+
+
+def edit_args(args: list[str], flags: dict[str, str | None]) -> list[str]:
+    """`args` with `flags` set or removed; other args untouched, in order; a repeated flag of ours
+    keeps its first position only."""
+    out: list[str] = []
+    seen: set[str] = set()
+    index = 0
+    while index < len(args):
+        token = args[index]
+        index += 1
+        dashes = len(token) - len(token.lstrip("-"))
+        name, eq, _ = token[dashes:].partition("=")
+        if not dashes or name not in flags:
+            out.append(token)
+            continue
+        separate = not eq and index < len(args) and not args[index].startswith("-")
+        if separate:
+            index += 1  # the value token goes with its flag
+        value = flags[name]
+        if name in seen or value is None:
+            continue
+        seen.add(name)
+        out += [token, value] if separate else [f"{token[:dashes]}{name}={value}"]
+    out += [f"--{name}={value}" for name, value in flags.items() if value is not None and name not in seen]
+    return out
+
+
+def render_device_plugin_target(spec: VGPUPolicySpec, observed: Observed) -> TargetRender:
+    plugin = spec.device_plugin
+    where = describe("DaemonSet", plugin.namespace, plugin.daemon_set)
+    live = observed.device_plugin
+    if live is None:
+        return failed_target("DaemonSet", plugin.namespace, plugin.daemon_set, None, Problem(
+            "spec.devicePlugin.daemonSet", "DevicePluginNotFound",
+            f"{where} not found; install the device plugin or set spec.devicePlugin.namespace/daemonSet",
+            object=where))
+    try:
+        index, container = find_container(live, plugin.container, where)
+    except InputError as err:
+        return failed_target("DaemonSet", plugin.namespace, plugin.daemon_set, live, err.problem)
+    found = plugin_generation(plugin.generation, live, plugin.container)
+    if found.generation is None:
+        return failed_target("DaemonSet", plugin.namespace, plugin.daemon_set, live, Problem(
+            "spec.devicePlugin.generation", "PluginGenerationUnknown",
+            f"{found.detail}; set spec.devicePlugin.generation to legacy (<= v1.11), current (v1.12+) "
+            "or builtin", object=where))
+    live_args = [str(a) for a in container.get("args") or []]
+    args = edit_args(live_args, desired_flags(spec, found.generation))
+    containers = copy.deepcopy(live["spec"]["template"]["spec"]["containers"])
+    if args != live_args:
+        containers[index]["args"] = args
+    wanted: dict[str, Any] = {"args": args}
+    current: dict[str, Any] = {"args": live_args}
+    if found.generation != "builtin":
+        wanted["deviceConfig"] = device_config.owned_section(spec)
+        current["deviceConfig"] = device_config.live_owned_section(observed)
+    return workload_target("DaemonSet", live, ANNOTATION, short_hash(wanted), current != wanted,
+                           containers)

@@ -1,0 +1,115 @@
+"""Reading the observed objects a renderer edits, and the `Problem` both validation and rendering
+report when an input cannot be used (it names the policy field, the object and the fix)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import yaml
+
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something wrong with the policy or the cluster it applies to.
+
+    `field`: a path in the policy (`spec.resources.count`); `reason`: CamelCase, for conditions
+    and events; `message`: what is wrong AND the fix; `severity`: errors block writes, warnings
+    are reported; `object`: the cluster object concerned (`ConfigMap ns/name`), if any.
+    """
+
+    field: str
+    reason: str
+    message: str
+    severity: Severity = "error"
+    object: str = ""
+
+    def __str__(self) -> str:
+        where = f" [{self.object}]" if self.object else ""
+        return f"{self.severity}: {self.field}{where}: {self.reason}: {self.message}"
+
+
+def describe(kind: str, namespace: str, name: str) -> str:
+    """`ConfigMap kube-system/volcano-vgpu-device-config`."""
+    return f"{kind} {namespace}/{name}"
+
+
+def short_hash(data: Any) -> str:
+    """16 hex digits of sha256 over canonical JSON (or the text itself)."""
+    raw = data if isinstance(data, str) else json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+class InputError(Exception):
+    """An observed object the renderers cannot work with; carries the Problem to report."""
+
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(str(problem))
+        self.problem = problem
+
+
+def parse_scheduler_conf(text: str | None, where: str, key: str) -> dict[str, Any]:
+    """The scheduler conf as data. Raises InputError when missing, not YAML, not a mapping, or
+    without a `tiers` list (the scheduler would fall back to its built-in conf)."""
+    if text is None:
+        raise InputError(Problem("spec.scheduler.key", "SchedulerConfMissing",
+                                 f"{where} has no key {key!r}; set spec.scheduler.key to the key that "
+                                 "holds volcano-scheduler.conf", object=where))
+    try:
+        conf = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise InputError(Problem("spec.scheduler.configMap", "SchedulerConfInvalid",
+                                 f"{where} key {key} is not valid YAML{at}; the scheduler keeps its "
+                                 "previous conf. Fix the YAML, then the operator adds deviceshare",
+                                 object=where)) from exc
+    if not isinstance(conf, dict) or not isinstance(conf.get("tiers"), list):
+        raise InputError(Problem("spec.scheduler.configMap", "SchedulerConfNoTiers",
+                                 f"{where} key {key} has no `tiers:` list; the scheduler would ignore it. "
+                                 "Restore the tiers (see Volcano's default conf), then the operator adds "
+                                 "deviceshare", object=where))
+    return conf
+
+
+def tier_plugins(conf: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every plugin option of every tier, in order (malformed entries skipped)."""
+    found: list[dict[str, Any]] = []
+    for tier in conf.get("tiers") or []:
+        if isinstance(tier, dict):
+            found += [p for p in tier.get("plugins") or [] if isinstance(p, dict)]
+    return found
+
+
+def find_plugin(conf: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((p for p in tier_plugins(conf) if p.get("name") == name), None)
+
+
+def pod_template(workload: dict[str, Any]) -> dict[str, Any]:
+    return dict((workload.get("spec") or {}).get("template") or {})
+
+
+def containers_of(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    return list((pod_template(workload).get("spec") or {}).get("containers") or [])
+
+
+def find_container(workload: dict[str, Any], name: str, where: str) -> tuple[int, dict[str, Any]]:
+    """(index, container) named `name`. Raises InputError listing the names that exist."""
+    containers = containers_of(workload)
+    for index, container in enumerate(containers):
+        if container.get("name") == name:
+            return index, container
+    names = ", ".join(str(c.get("name")) for c in containers) or "none"
+    raise InputError(Problem("spec.devicePlugin.container", "DevicePluginContainerNotFound",
+                             f"{where} has no container named {name!r} (containers: {names}); set "
+                             "spec.devicePlugin.container to the plugin's container", object=where))
+
+
+def template_annotations(workload: dict[str, Any] | None) -> dict[str, str]:
+    if workload is None:
+        return {}
+    return dict((pod_template(workload).get("metadata") or {}).get("annotations") or {})

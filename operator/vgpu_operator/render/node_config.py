@@ -1,0 +1,66 @@
+"""Render the node-config ConfigMap (`config.json`): node overrides expanded to node names.
+
+Upstream matches entries by exact node name only, so each selector override becomes one entry per
+node it matches now; the operator re-renders when nodes come, go or change labels. We own the
+whole `config.json` key (other data keys, labels and annotations are kept). When two overrides
+match one node, the first wins here; validation reports the overlap as an error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vgpu_formats import node_config as fmt
+from vgpu_formats.errors import FormatError
+
+from vgpu_operator.api import NodeOverride, VGPUPolicySpec
+from vgpu_operator.observed import Observed
+from vgpu_operator.render.inputs import short_hash
+from vgpu_operator.render.selectors import override_nodes
+from vgpu_operator.render.target import TargetRender, configmap_target
+
+
+def entry_for(name: str, override: NodeOverride) -> fmt.NodeConfigEntry:
+    filters = override.filter_devices
+    return fmt.NodeConfigEntry(
+        name=name,
+        operatingmode=override.operating_mode,
+        devicememoryscaling=override.device_memory_scaling,
+        devicecorescaling=override.device_core_scaling,
+        devicesplitcount=override.device_split_count,
+        migstrategy=override.mig_strategy,
+        filterdevices=None if filters is None else fmt.FilterDevices(uuid=filters.uuid, index=filters.index),
+    )
+
+
+def desired_node_config(spec: VGPUPolicySpec, nodes: list[dict[str, Any]]) -> fmt.NodeConfig:
+    entries: dict[str, fmt.NodeConfigEntry] = {}
+    for override, names in zip(spec.node_overrides, override_nodes(spec.node_overrides, nodes), strict=True):
+        for name in names:
+            entries.setdefault(name, entry_for(name, override))
+    return fmt.NodeConfig(nodeconfig=[entries[name] for name in sorted(entries)])
+
+
+def _entries_by_name(cfg: fmt.NodeConfig) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for entry in cfg.nodeconfig:
+        found.setdefault(entry.name, entry.model_dump(exclude_none=True, mode="json"))
+    return found
+
+
+def render_node_config_target(spec: VGPUPolicySpec, observed: Observed) -> TargetRender:
+    ref = spec.targets.node_config
+    desired = desired_node_config(spec, observed.nodes)
+    text = observed.node_config_text()
+    try:
+        live = fmt.parse_node_config(text) if text is not None else None
+    except FormatError:
+        live = None  # unreadable: every plugin reads nothing useful from it; we own the key
+    same = live is not None and fmt.node_config_dict(live) == fmt.node_config_dict(desired)
+    target = configmap_target(ref.namespace, ref.name, fmt.CONFIGMAP_KEY, observed.node_config,
+                              fmt.render_node_config(desired), same,
+                              short_hash(fmt.node_config_dict(desired)))
+    before = _entries_by_name(live) if live is not None else {}
+    after = _entries_by_name(desired)
+    target.changed_nodes = sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+    return target

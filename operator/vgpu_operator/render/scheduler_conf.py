@@ -1,0 +1,132 @@
+"""Render the Volcano scheduler ConfigMap: the `deviceshare` plugin with our arguments.
+
+Surgical: the conf is parsed with PyYAML safe_load and only the deviceshare plugin's arguments we
+own are set (`OWNED_ARGUMENTS`); every other tier, plugin, argument, top-level key and value type
+stays as it was, in its order. When deviceshare is absent it is inserted right before
+`predicates` in predicates' tier: Volcano calls device Allocate only from predicates, and the
+user guide lists deviceshare before it. Without predicates it goes at the end of the last tier
+(validation warns). When the result means the same as the live conf, the live text is kept.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from vgpu_operator.api import VGPUPolicySpec
+from vgpu_operator.observed import Observed
+from vgpu_operator.render.inputs import (
+    InputError,
+    Problem,
+    describe,
+    find_plugin,
+    parse_scheduler_conf,
+    short_hash,
+)
+from vgpu_operator.render.target import TargetRender, configmap_target, failed_target
+
+PLUGIN = "deviceshare"
+VGPU_ENABLE = "deviceshare.VGPUEnable"
+SCHEDULE_POLICY = "deviceshare.SchedulePolicy"
+SCHEDULE_WEIGHT = "deviceshare.ScheduleWeight"
+NODE_LOCK = "deviceshare.NodeLockEnable"
+CM_NAME = "deviceshare.KnownGeometriesCMName"
+CM_NAMESPACE = "deviceshare.KnownGeometriesCMNamespace"
+EXCLUSIVE_RULES = "deviceshare.GPUExclusiveRules"
+OWNED_ARGUMENTS = (VGPU_ENABLE, SCHEDULE_POLICY, SCHEDULE_WEIGHT, NODE_LOCK, CM_NAME, CM_NAMESPACE,
+                   EXCLUSIVE_RULES)
+# Read once per scheduler process (sync.Once): changing them needs a scheduler restart.
+RESTART_ARGUMENTS = (VGPU_ENABLE, CM_NAME, CM_NAMESPACE)
+UPSTREAM_DEFAULTS: dict[str, Any] = {VGPU_ENABLE: False, CM_NAME: "volcano-vgpu-device-config",
+                                     CM_NAMESPACE: "kube-system"}
+
+
+def desired_arguments(spec: VGPUPolicySpec) -> dict[str, Any]:
+    """Our deviceshare arguments; a None value means "remove the argument"."""
+    sched = spec.scheduler
+    return {
+        VGPU_ENABLE: True,
+        SCHEDULE_POLICY: None if sched.schedule_policy == "unset" else sched.schedule_policy,
+        SCHEDULE_WEIGHT: sched.schedule_weight,  # an int: Volcano ignores a quoted "10"
+        NODE_LOCK: sched.node_lock_enable,
+        CM_NAME: spec.targets.device_config.name,
+        CM_NAMESPACE: spec.targets.device_config.namespace,
+        # unset leaves the live rules alone (not ours then)
+        **({EXCLUSIVE_RULES: sched.gpu_exclusive_rules} if sched.gpu_exclusive_rules is not None else {}),
+    }
+
+
+def restart_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The arguments the scheduler reads only at start, absent ones as the scheduler defaults them."""
+    return {key: arguments.get(key, UPSTREAM_DEFAULTS[key]) for key in RESTART_ARGUMENTS}
+
+
+def live_arguments(observed: Observed, spec: VGPUPolicySpec) -> dict[str, Any] | None:
+    """deviceshare's live arguments ({} when the plugin is absent); None when the conf is unusable."""
+    try:
+        conf = parse_scheduler_conf(observed.scheduler_conf_text(spec.scheduler.key), "", spec.scheduler.key)
+    except InputError:
+        return None
+    plugin = find_plugin(conf, PLUGIN)
+    arguments = (plugin or {}).get("arguments")
+    return dict(arguments) if isinstance(arguments, dict) else {}
+
+
+def apply_arguments(conf: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `conf` with deviceshare present and carrying `arguments`."""
+    conf = copy.deepcopy(conf)
+    plugin = find_plugin(conf, PLUGIN)
+    if plugin is None:
+        plugin = {"name": PLUGIN}
+        _insert(conf, plugin)
+    current = plugin.get("arguments")
+    args: dict[str, Any] = dict(current) if isinstance(current, dict) else {}
+    for key, value in arguments.items():
+        if value is None:
+            args.pop(key, None)
+        else:
+            args[key] = value  # an existing key keeps its position
+    plugin["arguments"] = args
+    return conf
+
+
+def _insert(conf: dict[str, Any], plugin: dict[str, Any]) -> None:
+    tiers = conf["tiers"]
+    for tier in tiers:
+        plugins = tier.get("plugins") if isinstance(tier, dict) else None
+        if isinstance(plugins, list):
+            for index, existing in enumerate(plugins):
+                if isinstance(existing, dict) and existing.get("name") == "predicates":
+                    plugins.insert(index, plugin)
+                    return
+    with_plugins = [t for t in tiers if isinstance(t, dict) and isinstance(t.get("plugins"), list)]
+    if not with_plugins:
+        tiers.append({"plugins": [plugin]})
+    else:
+        with_plugins[-1]["plugins"].append(plugin)
+
+
+def dump_conf(conf: dict[str, Any]) -> str:
+    """Deterministic block YAML."""
+    return yaml.safe_dump(conf, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
+
+
+def render_scheduler_conf_target(spec: VGPUPolicySpec, observed: Observed) -> TargetRender:
+    sched = spec.scheduler
+    where = describe("ConfigMap", sched.namespace, sched.config_map)
+    live = observed.scheduler_configmap
+    if live is None:
+        return failed_target("ConfigMap", sched.namespace, sched.config_map, None, Problem(
+            "spec.scheduler.configMap", "SchedulerConfigMapNotFound",
+            f"{where} not found; install Volcano or point spec.scheduler.namespace/configMap at its "
+            "scheduler ConfigMap", object=where))
+    try:
+        conf = parse_scheduler_conf(observed.scheduler_conf_text(sched.key), where, sched.key)
+    except InputError as err:
+        return failed_target("ConfigMap", sched.namespace, sched.config_map, live, err.problem)
+    arguments = desired_arguments(spec)
+    desired = apply_arguments(conf, arguments)
+    return configmap_target(sched.namespace, sched.config_map, sched.key, live, dump_conf(desired),
+                            desired == conf, short_hash(arguments))

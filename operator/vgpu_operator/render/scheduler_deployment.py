@@ -1,0 +1,47 @@
+"""Render the scheduler Deployment: the pod-template annotation that restarts it when needed.
+
+Volcano reads the device-config ConfigMap (the keys in `device_config.SCHEDULER_KEYS`),
+`VGPUEnable` (device registration) and the `KnownGeometriesCMName/Namespace` arguments once per
+process. `vgpu.io/scheduler-config-hash`
+hashes exactly those inputs; a new value rolls the scheduler. Everything else in the Deployment
+is left alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vgpu_operator.api import VGPUPolicySpec
+from vgpu_operator.observed import Observed
+from vgpu_operator.render import device_config, scheduler_conf
+from vgpu_operator.render.inputs import Problem, describe, short_hash
+from vgpu_operator.render.target import TargetRender, failed_target, workload_target
+
+ANNOTATION = "vgpu.io/scheduler-config-hash"
+
+
+def desired_inputs(spec: VGPUPolicySpec) -> dict[str, Any]:
+    return {"deviceConfig": device_config.scheduler_section(device_config.owned_section(spec)),
+            **scheduler_conf.restart_arguments(scheduler_conf.desired_arguments(spec))}
+
+
+def live_inputs(spec: VGPUPolicySpec, observed: Observed) -> dict[str, Any] | None:
+    arguments = scheduler_conf.live_arguments(observed, spec)
+    if arguments is None:
+        return None
+    return {"deviceConfig": device_config.scheduler_section(device_config.live_owned_section(observed)),
+            **scheduler_conf.restart_arguments(arguments)}
+
+
+def render_scheduler_deployment_target(spec: VGPUPolicySpec, observed: Observed) -> TargetRender:
+    sched = spec.scheduler
+    live = observed.scheduler_deployment
+    if live is None:
+        where = describe("Deployment", sched.namespace, sched.deployment)
+        return failed_target("Deployment", sched.namespace, sched.deployment, None, Problem(
+            "spec.scheduler.deployment", "SchedulerDeploymentNotFound",
+            f"{where} not found, so the operator cannot restart the scheduler after a device-config "
+            "change; set spec.scheduler.deployment to the scheduler's Deployment", "warning", where))
+    wanted = desired_inputs(spec)
+    return workload_target("Deployment", live, ANNOTATION, short_hash(wanted),
+                           live_inputs(spec, observed) != wanted)
