@@ -1,0 +1,100 @@
+"""values.schema.json turns typos into clear install errors; every value is documented."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.charts import chart
+from tests.charts.values_schema import main as values_schema_main
+
+VALUES = yaml.safe_load((chart.CHART / "values.yaml").read_text())
+SCHEMA = json.loads((chart.CHART / "values.schema.json").read_text())
+README = (chart.CHART / "README.md").read_text()
+
+
+def value_paths(values: Any, schema: dict[str, Any], path: str = "") -> Iterator[str]:
+    """Dotted paths of the chart's settings: the leaves of closed objects. Free-form maps
+    (labels, selectors), `resources` and the pass-through `policy.spec` count as one setting."""
+    closed = schema.get("additionalProperties") is False
+    if isinstance(values, dict) and closed and path != "policy.spec" and not path.endswith(".resources"):
+        for key, sub in values.items():
+            yield from value_paths(sub, schema["properties"][key], f"{path}.{key}" if path else key)
+    else:
+        yield path
+
+
+def test_every_value_is_documented_in_the_readme() -> None:
+    documented = set(re.findall(r"^\| `([A-Za-z0-9_.]+)` \|", README, re.MULTILINE))
+    paths = set(value_paths(VALUES, SCHEMA))
+    assert paths - documented == set(), "values missing from the README table"
+    assert documented - paths == set(), "README documents values that do not exist"
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"operator": {"replica": 2}}, "at '/operator': additional properties 'replica' not allowed"),
+    ({"devicePlugin": {"nodeselector": {"gpu": "on"}}},
+     "at '/devicePlugin': additional properties 'nodeselector' not allowed"),
+    ({"scheduler": {"namespace": "Volcano_System"}}, "at '/scheduler/namespace'"),
+    ({"existingDevicePlugin": {"generation": "v1.12"}}, "at '/existingDevicePlugin/generation'"),
+    ({"operator": {"metricsPort": 0}}, "at '/operator/metricsPort'"),
+    ({"policy": {"spec": {"device": {"deviceSplitCont": 4}}}},
+     "at '/policy/spec/device': additional properties 'deviceSplitCont' not allowed"),
+    ({"policy": {"spec": {"driftPolicy": "enforce"}}}, "at '/policy/spec/driftPolicy'"),
+    ({"policy": {"spec": {"device": {"deviceSplitCount": 0}}}}, "at '/policy/spec/device/deviceSplitCount'"),
+    ({"devicePlugin": {"tolerations": [{"key": "a", "operator": "Exist"}]}},
+     "at '/devicePlugin/tolerations/0/operator'"),
+])
+def test_a_typo_fails_install_and_names_the_field(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(chart.HelmError) as err:
+        chart.template(values)
+    assert "values don't meet the specifications of the schema" in str(err.value)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(("section", "field", "fix"), [
+    ("scheduler", "namespace", "scheduler.*"),
+    ("targets", "deviceConfig", "targets.*"),
+    ("devicePlugin", "daemonSet", "devicePlugin.* / existingDevicePlugin.*"),
+])
+def test_a_location_in_policy_spec_is_refused_with_the_fix(section: str, field: str, fix: str) -> None:
+    value: Any = "somewhere"
+    if field == "deviceConfig":
+        value = {"namespace": "elsewhere", "name": "other-config"}
+    with pytest.raises(chart.HelmError) as err:
+        chart.template({"policy": {"spec": {section: {field: value}}}})
+    assert f"policy.spec.{section}.{field}: set by the chart from {fix}" in str(err.value)
+
+
+def test_policy_spec_is_passed_through_with_the_locations(full_objects: list[dict[str, Any]]) -> None:
+    spec = chart.one(full_objects, "VGPUPolicy")["spec"]
+    assert spec["device"] == {"deviceSplitCount": 4, "deviceMemoryScaling": 1.5}
+    assert spec["driftPolicy"] == "Report"
+    assert spec["nodeOverrides"] == [{"nodeNames": ["gpu-a100-1"], "deviceSplitCount": 2}]
+    assert spec["devicePlugin"] == {"namespace": chart.NAMESPACE,
+                                    "daemonSet": "vgpu-vgpu-operator-device-plugin",
+                                    "container": "device-plugin", "generation": "builtin"}
+
+
+def test_non_location_scheduler_fields_stay(renders: Any) -> None:
+    objs = chart.render({"policy": {"spec": {"scheduler": {"volcanoVersion": "1.12.0"}}}})
+    scheduler = chart.one(objs, "VGPUPolicy")["spec"]["scheduler"]
+    assert scheduler == {"namespace": "volcano-system", "configMap": "volcano-scheduler-configmap",
+                         "key": "volcano-scheduler.conf", "deployment": "volcano-scheduler",
+                         "volcanoVersion": "1.12.0"}
+
+
+def test_adopting_points_the_policy_at_the_existing_plugin(renders: Any) -> None:
+    spec = chart.one(renders("adopt"), "VGPUPolicy")["spec"]
+    assert spec["devicePlugin"] == {"namespace": "kube-system", "daemonSet": "volcano-device-plugin",
+                                    "container": "volcano-device-plugin", "generation": "auto"}
+    assert not chart.of_kind(renders("adopt"), "DaemonSet")
+
+
+def test_values_schema_policy_spec_matches_the_crd() -> None:
+    assert values_schema_main(["--check"]) == 0
