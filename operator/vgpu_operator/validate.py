@@ -1,0 +1,288 @@
+"""Rules that need the cluster: `validate(policy, observed) -> list[Problem]`.
+
+The schema and CEL catch what a policy alone gets wrong; these rules combine the policy with what
+the operator observed (Volcano version, plugin generation, the live scheduler conf, nodes).
+Errors block every write; warnings are reported. Each Problem names the policy field, the object
+concerned and the fix. Facts behind the rules: research volcano-scheduler.md §1, §6 and
+device-plugin.md §1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from vgpu_formats import annotations as ann
+from vgpu_formats import device_config as dc_fmt
+from vgpu_formats.errors import FormatError
+
+from vgpu_operator import versions
+from vgpu_operator.api import VGPUPolicy, VGPUPolicySpec
+from vgpu_operator.observed import Observed
+from vgpu_operator.render import device_plugin, scheduler_conf, scheduler_deployment
+from vgpu_operator.render.inputs import (
+    InputError,
+    Problem,
+    Severity,
+    describe,
+    find_plugin,
+    parse_scheduler_conf,
+)
+from vgpu_operator.render.selectors import node_name, override_nodes
+
+__all__ = ["Problem", "errors", "validate"]
+
+DEFAULT_NAMES = {"count": dc_fmt.DEFAULT_COUNT_NAME, "memory": dc_fmt.DEFAULT_MEMORY_NAME,
+                 "cores": dc_fmt.DEFAULT_CORE_NAME}
+# The kubelet's gRPC message limit is 4 MiB; ListAndWatch sends one device per memory unit, which
+# overflows at roughly 60,000 devices (research anchors.md §6 G2).
+LIST_AND_WATCH_LIMIT = 60000
+CONFLICTING_ARGUMENTS = ("deviceshare.GPUSharingEnable", "deviceshare.GPUNumberEnable")
+
+Rule = Callable[[VGPUPolicySpec, Observed], Iterable[Problem]]
+
+
+def validate(policy: VGPUPolicy | VGPUPolicySpec, observed: Observed) -> list[Problem]:
+    """Every problem, errors first, in rule order."""
+    spec = policy.spec if isinstance(policy, VGPUPolicy) else policy
+    found = [problem for rule in RULES for problem in rule(spec, observed)]
+    return sorted(found, key=lambda p: p.severity != "error")
+
+
+def errors(problems: Iterable[Problem]) -> list[Problem]:
+    return [p for p in problems if p.severity == "error"]
+
+
+# --- versions and resource names -----------------------------------------------------------------
+
+
+def _custom_names(spec: VGPUPolicySpec) -> dict[str, str]:
+    """Resource names (field -> value) that differ from upstream's hard-coded ones."""
+    given = {"count": spec.resources.count, "memory": spec.resources.memory, "cores": spec.resources.cores}
+    return {key: value for key, value in given.items() if value != DEFAULT_NAMES[key]}
+
+
+def check_volcano_version(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:
+    found = versions.volcano_version(spec.scheduler.volcano_version, observed.scheduler_deployment)
+    custom = _custom_names(spec)
+    where = describe("Deployment", spec.scheduler.namespace, spec.scheduler.deployment)
+    if found.version is None:
+        severity: Severity = "error" if custom else "warning"
+        yield Problem("spec.scheduler.volcanoVersion", "VolcanoVersionUnknown",
+                      f"{found.detail}; set spec.scheduler.volcanoVersion (e.g. v1.13.0) so the operator "
+                      "can check which resource names this Volcano honours", severity, where)
+        return
+    version = found.version
+    for key, value in custom.items():
+        if versions.custom_resource_names_work(version):
+            continue
+        if not versions.reads_custom_resource_names(version):
+            why = (f"Volcano {version} hard-codes {DEFAULT_NAMES[key]} (names come from the config "
+                   "from v1.13.0)")
+        else:
+            why = (f"Volcano {version} only considers nodes whose allocatable has the hard-coded "
+                   "volcano.sh/vgpu-* names, so every vGPU node would be ignored")
+        yield Problem(f"spec.resources.{key}", "CustomResourceNamesUnsupported",
+                      f"{value!r}: {why}. Use {DEFAULT_NAMES[key]!r}; custom names work only with Volcano "
+                      "v1.13.0-v1.14.2 and v1.15.0", "error", where)
+
+
+def check_plugin_generation(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:
+    plugin = spec.device_plugin
+    where = describe("DaemonSet", plugin.namespace, plugin.daemon_set)
+    if observed.device_plugin is None and plugin.generation == "auto":
+        return  # reported by the DaemonSet check
+    found = versions.plugin_generation(plugin.generation, observed.device_plugin, plugin.container)
+    if found.generation is None:
+        if "no container" not in found.detail:  # a missing container is reported on its own
+            yield Problem("spec.devicePlugin.generation", "PluginGenerationUnknown",
+                          f"{found.detail}; set spec.devicePlugin.generation to legacy (<= v1.11), "
+                          "current (v1.12+) or builtin", "error", where)
+        return
+    if found.generation == "current":
+        for key, value in _names(spec).items():
+            if value and not value.startswith("volcano.sh/"):
+                yield Problem(f"spec.resources.{key}", "ResourceNameOutsideVolcanoDomain",
+                              f"{value!r}: device plugin v1.12+ prefixes every name with volcano.sh/, so "
+                              f"the kubelet would reject it. Use a volcano.sh/ name", "error", where)
+    if found.generation == "legacy":
+        for index, override in enumerate(spec.node_overrides):
+            if override.filter_devices is not None:
+                yield Problem(f"spec.nodeOverrides[{index}].filterDevices", "IgnoredByLegacyPlugin",
+                              "device plugins <= v1.11 parse filterdevices but ignore it; upgrade the plugin "
+                              "to v1.12+ or remove the filter", "warning", where)
+    if found.generation != "builtin":
+        for index, override in enumerate(spec.node_overrides):
+            if override.operating_mode == "mps":
+                yield Problem(f"spec.nodeOverrides[{index}].operatingMode", "MpsNotImplemented",
+                              "the upstream device plugin does not implement mps mode; use hami-core or mig, "
+                              "or this project's plugin (generation builtin)", "warning", where)
+
+
+def _names(spec: VGPUPolicySpec) -> dict[str, str]:
+    r = spec.resources
+    return {"count": r.count, "memory": r.memory, "memoryPercentage": r.memory_percentage, "cores": r.cores}
+
+
+# --- observed objects ----------------------------------------------------------------------------
+
+
+def _scheduler_conf(spec: VGPUPolicySpec, observed: Observed) -> dict[str, Any] | None:
+    where = describe("ConfigMap", spec.scheduler.namespace, spec.scheduler.config_map)
+    try:
+        text = observed.scheduler_conf_text(spec.scheduler.key)
+        return parse_scheduler_conf(text, where, spec.scheduler.key)
+    except InputError:
+        return None
+
+
+def check_observed_objects(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:
+    """Objects the operator edits must exist and be usable (same checks the renderers make)."""
+    for render in (scheduler_conf.render_scheduler_conf_target,
+                   scheduler_deployment.render_scheduler_deployment_target,
+                   device_plugin.render_device_plugin_target):
+        target = render(spec, observed)
+        if target.error is not None and target.error.reason != "PluginGenerationUnknown":
+            yield target.error
+
+
+def check_scheduler_conf(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:
+    conf = _scheduler_conf(spec, observed)
+    if conf is None:
+        return
+    where = describe("ConfigMap", spec.scheduler.namespace, spec.scheduler.config_map)
+    plugin = find_plugin(conf, scheduler_conf.PLUGIN) or {}
+    arguments = plugin.get("arguments")
+    if not isinstance(arguments, dict):
+        arguments = {}
+    for key in CONFLICTING_ARGUMENTS:
+        if _go_bool(arguments.get(key)):
+            yield Problem("spec.scheduler", "ConflictingDeviceShareArguments",
+                          f"{where} sets {key}: true; together with deviceshare.VGPUEnable the scheduler "
+                          f"exits (klog.Fatal) and crash-loops. Remove {key} from the deviceshare arguments "
+                          "(gpushare and vGPU cannot run together)", "error", where)
+    if find_plugin(conf, "predicates") is None:
+        yield Problem("spec.scheduler", "PredicatesPluginMissing",
+                      f"{where} does not enable the predicates plugin; only predicates performs device "
+                      "Allocate, so vGPU pods would bind without devices. Add `- name: predicates` to a tier",
+                      "warning", where)
+    sched = spec.scheduler
+    if sched.schedule_policy != "unset" and sched.schedule_weight == 0:
+        yield Problem("spec.scheduler.scheduleWeight", "ScheduleWeightZero",
+                      f"schedulePolicy {sched.schedule_policy} orders GPUs within a node, but with "
+                      "scheduleWeight 0 it never affects which node is chosen; set scheduleWeight (e.g. 10)",
+                      "warning")
+    if sched.schedule_policy == "unset" and sched.schedule_weight > 0:
+        yield Problem("spec.scheduler.scheduleWeight", "ScheduleWeightWithoutPolicy",
+                      "scheduleWeight has no effect without schedulePolicy binpack or spread; set one",
+                      "warning")
+
+
+def _go_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    return str(value) in ("1", "t", "T", "TRUE", "true", "True")
+
+
+def check_target_namespaces(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:
+    ref = spec.targets.device_config
+    found = versions.plugin_generation(spec.device_plugin.generation, observed.device_plugin,
+                                       spec.device_plugin.container)
+    if found.generation in ("legacy", "current") and ref.namespace not in dc_fmt.PLUGIN_NAMESPACES:
+        yield Problem("spec.targets.deviceConfig.namespace", "DeviceConfigNamespaceUnread",
+                      f"the upstream device plugin reads {dc_fmt.CONFIGMAP_NAME} only from kube-system or "
+                      f"volcano-system, not {ref.namespace!r}; use kube-system", "error")
+    elif found.generation in ("legacy", "current") and ref.name != dc_fmt.CONFIGMAP_NAME:
+        yield Problem("spec.targets.deviceConfig.name", "DeviceConfigNameUnread",
+                      f"the upstream device plugin reads the hard-coded name {dc_fmt.CONFIGMAP_NAME}, not "
+                      f"{ref.name!r}; use that name", "error")
+    if observed.device_plugin is not None:
+        volumes = (observed.device_plugin.get("spec", {}).get("template", {}).get("spec", {})
+                   .get("volumes") or [])
+        mounted = {str((v.get("configMap") or {}).get("name")) for v in volumes if v.get("configMap")}
+        if spec.targets.node_config.name not in mounted:
+            where = describe("DaemonSet", spec.device_plugin.namespace, spec.device_plugin.daemon_set)
+            yield Problem("spec.targets.nodeConfig.name", "NodeConfigNotMounted",
+                          f"{where} mounts no ConfigMap named {spec.targets.node_config.name!r}, so node "
+                          "overrides never reach the plugin; mount it at /config or set "
+                          "spec.targets.nodeConfig.name to the mounted one", "warning", where)
+
+
+# --- node overrides and GPU sizes ----------------------------------------------------------------
+
+
+def check_node_overrides(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:
+    """A node may match at most one override: upstream applies one entry per node."""
+    owner: dict[str, int] = {}
+    for index, names in enumerate(override_nodes(spec.node_overrides, observed.nodes)):
+        for name in names:
+            if name in owner:
+                yield Problem(f"spec.nodeOverrides[{index}]", "OverlappingNodeOverrides",
+                              f"node {name!r} is also matched by spec.nodeOverrides[{owner[name]}]; a node "
+                              "may match one override only. Narrow the selectors or remove the name",
+                              "error", f"Node {name}")
+            else:
+                owner[name] = index
+    known_geometries = spec.device.known_mig_geometries
+    for index, override in enumerate(spec.node_overrides):
+        if override.operating_mode == "mig" and known_geometries == []:
+            yield Problem(f"spec.nodeOverrides[{index}].operatingMode", "MigWithoutGeometries",
+                          "operatingMode mig needs spec.device.knownMigGeometries for the node's GPU model; "
+                          "without them the scheduler falls back to hami-core", "warning")
+        if override.mig_strategy == "single":
+            yield Problem(f"spec.nodeOverrides[{index}].migStrategy", "MigStrategyUnused",
+                          "the upstream plugin ignores migstrategy from node config (and panics on a single "
+                          "--mig-strategy flag); use operatingMode mig for dynamic MIG", "warning")
+
+
+def _node_gpus(node: dict[str, Any], live_factor: int) -> list[int]:
+    """Total MiB of each GPU of a node, from the register annotation (devmem x factor)."""
+    text = ((node.get("metadata") or {}).get("annotations") or {}).get(ann.NODE_REGISTER)
+    if not text:
+        return []
+    try:
+        return [device.devmem * live_factor for device in ann.decode_node_register(text)]
+    except FormatError:
+        return []
+
+
+def check_gpu_memory_factor(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:
+    try:
+        live = dc_fmt.parse_device_config(observed.device_config_text() or "")
+        live_factor = dc_fmt.effective_nvidia(live).gpu_memory_factor or 1
+    except FormatError:
+        live_factor = 1
+    factor = spec.device.gpu_memory_factor
+    worst: tuple[int, str] = (0, "")
+    for node in observed.nodes:
+        gpus = _node_gpus(node, live_factor)
+        if not gpus:
+            continue
+        if factor > max(gpus):
+            yield Problem("spec.device.gpuMemoryFactor", "GPUMemoryFactorTooLarge",
+                          f"gpuMemoryFactor {factor} exceeds the largest GPU on node {node_name(node)} "
+                          f"({max(gpus)} MiB): its memory would register as 0. Use at most {max(gpus)}",
+                          "error", f"Node {node_name(node)}")
+        units = sum(gpus) // factor
+        if units > worst[0]:
+            worst = (units, node_name(node))
+    if worst[0] > LIST_AND_WATCH_LIMIT:
+        total = worst[0] * factor
+        suggest = math.ceil(total / LIST_AND_WATCH_LIMIT)
+        yield Problem("spec.device.gpuMemoryFactor", "ListAndWatchTooLarge",
+                      f"node {worst[1]} would advertise {worst[0]} memory devices (total MiB x GPUs / "
+                      f"gpuMemoryFactor), over ~{LIST_AND_WATCH_LIMIT} that fit the kubelet's 4 MiB "
+                      f"ListAndWatch message; set gpuMemoryFactor to {suggest} or more", "warning",
+                      f"Node {worst[1]}")
+
+
+RULES: tuple[Rule, ...] = (
+    check_observed_objects,
+    check_volcano_version,
+    check_plugin_generation,
+    check_scheduler_conf,
+    check_target_namespaces,
+    check_node_overrides,
+    check_gpu_memory_factor,
+)
