@@ -107,17 +107,34 @@ def check_plugin_generation(spec: VGPUPolicySpec, observed: Observed) -> Iterabl
                               f"{value!r}: device plugin v1.12+ prefixes every name with volcano.sh/, so "
                               f"the kubelet would reject it. Use a volcano.sh/ name", "error", where)
     if found.generation == "legacy":
+        yield from _ignored_by_legacy(spec, where)
+    if found.generation != "builtin":
         for index, override in enumerate(spec.node_overrides):
-            if override.filter_devices is not None:
-                yield Problem(f"spec.nodeOverrides[{index}].filterDevices", "IgnoredByLegacyPlugin",
-                              "device plugins <= v1.11 parse filterdevices but ignore it; upgrade the plugin "
-                              "to v1.12+ or remove the filter", "warning", where)
+            if override.device_memory_scaling is not None:
+                yield Problem(f"spec.nodeOverrides[{index}].deviceMemoryScaling", "IgnoredByUpstreamPlugin",
+                              "the upstream device plugin reads devicememoryscaling but never applies it "
+                              "(registered memory is not scaled); use this project's plugin (generation "
+                              "builtin) or drop the setting", "warning", where)
     if found.generation != "builtin":
         for index, override in enumerate(spec.node_overrides):
             if override.operating_mode == "mps":
                 yield Problem(f"spec.nodeOverrides[{index}].operatingMode", "MpsNotImplemented",
                               "the upstream device plugin does not implement mps mode; use hami-core or mig, "
                               "or this project's plugin (generation builtin)", "warning", where)
+
+
+def _ignored_by_legacy(spec: VGPUPolicySpec, where: str) -> Iterable[Problem]:
+    """Legacy plugins size from their flags: per-node split counts and filters never apply."""
+    for index, override in enumerate(spec.node_overrides):
+        if override.filter_devices is not None:
+            yield Problem(f"spec.nodeOverrides[{index}].filterDevices", "IgnoredByLegacyPlugin",
+                          "device plugins <= v1.11 parse filterdevices but ignore it; upgrade the plugin "
+                          "to v1.12+ or remove the filter", "warning", where)
+        if override.device_split_count is not None:
+            yield Problem(f"spec.nodeOverrides[{index}].deviceSplitCount", "IgnoredByLegacyPlugin",
+                          "device plugins <= v1.11 take the split count from --device-split-count only "
+                          "(upstream issue #87), so this node keeps spec.device.deviceSplitCount; upgrade "
+                          "the plugin to v1.12+", "warning", where)
 
 
 def _names(spec: VGPUPolicySpec) -> dict[str, str]:
