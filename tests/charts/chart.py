@@ -65,11 +65,12 @@ def helm() -> Path:
 
 
 def run_helm(*args: str, values: Values | None = None) -> str:
-    """Run helm on the chart with `values` in a file; return stdout or raise HelmError(stderr)."""
+    """Run helm with `values` (if given) in a file; return stdout or raise HelmError(stderr)."""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
         yaml.safe_dump(dict(values or {}), f)
         f.flush()
-        proc = subprocess.run([str(helm()), *args, "-f", f.name], capture_output=True, text=True, check=False)
+        values_args = [] if values is None else ["-f", f.name]
+        proc = subprocess.run([str(helm()), *args, *values_args], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise HelmError(proc.stderr.strip())
     return proc.stdout
@@ -79,7 +80,7 @@ def template(values: Values | None = None, *, include_crds: bool = False) -> str
     args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
     if include_crds:
         args.append("--include-crds")
-    return run_helm(*args, values=values)
+    return run_helm(*args, values=values or {})
 
 
 def objects(rendered: str) -> list[dict[str, Any]]:
