@@ -6,9 +6,18 @@ import argparse
 import textwrap
 from typing import Any
 
+import pydantic
+import yaml
+from vgpu_operator.api import KIND, VGPUPolicy
+from vgpu_operator.observed import load_observed_from_manifests
+from vgpu_operator.render import RenderResult, TargetRender, render_all
+
 from vgpuctl import output
+from vgpuctl.diffing import target_diff
 from vgpuctl.doctor import Report, diagnose
 from vgpuctl.facts import gather
+from vgpuctl.importer import import_policy
+from vgpuctl.manifests import ManifestError, iter_file
 from vgpuctl.output import Style
 
 EXIT_OK, EXIT_FOUND = 0, 1
@@ -79,19 +88,131 @@ def _missing_pod(name: str) -> Any:
                    "give it as NAMESPACE/NAME, as `kubectl get pod -A` lists it")
 
 
-def _not_landed(what: str) -> int:
+
+# --- render and diff ------------------------------------------------------------------------
+
+
+def _policy_error(where: str, err: pydantic.ValidationError) -> str:
+    lines = [f"{where} is not a valid VGPUPolicy:"]
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"])
+        lines.append(f"  {path}: {e['msg']}")
+    lines.append("fix those fields (`kubectl explain vgpupolicy.spec` describes each)")
+    return "\n".join(lines)
+
+
+def load_policy(path: str | None, objects: list[dict[str, Any]]) -> VGPUPolicy:
+    """The policy from -f, else the one VGPUPolicy among the cluster objects."""
+    from pathlib import Path
+
     from vgpuctl.main import UsageError
 
-    raise UsageError(f"{what} needs vgpu_operator.render.render_all, which this build does not have yet")
+    if path is not None:
+        try:
+            docs = [d for d in iter_file(Path(path)) if d.get("kind") == KIND]
+        except ManifestError as err:
+            raise UsageError(str(err)) from err
+        where = path
+    else:
+        docs = [o for o in objects if o.get("kind") == KIND]
+        where = "the cluster's VGPUPolicy"
+    if not docs:
+        raise UsageError(f"no VGPUPolicy in {path or 'the cluster'}: pass one with -f policy.yaml "
+                         f"(`vgpuctl import` writes one)")
+    if len(docs) > 1:
+        names = ", ".join(str(d.get("metadata", {}).get("name")) for d in docs)
+        raise UsageError(f"{len(docs)} VGPUPolicies ({names}) in {where}: pass the one you mean with -f")
+    try:
+        return VGPUPolicy.from_object(docs[0])
+    except pydantic.ValidationError as err:
+        raise UsageError(_policy_error(where, err)) from err
+
+
+def _render(args: argparse.Namespace, objects: list[dict[str, Any]]) -> RenderResult:
+    policy = load_policy(args.policy, objects)
+    return render_all(policy, load_observed_from_manifests(objects, policy.spec))
+
+
+def _state(target: TargetRender) -> str:
+    if target.error is not None:
+        return "error"
+    if not target.changed:
+        return "unchanged"
+    return "create" if target.live is None else "update"
+
+
+def _report_problems(result: RenderResult, style: Style) -> None:
+    import sys
+
+    for problem in result.problems:
+        where = problem.object or problem.field
+        print(f"{style.severity('error')}: {where}: {problem.message}", file=sys.stderr)
 
 
 def render_command(args: argparse.Namespace, objects: list[dict[str, Any]], style: Style) -> int:
-    return _not_landed("render")
+    result = _render(args, objects)
+    if args.output == "table":
+        rows = [[t.ref, _state(t), t.content_hash or "-", ", ".join(t.changed_nodes) or "-"]
+                for t in result.targets]
+        output.write(output.table(["target", "state", "hash", "nodes to restart"], rows, style))
+    elif args.output == "json":
+        output.write(output.dump([t.desired for t in result.targets if t.desired is not None], "json"))
+    else:
+        docs = []
+        for t in result.targets:
+            if t.desired is not None:
+                docs.append(f"# {t.ref}: {_state(t)} (hash {t.content_hash})\n"
+                            + output.dump(t.desired, "yaml"))
+        output.write("---\n".join(docs))
+    _report_problems(result, style)
+    return EXIT_FOUND if result.problems else EXIT_OK
 
 
 def diff_command(args: argparse.Namespace, objects: list[dict[str, Any]], style: Style) -> int:
-    return _not_landed("diff")
+    result = _render(args, objects)
+    diffs = [(t, target_diff(t)) for t in result.targets]
+    if args.output != "table":
+        data = [{"target": t.ref, "state": _state(t), "diff": text} for t, text in diffs]
+        output.write(output.dump(data, args.output))
+    else:
+        for _, text in diffs:
+            if text:
+                output.write(colour_diff(text, style))
+        summary = ", ".join(f"{t.ref}: {_state(t)}" for t, _ in diffs if _state(t) != "unchanged")
+        output.write(f"vgpuctl diff: {summary or 'nothing to change'}")
+    _report_problems(result, style)
+    return EXIT_FOUND if result.changed or result.problems else EXIT_OK
+
+
+def colour_diff(text: str, style: Style) -> str:
+    lines = []
+    for line in text.splitlines():
+        if line.startswith(("+++", "---")):
+            lines.append(style(line, "bold"))
+        elif line.startswith("+"):
+            lines.append(style(line, "green"))
+        elif line.startswith("-"):
+            lines.append(style(line, "red"))
+        elif line.startswith("@@"):
+            lines.append(style(line, "blue"))
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+# --- import ---------------------------------------------------------------------------------
 
 
 def import_command(args: argparse.Namespace, objects: list[dict[str, Any]], style: Style) -> int:
-    return _not_landed("import")
+    import sys
+
+    imported = import_policy(gather(objects), name=args.name)
+    if args.output == "json":
+        output.write(output.dump(imported.policy, "json"))
+    else:
+        header = "# VGPUPolicy imported by `vgpuctl import`: what the cluster runs today.\n"
+        header += "".join(f"# note: {n}\n" for n in imported.notes)
+        output.write(header + yaml.safe_dump(imported.policy, sort_keys=False))
+    for note in imported.notes:
+        print(f"{style.severity('warning')}: {note}", file=sys.stderr)
+    return EXIT_OK

@@ -1,0 +1,157 @@
+"""`vgpuctl import`: a VGPUPolicy that describes what the cluster runs today.
+
+Pure: `ClusterFacts` in, a VGPUPolicy manifest (dict) and notes out. Each setting takes the value
+the component that uses it actually runs with:
+
+* resource names: the scheduler's device-config copy (what decides which pods are vGPU pods);
+* split count, memory factor, core scaling: the device plugin's effective values (a legacy plugin
+  runs on its flags, not on the ConfigMap);
+* node overrides: one per node-config entry, by node name;
+* scheduler and plugin locations, deviceshare arguments: as found.
+
+Where the cluster disagrees with itself (what `vgpuctl doctor` reports), the policy follows the
+scheduler's device-config and a note says what applying the policy will change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vgpu_formats import device_config as dc
+from vgpu_operator.api import API_VERSION, KIND, VGPUPolicy
+
+from vgpuctl.facts import ClusterFacts
+
+
+@dataclass
+class Imported:
+    policy: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+
+def _resources(facts: ClusterFacts, notes: list[str]) -> dict[str, Any]:
+    parsed = facts.scheduler_config.parsed or facts.plugin_config.parsed
+    nvidia = parsed.nvidia if parsed is not None and parsed.nvidia is not None else dc.NvidiaConfig()
+    effective = dc.effective_nvidia(parsed)
+    out: dict[str, Any] = {}
+    for key, attr in (("count", "resource_count_name"), ("memory", "resource_memory_name"),
+                      ("cores", "resource_core_name")):
+        if getattr(nvidia, attr) in (None, ""):
+            notes.append(f"device-config has no {attr}: the policy uses the default "
+                         f"{getattr(effective, attr)} (the scheduler currently sees an empty name)")
+        out[key] = getattr(effective, attr)
+    percentage = nvidia.resource_memory_percentage_name
+    out["memoryPercentage"] = percentage if percentage is not None else dc.DEFAULT_MEMORY_PERCENTAGE_NAME
+    if nvidia.resource_priority_name:
+        out["priority"] = nvidia.resource_priority_name
+    plugin = facts.plugin_names() if facts.plugin.daemonset.found else {}
+    for key in ("count", "memory", "cores"):
+        if key in plugin and plugin[key][0] != out[key]:
+            notes.append(f"the device plugin registers {plugin[key][0]} ({plugin[key][1]}) but the scheduler "
+                         f"counts {out[key]}: the policy keeps {out[key]}, so applying it changes the plugin")
+    return out
+
+
+def _device(facts: ClusterFacts) -> dict[str, Any]:
+    parsed = facts.plugin_config.parsed or facts.scheduler_config.parsed
+    nvidia = parsed.nvidia if parsed is not None and parsed.nvidia is not None else dc.NvidiaConfig()
+    effective = dc.effective_nvidia(parsed)
+    legacy = facts.plugin.generation == "legacy" and facts.plugin.daemonset.found
+    flags = facts.plugin.flags if legacy else {}
+    # A legacy plugin runs on its flags (defaults 2 / 1 / 1.0), whatever the ConfigMap says.
+    split = flags.get("--device-split-count", "2" if legacy else None)
+    factor = flags.get("--gpu-memory-factor", "1" if legacy else None)
+    scaling = flags.get("--device-cores-scaling", "1" if legacy else None)
+    geometries = nvidia.known_mig_geometries or []
+    device: dict[str, Any] = {
+        "deviceSplitCount": int(split) if split else effective.device_split_count,
+        "deviceMemoryScaling": float(effective.device_memory_scaling or 1.0),
+        "deviceCoreScaling": float(scaling) if scaling else float(effective.device_core_scaling or 1.0),
+        "gpuMemoryFactor": int(factor) if factor else effective.gpu_memory_factor,
+        "defaults": {
+            "memory": effective.default_memory,
+            "cores": effective.default_cores,
+            "gpuNum": effective.default_gpu_num,
+        },
+        "overwriteEnv": bool(effective.overwrite_env),
+        "disableCoreLimit": bool(effective.disable_core_limit),
+        # Absent in the ConfigMap means no geometries for the scheduler: keep it that way.
+        "knownMigGeometries": [g.model_dump(by_alias=True, mode="json") for g in geometries],
+    }
+    return device
+
+
+def _node_overrides(facts: ClusterFacts, notes: list[str]) -> list[dict[str, Any]]:
+    overrides: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for entry in facts.node_config_parsed.nodeconfig if facts.node_config_parsed else []:
+        if entry.name in seen:
+            notes.append(f"node-config lists {entry.name} twice: the plugin applies the first, "
+                         f"so does the policy")
+            continue
+        seen.add(entry.name)
+        override: dict[str, Any] = {"nodeNames": [entry.name]}
+        for key, value in (("operatingMode", entry.operatingmode),
+                           ("deviceSplitCount", entry.devicesplitcount or None),
+                           ("deviceMemoryScaling", entry.devicememoryscaling),
+                           ("deviceCoreScaling", entry.devicecorescaling),
+                           ("migStrategy", entry.migstrategy)):
+            if value is not None:
+                override[key] = value
+        if entry.filterdevices is not None:
+            override["filterDevices"] = {"uuid": list(entry.filterdevices.uuid),
+                                         "index": list(entry.filterdevices.index)}
+        if len(override) == 1:
+            notes.append(f"node-config entry {entry.name} sets nothing: left out")
+            continue
+        overrides.append(override)
+    return overrides
+
+
+def _scheduler(facts: ClusterFacts) -> dict[str, Any]:
+    s = facts.scheduler
+    args = s.deviceshare or {}
+    out: dict[str, Any] = {
+        "namespace": s.conf.namespace,
+        "configMap": s.conf.name,
+        "deployment": s.deployment.name if s.deployment else "volcano-scheduler",
+        "schedulePolicy": s.schedule_policy if s.schedule_policy in ("binpack", "spread") else "unset",
+        "scheduleWeight": s.schedule_weight,
+        "nodeLockEnable": args.get("deviceshare.NodeLockEnable") is True,
+    }
+    rules = args.get("deviceshare.GPUExclusiveRules")
+    if isinstance(rules, list):
+        out["gpuExclusiveRules"] = [{str(k): str(v) for k, v in r.items()}
+                                    for r in rules if isinstance(r, dict)]
+    return out
+
+
+def import_policy(facts: ClusterFacts, name: str = "default") -> Imported:
+    """The policy, validated against the API model (so `kubectl apply` accepts it)."""
+    notes: list[str] = []
+    plugin = facts.plugin
+    spec: dict[str, Any] = {
+        "resources": _resources(facts, notes),
+        "device": _device(facts),
+        "nodeOverrides": _node_overrides(facts, notes),
+        "scheduler": _scheduler(facts),
+        "devicePlugin": {
+            "namespace": plugin.daemonset.namespace,
+            "daemonSet": plugin.daemonset.name,
+            "container": plugin.container,
+        },
+        "targets": {
+            "deviceConfig": {"namespace": facts.scheduler_config.place.namespace,
+                             "name": facts.scheduler_config.place.name},
+            "nodeConfig": {"namespace": plugin.daemonset.namespace, "name": facts.node_config.name},
+        },
+    }
+    if facts.node_config.found and facts.node_config.namespace != plugin.daemonset.namespace:
+        notes.append(f"{facts.node_config} is not in the plugin's namespace {plugin.daemonset.namespace}, "
+                     f"so the plugin cannot mount it; the policy renders it beside the plugin")
+    if not facts.scheduler.vgpu_enable:
+        notes.append("deviceshare.VGPUEnable is off today: applying the policy turns vGPU scheduling on")
+    manifest = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}
+    policy = VGPUPolicy.from_object(manifest)  # raises if we built something the API rejects
+    return Imported(policy={**manifest, "spec": policy.spec_dict()}, notes=notes)
