@@ -26,8 +26,8 @@ from vgpu_deviceplugin.gpus import GpuDevice
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-# gRPC's default receive limit in the kubelet, minus room for the framing.
-MESSAGE_LIMIT = 4 * 1024 * 1024 - 64 * 1024
+# gRPC's default receive limit in the kubelet, with a little room to spare.
+MESSAGE_LIMIT = 4 * 1024 * 1024 - 1024
 
 
 class ResourceKind(enum.Enum):
@@ -59,10 +59,14 @@ def memory_units(gpu: GpuDevice, settings: Settings) -> int:
     return gpu.memory_mib // settings.memory_factor
 
 
-def _entry_size(device_id: str, health: str) -> int:
-    # Device{ID, health} inside the repeated field: tag + length for each, all lengths < 128.
-    inner = 2 + len(device_id) + 2 + len(health)
-    return 2 + inner
+def _ids_size(gpu: GpuDevice, units: int, health: str) -> int:
+    """Encoded bytes of Device{ID="<index>-<i>", health} for i < units (all lengths < 128)."""
+    prefix = len(str(gpu.index)) + 1
+    digits = 0  # total decimal digits of 0 .. units-1
+    for k in range(1, len(str(units)) + 1):
+        low = 0 if k == 1 else 10 ** (k - 1)
+        digits += max(0, min(units, 10**k) - low) * k
+    return units * (2 + 2 + prefix + 2 + len(health)) + digits
 
 
 def advertise(
@@ -77,7 +81,7 @@ def advertise(
         per_gpu = [(g, settings.cores_per_gpu) for g in gpus]
     else:
         per_gpu = [(g, memory_units(g, settings)) for g in gpus]
-        per_gpu, warning = _cap_memory(per_gpu, settings)
+        per_gpu, warning = _cap_memory(per_gpu, health, settings)
     response = pb.ListAndWatchResponse()
     for gpu, units in per_gpu:
         state = HEALTHY if health.get(gpu.uuid, True) else UNHEALTHY
@@ -95,10 +99,10 @@ def _device_id(kind: ResourceKind, gpu: GpuDevice, i: int) -> str:
 
 
 def _cap_memory(
-    per_gpu: list[tuple[GpuDevice, int]], settings: Settings
+    per_gpu: list[tuple[GpuDevice, int]], health: Mapping[str, bool], settings: Settings
 ) -> tuple[list[tuple[GpuDevice, int]], str | None]:
-    """Shrink the memory list to fit MESSAGE_LIMIT (worst-case health text, so health flips fit too)."""
-    size = sum(_entry_size(f"{g.index}-{n - 1}", UNHEALTHY) * n for g, n in per_gpu)
+    """Shrink the memory list to fit MESSAGE_LIMIT (sized without building it: 655k entries is slow)."""
+    size = sum(_ids_size(g, n, HEALTHY if health.get(g.uuid, True) else UNHEALTHY) for g, n in per_gpu)
     if size <= MESSAGE_LIMIT:
         return per_gpu, None
     ratio = MESSAGE_LIMIT / size

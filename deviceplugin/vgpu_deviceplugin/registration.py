@@ -51,7 +51,8 @@ async def serve(plugin: DevicePlugin, resource_name: str, directory: str) -> End
 
 
 async def stop(endpoint: Endpoint) -> None:
-    await endpoint.server.stop(grace=0.5)
+    # ListAndWatch streams never end on their own: a long grace only delays re-registration.
+    await endpoint.server.stop(grace=0.1)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(endpoint.path)
 

@@ -88,8 +88,7 @@ class Plugin:
             self.endpoints.append(await registration.serve(plugin, name, self.flags.device_plugin_dir))
 
     async def stop_endpoints(self) -> None:
-        for endpoint in self.endpoints:
-            await registration.stop(endpoint)
+        await asyncio.gather(*(registration.stop(e) for e in self.endpoints))
         self.endpoints.clear()
         self.registered = False
 

@@ -29,6 +29,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         self._state = state
         self._allocator = allocator
         self._warned: str | None = None
+        self._cached: tuple[int, pb.ListAndWatchResponse] | None = None
 
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.aio.ServicerContext
@@ -47,8 +48,12 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
             yield self.current_list()
 
     def current_list(self) -> pb.ListAndWatchResponse:
+        """Built once per state version: 200k memory entries take a third of a second."""
         state = self._state
+        if self._cached is not None and self._cached[0] == state.version:
+            return self._cached[1]
         adv = advertise(self.kind, state.gpus, state.health, state.settings)
+        self._cached = (state.version, adv.response)
         if adv.warning and adv.warning != self._warned:
             log.warning("%s", adv.warning)
             self._warned = adv.warning

@@ -1,0 +1,196 @@
+"""Pod selection and the Allocate answer (pure core), on the fixture pod and variations."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from vgpu_deviceplugin import allocate
+from vgpu_deviceplugin.allocate import AllocateError, Mount
+from vgpu_deviceplugin.config import Flags, resolve_settings
+from vgpu_formats import annotations as ann
+
+from tests.deviceplugin.kit import FIXTURE_NODE, fixture_node, fixture_pod
+
+SETTINGS = resolve_settings(Flags(node_name=FIXTURE_NODE), None, None)
+NODE_GPUS = frozenset(d.uuid for d in ann.decode_node_register(
+    fixture_node()["metadata"]["annotations"][ann.NODE_REGISTER]))
+GPU_A = "GPU-bc94e532-1820-8ee8-ceaa-704166369c7c"
+GPU_B = "GPU-5beec879-79c9-6252-3aaa-9f5e146ba220"
+GPU_C = "GPU-3c8ce108-117a-aeae-a3e8-1c0c5dafebe7"
+NAMES = SETTINGS.names
+
+
+def plan_for(pods: list[dict[str, Any]], amount: int, init_served: dict[str, int] | None = None,
+             settings: Any = SETTINGS) -> allocate.Plan:
+    ref, pod, call = allocate.select(pods, FIXTURE_NODE, amount, settings.names, init_served or {})
+    return allocate.plan(pod, ref, call, settings, NODE_GPUS, "/usr/local/vgpu", "/tmp/vgpu",
+                         "/tmp/vgpulock", "cache-id")
+
+
+def gpu_pod(name: str, containers: list[dict[str, Any]], devices: str, *, vgpu_time: str = "100",
+            init: list[dict[str, Any]] | None = None, node: str = FIXTURE_NODE) -> dict[str, Any]:
+    pod = fixture_pod()
+    pod["metadata"].update(name=name, uid=f"uid-{name}")
+    pod["metadata"]["annotations"].update({ann.DEVICES_TO_ALLOCATE: devices, ann.VGPU_IDS_NEW: devices,
+                                           ann.VGPU_TIME: vgpu_time, ann.VGPU_NODE: node})
+    pod["spec"]["nodeName"] = node
+    pod["spec"]["containers"] = containers
+    if init:
+        pod["spec"]["initContainers"] = init
+    return pod
+
+
+def ctr(name: str, count: int | None = 1, memory: int | None = None) -> dict[str, Any]:
+    limits: dict[str, Any] = {}
+    if count is not None:
+        limits[NAMES.count] = str(count)
+    if memory is not None:
+        limits[NAMES.memory] = str(memory)
+    out: dict[str, Any] = {"name": name, "image": "cuda", "resources": {"limits": limits}}
+    return out
+
+
+def test_fixture_pod_gets_exactly_the_upstream_answer() -> None:
+    pod = fixture_pod()
+    result = plan_for([pod], 2)
+    assert result.envs == {
+        "NVIDIA_VISIBLE_DEVICES": f"{GPU_A},{GPU_B}",
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m",
+        "CUDA_DEVICE_MEMORY_LIMIT_1": "3000m",
+        "CUDA_DEVICE_SM_LIMIT": "50",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/vgpu/cache-id.cache",
+    }
+    cache = "/tmp/vgpu/containers/6f1d2c3b-8a4e-4c1f-9b7d-2e5a1f0c9d11_cuda-app"
+    assert result.mounts == (
+        Mount("/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so", True),
+        Mount("/tmp/vgpu", cache, False),
+        Mount("/tmp/vgpulock", "/tmp/vgpulock", False),
+        Mount("/etc/ld.so.preload", "/usr/local/vgpu/ld.so.preload", True),
+    )
+    assert result.cache_dir == cache
+    assert result.devices_to_allocate == ""  # consumed, as the seed shows after success
+    assert result.done
+
+
+def test_memory_limit_uses_the_memory_factor() -> None:
+    settings = resolve_settings(Flags(node_name=FIXTURE_NODE, gpu_memory_factor=4), None, None)
+    assert plan_for([fixture_pod()], 2, settings=settings).envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "12000m"
+
+
+def test_disable_control_env_drops_the_preload_mount() -> None:
+    pod = fixture_pod()
+    pod["spec"]["containers"][0]["env"] = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
+    paths = [m.container_path for m in plan_for([pod], 2).mounts]
+    assert "/etc/ld.so.preload" not in paths and "/usr/local/vgpu/libvgpu.so" in paths
+
+
+def test_two_gpu_containers_are_served_in_order_and_sidecars_skipped() -> None:
+    devices = f"{GPU_A},NVIDIA,3000,50:;{GPU_B},NVIDIA,2000,0:{GPU_C},NVIDIA,2000,0:"
+    pod = gpu_pod("multi", [ctr("sidecar", count=None), ctr("a", 1), ctr("b", 2)], devices)
+    first = plan_for([pod], 1)
+    assert first.call.container == "a" and first.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A
+    assert not first.done
+    assert first.devices_to_allocate == f";{GPU_B},NVIDIA,2000,0:{GPU_C},NVIDIA,2000,0:"
+    pod["metadata"]["annotations"][ann.DEVICES_TO_ALLOCATE] = first.devices_to_allocate
+    second = plan_for([pod], 2)
+    assert second.call.container == "b"
+    assert second.envs["NVIDIA_VISIBLE_DEVICES"] == f"{GPU_B},{GPU_C}"
+    assert second.envs["CUDA_DEVICE_MEMORY_LIMIT_1"] == "2000m"
+    assert second.envs["CUDA_DEVICE_SM_LIMIT"] == "0"
+    assert second.cache_dir.endswith("uid-multi_b")
+    assert second.devices_to_allocate == ";" and second.done
+
+
+def test_two_one_gpu_containers_match_per_container_not_pod_total() -> None:
+    # Upstream HEAD compares the pod-wide total (2) with the kubelet's request (1): never matches.
+    pod = gpu_pod("pair", [ctr("a"), ctr("b")], f"{GPU_A},NVIDIA,100,10:;{GPU_B},NVIDIA,100,10:")
+    assert plan_for([pod], 1).call.container == "a"
+
+
+def test_memory_only_container_keeps_its_part_and_does_not_block_success() -> None:
+    devices = f"{GPU_A},NVIDIA,1000,0:;{GPU_B},NVIDIA,3000,0:"
+    pod = gpu_pod("memonly", [ctr("mem", count=None, memory=1000), ctr("gpu", 1)], devices)
+    result = plan_for([pod], 1)
+    assert result.call.container == "gpu" and result.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
+    assert result.done
+
+
+def test_init_container_reuses_the_first_part_without_consuming_it() -> None:
+    pod = gpu_pod("init", [ctr("app", 1)], f"{GPU_A},NVIDIA,3000,50:", init=[ctr("prepare", 1)])
+    first = plan_for([pod], 1)
+    assert first.call.is_init and first.call.container == "prepare"
+    assert first.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A
+    assert first.devices_to_allocate is None and not first.done
+    second = plan_for([pod], 1, init_served={"uid-init": 1})
+    assert second.call.container == "app" and not second.call.is_init and second.done
+
+
+def test_oldest_pod_wins_and_other_nodes_are_never_picked() -> None:
+    young = gpu_pod("young", [ctr("a")], f"{GPU_A},NVIDIA,1,1:", vgpu_time="200")
+    old = gpu_pod("old", [ctr("a")], f"{GPU_B},NVIDIA,1,1:", vgpu_time="100")
+    elsewhere = gpu_pod("elsewhere", [ctr("a")], f"{GPU_C},NVIDIA,1,1:", vgpu_time="1", node="other-node")
+    done = gpu_pod("done", [ctr("a")], f"{GPU_C},NVIDIA,1,1:", vgpu_time="2")
+    done["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_SUCCESS
+    assert plan_for([young, elsewhere, done, old], 1).pod.name == "old"
+
+
+def test_no_pending_pod_is_its_own_error_and_names_no_pod() -> None:
+    unrelated = gpu_pod("unrelated", [ctr("a")], f"{GPU_A},NVIDIA,1,1:", node="other-node")
+    with pytest.raises(AllocateError) as err:
+        plan_for([unrelated], 1)
+    assert err.value.pod is None
+    assert "no pod on node dev-app-2-150-master-1 is waiting for 1 volcano.sh/vgpu-number" in str(err.value)
+    with pytest.raises(AllocateError, match="waiting pods: default/vgpu-test \\(next container wants 2\\)"):
+        plan_for([fixture_pod()], 3)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    ["GPU-a,NVIDIA,3000", "\x00\x01", "GPU-a,NVIDIA,x,1:", f"{GPU_A},NVIDIA,1,1:;{GPU_B},NVIDIA,1,1:"],
+)
+def test_garbage_annotation_fails_that_pod_with_a_clear_message(garbage: str) -> None:
+    pod = gpu_pod("broken", [ctr("a")], garbage)
+    with pytest.raises(AllocateError) as err:
+        plan_for([pod], 1)
+    assert err.value.pod is not None and err.value.pod.name == "broken"
+    assert ann.DEVICES_TO_ALLOCATE in str(err.value)
+
+
+def test_garbage_on_one_pod_does_not_stop_a_good_one() -> None:
+    broken = gpu_pod("broken", [ctr("a")], "nonsense", vgpu_time="1")
+    good = gpu_pod("good", [ctr("a")], f"{GPU_A},NVIDIA,1,1:", vgpu_time="5")
+    assert plan_for([broken, good], 1).pod.name == "good"
+
+
+def test_gpu_not_on_this_node_fails_the_pod() -> None:
+    pod = gpu_pod("wrong", [ctr("a")], "GPU-00000000-0000-0000-0000-000000000000,NVIDIA,1,1:")
+    with pytest.raises(AllocateError, match="is not on node dev-app-2-150-master-1") as err:
+        plan_for([pod], 1)
+    assert err.value.pod is not None
+
+
+def test_dynamic_mig_is_refused_clearly() -> None:
+    pod = gpu_pod("mig", [ctr("a")], f"{GPU_A}[group1-3],NVIDIA,1,1:")
+    with pytest.raises(AllocateError, match="dynamic MIG"):
+        plan_for([pod], 1)
+
+
+def test_disable_core_limit_reaches_the_env() -> None:
+    settings = SETTINGS.__class__(**{**SETTINGS.__dict__, "disable_core_limit": True})
+    assert plan_for([fixture_pod()], 2, settings=settings).envs["GPU_CORE_UTILIZATION_POLICY"] == "disable"
+
+
+def test_patches_touch_only_the_protocol_annotations() -> None:
+    assert allocate.success_patch() == {"metadata": {"annotations": {
+        "volcano.sh/bind-phase": "success", "volcano.sh/vgpu-time": "18446744073709551615"}}}
+    assert allocate.failed_patch()["metadata"]["annotations"]["volcano.sh/bind-phase"] == "failed"
+    assert allocate.release_lock_patch() == {"metadata": {"annotations": {"hamivgpu": None}}}
+
+
+def test_select_does_not_modify_its_input() -> None:
+    pod = fixture_pod()
+    before = copy.deepcopy(pod)
+    plan_for([pod], 2)
+    assert pod == before

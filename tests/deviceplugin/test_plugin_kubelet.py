@@ -1,0 +1,214 @@
+"""The plugin against a kubelet simulator over real unix sockets, with an in-memory API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import grpc
+import pytest
+
+from tests.deviceplugin.kit import FIXTURE_NODE, FakeKube, fixture_node, fixture_pod, load_docs
+from vgpu_deviceplugin.api import deviceplugin_pb2 as pb
+from vgpu_deviceplugin.config import Flags
+from vgpu_deviceplugin.gpus import MockBackend
+from vgpu_deviceplugin.runner import run_plugin
+from vgpu_deviceplugin.testing.kubelet_sim import KubeletSim
+from vgpu_formats import annotations as ann
+
+COUNT, MEMORY, CORES = "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"
+REGISTER = fixture_node()["metadata"]["annotations"][ann.NODE_REGISTER]
+
+
+def device_config_data(count_name: str = COUNT, split: int = 10, factor: int = 1) -> dict[str, str]:
+    return {"device-config.yaml": f"nvidia:\n  resourceCountName: {count_name}\n"
+            f"  resourceMemoryName: {MEMORY}\n  resourceCoreName: {CORES}\n"
+            f"  deviceSplitCount: {split}\n  gpuMemoryFactor: {factor}\n"}
+
+
+@contextlib.asynccontextmanager
+async def running(flags: Flags, kube: FakeKube, backend: MockBackend | None = None,
+                  resources: tuple[str, ...] = (COUNT, MEMORY, CORES)) -> AsyncIterator[KubeletSim]:
+    sim = KubeletSim(flags.device_plugin_dir)
+    await sim.start()
+    stop = asyncio.Event()
+    backend = backend or MockBackend.from_register_annotation(REGISTER)
+    task = asyncio.create_task(run_plugin(flags, stop, kube=kube, backend=backend))
+    try:
+        await sim.wait_for(list(resources))
+        yield sim
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await sim.stop()
+
+
+async def test_registers_three_resources_and_advertises_the_gpus(flags: Flags, kube: FakeKube) -> None:
+    kube.set_configmap("kube-system", "volcano-vgpu-device-config", device_config_data())
+    async with running(flags, kube) as sim:
+        assert sorted(r.resource_name for r in sim.registrations) == sorted([COUNT, MEMORY, CORES])
+        assert all(r.version == "v1beta1" for r in sim.registrations)
+        assert sim.plugins[COUNT].options == pb.DevicePluginOptions(get_preferred_allocation_available=True)
+        # The fixture node's allocatable: 80 / 196512 / 800.
+        assert len(sim.devices[COUNT]) == 80
+        assert len(sim.devices[MEMORY]) == 196512
+        assert len(sim.devices[CORES]) == 800
+        assert "GPU-3c8ce108-117a-aeae-a3e8-1c0c5dafebe7-9" in sim.devices[COUNT]
+        assert sim.plugins[MEMORY].last_list_bytes < 4 * 1024 * 1024
+        # The node annotation is the scheduler's input: same text the fixture node carries.
+        await _until(lambda: ann.NODE_REGISTER in _annotations(kube))
+        assert _annotations(kube)[ann.NODE_REGISTER] == REGISTER
+        assert _annotations(kube)[ann.NODE_HANDSHAKE].startswith("Reported ")
+
+
+async def test_allocate_fixture_pod_through_grpc(flags: Flags, kube: FakeKube) -> None:
+    pod = kube.add_pod(fixture_pod())
+    kube.nodes[FIXTURE_NODE] = {"metadata": {"name": FIXTURE_NODE, "annotations": {"hamivgpu": "2026-01-01T00:00:00Z"}}}
+    other = fixture_pod()
+    other["metadata"].update(name="bystander", uid="uid-bystander")
+    other["spec"]["nodeName"] = "other-node"
+    kube.add_pod(other)
+    async with running(flags, kube) as sim:
+        response = await sim.allocate(COUNT, sim.free_ids(COUNT, 2))
+        envs = dict(response.container_responses[0].envs)
+        assert envs["NVIDIA_VISIBLE_DEVICES"] == (
+            "GPU-bc94e532-1820-8ee8-ceaa-704166369c7c,GPU-5beec879-79c9-6252-3aaa-9f5e146ba220")
+        assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == envs["CUDA_DEVICE_MEMORY_LIMIT_1"] == "3000m"
+        assert envs["CUDA_DEVICE_SM_LIMIT"] == "50"
+        assert envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"].startswith("/tmp/vgpu/")
+        mounts = {m.container_path: (m.host_path, m.read_only) for m in response.container_responses[0].mounts}
+        assert mounts["/etc/ld.so.preload"] == ("/usr/local/vgpu/ld.so.preload", True)
+        cache_host = mounts["/tmp/vgpu"][0]
+        assert cache_host == f"{flags.cache_root}/containers/{pod['metadata']['uid']}_cuda-app"
+        import os
+        import stat
+
+        assert stat.S_IMODE(os.stat(cache_host).st_mode) == 0o1777
+        # Memory and cores answer empty responses, as upstream.
+        empty = await sim.allocate(MEMORY, sim.free_ids(MEMORY, 3000))
+        assert empty.container_responses[0] == pb.ContainerAllocateResponse()
+    annotations = kube.pods[("default", "vgpu-test")]["metadata"]["annotations"]
+    assert annotations[ann.BIND_PHASE] == "success"
+    assert annotations[ann.DEVICES_TO_ALLOCATE] == ""
+    assert annotations[ann.VGPU_TIME] == ann.VGPU_TIME_DONE
+    assert annotations[ann.VGPU_IDS_NEW] == fixture_pod()["metadata"]["annotations"][ann.VGPU_IDS_NEW]
+    assert "hamivgpu" not in _annotations(kube)  # node lock released
+    assert kube.pod_writes("default/bystander") == []
+
+
+async def test_allocate_errors_are_grpc_errors_and_touch_no_unrelated_pod(flags: Flags, kube: FakeKube) -> None:
+    other = fixture_pod()
+    other["spec"]["nodeName"] = other["metadata"]["annotations"][ann.VGPU_NODE] = "other-node"
+    kube.add_pod(other)
+    broken = fixture_pod()
+    broken["metadata"].update(name="broken", uid="uid-broken")
+    broken["metadata"]["annotations"][ann.DEVICES_TO_ALLOCATE] = "GPU-bc94e532,NVIDIA,30"  # truncated
+    async with running(flags, kube) as sim:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await sim.allocate(COUNT, sim.free_ids(COUNT, 1))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "no pod on node dev-app-2-150-master-1 is waiting" in (err.value.details() or "")
+        assert kube.pod_writes("default/vgpu-test") == []
+        kube.add_pod(broken)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await sim.allocate(COUNT, sim.free_ids(COUNT, 1))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "does not end with ':'" in (err.value.details() or "")
+        assert kube.pods[("default", "broken")]["metadata"]["annotations"][ann.BIND_PHASE] == "failed"
+        # The API failing mid-way: the pod is marked failed, the plugin keeps serving.
+        kube.add_pod(fixture_pod())
+        kube.fail["list_pods_on_node"] = "HTTP 500 Internal Server Error"
+        with pytest.raises(grpc.aio.AioRpcError, match="cannot list pods"):
+            await sim.allocate(COUNT, sim.free_ids(COUNT, 2))
+        kube.fail["patch_pod"] = "HTTP 409 Conflict"
+        with pytest.raises(grpc.aio.AioRpcError, match="cannot update its annotations"):
+            await sim.allocate(COUNT, sim.free_ids(COUNT, 2))
+        assert kube.pods[("default", "vgpu-test")]["metadata"]["annotations"][ann.BIND_PHASE] == "failed"
+    assert kube.pod_writes("default/vgpu-test") == [
+        {"metadata": {"annotations": {ann.BIND_PHASE: "failed", ann.VGPU_TIME: ann.VGPU_TIME_DONE}}}]
+
+
+async def test_health_change_resends_the_list_and_the_annotation(flags: Flags, kube: FakeKube) -> None:
+    backend = MockBackend.from_register_annotation(REGISTER)
+    sick = "GPU-3c8ce108-117a-aeae-a3e8-1c0c5dafebe7"
+    async with running(flags, kube, backend) as sim:
+        await _until(lambda: ann.NODE_REGISTER in _annotations(kube))
+        backend.mark_unhealthy(sick)
+        await sim.wait_for([COUNT, CORES], lists=2)
+        assert sim.devices[COUNT][f"{sick}-0"] == "Unhealthy"
+        assert sim.devices[COUNT]["GPU-41c5e13c-b480-c473-7a14-dd05a7c4cd43-0"] == "Healthy"
+        await _until(lambda: f"{sick},10,24564,NVIDIA-NVIDIA GeForce RTX 4090,false,hami-core:"
+                     in _annotations(kube).get(ann.NODE_REGISTER, ""))
+
+
+async def test_kubelet_restart_reregisters_within_two_seconds(flags: Flags, kube: FakeKube) -> None:
+    async with running(flags, kube) as sim:
+        before = len(sim.registrations)
+        await sim.restart()
+        started = time.monotonic()
+        await sim.wait_for([COUNT, MEMORY, CORES], timeout=2.0)
+        assert time.monotonic() - started < 2.0
+        assert len(sim.registrations) == before + 3
+        response = await sim.allocate(MEMORY, sim.free_ids(MEMORY, 1))
+        assert len(response.container_responses) == 1
+
+
+async def test_seed001_configmap_name_is_what_gets_registered(flags: Flags, kube: FakeKube) -> None:
+    """seed-001: device-config says nvidia.com/gpu; a legacy flag says the old default. The
+    ConfigMap wins, so the kubelet and the scheduler see the same name and Allocate finds the pod."""
+    seed = next(d for d in load_docs("scenarios/seed001-resource-name-mismatch.yaml")
+                if d["metadata"]["name"] == "volcano-vgpu-device-config")
+    kube.set_configmap("kube-system", "volcano-vgpu-device-config", seed["data"])
+    legacy = replace(flags, resource_name="volcano.sh/vgpu-number")
+    pod = fixture_pod()
+    pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "2", MEMORY: "3000"}
+    kube.add_pod(pod)
+    async with running(legacy, kube, resources=("nvidia.com/gpu", MEMORY, CORES)) as sim:
+        assert COUNT not in sim.plugins
+        response = await sim.allocate("nvidia.com/gpu", sim.free_ids("nvidia.com/gpu", 2))
+        assert response.container_responses[0].envs["CUDA_DEVICE_SM_LIMIT"] == "50"
+
+
+async def test_configmap_change_reregisters_and_bad_change_is_ignored(flags: Flags, kube: FakeKube) -> None:
+    kube.set_configmap("kube-system", "volcano-vgpu-device-config", device_config_data(split=10))
+    async with running(flags, kube) as sim:
+        assert len(sim.devices[COUNT]) == 80
+        kube.set_configmap("kube-system", "volcano-vgpu-device-config",
+                           {"device-config.yaml": "nvidia:\n  deviceSplitCount: many\n"})
+        await asyncio.sleep(0.3)
+        assert len(sim.devices[COUNT]) == 80  # malformed: keeps serving the running settings
+        kube.set_configmap("kube-system", "volcano-vgpu-device-config", device_config_data(split=4))
+        await _until(lambda: len(sim.devices.get(COUNT, {})) == 32)
+        await _until(lambda: ",4,24564," in _annotations(kube).get(ann.NODE_REGISTER, ""))
+
+
+async def test_malformed_configmap_at_start_runs_on_defaults(flags: Flags, kube: FakeKube) -> None:
+    kube.set_configmap("kube-system", "volcano-vgpu-device-config", {"device-config.yaml": "nvidia: [1, 2"})
+    async with running(flags, kube) as sim:
+        assert len(sim.devices[COUNT]) == 80
+
+
+async def test_node_config_entry_for_this_node_applies(flags: Flags, kube: FakeKube) -> None:
+    kube.set_configmap("kube-system", "volcano-vgpu-node-config", {"config.json": (
+        '{"nodeconfig": [{"name": "dev-app-2-150-master-1", "devicesplitcount": 5,'
+        ' "filterdevices": {"uuid": ["GPU-3c8ce108-117a-aeae-a3e8-1c0c5dafebe7"], "index": [7]}},'
+        ' {"name": "someone-else", "devicesplitcount": 1}]}')})
+    async with running(flags, kube) as sim:
+        assert len(sim.devices[COUNT]) == 6 * 5
+        assert not any(i.startswith("GPU-3c8ce108") for i in sim.devices[COUNT])
+
+
+def _annotations(kube: FakeKube) -> dict[str, str]:
+    return dict(kube.nodes.get(FIXTURE_NODE, {}).get("metadata", {}).get("annotations") or {})
+
+
+async def _until(check: object, timeout: float = 3.0) -> None:
+    assert callable(check)
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
