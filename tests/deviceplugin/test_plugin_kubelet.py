@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import stat
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import grpc
 import pytest
-
-from tests.deviceplugin.kit import FIXTURE_NODE, FakeKube, fixture_node, fixture_pod, load_docs
 from vgpu_deviceplugin.api import deviceplugin_pb2 as pb
 from vgpu_deviceplugin.config import Flags
 from vgpu_deviceplugin.gpus import MockBackend
 from vgpu_deviceplugin.runner import run_plugin
 from vgpu_deviceplugin.testing.kubelet_sim import KubeletSim
 from vgpu_formats import annotations as ann
+
+from tests.deviceplugin.kit import FIXTURE_NODE, FakeKube, fixture_node, fixture_pod, load_docs
 
 COUNT, MEMORY, CORES = "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"
 REGISTER = fixture_node()["metadata"]["annotations"][ann.NODE_REGISTER]
@@ -66,7 +68,8 @@ async def test_registers_three_resources_and_advertises_the_gpus(flags: Flags, k
 
 async def test_allocate_fixture_pod_through_grpc(flags: Flags, kube: FakeKube) -> None:
     pod = kube.add_pod(fixture_pod())
-    kube.nodes[FIXTURE_NODE] = {"metadata": {"name": FIXTURE_NODE, "annotations": {"hamivgpu": "2026-01-01T00:00:00Z"}}}
+    lock = {"hamivgpu": "2026-01-01T00:00:00Z"}
+    kube.nodes[FIXTURE_NODE] = {"metadata": {"name": FIXTURE_NODE, "annotations": lock}}
     other = fixture_pod()
     other["metadata"].update(name="bystander", uid="uid-bystander")
     other["spec"]["nodeName"] = "other-node"
@@ -79,13 +82,11 @@ async def test_allocate_fixture_pod_through_grpc(flags: Flags, kube: FakeKube) -
         assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == envs["CUDA_DEVICE_MEMORY_LIMIT_1"] == "3000m"
         assert envs["CUDA_DEVICE_SM_LIMIT"] == "50"
         assert envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"].startswith("/tmp/vgpu/")
-        mounts = {m.container_path: (m.host_path, m.read_only) for m in response.container_responses[0].mounts}
+        answer = response.container_responses[0]
+        mounts = {m.container_path: (m.host_path, m.read_only) for m in answer.mounts}
         assert mounts["/etc/ld.so.preload"] == ("/usr/local/vgpu/ld.so.preload", True)
         cache_host = mounts["/tmp/vgpu"][0]
         assert cache_host == f"{flags.cache_root}/containers/{pod['metadata']['uid']}_cuda-app"
-        import os
-        import stat
-
         assert stat.S_IMODE(os.stat(cache_host).st_mode) == 0o1777
         # Memory and cores answer empty responses, as upstream.
         empty = await sim.allocate(MEMORY, sim.free_ids(MEMORY, 3000))
@@ -99,7 +100,9 @@ async def test_allocate_fixture_pod_through_grpc(flags: Flags, kube: FakeKube) -
     assert kube.pod_writes("default/bystander") == []
 
 
-async def test_allocate_errors_are_grpc_errors_and_touch_no_unrelated_pod(flags: Flags, kube: FakeKube) -> None:
+async def test_allocate_errors_are_grpc_errors_and_touch_no_unrelated_pod(
+    flags: Flags, kube: FakeKube
+) -> None:
     other = fixture_pod()
     other["spec"]["nodeName"] = other["metadata"]["annotations"][ann.VGPU_NODE] = "other-node"
     kube.add_pod(other)
