@@ -50,7 +50,7 @@ class TargetWrite(Protocol):
     namespace: str
     name: str
     live: dict[str, Any] | None
-    desired: dict[str, Any]
+    desired: dict[str, Any] | None
 
     def patch(self) -> dict[str, Any]: ...
 
@@ -194,6 +194,8 @@ class Kube:
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+            if target.desired is None:
+                raise ValueError(f"{target.kind} {target.namespace}/{target.name} has nothing to create")
             return await self._call("POST", path_of(target.kind, target.namespace), target.desired)
 
         return await self._retrying(f"apply {target.kind} {target.namespace}/{target.name}", attempt)

@@ -7,6 +7,7 @@ Pure: no I/O. `make_plan` classifies every target:
   Enforce writes it back (a repair), Report only reports it (Drifted / Missing)
 * differs otherwise (policy changed, first adoption) -> write (Updated)
 * paused                                            -> nothing is written, differences are reported
+* not rendered (bad input, `error` set)             -> Error, nothing written
 
 Restarts follow from the writes (restart matrix, research anchors.md §5): the renderers put the
 config hash into the pod templates, so writing a changed hash *is* the scheduler or DaemonSet
@@ -22,10 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from vgpu_formats import node_config
-from vgpu_formats.errors import FormatError
 
-SCHEDULER_HASH = "vgpu.io/scheduler-config-hash"
-PLUGIN_HASH = "vgpu.io/plugin-config-hash"
+from vgpu_operator.render.device_plugin import ANNOTATION as PLUGIN_HASH
+from vgpu_operator.render.scheduler_deployment import ANNOTATION as SCHEDULER_HASH
 
 TargetState = Literal["InSync", "Updated", "Drifted", "Missing", "Error"]
 RestartKind = Literal["scheduler", "daemonset", "plugin-pod"]
@@ -38,9 +38,15 @@ class Target(Protocol):
     namespace: str
     name: str
     live: dict[str, Any] | None
-    desired: dict[str, Any]
+    desired: dict[str, Any] | None  # None: could not be rendered, `error` says why
     content_hash: str
     changed: bool
+    key: str | None  # ConfigMaps: the data key we own
+    restart_hash: str | None  # workloads: the pod-template hash annotation value we want
+    changed_nodes: list[str]  # node-config: nodes whose entry changed
+    error: Any  # a Problem (field, reason, message) or None
+
+    def patch(self) -> dict[str, Any]: ...
 
 
 TargetKey = tuple[str, str, str]
@@ -117,6 +123,8 @@ def previous_from_status(status: Mapping[str, Any] | None) -> dict[TargetKey, Pr
 
 def _decide(target: Target, previous: Previous | None, enforce: bool, paused: bool) -> Decision:
     last_applied = previous.hash if previous else ""
+    if target.error is not None or target.desired is None:
+        return Decision(target, False, False, "Error", last_applied, str(target.error or "not rendered"))
     if not target.changed:
         return Decision(target, False, False, "InSync", target.content_hash, "")
     hand_edited = bool(last_applied) and last_applied == target.content_hash
@@ -142,30 +150,8 @@ def _template_annotation(obj: Mapping[str, Any] | None, key: str) -> str | None:
     return None if value is None else str(value)
 
 
-def _node_entries(configmap: Mapping[str, Any] | None) -> dict[str, dict[str, Any]] | None:
-    """config.json entries by node name; None when the text cannot be read."""
-    text = ((configmap or {}).get("data") or {}).get(node_config.CONFIGMAP_KEY)
-    if text is None:
-        return {}
-    try:
-        parsed = node_config.parse_node_config(str(text))
-    except FormatError:
-        return None
-    return {entry["name"]: entry for entry in node_config.node_config_dict(parsed)["nodeconfig"]}
-
-
-def changed_node_entries(live: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> list[str]:
-    """Nodes whose config.json entry differs between live and desired (added, removed, changed).
-    An unreadable live config counts every desired node as changed."""
-    after = _node_entries(desired) or {}
-    before = _node_entries(live)
-    if before is None:
-        return sorted(after)
-    return sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
-
-
 def _is_node_config(target: Target) -> bool:
-    return node_config.CONFIGMAP_KEY in (target.desired.get("data") or {})
+    return target.kind == "ConfigMap" and target.key == node_config.CONFIGMAP_KEY
 
 
 def _restarts(decisions: Sequence[Decision], builtin_plugin: bool) -> tuple[list[Restart], list[str]]:
@@ -177,19 +163,16 @@ def _restarts(decisions: Sequence[Decision], builtin_plugin: bool) -> tuple[list
             continue
         target = decision.target
         if target.kind == "Deployment":
-            before, after = (_template_annotation(target.live, SCHEDULER_HASH),
-                             _template_annotation(target.desired, SCHEDULER_HASH))
+            before, after = _template_annotation(target.live, SCHEDULER_HASH), target.restart_hash
             if after is not None and before != after:
                 restarts.append(Restart("scheduler", describe(target), "scheduler config changed", after))
         elif target.kind == "DaemonSet":
-            before, after = (_template_annotation(target.live, PLUGIN_HASH),
-                             _template_annotation(target.desired, PLUGIN_HASH))
+            before, after = _template_annotation(target.live, PLUGIN_HASH), target.restart_hash
             if after is not None and before != after:
                 daemonset_rolls = True
                 restarts.append(Restart("daemonset", describe(target), "device plugin config changed", after))
-        elif target.kind == "ConfigMap" and _is_node_config(target) and target.live is not None:
-            # (a node-config created just now needs no restart: pods read it when they start)
-            node_changes = changed_node_entries(target.live, target.desired)
+        elif _is_node_config(target):
+            node_changes = list(target.changed_nodes)
     if builtin_plugin or daemonset_rolls:
         node_changes = []
     restarts += [Restart("plugin-pod", node, "node-config entry changed") for node in node_changes]

@@ -1,0 +1,69 @@
+"""kopf handlers: thin. Each one records what it saw and hands the work to the Reconciler.
+
+* VGPUPolicy create/update/resume -> reconcile that policy now (kopf retries on failure)
+* VGPUPolicy events               -> keep the policy index (which one is active, latest state)
+* VGPUPolicy timer                -> periodic safety reconcile (returns nothing: no status writes)
+* VGPUPolicy delete               -> leave the cluster working: remove our ownership labels only
+* ConfigMap / Deployment / DaemonSet events on the targets, Node events that matter
+                                  -> trigger a (debounced) reconcile of the active policy
+
+Handlers are registered on a fresh registry per operator run (`register`), bound to one
+Reconciler: no module-level state, so tests can run operators one after another in one process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from vgpu_operator import api
+from vgpu_operator.reconcile import Reconciler
+
+
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, resync_seconds: float) -> None:
+    """Register every handler of the operator on `registry`."""
+    policies = (api.GROUP, api.VERSION, api.PLURAL)
+
+    @kopf.on.event(*policies, registry=registry)
+    async def policy_seen(type: str | None, body: kopf.Body, **_: Any) -> None:
+        deleted = type == "DELETED"
+        before = reconciler.policies.active()
+        reconciler.policies.update(dict(body), deleted=deleted)
+        if reconciler.policies.active() != before:
+            reconciler.trigger()  # another policy became active (the old one left or stepped aside)
+
+    @kopf.on.resume(*policies, registry=registry, backoff=0.2)
+    @kopf.on.create(*policies, registry=registry, backoff=0.2)
+    @kopf.on.update(*policies, registry=registry, backoff=0.2, field="spec")
+    async def policy_changed(name: str, body: kopf.Body, **_: Any) -> None:
+        reconciler.policies.update(dict(body))
+        if not await reconciler.reconcile(name):
+            raise kopf.TemporaryError("reconcile failed; see the status and events", delay=0.2)
+
+    @kopf.timer(*policies, registry=registry, interval=resync_seconds, initial_delay=resync_seconds)
+    async def policy_resync(name: str, **_: Any) -> None:
+        if reconciler.policies.active() == name:
+            await reconciler.reconcile(name)
+
+    @kopf.on.delete(*policies, registry=registry, backoff=0.2)
+    async def policy_deleted(name: str, body: kopf.Body, **_: Any) -> None:
+        if reconciler.policies.active() != name:
+            return  # a conflicting policy never wrote anything
+        await reconciler.release(name, dict(body))
+
+    def ours(kind: str) -> Any:
+        def check(namespace: str | None, name: str | None, **_: Any) -> bool:
+            return reconciler.is_target(kind, namespace, name)
+        return check
+
+    @kopf.on.event("v1", "configmaps", registry=registry, when=ours("ConfigMap"))
+    @kopf.on.event("apps", "v1", "deployments", registry=registry, when=ours("Deployment"))
+    @kopf.on.event("apps", "v1", "daemonsets", registry=registry, when=ours("DaemonSet"))
+    async def target_changed(**_: Any) -> None:
+        reconciler.trigger()
+
+    @kopf.on.event("v1", "nodes", registry=registry)
+    async def node_changed(type: str | None, body: kopf.Body, **_: Any) -> None:
+        if reconciler.nodes.update(dict(body), deleted=type == "DELETED"):
+            reconciler.trigger()

@@ -1,0 +1,190 @@
+"""`vgpu-operator`: the process entry point, and `run_operator` for in-process use (tests, demo).
+
+kopf runs through `spawn_tasks` + `run_tasks` with a stop flag (research: kopf-kmock.md), so the
+same code serves a Pod in a cluster, a test against the emulator and `vgpuctl demo`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextvars
+import logging
+import signal
+import weakref
+from collections.abc import Collection, Iterator, Sequence
+from typing import Any
+
+import kopf
+import yaml
+
+from vgpu_operator.handlers import register
+from vgpu_operator.k8s import Kube, Retry, new_api_client
+from vgpu_operator.metrics import Metrics
+from vgpu_operator.reconcile import Reconciler, Tuning
+from vgpu_operator.settings import OperatorSettings, configure_kopf, parse_args
+
+logger = logging.getLogger("vgpu_operator")
+
+# Marks the tasks one operator run spawned (a task is created in its creator's context).
+_RUN: contextvars.ContextVar[object | None] = contextvars.ContextVar("vgpu_operator_run", default=None)
+
+
+class _SpawnedTasks(Collection["asyncio.Task[Any]"]):
+    """The tasks created under one run's context mark, recorded by a task factory.
+
+    kopf's `run_tasks` cancels, on exit, every task it is not told to ignore; in a shared event
+    loop (tests, `vgpuctl demo`) that includes the caller's and the emulator's tasks. `ignored()`
+    is the complement: everything this run did not spawn."""
+
+    def __init__(self, mark: object) -> None:
+        self.mark = mark
+        self.tasks: weakref.WeakSet[asyncio.Future[Any]] = weakref.WeakSet()
+        self._previous: Any = None
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._previous = previous = loop.get_task_factory()
+
+        def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+            task = previous(loop, coro, **kwargs) if previous else asyncio.Task(coro, loop=loop, **kwargs)
+            context = kwargs.get("context")
+            if (context.get(_RUN) if context is not None else _RUN.get()) is self.mark:
+                self.tasks.add(task)
+            return task
+
+        loop.set_task_factory(factory)
+
+    def uninstall(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.set_task_factory(self._previous)
+
+    def __contains__(self, task: object) -> bool:
+        return task in self.tasks
+
+    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+        return iter([task for task in self.tasks if isinstance(task, asyncio.Task)])
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+
+class _Complement(Collection["asyncio.Task[Any]"]):
+    def __init__(self, spawned: _SpawnedTasks) -> None:
+        self.spawned = spawned
+
+    def __contains__(self, task: object) -> bool:
+        return task not in self.spawned
+
+    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def connection_from_kubeconfig(path: str) -> kopf.ConnectionInfo:
+    """kopf credentials from an explicit kubeconfig file (current context)."""
+    with open(path, encoding="utf-8") as file:
+        config = yaml.safe_load(file) or {}
+
+    def named(section: str, name: str) -> dict[str, Any]:
+        for item in config.get(section) or []:
+            if item.get("name") == name:
+                return dict(item.get(section[:-1]) or {})
+        raise kopf.LoginError(f"kubeconfig {path}: no {section[:-1]} named {name!r}")
+
+    context = named("contexts", str(config.get("current-context") or ""))
+    cluster, user = named("clusters", context.get("cluster", "")), named("users", context.get("user", ""))
+
+    def decoded(value: str | None) -> bytes | None:
+        return base64.b64decode(value) if value else None
+
+    return kopf.ConnectionInfo(
+        server=cluster["server"], ca_path=cluster.get("certificate-authority"),
+        ca_data=decoded(cluster.get("certificate-authority-data")),
+        insecure=cluster.get("insecure-skip-tls-verify"), token=user.get("token"),
+        certificate_path=user.get("client-certificate"),
+        certificate_data=decoded(user.get("client-certificate-data")),
+        private_key_path=user.get("client-key"), private_key_data=decoded(user.get("client-key-data")),
+        username=user.get("username"), password=user.get("password"), default_namespace="default",
+    )
+
+
+async def run_operator(
+    kubeconfig: str | None,
+    stop_flag: asyncio.Event,
+    *,
+    namespaces: Sequence[str] = (),
+    standalone: bool = True,
+    peering: str | None = None,
+    liveness_port: int | None = None,
+    metrics: Metrics | None = None,
+    tuning: Tuning | None = None,
+    ready_flag: asyncio.Event | None = None,
+    retry: Retry | None = None,
+) -> Reconciler:
+    """Run the operator until `stop_flag` is set; returns the Reconciler (for inspection)."""
+    tuning = tuning or Tuning()
+    metrics = metrics or Metrics()
+    kube = Kube(await new_api_client(kubeconfig), retry)
+    reconciler = Reconciler(kube, metrics, tuning)
+    registry = kopf.OperatorRegistry()
+    register(registry, reconciler, tuning.resync_seconds)
+
+    @kopf.on.startup(registry=registry)
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure_kopf(settings)
+
+    @kopf.on.login(registry=registry)
+    async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        if kubeconfig:
+            return connection_from_kubeconfig(kubeconfig)
+        return kopf.login_with_service_account(**kwargs)
+
+    mark = object()
+    spawned = _SpawnedTasks(mark)
+    loop = asyncio.get_running_loop()
+    spawned.install(loop)
+    token = _RUN.set(mark)
+    try:
+        tasks = await kopf.spawn_tasks(
+            registry=registry, clusterwide=not namespaces, namespaces=list(namespaces),
+            standalone=standalone and peering is None, peering_name=peering,
+            liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
+            stop_flag=stop_flag, ready_flag=ready_flag,
+        )
+        worker = asyncio.create_task(reconciler.run(stop_flag), name="vgpu-operator reconciler")
+        try:
+            await kopf.run_tasks(tasks, ignored=_Complement(spawned))
+        finally:
+            worker.cancel()
+            await asyncio.gather(worker, return_exceptions=True)
+    finally:
+        _RUN.reset(token)
+        spawned.uninstall(loop)
+        await kube.close()
+    return reconciler
+
+
+async def _serve(settings: OperatorSettings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    metrics = Metrics()
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_port)
+    await run_operator(settings.kubeconfig, stop, namespaces=settings.namespaces,
+                       standalone=settings.standalone, peering=settings.peering,
+                       liveness_port=settings.liveness_port, metrics=metrics,
+                       tuning=Tuning(resync_seconds=settings.resync_seconds))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if settings.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(_serve(settings))
+
+
+if __name__ == "__main__":
+    main()

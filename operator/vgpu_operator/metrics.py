@@ -1,0 +1,46 @@
+"""Prometheus metrics of the operator. The names are a contract: the Helm chart's dashboard and
+alerts use exactly these."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from vgpu_operator.plan import Restart
+
+
+class Metrics:
+    """One set per operator process; tests make their own registry to stay independent."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.reconciles = Counter(
+            "vgpu_operator_reconciles", "Reconciles, by result (ok, invalid, conflict, error, paused).",
+            ["result"], registry=self.registry)
+        self.duration = Histogram(
+            "vgpu_operator_reconcile_duration_seconds", "Time one reconcile took.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=self.registry)
+        self.drift_repairs = Counter(
+            "vgpu_operator_drift_repairs", "Targets restored after a hand edit (driftPolicy Enforce).",
+            registry=self.registry)
+        self.restarts = Counter(
+            "vgpu_operator_restarts", "Restarts triggered, by kind (scheduler, daemonset, plugin-pod).",
+            ["kind"], registry=self.registry)
+        self.nodes_converged = Gauge(
+            "vgpu_operator_nodes_converged", "GPU nodes advertising what the active policy says.",
+            registry=self.registry)
+        self.policy_ready = Gauge(
+            "vgpu_operator_policy_ready", "1 when the active VGPUPolicy is Ready.", registry=self.registry)
+        for result in ("ok", "invalid", "conflict", "error", "paused"):
+            self.reconciles.labels(result=result)  # export zeros, so rate() works from the start
+        for kind in ("scheduler", "daemonset", "plugin-pod"):
+            self.restarts.labels(kind=kind)
+
+    def record_restarts(self, restarts: Iterable[Restart]) -> None:
+        for restart in restarts:
+            self.restarts.labels(kind=restart.kind).inc()
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Expose /metrics on a port (a daemon thread, as prometheus-client does it)."""
+        start_http_server(port, addr=addr, registry=self.registry)

@@ -1,0 +1,281 @@
+"""One reconcile of a VGPUPolicy: read, validate, render, plan, write, report.
+
+The I/O sequence around the pure core. Everything it decides comes from `validate`, `render_all`,
+`make_plan` and `build_status`; this module only moves data between them and the API, keeps the
+in-memory indexes (policies, nodes) the kopf handlers feed, and serialises reconciles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic
+
+from vgpu_operator import api
+from vgpu_operator.k8s import Kube
+from vgpu_operator.metrics import Metrics
+from vgpu_operator.observed import Observed, wanted_objects
+from vgpu_operator.plan import Plan, make_plan, previous_from_status
+from vgpu_operator.render import render_all
+from vgpu_operator.render.target import MANAGED_BY, MANAGED_BY_LABEL
+from vgpu_operator.status import Outcome, build_status, parse_status, report_nodes, status_dict
+from vgpu_operator.validate import validate
+from vgpu_operator.versions import plugin_generation
+
+logger = logging.getLogger(__name__)
+
+NODE_KEYS = ("volcano.sh/node-vgpu-register",)
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _version(obj: Mapping[str, Any]) -> int:
+    value = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(value) if value.isdigit() else -1
+
+
+class PolicyIndex:
+    """The VGPUPolicies the operator has seen, newest state of each; the oldest one is active."""
+
+    def __init__(self) -> None:
+        self.bodies: dict[str, dict[str, Any]] = {}
+
+    def update(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        name = str((body.get("metadata") or {}).get("name", ""))
+        if deleted:
+            self.bodies.pop(name, None)
+            return
+        known = self.bodies.get(name)
+        # Our own status write returns a newer object than a watch event still in flight.
+        if known is None or _version(body) >= _version(known) or _version(body) < 0:
+            self.bodies[name] = dict(body)
+
+    def active(self) -> str | None:
+        """Oldest by creationTimestamp, then name; policies being deleted step aside."""
+        alive = [(str(b["metadata"].get("creationTimestamp") or ""), name) for name, b in self.bodies.items()
+                 if not b["metadata"].get("deletionTimestamp")]
+        return min(alive)[1] if alive else None
+
+
+class NodeIndex:
+    """Nodes, trimmed to what rendering and status read; tells whether a change matters."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {}
+
+    @staticmethod
+    def trim(body: Mapping[str, Any]) -> dict[str, Any]:
+        meta = body.get("metadata") or {}
+        status = body.get("status") or {}
+        kept = {key: value for key, value in (meta.get("annotations") or {}).items() if key in NODE_KEYS}
+        return {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
+                         "annotations": kept},
+            "status": {"allocatable": dict(status.get("allocatable") or {})},
+        }
+
+    def update(self, body: Mapping[str, Any], deleted: bool = False) -> bool:
+        """Record a node event; True when labels, registration or allocatable changed."""
+        name = str((body.get("metadata") or {}).get("name", ""))
+        if deleted:
+            return self.nodes.pop(name, None) is not None
+        trimmed = self.trim(body)
+        if self.nodes.get(name) == trimmed:
+            return False
+        self.nodes[name] = trimmed
+        return True
+
+    def all(self) -> list[dict[str, Any]]:
+        return [self.nodes[name] for name in sorted(self.nodes)]
+
+
+@dataclass
+class Tuning:
+    """Timings of the runtime (short by default: failures show within a second)."""
+
+    resync_seconds: float = 60.0
+    debounce_seconds: float = 0.02
+    error_backoff_seconds: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class Reconciler:
+    """Reconciles the active policy; one at a time, triggered by handlers, events and a timer."""
+
+    def __init__(self, kube: Kube, metrics: Metrics, tuning: Tuning | None = None) -> None:
+        self.kube = kube
+        self.metrics = metrics
+        self.tuning = tuning or Tuning()
+        self.policies = PolicyIndex()
+        self.nodes = NodeIndex()
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._failures = 0
+
+    # ----- triggers -----
+
+    def trigger(self) -> None:
+        """Ask the worker for a reconcile of the active policy soon (bursts coalesce)."""
+        self._wake.set()
+
+    def is_target(self, kind: str, namespace: str | None, name: str | None) -> bool:
+        """Is this object one the active policy renders or reads?"""
+        active = self.policies.active()
+        if active is None:
+            return False
+        try:
+            spec = api.VGPUPolicy.from_object(self.policies.bodies[active]).spec
+        except pydantic.ValidationError:
+            return False
+        return (kind, namespace or "", name or "") in set(wanted_objects(spec).values())
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """The worker: reconcile on triggers, and every resync period as a safety net."""
+        while not stop.is_set():
+            delay = self.tuning.resync_seconds
+            if self._failures:
+                backoff = self.tuning.error_backoff_seconds
+                delay = backoff[min(self._failures, len(backoff)) - 1]
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                await asyncio.sleep(self.tuning.debounce_seconds)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            active = self.policies.active()
+            if active is not None and not stop.is_set():
+                ok = await self.reconcile(active)
+                self._failures = 0 if ok else self._failures + 1
+
+    async def release(self, name: str, body: dict[str, Any]) -> None:
+        """The policy is going away: keep every rendered setting (the cluster keeps working) and
+        drop only the managed-by label we put on ConfigMaps we created."""
+        async with self._lock:
+            policy = api.VGPUPolicy.model_validate({**body, "status": None})
+            for slot in ("device_config", "node_config"):
+                kind, namespace, cm_name = wanted_objects(policy.spec)[slot]
+                live = await self.kube.get(kind, namespace, cm_name)
+                labels = ((live or {}).get("metadata") or {}).get("labels") or {}
+                if labels.get(MANAGED_BY_LABEL) == MANAGED_BY:
+                    unlabel = {"metadata": {"labels": {MANAGED_BY_LABEL: None}}}
+                    await self.kube.patch(kind, namespace, cm_name, unlabel)
+            await self.kube.post_event(body, "Normal", "Released", "policy deleted: rendered configuration "
+                                       "left in place, ownership labels removed")
+            self.policies.update(body, deleted=True)
+        self.trigger()  # an older-but-conflicting policy may take over now
+
+    # ----- the reconcile -----
+
+    async def reconcile(self, name: str) -> bool:
+        """Reconcile one policy; False when an API call failed (the caller retries)."""
+        async with self._lock:
+            started = time.monotonic()
+            try:
+                result = await self._reconcile(name)
+            except Exception:
+                logger.exception("reconcile of VGPUPolicy %s failed", name)
+                result = "error"
+            self.metrics.reconciles.labels(result=result).inc()
+            self.metrics.duration.observe(time.monotonic() - started)
+            return result != "error"
+
+    async def _reconcile(self, name: str) -> str:
+        body = self.policies.bodies.get(name)
+        if body is None:
+            return "ok"  # deleted meanwhile
+        previous = parse_status(body.get("status"))
+        generation = body["metadata"].get("generation")
+        active = self.policies.active()
+        if active != name:
+            await self._report(body, previous, Outcome(generation, conflict_with=active))
+            return "conflict"
+        try:
+            policy = api.VGPUPolicy.from_object(body)
+        except pydantic.ValidationError as exc:
+            problems = [f"spec.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in exc.errors()]
+            await self._report(body, previous, Outcome(generation, problems=problems))
+            return "invalid"
+        observed = await self.kube.read_observed(policy.spec, self.nodes.all())
+        found = validate(policy, observed)
+        render = render_all(policy, observed)
+        # Any error blocks every write: a partial apply is how the four places drift apart.
+        found += [p for p in render.problems if p not in found]
+        problems = [str(p) for p in found if p.severity == "error"]
+        warnings = [str(p) for p in found if p.severity != "error"]
+        nodes = report_nodes(observed.nodes, policy.spec, _node_config_desired(render.targets))
+        if problems:
+            await self._report(body, previous, Outcome(generation, problems=problems, warnings=warnings,
+                                                       nodes=nodes))
+            return "invalid"
+        plan = make_plan(render.targets, previous_from_status(body.get("status")),
+                         enforce=policy.spec.drift_policy == "Enforce", paused=policy.spec.paused,
+                         builtin_plugin=_builtin(policy, observed))
+        apply_error = None if policy.spec.paused else await self._execute(plan, observed, body)
+        outcome = Outcome(generation, warnings=warnings, plan=plan, apply_error=apply_error, nodes=nodes,
+                          paused=policy.spec.paused,
+                          restarts=[] if policy.spec.paused or apply_error else plan.restarts)
+        await self._report(body, previous, outcome)
+        if apply_error:
+            return "error"
+        return "paused" if policy.spec.paused else "ok"
+
+    async def _execute(self, plan: Plan, observed: Observed, body: dict[str, Any]) -> str | None:
+        """Write the planned targets, then recreate plugin pods; the error text on failure."""
+        try:
+            for target in plan.writes:
+                await self.kube.apply(target)
+            if plan.recreate_plugin_pods_on and observed.device_plugin is not None:
+                for pod in await self.kube.plugin_pods(observed.device_plugin, plan.recreate_plugin_pods_on):
+                    await self.kube.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"])
+        except Exception as exc:
+            logger.warning("applying VGPUPolicy %s failed: %s", body["metadata"]["name"], exc)
+            await self.kube.post_event(body, "Warning", "ApplyFailed", str(exc))
+            return f"{type(exc).__name__}: {exc}"[:1024]
+        for event in plan.events:
+            await self.kube.post_event(body, event.type, event.reason, event.message)
+        self.metrics.drift_repairs.inc(sum(1 for d in plan.decisions if d.repair))
+        self.metrics.record_restarts(plan.restarts)
+        return None
+
+    async def _report(self, body: dict[str, Any], previous: api.VGPUPolicyStatus | None,
+                      outcome: Outcome) -> None:
+        """Write status when it changed; post an event when a condition turned bad."""
+        status = build_status(outcome, previous, now_rfc3339())
+        new, old = status_dict(status), dict(body.get("status") or {})
+        if outcome.conflict_with is None:
+            self.metrics.nodes_converged.set(status.nodes.converged)
+            ready = status.condition("Ready")
+            self.metrics.policy_ready.set(1 if ready is not None and ready.status == "True" else 0)
+        for condition in status.conditions:
+            before = previous.condition(condition.type) if previous else None
+            turned = before is None or before.status != condition.status
+            bad = (condition.type == "Conflict") == (condition.status == "True")
+            if turned and bad and condition.type in ("Valid", "Conflict"):
+                reason = "Rejected" if condition.type == "Valid" else "Conflict"
+                await self.kube.post_event(body, "Warning", reason, condition.message)
+        if new == {key: value for key, value in old.items() if key in new}:
+            return
+        patch = {**new, **{key: None for key in old if key not in new and key != "kopf"}}
+        written = await self.kube.patch_status(body["metadata"]["name"], patch)
+        if written:
+            self.policies.update(written)
+
+
+def _node_config_desired(targets: list[Any]) -> dict[str, Any] | None:
+    for target in targets:
+        if target.kind == "ConfigMap" and target.key == "config.json":
+            return target.desired if isinstance(target.desired, dict) else None
+    return None
+
+
+def _builtin(policy: api.VGPUPolicy, observed: Observed) -> bool:
+    spec = policy.spec.device_plugin
+    return plugin_generation(spec.generation, observed.device_plugin, spec.container).generation == "builtin"

@@ -1,0 +1,78 @@
+"""Operator settings: command-line flags, and how they become kopf settings."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import kopf
+
+from vgpu_operator import api
+
+PREFIX = api.GROUP  # kopf's own marks (finalizer, progress annotations) live under vgpu.io
+
+
+@dataclass
+class OperatorSettings:
+    """Everything `vgpu-operator` can be told on its command line."""
+
+    namespaces: list[str] = field(default_factory=list)
+    standalone: bool = True
+    peering: str | None = None
+    liveness_port: int | None = 8080
+    metrics_port: int | None = 9090
+    kubeconfig: str | None = None
+    verbose: bool = False
+    resync_seconds: float = 60.0
+
+
+def parse_args(argv: Sequence[str] | None = None) -> OperatorSettings:
+    parser = argparse.ArgumentParser(
+        prog="vgpu-operator",
+        description="Keeps Volcano's vGPU configuration (device-config, node-config, scheduler conf, "
+                    "device plugin) consistent with the cluster's VGPUPolicy.")
+    parser.add_argument("--namespace", "-n", action="append", default=[], dest="namespaces",
+                        help="namespace holding the scheduler, the device plugin or the ConfigMaps "
+                             "(repeat; default: all namespaces). VGPUPolicy and Nodes are always "
+                             "watched cluster-wide.")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--standalone", action="store_true", default=True,
+                      help="run without peering (one replica; the default)")
+    mode.add_argument("--peering", metavar="NAME",
+                      help="coordinate replicas through the ClusterKopfPeering NAME (needs kopf's CRDs)")
+    parser.add_argument("--liveness-port", type=int, default=8080,
+                        help="serve http://0.0.0.0:PORT/healthz (0 disables)")
+    parser.add_argument("--metrics-port", type=int, default=9090,
+                        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (0 disables)")
+    parser.add_argument("--kubeconfig", metavar="PATH",
+                        help="kubeconfig file (default: the in-cluster service account)")
+    parser.add_argument("--resync", type=float, default=60.0, metavar="SECONDS",
+                        help="periodic safety reconcile interval")
+    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    args = parser.parse_args(argv)
+    return OperatorSettings(
+        namespaces=list(args.namespaces), standalone=args.peering is None, peering=args.peering,
+        liveness_port=args.liveness_port or None, metrics_port=args.metrics_port or None,
+        kubeconfig=args.kubeconfig, verbose=args.verbose, resync_seconds=args.resync,
+    )
+
+
+def configure_kopf(settings: kopf.OperatorSettings) -> None:
+    """kopf behaviour the operator relies on.
+
+    Kubernetes Events are posted by the operator itself (one per write, restart, repair or
+    rejection); kopf's own posting of every log line would write an Event per handler run, so it
+    only posts warnings. Marks live under vgpu.io. Backoffs are short so failures show quickly.
+    """
+    settings.posting.level = logging.WARNING
+    settings.persistence.finalizer = f"{PREFIX}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration")
+    settings.batching.error_delays = (0.1, 0.2, 0.5, 1, 2, 5, 10)
+    settings.batching.batch_window = 0.01
+    settings.watching.reconnect_backoff = 0.1
+    settings.networking.request_timeout = 30
+    settings.watching.server_timeout = 300
