@@ -1,0 +1,625 @@
+/* cuda.c - the CUDA driver wrappers: memory accounting, reporting, launch gating, and the
+ * cuGetProcAddress path (the runtime resolves everything through it since CUDA 11.3).
+ * Every wrapper forwards to the real driver; only the accounting around it is ours. */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "loader.h"
+#include "log.h"
+#include "memory.h"
+#include "region.h"
+#include "throttle.h"
+
+#undef cuGetProcAddress /* cuda.h renames it to _v2; the v1 ABI is a separate export */
+
+#define VGPU_EXPORT __attribute__((visibility("default")))
+
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, unsigned, CUstream, void **, void **);
+typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef CUresult (*coop_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            unsigned, unsigned, CUstream, void **);
+typedef CUresult (*graph_launch_fn)(CUgraphExec, CUstream);
+typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*alloc_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
+typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t,
+                              CUdriverProcAddressQueryResult *);
+
+static struct {
+    CUresult (*cuInit)(unsigned int);
+    gpa_v1_fn cuGetProcAddress;
+    gpa_v2_fn cuGetProcAddress_v2;
+    CUresult (*cuMemAlloc_v2)(CUdeviceptr *, size_t);
+    CUresult (*cuMemFree_v2)(CUdeviceptr);
+    CUresult (*cuMemAllocPitch_v2)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+    CUresult (*cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned int);
+    CUresult (*cuArrayCreate_v2)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+    CUresult (*cuArray3DCreate_v2)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+    CUresult (*cuArrayDestroy)(CUarray);
+    CUresult (*cuMemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                            unsigned long long);
+    CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+    alloc_async_fn cuMemAllocAsync, cuMemAllocAsync_ptsz;
+    alloc_pool_fn cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz;
+    free_async_fn cuMemFreeAsync, cuMemFreeAsync_ptsz;
+    CUresult (*cuMemGetInfo_v2)(size_t *, size_t *);
+    CUresult (*cuDeviceTotalMem_v2)(size_t *, CUdevice);
+    launch_fn cuLaunchKernel, cuLaunchKernel_ptsz;
+    launch_ex_fn cuLaunchKernelEx, cuLaunchKernelEx_ptsz;
+    coop_fn cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz;
+    graph_launch_fn cuGraphLaunch, cuGraphLaunch_ptsz;
+    /* called, not hooked */
+    CUresult (*cuCtxGetDevice)(CUdevice *);
+    CUresult (*cuDeviceGetCount)(int *);
+    CUresult (*cuDeviceGet)(CUdevice *, int);
+    CUresult (*cuDeviceGetUuid_v2)(CUuuid *, CUdevice);
+} real;
+
+/* Exports that cuda.h does not declare in this configuration. */
+VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                      cuuint64_t flags);
+VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream);
+VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
+                                                  CUmemoryPool pool, CUstream stream);
+VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
+VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                         unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                                         CUstream stream, void **params, void **extra);
+VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+                                           void **params, void **extra);
+VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
+                                                    unsigned gz, unsigned bx, unsigned by,
+                                                    unsigned bz, unsigned shmem, CUstream stream,
+                                                    void **params);
+VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+
+static void after_load(void);
+
+#define HOOK(name) {#name, (void *)name, (void **)&real.name}
+#define CALL_ONLY(name) {#name, NULL, (void **)&real.name}
+static const struct vgpu_hook hooks[] = {
+    HOOK(cuInit), HOOK(cuGetProcAddress), HOOK(cuGetProcAddress_v2),
+    HOOK(cuMemAlloc_v2), HOOK(cuMemFree_v2), HOOK(cuMemAllocPitch_v2), HOOK(cuMemAllocManaged),
+    HOOK(cuArrayCreate_v2), HOOK(cuArray3DCreate_v2), HOOK(cuArrayDestroy),
+    HOOK(cuMemCreate), HOOK(cuMemRelease),
+    HOOK(cuMemAllocAsync), HOOK(cuMemAllocAsync_ptsz),
+    HOOK(cuMemAllocFromPoolAsync), HOOK(cuMemAllocFromPoolAsync_ptsz),
+    HOOK(cuMemFreeAsync), HOOK(cuMemFreeAsync_ptsz),
+    HOOK(cuMemGetInfo_v2), HOOK(cuDeviceTotalMem_v2),
+    HOOK(cuLaunchKernel), HOOK(cuLaunchKernel_ptsz),
+    HOOK(cuLaunchKernelEx), HOOK(cuLaunchKernelEx_ptsz),
+    HOOK(cuLaunchCooperativeKernel), HOOK(cuLaunchCooperativeKernel_ptsz),
+    HOOK(cuGraphLaunch), HOOK(cuGraphLaunch_ptsz),
+    CALL_ONLY(cuCtxGetDevice), CALL_ONLY(cuDeviceGetCount), CALL_ONLY(cuDeviceGet),
+    CALL_ONLY(cuDeviceGetUuid_v2),
+};
+#undef HOOK
+#undef CALL_ONLY
+
+struct vgpu_hook_lib vgpu_cuda_lib = {
+    .soname = "libcuda.so.1",
+    .hooks = hooks,
+    .count = sizeof hooks / sizeof hooks[0],
+    .after_load = after_load,
+};
+
+static void after_load(void)
+{
+    vgpu_region_get();
+    vgpu_throttle_init();
+}
+
+/* Every wrapper starts here: the real driver must be known (NULL stays NULL, never called). */
+static int ready(const void *real_fn)
+{
+    vgpu_lib_ensure(&vgpu_cuda_lib);
+    return real_fn != NULL;
+}
+
+/* The device of the calling thread's current context, or -1 (no context, out of range). */
+static int current_device(void)
+{
+    CUdevice dev;
+    if (real.cuCtxGetDevice == NULL || real.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+        return -1;
+    return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES ? (int)dev : -1;
+}
+
+static void record_uuids(void)
+{
+    int count = 0;
+    if (real.cuDeviceGetCount == NULL || real.cuDeviceGetUuid_v2 == NULL ||
+        real.cuDeviceGetCount(&count) != CUDA_SUCCESS)
+        return;
+    for (int i = 0; i < count && i < VGPU_REGION_MAX_DEVICES; i++) {
+        CUdevice dev;
+        CUuuid id;
+        if (real.cuDeviceGet(&dev, i) != CUDA_SUCCESS || real.cuDeviceGetUuid_v2(&id, dev) != 0)
+            continue;
+        const unsigned char *b = (const unsigned char *)id.bytes;
+        char text[VGPU_REGION_UUID_BYTES];
+        snprintf(text, sizeof text,
+                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                 b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+                 b[13], b[14], b[15]);
+        vgpu_region_set_uuid(i, text);
+    }
+}
+
+VGPU_EXPORT CUresult cuInit(unsigned int flags)
+{
+    if (!ready(real.cuInit))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuInit(flags);
+    if (rc == CUDA_SUCCESS)
+        record_uuids();
+    return rc;
+}
+
+/* ---- cuGetProcAddress: ask the driver, then swap the answer for our wrapper -------------- */
+
+static void swap_for_wrapper(CUresult rc, void **pfn)
+{
+    if (rc != CUDA_SUCCESS || pfn == NULL || *pfn == NULL)
+        return;
+    void *wrapper = vgpu_lib_wrapper_for(&vgpu_cuda_lib, *pfn);
+    if (wrapper != NULL)
+        *pfn = wrapper;
+}
+
+VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                      cuuint64_t flags)
+{
+    if (!ready(real.cuGetProcAddress))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGetProcAddress(symbol, pfn, version, flags);
+    swap_for_wrapper(rc, pfn);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                                         cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+{
+    if (!ready(real.cuGetProcAddress_v2))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGetProcAddress_v2(symbol, pfn, version, flags, status);
+    swap_for_wrapper(rc, pfn);
+    return rc;
+}
+
+/* ---- allocation families ------------------------------------------------------------------ */
+
+/* Reserve on dev, or answer OOM. dev < 0 (no context): nothing to reserve, the driver decides. */
+static int admit(int dev, uint64_t bytes, const char *api)
+{
+    return dev < 0 || vgpu_mem_reserve(dev, bytes, api) == 0;
+}
+
+/* After the driver call: keep the reservation under key on success, give it back otherwise. */
+static CUresult settle(CUresult rc, enum vgpu_alloc_kind kind, uint64_t key, int dev,
+                       uint64_t bytes)
+{
+    if (dev < 0)
+        return rc;
+    if (rc == CUDA_SUCCESS)
+        vgpu_mem_track(kind, key, dev, bytes);
+    else
+        vgpu_mem_unreserve(dev, bytes);
+    return rc;
+}
+
+/* Takes key out of the table before freeing (so a racing allocation that reuses the address
+ * cannot be confused with it), puts it back if the driver refuses the free. */
+static CUresult forget_after(CUresult (*free_fn)(void *ctx, uint64_t key), void *ctx,
+                             enum vgpu_alloc_kind kind, uint64_t key)
+{
+    int dev;
+    uint64_t bytes;
+    int known = vgpu_mem_untrack(kind, key, &dev, &bytes);
+    CUresult rc = free_fn(ctx, key);
+    if (!known)
+        return rc;
+    if (rc == CUDA_SUCCESS)
+        vgpu_mem_unreserve(dev, bytes);
+    else
+        vgpu_mem_track(kind, key, dev, bytes);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
+{
+    if (!ready(real.cuMemAlloc_v2))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int dev = current_device();
+    if (!admit(dev, bytes, "cuMemAlloc"))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUdeviceptr ptr = 0;
+    CUresult rc = settle(real.cuMemAlloc_v2(&ptr, bytes), VGPU_KIND_POINTER, ptr, dev, bytes);
+    if (rc == CUDA_SUCCESS && dptr != NULL)
+        *dptr = ptr;
+    return rc;
+}
+
+static CUresult free_pointer(void *unused, uint64_t key)
+{
+    (void)unused;
+    return real.cuMemFree_v2((CUdeviceptr)key);
+}
+
+VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    if (!ready(real.cuMemFree_v2))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return forget_after(free_pointer, NULL, VGPU_KIND_POINTER, dptr);
+}
+
+VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags)
+{
+    if (!ready(real.cuMemAllocManaged))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    /* Counted on the current device: conservative, managed memory may live on the GPU. */
+    int dev = current_device();
+    if (!admit(dev, bytes, "cuMemAllocManaged"))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUdeviceptr ptr = 0;
+    CUresult rc = settle(real.cuMemAllocManaged(&ptr, bytes, flags), VGPU_KIND_POINTER, ptr, dev,
+                         bytes);
+    if (rc == CUDA_SUCCESS && dptr != NULL)
+        *dptr = ptr;
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+                                        size_t height, unsigned int elem)
+{
+    if (!ready(real.cuMemAllocPitch_v2))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int dev = current_device();
+    uint64_t estimate = (uint64_t)((width + 511) & ~(size_t)511) * height;
+    if (!admit(dev, estimate, "cuMemAllocPitch"))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUdeviceptr ptr = 0;
+    size_t got_pitch = 0;
+    CUresult rc = real.cuMemAllocPitch_v2(&ptr, &got_pitch, width, height, elem);
+    uint64_t actual = (uint64_t)got_pitch * height;
+    if (rc == CUDA_SUCCESS && dev >= 0 && actual != estimate) {
+        /* Count what the driver really used (its pitch), not our estimate. */
+        if (actual > estimate && !admit(dev, actual - estimate, "cuMemAllocPitch")) {
+            real.cuMemFree_v2(ptr);
+            vgpu_mem_unreserve(dev, estimate);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        if (actual < estimate)
+            vgpu_mem_unreserve(dev, estimate - actual);
+        estimate = actual;
+    }
+    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, estimate);
+    if (rc == CUDA_SUCCESS) {
+        if (dptr != NULL)
+            *dptr = ptr;
+        if (pitch != NULL)
+            *pitch = got_pitch;
+    }
+    return rc;
+}
+
+static uint64_t format_bytes(CUarray_format format)
+{
+    switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF:
+        return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT:
+        return 4;
+    default: return 16; /* block-compressed and wide formats: an upper bound */
+    }
+}
+
+static uint64_t array_bytes(size_t w, size_t h, size_t d, unsigned channels, CUarray_format fmt)
+{
+    return (uint64_t)w * (h ? h : 1) * (d ? d : 1) * (channels ? channels : 1) * format_bytes(fmt);
+}
+
+VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+    if (!ready(real.cuArrayCreate_v2))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int dev = desc != NULL ? current_device() : -1;
+    uint64_t bytes = dev >= 0 ? array_bytes(desc->Width, desc->Height, 1, desc->NumChannels,
+                                            desc->Format) : 0;
+    if (!admit(dev, bytes, "cuArrayCreate"))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUarray array = NULL;
+    CUresult rc = settle(real.cuArrayCreate_v2(&array, desc), VGPU_KIND_ARRAY,
+                         (uint64_t)(uintptr_t)array, dev, bytes);
+    if (rc == CUDA_SUCCESS && handle != NULL)
+        *handle = array;
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *handle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+    if (!ready(real.cuArray3DCreate_v2))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int dev = desc != NULL ? current_device() : -1;
+    uint64_t bytes = dev >= 0 ? array_bytes(desc->Width, desc->Height, desc->Depth,
+                                            desc->NumChannels, desc->Format) : 0;
+    if (!admit(dev, bytes, "cuArray3DCreate"))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUarray array = NULL;
+    CUresult rc = settle(real.cuArray3DCreate_v2(&array, desc), VGPU_KIND_ARRAY,
+                         (uint64_t)(uintptr_t)array, dev, bytes);
+    if (rc == CUDA_SUCCESS && handle != NULL)
+        *handle = array;
+    return rc;
+}
+
+static CUresult destroy_array(void *unused, uint64_t key)
+{
+    (void)unused;
+    return real.cuArrayDestroy((CUarray)(uintptr_t)key);
+}
+
+VGPU_EXPORT CUresult cuArrayDestroy(CUarray array)
+{
+    if (!ready(real.cuArrayDestroy))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return forget_after(destroy_array, NULL, VGPU_KIND_ARRAY, (uint64_t)(uintptr_t)array);
+}
+
+VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
+                                 const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    if (!ready(real.cuMemCreate))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    /* The device is the one the properties name, never the current context's (threads that
+     * create VMM memory often have none). Host and invalid locations are not counted. */
+    int dev = -1;
+    if (prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+        prop->location.id >= 0 && prop->location.id < VGPU_REGION_MAX_DEVICES)
+        dev = prop->location.id;
+    if (!admit(dev, bytes, "cuMemCreate"))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUmemGenericAllocationHandle h = 0;
+    CUresult rc = settle(real.cuMemCreate(&h, bytes, prop, flags), VGPU_KIND_HANDLE, h, dev,
+                         bytes);
+    if (rc == CUDA_SUCCESS && handle != NULL)
+        *handle = h;
+    return rc;
+}
+
+static CUresult release_handle(void *unused, uint64_t key)
+{
+    (void)unused;
+    return real.cuMemRelease((CUmemGenericAllocationHandle)key);
+}
+
+VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    if (!ready(real.cuMemRelease))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return forget_after(release_handle, NULL, VGPU_KIND_HANDLE, handle);
+}
+
+/* Stream-ordered allocations are counted per allocation on the current device, from the
+ * alloc call to the free call (not the pool's reserve, which the driver may keep). */
+static CUresult alloc_async(alloc_async_fn fn, CUdeviceptr *dptr, size_t bytes, CUstream stream)
+{
+    if (!ready(fn))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int dev = current_device();
+    if (!admit(dev, bytes, "cuMemAllocAsync"))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUdeviceptr ptr = 0;
+    CUresult rc = settle(fn(&ptr, bytes, stream), VGPU_KIND_POINTER, ptr, dev, bytes);
+    if (rc == CUDA_SUCCESS && dptr != NULL)
+        *dptr = ptr;
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream)
+{
+    vgpu_lib_ensure(&vgpu_cuda_lib);
+    return alloc_async(real.cuMemAllocAsync, dptr, bytes, stream);
+}
+
+VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream)
+{
+    vgpu_lib_ensure(&vgpu_cuda_lib);
+    return alloc_async(real.cuMemAllocAsync_ptsz, dptr, bytes, stream);
+}
+
+static CUresult alloc_pool(alloc_pool_fn fn, CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                           CUstream stream)
+{
+    if (!ready(fn))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int dev = current_device();
+    if (!admit(dev, bytes, "cuMemAllocFromPoolAsync"))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUdeviceptr ptr = 0;
+    CUresult rc = settle(fn(&ptr, bytes, pool, stream), VGPU_KIND_POINTER, ptr, dev, bytes);
+    if (rc == CUDA_SUCCESS && dptr != NULL)
+        *dptr = ptr;
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                             CUstream stream)
+{
+    vgpu_lib_ensure(&vgpu_cuda_lib);
+    return alloc_pool(real.cuMemAllocFromPoolAsync, dptr, bytes, pool, stream);
+}
+
+VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
+                                                  CUmemoryPool pool, CUstream stream)
+{
+    vgpu_lib_ensure(&vgpu_cuda_lib);
+    return alloc_pool(real.cuMemAllocFromPoolAsync_ptsz, dptr, bytes, pool, stream);
+}
+
+struct async_free {
+    free_async_fn fn;
+    CUstream stream;
+};
+
+static CUresult free_async(void *ctx, uint64_t key)
+{
+    const struct async_free *f = ctx;
+    return f->fn((CUdeviceptr)key, f->stream);
+}
+
+VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
+{
+    if (!ready(real.cuMemFreeAsync))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct async_free f = {real.cuMemFreeAsync, stream};
+    return forget_after(free_async, &f, VGPU_KIND_POINTER, dptr);
+}
+
+VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
+{
+    if (!ready(real.cuMemFreeAsync_ptsz))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct async_free f = {real.cuMemFreeAsync_ptsz, stream};
+    return forget_after(free_async, &f, VGPU_KIND_POINTER, dptr);
+}
+
+/* ---- reporting ---------------------------------------------------------------------------- */
+
+VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+{
+    if (!ready(real.cuMemGetInfo_v2))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    size_t phys_free = 0, phys_total = 0;
+    CUresult rc = real.cuMemGetInfo_v2(&phys_free, &phys_total);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    int dev = current_device();
+    uint64_t cap = dev >= 0 ? vgpu_region_limit(dev) : 0;
+    if (cap != 0) {
+        uint64_t total = cap < phys_total ? cap : phys_total;
+        uint64_t used = vgpu_region_used(dev);
+        uint64_t left = used < total ? total - used : 0;
+        phys_total = (size_t)total;
+        phys_free = left < phys_free ? (size_t)left : phys_free;
+    }
+    if (free_bytes != NULL)
+        *free_bytes = phys_free;
+    if (total_bytes != NULL)
+        *total_bytes = phys_total;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    if (!ready(real.cuDeviceTotalMem_v2))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuDeviceTotalMem_v2(bytes, dev);
+    if (rc == CUDA_SUCCESS && bytes != NULL && dev >= 0 && dev < VGPU_REGION_MAX_DEVICES) {
+        uint64_t cap = vgpu_region_limit(dev);
+        if (cap != 0 && cap < *bytes)
+            *bytes = (size_t)cap;
+    }
+    return rc;
+}
+
+/* ---- launches ----------------------------------------------------------------------------- */
+
+/* The SM limiter's gate; with no limit this is one predictable branch. */
+static void gate(uint64_t blocks)
+{
+    if (__builtin_expect(vgpu_throttle_enabled, 0))
+        vgpu_throttle_launch(current_device(), blocks ? blocks : 1);
+}
+
+static uint64_t grid(unsigned gx, unsigned gy, unsigned gz)
+{
+    return (uint64_t)gx * gy * gz;
+}
+
+VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                    unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                                    CUstream stream, void **params, void **extra)
+{
+    if (!ready(real.cuLaunchKernel))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    gate(grid(gx, gy, gz));
+    return real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+}
+
+VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                         unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                                         CUstream stream, void **params, void **extra)
+{
+    if (!ready(real.cuLaunchKernel_ptsz))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    gate(grid(gx, gy, gz));
+    return real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+}
+
+VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
+                                      void **extra)
+{
+    if (!ready(real.cuLaunchKernelEx))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (config != NULL)
+        gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ));
+    return real.cuLaunchKernelEx(config, f, params, extra);
+}
+
+VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+                                           void **params, void **extra)
+{
+    if (!ready(real.cuLaunchKernelEx_ptsz))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (config != NULL)
+        gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ));
+    return real.cuLaunchKernelEx_ptsz(config, f, params, extra);
+}
+
+VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy,
+                                               unsigned gz, unsigned bx, unsigned by,
+                                               unsigned bz, unsigned shmem, CUstream stream,
+                                               void **params)
+{
+    if (!ready(real.cuLaunchCooperativeKernel))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    gate(grid(gx, gy, gz));
+    return real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
+}
+
+VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
+                                                    unsigned gz, unsigned bx, unsigned by,
+                                                    unsigned bz, unsigned shmem, CUstream stream,
+                                                    void **params)
+{
+    if (!ready(real.cuLaunchCooperativeKernel_ptsz))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    gate(grid(gx, gy, gz));
+    return real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
+}
+
+/* A graph's work is unknown here: it costs one token, so it waits whenever the bucket is dry. */
+VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
+{
+    if (!ready(real.cuGraphLaunch))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    gate(1);
+    return real.cuGraphLaunch(exec, stream);
+}
+
+VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
+{
+    if (!ready(real.cuGraphLaunch_ptsz))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    gate(1);
+    return real.cuGraphLaunch_ptsz(exec, stream);
+}
+
+/* Normal exit: give this process's memory back now rather than at the next reap. */
+__attribute__((destructor)) static void on_exit_release(void) { vgpu_region_detach(); }

@@ -1,0 +1,162 @@
+/* limits.c - parsing of the limit variables. Strict on purpose: HAMi-core's strtoul(base 0)
+ * read "1Gi" as 1 byte and "010g" as octal; here anything unexpected is an error. */
+#include "limits.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "log.h"
+
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+/* Parses "<digits>" into *value; returns the number of characters used, 0 on overflow/none. */
+static int parse_digits(const char *text, uint64_t *value, uint64_t *scale)
+{
+    uint64_t v = 0, s = 1;
+    int n = 0;
+    while (is_digit(text[n])) {
+        if (v > (UINT64_MAX - 9) / 10 || s > UINT64_MAX / 10)
+            return 0;
+        v = v * 10 + (uint64_t)(text[n] - '0');
+        s *= 10;
+        n++;
+    }
+    *value = v;
+    *scale = s;
+    return n;
+}
+
+/* k/m/g with optional "i", "iB" or "B" after it; returns the shift (10/20/30) or -1. */
+static int parse_unit(const char *unit)
+{
+    int shift;
+    switch (unit[0]) {
+    case '\0': return 0;
+    case 'k': case 'K': shift = 10; break;
+    case 'm': case 'M': shift = 20; break;
+    case 'g': case 'G': shift = 30; break;
+    default: return -1;
+    }
+    const char *rest = unit + 1;
+    if (rest[0] == 'i')
+        rest++;
+    if (rest[0] == 'B')
+        rest++;
+    return rest[0] == '\0' ? shift : -1;
+}
+
+int vgpu_parse_memory(const char *text, uint64_t *bytes, const char **why)
+{
+    static const char forms[] = "expected digits with an optional k/m/g unit, e.g. 3000m, 4g, 4Gi";
+    uint64_t whole = 0, frac = 0, frac_scale = 1, ignored;
+    int n = parse_digits(text, &whole, &ignored);
+    if (n == 0) {
+        *why = text[0] == '\0' ? "empty value" : forms;
+        return -1;
+    }
+    const char *rest = text + n;
+    if (rest[0] == '.') {
+        int m = parse_digits(rest + 1, &frac, &frac_scale);
+        if (m == 0) {
+            *why = forms;
+            return -1;
+        }
+        rest += 1 + m;
+    }
+    int shift = parse_unit(rest);
+    if (shift < 0) {
+        *why = forms;
+        return -1;
+    }
+    if (frac_scale > 1 && shift == 0) {
+        *why = "a fraction needs a unit (1.5g, not 1.5)";
+        return -1;
+    }
+    if (shift > 0 && whole > (UINT64_MAX >> 1) >> shift) {
+        *why = "value too large";
+        return -1;
+    }
+    uint64_t result = whole << shift;
+    if (frac_scale > 1)
+        result += (uint64_t)(((unsigned __int128)frac << shift) / frac_scale);
+    *bytes = result;
+    return 0;
+}
+
+int vgpu_parse_percent(const char *text, uint32_t *percent, const char **why)
+{
+    uint64_t value, ignored;
+    int n = parse_digits(text, &value, &ignored);
+    if (n == 0 || text[n] != '\0') {
+        *why = "expected a whole percentage 0..100, e.g. 30";
+        return -1;
+    }
+    if (value > 100) {
+        *why = "a percentage cannot exceed 100";
+        return -1;
+    }
+    *percent = (uint32_t)value;
+    return 0;
+}
+
+static int read_memory(const char *name, const char *(*getenv_fn)(const char *), uint64_t *out)
+{
+    const char *text = getenv_fn(name), *why = NULL;
+    if (text == NULL || text[0] == '\0')
+        return 0;
+    if (vgpu_parse_memory(text, out, &why) != 0) {
+        vgpu_log(VGPU_LOG_ERROR, "%s='%s' rejected: %s; the variable is ignored", name, text, why);
+        return 0;
+    }
+    return 1;
+}
+
+static int read_percent(const char *name, const char *(*getenv_fn)(const char *), uint32_t *out)
+{
+    const char *text = getenv_fn(name), *why = NULL;
+    if (text == NULL || text[0] == '\0')
+        return 0;
+    if (vgpu_parse_percent(text, out, &why) != 0) {
+        vgpu_log(VGPU_LOG_ERROR, "%s='%s' rejected: %s; the variable is ignored", name, text, why);
+        return 0;
+    }
+    return 1;
+}
+
+static int policy_disables_sm_limit(const char *(*getenv_fn)(const char *))
+{
+    const char *policy = getenv_fn("GPU_CORE_UTILIZATION_POLICY");
+    if (policy == NULL)
+        return 0;
+    for (const char *p = policy, *d = "disable";; p++, d++) {
+        char c = (*p >= 'A' && *p <= 'Z') ? (char)(*p - 'A' + 'a') : *p;
+        if (c != *d)
+            return 0;
+        if (c == '\0')
+            return 1;
+    }
+}
+
+void vgpu_limits_read(struct vgpu_limits *out, const char *(*getenv_fn)(const char *name))
+{
+    uint64_t memory_all = 0;
+    uint32_t sm_all = 0;
+    read_memory("CUDA_DEVICE_MEMORY_LIMIT", getenv_fn, &memory_all);
+    read_percent("CUDA_DEVICE_SM_LIMIT", getenv_fn, &sm_all);
+    int sm_disabled = policy_disables_sm_limit(getenv_fn);
+    for (int i = 0; i < VGPU_REGION_MAX_DEVICES; i++) {
+        char name[64];
+        out->memory_bytes[i] = memory_all;
+        snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
+        read_memory(name, getenv_fn, &out->memory_bytes[i]);
+        out->sm_percent[i] = sm_all;
+        snprintf(name, sizeof name, "CUDA_DEVICE_SM_LIMIT_%d", i);
+        read_percent(name, getenv_fn, &out->sm_percent[i]);
+        if (out->sm_percent[i] >= 100 || sm_disabled)
+            out->sm_percent[i] = 0;
+    }
+}
+
+static const char *process_getenv(const char *name) { return getenv(name); }
+
+void vgpu_limits_from_env(struct vgpu_limits *out) { vgpu_limits_read(out, process_getenv); }

@@ -1,0 +1,45 @@
+/* loader.h - finding the real driver libraries and mapping their functions to our wrappers. */
+#ifndef VGPU_LOADER_H
+#define VGPU_LOADER_H
+
+#include <stddef.h>
+
+/* One function of a real library: its exported name, our wrapper with the same signature (NULL
+ * for functions we only call), and where to store the real address. */
+struct vgpu_hook {
+    const char *name;
+    void *wrapper;
+    void **real;
+};
+
+struct vgpu_hook_lib {
+    const char *soname;            /* "libcuda.so.1" */
+    const struct vgpu_hook *hooks;
+    size_t count;
+    void (*after_load)(void);      /* runs once, after every real address is known */
+    int loaded;                    /* atomic: 1 once loading finished (even if it failed) */
+};
+
+/* glibc's dlsym (ours overrides the public name). */
+void *vgpu_real_dlsym(void *handle, const char *name);
+
+/* Loads lib once (dlopen + real dlsym of every hook); safe from any thread. */
+void vgpu_lib_load(struct vgpu_hook_lib *lib);
+
+static inline void vgpu_lib_ensure(struct vgpu_hook_lib *lib)
+{
+    if (__builtin_expect(!__atomic_load_n(&lib->loaded, __ATOMIC_ACQUIRE), 0))
+        vgpu_lib_load(lib);
+}
+
+/* Our wrapper for a real function address of lib, or NULL if we do not hook it. */
+void *vgpu_lib_wrapper_for(struct vgpu_hook_lib *lib, const void *real);
+
+/* 1 if name is one of lib's hooked exports. */
+int vgpu_lib_hooks_name(const struct vgpu_hook_lib *lib, const char *name);
+
+/* Defined by cuda.c and nvml.c. */
+extern struct vgpu_hook_lib vgpu_cuda_lib;
+extern struct vgpu_hook_lib vgpu_nvml_lib;
+
+#endif

@@ -1,0 +1,48 @@
+/* log.c - stderr logging. The level is read once; a bad value falls back to the default. */
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static int configured_level(void)
+{
+    static int level; /* 0 = not read yet; a benign race: every reader computes the same value */
+    if (level == 0) {
+        const char *text = getenv("LIBCUDA_LOG_LEVEL");
+        int parsed = VGPU_LOG_WARN;
+        if (text != NULL && text[0] >= '0' && text[0] <= '4' && text[1] == '\0')
+            parsed = text[0] == '0' ? VGPU_LOG_ERROR : text[0] - '0';
+        level = parsed;
+    }
+    return level;
+}
+
+static const char *level_name(enum vgpu_log_level level)
+{
+    switch (level) {
+    case VGPU_LOG_ERROR: return "ERROR";
+    case VGPU_LOG_WARN: return "WARN";
+    case VGPU_LOG_INFO: return "INFO";
+    default: return "DEBUG";
+    }
+}
+
+void vgpu_log(enum vgpu_log_level level, const char *fmt, ...)
+{
+    if ((int)level > configured_level())
+        return;
+    char line[512];
+    int head = snprintf(line, sizeof line, "[vgpu %s pid %d] ", level_name(level), (int)getpid());
+    va_list args;
+    va_start(args, fmt);
+    int body = vsnprintf(line + head, sizeof line - (size_t)head - 1, fmt, args);
+    va_end(args);
+    size_t len = (size_t)head + (body < 0 ? 0 : (size_t)body);
+    if (len > sizeof line - 2)
+        len = sizeof line - 2;
+    line[len++] = '\n';
+    ssize_t ignored = write(STDERR_FILENO, line, len); /* nothing useful to do on failure */
+    (void)ignored;
+}

@@ -1,0 +1,147 @@
+/* memory.c - the in-process allocation table (sharded, one mutex per shard) and the
+ * reserve/OOM policy on top of the shared region. */
+#define _GNU_SOURCE
+#include "memory.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "log.h"
+#include "region.h"
+
+enum { SHARDS = 64, INITIAL_BUCKETS = 64 };
+
+struct entry {
+    uint64_t key;
+    uint64_t bytes;
+    struct entry *next;
+    int dev;
+    int kind;
+};
+
+struct shard {
+    pthread_mutex_t lock;
+    struct entry **buckets;
+    struct entry *spare; /* freed entries, reused before malloc */
+    size_t nbuckets;
+    size_t count;
+};
+
+static struct shard shards[SHARDS];
+static pthread_once_t table_once = PTHREAD_ONCE_INIT;
+
+static uint64_t mix(uint64_t key, int kind)
+{
+    uint64_t h = key ^ ((uint64_t)kind << 61);
+    h ^= h >> 33;
+    h *= UINT64_C(0xff51afd7ed558ccd);
+    h ^= h >> 33;
+    return h;
+}
+
+static void forget_all_after_fork(void)
+{
+    /* The parent's allocations are not the child's: a CUDA context does not survive fork. */
+    for (int i = 0; i < SHARDS; i++) {
+        pthread_mutex_init(&shards[i].lock, NULL);
+        shards[i].buckets = NULL; /* leaked on purpose: the child may not touch parent memory */
+        shards[i].spare = NULL;
+        shards[i].nbuckets = 0;
+        shards[i].count = 0;
+    }
+}
+
+static void table_init(void)
+{
+    for (int i = 0; i < SHARDS; i++)
+        pthread_mutex_init(&shards[i].lock, NULL);
+    pthread_atfork(NULL, NULL, forget_all_after_fork);
+}
+
+static int grow(struct shard *s)
+{
+    size_t n = s->nbuckets ? s->nbuckets * 2 : INITIAL_BUCKETS;
+    struct entry **b = calloc(n, sizeof *b);
+    if (b == NULL)
+        return -1;
+    for (size_t i = 0; i < s->nbuckets; i++) {
+        for (struct entry *e = s->buckets[i], *next; e != NULL; e = next) {
+            next = e->next;
+            size_t at = (size_t)(mix(e->key, e->kind) >> 6) & (n - 1);
+            e->next = b[at];
+            b[at] = e;
+        }
+    }
+    free(s->buckets);
+    s->buckets = b;
+    s->nbuckets = n;
+    return 0;
+}
+
+void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes)
+{
+    pthread_once(&table_once, table_init);
+    uint64_t h = mix(key, (int)kind);
+    struct shard *s = &shards[h & (SHARDS - 1)];
+    pthread_mutex_lock(&s->lock);
+    struct entry *e = s->spare;
+    if (e != NULL)
+        s->spare = e->next;
+    else
+        e = malloc(sizeof *e);
+    if (e == NULL || (s->count >= s->nbuckets && grow(s) != 0 && s->nbuckets == 0)) {
+        pthread_mutex_unlock(&s->lock);
+        free(e);
+        vgpu_log(VGPU_LOG_ERROR, "out of host memory while recording an allocation; its %llu "
+                 "bytes stay counted until the process exits", (unsigned long long)bytes);
+        return;
+    }
+    *e = (struct entry){.key = key, .bytes = bytes, .dev = dev, .kind = (int)kind};
+    size_t at = (size_t)(h >> 6) & (s->nbuckets - 1);
+    e->next = s->buckets[at];
+    s->buckets[at] = e;
+    s->count++;
+    pthread_mutex_unlock(&s->lock);
+}
+
+int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t *bytes)
+{
+    pthread_once(&table_once, table_init);
+    uint64_t h = mix(key, (int)kind);
+    struct shard *s = &shards[h & (SHARDS - 1)];
+    int found = 0;
+    pthread_mutex_lock(&s->lock);
+    if (s->nbuckets != 0) {
+        struct entry **link = &s->buckets[(size_t)(h >> 6) & (s->nbuckets - 1)];
+        for (struct entry *e = *link; e != NULL; link = &e->next, e = e->next) {
+            if (e->key == key && e->kind == (int)kind) {
+                *link = e->next;
+                *dev = e->dev;
+                *bytes = e->bytes;
+                e->next = s->spare;
+                s->spare = e;
+                s->count--;
+                found = 1;
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return found;
+}
+
+int vgpu_mem_reserve(int dev, uint64_t bytes, const char *api)
+{
+    if (vgpu_region_reserve(dev, bytes) == 0)
+        return 0;
+    if (vgpu_region_reap_dead() > 0 && vgpu_region_reserve(dev, bytes) == 0)
+        return 0;
+    struct vgpu_region *r = vgpu_region_get();
+    __atomic_add_fetch(&r->devices[dev].oom_refusals, 1, __ATOMIC_RELAXED);
+    vgpu_log(VGPU_LOG_ERROR, "%s: device %d out of memory: %llu bytes requested, %llu of %llu "
+             "in use by the container", api, dev, (unsigned long long)bytes,
+             (unsigned long long)vgpu_region_used(dev), (unsigned long long)vgpu_region_limit(dev));
+    return -1;
+}
+
+void vgpu_mem_unreserve(int dev, uint64_t bytes) { vgpu_region_release(dev, bytes); }

@@ -1,0 +1,27 @@
+/* memory.h - allocation accounting: reserve against the cap, remember what the driver returned,
+ * give it back on free. Keys are the pointer or handle the driver returned. */
+#ifndef VGPU_MEMORY_H
+#define VGPU_MEMORY_H
+
+#include <stdint.h>
+
+enum vgpu_alloc_kind {
+    VGPU_KIND_POINTER = 1, /* cuMemAlloc, pitch, managed, async and pool allocations */
+    VGPU_KIND_HANDLE = 2,  /* cuMemCreate physical handles */
+    VGPU_KIND_ARRAY = 3,   /* cuArrayCreate / cuArray3DCreate */
+};
+
+/* Reserves bytes on dev; over the cap it reaps dead processes and tries once more, then logs
+ * and returns -1 (the caller answers CUDA_ERROR_OUT_OF_MEMORY). */
+int vgpu_mem_reserve(int dev, uint64_t bytes, const char *api);
+
+/* Gives back a reservation that did not become an allocation. */
+void vgpu_mem_unreserve(int dev, uint64_t bytes);
+
+/* Records a successful allocation (its reservation becomes owned by key). */
+void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes);
+
+/* Removes key and returns 1 with its device and size, or 0 if this process never counted it. */
+int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t *bytes);
+
+#endif

@@ -1,0 +1,189 @@
+/* nvml.c - NVML wrappers: nvmlDeviceGetMemoryInfo (v1, v2) report the cap and the container's
+ * usage, so nvidia-smi inside the container shows the cap; plus the utilisation probe. */
+#define _GNU_SOURCE
+#include "nvml.h"
+
+#include <nvml.h>
+#include <stdlib.h>
+
+#include "loader.h"
+#include "region.h"
+
+#define VGPU_EXPORT __attribute__((visibility("default")))
+
+static struct {
+    nvmlReturn_t (*GetMemoryInfo)(nvmlDevice_t, nvmlMemory_t *);
+    nvmlReturn_t (*GetMemoryInfo_v2)(nvmlDevice_t, nvmlMemory_v2_t *);
+    nvmlReturn_t (*Init_v2)(void);
+    nvmlReturn_t (*GetHandleByIndex_v2)(unsigned int, nvmlDevice_t *);
+    nvmlReturn_t (*GetHandleByUUID)(const char *, nvmlDevice_t *);
+    nvmlReturn_t (*GetUUID)(nvmlDevice_t, char *, unsigned int);
+    nvmlReturn_t (*GetIndex)(nvmlDevice_t, unsigned int *);
+    nvmlReturn_t (*GetProcessUtilization)(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
+                                          unsigned int *, unsigned long long);
+    nvmlReturn_t (*GetUtilizationRates)(nvmlDevice_t, nvmlUtilization_t *);
+} real;
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
+
+static const struct vgpu_hook hooks[] = {
+    {"nvmlDeviceGetMemoryInfo", (void *)nvmlDeviceGetMemoryInfo, (void **)&real.GetMemoryInfo},
+    {"nvmlDeviceGetMemoryInfo_v2", (void *)nvmlDeviceGetMemoryInfo_v2,
+     (void **)&real.GetMemoryInfo_v2},
+    {"nvmlInit_v2", NULL, (void **)&real.Init_v2},
+    {"nvmlDeviceGetHandleByIndex_v2", NULL, (void **)&real.GetHandleByIndex_v2},
+    {"nvmlDeviceGetHandleByUUID", NULL, (void **)&real.GetHandleByUUID},
+    {"nvmlDeviceGetUUID", NULL, (void **)&real.GetUUID},
+    {"nvmlDeviceGetIndex", NULL, (void **)&real.GetIndex},
+    {"nvmlDeviceGetProcessUtilization", NULL, (void **)&real.GetProcessUtilization},
+    {"nvmlDeviceGetUtilizationRates", NULL, (void **)&real.GetUtilizationRates},
+};
+
+struct vgpu_hook_lib vgpu_nvml_lib = {
+    .soname = "libnvidia-ml.so.1",
+    .hooks = hooks,
+    .count = sizeof hooks / sizeof hooks[0],
+};
+
+/* The CUDA ordinal of an NVML device: by the UUID CUDA recorded, else NVML's own index. */
+static int cuda_index(nvmlDevice_t device)
+{
+    char uuid[96];
+    if (real.GetUUID != NULL && real.GetUUID(device, uuid, sizeof uuid) == NVML_SUCCESS) {
+        int dev = vgpu_region_find_uuid(uuid);
+        if (dev >= 0)
+            return dev;
+    }
+    unsigned int index;
+    if (real.GetIndex != NULL && real.GetIndex(device, &index) == NVML_SUCCESS &&
+        index < VGPU_REGION_MAX_DEVICES)
+        return (int)index;
+    return -1;
+}
+
+/* The capped view: total = min(cap, physical), used = the container's usage. Returns 0 when
+ * the device has no cap (leave NVML's numbers alone). */
+static int capped_view(nvmlDevice_t device, unsigned long long physical_total,
+                       unsigned long long *total, unsigned long long *used)
+{
+    int dev = cuda_index(device);
+    if (dev < 0)
+        return 0;
+    uint64_t cap = vgpu_region_limit(dev);
+    if (cap == 0)
+        return 0;
+    *total = cap < physical_total ? cap : physical_total;
+    uint64_t container = vgpu_region_used(dev);
+    *used = container < *total ? container : *total;
+    return 1;
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    vgpu_lib_ensure(&vgpu_nvml_lib);
+    if (real.GetMemoryInfo == NULL)
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t rc = real.GetMemoryInfo(device, memory);
+    unsigned long long total, used;
+    if (rc == NVML_SUCCESS && capped_view(device, memory->total, &total, &used)) {
+        memory->total = total;
+        memory->used = used;
+        memory->free = total - used;
+    }
+    return rc;
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    vgpu_lib_ensure(&vgpu_nvml_lib);
+    if (real.GetMemoryInfo_v2 == NULL)
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t rc = real.GetMemoryInfo_v2(device, memory);
+    unsigned long long total, used;
+    if (rc == NVML_SUCCESS && capped_view(device, memory->total, &total, &used)) {
+        /* used + reserved + free = total; the driver's reservation is outside the container's
+         * cap, so it is not shown against it. */
+        memory->total = total;
+        memory->reserved = 0;
+        memory->used = used;
+        memory->free = total - used;
+    }
+    return rc;
+}
+
+static int handle_for(int dev, nvmlDevice_t *device)
+{
+    static int initialised; /* only the watcher thread calls this */
+    if (!initialised) {
+        if (real.Init_v2 == NULL || real.Init_v2() != NVML_SUCCESS)
+            return -1;
+        initialised = 1;
+    }
+    struct vgpu_region_device *d = &vgpu_region_get()->devices[dev];
+    if (__atomic_load_n(&d->uuid_state, __ATOMIC_ACQUIRE) == VGPU_UUID_SET &&
+        real.GetHandleByUUID != NULL && real.GetHandleByUUID(d->uuid, device) == NVML_SUCCESS)
+        return 0;
+    if (real.GetHandleByIndex_v2 != NULL &&
+        real.GetHandleByIndex_v2((unsigned int)dev, device) == NVML_SUCCESS)
+        return 0;
+    return -1;
+}
+
+/* Sum over our pids of each pid's mean smUtil in the samples newer than *last_seen. */
+static double process_util(nvmlDevice_t device, unsigned long long *last_seen,
+                           const int32_t *pids, int npids, int *matched)
+{
+    unsigned int count = 0;
+    nvmlReturn_t rc = real.GetProcessUtilization(device, NULL, &count, *last_seen);
+    if (rc != NVML_ERROR_INSUFFICIENT_SIZE && rc != NVML_SUCCESS)
+        return -1;
+    if (count == 0)
+        return 0;
+    nvmlProcessUtilizationSample_t *samples = calloc(count, sizeof *samples);
+    if (samples == NULL)
+        return -1;
+    double total = 0;
+    rc = real.GetProcessUtilization(device, samples, &count, *last_seen);
+    if (rc != NVML_SUCCESS) {
+        free(samples);
+        return -1;
+    }
+    for (int p = 0; p < npids; p++) {
+        double sum = 0;
+        int n = 0;
+        for (unsigned int i = 0; i < count; i++) {
+            if (samples[i].timeStamp > *last_seen)
+                *last_seen = samples[i].timeStamp;
+            if (samples[i].pid == (unsigned int)pids[p]) {
+                sum += samples[i].smUtil;
+                n++;
+            }
+        }
+        if (n > 0) {
+            total += sum / n;
+            (*matched)++;
+        }
+    }
+    free(samples);
+    return total;
+}
+
+double vgpu_nvml_container_util(int dev, const int32_t *pids, int npids)
+{
+    static unsigned long long last_seen[VGPU_REGION_MAX_DEVICES];
+    vgpu_lib_ensure(&vgpu_nvml_lib);
+    nvmlDevice_t device;
+    if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES || handle_for(dev, &device) != 0)
+        return -1;
+    int matched = 0;
+    double util = -1;
+    if (real.GetProcessUtilization != NULL)
+        util = process_util(device, &last_seen[dev], pids, npids, &matched);
+    if (util >= 0 && matched > 0)
+        return util;
+    nvmlUtilization_t rates;
+    if (real.GetUtilizationRates != NULL && real.GetUtilizationRates(device, &rates) == NVML_SUCCESS)
+        return rates.gpu; /* conservative: other tenants' work counts against us */
+    return util;
+}
