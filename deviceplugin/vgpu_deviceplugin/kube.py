@@ -23,6 +23,10 @@ MERGE_PATCH = "application/merge-patch+json"
 class KubeError(RuntimeError):
     """An API call failed; the message names the object and the status."""
 
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
 
 class KubeClient(Protocol):
     async def get_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
@@ -66,18 +70,24 @@ class ApiKubeClient:
         await self._api.close()
 
     async def _json(self, call: Any, what: str, **kwargs: Any) -> Any:
+        """Raw JSON (no model objects: a 110-pod list parses 10x faster). Raises KubeError."""
         try:
             resp = await call(_preload_content=False, **kwargs)
-            return json.loads(await resp.read())
+            body = await resp.read()
         except ApiException as exc:
-            raise KubeError(f"{what}: HTTP {exc.status} {exc.reason}") from exc
+            raise KubeError(f"{what}: HTTP {exc.status} {exc.reason}", exc.status) from exc
+        except (TimeoutError, OSError) as exc:
+            raise KubeError(f"{what}: {exc}") from exc
+        if resp.status >= 400:
+            raise KubeError(f"{what}: HTTP {resp.status} {body[:200].decode(errors='replace')}", resp.status)
+        return json.loads(body)
 
     async def get_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
         try:
             obj = await self._json(self._core.read_namespaced_config_map, f"ConfigMap {namespace}/{name}",
                                    name=name, namespace=namespace)
         except KubeError as exc:
-            if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
+            if exc.status == 404:
                 return None
             raise
         return dict(obj.get("data") or {})
@@ -100,7 +110,8 @@ class ApiKubeClient:
         while True:
             try:
                 kwargs: dict[str, Any] = {"namespace": namespace, "field_selector": f"metadata.name={name}",
-                                          "watch": True, "timeout_seconds": 300}
+                                          # as text: the client would send "True"
+                                          "watch": "true", "timeout_seconds": 300}
                 if version:
                     kwargs["resource_version"] = version
                 resp: Any = await self._core.list_namespaced_config_map(_preload_content=False, **kwargs)

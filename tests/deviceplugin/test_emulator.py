@@ -1,0 +1,65 @@
+"""The plugin with its real Kubernetes client against the emulated API server (fixture cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from vgpu_deviceplugin.config import Flags
+from vgpu_deviceplugin.gpus import MockBackend
+from vgpu_deviceplugin.kube import ApiKubeClient
+from vgpu_deviceplugin.runner import run_plugin
+from vgpu_deviceplugin.testing.kubelet_sim import KubeletSim
+from vgpu_emulator import run_emulator
+from vgpu_formats import annotations as ann
+
+from tests.deviceplugin.kit import FIXTURE_NODE, FIXTURES, fixture_node
+
+COUNT = "volcano.sh/vgpu-number"
+
+
+async def test_fixture_cluster_end_to_end(flags: Flags, tmp_path: Path) -> None:
+    register = fixture_node()["metadata"]["annotations"][ann.NODE_REGISTER]
+    async with run_emulator(FIXTURES / "cluster") as cluster:
+        emulator = cluster.emulator
+        node = emulator.get_object("Node", None, FIXTURE_NODE)
+        assert node is not None
+        node["metadata"]["annotations"][ann.NODE_LOCK] = "2026-01-01T00:00:00Z"
+        emulator.apply(node)
+        kube = await ApiKubeClient.connect(str(cluster.kubeconfig))
+        sim = KubeletSim(flags.device_plugin_dir)
+        await sim.start()
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_plugin(flags, stop, kube=kube,
+                                              backend=MockBackend.from_register_annotation(register)))
+        try:
+            await sim.wait_for([COUNT])
+            response = await sim.allocate(COUNT, sim.free_ids(COUNT, 2))
+            envs = response.container_responses[0].envs
+            assert envs["CUDA_DEVICE_MEMORY_LIMIT_1"] == "3000m"
+            pod = emulator.get_object("Pod", "default", "vgpu-test")
+            assert pod is not None
+            assert pod["metadata"]["annotations"][ann.BIND_PHASE] == ann.BIND_PHASE_SUCCESS
+            assert pod["metadata"]["annotations"][ann.DEVICES_TO_ALLOCATE] == ""
+            node = emulator.get_object("Node", None, FIXTURE_NODE)
+            assert node is not None and ann.NODE_LOCK not in node["metadata"]["annotations"]
+            assert node["metadata"]["annotations"][ann.NODE_REGISTER] == register
+            # Pods were read with a field selector, never cluster-wide.
+            pod_lists = [w for w in emulator.served if w.method == "GET" and w.path == "/api/v1/pods"]
+            assert pod_lists and all("fieldSelector=spec.nodeName" in w.query for w in pod_lists)
+            # A ConfigMap edit arrives through the watch and re-registers.
+            cm = emulator.get_object("ConfigMap", "kube-system", "volcano-vgpu-device-config")
+            assert cm is not None
+            cm["data"]["device-config.yaml"] = cm["data"]["device-config.yaml"].replace(
+                "deviceSplitCount: 10", "deviceSplitCount: 3")
+            emulator.apply(cm)
+            for _ in range(100):
+                if len(sim.devices.get(COUNT, {})) == 24:
+                    break
+                await asyncio.sleep(0.05)
+            assert len(sim.devices[COUNT]) == 24
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+            await sim.stop()
+            await kube.close()
