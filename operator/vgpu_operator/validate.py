@@ -20,7 +20,7 @@ from vgpu_formats.errors import FormatError
 from vgpu_operator import versions
 from vgpu_operator.api import VGPUPolicy, VGPUPolicySpec
 from vgpu_operator.observed import Observed
-from vgpu_operator.render import device_plugin, scheduler_conf, scheduler_deployment
+from vgpu_operator.render import device_config, device_plugin, scheduler_conf, scheduler_deployment
 from vgpu_operator.render.inputs import (
     InputError,
     Problem,
@@ -156,7 +156,8 @@ def _scheduler_conf(spec: VGPUPolicySpec, observed: Observed) -> dict[str, Any] 
 
 def check_observed_objects(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:
     """Objects the operator edits must exist and be usable (same checks the renderers make)."""
-    for render in (scheduler_conf.render_scheduler_conf_target,
+    for render in (device_config.render_device_config_target,
+                   scheduler_conf.render_scheduler_conf_target,
                    scheduler_deployment.render_scheduler_deployment_target,
                    device_plugin.render_device_plugin_target):
         target = render(spec, observed)

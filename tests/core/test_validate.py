@@ -1,0 +1,125 @@
+"""Cluster-dependent validation rules: each names the field, the object and the fix."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from vgpu_operator.api import parse_spec
+from vgpu_operator.validate import Problem, errors, validate
+
+from tests.core.support import observe, workload
+
+
+def _problems(spec_dict: dict[str, Any], docs: list[dict[str, Any]]) -> list[Problem]:
+    spec = parse_spec(spec_dict)
+    return validate(spec, observe(docs, spec))
+
+
+def _reasons(problems: list[Problem]) -> set[str]:
+    return {p.reason for p in problems}
+
+
+def _with_images(docs: list[dict[str, Any]], scheduler: str | None = None,
+                 plugin: str | None = None) -> list[dict[str, Any]]:
+    docs = copy.deepcopy(docs)
+    if scheduler:
+        workload(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"] = scheduler
+    if plugin:
+        workload(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"] = plugin
+    return docs
+
+
+CUSTOM = {"resources": {"count": "volcano.sh/gpu"}}
+
+
+def test_default_policy_has_no_errors(cluster_docs: list[dict[str, Any]]) -> None:
+    assert errors(_problems({}, cluster_docs)) == []
+
+
+def test_custom_names_by_volcano_version(cluster_docs: list[dict[str, Any]]) -> None:
+    assert errors(_problems(CUSTOM, cluster_docs)) == []  # fixture runs v1.13.0
+    for tag in ("v1.12.0", "v1.14.4", "v1.15.1", "v1.16.0"):
+        docs = _with_images(cluster_docs, scheduler=f"volcanosh/vc-scheduler:{tag}")
+        found = [p for p in errors(_problems(CUSTOM, docs)) if p.reason == "CustomResourceNamesUnsupported"]
+        assert len(found) == 1, tag
+        assert found[0].field == "spec.resources.count"
+        assert "volcano.sh/vgpu-number" in found[0].message and tag in found[0].message
+    pinned = _problems({**CUSTOM, "scheduler": {"volcanoVersion": "v1.15.0"}},
+                       _with_images(cluster_docs, scheduler="volcanosh/vc-scheduler:latest"))
+    assert errors(pinned) == []
+
+
+def test_current_plugin_needs_volcano_domain(cluster_docs: list[dict[str, Any]]) -> None:
+    docs = _with_images(cluster_docs, plugin="projecthami/volcano-vgpu-device-plugin:v1.12.0")
+    found = errors(_problems({"resources": {"count": "nvidia.com/gpu"}}, docs))
+    assert [(p.field, p.reason) for p in found] == [("spec.resources.count", "ResourceNameOutsideVolcanoDomain")]
+    # the legacy plugin takes any name through its flag
+    assert errors(_problems({"resources": {"count": "nvidia.com/gpu"}}, cluster_docs)) == []
+
+
+def test_gpushare_arguments_conflict(cluster_docs: list[dict[str, Any]]) -> None:
+    conf = ("actions: enqueue\ntiers:\n- plugins:\n  - name: deviceshare\n    arguments:\n"
+            "      deviceshare.GPUSharingEnable: true\n  - name: predicates\n")
+    docs = copy.deepcopy(cluster_docs)
+    next(d for d in docs if d["metadata"]["name"] == "volcano-scheduler-configmap")["data"][
+        "volcano-scheduler.conf"] = conf
+    found = errors(_problems({}, docs))
+    assert [p.reason for p in found] == ["ConflictingDeviceShareArguments"]
+    assert "deviceshare.GPUSharingEnable" in found[0].message and "Remove" in found[0].message
+
+
+def test_predicates_missing_is_a_warning(cluster_docs: list[dict[str, Any]]) -> None:
+    docs = copy.deepcopy(cluster_docs)
+    next(d for d in docs if d["metadata"]["name"] == "volcano-scheduler-configmap")["data"][
+        "volcano-scheduler.conf"] = "actions: allocate\ntiers:\n- plugins:\n  - name: gang\n"
+    problems = _problems({}, docs)
+    assert "PredicatesPluginMissing" in _reasons(problems) and not errors(problems)
+
+
+def test_overlapping_overrides(cluster_docs: list[dict[str, Any]]) -> None:
+    spec = {"nodeOverrides": [
+        {"nodeSelector": {"matchLabels": {"gpu": "on"}}, "deviceSplitCount": 4},
+        {"nodeNames": ["test-app-64-46-msxf"], "operatingMode": "mig"},
+    ]}
+    found = [p for p in errors(_problems(spec, cluster_docs)) if p.reason == "OverlappingNodeOverrides"]
+    assert [p.field for p in found] == ["spec.nodeOverrides[1]"]
+    assert "test-app-64-46-msxf" in found[0].message and "spec.nodeOverrides[0]" in found[0].message
+    disjoint = {"nodeOverrides": [{"nodeNames": ["a"], "deviceSplitCount": 2},
+                                  {"nodeNames": ["b"], "deviceSplitCount": 3}]}
+    assert "OverlappingNodeOverrides" not in _reasons(_problems(disjoint, cluster_docs))
+
+
+def test_gpu_memory_factor_against_largest_gpu(cluster_docs: list[dict[str, Any]]) -> None:
+    found = errors(_problems({"device": {"gpuMemoryFactor": 40000}}, cluster_docs))
+    assert {p.reason for p in found} == {"GPUMemoryFactorTooLarge"}
+    assert any("32607" in p.message for p in found)
+    # the fixture's 8 x 32 GiB node overflows ListAndWatch at factor 1, not at 8
+    assert "ListAndWatchTooLarge" in _reasons(_problems({}, cluster_docs))
+    assert "ListAndWatchTooLarge" not in _reasons(_problems({"device": {"gpuMemoryFactor": 8}}, cluster_docs))
+
+
+def test_target_namespace_the_plugin_reads(cluster_docs: list[dict[str, Any]]) -> None:
+    found = errors(_problems({"targets": {"deviceConfig": {"namespace": "gpu"}}}, cluster_docs))
+    assert [(p.field, p.reason) for p in found] == [("spec.targets.deviceConfig.namespace",
+                                                     "DeviceConfigNamespaceUnread")]
+    assert errors(_problems({"targets": {"deviceConfig": {"namespace": "volcano-system"}}}, cluster_docs)) == []
+
+
+def test_node_config_must_be_mounted(cluster_docs: list[dict[str, Any]]) -> None:
+    problems = _problems({"targets": {"nodeConfig": {"name": "other"}}}, cluster_docs)
+    assert "NodeConfigNotMounted" in _reasons(problems)
+
+
+def test_every_problem_says_what_to_do(cluster_docs: list[dict[str, Any]]) -> None:
+    docs = _with_images(cluster_docs, scheduler="volcanosh/vc-scheduler:v1.16.0")
+    spec = {"resources": {"count": "volcano.sh/gpu"}, "device": {"gpuMemoryFactor": 40000},
+            "scheduler": {"schedulePolicy": "binpack"},
+            "nodeOverrides": [{"nodeNames": ["x"], "operatingMode": "mps", "filterDevices": {"uuid": ["u"]}}]}
+    problems = _problems(spec, docs)
+    assert len(problems) >= 5
+    for p in problems:
+        assert p.field.startswith("spec"), p
+        assert any(w in p.message for w in ("set ", "Set ", "use ", "Use ", "Remove", "remove", "upgrade",
+                                            "Add", "drop", "Narrow", "mount")), p
+    assert problems == sorted(problems, key=lambda p: p.severity != "error")
