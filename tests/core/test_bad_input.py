@@ -42,7 +42,8 @@ def _only_failed(docs: list[dict[str, Any]], spec_dict: dict[str, Any] | None = 
         ("actions: a\ntiers: {plugins: []}\n", "SchedulerConfNoTiers", "tiers"),
     ],
 )
-def test_unusable_scheduler_conf(cluster_docs: list[dict[str, Any]], text: str, reason: str, hint: str) -> None:
+def test_unusable_scheduler_conf(cluster_docs: list[dict[str, Any]], text: str, reason: str,
+                                 hint: str) -> None:
     failed, problems = _only_failed(_set_conf(cluster_docs, text))
     assert failed.kind == "ConfigMap" and failed.name == "volcano-scheduler-configmap"
     assert failed.error.reason == reason
@@ -106,11 +107,12 @@ def test_unreadable_device_config_is_not_overwritten(cluster_docs: list[dict[str
 
 
 def test_missing_objects(cluster_docs: list[dict[str, Any]]) -> None:
-    docs = [d for d in cluster_docs if d["kind"] not in ("Deployment",)]
+    docs = [d for d in cluster_docs if d["kind"] != "Deployment"]
     failed, problems = _only_failed(docs)
     assert failed.error.reason == "SchedulerDeploymentNotFound" and failed.error.severity == "warning"
+    assert failed.error in problems and not errors(problems)
     docs = [d for d in cluster_docs if d["kind"] != "DaemonSet"]
-    failed, problems = _only_failed(docs)
+    failed, _ = _only_failed(docs)
     assert failed.error.reason == "DevicePluginNotFound"
 
 

@@ -77,7 +77,8 @@ def test_restart_matrix(cluster_docs: list[dict[str, Any]]) -> None:
 
 def test_builtin_plugin_is_not_restarted_for_device_config(cluster_docs: list[dict[str, Any]]) -> None:
     docs = copy.deepcopy(cluster_docs)
-    workload(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"] = "x/vgpu-device-plugin:1"
+    plugin = workload(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    plugin["image"] = "x/vgpu-device-plugin:1"
     docs = _converged({}, docs)
     _, base = _hashes({}, docs)
     _, after = _hashes({"resources": {"count": "volcano.sh/gpu"}, "device": {"deviceSplitCount": 3}}, docs)
@@ -116,7 +117,8 @@ def test_patches_are_minimal_and_guarded(cluster_docs: list[dict[str, Any]]) -> 
 
 
 def test_missing_configmaps_are_created(cluster_docs: list[dict[str, Any]]) -> None:
-    docs = [d for d in cluster_docs if d["kind"] != "ConfigMap" or d["metadata"]["namespace"] != "kube-system"]
+    docs = [d for d in cluster_docs
+            if d["kind"] != "ConfigMap" or d["metadata"]["namespace"] != "kube-system"]
     result = _render({}, docs)
     created = result.target("ConfigMap", "volcano-vgpu-device-config")
     assert created.live is None and created.changed
@@ -171,6 +173,6 @@ def test_existing_deviceshare_arguments_updated_in_place(seed001_docs: list[dict
     names = [p["name"] for p in conf["tiers"][1]["plugins"]]
     assert names == ["drf", "deviceshare", "predicates", "capacity-card", "nodeorder", "binpack"]
     args = conf["tiers"][1]["plugins"][1]["arguments"]
-    assert list(args)[0] == "deviceshare.VGPUEnable"  # kept its position
+    assert next(iter(args)) == "deviceshare.VGPUEnable"  # kept its position
     assert args["deviceshare.ScheduleWeight"] == 5 and args["deviceshare.SchedulePolicy"] == "spread"
     assert args["deviceshare.KnownGeometriesCMNamespace"] == "kube-system"

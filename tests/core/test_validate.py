@@ -53,7 +53,8 @@ def test_custom_names_by_volcano_version(cluster_docs: list[dict[str, Any]]) -> 
 def test_current_plugin_needs_volcano_domain(cluster_docs: list[dict[str, Any]]) -> None:
     docs = _with_images(cluster_docs, plugin="projecthami/volcano-vgpu-device-plugin:v1.12.0")
     found = errors(_problems({"resources": {"count": "nvidia.com/gpu"}}, docs))
-    assert [(p.field, p.reason) for p in found] == [("spec.resources.count", "ResourceNameOutsideVolcanoDomain")]
+    assert [(p.field, p.reason) for p in found] == [("spec.resources.count",
+                                                     "ResourceNameOutsideVolcanoDomain")]
     # the legacy plugin takes any name through its flag
     assert errors(_problems({"resources": {"count": "nvidia.com/gpu"}}, cluster_docs)) == []
 
@@ -103,7 +104,8 @@ def test_target_namespace_the_plugin_reads(cluster_docs: list[dict[str, Any]]) -
     found = errors(_problems({"targets": {"deviceConfig": {"namespace": "gpu"}}}, cluster_docs))
     assert [(p.field, p.reason) for p in found] == [("spec.targets.deviceConfig.namespace",
                                                      "DeviceConfigNamespaceUnread")]
-    assert errors(_problems({"targets": {"deviceConfig": {"namespace": "volcano-system"}}}, cluster_docs)) == []
+    other = {"targets": {"deviceConfig": {"namespace": "volcano-system"}}}
+    assert errors(_problems(other, cluster_docs)) == []
 
 
 def test_node_config_must_be_mounted(cluster_docs: list[dict[str, Any]]) -> None:

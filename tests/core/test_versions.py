@@ -8,7 +8,8 @@ import pytest
 from vgpu_operator import versions as v
 
 
-def _workload(image: str, name: str = "volcano-device-plugin", command: list[str] | None = None) -> dict[str, Any]:
+def _workload(image: str, name: str = "volcano-device-plugin",
+              command: list[str] | None = None) -> dict[str, Any]:
     container: dict[str, Any] = {"name": name, "image": image}
     if command:
         container["command"] = command
