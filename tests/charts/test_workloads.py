@@ -1,0 +1,211 @@
+"""The operator Deployment and the device plugin DaemonSet as rendered: what they run, with which
+arguments (parsed by the real entry points), on which nodes, with which privileges and paths."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.charts import chart
+from tests.charts.conftest import Renders
+
+Obj = dict[str, Any]
+HOST_PATHS = {"/usr/local/vgpu", "/tmp/vgpu/containers", "/tmp/vgpulock", "/var/lib/kubelet/device-plugins"}
+
+
+def pod_spec(objs: list[Obj], kind: str) -> Obj:
+    spec: Obj = chart.one(objs, kind)["spec"]["template"]["spec"]
+    return spec
+
+
+def container(spec: Obj, name: str) -> Obj:
+    return next(c for c in spec["containers"] if c["name"] == name)
+
+
+def service_named(objs: list[Obj], suffix: str) -> Obj:
+    return next(s for s in chart.of_kind(objs, "Service") if s["metadata"]["name"].endswith(suffix))
+
+
+def expand_env(args: list[str], **env: str) -> list[str]:
+    """Substitute $(VAR) the way the kubelet does."""
+    out = []
+    for arg in args:
+        for key, value in env.items():
+            arg = arg.replace(f"$({key})", value)
+        out.append(arg)
+    return out
+
+
+def watched_namespaces(objs: list[Obj]) -> set[str]:
+    """Namespaces where the operator's Role lets kopf list ConfigMaps."""
+    return {r["metadata"]["namespace"] for r in chart.of_kind(objs, "Role")
+            if r["metadata"]["name"] == "vgpu-vgpu-operator"
+            and any("configmaps" in rule["resources"] and "list" in rule["verbs"] for rule in r["rules"])}
+
+
+# ---- operator ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", ["default", "ha", "adopt", "full"])
+def test_operator_watches_exactly_where_it_is_granted(renders: Renders, profile: str) -> None:
+    settings = pytest.importorskip("vgpu_operator.settings")
+    objs = renders(profile)
+    args = container(pod_spec(objs, "Deployment"), "operator")["args"]
+    parsed = settings.parse_args(args)
+    assert set(parsed.namespaces) == watched_namespaces(objs)
+    assert len(parsed.namespaces) == len(set(parsed.namespaces))
+    assert parsed.liveness_port == 8080 and parsed.metrics_port == 9090
+
+
+def test_operator_standalone_by_default(default_objects: list[Obj]) -> None:
+    deployment = chart.one(default_objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    args = container(pod_spec(default_objects, "Deployment"), "operator")["args"]
+    assert "--standalone" in args and not any(a.startswith("--peering") for a in args)
+    assert sorted(a for a in args if a.startswith("--namespace")) == [
+        "--namespace=kube-system", f"--namespace={chart.NAMESPACE}", "--namespace=volcano-system"]
+    assert not chart.of_kind(default_objects, "KopfPeering")
+
+
+def test_operator_ha_peers_in_every_watched_namespace(renders: Renders) -> None:
+    objs = renders("ha")
+    assert chart.one(objs, "Deployment")["spec"]["replicas"] == 2
+    args = container(pod_spec(objs, "Deployment"), "operator")["args"]
+    assert "--peering=vgpu-operator" in args and "--standalone" not in args
+    peerings = {(p["metadata"]["namespace"], p["metadata"]["name"])
+                for p in chart.of_kind(objs, "KopfPeering")}
+    assert peerings == {(ns, "vgpu-operator") for ns in watched_namespaces(objs)}
+    assert chart.one(objs, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    anti = pod_spec(objs, "Deployment")["affinity"]["podAntiAffinity"]
+    assert anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    env = {e["name"]: e for e in container(pod_spec(objs, "Deployment"), "operator")["env"]}
+    assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_operator_probes_hit_kopf_health_endpoint(default_objects: list[Obj]) -> None:
+    operator = container(pod_spec(default_objects, "Deployment"), "operator")
+    ports = {p["name"]: p["containerPort"] for p in operator["ports"]}
+    for probe in ("livenessProbe", "readinessProbe"):
+        get = operator[probe]["httpGet"]
+        assert get["path"] == "/healthz" and ports[get["port"]] == 8080
+    service = service_named(default_objects, "-metrics")
+    assert [ports[p["targetPort"]] for p in service["spec"]["ports"]] == [9090]
+
+
+def test_operator_runs_locked_down(default_objects: list[Obj]) -> None:
+    spec = pod_spec(default_objects, "Deployment")
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] != 0
+    sc = container(spec, "operator")["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "privileged" not in sc
+
+
+@pytest.mark.parametrize("profile", list(chart.PROFILES))
+def test_every_container_has_requests_and_limits(renders: Renders, profile: str) -> None:
+    for kind in ("Deployment", "DaemonSet"):
+        for obj in chart.of_kind(renders(profile), kind):
+            spec = obj["spec"]["template"]["spec"]
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                assert set(c["resources"]["requests"]) == {"cpu", "memory"}, c["name"]
+                assert set(c["resources"]["limits"]) == {"cpu", "memory"}, c["name"]
+
+
+# ---- device plugin ----------------------------------------------------------------------------
+
+
+def test_plugin_runs_on_vgpu_nodes_as_in_the_guides(default_objects: list[Obj]) -> None:
+    spec = pod_spec(default_objects, "DaemonSet")
+    assert spec["nodeSelector"] == {"volcano.sh/vgpu.enabled": "true"}
+    keys = {t["key"] for t in spec["tolerations"]}
+    assert {"volcano.sh/vgpu", "nvidia.com/gpu", "CriticalAddonsOnly"} <= keys
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert not spec.get("hostNetwork") and not spec.get("hostPID")
+
+
+@pytest.mark.parametrize("profile", ["default", "mock-gpus", "full"])
+def test_plugin_arguments_are_accepted_by_the_plugin(renders: Renders, profile: str) -> None:
+    main = pytest.importorskip("vgpu_deviceplugin.main")
+    plugin = container(pod_spec(renders(profile), "DaemonSet"), "device-plugin")
+    assert plugin["command"] == ["deviceplugin"]
+    args = main.parser().parse_args(expand_env(plugin["args"], NODE_NAME="gpu-node-1"))
+    assert args.node_name == "gpu-node-1"
+    assert args.device_config_name == "volcano-vgpu-device-config"
+    assert args.device_config_namespace == "kube-system"
+    assert (args.node_config_name, args.node_config_namespace) == ("volcano-vgpu-node-config", "kube-system")
+    assert args.hook_path == "/usr/local/vgpu"
+    assert args.device_plugin_dir == "/var/lib/kubelet/device-plugins"
+    assert args.mock_gpus == chart.PROFILES[profile].get("devicePlugin", {}).get("mockGpus")
+
+
+def test_plugin_paths_match_the_plugin_defaults(default_objects: list[Obj]) -> None:
+    config = pytest.importorskip("vgpu_deviceplugin.config")
+    # The plugin hands these to the kubelet as host paths: the chart must mount them 1:1.
+    assert {config.DEFAULT_HOOK_PATH, f"{config.DEFAULT_CACHE_ROOT}/containers", config.DEFAULT_LOCK_DIR,
+            config.DEFAULT_DEVICE_PLUGIN_DIR} == HOST_PATHS
+
+
+def test_host_paths_are_mounted_at_the_same_path(default_objects: list[Obj]) -> None:
+    spec = pod_spec(default_objects, "DaemonSet")
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert set(host.values()) == HOST_PATHS
+    for c in spec["initContainers"] + spec["containers"]:
+        for mount in c["volumeMounts"]:
+            if mount["name"] in host:
+                assert mount["mountPath"] == host[mount["name"]], (c["name"], mount)
+    plugin = container(spec, "device-plugin")
+    hook = next(m for m in plugin["volumeMounts"] if m["mountPath"] == "/usr/local/vgpu")
+    assert hook["readOnly"] is True, "only install-hook writes the host's hook directory"
+
+
+def test_install_hook_replaces_files_atomically(default_objects: list[Obj]) -> None:
+    (init,) = pod_spec(default_objects, "DaemonSet")["initContainers"]
+    script = " ".join(init["args"])
+    assert "libvgpu.so ld.so.preload" in script and "/k8s-vgpu/lib/" in script
+    assert "mv -f" in script, "cp over a mapped library corrupts running workloads; rename instead"
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert init["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_plugin_is_unprivileged_unless_asked(renders: Renders) -> None:
+    plugin = container(pod_spec(renders("default"), "DaemonSet"), "device-plugin")
+    sc = plugin["securityContext"]
+    assert not sc.get("privileged") and sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    env = {e["name"]: e.get("value") for e in plugin["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+
+    spec = pod_spec(renders("privileged-plugin"), "DaemonSet")
+    assert container(spec, "device-plugin")["securityContext"]["privileged"] is True
+    assert spec["runtimeClassName"] == "nvidia"
+
+
+@pytest.mark.parametrize("profile", ["default", "privileged-plugin"])
+def test_monitor_is_never_privileged(renders: Renders, profile: str) -> None:
+    monitor = container(pod_spec(renders(profile), "DaemonSet"), "monitor")
+    sc = monitor["securityContext"]
+    assert not sc.get("privileged") and sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert {m["mountPath"] for m in monitor["volumeMounts"]} == {"/tmp/vgpu/containers", "/tmp"}
+    assert monitor["command"] == ["vgpu-monitor"]
+    assert expand_env(monitor["args"], NODE_NAME="n1") == [
+        "--port=9394", "--containers-dir=/tmp/vgpu/containers", "--node-name=n1"]
+
+
+def test_monitor_can_be_left_out(renders: Renders) -> None:
+    objs = renders("no-monitor")
+    assert [c["name"] for c in pod_spec(objs, "DaemonSet")["containers"]] == ["device-plugin"]
+    assert not [s for s in chart.of_kind(objs, "Service") if s["metadata"]["name"].endswith("-monitor")]
+
+
+def test_monitor_service_scrapes_every_node(default_objects: list[Obj]) -> None:
+    service = service_named(default_objects, "-monitor")
+    assert service["spec"]["clusterIP"] == "None"
+    daemonset = chart.one(default_objects, "DaemonSet")
+    pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
