@@ -477,11 +477,14 @@ def diagnose_pod(facts: ClusterFacts, pod: Obj) -> PodDiagnosis:
         causes.append(f"an init container asks for {sched['count']}: it consumes the first app container's "
                       "devices and the next Allocate fails")
         fixes.append("remove vGPU resources from init containers")
-    if not causes:
+    found = bool(causes)
+    if not found:
         causes.append("no cause found in the configuration: the four places agree for this pod")
-    fix = "; ".join(dict.fromkeys(fixes)) if fixes else ""
-    if len(causes) > 1 or fixes:
-        fix = (fix + "; or " if fix else "") + APPLY_POLICY
+    if status.get("phase") == "Failed":
+        fixes.append("then delete and recreate the pod: a Failed pod is not retried")
+    fix = "; ".join(dict.fromkeys(fixes))
+    if found:
+        fix = APPLY_POLICY + (f"; or by hand: {fix}" if fix else "")
     return PodDiagnosis(pod=pod_key(pod), state=state, requests=requests, causes=causes, fix=fix)
 
 
