@@ -113,11 +113,12 @@ static void after_load(void)
     vgpu_throttle_init();
 }
 
-/* Every wrapper starts here: the real driver must be known (NULL stays NULL, never called). */
-static int ready(const void *real_fn)
+/* Every wrapper starts with ready() || real.fn == NULL: the real driver is loaded first, and a
+ * function it lacks is answered with an error, never called through NULL. */
+static int ready(void)
 {
     vgpu_lib_ensure(&vgpu_cuda_lib);
-    return real_fn != NULL;
+    return 1;
 }
 
 /* The device of the calling thread's current context, or -1 (no context, out of range). */
@@ -152,7 +153,7 @@ static void record_uuids(void)
 
 VGPU_EXPORT CUresult cuInit(unsigned int flags)
 {
-    if (!ready(real.cuInit))
+    if (!ready() || real.cuInit == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real.cuInit(flags);
     if (rc == CUDA_SUCCESS)
@@ -174,7 +175,7 @@ static void swap_for_wrapper(CUresult rc, void **pfn)
 VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
                                       cuuint64_t flags)
 {
-    if (!ready(real.cuGetProcAddress))
+    if (!ready() || real.cuGetProcAddress == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real.cuGetProcAddress(symbol, pfn, version, flags);
     swap_for_wrapper(rc, pfn);
@@ -184,7 +185,7 @@ VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int versio
 VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
                                          cuuint64_t flags, CUdriverProcAddressQueryResult *status)
 {
-    if (!ready(real.cuGetProcAddress_v2))
+    if (!ready() || real.cuGetProcAddress_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real.cuGetProcAddress_v2(symbol, pfn, version, flags, status);
     swap_for_wrapper(rc, pfn);
@@ -232,13 +233,14 @@ static CUresult forget_after(CUresult (*free_fn)(void *ctx, uint64_t key), void 
 
 VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
 {
-    if (!ready(real.cuMemAlloc_v2))
+    if (!ready() || real.cuMemAlloc_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     int dev = current_device();
     if (!admit(dev, bytes, "cuMemAlloc"))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUdeviceptr ptr = 0;
-    CUresult rc = settle(real.cuMemAlloc_v2(&ptr, bytes), VGPU_KIND_POINTER, ptr, dev, bytes);
+    CUresult rc = real.cuMemAlloc_v2(&ptr, bytes);
+    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, bytes);
     if (rc == CUDA_SUCCESS && dptr != NULL)
         *dptr = ptr;
     return rc;
@@ -252,22 +254,22 @@ static CUresult free_pointer(void *unused, uint64_t key)
 
 VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    if (!ready(real.cuMemFree_v2))
+    if (!ready() || real.cuMemFree_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     return forget_after(free_pointer, NULL, VGPU_KIND_POINTER, dptr);
 }
 
 VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags)
 {
-    if (!ready(real.cuMemAllocManaged))
+    if (!ready() || real.cuMemAllocManaged == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     /* Counted on the current device: conservative, managed memory may live on the GPU. */
     int dev = current_device();
     if (!admit(dev, bytes, "cuMemAllocManaged"))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUdeviceptr ptr = 0;
-    CUresult rc = settle(real.cuMemAllocManaged(&ptr, bytes, flags), VGPU_KIND_POINTER, ptr, dev,
-                         bytes);
+    CUresult rc = real.cuMemAllocManaged(&ptr, bytes, flags);
+    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, bytes);
     if (rc == CUDA_SUCCESS && dptr != NULL)
         *dptr = ptr;
     return rc;
@@ -276,7 +278,7 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned
 VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
                                         size_t height, unsigned int elem)
 {
-    if (!ready(real.cuMemAllocPitch_v2))
+    if (!ready() || real.cuMemAllocPitch_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     int dev = current_device();
     uint64_t estimate = (uint64_t)((width + 511) & ~(size_t)511) * height;
@@ -326,7 +328,7 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, unsigned channels, CUa
 
 VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
-    if (!ready(real.cuArrayCreate_v2))
+    if (!ready() || real.cuArrayCreate_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     int dev = desc != NULL ? current_device() : -1;
     uint64_t bytes = dev >= 0 ? array_bytes(desc->Width, desc->Height, 1, desc->NumChannels,
@@ -334,8 +336,8 @@ VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPT
     if (!admit(dev, bytes, "cuArrayCreate"))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUarray array = NULL;
-    CUresult rc = settle(real.cuArrayCreate_v2(&array, desc), VGPU_KIND_ARRAY,
-                         (uint64_t)(uintptr_t)array, dev, bytes);
+    CUresult rc = real.cuArrayCreate_v2(&array, desc);
+    rc = settle(rc, VGPU_KIND_ARRAY, (uint64_t)(uintptr_t)array, dev, bytes);
     if (rc == CUDA_SUCCESS && handle != NULL)
         *handle = array;
     return rc;
@@ -343,7 +345,7 @@ VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPT
 
 VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *handle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
-    if (!ready(real.cuArray3DCreate_v2))
+    if (!ready() || real.cuArray3DCreate_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     int dev = desc != NULL ? current_device() : -1;
     uint64_t bytes = dev >= 0 ? array_bytes(desc->Width, desc->Height, desc->Depth,
@@ -351,8 +353,8 @@ VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *handle, const CUDA_ARRAY3D_DESC
     if (!admit(dev, bytes, "cuArray3DCreate"))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUarray array = NULL;
-    CUresult rc = settle(real.cuArray3DCreate_v2(&array, desc), VGPU_KIND_ARRAY,
-                         (uint64_t)(uintptr_t)array, dev, bytes);
+    CUresult rc = real.cuArray3DCreate_v2(&array, desc);
+    rc = settle(rc, VGPU_KIND_ARRAY, (uint64_t)(uintptr_t)array, dev, bytes);
     if (rc == CUDA_SUCCESS && handle != NULL)
         *handle = array;
     return rc;
@@ -366,7 +368,7 @@ static CUresult destroy_array(void *unused, uint64_t key)
 
 VGPU_EXPORT CUresult cuArrayDestroy(CUarray array)
 {
-    if (!ready(real.cuArrayDestroy))
+    if (!ready() || real.cuArrayDestroy == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     return forget_after(destroy_array, NULL, VGPU_KIND_ARRAY, (uint64_t)(uintptr_t)array);
 }
@@ -374,7 +376,7 @@ VGPU_EXPORT CUresult cuArrayDestroy(CUarray array)
 VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
-    if (!ready(real.cuMemCreate))
+    if (!ready() || real.cuMemCreate == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     /* The device is the one the properties name, never the current context's (threads that
      * create VMM memory often have none). Host and invalid locations are not counted. */
@@ -385,8 +387,8 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t by
     if (!admit(dev, bytes, "cuMemCreate"))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUmemGenericAllocationHandle h = 0;
-    CUresult rc = settle(real.cuMemCreate(&h, bytes, prop, flags), VGPU_KIND_HANDLE, h, dev,
-                         bytes);
+    CUresult rc = real.cuMemCreate(&h, bytes, prop, flags);
+    rc = settle(rc, VGPU_KIND_HANDLE, h, dev, bytes);
     if (rc == CUDA_SUCCESS && handle != NULL)
         *handle = h;
     return rc;
@@ -400,7 +402,7 @@ static CUresult release_handle(void *unused, uint64_t key)
 
 VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    if (!ready(real.cuMemRelease))
+    if (!ready() || real.cuMemRelease == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     return forget_after(release_handle, NULL, VGPU_KIND_HANDLE, handle);
 }
@@ -409,13 +411,14 @@ VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
  * alloc call to the free call (not the pool's reserve, which the driver may keep). */
 static CUresult alloc_async(alloc_async_fn fn, CUdeviceptr *dptr, size_t bytes, CUstream stream)
 {
-    if (!ready(fn))
+    if (!ready() || fn == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     int dev = current_device();
     if (!admit(dev, bytes, "cuMemAllocAsync"))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUdeviceptr ptr = 0;
-    CUresult rc = settle(fn(&ptr, bytes, stream), VGPU_KIND_POINTER, ptr, dev, bytes);
+    CUresult rc = fn(&ptr, bytes, stream);
+    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, bytes);
     if (rc == CUDA_SUCCESS && dptr != NULL)
         *dptr = ptr;
     return rc;
@@ -436,13 +439,14 @@ VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstr
 static CUresult alloc_pool(alloc_pool_fn fn, CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
                            CUstream stream)
 {
-    if (!ready(fn))
+    if (!ready() || fn == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     int dev = current_device();
     if (!admit(dev, bytes, "cuMemAllocFromPoolAsync"))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUdeviceptr ptr = 0;
-    CUresult rc = settle(fn(&ptr, bytes, pool, stream), VGPU_KIND_POINTER, ptr, dev, bytes);
+    CUresult rc = fn(&ptr, bytes, pool, stream);
+    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, bytes);
     if (rc == CUDA_SUCCESS && dptr != NULL)
         *dptr = ptr;
     return rc;
@@ -475,7 +479,7 @@ static CUresult free_async(void *ctx, uint64_t key)
 
 VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
-    if (!ready(real.cuMemFreeAsync))
+    if (!ready() || real.cuMemFreeAsync == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct async_free f = {real.cuMemFreeAsync, stream};
     return forget_after(free_async, &f, VGPU_KIND_POINTER, dptr);
@@ -483,7 +487,7 @@ VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 
 VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 {
-    if (!ready(real.cuMemFreeAsync_ptsz))
+    if (!ready() || real.cuMemFreeAsync_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct async_free f = {real.cuMemFreeAsync_ptsz, stream};
     return forget_after(free_async, &f, VGPU_KIND_POINTER, dptr);
@@ -493,7 +497,7 @@ VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 
 VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
-    if (!ready(real.cuMemGetInfo_v2))
+    if (!ready() || real.cuMemGetInfo_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     size_t phys_free = 0, phys_total = 0;
     CUresult rc = real.cuMemGetInfo_v2(&phys_free, &phys_total);
@@ -517,7 +521,7 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 
 VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    if (!ready(real.cuDeviceTotalMem_v2))
+    if (!ready() || real.cuDeviceTotalMem_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real.cuDeviceTotalMem_v2(bytes, dev);
     if (rc == CUDA_SUCCESS && bytes != NULL && dev >= 0 && dev < VGPU_REGION_MAX_DEVICES) {
@@ -546,7 +550,7 @@ VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsi
                                     unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                     CUstream stream, void **params, void **extra)
 {
-    if (!ready(real.cuLaunchKernel))
+    if (!ready() || real.cuLaunchKernel == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz));
     return real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
@@ -556,7 +560,7 @@ VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
                                          unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                          CUstream stream, void **params, void **extra)
 {
-    if (!ready(real.cuLaunchKernel_ptsz))
+    if (!ready() || real.cuLaunchKernel_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz));
     return real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
@@ -565,7 +569,7 @@ VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
 VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
                                       void **extra)
 {
-    if (!ready(real.cuLaunchKernelEx))
+    if (!ready() || real.cuLaunchKernelEx == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (config != NULL)
         gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ));
@@ -575,7 +579,7 @@ VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f
 VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
                                            void **params, void **extra)
 {
-    if (!ready(real.cuLaunchKernelEx_ptsz))
+    if (!ready() || real.cuLaunchKernelEx_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (config != NULL)
         gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ));
@@ -587,7 +591,7 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsign
                                                unsigned bz, unsigned shmem, CUstream stream,
                                                void **params)
 {
-    if (!ready(real.cuLaunchCooperativeKernel))
+    if (!ready() || real.cuLaunchCooperativeKernel == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz));
     return real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
@@ -598,7 +602,7 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
                                                     unsigned bz, unsigned shmem, CUstream stream,
                                                     void **params)
 {
-    if (!ready(real.cuLaunchCooperativeKernel_ptsz))
+    if (!ready() || real.cuLaunchCooperativeKernel_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz));
     return real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
@@ -607,7 +611,7 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
 /* A graph's work is unknown here: it costs one token, so it waits whenever the bucket is dry. */
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
 {
-    if (!ready(real.cuGraphLaunch))
+    if (!ready() || real.cuGraphLaunch == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(1);
     return real.cuGraphLaunch(exec, stream);
@@ -615,7 +619,7 @@ VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
 
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
 {
-    if (!ready(real.cuGraphLaunch_ptsz))
+    if (!ready() || real.cuGraphLaunch_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(1);
     return real.cuGraphLaunch_ptsz(exec, stream);

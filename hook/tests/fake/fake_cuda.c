@@ -17,6 +17,18 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
+/* Exports cuda.h does not declare in this configuration. */
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, CUstream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
+CUresult cuMemAdvise(CUdeviceptr, size_t, CUmem_advise, CUdevice);
+CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, CUstream, void **, void **);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *, CUfunction, void **, void **);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                                        unsigned, unsigned, unsigned, CUstream, void **);
+CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
+
 enum { MAX_DEVICES = 8, TABLE_SIZE = 1 << 20 };
 
 struct fake_device {
@@ -349,6 +361,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return fake_free(handle); }
 
+/* The fake never calls its own exports: under libvgpu those calls would reach the wrappers. */
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream)
 {
     (void)stream;
@@ -357,8 +370,9 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream)
 {
+    (void)stream;
     __atomic_add_fetch(&fake_cuda_stats.async_ptsz_calls, 1, __ATOMIC_RELAXED);
-    return cuMemAllocAsync(dptr, bytes, stream);
+    return alloc_current(dptr, bytes, "cuMemAllocAsync");
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
@@ -372,8 +386,10 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemor
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
                                              CUstream stream)
 {
+    (void)pool;
+    (void)stream;
     __atomic_add_fetch(&fake_cuda_stats.async_ptsz_calls, 1, __ATOMIC_RELAXED);
-    return cuMemAllocFromPoolAsync(dptr, bytes, pool, stream);
+    return alloc_current(dptr, bytes, "cuMemAllocFromPoolAsync");
 }
 
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
@@ -384,8 +400,9 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 {
+    (void)stream;
     __atomic_add_fetch(&fake_cuda_stats.async_ptsz_calls, 1, __ATOMIC_RELAXED);
-    return cuMemFreeAsync(dptr, stream);
+    return fake_free(dptr);
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
@@ -593,8 +610,8 @@ static const struct proc *select_proc(const char *symbol, int version, int per_t
     return per_thread && best_pt != NULL ? best_pt : best;
 }
 
-EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
-                                    cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+static CUresult get_proc(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                         CUdriverProcAddressQueryResult *status)
 {
     if (symbol == NULL || pfn == NULL)
         return CUDA_ERROR_INVALID_VALUE;
@@ -610,9 +627,15 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
     return p != NULL ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                                    cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+{
+    return get_proc(symbol, pfn, version, flags, status);
+}
+
 EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
 {
-    return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+    return get_proc(symbol, pfn, version, flags, NULL);
 }
 
 EXPORT void *fake_cuda_entry(const char *name)

@@ -1,0 +1,47 @@
+#!/bin/sh
+# run.sh BUILD LIBVGPU - runs every C test with LIBVGPU preloaded over the fake driver.
+# Each test gets its own shared-region file in a fresh temporary folder.
+set -u
+build=$1
+lib=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
+tmp=$(mktemp -d /tmp/vgpu-test.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+preload=$lib
+if [ "${VGPU_SANITIZED:-0}" = 1 ]; then
+    # The sanitizer runtime must come first in the preload list.
+    preload="$(${CC:-cc} -print-file-name=libasan.so) $lib"
+    export ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0
+    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+fi
+export LD_LIBRARY_PATH="$build/fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+failed=0
+
+# run NAME ENV... -- COMMAND...: one test with its own region file, env and preload.
+run() {
+    name=$1; shift
+    start=$(date +%s)
+    if env CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/$name.cache" LD_PRELOAD="$preload" "$@" \
+        >"$tmp/$name.log" 2>&1; then
+        echo "PASS $name ($(( $(date +%s) - start )) s, $(grep -c '^ok' "$tmp/$name.log") checks)"
+    else
+        echo "FAIL $name"; cat "$tmp/$name.log"; failed=1
+    fi
+}
+
+run limits "$build/tests/test_limits"
+run control "$build/tests/test_control"
+run alloc CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m "$build/tests/test_alloc"
+run alloc-uncapped "$build/tests/test_alloc" uncapped
+run procaddr CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_procaddr"
+run multiproc CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" fork-kill
+run hammer CUDA_DEVICE_MEMORY_LIMIT=256m HAMMER_SECONDS="${HAMMER_SECONDS:-10}" \
+    "$build/tests/test_multiproc" hammer &
+hammer=$!
+run throttle-30 CUDA_DEVICE_SM_LIMIT=30 "$build/tests/test_throttle" 30 &
+throttle=$!
+wait $throttle || failed=1
+run throttle-60 CUDA_DEVICE_SM_LIMIT=60 "$build/tests/test_throttle" 60
+run throttle-none "$build/tests/test_throttle" none
+wait $hammer || failed=1
+[ $failed = 0 ] && echo "hook tests: all passed" || echo "hook tests: FAILED"
+exit $failed

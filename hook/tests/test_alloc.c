@@ -1,0 +1,275 @@
+/* test_alloc.c - single-process accounting and reporting, run with libvgpu.so preloaded over
+ * the fake driver, CUDA_DEVICE_MEMORY_LIMIT=1g and CUDA_DEVICE_MEMORY_LIMIT_1=512m.
+ * "uncapped" as argv[1]: the same program with no limit set (reporting must pass through). */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <nvml.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "check.h"
+#include "fake_state.h"
+
+#undef cuMemAdvise
+
+static const uint64_t MiB = UINT64_C(1) << 20;
+static CUcontext ctx[2];
+
+static uint64_t container_used(void)
+{
+    size_t free_b = 0, total_b = 0;
+    cuMemGetInfo_v2(&free_b, &total_b);
+    return total_b - free_b;
+}
+
+static void use_device(int dev) { cuCtxSetCurrent(ctx[dev]); }
+
+static void basic_cap(void)
+{
+    CUdeviceptr a = 0, b = 0xabc;
+    check(cuMemAlloc_v2(&a, 600 * MiB) == CUDA_SUCCESS && a != 0, "600 MiB under a 1 GiB cap");
+    size_t free_b, total_b;
+    cuMemGetInfo_v2(&free_b, &total_b);
+    check(total_b == 1024 * MiB && free_b == 424 * MiB,
+          "cuMemGetInfo reports the cap: free %zu MiB of %zu MiB", free_b / MiB, total_b / MiB);
+    capture_begin();
+    CUresult rc = cuMemAlloc_v2(&b, 600 * MiB);
+    const char *log = capture_end();
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY, "a second 600 MiB is refused with OOM (rc %d)", rc);
+    check(b == 0xabc, "the caller's pointer is untouched on refusal");
+    check(fake_cuda_device_used(0) == 600 * MiB, "the driver was not asked for the refused bytes");
+    check(strstr(log, "cuMemAlloc: device 0 out of memory") != NULL, "the refusal is logged: %s",
+          log);
+    check(cuMemFree_v2(a) == CUDA_SUCCESS && container_used() == 0, "free returns the memory");
+    check(cuMemAlloc_v2(&a, 1024 * MiB) == CUDA_SUCCESS, "exactly the cap fits");
+    check(cuMemAlloc_v2(&b, 1) == CUDA_ERROR_OUT_OF_MEMORY, "one byte more does not");
+    cuMemFree_v2(a);
+}
+
+static void device_totals(void)
+{
+    size_t bytes = 0;
+    check(cuDeviceTotalMem_v2(&bytes, 0) == CUDA_SUCCESS && bytes == 1024 * MiB,
+          "cuDeviceTotalMem device 0 = 1024 MiB (%zu)", bytes / MiB);
+    check(cuDeviceTotalMem_v2(&bytes, 1) == CUDA_SUCCESS && bytes == 512 * MiB,
+          "cuDeviceTotalMem device 1 = 512 MiB (%zu)", bytes / MiB);
+    size_t total_only = 0, free_only = 0;
+    check(cuMemGetInfo_v2(NULL, &total_only) == CUDA_SUCCESS && total_only == 1024 * MiB,
+          "cuMemGetInfo with a NULL free pointer");
+    check(cuMemGetInfo_v2(&free_only, NULL) == CUDA_SUCCESS && free_only == 1024 * MiB,
+          "cuMemGetInfo with a NULL total pointer");
+}
+
+static void families(void)
+{
+    CUdeviceptr p = 0;
+    size_t pitch = 0;
+    check(cuMemAllocPitch_v2(&p, &pitch, 1000, 1000, 4) == CUDA_SUCCESS && pitch == 1024,
+          "pitch allocation (pitch %zu)", pitch);
+    check(container_used() == 1024 * 1000, "pitch counted from the returned pitch (%llu)",
+          (unsigned long long)container_used());
+    cuMemFree_v2(p);
+    check(container_used() == 0, "pitch allocation freed");
+
+    check(cuMemAllocManaged(&p, 100 * MiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS &&
+          container_used() == 100 * MiB, "managed allocation counted");
+    check(cuMemAllocManaged(&p, 1000 * MiB, CU_MEM_ATTACH_GLOBAL) == CUDA_ERROR_OUT_OF_MEMORY,
+          "managed allocation over the cap refused");
+    cuMemFree_v2(p);
+
+    CUarray arr = NULL;
+    CUDA_ARRAY_DESCRIPTOR d2 = {.Width = 1024, .Height = 1024, .Format = CU_AD_FORMAT_FLOAT,
+                                .NumChannels = 4};
+    check(cuArrayCreate_v2(&arr, &d2) == CUDA_SUCCESS && container_used() == 16 * MiB,
+          "2D array counted (16 MiB)");
+    check(cuArrayDestroy(arr) == CUDA_SUCCESS && container_used() == 0, "array destroyed");
+    CUDA_ARRAY3D_DESCRIPTOR d3 = {.Width = 1024, .Height = 1024, .Depth = 2048,
+                                  .Format = CU_AD_FORMAT_UNSIGNED_INT8, .NumChannels = 1};
+    check(cuArray3DCreate_v2(&arr, &d3) == CUDA_ERROR_OUT_OF_MEMORY, "2 GiB 3D array refused");
+    d3.Depth = 256;
+    check(cuArray3DCreate_v2(&arr, &d3) == CUDA_SUCCESS && container_used() == 256 * MiB,
+          "3D array counted");
+    cuArrayDestroy(arr);
+
+    check(cuMemAllocAsync(&p, 64 * MiB, NULL) == CUDA_SUCCESS && container_used() == 64 * MiB,
+          "stream-ordered allocation counted");
+    check(cuMemFreeAsync(p, NULL) == CUDA_SUCCESS && container_used() == 0, "async free");
+    check(cuMemAllocFromPoolAsync(&p, 2048 * MiB, NULL, NULL) == CUDA_ERROR_OUT_OF_MEMORY,
+          "pool allocation over the cap refused");
+    check(cuMemAllocFromPoolAsync(&p, 32 * MiB, NULL, NULL) == CUDA_SUCCESS &&
+          container_used() == 32 * MiB, "pool allocation counted");
+    check(cuMemFree_v2(p) == CUDA_SUCCESS && container_used() == 0,
+          "a pool allocation freed synchronously is released too");
+
+    typedef CUresult (*async_fn)(CUdeviceptr *, size_t, CUstream);
+    typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
+    async_fn alloc_ptsz = (async_fn)dlsym(RTLD_DEFAULT, "cuMemAllocAsync_ptsz");
+    free_async_fn free_ptsz = (free_async_fn)dlsym(RTLD_DEFAULT, "cuMemFreeAsync_ptsz");
+    uint64_t before = fake_cuda_stats.async_ptsz_calls;
+    check(alloc_ptsz != NULL && alloc_ptsz(&p, 8 * MiB, NULL) == CUDA_SUCCESS &&
+          container_used() == 8 * MiB, "per-thread-stream async allocation counted");
+    check(free_ptsz != NULL && free_ptsz(p, NULL) == CUDA_SUCCESS && container_used() == 0,
+          "per-thread-stream async free");
+    check(fake_cuda_stats.async_ptsz_calls == before + 2,
+          "the _ptsz wrappers call the driver's _ptsz entry points");
+}
+
+struct vmm_result {
+    CUresult create, release;
+    uint64_t dev1_used_after_create;
+};
+
+/* cuMemCreate from a thread with no context (NCCL and PyTorch's expandable segments do this):
+ * the device comes from prop->location.id. */
+static void *vmm_thread(void *arg)
+{
+    struct vmm_result *r = arg;
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1}};
+    CUmemGenericAllocationHandle h = 0;
+    r->create = cuMemCreate(&h, 256 * MiB, &prop, 0);
+    cuCtxSetCurrent(ctx[1]);
+    r->dev1_used_after_create = container_used();
+    cuCtxSetCurrent(NULL);
+    r->release = cuMemRelease(h);
+    return NULL;
+}
+
+static void vmm(void)
+{
+    struct vmm_result r = {0};
+    pthread_t t;
+    pthread_create(&t, NULL, vmm_thread, &r);
+    pthread_join(t, NULL);
+    check(r.create == CUDA_SUCCESS && r.dev1_used_after_create == 256 * MiB,
+          "cuMemCreate without a context counts on prop->location.id (device 1: %llu MiB)",
+          (unsigned long long)(r.dev1_used_after_create / MiB));
+    check(r.release == CUDA_SUCCESS, "cuMemRelease");
+    use_device(1);
+    check(container_used() == 0, "device 1 back to 0 after release");
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1}};
+    CUmemGenericAllocationHandle h = 0;
+    check(cuMemCreate(&h, 600 * MiB, &prop, 0) == CUDA_ERROR_OUT_OF_MEMORY,
+          "600 MiB VMM handle refused by device 1's 512 MiB cap");
+    prop.location.id = 850725928; /* garbage id (HAMi-core #169): forwarded, not counted */
+    check(cuMemCreate(&h, MiB, &prop, 0) == CUDA_ERROR_INVALID_DEVICE,
+          "an invalid location id is the driver's to refuse");
+    use_device(0);
+}
+
+static void *no_context_thread(void *arg)
+{
+    CUdeviceptr p = 0;
+    *(CUresult *)arg = cuMemAlloc_v2(&p, MiB);
+    return NULL;
+}
+
+static void errors(void)
+{
+    uint64_t frees = fake_cuda_stats.free_calls;
+    check(cuMemFree_v2((CUdeviceptr)0xdead0000) == CUDA_ERROR_INVALID_VALUE,
+          "freeing an unknown pointer returns the driver's answer");
+    check(fake_cuda_stats.free_calls == frees + 1, "the unknown free reached the driver");
+    check(cuMemFree_v2(0) == CUDA_ERROR_INVALID_VALUE && fake_cuda_stats.free_calls == frees + 2,
+          "freeing NULL reaches the driver");
+
+    CUdeviceptr p = 0;
+    strcpy(fake_cuda_fail_next, "cuMemAlloc_v2");
+    check(cuMemAlloc_v2(&p, 10 * MiB) == CUDA_ERROR_UNKNOWN && container_used() == 0,
+          "a driver failure is returned and its reservation given back");
+    check(cuMemAlloc_v2(&p, 10 * MiB) == CUDA_SUCCESS, "allocation after the failure");
+    strcpy(fake_cuda_fail_next, "cuMemFree_v2");
+    check(cuMemFree_v2(p) == CUDA_ERROR_UNKNOWN && container_used() == 10 * MiB,
+          "a failed free keeps the memory counted");
+    check(cuMemFree_v2(p) == CUDA_SUCCESS && container_used() == 0, "the retried free releases");
+
+    CUresult rc = CUDA_SUCCESS;
+    pthread_t t;
+    pthread_create(&t, NULL, no_context_thread, &rc);
+    pthread_join(t, NULL);
+    check(rc == CUDA_ERROR_INVALID_CONTEXT && container_used() == 0,
+          "no current context: the driver's error, nothing counted");
+}
+
+static void nvml(uint64_t dev0_total, uint64_t dev1_total)
+{
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    typedef nvmlReturn_t (*init_fn)(void);
+    typedef nvmlReturn_t (*handle_fn)(unsigned int, nvmlDevice_t *);
+    typedef nvmlReturn_t (*mem_fn)(nvmlDevice_t, nvmlMemory_t *);
+    typedef nvmlReturn_t (*mem2_fn)(nvmlDevice_t, nvmlMemory_v2_t *);
+    init_fn init = (init_fn)dlsym(lib, "nvmlInit_v2");
+    handle_fn by_index = (handle_fn)dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+    mem_fn mem1 = (mem_fn)dlsym(lib, "nvmlDeviceGetMemoryInfo");
+    mem2_fn mem2 = (mem2_fn)dlsym(lib, "nvmlDeviceGetMemoryInfo_v2");
+    check(lib != NULL && init != NULL && by_index != NULL, "NVML loaded by dlopen");
+    check((void *)mem2 == dlsym(RTLD_DEFAULT, "nvmlDeviceGetMemoryInfo_v2"),
+          "dlsym(libnvidia-ml, nvmlDeviceGetMemoryInfo_v2) gives the wrapper");
+    init();
+    CUdeviceptr p;
+    cuMemAlloc_v2(&p, 300 * MiB);
+    nvmlDevice_t d0, d1;
+    by_index(0, &d0);
+    by_index(1, &d1);
+    nvmlMemory_t m1;
+    nvmlMemory_v2_t m2 = {.version = nvmlMemory_v2};
+    check(mem1(d0, &m1) == NVML_SUCCESS && m1.total == dev0_total && m1.used == 300 * MiB &&
+          m1.free == dev0_total - 300 * MiB,
+          "NVML v1 device 0: used %llu MiB / total %llu MiB", m1.used / MiB, m1.total / MiB);
+    check(mem2(d0, &m2) == NVML_SUCCESS && m2.total == dev0_total && m2.used == 300 * MiB &&
+          m2.free + m2.used + m2.reserved == m2.total,
+          "NVML v2 device 0: used %llu MiB / total %llu MiB, reserved %llu", m2.used / MiB,
+          m2.total / MiB, m2.reserved / MiB);
+    check(mem1(d1, &m1) == NVML_SUCCESS && m1.total == dev1_total,
+          "NVML v1 device 1 total %llu MiB", m1.total / MiB);
+    nvmlMemory_v2_t bad = {.version = 1};
+    check(mem2(d0, &bad) == NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+          "NVML v2 errors are passed through");
+    cuMemFree_v2(p);
+}
+
+static void uncapped(void)
+{
+    size_t bytes = 0, free_b, total_b;
+    cuDeviceTotalMem_v2(&bytes, 0);
+    check(bytes == fake_cuda_device_total(0), "no cap: cuDeviceTotalMem is the physical size");
+    CUdeviceptr p;
+    check(cuMemAlloc_v2(&p, 2048 * MiB) == CUDA_SUCCESS, "no cap: 2 GiB allocates");
+    cuMemGetInfo_v2(&free_b, &total_b);
+    check(total_b == fake_cuda_device_total(0) && free_b == total_b - 2048 * MiB,
+          "no cap: cuMemGetInfo passes the driver's figures through");
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    nvmlReturn_t (*init)(void) = (nvmlReturn_t (*)(void))dlsym(lib, "nvmlInit_v2");
+    nvmlReturn_t (*by_index)(unsigned, nvmlDevice_t *) =
+        (nvmlReturn_t (*)(unsigned, nvmlDevice_t *))dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+    nvmlReturn_t (*mem2)(nvmlDevice_t, nvmlMemory_v2_t *) =
+        (nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_v2_t *))dlsym(lib, "nvmlDeviceGetMemoryInfo_v2");
+    nvmlDevice_t d0;
+    init();
+    by_index(0, &d0);
+    nvmlMemory_v2_t m2 = {.version = nvmlMemory_v2};
+    mem2(d0, &m2);
+    check(m2.total == fake_cuda_device_total(0) && m2.reserved == 5 * MiB,
+          "no cap: NVML figures untouched");
+    cuMemFree_v2(p);
+}
+
+int main(int argc, char **argv)
+{
+    check(cuInit(0) == CUDA_SUCCESS, "cuInit");
+    cuDevicePrimaryCtxRetain(&ctx[0], 0);
+    cuDevicePrimaryCtxRetain(&ctx[1], 1);
+    use_device(0);
+    if (argc > 1 && strcmp(argv[1], "uncapped") == 0) {
+        uncapped();
+        return check_done("test_alloc uncapped");
+    }
+    basic_cap();
+    device_totals();
+    families();
+    vmm();
+    errors();
+    nvml(1024 * MiB, 512 * MiB);
+    return check_done("test_alloc");
+}

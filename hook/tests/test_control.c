@@ -1,0 +1,45 @@
+/* test_control.c - the SM limiter's control law against a simulated GPU whose utilisation is
+ * proportional to the refill rate, at two scales 1000x apart (the SM-count independence). */
+#include <math.h>
+
+#include "check.h"
+#include "control.h"
+
+/* util = min(100, gain * rate): gain is "percent per token/s", unknown to the controller. */
+static double settle(double limit, double gain, int steps, double *max_step)
+{
+    double rate = 1.0, util = 0;
+    *max_step = 0;
+    for (int i = 0; i < steps; i++) {
+        util = fmin(100.0, gain * rate);
+        double next = vgpu_control_next_rate(rate, limit, util, rate, 1.0);
+        double step = next / rate;
+        if (step > *max_step)
+            *max_step = step;
+        rate = next;
+    }
+    return fmin(100.0, gain * rate);
+}
+
+int main(void)
+{
+    const double limits[] = {30, 60};
+    const double gains[] = {1e-2, 1e-5}; /* a small GPU and one 1000x larger */
+    for (int l = 0; l < 2; l++) {
+        for (int g = 0; g < 2; g++) {
+            double max_step;
+            double util = settle(limits[l], gains[g], 60, &max_step);
+            check(fabs(util - limits[l]) < 1.0, "limit %.0f%%, gain %g: settles at %.2f%%",
+                  limits[l], gains[g], util);
+            check(max_step <= 2.0, "limit %.0f%%, gain %g: no step above 2x (%.2f)", limits[l],
+                  gains[g], max_step);
+        }
+    }
+    double r = vgpu_control_next_rate(1000.0, 30, 90, 1000.0, 1.0);
+    check(r >= 500.0 && r < 1000.0, "over the limit the rate falls, at most by half (%.1f)", r);
+    r = vgpu_control_next_rate(1000.0, 30, 0, 0.0, 1.0);
+    check(r == 1.0, "an idle process cannot bank budget: rate bounded by demand (%.1f)", r);
+    r = vgpu_control_next_rate(1000.0, 30, 10, 5000.0, 1.0);
+    check(r > 1000.0 && r <= 2000.0, "under the limit with demand the rate rises (%.1f)", r);
+    return check_done("test_control");
+}
