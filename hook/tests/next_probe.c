@@ -1,7 +1,7 @@
 /* next_probe.c - built twice (liba, libb) to test that dlsym(RTLD_NEXT) under libvgpu stays
  * relative to the library that calls it. */
-#define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stddef.h>
 
 #define PASTE2(a, b) a##b
 #define PASTE(a, b) PASTE2(a, b)
