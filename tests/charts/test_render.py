@@ -3,6 +3,7 @@ and 1.33 (kubernetes-validate, strict), the custom resources against their CRDs.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jsonschema
@@ -93,3 +94,27 @@ def test_the_validator_catches_a_misplaced_field(default_objects: list[dict[str,
     broken = {**daemonset, "spec": {**daemonset["spec"], "nodeSelector": {"a": "b"}}}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, "1.33", strict=True)
+
+
+def notes(values: dict[str, Any]) -> str:
+    out = chart.run_helm("install", chart.RELEASE, str(chart.CHART), "--namespace", chart.NAMESPACE,
+                         "--dry-run=client", values=values)
+    return out.split("\nNOTES:\n", 1)[1]
+
+
+def test_notes_tell_the_admin_what_to_run_next() -> None:
+    text = notes({})
+    assert "kubectl label node <gpu-node> volcano.sh/vgpu.enabled=true" in text
+    assert "kubectl get vgpupolicy default -w" in text
+    assert "kubectl -n vgpu-system rollout status deployment/vgpu-vgpu-operator" in text
+
+
+def test_notes_without_a_policy_give_the_locations_to_use(default_objects: list[dict[str, Any]]) -> None:
+    text = notes({"policy": {"create": False}})
+    given = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(": ")
+        if key in ("scheduler", "targets", "devicePlugin"):
+            given[key] = json.loads(value)
+    spec = chart.one(default_objects, "VGPUPolicy")["spec"]
+    assert given == {k: spec[k] for k in ("scheduler", "targets", "devicePlugin")}

@@ -84,3 +84,16 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
+
+{{/*
+Where the policy's targets live, as the VGPUPolicy spec spells it (JSON): the default policy
+carries exactly these, and the RBAC is granted for exactly these.
+*/}}
+{{- define "vgpu.policyLocations" -}}
+{{- $v := .Values -}}
+{{- toJson (dict
+  "scheduler" (dict "namespace" $v.scheduler.namespace "configMap" $v.scheduler.configMap "key" $v.scheduler.key "deployment" $v.scheduler.deployment)
+  "devicePlugin" (dict "namespace" (include "vgpu.plugin.namespace" .) "daemonSet" (include "vgpu.plugin.daemonSet" .) "container" (include "vgpu.plugin.container" .) "generation" (ternary "builtin" $v.existingDevicePlugin.generation $v.devicePlugin.enabled))
+  "targets" (dict "deviceConfig" (dict "namespace" $v.targets.namespace "name" $v.targets.deviceConfig) "nodeConfig" (dict "namespace" $v.targets.namespace "name" $v.targets.nodeConfig))
+) -}}
+{{- end -}}
