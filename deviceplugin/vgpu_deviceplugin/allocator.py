@@ -11,11 +11,15 @@ import logging
 import os
 import uuid
 from collections.abc import Callable
+from typing import Any
+
+from vgpu_formats.annotations import DEVICES_TO_ALLOCATE
 
 from vgpu_deviceplugin import allocate
 from vgpu_deviceplugin.allocate import AllocateError, Plan, PodRef
 from vgpu_deviceplugin.config import Flags
 from vgpu_deviceplugin.kube import KubeClient, KubeError
+from vgpu_deviceplugin.pod_cache import PodCache
 from vgpu_deviceplugin.state import PluginState
 
 log = logging.getLogger(__name__)
@@ -24,14 +28,20 @@ log = logging.getLogger(__name__)
 SHARED_DIR_MODE = 0o1777
 
 
+class _Stale(Exception):
+    """The cached pod changed or vanished under us: decide again on a fresh list."""
+
+
 class Allocator:
     def __init__(
         self,
         kube: KubeClient,
         state: PluginState,
         flags: Flags,
+        cache: PodCache | None = None,
         cache_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
+        self._cache = cache
         self._kube = kube
         self._state = state
         self._flags = flags
@@ -53,12 +63,22 @@ class Allocator:
             return result
 
     async def _allocate(self, amount: int) -> Plan:
-        state, flags = self._state, self._flags
-        node = state.settings.node_name
+        cached = self._cache.pods() if self._cache is not None else None
+        if cached is not None:
+            try:
+                return await self._allocate_from(cached, amount, from_cache=True)
+            except (AllocateError, _Stale):
+                pass  # the cache may lag behind the scheduler: decide again on a fresh list
+        node = self._state.settings.node_name
         try:
             pods = await self._kube.list_pods_on_node(node)
         except KubeError as exc:
             raise AllocateError(f"cannot list pods on node {node}: {exc}") from exc
+        return await self._allocate_from(pods, amount, from_cache=False)
+
+    async def _allocate_from(self, pods: list[dict[str, Any]], amount: int, from_cache: bool) -> Plan:
+        state, flags = self._state, self._flags
+        node = state.settings.node_name
         ref, pod, call = allocate.select(pods, node, amount, state.settings.names, state.init_served)
         result = allocate.plan(pod, ref, call, state.settings, state.gpu_uuids, flags.hook_path,
                                flags.cache_root, flags.lock_dir, self._cache_id())
@@ -71,15 +91,23 @@ class Allocator:
             state.init_served[ref.uid] = state.init_served.get(ref.uid, 0) + 1
         else:
             assert result.devices_to_allocate is not None
+            old = pod["metadata"]["annotations"][DEVICES_TO_ALLOCATE]
             try:
-                await self._kube.patch_pod(ref.namespace, ref.name,
-                                           allocate.consume_patch(result.devices_to_allocate))
-                if result.done:
-                    await self._kube.patch_pod(ref.namespace, ref.name, allocate.success_patch())
+                updated = await self._kube.consume_devices(ref.namespace, ref.name, old,
+                                                           result.devices_to_allocate)
             except KubeError as exc:
+                if from_cache and exc.status in (404, 409, 422):
+                    raise _Stale() from exc
                 raise AllocateError(f"pod {ref}: cannot update its annotations: {exc}", ref) from exc
+            if self._cache is not None:
+                self._cache.put(updated)
             if result.done:
                 state.init_served.pop(ref.uid, None)
+                try:
+                    await self._kube.patch_pod(ref.namespace, ref.name, allocate.success_patch())
+                except KubeError as exc:
+                    # The devices are consumed and the answer is valid: report, do not fail the pod.
+                    log.error("pod %s: cannot write bind-phase success: %s", ref, exc)
         log.info("Allocate: pod %s container %s gets %s", ref, call.container,
                  result.envs["NVIDIA_VISIBLE_DEVICES"])
         return result

@@ -82,20 +82,43 @@ def advertise(
     else:
         per_gpu = [(g, memory_units(g, settings)) for g in gpus]
         per_gpu, warning = _cap_memory(per_gpu, health, settings)
-    response = pb.ListAndWatchResponse()
-    for gpu, units in per_gpu:
-        state = HEALTHY if health.get(gpu.uuid, True) else UNHEALTHY
-        for i in range(units):
-            response.devices.add(ID=_device_id(kind, gpu, i), health=state)
-    return Advertised(response=response, size=response.ByteSize(), warning=warning)
+    chunks = [
+        _encode_numbered(_id_prefix(kind, gpu), units, HEALTHY if health.get(gpu.uuid, True) else UNHEALTHY)
+        for gpu, units in per_gpu
+    ]
+    payload = b"".join(chunks)
+    response = pb.ListAndWatchResponse.FromString(payload)
+    return Advertised(response=response, size=len(payload), warning=warning)
 
 
-def _device_id(kind: ResourceKind, gpu: GpuDevice, i: int) -> str:
+def _id_prefix(kind: ResourceKind, gpu: GpuDevice) -> str:
+    """Device ids are this prefix + a number 0..units-1."""
     if kind is ResourceKind.COUNT:
-        return f"{gpu.uuid}-{i}"
+        return f"{gpu.uuid}-"
     if kind is ResourceKind.CORES:
-        return f"{gpu.uuid}-core-{i}"
-    return f"{gpu.index}-{i}"
+        return f"{gpu.uuid}-core-"
+    return f"{gpu.index}-"
+
+
+def _encode_numbered(prefix: str, units: int, health: str) -> bytes:
+    """Wire bytes of repeated Device{ID=prefix+i, health}, field 1 of ListAndWatchResponse.
+
+    Hand-encoded, one join per digit count so the loop runs in C: 650k `devices.add()` calls take
+    ~0.8 s of the event loop; this and parsing the bytes back take a fraction of that. Every
+    length is < 128 (ids <= 63 bytes), so each length is one byte.
+    """
+    tail = b"\x12" + bytes([len(health)]) + health.encode()
+    raw_prefix = prefix.encode()
+    out = []
+    for digits in range(1, len(str(units)) + 1):
+        low, high = (0 if digits == 1 else 10 ** (digits - 1)), min(units, 10**digits)
+        if low >= high:
+            continue
+        id_len = len(raw_prefix) + digits
+        head = b"\x0a" + bytes([id_len + 2 + len(tail)]) + b"\x0a" + bytes([id_len]) + raw_prefix
+        numbers = " ".join(map(str, range(low, high))).encode().split(b" ")
+        out.append(head + (tail + head).join(numbers) + tail)
+    return b"".join(out)
 
 
 def _cap_memory(

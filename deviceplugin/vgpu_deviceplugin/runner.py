@@ -4,7 +4,8 @@
     await run_plugin(flags, stop)                       # real cluster, NVML or --mock-gpus
     await run_plugin(flags, stop, kube=..., backend=...)  # tests and the demo, in-process
 
-Four loops run until `stop` is set: GPU health, kubelet restarts, ConfigMap changes, node register.
+Five loops run until `stop` is set: GPU health, kubelet restarts, ConfigMap changes, node register,
+and the watch of this node's pods.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from vgpu_deviceplugin.devices import ResourceKind, visible_gpus
 from vgpu_deviceplugin.gpus import GpuBackend, GpuDevice, backend_for
 from vgpu_deviceplugin.kube import ApiKubeClient, KubeClient
 from vgpu_deviceplugin.node_register import register_loop
+from vgpu_deviceplugin.pod_cache import PodCache
 from vgpu_deviceplugin.server import DevicePlugin
 from vgpu_deviceplugin.state import PluginState
 
@@ -77,11 +79,12 @@ class Plugin:
     flags: Flags
     kube: KubeClient
     state: PluginState
+    pods: PodCache = field(default_factory=PodCache)
     endpoints: list[registration.Endpoint] = field(default_factory=list)
     registered: bool = False
 
     async def start_endpoints(self) -> None:
-        allocator = Allocator(self.kube, self.state, self.flags)
+        allocator = Allocator(self.kube, self.state, self.flags, cache=self.pods)
         for kind in ResourceKind:
             plugin = DevicePlugin(kind, self.state, allocator)
             name = kind.resource_name(self.state.settings)
@@ -142,6 +145,7 @@ async def run_plugin(
             _kubelet_loop(plugin, stop),
             _config_loop(plugin, all_gpus, loaded, stop),
             register_loop(kube, state, flags.register_interval, flags.handshake, stop),
+            plugin.pods.follow(kube, flags.node_name, stop),
         ]
         tasks = [asyncio.create_task(loop) for loop in loops]
         try:

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from vgpu_deviceplugin.kube import KubeError
 from vgpu_emulator import merge_patch
+from vgpu_formats import annotations as ann
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FIXTURE_NODE = "dev-app-2-150-master-1"
@@ -37,13 +38,19 @@ class FakeKube:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.configmaps: dict[tuple[str, str], dict[str, str]] = {}
         self.writes: list[tuple[str, str, dict[str, Any]]] = []
-        self.fail: dict[str, str] = {}  # method name -> message
+        self.fail: dict[str, list[str]] = {}  # method name -> messages of the next failures
         self.pod_lists = 0
         self._watchers: list[asyncio.Queue[None]] = []
+        self._pod_watchers: list[asyncio.Queue[tuple[str, dict[str, Any]]]] = []
 
     def add_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
         self.pods[(pod["metadata"]["namespace"], pod["metadata"]["name"])] = pod
+        self._pod_event("ADDED", pod)
         return pod
+
+    def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
+        for queue in self._pod_watchers:
+            queue.put_nowait((kind, copy.deepcopy(pod)))
 
     def set_configmap(self, namespace: str, name: str, data: dict[str, str] | None) -> None:
         if data is None:
@@ -53,9 +60,12 @@ class FakeKube:
         for queue in self._watchers:
             queue.put_nowait(None)
 
+    def fail_next(self, method: str, message: str, times: int = 1) -> None:
+        self.fail[method] = [message] * times
+
     def _check(self, method: str) -> None:
-        if method in self.fail:
-            raise KubeError(self.fail.pop(method))
+        if self.fail.get(method):
+            raise KubeError(self.fail[method].pop())
 
     async def get_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
         self._check("get_configmap")
@@ -79,13 +89,39 @@ class FakeKube:
         self.pod_lists += 1
         return [copy.deepcopy(p) for p in self.pods.values() if p.get("spec", {}).get("nodeName") == node]
 
+    async def pod_events(self, node: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self._pod_watchers.append(queue)
+        try:
+            yield ("RESET", {})
+            for pod in await self.list_pods_on_node(node):
+                yield ("ADDED", pod)
+            yield ("SYNCED", {})
+            while True:
+                kind, pod = await queue.get()
+                if pod.get("spec", {}).get("nodeName") == node:
+                    yield kind, pod
+        finally:
+            self._pod_watchers.remove(queue)
+
     async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self._check("patch_pod")
         key = (namespace, name)
         if key not in self.pods:
-            raise KubeError(f"Pod {namespace}/{name}: HTTP 404 Not Found")
+            raise KubeError(f"Pod {namespace}/{name}: HTTP 404 Not Found", 404)
         self.pods[key] = merge_patch(self.pods[key], patch)
         self.writes.append(("pod", f"{namespace}/{name}", patch))
+        self._pod_event("MODIFIED", self.pods[key])
+
+    async def consume_devices(self, namespace: str, name: str, old: str, new: str) -> dict[str, Any]:
+        self._check("consume_devices")
+        key = (namespace, name)
+        if key not in self.pods:
+            raise KubeError(f"Pod {namespace}/{name}: HTTP 404 Not Found", 404)
+        if self.pods[key]["metadata"]["annotations"].get(ann.DEVICES_TO_ALLOCATE) != old:
+            raise KubeError(f"Pod {namespace}/{name}: HTTP 422 test failed", 422)
+        await self.patch_pod(namespace, name, {"metadata": {"annotations": {ann.DEVICES_TO_ALLOCATE: new}}})
+        return copy.deepcopy(self.pods[key])
 
     async def get_node(self, name: str) -> dict[str, Any]:
         return copy.deepcopy(self.nodes[name])

@@ -121,12 +121,13 @@ async def test_allocate_errors_are_grpc_errors_and_touch_no_unrelated_pod(
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "does not end with ':'" in (err.value.details() or "")
         assert kube.pods[("default", "broken")]["metadata"]["annotations"][ann.BIND_PHASE] == "failed"
-        # The API failing mid-way: the pod is marked failed, the plugin keeps serving.
-        kube.add_pod(fixture_pod())
-        kube.fail["list_pods_on_node"] = "HTTP 500 Internal Server Error"
+        # The API failing: a clear error, the pod (if any) marked failed, the plugin keeps serving.
+        kube.fail_next("list_pods_on_node", "HTTP 500 Internal Server Error")
         with pytest.raises(grpc.aio.AioRpcError, match="cannot list pods"):
             await sim.allocate(COUNT, sim.free_ids(COUNT, 2))
-        kube.fail["patch_pod"] = "HTTP 409 Conflict"
+        kube.add_pod(fixture_pod())
+        # Once from the cache, once after a fresh list: then it gives up.
+        kube.fail_next("consume_devices", "HTTP 500 Internal Server Error", times=2)
         with pytest.raises(grpc.aio.AioRpcError, match="cannot update its annotations"):
             await sim.allocate(COUNT, sim.free_ids(COUNT, 2))
         assert kube.pods[("default", "vgpu-test")]["metadata"]["annotations"][ann.BIND_PHASE] == "failed"
