@@ -48,7 +48,9 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, resync_sec
 
     @kopf.on.delete(*policies, registry=registry, backoff=0.2)
     async def policy_deleted(name: str, body: kopf.Body, **_: Any) -> None:
-        if reconciler.policies.active() != name:
+        reconciler.policies.update(dict(body))
+        if reconciler.policies.active(including_deleted=True) != name:
+            reconciler.policies.update(dict(body), deleted=True)
             return  # a conflicting policy never wrote anything
         await reconciler.release(name, dict(body))
 

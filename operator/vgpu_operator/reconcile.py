@@ -58,10 +58,11 @@ class PolicyIndex:
         if known is None or _version(body) >= _version(known) or _version(body) < 0:
             self.bodies[name] = dict(body)
 
-    def active(self) -> str | None:
-        """Oldest by creationTimestamp, then name; policies being deleted step aside."""
+    def active(self, *, including_deleted: bool = False) -> str | None:
+        """Oldest by creationTimestamp, then name; policies being deleted step aside (unless
+        `including_deleted`: was this one in charge before its deletion?)."""
         alive = [(str(b["metadata"].get("creationTimestamp") or ""), name) for name, b in self.bodies.items()
-                 if not b["metadata"].get("deletionTimestamp")]
+                 if including_deleted or not b["metadata"].get("deletionTimestamp")]
         return min(alive)[1] if alive else None
 
 
@@ -261,6 +262,9 @@ class Reconciler:
             if turned and bad and condition.type in ("Valid", "Conflict"):
                 reason = "Rejected" if condition.type == "Valid" else "Conflict"
                 await self.kube.post_event(body, "Warning", reason, condition.message)
+            elif condition.type == "Valid" and condition.status == "True" and condition.message and (
+                    before is None or before.message != condition.message):
+                await self.kube.post_event(body, "Warning", "ValidationWarning", condition.message)
         if new == {key: value for key, value in old.items() if key in new}:
             return
         patch = {**new, **{key: None for key in old if key not in new and key != "kopf"}}

@@ -1,0 +1,133 @@
+"""Hand edits (Enforce / Report), paused, several policies, steady state, deletion."""
+
+from __future__ import annotations
+
+import asyncio
+
+from .conftest import RESYNC, Cluster, eventually
+
+DEVICE_CONFIG = "volcano-vgpu-device-config"
+KEY = "device-config.yaml"
+
+
+def _scribble(cm: dict[str, object]) -> None:
+    data = cm["data"]
+    assert isinstance(data, dict)
+    data[KEY] = data[KEY].replace("deviceSplitCount: 10", "deviceSplitCount: 3")
+
+
+async def test_hand_edit_is_repaired_under_enforce(cluster: Cluster) -> None:
+    cluster.create_policy()
+    await cluster.ready()
+    await cluster.settle()
+    rendered = cluster.data(DEVICE_CONFIG, KEY)
+
+    cluster.edit("ConfigMap", "kube-system", DEVICE_CONFIG, _scribble)
+    await eventually(lambda: cluster.data(DEVICE_CONFIG, KEY) == rendered, what="repair")
+
+    assert cluster.metrics.drift_repairs._value.get() == 1
+    assert [e for e in cluster.events("DriftRepaired") if DEVICE_CONFIG in e["message"]]
+    await cluster.ready()
+
+
+async def test_hand_deleted_target_is_recreated_under_enforce(cluster: Cluster) -> None:
+    cluster.create_policy()
+    await cluster.ready()
+    await cluster.settle()
+    await cluster.delete("/api/v1/namespaces/kube-system/configmaps/volcano-vgpu-node-config")
+    await eventually(
+        lambda: cluster.get("ConfigMap", "kube-system", "volcano-vgpu-node-config"),
+        what="node-config recreated",
+    )
+
+
+async def test_hand_edit_is_only_reported_under_report(cluster: Cluster) -> None:
+    cluster.create_policy(spec={"driftPolicy": "Report"})
+    await cluster.ready()
+    await cluster.settle()
+
+    cluster.edit("ConfigMap", "kube-system", DEVICE_CONFIG, _scribble)
+    in_sync = await eventually(
+        lambda: (c := cluster.condition("InSync")).get("status") == "False" and c, what="InSync=False"
+    )
+    await asyncio.sleep(4 * RESYNC)
+
+    assert "deviceSplitCount: 3" in cluster.data(DEVICE_CONFIG, KEY), "Report never writes"
+    assert DEVICE_CONFIG in in_sync["message"]
+    states = {t["name"]: t["state"] for t in cluster.status()["targets"]}
+    assert states[DEVICE_CONFIG] == "Drifted"
+    assert cluster.status()["drifted"] == 1
+    assert cluster.condition("Ready")["status"] == "False"
+    assert len(cluster.events("DriftDetected")) == 1, "a drift is reported once, not every resync"
+
+
+async def test_paused_policy_writes_nothing_but_reports(cluster: Cluster) -> None:
+    watched = [("kube-system", DEVICE_CONFIG), ("volcano-system", "volcano-scheduler-configmap")]
+    before = [cluster.get("ConfigMap", ns, name) for ns, name in watched]
+    cluster.create_policy(spec={"paused": True, "device": {"deviceSplitCount": 4}})
+    applied = await eventually(lambda: (c := cluster.condition("Applied")) and c, what="Applied condition")
+    await asyncio.sleep(4 * RESYNC)
+
+    assert applied["reason"] == "Paused" and applied["status"] == "False"
+    assert [cluster.get("ConfigMap", ns, name) for ns, name in watched] == before
+    assert cluster.writes_to("/configmaps/") == 0 and cluster.writes_to("/deployments/") == 0
+    assert cluster.writes_to("/daemonsets/") == 0 and cluster.writes_to("/pods/") == 0
+    targets = {t["name"]: t["state"] for t in cluster.status()["targets"]}
+    assert targets[DEVICE_CONFIG] == "Drifted", "status shows what would change"
+
+
+async def test_second_policy_gets_conflict_and_writes_nothing(cluster: Cluster) -> None:
+    cluster.create_policy("first")
+    await cluster.ready("first")
+    await cluster.settle()
+    writes = cluster.writes_to("/configmaps/")
+
+    cluster.create_policy("second", spec={"device": {"deviceSplitCount": 2}})
+    conflict = await eventually(
+        lambda: (c := cluster.condition("Conflict", "second")).get("status") == "True" and c,
+        what="Conflict on the second policy",
+    )
+    await asyncio.sleep(4 * RESYNC)
+
+    assert "first" in conflict["message"]
+    assert cluster.writes_to("/configmaps/") == writes
+    assert cluster.condition("Ready", "first")["status"] == "True"
+    assert cluster.condition("Conflict", "first")["status"] == "False"
+
+    await cluster.delete("/apis/vgpu.io/v1alpha1/vgpupolicies/first")
+    await eventually(
+        lambda: "deviceSplitCount: 2" in cluster.data(DEVICE_CONFIG, KEY),
+        what="the second policy to take over once the first is gone",
+    )
+
+
+async def test_steady_state_makes_no_writes_over_many_resyncs(cluster: Cluster) -> None:
+    cluster.create_policy()
+    await cluster.ready()
+    await cluster.settle()
+    writes = len(cluster.emulator.writes())
+    reconciles = cluster.metrics.reconciles.labels(result="ok")._value.get()
+
+    await asyncio.sleep(20 * RESYNC)
+
+    assert cluster.metrics.reconciles.labels(result="ok")._value.get() >= reconciles + 10
+    assert cluster.emulator.writes()[writes:] == []
+
+
+async def test_deleting_the_policy_leaves_the_configuration_in_place(cluster: Cluster) -> None:
+    cluster.create_policy()
+    await cluster.ready()
+    await cluster.settle()
+    rendered = {
+        name: cluster.data(name, key)
+        for name, key in [(DEVICE_CONFIG, KEY), ("volcano-vgpu-node-config", "config.json")]
+    }
+
+    await cluster.delete("/apis/vgpu.io/v1alpha1/vgpupolicies/default")
+    await eventually(lambda: cluster.get("VGPUPolicy", None, "default") is None, what="policy gone")
+
+    assert {
+        name: cluster.data(name, key)
+        for name, key in [(DEVICE_CONFIG, KEY), ("volcano-vgpu-node-config", "config.json")]
+    } == rendered
+    assert cluster.events("Released")

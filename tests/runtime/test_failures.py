@@ -1,0 +1,157 @@
+"""Invalid policies, unusable cluster objects and API failures: say why, clobber nothing, recover."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from .conftest import RESYNC, Cluster, eventually
+
+TARGETS = [
+    ("ConfigMap", "kube-system", "volcano-vgpu-device-config"),
+    ("ConfigMap", "volcano-system", "volcano-scheduler-configmap"),
+    ("Deployment", "volcano-system", "volcano-scheduler"),
+    ("DaemonSet", "kube-system", "volcano-device-plugin"),
+]
+
+
+def _snapshot(cluster: Cluster) -> list[dict[str, Any] | None]:
+    return [cluster.get(*target) for target in TARGETS]
+
+
+async def _rejected(cluster: Cluster) -> dict[str, Any]:
+    return await eventually(
+        lambda: (c := cluster.condition("Valid")).get("status") == "False" and c, what="Valid=False"
+    )
+
+
+async def test_invalid_policy_writes_nothing_and_says_why(cluster: Cluster) -> None:
+    before = _snapshot(cluster)
+    cluster.create_policy(spec={"device": {"gpuMemoryFactor": 1048576}})
+    valid = await _rejected(cluster)
+    await asyncio.sleep(4 * RESYNC)
+
+    assert "spec.device.gpuMemoryFactor" in valid["message"] and "Use at most" in valid["message"]
+    assert cluster.condition("Applied")["status"] == "False"
+    assert _snapshot(cluster) == before
+    assert len(cluster.events("Rejected")) == 1
+    assert cluster.metrics.reconciles.labels(result="invalid")._value.get() >= 1
+
+    cluster.set_spec("default", lambda spec: spec.update(device={"gpuMemoryFactor": 1}))
+    await cluster.ready(generation=2)
+
+
+def _scheduler_conf(text: str) -> Callable[[dict[str, Any]], None]:
+    return lambda cm: cm["data"].update({"volcano-scheduler.conf": text})
+
+
+def _rename_plugin_container(ds: dict[str, Any]) -> None:
+    ds["spec"]["template"]["spec"]["containers"][0]["name"] = "renamed"
+
+
+@pytest.mark.parametrize(
+    ("kind", "namespace", "name", "breakage", "field"),
+    [
+        (
+            "ConfigMap",
+            "volcano-system",
+            "volcano-scheduler-configmap",
+            _scheduler_conf("tiers: [oops"),
+            "not valid YAML",
+        ),
+        (
+            "ConfigMap",
+            "volcano-system",
+            "volcano-scheduler-configmap",
+            _scheduler_conf("actions: enqueue\n"),
+            "no `tiers:` list",
+        ),
+        (
+            "DaemonSet",
+            "kube-system",
+            "volcano-device-plugin",
+            _rename_plugin_container,
+            "spec.devicePlugin.container",
+        ),
+    ],
+    ids=["malformed-scheduler-conf", "conf-without-tiers", "daemonset-without-container"],
+)
+async def test_unusable_cluster_object_is_reported_and_never_clobbered(
+    cluster: Cluster,
+    kind: str,
+    namespace: str,
+    name: str,
+    breakage: Callable[[dict[str, Any]], None],
+    field: str,
+) -> None:
+    cluster.edit(kind, namespace, name, breakage)
+    before = _snapshot(cluster)
+    cluster.create_policy()
+    valid = await _rejected(cluster)
+    await asyncio.sleep(3 * RESYNC)
+
+    assert field in valid["message"]
+    assert _snapshot(cluster) == before, "nothing written while an input is unusable"
+    assert cluster.events("Rejected")
+
+
+async def test_unknown_volcano_tag_is_a_warning_with_an_event(cluster: Cluster) -> None:
+    cluster.edit(
+        "Deployment",
+        "volcano-system",
+        "volcano-scheduler",
+        lambda d: d["spec"]["template"]["spec"]["containers"][0].update(
+            image="docker.io/volcanosh/vc-scheduler:latest"
+        ),
+    )
+    cluster.create_policy()
+    await cluster.ready()
+
+    assert "spec.scheduler.volcanoVersion" in cluster.condition("Valid")["message"]
+    assert any("volcanoVersion" in e["message"] for e in cluster.events("ValidationWarning"))
+
+
+async def test_conflicts_and_server_errors_are_retried(cluster: Cluster) -> None:
+    cluster.emulator.fail_next("PATCH", r"/configmaps/volcano-vgpu-device-config$", status=409, times=2)
+    cluster.emulator.fail_next("PATCH", r"/deployments/", status=500, times=2)
+    cluster.emulator.fail_next("PATCH", r"/vgpupolicies/default/status$", status=500, times=1)
+    cluster.create_policy()
+    await cluster.ready()
+    assert "deviceSplitCount: 10" in cluster.data("volcano-vgpu-device-config", "device-config.yaml")
+
+
+async def test_persistent_failure_is_reported_then_recovers(cluster: Cluster) -> None:
+    cluster.emulator.fail_next("PATCH", r"/daemonsets/", status=500, times=12)
+    cluster.create_policy()
+    applied = await eventually(
+        lambda: (c := cluster.condition("Applied")).get("status") == "False" and c, what="Applied=False"
+    )
+    assert applied["reason"] == "ApplyFailed" and "500" in applied["message"]
+    assert cluster.events("ApplyFailed")
+    await cluster.ready()
+
+
+async def test_dropped_watches_do_not_lose_changes(cluster: Cluster) -> None:
+    cluster.create_policy()
+    await cluster.ready()
+    await cluster.settle()
+    assert cluster.emulator.drop_watches() > 0
+    cluster.set_spec("default", lambda spec: spec.update(device={"deviceSplitCount": 7}))
+    await eventually(
+        lambda: "deviceSplitCount: 7" in cluster.data("volcano-vgpu-device-config", "device-config.yaml"),
+        what="the change made right after the drop",
+    )
+    cluster.emulator.drop_watches("ConfigMap")
+    cluster.edit(
+        "ConfigMap",
+        "kube-system",
+        "volcano-vgpu-device-config",
+        lambda cm: cm["data"].update({"device-config.yaml": "nvidia: {}\n"}),
+    )
+    await eventually(
+        lambda: "deviceSplitCount: 7" in cluster.data("volcano-vgpu-device-config", "device-config.yaml"),
+        what="drift repaired after the ConfigMap watch dropped",
+    )
