@@ -137,3 +137,16 @@ def test_alert_jobs_are_the_scraped_services(full_objects: list[Obj]) -> None:
 def test_monitoring_is_opt_in(renders: Renders) -> None:
     kinds = {o["kind"] for o in renders("default")}
     assert not kinds & {"ServiceMonitor", "PrometheusRule"}, "needs the Prometheus Operator CRDs"
+
+
+def test_dashboard_panels_do_not_overlap() -> None:
+    panels = dashboard()["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells: dict[tuple[int, int], str] = {}
+    for p in panels:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = p["title"]
