@@ -145,7 +145,7 @@ def test_dashboard_panels_do_not_overlap() -> None:
     cells: dict[tuple[int, int], str] = {}
     for p in panels:
         g = p["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
         for x in range(g["x"], g["x"] + g["w"]):
             for y in range(g["y"], g["y"] + g["h"]):
                 assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
