@@ -98,3 +98,25 @@ def test_adopting_points_the_policy_at_the_existing_plugin(renders: Any) -> None
 
 def test_values_schema_policy_spec_matches_the_crd() -> None:
     assert values_schema_main(["--check"]) == 0
+
+
+def test_chart_locations_default_to_the_crd_defaults() -> None:
+    # A stock Volcano install needs no location values: the chart and the API agree on where
+    # things live, so a policy applied by hand points at the same objects.
+    spec = chart.crd_schema(yaml.safe_load(chart.CRD_FILE.read_text()))["properties"]["spec"]["properties"]
+
+    def default(section: str, *path: str) -> Any:
+        node = spec[section]
+        for key in path:
+            node = node["properties"][key]
+        return node["default"]
+
+    for field in ("namespace", "configMap", "key", "deployment"):
+        assert VALUES["scheduler"][field] == default("scheduler", field)
+    assert VALUES["targets"]["namespace"] == default("targets", "deviceConfig", "namespace")
+    assert VALUES["targets"]["namespace"] == default("targets", "nodeConfig", "namespace")
+    assert VALUES["targets"]["deviceConfig"] == default("targets", "deviceConfig", "name")
+    assert VALUES["targets"]["nodeConfig"] == default("targets", "nodeConfig", "name")
+    existing = VALUES["existingDevicePlugin"]
+    for field in ("namespace", "daemonSet", "container", "generation"):
+        assert existing[field] == default("devicePlugin", field)
