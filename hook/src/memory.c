@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "log.h"
 #include "region.h"
@@ -130,6 +131,26 @@ int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t
     return found;
 }
 
+/* At most one refusal line per second per process: an application retrying in a loop (the
+ * PyTorch allocator does) must not flood its log. The line says how many were not shown. */
+static int refusal_log_due(uint64_t *suppressed)
+{
+    static uint64_t last_s, quiet;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec, last = __atomic_load_n(&last_s, __ATOMIC_RELAXED);
+    if (last != 0 && now == last) {
+        __atomic_add_fetch(&quiet, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
+    if (!__atomic_compare_exchange_n(&last_s, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        __atomic_add_fetch(&quiet, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
+    *suppressed = __atomic_exchange_n(&quiet, 0, __ATOMIC_RELAXED);
+    return 1;
+}
+
 int vgpu_mem_reserve(int dev, uint64_t bytes, const char *api)
 {
     if (vgpu_region_reserve(dev, bytes) == 0)
@@ -138,9 +159,12 @@ int vgpu_mem_reserve(int dev, uint64_t bytes, const char *api)
         return 0;
     struct vgpu_region *r = vgpu_region_get();
     __atomic_add_fetch(&r->devices[dev].oom_refusals, 1, __ATOMIC_RELAXED);
-    vgpu_log(VGPU_LOG_ERROR, "%s: device %d out of memory: %llu bytes requested, %llu of %llu "
-             "in use by the container", api, dev, (unsigned long long)bytes,
-             (unsigned long long)vgpu_region_used(dev), (unsigned long long)vgpu_region_limit(dev));
+    uint64_t suppressed = 0;
+    if (refusal_log_due(&suppressed))
+        vgpu_log(VGPU_LOG_ERROR, "%s: device %d out of memory: %llu bytes requested, %llu of %llu "
+                 "in use by the container (%llu earlier refusals not logged)", api, dev,
+                 (unsigned long long)bytes, (unsigned long long)vgpu_region_used(dev),
+                 (unsigned long long)vgpu_region_limit(dev), (unsigned long long)suppressed);
     return -1;
 }
 

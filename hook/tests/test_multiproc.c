@@ -1,0 +1,364 @@
+/* test_multiproc.c - the cap across processes, run preloaded over the fake driver.
+ *   fork-kill  (cap 1 GiB): kill -9 of a holder, fork, exec, _exit, read the region as the
+ *              node monitor does (header checks, fcntl liveness).
+ *   hammer     (cap 256 MiB): 8 processes x 4 threads allocate and free near the cap for
+ *              HAMMER_SECONDS, two are killed with SIGKILL half-way; the cap must hold at every
+ *              instant, nobody may deadlock, and all memory must come back.
+ *   exec-child: used by fork-kill after exec. */
+#include <cuda.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "check.h"
+#include "vgpu_region.h"
+
+static const uint64_t MiB = UINT64_C(1) << 20;
+
+/* ---- the node monitor's view: read-only mapping plus F_GETLK ---------------------------- */
+
+static const struct vgpu_region *region;
+static int region_fd = -1;
+
+static int open_region(void)
+{
+    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    region_fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (region_fd < 0 || fstat(region_fd, &st) != 0 || st.st_size < VGPU_REGION_FILE_SIZE)
+        return 0;
+    void *m = mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ, MAP_SHARED, region_fd, 0);
+    if (m == MAP_FAILED)
+        return 0;
+    region = m;
+    const struct vgpu_region_header *h = &region->header;
+    return h->magic == VGPU_REGION_MAGIC && h->version == VGPU_REGION_VERSION &&
+           h->header_size == 128 && h->device_size == 128 && h->slot_size == 192 &&
+           h->max_devices == 16 && h->max_slots == 1024 && h->file_size == 198784 &&
+           h->devices_offset == 128 && h->slots_offset == 2176;
+}
+
+static uint64_t used(int dev)
+{
+    return __atomic_load_n(&region->devices[dev].used_bytes, __ATOMIC_ACQUIRE);
+}
+
+/* The pid holding slot i's byte (in our namespace), or 0 when nobody alive does. */
+static pid_t slot_holder(uint32_t i)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
+                       .l_start = (off_t)vgpu_region_slot_lock_offset(i), .l_len = 1};
+    if (fcntl(region_fd, F_GETLK, &fl) != 0 || fl.l_type == F_UNLCK)
+        return 0;
+    return fl.l_pid;
+}
+
+static int find_slot(pid_t pid)
+{
+    for (uint32_t i = 0; i < region->header.slot_high_water; i++)
+        if (region->slots[i].pid == pid)
+            return (int)i;
+    return -1;
+}
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static void cuda_start(void)
+{
+    CUcontext ctx;
+    cuInit(0);
+    cuDevicePrimaryCtxRetain(&ctx, 0);
+    cuCtxSetCurrent(ctx);
+}
+
+static uint64_t seen_used(void)
+{
+    size_t free_b, total_b;
+    cuMemGetInfo_v2(&free_b, &total_b);
+    return total_b - free_b;
+}
+
+static int wait_status(pid_t pid)
+{
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    return status;
+}
+
+static int exited_ok(pid_t pid)
+{
+    int status = wait_status(pid);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+/* ---- fork-kill ---------------------------------------------------------------------------- */
+
+static void kill_holder(void)
+{
+    int ready[2];
+    if (pipe(ready) != 0)
+        return;
+    pid_t holder = fork();
+    if (holder == 0) {
+        cuda_start();
+        CUdeviceptr p;
+        char ok = cuMemAlloc_v2(&p, 800 * MiB) == CUDA_SUCCESS ? 'y' : 'n';
+        if (write(ready[1], &ok, 1) != 1)
+            _exit(2);
+        pause();
+        _exit(0);
+    }
+    char ok = 0;
+    check(read(ready[0], &ok, 1) == 1 && ok == 'y', "holder allocated 800 MiB");
+    check(used(0) == 800 * MiB, "the region shows 800 MiB in use");
+    int slot = find_slot(holder);
+    check(slot >= 0 && slot_holder((uint32_t)slot) == holder,
+          "the holder's slot byte is locked by its pid (F_GETLK)");
+    kill(holder, SIGKILL);
+    wait_status(holder);
+    check(slot >= 0 && slot_holder((uint32_t)slot) == 0, "after kill -9 nobody holds the byte");
+    check(used(0) == 800 * MiB, "the dead holder's memory is still counted until reaped");
+
+    pid_t next = fork();
+    if (next == 0) {
+        cuda_start();
+        CUdeviceptr p;
+        int fine = cuMemAlloc_v2(&p, 900 * MiB) == CUDA_SUCCESS && seen_used() == 900 * MiB;
+        exit(fine ? 0 : 1); /* exit, not _exit: the library gives the memory back at exit */
+    }
+    check(exited_ok(next), "a new process gets 900 MiB: the killed process's 800 MiB came back");
+    check(region->header.reaped_slots >= 1, "reaped_slots counts it (%llu)",
+          (unsigned long long)region->header.reaped_slots);
+    check(used(0) == 0, "after a normal exit the region is back to 0 (%llu)",
+          (unsigned long long)used(0));
+    close(ready[0]);
+    close(ready[1]);
+}
+
+static void fork_and_exec(const char *self)
+{
+    cuda_start();
+    CUdeviceptr mine;
+    check(cuMemAlloc_v2(&mine, 300 * MiB) == CUDA_SUCCESS && used(0) == 300 * MiB,
+          "parent holds 300 MiB");
+    int slot = find_slot(getpid());
+    check(slot >= 0, "parent has a slot");
+
+    pid_t child = fork();
+    if (child == 0) {
+        CUdeviceptr p;
+        /* F_GETLK never reports the caller's own locks: check the parent from here. */
+        int fine = slot >= 0 && slot_holder((uint32_t)slot) == getppid();
+        fine &= seen_used() == 300 * MiB;
+        fine &= cuMemAlloc_v2(&p, 200 * MiB) == CUDA_SUCCESS && seen_used() == 500 * MiB;
+        cuMemFree_v2(mine); /* the parent's pointer is not the child's to give back */
+        fine &= seen_used() == 500 * MiB;
+        fine &= find_slot(getpid()) >= 0 && find_slot(getpid()) != find_slot(getppid());
+        exit(fine ? 0 : 1);
+    }
+    check(exited_ok(child), "fork: the child sees the parent's slot live and its 300 MiB, adds "
+          "200 in its own slot, and cannot release the parent's");
+    check(used(0) == 300 * MiB, "after the child exits: 300 MiB (%llu MiB)",
+          (unsigned long long)(used(0) / MiB));
+
+    child = fork();
+    if (child == 0) {
+        setenv("CUDA_DEVICE_MEMORY_LIMIT", "2g", 1); /* disagrees with the region: ignored */
+        execl(self, self, "exec-child", (char *)NULL);
+        _exit(3);
+    }
+    check(exited_ok(child), "exec: a new image allocates 100 MiB against the same region (400)");
+    check(used(0) == 300 * MiB, "after it exits: 300 MiB");
+
+    child = fork();
+    if (child == 0) {
+        CUdeviceptr p;
+        cuMemAlloc_v2(&p, 200 * MiB);
+        _exit(0); /* no destructors: only reaping can give this back */
+    }
+    wait_status(child);
+    check(used(0) == 500 * MiB, "_exit without cleanup leaves 200 MiB counted for now");
+    CUdeviceptr big;
+    check(cuMemAlloc_v2(&big, 700 * MiB) == CUDA_SUCCESS,
+          "700 MiB fits once the dead child's 200 MiB is reaped");
+    check(used(0) == 1000 * MiB, "region: 1000 MiB");
+    cuMemFree_v2(big);
+    cuMemFree_v2(mine);
+    check(used(0) == 0, "everything freed");
+}
+
+static int exec_child(void)
+{
+    cuda_start();
+    size_t free_b, total_b;
+    cuMemGetInfo_v2(&free_b, &total_b);
+    CUdeviceptr p;
+    int fine = total_b == 1024 * MiB; /* the region's cap, not this env's 2g */
+    fine &= cuMemAlloc_v2(&p, 100 * MiB) == CUDA_SUCCESS && seen_used() == 400 * MiB;
+    return fine ? 0 : 1;
+}
+
+/* ---- hammer ------------------------------------------------------------------------------- */
+
+enum { PROCS = 8, THREADS = 4, HOLD = 4, VICTIMS = 2 };
+
+struct shared {
+    int64_t held[PROCS];     /* bytes each child holds, by the test's own count */
+    int dead[PROCS];         /* set before a child is killed: no longer summed */
+    int64_t max_sum;
+    uint64_t allocs, refusals, frees;
+};
+
+static struct shared *shared;
+static uint64_t cap_bytes;
+static double deadline;
+static int me;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void note_sum(void)
+{
+    int64_t sum = 0;
+    for (int i = 0; i < PROCS; i++)
+        if (!__atomic_load_n(&shared->dead[i], __ATOMIC_ACQUIRE))
+            sum += __atomic_load_n(&shared->held[i], __ATOMIC_ACQUIRE);
+    int64_t max = __atomic_load_n(&shared->max_sum, __ATOMIC_RELAXED);
+    while (sum > max && !__atomic_compare_exchange_n(&shared->max_sum, &max, sum, 1,
+                                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
+static void *hammer_thread(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg * 7919u + (unsigned)getpid();
+    CUcontext ctx;
+    cuDevicePrimaryCtxRetain(&ctx, 0);
+    cuCtxSetCurrent(ctx);
+    CUdeviceptr ptr[HOLD] = {0};
+    uint64_t size[HOLD] = {0};
+    while (now_s() < deadline) {
+        int k = rand_r(&seed) % HOLD;
+        if (ptr[k] != 0) {
+            __atomic_sub_fetch(&shared->held[me], (int64_t)size[k], __ATOMIC_ACQ_REL);
+            cuMemFree_v2(ptr[k]);
+            __atomic_add_fetch(&shared->frees, 1, __ATOMIC_RELAXED);
+            ptr[k] = 0;
+            continue;
+        }
+        size[k] = (1 + (uint64_t)(rand_r(&seed) % 24)) * MiB;
+        if (cuMemAlloc_v2(&ptr[k], size[k]) == CUDA_SUCCESS) {
+            __atomic_add_fetch(&shared->held[me], (int64_t)size[k], __ATOMIC_ACQ_REL);
+            __atomic_add_fetch(&shared->allocs, 1, __ATOMIC_RELAXED);
+            note_sum();
+        } else {
+            ptr[k] = 0;
+            __atomic_add_fetch(&shared->refusals, 1, __ATOMIC_RELAXED);
+        }
+    }
+    for (int k = 0; k < HOLD; k++)
+        if (ptr[k] != 0) {
+            __atomic_sub_fetch(&shared->held[me], (int64_t)size[k], __ATOMIC_ACQ_REL);
+            cuMemFree_v2(ptr[k]);
+        }
+    return NULL;
+}
+
+static void hammer_child(int index)
+{
+    me = index;
+    cuInit(0);
+    pthread_t threads[THREADS];
+    for (int t = 0; t < THREADS; t++)
+        pthread_create(&threads[t], NULL, hammer_thread, (void *)(uintptr_t)(index * THREADS + t));
+    for (int t = 0; t < THREADS; t++)
+        pthread_join(threads[t], NULL);
+    exit(0);
+}
+
+static void hammer(void)
+{
+    double seconds = getenv("HAMMER_SECONDS") ? atof(getenv("HAMMER_SECONDS")) : 10.0;
+    cap_bytes = 256 * MiB;
+    shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    deadline = now_s() + seconds;
+    pid_t kids[PROCS];
+    for (int i = 0; i < PROCS; i++) {
+        kids[i] = fork();
+        if (kids[i] == 0)
+            hammer_child(i);
+    }
+    struct timespec half = {.tv_sec = (time_t)(seconds / 2),
+                            .tv_nsec = (long)((seconds / 2 - (time_t)(seconds / 2)) * 1e9)};
+    nanosleep(&half, NULL);
+    for (int v = 0; v < VICTIMS; v++) {
+        __atomic_store_n(&shared->dead[v], 1, __ATOMIC_RELEASE);
+        kill(kids[v], SIGKILL);
+    }
+    /* Everyone must be done shortly after the deadline: a wedged lock would show here. */
+    double give_up = deadline + 20.0;
+    int finished = 0, clean = 0;
+    while (finished < PROCS && now_s() < give_up) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid > 0) {
+            finished++;
+            clean += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        } else {
+            struct timespec nap = {0, 20 * 1000 * 1000};
+            nanosleep(&nap, NULL);
+        }
+    }
+    check(finished == PROCS, "all %d processes finished (no deadlock): %d", PROCS, finished);
+    if (finished < PROCS)
+        for (int i = 0; i < PROCS; i++)
+            kill(kids[i], SIGKILL);
+    check(clean == PROCS - VICTIMS, "the %d survivors exited cleanly (%d)", PROCS - VICTIMS, clean);
+    check(shared->max_sum <= (int64_t)cap_bytes,
+          "held memory never exceeded the cap: peak %lld MiB of %llu MiB",
+          (long long)(shared->max_sum / (int64_t)MiB), (unsigned long long)(cap_bytes / MiB));
+    check(shared->allocs > 1000 && shared->refusals > 100,
+          "it ran near the cap: %llu allocations, %llu refusals, %llu frees",
+          (unsigned long long)shared->allocs, (unsigned long long)shared->refusals,
+          (unsigned long long)shared->frees);
+    check(region->devices[0].peak_bytes <= cap_bytes, "the region's peak is within the cap");
+
+    pid_t last = fork();
+    if (last == 0) {
+        cuda_start();
+        CUdeviceptr p;
+        exit(cuMemAlloc_v2(&p, cap_bytes) == CUDA_SUCCESS ? 0 : 1);
+    }
+    check(exited_ok(last), "afterwards a new process gets the whole cap (killed ones reaped)");
+    check(used(0) == 0, "and the region is back to 0 (%llu)", (unsigned long long)used(0));
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (strcmp(mode, "exec-child") == 0)
+        return exec_child();
+    /* Create the region the way every process does, then read it as the monitor would. */
+    cuMemGetInfo_v2(NULL, NULL);
+    check(open_region(), "the region file has the documented header (magic, version, sizes)");
+    if (region == NULL)
+        return check_done("test_multiproc");
+    if (strcmp(mode, "hammer") == 0) {
+        hammer();
+        return check_done("test_multiproc hammer");
+    }
+    kill_holder();
+    fork_and_exec(argv[0]);
+    return check_done("test_multiproc fork-kill");
+}

@@ -1,0 +1,98 @@
+/* test_throttle.c - the SM limiter over the fake driver's synthetic utilisation: each launch
+ * of 1000 blocks is 1 ms of "GPU time" (FAKE_CUDA_NS_PER_BLOCK=1000), and the loop keeps the
+ * GPU busy when nothing holds it back. argv[1] is the limit the environment sets ("none" for
+ * no limit); the measured busy share after a settling time must be within 5 points of it.
+ * The loop rotates through every launch variant, so each one must be gated. */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <time.h>
+
+#include "check.h"
+#include "fake_state.h"
+
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, unsigned, CUstream, void **, void **);
+typedef CUresult (*coop_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            unsigned, unsigned, CUstream, void **);
+typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static launch_fn launch_ptsz;
+static coop_fn coop_ptsz;
+static launch_ex_fn ex_ptsz;
+
+/* One kernel of 1000 blocks through variant i % 6, then wait for the GPU like a training step. */
+static void step(unsigned i)
+{
+    CUlaunchConfig config = {.gridDimX = 1000, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 128,
+                             .blockDimY = 1, .blockDimZ = 1};
+    switch (i % 6) {
+    case 0: cuLaunchKernel(NULL, 1000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL); break;
+    case 1: launch_ptsz(NULL, 1000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL); break;
+    case 2: cuLaunchKernelEx(&config, NULL, NULL, NULL); break;
+    case 3: ex_ptsz(&config, NULL, NULL, NULL); break;
+    case 4: cuLaunchCooperativeKernel(NULL, 100, 10, 1, 128, 1, 1, 0, NULL, NULL); break;
+    default: coop_ptsz(NULL, 1000, 1, 1, 128, 1, 1, 0, NULL, NULL); break;
+    }
+    cuCtxSynchronize();
+}
+
+/* Busy share of device 0 over `seconds` of the loop, in percent. stride 1 rotates through the
+ * variants; stride 6 repeats the variant *i % 6. */
+static double run_for(double seconds, unsigned *i, unsigned stride)
+{
+    uint64_t busy0 = fake_cuda_busy_ns(0);
+    double t0 = now_s();
+    for (; now_s() - t0 < seconds; *i += stride)
+        step(*i);
+    cuCtxSynchronize();
+    return 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - t0) * 1e9);
+}
+
+int main(int argc, char **argv)
+{
+    const char *limit_arg = argc > 1 ? argv[1] : "none";
+    launch_ptsz = (launch_fn)dlsym(RTLD_DEFAULT, "cuLaunchKernel_ptsz");
+    coop_ptsz = (coop_fn)dlsym(RTLD_DEFAULT, "cuLaunchCooperativeKernel_ptsz");
+    ex_ptsz = (launch_ex_fn)dlsym(RTLD_DEFAULT, "cuLaunchKernelEx_ptsz");
+    if (!check(launch_ptsz && coop_ptsz && ex_ptsz, "per-thread launch wrappers found"))
+        return check_done("test_throttle");
+    CUcontext ctx;
+    cuInit(0);
+    cuDevicePrimaryCtxRetain(&ctx, 0);
+    cuCtxSetCurrent(ctx);
+    unsigned i = 0, launched = 0;
+    run_for(2.0, &i, 1); /* settle */
+    double util = run_for(2.0, &i, 1);
+    launched = i;
+    if (strcmp(limit_arg, "none") == 0) {
+        check(util > 80.0, "no limit: the loop keeps the GPU %.1f%% busy", util);
+    } else {
+        double limit = atof(limit_arg);
+        check(fabs(util - limit) <= 5.0, "limit %.0f%%: measured %.1f%% after 2 s", limit, util);
+        /* Alone, an ungated variant would run at the unlimited ~90%. */
+        static const char *const names[] = {"cuLaunchKernel", "cuLaunchKernel_ptsz",
+                                            "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
+                                            "cuLaunchCooperativeKernel",
+                                            "cuLaunchCooperativeKernel_ptsz"};
+        for (unsigned v = 0; v < 6; v++) {
+            unsigned j = v, before = j;
+            double alone = run_for(0.4, &j, 6);
+            launched += (j - before) / 6;
+            check(alone <= limit + 10.0, "%s alone is gated: %.1f%%", names[v], alone);
+        }
+    }
+    uint64_t launches = 0;
+    for (int v = 0; v < FAKE_LAUNCH_VARIANTS; v++)
+        launches += fake_cuda_stats.launches[v];
+    check(launches == launched, "every launch reached the driver (%llu of %u)",
+          (unsigned long long)launches, launched);
+    return check_done("test_throttle");
+}
