@@ -17,7 +17,7 @@ import grpc
 
 from vgpu_deviceplugin.api import deviceplugin_pb2 as pb
 from vgpu_deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
-from vgpu_deviceplugin.server import OPTIONS, DevicePlugin
+from vgpu_deviceplugin.server import OPTIONS, DevicePlugin, add_to_server
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ async def serve(plugin: DevicePlugin, resource_name: str, directory: str) -> End
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # a stale socket from a previous run
     server = grpc.aio.server()
-    pb_grpc.add_DevicePluginServicer_to_server(plugin, server)
+    add_to_server(plugin, server)
     server.add_insecure_port(f"unix://{path}")
     await server.start()
     return Endpoint(resource_name, path, server)

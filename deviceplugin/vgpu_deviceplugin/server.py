@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -29,7 +30,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         self._state = state
         self._allocator = allocator
         self._warned: str | None = None
-        self._cached: tuple[int, pb.ListAndWatchResponse] | None = None
+        self._cached: tuple[int, bytes] | None = None
 
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.aio.ServicerContext
@@ -38,7 +39,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
 
     async def ListAndWatch(
         self, request: pb.Empty, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+    ) -> AsyncIterator[bytes]:
         seen = -1
         while True:
             if seen != -1:
@@ -47,17 +48,17 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                 seen = self._state.version
             yield self.current_list()
 
-    def current_list(self) -> pb.ListAndWatchResponse:
-        """Built once per state version: 200k memory entries take a third of a second."""
+    def current_list(self) -> bytes:
+        """The serialized ListAndWatchResponse, built once per state version."""
         state = self._state
         if self._cached is not None and self._cached[0] == state.version:
             return self._cached[1]
         adv = advertise(self.kind, state.gpus, state.health, state.settings)
-        self._cached = (state.version, adv.response)
+        self._cached = (state.version, adv.payload)
         if adv.warning and adv.warning != self._warned:
             log.warning("%s", adv.warning)
             self._warned = adv.warning
-        return adv.response
+        return adv.payload
 
     async def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext
@@ -95,6 +96,31 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
     ) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
+
+
+def _serialize(message: Any) -> bytes:
+    return message if isinstance(message, bytes) else bytes(message.SerializeToString())
+
+
+def add_to_server(plugin: DevicePlugin, server: grpc.aio.Server) -> None:
+    """Like the generated add_DevicePluginServicer_to_server, but ListAndWatch may yield bytes."""
+    empty = pb.Empty.FromString
+    handlers = {
+        "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
+            plugin.GetDevicePluginOptions, request_deserializer=empty, response_serializer=_serialize),
+        "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+            plugin.ListAndWatch, request_deserializer=empty, response_serializer=_serialize),
+        "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
+            plugin.GetPreferredAllocation, request_deserializer=pb.PreferredAllocationRequest.FromString,
+            response_serializer=_serialize),
+        "Allocate": grpc.unary_unary_rpc_method_handler(
+            plugin.Allocate, request_deserializer=pb.AllocateRequest.FromString,
+            response_serializer=_serialize),
+        "PreStartContainer": grpc.unary_unary_rpc_method_handler(
+            plugin.PreStartContainer, request_deserializer=pb.PreStartContainerRequest.FromString,
+            response_serializer=_serialize),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1beta1.DevicePlugin", handlers),))
 
 
 def to_response(result: Plan) -> pb.ContainerAllocateResponse:
