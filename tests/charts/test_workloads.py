@@ -220,3 +220,15 @@ def test_monitor_arguments_are_accepted_by_the_monitor(default_objects: list[Obj
     assert args.port == 9394
     assert args.containers_dir == "/tmp/vgpu/containers"
     assert args.node_name == "gpu-node-1"
+
+
+@pytest.mark.parametrize("profile", ["default", "adopt"])
+def test_events_of_cluster_scoped_objects_land_where_allowed(renders: Renders, profile: str) -> None:
+    objs = renders(profile)
+    env = {e["name"]: e for e in container(pod_spec(objs, "Deployment"), "operator")["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    deployment_ns = chart.one(objs, "Deployment")["metadata"]["namespace"]
+    operator_role = (deployment_ns, "vgpu-vgpu-operator")
+    role = next(r for r in chart.of_kind(objs, "Role")
+                if (r["metadata"]["namespace"], r["metadata"]["name"]) == operator_role)
+    assert any(rule["resources"] == ["events"] and "create" in rule["verbs"] for rule in role["rules"])
