@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from vgpu_deviceplugin.config import Flags
 from vgpu_deviceplugin.gpus.mock import MockBackend
 from vgpu_deviceplugin.runner import run_plugin
@@ -231,6 +232,13 @@ async def schedule(running: RunningEmulator, pod: dict[str, Any]) -> Placement |
         bound["spec"]["nodeName"] = result.node
         running.emulator.apply(bound)
     return result
+
+
+async def delete_pod(running: RunningEmulator, namespace: str, name: str) -> bool:
+    """DELETE the pod through the API, as `kubectl delete pod` does; False if it was not there."""
+    async with aiohttp.ClientSession() as session, session.delete(
+            f"{running.url}/api/v1/namespaces/{namespace}/pods/{name}") as response:
+        return response.status == 200
 
 
 async def allocate(agent: NodeAgent, resource: str, count: int) -> dict[str, Any]:

@@ -145,6 +145,11 @@ async def _demo(narrator: Narrator, with_hook: bool, workdir: Path) -> bool:
                 narrator.done()
 
                 narrator.step(5, "Volcano-compatible binder schedules the fixture pod")
+                for failed in (p for p in facts.pods if (p.get("status") or {}).get("phase") == "Failed"):
+                    meta = failed["metadata"]
+                    await chain.delete_pod(running, meta["namespace"], meta["name"])
+                    say(f"deleted the failed pod {meta['namespace']}/{meta['name']} (Failed pods are not "
+                        f"retried)")
                 facts = await chain.read_facts(running)
                 pod = chain.demo_pod(facts)
                 limits = pod["spec"]["containers"][0]["resources"]["limits"]

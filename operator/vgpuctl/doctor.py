@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from vgpu_formats import FormatError
 from vgpu_formats import annotations as ann
@@ -28,6 +28,7 @@ from vgpuctl.facts import (
     ClusterFacts,
     show_version,
 )
+from vgpuctl.manifests import Prefilter, trim_document
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 APPLY_POLICY = (
@@ -55,6 +56,7 @@ class PodDiagnosis:
     requests: dict[str, str]
     causes: list[str]
     fix: str
+    found: bool = True  # False: nothing in the configuration explains it
 
 
 @dataclass
@@ -68,7 +70,9 @@ class Report:
 
     @property
     def problems(self) -> int:
-        return sum(1 for f in self.findings if f.severity in (ERROR, WARNING))
+        """Errors and warnings, plus pods whose failure the configuration explains."""
+        findings = sum(1 for f in self.findings if f.severity in (ERROR, WARNING))
+        return findings + sum(p.found for p in self.pods)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -402,11 +406,17 @@ def _extended_requests(pod: Obj) -> dict[str, str]:
     return out
 
 
-def is_troubled(pod: Obj, names: Iterable[str]) -> bool:
-    """Pods doctor explains unasked: admission failures, and pending pods asking for vGPU names."""
+# Text that every pod doctor explains unasked contains (a cheap test before parsing the pod).
+TROUBLE_MARKERS = ("UnexpectedAdmissionError", "Pending")
+
+
+def is_failed_admission(pod: Obj) -> bool:
+    return (pod.get("status") or {}).get("reason") == "UnexpectedAdmissionError"
+
+
+def is_waiting(pod: Obj, names: Iterable[str]) -> bool:
+    """Pending, unbound, asking for a vGPU name: explained when the configuration is the cause."""
     status = pod.get("status") or {}
-    if status.get("reason") == "UnexpectedAdmissionError":
-        return True
     wanted = set(_extended_requests(pod))
     return status.get("phase") == "Pending" and not (pod.get("spec") or {}).get("nodeName") and bool(
         wanted & set(names))
@@ -485,7 +495,7 @@ def diagnose_pod(facts: ClusterFacts, pod: Obj) -> PodDiagnosis:
     fix = "; ".join(dict.fromkeys(fixes))
     if found:
         fix = APPLY_POLICY + (f"; or by hand: {fix}" if fix else "")
-    return PodDiagnosis(pod=pod_key(pod), state=state, requests=requests, causes=causes, fix=fix)
+    return PodDiagnosis(pod=pod_key(pod), state=state, requests=requests, causes=causes, fix=fix, found=found)
 
 
 # --- the report ---------------------------------------------------------------------------
@@ -516,11 +526,36 @@ def diagnose(facts: ClusterFacts, pod: str | None = None) -> Report:
     report.findings += node_findings
     watched = {n for n in (*report.names["scheduler"].values(), *plugin_names.values()) if n}
     for obj in facts.pods:
-        if pod_key(obj) == pod or (pod is None and is_troubled(obj, watched)):
+        if pod_key(obj) == pod or is_failed_admission(obj):
             report.pods.append(diagnose_pod(facts, obj))
+        elif is_waiting(obj, watched):
+            diagnosis = diagnose_pod(facts, obj)
+            if diagnosis.found:
+                report.pods.append(diagnosis)
     order = {ERROR: 0, WARNING: 1, INFO: 2}
     report.findings.sort(key=lambda f: order.get(f.severity, 3))
     return report
+
+
+class DoctorPrefilter(Prefilter):
+    """What doctor reads: Nodes trimmed to name, labels, annotations and allocatable; only the
+    pods it may explain (see TROUBLE_MARKERS, or the one named with --pod); everything else whole."""
+
+    NODE_FIELDS: ClassVar[dict[str, frozenset[str] | None]] = {
+        "apiVersion": None, "kind": None,
+        "metadata": frozenset({"name", "labels", "annotations"}),
+        "status": frozenset({"allocatable"}),
+    }
+
+    def __init__(self, pod: str | None = None) -> None:
+        self.markers = (*TROUBLE_MARKERS, pod.rsplit("/", 1)[-1]) if pod else TROUBLE_MARKERS
+
+    def __call__(self, kind: str, text: str) -> str | None:
+        if kind == "Node":
+            return trim_document(text, self.NODE_FIELDS)
+        if kind == "Pod":
+            return text if any(marker in text for marker in self.markers) else None
+        return text
 
 
 def _registered(facts: ClusterFacts) -> dict[str, str]:

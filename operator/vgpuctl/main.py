@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vgpuctl import output
-from vgpuctl.manifests import ManifestError, load_objects
+from vgpuctl.manifests import ManifestError, Prefilter, load_objects
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 
@@ -24,12 +24,12 @@ class UsageError(Exception):
     """Bad input from the user: printed without a traceback, exit code 2."""
 
 
-def read_objects(args: argparse.Namespace) -> list[dict[str, Any]]:
+def read_objects(args: argparse.Namespace, prefilter: Prefilter | None = None) -> list[dict[str, Any]]:
     """Manifests from -f/--cluster-dir (later overlay earlier), else the live cluster."""
     sources: list[str] = list(getattr(args, "sources", None) or [])
     if sources:
         try:
-            return load_objects([Path(s) for s in sources])
+            return load_objects([Path(s) for s in sources], prefilter)
         except ManifestError as err:
             raise UsageError(str(err)) from err
     from vgpuctl.live import ClusterError, read_cluster_sync  # imported late: only live reads need it
@@ -100,8 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "doctor":
             from vgpuctl.commands import doctor_command
+            from vgpuctl.doctor import DoctorPrefilter
 
-            return doctor_command(args, read_objects(args), style)
+            return doctor_command(args, read_objects(args, DoctorPrefilter(args.pod)), style)
         if args.command == "render":
             from vgpuctl.commands import render_command
 

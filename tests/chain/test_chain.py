@@ -63,7 +63,8 @@ async def test_whole_chain(tmp_path):
                 for each in agents.values():
                     chain.publish_allocatable(running, each)
 
-                # 3. binder annotations.
+                # 3. binder annotations (the seed's failed pod is deleted first, as doctor advises).
+                assert await chain.delete_pod(running, "volcano-system", "test-vgpu-compatible")
                 facts = await chain.read_facts(running)
                 pod = chain.demo_pod(facts)
                 assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
