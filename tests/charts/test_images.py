@@ -135,3 +135,13 @@ def test_context_keeps_sources_and_drops_local_state() -> None:
         assert needed not in ignored
     for local in (".venv", ".git", ".tools", "hook/build"):
         assert local in ignored
+
+
+def test_gpus_are_asked_for_by_the_containers_that_use_them(default_objects: list[dict[str, Any]]) -> None:
+    # An image-wide NVIDIA_VISIBLE_DEVICES would make the NVIDIA runtime inject into install-hook too.
+    assert "NVIDIA_VISIBLE_DEVICES" not in " ".join(ln for ln in lines(DOCKERFILES["deviceplugin"])
+                                                    if ln.startswith("ENV"))
+    spec = next(o for o in default_objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    wants = {c["name"] for c in spec["initContainers"] + spec["containers"]
+             if any(e["name"] == "NVIDIA_VISIBLE_DEVICES" for e in c.get("env", []))}
+    assert wants == {"device-plugin", "monitor"}
