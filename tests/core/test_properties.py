@@ -119,7 +119,9 @@ def test_foreign_config_survives(conf: dict[str, Any], args: tuple[list[str], li
     assert all(after[k] == before[k] for k in before if k != "tiers")
     assert len(after["tiers"]) == len(before["tiers"])
     foreign_before = [p for p in _plugins(before) if p["name"] != "deviceshare"]
-    assert [p for p in _plugins(after) if p["name"] != "deviceshare"] == foreign_before
+    # compared as YAML text, so 1, 1.0 and true stay distinct (no int turned into a string or float)
+    assert yaml.safe_dump([p for p in _plugins(after) if p["name"] != "deviceshare"]) == \
+        yaml.safe_dump(foreign_before)
     for old, new in zip(before["tiers"], after["tiers"], strict=True):
         assert [p for p in new["plugins"] if p["name"] != "deviceshare"] == \
             [p for p in old["plugins"] if p["name"] != "deviceshare"]
