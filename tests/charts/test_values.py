@@ -120,3 +120,19 @@ def test_chart_locations_default_to_the_crd_defaults() -> None:
     existing = VALUES["existingDevicePlugin"]
     for field in ("namespace", "daemonSet", "container", "generation"):
         assert existing[field] == default("devicePlugin", field)
+
+
+def lookup(values: Any, path: str) -> Any:
+    for key in path.split("."):
+        if not isinstance(values, dict) or key not in values:
+            return None
+        values = values[key]
+    return values
+
+
+def test_every_toggle_is_rendered_flipped_by_some_profile() -> None:
+    toggles = [p for p in value_paths(VALUES, SCHEMA) if isinstance(lookup(VALUES, p), bool)]
+    assert len(toggles) >= 10
+    for path in toggles:
+        flipped = not lookup(VALUES, path)
+        assert any(lookup(values, path) == flipped for values in chart.PROFILES.values()), path
