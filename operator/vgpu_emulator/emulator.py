@@ -140,6 +140,8 @@ class Emulator(kmock.KubernetesEmulator):
         super().__attrs_post_init__()
         for spec in BUILTINS:
             self.declare(spec)
+        for namespace in ("default", "kube-system"):  # present in every cluster
+            self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
 
     async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
         listing = await super()._serve_version(request)

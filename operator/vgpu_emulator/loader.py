@@ -37,8 +37,13 @@ def iter_manifests(path: str | pathlib.Path) -> Iterator[dict[str, Any]]:
 
 
 def load_objects(emulator: Emulator, objects: Iterable[Mapping[str, Any]]) -> int:
-    """Create or replace each object (CRDs first, so their custom resources can follow)."""
+    """Create or replace each object (CRDs first, so their custom resources can follow). The
+    namespaces the objects live in are created too, as they exist in any real cluster."""
     ordered = sorted(objects, key=lambda obj: obj.get("kind") != "CustomResourceDefinition")
+    namespaces = {str((obj.get("metadata") or {}).get("namespace") or "") for obj in ordered} - {""}
+    for namespace in sorted(namespaces):
+        if emulator.get_object("Namespace", None, namespace) is None:
+            emulator.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     for obj in ordered:
         try:
             emulator.apply(obj)

@@ -4,6 +4,7 @@ and the operator running in the test's event loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import pathlib
 from collections.abc import AsyncIterator, Callable
@@ -163,9 +164,10 @@ class Cluster:
         return len(self.emulator.writes(fragment))
 
 
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    async with run_emulator(FIXTURES / "cluster") as running:
+@contextlib.asynccontextmanager
+async def operating(*manifests: pathlib.Path) -> AsyncIterator[Cluster]:
+    """The emulator with these manifests and device plugin pods, and the operator running on it."""
+    async with run_emulator(*manifests) as running:
         plugin_pods(running.emulator)
         metrics = Metrics()
         stop = asyncio.Event()
@@ -177,3 +179,18 @@ async def cluster() -> AsyncIterator[Cluster]:
         finally:
             stop.set()
             await asyncio.wait_for(task, timeout=10)
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    async with operating(FIXTURES / "cluster") as running:
+        yield running
+
+
+@pytest.fixture
+async def seed001() -> AsyncIterator[Cluster]:
+    """The cluster with the seed-001 breakage: device-config says nvidia.com/gpu, the legacy plugin
+    registers volcano.sh/vgpu-number."""
+    scenario = FIXTURES / "scenarios" / "seed001-resource-name-mismatch.yaml"
+    async with operating(FIXTURES / "cluster", scenario) as c:
+        yield c

@@ -1,0 +1,113 @@
+"""The pure plan: which targets are written, which restarts follow, which events are emitted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vgpu_operator.plan import PLUGIN_HASH, SCHEDULER_HASH, Previous, make_plan, previous_from_status
+
+
+@dataclass
+class FakeTarget:
+    kind: str
+    namespace: str
+    name: str
+    live: dict[str, Any] | None
+    desired: dict[str, Any] | None
+    content_hash: str = "h1"
+    changed: bool = False
+    key: str | None = None
+    restart_hash: str | None = None
+    changed_nodes: list[str] = field(default_factory=list)
+    error: Any = None
+
+    def patch(self) -> dict[str, Any]:
+        return {}
+
+
+def _cm(changed: bool = False, live: bool = True, content_hash: str = "h1") -> FakeTarget:
+    return FakeTarget("ConfigMap", "kube-system", "dc", {"data": {}} if live else None, {"data": {"k": "v"}},
+                      content_hash, changed, key="device-config.yaml")
+
+
+def _workload(kind: str, annotation: str, live_hash: str | None, want: str) -> FakeTarget:
+    def obj(value: str | None) -> dict[str, Any]:
+        annotations = {annotation: value} if value else {}
+        return {"spec": {"template": {"metadata": {"annotations": annotations}}}}
+    return FakeTarget(kind, "ns", kind.lower(), obj(live_hash), obj(want), want, live_hash != want,
+                      restart_hash=want)
+
+
+def _node_config(nodes: list[str]) -> FakeTarget:
+    return FakeTarget("ConfigMap", "kube-system", "nc", {"data": {}}, {"data": {}}, "n2", bool(nodes),
+                      key="config.json", changed_nodes=nodes)
+
+
+def test_steady_state_writes_nothing() -> None:
+    plan = make_plan([_cm()], {}, enforce=True, paused=False, builtin_plugin=False)
+    assert plan.writes == [] and plan.events == [] and plan.restarts == []
+    assert plan.decisions[0].state == "InSync"
+
+
+def test_policy_change_and_first_adoption_write() -> None:
+    previous = {("ConfigMap", "kube-system", "dc"): Previous("h0", "InSync")}
+    plan = make_plan([_cm(changed=True)], previous, enforce=False, paused=False, builtin_plugin=False)
+    assert len(plan.writes) == 1 and plan.decisions[0].state == "Updated" and not plan.decisions[0].repair
+    assert [e.reason for e in plan.events] == ["Applied"]
+
+
+def test_hand_edit_is_repaired_under_enforce_and_reported_under_report() -> None:
+    previous = {("ConfigMap", "kube-system", "dc"): Previous("h1", "InSync")}
+    enforce = make_plan([_cm(changed=True)], previous, enforce=True, paused=False, builtin_plugin=False)
+    assert enforce.decisions[0].repair and len(enforce.writes) == 1
+    assert [e.reason for e in enforce.events] == ["DriftRepaired"]
+
+    report = make_plan([_cm(changed=True)], previous, enforce=False, paused=False, builtin_plugin=False)
+    assert report.writes == [] and report.decisions[0].state == "Drifted"
+    assert report.decisions[0].hash == "h1", "the last applied hash is kept, so the drift stays visible"
+    assert [e.reason for e in report.events] == ["DriftDetected"]
+
+    again = {("ConfigMap", "kube-system", "dc"): Previous("h1", "Drifted")}
+    repeated = make_plan([_cm(changed=True)], again, enforce=False, paused=False, builtin_plugin=False)
+    assert repeated.events == []
+
+    deleted = make_plan([_cm(changed=True, live=False)], previous, enforce=False, paused=False,
+                        builtin_plugin=False)
+    assert deleted.decisions[0].state == "Missing"
+
+
+def test_paused_writes_nothing_and_unrenderable_targets_are_errors() -> None:
+    paused = make_plan([_cm(changed=True)], {}, enforce=True, paused=True, builtin_plugin=False)
+    assert paused.writes == [] and paused.decisions[0].state == "Drifted"
+    broken = FakeTarget("DaemonSet", "ns", "ds", {}, None, error="error: no container")
+    plan = make_plan([broken], {}, enforce=True, paused=False, builtin_plugin=False)
+    assert plan.writes == [] and plan.decisions[0].state == "Error"
+    assert "no container" in plan.decisions[0].message
+
+
+def test_restarts_follow_the_pod_template_hashes() -> None:
+    same = _workload("Deployment", SCHEDULER_HASH, "a", "a")
+    assert make_plan([same], {}, enforce=True, paused=False, builtin_plugin=False).restarts == []
+    rolled = make_plan([_workload("Deployment", SCHEDULER_HASH, "a", "b")], {}, enforce=True, paused=False,
+                       builtin_plugin=False)
+    assert [(r.kind, r.hash) for r in rolled.restarts] == [("scheduler", "b")]
+
+
+def test_plugin_pods_recreated_only_on_changed_nodes_and_only_when_needed() -> None:
+    plan = make_plan([_node_config(["n1"])], {}, enforce=True, paused=False, builtin_plugin=False)
+    assert plan.recreate_plugin_pods_on == ["n1"]
+    assert [r.kind for r in plan.restarts] == ["plugin-pod"]
+    builtin = make_plan([_node_config(["n1"])], {}, enforce=True, paused=False, builtin_plugin=True)
+    assert builtin.recreate_plugin_pods_on == [], "the builtin plugin watches the ConfigMap"
+    rolling = make_plan([_node_config(["n1"]), _workload("DaemonSet", PLUGIN_HASH, "a", "b")], {},
+                        enforce=True, paused=False, builtin_plugin=False)
+    assert rolling.recreate_plugin_pods_on == [], "a DaemonSet rollout restarts every pod anyway"
+    assert [r.kind for r in rolling.restarts] == ["daemonset"]
+
+
+def test_previous_from_status_ignores_garbage() -> None:
+    entry = {"kind": "ConfigMap", "namespace": "a", "name": "b", "hash": "x", "state": "InSync"}
+    status = {"targets": [entry, "garbage"]}
+    assert previous_from_status(status) == {("ConfigMap", "a", "b"): Previous("x", "InSync")}
+    assert previous_from_status(None) == {}

@@ -1,0 +1,73 @@
+"""The pure status: node convergence and capacity from node annotations, conditions and their times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vgpu_operator import api
+from vgpu_operator.status import Outcome, build_status, report_node, report_nodes
+
+REGISTER = "volcano.sh/node-vgpu-register"
+GPU = "GPU-{i},{split},24564,NVIDIA-NVIDIA GeForce RTX 4090,true,hami-core:"
+
+
+def _node(name: str, register: str | None = None, **allocatable: str) -> dict[str, Any]:
+    annotations = {REGISTER: register} if register is not None else {}
+    return {"metadata": {"name": name, "annotations": annotations}, "status": {"allocatable": allocatable}}
+
+
+def _register(gpus: int, split: int) -> str:
+    return "".join(GPU.format(i=i, split=split) for i in range(gpus))
+
+
+SPEC = api.VGPUPolicySpec()
+
+
+def test_converged_node_counts_its_capacity() -> None:
+    report = report_node(_node("a", _register(2, 10), **{"volcano.sh/vgpu-number": "20"}), SPEC, 10)
+    assert report.converged and (report.gpus, report.vgpus, report.memory_mib) == (2, 20, 2 * 24564)
+
+
+def test_mismatch_reasons_name_the_fix() -> None:
+    wrong_name = report_node(_node("a", _register(1, 10), **{"nvidia.com/gpu": "10"}), SPEC, 10)
+    assert wrong_name.reason == "node advertises nvidia.com/gpu but policy says volcano.sh/vgpu-number"
+    wrong_split = report_node(_node("a", _register(1, 10), **{"volcano.sh/vgpu-number": "10"}), SPEC, 4)
+    assert wrong_split.reason.startswith("registered split 10 but policy says 4")
+    unregistered = report_node(_node("a", None, **{"volcano.sh/vgpu-number": "10"}), SPEC, 10)
+    assert unregistered.gpu and not unregistered.registered and "has not registered" in unregistered.reason
+
+
+def test_malformed_annotation_is_reported_never_raised() -> None:
+    report = report_node(_node("a", "garbage,,:", **{"volcano.sh/vgpu-number": "10"}), SPEC, 10)
+    assert report.gpu and not report.registered and report.reason.startswith("unreadable register annotation")
+
+
+def test_cpu_nodes_are_not_counted() -> None:
+    assert report_nodes([_node("cpu", None, cpu="8")], SPEC, None) == []
+
+
+def test_split_comes_from_the_node_config_entry() -> None:
+    node_config = {"data": {"config.json": '{"nodeconfig": [{"name": "a", "devicesplitcount": 4}]}'}}
+    nodes = [_node("a", _register(1, 4), **{"volcano.sh/vgpu-number": "4"}),
+             _node("b", _register(1, 4), **{"volcano.sh/vgpu-number": "4"})]
+    reports = {r.name: r.converged for r in report_nodes(nodes, SPEC, node_config)}
+    assert reports == {"a": True, "b": False}
+
+
+def test_transition_time_changes_only_with_the_condition_status() -> None:
+    nodes = report_nodes([_node("a", _register(1, 10), **{"volcano.sh/vgpu-number": "10"})], SPEC, None)
+    first = build_status(Outcome(1, problems=["spec.x: bad"], nodes=nodes), None, "T1")
+    second = build_status(Outcome(1, problems=["spec.x: bad"], nodes=nodes), first, "T2")
+    assert second == first, "an unchanged outcome gives an identical status (no write)"
+    fixed = build_status(Outcome(2, nodes=nodes), second, "T3")
+    valid = fixed.condition("Valid")
+    assert valid is not None and (valid.status, valid.last_transition_time) == ("True", "T3")
+    assert fixed.condition("Conflict") is not None
+    assert fixed.nodes.summary == "1/1" and fixed.capacity.gpus == 1
+
+
+def test_conflict_says_which_policy_is_active() -> None:
+    status = build_status(Outcome(1, conflict_with="older"), None, "T")
+    conflict, ready = status.condition("Conflict"), status.condition("Ready")
+    assert conflict is not None and conflict.status == "True" and "older" in conflict.message
+    assert ready is not None and ready.status == "False"
