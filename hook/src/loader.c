@@ -15,23 +15,29 @@
 
 typedef void *(*dlsym_fn)(void *, const char *);
 
+/* The sanitizer runtimes call dlsym while they start, before their shadow memory exists: the
+ * dlsym path must not be instrumented in the sanitizer build (no effect on the normal one). */
+#define NOT_INSTRUMENTED __attribute__((no_sanitize("address", "undefined")))
+
 static dlsym_fn real_dlsym_fn;
-static __thread int loading; /* set while this thread runs dlopen: nested lookups pass through */
+static __thread __attribute__((tls_model("initial-exec"))) int loading; /* set while this thread runs dlopen: nested lookups pass through */
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static dlsym_fn find_real_dlsym(void)
+NOT_INSTRUMENTED static dlsym_fn find_real_dlsym(void)
 {
     /* dlvsym is not overridden, so it reaches glibc; dlsym moved to libc in glibc 2.34. */
     static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
     for (size_t i = 0; i < sizeof versions / sizeof versions[0]; i++) {
         void *fn = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+        if (fn == NULL)
+            fn = dlvsym(RTLD_DEFAULT, "dlsym", versions[i]);
         if (fn != NULL)
             return (dlsym_fn)fn;
     }
     return NULL;
 }
 
-static dlsym_fn get_real_dlsym(void)
+NOT_INSTRUMENTED static dlsym_fn get_real_dlsym(void)
 {
     dlsym_fn fn = __atomic_load_n(&real_dlsym_fn, __ATOMIC_ACQUIRE);
     if (fn == NULL) {
@@ -78,7 +84,7 @@ void *vgpu_lib_wrapper_for(struct vgpu_hook_lib *lib, const void *real)
     return NULL;
 }
 
-int vgpu_lib_hooks_name(const struct vgpu_hook_lib *lib, const char *name)
+NOT_INSTRUMENTED int vgpu_lib_hooks_name(const struct vgpu_hook_lib *lib, const char *name)
 {
     for (size_t i = 0; i < lib->count; i++)
         if (lib->hooks[i].wrapper != NULL && strcmp(lib->hooks[i].name, name) == 0)
@@ -86,7 +92,7 @@ int vgpu_lib_hooks_name(const struct vgpu_hook_lib *lib, const char *name)
     return 0;
 }
 
-static struct vgpu_hook_lib *lib_for_name(const char *name)
+NOT_INSTRUMENTED static struct vgpu_hook_lib *lib_for_name(const char *name)
 {
     if (name[0] == 'c' && name[1] == 'u' && vgpu_lib_hooks_name(&vgpu_cuda_lib, name))
         return &vgpu_cuda_lib;
@@ -95,14 +101,16 @@ static struct vgpu_hook_lib *lib_for_name(const char *name)
     return NULL;
 }
 
-VGPU_EXPORT void *dlsym(void *handle, const char *name)
+NOT_INSTRUMENTED VGPU_EXPORT void *dlsym(void *handle, const char *name)
 {
     if (handle == RTLD_NEXT || loading) {
         /* A sibling call (a jump at -O2): glibc sees our caller's return address, so RTLD_NEXT
          * stays relative to the object that asked. */
-        return get_real_dlsym()(handle, name);
+        dlsym_fn next = get_real_dlsym();
+        return next != NULL ? next(handle, name) : NULL;
     }
-    void *found = get_real_dlsym()(handle, name);
+    dlsym_fn real = get_real_dlsym();
+    void *found = real != NULL ? real(handle, name) : NULL;
     struct vgpu_hook_lib *lib = found != NULL ? lib_for_name(name) : NULL;
     if (lib == NULL)
         return found;

@@ -1,8 +1,10 @@
 #!/bin/sh
-# run.sh BUILD LIBVGPU - runs every C test with LIBVGPU preloaded over the fake driver.
+# run.sh BUILD LIBVGPU [UNIT_DIR] - runs every C test with LIBVGPU preloaded over the fake
+# driver; the unit tests (pure modules linked in) come from UNIT_DIR (default BUILD/tests).
 # Each test gets its own shared-region file in a fresh temporary folder.
 set -u
 build=$1
+units=${3:-$1/tests}
 lib=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
 tmp=$(mktemp -d /tmp/vgpu-test.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
@@ -28,8 +30,8 @@ run() {
     fi
 }
 
-run limits "$build/tests/test_limits"
-run control "$build/tests/test_control"
+run limits "$units/test_limits"
+run control "$units/test_control"
 run alloc CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m "$build/tests/test_alloc"
 run alloc-uncapped "$build/tests/test_alloc" uncapped
 run procaddr CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_procaddr"
