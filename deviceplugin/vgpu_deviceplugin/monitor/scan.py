@@ -1,0 +1,89 @@
+"""Find the containers' region files and read them (I/O: files and fcntl only).
+
+Layout on the host: <containers-dir>/<pod-uid>_<container>/<something>.cache, the directory the
+device plugin mounts at /tmp/vgpu in each container.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from vgpu_deviceplugin.monitor.region import (
+    Region,
+    RegionError,
+    RegionNotReady,
+    parse_region,
+    slot_lock_offset,
+)
+
+log = logging.getLogger(__name__)
+_FLOCK = "hhqqi4x"  # struct flock on Linux x86-64/arm64: type, whence, start, len, pid
+
+
+@dataclass(frozen=True)
+class ContainerRegion:
+    pod_uid: str
+    container: str
+    path: str
+    region: Region
+    live_slots: frozenset[int]
+
+
+def split_dir_name(name: str) -> tuple[str, str] | None:
+    """`<pod-uid>_<container>` -> (uid, container); container names cannot contain '_'."""
+    uid, sep, container = name.partition("_")
+    return (uid, container) if sep and uid and container else None
+
+
+def live_slots(fd: int, region: Region) -> frozenset[int]:
+    """Slots whose owner still holds its lock byte (F_GETLK only: a reader must never lock)."""
+    alive = set()
+    for slot in region.slots:
+        query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, slot_lock_offset(slot.slot), 1, 0)
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
+        if struct.unpack(_FLOCK, answer)[0] != fcntl.F_UNLCK:
+            alive.add(slot.slot)
+    return frozenset(alive)
+
+
+def read_container(directory: Path) -> ContainerRegion | None:
+    names = split_dir_name(directory.name)
+    if names is None:
+        return None
+    caches = sorted(p for p in directory.iterdir() if p.name.endswith(".cache") and p.is_file())
+    if not caches:
+        return None  # no CUDA process has started yet
+    path = caches[0]
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        log.warning("cannot open %s: %s", path, exc)
+        return None
+    try:
+        region = parse_region(os.pread(fd, 1 << 20, 0))
+        return ContainerRegion(names[0], names[1], str(path), region, live_slots(fd, region))
+    except RegionNotReady:
+        return None
+    except RegionError as exc:
+        log.warning("%s: %s", path, exc)
+        return None
+    finally:
+        os.close(fd)
+
+
+def scan(containers_dir: str) -> list[ContainerRegion]:
+    root = Path(containers_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in sorted(root.iterdir()):
+        if entry.is_dir():
+            got = read_container(entry)
+            if got is not None:
+                found.append(got)
+    return found

@@ -1,0 +1,143 @@
+"""vgpu-monitor on region files written by the test in the layout of hook/include/vgpu_region.h."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from vgpu_deviceplugin.monitor import region as layout
+from vgpu_deviceplugin.monitor.exporter import metrics
+from vgpu_deviceplugin.monitor.main import serve
+from vgpu_deviceplugin.monitor.region import RegionError, RegionNotReady, parse_region
+from vgpu_deviceplugin.monitor.scan import scan
+
+GPU_A = "GPU-bc94e532-1820-8ee8-ceaa-704166369c7c"
+GPU_B = "GPU-5beec879-79c9-6252-3aaa-9f5e146ba220"
+POD_UID = "6f1d2c3b-8a4e-4c1f-9b7d-2e5a1f0c9d11"
+MIB = 1024 * 1024
+
+
+def region_bytes(devices: list[tuple[str, int, int]], slots: list[tuple[int, list[int], int]],
+                 magic: int = layout.MAGIC, version: int = 1) -> bytearray:
+    """devices: (uuid, limit, used); slots: (pid, used per device, last launch ns)."""
+    data = bytearray(layout.FILE_SIZE)
+    struct.pack_into("<QIIIIIIQQQIiQQ", data, 0, magic, version, 128, 128, 192, 16, 1024, layout.FILE_SIZE,
+                     128, 2176, len(slots), 1, 0, 3)
+    for i, (uuid, limit, used) in enumerate(devices):
+        struct.pack_into("<QQQII64sQ", data, 128 + 128 * i, limit, used, used + MIB, 50, 2, uuid.encode(), 7)
+    for s, (pid, used_per_device, launched) in enumerate(slots):
+        used16 = (used_per_device + [0] * 16)[:16]
+        struct.pack_into("<iiQQQ16Q", data, 2176 + 192 * s, pid, 0, 2, 0, launched, *used16)
+    return data
+
+
+def write_container(root: Path, container: str, data: bytes) -> Path:
+    folder = root / f"{POD_UID}_{container}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "0b2d.cache"
+    path.write_bytes(data)
+    return path
+
+
+def test_parse_reads_devices_and_slots() -> None:
+    data = region_bytes([(GPU_A, 3000 * MIB, 1000 * MIB), (GPU_B, 3000 * MIB, 0)], [(41, [1000 * MIB, 0], 5)])
+    parsed = parse_region(bytes(data))
+    assert [(d.index, d.uuid, d.limit_bytes, d.used_bytes) for d in parsed.devices] == [
+        (0, GPU_A, 3000 * MIB, 1000 * MIB), (1, GPU_B, 3000 * MIB, 0)]
+    assert parsed.slots[0].pid == 41 and parsed.slots[0].used_bytes[0] == 1000 * MIB
+    assert parsed.devices[0].oom_refusals == 7 and parsed.devices[0].sm_limit_percent == 50
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "message"),
+    [
+        (bytes(region_bytes([], []))[:60], RegionError, "shorter than the header"),
+        (bytes(region_bytes([], [], magic=0)), RegionNotReady, "not written"),
+        (bytes(region_bytes([], [], magic=19920718)), RegionError, "unknown layout"),
+        (bytes(region_bytes([], [], version=2)), RegionError, "unknown layout"),
+        (bytes(region_bytes([], []))[:5000], RegionError, "the layout needs 198784"),
+    ],
+)
+def test_parse_rejects_what_it_does_not_know(data: bytes, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        parse_region(data)
+
+
+def test_scan_and_metrics_name_the_container_and_sum_per_gpu(tmp_path: Path) -> None:
+    devices = [(GPU_A, 3000 * MIB, 1000 * MIB), (GPU_B, 3000 * MIB, 200 * MIB)]
+    write_container(tmp_path, "cuda-app", region_bytes(devices, [(41, [1000 * MIB, 200 * MIB], 5)]))
+    write_container(tmp_path, "other", region_bytes([(GPU_A, 2000 * MIB, 500 * MIB)], []))
+    (tmp_path / f"{POD_UID}_empty").mkdir()  # no CUDA process yet
+    write_container(tmp_path, "garbage", b"\x01" * 300)  # logged and skipped
+    (tmp_path / "not-a-container-dir").mkdir()
+    found = scan(str(tmp_path))
+    assert sorted(c.container for c in found) == ["cuda-app", "other"]
+    families = {m.name: m for m in metrics(found, {POD_UID: ("default", "vgpu-test")}, now_ns=0)}
+    usage = {(s.labels["ctrname"], s.labels["vdeviceid"]): s.value
+             for s in families["vGPU_device_memory_usage_in_bytes"].samples}
+    assert usage == {("cuda-app", "0"): 1000 * MIB, ("cuda-app", "1"): 200 * MIB, ("other", "0"): 500 * MIB}
+    sample = families["vGPU_device_memory_limit_in_bytes"].samples[0]
+    assert sample.labels == {"zone": "vGPU", "poduid": POD_UID, "podnamespace": "default",
+                             "podname": "vgpu-test", "ctrname": "cuda-app", "vdeviceid": "0", "deviceuuid": GPU_A}
+    per_gpu = {s.labels["deviceuuid"]: s.value for s in families["vGPU_gpu_memory_usage_in_bytes"].samples}
+    assert per_gpu == {GPU_A: 1500 * MIB, GPU_B: 200 * MIB}
+    limits = {s.labels["deviceuuid"]: s.value for s in families["vGPU_gpu_memory_limit_in_bytes"].samples}
+    assert limits == {GPU_A: 5000 * MIB, GPU_B: 3000 * MIB}
+    # The slot's owner is not alive (nobody holds its lock byte): no process, no last-kernel age.
+    assert {s.value for s in families["vGPU_container_processes"].samples} == {0}
+    assert families["Device_last_kernel_of_container"].samples == []
+
+
+def test_live_process_is_seen_through_its_lock(tmp_path: Path) -> None:
+    now = time.time_ns()
+    path = write_container(tmp_path, "cuda-app", region_bytes([(GPU_A, 3000 * MIB, 10)],
+                                                             [(41, [10], now - 3 * 10**9), (42, [0], 0)]))
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(path)!r}, os.O_RDWR)\n"
+        f"fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, {layout.slot_lock_offset(0)}, os.SEEK_SET)\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        found = scan(str(tmp_path))
+        assert found[0].live_slots == frozenset({0})
+        families = {m.name: m for m in metrics(found, {}, now_ns=now)}
+        assert families["vGPU_container_processes"].samples[0].value == 1
+        age = families["Device_last_kernel_of_container"].samples[0].value
+        assert 2.9 < age < 3.1
+    finally:
+        holder.kill()
+        holder.wait()
+    assert scan(str(tmp_path))[0].live_slots == frozenset()  # the kernel dropped the lock
+
+
+async def test_metrics_endpoint_serves_the_upstream_names(tmp_path: Path) -> None:
+    write_container(tmp_path, "cuda-app", region_bytes([(GPU_A, 3000 * MIB, 1000 * MIB)], []))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(port, "127.0.0.1", str(tmp_path), None, None, stop))
+    try:
+        for _ in range(50):
+            try:
+                async with aiohttp.ClientSession() as session, \
+                        session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                    text = await resp.text()
+                    break
+            except aiohttp.ClientConnectionError:
+                await asyncio.sleep(0.05)
+        assert "# TYPE vGPU_device_memory_usage_in_bytes gauge" in text
+        assert "# TYPE Device_last_kernel_of_container gauge" in text
+        assert f'deviceuuid="{GPU_A}"' in text and "1.048576e+09" in text
+    finally:
+        stop.set()
+        await task
