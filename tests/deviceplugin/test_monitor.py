@@ -85,7 +85,8 @@ def test_scan_and_metrics_name_the_container_and_sum_per_gpu(tmp_path: Path) -> 
     assert usage == {("cuda-app", "0"): 1000 * MIB, ("cuda-app", "1"): 200 * MIB, ("other", "0"): 500 * MIB}
     sample = families["vGPU_device_memory_limit_in_bytes"].samples[0]
     assert sample.labels == {"zone": "vGPU", "poduid": POD_UID, "podnamespace": "default",
-                             "podname": "vgpu-test", "ctrname": "cuda-app", "vdeviceid": "0", "deviceuuid": GPU_A}
+                             "podname": "vgpu-test", "ctrname": "cuda-app", "vdeviceid": "0",
+                             "deviceuuid": GPU_A}
     per_gpu = {s.labels["deviceuuid"]: s.value for s in families["vGPU_gpu_memory_usage_in_bytes"].samples}
     assert per_gpu == {GPU_A: 1500 * MIB, GPU_B: 200 * MIB}
     limits = {s.labels["deviceuuid"]: s.value for s in families["vGPU_gpu_memory_limit_in_bytes"].samples}
