@@ -19,6 +19,7 @@ from vgpu_deviceplugin.config import (
     Flags,
 )
 from vgpu_deviceplugin.gpus import GpuError
+from vgpu_deviceplugin.kube import KubeError
 from vgpu_deviceplugin.runner import run_plugin
 
 log = logging.getLogger("vgpu_deviceplugin")
@@ -136,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     flags = flags_from(args)
     try:
         asyncio.run(_serve(flags, fail_on_init_error=args.fail_on_init_error == "true"))
-    except GpuError as exc:
+    except (GpuError, KubeError) as exc:
         log.error("%s", exc)
         return 1
     return 0

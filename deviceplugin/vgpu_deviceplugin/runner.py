@@ -125,11 +125,11 @@ async def run_plugin(
     backend: GpuBackend | None = None,
     started: Callable[[Plugin], Awaitable[None] | None] | None = None,
 ) -> None:
+    backend = backend if backend is not None else backend_for(flags.mock_gpus, flags.node_name)
+    all_gpus = backend.discover()
     own_kube = kube is None
     kube = kube if kube is not None else await ApiKubeClient.connect(flags.kubeconfig)
-    backend = backend if backend is not None else backend_for(flags.mock_gpus, flags.node_name)
     try:
-        all_gpus = backend.discover()
         loaded = await _first_config(kube, flags)
         log_settings(loaded.settings)
         state = PluginState(loaded.settings, visible_gpus(all_gpus, loaded.settings))
