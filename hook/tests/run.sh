@@ -36,6 +36,9 @@ run alloc CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m "$build/te
 run alloc-uncapped "$build/tests/test_alloc" uncapped
 run procaddr CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_procaddr"
 run multiproc CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" fork-kill
+# The demo vgpuctl runs: a 3000 MiB cap refuses the 7th 500 MiB step.
+run demo CUDA_DEVICE_MEMORY_LIMIT_0=3000m sh -c \
+    "$build/vgpu-demo-alloc | tee /dev/stderr | grep -q '^refused at step 7 with 3000 MiB held$'"
 # The hammer takes both cores; the limiter tests measure time, so they run after it, together
 # (they mostly sleep).
 run hammer CUDA_DEVICE_MEMORY_LIMIT=256m LIBCUDA_LOG_LEVEL=0 \

@@ -1,0 +1,162 @@
+/* bench.c - per-call overhead of libvgpu against the fake driver, interposed vs direct, in the
+ * same process and run (run it with libvgpu.so preloaded; bench/run.sh does).
+ *   bench calls        launch, alloc+free pair, cuMemGetInfo: direct vs interposed
+ *   bench scale N      N processes sharing one region, each timing alloc+free pairs
+ * Direct calls go to the fake's own functions (fake_cuda_entry); interposed ones to the
+ * exported wrappers. Each figure is the median of several alternating rounds. */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fake_state.h"
+
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, unsigned, CUstream, void **, void **);
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
+typedef CUresult (*info_fn)(size_t *, size_t *);
+
+enum { ROUNDS = 7 };
+
+struct api {
+    launch_fn launch;
+    alloc_fn alloc;
+    free_fn release;
+    info_fn info;
+};
+
+static struct api direct, hooked;
+
+static double cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static double time_launch(const struct api *a, long n)
+{
+    double t0 = cpu_ns();
+    for (long i = 0; i < n; i++)
+        a->launch(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    return (cpu_ns() - t0) / (double)n;
+}
+
+static double time_pair(const struct api *a, long n)
+{
+    double t0 = cpu_ns();
+    for (long i = 0; i < n; i++) {
+        CUdeviceptr p;
+        if (a->alloc(&p, 4096) == CUDA_SUCCESS)
+            a->release(p);
+    }
+    return (cpu_ns() - t0) / (double)n;
+}
+
+static double time_info(const struct api *a, long n)
+{
+    double t0 = cpu_ns();
+    size_t f, t;
+    for (long i = 0; i < n; i++)
+        a->info(&f, &t);
+    return (cpu_ns() - t0) / (double)n;
+}
+
+static int by_value(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Median over ROUNDS alternating rounds of direct and interposed timings. */
+static void compare(const char *what, double (*timer)(const struct api *, long), long n)
+{
+    double d[ROUNDS], h[ROUNDS];
+    timer(&hooked, n / 10); /* warm up: first-call initialisation is not overhead */
+    for (int r = 0; r < ROUNDS; r++) {
+        d[r] = timer(&direct, n);
+        h[r] = timer(&hooked, n);
+    }
+    qsort(d, ROUNDS, sizeof d[0], by_value);
+    qsort(h, ROUNDS, sizeof h[0], by_value);
+    printf("%-34s direct %8.1f ns  interposed %8.1f ns  added %7.1f ns\n", what, d[ROUNDS / 2],
+           h[ROUNDS / 2], h[ROUNDS / 2] - d[ROUNDS / 2]);
+}
+
+static void setup(void)
+{
+    direct.launch = (launch_fn)fake_cuda_entry("cuLaunchKernel");
+    direct.alloc = (alloc_fn)fake_cuda_entry("cuMemAlloc_v2");
+    direct.release = (free_fn)fake_cuda_entry("cuMemFree_v2");
+    direct.info = (info_fn)fake_cuda_entry("cuMemGetInfo_v2");
+    hooked.launch = (launch_fn)dlsym(RTLD_DEFAULT, "cuLaunchKernel");
+    hooked.alloc = (alloc_fn)dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
+    hooked.release = (free_fn)dlsym(RTLD_DEFAULT, "cuMemFree_v2");
+    hooked.info = (info_fn)dlsym(RTLD_DEFAULT, "cuMemGetInfo_v2");
+    if (hooked.launch == direct.launch) {
+        fprintf(stderr, "bench: libvgpu.so is not preloaded\n");
+        exit(2);
+    }
+    CUcontext ctx;
+    cuInit(0);
+    cuDevicePrimaryCtxRetain(&ctx, 0);
+    cuCtxSetCurrent(ctx);
+}
+
+static int scale(int procs, long n)
+{
+    double *added = mmap(NULL, sizeof(double) * (size_t)procs, PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    for (int i = 0; i < procs; i++) {
+        if (fork() == 0) {
+            setup();
+            time_pair(&hooked, n / 10);
+            double h = 0, d = 0;
+            for (int r = 0; r < 3; r++) {
+                d += time_pair(&direct, n);
+                h += time_pair(&hooked, n);
+            }
+            added[i] = (h - d) / 3;
+            exit(0);
+        }
+    }
+    for (int i = 0; i < procs; i++)
+        wait(NULL);
+    qsort(added, (size_t)procs, sizeof added[0], by_value);
+    printf("alloc+free pair, %2d processes:     added per pair: median %7.1f ns, max %7.1f ns\n",
+           procs, added[procs / 2], added[procs - 1]);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "calls";
+    if (strcmp(mode, "scale") == 0)
+        return scale(argc > 2 ? atoi(argv[2]) : 1, argc > 3 ? atol(argv[3]) : 200000);
+    setup();
+    const char *limit = getenv("CUDA_DEVICE_SM_LIMIT");
+    char label[64];
+    snprintf(label, sizeof label, "cuLaunchKernel (SM limit %s)", limit ? limit : "none");
+    if (limit != NULL) {
+        struct timespec warm = {1, 0}; /* let the limiter calibrate before timing */
+        double end = 0;
+        clock_gettime(CLOCK_MONOTONIC, &warm);
+        end = (double)warm.tv_sec + 1.2;
+        for (struct timespec t = warm; (double)t.tv_sec + t.tv_nsec / 1e9 < end;
+             clock_gettime(CLOCK_MONOTONIC, &t))
+            time_launch(&hooked, 10000);
+    }
+    compare(label, time_launch, 2000000);
+    if (limit == NULL) {
+        compare("cuMemAlloc_v2 + cuMemFree_v2 (4 KiB)", time_pair, 300000);
+        compare("cuMemGetInfo_v2", time_info, 1000000);
+    }
+    return 0;
+}
