@@ -73,7 +73,8 @@ def parser() -> argparse.ArgumentParser:
                    help="do not write volcano.sh/node-vgpu-handshake (only Volcano <= v1.15.0 needs it)")
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"),
                    help="kubeconfig file (env KUBECONFIG); unset: in-cluster service account")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="log verbosity")
     legacy = p.add_argument_group(
         "legacy flags", "Accepted for compatibility with volcano-vgpu-device-plugin. Each applies only when "
         "the device-config ConfigMap leaves the field out; a flag that contradicts it is ignored with a "

@@ -14,8 +14,10 @@ README = Path(__file__).resolve().parents[2] / "deviceplugin" / "README.md"
 
 
 def test_every_flag_has_help_and_is_in_the_readme() -> None:
+    from vgpu_deviceplugin.monitor.main import parser as monitor_parser
+
     readme = README.read_text()
-    for action in parser()._actions:
+    for action in [*parser()._actions, *monitor_parser()._actions]:
         for option in action.option_strings:
             if option.startswith("--") and option != "--help":
                 assert action.help, option

@@ -33,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
                    "without it (or without API access) metrics carry the pod UID only")
     p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
                    help="kubeconfig file (env KUBECONFIG); unset: in-cluster service account")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="log verbosity")
     return p
 
 
