@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -100,29 +101,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def flags_from(args: argparse.Namespace) -> Flags:
-    plugin_dir = os.path.dirname(args.kubelet_socket) if args.kubelet_socket else args.device_plugin_dir
-    return Flags(
-        node_name=args.node_name,
-        device_plugin_dir=plugin_dir,
-        device_config_name=args.device_config_name,
-        device_config_namespace=args.device_config_namespace,
-        node_config_name=args.node_config_name,
-        node_config_namespace=args.node_config_namespace,
-        mock_gpus=args.mock_gpus or None,
-        hook_path=args.hook_path,
-        cache_root=args.cache_root,
-        lock_dir=args.lock_dir,
-        register_interval=args.register_interval,
-        handshake=args.handshake,
-        kubeconfig=args.kubeconfig or None,
-        resource_name=args.resource_name,
-        resource_memory_name=args.resource_memory_name,
-        resource_core_name=args.resource_core_name,
-        device_split_count=args.device_split_count,
-        gpu_memory_factor=args.gpu_memory_factor,
-        device_cores_scaling=args.device_cores_scaling,
-        mig_strategy=args.mig_strategy,
-    )
+    """Flags has a field per flag, same names as the argparse destinations."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Flags) if hasattr(args, f.name)}
+    if args.kubelet_socket:
+        values["device_plugin_dir"] = os.path.dirname(args.kubelet_socket)
+    for optional in ("mock_gpus", "kubeconfig"):  # an empty env value means unset
+        values[optional] = values[optional] or None
+    return Flags(**values)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
