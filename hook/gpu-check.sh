@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# gpu-check.sh - libvgpu.so on a real GPU (not run yet: no GPU machine has been available).
+# Needs: an NVIDIA GPU with at least 4 GiB, nvidia-smi, python3 with torch (CUDA build), cc/make.
+# Checks: (1) a 2 GiB cap under PyTorch: 1.5 GiB works, 3 GiB fails cleanly with an OOM the
+# program can catch, torch.cuda.mem_get_info and nvidia-smi show 2048 MiB; (2) two processes
+# sharing one cap; (3) an SM limit of 30 % on a compute-bound kernel; (4) overhead figures.
+# Exit 77 (skip) without a GPU, 1 on any failed check.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu-check: no GPU here; skipping"; exit 77
+fi
+python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || {
+    echo "gpu-check: python3 with a CUDA build of torch is needed"; exit 77; }
+make -C "$here" all fakes build/vgpu-bench >/dev/null || exit 1
+lib="$here/build/libvgpu.so"
+work=$(mktemp -d /tmp/vgpu-gpu-check.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+failed=0
+result() { if [ "$1" = 0 ]; then echo "PASS $2"; else echo "FAIL $2"; failed=1; fi; }
+under_cap() { # under_cap REGION CAP COMMAND...: run with libvgpu preloaded and a cap
+    local region=$1 cap=$2; shift 2
+    env LD_PRELOAD="$lib" CUDA_DEVICE_MEMORY_SHARED_CACHE="$work/$region" \
+        CUDA_DEVICE_MEMORY_LIMIT="$cap" "$@"
+}
+
+echo "== 1. PyTorch under a 2 GiB cap"
+under_cap one.cache 2g python3 - <<'PY'
+import sys
+import torch
+GiB = 1 << 30
+free, total = torch.cuda.mem_get_info()
+print(f"mem_get_info: free {free / GiB:.2f} GiB, total {total / GiB:.2f} GiB")
+ok = total == 2 * GiB
+props = torch.cuda.get_device_properties(0).total_memory
+print(f"get_device_properties.total_memory {props / GiB:.2f} GiB")
+ok &= props == 2 * GiB
+x = torch.empty(int(1.5 * GiB), dtype=torch.uint8, device="cuda")
+print("1.5 GiB tensor: allocated")
+del x
+torch.cuda.empty_cache()
+try:
+    y = torch.empty(3 * GiB, dtype=torch.uint8, device="cuda")
+    print("3 GiB tensor: allocated (the cap did not hold)")
+    ok = False
+except torch.cuda.OutOfMemoryError:
+    print("3 GiB tensor: torch.cuda.OutOfMemoryError, as expected")
+z = torch.ones(256 << 20, dtype=torch.uint8, device="cuda")  # still usable after the OOM
+ok &= int(z.sum().item()) == 256 << 20
+sys.exit(0 if ok else 1)
+PY
+result $? "PyTorch: cap reported, 1.5 GiB works, 3 GiB is a clean OOM"
+shown=$(under_cap one.cache 2g nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
+echo "nvidia-smi under the hook: memory.total = ${shown} MiB"
+[ "${shown// /}" = 2048 ]; result $? "nvidia-smi shows the 2048 MiB cap"
+
+echo "== 2. two processes sharing one cap"
+under_cap two.cache 2g python3 -c '
+import time, torch
+x = torch.empty(1200 << 20, dtype=torch.uint8, device="cuda")
+open("'"$work"'/holding", "w").close()
+time.sleep(20)' &
+holder=$!
+for _ in $(seq 100); do [ -e "$work/holding" ] && break; sleep 0.2; done
+under_cap two.cache 2g python3 - <<'PY'
+import sys
+import torch
+try:
+    torch.empty(1200 << 20, dtype=torch.uint8, device="cuda")
+    sys.exit(1)  # 2 x 1200 MiB under a 2 GiB cap must not fit
+except torch.cuda.OutOfMemoryError:
+    pass
+torch.cuda.empty_cache()
+torch.empty(500 << 20, dtype=torch.uint8, device="cuda")
+free, total = torch.cuda.mem_get_info()
+print(f"second process: free {free >> 20} MiB of {total >> 20} MiB")
+PY
+result $? "second process: 1200 MiB refused, 500 MiB fits while the first holds 1200 MiB"
+kill -9 $holder 2>/dev/null; wait $holder 2>/dev/null
+under_cap two.cache 2g python3 -c '
+import torch; torch.empty(1800 << 20, dtype=torch.uint8, device="cuda")'
+result $? "after kill -9 of the holder, 1800 MiB fits again"
+
+echo "== 3. SM limit 30 % on a compute-bound kernel"
+cat > "$work/burn.py" <<'PY'
+import threading, time, sys
+import pynvml, torch
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+a = torch.randn(4096, 4096, device="cuda")
+samples, stop = [], False
+def sample():
+    while not stop:
+        samples.append(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
+        time.sleep(0.2)
+t = threading.Thread(target=sample); t.start()
+end, n = time.time() + 12, 0
+while time.time() < end:
+    a = (a @ a).clamp_(-1, 1); n += 1
+    if n % 8 == 0: torch.cuda.synchronize()
+torch.cuda.synchronize(); stop = True; t.join()
+tail = samples[len(samples) // 3:]
+print(f"{sys.argv[1]}: {n / 12:.1f} matmuls/s, utilisation {sum(tail) / len(tail):.1f} %")
+PY
+python3 "$work/burn.py" unlimited | tee "$work/unlimited.txt"
+CUDA_DEVICE_SM_LIMIT=30 under_cap three.cache 0 python3 "$work/burn.py" limit-30 | tee "$work/limited.txt"
+util=$(sed -n 's/.*utilisation \([0-9.]*\) %/\1/p' "$work/limited.txt")
+awk -v u="$util" 'BEGIN { exit !(u >= 25 && u <= 35) }'
+result $? "SM limit 30 %: measured ${util} %"
+
+echo "== 4. overhead"
+cat > "$work/launch.py" <<'PY'
+import time, torch
+x = torch.zeros(1, device="cuda")
+for _ in range(1000): x.add_(1)
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+for _ in range(100000): x.add_(1)
+torch.cuda.synchronize()
+print(f"{(time.perf_counter() - t0) * 1e6 / 100000:.2f} us per tiny kernel")
+PY
+echo -n "without the hook: "; python3 "$work/launch.py"
+echo -n "with the hook, no limit: "; under_cap four.cache 0 python3 "$work/launch.py"
+echo -n "with the hook, SM limit 90: "; CUDA_DEVICE_SM_LIMIT=90 under_cap five.cache 0 python3 "$work/launch.py"
+make -C "$here" -s bench
+exit $failed
