@@ -74,6 +74,10 @@ class Allocator:
             pods = await self._kube.list_pods_on_node(node)
         except KubeError as exc:
             raise AllocateError(f"cannot list pods on node {node}: {exc}") from exc
+        # Forget init-container counts of pods that left the node (deleted before they ran).
+        present = {p.get("metadata", {}).get("uid") for p in pods}
+        for uid in [u for u in self._state.init_served if u not in present]:
+            del self._state.init_served[uid]
         return await self._allocate_from(pods, amount, from_cache=False)
 
     async def _allocate_from(self, pods: list[dict[str, Any]], amount: int, from_cache: bool) -> Plan:

@@ -1,7 +1,8 @@
 """Writing `volcano.sh/node-vgpu-register` (and the legacy handshake) on this node's Node.
 
 The scheduler learns each GPU's UUID, split count and memory only from this annotation. It is
-rewritten when it changes (a GPU turned unhealthy, new settings) and checked every period; the
+written every period (an unchanged value is a no-op for the API server, and a value someone
+removed comes back) and at once when it changes (a GPU turned unhealthy, new settings). The
 handshake `Reported <time>` goes with every period for Volcano <= v1.15.0, which ignores nodes
 whose handshake is older than 60 s (newer schedulers ignore the key).
 """
@@ -23,12 +24,10 @@ log = logging.getLogger(__name__)
 RETRY_SECONDS = 5.0
 
 
-def node_annotations(state: PluginState, last: str | None, handshake: bool, now: datetime) -> dict[str, str]:
-    """The annotations to write now: the register value if it changed, the handshake if enabled."""
+def node_annotations(state: PluginState, handshake: bool, now: datetime) -> dict[str, str]:
+    """The annotations to write now: the register value, and the handshake if enabled."""
     value = ann.encode_node_register(devices.node_register(state.gpus, state.health, state.settings))
-    out: dict[str, str] = {}
-    if value != last:
-        out[ann.NODE_REGISTER] = value
+    out = {ann.NODE_REGISTER: value}
     if handshake:
         out[ann.NODE_HANDSHAKE] = ann.encode_handshake_reported(now)
     return out
@@ -36,18 +35,15 @@ def node_annotations(state: PluginState, last: str | None, handshake: bool, now:
 
 async def register_loop(kube: KubeClient, state: PluginState, interval: float, handshake: bool,
                         stop: asyncio.Event) -> None:
-    last: str | None = None
     version = state.version
     while not stop.is_set():
-        wanted = node_annotations(state, last, handshake, datetime.now(UTC))
+        wanted = node_annotations(state, handshake, datetime.now(UTC))
         delay = interval
-        if wanted:
-            try:
-                await kube.patch_node(state.settings.node_name, {"metadata": {"annotations": wanted}})
-                last = wanted.get(ann.NODE_REGISTER, last)
-            except KubeError as exc:
-                log.error("cannot write %s on node %s: %s", ann.NODE_REGISTER, state.settings.node_name, exc)
-                delay = RETRY_SECONDS
+        try:
+            await kube.patch_node(state.settings.node_name, {"metadata": {"annotations": wanted}})
+        except KubeError as exc:
+            log.error("cannot write %s on node %s: %s", ann.NODE_REGISTER, state.settings.node_name, exc)
+            delay = RETRY_SECONDS
         # Wake early on stop or on a health/settings change.
         waiter = asyncio.ensure_future(state.wait_change(version))
         stopper = asyncio.ensure_future(stop.wait())

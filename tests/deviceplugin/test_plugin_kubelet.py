@@ -100,6 +100,26 @@ async def test_allocate_fixture_pod_through_grpc(flags: Flags, kube: FakeKube) -
     assert kube.pod_writes("default/bystander") == []
 
 
+async def test_preferred_allocation_and_prestart(flags: Flags, kube: FakeKube) -> None:
+    async with running(flags, kube) as sim:
+        stub = sim.plugins[COUNT].stub
+        request = pb.PreferredAllocationRequest()
+        request.container_requests.add(available_deviceIDs=["a", "b", "c"], must_include_deviceIDs=["c"],
+                                       allocation_size=2)
+        answer = await stub.GetPreferredAllocation(request)
+        assert list(answer.container_responses[0].deviceIDs) == ["c", "a"]
+        assert await stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["a"])) == \
+            pb.PreStartContainerResponse()
+
+
+async def test_node_register_comes_back_when_removed(flags: Flags, kube: FakeKube) -> None:
+    fast = replace(flags, register_interval=0.1)
+    async with running(fast, kube):
+        await _until(lambda: ann.NODE_REGISTER in _annotations(kube))
+        await kube.patch_node(FIXTURE_NODE, {"metadata": {"annotations": {ann.NODE_REGISTER: None}}})
+        await _until(lambda: _annotations(kube).get(ann.NODE_REGISTER) == REGISTER)
+
+
 async def test_allocate_errors_are_grpc_errors_and_touch_no_unrelated_pod(
     flags: Flags, kube: FakeKube
 ) -> None:
