@@ -7,7 +7,7 @@ Keys upstream does not know (HAMi adds some) are kept and rendered back.
 
 Parsing is strict (a string where a number belongs is a `FormatError` naming
 ``config.json: nodeconfig[0].devicesplitcount``); rendering is deterministic JSON with entries
-sorted by node name.
+sorted by node name, one per line.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vgpu_formats.device_config import error_path
 from vgpu_formats.errors import FormatError
+
+# One encoder for every entry: json.dumps with options would build a new one per call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False)
 
 CONFIGMAP_NAME = "volcano-vgpu-node-config"
 CONFIGMAP_KEY = "config.json"
@@ -92,5 +95,40 @@ def node_config_dict(cfg: NodeConfig) -> dict[str, Any]:
 
 
 def render_node_config(cfg: NodeConfig) -> str:
-    """Deterministic JSON text (2-space indent, entries sorted by name, trailing newline)."""
-    return json.dumps(node_config_dict(cfg), indent=2, ensure_ascii=False) + "\n"
+    """Deterministic JSON text: entries sorted by name, one entry per line (readable diffs, and
+    the C JSON encoder does the work: 5,000 entries render in milliseconds)."""
+    return node_config_text(node_config_dict(cfg))
+
+
+def _entry_line(entry: dict[str, Any], bodies: dict[Any, str]) -> str:
+    """`encode(entry)`, with the settings part encoded once per distinct settings: thousands of
+    nodes share the few settings of their override."""
+    rest = [(key, type(value), value) for key, value in entry.items() if key != "name"]
+    try:
+        body = bodies.get(tuple(rest))
+    except TypeError:  # a list or dict value: not hashable, encode it whole
+        return _ENCODER.encode(entry)
+    if "name" not in entry or next(iter(entry)) != "name":
+        return _ENCODER.encode(entry)
+    if body is None:
+        body = bodies[tuple(rest)] = _ENCODER.encode({key: value for key, _, value in rest})[1:-1]
+    name = _ENCODER.encode(entry["name"])
+    return f'{{"name": {name}, {body}}}' if body else f'{{"name": {name}}}'
+
+
+def node_config_text(data: dict[str, Any]) -> str:
+    """The text of `node_config_dict` output (see `render_node_config`)."""
+    entries = data.get("nodeconfig") or []
+    others = {k: v for k, v in data.items() if k != "nodeconfig"}
+    bodies: dict[Any, str] = {}
+    if entries:
+        lines = ["{", '  "nodeconfig": [', *(f"    {_entry_line(entry, bodies)}," for entry in entries)]
+        lines[-1] = lines[-1][:-1]
+        lines.append("  ]" + ("," if others else ""))
+    else:
+        lines = ["{", '  "nodeconfig": []' + ("," if others else "")]
+    lines += [f"  {_ENCODER.encode(k)}: {_ENCODER.encode(v)}," for k, v in others.items()]
+    if others:
+        lines[-1] = lines[-1][:-1]
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -117,3 +118,16 @@ def test_node_config_errors_name_the_field(text: str, field: str) -> None:
     with pytest.raises(FormatError) as err:
         nc.parse_node_config(text)
     assert err.value.field == field
+
+
+def test_node_config_text_is_one_entry_per_line_and_exact() -> None:
+    data = {"nodeconfig": [{"name": "a", "x": 1}, {"name": "b", "x": True}, {"name": "c", "x": 1.0},
+                           {"name": "d", "filterdevices": {"uuid": ["u"], "index": []}}, {"name": "e"}]}
+    text = nc.node_config_text(data)
+    lines = text.splitlines()
+    assert lines[2:7] == ['    {"name": "a", "x": 1},', '    {"name": "b", "x": true},',
+                          '    {"name": "c", "x": 1.0},',
+                          '    {"name": "d", "filterdevices": {"uuid": ["u"], "index": []}},',
+                          '    {"name": "e"}']
+    assert json.loads(text) == data
+    assert nc.node_config_text({"nodeconfig": []}) == '{\n  "nodeconfig": []\n}\n'

@@ -33,33 +33,42 @@ def entry_for(name: str, override: NodeOverride) -> fmt.NodeConfigEntry:
     )
 
 
-def desired_node_config(spec: VGPUPolicySpec, nodes: list[dict[str, Any]]) -> fmt.NodeConfig:
-    entries: dict[str, fmt.NodeConfigEntry] = {}
+def desired_node_data(spec: VGPUPolicySpec, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """`config.json` as plain data (`node_config_dict` shape): one entry per targeted node, sorted.
+    Each override's entry is validated once and copied per node (5,000 nodes stay cheap)."""
+    entries: dict[str, dict[str, Any]] = {}
     for override, names in zip(spec.node_overrides, override_nodes(spec.node_overrides, nodes), strict=True):
+        settings = entry_for("-", override).model_dump(exclude_none=True, mode="json")
+        del settings["name"]
         for name in names:
-            entries.setdefault(name, entry_for(name, override))
-    return fmt.NodeConfig(nodeconfig=[entries[name] for name in sorted(entries)])
+            if name not in entries:
+                entries[name] = {"name": name, **settings}
+    return {"nodeconfig": [entries[name] for name in sorted(entries)]}
 
 
-def _entries_by_name(cfg: fmt.NodeConfig) -> dict[str, dict[str, Any]]:
+def desired_node_config(spec: VGPUPolicySpec, nodes: list[dict[str, Any]]) -> fmt.NodeConfig:
+    """`desired_node_data` as the format model."""
+    return fmt.NodeConfig.model_validate(desired_node_data(spec, nodes))
+
+
+def _entries_by_name(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
-    for entry in cfg.nodeconfig:
-        found.setdefault(entry.name, entry.model_dump(exclude_none=True, mode="json"))
+    for entry in data["nodeconfig"]:
+        found.setdefault(entry["name"], entry)
     return found
 
 
 def render_node_config_target(spec: VGPUPolicySpec, observed: Observed) -> TargetRender:
     ref = spec.targets.node_config
-    desired = desired_node_config(spec, observed.nodes)
-    text = observed.node_config_text()
+    desired = desired_node_data(spec, observed.nodes)
+    live_text = observed.node_config_text()
     try:
-        live = fmt.parse_node_config(text) if text is not None else None
+        live = fmt.node_config_dict(fmt.parse_node_config(live_text)) if live_text is not None else None
     except FormatError:
-        live = None  # unreadable: every plugin reads nothing useful from it; we own the key
-    same = live is not None and fmt.node_config_dict(live) == fmt.node_config_dict(desired)
+        live = None  # unreadable: no plugin gets anything useful from it; we own the key
+    text = fmt.node_config_text(desired)
     target = configmap_target(ref.namespace, ref.name, fmt.CONFIGMAP_KEY, observed.node_config,
-                              fmt.render_node_config(desired), same,
-                              short_hash(fmt.node_config_dict(desired)))
+                              text, live == desired, short_hash(text))
     before = _entries_by_name(live) if live is not None else {}
     after = _entries_by_name(desired)
     target.changed_nodes = sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
