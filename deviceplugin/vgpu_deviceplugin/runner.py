@@ -25,7 +25,7 @@ from vgpu_deviceplugin.allocator import Allocator
 from vgpu_deviceplugin.config import Flags, Settings, resolve_settings
 from vgpu_deviceplugin.devices import ResourceKind, visible_gpus
 from vgpu_deviceplugin.gpus import GpuBackend, GpuDevice, backend_for
-from vgpu_deviceplugin.kube import ApiKubeClient, KubeClient
+from vgpu_deviceplugin.kube import ApiKubeClient, KubeClient, KubeError
 from vgpu_deviceplugin.node_register import register_loop
 from vgpu_deviceplugin.pod_cache import PodCache
 from vgpu_deviceplugin.server import DevicePlugin
@@ -148,6 +148,8 @@ async def run_plugin(
             plugin.pods.follow(kube, flags.node_name, stop),
         ]
         tasks = [asyncio.create_task(loop) for loop in loops]
+        for task in tasks:
+            task.add_done_callback(_report_crash)
         try:
             await stop.wait()
         finally:
@@ -162,14 +164,24 @@ async def run_plugin(
             await kube.close()
 
 
-async def _first_config(kube: KubeClient, flags: Flags) -> LoadedConfig:
-    """Like load_config, but a broken ConfigMap falls back to the defaults, as the scheduler does."""
-    try:
-        return await load_config(kube, flags)
-    except ConfigError as exc:
-        log.error("the ConfigMap cannot be used, running on upstream defaults until it is fixed: %s", exc)
-        settings = resolve_settings(flags, None, None, f"defaults (ConfigMap unusable: {exc})")
-        return LoadedConfig(settings, (None, None))
+async def _first_config(kube: KubeClient, flags: Flags, retry: float = 5.0) -> LoadedConfig:
+    """Like load_config, but a broken ConfigMap falls back to the defaults, as the scheduler does,
+    and an unreachable API is waited for (registering names before reading them is the bug)."""
+    while True:
+        try:
+            return await load_config(kube, flags)
+        except ConfigError as exc:
+            log.error("the ConfigMap cannot be used, running on upstream defaults until it is fixed: %s", exc)
+            settings = resolve_settings(flags, None, None, f"defaults (ConfigMap unusable: {exc})")
+            return LoadedConfig(settings, (None, None))
+        except KubeError as exc:
+            log.error("cannot read the ConfigMaps (%s); retrying in %.0f s", exc, retry)
+            await asyncio.sleep(retry)
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background loop %s stopped: %r", task.get_coro(), task.exception())
 
 
 _background: set[asyncio.Task[None]] = set()

@@ -215,6 +215,18 @@ async def test_malformed_configmap_at_start_runs_on_defaults(flags: Flags, kube:
         assert len(sim.devices[COUNT]) == 80
 
 
+async def test_api_down_at_start_is_waited_for(flags: Flags, kube: FakeKube,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from vgpu_deviceplugin import runner
+
+    real = runner._first_config
+    monkeypatch.setattr(runner, "_first_config", lambda k, f: real(k, f, retry=0.05))
+    kube.fail_next("get_configmap", "HTTP 503 Service Unavailable", times=3)
+    kube.set_configmap("kube-system", "volcano-vgpu-device-config", device_config_data(split=2))
+    async with running(flags, kube) as sim:
+        assert len(sim.devices[COUNT]) == 16
+
+
 async def test_node_config_entry_for_this_node_applies(flags: Flags, kube: FakeKube) -> None:
     kube.set_configmap("kube-system", "volcano-vgpu-node-config", {"config.json": (
         '{"nodeconfig": [{"name": "dev-app-2-150-master-1", "devicesplitcount": 5,'
