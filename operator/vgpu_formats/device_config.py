@@ -165,26 +165,10 @@ def render_device_config(cfg: DeviceConfig) -> str:
 
 
 def effective_nvidia(cfg: DeviceConfig | None) -> NvidiaConfig:
-    """What a correct device plugin uses: each absent field takes its upstream default."""
+    """What a correct device plugin uses: each absent field takes its upstream default (the
+    scheduler's built-in defaults, except gpuMemoryFactor 1: 0 would divide by zero)."""
     given = cfg.nvidia if cfg is not None and cfg.nvidia is not None else NvidiaConfig()
-    defaults = NvidiaConfig(
-        resource_count_name=DEFAULT_COUNT_NAME,
-        resource_memory_name=DEFAULT_MEMORY_NAME,
-        resource_memory_percentage_name="",
-        resource_core_name=DEFAULT_CORE_NAME,
-        resource_priority_name="",
-        overwrite_env=False,
-        default_memory=0,
-        default_cores=0,
-        default_gpu_num=1,
-        device_split_count=DEFAULT_SPLIT_COUNT,
-        device_memory_scaling=1.0,
-        device_core_scaling=1.0,
-        disable_core_limit=False,
-        gpu_memory_factor=1,
-        known_mig_geometries=[],
-    )
-    return _fill(given, defaults)
+    return _fill(given, _builtin_scheduler_defaults().model_copy(update={"gpu_memory_factor": 1}))
 
 
 def _builtin_scheduler_defaults() -> NvidiaConfig:
