@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from pathlib import Path
+from typing import Any
 
 from vgpu_deviceplugin.config import Flags
 from vgpu_deviceplugin.gpus import MockBackend
 from vgpu_deviceplugin.kube import ApiKubeClient
-from vgpu_deviceplugin.runner import run_plugin
+from vgpu_deviceplugin.runner import Plugin, run_plugin
 from vgpu_deviceplugin.testing.kubelet_sim import KubeletSim
 from vgpu_emulator import run_emulator
 from vgpu_formats import annotations as ann
 
-from tests.deviceplugin.kit import FIXTURE_NODE, FIXTURES, fixture_node
+from tests.deviceplugin.kit import FIXTURE_NODE, FIXTURES, fixture_node, fixture_pod
 
 COUNT = "volcano.sh/vgpu-number"
 
@@ -30,7 +32,8 @@ async def test_fixture_cluster_end_to_end(flags: Flags, tmp_path: Path) -> None:
         sim = KubeletSim(flags.device_plugin_dir)
         await sim.start()
         stop = asyncio.Event()
-        task = asyncio.create_task(run_plugin(flags, stop, kube=kube,
+        plugins: list[Plugin] = []
+        task = asyncio.create_task(run_plugin(flags, stop, kube=kube, started=plugins.append,
                                               backend=MockBackend.from_register_annotation(register)))
         try:
             await sim.wait_for([COUNT])
@@ -45,8 +48,23 @@ async def test_fixture_cluster_end_to_end(flags: Flags, tmp_path: Path) -> None:
             assert node is not None and ann.NODE_LOCK not in node["metadata"]["annotations"]
             assert node["metadata"]["annotations"][ann.NODE_REGISTER] == register
             # Pods were read with a field selector, never cluster-wide.
-            pod_lists = [w for w in emulator.served if w.method == "GET" and w.path == "/api/v1/pods"]
+            pod_lists = _pod_lists(emulator)
             assert pod_lists and all("fieldSelector=spec.nodeName" in w.query for w in pod_lists)
+            # With the pod watch synced, the next Allocate reads no pod list at all.
+            second = copy.deepcopy(fixture_pod())
+            second["metadata"].update(name="second", uid="uid-second")
+            second["metadata"].pop("resourceVersion", None)
+            emulator.apply(second)
+            for _ in range(100):
+                cached = plugins[0].pods.pods() or []
+                if any(p["metadata"]["name"] == "second" for p in cached):
+                    break
+                await asyncio.sleep(0.05)
+            lists_before = len(_pod_lists(emulator))
+            await sim.allocate(COUNT, sim.free_ids(COUNT, 2))
+            assert len(_pod_lists(emulator)) == lists_before
+            done = emulator.get_object("Pod", "default", "second")
+            assert done is not None and done["metadata"]["annotations"][ann.BIND_PHASE] == "success"
             # A ConfigMap edit arrives through the watch and re-registers.
             cm = emulator.get_object("ConfigMap", "kube-system", "volcano-vgpu-device-config")
             assert cm is not None
@@ -63,3 +81,9 @@ async def test_fixture_cluster_end_to_end(flags: Flags, tmp_path: Path) -> None:
             await asyncio.wait_for(task, 10)
             await sim.stop()
             await kube.close()
+
+
+def _pod_lists(emulator: Any) -> list[Any]:
+    """Pod list requests (watches excluded) the emulator served."""
+    return [w for w in emulator.served
+            if w.method == "GET" and w.path == "/api/v1/pods" and "watch=true" not in w.query]
