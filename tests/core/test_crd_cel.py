@@ -1,0 +1,62 @@
+"""The CRD's CEL rules evaluate as the model validators decide (needs `cel-python`; skipped
+without it). The rules are evaluated on the generated schema, so a rule that does not compile or
+that disagrees with api.py fails here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from vgpu_operator import crd
+
+celpy = pytest.importorskip("celpy")
+
+
+def _rules() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        for rule in node.get("x-kubernetes-validations", []):
+            found.setdefault(path, []).append(rule["rule"])
+        for key, sub in node.get("properties", {}).items():
+            walk(sub, f"{path}.{key}")
+        if "items" in node:
+            walk(node["items"], f"{path}[]")
+
+    walk(crd.crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"], "")
+    return found
+
+
+def _allowed(path: str, obj: dict[str, Any]) -> bool:
+    env = celpy.Environment()
+    return all(bool(env.program(env.compile(rule)).evaluate({"self": celpy.json_to_cel(obj)}))
+               for rule in _rules()[path])
+
+
+NAMES = {"count": "a", "memory": "b", "cores": "c", "memoryPercentage": "", "priority": ""}
+
+
+@pytest.mark.parametrize(
+    ("path", "obj", "allowed"),
+    [
+        (".spec.resources", NAMES, True),
+        (".spec.resources", {**NAMES, "memory": "a"}, False),
+        (".spec.resources", {**NAMES, "memoryPercentage": "b"}, False),
+        (".spec.nodeOverrides[]", {"nodeNames": ["x"], "deviceSplitCount": 3}, True),
+        (".spec.nodeOverrides[]", {"nodeNames": ["x"], "nodeSelector": {}, "operatingMode": "mig"}, False),
+        (".spec.nodeOverrides[]", {"deviceSplitCount": 3}, False),
+        (".spec.nodeOverrides[]", {"nodeNames": ["x"]}, False),
+        (".spec.nodeOverrides[].nodeSelector.matchExpressions[]", {"key": "a", "operator": "In",
+                                                                    "values": ["x"]}, True),
+        (".spec.nodeOverrides[].nodeSelector.matchExpressions[]", {"key": "a", "operator": "NotIn"}, False),
+        (".spec.nodeOverrides[].nodeSelector.matchExpressions[]", {"key": "a", "operator": "Exists"}, True),
+        (".spec.nodeOverrides[].nodeSelector.matchExpressions[]", {"key": "a", "operator": "Exists",
+                                                                    "values": ["x"]}, False),
+        (".spec", {"targets": {"nodeConfig": {"namespace": "kube-system"}},
+                   "devicePlugin": {"namespace": "kube-system"}}, True),
+        (".spec", {"targets": {"nodeConfig": {"namespace": "gpu"}},
+                   "devicePlugin": {"namespace": "kube-system"}}, False),
+    ],
+)
+def test_cel_rules(path: str, obj: dict[str, Any], allowed: bool) -> None:
+    assert _allowed(path, obj) is allowed
