@@ -4,8 +4,8 @@
     await run_plugin(flags, stop)                       # real cluster, NVML or --mock-gpus
     await run_plugin(flags, stop, kube=..., backend=...)  # tests and the demo, in-process
 
-Five loops run until `stop` is set: GPU health, kubelet restarts, ConfigMap changes, node register,
-and the watch of this node's pods.
+Six loops run until `stop` is set: GPU health, kubelet restarts, ConfigMap changes, node register,
+the watch of this node's pods, and the removal of gone containers' shared-region folders.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from vgpu_formats import node_config as nc
 
 from vgpu_deviceplugin import registration
 from vgpu_deviceplugin.allocator import Allocator
+from vgpu_deviceplugin.cleanup import cleanup_loop
 from vgpu_deviceplugin.config import Flags, Settings, resolve_settings
 from vgpu_deviceplugin.devices import ResourceKind, visible_gpus
 from vgpu_deviceplugin.gpus import GpuBackend, GpuDevice, backend_for
@@ -146,6 +147,7 @@ async def run_plugin(
             _config_loop(plugin, all_gpus, loaded, stop),
             register_loop(kube, state, flags.register_interval, flags.handshake, stop),
             plugin.pods.follow(kube, flags.node_name, stop),
+            cleanup_loop(flags.cache_root, plugin.pods, stop),
         ]
         tasks = [asyncio.create_task(loop) for loop in loops]
         for task in tasks:

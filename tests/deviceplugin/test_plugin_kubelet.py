@@ -100,6 +100,28 @@ async def test_allocate_fixture_pod_through_grpc(flags: Flags, kube: FakeKube) -
     assert kube.pod_writes("default/bystander") == []
 
 
+async def test_init_and_two_app_containers_in_kubelet_order(flags: Flags, kube: FakeKube) -> None:
+    gpu_a, gpu_b = "GPU-bc94e532-1820-8ee8-ceaa-704166369c7c", "GPU-5beec879-79c9-6252-3aaa-9f5e146ba220"
+    pod = fixture_pod()
+    limits = {COUNT: "1", MEMORY: "1000"}
+    pod["spec"]["initContainers"] = [{"name": "warmup", "resources": {"limits": limits}}]
+    pod["spec"]["containers"] = [{"name": "sidecar"}, {"name": "a", "resources": {"limits": limits}},
+                                 {"name": "b", "resources": {"limits": limits}}]
+    devices = f"{gpu_a},NVIDIA,1000,30:;{gpu_b},NVIDIA,1000,60:"
+    pod["metadata"]["annotations"][ann.DEVICES_TO_ALLOCATE] = devices
+    kube.add_pod(pod)
+    async with running(flags, kube) as sim:
+        answers = [await sim.allocate(COUNT, sim.free_ids(COUNT, 1)) for _ in range(3)]
+    visible = [a.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] for a in answers]
+    cores = [a.container_responses[0].envs["CUDA_DEVICE_SM_LIMIT"] for a in answers]
+    caches = [dict((m.container_path, m.host_path) for m in a.container_responses[0].mounts)["/tmp/vgpu"]
+              for a in answers]
+    assert visible == [gpu_a, gpu_a, gpu_b] and cores == ["30", "30", "60"]
+    assert [c.rsplit("_", 1)[1] for c in caches] == ["warmup", "a", "b"]
+    annotations = kube.pods[("default", "vgpu-test")]["metadata"]["annotations"]
+    assert annotations[ann.DEVICES_TO_ALLOCATE] == ";" and annotations[ann.BIND_PHASE] == "success"
+
+
 async def test_preferred_allocation_and_prestart(flags: Flags, kube: FakeKube) -> None:
     async with running(flags, kube) as sim:
         stub = sim.plugins[COUNT].stub
