@@ -22,9 +22,6 @@ typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, vo
 typedef CUresult (*coop_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                             unsigned, unsigned, CUstream, void **);
 typedef CUresult (*graph_launch_fn)(CUgraphExec, CUstream);
-typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
-typedef CUresult (*alloc_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
 typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);
 typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t,
                               CUdriverProcAddressQueryResult *);
@@ -43,9 +40,12 @@ static struct {
     CUresult (*cuMemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
                             unsigned long long);
     CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
-    alloc_async_fn cuMemAllocAsync, cuMemAllocAsync_ptsz;
-    alloc_pool_fn cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz;
-    free_async_fn cuMemFreeAsync, cuMemFreeAsync_ptsz;
+    CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*cuMemAllocAsync_ptsz)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*cuMemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUresult (*cuMemAllocFromPoolAsync_ptsz)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
+    CUresult (*cuMemFreeAsync_ptsz)(CUdeviceptr, CUstream);
     CUresult (*cuMemGetInfo_v2)(size_t *, size_t *);
     CUresult (*cuDeviceTotalMem_v2)(size_t *, CUdevice);
     launch_fn cuLaunchKernel, cuLaunchKernel_ptsz;
@@ -213,15 +213,45 @@ static CUresult settle(CUresult rc, enum vgpu_alloc_kind kind, uint64_t key, int
     return rc;
 }
 
-/* Takes key out of the table before freeing (so a racing allocation that reuses the address
- * cannot be confused with it), puts it back if the driver refuses the free. */
-static CUresult forget_after(CUresult (*free_fn)(void *ctx, uint64_t key), void *ctx,
-                             enum vgpu_alloc_kind kind, uint64_t key)
+/* The driver calls that give memory back, all handled the same way. */
+enum free_api { FREE, FREE_ASYNC, FREE_ASYNC_PTSZ, ARRAY_DESTROY, HANDLE_RELEASE };
+
+static int driver_can_free(enum free_api api)
 {
+    switch (api) {
+    case FREE: return real.cuMemFree_v2 != NULL;
+    case FREE_ASYNC: return real.cuMemFreeAsync != NULL;
+    case FREE_ASYNC_PTSZ: return real.cuMemFreeAsync_ptsz != NULL;
+    case ARRAY_DESTROY: return real.cuArrayDestroy != NULL;
+    default: return real.cuMemRelease != NULL;
+    }
+}
+
+static CUresult call_free(enum free_api api, uint64_t key, CUstream stream)
+{
+    switch (api) {
+    case FREE: return real.cuMemFree_v2((CUdeviceptr)key);
+    case FREE_ASYNC: return real.cuMemFreeAsync((CUdeviceptr)key, stream);
+    case FREE_ASYNC_PTSZ: return real.cuMemFreeAsync_ptsz((CUdeviceptr)key, stream);
+    case ARRAY_DESTROY: return real.cuArrayDestroy((CUarray)(uintptr_t)key);
+    default: return real.cuMemRelease((CUmemGenericAllocationHandle)key);
+    }
+}
+
+/* Takes key out of the table before freeing (so a racing allocation that reuses the address
+ * cannot be confused with it), puts it back if the driver refuses the free. Keys this process
+ * never counted are still freed by the driver, which gives its own answer. */
+static CUresult release_counted(enum free_api api, uint64_t key, CUstream stream)
+{
+    if (!ready() || !driver_can_free(api))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    enum vgpu_alloc_kind kind = api == ARRAY_DESTROY    ? VGPU_KIND_ARRAY
+                              : api == HANDLE_RELEASE ? VGPU_KIND_HANDLE
+                                                      : VGPU_KIND_POINTER;
     int dev;
     uint64_t bytes;
     int known = vgpu_mem_untrack(kind, key, &dev, &bytes);
-    CUresult rc = free_fn(ctx, key);
+    CUresult rc = call_free(api, key, stream);
     if (!known)
         return rc;
     if (rc == CUDA_SUCCESS)
@@ -231,49 +261,103 @@ static CUresult forget_after(CUresult (*free_fn)(void *ctx, uint64_t key), void 
     return rc;
 }
 
-VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
+/* The driver calls that return a device pointer, all counted the same way. */
+enum pointer_api { PLAIN, MANAGED, ASYNC, ASYNC_PTSZ, POOL, POOL_PTSZ };
+
+struct pointer_request {
+    enum pointer_api api;
+    size_t bytes;
+    unsigned int flags;  /* MANAGED */
+    CUmemoryPool pool;   /* POOL, POOL_PTSZ */
+    CUstream stream;     /* ASYNC*, POOL* */
+};
+
+static const char *const pointer_api_name[] = {
+    "cuMemAlloc", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocAsync_ptsz",
+    "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz",
+};
+
+/* Whether this driver has the function the request needs. */
+static int driver_has(enum pointer_api api)
 {
-    if (!ready() || real.cuMemAlloc_v2 == NULL)
+    switch (api) {
+    case PLAIN: return real.cuMemAlloc_v2 != NULL;
+    case MANAGED: return real.cuMemAllocManaged != NULL;
+    case ASYNC: return real.cuMemAllocAsync != NULL;
+    case ASYNC_PTSZ: return real.cuMemAllocAsync_ptsz != NULL;
+    case POOL: return real.cuMemAllocFromPoolAsync != NULL;
+    default: return real.cuMemAllocFromPoolAsync_ptsz != NULL;
+    }
+}
+
+static CUresult call_driver(const struct pointer_request *r, CUdeviceptr *ptr)
+{
+    switch (r->api) {
+    case PLAIN: return real.cuMemAlloc_v2(ptr, r->bytes);
+    case MANAGED: return real.cuMemAllocManaged(ptr, r->bytes, r->flags);
+    case ASYNC: return real.cuMemAllocAsync(ptr, r->bytes, r->stream);
+    case ASYNC_PTSZ: return real.cuMemAllocAsync_ptsz(ptr, r->bytes, r->stream);
+    case POOL: return real.cuMemAllocFromPoolAsync(ptr, r->bytes, r->pool, r->stream);
+    default: return real.cuMemAllocFromPoolAsync_ptsz(ptr, r->bytes, r->pool, r->stream);
+    }
+}
+
+/* Reserve on the current device, ask the driver, keep the reservation under the returned
+ * pointer. Managed memory is counted too (conservative: it may live on the GPU); stream-ordered
+ * allocations count from the alloc call to the free call, not the pool's reserve. */
+static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr)
+{
+    if (!ready() || !driver_has(r->api))
         return CUDA_ERROR_NOT_INITIALIZED;
     int dev = current_device();
-    if (!admit(dev, bytes, "cuMemAlloc"))
+    if (!admit(dev, r->bytes, pointer_api_name[r->api]))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUdeviceptr ptr = 0;
-    CUresult rc = real.cuMemAlloc_v2(&ptr, bytes);
-    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, bytes);
+    CUresult rc = call_driver(r, &ptr);
+    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, r->bytes);
     if (rc == CUDA_SUCCESS && dptr != NULL)
         *dptr = ptr;
     return rc;
 }
 
-static CUresult free_pointer(void *unused, uint64_t key)
+VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
 {
-    (void)unused;
-    return real.cuMemFree_v2((CUdeviceptr)key);
-}
-
-VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
-{
-    if (!ready() || real.cuMemFree_v2 == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return forget_after(free_pointer, NULL, VGPU_KIND_POINTER, dptr);
+    return alloc_pointer(&(struct pointer_request){.api = PLAIN, .bytes = bytes}, dptr);
 }
 
 VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags)
 {
-    if (!ready() || real.cuMemAllocManaged == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    /* Counted on the current device: conservative, managed memory may live on the GPU. */
-    int dev = current_device();
-    if (!admit(dev, bytes, "cuMemAllocManaged"))
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUdeviceptr ptr = 0;
-    CUresult rc = real.cuMemAllocManaged(&ptr, bytes, flags);
-    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, bytes);
-    if (rc == CUDA_SUCCESS && dptr != NULL)
-        *dptr = ptr;
-    return rc;
+    return alloc_pointer(&(struct pointer_request){.api = MANAGED, .bytes = bytes,
+                                                   .flags = flags}, dptr);
 }
+
+VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream)
+{
+    return alloc_pointer(&(struct pointer_request){.api = ASYNC, .bytes = bytes,
+                                                   .stream = stream}, dptr);
+}
+
+VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream)
+{
+    return alloc_pointer(&(struct pointer_request){.api = ASYNC_PTSZ, .bytes = bytes,
+                                                   .stream = stream}, dptr);
+}
+
+VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                             CUstream stream)
+{
+    return alloc_pointer(&(struct pointer_request){.api = POOL, .bytes = bytes, .pool = pool,
+                                                   .stream = stream}, dptr);
+}
+
+VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
+                                                  CUmemoryPool pool, CUstream stream)
+{
+    return alloc_pointer(&(struct pointer_request){.api = POOL_PTSZ, .bytes = bytes,
+                                                   .pool = pool, .stream = stream}, dptr);
+}
+
+VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { return release_counted(FREE, dptr, NULL); }
 
 VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
                                         size_t height, unsigned int elem)
@@ -326,51 +410,42 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, unsigned channels, CUa
     return (uint64_t)w * (h ? h : 1) * (d ? d : 1) * (channels ? channels : 1) * format_bytes(fmt);
 }
 
-VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc)
+/* 2D and 3D arrays: counted by an estimate from the descriptor, keyed by the array handle. */
+static CUresult create_array(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc2,
+                             const CUDA_ARRAY3D_DESCRIPTOR *desc3)
 {
-    if (!ready() || real.cuArrayCreate_v2 == NULL)
+    if (!ready() || (desc3 ? real.cuArray3DCreate_v2 == NULL : real.cuArrayCreate_v2 == NULL))
         return CUDA_ERROR_NOT_INITIALIZED;
-    int dev = desc != NULL ? current_device() : -1;
-    uint64_t bytes = dev >= 0 ? array_bytes(desc->Width, desc->Height, 1, desc->NumChannels,
-                                            desc->Format) : 0;
-    if (!admit(dev, bytes, "cuArrayCreate"))
+    int dev = desc2 != NULL || desc3 != NULL ? current_device() : -1;
+    uint64_t bytes = dev < 0 ? 0
+                   : desc3 ? array_bytes(desc3->Width, desc3->Height, desc3->Depth,
+                                         desc3->NumChannels, desc3->Format)
+                           : array_bytes(desc2->Width, desc2->Height, 1, desc2->NumChannels,
+                                         desc2->Format);
+    if (!admit(dev, bytes, desc3 ? "cuArray3DCreate" : "cuArrayCreate"))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUarray array = NULL;
-    CUresult rc = real.cuArrayCreate_v2(&array, desc);
+    CUresult rc = desc3 ? real.cuArray3DCreate_v2(&array, desc3)
+                        : real.cuArrayCreate_v2(&array, desc2);
     rc = settle(rc, VGPU_KIND_ARRAY, (uint64_t)(uintptr_t)array, dev, bytes);
     if (rc == CUDA_SUCCESS && handle != NULL)
         *handle = array;
     return rc;
+}
+
+VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+    return create_array(handle, desc, NULL);
 }
 
 VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *handle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
-    if (!ready() || real.cuArray3DCreate_v2 == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    int dev = desc != NULL ? current_device() : -1;
-    uint64_t bytes = dev >= 0 ? array_bytes(desc->Width, desc->Height, desc->Depth,
-                                            desc->NumChannels, desc->Format) : 0;
-    if (!admit(dev, bytes, "cuArray3DCreate"))
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUarray array = NULL;
-    CUresult rc = real.cuArray3DCreate_v2(&array, desc);
-    rc = settle(rc, VGPU_KIND_ARRAY, (uint64_t)(uintptr_t)array, dev, bytes);
-    if (rc == CUDA_SUCCESS && handle != NULL)
-        *handle = array;
-    return rc;
-}
-
-static CUresult destroy_array(void *unused, uint64_t key)
-{
-    (void)unused;
-    return real.cuArrayDestroy((CUarray)(uintptr_t)key);
+    return create_array(handle, NULL, desc);
 }
 
 VGPU_EXPORT CUresult cuArrayDestroy(CUarray array)
 {
-    if (!ready() || real.cuArrayDestroy == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return forget_after(destroy_array, NULL, VGPU_KIND_ARRAY, (uint64_t)(uintptr_t)array);
+    return release_counted(ARRAY_DESTROY, (uint64_t)(uintptr_t)array, NULL);
 }
 
 VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
@@ -394,103 +469,19 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t by
     return rc;
 }
 
-static CUresult release_handle(void *unused, uint64_t key)
-{
-    (void)unused;
-    return real.cuMemRelease((CUmemGenericAllocationHandle)key);
-}
-
 VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    if (!ready() || real.cuMemRelease == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return forget_after(release_handle, NULL, VGPU_KIND_HANDLE, handle);
-}
-
-/* Stream-ordered allocations are counted per allocation on the current device, from the
- * alloc call to the free call (not the pool's reserve, which the driver may keep). */
-static CUresult alloc_async(alloc_async_fn fn, CUdeviceptr *dptr, size_t bytes, CUstream stream)
-{
-    if (!ready() || fn == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    int dev = current_device();
-    if (!admit(dev, bytes, "cuMemAllocAsync"))
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUdeviceptr ptr = 0;
-    CUresult rc = fn(&ptr, bytes, stream);
-    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, bytes);
-    if (rc == CUDA_SUCCESS && dptr != NULL)
-        *dptr = ptr;
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream)
-{
-    vgpu_lib_ensure(&vgpu_cuda_lib);
-    return alloc_async(real.cuMemAllocAsync, dptr, bytes, stream);
-}
-
-VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream)
-{
-    vgpu_lib_ensure(&vgpu_cuda_lib);
-    return alloc_async(real.cuMemAllocAsync_ptsz, dptr, bytes, stream);
-}
-
-static CUresult alloc_pool(alloc_pool_fn fn, CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
-                           CUstream stream)
-{
-    if (!ready() || fn == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    int dev = current_device();
-    if (!admit(dev, bytes, "cuMemAllocFromPoolAsync"))
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUdeviceptr ptr = 0;
-    CUresult rc = fn(&ptr, bytes, pool, stream);
-    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, bytes);
-    if (rc == CUDA_SUCCESS && dptr != NULL)
-        *dptr = ptr;
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
-                                             CUstream stream)
-{
-    vgpu_lib_ensure(&vgpu_cuda_lib);
-    return alloc_pool(real.cuMemAllocFromPoolAsync, dptr, bytes, pool, stream);
-}
-
-VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
-                                                  CUmemoryPool pool, CUstream stream)
-{
-    vgpu_lib_ensure(&vgpu_cuda_lib);
-    return alloc_pool(real.cuMemAllocFromPoolAsync_ptsz, dptr, bytes, pool, stream);
-}
-
-struct async_free {
-    free_async_fn fn;
-    CUstream stream;
-};
-
-static CUresult free_async(void *ctx, uint64_t key)
-{
-    const struct async_free *f = ctx;
-    return f->fn((CUdeviceptr)key, f->stream);
+    return release_counted(HANDLE_RELEASE, handle, NULL);
 }
 
 VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
-    if (!ready() || real.cuMemFreeAsync == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    struct async_free f = {real.cuMemFreeAsync, stream};
-    return forget_after(free_async, &f, VGPU_KIND_POINTER, dptr);
+    return release_counted(FREE_ASYNC, dptr, stream);
 }
 
 VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 {
-    if (!ready() || real.cuMemFreeAsync_ptsz == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    struct async_free f = {real.cuMemFreeAsync_ptsz, stream};
-    return forget_after(free_async, &f, VGPU_KIND_POINTER, dptr);
+    return release_counted(FREE_ASYNC_PTSZ, dptr, stream);
 }
 
 /* ---- reporting ---------------------------------------------------------------------------- */

@@ -62,20 +62,20 @@ static int cuda_index(nvmlDevice_t device)
     return -1;
 }
 
-/* The capped view: total = min(cap, physical), used = the container's usage. Returns 0 when
- * the device has no cap (leave NVML's numbers alone). */
-static int capped_view(nvmlDevice_t device, unsigned long long physical_total,
-                       unsigned long long *total, unsigned long long *used)
+/* Rewrites NVML's figures to the capped view: total = min(cap, physical), used = the
+ * container's usage, free = the rest. Returns 0 (figures untouched) when the device has no cap. */
+static int apply_cap(nvmlDevice_t device, unsigned long long *total, unsigned long long *used,
+                     unsigned long long *free_bytes)
 {
     int dev = cuda_index(device);
-    if (dev < 0)
-        return 0;
-    uint64_t cap = vgpu_region_limit(dev);
+    uint64_t cap = dev >= 0 ? vgpu_region_limit(dev) : 0;
     if (cap == 0)
         return 0;
-    *total = cap < physical_total ? cap : physical_total;
+    if (cap < *total)
+        *total = cap;
     uint64_t container = vgpu_region_used(dev);
     *used = container < *total ? container : *total;
+    *free_bytes = *total - *used;
     return 1;
 }
 
@@ -85,12 +85,8 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory
     if (real.GetMemoryInfo == NULL)
         return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t rc = real.GetMemoryInfo(device, memory);
-    unsigned long long total, used;
-    if (rc == NVML_SUCCESS && capped_view(device, memory->total, &total, &used)) {
-        memory->total = total;
-        memory->used = used;
-        memory->free = total - used;
-    }
+    if (rc == NVML_SUCCESS)
+        apply_cap(device, &memory->total, &memory->used, &memory->free);
     return rc;
 }
 
@@ -100,15 +96,10 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMem
     if (real.GetMemoryInfo_v2 == NULL)
         return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t rc = real.GetMemoryInfo_v2(device, memory);
-    unsigned long long total, used;
-    if (rc == NVML_SUCCESS && capped_view(device, memory->total, &total, &used)) {
-        /* used + reserved + free = total; the driver's reservation is outside the container's
-         * cap, so it is not shown against it. */
-        memory->total = total;
+    /* used + reserved + free = total; the driver's reservation is outside the container's cap,
+     * so it is not shown against it. */
+    if (rc == NVML_SUCCESS && apply_cap(device, &memory->total, &memory->used, &memory->free))
         memory->reserved = 0;
-        memory->used = used;
-        memory->free = total - used;
-    }
     return rc;
 }
 

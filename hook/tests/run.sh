@@ -39,16 +39,16 @@ run multiproc CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" fork-kil
 # The demo vgpuctl runs: a 3000 MiB cap refuses the 7th 500 MiB step.
 run demo CUDA_DEVICE_MEMORY_LIMIT_0=3000m sh -c \
     "$build/vgpu-demo-alloc | tee /dev/stderr | grep -q '^refused at step 7 with 3000 MiB held$'"
-# The hammer takes both cores; the limiter tests measure time, so they run after it, together
-# (they mostly sleep).
+# The hammer takes both cores; the limiter tests measure time, so they run after it (the two
+# limited ones together: they mostly sleep; the unlimited one alone: it needs a free core).
 run hammer CUDA_DEVICE_MEMORY_LIMIT=256m LIBCUDA_LOG_LEVEL=0 \
     HAMMER_SECONDS="${HAMMER_SECONDS:-10}" "$build/tests/test_multiproc" hammer
 run throttle-30 CUDA_DEVICE_SM_LIMIT=30 "$build/tests/test_throttle" 30 &
 t30=$!
 run throttle-60 CUDA_DEVICE_SM_LIMIT=60 "$build/tests/test_throttle" 60 &
 t60=$!
-run throttle-none "$build/tests/test_throttle" none
 wait $t30 $t60
+run throttle-none "$build/tests/test_throttle" none
 [ -e "$tmp/failed" ] && failed=1
 [ $failed = 0 ] && echo "hook tests: all passed" || echo "hook tests: FAILED"
 exit $failed

@@ -1,5 +1,5 @@
 /* test_throttle.c - the SM limiter over the fake driver's synthetic utilisation: each launch
- * of 1000 blocks is 1 ms of "GPU time" (FAKE_CUDA_NS_PER_BLOCK=1000), and the loop keeps the
+ * of 2000 blocks is 2 ms of "GPU time" (FAKE_CUDA_NS_PER_BLOCK=1000), and the loop keeps the
  * GPU busy when nothing holds it back. argv[1] is the limit the environment sets ("none" for
  * no limit); the measured busy share after a settling time must be within 5 points of it.
  * The loop rotates through every launch variant, so each one must be gated. */
@@ -28,18 +28,18 @@ static launch_fn launch_ptsz;
 static coop_fn coop_ptsz;
 static launch_ex_fn ex_ptsz;
 
-/* One kernel of 1000 blocks through variant i % 6, then wait for the GPU like a training step. */
+/* One kernel of 2000 blocks through variant i % 6, then wait for the GPU like a training step. */
 static void step(unsigned i)
 {
-    CUlaunchConfig config = {.gridDimX = 1000, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 128,
+    CUlaunchConfig config = {.gridDimX = 2000, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 128,
                              .blockDimY = 1, .blockDimZ = 1};
     switch (i % 6) {
-    case 0: cuLaunchKernel(NULL, 1000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL); break;
-    case 1: launch_ptsz(NULL, 1000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL); break;
+    case 0: cuLaunchKernel(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL); break;
+    case 1: launch_ptsz(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL); break;
     case 2: cuLaunchKernelEx(&config, NULL, NULL, NULL); break;
     case 3: ex_ptsz(&config, NULL, NULL, NULL); break;
-    case 4: cuLaunchCooperativeKernel(NULL, 100, 10, 1, 128, 1, 1, 0, NULL, NULL); break;
-    default: coop_ptsz(NULL, 1000, 1, 1, 128, 1, 1, 0, NULL, NULL); break;
+    case 4: cuLaunchCooperativeKernel(NULL, 200, 10, 1, 128, 1, 1, 0, NULL, NULL); break;
+    default: coop_ptsz(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL); break;
     }
     cuCtxSynchronize();
 }
