@@ -74,6 +74,11 @@ def check_volcano_version(spec: VGPUPolicySpec, observed: Observed) -> Iterable[
                       "can check which resource names this Volcano honours", severity, where)
         return
     version = found.version
+    if not versions.has_deviceshare(version):
+        yield Problem("spec.scheduler.volcanoVersion", "VolcanoTooOld",
+                      f"Volcano {version} has no deviceshare plugin (vGPU was enabled by "
+                      "predicate.VGPUEnable before v1.9); upgrade Volcano to v1.9 or later", "error", where)
+        return
     for key, value in custom.items():
         if versions.custom_resource_names_work(version):
             continue
@@ -91,11 +96,9 @@ def check_volcano_version(spec: VGPUPolicySpec, observed: Observed) -> Iterable[
 def check_plugin_generation(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:
     plugin = spec.device_plugin
     where = describe("DaemonSet", plugin.namespace, plugin.daemon_set)
-    if observed.device_plugin is None and plugin.generation == "auto":
-        return  # reported by the DaemonSet check
     found = versions.plugin_generation(plugin.generation, observed.device_plugin, plugin.container)
     if found.generation is None:
-        if "no container" not in found.detail:  # a missing container is reported on its own
+        if found.source != "none":  # a missing DaemonSet or container is reported on its own
             yield Problem("spec.devicePlugin.generation", "PluginGenerationUnknown",
                           f"{found.detail}; set spec.devicePlugin.generation to legacy (<= v1.11), "
                           "current (v1.12+) or builtin", "error", where)

@@ -27,6 +27,7 @@ Volcano facts (research: volcano-scheduler.md §6):
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -142,7 +143,8 @@ def generation_of_container(container: dict[str, Any]) -> PluginGeneration:
     return PluginGeneration(generation, "image", f"{generation} (image {image})", parsed)
 
 
-def _pick_container(workload: dict[str, Any], name: str, fallback: Any) -> dict[str, Any] | None:
+def _pick_container(workload: dict[str, Any], name: str,
+                    fallback: Callable[[dict[str, Any]], bool] | None) -> dict[str, Any] | None:
     containers = workload.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
     for container in containers:
         if container.get("name") == name:
@@ -156,6 +158,12 @@ def _pick_container(workload: dict[str, Any], name: str, fallback: Any) -> dict[
 
 
 # --- what a Volcano version supports -------------------------------------------------------------
+
+
+def has_deviceshare(version: Version) -> bool:
+    """The `deviceshare` plugin (and `deviceshare.VGPUEnable`) exists from v1.9.0; v1.8 used
+    `predicate.VGPUEnable` on the predicates plugin, which this operator does not render."""
+    return (version.major, version.minor) >= (1, 9)
 
 
 def reads_custom_resource_names(version: Version) -> bool:

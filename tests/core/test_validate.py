@@ -125,3 +125,10 @@ def test_every_problem_says_what_to_do(cluster_docs: list[dict[str, Any]]) -> No
         assert any(w in p.message for w in ("set ", "Set ", "use ", "Use ", "Remove", "remove", "upgrade",
                                             "Add", "drop", "Narrow", "mount")), p
     assert problems == sorted(problems, key=lambda p: p.severity != "error")
+
+
+def test_volcano_before_deviceshare_is_refused(cluster_docs: list[dict[str, Any]]) -> None:
+    docs = _with_images(cluster_docs, scheduler="volcanosh/vc-scheduler:v1.8.2")
+    found = errors(_problems({}, docs))
+    assert [(p.field, p.reason) for p in found] == [("spec.scheduler.volcanoVersion", "VolcanoTooOld")]
+    assert "v1.9" in found[0].message

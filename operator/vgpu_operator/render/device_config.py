@@ -93,11 +93,11 @@ def live_document(observed: Observed, where: str) -> dict[str, Any] | None:
         return None
     try:
         doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        doc = exc
+    except yaml.YAMLError:
+        doc = text  # not a mapping: reported below
     if doc is None:
         return {}
-    if not isinstance(doc, dict) or not isinstance(doc.get("nvidia", {}) or {}, dict):
+    if not isinstance(doc, dict) or not isinstance(doc.get("nvidia") or {}, dict):
         raise InputError(Problem(
             "spec.targets.deviceConfig", "DeviceConfigUnreadable",
             f"{where} key {fmt.CONFIGMAP_KEY} is not a YAML mapping with an `nvidia:` mapping, so the "
