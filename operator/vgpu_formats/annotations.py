@@ -361,8 +361,9 @@ def _parse_go_bool(value: str, where: str) -> bool:
 
 
 def _check_token(value: str, where: str) -> None:
-    if value == "" or any(sep in value for sep in _SEPARATORS):
-        raise FormatError(where, f"{value!r} is empty or contains ',', ':' or ';'", "rename it")
+    """What encode writes, decode must read back: no separators, not blank."""
+    if value.strip() == "" or any(sep in value for sep in _SEPARATORS):
+        raise FormatError(where, f"{value!r} is blank or contains ',', ':' or ';'", "rename it")
 
 
 def _check_uint(value: int, where: str, maximum: int = MAX_UINT64) -> None:

@@ -135,6 +135,7 @@ def test_decode_names_the_annotation_it_was_given() -> None:
         ann.ContainerDevice("GPU:a", "NVIDIA", 1, 1),
         ann.ContainerDevice("GPU-a", "NV;IDIA", 1, 1),
         ann.ContainerDevice("", "NVIDIA", 1, 1),
+        ann.ContainerDevice(" ", "NVIDIA", 1, 1),
         ann.ContainerDevice("GPU-a", "NVIDIA", -1, 1),
         ann.ContainerDevice("GPU-a", "NVIDIA", 1, 2**32),
     ],
