@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -73,34 +74,43 @@ def _flags(folder: str) -> Flags:
                  lock_dir=f"{folder}/vgpulock", register_interval=3600, handshake=False)
 
 
-async def _allocate_latency(on_node: int, total: int, calls: int) -> list[float]:
-    emulator = _cluster(on_node, total)
-    pending = _pod("pending", NODE, pending=True)
+@contextlib.asynccontextmanager
+async def _plugin_on(
+    emulator: Emulator, backend: MockBackend, resources: list[str]
+) -> AsyncIterator[KubeletSim]:
+    """The plugin, in this process, on `emulator` and a kubelet simulator, registered."""
     with tempfile.TemporaryDirectory(prefix="dpb-", dir="/tmp") as folder:
         async with run_emulator(emulator=emulator) as cluster:
             kube = await ApiKubeClient.connect(str(cluster.kubeconfig))
             sim = KubeletSim(folder)
             await sim.start()
             stop = asyncio.Event()
-            task = asyncio.create_task(run_plugin(_flags(folder), stop, kube=kube, backend=MockBackend(GPUS)))
+            task = asyncio.create_task(run_plugin(_flags(folder), stop, kube=kube, backend=backend))
             try:
-                await sim.wait_for([COUNT], timeout=30)
-                ids = sim.free_ids(COUNT, 2)
-                samples = []
-                for _ in range(20):  # warm-up: connections, first watch events
-                    emulator.apply(copy.deepcopy(pending))
-                    await sim.allocate(COUNT, ids)
-                for _ in range(calls):
-                    emulator.apply(copy.deepcopy(pending))  # a fresh pod waiting for Allocate
-                    started = time.perf_counter()
-                    await sim.allocate(COUNT, ids)
-                    samples.append(time.perf_counter() - started)
-                return samples
+                await sim.wait_for(resources, timeout=30)
+                yield sim
             finally:
                 stop.set()
                 await asyncio.wait_for(task, 10)
                 await sim.stop()
                 await kube.close()
+
+
+async def _allocate_latency(on_node: int, total: int, calls: int) -> list[float]:
+    emulator = _cluster(on_node, total)
+    pending = _pod("pending", NODE, pending=True)
+    async with _plugin_on(emulator, MockBackend(GPUS), [COUNT]) as sim:
+        ids = sim.free_ids(COUNT, 2)
+        samples = []
+        for _ in range(20):  # warm-up: connections, first watch events
+            emulator.apply(copy.deepcopy(pending))
+            await sim.allocate(COUNT, ids)
+        for _ in range(calls):
+            emulator.apply(copy.deepcopy(pending))  # a fresh pod waiting for Allocate
+            started = time.perf_counter()
+            await sim.allocate(COUNT, ids)
+            samples.append(time.perf_counter() - started)
+        return samples
 
 
 def _pct(samples: list[float], q: float) -> float:
@@ -208,28 +218,15 @@ async def _rss_of_process() -> float:
 
 async def _restart_times(rounds: int) -> list[float]:
     resources = [COUNT, "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"]
-    with tempfile.TemporaryDirectory(prefix="dpk-", dir="/tmp") as folder:
-        async with run_emulator(emulator=_cluster(10, 10)) as cluster:
-            kube = await ApiKubeClient.connect(str(cluster.kubeconfig))
-            sim = KubeletSim(folder)
-            await sim.start()
-            stop = asyncio.Event()
-            backend = MockBackend(parse_mock_spec("8xRTX4090", NODE))  # 196,512 memory devices
-            task = asyncio.create_task(run_plugin(_flags(folder), stop, kube=kube, backend=backend))
-            try:
-                await sim.wait_for(resources, timeout=30)
-                times = []
-                for _ in range(rounds):
-                    await sim.restart()
-                    started = time.perf_counter()
-                    await sim.wait_for(resources, timeout=10)
-                    times.append(time.perf_counter() - started)
-                return times
-            finally:
-                stop.set()
-                await asyncio.wait_for(task, 10)
-                await sim.stop()
-                await kube.close()
+    backend = MockBackend(parse_mock_spec("8xRTX4090", NODE))  # 196,512 memory devices
+    async with _plugin_on(_cluster(10, 10), backend, resources) as sim:
+        times = []
+        for _ in range(rounds):
+            await sim.restart()
+            started = time.perf_counter()
+            await sim.wait_for(resources, timeout=10)
+            times.append(time.perf_counter() - started)
+        return times
 
 
 def restart_figure() -> None:
