@@ -104,12 +104,13 @@ static void warn_if_limits_differ(const struct vgpu_region *r, const struct vgpu
     }
 }
 
-/* Opens, sizes, maps and validates the file; returns NULL (logged) on any failure. */
-static struct vgpu_region *map_shared(const char *path, const struct vgpu_limits *limits)
+/* Opens, sizes, maps and validates the file; returns NULL and says why on any failure. */
+static struct vgpu_region *map_shared(const char *path, const struct vgpu_limits *limits,
+                                      const char **failure)
 {
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) {
-        vgpu_log(VGPU_LOG_ERROR, "cannot open shared region %s: %s", path, strerror(errno));
+        *failure = strerror(errno);
         return NULL;
     }
     region_fd = fd;
@@ -146,8 +147,7 @@ static struct vgpu_region *map_shared(const char *path, const struct vgpu_limits
     }
     byte_lock(F_SETLK, F_UNLCK, 0);
     if (r == NULL) {
-        vgpu_log(VGPU_LOG_ERROR, "shared region %s unusable: %s; the cap applies to this process "
-                 "alone", path, why);
+        *failure = why;
         close(fd);
         region_fd = -1;
     }
@@ -178,9 +178,13 @@ static void attach(void)
     const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     if (path == NULL || path[0] == '\0')
         path = default_path;
-    struct vgpu_region *r = map_shared(path, &limits);
-    if (r == NULL)
+    const char *failure = NULL;
+    struct vgpu_region *r = map_shared(path, &limits, &failure);
+    if (r == NULL) {
+        vgpu_log(VGPU_LOG_ERROR, "cannot use shared region %s: %s; the cap applies to this process "
+                 "alone", path, failure);
         r = map_private(&limits);
+    }
     pthread_atfork(NULL, NULL, after_fork_child);
     __atomic_store_n(&region, r, __ATOMIC_RELEASE);
 }

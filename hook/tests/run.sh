@@ -34,6 +34,18 @@ run limits "$units/test_limits"
 run control "$units/test_control"
 run alloc CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m "$build/tests/test_alloc"
 run alloc-uncapped "$build/tests/test_alloc" uncapped
+# A region file that cannot be used: a missing folder, and a HAMi-core cache file (its magic
+# 19920718 at offset 0, its v1 size) must be refused, not reinterpreted.
+run fallback-missing CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/no/such/dir.cache" \
+    CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_alloc" fallback "No such file or directory"
+printf '\116\367\057\001\001\000\000\000' >"$tmp/hami.cache"
+truncate -s 2008953 "$tmp/hami.cache"
+run fallback-hami CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/hami.cache" CUDA_DEVICE_MEMORY_LIMIT=1g \
+    "$build/tests/test_alloc" fallback "bad magic (not a libvgpu region, or a HAMi-core cache"
+printf 'VGPUREG1\002\000\000\000' >"$tmp/v2.cache"
+truncate -s 4096 "$tmp/v2.cache"
+run fallback-short CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/v2.cache" CUDA_DEVICE_MEMORY_LIMIT=1g \
+    "$build/tests/test_alloc" fallback "file too small for its header"
 run procaddr CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_procaddr"
 run multiproc CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" fork-kill
 # The demo vgpuctl runs: a 3000 MiB cap refuses the 7th 500 MiB step.

@@ -255,8 +255,32 @@ static void uncapped(void)
     cuMemFree_v2(p);
 }
 
+/* The region file cannot be used (argv[2] says how it must be reported): the cap still holds
+ * for this process, from a private region. */
+static void fallback(const char *expected_log)
+{
+    capture_begin(); /* the region is attached when the driver is first used */
+    check(cuInit(0) == CUDA_SUCCESS, "cuInit");
+    cuDevicePrimaryCtxRetain(&ctx[0], 0);
+    use_device(0);
+    CUdeviceptr a = 0, b = 0;
+    CUresult first = cuMemAlloc_v2(&a, 600 * MiB);
+    const char *log = capture_end();
+    check(strstr(log, expected_log) != NULL && strstr(log, "the cap applies to this process") != NULL,
+          "the unusable region is reported: %s", log);
+    check(first == CUDA_SUCCESS && cuMemAlloc_v2(&b, 600 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
+          "the cap still holds within the process");
+    size_t free_b, total_b;
+    cuMemGetInfo_v2(&free_b, &total_b);
+    check(total_b == 1024 * MiB && free_b == 424 * MiB, "and is reported");
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 2 && strcmp(argv[1], "fallback") == 0) {
+        fallback(argv[2]);
+        return check_done("test_alloc fallback");
+    }
     check(cuInit(0) == CUDA_SUCCESS, "cuInit");
     cuDevicePrimaryCtxRetain(&ctx[0], 0);
     cuDevicePrimaryCtxRetain(&ctx[1], 1);
