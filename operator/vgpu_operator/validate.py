@@ -236,7 +236,8 @@ def check_target_namespaces(spec: VGPUPolicySpec, observed: Observed) -> Iterabl
 def check_node_overrides(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:
     """A node may match at most one override: upstream applies one entry per node."""
     owner: dict[str, int] = {}
-    for index, names in enumerate(override_nodes(spec.node_overrides, observed.nodes)):
+    targets = override_nodes(spec.node_overrides, observed.nodes)
+    for index, names in enumerate(targets):
         for name in names:
             if name in owner:
                 yield Problem(f"spec.nodeOverrides[{index}]", "OverlappingNodeOverrides",
@@ -245,6 +246,17 @@ def check_node_overrides(spec: VGPUPolicySpec, observed: Observed) -> Iterable[P
                               "error", f"Node {name}")
             else:
                 owner[name] = index
+    known = {node_name(n) for n in observed.nodes}
+    for index, (override, names) in enumerate(zip(spec.node_overrides, targets, strict=True)):
+        if override.node_selector is not None and not names:
+            yield Problem(f"spec.nodeOverrides[{index}].nodeSelector", "OverrideMatchesNoNodes",
+                          "the selector matches no node now; check the labels (the override applies as soon "
+                          "as a node matches)", "warning")
+        missing = sorted(set(override.node_names or []) - known)
+        if missing:
+            yield Problem(f"spec.nodeOverrides[{index}].nodeNames", "NodeNotFound",
+                          f"no node named {', '.join(missing)} exists now; check the spelling (the entry is "
+                          "written anyway and applies when the node joins)", "warning")
     known_geometries = spec.device.known_mig_geometries
     for index, override in enumerate(spec.node_overrides):
         if override.operating_mode == "mig" and known_geometries == []:

@@ -72,3 +72,9 @@ def test_builtin_plugin_has_no_sizing_flags(cluster_docs: list[dict[str, Any]]) 
 
 def test_seed001_mismatch_repaired(seed001_docs: list[dict[str, Any]]) -> None:
     check_golden("seed001-repaired", golden_view({}, seed001_docs))
+
+
+def test_seed001_repaired_keeping_the_users_name(seed001_docs: list[dict[str, Any]]) -> None:
+    # The user meant nvidia.com/gpu: Volcano 1.13 honours it and the legacy plugin gets the flag,
+    # so both sides agree on the name and "device request not found" cannot happen.
+    check_golden("seed001-custom-name", golden_view({"resources": {"count": "nvidia.com/gpu"}}, seed001_docs))

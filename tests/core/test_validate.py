@@ -123,7 +123,7 @@ def test_every_problem_says_what_to_do(cluster_docs: list[dict[str, Any]]) -> No
     for p in problems:
         assert p.field.startswith("spec"), p
         assert any(w in p.message for w in ("set ", "Set ", "use ", "Use ", "Remove", "remove", "upgrade",
-                                            "Add", "drop", "Narrow", "mount")), p
+                                            "Add", "drop", "Narrow", "mount", "check ")), p
     assert problems == sorted(problems, key=lambda p: p.severity != "error")
 
 
@@ -132,3 +132,14 @@ def test_volcano_before_deviceshare_is_refused(cluster_docs: list[dict[str, Any]
     found = errors(_problems({}, docs))
     assert [(p.field, p.reason) for p in found] == [("spec.scheduler.volcanoVersion", "VolcanoTooOld")]
     assert "v1.9" in found[0].message
+
+
+def test_overrides_that_target_nothing_are_flagged(cluster_docs: list[dict[str, Any]]) -> None:
+    spec = {"nodeOverrides": [{"nodeSelector": {"matchLabels": {"pool": "none"}}, "deviceSplitCount": 2},
+                              {"nodeNames": ["test-app-64-46-msxf", "tpyo-node"], "deviceSplitCount": 3}]}
+    problems = _problems(spec, cluster_docs)
+    found = {(p.field, p.reason) for p in problems}
+    assert ("spec.nodeOverrides[0].nodeSelector", "OverrideMatchesNoNodes") in found
+    assert ("spec.nodeOverrides[1].nodeNames", "NodeNotFound") in found
+    assert "tpyo-node" in next(p.message for p in problems if p.reason == "NodeNotFound")
+    assert not errors(problems)
