@@ -51,6 +51,21 @@ run multiproc CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" fork-kil
 # The demo vgpuctl runs: a 3000 MiB cap refuses the 7th 500 MiB step.
 run demo CUDA_DEVICE_MEMORY_LIMIT_0=3000m sh -c \
     "$build/vgpu-demo-alloc | tee /dev/stderr | grep -q '^refused at step 7 with 3000 MiB held$'"
+# /etc/ld.so.preload (how pods load it) with a scrubbed environment (env -i): only where a
+# private mount namespace can be made (root with CAP_SYS_ADMIN), over a copy of /etc.
+if [ "${VGPU_SANITIZED:-0}" = 0 ] && unshare -m true 2>/dev/null; then
+    cp -a /etc "$tmp/etc" && echo "$lib" >"$tmp/etc/ld.so.preload"
+    if unshare -m sh -c "mount --bind '$tmp/etc' /etc && env -i \
+        CUDA_DEVICE_MEMORY_LIMIT_0=3000m CUDA_DEVICE_MEMORY_SHARED_CACHE='$tmp/preload.cache' \
+        '$build/vgpu-demo-alloc'" >"$tmp/preload.log" 2>&1 &&
+        grep -q '^refused at step 7 with 3000 MiB held$' "$tmp/preload.log"; then
+        echo "PASS preload-file (/etc/ld.so.preload, env -i)"
+    else
+        echo "FAIL preload-file"; cat "$tmp/preload.log"; failed=1
+    fi
+else
+    echo "SKIP preload-file (needs a private mount namespace to provide /etc/ld.so.preload)"
+fi
 # The hammer takes both cores; the limiter tests measure time, so they run after it (the two
 # limited ones together: they mostly sleep; the unlimited one alone: it needs a free core).
 run hammer CUDA_DEVICE_MEMORY_LIMIT=256m LIBCUDA_LOG_LEVEL=0 \
