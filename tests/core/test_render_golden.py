@@ -1,4 +1,5 @@
-"""Golden renders: each file under golden/ was read by a human (see README of the suite)."""
+"""Golden renders: one file per case under golden/, each read by a human before it was committed
+(regenerate with `UPDATE_GOLDEN=1 pytest tests/core`, then read the diff)."""
 
 from __future__ import annotations
 
