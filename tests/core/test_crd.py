@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import jsonschema
@@ -119,3 +120,35 @@ def test_schema_and_model_reject_the_same_bad_values(spec: dict[str, Any]) -> No
         _validator().validate({"spec": spec})
     with pytest.raises(ValueError):
         api.parse_spec(spec)
+
+
+def _apply_defaults(schema: dict[str, Any], obj: Any) -> Any:
+    """Structural defaulting as the API server does it: a missing property with a default gets it,
+    then its own properties are defaulted in turn."""
+    if isinstance(obj, dict) and "properties" in schema:
+        for key, sub in schema["properties"].items():
+            if key not in obj and "default" in sub:
+                obj[key] = copy.deepcopy(sub["default"])
+            if key in obj:
+                obj[key] = _apply_defaults(sub, obj[key])
+    if isinstance(obj, list) and "items" in schema:
+        return [_apply_defaults(schema["items"], item) for item in obj]
+    return obj
+
+
+def _drop_empty_lists(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_empty_lists(v) for k, v in value.items() if v != []}
+    if isinstance(value, list):
+        return [_drop_empty_lists(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("spec", [{}, {"device": {"deviceSplitCount": 4}, "targets": {"nodeConfig": {}}},
+                                  {"nodeOverrides": [{"nodeNames": ["a"], "filterDevices": {}}]}])
+def test_crd_defaults_equal_model_defaults(spec: dict[str, Any]) -> None:
+    # What `kubectl get vgp -o yaml` shows after admission is what the operator's model assumes.
+    defaulted = _apply_defaults(_schema()["properties"]["spec"], copy.deepcopy(spec))
+    model = api.parse_spec(spec).model_dump(by_alias=True, exclude_none=True, mode="json")
+    assert _drop_empty_lists(defaulted) == _drop_empty_lists(model)
+    _validator().validate({"spec": defaulted})
