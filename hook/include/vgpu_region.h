@@ -71,7 +71,7 @@ struct vgpu_region_slot {
     int32_t host_pid;          /*   4 written by the node monitor (0 = unknown); see README */
     uint64_t generation;       /*   8 atomic: odd while the slot is being claimed or released */
     uint64_t claimed_unix_ns;  /*  16 CLOCK_REALTIME when the owner claimed the slot */
-    uint64_t last_launch_unix_ns; /* 24 atomic: last kernel launch seen (about 1 s resolution) */
+    uint64_t last_launch_unix_ns; /* 24 atomic: a recent kernel launch (every 1024th per thread) */
     uint64_t used_bytes[VGPU_REGION_MAX_DEVICES]; /* 32 atomic: this process's ledger per device */
     uint64_t reserved[4];      /* 160 zero */
 };

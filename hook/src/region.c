@@ -414,8 +414,9 @@ int vgpu_region_find_uuid(const char *uuid)
 
 void vgpu_region_note_launch(uint64_t now_ns)
 {
-    if (my_slot >= 0)
-        store64(&region->slots[my_slot].last_launch_unix_ns, now_ns);
+    int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
+    if (slot >= 0)
+        __atomic_store_n(&region->slots[slot].last_launch_unix_ns, now_ns, __ATOMIC_RELAXED);
 }
 
 int vgpu_region_pids(int32_t *pids, int max)

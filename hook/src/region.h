@@ -31,7 +31,7 @@ void vgpu_region_set_uuid(int dev, const char *uuid);
 /* Returns the CUDA ordinal whose recorded UUID equals uuid, or -1. */
 int vgpu_region_find_uuid(const char *uuid);
 
-/* Marks this process as having launched a kernel now (coarse clock). */
+/* Stamps this process's slot with the time of a kernel launch (no-op before it has a slot). */
 void vgpu_region_note_launch(uint64_t unix_ns);
 
 /* Fills pids with the pids (container and host) of live slots; returns the count. */

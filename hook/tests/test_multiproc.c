@@ -150,6 +150,13 @@ static void fork_and_exec(const char *self)
           "parent holds 300 MiB");
     int slot = find_slot(getpid());
     check(slot >= 0, "parent has a slot");
+    cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    uint64_t launched = slot >= 0 ? region->slots[slot].last_launch_unix_ns : 0;
+    uint64_t now_ns = (uint64_t)wall.tv_sec * 1000000000u + (uint64_t)wall.tv_nsec;
+    check(launched != 0 && launched <= now_ns && now_ns - launched < UINT64_C(10000000000),
+          "a kernel launch stamps the slot's last_launch_unix_ns");
 
     pid_t child = fork();
     if (child == 0) {
