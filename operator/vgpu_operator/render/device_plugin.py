@@ -21,7 +21,7 @@ from vgpu_operator.api import VGPUPolicySpec
 from vgpu_operator.observed import Observed
 from vgpu_operator.render import device_config
 from vgpu_operator.render.inputs import InputError, Problem, describe, find_container, short_hash
-from vgpu_operator.render.target import TargetRender, failed_target, workload_target
+from vgpu_operator.render.target import TargetRender, failed_target, missing_target, workload_target
 from vgpu_operator.versions import Generation, plugin_generation
 
 ANNOTATION = "vgpu.io/plugin-config-hash"
@@ -78,10 +78,9 @@ def render_device_plugin_target(spec: VGPUPolicySpec, observed: Observed) -> Tar
     where = describe("DaemonSet", plugin.namespace, plugin.daemon_set)
     live = observed.device_plugin
     if live is None:
-        return failed_target("DaemonSet", plugin.namespace, plugin.daemon_set, None, Problem(
-            "spec.devicePlugin.daemonSet", "DevicePluginNotFound",
-            f"{where} not found; install the device plugin or set spec.devicePlugin.namespace/daemonSet",
-            object=where))
+        return missing_target("DaemonSet", plugin.namespace, plugin.daemon_set, "spec.devicePlugin.daemonSet",
+                              "DevicePluginNotFound",
+                              "install the device plugin or set spec.devicePlugin.namespace/daemonSet")
     try:
         index, container = find_container(live, plugin.container, where)
     except InputError as err:

@@ -19,13 +19,12 @@ from vgpu_operator.api import VGPUPolicySpec
 from vgpu_operator.observed import Observed
 from vgpu_operator.render.inputs import (
     InputError,
-    Problem,
     describe,
     find_plugin,
     parse_scheduler_conf,
     short_hash,
 )
-from vgpu_operator.render.target import TargetRender, configmap_target, failed_target
+from vgpu_operator.render.target import TargetRender, configmap_target, failed_target, missing_target
 
 PLUGIN = "deviceshare"
 VGPU_ENABLE = "deviceshare.VGPUEnable"
@@ -118,10 +117,9 @@ def render_scheduler_conf_target(spec: VGPUPolicySpec, observed: Observed) -> Ta
     where = describe("ConfigMap", sched.namespace, sched.config_map)
     live = observed.scheduler_configmap
     if live is None:
-        return failed_target("ConfigMap", sched.namespace, sched.config_map, None, Problem(
-            "spec.scheduler.configMap", "SchedulerConfigMapNotFound",
-            f"{where} not found; install Volcano or point spec.scheduler.namespace/configMap at its "
-            "scheduler ConfigMap", object=where))
+        return missing_target("ConfigMap", sched.namespace, sched.config_map, "spec.scheduler.configMap",
+                              "SchedulerConfigMapNotFound", "install Volcano or point "
+                              "spec.scheduler.namespace/configMap at its scheduler ConfigMap")
     try:
         conf = parse_scheduler_conf(observed.scheduler_conf_text(sched.key), where, sched.key)
     except InputError as err:

@@ -14,8 +14,8 @@ from typing import Any
 from vgpu_operator.api import VGPUPolicySpec
 from vgpu_operator.observed import Observed
 from vgpu_operator.render import device_config, scheduler_conf
-from vgpu_operator.render.inputs import Problem, describe, short_hash
-from vgpu_operator.render.target import TargetRender, failed_target, workload_target
+from vgpu_operator.render.inputs import short_hash
+from vgpu_operator.render.target import TargetRender, missing_target, workload_target
 
 ANNOTATION = "vgpu.io/scheduler-config-hash"
 
@@ -37,11 +37,10 @@ def render_scheduler_deployment_target(spec: VGPUPolicySpec, observed: Observed)
     sched = spec.scheduler
     live = observed.scheduler_deployment
     if live is None:
-        where = describe("Deployment", sched.namespace, sched.deployment)
-        return failed_target("Deployment", sched.namespace, sched.deployment, None, Problem(
-            "spec.scheduler.deployment", "SchedulerDeploymentNotFound",
-            f"{where} not found, so the operator cannot restart the scheduler after a device-config "
-            "change; set spec.scheduler.deployment to the scheduler's Deployment", "warning", where))
+        return missing_target("Deployment", sched.namespace, sched.deployment, "spec.scheduler.deployment",
+                              "SchedulerDeploymentNotFound",
+                              "the operator cannot restart the scheduler after a device-config change: "
+                              "set spec.scheduler.deployment to the scheduler's Deployment", "warning")
     wanted = desired_inputs(spec)
     return workload_target("Deployment", live, ANNOTATION, short_hash(wanted),
                            live_inputs(spec, observed) != wanted)

@@ -6,7 +6,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpu_operator.render.inputs import Problem, describe, pod_template
+from vgpu_operator.render.inputs import Problem, Severity, describe, pod_template
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "vgpu-operator"
@@ -105,6 +105,14 @@ def failed_target(kind: str, namespace: str, name: str, live: dict[str, Any] | N
                   problem: Problem) -> TargetRender:
     """A target that could not be rendered: nothing to write, the Problem says why."""
     return TargetRender(kind, namespace, name, live, None, error=problem)
+
+
+def missing_target(kind: str, namespace: str, name: str, field: str, reason: str, fix: str,
+                   severity: Severity = "error") -> TargetRender:
+    """An object the operator edits but never creates was not found."""
+    where = describe(kind, namespace, name)
+    return failed_target(kind, namespace, name, None,
+                         Problem(field, reason, f"{where} not found; {fix}", severity, where))
 
 
 def workload_target(kind: str, live: dict[str, Any], annotation: str, restart_hash: str,
