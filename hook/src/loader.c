@@ -53,10 +53,16 @@ void *vgpu_real_dlsym(void *handle, const char *name)
     return fn != NULL ? fn(handle, name) : NULL;
 }
 
+static void after_fork_child(void) { pthread_mutex_init(&load_lock, NULL); }
+
+static void register_fork_handler(void) { pthread_atfork(NULL, NULL, after_fork_child); }
+
 void vgpu_lib_load(struct vgpu_hook_lib *lib)
 {
+    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
     if (loading)
         return; /* a constructor of the real library called back into us */
+    pthread_once(&fork_once, register_fork_handler); /* a fork mid-load must not wedge the child */
     pthread_mutex_lock(&load_lock);
     if (!__atomic_load_n(&lib->loaded, __ATOMIC_ACQUIRE)) {
         loading = 1;

@@ -34,6 +34,8 @@ run limits "$units/test_limits"
 run control "$units/test_control"
 run alloc CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m "$build/tests/test_alloc"
 run alloc-uncapped "$build/tests/test_alloc" uncapped
+run alloc-wide-pitch CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_PITCH_ALIGN=2048 \
+    "$build/tests/test_alloc" wide-pitch
 # A region file that cannot be used: a missing folder, and a HAMi-core cache file (its magic
 # 19920718 at offset 0, its v1 size) must be refused, not reinterpreted.
 run fallback-missing CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/no/such/dir.cache" \

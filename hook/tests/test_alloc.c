@@ -275,6 +275,30 @@ static void fallback(const char *expected_log)
     check(total_b == 1024 * MiB && free_b == 424 * MiB, "and is reported");
 }
 
+/* The driver's pitch (FAKE_CUDA_PITCH_ALIGN=2048) is wider than libvgpu's 512-byte estimate:
+ * the allocation is counted at the real size, and refused if the real size does not fit. */
+static void wide_pitch(void)
+{
+    CUdeviceptr p = 0, big = 0;
+    size_t pitch = 0;
+    check(cuMemAllocPitch_v2(&p, &pitch, 1000, 1000, 4) == CUDA_SUCCESS && pitch == 2048 &&
+          container_used() == 2048 * 1000, "counted at the driver's pitch (%zu): %llu bytes", pitch,
+          (unsigned long long)container_used());
+    cuMemFree_v2(p);
+    check(cuMemAlloc_v2(&big, 1023 * MiB) == CUDA_SUCCESS, "1023 MiB of the 1 GiB cap taken");
+    uint64_t frees = fake_cuda_stats.free_calls;
+    pitch = 77;
+    p = 0x1234;
+    /* estimate 1024 x 1000 fits in the last MiB, the real 2048 x 1000 does not */
+    check(cuMemAllocPitch_v2(&p, &pitch, 1000, 1000, 4) == CUDA_ERROR_OUT_OF_MEMORY,
+          "refused when the real pitch does not fit");
+    check(fake_cuda_stats.free_calls == frees + 1 && fake_cuda_device_used(0) == 1023 * MiB,
+          "the driver's allocation was given back");
+    check(p == 0x1234 && pitch == 77 && container_used() == 1023 * MiB,
+          "outputs untouched, nothing left counted");
+    cuMemFree_v2(big);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 2 && strcmp(argv[1], "fallback") == 0) {
@@ -285,6 +309,10 @@ int main(int argc, char **argv)
     cuDevicePrimaryCtxRetain(&ctx[0], 0);
     cuDevicePrimaryCtxRetain(&ctx[1], 1);
     use_device(0);
+    if (argc > 1 && strcmp(argv[1], "wide-pitch") == 0) {
+        wide_pitch();
+        return check_done("test_alloc wide-pitch");
+    }
     if (argc > 1 && strcmp(argv[1], "uncapped") == 0) {
         uncapped();
         return check_done("test_alloc uncapped");

@@ -50,6 +50,7 @@ static __thread struct fake_ctx *current;
 static int ndevices = 2;
 static uint64_t device_bytes = UINT64_C(16) << 30;
 static uint64_t ns_per_block = 1000;
+static uint64_t pitch_align = 512;
 static int initialised;
 
 /* live allocations: open addressing, key = address or handle, value = size and device */
@@ -76,6 +77,9 @@ __attribute__((constructor)) static void fake_setup(void)
         ndevices = 2;
     device_bytes = env_u64("FAKE_CUDA_MEM_MIB", 16384) << 20;
     ns_per_block = env_u64("FAKE_CUDA_NS_PER_BLOCK", 1000);
+    pitch_align = env_u64("FAKE_CUDA_PITCH_ALIGN", 512);
+    if (pitch_align == 0 || (pitch_align & (pitch_align - 1)) != 0)
+        pitch_align = 512;
     for (int i = 0; i < MAX_DEVICES; i++)
         primary[i].dev = i;
     table = calloc(TABLE_SIZE, sizeof *table);
@@ -307,7 +311,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
 {
     if (elem != 4 && elem != 8 && elem != 16)
         return CUDA_ERROR_INVALID_VALUE;
-    size_t p = (width + 511) & ~(size_t)511;
+    size_t p = (width + pitch_align - 1) & ~(size_t)(pitch_align - 1);
     CUresult rc = alloc_current(dptr, p * height, "cuMemAllocPitch_v2");
     if (rc == CUDA_SUCCESS)
         *pitch = p;
