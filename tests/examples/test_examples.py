@@ -1,0 +1,44 @@
+"""The policies in examples/ are what users copy first: each must be accepted by the CRD schema
+the API server enforces and by the operator's model, and must render against the fixture cluster
+without an error-level problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from vgpu_operator.api import VGPUPolicy
+from vgpu_operator.observed import load_observed_from_manifests
+from vgpu_operator.validate import validate
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+CRD = yaml.safe_load((ROOT / "crds" / "vgpu.io_vgpupolicies.yaml").read_text())
+
+
+def _cluster_docs() -> list[dict]:
+    docs: list[dict] = []
+    for path in sorted((ROOT / "tests" / "fixtures" / "cluster").glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+def test_there_are_examples() -> None:
+    assert len(EXAMPLES) >= 3
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_passes_the_crd_schema(path: Path) -> None:
+    # OpenAPI v3.0 schemas use draft-4 forms (boolean exclusiveMinimum).
+    schema = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    jsonschema.Draft4Validator(schema).validate(yaml.safe_load(path.read_text()))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_validates_on_the_fixture_cluster(path: Path) -> None:
+    policy = VGPUPolicy.from_object(yaml.safe_load(path.read_text()))
+    observed = load_observed_from_manifests(_cluster_docs(), policy.spec)
+    errors = [p for p in validate(policy, observed) if p.severity == "error"]
+    assert errors == []
