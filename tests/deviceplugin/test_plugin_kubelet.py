@@ -158,9 +158,12 @@ async def test_allocate_errors_are_grpc_errors_and_touch_no_unrelated_pod(
         assert "no pod on node dev-app-2-150-master-1 is waiting" in (err.value.details() or "")
         assert kube.pod_writes("default/vgpu-test") == []
         kube.add_pod(broken)
+        lock = {"metadata": {"annotations": {"hamivgpu": "2026-01-01T00:00:00Z"}}}
+        await kube.patch_node(FIXTURE_NODE, lock)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await sim.allocate(COUNT, sim.free_ids(COUNT, 1))
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "hamivgpu" not in _annotations(kube)  # released on the failure path too
         assert "does not end with ':'" in (err.value.details() or "")
         assert kube.pods[("default", "broken")]["metadata"]["annotations"][ann.BIND_PHASE] == "failed"
         # The API failing: a clear error, the pod (if any) marked failed, the plugin keeps serving.
