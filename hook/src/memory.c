@@ -4,6 +4,7 @@
 #include "memory.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -160,11 +161,16 @@ int vgpu_mem_reserve(int dev, uint64_t bytes, const char *api)
     struct vgpu_region *r = vgpu_region_get();
     __atomic_add_fetch(&r->devices[dev].oom_refusals, 1, __ATOMIC_RELAXED);
     uint64_t suppressed = 0;
-    if (refusal_log_due(&suppressed))
+    if (refusal_log_due(&suppressed)) {
+        char more[64] = "";
+        if (suppressed != 0)
+            snprintf(more, sizeof more, " (%llu more refusals since the last line)",
+                     (unsigned long long)suppressed);
         vgpu_log(VGPU_LOG_ERROR, "%s: device %d out of memory: %llu bytes requested, %llu of %llu "
-                 "in use by the container (%llu earlier refusals not logged)", api, dev,
-                 (unsigned long long)bytes, (unsigned long long)vgpu_region_used(dev),
-                 (unsigned long long)vgpu_region_limit(dev), (unsigned long long)suppressed);
+                 "in use by the container%s", api, dev, (unsigned long long)bytes,
+                 (unsigned long long)vgpu_region_used(dev),
+                 (unsigned long long)vgpu_region_limit(dev), more);
+    }
     return -1;
 }
 
