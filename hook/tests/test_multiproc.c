@@ -142,6 +142,49 @@ static void kill_holder(void)
     close(ready[1]);
 }
 
+/* A process that dies holding the creation lock (byte 0) must not wedge the others (HAMi #2500:
+ * a semaphore held by a dead process did). */
+static void creation_lock_owner_dies(void)
+{
+    int ready[2];
+    if (pipe(ready) != 0)
+        return;
+    pid_t locker = fork();
+    if (locker == 0) {
+        int fd = open(getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE"), O_RDWR | O_CLOEXEC);
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+        char ok = fd >= 0 && fcntl(fd, F_SETLK, &fl) == 0 ? 'y' : 'n';
+        if (write(ready[1], &ok, 1) != 1)
+            _exit(2);
+        pause();
+        _exit(0);
+    }
+    char ok = 0;
+    check(read(ready[0], &ok, 1) == 1 && ok == 'y', "a process holds the creation lock");
+    pid_t claimer = fork();
+    if (claimer == 0) {
+        cuda_start();
+        CUdeviceptr p;
+        exit(cuMemAlloc_v2(&p, 10 * MiB) == CUDA_SUCCESS ? 0 : 1);
+    }
+    struct timespec wait_a_bit = {0, 300 * 1000 * 1000};
+    nanosleep(&wait_a_bit, NULL);
+    check(waitpid(claimer, NULL, WNOHANG) == 0, "a new process waits while the lock is held");
+    double killed_at = 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    killed_at = (double)ts.tv_sec + ts.tv_nsec / 1e9;
+    kill(locker, SIGKILL);
+    wait_status(locker);
+    int fine = exited_ok(claimer);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double waited = (double)ts.tv_sec + ts.tv_nsec / 1e9 - killed_at;
+    check(fine && waited < 2.0, "kill -9 of the holder frees it: the new process went on %.3f s "
+          "later", waited);
+    close(ready[0]);
+    close(ready[1]);
+}
+
 static void fork_and_exec(const char *self)
 {
     cuda_start();
@@ -365,6 +408,7 @@ int main(int argc, char **argv)
         return check_done("test_multiproc hammer");
     }
     kill_holder();
+    creation_lock_owner_dies();
     fork_and_exec(argv[0]);
     return check_done("test_multiproc fork-kill");
 }
