@@ -13,10 +13,13 @@ Baseline, measured in the same run: the same process only parsing the same files
 from __future__ import annotations
 
 import copy
+import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +96,26 @@ def generate(folder: Path) -> None:
             (folder / f"{kind}-{start // PER_FILE:03d}.yaml").write_text(text)
 
 
-def _measure(argv: list[str]) -> tuple[float, float, subprocess.CompletedProcess[str]]:
-    """Wall seconds and peak RSS in MB of one command, its worker processes included (sampled
-    every 20 ms: the sum over the process tree, the figure a node's memory limit would see)."""
-    start = time.perf_counter()
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+@dataclass
+class Run:
+    wall: float  # seconds
+    cpu: float  # user + system seconds of the process tree (steadier than wall on a busy machine)
+    peak_mb: float  # peak RSS summed over the process tree
+    done: subprocess.CompletedProcess[str]
+
+
+def _cpu_of_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _measure(argv: list[str]) -> Run:
+    """Wall and CPU seconds and peak RSS in MB of one command, its worker processes included
+    (RSS sampled every 20 ms and summed over the process tree: what a memory limit would see)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        cpu_before = _cpu_of_children()
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True)  # files: no pipe to fill up
         peak = 0
         root = psutil.Process(proc.pid)
         while proc.poll() is None:
@@ -107,9 +125,11 @@ def _measure(argv: list[str]) -> tuple[float, float, subprocess.CompletedProcess
             except psutil.Error:
                 pass
             time.sleep(0.02)
-        out, err = proc.communicate()
-    wall = time.perf_counter() - start
-    return wall, peak / 1e6, subprocess.CompletedProcess(argv, proc.returncode, out, err)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(argv, proc.returncode, out.read(), err.read())
+    return Run(wall, _cpu_of_children() - cpu_before, peak / 1e6, done)
 
 
 def main() -> None:
@@ -120,16 +140,16 @@ def main() -> None:
         size_mb = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
         took = time.perf_counter() - t0
         print(f"generated {NODES} nodes, {PODS} pods ({size_mb:.0f} MB of YAML) in {took:.1f} s")
-        parse_s, parse_mb, parsed = _measure([sys.executable, "-c", PARSE_ONLY, str(folder)])
-        doctor = [sys.executable, "-m", "vgpuctl.main", "doctor", "-c", str(folder), "-o", "json"]
-        doctor_s, doctor_mb, done = _measure(doctor)
-    if done.returncode not in (0, 1):
-        raise SystemExit(f"doctor failed ({done.returncode}): {done.stderr[-2000:]}")
-    print(f"baseline: parse only (CSafeLoader, {parsed.stdout.strip()} objects): {parse_s:.2f} s, "
-          f"peak RSS {parse_mb:.0f} MB")
-    print(f"vgpuctl doctor: {doctor_s:.2f} s, peak RSS {doctor_mb:.0f} MB (target < 5 s, < 500 MB); "
-          f"exit {done.returncode}")
-    print(f"ratio doctor / parse-only: time {doctor_s / parse_s:.2f}x, memory {doctor_mb / parse_mb:.2f}x")
+        parse = _measure([sys.executable, "-c", PARSE_ONLY, str(folder)])
+        doctor = _measure([sys.executable, "-m", "vgpuctl.main", "doctor", "-c", str(folder), "-o", "json"])
+    if doctor.done.returncode not in (0, 1):
+        raise SystemExit(f"doctor failed ({doctor.done.returncode}): {doctor.done.stderr[-2000:]}")
+    load = os.getloadavg()[0]
+    print(f"baseline: parse only (CSafeLoader, {parse.done.stdout.strip()} objects): {parse.wall:.2f} s wall, "
+          f"{parse.cpu:.2f} s CPU, peak RSS {parse.peak_mb:.0f} MB")
+    print(f"vgpuctl doctor: {doctor.wall:.2f} s wall, {doctor.cpu:.2f} s CPU, peak RSS {doctor.peak_mb:.0f} MB "
+          f"(target < 5 s, < 500 MB); exit {doctor.done.returncode} (load average {load:.1f})")
+    print(f"ratio doctor / parse-only: wall {doctor.wall / parse.wall:.2f}x, CPU {doctor.cpu / parse.cpu:.2f}x")
 
 
 if __name__ == "__main__":

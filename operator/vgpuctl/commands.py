@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
 from typing import Any
 
@@ -10,11 +11,12 @@ import pydantic
 import yaml
 from vgpu_operator.api import KIND, VGPUPolicy
 from vgpu_operator.observed import load_observed_from_manifests
-from vgpu_operator.render import RenderResult, TargetRender, render_all
+from vgpu_operator.render import Problem, RenderResult, TargetRender, render_all
+from vgpu_operator.validate import validate
 
 from vgpuctl import output
 from vgpuctl.diffing import target_diff
-from vgpuctl.doctor import Report, diagnose
+from vgpuctl.doctor import Report, diagnose, policy_findings
 from vgpuctl.facts import gather
 from vgpuctl.importer import import_policy
 from vgpuctl.manifests import ManifestError, iter_file
@@ -71,7 +73,7 @@ def doctor_text(report: Report, style: Style) -> str:
 
 
 def doctor_command(args: argparse.Namespace, objects: list[dict[str, Any]], style: Style) -> int:
-    report = diagnose(gather(objects), pod=args.pod)
+    report = diagnose(gather(objects), pod=args.pod, extra=policy_findings(objects))
     if args.pod and not any(p.pod == args.pod for p in report.pods):
         report.findings.append(_missing_pod(args.pod))
     if args.output == "table":
@@ -128,9 +130,11 @@ def load_policy(path: str | None, objects: list[dict[str, Any]]) -> VGPUPolicy:
         raise UsageError(_policy_error(where, err)) from err
 
 
-def _render(args: argparse.Namespace, objects: list[dict[str, Any]]) -> RenderResult:
+def _render(args: argparse.Namespace, objects: list[dict[str, Any]]) -> tuple[RenderResult, list[Problem]]:
+    """The rendering and the validation problems, as the operator computes them."""
     policy = load_policy(args.policy, objects)
-    return render_all(policy, load_observed_from_manifests(objects, policy.spec))
+    observed = load_observed_from_manifests(objects, policy.spec)
+    return render_all(policy, observed), validate(policy, observed)
 
 
 def _state(target: TargetRender) -> str:
@@ -141,16 +145,17 @@ def _state(target: TargetRender) -> str:
     return "create" if target.live is None else "update"
 
 
-def _report_problems(result: RenderResult, style: Style) -> None:
-    import sys
-
-    for problem in result.problems:
-        where = problem.object or problem.field
-        print(f"{style.severity('error')}: {where}: {problem.message}", file=sys.stderr)
+def _report_problems(problems: list[Problem], style: Style) -> bool:
+    """Print validation and render problems to stderr; True when one of them is an error."""
+    for problem in problems:
+        where = f"{problem.field} [{problem.object}]" if problem.object else problem.field
+        line = f"{style.severity(problem.severity)}: {where}: {problem.reason}: {problem.message}"
+        print(line, file=sys.stderr)
+    return any(p.severity == "error" for p in problems)
 
 
 def render_command(args: argparse.Namespace, objects: list[dict[str, Any]], style: Style) -> int:
-    result = _render(args, objects)
+    result, problems = _render(args, objects)
     if args.output == "table":
         rows = [[t.ref, _state(t), t.content_hash or "-", ", ".join(t.changed_nodes) or "-"]
                 for t in result.targets]
@@ -164,12 +169,16 @@ def render_command(args: argparse.Namespace, objects: list[dict[str, Any]], styl
                 docs.append(f"# {t.ref}: {_state(t)} (hash {t.content_hash})\n"
                             + output.dump(t.desired, "yaml"))
         output.write("---\n".join(docs))
-    _report_problems(result, style)
-    return EXIT_FOUND if result.problems else EXIT_OK
+    failed = _report_problems(problems + result.problems, style)
+    return EXIT_FOUND if failed else EXIT_OK
 
 
 def diff_command(args: argparse.Namespace, objects: list[dict[str, Any]], style: Style) -> int:
-    result = _render(args, objects)
+    result, problems = _render(args, objects)
+    if _report_problems(problems + result.problems, style):
+        print("vgpuctl diff: the policy has errors (above): the operator would write nothing until they "
+              "are fixed", file=sys.stderr)
+        return EXIT_FOUND
     diffs = [(t, target_diff(t)) for t in result.targets]
     if args.output != "table":
         data = [{"target": t.ref, "state": _state(t), "diff": text} for t, text in diffs]
@@ -180,8 +189,7 @@ def diff_command(args: argparse.Namespace, objects: list[dict[str, Any]], style:
                 output.write(colour_diff(text, style))
         summary = ", ".join(f"{t.ref}: {_state(t)}" for t, _ in diffs if _state(t) != "unchanged")
         output.write(f"vgpuctl diff: {summary or 'nothing to change'}")
-    _report_problems(result, style)
-    return EXIT_FOUND if result.changed or result.problems else EXIT_OK
+    return EXIT_FOUND if result.changed else EXIT_OK
 
 
 def colour_diff(text: str, style: Style) -> str:
@@ -204,8 +212,6 @@ def colour_diff(text: str, style: Style) -> str:
 
 
 def import_command(args: argparse.Namespace, objects: list[dict[str, Any]], style: Style) -> int:
-    import sys
-
     imported = import_policy(gather(objects), name=args.name)
     if args.output == "json":
         output.write(output.dump(imported.policy, "json"))

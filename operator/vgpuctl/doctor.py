@@ -14,10 +14,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+import pydantic
 from vgpu_formats import FormatError
 from vgpu_formats import annotations as ann
 from vgpu_formats import device_config as dc
 from vgpu_operator import versions
+from vgpu_operator.api import KIND, VGPUPolicy
+from vgpu_operator.observed import load_observed_from_manifests
+from vgpu_operator.validate import validate
 from vgpu_operator.versions import Version
 
 from vgpuctl.facts import (
@@ -501,8 +505,9 @@ def diagnose_pod(facts: ClusterFacts, pod: Obj) -> PodDiagnosis:
 # --- the report ---------------------------------------------------------------------------
 
 
-def diagnose(facts: ClusterFacts, pod: str | None = None) -> Report:
-    """The whole report; `pod` ("ns/name") adds that pod's diagnosis even if it looks fine."""
+def diagnose(facts: ClusterFacts, pod: str | None = None, extra: Iterable[Finding] = ()) -> Report:
+    """The whole report; `pod` ("ns/name") adds that pod's diagnosis even if it looks fine;
+    `extra` findings (the policy's validation) are sorted in with the rest."""
     s, p = facts.scheduler, facts.plugin
     plugin_names = _registered(facts)
     report = Report(
@@ -524,6 +529,7 @@ def diagnose(facts: ClusterFacts, pod: str | None = None) -> Report:
     report.findings += check_names(facts)
     node_findings, report.nodes = check_nodes(facts)
     report.findings += node_findings
+    report.findings += extra
     watched = {n for n in (*report.names["scheduler"].values(), *plugin_names.values()) if n}
     for obj in facts.pods:
         if pod_key(obj) == pod or is_failed_admission(obj):
@@ -535,6 +541,29 @@ def diagnose(facts: ClusterFacts, pod: str | None = None) -> Report:
     order = {ERROR: 0, WARNING: 1, INFO: 2}
     report.findings.sort(key=lambda f: order.get(f.severity, 3))
     return report
+
+
+def policy_findings(objects: list[dict[str, Any]]) -> list[Finding]:
+    """The operator's own validation of each VGPUPolicy found, as findings."""
+    out: list[Finding] = []
+    for obj in objects:
+        if obj.get("kind") != KIND:
+            continue
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        try:
+            policy = VGPUPolicy.from_object(dict(obj))
+        except pydantic.ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(map(str, first["loc"]))
+            out.append(Finding(ERROR, "policy-invalid", f"VGPUPolicy {name}", where, first["msg"],
+                               "fix the field; `kubectl explain vgpupolicy.spec` describes it"))
+            continue
+        observed = load_observed_from_manifests(objects, policy.spec)
+        for problem in validate(policy, observed):
+            out.append(Finding(problem.severity, f"policy-{problem.reason}", f"VGPUPolicy {name}",
+                               problem.field + (f" [{problem.object}]" if problem.object else ""),
+                               problem.message, "edit the policy (the message says how)"))
+    return out
 
 
 class DoctorPrefilter(Prefilter):

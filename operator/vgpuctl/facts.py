@@ -180,8 +180,21 @@ class ClusterFacts:
     pods: list[Obj] = field(default_factory=list)
     policies: list[Obj] = field(default_factory=list)
 
+    _names: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
     def scheduler_names(self) -> dict[str, str]:
         """Resource names the scheduler recognises (count, memory, memory-percentage, cores)."""
+        if "scheduler" not in self._names:  # asked once per pod: worked out once
+            self._names["scheduler"] = self._scheduler_names()
+        return dict(self._names["scheduler"])
+
+    def plugin_names(self) -> dict[str, tuple[str, str]]:
+        """Names the plugin registers with the kubelet, each with where it comes from."""
+        if "plugin" not in self._names:
+            self._names["plugin"] = self._plugin_names()
+        return dict(self._names["plugin"])
+
+    def _scheduler_names(self) -> dict[str, str]:
         if not self.scheduler.reads_config_names:
             return {**DEFAULT_NAMES, "memoryPercentage": dc.DEFAULT_MEMORY_PERCENTAGE_NAME}
         view = dc.scheduler_view(self.scheduler_config.parsed)
@@ -192,8 +205,7 @@ class ClusterFacts:
             "cores": view.resource_core_name or "",
         }
 
-    def plugin_names(self) -> dict[str, tuple[str, str]]:
-        """Names the plugin registers with the kubelet, each with where it comes from."""
+    def _plugin_names(self) -> dict[str, tuple[str, str]]:
         out: dict[str, tuple[str, str]] = {}
         if self.plugin.generation == "legacy":
             flags = self.plugin.flags
@@ -221,7 +233,6 @@ class ClusterFacts:
 
     def expected_split(self, node_name: str) -> tuple[int, str]:
         """The split count the plugin registers on a node, and which setting decides it."""
-        nvidia = dc.effective_nvidia(self.plugin_config.parsed)
         if self.plugin.generation == "legacy":
             # Legacy uses the flag (default 2) and ignores ConfigMap and node-config (VVDP #87).
             raw = self.plugin.flags.get("--device-split-count")
@@ -234,7 +245,9 @@ class ClusterFacts:
         raw = self.plugin.flags.get("--device-split-count")
         if raw is not None:
             return _int(raw, LEGACY_SPLIT_DEFAULT), f"--device-split-count={raw}"
-        return nvidia.device_split_count or 0, f"{self.plugin_config.place}: deviceSplitCount"
+        if "split" not in self._names:  # asked once per node
+            self._names["split"] = dc.effective_nvidia(self.plugin_config.parsed).device_split_count or 0
+        return self._names["split"], f"{self.plugin_config.place}: deviceSplitCount"
 
     def node_config_entry(self, node_name: str) -> nc.NodeConfigEntry | None:
         return self.node_config_parsed.entry_for(node_name) if self.node_config_parsed else None

@@ -231,3 +231,18 @@ def test_table_output_reads_well(capsys):
     assert "\x1b[" not in out
     assert "count              nvidia.com/gpu" in out and "volcano.sh/vgpu-number   error" in out
     assert "Pod volcano-system/test-vgpu-compatible  Failed (UnexpectedAdmissionError)" in out
+
+
+def test_doctor_includes_the_policys_validation(healthy, capsys, tmp_path):
+    import yaml
+    from vgpuctl.importer import import_policy
+
+    policy = import_policy(gather(healthy)).policy
+    policy["spec"]["resources"]["count"] = "example.com/gpu"  # legacy plugin + Volcano 1.13: fine
+    policy["spec"]["nodeOverrides"] = [{"nodeNames": ["dev-app-2-150-master-1"], "deviceSplitCount": 4},
+                                       {"nodeNames": ["dev-app-2-150-master-1"], "operatingMode": "mig"}]
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump_all([*healthy, policy]))
+    assert main(["doctor", "-f", str(path), "-o", "json"]) == 1
+    codes = {f["code"] for f in json.loads(capsys.readouterr().out)["findings"]}
+    assert any(code.startswith("policy-") and "Overlap" in code for code in codes), codes

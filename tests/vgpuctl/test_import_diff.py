@@ -1,0 +1,99 @@
+"""import and diff on the fixtures and on broken variants of a cluster the operator manages."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from vgpu_operator.api import VGPUPolicy
+from vgpu_operator.observed import load_observed_from_manifests
+from vgpu_operator.render import render_all
+from vgpu_operator.validate import validate
+from vgpuctl.diffing import target_diff
+from vgpuctl.facts import gather
+from vgpuctl.importer import import_policy
+
+from . import test_doctor as variants
+from .conftest import find
+
+
+def _render(policy: dict[str, Any], objects: list[dict[str, Any]]) -> Any:
+    model = VGPUPolicy.from_object(policy)
+    return render_all(model, load_observed_from_manifests(objects, model.spec))
+
+
+def _managed(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The cluster after the operator applied the imported policy once (its canonical form)."""
+    policy = import_policy(gather(objects)).policy
+    written = [t.desired for t in _render(policy, objects).targets if t.changed and t.desired is not None]
+    by_key = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o for o in objects}
+    for obj in written:
+        by_key[(obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])] = copy.deepcopy(obj)
+    return policy, list(by_key.values())
+
+
+def test_import_of_the_healthy_fixture_cluster(healthy):
+    imported = import_policy(gather(healthy))
+    spec = imported.policy["spec"]
+    assert imported.notes == []
+    assert spec["resources"]["count"] == "volcano.sh/vgpu-number"
+    assert spec["device"]["deviceSplitCount"] == 10  # the legacy plugin's --device-split-count=10
+    assert spec["device"]["knownMigGeometries"][0]["models"] == ["A30"]
+    assert spec["scheduler"]["namespace"] == "volcano-system"
+    assert spec["devicePlugin"] == {"namespace": "kube-system", "daemonSet": "volcano-device-plugin",
+                                    "container": "volcano-device-plugin", "generation": "auto"}
+    assert spec["nodeOverrides"][0]["nodeNames"] == ["aio-node67"]
+    assert spec["nodeOverrides"][0]["deviceMemoryScaling"] == 1.8
+    VGPUPolicy.from_object(imported.policy)  # the API accepts it
+
+
+def test_import_follows_what_each_component_runs_with(healthy):
+    variants._plugin_split(healthy)  # legacy plugin on --device-split-count=4, ConfigMap says 10
+    imported = import_policy(gather(healthy))
+    assert imported.policy["spec"]["device"]["deviceSplitCount"] == 4
+    variants._rename_count(healthy)
+    imported = import_policy(gather(healthy))
+    assert imported.policy["spec"]["resources"]["count"] == "volcano.sh/gpu-count"
+    assert any("registers volcano.sh/vgpu-number" in note for note in imported.notes)
+
+
+def test_managed_cluster_has_an_empty_diff(healthy):
+    policy, managed = _managed(healthy)
+    result = _render(policy, managed)
+    assert [t.ref for t in result.targets if t.changed] == []
+    assert all(target_diff(t) == "" for t in result.targets)
+    # ...and importing it again gives the same policy (adopting changes nothing).
+    assert import_policy(gather(managed)).policy == policy
+
+
+# Which object the diff must name when a place is broken in a managed cluster.
+TARGET = {
+    "device-config": "ConfigMap kube-system/volcano-vgpu-device-config",
+    "plugin args": "DaemonSet kube-system/volcano-device-plugin",
+    "scheduler conf": "ConfigMap volcano-system/volcano-scheduler-configmap",
+    "node-config": "ConfigMap kube-system/volcano-vgpu-node-config",
+}
+
+
+@pytest.mark.parametrize("case", [c for c in variants.BROKEN if c.split(":")[0] in TARGET])
+def test_diff_or_validation_names_the_broken_place(healthy, case):
+    """In a managed cluster, each broken place shows up in the diff (the operator repairs it) or,
+    for settings it does not own (gpushare, predicates), in the validation it reports."""
+    policy, managed = _managed(healthy)
+    breaker, _ = variants.BROKEN[case]
+    if case.startswith("plugin args"):
+        # The managed DaemonSet lists all its flags: start the variant from the fixture's args.
+        container = find(managed, "DaemonSet", "volcano-device-plugin")["spec"]["template"]["spec"]
+        container["containers"][0]["args"] = ["--device-split-count=10"]
+    breaker(managed)
+    model = VGPUPolicy.from_object(policy)
+    observed = load_observed_from_manifests(managed, model.spec)
+    result = render_all(model, observed)
+    place = TARGET[case.split(":")[0]]
+    changed = [t.ref for t in result.targets if t.changed or t.error]
+    reported = [p.object for p in validate(model, observed)]
+    assert place in changed + reported, (case, changed, reported)
+    diff = "".join(target_diff(t) for t in result.targets)
+    assert (f"live/{place}" in diff) == (place in changed and place not in [t.ref for t in result.targets
+                                                                              if t.error])
