@@ -145,12 +145,14 @@ def main() -> None:
     if doctor.done.returncode not in (0, 1):
         raise SystemExit(f"doctor failed ({doctor.done.returncode}): {doctor.done.stderr[-2000:]}")
     load = os.getloadavg()[0]
-    print(f"baseline: parse only (CSafeLoader, {parse.done.stdout.strip()} objects): {parse.wall:.2f} s wall, "
+    objects = parse.done.stdout.strip()
+    print(f"baseline: parse only (CSafeLoader, {objects} objects): {parse.wall:.2f} s wall, "
           f"{parse.cpu:.2f} s CPU, peak RSS {parse.peak_mb:.0f} MB")
-    print(f"vgpuctl doctor: {doctor.wall:.2f} s wall, {doctor.cpu:.2f} s CPU, peak RSS {doctor.peak_mb:.0f} MB "
-          f"(target < 5 s, < 500 MB); exit {doctor.done.returncode} (load average {load:.1f})")
-    print(f"ratio doctor / parse-only: wall {doctor.wall / parse.wall:.2f}x, CPU {doctor.cpu / parse.cpu:.2f}x")
-
+    print(f"vgpuctl doctor: {doctor.wall:.2f} s wall, {doctor.cpu:.2f} s CPU, peak RSS "
+          f"{doctor.peak_mb:.0f} MB (target < 5 s, < 500 MB); exit {doctor.done.returncode} "
+          f"(load average {load:.1f})")
+    print(f"ratio doctor / parse-only: wall {doctor.wall / parse.wall:.2f}x, "
+          f"CPU {doctor.cpu / parse.cpu:.2f}x")
 
 if __name__ == "__main__":
     main()
