@@ -69,6 +69,23 @@ static int find_slot(pid_t pid)
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
+static const char *self_path;
+
+/* What build/vgpu-region (the reference reader) prints for the region. */
+static const char *region_json(void)
+{
+    static char out[16384];
+    char command[1024];
+    snprintf(command, sizeof command, "\"$(dirname '%s')/../vgpu-region\" '%s'", self_path,
+             getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE"));
+    FILE *pipe_in = popen(command, "r");
+    size_t n = pipe_in ? fread(out, 1, sizeof out - 1, pipe_in) : 0;
+    out[n] = '\0';
+    if (pipe_in)
+        pclose(pipe_in);
+    return out;
+}
+
 static void cuda_start(void)
 {
     CUcontext ctx;
@@ -121,9 +138,18 @@ static void kill_holder(void)
     int slot = find_slot(holder);
     check(slot >= 0 && slot_holder((uint32_t)slot) == holder,
           "the holder's slot byte is locked by its pid (F_GETLK)");
+    char expect[256];
+    snprintf(expect, sizeof expect, "\"pid\": %d, \"live\": true, \"holder_pid\": %d", holder,
+             holder);
+    const char *json = region_json();
+    check(strstr(json, expect) != NULL && strstr(json, "\"used_bytes\": {\"0\": 838860800}") != NULL
+          && strstr(json, "\"limit_bytes\": 1073741824, \"used_bytes\": 838860800") != NULL,
+          "vgpu-region shows the live holder and its 800 MiB:\n%s", json);
     kill(holder, SIGKILL);
     wait_status(holder);
     check(slot >= 0 && slot_holder((uint32_t)slot) == 0, "after kill -9 nobody holds the byte");
+    snprintf(expect, sizeof expect, "\"pid\": %d, \"live\": false", holder);
+    check(strstr(region_json(), expect) != NULL, "vgpu-region shows it dead");
     check(used(0) == 800 * MiB, "the dead holder's memory is still counted until reaped");
 
     pid_t next = fork();
@@ -396,6 +422,7 @@ static void hammer(void)
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
+    self_path = argv[0];
     if (strcmp(mode, "exec-child") == 0)
         return exec_child();
     /* Create the region the way every process does, then read it as the monitor would. */
