@@ -102,6 +102,26 @@ _Static_assert(offsetof(struct vgpu_region, devices) == VGPU_REGION_DEVICES_OFFS
 _Static_assert(offsetof(struct vgpu_region, slots) == VGPU_REGION_SLOTS_OFFSET, "slots");
 _Static_assert(sizeof(struct vgpu_region) == VGPU_REGION_FILE_SIZE, "file size");
 
+/* NULL when the header describes exactly this layout, else why not (for a log line). Check it
+ * before reading anything else; file_size is the size of the file as found on disk. */
+static inline const char *vgpu_region_layout_problem(const struct vgpu_region_header *h,
+                                                     uint64_t file_size)
+{
+    if (h->magic == 0)
+        return "not initialised yet (magic 0)";
+    if (h->magic != VGPU_REGION_MAGIC)
+        return "bad magic (not a libvgpu region, or a HAMi-core cache file)";
+    if (h->version != VGPU_REGION_VERSION)
+        return "unknown layout version";
+    if (h->header_size != sizeof(struct vgpu_region_header) ||
+        h->device_size != sizeof(struct vgpu_region_device) ||
+        h->slot_size != sizeof(struct vgpu_region_slot) ||
+        h->max_devices != VGPU_REGION_MAX_DEVICES || h->max_slots != VGPU_REGION_MAX_SLOTS ||
+        h->file_size != VGPU_REGION_FILE_SIZE || file_size < VGPU_REGION_FILE_SIZE)
+        return "record sizes differ from this library's";
+    return NULL;
+}
+
 /* Liveness: the owner of slot i holds an fcntl() write lock on the single byte at this file
  * offset for as long as it lives; the kernel drops it when the process dies or execs. */
 static inline uint64_t vgpu_region_slot_lock_offset(uint32_t slot)

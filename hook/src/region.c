@@ -72,22 +72,6 @@ static void write_layout(struct vgpu_region *r, const struct vgpu_limits *limits
     store64(&h->magic, VGPU_REGION_MAGIC);
 }
 
-/* Returns NULL (and says why) unless the header is exactly the layout this library writes. */
-static const char *layout_mismatch(const struct vgpu_region_header *h)
-{
-    if (h->magic != VGPU_REGION_MAGIC)
-        return "bad magic (not a libvgpu region, or a HAMi-core cache file)";
-    if (h->version != VGPU_REGION_VERSION)
-        return "unknown layout version";
-    if (h->header_size != sizeof(struct vgpu_region_header) ||
-        h->device_size != sizeof(struct vgpu_region_device) ||
-        h->slot_size != sizeof(struct vgpu_region_slot) ||
-        h->max_devices != VGPU_REGION_MAX_DEVICES || h->max_slots != VGPU_REGION_MAX_SLOTS ||
-        h->file_size != VGPU_REGION_FILE_SIZE)
-        return "record sizes differ from this library's";
-    return NULL;
-}
-
 static void warn_if_limits_differ(const struct vgpu_region *r, const struct vgpu_limits *limits)
 {
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
@@ -138,7 +122,7 @@ static struct vgpu_region *map_shared(const char *path, const struct vgpu_limits
             r = m;
             if (load64(&r->header.magic) == 0)
                 write_layout(r, limits); /* new file, or its creator died before the magic */
-            else if ((why = layout_mismatch(&r->header)) != NULL) {
+            else if ((why = vgpu_region_layout_problem(&r->header, VGPU_REGION_FILE_SIZE))) {
                 munmap(m, VGPU_REGION_FILE_SIZE);
                 r = NULL;
             } else

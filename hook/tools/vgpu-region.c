@@ -15,23 +15,6 @@
 
 static uint64_t load64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 
-static const char *layout_problem(const struct vgpu_region_header *h, off_t size)
-{
-    if (h->magic == 0)
-        return "not initialised yet (magic 0): retry later";
-    if (h->magic != VGPU_REGION_MAGIC)
-        return "bad magic: not a libvgpu region";
-    if (h->version != VGPU_REGION_VERSION)
-        return "unknown layout version";
-    if (h->header_size != sizeof(struct vgpu_region_header) ||
-        h->device_size != sizeof(struct vgpu_region_device) ||
-        h->slot_size != sizeof(struct vgpu_region_slot) ||
-        h->max_devices != VGPU_REGION_MAX_DEVICES || h->max_slots != VGPU_REGION_MAX_SLOTS ||
-        h->file_size != VGPU_REGION_FILE_SIZE || size < (off_t)VGPU_REGION_FILE_SIZE)
-        return "record sizes differ from this reader's";
-    return NULL;
-}
-
 /* The pid holding slot i's byte, as seen from here; 0 when the owner is dead or the slot free,
  * -1 when alive but not visible in this pid namespace. */
 static int holder(int fd, uint32_t i)
@@ -124,7 +107,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "vgpu-region: %s: %s\n", argv[1], strerror(errno));
         return 1;
     }
-    const char *problem = layout_problem(&r->header, st.st_size);
+    const char *problem = vgpu_region_layout_problem(&r->header, (uint64_t)st.st_size);
     if (problem != NULL) {
         fprintf(stderr, "vgpu-region: %s: %s\n", argv[1], problem);
         return 1;
