@@ -426,7 +426,10 @@ void vgpu_region_detach(void)
     struct vgpu_region *r = __atomic_load_n(&region, __ATOMIC_ACQUIRE);
     if (r == NULL || region_fd < 0 || my_slot < 0)
         return;
-    pthread_mutex_lock(&slot_lock);
+    /* At exit another thread may be inside a claim or a reap (even blocked on another process's
+     * lock): never wait for it here. Skipping is safe, the slot is reaped once we are gone. */
+    if (pthread_mutex_trylock(&slot_lock) != 0)
+        return;
     struct vgpu_region_slot *s = &r->slots[my_slot];
     drain_ledger(r, s);
     set_owner(s, 0);
