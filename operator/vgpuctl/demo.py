@@ -184,6 +184,8 @@ async def _demo(narrator: Narrator, with_hook: bool, workdir: Path) -> bool:
                 if not with_hook:
                     hook = chain.HookRun(False, "skipped (--no-hook)")
                 else:
+                    say(f"{chain.HOOK_BUILD}/vgpu-demo-alloc with LD_PRELOAD=libvgpu.so over the fake driver "
+                        f"and Allocate's env (500 MiB steps until refused)")
                     hook = await asyncio.to_thread(chain.run_hook, allocation["envs"], workdir)
                 if not hook.ran:
                     say(style(f"skipped: {hook.reason}", "yellow"))

@@ -97,7 +97,11 @@ async def test_whole_chain(tmp_path):
         pytest.skip(f"hook step: {found}")
     hook = chain.run_hook(envs, tmp_path)
     assert hook.ran and hook.returncode == 0, hook
-    assert any("3000" in line for line in hook.output), hook.output
+    # 500 MiB steps: six fit under the 3000 MiB cap Allocate set, the seventh is refused.
+    assert "start: device 0, cuMemGetInfo free 3000 MiB / total 3000 MiB" in hook.output
+    refused = "step 7: cuMemAlloc 500 MiB -> CUDA_ERROR_OUT_OF_MEMORY"
+    assert any(line.startswith(refused) for line in hook.output)
+    assert "refused at step 7 with 3000 MiB held" in hook.output
 
 
 def test_unrecognised_pod_is_not_annotated():
