@@ -89,10 +89,14 @@ class SchedulerFacts:
     def predicates(self) -> bool:
         return "predicates" in self.plugins
 
+    def _string_arg(self, key: str, default: str) -> str:
+        """A string argument as Volcano's GetString reads it: other YAML types are ignored."""
+        value = (self.deviceshare or {}).get(key)
+        return value if isinstance(value, str) and value else default
+
     @property
     def cm_namespace(self) -> str:
-        value = (self.deviceshare or {}).get(ARG_CM_NAMESPACE)
-        return str(value) if isinstance(value, str) and value else dc.DEFAULT_NAMESPACE
+        return self._string_arg(ARG_CM_NAMESPACE, dc.DEFAULT_NAMESPACE)
 
     @property
     def cm_namespace_set(self) -> bool:
@@ -100,13 +104,11 @@ class SchedulerFacts:
 
     @property
     def cm_name(self) -> str:
-        value = (self.deviceshare or {}).get(ARG_CM_NAME)
-        return str(value) if isinstance(value, str) and value else dc.CONFIGMAP_NAME
+        return self._string_arg(ARG_CM_NAME, dc.CONFIGMAP_NAME)
 
     @property
     def schedule_policy(self) -> str:
-        value = (self.deviceshare or {}).get(ARG_POLICY)
-        return value if isinstance(value, str) else ""
+        return self._string_arg(ARG_POLICY, "")
 
     @property
     def schedule_weight(self) -> int:
