@@ -50,7 +50,7 @@ def test_nvidia_flags_are_accepted_with_a_warning(caplog: pytest.LogCaptureFixtu
     assert "--pass-device-specs" in IGNORED_FLAGS
     from vgpu_deviceplugin import main as entry
 
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger="vgpu_deviceplugin"):
         code = entry.main(["--node-name", "n", "--device-list-strategy", "envvar", "--mock-gpus", "bogus"])
     assert code == 1
     assert "flag --device-list-strategy has no effect" in caplog.text
