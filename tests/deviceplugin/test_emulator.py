@@ -87,3 +87,42 @@ def _pod_lists(emulator: Any) -> list[Any]:
     """Pod list requests (watches excluded) the emulator served."""
     return [w for w in emulator.served
             if w.method == "GET" and w.path == "/api/v1/pods" and "watch=true" not in w.query]
+
+
+async def test_dropped_watches_resume(flags: Flags) -> None:
+    """An API server ends watches whenever it likes: the plugin resumes and misses nothing."""
+    register = fixture_node()["metadata"]["annotations"][ann.NODE_REGISTER]
+    async with run_emulator(FIXTURES / "cluster") as cluster:
+        emulator = cluster.emulator
+        kube = await ApiKubeClient.connect(str(cluster.kubeconfig))
+        sim = KubeletSim(flags.device_plugin_dir)
+        await sim.start()
+        stop = asyncio.Event()
+        plugins: list[Plugin] = []
+        task = asyncio.create_task(run_plugin(flags, stop, kube=kube, started=plugins.append,
+                                              backend=MockBackend.from_register_annotation(register)))
+        try:
+            await sim.wait_for([COUNT])
+            await asyncio.sleep(0.2)
+            assert emulator.drop_watches() >= 2  # pods and ConfigMaps
+            pod = copy.deepcopy(fixture_pod())
+            pod["metadata"].update(name="after-drop", uid="uid-after-drop")
+            pod["metadata"].pop("resourceVersion", None)
+            emulator.apply(pod)
+            cm = emulator.get_object("ConfigMap", "kube-system", "volcano-vgpu-device-config")
+            assert cm is not None
+            cm["data"]["device-config.yaml"] = cm["data"]["device-config.yaml"].replace(
+                "deviceSplitCount: 10", "deviceSplitCount: 5")
+            emulator.apply(cm)
+            for _ in range(100):
+                names = {p["metadata"]["name"] for p in plugins[0].pods.pods() or []}
+                if "after-drop" in names and len(sim.devices.get(COUNT, {})) == 40:
+                    break
+                await asyncio.sleep(0.05)
+            assert "after-drop" in names
+            assert len(sim.devices[COUNT]) == 40
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+            await sim.stop()
+            await kube.close()
