@@ -146,8 +146,8 @@ def _state(target: TargetRender) -> str:
 
 
 def _report_problems(problems: list[Problem], style: Style) -> bool:
-    """Print validation and render problems to stderr; True when one of them is an error."""
-    for problem in problems:
+    """Print validation and render problems to stderr (each once); True when one is an error."""
+    for problem in dict.fromkeys(problems):  # render and validation may report the same one
         where = f"{problem.field} [{problem.object}]" if problem.object else problem.field
         line = f"{style.severity(problem.severity)}: {where}: {problem.reason}: {problem.message}"
         print(line, file=sys.stderr)
@@ -156,6 +156,13 @@ def _report_problems(problems: list[Problem], style: Style) -> bool:
 
 def render_command(args: argparse.Namespace, objects: list[dict[str, Any]], style: Style) -> int:
     result, problems = _render(args, objects)
+    if not objects:
+        # Without a cluster only the two ConfigMaps can be rendered; the rest edits live objects.
+        print("vgpuctl render: no cluster given (-c DIR or --kubeconfig): the scheduler ConfigMap, its "
+              "Deployment and the device plugin DaemonSet are edits of live objects and are left out",
+              file=sys.stderr)
+        problems = [p for p in problems if not p.object]
+        result.targets = [t for t in result.targets if t.error is None]
     if args.output == "table":
         rows = [[t.ref, _state(t), t.content_hash or "-", ", ".join(t.changed_nodes) or "-"]
                 for t in result.targets]

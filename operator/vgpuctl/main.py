@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    render = sub.add_parser("render", help="print the four objects a VGPUPolicy renders")
+    render = sub.add_parser("render", help="print the objects a VGPUPolicy renders (the four places and "
+                                           "the scheduler Deployment it restarts)")
     _add_sources(render, policy=True)
     _add_output(render, default="yaml")
 
@@ -106,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "render":
             from vgpuctl.commands import render_command
 
-            return render_command(args, read_objects(args) if args.sources else [], style)
+            live = args.sources or args.kubeconfig
+            return render_command(args, read_objects(args) if live else [], style)
         if args.command == "diff":
             from vgpuctl.commands import diff_command
 
