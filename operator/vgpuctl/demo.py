@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from vgpuctl.importer import import_policy
 from vgpuctl.output import Style
 
 STEPS = 7
+WIDTH = 110
 
 
 class Narrator:
@@ -49,7 +51,10 @@ class Narrator:
         if self.record["steps"] and indent:
             self.record["steps"][-1]["lines"].append(text)
         if not self.quiet:
-            print(indent + text, flush=True)
+            # Long findings wrap under their own indent; commands and tables stay on one line.
+            wrapped = textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
+                                    break_on_hyphens=False, break_long_words=False)
+            print(wrapped if len(indent + text) > WIDTH else indent + text, flush=True)
 
     def done(self) -> None:
         elapsed = time.monotonic() - self.step_started

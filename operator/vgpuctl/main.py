@@ -65,7 +65,7 @@ def _add_output(parser: argparse.ArgumentParser, default: str = "table") -> None
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="vgpuctl",
+        prog=parser_prog(),
         description="Explain, compare and adopt the Volcano + HAMi vGPU configuration of a cluster.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parser_prog() -> str:
+    return "kubectl vgpu" if Path(sys.argv[0]).name.startswith("kubectl-") else "vgpuctl"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     style = output.Style(output.use_colour(sys.stdout, getattr(args, "color", None)))
@@ -121,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_demo(args, style)
     except UsageError as err:
-        print(f"vgpuctl {args.command}: {err}", file=sys.stderr)
+        print(f"{parser_prog()} {args.command}: {err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
