@@ -79,24 +79,42 @@ VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
 
 static void after_load(void);
 
-#define HOOK(name) {#name, (void *)name, (void **)&real.name}
-#define CALL_ONLY(name) {#name, NULL, (void **)&real.name}
+/* HOOK(export, base name, a CUDA version with this export's ABI, per-thread flavour) */
+#define HOOK(name, base, version, pt) {#name, (void *)name, (void **)&real.name, base, version, pt}
+#define CALL_ONLY(name) {#name, NULL, (void **)&real.name, NULL, 0, 0}
 static const struct vgpu_hook hooks[] = {
-    HOOK(cuInit), HOOK(cuGetProcAddress), HOOK(cuGetProcAddress_v2),
-    HOOK(cuMemAlloc_v2), HOOK(cuMemFree_v2), HOOK(cuMemAllocPitch_v2), HOOK(cuMemAllocManaged),
-    HOOK(cuArrayCreate_v2), HOOK(cuArray3DCreate_v2), HOOK(cuArrayDestroy),
-    HOOK(cuMemCreate), HOOK(cuMemRelease),
-    HOOK(cuMemAllocAsync), HOOK(cuMemAllocAsync_ptsz),
-    HOOK(cuMemAllocFromPoolAsync), HOOK(cuMemAllocFromPoolAsync_ptsz),
-    HOOK(cuMemFreeAsync), HOOK(cuMemFreeAsync_ptsz),
-    HOOK(cuMemGetInfo_v2), HOOK(cuDeviceTotalMem_v2),
-    HOOK(cuLaunchKernel), HOOK(cuLaunchKernel_ptsz),
-    HOOK(cuLaunchKernelEx), HOOK(cuLaunchKernelEx_ptsz),
-    HOOK(cuLaunchCooperativeKernel), HOOK(cuLaunchCooperativeKernel_ptsz),
-    HOOK(cuGraphLaunch), HOOK(cuGraphLaunch_ptsz),
+    HOOK(cuInit, "cuInit", 2000, 0),
+    HOOK(cuGetProcAddress, "cuGetProcAddress", 11030, 0),
+    HOOK(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0),
+    HOOK(cuMemAlloc_v2, "cuMemAlloc", 3020, 0),
+    HOOK(cuMemFree_v2, "cuMemFree", 3020, 0),
+    HOOK(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0),
+    HOOK(cuMemAllocManaged, "cuMemAllocManaged", 6000, 0),
+    HOOK(cuArrayCreate_v2, "cuArrayCreate", 3020, 0),
+    HOOK(cuArray3DCreate_v2, "cuArray3DCreate", 3020, 0),
+    HOOK(cuArrayDestroy, "cuArrayDestroy", 2000, 0),
+    HOOK(cuMemCreate, "cuMemCreate", 10020, 0),
+    HOOK(cuMemRelease, "cuMemRelease", 10020, 0),
+    HOOK(cuMemAllocAsync, "cuMemAllocAsync", 11020, 0),
+    HOOK(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, 1),
+    HOOK(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, 0),
+    HOOK(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, 1),
+    HOOK(cuMemFreeAsync, "cuMemFreeAsync", 11020, 0),
+    HOOK(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 1),
+    HOOK(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0),
+    HOOK(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0),
+    HOOK(cuLaunchKernel, "cuLaunchKernel", 4000, 0),
+    HOOK(cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, 1),
+    HOOK(cuLaunchKernelEx, "cuLaunchKernelEx", 11060, 0),
+    HOOK(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, 1),
+    HOOK(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, 0),
+    HOOK(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1),
+    HOOK(cuGraphLaunch, "cuGraphLaunch", 10000, 0),
+    HOOK(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1),
     CALL_ONLY(cuCtxGetDevice), CALL_ONLY(cuDeviceGetCount), CALL_ONLY(cuDeviceGet),
     CALL_ONLY(cuDeviceGetUuid_v2),
 };
+_Static_assert(sizeof hooks / sizeof hooks[0] <= VGPU_MAX_HOOKS, "raise VGPU_MAX_HOOKS");
 #undef HOOK
 #undef CALL_ONLY
 
@@ -107,8 +125,35 @@ struct vgpu_hook_lib vgpu_cuda_lib = {
     .after_load = after_load,
 };
 
+/* The wrapper swap in cuGetProcAddress matches the driver's answer against its dlsym exports.
+ * In case a driver answers with other addresses (internal entry points of the same ABI), ask
+ * it once, at load, what it answers for each hooked function, and accept that address too. */
+static void learn_proc_addresses(void)
+{
+    for (size_t i = 0; i < sizeof hooks / sizeof hooks[0]; i++) {
+        const struct vgpu_hook *h = &hooks[i];
+        if (h->base == NULL || *h->real == NULL)
+            continue;
+        void *answer = NULL;
+        cuuint64_t flags = h->per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                                         : CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+        CUdriverProcAddressQueryResult status;
+        CUresult rc = real.cuGetProcAddress_v2 != NULL
+            ? real.cuGetProcAddress_v2(h->base, &answer, h->version, flags, &status)
+            : real.cuGetProcAddress != NULL
+            ? real.cuGetProcAddress(h->base, &answer, h->version, flags)
+            : CUDA_ERROR_NOT_SUPPORTED;
+        if (rc == CUDA_SUCCESS && answer != NULL && answer != *h->real) {
+            vgpu_cuda_lib.alias[i] = answer;
+            vgpu_log(VGPU_LOG_DEBUG, "cuGetProcAddress(%s, %d) answers %p, not the export %p",
+                     h->base, h->version, answer, *h->real);
+        }
+    }
+}
+
 static void after_load(void)
 {
+    learn_proc_addresses();
     vgpu_region_get();
     vgpu_throttle_init();
 }

@@ -85,7 +85,8 @@ void *vgpu_lib_wrapper_for(struct vgpu_hook_lib *lib, const void *real)
     if (real == NULL)
         return NULL;
     for (size_t i = 0; i < lib->count; i++)
-        if (lib->hooks[i].wrapper != NULL && *lib->hooks[i].real == real)
+        if (lib->hooks[i].wrapper != NULL &&
+            (*lib->hooks[i].real == real || lib->alias[i] == real))
             return lib->hooks[i].wrapper;
     return NULL;
 }

@@ -5,12 +5,19 @@
 #include <stddef.h>
 
 /* One function of a real library: its exported name, our wrapper with the same signature (NULL
- * for functions we only call), and where to store the real address. */
+ * for functions we only call), and where to store the real address. For CUDA, also how
+ * cuGetProcAddress names it: the base name, a version whose ABI is this export's, and whether
+ * it is the per-thread-default-stream flavour. */
 struct vgpu_hook {
     const char *name;
     void *wrapper;
     void **real;
+    const char *base;
+    int version;
+    int per_thread;
 };
+
+enum { VGPU_MAX_HOOKS = 64 };
 
 struct vgpu_hook_lib {
     const char *soname;            /* "libcuda.so.1" */
@@ -18,6 +25,9 @@ struct vgpu_hook_lib {
     size_t count;
     void (*after_load)(void);      /* runs once, after every real address is known */
     int loaded;                    /* atomic: 1 once loading finished (even if it failed) */
+    /* A second address per hook that also means "this function" (what the driver's
+     * cuGetProcAddress answers, if that differs from its dlsym export); NULL if none. */
+    void *alias[VGPU_MAX_HOOKS];
 };
 
 /* glibc's dlsym (ours overrides the public name). */

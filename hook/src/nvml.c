@@ -28,16 +28,17 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
 
 static const struct vgpu_hook hooks[] = {
-    {"nvmlDeviceGetMemoryInfo", (void *)nvmlDeviceGetMemoryInfo, (void **)&real.GetMemoryInfo},
-    {"nvmlDeviceGetMemoryInfo_v2", (void *)nvmlDeviceGetMemoryInfo_v2,
-     (void **)&real.GetMemoryInfo_v2},
-    {"nvmlInit_v2", NULL, (void **)&real.Init_v2},
-    {"nvmlDeviceGetHandleByIndex_v2", NULL, (void **)&real.GetHandleByIndex_v2},
-    {"nvmlDeviceGetHandleByUUID", NULL, (void **)&real.GetHandleByUUID},
-    {"nvmlDeviceGetUUID", NULL, (void **)&real.GetUUID},
-    {"nvmlDeviceGetIndex", NULL, (void **)&real.GetIndex},
-    {"nvmlDeviceGetProcessUtilization", NULL, (void **)&real.GetProcessUtilization},
-    {"nvmlDeviceGetUtilizationRates", NULL, (void **)&real.GetUtilizationRates},
+    {.name = "nvmlDeviceGetMemoryInfo", .wrapper = (void *)nvmlDeviceGetMemoryInfo,
+     .real = (void **)&real.GetMemoryInfo},
+    {.name = "nvmlDeviceGetMemoryInfo_v2", .wrapper = (void *)nvmlDeviceGetMemoryInfo_v2,
+     .real = (void **)&real.GetMemoryInfo_v2},
+    {.name = "nvmlInit_v2", .real = (void **)&real.Init_v2},
+    {.name = "nvmlDeviceGetHandleByIndex_v2", .real = (void **)&real.GetHandleByIndex_v2},
+    {.name = "nvmlDeviceGetHandleByUUID", .real = (void **)&real.GetHandleByUUID},
+    {.name = "nvmlDeviceGetUUID", .real = (void **)&real.GetUUID},
+    {.name = "nvmlDeviceGetIndex", .real = (void **)&real.GetIndex},
+    {.name = "nvmlDeviceGetProcessUtilization", .real = (void **)&real.GetProcessUtilization},
+    {.name = "nvmlDeviceGetUtilizationRates", .real = (void **)&real.GetUtilizationRates},
 };
 
 struct vgpu_hook_lib vgpu_nvml_lib = {

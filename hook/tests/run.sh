@@ -49,6 +49,8 @@ truncate -s 4096 "$tmp/v2.cache"
 run fallback-short CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/v2.cache" CUDA_DEVICE_MEMORY_LIMIT=1g \
     "$build/tests/test_alloc" fallback "file too small for its header"
 run procaddr CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_procaddr"
+run procaddr-private CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_GPA_PRIVATE=1 \
+    "$build/tests/test_procaddr" private
 run multiproc CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" fork-kill
 # The demo vgpuctl runs: a 3000 MiB cap refuses the 7th 500 MiB step.
 run demo CUDA_DEVICE_MEMORY_LIMIT_0=3000m sh -c \

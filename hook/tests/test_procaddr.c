@@ -185,8 +185,41 @@ static void rtld_next(void)
     check(strcmp(next_probe_from_b(), "none") == 0, "and from libb finds none after it");
 }
 
-int main(void)
+/* FAKE_CUDA_GPA_PRIVATE=1: the driver's cuGetProcAddress answers with internal entry points
+ * that are not its dlsym exports; libvgpu must still hand out its wrappers. */
+static int private_answers(void)
 {
+    CUdriverProcAddressQueryResult status;
+    gpa_v2_fn driver_gpa = (gpa_v2_fn)fake_cuda_entry("cuGetProcAddress_v2");
+    void *answer = NULL;
+    driver_gpa("cuMemAlloc", &answer, 12000, 0, &status);
+    check(answer != NULL && answer != fake_cuda_entry("cuMemAlloc_v2"),
+          "premise: the driver answers cuMemAlloc with a non-exported address");
+
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    gpa_v2_fn gpa = (gpa_v2_fn)dlsym(cuda, "cuGetProcAddress_v2");
+    void *fn = NULL;
+    check(gpa("cuMemAlloc", &fn, 12000, 0, &status) == CUDA_SUCCESS &&
+          fn == wrapper("cuMemAlloc_v2"), "cuMemAlloc: still the wrapper");
+    check(gpa("cuLaunchKernel", &fn, 12000, 2, &status) == CUDA_SUCCESS &&
+          fn == wrapper("cuLaunchKernel_ptsz"), "cuLaunchKernel per-thread: still the wrapper");
+    check(gpa("cuGetProcAddress", &fn, 12000, 0, &status) == CUDA_SUCCESS &&
+          fn == wrapper("cuGetProcAddress_v2"), "cuGetProcAddress: still the wrapper");
+    CUcontext ctx;
+    cuInit(0);
+    cuDevicePrimaryCtxRetain(&ctx, 0);
+    cuCtxSetCurrent(ctx);
+    CUdeviceptr p;
+    gpa("cuMemAlloc", &fn, 12000, 0, &status);
+    check(((CUresult(*)(CUdeviceptr *, size_t))fn)(&p, 2048u << 20) == CUDA_ERROR_OUT_OF_MEMORY,
+          "and it enforces the cap");
+    return check_done("test_procaddr private");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "private") == 0)
+        return private_answers();
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     check(cuda != NULL, "dlopen(libcuda.so.1)");
     gpa_v2_fn gpa2 = (gpa_v2_fn)dlsym(cuda, "cuGetProcAddress_v2");

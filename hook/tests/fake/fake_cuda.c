@@ -51,6 +51,8 @@ static int ndevices = 2;
 static uint64_t device_bytes = UINT64_C(16) << 30;
 static uint64_t ns_per_block = 1000;
 static uint64_t pitch_align = 512;
+static int private_answers; /* FAKE_CUDA_GPA_PRIVATE=1: cuGetProcAddress answers with internal
+                             * entry points, not the dlsym exports, for a few functions */
 static int initialised;
 
 /* live allocations: open addressing, key = address or handle, value = size and device */
@@ -78,6 +80,7 @@ __attribute__((constructor)) static void fake_setup(void)
     device_bytes = env_u64("FAKE_CUDA_MEM_MIB", 16384) << 20;
     ns_per_block = env_u64("FAKE_CUDA_NS_PER_BLOCK", 1000);
     pitch_align = env_u64("FAKE_CUDA_PITCH_ALIGN", 512);
+    private_answers = env_u64("FAKE_CUDA_GPA_PRIVATE", 0) != 0;
     if (pitch_align == 0 || (pitch_align & (pitch_align - 1)) != 0)
         pitch_align = 512;
     for (int i = 0; i < MAX_DEVICES; i++)
@@ -595,6 +598,41 @@ static const struct proc procs[] = {
 };
 #undef P
 
+/* Internal entry points with the same ABI as the exports (FAKE_CUDA_GPA_PRIVATE=1). */
+static CUresult private_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
+{
+    return alloc_current(dptr, bytes, "cuMemAlloc_v2");
+}
+
+static CUresult private_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                            unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                                            CUstream stream, void **params, void **extra)
+{
+    (void)f, (void)bx, (void)by, (void)bz, (void)shmem, (void)stream, (void)params, (void)extra;
+    return launch(FAKE_LAUNCH_PTSZ, (uint64_t)gx * gy * gz);
+}
+
+static CUresult get_proc(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                         CUdriverProcAddressQueryResult *status);
+
+static CUresult private_cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                                            cuuint64_t flags,
+                                            CUdriverProcAddressQueryResult *status)
+{
+    return get_proc(symbol, pfn, version, flags, status);
+}
+
+static void *private_answer(void *fn)
+{
+    if (fn == (void *)cuMemAlloc_v2)
+        return (void *)private_cuMemAlloc_v2;
+    if (fn == (void *)cuLaunchKernel_ptsz)
+        return (void *)private_cuLaunchKernel_ptsz;
+    if (fn == (void *)cuGetProcAddress_v2)
+        return (void *)private_cuGetProcAddress_v2;
+    return fn;
+}
+
 static const struct proc *select_proc(const char *symbol, int version, int per_thread,
                                       int *known)
 {
@@ -623,7 +661,7 @@ static CUresult get_proc(const char *symbol, void **pfn, int version, cuuint64_t
     const struct proc *p = select_proc(symbol, version,
                                        (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0,
                                        &known);
-    *pfn = p != NULL ? p->fn : NULL;
+    *pfn = p == NULL ? NULL : private_answers ? private_answer(p->fn) : p->fn;
     if (status != NULL)
         *status = p != NULL ? CU_GET_PROC_ADDRESS_SUCCESS
                 : known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
