@@ -65,15 +65,17 @@ void vgpu_lib_load(struct vgpu_hook_lib *lib)
     pthread_once(&fork_once, register_fork_handler); /* a fork mid-load must not wedge the child */
     pthread_mutex_lock(&load_lock);
     if (!__atomic_load_n(&lib->loaded, __ATOMIC_ACQUIRE)) {
+        /* Until this returns, lookups from this thread (the real library's constructors, its
+         * cuGetProcAddress) pass through untouched instead of re-entering the load. */
         loading = 1;
         void *handle = dlopen(lib->soname, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-        loading = 0;
         if (handle == NULL)
             vgpu_log(VGPU_LOG_ERROR, "cannot load the real %s: %s", lib->soname, dlerror());
         for (size_t i = 0; handle != NULL && i < lib->count; i++)
             *lib->hooks[i].real = vgpu_real_dlsym(handle, lib->hooks[i].name);
         if (lib->after_load != NULL)
             lib->after_load();
+        loading = 0;
         __atomic_store_n(&lib->loaded, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&load_lock);
