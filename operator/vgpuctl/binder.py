@@ -6,10 +6,11 @@ scheduler writes) or an `Unschedulable` (one reason per node) out. It follows Vo
 resolves (count, memory, percentage, cores), the per-GPU fit checks with the fixed 100-core cap,
 the device order per SchedulePolicy, and the annotation encoding.
 
-Not modelled (the demo and doctor do not need them): MIG nodes (refused with a reason), node
-locking, GPU exclusivity rules, podgroup spread, queue accounting. Node order is the deviceshare
-score times ScheduleWeight, ties broken by node name: Volcano's other node-order plugins are out
-of scope.
+Node filter: nodeSelector, NoSchedule/NoExecute taints, and Volcano's generic check that each
+extended resource is allocatable on the node. Not modelled (the demo and doctor do not need them):
+MIG nodes (refused with a reason), node locking, GPU exclusivity rules, podgroup spread, queue
+accounting, affinity. Node order is the deviceshare score times ScheduleWeight, ties broken by
+node name: Volcano's other node-order plugins are out of scope.
 """
 
 from __future__ import annotations
@@ -385,6 +386,27 @@ def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]
     return False
 
 
+def _insufficient(pod: Obj, node: Obj, settings: SchedulerSettings) -> str:
+    """Volcano's generic scalar check: each extended resource the pod asks for must be allocatable.
+
+    One unit per container (Kubernetes counts requests per container); usage by other pods is not
+    subtracted here. The percentage name is left out: no plugin advertises it, and the research
+    only infers that Volcano would then reject such pods everywhere.
+    """
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    wanted: dict[str, int] = {}
+    for container in pod.get("spec", {}).get("containers", []) or []:
+        for name, value in ((container.get("resources") or {}).get("limits") or {}).items():
+            percentage = (settings.memory_percentage_name, dc.DEFAULT_MEMORY_PERCENTAGE_NAME)
+            if "/" in name and name not in percentage:
+                wanted[name] = wanted.get(name, 0) + _quantity(value)
+    for name, amount in sorted(wanted.items()):
+        have = _quantity(allocatable.get(name, 0) or 0)
+        if have < amount:
+            return f"Insufficient {name} (allocatable {have}, asked {amount})"
+    return ""
+
+
 def _taints_block(pod: Obj, node: Obj) -> str:
     tolerations = pod.get("spec", {}).get("tolerations") or []
     for taint in (node.get("spec") or {}).get("taints") or []:
@@ -422,7 +444,7 @@ def bind(
     best: tuple[float, str, list[list[DeviceGrant]]] | None = None
     for node in sorted(nodes, key=lambda n: str(n.get("metadata", {}).get("name", ""))):
         name = str(node.get("metadata", {}).get("name", ""))
-        why = _selector_matches(pod, node) or _taints_block(pod, node)
+        why = _selector_matches(pod, node) or _taints_block(pod, node) or _insufficient(pod, node, settings)
         if why:
             reasons[name] = why
             continue

@@ -40,8 +40,10 @@ async def test_whole_chain(tmp_path):
         assert imported.policy["spec"]["resources"]["count"] == "nvidia.com/gpu"
         async with chain.operator(running):
             status = await chain.apply_policy(running, imported.policy)
-            states = {t["name"]: t["state"] for t in status["targets"]}
-            assert states["volcano-device-plugin"] == "Updated"
+            assert status["observedGeneration"] >= 1
+            written = chain.writes(running)
+            assert "PATCH /apis/apps/v1/namespaces/kube-system/daemonsets/volcano-device-plugin" in written
+            assert "PATCH /api/v1/namespaces/kube-system/configmaps/volcano-vgpu-node-config" not in written
             ds = running.emulator.get_object("DaemonSet", "kube-system", "volcano-device-plugin")
             args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
             assert "--resource-name=nvidia.com/gpu" in args and "--device-split-count=10" in args

@@ -196,6 +196,12 @@ def test_a_pod_the_scheduler_does_not_recognise_is_not_placed(fixture_pod, nodes
     renamed = settings_from_view(
         scheduler_view(parse_device_config("nvidia:\n  resourceCountName: nvidia.com/gpu\n"))
     )
+    # The scheduler now knows the name, but no plugin registered it: Volcano's generic check fails.
+    result = bind(pod, nodes, [], renamed, NOW)
+    assert isinstance(result, Unschedulable)
+    assert result.reasons[V100] == "Insufficient nvidia.com/gpu (allocatable 0, asked 2)"
+    v100 = next(n for n in nodes if n["metadata"]["name"] == V100)
+    v100["status"]["allocatable"]["nvidia.com/gpu"] = "80"  # the plugin registers it
     # With only resourceCountName set the other names are Go zero values: count alone still works.
     placement = _placed(bind(pod, nodes, [], renamed, NOW))
     assert [d.usedmem for d in placement.devices[0]] == [32607, 32607]
@@ -205,7 +211,7 @@ def test_a_pod_the_scheduler_does_not_recognise_is_not_placed(fixture_pod, nodes
 
 
 def test_volcano_1_15_1_ignores_nodes_without_the_hard_coded_allocatable(fixture_pod, nodes):
-    pod = _on_rtx(fixture_pod)
+    pod = _limits(_on_rtx(fixture_pod), **{"volcano.sh/vgpu-number": "1"})
     rtx = next(n for n in nodes if n["metadata"]["name"] == RTX)
     rtx["status"]["allocatable"]["volcano.sh/vgpu-cores"] = "0"
     result = bind(pod, nodes, [], SchedulerSettings(require_allocatable=True), NOW)
