@@ -246,3 +246,16 @@ def test_doctor_includes_the_policys_validation(healthy, capsys, tmp_path):
     assert main(["doctor", "-f", str(path), "-o", "json"]) == 1
     codes = {f["code"] for f in json.loads(capsys.readouterr().out)["findings"]}
     assert any(code.startswith("policy-") and "Overlap" in code for code in codes), codes
+
+
+def test_builtin_plugin_reads_the_schedulers_copy(healthy):
+    """This project's plugin takes names from the same ConfigMap as the scheduler: no mismatch."""
+    container = find(healthy, *PLUGIN_CONTAINER)["spec"]["template"]["spec"]["containers"][0]
+    container["image"] = "ghcr.io/example/vgpu-device-plugin:0.1.0"
+    container["args"] = []
+    _rename_count(healthy)
+    report = _doctor(healthy)
+    assert report.versions["devicePlugin"].startswith("unknown builtin")
+    assert report.names["devicePlugin"]["count"] == "volcano.sh/gpu-count"
+    # The nodes still advertise the old name until the plugin pods restart.
+    assert _codes(report) == {"node-advertisement"}
