@@ -20,6 +20,7 @@ import datetime
 import json
 import re
 import secrets
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -67,6 +68,7 @@ class Served:
     path: str
     query: str
     status: int
+    at: float = attrs.field(factory=time.monotonic)  # when it was answered (for latency figures)
 
     @property
     def is_write(self) -> bool:
@@ -295,11 +297,19 @@ class Emulator(kmock.KubernetesEmulator):
         return obj
 
     def _list(self, route: Route, params: Mapping[str, str]) -> dict[str, Any]:
+        """A list, paged when asked (`limit`, `continue`) as the API server pages large lists."""
         labels, fields = self._selectors(params)
         items = [obj for (ns, _), obj in self._store[route.spec.key].items()
                  if route.namespace in (None, ns) and labels(obj) and fields(obj)]
+        meta: dict[str, Any] = {"resourceVersion": str(self._rv)}
+        start = int(params["continue"]) if params.get("continue", "").isdigit() else 0
+        limit = int(params["limit"]) if params.get("limit", "").isdigit() and int(params["limit"]) > 0 else 0
+        if limit:
+            if start + limit < len(items):
+                meta["continue"] = str(start + limit)
+            items = items[start:start + limit]
         return {"apiVersion": route.spec.api_version, "kind": f"{route.spec.kind}List",
-                "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+                "metadata": meta, "items": items}
 
     @staticmethod
     def _selectors(params: Mapping[str, str]) -> tuple[Matcher, Matcher]:

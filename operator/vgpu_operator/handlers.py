@@ -4,8 +4,9 @@
 * VGPUPolicy events               -> keep the policy index (which one is active, latest state)
 * VGPUPolicy timer                -> periodic safety reconcile (returns nothing: no status writes)
 * VGPUPolicy delete               -> leave the cluster working: remove our ownership labels only
-* ConfigMap / Deployment / DaemonSet events on the targets, Node events that matter
+* ConfigMap / Deployment / DaemonSet events on the targets
                                   -> trigger a (debounced) reconcile of the active policy
+(Nodes are followed by `vgpu_operator.nodes`, not kopf: see there why.)
 
 Handlers are registered on a fresh registry per operator run (`register`), bound to one
 Reconciler: no module-level state, so tests can run operators one after another in one process.
@@ -64,8 +65,3 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, resync_sec
     @kopf.on.event("apps", "v1", "daemonsets", registry=registry, when=ours("DaemonSet"))
     async def target_changed(**_: Any) -> None:
         reconciler.trigger()
-
-    @kopf.on.event("v1", "nodes", registry=registry)
-    async def node_changed(type: str | None, body: kopf.Body, **_: Any) -> None:
-        if reconciler.nodes.update(dict(body), deleted=type == "DELETED"):
-            reconciler.trigger()

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
+import json
 import logging
 import os
 import random
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
@@ -147,12 +149,49 @@ class Kube:
             raise
 
     async def list_objects(self, kind: str, namespace: str | None = None, labels: str = "",
-                   fields: str = "") -> list[dict[str, Any]]:
+                           fields: str = "") -> list[dict[str, Any]]:
+        return [item async for item in self.iter_objects(kind, namespace, labels, fields)]
+
+    async def iter_objects(
+        self, kind: str, namespace: str | None = None, labels: str = "", fields: str = "", page: int = 500,
+        versions: list[str] | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Every matching object, fetched `page` at a time (a 5,000-node list never sits in memory
+        as one response). The list's resourceVersion is appended to `versions` if given."""
         query = {key: value for key, value in (("labelSelector", labels), ("fieldSelector", fields)) if value}
+        query["limit"] = str(page)
         prefix, plural, namespaced = PATHS[kind]
         path = path_of(kind, namespace) if namespaced and namespace else f"{prefix}/{plural}"
-        listing = await self._retrying(f"list {kind}", lambda: self._call("GET", path, query=query))
-        return list(listing.get("items") or [])
+        while True:
+            fetch = functools.partial(self._call, "GET", path, query=dict(query))
+            listing = await self._retrying(f"list {kind}", fetch)
+            if versions is not None:
+                versions.append(str((listing.get("metadata") or {}).get("resourceVersion") or ""))
+            for item in listing.get("items") or []:
+                yield item
+            token = (listing.get("metadata") or {}).get("continue")
+            if not token:
+                return
+            query["continue"] = token
+
+    async def watch(self, kind: str, resource_version: str, timeout_seconds: int = 300,
+                    ) -> AsyncIterator[dict[str, Any]]:
+        """Watch events ({type, object}) of a cluster-wide resource after `resource_version`,
+        until the server ends the stream."""
+        prefix, plural, _ = PATHS[kind]
+        query = [("watch", "true"), ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
+                 ("timeoutSeconds", str(timeout_seconds))]
+        response = await self.api_client.call_api(
+            f"{prefix}/{plural}", "GET", query_params=query, header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout_seconds + 30)
+        try:
+            if response.status != 200:
+                raise ApiException(status=response.status, reason=f"watch {plural}: HTTP {response.status}")
+            async for line in response.content:
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            response.release()
 
     async def read_observed(self, spec: api.VGPUPolicySpec, nodes: list[dict[str, Any]]) -> Observed:
         """The five objects the policy names (concurrently), plus the nodes the caller tracks."""

@@ -18,6 +18,7 @@ from typing import Any
 import kopf
 import yaml
 
+from vgpu_operator import nodes
 from vgpu_operator.handlers import register
 from vgpu_operator.k8s import Kube, Retry, new_api_client
 from vgpu_operator.metrics import Metrics
@@ -140,6 +141,10 @@ async def run_operator(
             return connection_from_kubeconfig(kubeconfig)
         return kopf.login_with_service_account(**kwargs)
 
+    # Our own workers first, outside the mark: they stop with the flag, not by kopf's cancelling.
+    workers = [asyncio.create_task(reconciler.run(stop_flag), name="vgpu-operator reconciler"),
+               asyncio.create_task(nodes.follow(kube, reconciler.nodes, reconciler.trigger, stop_flag),
+                                   name="vgpu-operator nodes")]
     mark = object()
     spawned = _SpawnedTasks(mark)
     loop = asyncio.get_running_loop()
@@ -152,12 +157,12 @@ async def run_operator(
             liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
             stop_flag=stop_flag, ready_flag=ready_flag,
         )
-        worker = asyncio.create_task(reconciler.run(stop_flag), name="vgpu-operator reconciler")
         try:
             await kopf.run_tasks(tasks, ignored=_Complement(spawned))
         finally:
-            worker.cancel()
-            await asyncio.gather(worker, return_exceptions=True)
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
     finally:
         _RUN.reset(token)
         spawned.uninstall(loop)

@@ -71,6 +71,8 @@ class NodeIndex:
 
     def __init__(self) -> None:
         self.nodes: dict[str, dict[str, Any]] = {}
+        self.versions: dict[str, int] = {}
+        self.seeded = asyncio.Event()  # set once a full list was read: safe to render node-config
 
     @staticmethod
     def trim(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -87,6 +89,10 @@ class NodeIndex:
     def update(self, body: Mapping[str, Any], deleted: bool = False) -> bool:
         """Record a node event; True when labels, registration or allocatable changed."""
         name = str((body.get("metadata") or {}).get("name", ""))
+        version = _version(body)
+        if 0 <= version < self.versions.get(name, -1):
+            return False  # an older state than the one already indexed (the list raced the watch)
+        self.versions[name] = version
         if deleted:
             return self.nodes.pop(name, None) is not None
         trimmed = self.trim(body)
@@ -106,6 +112,7 @@ class Tuning:
     resync_seconds: float = 60.0
     debounce_seconds: float = 0.02
     error_backoff_seconds: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+    nodes_timeout_seconds: float = 30.0  # how long a reconcile waits for the first node list
 
 
 class Reconciler:
@@ -204,6 +211,9 @@ class Reconciler:
             problems = [f"spec.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in exc.errors()]
             await self._report(body, previous, Outcome(generation, problems=problems))
             return "invalid"
+        # Never render node-config from a partial node list: that would drop the entries of the
+        # nodes not seen yet and restart their plugin pods.
+        await asyncio.wait_for(self.nodes.seeded.wait(), timeout=self.tuning.nodes_timeout_seconds)
         observed = await self.kube.read_observed(policy.spec, self.nodes.all())
         found = validate(policy, observed)
         render = render_all(policy, observed)

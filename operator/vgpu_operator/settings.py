@@ -72,7 +72,6 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=PREFIX, key="last-handled-configuration")
     settings.batching.error_delays = (0.1, 0.2, 0.5, 1, 2, 5, 10)
-    settings.batching.batch_window = 0.01
     settings.watching.reconnect_backoff = 0.1
     settings.networking.request_timeout = 30
     settings.watching.server_timeout = 300

@@ -1,0 +1,64 @@
+"""Follow the cluster's Nodes into the NodeIndex: a paged list, then a watch from its version.
+
+Nodes are watched here rather than through a kopf handler: kopf keeps per-object state and reads
+the initial list in one response, which for 5,000 nodes cost about 34 MiB of the operator's
+memory (bench/operator_bench.py); this loop keeps only the trimmed index. A change that matters
+(labels, registration, allocatable, a node coming or going) triggers a reconcile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from vgpu_operator.k8s import Kube, is_transient
+from vgpu_operator.reconcile import NodeIndex
+
+logger = logging.getLogger(__name__)
+
+
+async def relist(kube: Kube, index: NodeIndex) -> tuple[str, bool]:
+    """Read every node (paged) into the index, dropping vanished ones; (list version, changed)."""
+    versions: list[str] = []
+    seen: set[str] = set()
+    changed = False
+    async for node in kube.iter_objects("Node", versions=versions):
+        seen.add(str(node["metadata"]["name"]))
+        changed = index.update(node) or changed
+    for gone in set(index.nodes) - seen:
+        changed = index.update({"metadata": {"name": gone}}, deleted=True) or changed
+    index.seeded.set()
+    return (versions[-1] if versions else ""), changed
+
+
+async def follow(kube: Kube, index: NodeIndex, trigger: Callable[[], None], stop: asyncio.Event,
+                 backoff: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)) -> None:
+    """Keep the index current until `stop` is set; API failures are retried with backoff."""
+    failures = 0
+    version = ""
+    while not stop.is_set():
+        try:
+            if not version:
+                version, changed = await relist(kube, index)
+                if changed:
+                    trigger()
+            async with contextlib.aclosing(kube.watch("Node", version)) as events:  # type: ignore[type-var]
+                async for event in events:
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":  # 410 Gone: our version is too old, list again
+                        version = ""
+                        break
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if kind != "BOOKMARK" and index.update(obj, deleted=kind == "DELETED"):
+                        trigger()
+            failures = 0
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not is_transient(exc):
+                logger.exception("watching nodes failed; listing them again")
+                version = ""
+            failures += 1
+            await asyncio.sleep(backoff[min(failures, len(backoff)) - 1])
