@@ -28,6 +28,7 @@ from vgpu_operator.render.inputs import (
     describe,
     find_plugin,
     parse_scheduler_conf,
+    pod_template,
 )
 from vgpu_operator.render.selectors import node_name, override_nodes
 
@@ -219,9 +220,10 @@ def check_target_namespaces(spec: VGPUPolicySpec, observed: Observed) -> Iterabl
                       f"the upstream device plugin reads the hard-coded name {dc_fmt.CONFIGMAP_NAME}, not "
                       f"{ref.name!r}; use that name", "error")
     if observed.device_plugin is not None:
-        volumes = (observed.device_plugin.get("spec", {}).get("template", {}).get("spec", {})
-                   .get("volumes") or [])
-        mounted = {str((v.get("configMap") or {}).get("name")) for v in volumes if v.get("configMap")}
+        pod = pod_template(observed.device_plugin).get("spec")
+        volumes = pod.get("volumes") if isinstance(pod, dict) else None
+        mounted = {str(v["configMap"].get("name")) for v in volumes or []
+                   if isinstance(v, dict) and isinstance(v.get("configMap"), dict)}
         if spec.targets.node_config.name not in mounted:
             where = describe("DaemonSet", spec.device_plugin.namespace, spec.device_plugin.daemon_set)
             yield Problem("spec.targets.nodeConfig.name", "NodeConfigNotMounted",

@@ -92,7 +92,8 @@ def volcano_version(spec_version: str, deployment: dict[str, Any] | None) -> Vol
         return VolcanoVersion(parsed, "spec", f"set in the policy: {parsed}")
     if deployment is None:
         return VolcanoVersion(None, "none", "the scheduler Deployment was not found")
-    container = _pick_container(deployment, SCHEDULER_CONTAINER, lambda c: "scheduler" in c.get("image", ""))
+    container = _pick_container(deployment, SCHEDULER_CONTAINER,
+                                lambda c: "scheduler" in str(c.get("image", "")))
     if container is None:
         return VolcanoVersion(None, "none", "the scheduler Deployment has no containers")
     image = str(container.get("image", ""))
@@ -131,7 +132,8 @@ def generation_of_container(container: dict[str, Any]) -> PluginGeneration:
     """Apply the module's generation rule to one container."""
     image = str(container.get("image", ""))
     repository, tag = split_image(image)
-    command = [str(part) for part in container.get("command") or []]
+    raw_command = container.get("command")
+    command = [str(part) for part in raw_command] if isinstance(raw_command, list) else []
     if repository.rsplit("/", 1)[-1] in BUILTIN_IMAGE_NAMES or (
             command and command[0].rsplit("/", 1)[-1] in BUILTIN_COMMANDS):
         return PluginGeneration("builtin", "image", f"this project's device plugin ({image})")
@@ -145,7 +147,11 @@ def generation_of_container(container: dict[str, Any]) -> PluginGeneration:
 
 def _pick_container(workload: dict[str, Any], name: str,
                     fallback: Callable[[dict[str, Any]], bool] | None) -> dict[str, Any] | None:
-    containers = workload.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
+    spec = workload.get("spec")
+    template = spec.get("template") if isinstance(spec, dict) else None
+    pod = template.get("spec") if isinstance(template, dict) else None
+    found = pod.get("containers") if isinstance(pod, dict) else None
+    containers = [c for c in found if isinstance(c, dict)] if isinstance(found, list) else []
     for container in containers:
         if container.get("name") == name:
             return dict(container)

@@ -20,7 +20,14 @@ from typing import Any
 from vgpu_operator.api import VGPUPolicySpec
 from vgpu_operator.observed import Observed
 from vgpu_operator.render import device_config
-from vgpu_operator.render.inputs import InputError, Problem, describe, find_container, short_hash
+from vgpu_operator.render.inputs import (
+    InputError,
+    Problem,
+    check_workload,
+    describe,
+    find_container,
+    short_hash,
+)
 from vgpu_operator.render.target import TargetRender, failed_target, missing_target, workload_target
 from vgpu_operator.versions import Generation, plugin_generation
 
@@ -82,6 +89,7 @@ def render_device_plugin_target(spec: VGPUPolicySpec, observed: Observed) -> Tar
                               "DevicePluginNotFound",
                               "install the device plugin or set spec.devicePlugin.namespace/daemonSet")
     try:
+        check_workload(live, where, "spec.devicePlugin.daemonSet")
         index, container = find_container(live, plugin.container, where)
     except InputError as err:
         return failed_target("DaemonSet", plugin.namespace, plugin.daemon_set, live, err.problem)

@@ -80,13 +80,41 @@ def tier_plugins(conf: dict[str, Any]) -> list[dict[str, Any]]:
     """Every plugin option of every tier, in order (malformed entries skipped)."""
     found: list[dict[str, Any]] = []
     for tier in conf.get("tiers") or []:
-        if isinstance(tier, dict):
-            found += [p for p in tier.get("plugins") or [] if isinstance(p, dict)]
+        plugins = tier.get("plugins") if isinstance(tier, dict) else None
+        if isinstance(plugins, list):
+            found += [p for p in plugins if isinstance(p, dict)]
     return found
 
 
 def find_plugin(conf: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((p for p in tier_plugins(conf) if p.get("name") == name), None)
+
+
+def check_workload(workload: dict[str, Any], where: str, field: str) -> None:
+    """Raise InputError unless the pod template has the shape the API server guarantees (a
+    hand-made manifest may not): dict metadata and annotations, a list of dict containers whose
+    args are strings."""
+    spec = workload.get("spec")
+    template = spec.get("template") if isinstance(spec, dict) else None
+    problem = ""
+    if not isinstance(template, dict):
+        problem = "spec.template is not an object"
+    elif not isinstance(template.get("metadata") or {}, dict) or \
+            not isinstance((template.get("metadata") or {}).get("annotations") or {}, dict):
+        problem = "spec.template.metadata.annotations is not a map"
+    elif not isinstance(template.get("spec"), dict) or \
+            not isinstance(template["spec"].get("containers"), list):
+        problem = "spec.template.spec.containers is not a list"
+    else:
+        for index, container in enumerate(template["spec"]["containers"]):
+            args = container.get("args") if isinstance(container, dict) else None
+            if not isinstance(container, dict) or not isinstance(args or [], list) or \
+                    not all(isinstance(a, str) for a in args or []):
+                problem = f"spec.template.spec.containers[{index}] is not a container with string args"
+                break
+    if problem:
+        raise InputError(Problem(field, "WorkloadMalformed",
+                                 f"{where}: {problem}; fix the object (kubectl edit)", object=where))
 
 
 def pod_template(workload: dict[str, Any]) -> dict[str, Any]:

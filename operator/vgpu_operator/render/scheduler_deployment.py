@@ -14,8 +14,8 @@ from typing import Any
 from vgpu_operator.api import VGPUPolicySpec
 from vgpu_operator.observed import Observed
 from vgpu_operator.render import device_config, scheduler_conf
-from vgpu_operator.render.inputs import short_hash
-from vgpu_operator.render.target import TargetRender, missing_target, workload_target
+from vgpu_operator.render.inputs import InputError, check_workload, describe, short_hash
+from vgpu_operator.render.target import TargetRender, failed_target, missing_target, workload_target
 
 ANNOTATION = "vgpu.io/scheduler-config-hash"
 
@@ -41,6 +41,11 @@ def render_scheduler_deployment_target(spec: VGPUPolicySpec, observed: Observed)
                               "SchedulerDeploymentNotFound",
                               "the operator cannot restart the scheduler after a device-config change: "
                               "set spec.scheduler.deployment to the scheduler's Deployment", "warning")
+    try:
+        where = describe("Deployment", sched.namespace, sched.deployment)
+        check_workload(live, where, "spec.scheduler.deployment")
+    except InputError as err:
+        return failed_target("Deployment", sched.namespace, sched.deployment, live, err.problem)
     wanted = desired_inputs(spec)
     return workload_target("Deployment", live, ANNOTATION, short_hash(wanted),
                            live_inputs(spec, observed) != wanted)

@@ -20,7 +20,8 @@ def node_name(node: dict[str, Any]) -> str:
 
 
 def node_labels(node: dict[str, Any]) -> dict[str, str]:
-    return dict((node.get("metadata") or {}).get("labels") or {})
+    labels = (node.get("metadata") or {}).get("labels")
+    return dict(labels) if isinstance(labels, dict) else {}
 
 
 class NodeIndex:
@@ -34,7 +35,9 @@ class NodeIndex:
             meta = node.get("metadata") or {}
             name = str(meta.get("name", ""))
             names.append(name)
-            labels = meta.get("labels") or {}
+            labels = meta.get("labels")
+            if not isinstance(labels, dict):
+                continue
             for key in keys:
                 value = labels.get(key)
                 if value is not None:

@@ -131,8 +131,8 @@ def workload_target(kind: str, live: dict[str, Any], annotation: str, restart_ha
     annotations = (template.get("metadata") or {}).get("annotations") or {}
     value: str | None = None
     if annotation in annotations or inputs_changed:
-        template.setdefault("metadata", {})
-        template["metadata"]["annotations"] = {**annotations, annotation: restart_hash}
+        template["metadata"] = {**(template.get("metadata") or {}),
+                                "annotations": {**annotations, annotation: restart_hash}}
         value = restart_hash
     return TargetRender(kind, str(meta.get("namespace", "")), str(meta.get("name", "")), live, desired,
                         restart_hash, desired != live, restart_hash=value)
