@@ -1,4 +1,4 @@
-"""Render cost vs cluster size: 10, 1,000 and 5,000 GPU nodes with 50 selector overrides.
+"""Render cost vs cluster size: 10, 1,000, 5,000 (and 10,000) GPU nodes with 50 selector overrides.
 
 Reports the best-of-15 wall time of `render_all` (all five targets) per size, the ratio to the
 10-node baseline, and the growth of the per-node cost above that baseline from 1,000 to 5,000
@@ -17,7 +17,7 @@ from vgpu_operator.api import parse_spec
 from vgpu_operator.observed import Observed
 from vgpu_operator.render import RenderResult, render_all
 
-SIZES = (10, 1000, 5000)
+SIZES = (10, 1000, 5000, 10000)
 OVERRIDES = 50
 REPEATS = 15
 REGISTER = "".join(f"GPU-{i:08d}-0000-0000-0000-000000000000,10,81920,NVIDIA-NVIDIA A100-SXM4-80GB,true,"
@@ -89,9 +89,11 @@ def main() -> None:
               f"({ms / base:6.1f}x the 10-node run)")
     per_node_1k = (timings[1000] - base) / (1000 - SIZES[0])
     per_node_5k = (timings[5000] - base) / (5000 - SIZES[0])
-    growth = per_node_5k / per_node_1k
+    per_node_10k = (timings[10000] - base) / (10000 - SIZES[0])
     print(f"cost per node above the baseline: {per_node_1k * 1000:.1f} us at 1,000, "
-          f"{per_node_5k * 1000:.1f} us at 5,000 nodes: growth {growth:.2f} (1.00 = linear)")
+          f"{per_node_5k * 1000:.1f} us at 5,000, {per_node_10k * 1000:.1f} us at 10,000 nodes "
+          f"(growth 1k->5k {per_node_5k / per_node_1k:.2f}, 5k->10k {per_node_10k / per_node_5k:.2f}; "
+          "1.00 = linear)")
     print(f"goal: < 50 ms at 5,000 nodes -> {'met' if timings[5000] < 50 else 'NOT met'}")
     peak, kept = memory_at(5000)
     print(f"memory at 5,000 nodes: peak {peak:.1f} MiB while rendering, {kept:.1f} MiB kept by the result")
