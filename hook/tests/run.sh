@@ -57,7 +57,11 @@ run demo CUDA_DEVICE_MEMORY_LIMIT_0=3000m sh -c \
     "$build/vgpu-demo-alloc | tee /dev/stderr | grep -q '^refused at step 7 with 3000 MiB held$'"
 # /etc/ld.so.preload (how pods load it) with a scrubbed environment (env -i): only where a
 # private mount namespace can be made (root with CAP_SYS_ADMIN), over a copy of /etc.
-if [ "${VGPU_SANITIZED:-0}" = 0 ] && unshare -m true 2>/dev/null; then
+can_bind_mount() {
+    mkdir -p "$tmp/probe-a" "$tmp/probe-b" &&
+        unshare -m sh -c "mount --bind '$tmp/probe-a' '$tmp/probe-b'" 2>/dev/null
+}
+if [ "${VGPU_SANITIZED:-0}" = 0 ] && command -v unshare >/dev/null && can_bind_mount; then
     cp -a /etc "$tmp/etc" && echo "$lib" >"$tmp/etc/ld.so.preload"
     if unshare -m sh -c "mount --bind '$tmp/etc' /etc && env -i \
         CUDA_DEVICE_MEMORY_LIMIT_0=3000m CUDA_DEVICE_MEMORY_SHARED_CACHE='$tmp/preload.cache' \
