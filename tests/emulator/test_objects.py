@@ -166,3 +166,26 @@ async def test_injected_faults_hit_only_the_next_matching_requests(
     results = [(await api.call("PATCH", CMS + "/a", {"data": {"k": "v"}}))[0] for _ in range(3)]
     assert results == [status_code, status_code, 200]
     assert len(running.emulator.writes("/configmaps/a")) == 1  # only the PATCH that got through
+
+
+async def test_lists_are_paged_when_asked(api: Api) -> None:
+    for index in range(5):
+        await api.call("POST", CMS, _cm(f"cm-{index}"))
+    names: list[str] = []
+    token = ""
+    pages = 0
+    while True:
+        _, page = await api.call("GET", f"{CMS}?limit=2" + (f"&continue={token}" if token else ""))
+        names += [item["metadata"]["name"] for item in page["items"]]
+        pages += 1
+        token = page["metadata"].get("continue", "")
+        if not token:
+            break
+    assert names == [f"cm-{index}" for index in range(5)] and pages == 3
+
+
+async def test_discovery_requests_are_not_kept(api: Api, running: RunningEmulator) -> None:
+    for _ in range(50):
+        assert (await api.call("GET", "/apis/apps/v1"))[0] == 200
+    assert running.emulator._requests == [], "kmock's scan-every-request list stays empty"
+    assert len(running.emulator.served) >= 50

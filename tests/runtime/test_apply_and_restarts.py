@@ -91,8 +91,9 @@ async def test_device_config_change_rolls_the_scheduler(cluster: Cluster) -> Non
 
     assert after != before
     assert "gpuMemoryFactor: 2" in cluster.data("volcano-vgpu-device-config", "device-config.yaml")
+    await eventually(lambda: any("volcano-scheduler" in e["message"] for e in cluster.events("Restarted")),
+                     what="the Restarted event")
     assert cluster.metrics.restarts.labels(kind="scheduler")._value.get() == rollouts + 1
-    assert any("volcano-scheduler" in e["message"] for e in cluster.events("Restarted"))
 
 
 async def test_node_override_change_recreates_only_that_nodes_plugin_pod(cluster: Cluster) -> None:
@@ -116,7 +117,7 @@ async def test_node_override_change_recreates_only_that_nodes_plugin_pod(cluster
     assert {f"bystander-{first}", f"bystander-{second}"} <= pods, "unrelated pods are never touched"
     assert '"operatingmode": "mig"' in cluster.data("volcano-vgpu-node-config", "config.json")
     assert cluster.writes_to("/daemonsets/") == ds_writes, "node-config changes need no DaemonSet rollout"
-    assert cluster.metrics.restarts.labels(kind="plugin-pod")._value.get() == 1
+    assert cluster.metrics.restarts.labels(kind="plugin-pod")._value.get() == 1  # settled: all recorded
 
 
 async def test_a_new_node_matching_an_override_gets_its_entry(cluster: Cluster) -> None:

@@ -123,6 +123,9 @@ async def test_deleting_the_policy_leaves_the_configuration_in_place(cluster: Cl
         for name, key in [(DEVICE_CONFIG, KEY), ("volcano-vgpu-node-config", "config.json")]
     }
 
+    finalizers = (cluster.get("VGPUPolicy", None, "default") or {})["metadata"].get("finalizers") or []
+    assert finalizers == ["vgpu.io/finalizer"], "the operator holds the deletion until it lets go"
+
     await cluster.delete("/apis/vgpu.io/v1alpha1/vgpupolicies/default")
     await eventually(lambda: cluster.get("VGPUPolicy", None, "default") is None, what="policy gone")
 
