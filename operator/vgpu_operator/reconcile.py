@@ -250,10 +250,10 @@ class Reconciler:
             logger.warning("applying VGPUPolicy %s failed: %s", body["metadata"]["name"], exc)
             await self.kube.post_event(body, "Warning", "ApplyFailed", str(exc))
             return f"{type(exc).__name__}: {exc}"[:1024]
-        for event in plan.events:
-            await self.kube.post_event(body, event.type, event.reason, event.message)
         self.metrics.drift_repairs.inc(sum(1 for d in plan.decisions if d.repair))
         self.metrics.record_restarts(plan.restarts)
+        for event in plan.events:
+            await self.kube.post_event(body, event.type, event.reason, event.message)
         return None
 
     async def _report(self, body: dict[str, Any], previous: api.VGPUPolicyStatus | None,

@@ -91,8 +91,10 @@ async def test_device_config_change_rolls_the_scheduler(cluster: Cluster) -> Non
 
     assert after != before
     assert "gpuMemoryFactor: 2" in cluster.data("volcano-vgpu-device-config", "device-config.yaml")
-    await eventually(lambda: any("volcano-scheduler" in e["message"] for e in cluster.events("Restarted")),
-                     what="the Restarted event")
+    def scheduler_restarts() -> int:
+        return sum(1 for e in cluster.events("Restarted") if "volcano-scheduler" in e["message"])
+
+    await eventually(lambda: scheduler_restarts() == 2, what="a Restarted event besides the initial one")
     assert cluster.metrics.restarts.labels(kind="scheduler")._value.get() == rollouts + 1
 
 
