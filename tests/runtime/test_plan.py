@@ -2,45 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from vgpu_operator.plan import PLUGIN_HASH, SCHEDULER_HASH, Previous, make_plan, previous_from_status
+from vgpu_operator.render.target import TargetRender
 
 
-@dataclass
-class FakeTarget:
-    kind: str
-    namespace: str
-    name: str
-    live: dict[str, Any] | None
-    desired: dict[str, Any] | None
-    content_hash: str = "h1"
-    changed: bool = False
-    key: str | None = None
-    restart_hash: str | None = None
-    changed_nodes: list[str] = field(default_factory=list)
-    error: Any = None
-
-    def patch(self) -> dict[str, Any]:
-        return {}
+def _cm(changed: bool = False, live: bool = True, content_hash: str = "h1") -> TargetRender:
+    return TargetRender("ConfigMap", "kube-system", "dc", {"data": {}} if live else None,
+                        {"data": {"k": "v"}}, content_hash, changed, key="device-config.yaml")
 
 
-def _cm(changed: bool = False, live: bool = True, content_hash: str = "h1") -> FakeTarget:
-    return FakeTarget("ConfigMap", "kube-system", "dc", {"data": {}} if live else None, {"data": {"k": "v"}},
-                      content_hash, changed, key="device-config.yaml")
-
-
-def _workload(kind: str, annotation: str, live_hash: str | None, want: str) -> FakeTarget:
+def _workload(kind: str, annotation: str, live_hash: str | None, want: str) -> TargetRender:
     def obj(value: str | None) -> dict[str, Any]:
         annotations = {annotation: value} if value else {}
         return {"spec": {"template": {"metadata": {"annotations": annotations}}}}
-    return FakeTarget(kind, "ns", kind.lower(), obj(live_hash), obj(want), want, live_hash != want,
+    return TargetRender(kind, "ns", kind.lower(), obj(live_hash), obj(want), want, live_hash != want,
                       restart_hash=want)
 
 
-def _node_config(nodes: list[str]) -> FakeTarget:
-    return FakeTarget("ConfigMap", "kube-system", "nc", {"data": {}}, {"data": {}}, "n2", bool(nodes),
+def _node_config(nodes: list[str]) -> TargetRender:
+    return TargetRender("ConfigMap", "kube-system", "nc", {"data": {}}, {"data": {}}, "n2", bool(nodes),
                       key="config.json", changed_nodes=nodes)
 
 
@@ -80,7 +62,7 @@ def test_hand_edit_is_repaired_under_enforce_and_reported_under_report() -> None
 def test_paused_writes_nothing_and_unrenderable_targets_are_errors() -> None:
     paused = make_plan([_cm(changed=True)], {}, enforce=True, paused=True, builtin_plugin=False)
     assert paused.writes == [] and paused.decisions[0].state == "Drifted"
-    broken = FakeTarget("DaemonSet", "ns", "ds", {}, None, error="error: no container")
+    broken = TargetRender("DaemonSet", "ns", "ds", {}, None, error="error: no container")
     plan = make_plan([broken], {}, enforce=True, paused=False, builtin_plugin=False)
     assert plan.writes == [] and plan.decisions[0].state == "Error"
     assert "no container" in plan.decisions[0].message
