@@ -19,12 +19,12 @@ from vgpu_operator.reconcile import NodeIndex
 logger = logging.getLogger(__name__)
 
 
-async def relist(kube: Kube, index: NodeIndex) -> tuple[str, bool]:
+async def relist(kube: Kube, index: NodeIndex, page: int = 500) -> tuple[str, bool]:
     """Read every node (paged) into the index, dropping vanished ones; (list version, changed)."""
     versions: list[str] = []
     seen: set[str] = set()
     changed = False
-    async for node in kube.iter_objects("Node", versions=versions):
+    async for node in kube.iter_objects("Node", page=page, versions=versions):
         seen.add(str(node["metadata"]["name"]))
         changed = index.update(node) or changed
     for gone in set(index.nodes) - seen:

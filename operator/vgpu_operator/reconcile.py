@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pydantic
+from vgpu_formats import annotations as node_annotations
+from vgpu_formats import node_config
 
 from vgpu_operator import api
 from vgpu_operator.k8s import Kube
@@ -30,7 +32,7 @@ from vgpu_operator.versions import plugin_generation
 
 logger = logging.getLogger(__name__)
 
-NODE_KEYS = ("volcano.sh/node-vgpu-register",)
+NODE_KEYS = (node_annotations.NODE_REGISTER,)  # the only node annotation rendering and status read
 
 
 def now_rfc3339() -> str:
@@ -285,7 +287,7 @@ class Reconciler:
 
 def _node_config_desired(targets: list[Any]) -> dict[str, Any] | None:
     for target in targets:
-        if target.kind == "ConfigMap" and target.key == "config.json":
+        if target.kind == "ConfigMap" and target.key == node_config.CONFIGMAP_KEY:
             return target.desired if isinstance(target.desired, dict) else None
     return None
 
