@@ -2,11 +2,14 @@
 
 * VGPUPolicy create/update/resume -> reconcile that policy now (kopf retries on failure)
 * VGPUPolicy events               -> keep the policy index (which one is active, latest state)
-* VGPUPolicy timer                -> periodic safety reconcile (returns nothing: no status writes)
 * VGPUPolicy delete               -> leave the cluster working: remove our ownership labels only
 * ConfigMap / Deployment / DaemonSet events on the targets
                                   -> trigger a (debounced) reconcile of the active policy
 (Nodes are followed by `vgpu_operator.nodes`, not kopf: see there why.)
+
+The periodic safety resync is the Reconciler's worker (one loop, for the active policy), not a
+kopf timer per policy: a timer would duplicate it, and kopf holds a deleted policy's finalizer
+until its timer has exited.
 
 Handlers are registered on a fresh registry per operator run (`register`), bound to one
 Reconciler: no module-level state, so tests can run operators one after another in one process.
@@ -22,7 +25,7 @@ from vgpu_operator import api
 from vgpu_operator.reconcile import Reconciler
 
 
-def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, resync_seconds: float) -> None:
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
     """Register every handler of the operator on `registry`."""
     policies = (api.GROUP, api.VERSION, api.PLURAL)
 
@@ -41,11 +44,6 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, resync_sec
         reconciler.policies.update(dict(body))
         if not await reconciler.reconcile(name):
             raise kopf.TemporaryError("reconcile failed; see the status and events", delay=0.2)
-
-    @kopf.timer(*policies, registry=registry, interval=resync_seconds, initial_delay=resync_seconds)
-    async def policy_resync(name: str, **_: Any) -> None:
-        if reconciler.policies.active() == name:
-            await reconciler.reconcile(name)
 
     @kopf.on.delete(*policies, registry=registry, backoff=0.2)
     async def policy_deleted(name: str, body: kopf.Body, **_: Any) -> None:

@@ -129,7 +129,7 @@ async def run_operator(
     kube = Kube(await new_api_client(kubeconfig), retry)
     reconciler = Reconciler(kube, metrics, tuning)
     registry = kopf.OperatorRegistry()
-    register(registry, reconciler, tuning.resync_seconds)
+    register(registry, reconciler)
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -73,8 +73,5 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
         prefix=PREFIX, key="last-handled-configuration")
     settings.batching.error_delays = (0.1, 0.2, 0.5, 1, 2, 5, 10)
     settings.watching.reconnect_backoff = 0.1
-    # A deleted policy's finalizer is released once its resync timer has exited; kopf re-checks
-    # that every 60 s by default, which would hold a deletion for a minute.
-    settings.background.cancellation_polling = 0.2
     settings.networking.request_timeout = 30
     settings.watching.server_timeout = 300
