@@ -117,6 +117,7 @@ async def run_operator(
     namespaces: Sequence[str] = (),
     standalone: bool = True,
     peering: str | None = None,
+    priority: int | None = None,
     liveness_port: int | None = None,
     metrics: Metrics | None = None,
     tuning: Tuning | None = None,
@@ -153,7 +154,7 @@ async def run_operator(
     try:
         tasks = await kopf.spawn_tasks(
             registry=registry, clusterwide=not namespaces, namespaces=list(namespaces),
-            standalone=standalone and peering is None, peering_name=peering,
+            standalone=standalone and peering is None, peering_name=peering, priority=priority,
             liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
             stop_flag=stop_flag, ready_flag=ready_flag,
         )
@@ -180,6 +181,7 @@ async def _serve(settings: OperatorSettings) -> None:
         metrics.serve(settings.metrics_port)
     await run_operator(settings.kubeconfig, stop, namespaces=settings.namespaces,
                        standalone=settings.standalone, peering=settings.peering,
+                       priority=settings.priority,
                        liveness_port=settings.liveness_port, metrics=metrics,
                        tuning=Tuning(resync_seconds=settings.resync_seconds))
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +28,20 @@ class OperatorSettings:
     kubeconfig: str | None = None
     verbose: bool = False
     resync_seconds: float = 60.0
+    priority: int | None = None
+
+
+def start_time_priority(now_ns: int | None = None) -> int:
+    """A kopf peering priority that makes the OLDEST replica the active one.
+
+    kopf pauses every operator whose peers share its priority, so replicas need distinct ones.
+    Older-wins (rather than random) means a replica started later never takes over from a
+    running one: it stays paused, with empty indexes, until the active replica's peering entry
+    expires, so two replicas never reconcile at once. Microseconds keep ties improbable and the
+    value stays within JSON's exact integer range.
+    """
+    now_us = (now_ns if now_ns is not None else time.time_ns()) // 1000
+    return 2**53 - now_us
 
 
 def parse_args(argv: Sequence[str] | None = None) -> OperatorSettings:
@@ -42,6 +58,10 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorSettings:
                       help="run without peering (one replica; the default)")
     mode.add_argument("--peering", metavar="NAME",
                       help="coordinate replicas through the ClusterKopfPeering NAME (needs kopf's CRDs)")
+    parser.add_argument("--priority", type=int, default=_env_int("VGPU_OPERATOR_PRIORITY"),
+                        help="kopf peering priority of this replica, highest works, the others "
+                             "wait (env VGPU_OPERATOR_PRIORITY; default with --peering: older "
+                             "replicas win, from the start time)")
     parser.add_argument("--liveness-port", type=int, default=8080,
                         help="serve http://0.0.0.0:PORT/healthz (0 disables)")
     parser.add_argument("--metrics-port", type=int, default=9090,
@@ -56,7 +76,14 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorSettings:
         namespaces=list(args.namespaces), standalone=args.peering is None, peering=args.peering,
         liveness_port=args.liveness_port or None, metrics_port=args.metrics_port or None,
         kubeconfig=args.kubeconfig, verbose=args.verbose, resync_seconds=args.resync,
+        priority=args.priority if args.priority is not None or args.peering is None
+        else start_time_priority(),
     )
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value else None
 
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:

@@ -8,12 +8,13 @@ import subprocess
 import sys
 
 import aiohttp
+import pytest
 from prometheus_client import generate_latest
 from vgpu_emulator import run_emulator
 from vgpu_operator.main import connection_from_kubeconfig, run_operator
 from vgpu_operator.metrics import Metrics
 from vgpu_operator.plan import Restart
-from vgpu_operator.settings import parse_args
+from vgpu_operator.settings import parse_args, start_time_priority
 
 from .conftest import FIXTURES, eventually
 
@@ -26,6 +27,19 @@ def test_flags_the_chart_passes() -> None:
     assert (settings.liveness_port, settings.metrics_port, settings.kubeconfig) == (8081, None, "/k")
     peered = parse_args(["--peering", "vgpu"])
     assert peered.peering == "vgpu" and not peered.standalone
+
+
+def test_peered_replicas_get_distinct_priorities_and_the_older_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    # kopf pauses all peers of equal priority: two replicas with the default would both idle.
+    monkeypatch.delenv("VGPU_OPERATOR_PRIORITY", raising=False)
+    assert parse_args([]).priority is None  # standalone: no peering, no priority
+    first = parse_args(["--peering", "vgpu"]).priority
+    second = parse_args(["--peering", "vgpu"]).priority
+    assert first is not None and second is not None and first > second
+    assert start_time_priority(1_000_000) > start_time_priority(2_000_000) > 0
+    assert parse_args(["--peering", "vgpu", "--priority", "7"]).priority == 7
+    monkeypatch.setenv("VGPU_OPERATOR_PRIORITY", "42")
+    assert parse_args(["--peering", "vgpu"]).priority == 42
 
 
 def test_console_script_answers_help() -> None:
