@@ -220,6 +220,21 @@ def scheduler_view_of_text(text: str | None) -> NvidiaConfig:
         return scheduler_view(None)
 
 
+def reader_views(cfg: DeviceConfig | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the scheduler (`scheduler_view`) and a device plugin (`effective_nvidia`) read from
+    `cfg`, as YAML data with foreign keys included. `cfg=None` means the load failed."""
+    return scheduler_view(cfg).to_yaml_dict(), effective_nvidia(cfg).to_yaml_dict()
+
+
+def same_meaning(a: DeviceConfig | None, b: DeviceConfig | None) -> bool:
+    """True when every reader sees the same settings in `a` and `b` and the other sections are
+    equal: spelling differences (an absent `disableCoreLimit` vs `false`, `1` vs `1.0`, key order)
+    do not count."""
+    others_a = a.others if a is not None else {}
+    others_b = b.others if b is not None else {}
+    return others_a == others_b and reader_views(a) == reader_views(b)
+
+
 def _fill(given: NvidiaConfig, defaults: NvidiaConfig) -> NvidiaConfig:
     values = {name: getattr(given, name) for name in NvidiaConfig.model_fields}
     for name, value in values.items():

@@ -66,7 +66,7 @@ def golden_view(spec_dict: dict[str, Any], docs: list[dict[str, Any]]) -> str:
             entry["restartHash"] = target.restart_hash
         if target.changed_nodes:
             entry["changedNodes"] = target.changed_nodes
-        if target.kind == "ConfigMap" and target.text is not None:
+        if target.kind == "ConfigMap" and target.text is not None and target.changed:
             entry["text"] = target.text
         elif target.changed:
             entry["patch"] = _trim_containers(target.patch())

@@ -52,6 +52,28 @@ def test_absent_fields_differ_between_scheduler_and_plugin() -> None:
     assert plugin.default_gpu_num == 1 and plugin.device_memory_scaling == 1.0
 
 
+@pytest.mark.parametrize(("a", "b", "same"), [
+    ("deviceSplitCount: 10\n  disableCoreLimit: false", "deviceSplitCount: 10", True),  # false == absent
+    ("deviceMemoryScaling: 1", "deviceMemoryScaling: 1.0", True),
+    ("overwriteEnv: false\n  gpuMemoryFactor: 1", "gpuMemoryFactor: 1\n  overwriteEnv: false", True),
+    ("defaultGPUNum: 1", "deviceSplitCount: 10", False),  # absent defaultGPUNum is 0 to the scheduler
+    ("gpuMemoryFactor: 1", "deviceSplitCount: 10", False),
+    ("deviceSplitCount: 10", "deviceSplitCount: 10\n  futureKey: x", False),  # foreign keys count
+])
+def test_same_meaning_ignores_spelling_only(a: str, b: str, same: bool) -> None:
+    one, two = dc.parse_device_config(f"nvidia:\n  {a}\n"), dc.parse_device_config(f"nvidia:\n  {b}\n")
+    assert dc.same_meaning(one, two) is same
+    assert dc.same_meaning(two, one) is same
+
+
+def test_same_meaning_compares_other_sections_and_failed_loads() -> None:
+    plain = dc.parse_device_config("nvidia:\n  deviceSplitCount: 10\n")
+    with_npu = dc.parse_device_config("nvidia:\n  deviceSplitCount: 10\nvnpus: {hamiVnpuCore: true}\n")
+    assert not dc.same_meaning(plain, with_npu)
+    assert dc.same_meaning(None, None)
+    assert not dc.same_meaning(None, plain)  # a failed load gives built-in defaults, not this
+
+
 def test_failed_load_gives_builtin_defaults_without_percentage() -> None:
     view = dc.scheduler_view_of_text("nvidia:\n  gpuMemoryFactor: lots\n")
     assert view.resource_count_name == "volcano.sh/vgpu-number"

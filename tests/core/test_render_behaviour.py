@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 import yaml
-from vgpu_operator.api import parse_spec
+from vgpu_operator.api import VGPUPolicy, parse_spec
 from vgpu_operator.render import RenderResult, render_all
 from vgpu_operator.render import device_plugin as dp
 from vgpu_operator.render import scheduler_deployment as sd
@@ -55,24 +55,41 @@ def _hashes(spec: dict[str, Any], docs: list[dict[str, Any]]) -> tuple[str | Non
             result.target("DaemonSet", "volcano-device-plugin").restart_hash)
 
 
+def _restarts(spec: dict[str, Any], docs: list[dict[str, Any]]) -> set[str]:
+    """The workloads whose pods the render would roll (their restart annotation changes)."""
+    result = _render(spec, docs)
+    rolled = set()
+    for kind, name, annotation in (("Deployment", "volcano-scheduler", sd.ANNOTATION),
+                                   ("DaemonSet", "volcano-device-plugin", dp.ANNOTATION)):
+        target = result.target(kind, name)
+        assert target.live is not None
+        if target.restart_hash != template_annotations(target.live).get(annotation):
+            rolled.add(name)
+    return rolled
+
+
 def test_restart_matrix(cluster_docs: list[dict[str, Any]]) -> None:
     docs = _converged({}, cluster_docs)
-    base_sched, base_plugin = _hashes({}, docs)
-    assert base_sched and base_plugin
+    # The fixture cluster runs vGPU-less Volcano (no deviceshare) and a plugin already on the
+    # default settings: enabling vGPU restarts only the scheduler.
+    assert _restarts({}, cluster_docs) == {"volcano-scheduler"}
+    assert _restarts({}, docs) == set()
     # Resource names: scheduler and (legacy) plugin both read them at start.
-    sched, plugin = _hashes({"resources": {"count": "volcano.sh/gpu"}}, docs)
-    assert sched != base_sched and plugin != base_plugin
+    assert _restarts({"resources": {"count": "volcano.sh/gpu"}}, docs) == {
+        "volcano-scheduler", "volcano-device-plugin"}
     # Split count: plugin-only; the scheduler learns it from the node annotation.
-    sched, plugin = _hashes({"device": {"deviceSplitCount": 4}}, docs)
-    assert sched == base_sched and plugin != base_plugin
+    assert _restarts({"device": {"deviceSplitCount": 4}}, docs) == {"volcano-device-plugin"}
     # Hot-reloaded deviceshare arguments restart nothing.
-    sched, plugin = _hashes({"scheduler": {"schedulePolicy": "binpack", "scheduleWeight": 10}}, docs)
-    assert (sched, plugin) == (base_sched, base_plugin)
+    assert _restarts({"scheduler": {"schedulePolicy": "binpack", "scheduleWeight": 10}}, docs) == set()
     # Node overrides: only the node-config entries change (per-node pod recreation).
-    result = _render({"nodeOverrides": [{"nodeNames": ["test-app-64-46-msxf"], "deviceSplitCount": 4}]}, docs)
-    assert (result.target("Deployment", "volcano-scheduler").restart_hash,
-            result.target("DaemonSet", "volcano-device-plugin").restart_hash) == (base_sched, base_plugin)
+    spec = {"nodeOverrides": [{"nodeNames": ["test-app-64-46-msxf"], "deviceSplitCount": 4}]}
+    assert _restarts(spec, docs) == set()
+    result = _render(spec, docs)
     assert result.target("ConfigMap", "volcano-vgpu-node-config").changed_nodes == ["test-app-64-46-msxf"]
+    # Once rolled, the annotation is kept up to date: a second change rolls again.
+    split4 = _converged({"device": {"deviceSplitCount": 4}}, docs)
+    assert _restarts({"device": {"deviceSplitCount": 4}}, split4) == set()
+    assert _restarts({"device": {"deviceSplitCount": 5}}, split4) == {"volcano-device-plugin"}
 
 
 def test_builtin_plugin_is_not_restarted_for_device_config(cluster_docs: list[dict[str, Any]]) -> None:
@@ -87,7 +104,8 @@ def test_builtin_plugin_is_not_restarted_for_device_config(cluster_docs: list[di
 
 def test_daemonset_edit_keeps_everything_else(cluster_docs: list[dict[str, Any]]) -> None:
     live = workload(cluster_docs, "DaemonSet")
-    desired = _render({}, cluster_docs).target("DaemonSet", "volcano-device-plugin").desired
+    desired = _render({"device": {"deviceSplitCount": 4}}, cluster_docs).target(
+        "DaemonSet", "volcano-device-plugin").desired
     assert desired is not None
     live_c, want_c = live["spec"]["template"]["spec"], desired["spec"]["template"]["spec"]
     assert want_c["volumes"] == live_c["volumes"]
@@ -176,3 +194,67 @@ def test_existing_deviceshare_arguments_updated_in_place(seed001_docs: list[dict
     assert next(iter(args)) == "deviceshare.VGPUEnable"  # kept its position
     assert args["deviceshare.ScheduleWeight"] == 5 and args["deviceshare.SchedulePolicy"] == "spread"
     assert args["deviceshare.KnownGeometriesCMNamespace"] == "kube-system"
+
+
+def test_repairing_a_hand_edit_does_not_restart_an_adopted_plugin(cluster_docs: list[dict[str, Any]]) -> None:
+    """The plugin was adopted without a restart (no annotation). Someone edits device-config: the
+    repair puts back what the pods already run with, so it must not roll them; the policy status
+    (DaemonSet InSync at this hash) is how the renderer knows."""
+    docs = _converged({}, cluster_docs)
+    adopted = _render({}, docs).target("DaemonSet", "volcano-device-plugin")
+    assert adopted.restart_hash is None and not adopted.changed
+    cm = next(d for d in docs if d["metadata"]["name"] == "volcano-vgpu-device-config")
+    cm["data"]["device-config.yaml"] = cm["data"]["device-config.yaml"].replace(
+        "deviceSplitCount: 10", "deviceSplitCount: 3")
+    status = {"targets": [{"kind": "DaemonSet", "namespace": "kube-system", "name": "volcano-device-plugin",
+                           "hash": adopted.content_hash, "state": "InSync"}]}
+    policy = VGPUPolicy.from_object({"metadata": {"name": "default"}, "spec": {}, "status": status})
+    result = render_all(policy, observe(docs, policy.spec))
+    assert result.target("ConfigMap", "volcano-vgpu-device-config").changed  # repaired
+    assert not result.target("DaemonSet", "volcano-device-plugin").changed  # not rolled
+    # Without that record (a policy new to this cluster) the edit may be what the pods run with.
+    assert _render({}, docs).target("DaemonSet", "volcano-device-plugin").changed
+    # A recorded Drifted state proves nothing about the pods.
+    status["targets"][0]["state"] = "Drifted"
+    policy = VGPUPolicy.from_object({"metadata": {"name": "default"}, "spec": {}, "status": status})
+    assert render_all(policy, observe(docs, policy.spec)).target("DaemonSet", "volcano-device-plugin").changed
+
+
+def test_legacy_flags_left_at_their_defaults_stay_absent() -> None:
+    defaults = dp.LEGACY_DEFAULTS
+    flags = {"resource-name": "volcano.sh/vgpu-number", "device-split-count": "10", "gpu-memory-factor": "1"}
+    # absent + default -> absent; absent + other value -> appended; present -> set in place
+    assert dp.edit_args(["--fail-on-init-error=false"], flags, defaults) == [
+        "--fail-on-init-error=false", "--device-split-count=10"]
+    assert dp.edit_args(["--gpu-memory-factor", "4", "-v=2"], flags, defaults) == [
+        "--gpu-memory-factor", "1", "-v=2", "--device-split-count=10"]
+    assert dp.edit_args(["--resource-name=nvidia.com/gpu"], flags, defaults)[0] == \
+        "--resource-name=volcano.sh/vgpu-number"
+
+
+def _with_deviceshare(docs: list[dict[str, Any]], arguments: dict[str, Any]) -> list[dict[str, Any]]:
+    docs = copy.deepcopy(docs)
+    cm = next(d for d in docs if d["metadata"]["name"] == "volcano-scheduler-configmap")
+    conf = yaml.safe_load(cm["data"]["volcano-scheduler.conf"])
+    conf["tiers"][-1]["plugins"].insert(0, {"name": "deviceshare", "arguments": arguments})
+    cm["data"]["volcano-scheduler.conf"] = yaml.safe_dump(conf)
+    return docs
+
+
+def test_scheduler_conf_is_kept_when_it_means_the_same(cluster_docs: list[dict[str, Any]]) -> None:
+    namespace = {"deviceshare.KnownGeometriesCMNamespace": "kube-system"}
+    # NodeLockEnable false, ScheduleWeight 0 and the ConfigMap name are Volcano's defaults.
+    docs = _with_deviceshare(cluster_docs, {"deviceshare.VGPUEnable": True, **namespace})
+    assert not _render({}, docs).target("ConfigMap", "volcano-scheduler-configmap").changed
+    # Volcano ignores a quoted weight and a non-bool flag: those are rewritten with the right type.
+    for wrong in ({"deviceshare.ScheduleWeight": "0"}, {"deviceshare.VGPUEnable": 1}):
+        docs = _with_deviceshare(cluster_docs, {"deviceshare.VGPUEnable": True, **namespace, **wrong})
+        target = _render({}, docs).target("ConfigMap", "volcano-scheduler-configmap")
+        assert target.changed, wrong
+        args = next(p for t in yaml.safe_load(target.text or "")["tiers"] for p in t["plugins"]
+                    if p["name"] == "deviceshare")["arguments"]
+        assert args["deviceshare.VGPUEnable"] is True and args["deviceshare.ScheduleWeight"] == 0
+    # An unset KnownGeometriesCMNamespace is spelled out (vgpuctl doctor flags it).
+    docs = _with_deviceshare(cluster_docs, {"deviceshare.VGPUEnable": True})
+    target = _render({}, docs).target("ConfigMap", "volcano-scheduler-configmap")
+    assert target.changed and "deviceshare.KnownGeometriesCMNamespace: kube-system" in (target.text or "")

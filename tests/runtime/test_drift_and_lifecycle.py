@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from vgpu_formats.device_config import DeviceConfig, parse_device_config, same_meaning
+
 from .conftest import RESYNC, Cluster, eventually
 
 DEVICE_CONFIG = "volcano-vgpu-device-config"
@@ -20,11 +22,18 @@ async def test_hand_edit_is_repaired_under_enforce(cluster: Cluster) -> None:
     cluster.create_policy()
     await cluster.ready()
     await cluster.settle()
-    rendered = cluster.data(DEVICE_CONFIG, KEY)
+    before = parse_device_config(cluster.data(DEVICE_CONFIG, KEY))
+    restarts = cluster.writes_to("/daemonsets/")
 
     cluster.edit("ConfigMap", "kube-system", DEVICE_CONFIG, _scribble)
-    await eventually(lambda: cluster.data(DEVICE_CONFIG, KEY) == rendered, what="repair")
+    def split_back_to_10() -> DeviceConfig | None:
+        config = parse_device_config(cluster.data(DEVICE_CONFIG, KEY))
+        return config if config.nvidia and config.nvidia.device_split_count == 10 else None
 
+    repaired = await eventually(split_back_to_10, what="repair")
+
+    assert same_meaning(repaired, before), "the repair restores what the policy says, nothing else"
+    assert cluster.writes_to("/daemonsets/") == restarts, "the plugin never saw the edit: no restart"
     assert cluster.metrics.drift_repairs._value.get() == 1
     assert [e for e in cluster.events("DriftRepaired") if DEVICE_CONFIG in e["message"]]
     await cluster.ready()

@@ -124,7 +124,8 @@ async def test_conflicts_and_server_errors_are_retried(cluster: Cluster) -> None
 
 
 async def test_persistent_failure_is_reported_then_recovers(cluster: Cluster) -> None:
-    cluster.emulator.fail_next("PATCH", r"/daemonsets/", status=500, times=12)
+    # The first apply restarts the scheduler (the fixture's Volcano has no deviceshare yet).
+    cluster.emulator.fail_next("PATCH", r"/deployments/volcano-scheduler$", status=500, times=12)
     cluster.create_policy()
     applied = await eventually(
         lambda: (c := cluster.condition("Applied")).get("status") == "False" and c, what="Applied=False"

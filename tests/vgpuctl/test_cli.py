@@ -68,6 +68,18 @@ def test_diff_shows_unified_diffs_and_refuses_an_invalid_policy(capsys, tmp_path
     assert "spec.device.deviceSplitCount" in capsys.readouterr().err
 
 
+def test_import_then_diff_is_empty_on_a_healthy_cluster(capsys, tmp_path, healthy):
+    """The adoption round trip as a user types it: import, then diff against the same manifests."""
+    cluster = tmp_path / "cluster"
+    cluster.mkdir()
+    (cluster / "all.yaml").write_text(yaml.safe_dump_all(healthy))
+    assert main(["doctor", "-c", str(cluster), "-o", "json"]) == 0
+    capsys.readouterr()
+    path, _ = _import(capsys, tmp_path, "-c", str(cluster))
+    assert main(["diff", "-f", str(path), "-c", str(cluster), "--no-color"]) == 0
+    assert capsys.readouterr().out == "vgpuctl diff: nothing to change\n"
+
+
 async def test_doctor_reads_a_live_cluster(capsys):
     async with run_emulator(CLUSTER, SEED001) as running:
         argv = ["doctor", "--kubeconfig", str(running.kubeconfig), "-o", "json"]

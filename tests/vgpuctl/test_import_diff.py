@@ -58,6 +58,22 @@ def test_import_follows_what_each_component_runs_with(healthy):
     assert any("registers volcano.sh/vgpu-number" in note for note in imported.notes)
 
 
+def test_import_then_render_changes_nothing_on_first_pass(healthy):
+    """Adopting a working cluster: the imported policy renders to exactly what is live (no write,
+    no restart, byte for byte), although the live objects spell defaults differently."""
+    policy = import_policy(gather(healthy)).policy
+    result = _render(policy, healthy)
+    assert [t.ref for t in result.targets if t.changed] == []
+    assert all(target_diff(t) == "" for t in result.targets)
+    assert all(t.patch() == {} for t in result.targets)
+    # The live objects really do leave defaults implicit (so the test is not vacuous).
+    config = find(healthy, "ConfigMap", "volcano-vgpu-device-config")["data"]["device-config.yaml"]
+    assert "disableCoreLimit" not in config
+    plugin = find(healthy, "DaemonSet", "volcano-device-plugin")
+    args = plugin["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not any(a.startswith("--resource-name") for a in args)
+
+
 def test_managed_cluster_has_an_empty_diff(healthy):
     policy, managed = _managed(healthy)
     result = _render(policy, managed)

@@ -19,7 +19,7 @@ from vgpu_operator.api import VGPUPolicy, VGPUPolicySpec
 from vgpu_operator.observed import Observed
 from vgpu_operator.render.device_config import render_device_config_target
 from vgpu_operator.render.device_plugin import render_device_plugin_target
-from vgpu_operator.render.inputs import Problem
+from vgpu_operator.render.inputs import Problem, describe
 from vgpu_operator.render.node_config import render_node_config_target
 from vgpu_operator.render.scheduler_conf import render_scheduler_conf_target
 from vgpu_operator.render.scheduler_deployment import render_scheduler_deployment_target
@@ -27,8 +27,6 @@ from vgpu_operator.render.target import TargetRender
 
 __all__ = ["Problem", "RenderResult", "TargetRender", "render_all"]
 
-RENDERERS = (render_device_config_target, render_node_config_target, render_scheduler_conf_target,
-             render_scheduler_deployment_target, render_device_plugin_target)
 
 
 @dataclass
@@ -54,7 +52,26 @@ def spec_of(policy: VGPUPolicy | VGPUPolicySpec) -> VGPUPolicySpec:
     return policy.spec if isinstance(policy, VGPUPolicy) else policy
 
 
+def running_hashes(policy: VGPUPolicy | VGPUPolicySpec) -> dict[str, str]:
+    """Target ref -> the restart hash its pods run with, as the policy's status last recorded it
+    (InSync: matched; Updated: written, pods rolling). A workload the operator adopted without a
+    restart has no annotation, so this is how a later drift of its inputs (a hand edit the
+    operator repairs) is told apart from a change the pods have not seen."""
+    status = policy.status if isinstance(policy, VGPUPolicy) else None
+    if status is None:
+        return {}
+    return {describe(t.kind, t.namespace, t.name): t.hash for t in status.targets
+            if t.kind in ("Deployment", "DaemonSet") and t.state in ("InSync", "Updated") and t.hash}
+
+
 def render_all(policy: VGPUPolicy | VGPUPolicySpec, observed: Observed) -> RenderResult:
-    """Render every target. Pure: reads only its arguments."""
+    """Render every target. Pure: reads only its arguments (the policy's status included)."""
     spec = spec_of(policy)
-    return RenderResult([render(spec, observed) for render in RENDERERS])
+    running = running_hashes(policy)
+    return RenderResult([
+        render_device_config_target(spec, observed),
+        render_node_config_target(spec, observed),
+        render_scheduler_conf_target(spec, observed),
+        render_scheduler_deployment_target(spec, observed, running),
+        render_device_plugin_target(spec, observed, running),
+    ])

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 from vgpu_formats import device_config as fmt
+from vgpu_formats.errors import FormatError
 
 from vgpu_operator.api import VGPUPolicySpec
 from vgpu_operator.observed import Observed
@@ -74,15 +75,36 @@ SCHEDULER_KEYS = ("resourceCountName", "resourceMemoryName", "resourceMemoryPerc
 
 
 def owned_section(spec: VGPUPolicySpec) -> dict[str, Any]:
-    """Our part of `nvidia:` as plain data (the device plugin's restart hash covers it)."""
+    """Our part of `nvidia:` as plain data (the restart hashes cover it)."""
     return desired_nvidia(spec).to_yaml_dict()
 
 
-def scheduler_section(section: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The keys of an `nvidia:` section the scheduler uses (its restart hash covers them)."""
-    if section is None:
+def live_config(observed: Observed) -> fmt.DeviceConfig | None:
+    """The live device-config as its readers load it; None when it is missing or does not load
+    (the scheduler then falls back to its built-in defaults)."""
+    text = observed.device_config_text()
+    if text is None:
         return None
-    return {key: section.get(key) for key in SCHEDULER_KEYS}
+    try:
+        return fmt.parse_device_config(text)
+    except FormatError:
+        return None
+
+
+def plugin_reads(cfg: fmt.DeviceConfig | None) -> tuple[dict[str, Any], ...]:
+    """Our keys as the scheduler and a device plugin read them: equal values mean a plugin
+    started on one config behaves as if started on the other."""
+    return tuple({k: v for k, v in view.items() if k in OWNED_KEYS} for view in fmt.reader_views(cfg))
+
+
+def scheduler_reads(cfg: fmt.DeviceConfig | None) -> dict[str, Any]:
+    """The keys the scheduler uses, as it reads them (Go zero values for absent keys)."""
+    view = fmt.scheduler_view(cfg).to_yaml_dict()
+    return {key: view.get(key) for key in SCHEDULER_KEYS}
+
+
+def desired_config(spec: VGPUPolicySpec) -> fmt.DeviceConfig:
+    return fmt.DeviceConfig(nvidia=desired_nvidia(spec))
 
 
 def live_document(observed: Observed, where: str) -> dict[str, Any] | None:
@@ -106,18 +128,6 @@ def live_document(observed: Observed, where: str) -> dict[str, Any] | None:
     return {str(k): v for k, v in doc.items()}
 
 
-def live_owned_section(observed: Observed) -> dict[str, Any] | None:
-    """Our keys of the live `nvidia:` section (None: missing or unreadable)."""
-    try:
-        doc = live_document(observed, "")
-    except InputError:
-        return None
-    if doc is None:
-        return None
-    section = doc.get("nvidia") or {}
-    return {k: v for k, v in section.items() if k in OWNED_KEYS}
-
-
 def render_device_config_target(spec: VGPUPolicySpec, observed: Observed) -> TargetRender:
     ref = spec.targets.device_config
     where = describe("ConfigMap", ref.namespace, ref.name)
@@ -132,6 +142,7 @@ def render_device_config_target(spec: VGPUPolicySpec, observed: Observed) -> Tar
     nvidia = ours.model_copy()
     nvidia.__pydantic_extra__ = foreign
     cfg = fmt.DeviceConfig(nvidia=nvidia, others={k: v for k, v in live_doc.items() if k != "nvidia"})
-    same = observed.device_config_text() is not None and fmt.device_config_dict(cfg) == live_doc
+    # Same meaning: keep the live bytes (adopting a hand-written ConfigMap rewrites nothing).
+    same = observed.device_config_text() is not None and fmt.same_meaning(live_config(observed), cfg)
     return configmap_target(ref.namespace, ref.name, fmt.CONFIGMAP_KEY, observed.device_config,
                             fmt.render_device_config(cfg), same, short_hash(ours.to_yaml_dict()))

@@ -15,6 +15,7 @@ watches the ConfigMap). Env, volumes, other containers and other annotations are
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from vgpu_operator.api import VGPUPolicySpec
@@ -34,6 +35,11 @@ from vgpu_operator.versions import Generation, plugin_generation
 ANNOTATION = "vgpu.io/plugin-config-hash"
 LEGACY_FLAGS = ("resource-name", "resource-memory-name", "resource-core-name", "device-split-count",
                 "gpu-memory-factor", "device-cores-scaling")
+# What the legacy binary uses for an absent flag (VVDP v1.11.0 cmd/vgpu/main.go, util.GlobalFlagSet).
+LEGACY_DEFAULTS = {"resource-name": "volcano.sh/vgpu-number",
+                   "resource-memory-name": "volcano.sh/vgpu-memory",
+                   "resource-core-name": "volcano.sh/vgpu-cores",
+                   "device-split-count": "2", "gpu-memory-factor": "1", "device-cores-scaling": "1"}
 
 
 def _number(value: float) -> str:
@@ -54,9 +60,11 @@ def desired_flags(spec: VGPUPolicySpec, generation: Generation) -> dict[str, str
     }
 
 
-def edit_args(args: list[str], flags: dict[str, str | None]) -> list[str]:
+def edit_args(args: list[str], flags: dict[str, str | None],
+              defaults: dict[str, str] | None = None) -> list[str]:
     """`args` with `flags` set or removed; other args untouched, in order; a repeated flag of ours
-    keeps its first position only."""
+    keeps its first position only. A missing flag whose value equals its entry in `defaults` is
+    not added (the binary already uses that value)."""
     out: list[str] = []
     seen: set[str] = set()
     index = 0
@@ -76,11 +84,14 @@ def edit_args(args: list[str], flags: dict[str, str | None]) -> list[str]:
             continue
         seen.add(name)
         out += [token, value] if separate else [f"{token[:dashes]}{name}={value}"]
-    out += [f"--{name}={value}" for name, value in flags.items() if value is not None and name not in seen]
+    defaults = defaults or {}
+    out += [f"--{name}={value}" for name, value in flags.items()
+            if value is not None and name not in seen and defaults.get(name) != value]
     return out
 
 
-def render_device_plugin_target(spec: VGPUPolicySpec, observed: Observed) -> TargetRender:
+def render_device_plugin_target(spec: VGPUPolicySpec, observed: Observed,
+                                running: Mapping[str, str] | None = None) -> TargetRender:
     plugin = spec.device_plugin
     where = describe("DaemonSet", plugin.namespace, plugin.daemon_set)
     live = observed.device_plugin
@@ -100,14 +111,15 @@ def render_device_plugin_target(spec: VGPUPolicySpec, observed: Observed) -> Tar
             f"{found.detail}; set spec.devicePlugin.generation to legacy (<= v1.11), current (v1.12+) "
             "or builtin", object=where))
     live_args = [str(a) for a in container.get("args") or []]
-    args = edit_args(live_args, desired_flags(spec, found.generation))
+    args = edit_args(live_args, desired_flags(spec, found.generation), LEGACY_DEFAULTS)
     containers = copy.deepcopy(live["spec"]["template"]["spec"]["containers"])
     if args != live_args:
         containers[index]["args"] = args
     wanted: dict[str, Any] = {"args": args}
-    current: dict[str, Any] = {"args": live_args}
+    inputs_changed = args != live_args
     if found.generation != "builtin":
         wanted["deviceConfig"] = device_config.owned_section(spec)
-        current["deviceConfig"] = device_config.live_owned_section(observed)
-    return workload_target("DaemonSet", live, ANNOTATION, short_hash(wanted), current != wanted,
-                           containers)
+        inputs_changed |= (device_config.plugin_reads(device_config.live_config(observed))
+                           != device_config.plugin_reads(device_config.desired_config(spec)))
+    return workload_target("DaemonSet", live, ANNOTATION, short_hash(wanted), inputs_changed, containers,
+                           running)

@@ -11,6 +11,7 @@ user guide lists deviceshare before it. Without predicates it goes at the end of
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import yaml
@@ -38,8 +39,9 @@ OWNED_ARGUMENTS = (VGPU_ENABLE, SCHEDULE_POLICY, SCHEDULE_WEIGHT, NODE_LOCK, CM_
                    EXCLUSIVE_RULES)
 # Read once per scheduler process (sync.Once): changing them needs a scheduler restart.
 RESTART_ARGUMENTS = (VGPU_ENABLE, CM_NAME, CM_NAMESPACE)
-UPSTREAM_DEFAULTS: dict[str, Any] = {VGPU_ENABLE: False, CM_NAME: "volcano-vgpu-device-config",
-                                     CM_NAMESPACE: "kube-system"}
+# What Volcano uses for an absent argument (volcano-scheduler.md §1.1).
+UPSTREAM_DEFAULTS: dict[str, Any] = {VGPU_ENABLE: False, SCHEDULE_WEIGHT: 0, NODE_LOCK: False,
+                                     CM_NAME: "volcano-vgpu-device-config", CM_NAMESPACE: "kube-system"}
 
 
 def desired_arguments(spec: VGPUPolicySpec) -> dict[str, Any]:
@@ -60,6 +62,23 @@ def desired_arguments(spec: VGPUPolicySpec) -> dict[str, Any]:
 def restart_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
     """The arguments the scheduler reads only at start, absent ones as the scheduler defaults them."""
     return {key: arguments.get(key, UPSTREAM_DEFAULTS[key]) for key in RESTART_ARGUMENTS}
+
+
+# Absent arguments that mean their default without a word. An absent KnownGeometriesCMNamespace
+# is not among them: `vgpuctl doctor` flags it (the scheduler and the plugin look for device-config
+# in different places), so the operator always spells it out.
+SILENT_DEFAULTS = {key: value for key, value in UPSTREAM_DEFAULTS.items() if key != CM_NAMESPACE}
+
+
+def _spelled_out(conf: dict[str, Any]) -> str:
+    """`conf` with absent deviceshare arguments written as their defaults, as canonical JSON: two
+    confs with equal results mean the same to Volcano. JSON keeps types apart (`true` vs `1`,
+    `10` vs `"10"`: Volcano ignores a wrongly typed argument)."""
+    conf = copy.deepcopy(conf)
+    plugin = find_plugin(conf, PLUGIN)
+    if plugin is not None and isinstance(plugin.get("arguments") or {}, dict):
+        plugin["arguments"] = {**SILENT_DEFAULTS, **(plugin.get("arguments") or {})}
+    return json.dumps(conf, sort_keys=True, default=str)
 
 
 def live_arguments(observed: Observed, spec: VGPUPolicySpec) -> dict[str, Any] | None:
@@ -127,4 +146,4 @@ def render_scheduler_conf_target(spec: VGPUPolicySpec, observed: Observed) -> Ta
     arguments = desired_arguments(spec)
     desired = apply_arguments(conf, arguments)
     return configmap_target(sched.namespace, sched.config_map, sched.key, live, dump_conf(desired),
-                            desired == conf, short_hash(arguments))
+                            _spelled_out(desired) == _spelled_out(conf), short_hash(arguments))

@@ -9,6 +9,7 @@ is left alone.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from vgpu_operator.api import VGPUPolicySpec
@@ -21,7 +22,7 @@ ANNOTATION = "vgpu.io/scheduler-config-hash"
 
 
 def desired_inputs(spec: VGPUPolicySpec) -> dict[str, Any]:
-    return {"deviceConfig": device_config.scheduler_section(device_config.owned_section(spec)),
+    return {"deviceConfig": device_config.scheduler_reads(device_config.desired_config(spec)),
             **scheduler_conf.restart_arguments(scheduler_conf.desired_arguments(spec))}
 
 
@@ -29,11 +30,12 @@ def live_inputs(spec: VGPUPolicySpec, observed: Observed) -> dict[str, Any] | No
     arguments = scheduler_conf.live_arguments(observed, spec)
     if arguments is None:
         return None
-    return {"deviceConfig": device_config.scheduler_section(device_config.live_owned_section(observed)),
+    return {"deviceConfig": device_config.scheduler_reads(device_config.live_config(observed)),
             **scheduler_conf.restart_arguments(arguments)}
 
 
-def render_scheduler_deployment_target(spec: VGPUPolicySpec, observed: Observed) -> TargetRender:
+def render_scheduler_deployment_target(spec: VGPUPolicySpec, observed: Observed,
+                                       running: Mapping[str, str] | None = None) -> TargetRender:
     sched = spec.scheduler
     live = observed.scheduler_deployment
     if live is None:
@@ -48,4 +50,4 @@ def render_scheduler_deployment_target(spec: VGPUPolicySpec, observed: Observed)
         return failed_target("Deployment", sched.namespace, sched.deployment, live, err.problem)
     wanted = desired_inputs(spec)
     return workload_target("Deployment", live, ANNOTATION, short_hash(wanted),
-                           live_inputs(spec, observed) != wanted)
+                           live_inputs(spec, observed) != wanted, running=running)
