@@ -3,6 +3,9 @@
 * VGPUPolicy create/update/resume -> reconcile that policy now (kopf retries on failure)
 * VGPUPolicy events               -> keep the policy index (which one is active, latest state)
 * VGPUPolicy delete               -> leave the cluster working: remove our ownership labels only
+* VGPUPolicy daemon               -> mark the policy "worked on by this replica" while it runs:
+                                     kopf stops daemons when peering pauses a replica, so this is
+                                     how the Reconciler's own worker (outside kopf) pauses too
 * ConfigMap / Deployment / DaemonSet events on the targets
                                   -> trigger a (debounced) reconcile of the active policy
 (Nodes are followed by `vgpu_operator.nodes`, not kopf: see there why.)
@@ -52,6 +55,14 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
             reconciler.policies.update(dict(body), deleted=True)
             return  # a conflicting policy never wrote anything
         await reconciler.release(name, dict(body))
+
+    @kopf.daemon(*policies, registry=registry, cancellation_timeout=5.0)
+    async def policy_worked_on(name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
+        reconciler.start_working(name)
+        try:
+            await stopped.wait()
+        finally:
+            reconciler.stop_working(name)
 
     def ours(kind: str) -> Any:
         def check(namespace: str | None, name: str | None, **_: Any) -> bool:

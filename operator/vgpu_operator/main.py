@@ -13,7 +13,7 @@ import logging
 import signal
 import weakref
 from collections.abc import Collection, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import yaml
@@ -36,27 +36,27 @@ class _SpawnedTasks(Collection["asyncio.Task[Any]"]):
 
     kopf's `run_tasks` cancels, on exit, every task it is not told to ignore; in a shared event
     loop (tests, `vgpuctl demo`) that includes the caller's and the emulator's tasks. `ignored()`
-    is the complement: everything this run did not spawn."""
+    is the complement: everything this run did not spawn. Several runs may share a loop (two HA
+    replicas in one test), so one factory per loop serves every run, and it is removed with the
+    last one."""
 
     def __init__(self, mark: object) -> None:
         self.mark = mark
         self.tasks: weakref.WeakSet[asyncio.Future[Any]] = weakref.WeakSet()
-        self._previous: Any = None
 
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._previous = previous = loop.get_task_factory()
-
-        def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
-            task = previous(loop, coro, **kwargs) if previous else asyncio.Task(coro, loop=loop, **kwargs)
-            context = kwargs.get("context")
-            if (context.get(_RUN) if context is not None else _RUN.get()) is self.mark:
-                self.tasks.add(task)
-            return task
-
-        loop.set_task_factory(factory)
+        runs = _LOOP_RUNS.get(loop)
+        if runs is None:
+            runs = _LOOP_RUNS[loop] = _LoopRuns(loop.get_task_factory())
+            loop.set_task_factory(runs.factory)
+        runs.by_mark[self.mark] = self
 
     def uninstall(self, loop: asyncio.AbstractEventLoop) -> None:
-        loop.set_task_factory(self._previous)
+        runs = _LOOP_RUNS[loop]
+        runs.by_mark.pop(self.mark, None)
+        if not runs.by_mark:
+            loop.set_task_factory(runs.previous)
+            del _LOOP_RUNS[loop]
 
     def __contains__(self, task: object) -> bool:
         return task in self.tasks
@@ -66,6 +66,26 @@ class _SpawnedTasks(Collection["asyncio.Task[Any]"]):
 
     def __len__(self) -> int:
         return len(self.tasks)
+
+
+class _LoopRuns:
+    """The runs sharing one event loop, and the task factory that records their tasks."""
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+        self.by_mark: dict[object, _SpawnedTasks] = {}
+
+    def factory(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        previous = self.previous
+        task = previous(loop, coro, **kwargs) if previous else asyncio.Task(coro, loop=loop, **kwargs)
+        context = kwargs.get("context")
+        run = self.by_mark.get(context.get(_RUN) if context is not None else _RUN.get())
+        if run is not None:
+            run.tasks.add(task)
+        return task
+
+
+_LOOP_RUNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopRuns] = weakref.WeakKeyDictionary()
 
 
 class _Complement(Collection["asyncio.Task[Any]"]):
@@ -123,6 +143,7 @@ async def run_operator(
     tuning: Tuning | None = None,
     ready_flag: asyncio.Event | None = None,
     retry: Retry | None = None,
+    identity: str | None = None,
 ) -> Reconciler:
     """Run the operator until `stop_flag` is set; returns the Reconciler (for inspection)."""
     tuning = tuning or Tuning()
@@ -157,6 +178,7 @@ async def run_operator(
             standalone=standalone and peering is None, peering_name=peering, priority=priority,
             liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
             stop_flag=stop_flag, ready_flag=ready_flag,
+            identity=cast(Any, identity),  # kopf's Identity is a NewType of str; None: detect
         )
         try:
             await kopf.run_tasks(tasks, ignored=_Complement(spawned))

@@ -129,8 +129,18 @@ class Reconciler:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._failures = 0
+        # Policies this replica works on now (their kopf daemon runs). With peering, a paused
+        # replica's daemons are stopped, so its worker stops resyncing: one writer at a time.
+        self.working: set[str] = set()
 
     # ----- triggers -----
+
+    def start_working(self, name: str) -> None:
+        self.working.add(name)
+        self.trigger()  # taking over (start, or after a peering pause): resync now
+
+    def stop_working(self, name: str) -> None:
+        self.working.discard(name)
 
     def trigger(self) -> None:
         """Ask the worker for a reconcile of the active policy soon (bursts coalesce)."""
@@ -161,7 +171,7 @@ class Reconciler:
                 pass
             self._wake.clear()
             active = self.policies.active()
-            if active is not None and not stop.is_set():
+            if active is not None and active in self.working and not stop.is_set():
                 ok = await self.reconcile(active)
                 self._failures = 0 if ok else self._failures + 1
 
