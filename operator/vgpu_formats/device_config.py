@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vgpu_formats import yamlio
 from vgpu_formats.errors import FormatError
 
 CONFIGMAP_NAME = "volcano-vgpu-device-config"
@@ -127,7 +128,7 @@ def _format_error(exc: ValidationError, prefix: str) -> FormatError:
 def parse_device_config(text: str) -> DeviceConfig:
     """Parse `device-config.yaml` text. Raises `FormatError` naming the first bad field."""
     try:
-        doc = yaml.safe_load(text) if text.strip() else {}
+        doc = yamlio.load(text) if text.strip() else {}
     except yaml.YAMLError as exc:
         raise FormatError(CONFIGMAP_KEY, f"not valid YAML: {exc}", "fix the YAML syntax") from exc
     if doc is None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 from vgpu_formats import device_config as fmt
+from vgpu_formats import yamlio
 from vgpu_formats.errors import FormatError
 
 from vgpu_operator.api import VGPUPolicySpec
@@ -114,7 +115,7 @@ def live_document(observed: Observed, where: str) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
-        doc = yaml.safe_load(text)
+        doc = yamlio.load(text)
     except yaml.YAMLError:
         doc = text  # not a mapping: reported below
     if doc is None:

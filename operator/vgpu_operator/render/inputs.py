@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
+from vgpu_formats import yamlio
 
 Severity = Literal["error", "warning"]
 
@@ -60,7 +61,7 @@ def parse_scheduler_conf(text: str | None, where: str, key: str) -> dict[str, An
                                  f"{where} has no key {key!r}; set spec.scheduler.key to the key that "
                                  "holds volcano-scheduler.conf", object=where))
     try:
-        conf = yaml.safe_load(text)
+        conf = yamlio.load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
