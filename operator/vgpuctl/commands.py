@@ -125,9 +125,25 @@ def load_policy(path: str | None, objects: list[dict[str, Any]]) -> VGPUPolicy:
         names = ", ".join(str(d.get("metadata", {}).get("name")) for d in docs)
         raise UsageError(f"{len(docs)} VGPUPolicies ({names}) in {where}: pass the one you mean with -f")
     try:
-        return VGPUPolicy.from_object(docs[0])
+        policy = VGPUPolicy.from_object(docs[0])
     except pydantic.ValidationError as err:
         raise UsageError(_policy_error(where, err)) from err
+    return _with_live_status(policy, objects) if path is not None else policy
+
+
+def _with_live_status(policy: VGPUPolicy, objects: list[dict[str, Any]]) -> VGPUPolicy:
+    """The policy from a file, with the status of the same-named live policy: the status records
+    what the workloads' pods run with, which decides restarts exactly as the operator will."""
+    name = policy.metadata.get("name")
+    live = next((o for o in objects if o.get("kind") == KIND and (o.get("metadata") or {}).get("name") == name
+                 and o.get("status")), None)
+    if policy.status is not None or live is None:
+        return policy
+    try:
+        status = VGPUPolicy.from_object({"metadata": {"name": name}, "status": live["status"]}).status
+    except pydantic.ValidationError:
+        return policy  # an unreadable status proves nothing: render as for a new policy
+    return policy.model_copy(update={"status": status})
 
 
 def _render(args: argparse.Namespace, objects: list[dict[str, Any]]) -> tuple[RenderResult, list[Problem]]:

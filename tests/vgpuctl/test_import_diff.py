@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import pytest
+import yaml
 from vgpu_operator.api import VGPUPolicy
 from vgpu_operator.observed import load_observed_from_manifests
 from vgpu_operator.render import render_all
@@ -13,6 +14,7 @@ from vgpu_operator.validate import validate
 from vgpuctl.diffing import target_diff
 from vgpuctl.facts import gather
 from vgpuctl.importer import import_policy
+from vgpuctl.main import main
 
 from . import test_doctor as variants
 from .conftest import find
@@ -113,3 +115,33 @@ def test_diff_or_validation_names_the_broken_place(healthy, case):
     diff = "".join(target_diff(t) for t in result.targets)
     assert (f"live/{place}" in diff) == (place in changed and place not in [t.ref for t in result.targets
                                                                               if t.error])
+
+
+def test_diff_uses_the_live_policys_status_for_restarts(capsys, tmp_path, healthy):
+    """A hand edit of device-config in an adopted cluster: the operator repairs the ConfigMap and
+    does not roll the plugin (its status says the pods run with the policy's settings); `vgpuctl
+    diff -f` against the live cluster predicts exactly that."""
+    policy = import_policy(gather(healthy)).policy
+    result = _render(policy, healthy)
+    plugin = result.target("DaemonSet", "volcano-device-plugin")
+    assert not plugin.changed and plugin.restart_hash is None  # adopted without a restart
+    live_policy = {**policy, "status": {"targets": [
+        {"kind": t.kind, "namespace": t.namespace, "name": t.name, "hash": t.content_hash, "state": "InSync"}
+        for t in result.targets]}}
+    config = find(healthy, "ConfigMap", "volcano-vgpu-device-config")
+    config["data"]["device-config.yaml"] = config["data"]["device-config.yaml"].replace(
+        "deviceSplitCount: 10", "deviceSplitCount: 3")
+    cluster = tmp_path / "cluster"
+    cluster.mkdir()
+    (cluster / "all.yaml").write_text(yaml.safe_dump_all([*healthy, live_policy]))
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(yaml.safe_dump(policy))
+
+    assert main(["diff", "-f", str(policy_file), "-c", str(cluster), "--no-color"]) == 1
+    out = capsys.readouterr().out
+    assert "live/ConfigMap kube-system/volcano-vgpu-device-config" in out
+    assert "DaemonSet" not in out, "the plugin's pods never read the edit: no restart"
+    # Without the live status (a policy new to this cluster) the edit may be what pods run with.
+    (cluster / "all.yaml").write_text(yaml.safe_dump_all(healthy))
+    assert main(["diff", "-f", str(policy_file), "-c", str(cluster), "--no-color"]) == 1
+    assert "live/DaemonSet kube-system/volcano-device-plugin" in capsys.readouterr().out
