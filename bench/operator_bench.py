@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import psutil
 from vgpu_emulator import Emulator, iter_manifests, load_manifests, run_emulator
+from vgpu_formats import annotations as ann
 from vgpu_formats import yamlio
 from vgpu_operator.api import VGPUPolicy
 from vgpu_operator.main import run_operator
@@ -31,11 +32,11 @@ from vgpu_operator.reconcile import Tuning
 from vgpu_operator.render import render_all
 from vgpu_operator.validate import validate
 
+from bench.render_bench import REGISTER
+
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "cluster"
 CHANGES = 20
 STEADY_RESYNCS = 100
-REGISTER = "".join(f"GPU-{i:08d}-0000-0000-0000-000000000000,10,81920,NVIDIA-NVIDIA A100-SXM4-80GB,true,"
-                   "hami-core:" for i in range(8))
 
 
 def policy(split: int) -> dict[str, Any]:
@@ -141,7 +142,7 @@ def make_nodes(count: int) -> list[dict[str, Any]]:
                 "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64", "node.kubernetes.io/instance-type": "p4d.24xlarge",
                 "topology.kubernetes.io/zone": f"z{i % 3}", "gpu": "on", "pool": f"pool-{i % 50}"},
-                "annotations": {"volcano.sh/node-vgpu-register": REGISTER,
+                "annotations": {ann.NODE_REGISTER: REGISTER,
                                 "node.alpha.kubernetes.io/ttl": "0"}},
             "spec": {"podCIDR": f"10.{i // 250}.{i % 250}.0/24"},
             "status": {

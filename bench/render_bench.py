@@ -13,6 +13,7 @@ import time
 import tracemalloc
 from typing import Any
 
+from vgpu_formats import annotations as ann
 from vgpu_operator.api import parse_spec
 from vgpu_operator.observed import Observed
 from vgpu_operator.render import RenderResult, render_all
@@ -20,8 +21,10 @@ from vgpu_operator.render import RenderResult, render_all
 SIZES = (10, 1000, 5000, 10000)
 OVERRIDES = 50
 REPEATS = 15
-REGISTER = "".join(f"GPU-{i:08d}-0000-0000-0000-000000000000,10,81920,NVIDIA-NVIDIA A100-SXM4-80GB,true,"
-                   "hami-core:" for i in range(8))
+# 8 x A100-80GB split 10 ways, as the device plugin registers them (shared with operator_bench).
+REGISTER = ann.encode_node_register([
+    ann.DeviceInfo(uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000", count=10, devmem=81920,
+                   type="NVIDIA-NVIDIA A100-SXM4-80GB", health=True) for i in range(8)])
 
 
 def make_nodes(count: int) -> list[dict[str, Any]]:
@@ -29,7 +32,7 @@ def make_nodes(count: int) -> list[dict[str, Any]]:
         "name": f"gpu-node-{i:05d}",
         "labels": {"kubernetes.io/hostname": f"gpu-node-{i:05d}", "pool": f"pool-{i % OVERRIDES}",
                    "zone": f"zone-{i % 3}", "gpu": "on", "node.kubernetes.io/instance-type": "p4d.24xlarge"},
-        "annotations": {"volcano.sh/node-vgpu-register": REGISTER}}} for i in range(count)]
+        "annotations": {ann.NODE_REGISTER: REGISTER}}} for i in range(count)]
 
 
 def make_spec() -> Any:

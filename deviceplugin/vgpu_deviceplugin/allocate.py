@@ -264,9 +264,5 @@ def failed_patch() -> dict[str, Any]:
                                          ann.VGPU_TIME: ann.VGPU_TIME_DONE}}}
 
 
-def consume_patch(new_value: str) -> dict[str, Any]:
-    return {"metadata": {"annotations": {ann.DEVICES_TO_ALLOCATE: new_value}}}
-
-
 def release_lock_patch() -> dict[str, Any]:
     return {"metadata": {"annotations": {ann.NODE_LOCK: None}}}

@@ -15,7 +15,7 @@ The ids themselves carry no meaning: the real GPU choice comes from the pod anno
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from vgpu_formats.annotations import DeviceInfo
@@ -69,13 +69,18 @@ def memory_units(gpu: GpuDevice, settings: Settings) -> int:
     return gpu.memory_mib // settings.memory_factor
 
 
+def _digit_ranges(units: int) -> Iterator[tuple[int, int, int]]:
+    """(digits, low, high): the numbers 0 .. units-1 split by how many decimal digits they have."""
+    for digits in range(1, len(str(units)) + 1):
+        low, high = (0 if digits == 1 else 10 ** (digits - 1)), min(units, 10**digits)
+        if low < high:
+            yield digits, low, high
+
+
 def _ids_size(gpu: GpuDevice, units: int, health: str) -> int:
     """Encoded bytes of Device{ID="<index>-<i>", health} for i < units (all lengths < 128)."""
     prefix = len(str(gpu.index)) + 1
-    digits = 0  # total decimal digits of 0 .. units-1
-    for k in range(1, len(str(units)) + 1):
-        low = 0 if k == 1 else 10 ** (k - 1)
-        digits += max(0, min(units, 10**k) - low) * k
+    digits = sum((high - low) * k for k, low, high in _digit_ranges(units))
     return units * (2 + 2 + prefix + 2 + len(health)) + digits
 
 
@@ -118,10 +123,7 @@ def _encode_numbered(prefix: str, units: int, health: str) -> bytes:
     tail = b"\x12" + bytes([len(health)]) + health.encode()
     raw_prefix = prefix.encode()
     out = []
-    for digits in range(1, len(str(units)) + 1):
-        low, high = (0 if digits == 1 else 10 ** (digits - 1)), min(units, 10**digits)
-        if low >= high:
-            continue
+    for digits, low, high in _digit_ranges(units):
         id_len = len(raw_prefix) + digits
         head = b"\x0a" + bytes([id_len + 2 + len(tail)]) + b"\x0a" + bytes([id_len]) + raw_prefix
         numbers = " ".join(map(str, range(low, high))).encode().split(b" ")

@@ -9,6 +9,7 @@ never cluster-wide. Annotation writes are JSON merge patches, except consuming
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -117,8 +118,6 @@ def from_kubeconfig(path: str) -> Connection:
 
 
 def _tls(cluster: dict[str, Any], user: dict[str, Any], base: Path) -> ssl.SSLContext:
-    import base64
-
     if cluster.get("insecure-skip-tls-verify"):
         context = ssl.create_default_context()
         context.check_hostname = False

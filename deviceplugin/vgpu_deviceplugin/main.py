@@ -11,6 +11,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from vgpu_formats import device_config as dc
+from vgpu_formats import node_config as nc
+
 from vgpu_deviceplugin.config import (
     DEFAULT_CACHE_ROOT,
     DEFAULT_DEVICE_PLUGIN_DIR,
@@ -51,11 +54,11 @@ def parser() -> argparse.ArgumentParser:
                    help="kubelet device-plugin directory holding kubelet.sock; the plugin's sockets go here")
     p.add_argument("--kubelet-socket", default=None,
                    help="path of kubelet.sock (upstream HEAD flag); its folder becomes --device-plugin-dir")
-    p.add_argument("--device-config-name", default="volcano-vgpu-device-config",
+    p.add_argument("--device-config-name", default=dc.CONFIGMAP_NAME,
                    help="device-config ConfigMap (key device-config.yaml), the one the scheduler reads")
     p.add_argument("--device-config-namespace", default=None,
                    help="namespace of the device-config ConfigMap; unset: kube-system, then volcano-system")
-    p.add_argument("--node-config-name", default="volcano-vgpu-node-config",
+    p.add_argument("--node-config-name", default=nc.CONFIGMAP_NAME,
                    help="node-config ConfigMap (key config.json); the entry named like this node applies")
     p.add_argument("--node-config-namespace", default=None,
                    help="namespace of the node-config ConfigMap; unset: where the device-config was found")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 
 from vgpu_formats import FormatError
@@ -189,11 +189,8 @@ def _report_crash(task: asyncio.Task[None]) -> None:
 _background: set[asyncio.Task[None]] = set()
 
 
-def _spawn(coro: Awaitable[None]) -> None:
-    async def run() -> None:
-        await coro
-
-    task = asyncio.get_running_loop().create_task(run())
+def _spawn(coro: Coroutine[None, None, None]) -> None:
+    task = asyncio.get_running_loop().create_task(coro)
     _background.add(task)
     task.add_done_callback(_background.discard)
 

@@ -40,13 +40,10 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
     async def ListAndWatch(
         self, request: pb.Empty, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        seen = -1
+        seen = self._state.version
         while True:
-            if seen != -1:
-                seen = await self._state.wait_change(seen)
-            else:
-                seen = self._state.version
             yield self.current_list()
+            seen = await self._state.wait_change(seen)
 
     def current_list(self) -> bytes:
         """The serialized ListAndWatchResponse, built once per state version."""

@@ -29,8 +29,9 @@ class PluginState:
 
     async def mark_unhealthy(self, gpu_uuid: str) -> None:
         """Health never recovers without a restart (as upstream): an Xid needs a human."""
+        visible = self.gpu_uuids
         targets = [g.uuid for g in self.gpus] if gpu_uuid == ALL_GPUS else [gpu_uuid]
-        flipped = [u for u in targets if u in self.gpu_uuids and self.health.get(u, True)]
+        flipped = [u for u in targets if u in visible and self.health.get(u, True)]
         if not flipped:
             return
         for u in flipped:

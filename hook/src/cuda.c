@@ -4,7 +4,6 @@
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <stdio.h>
-#include <time.h>
 
 #include "loader.h"
 #include "log.h"
@@ -574,18 +573,11 @@ VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
  * the node monitor: a clock read per launch would cost more than the rest of the wrapper. */
 static __thread __attribute__((tls_model("initial-exec"))) unsigned launches_here;
 
-static void note_launch(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    vgpu_region_note_launch((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
-}
-
 /* The SM limiter's gate; with no limit this is one predictable branch. */
 static void gate(uint64_t blocks)
 {
     if (__builtin_expect((launches_here++ & 1023) == 0, 0))
-        note_launch();
+        vgpu_region_note_launch();
     if (__builtin_expect(vgpu_throttle_enabled, 0))
         vgpu_throttle_launch(current_device(), blocks ? blocks : 1);
 }

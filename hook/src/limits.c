@@ -99,28 +99,18 @@ int vgpu_parse_percent(const char *text, uint32_t *percent, const char **why)
     return 0;
 }
 
-static int read_memory(const char *name, const char *(*getenv_fn)(const char *), uint64_t *out)
+/* Parses variable name into *bytes (a memory limit) or else *percent. Unset or empty leaves
+ * the output as it was; a bad value is logged and leaves it too (the parsers write on success). */
+static void read_limit(const char *name, const char *(*getenv_fn)(const char *), uint64_t *bytes,
+                       uint32_t *percent)
 {
     const char *text = getenv_fn(name), *why = NULL;
     if (text == NULL || text[0] == '\0')
-        return 0;
-    if (vgpu_parse_memory(text, out, &why) != 0) {
+        return;
+    int rc = bytes != NULL ? vgpu_parse_memory(text, bytes, &why)
+                           : vgpu_parse_percent(text, percent, &why);
+    if (rc != 0)
         vgpu_log(VGPU_LOG_ERROR, "%s='%s' rejected: %s; the variable is ignored", name, text, why);
-        return 0;
-    }
-    return 1;
-}
-
-static int read_percent(const char *name, const char *(*getenv_fn)(const char *), uint32_t *out)
-{
-    const char *text = getenv_fn(name), *why = NULL;
-    if (text == NULL || text[0] == '\0')
-        return 0;
-    if (vgpu_parse_percent(text, out, &why) != 0) {
-        vgpu_log(VGPU_LOG_ERROR, "%s='%s' rejected: %s; the variable is ignored", name, text, why);
-        return 0;
-    }
-    return 1;
 }
 
 static int policy_disables_sm_limit(const char *(*getenv_fn)(const char *))
@@ -141,17 +131,17 @@ void vgpu_limits_read(struct vgpu_limits *out, const char *(*getenv_fn)(const ch
 {
     uint64_t memory_all = 0;
     uint32_t sm_all = 0;
-    read_memory("CUDA_DEVICE_MEMORY_LIMIT", getenv_fn, &memory_all);
-    read_percent("CUDA_DEVICE_SM_LIMIT", getenv_fn, &sm_all);
+    read_limit("CUDA_DEVICE_MEMORY_LIMIT", getenv_fn, &memory_all, NULL);
+    read_limit("CUDA_DEVICE_SM_LIMIT", getenv_fn, NULL, &sm_all);
     int sm_disabled = policy_disables_sm_limit(getenv_fn);
     for (int i = 0; i < VGPU_REGION_MAX_DEVICES; i++) {
         char name[64];
         out->memory_bytes[i] = memory_all;
         snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
-        read_memory(name, getenv_fn, &out->memory_bytes[i]);
+        read_limit(name, getenv_fn, &out->memory_bytes[i], NULL);
         out->sm_percent[i] = sm_all;
         snprintf(name, sizeof name, "CUDA_DEVICE_SM_LIMIT_%d", i);
-        read_percent(name, getenv_fn, &out->sm_percent[i]);
+        read_limit(name, getenv_fn, NULL, &out->sm_percent[i]);
         if (out->sm_percent[i] >= 100 || sm_disabled)
             out->sm_percent[i] = 0;
     }

@@ -47,7 +47,8 @@ NOT_INSTRUMENTED static dlsym_fn get_real_dlsym(void)
     return fn;
 }
 
-void *vgpu_real_dlsym(void *handle, const char *name)
+/* glibc's dlsym (ours overrides the public name). */
+static void *real_dlsym(void *handle, const char *name)
 {
     dlsym_fn fn = get_real_dlsym();
     return fn != NULL ? fn(handle, name) : NULL;
@@ -72,7 +73,7 @@ void vgpu_lib_load(struct vgpu_hook_lib *lib)
         if (handle == NULL)
             vgpu_log(VGPU_LOG_ERROR, "cannot load the real %s: %s", lib->soname, dlerror());
         for (size_t i = 0; handle != NULL && i < lib->count; i++)
-            *lib->hooks[i].real = vgpu_real_dlsym(handle, lib->hooks[i].name);
+            *lib->hooks[i].real = real_dlsym(handle, lib->hooks[i].name);
         if (lib->after_load != NULL)
             lib->after_load();
         loading = 0;
@@ -93,7 +94,8 @@ void *vgpu_lib_wrapper_for(struct vgpu_hook_lib *lib, const void *real)
     return NULL;
 }
 
-NOT_INSTRUMENTED int vgpu_lib_hooks_name(const struct vgpu_hook_lib *lib, const char *name)
+/* 1 if name is one of lib's hooked exports. */
+NOT_INSTRUMENTED static int hooks_name(const struct vgpu_hook_lib *lib, const char *name)
 {
     for (size_t i = 0; i < lib->count; i++)
         if (lib->hooks[i].wrapper != NULL && strcmp(lib->hooks[i].name, name) == 0)
@@ -103,9 +105,9 @@ NOT_INSTRUMENTED int vgpu_lib_hooks_name(const struct vgpu_hook_lib *lib, const 
 
 NOT_INSTRUMENTED static struct vgpu_hook_lib *lib_for_name(const char *name)
 {
-    if (name[0] == 'c' && name[1] == 'u' && vgpu_lib_hooks_name(&vgpu_cuda_lib, name))
+    if (name[0] == 'c' && name[1] == 'u' && hooks_name(&vgpu_cuda_lib, name))
         return &vgpu_cuda_lib;
-    if (strncmp(name, "nvml", 4) == 0 && vgpu_lib_hooks_name(&vgpu_nvml_lib, name))
+    if (strncmp(name, "nvml", 4) == 0 && hooks_name(&vgpu_nvml_lib, name))
         return &vgpu_nvml_lib;
     return NULL;
 }

@@ -30,9 +30,6 @@ struct vgpu_hook_lib {
     void *alias[VGPU_MAX_HOOKS];
 };
 
-/* glibc's dlsym (ours overrides the public name). */
-void *vgpu_real_dlsym(void *handle, const char *name);
-
 /* Loads lib once (dlopen + real dlsym of every hook); safe from any thread. */
 void vgpu_lib_load(struct vgpu_hook_lib *lib);
 
@@ -44,9 +41,6 @@ static inline void vgpu_lib_ensure(struct vgpu_hook_lib *lib)
 
 /* Our wrapper for a real function address of lib, or NULL if we do not hook it. */
 void *vgpu_lib_wrapper_for(struct vgpu_hook_lib *lib, const void *real);
-
-/* 1 if name is one of lib's hooked exports. */
-int vgpu_lib_hooks_name(const struct vgpu_hook_lib *lib, const char *name);
 
 /* Defined by cuda.c and nvml.c. */
 extern struct vgpu_hook_lib vgpu_cuda_lib;

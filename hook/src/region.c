@@ -50,6 +50,15 @@ static int byte_lock(int cmd, short type, uint64_t offset)
     return fcntl(region_fd, cmd, &fl);
 }
 
+/* Byte 0 serialises creation and slot claims; the kernel releases it if its holder dies. */
+static void lock_creation(void)
+{
+    while (byte_lock(F_SETLKW, F_WRLCK, 0) != 0 && errno == EINTR) {
+    }
+}
+
+static void unlock_creation(void) { byte_lock(F_SETLK, F_UNLCK, 0); }
+
 static void write_layout(struct vgpu_region *r, const struct vgpu_limits *limits)
 {
     memset(r, 0, sizeof *r);
@@ -100,9 +109,7 @@ static struct vgpu_region *map_shared(const char *path, const struct vgpu_limits
     region_fd = fd;
     struct vgpu_region *r = NULL;
     const char *why = NULL;
-    /* Byte 0 serialises creation; the kernel releases it if the creator dies half-way. */
-    while (byte_lock(F_SETLKW, F_WRLCK, 0) != 0 && errno == EINTR) {
-    }
+    lock_creation();
     struct stat st;
     uint64_t magic = 0;
     if (fstat(fd, &st) != 0) {
@@ -129,7 +136,7 @@ static struct vgpu_region *map_shared(const char *path, const struct vgpu_limits
                 warn_if_limits_differ(r, limits);
         }
     }
-    byte_lock(F_SETLK, F_UNLCK, 0);
+    unlock_creation();
     if (r == NULL) {
         *failure = why;
         close(fd);
@@ -285,8 +292,7 @@ static uint32_t reap_scan(struct vgpu_region *r, int *reaped)
 /* Claims the first slot nobody alive holds. Caller holds slot_lock. */
 static void claim_slot(struct vgpu_region *r)
 {
-    while (byte_lock(F_SETLKW, F_WRLCK, 0) != 0 && errno == EINTR) {
-    }
+    lock_creation();
     int reaped = 0;
     uint32_t live = reap_scan(r, &reaped);
     if (live == 0)
@@ -299,7 +305,7 @@ static void claim_slot(struct vgpu_region *r)
         raise_high_water(r, i + 1);
         break;
     }
-    byte_lock(F_SETLK, F_UNLCK, 0);
+    unlock_creation();
 }
 
 static int ensure_slot(struct vgpu_region *r)
@@ -396,11 +402,11 @@ int vgpu_region_find_uuid(const char *uuid)
     return -1;
 }
 
-void vgpu_region_note_launch(uint64_t now_ns)
+void vgpu_region_note_launch(void)
 {
     int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
     if (slot >= 0)
-        __atomic_store_n(&region->slots[slot].last_launch_unix_ns, now_ns, __ATOMIC_RELAXED);
+        __atomic_store_n(&region->slots[slot].last_launch_unix_ns, unix_ns(), __ATOMIC_RELAXED);
 }
 
 int vgpu_region_pids(int32_t *pids, int max)

@@ -31,8 +31,8 @@ void vgpu_region_set_uuid(int dev, const char *uuid);
 /* Returns the CUDA ordinal whose recorded UUID equals uuid, or -1. */
 int vgpu_region_find_uuid(const char *uuid);
 
-/* Stamps this process's slot with the time of a kernel launch (no-op before it has a slot). */
-void vgpu_region_note_launch(uint64_t unix_ns);
+/* Stamps this process's slot with the time, for a kernel launch (no-op before it has a slot). */
+void vgpu_region_note_launch(void);
 
 /* Fills pids with the pids (container and host) of live slots; returns the count. */
 int vgpu_region_pids(int32_t *pids, int max);

@@ -29,7 +29,6 @@ struct bucket {
 
 int vgpu_throttle_enabled;
 static struct bucket buckets[VGPU_REGION_MAX_DEVICES];
-static int ndevices;
 static int watcher_running; /* atomic; reset in a forked child (threads do not survive fork) */
 static pthread_mutex_t watcher_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -85,7 +84,7 @@ static void *watch(void *unused)
     (void)unused;
     for (unsigned tick = 1;; tick++) {
         sleep_ns(TICK_NS);
-        for (int dev = 0; dev < ndevices; dev++) {
+        for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
             struct bucket *b = &buckets[dev];
             if (b->limit == 0)
                 continue;
@@ -102,7 +101,7 @@ static void after_fork_child(void)
 {
     pthread_mutex_init(&watcher_lock, NULL);
     watcher_running = 0;
-    for (int dev = 0; dev < ndevices; dev++) {
+    for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
         buckets[dev].rate = 0.0;
         buckets[dev].tokens = uncalibrated_credit;
     }
@@ -128,9 +127,8 @@ static void start_watcher(void)
 
 void vgpu_throttle_init(void)
 {
-    ndevices = VGPU_REGION_MAX_DEVICES;
     int any = 0;
-    for (int dev = 0; dev < ndevices; dev++) {
+    for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
         buckets[dev].limit = vgpu_region_sm_limit(dev);
         buckets[dev].tokens = uncalibrated_credit;
         any |= buckets[dev].limit != 0;
@@ -144,7 +142,7 @@ void vgpu_throttle_init(void)
 
 void vgpu_throttle_launch(int dev, uint64_t cost)
 {
-    if (dev < 0 || dev >= ndevices)
+    if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES)
         return;
     struct bucket *b = &buckets[dev];
     if (b->limit == 0)

@@ -36,8 +36,6 @@ static void memory_forms(void)
         check(rc == -1 && got == 12345 && why != NULL, "memory '%s' rejected (%s)", invalid[i],
               why ? why : "no reason");
     }
-    (void)MiB;
-    (void)GiB;
 }
 
 static void percent_forms(void)

@@ -115,25 +115,52 @@ static int exited_ok(pid_t pid)
     return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
-/* ---- fork-kill ---------------------------------------------------------------------------- */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
 
-static void kill_holder(void)
+/* Forks a child that runs take() and then waits to be killed. Returns its pid (-1 if it could
+ * not be started) once it has said whether take() succeeded, in *took. */
+static pid_t fork_holder(int (*take)(void), int *took)
 {
     int ready[2];
+    *took = 0;
     if (pipe(ready) != 0)
-        return;
-    pid_t holder = fork();
-    if (holder == 0) {
-        cuda_start();
-        CUdeviceptr p;
-        char ok = cuMemAlloc_v2(&p, 800 * MiB) == CUDA_SUCCESS ? 'y' : 'n';
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        char ok = take() ? 'y' : 'n';
         if (write(ready[1], &ok, 1) != 1)
             _exit(2);
         pause();
         _exit(0);
     }
+    close(ready[1]); /* so that the read below ends if the child is gone */
     char ok = 0;
-    check(read(ready[0], &ok, 1) == 1 && ok == 'y', "holder allocated 800 MiB");
+    *took = pid > 0 && read(ready[0], &ok, 1) == 1 && ok == 'y';
+    close(ready[0]);
+    return pid;
+}
+
+/* ---- fork-kill ---------------------------------------------------------------------------- */
+
+static int take_800_mib(void)
+{
+    cuda_start();
+    CUdeviceptr p;
+    return cuMemAlloc_v2(&p, 800 * MiB) == CUDA_SUCCESS;
+}
+
+static void kill_holder(void)
+{
+    int took;
+    pid_t holder = fork_holder(take_800_mib, &took);
+    check(took, "holder allocated 800 MiB");
+    if (holder < 0)
+        return;
     check(used(0) == 800 * MiB, "the region shows 800 MiB in use");
     int slot = find_slot(holder);
     check(slot >= 0 && slot_holder((uint32_t)slot) == holder,
@@ -164,29 +191,24 @@ static void kill_holder(void)
           (unsigned long long)region->header.reaped_slots);
     check(used(0) == 0, "after a normal exit the region is back to 0 (%llu)",
           (unsigned long long)used(0));
-    close(ready[0]);
-    close(ready[1]);
 }
 
 /* A process that dies holding the creation lock (byte 0) must not wedge the others (HAMi #2500:
  * a semaphore held by a dead process did). */
+static int take_creation_lock(void)
+{
+    int fd = open(getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE"), O_RDWR | O_CLOEXEC);
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    return fd >= 0 && fcntl(fd, F_SETLK, &fl) == 0;
+}
+
 static void creation_lock_owner_dies(void)
 {
-    int ready[2];
-    if (pipe(ready) != 0)
+    int took;
+    pid_t locker = fork_holder(take_creation_lock, &took);
+    check(took, "a process holds the creation lock");
+    if (locker < 0)
         return;
-    pid_t locker = fork();
-    if (locker == 0) {
-        int fd = open(getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE"), O_RDWR | O_CLOEXEC);
-        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
-        char ok = fd >= 0 && fcntl(fd, F_SETLK, &fl) == 0 ? 'y' : 'n';
-        if (write(ready[1], &ok, 1) != 1)
-            _exit(2);
-        pause();
-        _exit(0);
-    }
-    char ok = 0;
-    check(read(ready[0], &ok, 1) == 1 && ok == 'y', "a process holds the creation lock");
     pid_t claimer = fork();
     if (claimer == 0) {
         cuda_start();
@@ -196,19 +218,13 @@ static void creation_lock_owner_dies(void)
     struct timespec wait_a_bit = {0, 300 * 1000 * 1000};
     nanosleep(&wait_a_bit, NULL);
     check(waitpid(claimer, NULL, WNOHANG) == 0, "a new process waits while the lock is held");
-    double killed_at = 0;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    killed_at = (double)ts.tv_sec + ts.tv_nsec / 1e9;
+    double killed_at = now_s();
     kill(locker, SIGKILL);
     wait_status(locker);
     int fine = exited_ok(claimer);
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double waited = (double)ts.tv_sec + ts.tv_nsec / 1e9 - killed_at;
+    double waited = now_s() - killed_at;
     check(fine && waited < 2.0, "kill -9 of the holder frees it: the new process went on %.3f s "
           "later", waited);
-    close(ready[0]);
-    close(ready[1]);
 }
 
 static void fork_and_exec(const char *self)
@@ -299,13 +315,6 @@ static struct shared *shared;
 static uint64_t cap_bytes;
 static double deadline;
 static int me;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void hold(int64_t bytes)
 {

@@ -180,9 +180,7 @@ class Emulator(kmock.KubernetesEmulator):
         spec = self.spec_for(obj.get("kind", ""), obj.get("apiVersion"))
         meta = obj.get("metadata") or {}
         namespace = (meta.get("namespace") or "default") if spec.namespaced else None
-        if spec.kind == "CustomResourceDefinition":
-            for crd_spec in specs_from_crd(obj):
-                self.declare(crd_spec)
+        # A CRD declares its resources when stored (`_store_object`), whichever way it arrives.
         if (namespace, meta.get("name")) in self._store[spec.key]:
             return self._replace(Route(spec, namespace, meta["name"], None), obj, status_too=True)
         return self._create(Route(spec, namespace, None, None), obj)
@@ -216,9 +214,7 @@ class Emulator(kmock.KubernetesEmulator):
         self.method_counts[raw_request.method] += 1
         try:
             response = await self._serve_http(raw_request)
-        except ApiError as exc:
-            response = await self._render_error(exc)
-        except Exception as exc:  # a bug here must reach the client as a 500, not a dropped socket
+        except Exception as exc:  # ApiError with its status; a bug as a 500, not a dropped socket
             response = await self._render_error(exc)
         self.served.append(Served(raw_request.method, raw_request.path, raw_request.query_string,
                                   response.status))

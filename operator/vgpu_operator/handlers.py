@@ -36,7 +36,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
     async def policy_seen(type: str | None, body: kopf.Body, **_: Any) -> None:
         deleted = type == "DELETED"
         before = reconciler.policies.active()
-        reconciler.policies.update(dict(body), deleted=deleted)
+        reconciler.policies.update(body, deleted=deleted)
         if reconciler.policies.active() != before:
             reconciler.trigger()  # another policy became active (the old one left or stepped aside)
 
@@ -44,15 +44,15 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
     @kopf.on.create(*policies, registry=registry, backoff=0.2)
     @kopf.on.update(*policies, registry=registry, backoff=0.2, field="spec")
     async def policy_changed(name: str, body: kopf.Body, **_: Any) -> None:
-        reconciler.policies.update(dict(body))
+        reconciler.policies.update(body)
         if not await reconciler.reconcile(name):
             raise kopf.TemporaryError("reconcile failed; see the status and events", delay=0.2)
 
     @kopf.on.delete(*policies, registry=registry, backoff=0.2)
     async def policy_deleted(name: str, body: kopf.Body, **_: Any) -> None:
-        reconciler.policies.update(dict(body))
+        reconciler.policies.update(body)
         if reconciler.policies.active(including_deleted=True) != name:
-            reconciler.policies.update(dict(body), deleted=True)
+            reconciler.policies.update(body, deleted=True)
             return  # a conflicting policy never wrote anything
         await reconciler.release(name, dict(body))
 

@@ -51,7 +51,6 @@ class TargetWrite(Protocol):
     kind: str
     namespace: str
     name: str
-    live: dict[str, Any] | None
     desired: dict[str, Any] | None
 
     def patch(self) -> dict[str, Any]: ...
@@ -82,6 +81,10 @@ def path_of(kind: str, namespace: str | None = None, name: str | None = None, su
     if sub is not None:
         path += f"/{sub}"
     return path
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -260,12 +263,12 @@ class Kube:
             raise
         return True
 
-    async def post_event(self, involved: dict[str, Any], type_: str, reason: str, message: str,
-                         namespace: str | None = None) -> None:
-        """A core/v1 Event about `involved` (cluster-scoped objects: events go to `namespace`)."""
+    async def post_event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about `involved` (cluster-scoped objects: events go to the operator's
+        own namespace)."""
         meta = involved.get("metadata") or {}
-        now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event_ns = meta.get("namespace") or namespace or os.environ.get("POD_NAMESPACE") or "default"
+        now = now_rfc3339()
+        event_ns = meta.get("namespace") or os.environ.get("POD_NAMESPACE") or "default"
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{meta.get('name', 'vgpu')}.", "namespace": event_ns},

@@ -27,21 +27,17 @@ from vgpu_operator.settings import OperatorSettings, configure_kopf, parse_args
 
 logger = logging.getLogger("vgpu_operator")
 
-# Marks the tasks one operator run spawned (a task is created in its creator's context).
-_RUN: contextvars.ContextVar[object | None] = contextvars.ContextVar("vgpu_operator_run", default=None)
-
-
-class _SpawnedTasks(Collection["asyncio.Task[Any]"]):
-    """The tasks created under one run's context mark, recorded by a task factory.
+class _SpawnedTasks:
+    """The tasks one operator run spawned: created while `_RUN` is this object (a task is created
+    in its creator's context), recorded by a task factory.
 
     kopf's `run_tasks` cancels, on exit, every task it is not told to ignore; in a shared event
-    loop (tests, `vgpuctl demo`) that includes the caller's and the emulator's tasks. `ignored()`
-    is the complement: everything this run did not spawn. Several runs may share a loop (two HA
-    replicas in one test), so one factory per loop serves every run, and it is removed with the
-    last one."""
+    loop (tests, `vgpuctl demo`) that includes the caller's and the emulator's tasks, so what it
+    ignores is the complement (`_Complement`): everything this run did not spawn. Several runs may
+    share a loop (two HA replicas in one test), so one factory per loop serves every run, and it
+    is removed with the last one."""
 
-    def __init__(self, mark: object) -> None:
-        self.mark = mark
+    def __init__(self) -> None:
         self.tasks: weakref.WeakSet[asyncio.Future[Any]] = weakref.WeakSet()
 
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -49,23 +45,17 @@ class _SpawnedTasks(Collection["asyncio.Task[Any]"]):
         if runs is None:
             runs = _LOOP_RUNS[loop] = _LoopRuns(loop.get_task_factory())
             loop.set_task_factory(runs.factory)
-        runs.by_mark[self.mark] = self
+        runs.runs.add(self)
 
     def uninstall(self, loop: asyncio.AbstractEventLoop) -> None:
         runs = _LOOP_RUNS[loop]
-        runs.by_mark.pop(self.mark, None)
-        if not runs.by_mark:
+        runs.runs.discard(self)
+        if not runs.runs:
             loop.set_task_factory(runs.previous)
             del _LOOP_RUNS[loop]
 
-    def __contains__(self, task: object) -> bool:
-        return task in self.tasks
 
-    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
-        return iter([task for task in self.tasks if isinstance(task, asyncio.Task)])
-
-    def __len__(self) -> int:
-        return len(self.tasks)
+_RUN: contextvars.ContextVar[_SpawnedTasks | None] = contextvars.ContextVar("vgpu_operator_run", default=None)
 
 
 class _LoopRuns:
@@ -73,14 +63,14 @@ class _LoopRuns:
 
     def __init__(self, previous: Any) -> None:
         self.previous = previous
-        self.by_mark: dict[object, _SpawnedTasks] = {}
+        self.runs: set[_SpawnedTasks] = set()
 
     def factory(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
         previous = self.previous
         task = previous(loop, coro, **kwargs) if previous else asyncio.Task(coro, loop=loop, **kwargs)
         context = kwargs.get("context")
-        run = self.by_mark.get(context.get(_RUN) if context is not None else _RUN.get())
-        if run is not None:
+        run = context.get(_RUN) if context is not None else _RUN.get()
+        if run in self.runs:  # None, or a run already over: not recorded
             run.tasks.add(task)
         return task
 
@@ -93,7 +83,7 @@ class _Complement(Collection["asyncio.Task[Any]"]):
         self.spawned = spawned
 
     def __contains__(self, task: object) -> bool:
-        return task not in self.spawned
+        return task not in self.spawned.tasks
 
     def __iter__(self) -> Iterator[asyncio.Task[Any]]:
         return iter(())
@@ -135,7 +125,6 @@ async def run_operator(
     stop_flag: asyncio.Event,
     *,
     namespaces: Sequence[str] = (),
-    standalone: bool = True,
     peering: str | None = None,
     priority: int | None = None,
     liveness_port: int | None = None,
@@ -163,19 +152,18 @@ async def run_operator(
             return connection_from_kubeconfig(kubeconfig)
         return kopf.login_with_service_account(**kwargs)
 
-    # Our own workers first, outside the mark: they stop with the flag, not by kopf's cancelling.
+    # Our own workers first, outside the run's mark: they stop with the flag, not by kopf's cancelling.
     workers = [asyncio.create_task(reconciler.run(stop_flag), name="vgpu-operator reconciler"),
                asyncio.create_task(nodes.follow(kube, reconciler.nodes, reconciler.trigger, stop_flag),
                                    name="vgpu-operator nodes")]
-    mark = object()
-    spawned = _SpawnedTasks(mark)
+    spawned = _SpawnedTasks()
     loop = asyncio.get_running_loop()
     spawned.install(loop)
-    token = _RUN.set(mark)
+    token = _RUN.set(spawned)
     try:
         tasks = await kopf.spawn_tasks(
             registry=registry, clusterwide=not namespaces, namespaces=list(namespaces),
-            standalone=standalone and peering is None, peering_name=peering, priority=priority,
+            standalone=peering is None, peering_name=peering, priority=priority,
             liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
             stop_flag=stop_flag, ready_flag=ready_flag,
             identity=cast(Any, identity),  # kopf's Identity is a NewType of str; None: detect
@@ -202,8 +190,7 @@ async def _serve(settings: OperatorSettings) -> None:
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)
     await run_operator(settings.kubeconfig, stop, namespaces=settings.namespaces,
-                       standalone=settings.standalone, peering=settings.peering,
-                       priority=settings.priority,
+                       peering=settings.peering, priority=settings.priority,
                        liveness_port=settings.liveness_port, metrics=metrics,
                        tuning=Tuning(resync_seconds=settings.resync_seconds))
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 
 from vgpu_operator.k8s import Kube, is_transient
-from vgpu_operator.reconcile import NodeIndex
+from vgpu_operator.reconcile import BACKOFF_SECONDS, NodeIndex
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ async def relist(kube: Kube, index: NodeIndex, page: int = 500) -> tuple[str, bo
 
 
 async def follow(kube: Kube, index: NodeIndex, trigger: Callable[[], None], stop: asyncio.Event,
-                 backoff: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)) -> None:
+                 backoff: tuple[float, ...] = BACKOFF_SECONDS) -> None:
     """Keep the index current until `stop` is set; API failures are retried with backoff."""
     failures = 0
     version = ""

@@ -24,10 +24,11 @@ from typing import Any, Literal, Protocol
 
 from vgpu_formats import node_config
 
+from vgpu_operator.api import TargetState
 from vgpu_operator.render.device_plugin import ANNOTATION as PLUGIN_HASH
+from vgpu_operator.render.inputs import template_annotations
 from vgpu_operator.render.scheduler_deployment import ANNOTATION as SCHEDULER_HASH
 
-TargetState = Literal["InSync", "Updated", "Drifted", "Missing", "Error"]
 RestartKind = Literal["scheduler", "daemonset", "plugin-pod"]
 
 
@@ -144,9 +145,8 @@ def _decide(target: Target, previous: Previous | None, enforce: bool, paused: bo
                     f"{message}; driftPolicy Report leaves it")
 
 
-def _template_annotation(obj: Mapping[str, Any] | None, key: str) -> str | None:
-    template = ((obj or {}).get("spec") or {}).get("template") or {}
-    value = ((template.get("metadata") or {}).get("annotations") or {}).get(key)
+def _template_annotation(obj: dict[str, Any] | None, key: str) -> str | None:
+    value = template_annotations(obj).get(key)
     return None if value is None else str(value)
 
 

@@ -8,7 +8,6 @@ in-memory indexes (policies, nodes) the kopf handlers feed, and serialises recon
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import time
 from collections.abc import Mapping
@@ -20,7 +19,7 @@ from vgpu_formats import annotations as node_annotations
 from vgpu_formats import node_config
 
 from vgpu_operator import api
-from vgpu_operator.k8s import Kube
+from vgpu_operator.k8s import Kube, now_rfc3339
 from vgpu_operator.metrics import Metrics
 from vgpu_operator.observed import Observed, wanted_objects
 from vgpu_operator.plan import Plan, make_plan, previous_from_status
@@ -33,10 +32,7 @@ from vgpu_operator.versions import plugin_generation
 logger = logging.getLogger(__name__)
 
 NODE_KEYS = (node_annotations.NODE_REGISTER,)  # the only node annotation rendering and status read
-
-
-def now_rfc3339() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+BACKOFF_SECONDS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)  # after the 1st, 2nd, ... failure in a row
 
 
 def _version(obj: Mapping[str, Any]) -> int:
@@ -113,7 +109,7 @@ class Tuning:
 
     resync_seconds: float = 60.0
     debounce_seconds: float = 0.02
-    error_backoff_seconds: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+    error_backoff_seconds: tuple[float, ...] = BACKOFF_SECONDS
     nodes_timeout_seconds: float = 30.0  # how long a reconcile waits for the first node list
 
 
@@ -129,6 +125,9 @@ class Reconciler:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._failures = 0
+        # (active policy body, the objects it names): `is_target` runs on every ConfigMap,
+        # Deployment and DaemonSet event, so the body is parsed once per new state, not per event.
+        self._targets: tuple[dict[str, Any] | None, frozenset[tuple[str, str, str]]] = (None, frozenset())
         # Policies this replica works on now (their kopf daemon runs). With peering, a paused
         # replica's daemons are stopped, so its worker stops resyncing: one writer at a time.
         self.working: set[str] = set()
@@ -151,11 +150,14 @@ class Reconciler:
         active = self.policies.active()
         if active is None:
             return False
-        try:
-            spec = api.VGPUPolicy.from_object(self.policies.bodies[active]).spec
-        except pydantic.ValidationError:
-            return False
-        return (kind, namespace or "", name or "") in set(wanted_objects(spec).values())
+        body = self.policies.bodies[active]
+        if self._targets[0] is not body:  # PolicyIndex stores a new dict for every new state
+            try:
+                wanted = frozenset(wanted_objects(api.VGPUPolicy.from_object(body).spec).values())
+            except pydantic.ValidationError:
+                wanted = frozenset()
+            self._targets = (body, wanted)
+        return (kind, namespace or "", name or "") in self._targets[1]
 
     async def run(self, stop: asyncio.Event) -> None:
         """The worker: reconcile on triggers, and every resync period as a safety net."""
@@ -180,8 +182,9 @@ class Reconciler:
         drop only the managed-by label we put on ConfigMaps we created."""
         async with self._lock:
             policy = api.VGPUPolicy.model_validate({**body, "status": None})
+            wanted = wanted_objects(policy.spec)
             for slot in ("device_config", "node_config"):
-                kind, namespace, cm_name = wanted_objects(policy.spec)[slot]
+                kind, namespace, cm_name = wanted[slot]
                 live = await self.kube.get(kind, namespace, cm_name)
                 labels = ((live or {}).get("metadata") or {}).get("labels") or {}
                 if labels.get(MANAGED_BY_LABEL) == MANAGED_BY:
@@ -227,8 +230,8 @@ class Reconciler:
         # nodes not seen yet and restart their plugin pods.
         await asyncio.wait_for(self.nodes.seeded.wait(), timeout=self.tuning.nodes_timeout_seconds)
         observed = await self.kube.read_observed(policy.spec, self.nodes.all())
-        found = validate(policy, observed)
         render = render_all(policy, observed)
+        found = validate(policy, observed, render)
         # Any error blocks every write: a partial apply is how the four places drift apart.
         found += [p for p in render.problems if p not in found]
         problems = [str(p) for p in found if p.severity == "error"]

@@ -21,7 +21,6 @@ class OperatorSettings:
     """Everything `vgpu-operator` can be told on its command line."""
 
     namespaces: list[str] = field(default_factory=list)
-    standalone: bool = True
     peering: str | None = None
     liveness_port: int | None = 8080
     metrics_port: int | None = 9090
@@ -29,6 +28,11 @@ class OperatorSettings:
     verbose: bool = False
     resync_seconds: float = 60.0
     priority: int | None = None
+
+    @property
+    def standalone(self) -> bool:
+        """No peering: the only replica (`--standalone` is the default and only names it)."""
+        return self.peering is None
 
 
 def start_time_priority(now_ns: int | None = None) -> int:
@@ -73,7 +77,7 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorSettings:
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     return OperatorSettings(
-        namespaces=list(args.namespaces), standalone=args.peering is None, peering=args.peering,
+        namespaces=list(args.namespaces), peering=args.peering,
         liveness_port=args.liveness_port or None, metrics_port=args.metrics_port or None,
         kubeconfig=args.kubeconfig, verbose=args.verbose, resync_seconds=args.resync,
         priority=args.priority if args.priority is not None or args.peering is None

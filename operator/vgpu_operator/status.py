@@ -62,17 +62,21 @@ def _quantity(value: Any) -> int:
         return 0
 
 
-def expected_split(desired_node_config: Mapping[str, Any] | None, node: str, default: int) -> int:
-    """The split count the policy gives a node: its config.json entry, else the cluster default."""
+def node_splits(desired_node_config: Mapping[str, Any] | None) -> dict[str, int]:
+    """Node name -> the split count its config.json entry sets (the first entry per name, as the
+    plugin applies it); nodes without one use the cluster default. Parsed once per reconcile, not
+    once per node: thousands of nodes share one config.json of thousands of entries."""
     text = ((desired_node_config or {}).get("data") or {}).get(node_config.CONFIGMAP_KEY)
-    if text:
-        try:
-            entry = node_config.parse_node_config(str(text)).entry_for(node)
-        except FormatError:
-            entry = None
-        if entry is not None and entry.devicesplitcount:
-            return entry.devicesplitcount
-    return default
+    if not text:
+        return {}
+    try:
+        entries = node_config.parse_node_config(str(text)).nodeconfig
+    except FormatError:
+        return {}
+    splits: dict[str, int] = {}
+    for entry in entries:
+        splits.setdefault(entry.name, entry.devicesplitcount or 0)
+    return splits
 
 
 def report_node(node: Mapping[str, Any], spec: api.VGPUPolicySpec, split: int) -> NodeReport:
@@ -110,10 +114,11 @@ def report_node(node: Mapping[str, Any], spec: api.VGPUPolicySpec, split: int) -
 def report_nodes(nodes: Sequence[Mapping[str, Any]], spec: api.VGPUPolicySpec,
                  desired_node_config: Mapping[str, Any] | None) -> list[NodeReport]:
     default = spec.device.device_split_count
+    splits = node_splits(desired_node_config)
     reports = []
     for node in nodes:
         name = str((node.get("metadata") or {}).get("name", ""))
-        reports.append(report_node(node, spec, expected_split(desired_node_config, name, default)))
+        reports.append(report_node(node, spec, splits.get(name) or default))
     return [report for report in reports if report.gpu]
 
 

@@ -20,7 +20,15 @@ from vgpu_formats.errors import FormatError
 from vgpu_operator import versions
 from vgpu_operator.api import VGPUPolicy, VGPUPolicySpec
 from vgpu_operator.observed import Observed
-from vgpu_operator.render import device_config, device_plugin, scheduler_conf, scheduler_deployment
+from vgpu_operator.render import (
+    RenderResult,
+    TargetRender,
+    device_config,
+    device_plugin,
+    scheduler_conf,
+    scheduler_deployment,
+    spec_of,
+)
 from vgpu_operator.render.inputs import (
     InputError,
     Problem,
@@ -44,10 +52,13 @@ CONFLICTING_ARGUMENTS = ("deviceshare.GPUSharingEnable", "deviceshare.GPUNumberE
 Rule = Callable[[VGPUPolicySpec, Observed], Iterable[Problem]]
 
 
-def validate(policy: VGPUPolicy | VGPUPolicySpec, observed: Observed) -> list[Problem]:
-    """Every problem, errors first, in rule order."""
-    spec = policy.spec if isinstance(policy, VGPUPolicy) else policy
-    found = [problem for rule in RULES for problem in rule(spec, observed)]
+def validate(policy: VGPUPolicy | VGPUPolicySpec, observed: Observed,
+             rendered: RenderResult | None = None) -> list[Problem]:
+    """Every problem, errors first, in rule order. `rendered`: the caller's `render_all` of the
+    same policy and observed state, whose target errors are then used instead of rendering again."""
+    spec = spec_of(policy)
+    targets = rendered.targets if rendered is not None else [render(spec, observed) for render in EDITED]
+    found = [*edited_object_errors(spec, targets), *(p for rule in RULES for p in rule(spec, observed))]
     return sorted(found, key=lambda p: p.severity != "error")
 
 
@@ -158,13 +169,18 @@ def _scheduler_conf(spec: VGPUPolicySpec, observed: Observed) -> dict[str, Any] 
         return None
 
 
-def check_observed_objects(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:
-    """Objects the operator edits must exist and be usable (same checks the renderers make)."""
-    for render in (device_config.render_device_config_target,
-                   scheduler_conf.render_scheduler_conf_target,
-                   scheduler_deployment.render_scheduler_deployment_target,
-                   device_plugin.render_device_plugin_target):
-        target = render(spec, observed)
+# The targets whose objects the operator edits (node-config it only creates or rewrites).
+EDITED = (device_config.render_device_config_target, scheduler_conf.render_scheduler_conf_target,
+          scheduler_deployment.render_scheduler_deployment_target, device_plugin.render_device_plugin_target)
+
+
+def edited_object_errors(spec: VGPUPolicySpec, targets: Iterable[TargetRender]) -> Iterable[Problem]:
+    """Objects the operator edits must exist and be usable: the renderers' own errors (an unknown
+    plugin generation is reported by `check_plugin_generation`)."""
+    node_config = ("ConfigMap", spec.targets.node_config.namespace, spec.targets.node_config.name)
+    for target in targets:
+        if (target.kind, target.namespace, target.name) == node_config:
+            continue
         if target.error is not None and target.error.reason != "PluginGenerationUnknown":
             yield target.error
 
@@ -283,11 +299,7 @@ def _node_gpus(node: dict[str, Any], live_factor: int) -> list[int]:
 
 
 def check_gpu_memory_factor(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:
-    try:
-        live = dc_fmt.parse_device_config(observed.device_config_text() or "")
-        live_factor = dc_fmt.effective_nvidia(live).gpu_memory_factor or 1
-    except FormatError:
-        live_factor = 1
+    live_factor = dc_fmt.effective_nvidia(device_config.live_config(observed)).gpu_memory_factor or 1
     factor = spec.device.gpu_memory_factor
     worst: tuple[int, str] = (0, "")
     for node in observed.nodes:
@@ -312,8 +324,8 @@ def check_gpu_memory_factor(spec: VGPUPolicySpec, observed: Observed) -> Iterabl
                       f"Node {worst[1]}")
 
 
+# In this order, after `edited_object_errors`.
 RULES: tuple[Rule, ...] = (
-    check_observed_objects,
     check_volcano_version,
     check_plugin_generation,
     check_scheduler_conf,

@@ -186,8 +186,3 @@ def requires_builtin_resource_names(version: Version) -> bool:
 def custom_resource_names_work(version: Version) -> bool:
     """Custom names work end to end only where both sides above allow them."""
     return reads_custom_resource_names(version) and not requires_builtin_resource_names(version)
-
-
-def reads_device_config(version: Version) -> bool:
-    """The device-config ConfigMap and KnownGeometries* arguments exist from v1.12.0."""
-    return (version.major, version.minor) >= (1, 12)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -16,13 +17,13 @@ from vgpu_operator.validate import validate
 
 from vgpuctl import output
 from vgpuctl.diffing import target_diff
-from vgpuctl.doctor import Report, diagnose, policy_findings
+from vgpuctl.doctor import WARNING, Finding, Report, diagnose, policy_findings
 from vgpuctl.facts import gather
 from vgpuctl.importer import import_policy
+from vgpuctl.main import EXIT_FOUND, EXIT_OK, UsageError
 from vgpuctl.manifests import ManifestError, iter_file
 from vgpuctl.output import Style
 
-EXIT_OK, EXIT_FOUND = 0, 1
 WIDTH = 100
 
 
@@ -83,12 +84,9 @@ def doctor_command(args: argparse.Namespace, objects: list[dict[str, Any]], styl
     return EXIT_OK if report.problems == 0 else EXIT_FOUND
 
 
-def _missing_pod(name: str) -> Any:
-    from vgpuctl.doctor import WARNING, Finding
-
+def _missing_pod(name: str) -> Finding:
     return Finding(WARNING, "pod-not-found", f"Pod {name}", "--pod", "no such pod in the input",
                    "give it as NAMESPACE/NAME, as `kubectl get pod -A` lists it")
-
 
 
 # --- render and diff ------------------------------------------------------------------------
@@ -105,10 +103,6 @@ def _policy_error(where: str, err: pydantic.ValidationError) -> str:
 
 def load_policy(path: str | None, objects: list[dict[str, Any]]) -> VGPUPolicy:
     """The policy from -f, else the one VGPUPolicy among the cluster objects."""
-    from pathlib import Path
-
-    from vgpuctl.main import UsageError
-
     if path is not None:
         try:
             docs = [d for d in iter_file(Path(path)) if d.get("kind") == KIND]
@@ -150,7 +144,8 @@ def _render(args: argparse.Namespace, objects: list[dict[str, Any]]) -> tuple[Re
     """The rendering and the validation problems, as the operator computes them."""
     policy = load_policy(args.policy, objects)
     observed = load_observed_from_manifests(objects, policy.spec)
-    return render_all(policy, observed), validate(policy, observed)
+    rendered = render_all(policy, observed)
+    return rendered, validate(policy, observed, rendered)
 
 
 def _state(target: TargetRender) -> str:

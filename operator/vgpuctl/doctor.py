@@ -25,9 +25,12 @@ from vgpu_operator.validate import validate
 from vgpu_operator.versions import Version
 
 from vgpuctl.facts import (
+    ARG_GPUSHARE,
     CONFIG_KEY,
     DEFAULT_NAMES,
     FLAG_RESOURCE,
+    LEGACY_FACTOR_DEFAULT,
+    LEGACY_SPLIT_DEFAULT,
     VOLCANO_PREFIX,
     ClusterFacts,
     show_version,
@@ -115,7 +118,7 @@ def check_scheduler(facts: ClusterFacts) -> list[Finding]:
                            "deviceshare.VGPUEnable is not true: vGPU pods get no device annotations and fail "
                            "at the kubelet with 'device request not found'",
                            "set deviceshare.VGPUEnable: true; " + APPLY_POLICY))
-    for arg in ("deviceshare.GPUSharingEnable", "deviceshare.GPUNumberEnable"):
+    for arg in ARG_GPUSHARE:
         if s.vgpu_enable and (s.deviceshare or {}).get(arg) in (True, "true", "True"):
             out.append(Finding(ERROR, "gpushare-conflict", place, arg,
                                f"{arg} together with VGPUEnable makes the scheduler exit (klog.Fatal)",
@@ -270,8 +273,8 @@ def _check_sizing_flags(facts: ClusterFacts) -> list[Finding]:
     nvidia = parsed.nvidia
     out: list[Finding] = []
     for flag, key, value, default in (
-        ("--device-split-count", "deviceSplitCount", nvidia.device_split_count, 2),
-        ("--gpu-memory-factor", "gpuMemoryFactor", nvidia.gpu_memory_factor, 1),
+        ("--device-split-count", "deviceSplitCount", nvidia.device_split_count, LEGACY_SPLIT_DEFAULT),
+        ("--gpu-memory-factor", "gpuMemoryFactor", nvidia.gpu_memory_factor, LEGACY_FACTOR_DEFAULT),
     ):
         raw = p.flags.get(flag)
         effective = int(raw) if raw and raw.isdigit() else default
@@ -321,8 +324,8 @@ def check_nodes(facts: ClusterFacts) -> tuple[list[Finding], dict[str, int]]:
         counts["registered"] += raw is not None
         counts["withProblems"] += sum(len(v) for v in groups.values()) > before
     findings = [_grouped(*key, nodes=nodes) for key, nodes in groups.items()]
+    present = {str((n.get("metadata") or {}).get("name")) for n in facts.nodes}
     if facts.node_config_parsed is not None:
-        present = {str((n.get("metadata") or {}).get("name")) for n in facts.nodes}
         stale = [e.name for e in facts.node_config_parsed.nodeconfig if e.name not in present]
         if stale:
             findings.append(Finding(INFO, "node-config-stale", str(facts.node_config),
@@ -334,7 +337,6 @@ def check_nodes(facts: ClusterFacts) -> tuple[list[Finding], dict[str, int]]:
         ignored = [e.name for e in facts.node_config_parsed.nodeconfig
                    if e.devicesplitcount or (e.filterdevices and (e.filterdevices.uuid
                                                                   or e.filterdevices.index))]
-        present = {str((n.get("metadata") or {}).get("name")) for n in facts.nodes}
         ignored = [n for n in ignored if n in present]
         if ignored:
             findings.append(Finding(WARNING, "node-config-ignored", str(facts.node_config),

@@ -23,7 +23,11 @@ from vgpu_formats import FormatError
 from vgpu_formats import device_config as dc
 from vgpu_formats import node_config as nc
 from vgpu_operator import versions
+from vgpu_operator.render import scheduler_conf as sc
+from vgpu_operator.render.inputs import tier_plugins
 from vgpu_operator.versions import Version
+
+from vgpuctl.manifests import object_key
 
 Obj = Mapping[str, Any]
 
@@ -34,12 +38,7 @@ PLUGIN_DAEMONSET = "volcano-device-plugin"
 PLUGIN_CONTAINER = "volcano-device-plugin"
 VOLCANO_PREFIX = "volcano.sh/"
 
-# deviceshare argument keys (volcano-scheduler.md §1.1).
-ARG_VGPU_ENABLE = "deviceshare.VGPUEnable"
-ARG_CM_NAME = "deviceshare.KnownGeometriesCMName"
-ARG_CM_NAMESPACE = "deviceshare.KnownGeometriesCMNamespace"
-ARG_POLICY = "deviceshare.SchedulePolicy"
-ARG_WEIGHT = "deviceshare.ScheduleWeight"
+# deviceshare arguments the operator does not own (the others are `sc.*`, volcano-scheduler.md §1.1).
 ARG_GPUSHARE = ("deviceshare.GPUSharingEnable", "deviceshare.GPUNumberEnable")
 
 # Legacy plugin flags and what they set (device-plugin.md §1.1).
@@ -83,7 +82,7 @@ class SchedulerFacts:
 
     @property
     def vgpu_enable(self) -> bool:
-        return _go_bool((self.deviceshare or {}).get(ARG_VGPU_ENABLE))
+        return _go_bool((self.deviceshare or {}).get(sc.VGPU_ENABLE))
 
     @property
     def predicates(self) -> bool:
@@ -96,23 +95,23 @@ class SchedulerFacts:
 
     @property
     def cm_namespace(self) -> str:
-        return self._string_arg(ARG_CM_NAMESPACE, dc.DEFAULT_NAMESPACE)
+        return self._string_arg(sc.CM_NAMESPACE, dc.DEFAULT_NAMESPACE)
 
     @property
     def cm_namespace_set(self) -> bool:
-        return isinstance((self.deviceshare or {}).get(ARG_CM_NAMESPACE), str)
+        return isinstance((self.deviceshare or {}).get(sc.CM_NAMESPACE), str)
 
     @property
     def cm_name(self) -> str:
-        return self._string_arg(ARG_CM_NAME, dc.CONFIGMAP_NAME)
+        return self._string_arg(sc.CM_NAME, dc.CONFIGMAP_NAME)
 
     @property
     def schedule_policy(self) -> str:
-        return self._string_arg(ARG_POLICY, "")
+        return self._string_arg(sc.SCHEDULE_POLICY, "")
 
     @property
     def schedule_weight(self) -> int:
-        value = (self.deviceshare or {}).get(ARG_WEIGHT)
+        value = (self.deviceshare or {}).get(sc.SCHEDULE_WEIGHT)
         return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
     @property
@@ -271,14 +270,6 @@ def _go_bool(value: Any) -> bool:
     return isinstance(value, str) and value in ("1", "t", "T", "TRUE", "true", "True")
 
 
-def _index(objects: Iterable[Obj]) -> dict[tuple[str, str, str], Obj]:
-    out: dict[tuple[str, str, str], Obj] = {}
-    for obj in objects:
-        meta = obj.get("metadata") or {}
-        out[(str(obj.get("kind")), str(meta.get("namespace") or ""), str(meta.get("name") or ""))] = obj
-    return out
-
-
 def _find_by_name(objects: Iterable[Obj], kind: str, name: str) -> Obj | None:
     """The object of that kind and name, in any namespace (the first one wins)."""
     for obj in objects:
@@ -298,7 +289,7 @@ def _containers(workload: Obj) -> list[Obj]:
     return list(((workload.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or [])
 
 
-def _scheduler(objects: Sequence[Obj], index: Mapping[tuple[str, str, str], Obj]) -> SchedulerFacts:
+def _scheduler(objects: Sequence[Obj]) -> SchedulerFacts:
     conf_obj = _find_by_name(objects, "ConfigMap", SCHEDULER_CONF_NAME)
     facts = SchedulerFacts(conf=_place("ConfigMap", conf_obj, "volcano-system", SCHEDULER_CONF_NAME))
     if conf_obj is not None:
@@ -325,13 +316,12 @@ def _read_scheduler_conf(facts: SchedulerFacts, text: str) -> None:
     if not isinstance(conf, dict):
         facts.conf_error = "not a mapping; the scheduler keeps its previous configuration"
         return
-    for tier in conf.get("tiers") or []:
-        for plugin in (tier or {}).get("plugins") or []:
-            name = str((plugin or {}).get("name", ""))
-            facts.plugins.append(name)
-            if name == "deviceshare":
-                args = plugin.get("arguments") or {}
-                facts.deviceshare = dict(args) if isinstance(args, dict) else {}
+    for plugin in tier_plugins(conf):  # the operator's walk: malformed tiers and plugins skipped
+        name = str(plugin.get("name", ""))
+        facts.plugins.append(name)
+        if name == sc.PLUGIN:
+            args = plugin.get("arguments") or {}
+            facts.deviceshare = dict(args) if isinstance(args, dict) else {}
 
 
 def _config_copy(index: Mapping[tuple[str, str, str], Obj], namespace: str, name: str) -> ConfigCopy:
@@ -366,8 +356,8 @@ def _plugin(objects: Sequence[Obj]) -> PluginFacts:
 
 def gather(objects: Sequence[Obj]) -> ClusterFacts:
     """Read the four places, the versions, nodes, pods and VGPUPolicies from `objects`."""
-    index = _index(objects)
-    scheduler = _scheduler(objects, index)
+    index = {object_key(obj): obj for obj in objects}
+    scheduler = _scheduler(objects)
     plugin = _plugin(objects)
     scheduler_config = _config_copy(index, scheduler.cm_namespace, scheduler.cm_name)
     copies = [_config_copy(index, ns, dc.CONFIGMAP_NAME) for ns in dc.PLUGIN_NAMESPACES]

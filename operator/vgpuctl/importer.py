@@ -20,8 +20,9 @@ from typing import Any
 
 from vgpu_formats import device_config as dc
 from vgpu_operator.api import API_VERSION, KIND, VGPUPolicy
+from vgpu_operator.render import scheduler_conf as sc
 
-from vgpuctl.facts import ClusterFacts
+from vgpuctl.facts import LEGACY_FACTOR_DEFAULT, LEGACY_SPLIT_DEFAULT, ClusterFacts
 
 
 @dataclass
@@ -60,8 +61,8 @@ def _device(facts: ClusterFacts) -> dict[str, Any]:
     legacy = facts.plugin.generation == "legacy" and facts.plugin.daemonset.found
     flags = facts.plugin.flags if legacy else {}
     # A legacy plugin runs on its flags (defaults 2 / 1 / 1.0), whatever the ConfigMap says.
-    split = flags.get("--device-split-count", "2" if legacy else None)
-    factor = flags.get("--gpu-memory-factor", "1" if legacy else None)
+    split = flags.get("--device-split-count", str(LEGACY_SPLIT_DEFAULT) if legacy else None)
+    factor = flags.get("--gpu-memory-factor", str(LEGACY_FACTOR_DEFAULT) if legacy else None)
     scaling = flags.get("--device-cores-scaling", "1" if legacy else None)
     geometries = nvidia.known_mig_geometries or []
     device: dict[str, Any] = {
@@ -118,9 +119,9 @@ def _scheduler(facts: ClusterFacts) -> dict[str, Any]:
         "deployment": s.deployment.name if s.deployment else "volcano-scheduler",
         "schedulePolicy": s.schedule_policy if s.schedule_policy in ("binpack", "spread") else "unset",
         "scheduleWeight": s.schedule_weight,
-        "nodeLockEnable": args.get("deviceshare.NodeLockEnable") is True,
+        "nodeLockEnable": args.get(sc.NODE_LOCK) is True,
     }
-    rules = args.get("deviceshare.GPUExclusiveRules")
+    rules = args.get(sc.EXCLUSIVE_RULES)
     if isinstance(rules, list):
         out["gpuExclusiveRules"] = [{str(k): str(v) for k, v in r.items()}
                                     for r in rules if isinstance(r, dict)]

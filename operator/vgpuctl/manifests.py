@@ -32,7 +32,7 @@ class ManifestError(ValueError):
     """A manifest that cannot be read; the message names the file (and line) and the fix."""
 
 
-def object_key(obj: dict[str, Any]) -> Key:
+def object_key(obj: Mapping[str, Any]) -> Key:
     meta = obj.get("metadata") or {}
     return (str(obj.get("kind", "")), str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 

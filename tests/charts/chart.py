@@ -6,7 +6,6 @@ toggle on its own, and a "full" profile with everything switched on at once.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -143,7 +142,3 @@ def to_json_schema(schema: Any) -> Any:
         if isinstance(out.get(flag), bool) and out.pop(flag):
             out[flag] = out.pop(bound)
     return out
-
-
-def json_dump(data: Any) -> str:
-    return json.dumps(data, indent=2) + "\n"

@@ -99,9 +99,6 @@ def test_build_stages_call_existing_make_targets(name: str) -> None:
     if name == "deviceplugin":
         assert ("hook", "all") in calls
     for directory, target in calls:
-        makefile = ROOT / directory / "Makefile"
-        if not makefile.exists():
-            pytest.skip(f"{directory}/Makefile is not written yet")
         # make -n: resolve the target and print its commands without running them.
         proc = subprocess.run(["make", "-n", "-o", ".venv/.installed", "-C", str(ROOT / directory), target],
                               capture_output=True, text=True, check=False)

@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-import pytest
+from vgpu_operator.metrics import Metrics
 
 from tests.charts import chart
 from tests.charts.conftest import Renders
@@ -30,9 +30,8 @@ def scheduler_metrics() -> set[str]:
 
 
 def operator_metrics() -> set[str]:
-    metrics = pytest.importorskip("vgpu_operator.metrics")
     names = set()
-    for family in metrics.Metrics().registry.collect():
+    for family in Metrics().registry.collect():
         names |= {sample.name for sample in family.samples}
     return names
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tests.charts import chart
+from tests.charts.conftest import Renders
 from tests.charts.values_schema import main as values_schema_main
 
 VALUES = yaml.safe_load((chart.CHART / "values.yaml").read_text())
@@ -81,7 +82,7 @@ def test_policy_spec_is_passed_through_with_the_locations(full_objects: list[dic
                                     "container": "device-plugin", "generation": "builtin"}
 
 
-def test_non_location_scheduler_fields_stay(renders: Any) -> None:
+def test_non_location_scheduler_fields_stay() -> None:
     objs = chart.render({"policy": {"spec": {"scheduler": {"volcanoVersion": "1.12.0"}}}})
     scheduler = chart.one(objs, "VGPUPolicy")["spec"]["scheduler"]
     assert scheduler == {"namespace": "volcano-system", "configMap": "volcano-scheduler-configmap",
@@ -89,7 +90,7 @@ def test_non_location_scheduler_fields_stay(renders: Any) -> None:
                          "volcanoVersion": "1.12.0"}
 
 
-def test_adopting_points_the_policy_at_the_existing_plugin(renders: Any) -> None:
+def test_adopting_points_the_policy_at_the_existing_plugin(renders: Renders) -> None:
     spec = chart.one(renders("adopt"), "VGPUPolicy")["spec"]
     assert spec["devicePlugin"] == {"namespace": "kube-system", "daemonSet": "volcano-device-plugin",
                                     "container": "volcano-device-plugin", "generation": "auto"}

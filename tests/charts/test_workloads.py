@@ -6,6 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from vgpu_deviceplugin import config
+from vgpu_deviceplugin import main as plugin_main
+from vgpu_deviceplugin.monitor import main as monitor_main
+from vgpu_operator import settings
 
 from tests.charts import chart
 from tests.charts.conftest import Renders
@@ -49,7 +53,6 @@ def watched_namespaces(objs: list[Obj]) -> set[str]:
 
 @pytest.mark.parametrize("profile", ["default", "ha", "adopt", "full"])
 def test_operator_watches_exactly_where_it_is_granted(renders: Renders, profile: str) -> None:
-    settings = pytest.importorskip("vgpu_operator.settings")
     objs = renders(profile)
     args = container(pod_spec(objs, "Deployment"), "operator")["args"]
     parsed = settings.parse_args(args)
@@ -130,10 +133,9 @@ def test_plugin_runs_on_vgpu_nodes_as_in_the_guides(default_objects: list[Obj]) 
 
 @pytest.mark.parametrize("profile", ["default", "mock-gpus", "full"])
 def test_plugin_arguments_are_accepted_by_the_plugin(renders: Renders, profile: str) -> None:
-    main = pytest.importorskip("vgpu_deviceplugin.main")
     plugin = container(pod_spec(renders(profile), "DaemonSet"), "device-plugin")
     assert plugin["command"] == ["deviceplugin"]
-    args = main.parser().parse_args(expand_env(plugin["args"], NODE_NAME="gpu-node-1"))
+    args = plugin_main.parser().parse_args(expand_env(plugin["args"], NODE_NAME="gpu-node-1"))
     assert args.node_name == "gpu-node-1"
     assert args.device_config_name == "volcano-vgpu-device-config"
     assert args.device_config_namespace == "kube-system"
@@ -143,8 +145,7 @@ def test_plugin_arguments_are_accepted_by_the_plugin(renders: Renders, profile: 
     assert args.mock_gpus == chart.PROFILES[profile].get("devicePlugin", {}).get("mockGpus")
 
 
-def test_plugin_paths_match_the_plugin_defaults(default_objects: list[Obj]) -> None:
-    config = pytest.importorskip("vgpu_deviceplugin.config")
+def test_plugin_paths_match_the_plugin_defaults() -> None:
     # The plugin hands these to the kubelet as host paths: the chart must mount them 1:1.
     assert {config.DEFAULT_HOOK_PATH, f"{config.DEFAULT_CACHE_ROOT}/containers", config.DEFAULT_LOCK_DIR,
             config.DEFAULT_DEVICE_PLUGIN_DIR} == HOST_PATHS
@@ -212,9 +213,6 @@ def test_monitor_service_scrapes_every_node(default_objects: list[Obj]) -> None:
 
 
 def test_monitor_arguments_are_accepted_by_the_monitor(default_objects: list[Obj]) -> None:
-    monitor_main = pytest.importorskip("vgpu_deviceplugin.monitor.main")
-    if not hasattr(monitor_main, "parser"):
-        pytest.skip("vgpu_deviceplugin.monitor.main has no parser() to check the arguments with")
     monitor = container(pod_spec(default_objects, "DaemonSet"), "monitor")
     args = monitor_main.parser().parse_args(expand_env(monitor["args"], NODE_NAME="gpu-node-1"))
     assert args.port == 9394

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tests.charts.chart import CHART, CRD_FILE, crd_schema, json_dump, to_json_schema
+from tests.charts.chart import CHART, CRD_FILE, crd_schema, to_json_schema
 
 SCHEMA_FILE = CHART / "values.schema.json"
 SPEC_DESCRIPTION = (
@@ -23,6 +23,10 @@ SPEC_DESCRIPTION = (
     "`python -m tests.charts.values_schema --write`). Where things live (scheduler, devicePlugin "
     "and targets locations) comes from the chart values of those names."
 )
+
+
+def json_dump(data: Any) -> str:
+    return json.dumps(data, indent=2) + "\n"
 
 
 def expected_schema() -> dict[str, Any]:

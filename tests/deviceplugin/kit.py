@@ -39,7 +39,6 @@ class FakeKube:
         self.configmaps: dict[tuple[str, str], dict[str, str]] = {}
         self.writes: list[tuple[str, str, dict[str, Any]]] = []
         self.fail: dict[str, list[str]] = {}  # method name -> messages of the next failures
-        self.pod_lists = 0
         self._watchers: list[asyncio.Queue[None]] = []
         self._pod_watchers: list[asyncio.Queue[tuple[str, dict[str, Any]]]] = []
 
@@ -86,7 +85,6 @@ class FakeKube:
 
     async def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
         self._check("list_pods_on_node")
-        self.pod_lists += 1
         return [copy.deepcopy(p) for p in self.pods.values() if p.get("spec", {}).get("nodeName") == node]
 
     async def pod_events(self, node: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
@@ -122,9 +120,6 @@ class FakeKube:
             raise KubeError(f"Pod {namespace}/{name}: HTTP 422 test failed", 422)
         await self.patch_pod(namespace, name, {"metadata": {"annotations": {ann.DEVICES_TO_ALLOCATE: new}}})
         return copy.deepcopy(self.pods[key])
-
-    async def get_node(self, name: str) -> dict[str, Any]:
-        return copy.deepcopy(self.nodes[name])
 
     async def patch_node(self, name: str, patch: dict[str, Any]) -> None:
         self._check("patch_node")

@@ -174,3 +174,7 @@ def test_fixture_cluster_loads_completely() -> None:
         list(iter_manifests(FIXTURES / "scenarios"))
     )
     assert len(emulator.list_objects("Node")) == 2
+    # The count above is what the loader iterated; this is what the emulator actually stores.
+    for obj in (*iter_manifests(FIXTURES / "cluster"), *iter_manifests(FIXTURES / "scenarios")):
+        meta = obj["metadata"]
+        assert emulator.get_object(obj["kind"], meta.get("namespace") or "default", meta["name"]), meta

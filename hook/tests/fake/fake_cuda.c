@@ -108,7 +108,6 @@ static size_t slot_of(uint64_t key) { return (size_t)((key * UINT64_C(0x9e3779b9
 /* Records a new allocation of bytes on dev unless the device is full; returns its key or 0. */
 static uint64_t fake_alloc(int dev, uint64_t bytes)
 {
-    __atomic_add_fetch(&fake_cuda_stats.alloc_calls, 1, __ATOMIC_RELAXED);
     uint64_t used = __atomic_add_fetch(&devices[dev].used, bytes, __ATOMIC_ACQ_REL);
     if (used > device_bytes) {
         __atomic_sub_fetch(&devices[dev].used, bytes, __ATOMIC_ACQ_REL);
@@ -185,14 +184,20 @@ EXPORT CUresult cuDeviceGetCount(int *count)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
+/* The driver's answer to a call that names device dev after cuInit. */
+static CUresult need_device(int dev)
 {
     if (!initialised)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (ordinal < 0 || ordinal >= ndevices)
-        return CUDA_ERROR_INVALID_DEVICE;
-    *dev = ordinal;
-    return CUDA_SUCCESS;
+    return dev >= 0 && dev < ndevices ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
+{
+    CUresult rc = need_device(ordinal);
+    if (rc == CUDA_SUCCESS)
+        *dev = ordinal;
+    return rc;
 }
 
 EXPORT void fake_cuda_uuid(int dev, unsigned char out[16])
@@ -219,12 +224,10 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
-    if (!initialised)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (dev < 0 || dev >= ndevices)
-        return CUDA_ERROR_INVALID_DEVICE;
-    *ctx = (CUcontext)&primary[dev];
-    return CUDA_SUCCESS;
+    CUresult rc = need_device(dev);
+    if (rc == CUDA_SUCCESS)
+        *ctx = (CUcontext)&primary[dev];
+    return rc;
 }
 
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)

@@ -5,6 +5,7 @@
 #define NVML_NO_UNVERSIONED_FUNC_DEFS /* the fake exports both spellings */
 #include <nvml.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -89,13 +90,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
     char text[96];
     for (int i = 0; i < fake_cuda_device_count(); i++) {
         format_uuid(i, text, sizeof text);
-        int same = 1;
-        for (int k = 0; text[k] != '\0' || uuid[k] != '\0'; k++)
-            if (text[k] != uuid[k]) {
-                same = 0;
-                break;
-            }
-        if (same) {
+        if (strcmp(text, uuid) == 0) {
             *device = &devices[i];
             return NVML_SUCCESS;
         }

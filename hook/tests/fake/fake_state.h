@@ -12,7 +12,6 @@ enum fake_launch_variant {
 
 struct fake_cuda_stats {
     uint64_t launches[FAKE_LAUNCH_VARIANTS];
-    uint64_t alloc_calls;   /* every allocation family */
     uint64_t free_calls;    /* every free family, including refused ones */
     uint64_t async_ptsz_calls;
 };

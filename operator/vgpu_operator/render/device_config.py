@@ -146,4 +146,4 @@ def render_device_config_target(spec: VGPUPolicySpec, observed: Observed) -> Tar
     # Same meaning: keep the live bytes (adopting a hand-written ConfigMap rewrites nothing).
     same = observed.device_config_text() is not None and fmt.same_meaning(live_config(observed), cfg)
     return configmap_target(ref.namespace, ref.name, fmt.CONFIGMAP_KEY, observed.device_config,
-                            fmt.render_device_config(cfg), same, short_hash(ours.to_yaml_dict()))
+                            None if same else fmt.render_device_config(cfg), short_hash(ours.to_yaml_dict()))

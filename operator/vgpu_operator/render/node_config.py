@@ -46,11 +46,6 @@ def desired_node_data(spec: VGPUPolicySpec, nodes: list[dict[str, Any]]) -> dict
     return {"nodeconfig": [entries[name] for name in sorted(entries)]}
 
 
-def desired_node_config(spec: VGPUPolicySpec, nodes: list[dict[str, Any]]) -> fmt.NodeConfig:
-    """`desired_node_data` as the format model."""
-    return fmt.NodeConfig.model_validate(desired_node_data(spec, nodes))
-
-
 def _entries_by_name(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for entry in data["nodeconfig"]:
@@ -68,7 +63,7 @@ def render_node_config_target(spec: VGPUPolicySpec, observed: Observed) -> Targe
         live = None  # unreadable: no plugin gets anything useful from it; we own the key
     text = fmt.node_config_text(desired)
     target = configmap_target(ref.namespace, ref.name, fmt.CONFIGMAP_KEY, observed.node_config,
-                              text, live == desired, short_hash(text))
+                              None if live == desired else text, short_hash(text))
     before = _entries_by_name(live) if live is not None else {}
     after = _entries_by_name(desired)
     target.changed_nodes = sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))

@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 import yaml
+from vgpu_formats import device_config as dc_fmt
 
 from vgpu_operator.api import VGPUPolicySpec
 from vgpu_operator.observed import Observed
@@ -41,7 +42,7 @@ OWNED_ARGUMENTS = (VGPU_ENABLE, SCHEDULE_POLICY, SCHEDULE_WEIGHT, NODE_LOCK, CM_
 RESTART_ARGUMENTS = (VGPU_ENABLE, CM_NAME, CM_NAMESPACE)
 # What Volcano uses for an absent argument (volcano-scheduler.md §1.1).
 UPSTREAM_DEFAULTS: dict[str, Any] = {VGPU_ENABLE: False, SCHEDULE_WEIGHT: 0, NODE_LOCK: False,
-                                     CM_NAME: "volcano-vgpu-device-config", CM_NAMESPACE: "kube-system"}
+                                     CM_NAME: dc_fmt.CONFIGMAP_NAME, CM_NAMESPACE: dc_fmt.DEFAULT_NAMESPACE}
 
 
 def desired_arguments(spec: VGPUPolicySpec) -> dict[str, Any]:
@@ -145,5 +146,6 @@ def render_scheduler_conf_target(spec: VGPUPolicySpec, observed: Observed) -> Ta
         return failed_target("ConfigMap", sched.namespace, sched.config_map, live, err.problem)
     arguments = desired_arguments(spec)
     desired = apply_arguments(conf, arguments)
-    return configmap_target(sched.namespace, sched.config_map, sched.key, live, dump_conf(desired),
-                            _spelled_out(desired) == _spelled_out(conf), short_hash(arguments))
+    same = _spelled_out(desired) == _spelled_out(conf)
+    return configmap_target(sched.namespace, sched.config_map, sched.key, live,
+                            None if same else dump_conf(desired), short_hash(arguments))

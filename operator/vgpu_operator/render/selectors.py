@@ -19,11 +19,6 @@ def node_name(node: dict[str, Any]) -> str:
     return str((node.get("metadata") or {}).get("name", ""))
 
 
-def node_labels(node: dict[str, Any]) -> dict[str, str]:
-    labels = (node.get("metadata") or {}).get("labels")
-    return dict(labels) if isinstance(labels, dict) else {}
-
-
 class NodeIndex:
     """Node names by label key and by (key, value), for the label keys the selectors use."""
 

@@ -82,10 +82,12 @@ class TargetRender:
 
 
 def configmap_target(namespace: str, name: str, key: str, live: dict[str, Any] | None,
-                     text: str, same: bool, content_hash: str) -> TargetRender:
-    """A ConfigMap target owning `data[key]`. `same`: live already means what `text` means, in
-    which case the live text is kept byte for byte (no reformatting writes)."""
-    if live is not None and same:
+                     text: str | None, content_hash: str) -> TargetRender:
+    """A ConfigMap target owning `data[key]`. `text` None: the live object already means what the
+    policy asks, so its text is kept byte for byte (no reformatting writes; callers skip rendering
+    a text nobody writes: dumping YAML is the costliest step)."""
+    if text is None:
+        assert live is not None, "only a live ConfigMap can already mean the same"
         live_text = str((live.get("data") or {}).get(key, ""))
         return TargetRender("ConfigMap", namespace, name, live, copy.deepcopy(live), content_hash,
                             False, key, live_text)
