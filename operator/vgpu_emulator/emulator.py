@@ -191,6 +191,11 @@ class Emulator(kmock.KubernetesEmulator):
         self._faults.append(fault)
         return fault
 
+    def open_watches(self, kind_or_key: str | None = None) -> int:
+        """Watch streams open now (all, or one resource's): tests wait for clients to be watching."""
+        key = None if kind_or_key is None else self.spec_for(kind_or_key).key
+        return sum(1 for watcher in self._watchers if key in (None, watcher.key))
+
     def drop_watches(self, kind_or_key: str | None = None) -> int:
         """End open watch streams (all, or one resource's), as a flaky network or apiserver does."""
         key = None if kind_or_key is None else self.spec_for(kind_or_key).key

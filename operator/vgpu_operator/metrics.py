@@ -32,6 +32,9 @@ class Metrics:
             registry=self.registry)
         self.policy_ready = Gauge(
             "vgpu_operator_policy_ready", "1 when the active VGPUPolicy is Ready.", registry=self.registry)
+        self.active = Gauge(
+            "vgpu_operator_active", "1 while this replica is the one reconciling (with peering, "
+            "exactly one is); the others export 0 for every policy gauge.", registry=self.registry)
         for result in ("ok", "invalid", "conflict", "error", "paused"):
             self.reconciles.labels(result=result)  # export zeros, so rate() works from the start
         for kind in ("scheduler", "daemonset", "plugin-pod"):
@@ -40,6 +43,14 @@ class Metrics:
     def record_restarts(self, restarts: Iterable[Restart]) -> None:
         for restart in restarts:
             self.restarts.labels(kind=restart.kind).inc()
+
+    def set_active(self, active: bool) -> None:
+        """A paused replica's last readings go stale: zero them, so `max()` over the replicas
+        reads the one that works."""
+        self.active.set(1 if active else 0)
+        if not active:
+            self.policy_ready.set(0)
+            self.nodes_converged.set(0)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Expose /metrics on a port (a daemon thread, as prometheus-client does it)."""

@@ -136,10 +136,12 @@ class Reconciler:
 
     def start_working(self, name: str) -> None:
         self.working.add(name)
+        self.metrics.set_active(True)
         self.trigger()  # taking over (start, or after a peering pause): resync now
 
     def stop_working(self, name: str) -> None:
         self.working.discard(name)
+        self.metrics.set_active(bool(self.working))
 
     def trigger(self) -> None:
         """Ask the worker for a reconcile of the active policy soon (bursts coalesce)."""

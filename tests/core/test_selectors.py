@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from vgpu_operator.api import LabelSelector, LabelSelectorRequirement
-from vgpu_operator.render.selectors import NodeIndex
+from vgpu_operator.render.selectors import LabelIndex
 
 KEYS = ["pool", "zone", "gpu"]
 VALUES = ["a", "b", "c"]
@@ -45,6 +45,6 @@ selectors = st.builds(LabelSelector,
 def test_index_matches_like_kubernetes(node_labels: list[dict[str, str]], selector: LabelSelector) -> None:
     nodes: list[dict[str, Any]] = [{"metadata": {"name": f"n{i}", "labels": lab}}
                                    for i, lab in enumerate(node_labels)]
-    index = NodeIndex(nodes, set(KEYS))
+    index = LabelIndex(nodes, set(KEYS))
     expected = {f"n{i}" for i, lab in enumerate(node_labels) if _plain_match(selector, lab)}
     assert index.select(selector) == expected

@@ -18,6 +18,7 @@ from vgpu_emulator import Emulator, run_emulator
 from vgpu_formats import annotations as ann
 
 from tests.deviceplugin.kit import FIXTURE_NODE, FIXTURES, fixture_node, fixture_pod
+from tests.support.waiting import eventually
 
 COUNT = "volcano.sh/vgpu-number"
 REGISTER = fixture_node()["metadata"]["annotations"][ann.NODE_REGISTER]
@@ -72,14 +73,6 @@ async def plugin_on_emulator(flags: Flags, prepare: Callable[[Emulator], None] |
             await kube.close()
 
 
-async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll `check` (the watches deliver asynchronously); the caller asserts afterwards."""
-    for _ in range(int(timeout / 0.05)):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-
-
 def _lock_the_node(emulator: Emulator) -> None:
     node = emulator.get_object("Node", None, FIXTURE_NODE)
     assert node is not None
@@ -105,7 +98,7 @@ async def test_fixture_cluster_end_to_end(flags: Flags) -> None:
         assert pod_lists and all("fieldSelector=spec.nodeName" in w.query for w in pod_lists)
         # With the pod watch synced, the next Allocate reads no pod list at all.
         running.add_pod("second")
-        await until(lambda: "second" in running.cached_pod_names())
+        await eventually(lambda: "second" in running.cached_pod_names())
         lists_before = len(_pod_lists(emulator))
         await sim.allocate(COUNT, sim.free_ids(COUNT, 2))
         assert len(_pod_lists(emulator)) == lists_before
@@ -113,7 +106,7 @@ async def test_fixture_cluster_end_to_end(flags: Flags) -> None:
         assert done is not None and done["metadata"]["annotations"][ann.BIND_PHASE] == "success"
         # A ConfigMap edit arrives through the watch and re-registers.
         running.set_split(10, 3)
-        await until(lambda: len(sim.devices.get(COUNT, {})) == 24)
+        await eventually(lambda: len(sim.devices.get(COUNT, {})) == 24)
         assert len(sim.devices[COUNT]) == 24
 
 
@@ -126,11 +119,13 @@ def _pod_lists(emulator: Any) -> list[Any]:
 async def test_dropped_watches_resume(flags: Flags) -> None:
     """An API server ends watches whenever it likes: the plugin resumes and misses nothing."""
     async with plugin_on_emulator(flags) as running:
-        await asyncio.sleep(0.2)
-        assert running.emulator.drop_watches() >= 2  # pods and ConfigMaps
+        emulator = running.emulator
+        await eventually(lambda: emulator.open_watches("Pod") and emulator.open_watches("ConfigMap"),
+                         what="the plugin watching pods and ConfigMaps")
+        assert emulator.drop_watches() >= 2  # pods and ConfigMaps
         running.add_pod("after-drop")
         running.set_split(10, 5)
-        await until(lambda: "after-drop" in running.cached_pod_names()
+        await eventually(lambda: "after-drop" in running.cached_pod_names()
                     and len(running.sim.devices.get(COUNT, {})) == 40)
         assert "after-drop" in running.cached_pod_names()
         assert len(running.sim.devices[COUNT]) == 40

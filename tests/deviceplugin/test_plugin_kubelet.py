@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import stat
-import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -20,6 +19,7 @@ from vgpu_deviceplugin.testing.kubelet_sim import KubeletSim
 from vgpu_formats import annotations as ann
 
 from tests.deviceplugin.kit import FIXTURE_NODE, FakeKube, fixture_node, fixture_pod, load_docs
+from tests.support.waiting import eventually
 
 COUNT, MEMORY, CORES = "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"
 REGISTER = fixture_node()["metadata"]["annotations"][ann.NODE_REGISTER]
@@ -61,7 +61,7 @@ async def test_registers_three_resources_and_advertises_the_gpus(flags: Flags, k
         assert "GPU-3c8ce108-117a-aeae-a3e8-1c0c5dafebe7-9" in sim.devices[COUNT]
         assert sim.plugins[MEMORY].last_list_bytes < 4 * 1024 * 1024
         # The node annotation is the scheduler's input: same text the fixture node carries.
-        await _until(lambda: ann.NODE_REGISTER in _annotations(kube))
+        await eventually(lambda: ann.NODE_REGISTER in _annotations(kube))
         assert _annotations(kube)[ann.NODE_REGISTER] == REGISTER
         assert _annotations(kube)[ann.NODE_HANDSHAKE].startswith("Reported ")
 
@@ -137,9 +137,9 @@ async def test_preferred_allocation_and_prestart(flags: Flags, kube: FakeKube) -
 async def test_node_register_comes_back_when_removed(flags: Flags, kube: FakeKube) -> None:
     fast = replace(flags, register_interval=0.1)
     async with running(fast, kube):
-        await _until(lambda: ann.NODE_REGISTER in _annotations(kube))
+        await eventually(lambda: ann.NODE_REGISTER in _annotations(kube))
         await kube.patch_node(FIXTURE_NODE, {"metadata": {"annotations": {ann.NODE_REGISTER: None}}})
-        await _until(lambda: _annotations(kube).get(ann.NODE_REGISTER) == REGISTER)
+        await eventually(lambda: _annotations(kube).get(ann.NODE_REGISTER) == REGISTER)
 
 
 async def test_allocate_errors_are_grpc_errors_and_touch_no_unrelated_pod(
@@ -184,22 +184,22 @@ async def test_health_change_resends_the_list_and_the_annotation(flags: Flags, k
     backend = MockBackend.from_register_annotation(REGISTER)
     sick = "GPU-3c8ce108-117a-aeae-a3e8-1c0c5dafebe7"
     async with running(flags, kube, backend) as sim:
-        await _until(lambda: ann.NODE_REGISTER in _annotations(kube))
+        await eventually(lambda: ann.NODE_REGISTER in _annotations(kube))
         backend.mark_unhealthy(sick)
         await sim.wait_for([COUNT, CORES], lists=2)
         assert sim.devices[COUNT][f"{sick}-0"] == "Unhealthy"
         assert sim.devices[COUNT]["GPU-41c5e13c-b480-c473-7a14-dd05a7c4cd43-0"] == "Healthy"
-        await _until(lambda: f"{sick},10,24564,NVIDIA-NVIDIA GeForce RTX 4090,false,hami-core:"
+        await eventually(lambda: f"{sick},10,24564,NVIDIA-NVIDIA GeForce RTX 4090,false,hami-core:"
                      in _annotations(kube).get(ann.NODE_REGISTER, ""))
 
 
-async def test_kubelet_restart_reregisters_within_two_seconds(flags: Flags, kube: FakeKube) -> None:
+async def test_kubelet_restart_reregisters(flags: Flags, kube: FakeKube) -> None:
+    """The time it takes (goal: under 2 s) is measured by `python -m bench deviceplugin_bench`;
+    a timed assert here would fail on a busy CI machine without saying anything about the plugin."""
     async with running(flags, kube) as sim:
         before = len(sim.registrations)
         await sim.restart()
-        started = time.monotonic()
-        await sim.wait_for([COUNT, MEMORY, CORES], timeout=2.0)
-        assert time.monotonic() - started < 2.0
+        await sim.wait_for([COUNT, MEMORY, CORES], timeout=20.0)
         assert len(sim.registrations) == before + 3
         response = await sim.allocate(MEMORY, sim.free_ids(MEMORY, 1))
         assert len(response.container_responses) == 1
@@ -230,8 +230,8 @@ async def test_configmap_change_reregisters_and_bad_change_is_ignored(flags: Fla
         await asyncio.sleep(0.3)
         assert len(sim.devices[COUNT]) == 80  # malformed: keeps serving the running settings
         kube.set_configmap("kube-system", "volcano-vgpu-device-config", device_config_data(split=4))
-        await _until(lambda: len(sim.devices.get(COUNT, {})) == 32)
-        await _until(lambda: ",4,24564," in _annotations(kube).get(ann.NODE_REGISTER, ""))
+        await eventually(lambda: len(sim.devices.get(COUNT, {})) == 32)
+        await eventually(lambda: ",4,24564," in _annotations(kube).get(ann.NODE_REGISTER, ""))
 
 
 async def test_malformed_configmap_at_start_runs_on_defaults(flags: Flags, kube: FakeKube) -> None:
@@ -266,10 +266,3 @@ def _annotations(kube: FakeKube) -> dict[str, str]:
     return dict(kube.nodes.get(FIXTURE_NODE, {}).get("metadata", {}).get("annotations") or {})
 
 
-async def _until(check: object, timeout: float = 3.0) -> None:
-    assert callable(check)
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)

@@ -9,6 +9,8 @@ import pytest
 from vgpu_emulator import Emulator, ManifestError, RunningEmulator, iter_manifests, load_manifests
 from vgpu_emulator.selectors import SelectorError, parse_field_selector, parse_label_selector
 
+from tests.support.waiting import eventually
+
 from .conftest import FIXTURES, Api
 
 PODS = "/api/v1/namespaces/demo/pods"
@@ -20,6 +22,12 @@ def _pod(name: str, node: str, phase: str = "Running", **labels: str) -> dict[st
         "spec": {"nodeName": node},
         "status": {"phase": phase},
     }
+
+
+async def _watched(running: RunningEmulator) -> None:
+    """The watch a test started is open on the server (an event before that would be replayed
+    or lost differently from what the test means to check)."""
+    await eventually(lambda: running.emulator.open_watches("Pod"), what="the pod watch open")
 
 
 async def test_watch_from_a_resource_version_sends_only_later_changes(api: Api) -> None:
@@ -35,10 +43,12 @@ async def test_watch_from_a_resource_version_sends_only_later_changes(api: Api) 
     ]
 
 
-async def test_watch_without_version_replays_existing_then_follows(api: Api) -> None:
+async def test_watch_without_version_replays_existing_then_follows(
+    api: Api, running: RunningEmulator
+) -> None:
     await api.call("POST", PODS, _pod("a", "n1"))
     watching = asyncio.create_task(api.watch(PODS, count=3))
-    await asyncio.sleep(0.05)
+    await _watched(running)
     await api.call("POST", PODS, _pod("b", "n1"))
     await api.call("DELETE", PODS + "/a")
     events = await watching
@@ -49,11 +59,11 @@ async def test_watch_without_version_replays_existing_then_follows(api: Api) -> 
     ]
 
 
-async def test_watch_honours_selectors_and_namespace(api: Api) -> None:
+async def test_watch_honours_selectors_and_namespace(api: Api, running: RunningEmulator) -> None:
     watching = asyncio.create_task(
         api.watch(f"{PODS}?labelSelector=app%3Dplugin&fieldSelector=spec.nodeName%3Dn2", 1)
     )
-    await asyncio.sleep(0.05)
+    await _watched(running)
     await api.call("POST", "/api/v1/namespaces/other/pods", {**_pod("x", "n2", app="plugin")})
     await api.call("POST", PODS, _pod("wrong-node", "n1", app="plugin"))
     await api.call("POST", PODS, _pod("wrong-label", "n2", app="other"))
@@ -69,9 +79,8 @@ async def test_dropped_watch_ends_the_stream_and_a_rewatch_loses_nothing(
     watching = asyncio.create_task(
         api.watch(f"{PODS}?resourceVersion={listing['metadata']['resourceVersion']}", 5)
     )
-    await asyncio.sleep(0.05)
+    await _watched(running)
     await api.call("POST", PODS, _pod("a", "n1"))
-    await asyncio.sleep(0.05)
     assert running.emulator.drop_watches("Pod") == 1
     first = await watching
     assert [e["object"]["metadata"]["name"] for e in first] == ["a"]

@@ -18,6 +18,8 @@ from vgpu_operator.main import run_operator
 from vgpu_operator.metrics import Metrics
 from vgpu_operator.reconcile import Tuning
 
+from tests.support.waiting import eventually
+
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 NODES = ("dev-app-2-150-master-1", "test-app-64-46-msxf")
 PLUGIN_NS = "kube-system"
@@ -63,18 +65,6 @@ def plugin_pods(emulator: Emulator) -> None:
                 "status": {"phase": "Running"},
             }
         )
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 8.0, what: str = "condition") -> Any:
-    """Poll until `check()` is truthy; its value is returned."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @dataclass

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import yaml
 
-from .conftest import NODES, PLUGIN_NS, Cluster, eventually
+from tests.support.waiting import eventually
+
+from .conftest import NODES, PLUGIN_NS, Cluster
 
 SCHEDULER_NS = "volcano-system"
 DEPLOY_HASH = "vgpu.io/scheduler-config-hash"

@@ -6,7 +6,9 @@ import asyncio
 
 from vgpu_formats.device_config import DeviceConfig, parse_device_config, same_meaning
 
-from .conftest import RESYNC, Cluster, eventually
+from tests.support.waiting import eventually
+
+from .conftest import RESYNC, Cluster
 
 DEVICE_CONFIG = "volcano-vgpu-device-config"
 KEY = "device-config.yaml"
@@ -61,7 +63,8 @@ async def test_hand_edit_is_only_reported_under_report(cluster: Cluster) -> None
     in_sync = await eventually(
         lambda: (c := cluster.condition("InSync")).get("status") == "False" and c, what="InSync=False"
     )
-    await asyncio.sleep(4 * RESYNC)
+    await eventually(lambda: cluster.events("DriftDetected"), what="the DriftDetected event")
+    await asyncio.sleep(4 * RESYNC)  # more resyncs: still not written, not reported again
 
     assert "deviceSplitCount: 3" in cluster.data(DEVICE_CONFIG, KEY), "Report never writes"
     assert DEVICE_CONFIG in in_sync["message"]
@@ -119,9 +122,8 @@ async def test_steady_state_makes_no_writes_over_many_resyncs(cluster: Cluster) 
     writes = len(cluster.emulator.writes())
     reconciles = cluster.metrics.reconciles.labels(result="ok")._value.get()
 
-    await asyncio.sleep(20 * RESYNC)
-
-    assert cluster.metrics.reconciles.labels(result="ok")._value.get() >= reconciles + 10
+    await eventually(lambda: cluster.metrics.reconciles.labels(result="ok")._value.get() >= reconciles + 10,
+                     what="10 more resyncs")
     assert cluster.emulator.writes()[writes:] == []
 
 

@@ -16,7 +16,9 @@ from vgpu_operator.metrics import Metrics
 from vgpu_operator.plan import Restart
 from vgpu_operator.settings import parse_args, start_time_priority
 
-from .conftest import FIXTURES, eventually
+from tests.support.waiting import eventually
+
+from .conftest import FIXTURES
 
 
 def test_flags_the_chart_passes() -> None:
@@ -55,7 +57,7 @@ def test_metric_names_are_the_dashboard_contract() -> None:
     for name in ('vgpu_operator_reconciles_total{result="ok"}',
                  "vgpu_operator_reconcile_duration_seconds_bucket",
                  "vgpu_operator_drift_repairs_total", 'vgpu_operator_restarts_total{kind="plugin-pod"} 1.0',
-                 "vgpu_operator_nodes_converged", "vgpu_operator_policy_ready"):
+                 "vgpu_operator_nodes_converged", "vgpu_operator_policy_ready", "vgpu_operator_active"):
         assert name in text, name
 
 

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from .conftest import RESYNC, Cluster, eventually
+from tests.support.waiting import eventually
+
+from .conftest import RESYNC, Cluster
 
 TARGETS = [
     ("ConfigMap", "kube-system", "volcano-vgpu-device-config"),
@@ -32,7 +34,8 @@ async def test_invalid_policy_writes_nothing_and_says_why(cluster: Cluster) -> N
     before = _snapshot(cluster)
     cluster.create_policy(spec={"device": {"gpuMemoryFactor": 1048576}})
     valid = await _rejected(cluster)
-    await asyncio.sleep(4 * RESYNC)
+    await eventually(lambda: cluster.events("Rejected"), what="the Rejected event")
+    await asyncio.sleep(4 * RESYNC)  # more resyncs: still nothing written, no second event
 
     assert "spec.device.gpuMemoryFactor" in valid["message"] and "Use at most" in valid["message"]
     assert cluster.condition("Applied")["status"] == "False"
@@ -91,11 +94,11 @@ async def test_unusable_cluster_object_is_reported_and_never_clobbered(
     before = _snapshot(cluster)
     cluster.create_policy()
     valid = await _rejected(cluster)
+    await eventually(lambda: cluster.events("Rejected"), what="the Rejected event")
     await asyncio.sleep(3 * RESYNC)
 
     assert field in valid["message"]
     assert _snapshot(cluster) == before, "nothing written while an input is unusable"
-    assert cluster.events("Rejected")
 
 
 async def test_unknown_volcano_tag_is_a_warning_with_an_event(cluster: Cluster) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from vgpu_emulator import RunningEmulator, run_emulator
@@ -13,7 +13,9 @@ from vgpu_operator.metrics import Metrics
 from vgpu_operator.reconcile import Tuning
 from vgpu_operator.settings import start_time_priority
 
-from .conftest import FIXTURES, RESYNC, Cluster, eventually, plugin_pods
+from tests.support.waiting import eventually
+
+from .conftest import FIXTURES, RESYNC, Cluster, plugin_pods
 
 PEERING = "vgpu-operator"
 DEVICE_CONFIG = "volcano-vgpu-device-config"
@@ -39,6 +41,9 @@ class Replica:
         assert self.task is not None
         await asyncio.wait_for(self.task, timeout=10)
 
+    def gauge(self, name: str) -> float:
+        return float(getattr(self.metrics, name)._value.get())
+
     def reconciles(self) -> float:
         return sum(float(self.metrics.reconciles.labels(result=r)._value.get())
                    for r in ("ok", "invalid", "conflict", "error", "paused"))
@@ -57,6 +62,16 @@ async def two_replicas() -> AsyncIterator[tuple[Cluster, Replica, Replica]]:
             for replica in (first, second):
                 if replica.task is not None and not replica.task.done():
                     await replica.halt()
+
+
+async def steady(read: Callable[[], float], quiet: float) -> float:
+    """The value once it has not changed for `quiet` seconds."""
+    value = read()
+    while True:
+        await asyncio.sleep(quiet)
+        if read() == value:
+            return value
+        value = read()
 
 
 def _scribble(cm: dict[str, object]) -> None:
@@ -97,13 +112,19 @@ async def test_a_replica_paused_by_a_higher_priority_peer_stops_its_own_resyncs(
         await cluster.ready()
         await eventually(lambda: first.reconciles() > 2, what="first replica resyncing")
 
+        assert first.gauge("active") == 1 and first.gauge("policy_ready") == 1
+
         second.start(cluster.running, priority=20)  # outranks the running one: it pauses
         await eventually(lambda: second.reconciles() > 0, what="second replica working")
-        await asyncio.sleep(2 * RESYNC)  # let a resync of the first one that was under way finish
-        paused_at = first.reconciles()
+        await eventually(lambda: first.gauge("active") == 0, what="first replica paused")
+        paused_at = await steady(first.reconciles, quiet=2 * RESYNC)  # a resync under way ends
 
         cluster.edit("ConfigMap", "kube-system", DEVICE_CONFIG, _scribble)
         await _repaired(cluster)
         await asyncio.sleep(8 * RESYNC)  # many resync periods of the paused replica
         assert first.reconciles() == paused_at, "a paused replica's worker must not write"
         assert float(second.metrics.drift_repairs._value.get()) == 1
+        # Dashboards take max/sum over replicas: only the working one reports the policy.
+        assert second.gauge("active") == 1 and second.gauge("policy_ready") == 1
+        assert first.gauge("policy_ready") == 0 and first.gauge("nodes_converged") == 0
+        assert second.gauge("nodes_converged") > 0

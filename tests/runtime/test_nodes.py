@@ -10,7 +10,9 @@ from vgpu_operator import nodes
 from vgpu_operator.k8s import Kube, new_api_client
 from vgpu_operator.reconcile import NodeIndex
 
-from .conftest import FIXTURES, eventually
+from tests.support.waiting import eventually
+
+from .conftest import FIXTURES
 
 
 def _node(name: str, **labels: str) -> dict[str, object]:
@@ -52,8 +54,9 @@ async def test_follow_triggers_on_label_changes_only_and_survives_dropped_watche
             assert count == 1
             node = running.emulator.get_object("Node", None, "new")
             assert node is not None
-            running.emulator.apply({**node, "status": {"conditions": [{"type": "Ready"}]}})  # irrelevant
-            await asyncio.sleep(0.2)
+            heartbeat = running.emulator.apply({**node, "status": {"conditions": [{"type": "Ready"}]}})
+            seen = int(heartbeat["metadata"]["resourceVersion"])
+            await eventually(lambda: index.versions["new"] >= seen, what="the heartbeat indexed")
             assert len(triggers) == count, "a heartbeat-like change does not reconcile"
             running.emulator.drop_watches("Node")
             running.emulator.apply(_node("new", pool="b"))

@@ -3,7 +3,9 @@ device-config says nvidia.com/gpu while the legacy plugin registers volcano.sh/v
 
 from __future__ import annotations
 
-from .conftest import Cluster, eventually
+from tests.support.waiting import eventually
+
+from .conftest import Cluster
 
 
 async def test_policy_brings_the_plugin_flags_in_line_and_status_names_the_mismatch(seed001: Cluster) -> None:

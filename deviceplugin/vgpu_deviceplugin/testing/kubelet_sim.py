@@ -108,7 +108,7 @@ class KubeletSim(pb_grpc.RegistrationServicer):
                 await conn.watcher
         await conn.channel.close(None)
 
-    async def wait_for(self, resources: list[str], timeout: float = 5.0, lists: int = 1) -> None:
+    async def wait_for(self, resources: list[str], timeout: float = 20.0, lists: int = 1) -> None:
         """Until each resource is registered and has sent at least `lists` device lists."""
 
         def ready() -> bool:

@@ -1,7 +1,7 @@
 """Label selectors matched against many nodes through an index, not node by node.
 
 Expanding 50 selector overrides over 5,000 nodes node-by-node costs overrides x nodes x terms
-label lookups. Instead `NodeIndex` maps each (label key, value) and each label key to the set of
+label lookups. Instead `LabelIndex` maps each (label key, value) and each label key to the set of
 node names once (nodes x labels), and a selector becomes set intersections and differences whose
 cost follows the size of the sets involved (Kubernetes semantics: NotIn and DoesNotExist also
 match nodes without the key; an empty selector matches every node).
@@ -19,7 +19,7 @@ def node_name(node: dict[str, Any]) -> str:
     return str((node.get("metadata") or {}).get("name", ""))
 
 
-class NodeIndex:
+class LabelIndex:
     """Node names by label key and by (key, value), for the label keys the selectors use."""
 
     def __init__(self, nodes: list[dict[str, Any]], keys: set[str]) -> None:
@@ -76,7 +76,7 @@ def override_nodes(overrides: list[Any], nodes: list[dict[str, Any]]) -> list[li
     selectors = [o.node_selector for o in overrides if o.node_selector is not None]
     keys = {k for s in selectors for k in s.match_labels}
     keys |= {r.key for s in selectors for r in s.match_expressions}
-    index = NodeIndex(nodes, keys) if selectors else None
+    index = LabelIndex(nodes, keys) if selectors else None
     result: list[list[str]] = []
     for override in overrides:
         if override.node_selector is not None and index is not None:
