@@ -82,8 +82,8 @@ _HANDSHAKE_TIME_FORMAT = "%Y.%m.%d %H:%M:%S"
 NODE_LOCK_TTL = timedelta(minutes=5)
 
 _UINT32_MAX = 2**32 - 1
-_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 _SEPARATORS = (",", ":", ";")
 
 
@@ -353,9 +353,9 @@ def _parse_uint(value: str, where: str, maximum: int = MAX_UINT64) -> int:
 
 
 def _parse_go_bool(value: str, where: str) -> bool:
-    if value in _GO_TRUE:
+    if value in GO_TRUE:
         return True
-    if value in _GO_FALSE:
+    if value in GO_FALSE:
         return False
     raise FormatError(where, f"{value!r} is not a boolean", "write true or false")
 

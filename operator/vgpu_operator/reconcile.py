@@ -131,17 +131,20 @@ class Reconciler:
         # Policies this replica works on now (their kopf daemon runs). With peering, a paused
         # replica's daemons are stopped, so its worker stops resyncing: one writer at a time.
         self.working: set[str] = set()
+        self.paused = False  # peering paused this replica: a reconcile still under way exports nothing
 
     # ----- triggers -----
 
     def start_working(self, name: str) -> None:
         self.working.add(name)
+        self.paused = False
         self.metrics.set_active(True)
         self.trigger()  # taking over (start, or after a peering pause): resync now
 
     def stop_working(self, name: str) -> None:
         self.working.discard(name)
-        self.metrics.set_active(bool(self.working))
+        self.paused = not self.working
+        self.metrics.set_active(not self.paused)
 
     def trigger(self) -> None:
         """Ask the worker for a reconcile of the active policy soon (bursts coalesce)."""
@@ -278,7 +281,7 @@ class Reconciler:
         """Write status when it changed; post an event when a condition turned bad."""
         status = build_status(outcome, previous, now_rfc3339())
         new, old = status_dict(status), dict(body.get("status") or {})
-        if outcome.conflict_with is None:
+        if outcome.conflict_with is None and not self.paused:
             self.metrics.nodes_converged.set(status.nodes.converged)
             ready = status.condition("Ready")
             self.metrics.policy_ready.set(1 if ready is not None and ready.status == "True" else 0)

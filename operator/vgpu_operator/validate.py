@@ -47,7 +47,6 @@ DEFAULT_NAMES = {"count": dc_fmt.DEFAULT_COUNT_NAME, "memory": dc_fmt.DEFAULT_ME
 # The kubelet's gRPC message limit is 4 MiB; ListAndWatch sends one device per memory unit, which
 # overflows at roughly 60,000 devices (research anchors.md §6 G2).
 LIST_AND_WATCH_LIMIT = 60000
-CONFLICTING_ARGUMENTS = ("deviceshare.GPUSharingEnable", "deviceshare.GPUNumberEnable")
 
 Rule = Callable[[VGPUPolicySpec, Observed], Iterable[Problem]]
 
@@ -194,8 +193,8 @@ def check_scheduler_conf(spec: VGPUPolicySpec, observed: Observed) -> Iterable[P
     arguments = plugin.get("arguments")
     if not isinstance(arguments, dict):
         arguments = {}
-    for key in CONFLICTING_ARGUMENTS:
-        if _go_bool(arguments.get(key)):
+    for key in scheduler_conf.GPUSHARE_ARGUMENTS:
+        if scheduler_conf.is_enabled(arguments, key):
             yield Problem("spec.scheduler", "ConflictingDeviceShareArguments",
                           f"{where} sets {key}: true; together with deviceshare.VGPUEnable the scheduler "
                           f"exits (klog.Fatal) and crash-loops. Remove {key} from the deviceshare arguments "
@@ -215,12 +214,6 @@ def check_scheduler_conf(spec: VGPUPolicySpec, observed: Observed) -> Iterable[P
         yield Problem("spec.scheduler.scheduleWeight", "ScheduleWeightWithoutPolicy",
                       "scheduleWeight has no effect without schedulePolicy binpack or spread; set one",
                       "warning")
-
-
-def _go_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    return str(value) in ("1", "t", "T", "TRUE", "true", "True")
 
 
 def check_target_namespaces(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:

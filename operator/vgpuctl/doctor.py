@@ -21,11 +21,11 @@ from vgpu_formats import device_config as dc
 from vgpu_operator import versions
 from vgpu_operator.api import KIND, VGPUPolicy
 from vgpu_operator.observed import load_observed_from_manifests
+from vgpu_operator.render import scheduler_conf as sc
 from vgpu_operator.validate import validate
 from vgpu_operator.versions import Version
 
 from vgpuctl.facts import (
-    ARG_GPUSHARE,
     CONFIG_KEY,
     DEFAULT_NAMES,
     FLAG_RESOURCE,
@@ -118,8 +118,8 @@ def check_scheduler(facts: ClusterFacts) -> list[Finding]:
                            "deviceshare.VGPUEnable is not true: vGPU pods get no device annotations and fail "
                            "at the kubelet with 'device request not found'",
                            "set deviceshare.VGPUEnable: true; " + APPLY_POLICY))
-    for arg in ARG_GPUSHARE:
-        if s.vgpu_enable and (s.deviceshare or {}).get(arg) in (True, "true", "True"):
+    for arg in sc.GPUSHARE_ARGUMENTS:
+        if s.vgpu_enable and sc.is_enabled(s.deviceshare, arg):
             out.append(Finding(ERROR, "gpushare-conflict", place, arg,
                                f"{arg} together with VGPUEnable makes the scheduler exit (klog.Fatal)",
                                f"remove {arg}"))

@@ -38,9 +38,6 @@ PLUGIN_DAEMONSET = "volcano-device-plugin"
 PLUGIN_CONTAINER = "volcano-device-plugin"
 VOLCANO_PREFIX = "volcano.sh/"
 
-# deviceshare arguments the operator does not own (the others are `sc.*`, volcano-scheduler.md §1.1).
-ARG_GPUSHARE = ("deviceshare.GPUSharingEnable", "deviceshare.GPUNumberEnable")
-
 # Legacy plugin flags and what they set (device-plugin.md §1.1).
 FLAG_RESOURCE = {
     "count": "--resource-name", "memory": "--resource-memory-name", "cores": "--resource-core-name",
@@ -82,7 +79,7 @@ class SchedulerFacts:
 
     @property
     def vgpu_enable(self) -> bool:
-        return _go_bool((self.deviceshare or {}).get(sc.VGPU_ENABLE))
+        return sc.is_enabled(self.deviceshare, sc.VGPU_ENABLE)
 
     @property
     def predicates(self) -> bool:
@@ -262,12 +259,6 @@ def _int(text: str, default: int) -> int:
         return int(text)
     except ValueError:
         return default
-
-
-def _go_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    return isinstance(value, str) and value in ("1", "t", "T", "TRUE", "true", "True")
 
 
 def _find_by_name(objects: Iterable[Obj], kind: str, name: str) -> Obj | None:

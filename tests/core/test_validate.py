@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 from vgpu_operator.api import parse_spec
 from vgpu_operator.validate import Problem, errors, validate
 
@@ -68,6 +69,23 @@ def test_gpushare_arguments_conflict(cluster_docs: list[dict[str, Any]]) -> None
     found = errors(_problems({}, docs))
     assert [p.reason for p in found] == ["ConflictingDeviceShareArguments"]
     assert "deviceshare.GPUSharingEnable" in found[0].message and "Remove" in found[0].message
+
+
+# How Volcano's GetBool reads a YAML value: a bool, or a string strconv.ParseBool takes; an
+# integer is not a bool to it (yaml.v2, like PyYAML, reads `yes` as a YAML 1.1 bool).
+GETBOOL = [("true", True), ('"true"', True), ('"1"', True), ("yes", True), ("1", False),
+           ('"yes"', False), ("false", False)]
+
+
+@pytest.mark.parametrize(("spelling", "conflicts"), GETBOOL)
+def test_gpushare_switch_is_read_as_volcano_reads_it(cluster_docs: list[dict[str, Any]], spelling: str,
+                                                      conflicts: bool) -> None:
+    conf = ("actions: enqueue\ntiers:\n- plugins:\n  - name: deviceshare\n    arguments:\n"
+            f"      deviceshare.GPUNumberEnable: {spelling}\n  - name: predicates\n")
+    docs = copy.deepcopy(cluster_docs)
+    next(d for d in docs if d["metadata"]["name"] == "volcano-scheduler-configmap")["data"][
+        "volcano-scheduler.conf"] = conf
+    assert ("ConflictingDeviceShareArguments" in _reasons(_problems({}, docs))) == conflicts
 
 
 def test_predicates_missing_is_a_warning(cluster_docs: list[dict[str, Any]]) -> None:

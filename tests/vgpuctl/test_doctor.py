@@ -11,6 +11,8 @@ from vgpuctl.facts import gather
 from vgpuctl.main import main
 from vgpuctl.manifests import load_objects
 
+from tests.core.test_validate import GETBOOL
+
 from .conftest import CLUSTER, SEED001, find
 
 PLUGIN_CONTAINER = ("DaemonSet", "volcano-device-plugin")
@@ -172,6 +174,17 @@ def test_each_broken_place_is_named(healthy, case):
     assert _codes(report) == expected, [(f.code, f.message) for f in report.findings]
     for finding in report.findings:
         assert finding.place and finding.message and finding.fix
+
+
+@pytest.mark.parametrize(("spelling", "enabled"), GETBOOL)
+def test_scheduler_switches_are_read_as_volcano_reads_them(healthy, spelling, enabled):
+    """doctor and the operator's validation agree with Volcano's GetBool on every spelling."""
+    conf = _scheduler_conf(healthy)
+    conf["volcano-scheduler.conf"] = conf["volcano-scheduler.conf"].replace(
+        "VGPUEnable: true", f"VGPUEnable: {spelling}\n      deviceshare.GPUSharingEnable: true")
+    codes = _codes(_doctor(healthy))
+    assert ("vgpu-disabled" in codes) == (not enabled)
+    assert ("gpushare-conflict" in codes) == enabled
 
 
 def test_split_count_mismatch_names_node_and_setting(healthy):

@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 import yaml
+from vgpu_formats import annotations as ann
 from vgpu_formats import device_config as dc_fmt
 
 from vgpu_operator.api import VGPUPolicySpec
@@ -38,6 +39,8 @@ CM_NAMESPACE = "deviceshare.KnownGeometriesCMNamespace"
 EXCLUSIVE_RULES = "deviceshare.GPUExclusiveRules"
 OWNED_ARGUMENTS = (VGPU_ENABLE, SCHEDULE_POLICY, SCHEDULE_WEIGHT, NODE_LOCK, CM_NAME, CM_NAMESPACE,
                    EXCLUSIVE_RULES)
+# The gpushare device's switches: with VGPUEnable the scheduler exits (klog.Fatal).
+GPUSHARE_ARGUMENTS = ("deviceshare.GPUSharingEnable", "deviceshare.GPUNumberEnable")
 # Read once per scheduler process (sync.Once): changing them needs a scheduler restart.
 RESTART_ARGUMENTS = (VGPU_ENABLE, CM_NAME, CM_NAMESPACE)
 # What Volcano uses for an absent argument (volcano-scheduler.md §1.1).
@@ -58,6 +61,15 @@ def desired_arguments(spec: VGPUPolicySpec) -> dict[str, Any]:
         # unset leaves the live rules alone (not ours then)
         **({EXCLUSIVE_RULES: sched.gpu_exclusive_rules} if sched.gpu_exclusive_rules is not None else {}),
     }
+
+
+def is_enabled(arguments: dict[str, Any] | None, key: str) -> bool:
+    """A bool argument as Volcano's GetBool reads it: a YAML bool, or a string Go's
+    strconv.ParseBool takes as true. Anything else (an integer 1 too) leaves the default, false."""
+    value = (arguments or {}).get(key)
+    if isinstance(value, bool):
+        return value
+    return isinstance(value, str) and value in ann.GO_TRUE
 
 
 def restart_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
