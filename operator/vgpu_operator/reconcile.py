@@ -90,9 +90,10 @@ class NodeIndex:
         version = _version(body)
         if 0 <= version < self.versions.get(name, -1):
             return False  # an older state than the one already indexed (the list raced the watch)
-        self.versions[name] = version
-        if deleted:
+        if deleted:  # the last event of this node: the stream is ordered, nothing older follows
+            self.versions.pop(name, None)
             return self.nodes.pop(name, None) is not None
+        self.versions[name] = version
         trimmed = self.trim(body)
         if self.nodes.get(name) == trimmed:
             return False

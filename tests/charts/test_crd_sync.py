@@ -1,5 +1,6 @@
-"""The chart ships the one CRD the operator generates: a symlink into crds/, not a copy that can
-drift, and helm follows it when it renders and when it packages the chart."""
+"""The chart ships the CRD the operator generates: a symlink into crds/, not a copy that can
+drift, and helm follows it when it renders and when it packages the chart. Beside it, kopf's
+peering CRD; Artifact Hub lists both."""
 
 from __future__ import annotations
 
@@ -41,3 +42,12 @@ def test_helm_package_carries_the_crd_content(tmp_path: Path) -> None:
         assert data.read().decode() == crd.render_crd()
         names = tar.getnames()
     assert not any("/hack/" in n or n.endswith(".py") for n in names)
+
+
+def test_artifacthub_lists_every_crd_the_chart_ships() -> None:
+    meta = yaml.safe_load((chart.CHART / "Chart.yaml").read_text())
+    listed = yaml.safe_load(meta["annotations"]["artifacthub.io/crds"])
+    shipped = [yaml.safe_load(path.read_text()) for path in sorted((chart.CHART / "crds").glob("*.yaml"))]
+    assert sorted((c["kind"], c["version"], c["name"]) for c in listed) == sorted(
+        (crd_["spec"]["names"]["kind"], crd_["spec"]["versions"][0]["name"], crd_["metadata"]["name"])
+        for crd_ in shipped)

@@ -137,3 +137,11 @@ def test_every_toggle_is_rendered_flipped_by_some_profile() -> None:
     for path in toggles:
         flipped = not lookup(VALUES, path)
         assert any(lookup(values, path) == flipped for values in chart.PROFILES.values()), path
+
+
+def test_a_service_monitor_without_the_service_is_refused_with_the_fix() -> None:
+    """It would install, select nothing and scrape nothing, silently."""
+    with pytest.raises(chart.HelmError) as err:
+        chart.template({"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}})
+    message = str(err.value)
+    assert "metrics.serviceMonitor.enabled" in message and "set metrics.service.enabled=true" in message

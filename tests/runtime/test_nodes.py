@@ -19,6 +19,22 @@ def _node(name: str, **labels: str) -> dict[str, object]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
 
 
+def _versioned(name: str, version: int, **labels: str) -> dict[str, object]:
+    node = _node(name, **labels)
+    node["metadata"]["resourceVersion"] = str(version)  # type: ignore[index]
+    return node
+
+
+def test_index_ignores_older_states_and_forgets_deleted_nodes() -> None:
+    index = NodeIndex()
+    assert index.update(_versioned("n", 5, pool="a"))
+    assert not index.update(_versioned("n", 3, pool="old")), "an older state never replaces a newer one"
+    assert index.nodes["n"]["metadata"]["labels"] == {"pool": "a"}
+    assert index.update(_versioned("n", 6), deleted=True) and "n" not in index.nodes
+    assert index.versions == {}, "a node churning cluster does not grow the index"
+    assert index.update(_versioned("n", 7, pool="b")), "a node of the same name can come back"
+
+
 async def test_relist_pages_and_drops_vanished_nodes() -> None:
     async with run_emulator(FIXTURES / "cluster") as running:
         for index in range(7):
