@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import yaml
+from vgpu_formats import yamlio
 
 from vgpu_emulator.emulator import Emulator
 
@@ -30,8 +31,9 @@ def iter_manifests(path: str | pathlib.Path) -> Iterator[dict[str, Any]]:
                 continue
             if not isinstance(document, Mapping) or "kind" not in document:
                 raise ManifestError(f"{file}: document {index} has no kind: not a Kubernetes object")
-            if document["kind"].endswith("List") and "items" in document:
-                yield from document["items"]
+            items = yamlio.list_items(document)
+            if items is not None:
+                yield from items
             else:
                 yield dict(document)
 

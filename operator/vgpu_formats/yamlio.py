@@ -1,4 +1,4 @@
-"""YAML parsing of ConfigMap texts.
+"""YAML parsing of ConfigMap texts, and the one rule for reading manifests that hold a List.
 
 libyaml's C loader when PyYAML was built with it (the same safe constructor, several times
 faster), and a small cache keyed by the text: one reconcile reads the same device-config and
@@ -30,3 +30,13 @@ def load(text: str) -> Any:
 def clear_cache() -> None:
     """Forget every parsed text (benchmarks measure the cold path with it)."""
     _load.cache_clear()
+
+
+def list_items(doc: Any) -> list[Any] | None:
+    """The objects of a `kind: List` document (`kubectl get -o yaml` writes one, and so do
+    `PodList`, `ConfigMapList`, ...); None for any other document."""
+    if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List"):
+        items = doc.get("items")
+        if isinstance(items, list):
+            return items
+    return None

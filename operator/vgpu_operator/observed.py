@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpu_formats import device_config, node_config
+from vgpu_formats import device_config, node_config, yamlio
 
 from vgpu_operator.api import VGPUPolicySpec
 
@@ -83,7 +83,8 @@ def _flatten(docs: Iterable[dict[str, Any] | None]) -> Iterable[dict[str, Any]]:
     for doc in docs:
         if not isinstance(doc, dict):
             continue
-        if str(doc.get("kind", "")).endswith("List") and "items" in doc:
-            yield from _flatten(doc.get("items") or [])
+        items = yamlio.list_items(doc)
+        if items is not None:
+            yield from _flatten(items)
         else:
             yield doc

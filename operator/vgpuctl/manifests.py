@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from vgpu_formats import yamlio
 
 try:
     from yaml import CSafeLoader as _Loader
@@ -83,8 +84,9 @@ def _expand(doc: Any, path: Path) -> Iterator[dict[str, Any]]:
         return
     if not isinstance(doc, dict):
         raise ManifestError(f"{path}: a document is a {type(doc).__name__}, expected a Kubernetes object")
-    if str(doc.get("kind", "")).endswith("List") and isinstance(doc.get("items"), list):
-        for item in doc["items"]:
+    items = yamlio.list_items(doc)
+    if items is not None:
+        for item in items:
             yield from _expand(item, path)
         return
     if "kind" not in doc:

@@ -258,3 +258,11 @@ def test_scheduler_conf_is_kept_when_it_means_the_same(cluster_docs: list[dict[s
     docs = _with_deviceshare(cluster_docs, {"deviceshare.VGPUEnable": True})
     target = _render({}, docs).target("ConfigMap", "volcano-scheduler-configmap")
     assert target.changed and "deviceshare.KnownGeometriesCMNamespace: kube-system" in (target.text or "")
+
+
+def test_objects_inside_a_kubectl_list_are_observed(cluster_docs: list[dict[str, Any]]) -> None:
+    """`kubectl get ... -o yaml` writes a `kind: List`; its items count as the objects themselves."""
+    spec = parse_spec({})
+    wrapped = [{"apiVersion": "v1", "kind": "List", "items": copy.deepcopy(cluster_docs)}]
+    assert observe(wrapped, spec) == observe(cluster_docs, spec)
+    assert observe(wrapped, spec).device_config is not None and len(observe(wrapped, spec).nodes) == 2
