@@ -25,7 +25,7 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from vgpu_operator import api
-from vgpu_operator.observed import Observed, wanted_objects
+from vgpu_operator.observed import OPTIONAL_SLOTS, Observed, wanted_objects
 
 logger = logging.getLogger(__name__)
 
@@ -199,11 +199,22 @@ class Kube:
     async def read_observed(self, spec: api.VGPUPolicySpec, nodes: list[dict[str, Any]]) -> Observed:
         """The five objects the policy names (concurrently), plus the nodes the caller tracks."""
         wanted = wanted_objects(spec)
-        found = await asyncio.gather(*(self.get(kind, ns, name) for kind, ns, name in wanted.values()))
+        found = await asyncio.gather(*(self._get_optional(*key) if slot in OPTIONAL_SLOTS else self.get(*key)
+                                       for slot, key in wanted.items()))
         observed = Observed(nodes=nodes)
         for slot, obj in zip(wanted, found, strict=True):
             setattr(observed, slot, obj)
         return observed
+
+    async def _get_optional(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """`get`, but None when RBAC does not let the operator see the object."""
+        try:
+            return await self.get(kind, namespace, name)
+        except ApiException as exc:
+            if exc.status != 403:
+                raise
+            logger.debug("%s %s/%s: not readable with this RBAC; not checked", kind, namespace, name)
+            return None
 
     async def plugin_pods(self, daemonset: dict[str, Any], node_names: Iterable[str]) -> list[dict[str, Any]]:
         """The DaemonSet's pods on the given nodes: one label+field-selected list per node, never

@@ -25,6 +25,9 @@ class Observed:
     device_config: dict[str, Any] | None = None
     node_config: dict[str, Any] | None = None
     device_plugin: dict[str, Any] | None = None
+    # kube-system's device-config when the policy targets volcano-system: an upstream plugin
+    # reads kube-system first, so a leftover copy there shadows the target.
+    device_config_shadow: dict[str, Any] | None = None
     nodes: list[dict[str, Any]] = field(default_factory=list)
 
     def scheduler_conf_text(self, key: str) -> str | None:
@@ -33,6 +36,9 @@ class Observed:
 
     def device_config_text(self) -> str | None:
         return _data(self.device_config, device_config.CONFIGMAP_KEY)
+
+    def device_config_shadow_text(self) -> str | None:
+        return _data(self.device_config_shadow, device_config.CONFIGMAP_KEY)
 
     def node_config_text(self) -> str | None:
         return _data(self.node_config, node_config.CONFIGMAP_KEY)
@@ -53,13 +59,22 @@ def object_key(obj: dict[str, Any]) -> tuple[str, str, str]:
 
 def wanted_objects(spec: VGPUPolicySpec) -> dict[str, tuple[str, str, str]]:
     """Which object fills which `Observed` slot, per the policy."""
-    return {
+    wanted = {
         "scheduler_configmap": ("ConfigMap", spec.scheduler.namespace, spec.scheduler.config_map),
         "scheduler_deployment": ("Deployment", spec.scheduler.namespace, spec.scheduler.deployment),
         "device_config": ("ConfigMap", spec.targets.device_config.namespace, spec.targets.device_config.name),
         "node_config": ("ConfigMap", spec.targets.node_config.namespace, spec.targets.node_config.name),
         "device_plugin": ("DaemonSet", spec.device_plugin.namespace, spec.device_plugin.daemon_set),
     }
+    first = device_config.PLUGIN_NAMESPACES[0]
+    if spec.targets.device_config.namespace in device_config.PLUGIN_NAMESPACES[1:]:
+        wanted[SHADOW] = ("ConfigMap", first, device_config.CONFIGMAP_NAME)
+    return wanted
+
+
+SHADOW = "device_config_shadow"
+# Read when it can be: a namespace outside the operator's RBAC leaves it unknown, not an error.
+OPTIONAL_SLOTS = frozenset({SHADOW})
 
 
 def load_observed_from_manifests(docs: Iterable[dict[str, Any] | None], spec: VGPUPolicySpec) -> Observed:

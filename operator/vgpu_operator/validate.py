@@ -228,6 +228,9 @@ def check_target_namespaces(spec: VGPUPolicySpec, observed: Observed) -> Iterabl
         yield Problem("spec.targets.deviceConfig.name", "DeviceConfigNameUnread",
                       f"the upstream device plugin reads the hard-coded name {dc_fmt.CONFIGMAP_NAME}, not "
                       f"{ref.name!r}; use that name", "error")
+    shadow = observed.device_config_shadow_text()
+    if found.generation in ("legacy", "current") and shadow is not None:
+        yield from _shadowed(spec, shadow)
     if observed.device_plugin is not None:
         pod = pod_template(observed.device_plugin).get("spec")
         volumes = pod.get("volumes") if isinstance(pod, dict) else None
@@ -239,6 +242,27 @@ def check_target_namespaces(spec: VGPUPolicySpec, observed: Observed) -> Iterabl
                           f"{where} mounts no ConfigMap named {spec.targets.node_config.name!r}, so node "
                           "overrides never reach the plugin; mount it at /config or set "
                           "spec.targets.nodeConfig.name to the mounted one", "warning", where)
+
+
+def _shadowed(spec: VGPUPolicySpec, shadow_text: str) -> Iterable[Problem]:
+    """A kube-system copy the upstream plugin reads before the volcano-system target: harmless
+    while it says the same, a scheduler/plugin split when it does not."""
+    try:
+        shadow: dc_fmt.DeviceConfig | None = dc_fmt.parse_device_config(shadow_text)
+    except FormatError:
+        shadow = None
+    wanted = device_config.desired_config(spec)
+    if device_config.plugin_reads(shadow)[1] == device_config.plugin_reads(wanted)[1]:
+        return
+    ref = spec.targets.device_config
+    first = dc_fmt.PLUGIN_NAMESPACES[0]
+    where = describe("ConfigMap", first, dc_fmt.CONFIGMAP_NAME)
+    yield Problem("spec.targets.deviceConfig.namespace", "DeviceConfigShadowed",
+                  f"{where} exists and says something else than this policy; the upstream device plugin "
+                  f"reads it before {describe('ConfigMap', ref.namespace, ref.name)}, so the plugin and "
+                  f"the scheduler would disagree. Delete the {first} copy (kubectl -n {first} delete "
+                  f"configmap {dc_fmt.CONFIGMAP_NAME}) or set spec.targets.deviceConfig.namespace: {first}",
+                  "error", where)
 
 
 # --- node overrides and GPU sizes ----------------------------------------------------------------

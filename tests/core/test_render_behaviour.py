@@ -102,6 +102,28 @@ def test_builtin_plugin_is_not_restarted_for_device_config(cluster_docs: list[di
     assert base == after
 
 
+def test_builtin_plugin_reads_the_policys_targets(cluster_docs: list[dict[str, Any]]) -> None:
+    """Our plugin is told where the targets are, so it reads what the scheduler reads; a flag
+    that repeats what it would read anyway is not added (adopting a matching plugin rolls nothing)."""
+    docs = copy.deepcopy(cluster_docs)
+    plugin = workload(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    plugin["image"], plugin["args"] = "x/vgpu-device-plugin:1", ["--mock-gpus=8xT4"]
+
+    def args(spec: dict[str, Any]) -> list[str]:
+        target = _render(spec, docs).target("DaemonSet", "volcano-device-plugin")
+        assert target.desired is not None
+        return list(target.desired["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert args({}) == ["--mock-gpus=8xT4"], "kube-system is where it looks first anyway"
+    moved = {"targets": {"deviceConfig": {"namespace": "volcano-system"}}}
+    # Without flags it would read kube-system's device-config, and node-config beside it.
+    assert args(moved) == ["--mock-gpus=8xT4", "--device-config-namespace=volcano-system",
+                           "--node-config-namespace=kube-system"]
+    assert "volcano-device-plugin" in _restarts(moved, docs)
+    plugin["args"] = ["--device-config-namespace", "gpu-config", "--mock-gpus=8xT4"]
+    assert args({}) == ["--device-config-namespace", "kube-system", "--mock-gpus=8xT4"], "replaced in place"
+
+
 def test_daemonset_edit_keeps_everything_else(cluster_docs: list[dict[str, Any]]) -> None:
     live = workload(cluster_docs, "DaemonSet")
     desired = _render({"device": {"deviceSplitCount": 4}}, cluster_docs).target(

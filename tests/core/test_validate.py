@@ -126,6 +126,25 @@ def test_target_namespace_the_plugin_reads(cluster_docs: list[dict[str, Any]]) -
     assert errors(_problems(other, cluster_docs)) == []
 
 
+def test_a_kube_system_copy_that_shadows_a_volcano_system_target(cluster_docs: list[dict[str, Any]]) -> None:
+    """The upstream plugin reads kube-system first: a leftover copy there that says something else
+    than the policy would split the plugin from the scheduler, which reads the target."""
+    volcano_system = {"targets": {"deviceConfig": {"namespace": "volcano-system"}}}
+    assert "DeviceConfigShadowed" not in _reasons(_problems(volcano_system, cluster_docs)), \
+        "the fixture's kube-system copy says what the default policy says: harmless"
+    four = {**volcano_system, "device": {"deviceSplitCount": 4}}
+    (shadowed,) = errors(_problems(four, cluster_docs))
+    assert shadowed.reason == "DeviceConfigShadowed"
+    assert shadowed.field == "spec.targets.deviceConfig.namespace"
+    assert "kubectl -n kube-system delete configmap volcano-vgpu-device-config" in shadowed.message
+    assert "spec.targets.deviceConfig.namespace: kube-system" in shadowed.message
+    without_copy = [d for d in cluster_docs if d["metadata"]["name"] != "volcano-vgpu-device-config"]
+    assert errors(_problems(four, without_copy)) == []
+    assert errors(_problems({**four, "targets": {}}, cluster_docs)) == [], "kube-system is the target itself"
+    ours = _with_images(cluster_docs, plugin="ghcr.io/vgpu-operator/vgpu-device-plugin:0.1.0")
+    assert "DeviceConfigShadowed" not in _reasons(_problems(four, ours)), "our plugin reads only the target"
+
+
 def test_node_config_must_be_mounted(cluster_docs: list[dict[str, Any]]) -> None:
     problems = _problems({"targets": {"nodeConfig": {"name": "other"}}}, cluster_docs)
     assert "NodeConfigNotMounted" in _reasons(problems)

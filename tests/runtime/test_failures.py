@@ -165,3 +165,38 @@ async def test_dropped_watches_do_not_lose_changes(cluster: Cluster) -> None:
         lambda: "deviceSplitCount: 7" in cluster.data("volcano-vgpu-device-config", "device-config.yaml"),
         what="drift repaired after the ConfigMap watch dropped",
     )
+
+
+DEVICE_CONFIG, KEY = "volcano-vgpu-device-config", "device-config.yaml"
+SHADOW_PATH = f"/api/v1/namespaces/kube-system/configmaps/{DEVICE_CONFIG}"
+MOVED = {"targets": {"deviceConfig": {"namespace": "volcano-system"}}}
+
+
+def _split_3(cm: dict[str, Any]) -> None:
+    cm["data"][KEY] = cm["data"][KEY].replace("deviceSplitCount: 10", "deviceSplitCount: 3")
+
+
+async def test_a_shadowing_copy_blocks_writes_until_it_is_removed(cluster: Cluster) -> None:
+    """The upstream plugin reads kube-system before volcano-system: writing the volcano-system
+    target while kube-system says something else would split the plugin from the scheduler."""
+    cluster.edit("ConfigMap", "kube-system", DEVICE_CONFIG, _split_3)
+    before = _snapshot(cluster)
+    cluster.create_policy(spec=MOVED)
+    valid = await _rejected(cluster)
+    assert "ConfigMap kube-system/volcano-vgpu-device-config exists" in valid["message"]
+    assert "kubectl -n kube-system delete configmap volcano-vgpu-device-config" in valid["message"]
+    assert _snapshot(cluster) == before and cluster.get("ConfigMap", "volcano-system", DEVICE_CONFIG) is None
+
+    await cluster.delete(SHADOW_PATH)
+    await cluster.ready()
+    assert "deviceSplitCount: 10" in cluster.data(DEVICE_CONFIG, KEY, namespace="volcano-system")
+
+
+async def test_a_copy_the_operator_may_not_read_is_not_checked(cluster: Cluster) -> None:
+    """RBAC decides what the operator sees: a 403 on the optional read is no reconcile error."""
+    cluster.edit("ConfigMap", "kube-system", DEVICE_CONFIG, _split_3)
+    forbidden = cluster.emulator.fail_next("GET", f"^{SHADOW_PATH}$", status=403, times=1000)
+    cluster.create_policy(spec=MOVED)
+    await cluster.ready()
+    assert forbidden.times < 1000, "the copy was asked for"
+    assert cluster.metrics.reconciles.labels(result="error")._value.get() == 0

@@ -5,7 +5,9 @@
   appended as `--flag=value`).
 * current (v1.12+): `--resource-*` flags make it exit and explicit sizing flags override the
   ConfigMap, so all of `LEGACY_FLAGS` are removed; sizing comes from device-config.
-* builtin (ours): the same removal; our plugin watches the ConfigMaps itself.
+* builtin (ours): the same removal; our plugin watches the ConfigMaps itself. Where it reads
+  them (`--device-config-*`, `--node-config-*`) is set to the policy's targets, so it reads exactly what the
+  scheduler reads; a flag that would only repeat the plugin's own default is not added.
 
 Every other arg keeps its value and order. `vgpu.io/plugin-config-hash` on the pod template covers
 what the plugin reads only at start (args, plus device-config content for legacy/current; builtin
@@ -17,6 +19,9 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from typing import Any
+
+from vgpu_formats import device_config as dc_fmt
+from vgpu_formats import node_config as nc_fmt
 
 from vgpu_operator.api import VGPUPolicySpec
 from vgpu_operator.observed import Observed
@@ -42,12 +47,28 @@ LEGACY_DEFAULTS = {"resource-name": "volcano.sh/vgpu-number",
                    "device-split-count": "2", "gpu-memory-factor": "1", "device-cores-scaling": "1"}
 
 
+def builtin_defaults(spec: VGPUPolicySpec) -> dict[str, str]:
+    """What our plugin reads without a location flag. Without --device-config-namespace it tries
+    kube-system first; without --node-config-namespace it looks where device-config was found."""
+    return {"device-config-name": dc_fmt.CONFIGMAP_NAME,
+            "device-config-namespace": dc_fmt.PLUGIN_NAMESPACES[0],
+            "node-config-name": nc_fmt.CONFIGMAP_NAME,
+            "node-config-namespace": spec.targets.device_config.namespace}
+
+
 def _number(value: float) -> str:
     return f"{value:g}"
 
 
 def desired_flags(spec: VGPUPolicySpec, generation: Generation) -> dict[str, str | None]:
     """flag name (no dashes) -> value; None removes the flag."""
+    if generation == "builtin":
+        targets = spec.targets
+        return {**dict.fromkeys(LEGACY_FLAGS),
+                "device-config-name": targets.device_config.name,
+                "device-config-namespace": targets.device_config.namespace,
+                "node-config-name": targets.node_config.name,
+                "node-config-namespace": targets.node_config.namespace}
     if generation != "legacy":
         return dict.fromkeys(LEGACY_FLAGS)
     return {
@@ -111,7 +132,8 @@ def render_device_plugin_target(spec: VGPUPolicySpec, observed: Observed,
             f"{found.detail}; set spec.devicePlugin.generation to legacy (<= v1.11), current (v1.12+) "
             "or builtin", object=where))
     live_args = [str(a) for a in container.get("args") or []]
-    args = edit_args(live_args, desired_flags(spec, found.generation), LEGACY_DEFAULTS)
+    defaults = builtin_defaults(spec) if found.generation == "builtin" else LEGACY_DEFAULTS
+    args = edit_args(live_args, desired_flags(spec, found.generation), defaults)
     containers = copy.deepcopy(live["spec"]["template"]["spec"]["containers"])
     if args != live_args:
         containers[index]["args"] = args
