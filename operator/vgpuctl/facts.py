@@ -138,6 +138,14 @@ class PluginFacts:
             return self.known_generation
         return "legacy" if any(f in self.flags for f in FLAG_RESOURCE.values()) else "current"
 
+    def device_config_places(self) -> list[tuple[str, str]]:
+        """(namespace, name) of each device-config copy the plugin tries, in order: upstream
+        plugins have them hard-coded; ours is told by flags (unset: the same places)."""
+        flags = self.flags if self.generation == "builtin" else {}
+        name = flags.get("--device-config-name") or dc.CONFIGMAP_NAME
+        namespace = flags.get("--device-config-namespace")
+        return [(namespace, name)] if namespace else [(ns, name) for ns in dc.PLUGIN_NAMESPACES]
+
     @property
     def flags(self) -> dict[str, str]:
         """`--flag=value` and `--flag value` args as a dict (bare flags map to "true")."""
@@ -351,7 +359,7 @@ def gather(objects: Sequence[Obj]) -> ClusterFacts:
     scheduler = _scheduler(objects)
     plugin = _plugin(objects)
     scheduler_config = _config_copy(index, scheduler.cm_namespace, scheduler.cm_name)
-    copies = [_config_copy(index, ns, dc.CONFIGMAP_NAME) for ns in dc.PLUGIN_NAMESPACES]
+    copies = [_config_copy(index, ns, name) for ns, name in plugin.device_config_places()]
     plugin_config = next((c for c in copies if c.place.found), copies[0])
     node_cfg_obj = _find_by_name(objects, "ConfigMap", nc.CONFIGMAP_NAME)
     facts = ClusterFacts(

@@ -272,3 +272,18 @@ def test_builtin_plugin_reads_the_schedulers_copy(healthy):
     assert report.names["devicePlugin"]["count"] == "volcano.sh/gpu-count"
     # The nodes still advertise the old name until the plugin pods restart.
     assert _codes(report) == {"node-advertisement"}
+
+
+def test_builtin_plugin_told_to_read_another_copy_is_a_split(healthy):
+    """doctor reads the copy our plugin's flags name, not the upstream hard-coded places."""
+    container = find(healthy, *PLUGIN_CONTAINER)["spec"]["template"]["spec"]["containers"][0]
+    container["image"] = "ghcr.io/example/vgpu-device-plugin:0.1.0"
+    other = {**_device_config(healthy), "metadata": {"name": "volcano-vgpu-device-config",
+                                                      "namespace": "gpu-config"}}
+    other["data"] = {"device-config.yaml": "nvidia:\n  resourceCountName: volcano.sh/other\n"}
+    healthy.append(other)
+    container["args"] = ["--device-config-namespace", "gpu-config"]
+    split = [f for f in _doctor(healthy).findings if f.code == "device-config-split"]
+    assert split and "gpu-config/volcano-vgpu-device-config" in split[0].message
+    container["args"] = ["--device-config-namespace=kube-system"]
+    assert "device-config-split" not in _codes(_doctor(healthy))
