@@ -36,10 +36,10 @@ async def test_hand_edit_is_repaired_under_enforce(cluster: Cluster) -> None:
 
     assert same_meaning(repaired, before), "the repair restores what the policy says, nothing else"
     assert cluster.writes_to("/daemonsets/") == restarts, "the plugin never saw the edit: no restart"
-    assert cluster.metrics.drift_repairs._value.get() == 1
-    # The event is posted right after the writes: wait for it rather than race it.
+    # The counter and the event follow the writes: wait for the event (posted last), not race it.
     await eventually(lambda: [e for e in cluster.events("DriftRepaired") if DEVICE_CONFIG in e["message"]],
                      what="a DriftRepaired event naming device-config")
+    assert cluster.metrics.drift_repairs._value.get() == 1
     await cluster.ready()
 
 
