@@ -154,5 +154,6 @@ def main() -> None:
     print(f"ratio doctor / parse-only: wall {doctor.wall / parse.wall:.2f}x, "
           f"CPU {doctor.cpu / parse.cpu:.2f}x")
 
+
 if __name__ == "__main__":
     main()

@@ -57,6 +57,7 @@ def ready_for(emulator: Emulator, generation: int) -> bool:
 
 
 async def wait(check: Any, timeout: float = 30.0) -> None:
+    # Polls every 2 ms, not the tests' 20 ms: "Ready observed" below is timed by this loop.
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:

@@ -2,7 +2,7 @@
 
 Reports the best-of-15 wall time of `render_all` (all five targets) per size, the ratio to the
 10-node baseline, and the growth of the per-node cost above that baseline from 1,000 to 5,000
-nodes (1.0 = linear, > 1 = superlinear), then the
+and from 5,000 to 10,000 nodes (1.0 = linear, > 1 = superlinear), then the
 memory of the rendered state at 5,000 nodes (tracemalloc: peak while rendering, and what the
 result keeps alive). Goal: under 50 ms at 5,000 nodes, close to linear growth.
 """

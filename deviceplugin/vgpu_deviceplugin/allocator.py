@@ -28,10 +28,6 @@ log = logging.getLogger(__name__)
 SHARED_DIR_MODE = 0o1777
 
 
-class _Stale(Exception):
-    """The cached pod changed or vanished under us: decide again on a fresh list."""
-
-
 class Allocator:
     def __init__(
         self,
@@ -66,9 +62,11 @@ class Allocator:
         cached = self._cache.pods() if self._cache is not None else None
         if cached is not None:
             try:
-                return await self._allocate_from(cached, amount, from_cache=True)
-            except (AllocateError, _Stale):
-                pass  # the cache may lag behind the scheduler: decide again on a fresh list
+                return await self._allocate_from(cached, amount)
+            except AllocateError:
+                # The cache may lag behind the scheduler (pod missing, or changed under the
+                # compare-and-swap): decide again, once, on a fresh list.
+                pass
         node = self._state.settings.node_name
         try:
             pods = await self._kube.list_pods_on_node(node)
@@ -78,9 +76,9 @@ class Allocator:
         present = {p.get("metadata", {}).get("uid") for p in pods}
         for uid in [u for u in self._state.init_served if u not in present]:
             del self._state.init_served[uid]
-        return await self._allocate_from(pods, amount, from_cache=False)
+        return await self._allocate_from(pods, amount)
 
-    async def _allocate_from(self, pods: list[dict[str, Any]], amount: int, from_cache: bool) -> Plan:
+    async def _allocate_from(self, pods: list[dict[str, Any]], amount: int) -> Plan:
         state, flags = self._state, self._flags
         node = state.settings.node_name
         ref, pod, call = allocate.select(pods, node, amount, state.settings.names, state.init_served)
@@ -100,8 +98,6 @@ class Allocator:
                 updated = await self._kube.consume_devices(ref.namespace, ref.name, old,
                                                            result.devices_to_allocate)
             except KubeError as exc:
-                if from_cache and exc.status in (404, 409, 422):
-                    raise _Stale() from exc
                 raise AllocateError(f"pod {ref}: cannot update its annotations: {exc}", ref) from exc
             if self._cache is not None:
                 self._cache.put(updated)

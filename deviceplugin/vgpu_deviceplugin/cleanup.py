@@ -17,6 +17,7 @@ import shutil
 import time
 from collections.abc import Iterable
 
+from vgpu_deviceplugin.monitor.scan import split_dir_name
 from vgpu_deviceplugin.pod_cache import PodCache
 
 log = logging.getLogger(__name__)
@@ -29,8 +30,8 @@ def stale_folders(folders: Iterable[tuple[str, float]], live_uids: set[str], now
     """Names of `(name, mtime)` folders to remove. Pure."""
     stale = []
     for name, mtime in folders:
-        uid, sep, container = name.partition("_")
-        if sep and container and uid not in live_uids and now - mtime > grace:
+        names = split_dir_name(name)  # the monitor's reading of the same folder names
+        if names is not None and names[0] not in live_uids and now - mtime > grace:
             stale.append(name)
     return stale
 

@@ -72,7 +72,7 @@ def parser() -> argparse.ArgumentParser:
                    "<container>); vgpu-monitor --containers-dir must be <root>/containers")
     p.add_argument("--lock-dir", default=DEFAULT_LOCK_DIR, help="host directory mounted at /tmp/vgpulock")
     p.add_argument("--register-interval", type=float, default=DEFAULT_REGISTER_INTERVAL,
-                   help="seconds between node annotation checks (the handshake needs 60 or less)")
+                   help="seconds between node annotation writes (the handshake needs 60 or less)")
     p.add_argument("--no-handshake", dest="handshake", action="store_false",
                    help="do not write volcano.sh/node-vgpu-handshake (only Volcano <= v1.15.0 needs it)")
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"),

@@ -41,6 +41,13 @@ static double cpu_ns(void)
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 static double time_launch(const struct api *a, long n)
 {
     double t0 = cpu_ns();
@@ -144,15 +151,9 @@ int main(int argc, char **argv)
     const char *limit = getenv("CUDA_DEVICE_SM_LIMIT");
     char label[64];
     snprintf(label, sizeof label, "cuLaunchKernel (SM limit %s)", limit ? limit : "none");
-    if (limit != NULL) {
-        struct timespec warm = {1, 0}; /* let the limiter calibrate before timing */
-        double end = 0;
-        clock_gettime(CLOCK_MONOTONIC, &warm);
-        end = (double)warm.tv_sec + 1.2;
-        for (struct timespec t = warm; (double)t.tv_sec + t.tv_nsec / 1e9 < end;
-             clock_gettime(CLOCK_MONOTONIC, &t))
+    if (limit != NULL) /* let the limiter calibrate before timing */
+        for (double end = now_s() + 1.2; now_s() < end;)
             time_launch(&hooked, 10000);
-    }
     compare(label, time_launch, 2000000);
     if (limit == NULL) {
         compare("cuMemAlloc_v2 + cuMemFree_v2 (4 KiB)", time_pair, 300000);

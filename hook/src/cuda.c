@@ -260,16 +260,17 @@ static CUresult settle(CUresult rc, enum vgpu_alloc_kind kind, uint64_t key, int
 /* The driver calls that give memory back, all handled the same way. */
 enum free_api { FREE, FREE_ASYNC, FREE_ASYNC_PTSZ, ARRAY_DESTROY, HANDLE_RELEASE };
 
-static int driver_can_free(enum free_api api)
-{
-    switch (api) {
-    case FREE: return real.cuMemFree_v2 != NULL;
-    case FREE_ASYNC: return real.cuMemFreeAsync != NULL;
-    case FREE_ASYNC_PTSZ: return real.cuMemFreeAsync_ptsz != NULL;
-    case ARRAY_DESTROY: return real.cuArrayDestroy != NULL;
-    default: return real.cuMemRelease != NULL;
-    }
-}
+/* Per free_api: where its real function is (NULL: this driver lacks it) and what it frees. */
+static const struct {
+    void *const *real;
+    enum vgpu_alloc_kind kind;
+} free_apis[] = {
+    [FREE] = {(void *const *)&real.cuMemFree_v2, VGPU_KIND_POINTER},
+    [FREE_ASYNC] = {(void *const *)&real.cuMemFreeAsync, VGPU_KIND_POINTER},
+    [FREE_ASYNC_PTSZ] = {(void *const *)&real.cuMemFreeAsync_ptsz, VGPU_KIND_POINTER},
+    [ARRAY_DESTROY] = {(void *const *)&real.cuArrayDestroy, VGPU_KIND_ARRAY},
+    [HANDLE_RELEASE] = {(void *const *)&real.cuMemRelease, VGPU_KIND_HANDLE},
+};
 
 static CUresult call_free(enum free_api api, uint64_t key, CUstream stream)
 {
@@ -287,11 +288,9 @@ static CUresult call_free(enum free_api api, uint64_t key, CUstream stream)
  * never counted are still freed by the driver, which gives its own answer. */
 static CUresult release_counted(enum free_api api, uint64_t key, CUstream stream)
 {
-    if (!ready() || !driver_can_free(api))
+    if (!ready() || *free_apis[api].real == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    enum vgpu_alloc_kind kind = api == ARRAY_DESTROY    ? VGPU_KIND_ARRAY
-                              : api == HANDLE_RELEASE ? VGPU_KIND_HANDLE
-                                                      : VGPU_KIND_POINTER;
+    enum vgpu_alloc_kind kind = free_apis[api].kind;
     int dev;
     uint64_t bytes;
     int known = vgpu_mem_untrack(kind, key, &dev, &bytes);
@@ -316,23 +315,20 @@ struct pointer_request {
     CUstream stream;     /* ASYNC*, POOL* */
 };
 
-static const char *const pointer_api_name[] = {
-    "cuMemAlloc", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocAsync_ptsz",
-    "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz",
+/* Per pointer_api: where its real function is (NULL: this driver lacks it), and its name for
+ * the refusal log line. */
+static const struct {
+    void *const *real;
+    const char *name;
+} pointer_apis[] = {
+    [PLAIN] = {(void *const *)&real.cuMemAlloc_v2, "cuMemAlloc"},
+    [MANAGED] = {(void *const *)&real.cuMemAllocManaged, "cuMemAllocManaged"},
+    [ASYNC] = {(void *const *)&real.cuMemAllocAsync, "cuMemAllocAsync"},
+    [ASYNC_PTSZ] = {(void *const *)&real.cuMemAllocAsync_ptsz, "cuMemAllocAsync_ptsz"},
+    [POOL] = {(void *const *)&real.cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync"},
+    [POOL_PTSZ] = {(void *const *)&real.cuMemAllocFromPoolAsync_ptsz,
+                   "cuMemAllocFromPoolAsync_ptsz"},
 };
-
-/* Whether this driver has the function the request needs. */
-static int driver_has(enum pointer_api api)
-{
-    switch (api) {
-    case PLAIN: return real.cuMemAlloc_v2 != NULL;
-    case MANAGED: return real.cuMemAllocManaged != NULL;
-    case ASYNC: return real.cuMemAllocAsync != NULL;
-    case ASYNC_PTSZ: return real.cuMemAllocAsync_ptsz != NULL;
-    case POOL: return real.cuMemAllocFromPoolAsync != NULL;
-    default: return real.cuMemAllocFromPoolAsync_ptsz != NULL;
-    }
-}
 
 static CUresult call_driver(const struct pointer_request *r, CUdeviceptr *ptr)
 {
@@ -351,10 +347,10 @@ static CUresult call_driver(const struct pointer_request *r, CUdeviceptr *ptr)
  * allocations count from the alloc call to the free call, not the pool's reserve. */
 static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr)
 {
-    if (!ready() || !driver_has(r->api))
+    if (!ready() || *pointer_apis[r->api].real == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     int dev = current_device();
-    if (!admit(dev, r->bytes, pointer_api_name[r->api]))
+    if (!admit(dev, r->bytes, pointer_apis[r->api].name))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUdeviceptr ptr = 0;
     CUresult rc = call_driver(r, &ptr);

@@ -48,7 +48,7 @@ NOT_INSTRUMENTED static dlsym_fn get_real_dlsym(void)
 }
 
 /* glibc's dlsym (ours overrides the public name). */
-static void *real_dlsym(void *handle, const char *name)
+NOT_INSTRUMENTED static void *real_dlsym(void *handle, const char *name)
 {
     dlsym_fn fn = get_real_dlsym();
     return fn != NULL ? fn(handle, name) : NULL;
@@ -120,8 +120,7 @@ NOT_INSTRUMENTED VGPU_EXPORT void *dlsym(void *handle, const char *name)
         dlsym_fn next = get_real_dlsym();
         return next != NULL ? next(handle, name) : NULL;
     }
-    dlsym_fn real = get_real_dlsym();
-    void *found = real != NULL ? real(handle, name) : NULL;
+    void *found = real_dlsym(handle, name);
     struct vgpu_hook_lib *lib = found != NULL ? lib_for_name(name) : NULL;
     if (lib == NULL)
         return found;

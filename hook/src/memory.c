@@ -140,11 +140,9 @@ static int refusal_log_due(uint64_t *suppressed)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t now = (uint64_t)ts.tv_sec, last = __atomic_load_n(&last_s, __ATOMIC_RELAXED);
-    if (last != 0 && now == last) {
-        __atomic_add_fetch(&quiet, 1, __ATOMIC_RELAXED);
-        return 0;
-    }
-    if (!__atomic_compare_exchange_n(&last_s, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    /* Logged already this second, or another thread just took this second's line. */
+    if ((last != 0 && now == last) ||
+        !__atomic_compare_exchange_n(&last_s, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
         __atomic_add_fetch(&quiet, 1, __ATOMIC_RELAXED);
         return 0;
     }

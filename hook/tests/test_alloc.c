@@ -6,6 +6,7 @@
 #include <nvml.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "check.h"
 #include "fake_state.h"
@@ -44,6 +45,30 @@ static void basic_cap(void)
     check(cuMemAlloc_v2(&a, 1024 * MiB) == CUDA_SUCCESS, "exactly the cap fits");
     check(cuMemAlloc_v2(&b, 1) == CUDA_ERROR_OUT_OF_MEMORY, "one byte more does not");
     cuMemFree_v2(a);
+}
+
+/* Refusals in a loop (the PyTorch allocator retries) log one line per second at most, and the
+ * next line says how many were not shown. */
+static void refusal_log_rate(void)
+{
+    CUdeviceptr all = 0, p = 0;
+    check(cuMemAlloc_v2(&all, 1024 * MiB) == CUDA_SUCCESS, "the whole cap taken");
+    capture_begin();
+    for (int i = 0; i < 50; i++)
+        cuMemAlloc_v2(&p, MiB);
+    const char *log = capture_end();
+    int lines = 0;
+    for (const char *at = log; (at = strstr(at, "out of memory")) != NULL; at++)
+        lines++;
+    check(lines <= 2, "50 refusals within a second or two: %d log lines", lines);
+    struct timespec next_second = {1, 100 * 1000 * 1000};
+    nanosleep(&next_second, NULL);
+    capture_begin();
+    cuMemAlloc_v2(&p, MiB);
+    log = capture_end();
+    check(strstr(log, "more refusals since the last line)") != NULL,
+          "a second later a refusal is logged again, with the count not shown: %s", log);
+    cuMemFree_v2(all);
 }
 
 static void device_totals(void)
@@ -318,6 +343,7 @@ int main(int argc, char **argv)
         return check_done("test_alloc uncapped");
     }
     basic_cap();
+    refusal_log_rate();
     device_totals();
     families();
     vmm();

@@ -122,14 +122,15 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* Forks a child that runs take() and then waits to be killed. Returns its pid (-1 if it could
- * not be started) once it has said whether take() succeeded, in *took. */
-static pid_t fork_holder(int (*take)(void), int *took)
+/* Forks a child that runs take() and then waits to be killed. Once the child has said whether
+ * take() succeeded (checked, as `what`), returns its pid (-1 if it could not be started). */
+static pid_t fork_holder(int (*take)(void), const char *what)
 {
     int ready[2];
-    *took = 0;
-    if (pipe(ready) != 0)
+    if (pipe(ready) != 0) {
+        check(0, "%s (pipe: %s)", what, strerror(errno));
         return -1;
+    }
     pid_t pid = fork();
     if (pid == 0) {
         char ok = take() ? 'y' : 'n';
@@ -140,7 +141,7 @@ static pid_t fork_holder(int (*take)(void), int *took)
     }
     close(ready[1]); /* so that the read below ends if the child is gone */
     char ok = 0;
-    *took = pid > 0 && read(ready[0], &ok, 1) == 1 && ok == 'y';
+    check(pid > 0 && read(ready[0], &ok, 1) == 1 && ok == 'y', "%s", what);
     close(ready[0]);
     return pid;
 }
@@ -156,9 +157,7 @@ static int take_800_mib(void)
 
 static void kill_holder(void)
 {
-    int took;
-    pid_t holder = fork_holder(take_800_mib, &took);
-    check(took, "holder allocated 800 MiB");
+    pid_t holder = fork_holder(take_800_mib, "holder allocated 800 MiB");
     if (holder < 0)
         return;
     check(used(0) == 800 * MiB, "the region shows 800 MiB in use");
@@ -204,9 +203,7 @@ static int take_creation_lock(void)
 
 static void creation_lock_owner_dies(void)
 {
-    int took;
-    pid_t locker = fork_holder(take_creation_lock, &took);
-    check(took, "a process holds the creation lock");
+    pid_t locker = fork_holder(take_creation_lock, "a process holds the creation lock");
     if (locker < 0)
         return;
     pid_t claimer = fork();

@@ -11,6 +11,7 @@ from vgpu_emulator.emulator import ApiError, Emulator, Fault, Served, merge_patc
 from vgpu_emulator.loader import ManifestError, iter_manifests, load_manifests, load_objects
 from vgpu_emulator.resources import BUILTINS, VGPUPOLICY, ResourceSpec, specs_from_crd
 from vgpu_emulator.server import RunningEmulator, kubeconfig_text, run_emulator
+from vgpu_emulator.waiting import wait_until
 
 __all__ = [
     "BUILTINS",
@@ -29,4 +30,5 @@ __all__ = [
     "merge_patch",
     "run_emulator",
     "specs_from_crd",
+    "wait_until",
 ]

@@ -211,14 +211,20 @@ def scheduler_view(cfg: DeviceConfig | None) -> NvidiaConfig:
     return _fill(given, _go_zero_values())
 
 
+def load_device_config(text: str | None) -> DeviceConfig | None:
+    """`text` as its readers load it: None when the ConfigMap or key is missing (`text` None) or
+    the load fails, which is what `scheduler_view` and `effective_nvidia` take None to mean."""
+    if text is None:
+        return None
+    try:
+        return parse_device_config(text)
+    except FormatError:
+        return None
+
+
 def scheduler_view_of_text(text: str | None) -> NvidiaConfig:
     """`scheduler_view` of raw ConfigMap text (None: ConfigMap or key missing)."""
-    if text is None:
-        return scheduler_view(None)
-    try:
-        return scheduler_view(parse_device_config(text))
-    except FormatError:
-        return scheduler_view(None)
+    return scheduler_view(load_device_config(text))
 
 
 def reader_views(cfg: DeviceConfig | None) -> tuple[dict[str, Any], dict[str, Any]]:

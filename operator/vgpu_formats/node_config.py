@@ -103,15 +103,15 @@ def render_node_config(cfg: NodeConfig) -> str:
 def _entry_line(entry: dict[str, Any], bodies: dict[Any, str]) -> str:
     """`encode(entry)`, with the settings part encoded once per distinct settings: thousands of
     nodes share the few settings of their override."""
-    rest = [(key, type(value), value) for key, value in entry.items() if key != "name"]
+    if next(iter(entry), None) != "name":  # the line below puts the name first: encode it whole
+        return _ENCODER.encode(entry)
+    rest = tuple((key, type(value), value) for key, value in entry.items() if key != "name")
     try:
-        body = bodies.get(tuple(rest))
+        body = bodies.get(rest)
     except TypeError:  # a list or dict value: not hashable, encode it whole
         return _ENCODER.encode(entry)
-    if "name" not in entry or next(iter(entry)) != "name":
-        return _ENCODER.encode(entry)
     if body is None:
-        body = bodies[tuple(rest)] = _ENCODER.encode({key: value for key, _, value in rest})[1:-1]
+        body = bodies[rest] = _ENCODER.encode({key: value for key, _, value in rest})[1:-1]
     name = _ENCODER.encode(entry["name"])
     return f'{{"name": {name}, {body}}}' if body else f'{{"name": {name}}}'
 

@@ -197,7 +197,8 @@ class Kube:
             response.release()
 
     async def read_observed(self, spec: api.VGPUPolicySpec, nodes: list[dict[str, Any]]) -> Observed:
-        """The five objects the policy names (concurrently), plus the nodes the caller tracks."""
+        """The objects the policy names (`wanted_objects`, read concurrently), plus the nodes the
+        caller tracks."""
         wanted = wanted_objects(spec)
         found = await asyncio.gather(*(self._get_optional(*key) if slot in OPTIONAL_SLOTS else self.get(*key)
                                        for slot, key in wanted.items()))

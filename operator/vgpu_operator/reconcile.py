@@ -24,7 +24,7 @@ from vgpu_operator.metrics import Metrics
 from vgpu_operator.observed import Observed, wanted_objects
 from vgpu_operator.plan import Plan, make_plan, previous_from_status
 from vgpu_operator.render import render_all
-from vgpu_operator.render.target import MANAGED_BY, MANAGED_BY_LABEL
+from vgpu_operator.render.target import MANAGED_BY, MANAGED_BY_LABEL, TargetRender
 from vgpu_operator.status import Outcome, build_status, parse_status, report_nodes, status_dict
 from vgpu_operator.validate import validate
 from vgpu_operator.versions import plugin_generation
@@ -242,7 +242,7 @@ class Reconciler:
         found += [p for p in render.problems if p not in found]
         problems = [str(p) for p in found if p.severity == "error"]
         warnings = [str(p) for p in found if p.severity != "error"]
-        nodes = report_nodes(observed.nodes, policy.spec, _node_config_desired(render.targets))
+        nodes = report_nodes(observed.nodes, policy.spec, _node_splits(render.targets))
         if problems:
             await self._report(body, previous, Outcome(generation, problems=problems, warnings=warnings,
                                                        nodes=nodes))
@@ -304,11 +304,9 @@ class Reconciler:
             self.policies.update(written)
 
 
-def _node_config_desired(targets: list[Any]) -> dict[str, Any] | None:
-    for target in targets:
-        if target.kind == "ConfigMap" and target.key == node_config.CONFIGMAP_KEY:
-            return target.desired if isinstance(target.desired, dict) else None
-    return None
+def _node_splits(targets: list[TargetRender]) -> dict[str, int]:
+    node_config_targets = (t for t in targets if t.kind == "ConfigMap" and t.key == node_config.CONFIGMAP_KEY)
+    return next((t.node_splits for t in node_config_targets), {})
 
 
 def _builtin(policy: api.VGPUPolicy, observed: Observed) -> bool:

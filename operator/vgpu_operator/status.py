@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from vgpu_formats import annotations as node_annotations
-from vgpu_formats import node_config
 from vgpu_formats.errors import FormatError
 
 from vgpu_operator import api
@@ -62,23 +61,6 @@ def _quantity(value: Any) -> int:
         return 0
 
 
-def node_splits(desired_node_config: Mapping[str, Any] | None) -> dict[str, int]:
-    """Node name -> the split count its config.json entry sets (the first entry per name, as the
-    plugin applies it); nodes without one use the cluster default. Parsed once per reconcile, not
-    once per node: thousands of nodes share one config.json of thousands of entries."""
-    text = ((desired_node_config or {}).get("data") or {}).get(node_config.CONFIGMAP_KEY)
-    if not text:
-        return {}
-    try:
-        entries = node_config.parse_node_config(str(text)).nodeconfig
-    except FormatError:
-        return {}
-    splits: dict[str, int] = {}
-    for entry in entries:
-        splits.setdefault(entry.name, entry.devicesplitcount or 0)
-    return splits
-
-
 def report_node(node: Mapping[str, Any], spec: api.VGPUPolicySpec, split: int) -> NodeReport:
     """Is this a GPU node, did its plugin register, does it advertise what the policy says?"""
     meta = node.get("metadata") or {}
@@ -112,9 +94,10 @@ def report_node(node: Mapping[str, Any], spec: api.VGPUPolicySpec, split: int) -
 
 
 def report_nodes(nodes: Sequence[Mapping[str, Any]], spec: api.VGPUPolicySpec,
-                 desired_node_config: Mapping[str, Any] | None) -> list[NodeReport]:
+                 splits: Mapping[str, int]) -> list[NodeReport]:
+    """`splits`: node name -> the split count its node-config entry sets (the rendered target's
+    `node_splits`); other nodes use the policy's default."""
     default = spec.device.device_split_count
-    splits = node_splits(desired_node_config)
     reports = []
     for node in nodes:
         name = str((node.get("metadata") or {}).get("name", ""))

@@ -57,7 +57,7 @@ def validate(policy: VGPUPolicy | VGPUPolicySpec, observed: Observed,
     same policy and observed state, whose target errors are then used instead of rendering again."""
     spec = spec_of(policy)
     targets = rendered.targets if rendered is not None else [render(spec, observed) for render in EDITED]
-    found = [*edited_object_errors(spec, targets), *(p for rule in RULES for p in rule(spec, observed))]
+    found = [*edited_object_errors(targets), *(p for rule in RULES for p in rule(spec, observed))]
     return sorted(found, key=lambda p: p.severity != "error")
 
 
@@ -173,13 +173,11 @@ EDITED = (device_config.render_device_config_target, scheduler_conf.render_sched
           scheduler_deployment.render_scheduler_deployment_target, device_plugin.render_device_plugin_target)
 
 
-def edited_object_errors(spec: VGPUPolicySpec, targets: Iterable[TargetRender]) -> Iterable[Problem]:
+def edited_object_errors(targets: Iterable[TargetRender]) -> Iterable[Problem]:
     """Objects the operator edits must exist and be usable: the renderers' own errors (an unknown
-    plugin generation is reported by `check_plugin_generation`)."""
-    node_config = ("ConfigMap", spec.targets.node_config.namespace, spec.targets.node_config.name)
+    plugin generation is reported by `check_plugin_generation`; node-config never fails to render,
+    whatever its live text, so every error comes from an edited object)."""
     for target in targets:
-        if (target.kind, target.namespace, target.name) == node_config:
-            continue
         if target.error is not None and target.error.reason != "PluginGenerationUnknown":
             yield target.error
 
@@ -247,10 +245,7 @@ def check_target_namespaces(spec: VGPUPolicySpec, observed: Observed) -> Iterabl
 def _shadowed(spec: VGPUPolicySpec, shadow_text: str) -> Iterable[Problem]:
     """A kube-system copy the upstream plugin reads before the volcano-system target: harmless
     while it says the same, a scheduler/plugin split when it does not."""
-    try:
-        shadow: dc_fmt.DeviceConfig | None = dc_fmt.parse_device_config(shadow_text)
-    except FormatError:
-        shadow = None
+    shadow = dc_fmt.load_device_config(shadow_text)
     wanted = device_config.desired_config(spec)
     if device_config.plugin_reads(shadow)[1] == device_config.plugin_reads(wanted)[1]:
         return

@@ -386,21 +386,28 @@ def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]
     return False
 
 
-def _insufficient(pod: Obj, node: Obj, settings: SchedulerSettings) -> str:
-    """Volcano's generic scalar check: each extended resource the pod asks for must be allocatable.
+def _scalar_requests(pod: Obj, settings: SchedulerSettings) -> dict[str, int]:
+    """The extended resources the pod asks for, summed over its containers (worked out once per
+    pod, checked against each node by `_insufficient`).
 
-    One unit per container (Kubernetes counts requests per container); usage by other pods is not
-    subtracted here. The percentage name is left out: no plugin advertises it, and the research
-    only infers that Volcano would then reject such pods everywhere.
+    One unit per container (Kubernetes counts requests per container). The percentage name is left
+    out: no plugin advertises it, and the research only infers that Volcano would then reject such
+    pods everywhere.
     """
-    allocatable = (node.get("status") or {}).get("allocatable") or {}
     wanted: dict[str, int] = {}
+    percentage = (settings.memory_percentage_name, dc.DEFAULT_MEMORY_PERCENTAGE_NAME)
     for container in pod.get("spec", {}).get("containers", []) or []:
         for name, value in ((container.get("resources") or {}).get("limits") or {}).items():
-            percentage = (settings.memory_percentage_name, dc.DEFAULT_MEMORY_PERCENTAGE_NAME)
             if "/" in name and name not in percentage:
                 wanted[name] = wanted.get(name, 0) + _quantity(value)
-    for name, amount in sorted(wanted.items()):
+    return dict(sorted(wanted.items()))
+
+
+def _insufficient(wanted: Mapping[str, int], node: Obj) -> str:
+    """Volcano's generic scalar check: each extended resource the pod asks for must be allocatable
+    (usage by other pods is not subtracted here)."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    for name, amount in wanted.items():
         have = _quantity(allocatable.get(name, 0) or 0)
         if have < amount:
             return f"Insufficient {name} (allocatable {have}, asked {amount})"
@@ -440,11 +447,12 @@ def bind(
         names = f"{settings.count_name} or {settings.memory_name}"
         return Unschedulable(message=f"not a vGPU pod: no container limits name {names}")
     existing = list(pods)
+    wanted = _scalar_requests(pod, settings)
     reasons: dict[str, str] = {}
     best: tuple[float, str, list[list[DeviceGrant]]] | None = None
     for node in sorted(nodes, key=lambda n: str(n.get("metadata", {}).get("name", ""))):
         name = str(node.get("metadata", {}).get("name", ""))
-        why = _selector_matches(pod, node) or _taints_block(pod, node) or _insufficient(pod, node, settings)
+        why = _selector_matches(pod, node) or _taints_block(pod, node) or _insufficient(wanted, node)
         if why:
             reasons[name] = why
             continue

@@ -29,7 +29,7 @@ from vgpu_deviceplugin.config import Flags
 from vgpu_deviceplugin.gpus.mock import MockBackend
 from vgpu_deviceplugin.runner import run_plugin
 from vgpu_deviceplugin.testing.kubelet_sim import KubeletSim
-from vgpu_emulator import RunningEmulator, run_emulator
+from vgpu_emulator import RunningEmulator, run_emulator, waiting
 from vgpu_formats import annotations as ann
 from vgpu_formats import device_config as dc
 from vgpu_operator.main import run_operator
@@ -52,15 +52,8 @@ class ChainError(RuntimeError):
 
 
 async def wait_until(check: Callable[[], Any], what: str, timeout: float = STEP_TIMEOUT) -> Any:
-    """Poll `check` until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise ChainError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(0.05)
+    """Poll `check` until it returns something truthy (the emulator's loop, failing as a step)."""
+    return await waiting.wait_until(check, what, timeout, ChainError)
 
 
 # --- cluster and operator -----------------------------------------------------------------
@@ -300,6 +293,3 @@ def run_hook(envs: Mapping[str, str], workdir: Path, build: Path = HOOK_BUILD,
     failed = "" if done.returncode == 0 else f"exit code {done.returncode}"
     return HookRun(True, failed, lines, done.returncode)
 
-
-def workdir_cleanup(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)

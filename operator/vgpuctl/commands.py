@@ -10,7 +10,7 @@ from typing import Any
 
 import pydantic
 import yaml
-from vgpu_operator.api import KIND, VGPUPolicy
+from vgpu_operator.api import KIND, VGPUPolicy, VGPUPolicyStatus
 from vgpu_operator.observed import load_observed_from_manifests
 from vgpu_operator.render import Problem, RenderResult, TargetRender, render_all
 from vgpu_operator.validate import validate
@@ -134,7 +134,7 @@ def _with_live_status(policy: VGPUPolicy, objects: list[dict[str, Any]]) -> VGPU
     if policy.status is not None or live is None:
         return policy
     try:
-        status = VGPUPolicy.from_object({"metadata": {"name": name}, "status": live["status"]}).status
+        status = VGPUPolicyStatus.model_validate(live["status"])
     except pydantic.ValidationError:
         return policy  # an unreadable status proves nothing: render as for a new policy
     return policy.model_copy(update={"status": status})

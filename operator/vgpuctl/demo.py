@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vgpu_emulator import RunningEmulator
 from vgpu_formats import annotations as ann
 
 from vgpuctl import chain, output
@@ -212,7 +213,7 @@ async def _demo(narrator: Narrator, with_hook: bool, workdir: Path) -> bool:
                 return after.problems == 0 and phase == ann.BIND_PHASE_SUCCESS and hook_ok
 
 
-async def _wait_nodes_ready(running: Any) -> dict[str, Any]:
+async def _wait_nodes_ready(running: RunningEmulator) -> dict[str, Any]:
     """The operator's status once every GPU node converged (or as it stands after the timeout)."""
     def ready() -> dict[str, Any] | None:
         status = chain.policy_status(running, "default")
@@ -238,14 +239,12 @@ def run_demo(args: argparse.Namespace, style: Style) -> int:
     if not machine:
         print(style("vgpuctl demo: Volcano + HAMi vGPU, from a broken configuration to an enforced "
                     "3000 MiB cap", "bold"), flush=True)
-    workdir = Path(tempfile.mkdtemp(prefix="vgpuctl-demo-"))
-    try:
-        ok = asyncio.run(_demo(narrator, not args.no_hook, workdir))
-    except chain.ChainError as err:
-        narrator.say(style(f"demo step failed: {err}", "red"), indent="")
-        ok = False
-    finally:
-        chain.workdir_cleanup(workdir)
+    with tempfile.TemporaryDirectory(prefix="vgpuctl-demo-", ignore_cleanup_errors=True) as workdir:
+        try:
+            ok = asyncio.run(_demo(narrator, not args.no_hook, Path(workdir)))
+        except chain.ChainError as err:
+            narrator.say(style(f"demo step failed: {err}", "red"), indent="")
+            ok = False
     total = time.monotonic() - narrator.started
     narrator.record["ok"] = ok
     narrator.record["seconds"] = round(total, 2)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import yaml
@@ -186,20 +187,16 @@ class ClusterFacts:
     pods: list[Obj] = field(default_factory=list)
     policies: list[Obj] = field(default_factory=list)
 
-    _names: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
-
+    # Asked once per pod or node: worked out once (the facts are not changed after `gather`).
     def scheduler_names(self) -> dict[str, str]:
         """Resource names the scheduler recognises (count, memory, memory-percentage, cores)."""
-        if "scheduler" not in self._names:  # asked once per pod: worked out once
-            self._names["scheduler"] = self._scheduler_names()
-        return dict(self._names["scheduler"])
+        return dict(self._scheduler_names)
 
     def plugin_names(self) -> dict[str, tuple[str, str]]:
         """Names the plugin registers with the kubelet, each with where it comes from."""
-        if "plugin" not in self._names:
-            self._names["plugin"] = self._plugin_names()
-        return dict(self._names["plugin"])
+        return dict(self._plugin_names)
 
+    @cached_property
     def _scheduler_names(self) -> dict[str, str]:
         if not self.scheduler.reads_config_names:
             return {**DEFAULT_NAMES, "memoryPercentage": dc.DEFAULT_MEMORY_PERCENTAGE_NAME}
@@ -211,6 +208,7 @@ class ClusterFacts:
             "cores": view.resource_core_name or "",
         }
 
+    @cached_property
     def _plugin_names(self) -> dict[str, tuple[str, str]]:
         out: dict[str, tuple[str, str]] = {}
         if self.plugin.generation == "legacy":
@@ -251,9 +249,11 @@ class ClusterFacts:
         raw = self.plugin.flags.get("--device-split-count")
         if raw is not None:
             return _int(raw, LEGACY_SPLIT_DEFAULT), f"--device-split-count={raw}"
-        if "split" not in self._names:  # asked once per node
-            self._names["split"] = dc.effective_nvidia(self.plugin_config.parsed).device_split_count or 0
-        return self._names["split"], f"{self.plugin_config.place}: deviceSplitCount"
+        return self._config_split, f"{self.plugin_config.place}: deviceSplitCount"
+
+    @cached_property
+    def _config_split(self) -> int:
+        return dc.effective_nvidia(self.plugin_config.parsed).device_split_count or 0
 
     def node_config_entry(self, node_name: str) -> nc.NodeConfigEntry | None:
         return self.node_config_parsed.entry_for(node_name) if self.node_config_parsed else None

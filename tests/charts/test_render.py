@@ -14,9 +14,6 @@ from tests.charts import chart
 from tests.charts.conftest import Renders
 
 KUBERNETES_VERSIONS = ["1.27", "1.33"]  # the oldest supported and a current one; both ship schemas
-# Prometheus Operator kinds: kubernetes-validate has no schema for them and we do not vendor the
-# operator's CRDs; test_monitoring.py checks what they point at instead.
-UNCHECKED_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 
 def test_lint_strict() -> None:
@@ -38,7 +35,7 @@ def test_objects_are_valid_kubernetes(renders: Renders, profile: str, version: s
     for obj in renders(profile):
         where = f"{obj['kind']}/{obj['metadata']['name']}"
         group = obj["apiVersion"].rpartition("/")[0]
-        if obj["kind"] in UNCHECKED_KINDS:
+        if obj["kind"] in chart.UNCHECKED_KINDS:
             continue
         if (group, obj["kind"]) in crds:
             jsonschema.validate(obj, chart.instance_schema(crds[group, obj["kind"]]))
@@ -53,7 +50,7 @@ def test_objects_are_valid_kubernetes(renders: Renders, profile: str, version: s
 
 def test_monitoring_kinds_are_not_schema_checked(renders: Renders) -> None:
     kinds = {o["kind"] for o in renders("full")}
-    assert kinds >= UNCHECKED_KINDS
+    assert kinds >= chart.UNCHECKED_KINDS
     pytest.skip("ServiceMonitor and PrometheusRule: no schema in kubernetes-validate and the Prometheus "
                 "Operator CRDs are not vendored; their references are checked in test_monitoring.py")
 

@@ -1,15 +1,15 @@
-"""The CRD's CEL rules evaluate as the model validators decide (needs `cel-python`; skipped
-without it). The rules are evaluated on the generated schema, so a rule that does not compile or
-that disagrees with api.py fails here."""
+"""The CRD's CEL rules evaluate as the model validators decide (`cel-python`, a dev dependency:
+imported plainly, so a missing install fails here instead of skipping the rules unchecked). The
+rules are evaluated on the generated schema, so a rule that does not compile or that disagrees
+with api.py fails here."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import celpy
 import pytest
 from vgpu_operator import crd
-
-celpy = pytest.importorskip("celpy")
 
 
 def _rules() -> dict[str, list[str]]:

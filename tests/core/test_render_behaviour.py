@@ -86,6 +86,8 @@ def test_restart_matrix(cluster_docs: list[dict[str, Any]]) -> None:
     assert _restarts(spec, docs) == set()
     result = _render(spec, docs)
     assert result.target("ConfigMap", "volcano-vgpu-node-config").changed_nodes == ["test-app-64-46-msxf"]
+    # What status compares that node's registration with.
+    assert result.target("ConfigMap", "volcano-vgpu-node-config").node_splits == {"test-app-64-46-msxf": 4}
     # Once rolled, the annotation is kept up to date: a second change rolls again.
     split4 = _converged({"device": {"deviceSplitCount": 4}}, docs)
     assert _restarts({"device": {"deviceSplitCount": 4}}, split4) == set()

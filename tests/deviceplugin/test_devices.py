@@ -28,11 +28,19 @@ def test_sizes_per_resource_follow_upstream() -> None:
 def test_hand_encoded_message_equals_protobuf_encoding_and_tracks_health() -> None:
     gpus = parse_mock_spec("3xT4", NODE)
     s = resolve_settings(Flags(node_name=NODE, device_split_count=120), None, None)
+    # The reference is built with protobuf from the id scheme, not from the payload itself.
+    scheme = {  # kind -> (id prefix, ids per GPU)
+        ResourceKind.COUNT: lambda g: (f"{g.uuid}-", 120),
+        ResourceKind.CORES: lambda g: (f"{g.uuid}-core-", 100),
+        ResourceKind.MEMORY: lambda g: (f"{g.index}-", g.memory_mib),
+    }
     for kind in ResourceKind:
         adv = advertise(kind, gpus, {gpus[1].uuid: False}, s)
         reference = pb.ListAndWatchResponse()
-        for d in adv.response.devices:
-            reference.devices.add(ID=d.ID, health=d.health)
+        for g in gpus:
+            prefix, units = scheme[kind](g)
+            for i in range(units):
+                reference.devices.add(ID=f"{prefix}{i}", health="Unhealthy" if g is gpus[1] else "Healthy")
         assert reference.SerializeToString() == adv.payload
         assert adv.size == reference.ByteSize()
         assert len({d.ID for d in adv.response.devices}) == len(adv.response.devices)

@@ -16,7 +16,7 @@ from vgpu_deviceplugin.monitor import region as layout
 from vgpu_deviceplugin.monitor.exporter import metrics
 from vgpu_deviceplugin.monitor.main import serve
 from vgpu_deviceplugin.monitor.region import RegionError, RegionNotReady, parse_region
-from vgpu_deviceplugin.monitor.scan import scan
+from vgpu_deviceplugin.monitor.scan import read_container, scan
 
 GPU_A = "GPU-bc94e532-1820-8ee8-ceaa-704166369c7c"
 GPU_B = "GPU-5beec879-79c9-6252-3aaa-9f5e146ba220"
@@ -94,6 +94,11 @@ def test_scan_and_metrics_name_the_container_and_sum_per_gpu(tmp_path: Path) -> 
     # The slot's owner is not alive (nobody holds its lock byte): no process, no last-kernel age.
     assert {s.value for s in families["vGPU_container_processes"].samples} == {0}
     assert families["Device_last_kernel_of_container"].samples == []
+
+
+def test_folder_removed_during_a_scan_is_skipped(tmp_path: Path) -> None:
+    # The plugin's cleanup may remove a gone pod's folder between the listing and the read.
+    assert read_container(tmp_path / f"{POD_UID}_gone") is None
 
 
 def test_live_process_is_seen_through_its_lock(tmp_path: Path) -> None:

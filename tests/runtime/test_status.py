@@ -43,11 +43,11 @@ def test_malformed_annotation_is_reported_never_raised() -> None:
 
 
 def test_cpu_nodes_are_not_counted() -> None:
-    assert report_nodes([_node("cpu", None, cpu="8")], SPEC, None) == []
+    assert report_nodes([_node("cpu", None, cpu="8")], SPEC, {}) == []
 
 
 def test_split_comes_from_the_node_config_entry() -> None:
-    node_config = {"data": {"config.json": '{"nodeconfig": [{"name": "a", "devicesplitcount": 4}]}'}}
+    node_config = {"a": 4}  # the rendered node-config target's node_splits
     nodes = [_node("a", _register(1, 4), **{"volcano.sh/vgpu-number": "4"}),
              _node("b", _register(1, 4), **{"volcano.sh/vgpu-number": "4"})]
     reports = {r.name: r.converged for r in report_nodes(nodes, SPEC, node_config)}
@@ -55,7 +55,7 @@ def test_split_comes_from_the_node_config_entry() -> None:
 
 
 def test_transition_time_changes_only_with_the_condition_status() -> None:
-    nodes = report_nodes([_node("a", _register(1, 10), **{"volcano.sh/vgpu-number": "10"})], SPEC, None)
+    nodes = report_nodes([_node("a", _register(1, 10), **{"volcano.sh/vgpu-number": "10"})], SPEC, {})
     first = build_status(Outcome(1, problems=["spec.x: bad"], nodes=nodes), None, "T1")
     second = build_status(Outcome(1, problems=["spec.x: bad"], nodes=nodes), first, "T2")
     assert second == first, "an unchanged outcome gives an identical status (no write)"

@@ -15,6 +15,7 @@ from vgpuctl.diffing import target_diff
 from vgpuctl.facts import gather
 from vgpuctl.importer import import_policy
 from vgpuctl.main import main
+from vgpuctl.manifests import object_key
 
 from . import test_doctor as variants
 from .conftest import find
@@ -29,9 +30,9 @@ def _managed(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[s
     """The cluster after the operator applied the imported policy once (its canonical form)."""
     policy = import_policy(gather(objects)).policy
     written = [t.desired for t in _render(policy, objects).targets if t.changed and t.desired is not None]
-    by_key = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o for o in objects}
+    by_key = {object_key(o): o for o in objects}
     for obj in written:
-        by_key[(obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])] = copy.deepcopy(obj)
+        by_key[object_key(obj)] = copy.deepcopy(obj)
     return policy, list(by_key.values())
 
 

@@ -55,7 +55,10 @@ def read_container(directory: Path) -> ContainerRegion | None:
     names = split_dir_name(directory.name)
     if names is None:
         return None
-    caches = sorted(p for p in directory.iterdir() if p.name.endswith(".cache") and p.is_file())
+    try:
+        caches = sorted(p for p in directory.iterdir() if p.name.endswith(".cache") and p.is_file())
+    except FileNotFoundError:
+        return None  # removed since the scan listed it (the plugin's cleanup of gone pods)
     if not caches:
         return None  # no CUDA process has started yet
     path = caches[0]

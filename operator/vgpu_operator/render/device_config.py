@@ -12,7 +12,6 @@ from typing import Any
 import yaml
 from vgpu_formats import device_config as fmt
 from vgpu_formats import yamlio
-from vgpu_formats.errors import FormatError
 
 from vgpu_operator.api import VGPUPolicySpec
 from vgpu_operator.observed import Observed
@@ -83,13 +82,7 @@ def owned_section(spec: VGPUPolicySpec) -> dict[str, Any]:
 def live_config(observed: Observed) -> fmt.DeviceConfig | None:
     """The live device-config as its readers load it; None when it is missing or does not load
     (the scheduler then falls back to its built-in defaults)."""
-    text = observed.device_config_text()
-    if text is None:
-        return None
-    try:
-        return fmt.parse_device_config(text)
-    except FormatError:
-        return None
+    return fmt.load_device_config(observed.device_config_text())
 
 
 def plugin_reads(cfg: fmt.DeviceConfig | None) -> tuple[dict[str, Any], ...]:

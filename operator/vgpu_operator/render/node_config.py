@@ -67,4 +67,5 @@ def render_node_config_target(spec: VGPUPolicySpec, observed: Observed) -> Targe
     before = _entries_by_name(live) if live is not None else {}
     after = _entries_by_name(desired)
     target.changed_nodes = sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+    target.node_splits = {name: entry.get("devicesplitcount") or 0 for name, entry in after.items()}
     return target

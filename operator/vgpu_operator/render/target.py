@@ -23,7 +23,8 @@ class TargetRender:
     `changed`: desired differs from live in the parts we own. ConfigMaps carry `key` and `text`
     (the data we own). Workloads carry `restart_hash` (the pod-template annotation value, None when
     the adoption rule leaves it unset). The node-config target lists `changed_nodes` whose entry
-    changed: their device plugin pods need recreating.
+    changed: their device plugin pods need recreating, and `node_splits`, the split count each
+    node's entry sets (status compares the nodes' registrations with it).
     """
 
     kind: str
@@ -37,6 +38,7 @@ class TargetRender:
     text: str | None = None
     restart_hash: str | None = None
     changed_nodes: list[str] = field(default_factory=list)
+    node_splits: dict[str, int] = field(default_factory=dict)
     error: Problem | None = None
 
     @property
