@@ -244,6 +244,23 @@ def test_repairing_a_hand_edit_does_not_restart_an_adopted_plugin(cluster_docs: 
     assert render_all(policy, observe(docs, policy.spec)).target("DaemonSet", "volcano-device-plugin").changed
 
 
+def test_a_workload_whose_roll_failed_is_rolled_once_its_inputs_look_current(
+        cluster_docs: list[dict[str, Any]]) -> None:
+    """An apply wrote the scheduler conf, then failed to patch the Deployment: the live conf now
+    matches the policy, but the scheduler still runs the old one. Status (Error) says so."""
+    first = _render({}, cluster_docs)
+    assert first.target("Deployment", "volcano-scheduler").changed, "the fixture's scheduler needs a roll"
+    conf = first.target("ConfigMap", "volcano-scheduler-configmap").desired
+    docs = [conf if d["metadata"]["name"] == "volcano-scheduler-configmap" else d for d in cluster_docs]
+    current = _render({}, docs).target("Deployment", "volcano-scheduler")
+    assert not current.changed, "with the conf written, the live inputs look current"
+    status = {"targets": [{"kind": "Deployment", "namespace": "volcano-system", "name": "volcano-scheduler",
+                           "hash": current.content_hash, "state": "Error"}]}
+    policy = VGPUPolicy.from_object({"metadata": {"name": "default"}, "spec": {}, "status": status})
+    rolled = render_all(policy, observe(docs, policy.spec)).target("Deployment", "volcano-scheduler")
+    assert rolled.changed and rolled.restart_hash == current.content_hash
+
+
 def test_legacy_flags_left_at_their_defaults_stay_absent() -> None:
     defaults = dp.LEGACY_DEFAULTS
     flags = {"resource-name": "volcano.sh/vgpu-number", "device-split-count": "10", "gpu-memory-factor": "1"}

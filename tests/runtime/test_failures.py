@@ -134,14 +134,22 @@ async def test_conflicts_and_server_errors_are_retried(cluster: Cluster) -> None
 
 async def test_persistent_failure_is_reported_then_recovers(cluster: Cluster) -> None:
     # The first apply restarts the scheduler (the fixture's Volcano has no deviceshare yet).
-    cluster.emulator.fail_next("PATCH", r"/deployments/volcano-scheduler$", status=500, times=12)
+    # The fault lasts until the failure has been seen: a fixed count of failures would let the
+    # next reconcile succeed a few ms later, and a poll could miss the failed state in between.
+    fault = cluster.emulator.fail_next("PATCH", r"/deployments/volcano-scheduler$", status=500, times=10**6)
     cluster.create_policy()
     applied = await eventually(
         lambda: (c := cluster.condition("Applied")).get("status") == "False" and c, what="Applied=False"
     )
     assert applied["reason"] == "ApplyFailed" and "500" in applied["message"]
     assert cluster.events("ApplyFailed")
+    fault.times = 0
     await cluster.ready()
+    # The scheduler conf was written before the Deployment patch failed: the scheduler still runs
+    # the old conf, so recovery must roll it although its inputs now look current.
+    deployment = cluster.get("Deployment", "volcano-system", "volcano-scheduler")
+    assert deployment is not None
+    assert "vgpu.io/scheduler-config-hash" in deployment["spec"]["template"]["metadata"]["annotations"]
 
 
 async def test_dropped_watches_do_not_lose_changes(cluster: Cluster) -> None:

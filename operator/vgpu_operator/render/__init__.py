@@ -52,16 +52,21 @@ def spec_of(policy: VGPUPolicy | VGPUPolicySpec) -> VGPUPolicySpec:
     return policy.spec if isinstance(policy, VGPUPolicy) else policy
 
 
-def running_hashes(policy: VGPUPolicy | VGPUPolicySpec) -> dict[str, str]:
+def running_hashes(policy: VGPUPolicy | VGPUPolicySpec) -> dict[str, str | None]:
     """Target ref -> the restart hash its pods run with, as the policy's status last recorded it
     (InSync: matched; Updated: written, pods rolling). A workload the operator adopted without a
     restart has no annotation, so this is how a later drift of its inputs (a hand edit the
-    operator repairs) is told apart from a change the pods have not seen."""
+    operator repairs) is told apart from a change the pods have not seen. None (state Error): the
+    apply that should have rolled it failed, possibly after writing its inputs, so its pods run
+    with something else than what the live inputs now say."""
     status = policy.status if isinstance(policy, VGPUPolicy) else None
     if status is None:
         return {}
-    return {describe(t.kind, t.namespace, t.name): t.hash for t in status.targets
-            if t.kind in ("Deployment", "DaemonSet") and t.state in ("InSync", "Updated") and t.hash}
+    recorded: dict[str, str | None] = {}
+    for t in status.targets:
+        if t.kind in ("Deployment", "DaemonSet") and t.hash and t.state in ("InSync", "Updated", "Error"):
+            recorded[describe(t.kind, t.namespace, t.name)] = None if t.state == "Error" else t.hash
+    return recorded
 
 
 def render_all(policy: VGPUPolicy | VGPUPolicySpec, observed: Observed) -> RenderResult:

@@ -112,7 +112,7 @@ def edit_args(args: list[str], flags: dict[str, str | None],
 
 
 def render_device_plugin_target(spec: VGPUPolicySpec, observed: Observed,
-                                running: Mapping[str, str] | None = None) -> TargetRender:
+                                running: Mapping[str, str | None] | None = None) -> TargetRender:
     plugin = spec.device_plugin
     where = describe("DaemonSet", plugin.namespace, plugin.daemon_set)
     live = observed.device_plugin

@@ -35,7 +35,7 @@ def live_inputs(spec: VGPUPolicySpec, observed: Observed) -> dict[str, Any] | No
 
 
 def render_scheduler_deployment_target(spec: VGPUPolicySpec, observed: Observed,
-                                       running: Mapping[str, str] | None = None) -> TargetRender:
+                                       running: Mapping[str, str | None] | None = None) -> TargetRender:
     sched = spec.scheduler
     live = observed.scheduler_deployment
     if live is None:

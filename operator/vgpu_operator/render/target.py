@@ -122,17 +122,19 @@ def missing_target(kind: str, namespace: str, name: str, field: str, reason: str
 
 def workload_target(kind: str, live: dict[str, Any], annotation: str, restart_hash: str,
                     inputs_changed: bool, containers: list[dict[str, Any]] | None = None,
-                    running: Mapping[str, str] | None = None) -> TargetRender:
+                    running: Mapping[str, str | None] | None = None) -> TargetRender:
     """A Deployment/DaemonSet target: optional new `containers`, and the restart annotation.
 
     Adoption rule (so taking over a working cluster restarts nothing): the annotation is set or
     updated only when it is already there or when the start-time inputs differ from what is live
     now, unless `running` (see `render.running_hashes`) says the pods already run with
-    `restart_hash`. Changing the annotation's value is what rolls the pods.
+    `restart_hash`, or when `running` says the last apply failed before rolling it. Changing the
+    annotation's value is what rolls the pods.
     """
     meta = live.get("metadata") or {}
     ref = describe(kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
-    inputs_changed = inputs_changed and (running or {}).get(ref) != restart_hash
+    recorded = (running or {}).get(ref, "")
+    inputs_changed = (inputs_changed or recorded is None) and recorded != restart_hash
     desired = copy.deepcopy(live)
     template = desired.setdefault("spec", {}).setdefault("template", {})
     if containers is not None:
