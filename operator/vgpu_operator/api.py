@@ -334,7 +334,8 @@ class VGPUPolicySpec(ApiModel):
     """Desired vGPU configuration of the whole cluster."""
 
     cel_rules: ClassVar[list[dict[str, str]]] = [
-        {"rule": "self.targets.nodeConfig.namespace == self.devicePlugin.namespace",
+        # `namespace` is a CEL reserved word: Kubernetes exposes the property as `__namespace__`.
+        {"rule": "self.targets.nodeConfig.__namespace__ == self.devicePlugin.__namespace__",
          "message": "targets.nodeConfig.namespace must equal devicePlugin.namespace: the DaemonSet mounts "
                     "that ConfigMap from its own namespace"},
     ]

@@ -6,8 +6,10 @@
 The schema is built by walking the models (not from pydantic's JSON schema, which uses `$ref` and
 `anyOf` that a structural schema forbids): every property carries a `description`; `Literal`
 becomes `enum`; ge/gt/le, min/max length and patterns carry over; object fields with a model
-default get `default: {}` so the API server fills the nested defaults; `cel_rules` become
-`x-kubernetes-validations`. Every list and string a CEL rule touches has a max size, which keeps
+default get the model's defaults written out whole (the API server checks a default against its own
+node's CEL rules as written, without filling nested defaults first, so `default: {}` would fail a
+rule that reads a field); `cel_rules` become `x-kubernetes-validations`, and a rule must name a
+property that is a CEL reserved word as Kubernetes exposes it (`namespace` as `__namespace__`). Every list and string a CEL rule touches has a max size, which keeps
 the rules within the API server's cost budget.
 """
 
@@ -105,11 +107,18 @@ def _apply_constraints(schema: dict[str, Any], info: FieldInfo) -> None:
 def _default(info: FieldInfo, schema: dict[str, Any]) -> tuple[bool, Any]:
     """(has a default worth writing, the default) for a field."""
     if info.default_factory is not None:
-        # A nested object gets {} and the API server fills its fields' own defaults.
-        return (schema.get("type") == "object" and "properties" in schema), {}
+        if schema.get("type") == "object" and "properties" in schema:
+            return True, model_default(info.default_factory())  # type: ignore[call-arg]
+        return False, None
     if info.default is PydanticUndefined or info.default is None:
         return False, None
     return True, info.default
+
+
+def model_default(value: Any) -> Any:
+    """A model's defaults as the API server stores them (aliases, no nulls)."""
+    return value.model_dump(by_alias=True, exclude_none=True, mode="json") if isinstance(value, BaseModel) \
+        else value
 
 
 def field_schema(info: FieldInfo) -> dict[str, Any]:
@@ -164,7 +173,7 @@ def crd_manifest() -> dict[str, Any]:
             "apiVersion": {"type": "string", "description": "APIVersion of this object (vgpu.io/v1alpha1)."},
             "kind": {"type": "string", "description": "Kind of this object (VGPUPolicy)."},
             "metadata": {"type": "object"},
-            "spec": {**model_schema(api.VGPUPolicySpec), "default": {}},
+            "spec": {**model_schema(api.VGPUPolicySpec), "default": model_default(api.VGPUPolicySpec())},
             "status": model_schema(api.VGPUPolicyStatus),
         },
     }

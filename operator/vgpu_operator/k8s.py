@@ -13,7 +13,6 @@ import datetime
 import functools
 import json
 import logging
-import os
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -276,11 +275,11 @@ class Kube:
         return True
 
     async def post_event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        """A core/v1 Event about `involved` (cluster-scoped objects: events go to the operator's
-        own namespace)."""
+        """A core/v1 Event about `involved`. The API server accepts an Event about a cluster-scoped
+        object (VGPUPolicy, Node) only in `default` (core/v1 Event validation), so it goes there."""
         meta = involved.get("metadata") or {}
         now = now_rfc3339()
-        event_ns = meta.get("namespace") or os.environ.get("POD_NAMESPACE") or "default"
+        event_ns = meta.get("namespace") or "default"
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{meta.get('name', 'vgpu')}.", "namespace": event_ns},

@@ -55,15 +55,18 @@ def operator_contract(*, scheduler_ns: str, targets_ns: str, plugin_ns: str, dae
         | expand("*", "vgpu.io", ("vgpupolicies/status",), ("get", "update", "patch"))
         | expand("*", "", ("nodes", "pods", "namespaces"), READ)
         | expand("*", "apiextensions.k8s.io", ("customresourcedefinitions",), READ)
+        # device-config where the scheduler reads it, node-config beside the plugin that mounts it
         | expand(targets_ns, "", ("configmaps",), ("create",))
-        | expand(targets_ns, "", ("configmaps",), ("patch",),
-                 ("volcano-vgpu-device-config", "volcano-vgpu-node-config"))
+        | expand(targets_ns, "", ("configmaps",), ("patch",), ("volcano-vgpu-device-config",))
+        | expand(plugin_ns, "", ("configmaps",), ("create",))
+        | expand(plugin_ns, "", ("configmaps",), ("patch",), ("volcano-vgpu-node-config",))
         | expand(scheduler_ns, "", ("configmaps",), ("patch",), ("volcano-scheduler-configmap",))
         | expand(scheduler_ns, "apps", ("deployments",), ("patch",), ("volcano-scheduler",))
         | expand(plugin_ns, "apps", ("daemonsets",), ("patch",), (daemonset,))
         | expand(plugin_ns, "", ("pods",), ("delete",))
     )
-    for ns in watched | {chart.NAMESPACE}:
+    # `default`: the only namespace the API server takes Events about cluster-scoped objects in
+    for ns in watched | {"default"}:
         want |= expand(ns, "", ("events",), ("create", "patch"))
     for ns in watched:
         want |= expand(ns, "", ("configmaps",), READ)
@@ -77,8 +80,8 @@ def operator_contract(*, scheduler_ns: str, targets_ns: str, plugin_ns: str, dae
 PLUGIN_CONTRACT = (
     expand("*", "", ("nodes",), ("get", "patch"))
     | expand("*", "", ("pods",), ("get", "list", "watch", "patch"))
-    | expand("kube-system", "", ("configmaps",), READ,
-             ("volcano-vgpu-device-config", "volcano-vgpu-node-config"))
+    | expand("kube-system", "", ("configmaps",), READ, ("volcano-vgpu-device-config",))
+    | expand(chart.NAMESPACE, "", ("configmaps",), READ, ("volcano-vgpu-node-config",))
 )
 OPERATOR_SA = "vgpu-vgpu-operator"
 PLUGIN_SA = "vgpu-vgpu-operator-device-plugin"
@@ -102,9 +105,8 @@ def test_operator_adopting_an_existing_plugin(renders: Renders) -> None:
     assert grants == operator_contract(
         scheduler_ns="volcano-system", targets_ns="kube-system", plugin_ns="kube-system",
         daemonset="volcano-device-plugin", ha=False)
-    # Nothing of ours is installed, so nothing is granted on the release namespace but Events.
-    assert {g for g in grants if g[0] == chart.NAMESPACE} == expand(chart.NAMESPACE, "", ("events",),
-                                                                    ("create", "patch"))
+    # Nothing of ours is installed, so nothing is granted on the release namespace.
+    assert {g for g in grants if g[0] == chart.NAMESPACE} == set()
 
 
 def test_one_namespace_playing_every_part_gets_the_union() -> None:

@@ -115,7 +115,8 @@ def test_chart_locations_default_to_the_crd_defaults() -> None:
     for field in ("namespace", "configMap", "key", "deployment"):
         assert VALUES["scheduler"][field] == default("scheduler", field)
     assert VALUES["targets"]["namespace"] == default("targets", "deviceConfig", "namespace")
-    assert VALUES["targets"]["namespace"] == default("targets", "nodeConfig", "namespace")
+    # node-config lives beside the plugin: the CRD's default is the upstream plugin's namespace
+    assert VALUES["existingDevicePlugin"]["namespace"] == default("targets", "nodeConfig", "namespace")
     assert VALUES["targets"]["deviceConfig"] == default("targets", "deviceConfig", "name")
     assert VALUES["targets"]["nodeConfig"] == default("targets", "nodeConfig", "name")
     existing = VALUES["existingDevicePlugin"]

@@ -139,7 +139,7 @@ def test_plugin_arguments_are_accepted_by_the_plugin(renders: Renders, profile: 
     assert args.node_name == "gpu-node-1"
     assert args.device_config_name == "volcano-vgpu-device-config"
     assert args.device_config_namespace == "kube-system"
-    assert (args.node_config_name, args.node_config_namespace) == ("volcano-vgpu-node-config", "kube-system")
+    assert (args.node_config_name, args.node_config_namespace) == ("volcano-vgpu-node-config", chart.NAMESPACE)
     assert args.hook_path == "/usr/local/vgpu"
     assert args.device_plugin_dir == "/var/lib/kubelet/device-plugins"
     assert args.mock_gpus == chart.PROFILES[profile].get("devicePlugin", {}).get("mockGpus")
@@ -222,11 +222,8 @@ def test_monitor_arguments_are_accepted_by_the_monitor(default_objects: list[Obj
 
 @pytest.mark.parametrize("profile", ["default", "adopt"])
 def test_events_of_cluster_scoped_objects_land_where_allowed(renders: Renders, profile: str) -> None:
-    objs = renders(profile)
-    env = {e["name"]: e for e in container(pod_spec(objs, "Deployment"), "operator")["env"]}
-    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
-    deployment_ns = chart.one(objs, "Deployment")["metadata"]["namespace"]
-    operator_role = (deployment_ns, "vgpu-vgpu-operator")
-    role = next(r for r in chart.of_kind(objs, "Role")
-                if (r["metadata"]["namespace"], r["metadata"]["name"]) == operator_role)
+    # The API server takes an Event about a cluster-scoped object only in `default` (422 elsewhere);
+    # tests/e2e shows it landing under the chart's ServiceAccount.
+    role = next(r for r in chart.of_kind(renders(profile), "Role")
+                if (r["metadata"]["namespace"], r["metadata"]["name"]) == ("default", "vgpu-vgpu-operator"))
     assert any(rule["resources"] == ["events"] and "create" in rule["verbs"] for rule in role["rules"])

@@ -27,9 +27,33 @@ def _rules() -> dict[str, list[str]]:
     return found
 
 
+# Kubernetes exposes a property whose name is a CEL reserved word as `__name__` (and escapes
+# `__`, `.`, `-`, `/`); cel-python does not, so the objects are escaped here as the API server
+# does, and a rule that writes `self.namespace` finds no such key, as it would on a real server.
+CEL_RESERVED = {"as", "break", "const", "continue", "else", "for", "function", "if", "import", "let",
+                "loop", "package", "namespace", "return", "var", "void", "while", "in", "null", "true",
+                "false"}
+
+
+def _escape(key: str) -> str:
+    if key in CEL_RESERVED:
+        return f"__{key}__"
+    for raw, escaped in (("__", "__underscores__"), (".", "__dot__"), ("-", "__dash__"), ("/", "__slash__")):
+        key = key.replace(raw, escaped)
+    return key
+
+
+def _escaped(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {_escape(k): _escaped(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_escaped(v) for v in obj]
+    return obj
+
+
 def _allowed(path: str, obj: dict[str, Any]) -> bool:
     env = celpy.Environment()
-    return all(bool(env.program(env.compile(rule)).evaluate({"self": celpy.json_to_cel(obj)}))
+    return all(bool(env.program(env.compile(rule)).evaluate({"self": celpy.json_to_cel(_escaped(obj))}))
                for rule in _rules()[path])
 
 

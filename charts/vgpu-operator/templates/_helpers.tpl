@@ -63,6 +63,12 @@ imagePullSecrets:
 {{- if .Values.devicePlugin.enabled -}}{{ .Release.Namespace }}{{- else -}}{{ .Values.existingDevicePlugin.namespace }}{{- end -}}
 {{- end -}}
 
+{{- /* node-config is mounted by the plugin's DaemonSet, so it lives in the plugin's namespace;
+device-config stays in targets.namespace, where the scheduler looks. */ -}}
+{{- define "vgpu.nodeConfig.namespace" -}}
+{{ include "vgpu.plugin.namespace" . }}
+{{- end -}}
+
 {{- define "vgpu.plugin.daemonSet" -}}
 {{- if .Values.devicePlugin.enabled -}}{{ include "vgpu.plugin.name" . }}{{- else -}}{{ .Values.existingDevicePlugin.daemonSet }}{{- end -}}
 {{- end -}}
@@ -74,14 +80,15 @@ imagePullSecrets:
 {{/*
 The namespaces the operator watches (kopf --namespace): the scheduler's, the rendered
 ConfigMaps' and the device plugin's. The operator's namespaced RBAC is granted in exactly these
-(plus the release namespace for Events on cluster-scoped objects). Output: a JSON list.
+(plus `default`, the one namespace where the API server accepts Events about cluster-scoped
+objects such as the VGPUPolicy). Output: a JSON list.
 */}}
 {{- define "vgpu.watchedNamespaces" -}}
 {{- list .Values.scheduler.namespace .Values.targets.namespace (include "vgpu.plugin.namespace" .) | uniq | toJson -}}
 {{- end -}}
 
 {{- define "vgpu.roleNamespaces" -}}
-{{- append (include "vgpu.watchedNamespaces" . | fromJsonArray) .Release.Namespace | uniq | toJson -}}
+{{- append (include "vgpu.watchedNamespaces" . | fromJsonArray) "default" | uniq | toJson -}}
 {{- end -}}
 
 {{/* Container security context shared by every non-root container of the chart. */}}
@@ -104,6 +111,6 @@ carries exactly these, and the RBAC is granted for exactly these.
 {{- toJson (dict
   "scheduler" (dict "namespace" $v.scheduler.namespace "configMap" $v.scheduler.configMap "key" $v.scheduler.key "deployment" $v.scheduler.deployment)
   "devicePlugin" (dict "namespace" (include "vgpu.plugin.namespace" .) "daemonSet" (include "vgpu.plugin.daemonSet" .) "container" (include "vgpu.plugin.container" .) "generation" (ternary "builtin" $v.existingDevicePlugin.generation $v.devicePlugin.enabled))
-  "targets" (dict "deviceConfig" (dict "namespace" $v.targets.namespace "name" $v.targets.deviceConfig) "nodeConfig" (dict "namespace" $v.targets.namespace "name" $v.targets.nodeConfig))
+  "targets" (dict "deviceConfig" (dict "namespace" $v.targets.namespace "name" $v.targets.deviceConfig) "nodeConfig" (dict "namespace" (include "vgpu.nodeConfig.namespace" .) "name" $v.targets.nodeConfig))
 ) -}}
 {{- end -}}

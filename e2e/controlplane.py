@@ -1,0 +1,424 @@
+"""A real Kubernetes control plane on 127.0.0.1 for the e2e suite, built from registries.
+
+    python -m e2e.controlplane build   # build (or find cached) etcd, kube-apiserver, kube-controller-manager
+    python -m e2e.controlplane up      # start them (a no-op when they already run); prints the kubeconfig path
+    python -m e2e.controlplane down    # stop exactly what `up` started, remove its state
+    python -m e2e.controlplane status  # exit 0 when running and ready
+
+The binaries come from the Go modules pinned in `e2e/tools/*/go.mod` (etcd from
+`go.etcd.io/etcd/server/v3`, the Kubernetes binaries from `k8s.io/kubernetes`), built with the Go
+module proxy, as envtest does. A build is cached under `$VGPU_E2E_CACHE` (default
+`~/.cache/vgpu-operator/e2e`) keyed by a hash of that module's go.mod, go.sum and the Go version,
+so it is rebuilt only when a pin changes; a fresh clone on the same machine reuses it.
+
+`up` makes a CA and certificates with `openssl`, starts etcd, kube-apiserver (RBAC on, an audit
+log of every request at Metadata level) and kube-controller-manager (service-account tokens,
+garbage collection, namespaces, Deployments), and writes an admin kubeconfig. Everything lives in
+`.e2e/` at the repository root (git-ignored): `kubeconfig`, `audit.log`, `logs/`, `state.json`.
+There is no kubelet and no scheduler: pods stay Pending, which the tests rely on only as objects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = Path(__file__).resolve().parent / "tools"
+STATE_DIR = ROOT / ".e2e"
+CACHE = Path(os.environ.get("VGPU_E2E_CACHE") or Path.home() / ".cache" / "vgpu-operator" / "e2e")
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A Go tools module and the commands built from it."""
+
+    module: str  # folder under e2e/tools
+    pin: str  # the required module whose version names the build
+    commands: tuple[tuple[str, str], ...]  # (binary name, Go package)
+
+
+TOOLS_BUILT = (
+    Tool("etcd", "go.etcd.io/etcd/server/v3", (("etcd", "go.etcd.io/etcd/server/v3"),)),
+    Tool("kubernetes", "k8s.io/kubernetes", (
+        ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
+        ("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager"))),
+)
+
+
+class BuildError(RuntimeError):
+    """A tool failed to build; the message names the module, its version and the output's tail."""
+
+
+def pinned_version(tool: Tool) -> str:
+    """The version `tool.pin` is required at in its go.mod."""
+    for line in (TOOLS / tool.module / "go.mod").read_text().splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[-2] == tool.pin:
+            return words[-1]
+    raise BuildError(f"e2e/tools/{tool.module}/go.mod does not require {tool.pin}")
+
+
+def _go_version() -> str:
+    try:
+        out = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise BuildError(f"the e2e control plane is built with Go, which is not usable here: {exc}. "
+                         "Install Go 1.24+ (the module proxy must be reachable).") from exc
+    return out.stdout.strip()
+
+
+def build_dir(tool: Tool, go_version: str) -> Path:
+    """Where this pin's binaries are cached."""
+    digest = hashlib.sha256()
+    for name in ("go.mod", "go.sum"):
+        digest.update((TOOLS / tool.module / name).read_bytes())
+    digest.update(go_version.encode())
+    digest.update(repr(tool.commands).encode())
+    digest.update(_ldflags(tool).encode())
+    return CACHE / f"{tool.module}-{pinned_version(tool)}-{digest.hexdigest()[:12]}"
+
+
+def _ldflags(tool: Tool) -> str:
+    """Strip symbols; stamp a Kubernetes build with its release, as the release build does (a
+    `go build` says v0.0.0-master, which fails helm's kubeVersion check)."""
+    flags = "-s -w"
+    if tool.pin == "k8s.io/kubernetes":
+        version = pinned_version(tool)
+        major, minor = version.lstrip("v").split(".")[:2]
+        stamp = "k8s.io/component-base/version"
+        flags += (f" -X {stamp}.gitVersion={version} -X {stamp}.gitMajor={major}"
+                  f" -X {stamp}.gitMinor={minor} -X {stamp}.gitTreeState=clean")
+    return flags
+
+
+def build(tool: Tool, go_version: str, log: bool = True) -> Path:
+    """The folder holding the tool's binaries, built unless cached."""
+    target = build_dir(tool, go_version)
+    names = [name for name, _ in tool.commands]
+    if all((target / n).is_file() for n in names):
+        return target
+    version = pinned_version(tool)
+    if log:
+        print(f"e2e: building {tool.pin} {version} ({', '.join(names)}); cached in {target}",
+              file=sys.stderr, flush=True)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        out = Path(tmp) / "bin"
+        out.mkdir()
+        for name, package in tool.commands:
+            result = subprocess.run(
+                ["go", "build", "-buildvcs=false", "-trimpath", f"-ldflags={_ldflags(tool)}", "-o", str(out / name),
+                 package], cwd=TOOLS / tool.module, capture_output=True, text=True)
+            if result.returncode != 0:
+                tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
+                raise BuildError(f"building {package} from {tool.pin} {version} "
+                                 f"(e2e/tools/{tool.module}) failed:\n{tail}")
+        if target.exists():
+            shutil.rmtree(target)
+        out.rename(target)
+    for stale in CACHE.glob(f"{tool.module}-*"):  # builds of earlier pins are never used again
+        if stale != target:
+            shutil.rmtree(stale, ignore_errors=True)
+    if log:
+        print(f"e2e: built {tool.pin} {version} in {time.monotonic() - started:.0f} s",
+              file=sys.stderr, flush=True)
+    return target
+
+
+def build_all() -> dict[str, Path]:
+    """{binary name: path} for every tool, building what is not cached."""
+    go_version = _go_version()
+    found: dict[str, Path] = {}
+    for tool in TOOLS_BUILT:
+        folder = build(tool, go_version)
+        for path in folder.iterdir():
+            found[path.name] = path
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# certificates
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _issue(pki: Path, name: str, subject: str, sans: str | None = None, server: bool = False) -> None:
+    """A key and a certificate signed by the CA in `pki`."""
+    _openssl("genrsa", "-out", f"{name}.key", "2048", cwd=pki)
+    _openssl("req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr", cwd=pki)
+    ext = pki / f"{name}.ext"
+    lines = ["basicConstraints=CA:FALSE", "keyUsage=digitalSignature,keyEncipherment",
+             f"extendedKeyUsage={'serverAuth' if server else 'clientAuth'}"]
+    if sans:
+        lines.append(f"subjectAltName={sans}")
+    ext.write_text("\n".join(lines) + "\n")
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-days", "30", "-sha256", "-extfile", ext.name, "-out", f"{name}.crt",
+             cwd=pki)
+
+
+def make_pki(pki: Path) -> None:
+    """CA, serving certificate, admin and controller-manager client certificates, SA key pair."""
+    pki.mkdir(parents=True, exist_ok=True)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+             "-days", "30", "-subj", "/CN=vgpu-e2e-ca", cwd=pki)
+    _issue(pki, "apiserver", "/CN=kube-apiserver",
+           "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc", server=True)
+    _issue(pki, "admin", "/O=system:masters/CN=e2e-admin")
+    _issue(pki, "controller-manager", "/CN=system:kube-controller-manager")
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+
+def kubeconfig(server: str, pki: Path, user: str) -> str:
+    """A kubeconfig for `user` (a client certificate in `pki`)."""
+    return json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "e2e",
+        "clusters": [{"name": "e2e", "cluster": {"server": server,
+                                                  "certificate-authority": str(pki / "ca.crt")}}],
+        "users": [{"name": user, "user": {"client-certificate": str(pki / f"{user}.crt"),
+                                          "client-key": str(pki / f"{user}.key")}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
+    }, indent=2)
+
+
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# processes
+
+
+@dataclass
+class State:
+    """What `up` started: enough for `down` to stop exactly that, and for tests to connect."""
+
+    server: str
+    kubeconfig: str
+    audit_log: str
+    ca: str
+    pids: dict[str, int]
+    kubernetes: str
+    etcd: str
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _ready(state: State, timeout: float = 2.0) -> bool:
+    """/readyz answers ok with the admin certificate."""
+    pki = Path(state.ca).parent
+    context = ssl.create_default_context(cafile=state.ca)
+    context.load_cert_chain(pki / "admin.crt", pki / "admin.key")
+    try:
+        with urllib.request.urlopen(f"{state.server}/readyz", context=context, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def load_state() -> State | None:
+    """The running control plane's state, or None when none runs."""
+    path = STATE_DIR / "state.json"
+    if not path.exists():
+        return None
+    state = State(**json.loads(path.read_text()))
+    if all(_alive(pid) for pid in state.pids.values()) and _ready(state):
+        return state
+    return None
+
+
+def _start(name: str, argv: list[str], logs: Path) -> subprocess.Popen[bytes]:
+    log = (logs / f"{name}.log").open("ab")
+    # Own session: `down` stops the process group, and a test's Ctrl-C does not reach it.
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait(what: str, check: object, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+            raise RuntimeError(f"{what} exited with {proc.returncode}; {log}:\n{tail}")
+        if callable(check) and check():
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} not ready after {timeout:.0f} s; see {log}")
+
+
+def up() -> State:
+    """Start etcd, kube-apiserver and kube-controller-manager; reuse them when already running."""
+    running = load_state()
+    if running is not None:
+        return running
+    down()  # a stale state (a crashed process): stop what is left of it
+    binaries = build_all()
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+    pki, logs, data = STATE_DIR / "pki", STATE_DIR / "logs", STATE_DIR / "etcd"
+    logs.mkdir(parents=True)
+    make_pki(pki)
+    (STATE_DIR / "audit-policy.yaml").write_text(AUDIT_POLICY)
+    etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
+    server = f"https://127.0.0.1:{api_port}"
+    pids: dict[str, int] = {}
+    state = State(server=server, kubeconfig=str(STATE_DIR / "kubeconfig"),
+                  audit_log=str(STATE_DIR / "audit.log"), ca=str(pki / "ca.crt"), pids=pids,
+                  kubernetes=pinned_version(TOOLS_BUILT[1]), etcd=pinned_version(TOOLS_BUILT[0]))
+    try:
+        etcd = _start("etcd", [
+            str(binaries["etcd"]), "--data-dir", str(data), "--name", "e2e",
+            "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster", f"e2e=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync", "--log-level", "warn"], logs)
+        pids["etcd"] = etcd.pid
+
+        def etcd_ready() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{etcd_port}/health", timeout=1) as r:
+                    return b'"true"' in r.read()
+            except OSError:
+                return False
+
+        _wait("etcd", etcd_ready, etcd, logs / "etcd.log", 30)
+        apiserver = _start("kube-apiserver", [
+            str(binaries["kube-apiserver"]), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}", "--authorization-mode=RBAC",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            "--service-cluster-ip-range=10.96.0.0/24", "--allow-privileged=true",
+            f"--audit-policy-file={STATE_DIR / 'audit-policy.yaml'}", f"--audit-log-path={state.audit_log}",
+            "--audit-log-mode=batch", "--audit-log-batch-max-wait=1s", "--audit-log-batch-buffer-size=100000",
+            "--audit-log-maxsize=0"], logs)
+        pids["kube-apiserver"] = apiserver.pid
+        _wait("kube-apiserver", lambda: _ready(state), apiserver, logs / "kube-apiserver.log", 90)
+        Path(state.kubeconfig).write_text(kubeconfig(server, pki, "admin"))
+        kcm_config = STATE_DIR / "controller-manager.kubeconfig"
+        kcm_config.write_text(kubeconfig(server, pki, "controller-manager"))
+        kcm = _start("kube-controller-manager", [
+            str(binaries["kube-controller-manager"]), f"--kubeconfig={kcm_config}",
+            f"--authentication-kubeconfig={kcm_config}", f"--authorization-kubeconfig={kcm_config}",
+            "--bind-address=127.0.0.1", f"--secure-port={_free_port()}", "--leader-elect=false",
+            f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
+            "--use-service-account-credentials=false",
+            # no cloud, no nodes that run anything: keep to the controllers a cluster user relies on
+            "--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-route,-service,"
+            "-persistentvolume-binder,-attachdetach,-persistentvolume-expander"], logs)
+        pids["kube-controller-manager"] = kcm.pid
+        (STATE_DIR / "state.json").write_text(json.dumps(asdict(state), indent=2))
+        _wait("kube-controller-manager", lambda: _has_default_sa(state), kcm,
+              logs / "kube-controller-manager.log", 60)
+    except BaseException:
+        (STATE_DIR / "state.json").write_text(json.dumps(asdict(state), indent=2))
+        down()
+        raise
+    return state
+
+
+def _has_default_sa(state: State) -> bool:
+    """The controller-manager is working once it made the `default` ServiceAccount."""
+    pki = Path(state.ca).parent
+    context = ssl.create_default_context(cafile=state.ca)
+    context.load_cert_chain(pki / "admin.crt", pki / "admin.key")
+    try:
+        url = f"{state.server}/api/v1/namespaces/default/serviceaccounts/default"
+        with urllib.request.urlopen(url, context=context, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def down() -> None:
+    """Stop the processes recorded in .e2e/state.json (and only those); remove the state."""
+    path = STATE_DIR / "state.json"
+    if not path.exists():
+        return
+    pids = json.loads(path.read_text()).get("pids", {})
+    for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+        pid = pids.get(name)
+        if pid and _alive(pid):
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except OSError:
+                continue
+            deadline = time.monotonic() + 10
+            while _alive(pid) and time.monotonic() < deadline:
+                _reap(pid)
+                time.sleep(0.1)
+            if _alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+    path.unlink()
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.controlplane", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["build", "up", "down", "status"])
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            for name, path in sorted(build_all().items()):
+                print(f"{name}: {path}")
+        elif args.command == "up":
+            started = time.monotonic()
+            state = up()
+            print(f"e2e: kube-apiserver {state.kubernetes} at {state.server} "
+                  f"({time.monotonic() - started:.1f} s); KUBECONFIG={state.kubeconfig}")
+        elif args.command == "down":
+            down()
+        else:
+            state = load_state()
+            print(f"running: {state.server}" if state else "not running")
+            return 0 if state else 1
+    except BuildError as exc:
+        print(f"e2e: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
