@@ -9,8 +9,9 @@ becomes `enum`; ge/gt/le, min/max length and patterns carry over; object fields 
 default get the model's defaults written out whole (the API server checks a default against its own
 node's CEL rules as written, without filling nested defaults first, so `default: {}` would fail a
 rule that reads a field); `cel_rules` become `x-kubernetes-validations`, and a rule must name a
-property that is a CEL reserved word as Kubernetes exposes it (`namespace` as `__namespace__`). Every list and string a CEL rule touches has a max size, which keeps
-the rules within the API server's cost budget.
+property that is a CEL reserved word as Kubernetes exposes it (`namespace` as `__namespace__`).
+Every list and string a CEL rule touches has a max size, which keeps the rules within the API
+server's cost budget.
 """
 
 from __future__ import annotations

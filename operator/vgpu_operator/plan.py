@@ -18,7 +18,7 @@ when the DaemonSet is rolling anyway.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -103,6 +103,11 @@ class Plan:
     recreate_plugin_pods_on: list[str] = field(default_factory=list)
     events: list[PlannedEvent] = field(default_factory=list)
 
+    def done(self, recreated_on: Collection[str]) -> list[Restart]:
+        """The planned restarts that happened, once applied: a plugin pod counts only on a node
+        where one was really deleted (a node may have none yet, or it was gone already)."""
+        return [r for r in self.restarts if r.kind != "plugin-pod" or r.target in recreated_on]
+
     @property
     def writes(self) -> list[Target]:
         return [decision.target for decision in self.decisions if decision.write]
@@ -179,8 +184,7 @@ def _restarts(decisions: Sequence[Decision], builtin_plugin: bool) -> tuple[list
     return restarts, node_changes
 
 
-def _events(decisions: Sequence[Decision], previous: Mapping[TargetKey, Previous],
-            restarts: Sequence[Restart]) -> list[PlannedEvent]:
+def _events(decisions: Sequence[Decision], previous: Mapping[TargetKey, Previous]) -> list[PlannedEvent]:
     events: list[PlannedEvent] = []
     for decision in decisions:
         target = decision.target
@@ -193,10 +197,13 @@ def _events(decisions: Sequence[Decision], previous: Mapping[TargetKey, Previous
             if before is None or before.state != decision.state:  # report a drift once, not every resync
                 message = f"{describe(target)}: {decision.message}"
                 events.append(PlannedEvent("Warning", "DriftDetected", message))
-    for restart in restarts:
-        if restart.kind == "plugin-pod":
-            continue  # one event for all nodes, below
-        events.append(PlannedEvent("Normal", "Restarted", f"{restart.target}: rollout ({restart.reason})"))
+    return events
+
+
+def restart_events(restarts: Sequence[Restart]) -> list[PlannedEvent]:
+    """Events for restarts that happened (see `Plan.done`): one per rollout, one for all pods."""
+    events = [PlannedEvent("Normal", "Restarted", f"{restart.target}: rollout ({restart.reason})")
+              for restart in restarts if restart.kind != "plugin-pod"]
     nodes = [restart.target for restart in restarts if restart.kind == "plugin-pod"]
     if nodes:
         message = f"device plugin pods recreated on {len(nodes)} node(s): {', '.join(nodes[:10])}"
@@ -210,4 +217,4 @@ def make_plan(targets: Sequence[Target], previous: Mapping[TargetKey, Previous],
     decisions = [_decide(target, previous.get(key_of(target)), enforce, paused) for target in targets]
     restarts, nodes = _restarts(decisions, builtin_plugin)
     return Plan(decisions=decisions, restarts=restarts, recreate_plugin_pods_on=nodes,
-                events=_events(decisions, previous, restarts))
+                events=_events(decisions, previous))

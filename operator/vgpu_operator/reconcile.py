@@ -22,7 +22,7 @@ from vgpu_operator import api
 from vgpu_operator.k8s import Kube, now_rfc3339
 from vgpu_operator.metrics import Metrics
 from vgpu_operator.observed import Observed, wanted_objects
-from vgpu_operator.plan import Plan, make_plan, previous_from_status
+from vgpu_operator.plan import Plan, Restart, make_plan, previous_from_status, restart_events
 from vgpu_operator.render import render_all
 from vgpu_operator.render.target import MANAGED_BY, MANAGED_BY_LABEL, TargetRender
 from vgpu_operator.status import Outcome, build_status, parse_status, report_nodes, status_dict
@@ -250,32 +250,39 @@ class Reconciler:
         plan = make_plan(render.targets, previous_from_status(body.get("status")),
                          enforce=policy.spec.drift_policy == "Enforce", paused=policy.spec.paused,
                          builtin_plugin=_builtin(policy, observed))
-        apply_error = None if policy.spec.paused else await self._execute(plan, observed, body)
+        apply_error: str | None = None
+        restarted: list[Restart] = []
+        if not policy.spec.paused:
+            apply_error, restarted = await self._execute(plan, observed, body)
         outcome = Outcome(generation, warnings=warnings, plan=plan, apply_error=apply_error, nodes=nodes,
-                          paused=policy.spec.paused,
-                          restarts=[] if policy.spec.paused or apply_error else plan.restarts)
+                          paused=policy.spec.paused, restarts=restarted)
         await self._report(body, previous, outcome)
         if apply_error:
             return "error"
         return "paused" if policy.spec.paused else "ok"
 
-    async def _execute(self, plan: Plan, observed: Observed, body: dict[str, Any]) -> str | None:
-        """Write the planned targets, then recreate plugin pods; the error text on failure."""
+    async def _execute(self, plan: Plan, observed: Observed,
+                       body: dict[str, Any]) -> tuple[str | None, list[Restart]]:
+        """Write the planned targets, then recreate plugin pods. Returns the error text on failure,
+        else the restarts that really happened (reported in status, events and metrics)."""
+        recreated: set[str] = set()
         try:
             for target in plan.writes:
                 await self.kube.apply(target)
             if plan.recreate_plugin_pods_on and observed.device_plugin is not None:
                 for pod in await self.kube.plugin_pods(observed.device_plugin, plan.recreate_plugin_pods_on):
-                    await self.kube.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"])
+                    if await self.kube.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"]):
+                        recreated.add(pod["spec"].get("nodeName", ""))
         except Exception as exc:
             logger.warning("applying VGPUPolicy %s failed: %s", body["metadata"]["name"], exc)
             await self.kube.post_event(body, "Warning", "ApplyFailed", str(exc))
-            return f"{type(exc).__name__}: {exc}"[:1024]
+            return f"{type(exc).__name__}: {exc}"[:1024], []
+        restarted = plan.done(recreated)
         self.metrics.drift_repairs.inc(sum(1 for d in plan.decisions if d.repair))
-        self.metrics.record_restarts(plan.restarts)
-        for event in plan.events:
+        self.metrics.record_restarts(restarted)
+        for event in [*plan.events, *restart_events(restarted)]:
             await self.kube.post_event(body, event.type, event.reason, event.message)
-        return None
+        return None, restarted
 
     async def _report(self, body: dict[str, Any], previous: api.VGPUPolicyStatus | None,
                       outcome: Outcome) -> None:

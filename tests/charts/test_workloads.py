@@ -139,7 +139,9 @@ def test_plugin_arguments_are_accepted_by_the_plugin(renders: Renders, profile: 
     assert args.node_name == "gpu-node-1"
     assert args.device_config_name == "volcano-vgpu-device-config"
     assert args.device_config_namespace == "kube-system"
-    assert (args.node_config_name, args.node_config_namespace) == ("volcano-vgpu-node-config", chart.NAMESPACE)
+    # node-config beside the plugin (its DaemonSet's namespace), as the CRD rule requires
+    assert args.node_config_name == "volcano-vgpu-node-config"
+    assert args.node_config_namespace == chart.NAMESPACE
     assert args.hook_path == "/usr/local/vgpu"
     assert args.device_plugin_dir == "/var/lib/kubelet/device-plugins"
     assert args.mock_gpus == chart.PROFILES[profile].get("devicePlugin", {}).get("mockGpus")

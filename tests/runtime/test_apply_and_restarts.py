@@ -8,6 +8,8 @@ from tests.support.waiting import eventually
 
 from .conftest import NODES, PLUGIN_NS, Cluster
 
+NODE_CONFIG = "volcano-vgpu-node-config"
+
 SCHEDULER_NS = "volcano-system"
 DEPLOY_HASH = "vgpu.io/scheduler-config-hash"
 DS_HASH = "vgpu.io/plugin-config-hash"
@@ -129,6 +131,30 @@ async def test_node_override_change_recreates_only_that_nodes_plugin_pod(cluster
     assert '"operatingmode": "mig"' in cluster.data("volcano-vgpu-node-config", "config.json")
     assert cluster.writes_to("/daemonsets/") == ds_writes, "node-config changes need no DaemonSet rollout"
     assert plugin_pod_restarts() == restarted + 1  # settled: all recorded
+
+
+async def test_no_restart_is_reported_on_a_node_without_a_plugin_pod(cluster: Cluster) -> None:
+    # The plan asks to recreate the node's plugin pod; with none there, nothing was deleted, so no
+    # "recreated" Event, no status.restarts entry and no counted restart (they were all written
+    # from the plan before).
+    cluster.create_policy()
+    await cluster.ready()
+    await cluster.settle()
+    first, _ = NODES
+    await cluster.delete(f"/api/v1/namespaces/{PLUGIN_NS}/pods/volcano-device-plugin-{first}")
+    before = float(cluster.metrics.restarts.labels(kind="plugin-pod")._value.get())
+    recorded = len(cluster.status().get("restarts", []))
+
+    cluster.set_spec(
+        "default", lambda spec: spec.update(nodeOverrides=[{"nodeNames": [first], "operatingMode": "mig"}])
+    )
+    await eventually(lambda: '"operatingmode": "mig"' in cluster.data(NODE_CONFIG, "config.json"),
+                     what="the override in node-config")
+    await cluster.settle()
+
+    assert not [e for e in cluster.events("Restarted") if "plugin pods recreated" in e["message"]]
+    assert len(cluster.status().get("restarts", [])) == recorded
+    assert float(cluster.metrics.restarts.labels(kind="plugin-pod")._value.get()) == before
 
 
 async def test_a_new_node_matching_an_override_gets_its_entry(cluster: Cluster) -> None:

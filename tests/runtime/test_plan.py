@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from vgpu_operator.plan import PLUGIN_HASH, SCHEDULER_HASH, Previous, make_plan, previous_from_status
+from vgpu_operator.plan import (
+    PLUGIN_HASH,
+    SCHEDULER_HASH,
+    Previous,
+    make_plan,
+    previous_from_status,
+    restart_events,
+)
 from vgpu_operator.render.target import TargetRender
 
 
@@ -86,6 +93,17 @@ def test_plugin_pods_recreated_only_on_changed_nodes_and_only_when_needed() -> N
                         enforce=True, paused=False, builtin_plugin=False)
     assert rolling.recreate_plugin_pods_on == [], "a DaemonSet rollout restarts every pod anyway"
     assert [r.kind for r in rolling.restarts] == ["daemonset"]
+
+
+def test_only_restarts_that_happened_are_reported() -> None:
+    plan = make_plan([_node_config(["n1", "n2"]), _workload("Deployment", SCHEDULER_HASH, "a", "b")], {},
+                     enforce=True, paused=False, builtin_plugin=False)
+    assert not [e for e in plan.events if e.reason == "Restarted"], "restart events wait for the deletes"
+    done = plan.done({"n2"})  # n1 had no plugin pod to delete
+    assert [(r.kind, r.target) for r in done if r.kind == "plugin-pod"] == [("plugin-pod", "n2")]
+    assert [e.message for e in restart_events(done) if "pods" in e.message] == [
+        "device plugin pods recreated on 1 node(s): n2"]
+    assert not [e for e in restart_events(plan.done(set())) if "pods" in e.message]
 
 
 def test_previous_from_status_ignores_garbage() -> None:
