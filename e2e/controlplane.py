@@ -1,7 +1,7 @@
 """A real Kubernetes control plane on 127.0.0.1 for the e2e suite, built from registries.
 
-    python -m e2e.controlplane build   # build (or find cached) etcd, kube-apiserver, kube-controller-manager
-    python -m e2e.controlplane up      # start them (a no-op when they already run); prints the kubeconfig path
+    python -m e2e.controlplane build   # build etcd, kube-apiserver, kube-controller-manager (or reuse)
+    python -m e2e.controlplane up      # start them (a no-op when they already run)
     python -m e2e.controlplane down    # stop exactly what `up` started, remove its state
     python -m e2e.controlplane status  # exit 0 when running and ready
 
@@ -21,6 +21,7 @@ There is no kubelet and no scheduler: pods stay Pending, which the tests rely on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -122,8 +123,9 @@ def build(tool: Tool, go_version: str, log: bool = True) -> Path:
         out.mkdir()
         for name, package in tool.commands:
             result = subprocess.run(
-                ["go", "build", "-buildvcs=false", "-trimpath", f"-ldflags={_ldflags(tool)}", "-o", str(out / name),
-                 package], cwd=TOOLS / tool.module, capture_output=True, text=True)
+                ["go", "build", "-buildvcs=false", "-trimpath", f"-ldflags={_ldflags(tool)}",
+                 "-o", str(out / name), package],
+                cwd=TOOLS / tool.module, capture_output=True, text=True)
             if result.returncode != 0:
                 tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
                 raise BuildError(f"building {package} from {tool.pin} {version} "
@@ -338,7 +340,7 @@ def up() -> State:
             f"--authentication-kubeconfig={kcm_config}", f"--authorization-kubeconfig={kcm_config}",
             "--bind-address=127.0.0.1", f"--secure-port={_free_port()}", "--leader-elect=false",
             f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-            "--use-service-account-credentials=false",
+            "--use-service-account-credentials=true",  # each controller its own RBAC, as kubeadm runs it
             # no cloud, no nodes that run anything: keep to the controllers a cluster user relies on
             "--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-route,-service,"
             "-persistentvolume-binder,-attachdetach,-persistentvolume-expander"], logs)
@@ -389,10 +391,8 @@ def down() -> None:
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):  # not our child: `up` ran in another process
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -411,9 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "down":
             down()
         else:
-            state = load_state()
-            print(f"running: {state.server}" if state else "not running")
-            return 0 if state else 1
+            running = load_state()
+            print(f"running: {running.server}" if running else "not running")
+            return 0 if running else 1
     except BuildError as exc:
         print(f"e2e: {exc}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ generous because only a failing test ever waits it out.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,3 +19,16 @@ TIMEOUT = 20.0
 async def eventually(check: Callable[[], Any], timeout: float = TIMEOUT, what: str = "condition") -> Any:
     """Poll until `check()` is truthy and return its value; fail naming `what` after `timeout` s."""
     return await wait_until(check, what, timeout, AssertionError)
+
+
+def eventually_sync(check: Callable[[], Any], timeout: float = 60.0, what: str = "condition",
+                    interval: float = 0.2) -> Any:
+    """`eventually` for synchronous tests (kubectl, helm, files): the e2e suite on a real server."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")

@@ -1,0 +1,189 @@
+"""Talking to the real control plane of `e2e.controlplane`: a JSON client, kubectl and helm,
+ServiceAccount kubeconfigs, the audit log, and the operator run as a process under a token."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import ssl
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import aiohttp
+import yaml
+
+from e2e.controlplane import State
+from tests.support.k8s_tools import ensure_tools
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+class Api:
+    """A tiny async JSON client: returns (status, body) and never raises on HTTP errors. The same
+    class talks to the real server and to the emulator, so one test suite runs against both."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str, ssl_context: ssl.SSLContext | None) -> None:
+        self.session = session
+        self.url = url
+        self.ssl = ssl_context if ssl_context is not None else False
+
+    async def call(self, method: str, path: str, body: Any = None,
+                   content_type: str = "application/merge-patch+json") -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type if method == "PATCH" else "application/json"}
+        async with self.session.request(method, self.url + path, data=data, headers=headers,
+                                        ssl=self.ssl) as resp:
+            return resp.status, await resp.json(content_type=None)
+
+    async def watch(self, path: str, count: int, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Read `count` events from a watch (fewer if the server ends the stream first)."""
+        events: list[dict[str, Any]] = []
+        sep = "&" if "?" in path else "?"
+        async with self.session.get(f"{self.url}{path}{sep}watch=true", ssl=self.ssl,
+                                    timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            if resp.status != 200:
+                return [{"type": "HTTP", "object": {"code": resp.status}}]
+            async for line in resp.content:
+                if line.strip():
+                    events.append(json.loads(line))
+                if len(events) >= count:
+                    break
+        return events
+
+
+def admin_ssl(state: State) -> ssl.SSLContext:
+    pki = pathlib.Path(state.ca).parent
+    context = ssl.create_default_context(cafile=state.ca)
+    context.load_cert_chain(pki / "admin.crt", pki / "admin.key")
+    return context
+
+
+class Cluster:
+    """The real cluster as its admin sees it (kubectl, helm, raw JSON)."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        tools = ensure_tools()
+        self.kubectl_bin, self.helm_bin = str(tools["kubectl"]), str(tools["helm"])
+        helm_home = str(ROOT / ".e2e" / "helm")  # nothing of the user's helm repos or cache
+        self.env = {**os.environ, "KUBECONFIG": state.kubeconfig, "HELM_CACHE_HOME": helm_home,
+                    "HELM_CONFIG_HOME": helm_home, "HELM_DATA_HOME": helm_home}
+
+    def run(self, binary: str, *args: str, check: bool = True, stdin: str | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([binary, *args], capture_output=True, text=True, input=stdin,
+                                env=env or self.env, timeout=180)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{pathlib.Path(binary).name} {' '.join(args)} exited {result.returncode}:\n"
+                                 f"{result.stdout}\n{result.stderr}")
+        return result
+
+    def kubectl(self, *args: str, check: bool = True,
+                stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return self.run(self.kubectl_bin, *args, check=check, stdin=stdin)
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run(self.helm_bin, *args, check=check)
+
+    def apply(self, *docs: dict[str, Any]) -> None:
+        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        args = ["get", kind, name, "-o", "json"] + (["-n", namespace] if namespace else [])
+        result = self.kubectl(*args, check=False)
+        if result.returncode != 0:
+            if "NotFound" in result.stderr:
+                return None
+            raise AssertionError(result.stderr)
+        found: dict[str, Any] = json.loads(result.stdout)
+        return found
+
+    def data(self, configmap: str, namespace: str, key: str) -> str:
+        """A ConfigMap's key, "" when the ConfigMap or the key is missing."""
+        found = self.get("configmap", configmap, namespace) or {}
+        return str((found.get("data") or {}).get(key, ""))
+
+    def items(self, kind: str, namespace: str | None = None,
+              selector: str | None = None) -> list[dict[str, Any]]:
+        args = ["get", kind, "-o", "json"] + (["-n", namespace] if namespace else ["-A"])
+        if selector:
+            args += ["-l", selector]
+        listed: list[dict[str, Any]] = json.loads(self.kubectl(*args).stdout)["items"]
+        return listed
+
+    def namespace(self, prefix: str) -> str:
+        """A fresh namespace (the tests share one server, so none reuses another's objects)."""
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        self.kubectl("create", "namespace", name)
+        return name
+
+    def ensure_namespace(self, name: str) -> None:
+        if self.get("namespace", name) is None:
+            self.kubectl("create", "namespace", name)
+
+    def token_kubeconfig(self, service_account: str, namespace: str, path: pathlib.Path) -> pathlib.Path:
+        """A kubeconfig that authenticates as the ServiceAccount (a TokenRequest token, as the
+        kubelet would mount into its pod): the operator runs with the chart's RBAC, not admin."""
+        token = self.kubectl("create", "token", service_account, "-n", namespace,
+                             "--duration=2h").stdout.strip()
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+            "clusters": [{"name": "e2e", "cluster": {"server": self.state.server,
+                                                      "certificate-authority": self.state.ca}}],
+            "users": [{"name": "sa", "user": {"token": token}}],
+            "contexts": [{"name": "sa", "context": {"cluster": "e2e", "user": "sa"}}],
+        }))
+        return path
+
+    def audit(self, user: str | None = None, since: float = 0.0) -> list[dict[str, Any]]:
+        """Audit events (ResponseComplete) after `since` (a time.time()), optionally of one user.
+        The log is flushed in batches of at most a second: callers wait for what they expect."""
+        found: list[dict[str, Any]] = []
+        path = pathlib.Path(self.state.audit_log)
+        if not path.exists():
+            return found
+        with path.open() as log:
+            for line in log:
+                event = json.loads(line)
+                if event.get("stage") != "ResponseComplete":
+                    continue
+                if user and event.get("user", {}).get("username") != user:
+                    continue
+                if since and _epoch(event["requestReceivedTimestamp"]) < since:
+                    continue
+                found.append(event)
+        return found
+
+
+def _epoch(timestamp: str) -> float:
+    from datetime import datetime
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def service_account_user(namespace: str, name: str) -> str:
+    return f"system:serviceaccount:{namespace}:{name}"
+
+
+@contextmanager
+def operator_process(kubeconfig: pathlib.Path, log: pathlib.Path,
+                     *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`vgpu-operator ARGS` as a local process (there is no kubelet to run its pod)."""
+    args = (sys.executable, "-m", "vgpu_operator.main", "--kubeconfig", str(kubeconfig), *args)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()

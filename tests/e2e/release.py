@@ -1,0 +1,96 @@
+"""A release of the chart on the real server, and the operator running under the chart's
+ServiceAccount (a TokenRequest token, not admin), with the arguments the chart's Deployment gives it.
+
+There is no kubelet: the operator runs as a local process instead of in its pod, and the fixture
+nodes carry the registration annotation a device plugin would have written.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from tests.support.waiting import eventually_sync
+
+from .cluster import ROOT, Cluster, operator_process, service_account_user
+
+CHART = ROOT / "charts" / "vgpu-operator"
+FIXTURES = ROOT / "tests" / "fixtures" / "cluster"
+RELEASE = "vgpu"
+OPERATOR_SA = f"{RELEASE}-vgpu-operator"
+SCHEDULER_NS = "volcano-system"
+
+
+def volcano(cluster: Cluster) -> None:
+    """The fixture cluster's Volcano scheduler (ConfigMap as upstream ships it, Deployment) and its
+    two GPU nodes, reset to the fixture's state."""
+    cluster.ensure_namespace(SCHEDULER_NS)
+    cluster.kubectl("replace", "--force", "-f", str(FIXTURES / "volcano-scheduler.yaml"))
+    cluster.kubectl("apply", "-f", str(FIXTURES / "nodes.yaml"))
+
+
+def operator_args(cluster: Cluster, namespace: str) -> list[str]:
+    """The operator container's arguments as the installed Deployment has them."""
+    deployment = cluster.get("deployment", OPERATOR_SA, namespace)
+    assert deployment is not None, "helm did not create the operator Deployment"
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return list(container.get("args", []))
+
+
+def condition(policy: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    for cond in (policy or {}).get("status", {}).get("conditions", []):
+        if cond["type"] == type_:
+            return dict(cond)
+    return {}
+
+
+@dataclass
+class Release:
+    cluster: Cluster
+    namespace: str
+    started: float  # time.time() when the operator started
+    log: pathlib.Path
+
+    @property
+    def user(self) -> str:
+        return service_account_user(self.namespace, OPERATOR_SA)
+
+    def policy(self) -> dict[str, Any] | None:
+        return self.cluster.get("vgpupolicy", "default")
+
+    def ready(self) -> dict[str, Any]:
+        ready: dict[str, Any] = eventually_sync(
+            lambda: (p := self.policy()) and condition(p, "Ready").get("status") == "True" and p,
+            what=f"the default VGPUPolicy Ready (operator log: {self.log})")
+        return ready
+
+
+@contextmanager
+def installed(cluster: Cluster, tmp: pathlib.Path, *helm_args: str) -> Iterator[Release]:
+    """`helm install` into a fresh namespace, then the operator with the chart's args and RBAC.
+    On the way out: the policy deleted while the operator still runs (its finalizer), then
+    `helm uninstall` and the namespace deleted, as the chart README says."""
+    volcano(cluster)
+    namespace = f"vgpu-e2e-{uuid.uuid4().hex[:6]}"
+    cluster.helm("install", RELEASE, str(CHART), "-n", namespace, "--create-namespace", *helm_args)
+    kubeconfig = cluster.token_kubeconfig(OPERATOR_SA, namespace, tmp / "operator.kubeconfig")
+    log = tmp / "operator.log"
+    # Later flags win: no ports to bind on this machine, the rest exactly as the chart says.
+    args = [*operator_args(cluster, namespace), "--liveness-port=0", "--metrics-port=0"]
+    try:
+        with operator_process(kubeconfig, log, *args) as proc:
+            release = Release(cluster, namespace, time.time(), log)
+            yield release
+            assert proc.poll() is None, f"the operator exited; see {log}"
+            cluster.kubectl("delete", "vgpupolicy", "--all", "--wait=true", "--timeout=60s")
+    finally:
+        cluster.helm("uninstall", RELEASE, "-n", namespace, "--wait", check=False)
+        cluster.kubectl("delete", "vgpupolicy", "--all", "--wait=false", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+

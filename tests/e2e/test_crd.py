@@ -1,0 +1,92 @@
+"""The CRD on a real kube-apiserver: it installs, every schema constraint and CEL rule refuses its
+bad policy with the message a user sees from kubectl, the pydantic model agrees with the server,
+`kubectl explain` works and every example is accepted."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pydantic
+import pytest
+from vgpu_operator import api, crd
+
+from .cluster import ROOT, Cluster
+
+NAMES = {"count": "example.com/vgpu", "memory": "example.com/vgpu-memory", "cores": "example.com/vgpu-cores"}
+
+
+def _policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND, "metadata": {"name": name},
+            "spec": spec}
+
+
+# (spec, what kubectl prints) for every rule: the CEL rules by their messages, the schema by the
+# server's own wording.
+BAD = [
+    ({"resources": {**NAMES, "memory": NAMES["count"]}},
+     "count, memory and cores must be three different resource names"),
+    ({"resources": {**NAMES, "memoryPercentage": NAMES["cores"]}},
+     "memoryPercentage must differ from count, memory and cores"),
+    ({"nodeOverrides": [{"nodeNames": ["a"], "nodeSelector": {"matchLabels": {"x": "y"}},
+                         "deviceSplitCount": 2}]},
+     "set exactly one of nodeSelector or nodeNames"),
+    ({"nodeOverrides": [{"nodeNames": ["a"]}]}, "an override must set at least one of"),
+    ({"nodeOverrides": [{"nodeSelector": {"matchExpressions": [{"key": "gpu", "operator": "In"}]},
+                         "deviceSplitCount": 2}]},
+     "In and NotIn need values; Exists and DoesNotExist take none"),
+    ({"devicePlugin": {"namespace": "gpu-plugins"}},
+     "targets.nodeConfig.namespace must equal devicePlugin.namespace"),
+    ({"device": {"deviceSplitCount": 0}}, "spec.device.deviceSplitCount: Invalid value: 0"),
+    ({"driftPolicy": "Sometimes"}, 'spec.driftPolicy: Unsupported value: "Sometimes"'),
+    ({"device": {"deviceSplitCont": 4}}, 'unknown field "spec.device.deviceSplitCont"'),
+]
+
+
+def test_crd_is_established_with_its_names(crd_installed: Cluster) -> None:
+    served = crd_installed.get("crd", f"{api.PLURAL}.{api.GROUP}")
+    assert served is not None
+    conditions = {c["type"]: c["status"] for c in served["status"]["conditions"]}
+    assert conditions["Established"] == "True" and conditions["NamesAccepted"] == "True"
+    assert served["status"]["acceptedNames"]["shortNames"] == list(api.SHORT_NAMES)
+
+
+def test_a_policy_without_spec_gets_the_model_defaults_written_whole(crd_installed: Cluster) -> None:
+    policy = _policy("empty", {})
+    del policy["spec"]
+    created = json.loads(crd_installed.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
+                                               stdin=json.dumps(policy)).stdout)
+    assert created["spec"] == crd.model_default(api.VGPUPolicySpec())
+
+
+def test_an_empty_spec_is_filled_field_by_field_as_the_model_fills_it(crd_installed: Cluster) -> None:
+    created = json.loads(crd_installed.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
+                                               stdin=json.dumps(_policy("empty", {}))).stdout)
+    assert api.VGPUPolicySpec.model_validate(created["spec"]) == api.VGPUPolicySpec()
+
+
+@pytest.mark.parametrize(("spec", "message"), BAD, ids=[m[:40] for _, m in BAD])
+def test_each_rule_refuses_its_bad_policy_with_the_users_message(crd_installed: Cluster, spec: dict[str, Any],
+                                                                   message: str) -> None:
+    result = crd_installed.kubectl("create", "--dry-run=server", "-f", "-", check=False,
+                                   stdin=json.dumps(_policy("bad", spec)))
+    assert result.returncode != 0, f"the server accepted {spec}"
+    assert message in result.stderr
+
+
+@pytest.mark.parametrize(("spec", "message"), BAD[:6], ids=[m[:40] for _, m in BAD[:6]])
+def test_the_model_refuses_what_the_server_refuses(spec: dict[str, Any], message: str) -> None:
+    # vgpuctl and the operator validate with the model: it must say no where the server does.
+    with pytest.raises(pydantic.ValidationError, match=message.split(":")[0][:30]):
+        api.VGPUPolicy.from_object(_policy("bad", spec))
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_is_accepted(crd_installed: Cluster, example: Any) -> None:
+    crd_installed.kubectl("create", "--dry-run=server", "-f", str(example))
+
+
+def test_kubectl_explain_describes_the_fields(crd_installed: Cluster) -> None:
+    explained = crd_installed.kubectl("explain", "vgpupolicy.spec.targets.nodeConfig.namespace").stdout
+    assert "must be the DaemonSet's namespace" in explained
+    assert "deviceSplitCount" in crd_installed.kubectl("explain", "vgpupolicy.spec.device").stdout

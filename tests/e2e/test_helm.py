@@ -1,0 +1,76 @@
+"""The chart's default install on a real server: it converges, `kubectl get` shows it, every
+Event lands under the chart's RBAC and no request is refused, drift is repaired."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from tests.support.waiting import eventually_sync
+
+from .cluster import Cluster
+from .release import SCHEDULER_NS, Release, condition, installed
+
+
+@pytest.fixture(scope="module")
+def default_install(crd_installed: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    with installed(crd_installed, tmp_path_factory.mktemp("default")) as release:
+        release.ready()
+        yield release
+
+
+def test_default_values_converge_to_ready(default_install: Release) -> None:
+    policy = default_install.ready()
+    for type_ in ("Valid", "Applied", "InSync", "NodesReady"):
+        assert condition(policy, type_).get("status") == "True", type_
+    cluster = default_install.cluster
+    node_config = cluster.get("configmap", "volcano-vgpu-node-config", default_install.namespace)
+    assert node_config is not None, "node-config is rendered beside the chart's device plugin"
+    device_config = cluster.data("volcano-vgpu-device-config", "kube-system", "device-config.yaml")
+    assert "resourceCountName" in device_config
+    conf = yaml.safe_load(cluster.data("volcano-scheduler-configmap", SCHEDULER_NS, "volcano-scheduler.conf"))
+    plugins = [p["name"] for tier in conf["tiers"] for p in tier["plugins"]]
+    assert "deviceshare" in plugins
+
+
+def test_kubectl_get_shows_the_columns_filled(default_install: Release) -> None:
+    default_install.ready()
+    table = default_install.cluster.kubectl("get", "vgpupolicy", "default").stdout.splitlines()
+    assert table[0].split() == ["NAME", "READY", "DRIFT", "NODES", "GPUS", "VGPUS", "AGE"]
+    name, ready, drift, nodes, gpus, vgpus, _ = table[1].split()
+    assert (name, ready, drift, nodes, gpus, vgpus) == ("default", "True", "0", "2/2", "16", "160")
+
+
+def test_every_event_lands_and_no_request_is_refused(default_install: Release) -> None:
+    cluster = default_install.cluster
+    default_install.ready()
+    events = eventually_sync(lambda: [
+        e for e in cluster.items("events", "default")
+        if e["involvedObject"].get("kind") == "VGPUPolicy" and e["involvedObject"].get("name") == "default"],
+        what="an Event about the VGPUPolicy in namespace default")
+    assert {e["reason"] for e in events} >= {"Applied"}
+    # The audit log is written in batches: wait until it holds the Events' creation.
+    audited = eventually_sync(lambda: [
+        a for a in cluster.audit(default_install.user, since=default_install.started)
+        if a.get("objectRef", {}).get("resource") == "events" and a["verb"] == "create"],
+        what="the operator's Event creation in the audit log")
+    assert all(a["responseStatus"]["code"] == 201 for a in audited), audited
+    refused = [(a["verb"], a["requestURI"], a["responseStatus"]["code"])
+               for a in cluster.audit(default_install.user, since=default_install.started)
+               if a["responseStatus"]["code"] in (401, 403, 422)]
+    assert refused == []
+
+
+def test_a_hand_edit_is_repaired(default_install: Release) -> None:
+    cluster = default_install.cluster
+    default_install.ready()
+    cluster.kubectl("patch", "configmap", "volcano-vgpu-device-config", "-n", "kube-system", "--type=merge",
+                    "-p", json.dumps({"data": {"device-config.yaml": "nvidia: {}\n"}}))
+    eventually_sync(lambda: "resourceCountName" in cluster.data("volcano-vgpu-device-config", "kube-system",
+                                                                "device-config.yaml"),
+                    what="device-config restored")
+
+
