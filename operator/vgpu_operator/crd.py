@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import hashlib
+import json
+import re
 import sys
 import types
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -32,6 +36,11 @@ from pydantic_core import PydanticUndefined
 from vgpu_operator import api
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / f"{api.GROUP}_{api.PLURAL}.yaml"
+CRD_NAME = f"{api.PLURAL}.{api.GROUP}"
+# Helm installs crds/ once and never upgrades it, so the operator brings the CRD it was built with
+# up to date at start (`upgrade_action`); these say which build wrote the installed one.
+VERSION_ANNOTATION = f"{api.GROUP}/operator-version"
+REVISION_ANNOTATION = f"{api.GROUP}/crd-revision"
 HEADER = "# Generated from vgpu_operator/api.py by `python -m vgpu_operator.crd --write`. Do not edit.\n"
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
@@ -163,8 +172,45 @@ def model_schema(model: type[BaseModel]) -> dict[str, Any]:
     return schema
 
 
+def operator_version() -> str:
+    try:
+        return metadata.version("vgpu-operator")
+    except metadata.PackageNotFoundError:  # running from a source tree without an install
+        return "0.0.0"
+
+
 def crd_manifest() -> dict[str, Any]:
-    """The CustomResourceDefinition as a dict."""
+    """The CustomResourceDefinition as a dict, annotated with the operator version and a revision
+    (a digest of its spec)."""
+    manifest = _unannotated_manifest()
+    digest = hashlib.sha256(json.dumps(manifest["spec"], sort_keys=True).encode()).hexdigest()[:16]
+    manifest["metadata"]["annotations"] = {VERSION_ANNOTATION: operator_version(),
+                                           REVISION_ANNOTATION: digest}
+    return manifest
+
+
+UpgradeAction = Literal["current", "update", "newer-installed", "missing"]
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", version)[:3])
+
+
+def upgrade_action(installed: dict[str, Any] | None, ours: dict[str, Any]) -> UpgradeAction:
+    """What to do with the installed CRD: nothing when it is ours or written by a newer operator
+    (a rolling upgrade's old replica must not downgrade it), else update it to ours."""
+    if installed is None:
+        return "missing"
+    have = (installed.get("metadata") or {}).get("annotations") or {}
+    want = ours["metadata"]["annotations"]
+    if have.get(REVISION_ANNOTATION) == want[REVISION_ANNOTATION]:
+        return "current"
+    if _version_key(have.get(VERSION_ANNOTATION, "0")) > _version_key(want[VERSION_ANNOTATION]):
+        return "newer-installed"
+    return "update"
+
+
+def _unannotated_manifest() -> dict[str, Any]:
     root = {
         "type": "object",
         "description": "VGPUPolicy is the single source of truth for Volcano + HAMi vGPU configuration: "
@@ -181,7 +227,7 @@ def crd_manifest() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{api.PLURAL}.{api.GROUP}"},
+        "metadata": {"name": CRD_NAME},
         "spec": {
             "group": api.GROUP,
             "names": {"kind": api.KIND, "listKind": f"{api.KIND}List", "plural": api.PLURAL,

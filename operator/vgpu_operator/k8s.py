@@ -39,6 +39,7 @@ PATHS: dict[str, tuple[str, str, bool]] = {
     "Deployment": ("/apis/apps/v1", "deployments", True),
     "DaemonSet": ("/apis/apps/v1", "daemonsets", True),
     api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL, False),
+    "CustomResourceDefinition": ("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
 }
 MERGE_PATCH = "application/merge-patch+json"
 RETRIABLE = frozenset({409, 429, 500, 502, 503, 504})

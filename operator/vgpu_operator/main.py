@@ -17,8 +17,9 @@ from typing import Any, cast
 
 import kopf
 import yaml
+from kubernetes_asyncio.client.exceptions import ApiException
 
-from vgpu_operator import nodes
+from vgpu_operator import crd, nodes
 from vgpu_operator.handlers import register
 from vgpu_operator.k8s import Kube, Retry, new_api_client
 from vgpu_operator.metrics import Metrics
@@ -120,6 +121,34 @@ def connection_from_kubeconfig(path: str) -> kopf.ConnectionInfo:
     )
 
 
+async def upgrade_crd(kube: Kube) -> crd.UpgradeAction:
+    """Bring the installed VGPUPolicy CRD up to the one this build generates (helm never upgrades
+    crds/). Refused (the chart's operator.manageCRD off) or missing: say how to fix it, go on."""
+    ours = crd.crd_manifest()
+    try:
+        installed = await kube.get("CustomResourceDefinition", None, crd.CRD_NAME)
+    except ApiException as exc:
+        logger.warning("could not read CRD %s (%s); not checking its version", crd.CRD_NAME, exc.status)
+        return "current"
+    action = crd.upgrade_action(installed, ours)
+    fix = "kubectl apply -f crds/vgpu.io_vgpupolicies.yaml (from this release)"
+    if action == "missing":
+        logger.error("CRD %s is not installed: %s", crd.CRD_NAME, fix)
+    elif action == "newer-installed":
+        logger.warning("CRD %s was written by a newer operator; leaving it", crd.CRD_NAME)
+    elif action == "update":
+        try:
+            # A merge patch replaces the versions list whole: the served schema becomes ours.
+            update = {"metadata": {"annotations": ours["metadata"]["annotations"]}, "spec": ours["spec"]}
+            await kube.patch("CustomResourceDefinition", None, crd.CRD_NAME, update)
+            logger.info("updated CRD %s to revision %s", crd.CRD_NAME,
+                        ours["metadata"]["annotations"][crd.REVISION_ANNOTATION])
+        except ApiException as exc:
+            logger.warning("CRD %s is out of date and could not be updated (HTTP %s): %s", crd.CRD_NAME,
+                           exc.status, fix)
+    return action
+
+
 async def run_operator(
     kubeconfig: str | None,
     stop_flag: asyncio.Event,
@@ -138,6 +167,7 @@ async def run_operator(
     tuning = tuning or Tuning()
     metrics = metrics or Metrics()
     kube = Kube(await new_api_client(kubeconfig), retry)
+    await upgrade_crd(kube)
     reconciler = Reconciler(kube, metrics, tuning)
     registry = kopf.OperatorRegistry()
     register(registry, reconciler)

@@ -42,6 +42,7 @@ PROFILES: dict[str, Values] = {
     "prometheus-rule": {"metrics": {"prometheusRule": {"enabled": True}}},
     "no-dashboard": {"metrics": {"grafanaDashboard": {"enabled": False}}},
     "verbose": {"operator": {"verbose": True}},
+    "unmanaged-crd": {"operator": {"manageCRD": False}},
     "full": {
         "commonLabels": {"team": "gpu-platform"},
         "imagePullSecrets": ["registry-cred"],

@@ -55,6 +55,9 @@ def operator_contract(*, scheduler_ns: str, targets_ns: str, plugin_ns: str, dae
         | expand("*", "vgpu.io", ("vgpupolicies/status",), ("get", "update", "patch"))
         | expand("*", "", ("nodes", "pods", "namespaces"), READ)
         | expand("*", "apiextensions.k8s.io", ("customresourcedefinitions",), READ)
+        # its own CRD, updated at start (operator.manageCRD)
+        | expand("*", "apiextensions.k8s.io", ("customresourcedefinitions",), ("patch",),
+                 ("vgpupolicies.vgpu.io",))
         # device-config where the scheduler reads it, node-config beside the plugin that mounts it
         | expand(targets_ns, "", ("configmaps",), ("create",))
         | expand(targets_ns, "", ("configmaps",), ("patch",), ("volcano-vgpu-device-config",))

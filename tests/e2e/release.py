@@ -8,11 +8,12 @@ nodes carry the registration annotation a device plugin would have written.
 from __future__ import annotations
 
 import pathlib
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from tests.support.waiting import eventually_sync
@@ -51,14 +52,41 @@ def condition(policy: dict[str, Any] | None, type_: str) -> dict[str, Any]:
 
 @dataclass
 class Release:
+    """A helm release and the operator process its Deployment describes."""
+
     cluster: Cluster
     namespace: str
-    started: float  # time.time() when the operator started
-    log: pathlib.Path
+    tmp: pathlib.Path
+    started: float = 0.0  # time.time() when the operator (last) started
+    process: subprocess.Popen[bytes] | None = None
+    _stack: ExitStack = field(default_factory=ExitStack)
 
     @property
     def user(self) -> str:
         return service_account_user(self.namespace, OPERATOR_SA)
+
+    @property
+    def log(self) -> pathlib.Path:
+        return self.tmp / "operator.log"
+
+    def start_operator(self) -> None:
+        """Run the operator as the Deployment says now (args, ServiceAccount): what a rollout does."""
+        kubeconfig = self.cluster.token_kubeconfig(OPERATOR_SA, self.namespace,
+                                                   self.tmp / "operator.kubeconfig")
+        # Later flags win: no ports to bind on this machine, the rest exactly as the chart says.
+        args = [*operator_args(self.cluster, self.namespace), "--liveness-port=0", "--metrics-port=0"]
+        self.started = time.time()
+        self.process = self._stack.enter_context(operator_process(kubeconfig, self.log, *args))
+
+    def stop_operator(self) -> None:
+        self._stack.close()
+        self.process = None
+
+    def upgrade(self, *helm_args: str) -> None:
+        """`helm upgrade`, then the operator pod replaced as the Deployment's rollout would."""
+        self.cluster.helm("upgrade", RELEASE, str(CHART), "-n", self.namespace, "--reuse-values", *helm_args)
+        self.stop_operator()
+        self.start_operator()
 
     def policy(self) -> dict[str, Any] | None:
         return self.cluster.get("vgpupolicy", "default")
@@ -78,19 +106,15 @@ def installed(cluster: Cluster, tmp: pathlib.Path, *helm_args: str) -> Iterator[
     volcano(cluster)
     namespace = f"vgpu-e2e-{uuid.uuid4().hex[:6]}"
     cluster.helm("install", RELEASE, str(CHART), "-n", namespace, "--create-namespace", *helm_args)
-    kubeconfig = cluster.token_kubeconfig(OPERATOR_SA, namespace, tmp / "operator.kubeconfig")
-    log = tmp / "operator.log"
-    # Later flags win: no ports to bind on this machine, the rest exactly as the chart says.
-    args = [*operator_args(cluster, namespace), "--liveness-port=0", "--metrics-port=0"]
+    release = Release(cluster, namespace, tmp)
     try:
-        with operator_process(kubeconfig, log, *args) as proc:
-            release = Release(cluster, namespace, time.time(), log)
-            yield release
-            assert proc.poll() is None, f"the operator exited; see {log}"
-            cluster.kubectl("delete", "vgpupolicy", "--all", "--wait=true", "--timeout=60s")
+        release.start_operator()
+        yield release
+        assert release.process is not None and release.process.poll() is None, \
+            f"the operator exited; see {release.log}"
+        cluster.kubectl("delete", "vgpupolicy", "--all", "--wait=true", "--timeout=60s")
     finally:
+        release.stop_operator()
         cluster.helm("uninstall", RELEASE, "-n", namespace, "--wait", check=False)
         cluster.kubectl("delete", "vgpupolicy", "--all", "--wait=false", check=False)
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-
-
