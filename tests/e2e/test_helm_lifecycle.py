@@ -12,7 +12,7 @@ from vgpu_operator import crd
 from tests.support.waiting import eventually_sync
 
 from .cluster import ROOT, Cluster
-from .release import CHART, RELEASE, SCHEDULER_NS, installed
+from .release import CHART, RELEASE, SCHEDULER_NS, installed, operator_args
 
 FIXTURES = ROOT / "tests" / "fixtures" / "cluster"
 
@@ -62,7 +62,7 @@ def test_helm_upgrade_brings_a_changed_crd_with_it(crd_installed: Cluster, tmp_p
         header = cluster.kubectl("get", "vgpupolicy").stdout.splitlines()[0].split()
         assert "DRIFT" in header, "the upgraded CRD's printer columns are served"
         release.ready()
-        assert release.process is not None and "--verbose" in map(str, release.process.args), "the new args"
+        assert "--verbose" in operator_args(cluster, release.namespace), "the operator runs the new args"
 
 
 def test_without_manage_crd_the_documented_command_upgrades_it(crd_installed: Cluster,
