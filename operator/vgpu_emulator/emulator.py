@@ -44,10 +44,11 @@ class ApiError(kmock.KubernetesError):
     """An API error with the Kubernetes reason for its status code."""
 
 
-def _error(status: int, message: str) -> ApiError:
+def _error(status: int, message: str, reason: str | None = None) -> ApiError:
     reasons = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict",
                410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid", 500: "InternalError"}
-    return ApiError(status=status, reason=reasons.get(status, "Failure"), message=message, details={})
+    return ApiError(status=status, reason=reason or reasons.get(status, "Failure"), message=message,
+                    details={})
 
 
 @attrs.frozen
@@ -183,7 +184,7 @@ class Emulator(kmock.KubernetesEmulator):
         # A CRD declares its resources when stored (`_store_object`), whichever way it arrives.
         if (namespace, meta.get("name")) in self._store[spec.key]:
             return self._replace(Route(spec, namespace, meta["name"], None), obj, status_too=True)
-        return self._create(Route(spec, namespace, None, None), obj)
+        return self._create(Route(spec, namespace, None, None), obj, seeding=True)
 
     def fail_next(self, method: str, path: str, status: int = 500, times: int = 1) -> Fault:
         """The next `times` requests with this method ('*' for any) and path regex get `status`."""
@@ -320,11 +321,19 @@ class Emulator(kmock.KubernetesEmulator):
         except SelectorError as exc:
             raise _error(400, str(exc)) from exc
 
-    def _create(self, route: Route, data: Any) -> dict[str, Any]:
+    def _create(self, route: Route, data: Any, seeding: bool = False) -> dict[str, Any]:
+        """A POST; `seeding` (apply(): loading a cluster as it is) keeps status and versions."""
         if not isinstance(data, Mapping):
             raise _error(400, "the body of a create must be a JSON object")
         obj = copy.deepcopy(dict(data))
         meta = obj.setdefault("metadata", {})
+        if not seeding:
+            # As kube-apiserver: a stale copy posted back must not come back to life, and a custom
+            # resource's status is written through its status subresource only.
+            if meta.get("resourceVersion"):
+                raise _error(500, "resourceVersion should not be set on objects to be created")
+            if route.spec.custom and route.spec.status_subresource:
+                obj.pop("status", None)
         if not meta.get("name"):
             if not meta.get("generateName"):
                 raise _error(422, "metadata.name or metadata.generateName is required")
@@ -336,7 +345,7 @@ class Emulator(kmock.KubernetesEmulator):
             namespace = None
             meta.pop("namespace", None)
         if (namespace, meta["name"]) in self._store[route.spec.key]:
-            raise _error(409, f'{route.spec.plural} "{meta["name"]}" already exists')
+            raise _error(409, f'{route.spec.plural} "{meta["name"]}" already exists', "AlreadyExists")
         obj.setdefault("apiVersion", route.spec.api_version)
         obj.setdefault("kind", route.spec.kind)
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)

@@ -25,6 +25,7 @@ class ResourceSpec:
     namespaced: bool
     status_subresource: bool = False
     shortnames: tuple[str, ...] = ()
+    custom: bool = False  # served from a CustomResourceDefinition (create drops its status)
 
     @property
     def api_version(self) -> str:
@@ -38,7 +39,7 @@ class ResourceSpec:
 
 VGPUPOLICY = ResourceSpec(
     "vgpu.io", "v1alpha1", "vgpupolicies", "VGPUPolicy", namespaced=False,
-    status_subresource=True, shortnames=("vgp",),
+    status_subresource=True, shortnames=("vgp",), custom=True,
 )
 
 BUILTINS: tuple[ResourceSpec, ...] = (
@@ -63,8 +64,9 @@ BUILTINS: tuple[ResourceSpec, ...] = (
         "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
         namespaced=False, status_subresource=True,
     ),
-    ResourceSpec("kopf.dev", "v1", "clusterkopfpeerings", "ClusterKopfPeering", namespaced=False),
-    ResourceSpec("kopf.dev", "v1", "kopfpeerings", "KopfPeering", namespaced=True),
+    ResourceSpec("kopf.dev", "v1", "clusterkopfpeerings", "ClusterKopfPeering", namespaced=False,
+                 custom=True),
+    ResourceSpec("kopf.dev", "v1", "kopfpeerings", "KopfPeering", namespaced=True, custom=True),
     VGPUPOLICY,
 )
 
@@ -81,7 +83,7 @@ def specs_from_crd(crd: Mapping[str, Any]) -> list[ResourceSpec]:
             group=spec["group"], version=version["name"], plural=names["plural"], kind=names["kind"],
             namespaced=spec.get("scope", "Namespaced") == "Namespaced",
             status_subresource="status" in (version.get("subresources") or {}),
-            shortnames=tuple(names.get("shortNames") or ()),
+            shortnames=tuple(names.get("shortNames") or ()), custom=True,
         ))
     return result
 

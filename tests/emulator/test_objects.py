@@ -31,7 +31,8 @@ async def test_create_fills_uid_version_timestamp_and_namespace_from_url(api: Ap
 async def test_create_twice_is_409_and_generate_name_makes_unique_names(api: Api) -> None:
     await api.call("POST", CMS, _cm("a"))
     status, body = await api.call("POST", CMS, _cm("a"))
-    assert status == 409 and body["reason"] == "Conflict"
+    # AlreadyExists, as kube-apiserver says (tests/e2e/test_api_fidelity.py)
+    assert status == 409 and body["reason"] == "AlreadyExists"
     generated = {"metadata": {"generateName": "ev-"}, "data": {}}
     _, one = await api.call("POST", CMS, generated)
     _, two = await api.call("POST", CMS, generated)
