@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   - the main job: the whole chain on an embedded default, no cluster needed
-#   make test   - every test: lint, types, Python suites, hook C tests, chart tests
+#   make test   - every test: lint, types, hook C tests, all Python suites (the e2e suite on a
+#                 real etcd + kube-apiserver + kube-controller-manager, built from pinned Go modules)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -8,7 +9,7 @@ STAMP  := $(VENV)/.installed
 PROTO_DIR := deviceplugin/vgpu_deviceplugin/api
 PROTOS := $(wildcard $(PROTO_DIR)/*.proto)
 
-.PHONY: all venv proto tools lint test test-python test-hook demo crds bench clean
+.PHONY: all venv proto tools lint test test-python test-hook demo crds bench clean e2e-build e2e-up e2e-down
 
 all: test
 
@@ -35,7 +36,7 @@ crds: venv
 	$(PY) -m vgpu_operator.crd --write
 
 lint: venv
-	$(VENV)/bin/ruff check operator deviceplugin tests bench
+	$(VENV)/bin/ruff check operator deviceplugin tests bench e2e
 	$(VENV)/bin/mypy
 
 test-hook: venv
@@ -44,7 +45,18 @@ test-hook: venv
 test-python: venv
 	$(VENV)/bin/pytest -q
 
-test: lint test-hook test-python
+# The real control plane (e2e/README.md): built once per pin into ~/.cache/vgpu-operator/e2e.
+e2e-build: venv
+	$(PY) -m e2e.controlplane build
+
+e2e-up: e2e-build
+	$(PY) -m e2e.controlplane up
+
+e2e-down: $(STAMP)
+	$(PY) -m e2e.controlplane down
+
+# e2e-build before pytest: a cold build takes minutes, longer than any one test may.
+test: lint test-hook e2e-build test-python
 
 demo: venv
 	-$(MAKE) -s -C hook all fakes >/dev/null 2>&1
@@ -54,5 +66,6 @@ bench: venv
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .tools build dist
+	-[ -x $(PY) ] && $(PY) -m e2e.controlplane down
+	rm -rf $(VENV) .tools .e2e build dist
 	-$(MAKE) -C hook clean

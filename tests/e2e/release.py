@@ -69,12 +69,13 @@ class Release:
     def log(self) -> pathlib.Path:
         return self.tmp / "operator.log"
 
-    def start_operator(self) -> None:
-        """Run the operator as the Deployment says now (args, ServiceAccount): what a rollout does."""
+    def start_operator(self, *extra: str) -> None:
+        """Run the operator as the Deployment says now (args, ServiceAccount): what a rollout does
+        (`extra` args appended, e.g. a shorter --resync for a bench)."""
         kubeconfig = self.cluster.token_kubeconfig(OPERATOR_SA, self.namespace,
                                                    self.tmp / "operator.kubeconfig")
         # Later flags win: no ports to bind on this machine, the rest exactly as the chart says.
-        args = [*operator_args(self.cluster, self.namespace), "--liveness-port=0", "--metrics-port=0"]
+        args = [*operator_args(self.cluster, self.namespace), "--liveness-port=0", "--metrics-port=0", *extra]
         self.started = time.time()
         self.process = self._stack.enter_context(operator_process(kubeconfig, self.log, *args))
 
