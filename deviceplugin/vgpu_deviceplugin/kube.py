@@ -4,6 +4,11 @@ Plain aiohttp and JSON dicts: the generated kubernetes client alone costs ~45 MB
 half the plugin's budget. Pods are only ever read with the field selector `spec.nodeName=<node>`,
 never cluster-wide. Annotation writes are JSON merge patches, except consuming
 `devices-to-allocate`, which is a JSON patch with a `test` of the old value (compare-and-swap).
+
+Watches list first and watch from the list's resourceVersion. A server that no longer has that
+version answers the watch with an ERROR event (410 Gone), not an HTTP error: the client then lists
+again at once (so a change made meanwhile is applied) and waits before the next watch, longer each
+time the server keeps failing (`Backoff`), so nothing ever re-watches in a tight loop.
 """
 
 from __future__ import annotations
@@ -32,6 +37,11 @@ JSON_PATCH = "application/json-patch+json"
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 WATCH_SECONDS = 300
 CALL_TIMEOUT = aiohttp.ClientTimeout(total=30)
+WATCH_RETRY_FIRST = 1.0  # seconds before the first retry of a failed watch; doubles per failure
+WATCH_RETRY_MAX = 60.0
+HEALTHY_WATCH_SECONDS = 10.0  # a watch open this long was no spin, whatever ended it
+_UNSEEN = object()  # a ConfigMap not listed yet: the first list reports it
+LISTED = "LISTED"  # _list_and_watch: a fresh list (current state), then the watch's events
 
 # ("RESET", {}), the listed pods as ("ADDED", pod), ("SYNCED", {}), then ADDED/MODIFIED/DELETED.
 PodEvent = tuple[str, dict[str, Any]]
@@ -45,13 +55,35 @@ class KubeError(RuntimeError):
         self.status = status
 
 
+class WatchError(KubeError):
+    """The server ended a watch with an ERROR event; the message is the Status's code, reason and
+    message (e.g. `410 Expired: too old resource version: 1 (246)`)."""
+
+
+class Backoff:
+    """Delays between retries: `first`, then doubled per call up to `cap`; `reset()` after success."""
+
+    def __init__(self, first: float, cap: float) -> None:
+        self.first, self.cap = first, cap
+        self._next = first
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self._next * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self.first
+
+
 class KubeClient(Protocol):
     async def get_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
         """The ConfigMap's `data`, or None when it does not exist."""
         ...
 
     def watch_configmaps(self, namespaces: tuple[str, ...], names: tuple[str, ...]) -> AsyncIterator[None]:
-        """Yield once per change to any of the named ConfigMaps (re-read them with get)."""
+        """Yield once per change to any of the named ConfigMaps (re-read them with get); the real
+        client also yields when it starts, and after a broken watch when the data changed meanwhile."""
         ...
 
     async def list_pods_on_node(self, node: str) -> list[dict[str, Any]]: ...
@@ -144,13 +176,14 @@ def _tls(cluster: dict[str, Any], user: dict[str, Any], base: Path) -> ssl.SSLCo
 class ApiKubeClient:
     """KubeClient over aiohttp (kubeconfig file, or in-cluster when none is given)."""
 
-    def __init__(self, connection: Connection, watch_retry: float = 5.0) -> None:
+    def __init__(self, connection: Connection, watch_retry: float = WATCH_RETRY_FIRST,
+                 watch_retry_max: float = WATCH_RETRY_MAX) -> None:
         self._conn = connection
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=connection.ssl, limit=8),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
         )
-        self._watch_retry = watch_retry
+        self._watch_retry, self._watch_retry_max = watch_retry, watch_retry_max
 
     @classmethod
     async def connect(cls, kubeconfig: str | None) -> ApiKubeClient:
@@ -177,7 +210,7 @@ class ApiKubeClient:
             raise KubeError(f"{what}: {exc!r}") from exc
 
     async def _watch(self, path: str, params: dict[str, str]) -> AsyncIterator[dict[str, Any]]:
-        """Raw watch events until the server ends the stream."""
+        """Raw watch events until the server ends the stream. Raises WatchError on an ERROR event."""
         query = {**params, "watch": "true", "timeoutSeconds": str(WATCH_SECONDS),
                  "allowWatchBookmarks": "true"}
         async with self._session.get(self._conn.server + path, params=query, headers=self._conn.headers(),
@@ -185,8 +218,13 @@ class ApiKubeClient:
             if resp.status >= 400:
                 raise KubeError(f"watch {path}: HTTP {resp.status} {_reason(await resp.read())}", resp.status)
             async for line in resp.content:
-                if line.strip():
-                    yield json.loads(line)
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    raise WatchError(_status_text(status), status.get("code"))
+                yield event
 
     async def get_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
         try:
@@ -213,25 +251,19 @@ class ApiKubeClient:
                 task.cancel()
 
     async def _watch_configmap(self, namespace: str, name: str, queue: asyncio.Queue[None]) -> None:
-        version = ""
-        while True:
-            try:
-                params = {"fieldSelector": f"metadata.name={name}"}
-                if version:
-                    params["resourceVersion"] = version
-                async for event in self._watch(f"/api/v1/namespaces/{namespace}/configmaps", params):
-                    if event.get("type") == "ERROR":  # e.g. 410 Gone: start over from now
-                        version = ""
-                        break
-                    version = event["object"]["metadata"].get("resourceVersion", version)
-                    if event.get("type") != "BOOKMARK":
-                        queue.put_nowait(None)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the watch is best effort; the next one starts over
-                log.warning("watch of ConfigMap %s/%s failed (%s); retrying", namespace, name, exc)
-                version = ""
-                await asyncio.sleep(self._watch_retry)
+        """Put None on `queue` whenever the ConfigMap's data changed (and once at start: the caller
+        read it before this watch began)."""
+        seen: object = _UNSEEN
+        path, selector = f"/api/v1/namespaces/{namespace}/configmaps", f"metadata.name={name}"
+        async for kind, obj in self._list_and_watch(path, selector, f"ConfigMap {namespace}/{name}"):
+            if kind == LISTED:  # a name selector: zero or one item
+                items = obj.get("items") or []
+                data = dict(items[0].get("data") or {}) if items else None
+            else:
+                data = None if kind == "DELETED" else dict(obj.get("data") or {})
+            if data != seen:
+                seen = data
+                queue.put_nowait(None)
 
     async def _list_pods(self, node: str) -> dict[str, Any]:
         return dict(await self._call("GET", "/api/v1/pods", f"pods on node {node}",
@@ -241,32 +273,59 @@ class ApiKubeClient:
         return list((await self._list_pods(node)).get("items") or [])
 
     async def pod_events(self, node: str) -> AsyncIterator[PodEvent]:
-        while True:
-            try:
-                listed = await self._list_pods(node)
+        async for kind, obj in self._list_and_watch("/api/v1/pods", f"spec.nodeName={node}",
+                                                    f"pods on node {node}"):
+            if kind == LISTED:
                 yield ("RESET", {})
-                for pod in listed.get("items") or []:
+                for pod in obj.get("items") or []:
                     yield ("ADDED", pod)
                 yield ("SYNCED", {})
-                version = listed.get("metadata", {}).get("resourceVersion", "")
-                while True:
-                    params = {"fieldSelector": f"spec.nodeName={node}", "resourceVersion": version}
-                    gone = False
-                    async for event in self._watch("/api/v1/pods", params):
-                        kind = event.get("type", "")
-                        if kind == "ERROR":
-                            gone = True
-                            break
-                        version = event["object"]["metadata"].get("resourceVersion", version)
-                        if kind != "BOOKMARK":
-                            yield (kind, event["object"])
-                    if gone:
-                        break  # resourceVersion too old: list again
+            else:
+                yield (kind, obj)
+
+    async def _list_and_watch(self, path: str, selector: str, what: str) -> AsyncIterator[tuple[str, Any]]:
+        """(LISTED, the list) and then the watch's (type, object) events, forever. After an ERROR
+        event or a failure, the next thing is a fresh LISTED: the caller compares it with what it
+        has. Every restart that follows a failure waits (`Backoff`), so this never spins."""
+        backoff = Backoff(self._watch_retry, self._watch_retry_max)
+        version: str | None = None  # None: list first
+        pause = 0.0  # before the next watch: zero after a healthy one
+        while True:
+            if version is None:
+                try:
+                    listed = await self._call("GET", path, what, params={"fieldSelector": selector})
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    delay, pause = backoff.next(), 0.0  # this wait is the pause before the watch
+                    log.warning("listing %s failed (%s); trying again in %.2f s", what, exc, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                version = str(listed.get("metadata", {}).get("resourceVersion", ""))
+                yield (LISTED, listed)
+            await asyncio.sleep(pause)
+            watch = _WatchRound(asyncio.get_running_loop().time())
+            try:
+                async for event in self._watch(path, {"fieldSelector": selector, "resourceVersion": version}):
+                    watch.events += 1
+                    version = event["object"]["metadata"].get("resourceVersion", version)
+                    if event.get("type") != "BOOKMARK":
+                        yield (event.get("type", ""), event["object"])
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
-                log.warning("watch of pods on node %s failed (%s); listing again", node, exc)
-                await asyncio.sleep(self._watch_retry)
+            except WatchError as exc:  # the server is up but gave up on this watch: list again at once
+                pause = watch.next_pause(backoff, failed=True)
+                log.warning("watch of %s ended by the server: %s; listing again, watching again in %.2f s",
+                            what, exc, pause)
+                version = None
+                continue
+            except Exception as exc:  # connection or HTTP error: a list would fail too, wait first
+                delay = watch.next_pause(backoff, failed=True)
+                log.warning("watch of %s failed (%s); listing again in %.2f s", what, exc, delay)
+                version, pause = None, 0.0
+                await asyncio.sleep(delay)
+                continue
+            pause = watch.next_pause(backoff, failed=False)  # the server ended it: resume from `version`
 
     async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         await self._call("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", f"Pod {namespace}/{name}",
@@ -281,6 +340,32 @@ class ApiKubeClient:
     async def patch_node(self, name: str, patch: dict[str, Any]) -> None:
         await self._call("PATCH", f"/api/v1/nodes/{name}", f"Node {name}", body=patch,
                          content_type=MERGE_PATCH)
+
+
+@dataclass
+class _WatchRound:
+    """One watch request: when it started and how many events it delivered."""
+
+    started: float
+    events: int = 0
+
+    def next_pause(self, backoff: Backoff, failed: bool) -> float:
+        """Seconds to wait before the next watch. A watch that delivered events (an ERROR is not
+        one) or stayed open a while was healthy: it resets the backoff, and when the server simply
+        ended it, the next one starts at once. A failure, or an empty stream ended at once, waits,
+        longer each time in a row."""
+        lasted = asyncio.get_running_loop().time() - self.started
+        if self.events or lasted >= HEALTHY_WATCH_SECONDS:
+            backoff.reset()
+            if not failed:
+                return 0.0
+        return backoff.next()
+
+
+def _status_text(status: dict[str, Any]) -> str:
+    """`410 Expired: too old resource version: 1 (246)` from a Status object."""
+    head = " ".join(str(status[k]) for k in ("code", "reason") if status.get(k))
+    return f"{head}: {status.get('message', '')}" if head else str(status.get("message") or status)
 
 
 def _reason(raw: bytes) -> str:

@@ -1,8 +1,9 @@
 """Serving the plugin sockets and registering them with the kubelet, again after it restarts.
 
 A kubelet restart creates a new `kubelet.sock` and wipes the plugin sockets in the directory; the
-plugin then has to listen again and call Register again. The watcher polls the socket's inode
-(every 0.25 s: no inotify dependency, and well inside the 2 s the plugin promises).
+plugin then has to listen again and call Register again. The watcher polls `kubelet.sock` only
+(every 0.25 s: no inotify dependency, and well inside the 2 s the plugin promises): the plugin's
+own sockets come and go whenever it restarts its endpoints, and are no sign of a kubelet restart.
 """
 
 from __future__ import annotations
@@ -68,22 +69,26 @@ async def register(directory: str, endpoint: Endpoint) -> None:
         )
 
 
-def socket_identity(path: str) -> tuple[int, int] | None:
-    """(device, inode) of a socket file, None when it does not exist."""
+# (device, inode, change time in ns): a re-created file may get the inode number back, not the time.
+SocketId = tuple[int, int, int]
+
+
+def socket_identity(path: str) -> SocketId | None:
+    """Identity of a socket file, None when it does not exist."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return None
-    return (st.st_dev, st.st_ino)
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
-async def wait_for_kubelet_change(directory: str, seen: tuple[int, int] | None, own_sockets: list[str],
-                                  stop: asyncio.Event) -> tuple[int, int] | None:
-    """Return when kubelet.sock is (re)created, or one of our sockets vanished; None on stop."""
+async def wait_for_kubelet_change(directory: str, seen: SocketId | None,
+                                  stop: asyncio.Event) -> SocketId | None:
+    """Return kubelet.sock's identity once it differs from `seen` (a kubelet (re)start); None on stop."""
     kubelet = os.path.join(directory, KUBELET_SOCKET)
     while not stop.is_set():
         now = socket_identity(kubelet)
-        if now is not None and (now != seen or any(not os.path.exists(p) for p in own_sockets)):
+        if now is not None and now != seen:
             return now
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), POLL_SECONDS)

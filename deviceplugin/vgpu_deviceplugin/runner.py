@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ from vgpu_deviceplugin.server import DevicePlugin
 from vgpu_deviceplugin.state import PluginState
 
 log = logging.getLogger(__name__)
+REGISTER_RETRY_SECONDS = 1.0
 
 
 class ConfigError(RuntimeError):
@@ -75,7 +77,11 @@ async def load_config(kube: KubeClient, flags: Flags) -> LoadedConfig:
 
 @dataclass
 class Plugin:
-    """The serving side: three endpoints over one shared state."""
+    """The serving side: three endpoints over one shared state.
+
+    Everything that stops, starts or registers endpoints holds `lock`: a config change and a
+    kubelet restart at the same time must not interleave (two sets of servers on the same socket
+    paths, the first set left running, every resource registered twice)."""
 
     flags: Flags
     kube: KubeClient
@@ -83,20 +89,69 @@ class Plugin:
     pods: PodCache = field(default_factory=PodCache)
     endpoints: list[registration.Endpoint] = field(default_factory=list)
     registered: bool = False
+    # kubelet.sock as it was when we last registered: the kubelet watcher compares with it.
+    kubelet_seen: registration.SocketId | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
-    async def start_endpoints(self) -> None:
+    @property
+    def kubelet_socket(self) -> str:
+        return os.path.join(self.flags.device_plugin_dir, registration.KUBELET_SOCKET)
+
+    async def start(self) -> None:
+        async with self.lock:
+            await self._start_endpoints()
+            await self._register_all()
+
+    async def close(self) -> None:
+        async with self.lock:
+            await self._stop_endpoints()
+
+    async def restart(self) -> None:
+        """Stop the servers (their sockets removed), serve again and register: once, in turn."""
+        async with self.lock:
+            await self._restart()
+
+    async def reconfigure(self, settings: Settings, gpus: list[GpuDevice]) -> None:
+        """New settings: the endpoints restart once (names, ids and options may all change)."""
+        async with self.lock:
+            self.state.settings = settings
+            self.state.gpus = gpus
+            await self._restart()
+
+    async def kubelet_restarted(self, now: registration.SocketId) -> None:
+        """kubelet.sock is `now`: serve and register again, unless that already happened for it."""
+        async with self.lock:
+            if now == self.kubelet_seen and self.registered:
+                return  # a restart for another reason registered with this kubelet meanwhile
+            log.warning("kubelet restarted (new %s): serving and registering again",
+                        registration.KUBELET_SOCKET)
+            await self._restart()
+
+    async def retry_register(self) -> None:
+        async with self.lock:
+            if not self.registered:
+                await self._register_all()
+
+    async def _restart(self) -> None:
+        await self._stop_endpoints()
+        await self._start_endpoints()
+        await self._register_all()
+
+    async def _start_endpoints(self) -> None:
         allocator = Allocator(self.kube, self.state, self.flags, cache=self.pods)
         for kind in ResourceKind:
             plugin = DevicePlugin(kind, self.state, allocator)
             name = kind.resource_name(self.state.settings)
             self.endpoints.append(await registration.serve(plugin, name, self.flags.device_plugin_dir))
 
-    async def stop_endpoints(self) -> None:
+    async def _stop_endpoints(self) -> None:
         await asyncio.gather(*(registration.stop(e) for e in self.endpoints))
         self.endpoints.clear()
         self.registered = False
 
-    async def register_all(self) -> None:
+    async def _register_all(self) -> None:
+        # Read before Register: a kubelet that restarts during it shows up as a change afterwards.
+        self.kubelet_seen = registration.socket_identity(self.kubelet_socket)
         try:
             for endpoint in self.endpoints:
                 await registration.register(self.flags.device_plugin_dir, endpoint)
@@ -104,11 +159,6 @@ class Plugin:
             log.info("registered %s with the kubelet", ", ".join(e.resource_name for e in self.endpoints))
         except Exception as exc:  # kubelet down or restarting: the watcher tries again
             log.warning("Register with the kubelet failed (%s); retrying", exc)
-
-    async def restart(self) -> None:
-        await self.stop_endpoints()
-        await self.start_endpoints()
-        await self.register_all()
 
 
 def log_settings(settings: Settings) -> None:
@@ -135,8 +185,7 @@ async def run_plugin(
         log_settings(loaded.settings)
         state = PluginState(loaded.settings, visible_gpus(all_gpus, loaded.settings))
         plugin = Plugin(flags, kube, state)
-        await plugin.start_endpoints()
-        await plugin.register_all()
+        await plugin.start()
         if started is not None:
             maybe = started(plugin)
             if maybe is not None:
@@ -160,7 +209,7 @@ async def run_plugin(
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            await plugin.stop_endpoints()
+            await plugin.close()
     finally:
         if own_kube:
             await kube.close()
@@ -196,20 +245,21 @@ def _spawn(coro: Coroutine[None, None, None]) -> None:
 
 
 async def _kubelet_loop(plugin: Plugin, stop: asyncio.Event) -> None:
+    """Register again after a kubelet restart (a new kubelet.sock), or after a failed Register.
+    Only kubelet.sock counts: the plugin's own sockets are re-created by every restart."""
     directory = plugin.flags.device_plugin_dir
-    seen = registration.socket_identity(f"{directory}/{registration.KUBELET_SOCKET}")
     while not stop.is_set():
-        own = [e.path for e in plugin.endpoints]
-        if not plugin.registered and seen is not None:
-            await asyncio.sleep(1.0)  # kubelet there but Register failed: retry
-            await plugin.register_all()
+        if not plugin.registered and plugin.kubelet_seen is not None:
+            # kubelet there but Register failed: retry
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), REGISTER_RETRY_SECONDS)
+            if not stop.is_set():
+                await plugin.retry_register()
             continue
-        changed = await registration.wait_for_kubelet_change(directory, seen, own, stop)
+        changed = await registration.wait_for_kubelet_change(directory, plugin.kubelet_seen, stop)
         if changed is None:
             return
-        log.warning("kubelet restarted (new %s): serving and registering again", registration.KUBELET_SOCKET)
-        seen = changed
-        await plugin.restart()
+        await plugin.kubelet_restarted(changed)
 
 
 async def _config_loop(plugin: Plugin, all_gpus: list[GpuDevice], loaded: LoadedConfig,
@@ -231,7 +281,5 @@ async def _config_loop(plugin: Plugin, all_gpus: list[GpuDevice], loaded: Loaded
             continue
         log.warning("configuration changed: re-registering")
         log_settings(fresh.settings)
-        plugin.state.settings = fresh.settings
-        plugin.state.gpus = visible_gpus(all_gpus, fresh.settings)
-        await plugin.restart()
+        await plugin.reconfigure(fresh.settings, visible_gpus(all_gpus, fresh.settings))
         await plugin.state.bump()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import stat
 from collections.abc import AsyncIterator
@@ -11,10 +12,11 @@ from dataclasses import replace
 
 import grpc
 import pytest
+from vgpu_deviceplugin import registration
 from vgpu_deviceplugin.api import deviceplugin_pb2 as pb
 from vgpu_deviceplugin.config import Flags
 from vgpu_deviceplugin.gpus import MockBackend
-from vgpu_deviceplugin.runner import run_plugin
+from vgpu_deviceplugin.runner import Plugin, run_plugin
 from vgpu_deviceplugin.testing.kubelet_sim import KubeletSim
 from vgpu_formats import annotations as ann
 
@@ -33,12 +35,15 @@ def device_config_data(count_name: str = COUNT, split: int = 10, factor: int = 1
 
 @contextlib.asynccontextmanager
 async def running(flags: Flags, kube: FakeKube, backend: MockBackend | None = None,
-                  resources: tuple[str, ...] = (COUNT, MEMORY, CORES)) -> AsyncIterator[KubeletSim]:
+                  resources: tuple[str, ...] = (COUNT, MEMORY, CORES),
+                  plugins: list[Plugin] | None = None) -> AsyncIterator[KubeletSim]:
+    """The plugin registered with a simulated kubelet; `plugins` receives the running Plugin."""
     sim = KubeletSim(flags.device_plugin_dir)
     await sim.start()
     stop = asyncio.Event()
     backend = backend or MockBackend.from_register_annotation(REGISTER)
-    task = asyncio.create_task(run_plugin(flags, stop, kube=kube, backend=backend))
+    started = plugins.append if plugins is not None else None
+    task = asyncio.create_task(run_plugin(flags, stop, kube=kube, backend=backend, started=started))
     try:
         await sim.wait_for(list(resources))
         yield sim
@@ -232,6 +237,84 @@ async def test_configmap_change_reregisters_and_bad_change_is_ignored(flags: Fla
         kube.set_configmap("kube-system", "volcano-vgpu-device-config", device_config_data(split=4))
         await eventually(lambda: len(sim.devices.get(COUNT, {})) == 32)
         await eventually(lambda: ",4,24564," in _annotations(kube).get(ann.NODE_REGISTER, ""))
+
+
+def _count_kubelet_polls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How often the kubelet watcher has looked at kubelet.sock: a test that waits for two more
+    looks knows the watcher has seen whatever the plugin did before (no sleep needed)."""
+    polls = [0]
+    real = registration.socket_identity
+
+    def counting(path: str) -> object:
+        polls[0] += 1
+        return real(path)
+
+    monkeypatch.setattr(registration, "socket_identity", counting)
+    return polls
+
+
+async def _listed_and_watcher_looked(sim: KubeletSim, polls: list[int], name: str, devices: int) -> None:
+    await eventually(lambda: len(sim.devices.get(name, {})) == devices, what=f"{devices} {name} listed")
+    seen = polls[0]
+    await eventually(lambda: polls[0] >= seen + 3, what="the kubelet watcher looking again")
+
+
+async def test_configmap_change_registers_each_resource_once(
+    flags: Flags, kube: FakeKube, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config change restarts the endpoints exactly once: the kubelet watcher must not take the
+    plugin's own re-created sockets for a kubelet restart, and the old servers' sockets go."""
+    caplog.set_level(logging.INFO, logger="vgpu_deviceplugin")
+    polls = _count_kubelet_polls(monkeypatch)
+    kube.set_configmap("kube-system", "volcano-vgpu-device-config", device_config_data(split=10))
+    plugins: list[Plugin] = []
+    async with running(flags, kube, plugins=plugins) as sim:
+        # Same names (sockets re-created at the same paths), then a new count name (old socket gone).
+        for count_name, split in ((COUNT, 4), ("example.com/vgpu", 2)):
+            before = len(sim.registrations)
+            kube.set_configmap("kube-system", "volcano-vgpu-device-config",
+                               device_config_data(count_name=count_name, split=split))
+            await _listed_and_watcher_looked(sim, polls, count_name, 8 * split)
+            assert sorted(r.resource_name for r in sim.registrations[before:]) == sorted(
+                [count_name, MEMORY, CORES])
+            wanted = {registration.socket_name(n) for n in (count_name, MEMORY, CORES)}
+            assert set(os.listdir(flags.device_plugin_dir)) == wanted | {"kubelet.sock"}
+            assert len(plugins[0].endpoints) == 3
+    assert not [r for r in caplog.records if "kubelet restarted" in r.getMessage()]
+    assert [r.getMessage() for r in caplog.records].count("configuration changed: re-registering") == 2
+
+
+async def test_restarts_are_serialized(flags: Flags, kube: FakeKube) -> None:
+    plugins: list[Plugin] = []
+    async with running(flags, kube, plugins=plugins) as sim:
+        before = len(sim.registrations)
+        await asyncio.gather(plugins[0].restart(), plugins[0].restart())
+        assert len(plugins[0].endpoints) == 3
+        assert len(sim.registrations) == before + 6
+        wanted = {registration.socket_name(n) for n in (COUNT, MEMORY, CORES)}
+        assert set(os.listdir(flags.device_plugin_dir)) == wanted | {"kubelet.sock"}
+        await sim.wait_for([COUNT, MEMORY, CORES])
+        response = await sim.allocate(MEMORY, sim.free_ids(MEMORY, 1))
+        assert len(response.container_responses) == 1
+
+
+async def test_kubelet_watcher_reacts_to_kubelet_sock_only(
+    flags: Flags, kube: FakeKube, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO, logger="vgpu_deviceplugin")
+    polls = _count_kubelet_polls(monkeypatch)
+    async with running(flags, kube) as sim:
+        before = len(sim.registrations)
+        # One of the plugin's sockets vanishing is not a kubelet restart.
+        os.unlink(os.path.join(flags.device_plugin_dir, registration.socket_name(CORES)))
+        seen = polls[0]
+        await eventually(lambda: polls[0] >= seen + 3, what="the kubelet watcher looking again")
+        assert len(sim.registrations) == before
+        # A new kubelet.sock is.
+        await sim.restart()
+        await sim.wait_for([COUNT, MEMORY, CORES])
+        assert sorted(r.resource_name for r in sim.registrations[before:]) == sorted([COUNT, MEMORY, CORES])
+    assert [r.getMessage() for r in caplog.records if "kubelet restarted" in r.getMessage()] != []
 
 
 async def test_malformed_configmap_at_start_runs_on_defaults(flags: Flags, kube: FakeKube) -> None:
