@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from vgpu_formats import annotations as node_annotations
 from vgpu_formats.errors import FormatError
+from vgpu_formats.quantity import quantity_or_zero
 
 from vgpu_operator import api
 from vgpu_operator.plan import Plan, Restart
@@ -54,13 +55,6 @@ class Outcome:
 # ----- nodes -----------------------------------------------------------------------------------
 
 
-def _quantity(value: Any) -> int:
-    try:
-        return int(str(value))
-    except (TypeError, ValueError):
-        return 0
-
-
 def report_node(node: Mapping[str, Any], spec: api.VGPUPolicySpec, split: int) -> NodeReport:
     """Is this a GPU node, did its plugin register, does it advertise what the policy says?"""
     meta = node.get("metadata") or {}
@@ -69,12 +63,13 @@ def report_node(node: Mapping[str, Any], spec: api.VGPUPolicySpec, split: int) -
     text = (meta.get("annotations") or {}).get(node_annotations.NODE_REGISTER)
     wanted = spec.resources.count
     advertised = sorted(res for res in (wanted, "volcano.sh/vgpu-number", "nvidia.com/gpu")
-                        if _quantity(allocatable.get(res)) > 0)
+                        if quantity_or_zero(allocatable.get(res)) > 0)
     if text is None:
         if not advertised:
             return NodeReport(name, gpu=False, registered=False, converged=False)
         return NodeReport(name, True, False, False, "no volcano.sh/node-vgpu-register annotation: the "
-                          "device plugin has not registered", vgpus=_quantity(allocatable.get(advertised[0])))
+                          "device plugin has not registered",
+                          vgpus=quantity_or_zero(allocatable.get(advertised[0])))
     try:
         devices = node_annotations.decode_node_register(str(text))
     except FormatError as exc:

@@ -21,6 +21,7 @@ from typing import Any
 
 from vgpu_formats import annotations as ann
 from vgpu_formats import device_config as dc
+from vgpu_formats.quantity import parse_quantity
 
 DEVICE_TYPE = ann.DEVICE_TYPE_NVIDIA
 CORES_PER_GPU = 100  # hard-coded by the scheduler, whatever deviceCoreScaling says
@@ -122,15 +123,6 @@ class Unschedulable:
 # --- requests -----------------------------------------------------------------------------
 
 
-def _quantity(value: Any) -> int:
-    """Integer value of a resource quantity; vGPU quantities are plain integers in practice."""
-    text = str(value).strip()
-    try:
-        return int(text)
-    except ValueError:
-        return int(float(text))
-
-
 def is_vgpu_pod(pod: Obj, settings: SchedulerSettings) -> bool:
     """Volcano's `checkVGPUResourcesInPod`: a container's limits name the count or memory resource."""
     if not settings.vgpu_enable:
@@ -148,9 +140,9 @@ def _limit_or_request(name: str, limits: Obj, requests: Obj) -> int | None:
     if not name:
         return None
     if name in limits:
-        return _quantity(limits[name])
+        return parse_quantity(limits[name])
     if name in requests:
-        return _quantity(requests[name])
+        return parse_quantity(requests[name])
     return None
 
 
@@ -165,7 +157,7 @@ def container_requests(pod: Obj, settings: SchedulerSettings) -> list[ContainerR
         has_mem = bool(settings.memory_name) and settings.memory_name in limits
         if not (has_count or has_mem):
             continue
-        nums = _quantity(limits[settings.count_name]) if has_count else 1
+        nums = parse_quantity(limits[settings.count_name]) if has_count else 1
         memreq = _limit_or_request(settings.memory_name, limits, requests) or 0
         pct = _limit_or_request(settings.memory_percentage_name, limits, requests)
         mem_percentage = PERCENT_UNSET if pct is None else pct
@@ -194,7 +186,7 @@ def node_gpus(node: Obj, settings: SchedulerSettings) -> tuple[list[GPU], str]:
         return [], f"no {ann.NODE_REGISTER} annotation (device plugin not registered)"
     if settings.require_allocatable:
         allocatable = (node.get("status") or {}).get("allocatable") or {}
-        missing = [n for n in HARD_CODED_ALLOCATABLE if _quantity(allocatable.get(n, 0) or 0) <= 0]
+        missing = [n for n in HARD_CODED_ALLOCATABLE if parse_quantity(allocatable.get(n, 0) or 0) <= 0]
         if missing:
             return [], f"allocatable lacks {', '.join(missing)} (Volcano >= 1.15.1 needs all three)"
     try:
@@ -399,7 +391,7 @@ def _scalar_requests(pod: Obj, settings: SchedulerSettings) -> dict[str, int]:
     for container in pod.get("spec", {}).get("containers", []) or []:
         for name, value in ((container.get("resources") or {}).get("limits") or {}).items():
             if "/" in name and name not in percentage:
-                wanted[name] = wanted.get(name, 0) + _quantity(value)
+                wanted[name] = wanted.get(name, 0) + parse_quantity(value)
     return dict(sorted(wanted.items()))
 
 
@@ -408,7 +400,7 @@ def _insufficient(wanted: Mapping[str, int], node: Obj) -> str:
     (usage by other pods is not subtracted here)."""
     allocatable = (node.get("status") or {}).get("allocatable") or {}
     for name, amount in wanted.items():
-        have = _quantity(allocatable.get(name, 0) or 0)
+        have = parse_quantity(allocatable.get(name, 0) or 0)
         if have < amount:
             return f"Insufficient {name} (allocatable {have}, asked {amount})"
     return ""

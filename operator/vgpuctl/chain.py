@@ -139,6 +139,15 @@ async def node_agent(running: RunningEmulator, node_name: str, workdir: Path) ->
     if node is None:
         raise ChainError(f"node {node_name} is not in the cluster")
     register = node["metadata"]["annotations"][ann.NODE_REGISTER]
+    async with plugin_agent(str(running.kubeconfig), node_name, register, workdir) as agent:
+        yield agent
+
+
+@contextlib.asynccontextmanager
+async def plugin_agent(kubeconfig: str, node_name: str, register: str, workdir: Path,
+                       **flags: Any) -> AsyncIterator[NodeAgent]:
+    """Kubelet simulator + our device plugin for `node_name` against any API server (the emulator
+    or a real one), on mock GPUs as `register` describes them; `flags` override plugin flags."""
     base = workdir / node_name
     # Unix socket paths are limited to 107 bytes: the kubelet directory gets a short name of its own.
     plugin_dir = Path(tempfile.mkdtemp(prefix="vgpu-kubelet-"))
@@ -146,12 +155,13 @@ async def node_agent(running: RunningEmulator, node_name: str, workdir: Path) ->
         sub.mkdir(parents=True, exist_ok=True)
     sim = KubeletSim(str(plugin_dir))
     await sim.start()
-    flags = Flags(node_name=node_name, device_plugin_dir=str(plugin_dir), hook_path=str(base / "vgpu"),
-                  cache_root=str(base / "cache"), lock_dir=str(base / "lock"), register_interval=0.5,
-                  kubeconfig=str(running.kubeconfig))
+    plugin_flags = Flags(**{
+        "node_name": node_name, "device_plugin_dir": str(plugin_dir), "hook_path": str(base / "vgpu"),
+        "cache_root": str(base / "cache"), "lock_dir": str(base / "lock"), "register_interval": 0.5,
+        "kubeconfig": kubeconfig, **flags})
     stop = asyncio.Event()
     backend = MockBackend.from_register_annotation(register)
-    task = asyncio.create_task(run_plugin(flags, stop, backend=backend))
+    task = asyncio.create_task(run_plugin(plugin_flags, stop, backend=backend))
     agent = NodeAgent(node_name, sim, stop, task)
     try:
         await wait_until(lambda: len(sim.plugins) >= 3 or task.done(), "the plugin to register 3 resources")
@@ -206,17 +216,22 @@ def demo_pod(facts: ClusterFacts, node_name: str = DEMO_NODE) -> dict[str, Any]:
     return pod
 
 
-async def schedule(running: RunningEmulator, pod: dict[str, Any]) -> Placement | Unschedulable:
-    """Create the pod, let the binder place it with the cluster's scheduler settings, and bind it
-    (annotations plus spec.nodeName, as Volcano's Binding carries them)."""
-    running.emulator.apply(pod)
-    facts = await read_facts(running)
+def place(facts: ClusterFacts, pod: Mapping[str, Any]) -> Placement | Unschedulable:
+    """Where the Volcano-compatible binder puts `pod`, with the scheduler settings the cluster's
+    objects give (the cluster read as `facts`, the pod among its pods or not yet)."""
     settings = settings_from_view(
         dc.scheduler_view(facts.scheduler_config.parsed), vgpu_enable=facts.scheduler.vgpu_enable,
         schedule_policy=facts.scheduler.schedule_policy, schedule_weight=facts.scheduler.schedule_weight,
         require_allocatable=facts.scheduler.requires_hard_coded_allocatable)
     others = [p for p in facts.pods if p["metadata"]["name"] != pod["metadata"]["name"]]
-    result = bind(pod, facts.nodes, others, settings, now=int(time.time()))
+    return bind(dict(pod), facts.nodes, others, settings, now=int(time.time()))
+
+
+async def schedule(running: RunningEmulator, pod: dict[str, Any]) -> Placement | Unschedulable:
+    """Create the pod, let the binder place it with the cluster's scheduler settings, and bind it
+    (annotations plus spec.nodeName, as Volcano's Binding carries them)."""
+    running.emulator.apply(pod)
+    result = place(await read_facts(running), pod)
     if isinstance(result, Placement):
         bound = copy.deepcopy(running.emulator.get_object("Pod", pod["metadata"]["namespace"],
                                                           pod["metadata"]["name"]) or pod)

@@ -18,6 +18,7 @@ import pydantic
 from vgpu_formats import FormatError
 from vgpu_formats import annotations as ann
 from vgpu_formats import device_config as dc
+from vgpu_formats.quantity import quantity_or_zero
 from vgpu_operator import versions
 from vgpu_operator.api import KIND, VGPUPolicy
 from vgpu_operator.observed import load_observed_from_manifests
@@ -297,13 +298,6 @@ def _grouped(severity: str, code: str, field_name: str, message: str, fix: str, 
     return Finding(severity, code, f"{noun} {shown}", field_name, message, fix)
 
 
-def _quantity(value: Any) -> int:
-    try:
-        return int(str(value))
-    except ValueError:
-        return 0
-
-
 def check_nodes(facts: ClusterFacts) -> tuple[list[Finding], dict[str, int]]:
     """Node advertisement vs names, register annotations, split counts; grouped per problem."""
     sched = facts.scheduler_names()
@@ -379,14 +373,14 @@ def _check_one_node(
                     f"{expected} ({source}): the plugin has not restarted since the change",
                     "restart the device plugin pod on these nodes; " + APPLY_POLICY)].append(name)
     count = sched.get("count", "")
-    if count and _quantity(allocatable.get(count, 0)) <= 0:
+    if count and quantity_or_zero(allocatable.get(count, 0)) <= 0:
         have = [n for n in sorted(set(plugin_names.values())) if n in allocatable]
         groups[(ERROR, "node-advertisement", f"status.allocatable[{count}]",
                 f"has no allocatable {count}, the name the scheduler counts; it advertises "
                 f"{', '.join(have) or 'no vGPU resource'}",
                 "make the plugin register the scheduler's names (see resource-name-mismatch)")].append(name)
     if facts.scheduler.requires_hard_coded_allocatable:
-        missing = [n for n in DEFAULT_NAMES.values() if _quantity(allocatable.get(n, 0)) <= 0]
+        missing = [n for n in DEFAULT_NAMES.values() if quantity_or_zero(allocatable.get(n, 0)) <= 0]
         if missing:
             groups[(ERROR, "node-ignored-by-scheduler", "status.allocatable",
                     f"lacks {', '.join(missing)}: Volcano {show_version(facts.scheduler.version)} "
