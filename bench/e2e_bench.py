@@ -24,8 +24,9 @@ import psutil
 
 from bench.operator_bench import make_nodes
 from e2e import controlplane
-from tests.e2e.cluster import Api, Cluster, admin_ssl
+from tests.e2e.cluster import Cluster, admin_ssl
 from tests.e2e.release import Release, installed
+from tests.support.api import Api
 
 POLICY = "/apis/vgpu.io/v1alpha1/vgpupolicies/default"
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}

@@ -17,7 +17,9 @@ from vgpu_emulator import run_emulator
 from vgpu_emulator.emulator import EVENT_LOG_SIZE
 from vgpu_operator import api
 
-from .cluster import Api, Cluster, admin_ssl
+from tests.support.api import Api
+
+from .cluster import Cluster, admin_ssl
 
 JSON_PATCH = "application/json-patch+json"
 

@@ -28,9 +28,10 @@ from vgpuctl.facts import ClusterFacts, gather
 from vgpuctl.importer import import_policy
 from vgpuctl.live import read_cluster
 
+from tests.support.api import Api
 from tests.support.waiting import eventually
 
-from .cluster import ROOT, Api, Cluster, admin_ssl, service_account_user
+from .cluster import ROOT, Cluster, admin_ssl, service_account_user
 from .release import installed
 
 FIXTURES = ROOT / "tests" / "fixtures"

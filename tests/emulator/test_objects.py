@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from vgpu_emulator import RunningEmulator
 
-from .conftest import Api
+from tests.support.api import Api
 
 CMS = "/api/v1/namespaces/demo/configmaps"
 POLICIES = "/apis/vgpu.io/v1alpha1/vgpupolicies"

@@ -9,9 +9,10 @@ import pytest
 from vgpu_emulator import Emulator, ManifestError, RunningEmulator, iter_manifests, load_manifests
 from vgpu_emulator.selectors import SelectorError, parse_field_selector, parse_label_selector
 
+from tests.support.api import Api
 from tests.support.waiting import eventually
 
-from .conftest import FIXTURES, Api
+from .conftest import FIXTURES
 
 PODS = "/api/v1/namespaces/demo/pods"
 
