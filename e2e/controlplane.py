@@ -15,6 +15,7 @@ so it is rebuilt only when a pin changes; a fresh clone on the same machine reus
 log of every request at Metadata level) and kube-controller-manager (service-account tokens,
 garbage collection, namespaces, Deployments), and writes an admin kubeconfig. Everything lives in
 `.e2e/` at the repository root (git-ignored): `kubeconfig`, `audit.log`, `logs/`, `state.json`.
+`--oldest` does the same for the oldest release the README claims (API server only) in `.e2e-oldest/`.
 There is no kubelet and no scheduler: pods stay Pending, which the tests rely on only as objects.
 """
 
@@ -39,7 +40,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = Path(__file__).resolve().parent / "tools"
-STATE_DIR = ROOT / ".e2e"
 CACHE = Path(os.environ.get("VGPU_E2E_CACHE") or Path.home() / ".cache" / "vgpu-operator" / "e2e")
 
 
@@ -52,12 +52,31 @@ class Tool:
     commands: tuple[tuple[str, str], ...]  # (binary name, Go package)
 
 
-TOOLS_BUILT = (
-    Tool("etcd", "go.etcd.io/etcd/server/v3", (("etcd", "go.etcd.io/etcd/server/v3"),)),
-    Tool("kubernetes", "k8s.io/kubernetes", (
-        ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
-        ("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager"))),
-)
+ETCD = Tool("etcd", "go.etcd.io/etcd/server/v3", (("etcd", "go.etcd.io/etcd/server/v3"),))
+KUBERNETES = Tool("kubernetes", "k8s.io/kubernetes", (
+    ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
+    ("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager")))
+KUBERNETES_OLDEST = Tool("kubernetes-oldest", "k8s.io/kubernetes", (
+    ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),))
+TOOLS_BUILT = (ETCD, KUBERNETES, KUBERNETES_OLDEST)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One control plane: the current release with a controller-manager (the whole suite), or the
+    oldest release the README claims, API server only (the CRD and chart checks)."""
+
+    name: str
+    kubernetes: Tool
+    controller_manager: bool
+
+    @property
+    def state_dir(self) -> Path:
+        return ROOT / (".e2e" if self.name == "current" else f".e2e-{self.name}")
+
+
+CURRENT = Instance("current", KUBERNETES, controller_manager=True)
+OLDEST = Instance("oldest", KUBERNETES_OLDEST, controller_manager=False)
 
 
 class BuildError(RuntimeError):
@@ -133,7 +152,8 @@ def build(tool: Tool, go_version: str, log: bool = True) -> Path:
         if target.exists():
             shutil.rmtree(target)
         out.rename(target)
-    for stale in CACHE.glob(f"{tool.module}-*"):  # builds of earlier pins are never used again
+    # Builds of earlier pins are never used again ("-v": kubernetes-v* is not kubernetes-oldest-v*).
+    for stale in CACHE.glob(f"{tool.module}-v*"):
         if stale != target:
             shutil.rmtree(stale, ignore_errors=True)
     if log:
@@ -142,15 +162,10 @@ def build(tool: Tool, go_version: str, log: bool = True) -> Path:
     return target
 
 
-def build_all() -> dict[str, Path]:
-    """{binary name: path} for every tool, building what is not cached."""
+def build_all(tools: tuple[Tool, ...] = TOOLS_BUILT) -> dict[str, dict[str, Path]]:
+    """{tool module: {binary name: path}}, building what is not cached."""
     go_version = _go_version()
-    found: dict[str, Path] = {}
-    for tool in TOOLS_BUILT:
-        folder = build(tool, go_version)
-        for path in folder.iterdir():
-            found[path.name] = path
-    return found
+    return {tool.module: {path.name: path for path in build(tool, go_version).iterdir()} for tool in tools}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,9 +267,9 @@ def _ready(state: State, timeout: float = 2.0) -> bool:
         return False
 
 
-def load_state() -> State | None:
+def load_state(instance: Instance = CURRENT) -> State | None:
     """The running control plane's state, or None when none runs."""
-    path = STATE_DIR / "state.json"
+    path = instance.state_dir / "state.json"
     if not path.exists():
         return None
     state = State(**json.loads(path.read_text()))
@@ -281,24 +296,26 @@ def _wait(what: str, check: object, proc: subprocess.Popen[bytes], log: Path, ti
     raise RuntimeError(f"{what} not ready after {timeout:.0f} s; see {log}")
 
 
-def up() -> State:
-    """Start etcd, kube-apiserver and kube-controller-manager; reuse them when already running."""
-    running = load_state()
+def up(instance: Instance = CURRENT) -> State:
+    """Start etcd, kube-apiserver and (current) kube-controller-manager; reuse them when running."""
+    running = load_state(instance)
     if running is not None:
         return running
-    down()  # a stale state (a crashed process): stop what is left of it
-    binaries = build_all()
-    shutil.rmtree(STATE_DIR, ignore_errors=True)
-    pki, logs, data = STATE_DIR / "pki", STATE_DIR / "logs", STATE_DIR / "etcd"
+    down(instance)  # a stale state (a crashed process): stop what is left of it
+    built = build_all((ETCD, instance.kubernetes))
+    binaries = {**built[ETCD.module], **built[instance.kubernetes.module]}
+    state_dir = instance.state_dir
+    shutil.rmtree(state_dir, ignore_errors=True)
+    pki, logs, data = state_dir / "pki", state_dir / "logs", state_dir / "etcd"
     logs.mkdir(parents=True)
     make_pki(pki)
-    (STATE_DIR / "audit-policy.yaml").write_text(AUDIT_POLICY)
+    (state_dir / "audit-policy.yaml").write_text(AUDIT_POLICY)
     etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
     server = f"https://127.0.0.1:{api_port}"
     pids: dict[str, int] = {}
-    state = State(server=server, kubeconfig=str(STATE_DIR / "kubeconfig"),
-                  audit_log=str(STATE_DIR / "audit.log"), ca=str(pki / "ca.crt"), pids=pids,
-                  kubernetes=pinned_version(TOOLS_BUILT[1]), etcd=pinned_version(TOOLS_BUILT[0]))
+    state = State(server=server, kubeconfig=str(state_dir / "kubeconfig"),
+                  audit_log=str(state_dir / "audit.log"), ca=str(pki / "ca.crt"), pids=pids,
+                  kubernetes=pinned_version(instance.kubernetes), etcd=pinned_version(ETCD))
     try:
         etcd = _start("etcd", [
             str(binaries["etcd"]), "--data-dir", str(data), "--name", "e2e",
@@ -330,13 +347,16 @@ def up() -> State:
             # etcd history is compacted every 10 s (5 min by default): a watch from an old
             # resourceVersion gets its 410 within seconds, as on a busy cluster.
             "--etcd-compaction-interval=10s",
-            f"--audit-policy-file={STATE_DIR / 'audit-policy.yaml'}", f"--audit-log-path={state.audit_log}",
+            f"--audit-policy-file={state_dir / 'audit-policy.yaml'}", f"--audit-log-path={state.audit_log}",
             "--audit-log-mode=batch", "--audit-log-batch-max-wait=1s", "--audit-log-batch-buffer-size=100000",
             "--audit-log-maxsize=0"], logs)
         pids["kube-apiserver"] = apiserver.pid
         _wait("kube-apiserver", lambda: _ready(state), apiserver, logs / "kube-apiserver.log", 90)
         Path(state.kubeconfig).write_text(kubeconfig(server, pki, "admin"))
-        kcm_config = STATE_DIR / "controller-manager.kubeconfig"
+        if not instance.controller_manager:
+            (state_dir / "state.json").write_text(json.dumps(asdict(state), indent=2))
+            return state
+        kcm_config = state_dir / "controller-manager.kubeconfig"
         kcm_config.write_text(kubeconfig(server, pki, "controller-manager"))
         kcm = _start("kube-controller-manager", [
             str(binaries["kube-controller-manager"]), f"--kubeconfig={kcm_config}",
@@ -348,12 +368,12 @@ def up() -> State:
             "--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-route,-service,"
             "-persistentvolume-binder,-attachdetach,-persistentvolume-expander"], logs)
         pids["kube-controller-manager"] = kcm.pid
-        (STATE_DIR / "state.json").write_text(json.dumps(asdict(state), indent=2))
+        (state_dir / "state.json").write_text(json.dumps(asdict(state), indent=2))
         _wait("kube-controller-manager", lambda: _has_default_sa(state), kcm,
               logs / "kube-controller-manager.log", 60)
     except BaseException:
-        (STATE_DIR / "state.json").write_text(json.dumps(asdict(state), indent=2))
-        down()
+        (state_dir / "state.json").write_text(json.dumps(asdict(state), indent=2))
+        down(instance)
         raise
     return state
 
@@ -371,9 +391,9 @@ def _has_default_sa(state: State) -> bool:
         return False
 
 
-def down() -> None:
-    """Stop the processes recorded in .e2e/state.json (and only those); remove the state."""
-    path = STATE_DIR / "state.json"
+def down(instance: Instance = CURRENT) -> None:
+    """Stop the processes recorded in the instance's state.json (and only those); remove it."""
+    path = instance.state_dir / "state.json"
     if not path.exists():
         return
     pids = json.loads(path.read_text()).get("pids", {})
@@ -401,20 +421,24 @@ def _reap(pid: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.controlplane", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["build", "up", "down", "status"])
+    parser.add_argument("--oldest", action="store_true",
+                        help="the oldest supported kube-apiserver (API server only), not the current")
     args = parser.parse_args(argv)
+    instance = OLDEST if args.oldest else CURRENT
     try:
         if args.command == "build":
-            for name, path in sorted(build_all().items()):
-                print(f"{name}: {path}")
+            for module, binaries in build_all().items():
+                for name, path in sorted(binaries.items()):
+                    print(f"{module}/{name}: {path}")
         elif args.command == "up":
             started = time.monotonic()
-            state = up()
+            state = up(instance)
             print(f"e2e: kube-apiserver {state.kubernetes} at {state.server} "
                   f"({time.monotonic() - started:.1f} s); KUBECONFIG={state.kubeconfig}")
         elif args.command == "down":
-            down()
+            down(instance)
         else:
-            running = load_state()
+            running = load_state(instance)
             print(f"running: {running.server}" if running else "not running")
             return 0 if running else 1
     except BuildError as exc:

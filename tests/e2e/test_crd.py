@@ -43,32 +43,32 @@ BAD = [
 ]
 
 
-def test_crd_is_established_with_its_names(crd_installed: Cluster) -> None:
-    served = crd_installed.get("crd", f"{api.PLURAL}.{api.GROUP}")
+def test_crd_is_established_with_its_names(crd_server: Cluster) -> None:
+    served = crd_server.get("crd", f"{api.PLURAL}.{api.GROUP}")
     assert served is not None
     conditions = {c["type"]: c["status"] for c in served["status"]["conditions"]}
     assert conditions["Established"] == "True" and conditions["NamesAccepted"] == "True"
     assert served["status"]["acceptedNames"]["shortNames"] == list(api.SHORT_NAMES)
 
 
-def test_a_policy_without_spec_gets_the_model_defaults_written_whole(crd_installed: Cluster) -> None:
+def test_a_policy_without_spec_gets_the_model_defaults_written_whole(crd_server: Cluster) -> None:
     policy = _policy("empty", {})
     del policy["spec"]
-    created = json.loads(crd_installed.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
+    created = json.loads(crd_server.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
                                                stdin=json.dumps(policy)).stdout)
     assert created["spec"] == crd.model_default(api.VGPUPolicySpec())
 
 
-def test_an_empty_spec_is_filled_field_by_field_as_the_model_fills_it(crd_installed: Cluster) -> None:
-    created = json.loads(crd_installed.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
+def test_an_empty_spec_is_filled_field_by_field_as_the_model_fills_it(crd_server: Cluster) -> None:
+    created = json.loads(crd_server.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
                                                stdin=json.dumps(_policy("empty", {}))).stdout)
     assert api.VGPUPolicySpec.model_validate(created["spec"]) == api.VGPUPolicySpec()
 
 
 @pytest.mark.parametrize(("spec", "message"), BAD, ids=[m[:40] for _, m in BAD])
-def test_each_rule_refuses_its_bad_policy_with_the_users_message(crd_installed: Cluster, spec: dict[str, Any],
+def test_each_rule_refuses_its_bad_policy_with_the_users_message(crd_server: Cluster, spec: dict[str, Any],
                                                                    message: str) -> None:
-    result = crd_installed.kubectl("create", "--dry-run=server", "-f", "-", check=False,
+    result = crd_server.kubectl("create", "--dry-run=server", "-f", "-", check=False,
                                    stdin=json.dumps(_policy("bad", spec)))
     assert result.returncode != 0, f"the server accepted {spec}"
     assert message in result.stderr
@@ -82,11 +82,26 @@ def test_the_model_refuses_what_the_server_refuses(spec: dict[str, Any], message
 
 
 @pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
-def test_every_example_is_accepted(crd_installed: Cluster, example: Any) -> None:
-    crd_installed.kubectl("create", "--dry-run=server", "-f", str(example))
+def test_every_example_is_accepted(crd_server: Cluster, example: Any) -> None:
+    crd_server.kubectl("create", "--dry-run=server", "-f", str(example))
 
 
-def test_kubectl_explain_describes_the_fields(crd_installed: Cluster) -> None:
-    explained = crd_installed.kubectl("explain", "vgpupolicy.spec.targets.nodeConfig.namespace").stdout
+def test_kubectl_explain_describes_the_fields(crd_server: Cluster) -> None:
+    explained = crd_server.kubectl("explain", "vgpupolicy.spec.targets.nodeConfig.namespace").stdout
     assert "must be the DaemonSet's namespace" in explained
-    assert "deviceSplitCount" in crd_installed.kubectl("explain", "vgpupolicy.spec.device").stdout
+    assert "deviceSplitCount" in crd_server.kubectl("explain", "vgpupolicy.spec.device").stdout
+
+
+def test_the_chart_installs_with_default_values(crd_server: Cluster) -> None:
+    # The release's objects (Roles in three namespaces, the default policy, the DaemonSet) are
+    # accepted by each supported server; the operator itself runs in test_helm.py.
+    crd_server.ensure_namespace("volcano-system")
+    namespace = crd_server.namespace("chart")
+    try:
+        crd_server.helm("install", "vgpu-check", str(ROOT / "charts" / "vgpu-operator"), "-n", namespace)
+        policy = crd_server.get("vgpupolicy", "default")
+        assert policy is not None and policy["spec"]["targets"]["nodeConfig"]["namespace"] == namespace
+    finally:
+        crd_server.helm("uninstall", "vgpu-check", "-n", namespace, check=False)
+        crd_server.kubectl("delete", "vgpupolicy", "default", "--ignore-not-found", "--wait=false")
+        crd_server.kubectl("delete", "namespace", namespace, "--wait=false")
