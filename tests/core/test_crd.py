@@ -152,3 +152,25 @@ def test_crd_defaults_equal_model_defaults(spec: dict[str, Any]) -> None:
     model = api.parse_spec(spec).model_dump(by_alias=True, exclude_none=True, mode="json")
     assert _drop_empty_lists(defaulted) == _drop_empty_lists(model)
     _validator().validate({"spec": defaulted})
+
+
+def _installed(version: str, revision: str) -> dict[str, Any]:
+    return {"metadata": {"name": crd.CRD_NAME, "annotations": {crd.VERSION_ANNOTATION: version,
+                                                               crd.REVISION_ANNOTATION: revision}}}
+
+
+def test_the_operator_upgrades_an_older_crd_and_never_downgrades_a_newer_one() -> None:
+    ours = crd.crd_manifest()
+    version = ours["metadata"]["annotations"][crd.VERSION_ANNOTATION]
+    revision = ours["metadata"]["annotations"][crd.REVISION_ANNOTATION]
+    assert crd.upgrade_action(None, ours) == "missing"
+    assert crd.upgrade_action(_installed(version, revision), ours) == "current"
+    assert crd.upgrade_action(_installed("0.0.1", "older"), ours) == "update"
+    assert crd.upgrade_action(_installed(version, "a dev build's"), ours) == "update"
+    unannotated = {"metadata": {"name": crd.CRD_NAME}}  # an old CRD applied by hand
+    assert crd.upgrade_action(unannotated, ours) == "update"
+    assert crd.upgrade_action(_installed("99.0.0", "newer"), ours) == "newer-installed"
+    ours_090 = {**ours, "metadata": {"annotations": {crd.VERSION_ANNOTATION: "0.9.0",
+                                                     crd.REVISION_ANNOTATION: revision}}}
+    # versions compare as numbers, not as text ("0.10.0" < "0.9.0" as strings)
+    assert crd.upgrade_action(_installed("0.10.0", "newer"), ours_090) == "newer-installed"
