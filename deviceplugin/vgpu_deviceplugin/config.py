@@ -62,6 +62,14 @@ class Flags:
             return (self.device_config_namespace,)
         return dc.PLUGIN_NAMESPACES
 
+    def watched_configmaps(self) -> tuple[tuple[str, str], ...]:
+        """(namespace, name) of every ConfigMap the plugin may read: each where it may live, and
+        nowhere else (the chart grants exactly these; a watch elsewhere is a 403 retried forever)."""
+        device = tuple((ns, self.device_config_name) for ns in self.device_config_namespaces())
+        node_namespaces = ((self.node_config_namespace,) if self.node_config_namespace
+                           else self.device_config_namespaces())  # beside the device-config found
+        return device + tuple((ns, self.node_config_name) for ns in node_namespaces)
+
 
 @dataclass(frozen=True)
 class ResourceNames:

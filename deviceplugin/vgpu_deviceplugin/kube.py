@@ -81,8 +81,8 @@ class KubeClient(Protocol):
         """The ConfigMap's `data`, or None when it does not exist."""
         ...
 
-    def watch_configmaps(self, namespaces: tuple[str, ...], names: tuple[str, ...]) -> AsyncIterator[None]:
-        """Yield once per change to any of the named ConfigMaps (re-read them with get); the real
+    def watch_configmaps(self, configmaps: tuple[tuple[str, str], ...]) -> AsyncIterator[None]:
+        """Yield once per change to any of the (namespace, name) ConfigMaps (re-read them with get); the real
         client also yields when it starts, and after a broken watch when the data changed meanwhile."""
         ...
 
@@ -236,12 +236,9 @@ class ApiKubeClient:
             raise
         return dict(obj.get("data") or {})
 
-    async def watch_configmaps(
-        self, namespaces: tuple[str, ...], names: tuple[str, ...]
-    ) -> AsyncIterator[None]:
+    async def watch_configmaps(self, configmaps: tuple[tuple[str, str], ...]) -> AsyncIterator[None]:
         queue: asyncio.Queue[None] = asyncio.Queue()
-        tasks = [asyncio.create_task(self._watch_configmap(ns, name, queue))
-                 for ns in namespaces for name in names]
+        tasks = [asyncio.create_task(self._watch_configmap(ns, name, queue)) for ns, name in configmaps]
         try:
             while True:
                 await queue.get()

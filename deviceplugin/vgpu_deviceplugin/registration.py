@@ -8,7 +8,6 @@ own sockets come and go whenever it restarts its endpoints, and are no sign of a
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -80,16 +79,3 @@ def socket_identity(path: str) -> SocketId | None:
     except FileNotFoundError:
         return None
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
-
-
-async def wait_for_kubelet_change(directory: str, seen: SocketId | None,
-                                  stop: asyncio.Event) -> SocketId | None:
-    """Return kubelet.sock's identity once it differs from `seen` (a kubelet (re)start); None on stop."""
-    kubelet = os.path.join(directory, KUBELET_SOCKET)
-    while not stop.is_set():
-        now = socket_identity(kubelet)
-        if now is not None and now != seen:
-            return now
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), POLL_SECONDS)
-    return None

@@ -99,8 +99,9 @@ class Plugin:
 
     async def start(self) -> None:
         async with self.lock:
+            seen = registration.socket_identity(self.kubelet_socket)
             await self._start_endpoints()
-            await self._register_all()
+            await self._register_all(seen)
 
     async def close(self) -> None:
         async with self.lock:
@@ -128,14 +129,24 @@ class Plugin:
             await self._restart()
 
     async def retry_register(self) -> None:
+        """After a failed Register: again, or serve anew if the kubelet restarted meanwhile (it
+        wipes the plugin sockets: registering them again would only fail again)."""
         async with self.lock:
-            if not self.registered:
-                await self._register_all()
+            if self.registered:
+                return
+            now = registration.socket_identity(self.kubelet_socket)
+            if now != self.kubelet_seen or not all(os.path.exists(e.path) for e in self.endpoints):
+                await self._restart()
+            else:
+                await self._register_all(now)
 
     async def _restart(self) -> None:
+        # kubelet.sock as it was before we served: a kubelet restart from here on is a change the
+        # watcher sees, even one that wipes the sockets before our Register.
+        seen = registration.socket_identity(self.kubelet_socket)
         await self._stop_endpoints()
         await self._start_endpoints()
-        await self._register_all()
+        await self._register_all(seen)
 
     async def _start_endpoints(self) -> None:
         allocator = Allocator(self.kube, self.state, self.flags, cache=self.pods)
@@ -149,9 +160,9 @@ class Plugin:
         self.endpoints.clear()
         self.registered = False
 
-    async def _register_all(self) -> None:
-        # Read before Register: a kubelet that restarts during it shows up as a change afterwards.
-        self.kubelet_seen = registration.socket_identity(self.kubelet_socket)
+    async def _register_all(self, seen: registration.SocketId | None) -> None:
+        """Register every endpoint with the kubelet whose socket was `seen` before serving."""
+        self.kubelet_seen = seen
         try:
             for endpoint in self.endpoints:
                 await registration.register(self.flags.device_plugin_dir, endpoint)
@@ -245,30 +256,24 @@ def _spawn(coro: Coroutine[None, None, None]) -> None:
 
 
 async def _kubelet_loop(plugin: Plugin, stop: asyncio.Event) -> None:
-    """Register again after a kubelet restart (a new kubelet.sock), or after a failed Register.
-    Only kubelet.sock counts: the plugin's own sockets are re-created by every restart."""
-    directory = plugin.flags.device_plugin_dir
+    """Register again after a kubelet restart (a new kubelet.sock), or after a failed Register,
+    whenever that happened (at start, on a config change, on a kubelet restart). Only kubelet.sock
+    counts: the plugin's own sockets are re-created by every restart."""
     while not stop.is_set():
-        if not plugin.registered and plugin.kubelet_seen is not None:
-            # kubelet there but Register failed: retry
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), REGISTER_RETRY_SECONDS)
-            if not stop.is_set():
-                await plugin.retry_register()
-            continue
-        changed = await registration.wait_for_kubelet_change(directory, plugin.kubelet_seen, stop)
-        if changed is None:
-            return
-        await plugin.kubelet_restarted(changed)
+        now = registration.socket_identity(plugin.kubelet_socket)
+        if now is not None and now != plugin.kubelet_seen:
+            await plugin.kubelet_restarted(now)
+        elif not plugin.registered and now is not None:
+            await plugin.retry_register()  # kubelet there but Register failed
+        wait = registration.POLL_SECONDS if plugin.registered else REGISTER_RETRY_SECONDS
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), wait)
 
 
 async def _config_loop(plugin: Plugin, all_gpus: list[GpuDevice], loaded: LoadedConfig,
                        stop: asyncio.Event) -> None:
     flags = plugin.flags
-    names = (flags.device_config_name, flags.node_config_name)
-    extra = (flags.node_config_namespace,) if flags.node_config_namespace else ()
-    namespaces = tuple(dict.fromkeys((*flags.device_config_namespaces(), *extra)))
-    async for _ in plugin.kube.watch_configmaps(namespaces, names):
+    async for _ in plugin.kube.watch_configmaps(flags.watched_configmaps()):
         try:
             fresh = await load_config(plugin.kube, flags)
         except Exception as exc:  # keep serving what works; say loudly what does not

@@ -71,9 +71,7 @@ class FakeKube:
         found = self.configmaps.get((namespace, name))
         return dict(found) if found is not None else None
 
-    async def watch_configmaps(
-        self, namespaces: tuple[str, ...], names: tuple[str, ...]
-    ) -> AsyncIterator[None]:
+    async def watch_configmaps(self, configmaps: tuple[tuple[str, str], ...]) -> AsyncIterator[None]:
         queue: asyncio.Queue[None] = asyncio.Queue()
         self._watchers.append(queue)
         try:

@@ -58,3 +58,15 @@ def test_unusable_values_are_corrected_with_a_warning() -> None:
 def test_namespace_lookup_order() -> None:
     assert Flags(node_name=NODE).device_config_namespaces() == ("kube-system", "volcano-system")
     assert Flags(node_name=NODE, device_config_namespace="gpu").device_config_namespaces() == ("gpu",)
+
+
+def test_the_plugin_watches_only_the_configmaps_it_may_read() -> None:
+    # The chart's Roles name device-config in targets.namespace and node-config in the plugin's
+    # namespace: a watch on any other pair is a 403 retried forever.
+    chart = Flags(node_name="n", device_config_namespace="kube-system", node_config_namespace="vgpu-system")
+    assert chart.watched_configmaps() == (("kube-system", "volcano-vgpu-device-config"),
+                                          ("vgpu-system", "volcano-vgpu-node-config"))
+    upstream = Flags(node_name="n")  # no flags: the upstream lookup order, node-config beside it
+    assert upstream.watched_configmaps() == (
+        ("kube-system", "volcano-vgpu-device-config"), ("volcano-system", "volcano-vgpu-device-config"),
+        ("kube-system", "volcano-vgpu-node-config"), ("volcano-system", "volcano-vgpu-node-config"))

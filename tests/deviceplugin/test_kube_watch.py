@@ -204,7 +204,7 @@ async def test_configmap_watch_error_relists_backs_off_and_applies_the_change(
         changes: list[None] = []
 
         async def consume() -> None:
-            async for change in client.watch_configmaps((NS,), (NAME,)):
+            async for change in client.watch_configmaps(((NS, NAME),)):
                 changes.append(change)
 
         task = asyncio.create_task(consume())
@@ -245,7 +245,7 @@ async def test_configmap_watch_backoff_grows_while_the_server_keeps_failing(
     api.broken = True
     async with serving(api) as client:
         async def consume() -> None:
-            async for _ in client.watch_configmaps((NS,), (NAME,)):
+            async for _ in client.watch_configmaps(((NS, NAME),)):
                 pass
 
         task = asyncio.create_task(consume())

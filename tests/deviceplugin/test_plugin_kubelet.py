@@ -317,6 +317,33 @@ async def test_kubelet_watcher_reacts_to_kubelet_sock_only(
     assert [r.getMessage() for r in caplog.records if "kubelet restarted" in r.getMessage()] != []
 
 
+async def test_a_failed_register_after_the_sockets_vanished_serves_anew(
+    flags: Flags, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A kubelet that restarts between our serving and our Register wipes the plugin sockets; the
+    # Register fails. Registering the same (gone) sockets again would fail forever: serve anew.
+    plugins: list[Plugin] = []
+    async with running(flags, kube, plugins=plugins) as sim:
+        plugin = plugins[0]
+        real_register = registration.register
+        failed: list[str] = []
+
+        async def wiped_then_failed(directory: str, endpoint: registration.Endpoint) -> None:
+            if not failed:
+                failed.append(endpoint.resource_name)
+                os.unlink(endpoint.path)
+                raise ConnectionError("kubelet restarting")
+            await real_register(directory, endpoint)
+
+        monkeypatch.setattr(registration, "register", wiped_then_failed)
+        before = len(sim.registrations)
+        await plugin.restart()
+        assert not plugin.registered and failed
+        await eventually(lambda: plugin.registered, what="the retry that serves anew")
+        assert all(os.path.exists(e.path) for e in plugin.endpoints)
+        assert sorted(r.resource_name for r in sim.registrations[before:]) == sorted([COUNT, MEMORY, CORES])
+
+
 async def test_malformed_configmap_at_start_runs_on_defaults(flags: Flags, kube: FakeKube) -> None:
     kube.set_configmap("kube-system", "volcano-vgpu-device-config", {"device-config.yaml": "nvidia: [1, 2"})
     async with running(flags, kube) as sim:

@@ -120,7 +120,7 @@ async def test_configmap_watch_refused_with_410_backs_off_and_applies_changes(
     changes: list[None] = []
 
     async def consume() -> None:
-        async for change in client.watch_configmaps((NAMESPACE,), (NAME,)):
+        async for change in client.watch_configmaps(((NAMESPACE, NAME),)):
             changes.append(change)
 
     def refusals() -> list[str]:
