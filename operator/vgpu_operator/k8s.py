@@ -42,6 +42,9 @@ PATHS: dict[str, tuple[str, str, bool]] = {
     "CustomResourceDefinition": ("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
 }
 MERGE_PATCH = "application/merge-patch+json"
+# The API server accepts an Event about a cluster-scoped object (VGPUPolicy, Node) only here
+# (core/v1 Event validation; 422 elsewhere): ours and kopf's both go here.
+CLUSTER_EVENTS_NAMESPACE = "default"
 RETRIABLE = frozenset({409, 429, 500, 502, 503, 504})
 
 
@@ -276,11 +279,10 @@ class Kube:
         return True
 
     async def post_event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        """A core/v1 Event about `involved`. The API server accepts an Event about a cluster-scoped
-        object (VGPUPolicy, Node) only in `default` (core/v1 Event validation), so it goes there."""
+        """A core/v1 Event about `involved`, in its namespace or CLUSTER_EVENTS_NAMESPACE."""
         meta = involved.get("metadata") or {}
         now = now_rfc3339()
-        event_ns = meta.get("namespace") or "default"
+        event_ns = meta.get("namespace") or CLUSTER_EVENTS_NAMESPACE
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{meta.get('name', 'vgpu')}.", "namespace": event_ns},

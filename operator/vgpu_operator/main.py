@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextvars
+import dataclasses
 import logging
 import signal
 import weakref
@@ -21,7 +22,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from vgpu_operator import crd, nodes
 from vgpu_operator.handlers import register
-from vgpu_operator.k8s import Kube, Retry, new_api_client
+from vgpu_operator.k8s import CLUSTER_EVENTS_NAMESPACE, Kube, Retry, new_api_client
 from vgpu_operator.metrics import Metrics
 from vgpu_operator.reconcile import Reconciler, Tuning
 from vgpu_operator.settings import OperatorSettings, configure_kopf, parse_args
@@ -117,8 +118,15 @@ def connection_from_kubeconfig(path: str) -> kopf.ConnectionInfo:
         certificate_path=user.get("client-certificate"),
         certificate_data=decoded(user.get("client-certificate-data")),
         private_key_path=user.get("client-key"), private_key_data=decoded(user.get("client-key-data")),
-        username=user.get("username"), password=user.get("password"), default_namespace="default",
+        username=user.get("username"), password=user.get("password"),
+        default_namespace=CLUSTER_EVENTS_NAMESPACE,
     )
+
+
+def events_where_accepted(info: kopf.ConnectionInfo | None) -> kopf.ConnectionInfo | None:
+    """kopf files Events about cluster-scoped objects in the connection's default namespace, which
+    in-cluster login sets to the pod's: the API server refuses them there."""
+    return dataclasses.replace(info, default_namespace=CLUSTER_EVENTS_NAMESPACE) if info else None
 
 
 async def upgrade_crd(kube: Kube) -> crd.UpgradeAction:
@@ -180,7 +188,7 @@ async def run_operator(
     async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         if kubeconfig:
             return connection_from_kubeconfig(kubeconfig)
-        return kopf.login_with_service_account(**kwargs)
+        return events_where_accepted(kopf.login_with_service_account(**kwargs))
 
     # Our own workers first, outside the run's mark: they stop with the flag, not by kopf's cancelling.
     workers = [asyncio.create_task(reconciler.run(stop_flag), name="vgpu-operator reconciler"),

@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 import aiohttp
+import kopf
 import pytest
 from prometheus_client import generate_latest
 from vgpu_emulator import run_emulator
-from vgpu_operator.main import connection_from_kubeconfig, run_operator
+from vgpu_operator.main import connection_from_kubeconfig, events_where_accepted, run_operator
 from vgpu_operator.metrics import Metrics
 from vgpu_operator.plan import Restart
 from vgpu_operator.settings import parse_args, start_time_priority
@@ -19,6 +20,15 @@ from vgpu_operator.settings import parse_args, start_time_priority
 from tests.support.waiting import eventually
 
 from .conftest import FIXTURES
+
+
+def test_kopf_files_cluster_events_where_the_api_server_accepts_them() -> None:
+    # In-cluster login sets kopf's default namespace to the pod's, where an Event about the
+    # cluster-scoped VGPUPolicy is refused (422): both logins must say `default`.
+    in_cluster = kopf.ConnectionInfo(server="https://10.0.0.1", token="t", default_namespace="vgpu-system")
+    fixed = events_where_accepted(in_cluster)
+    assert fixed is not None and fixed.default_namespace == "default" and fixed.token == "t"
+    assert events_where_accepted(None) is None
 
 
 def test_flags_the_chart_passes() -> None:
@@ -68,6 +78,7 @@ async def test_login_from_kubeconfig_and_liveness_endpoint() -> None:
     async with run_emulator(FIXTURES / "cluster") as running:
         info = connection_from_kubeconfig(str(running.kubeconfig))
         assert info.server == running.url and info.token == "emulator"
+        assert info.default_namespace == "default"
         stop, ready = asyncio.Event(), asyncio.Event()
         namespaces = ["kube-system", "volcano-system"]
         task = asyncio.create_task(run_operator(str(running.kubeconfig), stop, liveness_port=port,
