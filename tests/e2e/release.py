@@ -7,6 +7,7 @@ nodes carry the registration annotation a device plugin would have written.
 
 from __future__ import annotations
 
+import json
 import pathlib
 import subprocess
 import time
@@ -29,10 +30,22 @@ SCHEDULER_NS = "volcano-system"
 
 def volcano(cluster: Cluster) -> None:
     """The fixture cluster's Volcano scheduler (ConfigMap as upstream ships it, Deployment) and its
-    two GPU nodes, reset to the fixture's state."""
+    two GPU nodes, reset to the fixture's state (status too: `apply` would keep a status an
+    earlier test published)."""
     cluster.ensure_namespace(SCHEDULER_NS)
     cluster.kubectl("replace", "--force", "-f", str(FIXTURES / "volcano-scheduler.yaml"))
-    cluster.kubectl("apply", "-f", str(FIXTURES / "nodes.yaml"))
+    cluster.kubectl("replace", "--force", "-f", str(FIXTURES / "nodes.yaml"))
+    # A new Node gets the not-ready taint at admission; the node lifecycle controller lifts it
+    # once the kubelet reports Ready. There is no kubelet here: lift it as that controller would.
+    cluster.kubectl("taint", "nodes", "--all", "node.kubernetes.io/not-ready:NoSchedule-", check=False)
+
+
+def leftover_releases(cluster: Cluster) -> None:
+    """Uninstall a release of ours that a killed run left on a control plane kept by
+    `make e2e-up`: its cluster-wide objects would make every later install fail."""
+    listed = json.loads(cluster.helm("list", "-A", "-f", f"^{RELEASE}$", "-o", "json").stdout or "[]")
+    for found in listed:
+        cluster.helm("uninstall", RELEASE, "-n", found["namespace"], "--wait", check=False)
 
 
 def operator_args(cluster: Cluster, namespace: str) -> list[str]:
@@ -105,6 +118,7 @@ def installed(cluster: Cluster, tmp: pathlib.Path, *helm_args: str) -> Iterator[
     On the way out: the policy deleted while the operator still runs (its finalizer), then
     `helm uninstall` and the namespace deleted, as the chart README says."""
     volcano(cluster)
+    leftover_releases(cluster)
     namespace = f"vgpu-e2e-{uuid.uuid4().hex[:6]}"
     cluster.helm("install", RELEASE, str(CHART), "-n", namespace, "--create-namespace", *helm_args)
     release = Release(cluster, namespace, tmp)
@@ -114,12 +128,15 @@ def installed(cluster: Cluster, tmp: pathlib.Path, *helm_args: str) -> Iterator[
         assert release.process is not None and release.process.poll() is None, \
             f"the operator exited; see {release.log}"
     finally:
-        # Deleted while the operator runs, which removes its finalizer; if it cannot (a failed
-        # test), the finalizer goes by hand so no later test meets a policy stuck in deletion.
-        cluster.kubectl("delete", "vgpupolicy", "--all", "--wait=true", "--timeout=30s", check=False)
-        for stuck in cluster.items("vgpupolicies"):
-            cluster.kubectl("patch", "vgpupolicy", stuck["metadata"]["name"], "--type=merge",
-                            "-p", '{"metadata":{"finalizers":null}}', check=False)
-        release.stop_operator()
-        cluster.helm("uninstall", RELEASE, "-n", namespace, "--wait", check=False)
-        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        try:
+            # Deleted while the operator runs, which removes its finalizer; if it cannot (a failed
+            # test), the finalizer goes by hand so no later test meets a policy stuck in deletion.
+            cluster.kubectl("delete", "vgpupolicy", "--all", "--wait=true", "--timeout=30s", check=False)
+            stuck = cluster.kubectl("get", "vgpupolicies", "-o", "name", check=False).stdout.split()
+            for name in stuck:
+                cluster.kubectl("patch", name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
+                                check=False)
+        finally:
+            release.stop_operator()  # never left running to fight a later test's operator
+            cluster.helm("uninstall", RELEASE, "-n", namespace, "--wait", check=False)
+            cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

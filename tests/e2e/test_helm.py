@@ -4,15 +4,23 @@ Event lands under the chart's RBAC and no request is refused, drift is repaired.
 from __future__ import annotations
 
 import json
+import pathlib
+import time
 from collections.abc import Iterator
 
 import pytest
 import yaml
+from vgpu_deviceplugin import main as plugin_main
+from vgpu_formats import annotations as ann
+from vgpuctl import chain
 
-from tests.support.waiting import eventually_sync
+from tests.support.waiting import eventually, eventually_sync
 
-from .cluster import Cluster
-from .release import SCHEDULER_NS, Release, condition, installed
+from .cluster import Cluster, service_account_user
+from .release import OPERATOR_SA, SCHEDULER_NS, Release, condition, installed
+
+PLUGIN = f"{OPERATOR_SA}-device-plugin"  # the chart's plugin DaemonSet and its ServiceAccount
+NODE = chain.DEMO_NODE
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +82,36 @@ def test_a_hand_edit_is_repaired(default_install: Release) -> None:
                     what="device-config restored")
 
 
+
+
+async def test_the_charts_plugin_runs_under_its_own_service_account(default_install: Release,
+                                                                   tmp_path: pathlib.Path) -> None:
+    # Our device plugin with the installed DaemonSet's own arguments and a token of the chart's
+    # plugin ServiceAccount: it reads both ConfigMaps, registers, annotates its node, follows a
+    # node-config change, and the server refuses none of its requests.
+    cluster, namespace = default_install.cluster, default_install.namespace
+    default_install.ready()
+    daemonset = cluster.get("daemonset", PLUGIN, namespace) or {}
+    containers = daemonset["spec"]["template"]["spec"]["containers"]
+    container = next(c for c in containers if c["name"] == "device-plugin")
+    args = [a.replace("$(NODE_NAME)", NODE) for a in container["args"]]
+    flags = plugin_main.flags_from(plugin_main.parser().parse_args(args))
+    where = {k: getattr(flags, k) for k in ("device_config_name", "device_config_namespace",
+                                            "node_config_name", "node_config_namespace")}
+    assert where["node_config_namespace"] == namespace
+    kubeconfig = cluster.token_kubeconfig(PLUGIN, namespace, tmp_path / "plugin.kubeconfig")
+    register = (cluster.get("node", NODE) or {})["metadata"]["annotations"][ann.NODE_REGISTER]
+    since = time.time()
+    async with chain.plugin_agent(str(kubeconfig), NODE, register, tmp_path, **where) as agent:
+        assert agent.names == ["volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"]
+        before = len(agent.sim.registrations)
+        cluster.kubectl("patch", "vgpupolicy", "default", "--type=merge", "-p", json.dumps(
+            {"spec": {"nodeOverrides": [{"nodeNames": [NODE], "deviceSplitCount": 4}]}}))
+        await eventually(lambda: len(agent.sim.registrations) >= before + 3 and
+                         len(agent.sim.devices.get("volcano.sh/vgpu-number", {})) == 8 * 4,
+                         timeout=60, what="the plugin re-registered with the node's new split")
+    user = service_account_user(namespace, PLUGIN)
+    audited = cluster.audit(user, since=since)
+    assert audited, "the plugin's requests are in the audit log"
+    assert [(a["verb"], a["requestURI"], a["responseStatus"]["code"]) for a in audited
+            if a["responseStatus"]["code"] in (401, 403, 422)] == []
