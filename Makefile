@@ -66,6 +66,6 @@ bench: venv
 	$(PY) -m bench
 
 clean:
-	-[ -x $(PY) ] && $(PY) -m e2e.controlplane down
-	rm -rf $(VENV) .tools .e2e build dist
+	-[ -x $(PY) ] && $(PY) -m e2e.controlplane down && $(PY) -m e2e.controlplane down --oldest
+	rm -rf $(VENV) .tools .e2e .e2e-oldest build dist
 	-$(MAKE) -C hook clean

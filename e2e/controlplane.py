@@ -2,7 +2,7 @@
 
     python -m e2e.controlplane build   # build etcd, kube-apiserver, kube-controller-manager (or reuse)
     python -m e2e.controlplane up      # start them (a no-op when they already run)
-    python -m e2e.controlplane down    # stop exactly what `up` started, remove its state
+    python -m e2e.controlplane down    # stop exactly what `up` started, remove its state.json
     python -m e2e.controlplane status  # exit 0 when running and ready
 
 The binaries come from the Go modules pinned in `e2e/tools/*/go.mod` (etcd from
@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -239,12 +239,29 @@ class State:
     pids: dict[str, int]
     kubernetes: str
     etcd: str
+    # Each process's start time (/proc/PID/stat): a pid reused after a reboot is not ours to stop.
+    starts: dict[str, int] = field(default_factory=dict)
 
 
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])  # field 22; the name before ")" may hold spaces
+
+
+def _ours(state: State, name: str) -> bool:
+    """The process `up` started under this name is still the one running with its pid."""
+    pid = state.pids.get(name)
+    return pid is not None and _alive(pid) and _start_time(pid) == state.starts.get(name, _start_time(pid))
 
 
 def _alive(pid: int) -> bool:
@@ -273,15 +290,15 @@ def load_state(instance: Instance = CURRENT) -> State | None:
     if not path.exists():
         return None
     state = State(**json.loads(path.read_text()))
-    if all(_alive(pid) for pid in state.pids.values()) and _ready(state):
+    if all(_ours(state, name) for name in state.pids) and _ready(state):
         return state
     return None
 
 
 def _start(name: str, argv: list[str], logs: Path) -> subprocess.Popen[bytes]:
-    log = (logs / f"{name}.log").open("ab")
     # Own session: `down` stops the process group, and a test's Ctrl-C does not reach it.
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with (logs / f"{name}.log").open("ab") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _wait(what: str, check: object, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
@@ -326,6 +343,7 @@ def up(instance: Instance = CURRENT) -> State:
             "--initial-cluster", f"e2e=http://127.0.0.1:{peer_port}",
             "--unsafe-no-fsync", "--log-level", "warn"], logs)
         pids["etcd"] = etcd.pid
+        state.starts["etcd"] = _start_time(etcd.pid) or 0
 
         def etcd_ready() -> bool:
             try:
@@ -351,6 +369,7 @@ def up(instance: Instance = CURRENT) -> State:
             "--audit-log-mode=batch", "--audit-log-batch-max-wait=1s", "--audit-log-batch-buffer-size=100000",
             "--audit-log-maxsize=0"], logs)
         pids["kube-apiserver"] = apiserver.pid
+        state.starts["kube-apiserver"] = _start_time(apiserver.pid) or 0
         _wait("kube-apiserver", lambda: _ready(state), apiserver, logs / "kube-apiserver.log", 90)
         Path(state.kubeconfig).write_text(kubeconfig(server, pki, "admin"))
         if not instance.controller_manager:
@@ -368,6 +387,7 @@ def up(instance: Instance = CURRENT) -> State:
             "--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-route,-service,"
             "-persistentvolume-binder,-attachdetach,-persistentvolume-expander"], logs)
         pids["kube-controller-manager"] = kcm.pid
+        state.starts["kube-controller-manager"] = _start_time(kcm.pid) or 0
         (state_dir / "state.json").write_text(json.dumps(asdict(state), indent=2))
         _wait("kube-controller-manager", lambda: _has_default_sa(state), kcm,
               logs / "kube-controller-manager.log", 60)
@@ -396,10 +416,10 @@ def down(instance: Instance = CURRENT) -> None:
     path = instance.state_dir / "state.json"
     if not path.exists():
         return
-    pids = json.loads(path.read_text()).get("pids", {})
+    state = State(**json.loads(path.read_text()))
     for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
-        pid = pids.get(name)
-        if pid and _alive(pid):
+        pid = state.pids.get(name)
+        if pid and _ours(state, name):
             try:
                 os.killpg(pid, signal.SIGTERM)
             except OSError:
