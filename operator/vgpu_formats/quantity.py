@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -35,9 +35,9 @@ def parse_quantity(value: Any) -> int:
             amount *= Decimal(10) ** int(suffix[1:])
         else:
             amount *= _DECIMAL[suffix]
-    except (InvalidOperation, KeyError) as exc:
+        return math.ceil(amount)
+    except (ArithmeticError, KeyError) as exc:  # InvalidOperation, Overflow ("1e999999999")
         raise ValueError(f"not a Kubernetes quantity: {text!r}") from exc
-    return math.ceil(amount)
 
 
 def quantity_or_zero(value: Any) -> int:

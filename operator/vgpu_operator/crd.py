@@ -41,6 +41,8 @@ CRD_NAME = f"{api.PLURAL}.{api.GROUP}"
 # up to date at start (`upgrade_action`); these say which build wrote the installed one.
 VERSION_ANNOTATION = f"{api.GROUP}/operator-version"
 REVISION_ANNOTATION = f"{api.GROUP}/crd-revision"
+# What an admin runs when the operator may not update the CRD (the chart README says the same).
+CRD_FIX = "kubectl apply -f crds/vgpu.io_vgpupolicies.yaml, or: helm show crds <chart> | kubectl apply -f -"
 HEADER = "# Generated from vgpu_operator/api.py by `python -m vgpu_operator.crd --write`. Do not edit.\n"
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
@@ -198,7 +200,8 @@ def _version_key(version: str) -> tuple[int, ...]:
 
 def upgrade_action(installed: dict[str, Any] | None, ours: dict[str, Any]) -> UpgradeAction:
     """What to do with the installed CRD: nothing when it is ours or written by a newer operator
-    (a rolling upgrade's old replica must not downgrade it), else update it to ours."""
+    version (a rolling upgrade's old replica must not downgrade it), else update it to ours. Two
+    builds of one version that differ in the CRD replace each other's at start (development)."""
     if installed is None:
         return "missing"
     have = (installed.get("metadata") or {}).get("annotations") or {}

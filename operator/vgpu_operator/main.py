@@ -129,7 +129,7 @@ def events_where_accepted(info: kopf.ConnectionInfo | None) -> kopf.ConnectionIn
     return dataclasses.replace(info, default_namespace=CLUSTER_EVENTS_NAMESPACE) if info else None
 
 
-async def upgrade_crd(kube: Kube) -> crd.UpgradeAction:
+async def upgrade_crd(kube: Kube) -> None:
     """Bring the installed VGPUPolicy CRD up to the one this build generates (helm never upgrades
     crds/). Refused (the chart's operator.manageCRD off) or missing: say how to fix it, go on."""
     ours = crd.crd_manifest()
@@ -137,11 +137,10 @@ async def upgrade_crd(kube: Kube) -> crd.UpgradeAction:
         installed = await kube.get("CustomResourceDefinition", None, crd.CRD_NAME)
     except ApiException as exc:
         logger.warning("could not read CRD %s (%s); not checking its version", crd.CRD_NAME, exc.status)
-        return "current"
+        return
     action = crd.upgrade_action(installed, ours)
-    fix = "kubectl apply -f crds/vgpu.io_vgpupolicies.yaml (from this release)"
     if action == "missing":
-        logger.error("CRD %s is not installed: %s", crd.CRD_NAME, fix)
+        logger.error("CRD %s is not installed: %s", crd.CRD_NAME, crd.CRD_FIX)
     elif action == "newer-installed":
         logger.warning("CRD %s was written by a newer operator; leaving it", crd.CRD_NAME)
     elif action == "update":
@@ -153,8 +152,7 @@ async def upgrade_crd(kube: Kube) -> crd.UpgradeAction:
                         ours["metadata"]["annotations"][crd.REVISION_ANNOTATION])
         except ApiException as exc:
             logger.warning("CRD %s is out of date and could not be updated (HTTP %s): %s", crd.CRD_NAME,
-                           exc.status, fix)
-    return action
+                           exc.status, crd.CRD_FIX)
 
 
 async def run_operator(

@@ -103,7 +103,7 @@ async def admin(control_plane: controlplane.State) -> AsyncIterator[ApiKubeClien
         await client.close()
 
 
-async def _poll(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 120.0) -> None:
+async def _poll(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 240.0) -> None:
     """`eventually` for an async check."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -112,6 +112,9 @@ async def _poll(check: Callable[[], Awaitable[bool]], what: str, timeout: float 
         await asyncio.sleep(0.2)
 
 
+# The server's watch cache keeps at least ~75 s of events: on a fresh control plane, getting a 410
+# from version 1 takes that long (in the whole suite the server is older and it is immediate).
+@pytest.mark.timeout(300)
 async def test_configmap_watch_refused_with_410_backs_off_and_applies_changes(
     control_plane: controlplane.State, admin: ApiKubeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -134,7 +137,9 @@ async def test_configmap_watch_refused_with_410_backs_off_and_applies_changes(
         before = client.requests
         await asyncio.sleep(WINDOW)  # the measurement window itself (see BOUND)
         assert client.requests - before <= BOUND
-        # Each refusal logged once, at WARNING, with the reason from the server's Status.
+        # Each refusal logged once (a watch still in flight may not be logged yet), at WARNING,
+        # with the reason from the server's Status.
+        assert client.watches - 1 <= len(refusals()) <= client.watches
         assert refusals() and all("410 Expired: too old resource version: 1 " in m for m in refusals())
         # A change made while every watch is refused is applied: the client lists after a 410.
         seen = len(changes)
