@@ -24,7 +24,7 @@ import psutil
 
 from bench.operator_bench import make_nodes
 from e2e import controlplane
-from tests.e2e.cluster import Cluster, admin_ssl
+from tests.e2e.cluster import Cluster
 from tests.e2e.release import Release, installed
 from tests.support.api import Api
 
@@ -52,7 +52,7 @@ async def _ready_after(api: Api, cores: int) -> float:
 
 async def latency(cluster: Cluster) -> None:
     async with aiohttp.ClientSession() as session:
-        api = Api(session, cluster.state.server, admin_ssl(cluster.state))
+        api = cluster.api(session)
         gets = []
         for _ in range(20):
             started = time.perf_counter()
@@ -90,7 +90,7 @@ def steady_state(release: Release) -> None:
 
 async def _post_nodes(cluster: Cluster, nodes: list[dict[str, Any]]) -> None:
     async with aiohttp.ClientSession() as session:
-        api = Api(session, cluster.state.server, admin_ssl(cluster.state))
+        api = cluster.api(session)
         queue = list(nodes)
 
         async def worker() -> None:

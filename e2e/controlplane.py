@@ -272,16 +272,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _ready(state: State, timeout: float = 2.0) -> bool:
-    """/readyz answers ok with the admin certificate."""
+def admin_context(state: State) -> ssl.SSLContext:
+    """TLS as the admin: the server checked against the CA, the admin client certificate."""
     pki = Path(state.ca).parent
     context = ssl.create_default_context(cafile=state.ca)
     context.load_cert_chain(pki / "admin.crt", pki / "admin.key")
+    return context
+
+
+def _answers(state: State, path: str) -> bool:
+    """GET `path` as the admin answers 200."""
     try:
-        with urllib.request.urlopen(f"{state.server}/readyz", context=context, timeout=timeout) as resp:
+        with urllib.request.urlopen(f"{state.server}{path}", context=admin_context(state), timeout=2) as resp:
             return bool(resp.status == 200)
     except OSError:
         return False
+
+
+def _ready(state: State) -> bool:
+    return _answers(state, "/readyz")
 
 
 def load_state(instance: Instance = CURRENT) -> State | None:
@@ -400,15 +409,7 @@ def up(instance: Instance = CURRENT) -> State:
 
 def _has_default_sa(state: State) -> bool:
     """The controller-manager is working once it made the `default` ServiceAccount."""
-    pki = Path(state.ca).parent
-    context = ssl.create_default_context(cafile=state.ca)
-    context.load_cert_chain(pki / "admin.crt", pki / "admin.key")
-    try:
-        url = f"{state.server}/api/v1/namespaces/default/serviceaccounts/default"
-        with urllib.request.urlopen(url, context=context, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
+    return _answers(state, "/api/v1/namespaces/default/serviceaccounts/default")
 
 
 def down(instance: Instance = CURRENT) -> None:

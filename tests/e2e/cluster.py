@@ -7,27 +7,22 @@ import json
 import os
 import pathlib
 import signal
-import ssl
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
-import yaml
+import aiohttp
 
+from e2e import controlplane
 from e2e.controlplane import State
+from tests.support.api import Api
 from tests.support.k8s_tools import ensure_tools
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def admin_ssl(state: State) -> ssl.SSLContext:
-    pki = pathlib.Path(state.ca).parent
-    context = ssl.create_default_context(cafile=state.ca)
-    context.load_cert_chain(pki / "admin.crt", pki / "admin.key")
-    return context
 
 
 class Cluster:
@@ -41,10 +36,10 @@ class Cluster:
         self.env = {**os.environ, "KUBECONFIG": state.kubeconfig, "HELM_CACHE_HOME": helm_home,
                     "HELM_CONFIG_HOME": helm_home, "HELM_DATA_HOME": helm_home}
 
-    def run(self, binary: str, *args: str, check: bool = True, stdin: str | None = None,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(self, binary: str, *args: str, check: bool = True,
+            stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         result = subprocess.run([binary, *args], capture_output=True, text=True, input=stdin,
-                                env=env or self.env, timeout=180)
+                                env=self.env, timeout=180)
         if check and result.returncode != 0:
             raise AssertionError(f"{pathlib.Path(binary).name} {' '.join(args)} exited {result.returncode}:\n"
                                  f"{result.stdout}\n{result.stderr}")
@@ -57,8 +52,9 @@ class Cluster:
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.run(self.helm_bin, *args, check=check)
 
-    def apply(self, *docs: dict[str, Any]) -> None:
-        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
+    def api(self, session: aiohttp.ClientSession) -> Api:
+        """The raw JSON API as the admin (for what kubectl cannot time or stream)."""
+        return Api(session, self.state.server, controlplane.admin_context(self.state))
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         args = ["get", kind, name, "-o", "json"] + (["-n", namespace] if namespace else [])
@@ -128,7 +124,6 @@ class Cluster:
 
 
 def _epoch(timestamp: str) -> float:
-    from datetime import datetime
     return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 

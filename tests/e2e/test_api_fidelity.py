@@ -5,7 +5,6 @@ from a resourceVersion and the 410 when that version is gone, 404/409/422."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -18,8 +17,9 @@ from vgpu_emulator.emulator import EVENT_LOG_SIZE
 from vgpu_operator import api
 
 from tests.support.api import Api
+from tests.support.waiting import eventually_awaited
 
-from .cluster import Cluster, admin_ssl
+from .cluster import Cluster
 
 JSON_PATCH = "application/json-patch+json"
 
@@ -60,7 +60,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     cluster: Cluster = request.getfixturevalue("crd_installed")
     cluster.kubectl("create", "namespace", namespace)
     async with aiohttp.ClientSession() as session:
-        real = Backend("real", Api(session, cluster.state.server, admin_ssl(cluster.state)), namespace,
+        real = Backend("real", cluster.api(session), namespace,
                        lambda: _compacted(real))
         try:
             yield real
@@ -80,10 +80,7 @@ async def _compacted(backend: Backend) -> None:
         events = await backend.api.watch(f"{backend.events}?resourceVersion={since}", 1, 2)
         return bool(events) and events[0]["type"] == "ERROR"
 
-    deadline = asyncio.get_running_loop().time() + 60
-    while not await gone():
-        assert asyncio.get_running_loop().time() < deadline, "the server kept its history for 60 s"
-        await asyncio.sleep(1)
+    await eventually_awaited(gone, 60, "the server forgetting its history (etcd compaction)", interval=1)
 
 
 def _event(name: str, namespace: str) -> dict[str, Any]:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from vgpu_deviceplugin.kube import ApiKubeClient, KubeError, WatchError, from_kubeconfig
 
 from e2e import controlplane
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, eventually_awaited
 
 NAMESPACE = "dp-watch-test"
 NAME = "volcano-vgpu-device-config"
@@ -94,22 +94,14 @@ async def admin(control_plane: controlplane.State) -> AsyncIterator[ApiKubeClien
         return True
 
     try:
-        await _poll(created, "the namespace dp-watch-test and its ConfigMap created")
-        await _poll(lambda: _version_1_refused(client), "the server refusing a watch from version 1")
+        await eventually_awaited(created, 240, "the namespace dp-watch-test and its ConfigMap created")
+        await eventually_awaited(lambda: _version_1_refused(client), 240,
+                                 "the server refusing a watch from version 1")
         yield client
     finally:
         with contextlib.suppress(KubeError):
             await client._call("DELETE", f"/api/v1/namespaces/{NAMESPACE}", NAMESPACE)
         await client.close()
-
-
-async def _poll(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 240.0) -> None:
-    """`eventually` for an async check."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await check():
-        assert loop.time() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
-        await asyncio.sleep(0.2)
 
 
 # The server's watch cache keeps at least ~75 s of events: on a fresh control plane, getting a 410

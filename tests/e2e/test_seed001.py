@@ -32,7 +32,7 @@ from vgpuctl.live import read_cluster
 from tests.support.api import Api
 from tests.support.waiting import eventually
 
-from .cluster import ROOT, Cluster, admin_ssl, service_account_user
+from .cluster import ROOT, Cluster, service_account_user
 from .release import condition, installed
 
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -104,7 +104,7 @@ async def test_seed001_section_3_fixed_by_a_policy_on_the_real_server(crd_instal
                                                      tmp_path / "plugin.kubeconfig")
         async with aiohttp.ClientSession() as session, chain.plugin_agent(
                 str(plugin_kubeconfig), NODE, register, tmp_path) as agent:
-            api = Api(session, cluster.state.server, admin_ssl(cluster.state))
+            api = cluster.api(session)
             assert agent.names == ["nvidia.com/gpu", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"]
             await _publish_allocatable(api, agent)
 

@@ -7,8 +7,9 @@ generous because only a failing test ever waits it out.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from vgpu_emulator import wait_until
@@ -32,3 +33,13 @@ def eventually_sync(check: Callable[[], Any], timeout: float = 60.0, what: str =
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+async def eventually_awaited(check: Callable[[], Awaitable[bool]], timeout: float = TIMEOUT,
+                             what: str = "condition", interval: float = 0.2) -> None:
+    """`eventually` for a check that is itself a coroutine (one that talks to a server)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(interval)
