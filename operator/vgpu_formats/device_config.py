@@ -130,7 +130,7 @@ def parse_device_config(text: str) -> DeviceConfig:
     try:
         doc = yamlio.load(text) if text.strip() else {}
     except yaml.YAMLError as exc:
-        raise FormatError(CONFIGMAP_KEY, f"not valid YAML: {exc}", "fix the YAML syntax") from exc
+        raise FormatError(CONFIGMAP_KEY, yamlio.describe(exc), "fix the YAML") from exc
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
@@ -161,8 +161,12 @@ def device_config_dict(cfg: DeviceConfig) -> dict[str, Any]:
 
 def render_device_config(cfg: DeviceConfig) -> str:
     """Deterministic YAML text of `cfg` (same model, same bytes)."""
-    return yaml.safe_dump(device_config_dict(cfg), sort_keys=False, default_flow_style=False,
-                          allow_unicode=True, width=1000)
+    return render_device_config_dict(device_config_dict(cfg))
+
+
+def render_device_config_dict(doc: dict[str, Any]) -> str:
+    """Deterministic YAML text of `device_config_dict` output."""
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
 
 
 def effective_nvidia(cfg: DeviceConfig | None) -> NvidiaConfig:

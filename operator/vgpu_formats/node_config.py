@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vgpu_formats import yamlio
 from vgpu_formats.device_config import error_path
 from vgpu_formats.errors import FormatError
 
@@ -71,7 +72,9 @@ class NodeConfig(BaseModel):
 def parse_node_config(text: str) -> NodeConfig:
     """Parse `config.json` text. Raises `FormatError` naming the first bad field."""
     try:
-        doc = json.loads(text) if text.strip() else {}
+        doc = yamlio.load_json(text) if text.strip() else {}
+    except yamlio.RefusedText as exc:
+        raise FormatError(CONFIGMAP_KEY, str(exc), "write the entries flat, as upstream reads them") from exc
     except json.JSONDecodeError as exc:
         raise FormatError(CONFIGMAP_KEY, f"not valid JSON: {exc}", "fix the JSON syntax") from exc
     if not isinstance(doc, dict):

@@ -16,6 +16,7 @@ Read a policy with `VGPUPolicy.from_object(obj)`; write status with
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -222,7 +223,8 @@ class NodeOverride(ApiModel):
     node_names: list[str] | None = Field(None, min_length=1, max_length=1000,
                                          description="Nodes by name (exclusive with nodeSelector).",
                                          json_schema_extra={"x-kubernetes-list-type": "set",
-                                                            "items_max_length": NAME_MAX})
+                                                            "items_max_length": NAME_MAX,
+                                                            "items_pattern": DNS_NAME_PATTERN})
     operating_mode: Literal["hami-core", "mig", "mps"] | None = Field(
         None, description="operatingmode: hami-core (default, memory/SM limits by libvgpu), mig "
                           "(dynamic MIG) or mps. The upstream plugin does not implement mps.")
@@ -238,6 +240,12 @@ class NodeOverride(ApiModel):
 
     @model_validator(mode="after")
     def _one_target_something_set(self) -> NodeOverride:
+        for index, name in enumerate(self.node_names or []):
+            # An empty or malformed name matches no node, and the device plugin refuses the whole
+            # config.json it would end up in.
+            if len(name) > NAME_MAX or not re.fullmatch(DNS_NAME_PATTERN, name):
+                raise ValueError(f"nodeNames[{index}] {name!r} is not a node name (lower-case letters, "
+                                 "digits, '-' and '.'; `kubectl get nodes` lists them)")
         if (self.node_selector is None) == (self.node_names is None):
             raise ValueError(self.cel_rules[0]["message"])
         settings = (self.operating_mode, self.device_split_count, self.device_memory_scaling,

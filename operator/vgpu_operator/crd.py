@@ -133,13 +133,16 @@ def model_default(value: Any) -> Any:
         else value
 
 
+_ITEM_CONSTRAINTS = {"items_max_length": "maxLength", "items_pattern": "pattern"}
+
+
 def field_schema(info: FieldInfo) -> dict[str, Any]:
     schema = dict(type_schema(info.annotation))
     _apply_constraints(schema, info)
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
     for key, value in extra.items():
-        if key == "items_max_length":
-            schema["items"] = {**schema["items"], "maxLength": value}
+        if key.startswith("items_"):  # a constraint on each item: items_max_length -> items.maxLength
+            schema["items"] = {**schema["items"], _ITEM_CONSTRAINTS[key]: value}
         else:
             schema[key] = value
     if schema.get("type") == "array" and schema["items"].get("type") == "string" \

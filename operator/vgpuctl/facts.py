@@ -20,12 +20,12 @@ from functools import cached_property
 from typing import Any
 
 import yaml
-from vgpu_formats import FormatError
+from vgpu_formats import FormatError, yamlio
 from vgpu_formats import device_config as dc
 from vgpu_formats import node_config as nc
 from vgpu_operator import versions
 from vgpu_operator.render import scheduler_conf as sc
-from vgpu_operator.render.inputs import tier_plugins
+from vgpu_operator.render.inputs import duplicated_plugin, tier_plugins
 from vgpu_operator.versions import Version
 
 from vgpuctl.manifests import object_key
@@ -308,12 +308,16 @@ def _scheduler(objects: Sequence[Obj]) -> SchedulerFacts:
 
 def _read_scheduler_conf(facts: SchedulerFacts, text: str) -> None:
     try:
-        conf = yaml.safe_load(text) or {}
+        conf = yamlio.load(text) or {}
     except yaml.YAMLError as err:
-        facts.conf_error = f"not valid YAML ({err}); the scheduler keeps its previous configuration"
+        facts.conf_error = f"{yamlio.describe(err)}; the scheduler keeps its previous configuration"
         return
     if not isinstance(conf, dict):
         facts.conf_error = "not a mapping; the scheduler keeps its previous configuration"
+        return
+    duplicated = duplicated_plugin(conf, sc.PLUGIN)
+    if duplicated:
+        facts.conf_error = duplicated
         return
     for plugin in tier_plugins(conf):  # the operator's walk: malformed tiers and plugins skipped
         name = str(plugin.get("name", ""))

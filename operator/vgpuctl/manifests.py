@@ -2,8 +2,8 @@
 
 `vgpuctl doctor -f cluster/ -f scenario.yaml`: a scenario file replaces the objects of the same
 kind, namespace and name in the cluster directory, the way `kubectl apply` would. Multi-document
-YAML is streamed with libyaml's CSafeLoader when available (a 5,000-node directory must load in
-seconds); `kind: List` documents are expanded.
+YAML is parsed with libyaml's CSafeLoader when available (a 5,000-node directory must load in
+seconds), bounded by `yamlio.MANIFESTS`; `kind: List` documents are expanded.
 """
 
 from __future__ import annotations
@@ -18,11 +18,6 @@ from typing import Any
 
 import yaml
 from vgpu_formats import yamlio
-
-try:
-    from yaml import CSafeLoader as _Loader
-except ImportError:  # pragma: no cover - libyaml is part of every PyYAML wheel we use
-    from yaml import SafeLoader as _Loader  # type: ignore[assignment]
 
 SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -56,20 +51,21 @@ def iter_file(path: Path, prefilter: Prefilter | None = None) -> Iterator[dict[s
     """
     try:
         if prefilter is None:
-            with path.open("rb") as stream:
-                for doc in yaml.load_all(stream, Loader=_Loader):
-                    yield from _expand(doc, path)
+            for doc in yamlio.load_all(path.read_text(encoding="utf-8")):
+                yield from _expand(doc, path)
             return
         for chunk in _DOCUMENT_SEPARATOR.split(path.read_text(encoding="utf-8")):
             kind = _KIND_LINE.search(chunk)
             text = prefilter(kind.group(1), chunk) if kind else chunk
             if text is None:
                 continue
-            docs = list(yaml.load_all(text, Loader=_Loader))
+            docs = yamlio.load_all(text)
             if text is not chunk and not (len(docs) == 1 and isinstance(docs[0], dict) and "kind" in docs[0]):
-                docs = list(yaml.load_all(chunk, Loader=_Loader))
+                docs = yamlio.load_all(chunk)
             for doc in docs:
                 yield from _expand(doc, path)
+    except yamlio.RefusedText as err:
+        raise ManifestError(f"{path}: refused: {err}") from err
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None and prefilter is None else str(path)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from vgpu_deviceplugin.config import Flags, resolve_settings
+from vgpu_deviceplugin.runner import ConfigError, _first_config, load_config
 from vgpu_formats.device_config import parse_device_config
 from vgpu_formats.node_config import parse_node_config
+
+from tests.deviceplugin.kit import FakeKube
 
 NODE = "gpu-1"
 
@@ -70,3 +74,22 @@ def test_the_plugin_watches_only_the_configmaps_it_may_read() -> None:
     assert upstream.watched_configmaps() == (
         ("kube-system", "volcano-vgpu-device-config"), ("volcano-system", "volcano-vgpu-device-config"),
         ("kube-system", "volcano-vgpu-node-config"), ("volcano-system", "volcano-vgpu-node-config"))
+
+
+@pytest.mark.parametrize(("key", "text", "said"), [
+    ("config.json", '{"nodeconfig": ' + "[" * 5000 + "]" * 5000 + "}", "nested deeper than 64 levels"),
+    ("device-config.yaml", "nvidia:\n  x: " + "[" * 5000 + "]" * 5000, "nested deeper than 64 levels"),
+    ("device-config.yaml", "a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n"
+     "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\n"
+     "e: [*d,*d,*d,*d,*d,*d,*d,*d,*d]\n", "aliases expand to more than"),
+])
+async def test_a_hostile_configmap_leaves_the_plugin_on_defaults_with_the_reason(
+        key: str, text: str, said: str, kube: FakeKube) -> None:
+    # Before: RecursionError at start on every node (10 KB of brackets in one ConfigMap).
+    kube.set_configmap("kube-system", "volcano-vgpu-device-config", {"device-config.yaml": "nvidia: {}\n"})
+    name = "volcano-vgpu-node-config" if key == "config.json" else "volcano-vgpu-device-config"
+    kube.set_configmap("kube-system", name, {key: text})
+    with pytest.raises(ConfigError, match=said):
+        await load_config(kube, Flags(node_name="node-1"))
+    loaded = await _first_config(kube, Flags(node_name="node-1"))
+    assert said in loaded.settings.source and loaded.settings.names.count == "volcano.sh/vgpu-number"

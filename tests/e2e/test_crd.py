@@ -40,6 +40,9 @@ BAD = [
     ({"device": {"deviceSplitCount": 0}}, "spec.device.deviceSplitCount: Invalid value: 0"),
     ({"driftPolicy": "Sometimes"}, 'spec.driftPolicy: Unsupported value: "Sometimes"'),
     ({"device": {"deviceSplitCont": 4}}, 'unknown field "spec.device.deviceSplitCont"'),
+    # An empty name matches no node and made the whole rendered config.json unreadable.
+    ({"nodeOverrides": [{"nodeNames": [""], "deviceSplitCount": 2}]},
+     "spec.nodeOverrides[0].nodeNames[0]: Invalid value"),
 ]
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from vgpu_formats import device_config as fmt
 from vgpu_formats import yamlio
+from vgpu_formats.rewrite import rewrite
 
 from vgpu_operator.api import VGPUPolicySpec
 from vgpu_operator.observed import Observed
@@ -107,16 +108,17 @@ def live_document(observed: Observed, where: str) -> dict[str, Any] | None:
     text = observed.device_config_text()
     if text is None:
         return None
+    why = "is not a YAML mapping with an `nvidia:` mapping"
     try:
         doc = yamlio.load(text)
-    except yaml.YAMLError:
-        doc = text  # not a mapping: reported below
+    except yaml.YAMLError as exc:
+        doc, why = text, f"cannot be read ({yamlio.describe(exc)})"  # reported below
     if doc is None:
         return {}
     if not isinstance(doc, dict) or not isinstance(doc.get("nvidia") or {}, dict):
         raise InputError(Problem(
             "spec.targets.deviceConfig", "DeviceConfigUnreadable",
-            f"{where} key {fmt.CONFIGMAP_KEY} is not a YAML mapping with an `nvidia:` mapping, so the "
+            f"{where} key {fmt.CONFIGMAP_KEY} {why}, so the "
             "scheduler uses built-in defaults. The operator does not overwrite it blindly (it may hold "
             f"other sections): fix the YAML or delete the key {fmt.CONFIGMAP_KEY}", object=where))
     return {str(k): v for k, v in doc.items()}
@@ -137,6 +139,11 @@ def render_device_config_target(spec: VGPUPolicySpec, observed: Observed) -> Tar
     nvidia.__pydantic_extra__ = foreign
     cfg = fmt.DeviceConfig(nvidia=nvidia, others={k: v for k, v in live_doc.items() if k != "nvidia"})
     # Same meaning: keep the live bytes (adopting a hand-written ConfigMap rewrites nothing).
-    same = observed.device_config_text() is not None and fmt.same_meaning(live_config(observed), cfg)
-    return configmap_target(ref.namespace, ref.name, fmt.CONFIGMAP_KEY, observed.device_config,
-                            None if same else fmt.render_device_config(cfg), short_hash(ours.to_yaml_dict()))
+    live_text = observed.device_config_text()
+    text = None
+    if live_text is None or not fmt.same_meaning(live_config(observed), cfg):
+        # An edited ConfigMap keeps its comments and layout; a new one gets upstream's key order.
+        text = rewrite(live_text, fmt.device_config_dict(cfg), fmt.render_device_config_dict) \
+            if live_text else fmt.render_device_config(cfg)
+    return configmap_target(ref.namespace, ref.name, fmt.CONFIGMAP_KEY, observed.device_config, text,
+                            short_hash(ours.to_yaml_dict()))

@@ -12,6 +12,7 @@ import yaml
 from vgpu_formats import yamlio
 
 Severity = Literal["error", "warning"]
+DEVICESHARE = "deviceshare"  # the Volcano plugin that carries vGPU scheduling
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,8 @@ def parse_scheduler_conf(text: str | None, where: str, key: str) -> dict[str, An
     try:
         conf = yamlio.load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise InputError(Problem("spec.scheduler.configMap", "SchedulerConfInvalid",
-                                 f"{where} key {key} is not valid YAML{at}; the scheduler keeps its "
+                                 f"{where} key {key}: {yamlio.describe(exc)}; the scheduler keeps its "
                                  "previous conf. Fix the YAML, then the operator adds deviceshare",
                                  object=where)) from exc
     if not isinstance(conf, dict) or not isinstance(conf.get("tiers"), list):
@@ -74,21 +73,46 @@ def parse_scheduler_conf(text: str | None, where: str, key: str) -> dict[str, An
                                  f"{where} key {key} has no `tiers:` list; the scheduler would ignore it. "
                                  "Restore the tiers (see Volcano's default conf), then the operator adds "
                                  "deviceshare", object=where))
+    duplicated = duplicated_plugin(conf, DEVICESHARE)
+    if duplicated:
+        raise InputError(Problem("spec.scheduler.configMap", "DeviceShareDuplicated",
+                                 f"{where} key {key}: {duplicated}", object=where))
     return conf
+
+
+def placed_plugins(conf: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every plugin option of every tier with where it is (`tiers[1].plugins[0]`), in order;
+    malformed tiers and entries skipped."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    tiers = conf.get("tiers")
+    for t, tier in enumerate(tiers if isinstance(tiers, list) else []):
+        plugins = tier.get("plugins") if isinstance(tier, dict) else None
+        if isinstance(plugins, list):
+            found += [(f"tiers[{t}].plugins[{p}]", plugin) for p, plugin in enumerate(plugins)
+                      if isinstance(plugin, dict)]
+    return found
 
 
 def tier_plugins(conf: dict[str, Any]) -> list[dict[str, Any]]:
     """Every plugin option of every tier, in order (malformed entries skipped)."""
-    found: list[dict[str, Any]] = []
-    for tier in conf.get("tiers") or []:
-        plugins = tier.get("plugins") if isinstance(tier, dict) else None
-        if isinstance(plugins, list):
-            found += [p for p in plugins if isinstance(p, dict)]
-    return found
+    return [plugin for _, plugin in placed_plugins(conf)]
 
 
 def find_plugin(conf: dict[str, Any], name: str) -> dict[str, Any] | None:
-    return next((p for p in tier_plugins(conf) if p.get("name") == name), None)
+    """The plugin option named `name`; the last one when several are (Volcano builds each and the
+    last one's arguments win)."""
+    return next((p for p in reversed(tier_plugins(conf)) if p.get("name") == name), None)
+
+
+def duplicated_plugin(conf: dict[str, Any], name: str) -> str:
+    """Why `name` listed more than once is unusable, with the fix; "" when it is listed at most once.
+    Which entry an editor should change is a guess (the operator once edited the first, Volcano
+    read the last), so the person who wrote both decides."""
+    places = [place for place, plugin in placed_plugins(conf) if plugin.get("name") == name]
+    if len(places) < 2:
+        return ""
+    return (f"{name} is listed {len(places)} times ({', '.join(places)}); Volcano applies only the last "
+            f"one's arguments. Keep one {name} entry, then the operator sets its arguments")
 
 
 def check_workload(workload: dict[str, Any], where: str, field: str) -> None:

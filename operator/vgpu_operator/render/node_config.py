@@ -2,7 +2,8 @@
 
 Upstream matches entries by exact node name only, so each selector override becomes one entry per
 node it matches now; the operator re-renders when nodes come, go or change labels. We own the
-whole `config.json` key (other data keys, labels and annotations are kept). When two overrides
+whole `config.json` key (other data keys, labels and annotations are kept), except the keys
+upstream does not know, which someone else wrote for their own reader. When two overrides
 match one node, the first wins here; validation reports the overlap as an error.
 """
 
@@ -53,14 +54,26 @@ def _entries_by_name(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def with_foreign_keys(desired: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:
+    """`desired` keeping the keys of `live` upstream does not know (HAMi and other tools add
+    some): top-level ones, and those of each live entry for a node `desired` still has."""
+    if live is None:
+        return desired
+    known = set(fmt.NodeConfigEntry.model_fields)
+    foreign = {entry["name"]: {k: v for k, v in entry.items() if k not in known}
+               for entry in reversed(live["nodeconfig"])}  # the first entry of a name is the one read
+    entries = [{**entry, **foreign.get(entry["name"], {})} for entry in desired["nodeconfig"]]
+    return {**desired, **{k: v for k, v in live.items() if k != "nodeconfig"}, "nodeconfig": entries}
+
+
 def render_node_config_target(spec: VGPUPolicySpec, observed: Observed) -> TargetRender:
     ref = spec.targets.node_config
-    desired = desired_node_data(spec, observed.nodes)
     live_text = observed.node_config_text()
     try:
         live = fmt.node_config_dict(fmt.parse_node_config(live_text)) if live_text is not None else None
     except FormatError:
         live = None  # unreadable: no plugin gets anything useful from it; we own the key
+    desired = with_foreign_keys(desired_node_data(spec, observed.nodes), live)
     text = fmt.node_config_text(desired)
     target = configmap_target(ref.namespace, ref.name, fmt.CONFIGMAP_KEY, observed.node_config,
                               None if live == desired else text, short_hash(text))

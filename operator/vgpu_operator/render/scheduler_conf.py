@@ -1,11 +1,12 @@
 """Render the Volcano scheduler ConfigMap: the `deviceshare` plugin with our arguments.
 
-Surgical: the conf is parsed with PyYAML safe_load and only the deviceshare plugin's arguments we
-own are set (`OWNED_ARGUMENTS`); every other tier, plugin, argument, top-level key and value type
-stays as it was, in its order. When deviceshare is absent it is inserted right before
-`predicates` in predicates' tier: Volcano calls device Allocate only from predicates, and the
-user guide lists deviceshare before it. Without predicates it goes at the end of the last tier
-(validation warns). When the result means the same as the live conf, the live text is kept.
+Surgical: the conf is parsed as Volcano reads it (`yamlio`) and only the deviceshare plugin's
+arguments we own are set (`OWNED_ARGUMENTS`); every other tier, plugin, argument, top-level key
+and value type stays as it was, in its order, with its comments and anchors (`rewrite`). When
+deviceshare is absent it is inserted right before `predicates` in predicates' tier: Volcano calls
+device Allocate only from predicates, and the user guide lists deviceshare before it. Without
+predicates it goes at the end of the last tier (validation warns). When the result means the
+same as the live conf, the live text is kept.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from typing import Any
 import yaml
 from vgpu_formats import annotations as ann
 from vgpu_formats import device_config as dc_fmt
+from vgpu_formats.rewrite import rewrite
 
 from vgpu_operator.api import VGPUPolicySpec
 from vgpu_operator.observed import Observed
 from vgpu_operator.render.inputs import (
+    DEVICESHARE,
     InputError,
     describe,
     find_plugin,
@@ -29,7 +32,7 @@ from vgpu_operator.render.inputs import (
 )
 from vgpu_operator.render.target import TargetRender, configmap_target, failed_target, missing_target
 
-PLUGIN = "deviceshare"
+PLUGIN = DEVICESHARE
 VGPU_ENABLE = "deviceshare.VGPUEnable"
 SCHEDULE_POLICY = "deviceshare.SchedulePolicy"
 SCHEDULE_WEIGHT = "deviceshare.ScheduleWeight"
@@ -159,5 +162,5 @@ def render_scheduler_conf_target(spec: VGPUPolicySpec, observed: Observed) -> Ta
     arguments = desired_arguments(spec)
     desired = apply_arguments(conf, arguments)
     same = _spelled_out(desired) == _spelled_out(conf)
-    return configmap_target(sched.namespace, sched.config_map, sched.key, live,
-                            None if same else dump_conf(desired), short_hash(arguments))
+    text = None if same else rewrite(observed.scheduler_conf_text(sched.key) or "", desired, dump_conf)
+    return configmap_target(sched.namespace, sched.config_map, sched.key, live, text, short_hash(arguments))
