@@ -50,6 +50,13 @@ def _target(result: Any, name: str) -> Any:
     return next(t for t in result.targets if t.name == name)
 
 
+def _written(docs: list[dict[str, Any]], name: str, key: str, text: str) -> str:
+    """What the operator writes to `key` of ConfigMap `name` when it holds `text`."""
+    result, problems = _run(_docs_with(docs, name, key, text))
+    assert not errors(problems)
+    return str(_target(result, name).desired["data"][key])
+
+
 @pytest.mark.parametrize("key", ["on", "1", "yes", "~"])
 def test_non_string_keys_are_read_as_go_reads_them(cluster_docs: list[dict[str, Any]], key: str) -> None:
     conf = _conf_text(cluster_docs) + f"{key}: kept\n"
@@ -131,10 +138,7 @@ def test_a_rewrite_keeps_comments_anchors_and_quoting(cluster_docs: list[dict[st
             '      - name: predicates\n'
             '      - name: proportion\n'
             '        arguments: *shared\n')
-    docs = _docs_with(cluster_docs, CONF, "volcano-scheduler.conf", conf)
-    result, problems = _run(docs)
-    assert not errors(problems)
-    text = _target(result, CONF).desired["data"]["volcano-scheduler.conf"]
+    text = _written(cluster_docs, CONF, "volcano-scheduler.conf", conf)
     assert text.startswith('# edited by the platform team, ticket 4711\n'
                            'actions: "enqueue, allocate, backfill"')
     assert "- name: priority  # keep first" in text
@@ -153,10 +157,7 @@ def test_device_config_rewrite_keeps_comments_and_foreign_sections(
             "vnpus: &npu\n"
             "  - chipName: 910B\n"
             "mirror: *npu\n")
-    docs = _docs_with(cluster_docs, DEVICE_CONFIG, "device-config.yaml", text)
-    result, problems = _run(docs)
-    assert not errors(problems)
-    written = _target(result, DEVICE_CONFIG).desired["data"]["device-config.yaml"]
+    written = _written(cluster_docs, DEVICE_CONFIG, "device-config.yaml", text)
     assert written.startswith("# owned by the GPU team\nnvidia:\n")
     assert "resourceCountName: volcano.sh/vgpu-number  # the scheduler's name" in written
     assert "vnpus: &npu" in written and "mirror: *npu" in written
