@@ -70,7 +70,7 @@ def _cluster(on_node: int, total: int) -> Emulator:
 
 def _flags(folder: str) -> Flags:
     return Flags(node_name=NODE, device_plugin_dir=folder, cache_root=f"{folder}/vgpu",
-                 lock_dir=f"{folder}/vgpulock", register_interval=3600, handshake=False)
+                 register_interval=3600, handshake=False)
 
 
 @contextlib.asynccontextmanager
@@ -197,7 +197,7 @@ async def _rss_of_process() -> float:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "vgpu_deviceplugin.main", "--node-name", NODE, "--device-plugin-dir",
                  folder, "--kubeconfig", str(cluster.kubeconfig), "--cache-root", f"{folder}/vgpu",
-                 "--lock-dir", f"{folder}/vgpulock", "--log-level", "error"],
+                 "--log-level", "error"],
                 env=env,
             )
             try:

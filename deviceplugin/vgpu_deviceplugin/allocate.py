@@ -33,8 +33,10 @@ from vgpu_deviceplugin.config import ResourceNames, Settings
 LIBVGPU_CONTAINER_PATH = "/usr/local/vgpu/libvgpu.so"
 PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
 CACHE_CONTAINER_DIR = "/tmp/vgpu"
-LOCK_CONTAINER_DIR = "/tmp/vgpulock"
 DISABLE_CONTROL_ENV = "CUDA_DISABLE_CONTROL"
+# Not mounted: upstream's node lock dir /tmp/vgpulock (HAMi-core's cross-container lock file).
+# Our libvgpu.so never opens it, and a 1777 host directory shared by every vGPU container of
+# the node is room for any of them to fill the node's disk or meddle with another's files.
 
 Pod = Mapping[str, Any]
 
@@ -86,7 +88,8 @@ class Plan:
     call: Call
     envs: dict[str, str]
     mounts: tuple[Mount, ...]
-    cache_dir: str  # host directory to create (the monitor reads it)
+    cache_dir: str  # host directory of the container's region (the monitor reads it)
+    cache_file: str  # host region file to create before answering: the one thing mounted writable
     devices_to_allocate: str | None  # new annotation value; None: unchanged (init call)
     done: bool  # no call left: patch bind-phase success and release the node lock
 
@@ -193,7 +196,6 @@ def plan(
     gpu_uuids: frozenset[str],
     hook_path: str,
     cache_root: str,
-    lock_dir: str,
     cache_id: str,
 ) -> Plan:
     """Build the response and the annotation update for `call`. Raises AllocateError (pod set)."""
@@ -209,10 +211,13 @@ def plan(
     container = _container(pod, call)
     envs = hami_core_env(call.devices, settings, cache_id)
     cache_dir = f"{cache_root}/containers/{ref.uid}_{call.container}"
+    # Only the region file is mounted, not its directory: the container cannot create files on
+    # the host (the plugin creates this one before answering; its size is kept to the region's
+    # by the cleanup loop), and CUDA_DEVICE_MEMORY_SHARED_CACHE names the same path inside.
+    region = f"{cache_id}.cache"
     mounts = [
         Mount(LIBVGPU_CONTAINER_PATH, f"{hook_path}/libvgpu.so", True),
-        Mount(CACHE_CONTAINER_DIR, cache_dir, False),
-        Mount(LOCK_CONTAINER_DIR, lock_dir, False),
+        Mount(f"{CACHE_CONTAINER_DIR}/{region}", f"{cache_dir}/{region}", False),
     ]
     if not any(e.get("name") == DISABLE_CONTROL_ENV for e in container.get("env") or []):
         mounts.append(Mount(PRELOAD_CONTAINER_PATH, f"{hook_path}/ld.so.preload", True))
@@ -227,7 +232,7 @@ def plan(
                             "annotations": {**pod["metadata"]["annotations"],
                                             ann.DEVICES_TO_ALLOCATE: new_value}}
         done = not pending_calls(rest, settings.names, 0)
-    return Plan(ref, call, envs, tuple(mounts), cache_dir, new_value, done)
+    return Plan(ref, call, envs, tuple(mounts), cache_dir, f"{cache_dir}/{region}", new_value, done)
 
 
 def _container(pod: Pod, call: Call) -> Mapping[str, Any]:
@@ -247,7 +252,7 @@ def hami_core_env(
         envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{dev.usedmem * settings.memory_factor}m"
     if devices:
         envs["CUDA_DEVICE_SM_LIMIT"] = str(devices[0].usedcores)
-    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{CACHE_CONTAINER_DIR}/{cache_id}.cache"
+    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{CACHE_CONTAINER_DIR}/{cache_id}.cache"  # = the mount
     if settings.disable_core_limit:
         # Upstream loads disableCoreLimit but never emits this; the ConfigMap field should work.
         envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"

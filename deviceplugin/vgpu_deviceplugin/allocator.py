@@ -19,13 +19,15 @@ from vgpu_deviceplugin import allocate
 from vgpu_deviceplugin.allocate import AllocateError, Plan, PodRef
 from vgpu_deviceplugin.config import Flags
 from vgpu_deviceplugin.kube import KubeClient, KubeError
+from vgpu_deviceplugin.monitor.region import FILE_SIZE as REGION_SIZE
 from vgpu_deviceplugin.pod_cache import PodCache
 from vgpu_deviceplugin.state import PluginState
 
 log = logging.getLogger(__name__)
-# The cache dir is written by the container's processes, whose uid the plugin cannot know; it is
-# mounted into that one container only. Sticky like /tmp, so processes cannot delete each other's files.
-SHARED_DIR_MODE = 0o1777
+# The region file is opened read-write by the container's processes, whose uid the plugin cannot
+# know: world-writable, in a directory only the plugin writes (and never mounted).
+REGION_FILE_MODE = 0o666
+REGION_DIR_MODE = 0o755
 
 
 class Allocator:
@@ -83,12 +85,11 @@ class Allocator:
         node = state.settings.node_name
         ref, pod, call = allocate.select(pods, node, amount, state.settings.names, state.init_served)
         result = allocate.plan(pod, ref, call, state.settings, state.gpu_uuids, flags.hook_path,
-                               flags.cache_root, flags.lock_dir, self._cache_id())
+                               flags.cache_root, self._cache_id())
         try:
-            _make_shared_dir(result.cache_dir)
-            _make_shared_dir(flags.lock_dir)
+            make_region_file(result.cache_file)
         except OSError as exc:
-            raise AllocateError(f"pod {ref}: cannot create {result.cache_dir}: {exc}", ref) from exc
+            raise AllocateError(f"pod {ref}: cannot create {result.cache_file}: {exc}", ref) from exc
         if call.is_init:
             state.init_served[ref.uid] = state.init_served.get(ref.uid, 0) + 1
         else:
@@ -127,6 +128,17 @@ class Allocator:
             log.error("cannot release the node lock on %s: %s", node, exc)
 
 
-def _make_shared_dir(path: str) -> None:
-    os.makedirs(path, exist_ok=True)
-    os.chmod(path, SHARED_DIR_MODE)
+def make_region_file(path: str) -> None:
+    """The container's region file, at the region's size and all zeros (sparse: no disk used until
+    written). libvgpu.so fills in the header on first use (a zero magic means "not written yet"
+    to it and to the monitor alike), exactly as for a file it created itself."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=REGION_DIR_MODE, exist_ok=True)
+    os.chmod(directory, REGION_DIR_MODE)  # also narrows a 1777 directory left by an older plugin
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, REGION_FILE_MODE)
+    try:
+        if os.fstat(fd).st_size < REGION_SIZE:
+            os.ftruncate(fd, REGION_SIZE)
+        os.fchmod(fd, REGION_FILE_MODE)  # the umask narrowed the mode given to open()
+    finally:
+        os.close(fd)

@@ -24,7 +24,6 @@ from vgpu_formats.annotations import MODE_HAMI_CORE
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_HOOK_PATH = "/usr/local/vgpu"
 DEFAULT_CACHE_ROOT = "/tmp/vgpu"  # the monitor reads <root>/containers
-DEFAULT_LOCK_DIR = "/tmp/vgpulock"
 DEFAULT_REGISTER_INTERVAL = 30.0
 
 T = TypeVar("T")
@@ -43,7 +42,6 @@ class Flags:
     mock_gpus: str | None = None
     hook_path: str = DEFAULT_HOOK_PATH
     cache_root: str = DEFAULT_CACHE_ROOT
-    lock_dir: str = DEFAULT_LOCK_DIR
     register_interval: float = DEFAULT_REGISTER_INTERVAL
     handshake: bool = True
     kubeconfig: str | None = None

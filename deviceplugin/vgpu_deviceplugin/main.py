@@ -18,7 +18,6 @@ from vgpu_deviceplugin.config import (
     DEFAULT_CACHE_ROOT,
     DEFAULT_DEVICE_PLUGIN_DIR,
     DEFAULT_HOOK_PATH,
-    DEFAULT_LOCK_DIR,
     DEFAULT_REGISTER_INTERVAL,
     Flags,
 )
@@ -37,6 +36,9 @@ IGNORED_FLAGS = (
     "--driver-root-ctr-path", "--container-driver-root", "--mps-root", "--device-discovery-strategy",
     "--imex-channel-ids", "--imex-required", "--config-file", "--cdi-feature-flags",
 )
+# Ours until the lock dir stopped being mounted (nothing reads it): accepted so a DaemonSet that
+# still passes it starts, with the same warning.
+LOCK_DIR_FLAG = "--lock-dir"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -70,7 +72,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-root", default=DEFAULT_CACHE_ROOT,
                    help="host directory for the per-container shared regions (<root>/containers/<pod-uid>_"
                    "<container>); vgpu-monitor --containers-dir must be <root>/containers")
-    p.add_argument("--lock-dir", default=DEFAULT_LOCK_DIR, help="host directory mounted at /tmp/vgpulock")
     p.add_argument("--register-interval", type=float, default=DEFAULT_REGISTER_INTERVAL,
                    help="seconds between node annotation writes (the handshake needs 60 or less)")
     p.add_argument("--no-handshake", dest="handshake", action="store_false",
@@ -100,6 +101,9 @@ def parser() -> argparse.ArgumentParser:
         dest = "ignored_" + name[2:].replace("-", "_")
         legacy.add_argument(name, dest=dest, default=None, nargs="?", const="true", metavar="VALUE",
                             help="accepted, no effect (NVIDIA device plugin option)")
+    legacy.add_argument(LOCK_DIR_FLAG, dest="ignored_lock_dir", default=None, metavar="DIR",
+                        help="accepted, no effect: HAMi-core's /tmp/vgpulock is no longer mounted "
+                        "into vGPU containers (our libvgpu.so does not use it)")
     return p
 
 
@@ -120,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.node_name:
         p.error("--node-name (or env NODE_NAME) is required")
-    for name in IGNORED_FLAGS:
+    for name in (*IGNORED_FLAGS, LOCK_DIR_FLAG):
         if getattr(args, "ignored_" + name[2:].replace("-", "_")) is not None:
             log.warning("flag %s has no effect in this plugin; remove it", name)
     flags = flags_from(args)

@@ -5,7 +5,8 @@ A thin subclass of `kmock.KubernetesEmulator`: kmock keeps serving discovery (`/
 operator needs (research: kopf-kmock.md): uid, resourceVersion, generation, creationTimestamp,
 422 on a failed JSON-patch `test`, generateName, watch from a resourceVersion, label and field
 selectors, namespace from the URL, PUT, a status subresource kept apart, and a bounded request
-log. Tests can also inject faults (409/500 on the next N matching requests, dropped watches).
+log. Tests can also inject faults (an error status, a dropped connection or a hang on the
+next N matching requests; dropped watches).
 
 Stored objects are never mutated in place: every change stores a new dict, so events already
 queued for watchers keep the state they announced.
@@ -23,7 +24,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp.web
 import attrs
@@ -73,20 +74,45 @@ class Served:
 
     @property
     def is_write(self) -> bool:
-        return self.method in WRITE_METHODS and self.status < 400
+        return self.method in WRITE_METHODS and 0 < self.status < 400  # 0: dropped, no answer
+
+
+FaultAction = Literal["status", "drop", "hang"]
+
+
+class DroppedConnection(Exception):
+    """Raised by a fault that answers with nothing: `__call__` closes the connection."""
 
 
 @attrs.define
 class Fault:
-    """Answer the next `times` requests matching method and path with `status`."""
+    """The next `times` requests matching method and path, after letting `after` of them through,
+    get `action`: "status" answers `status`, "drop" closes the connection without an answer (a
+    crashed or restarted apiserver, a broken proxy), "hang" answers nothing until `release()` and
+    then drops (a request stuck in a dead network path). A faulted request never changes state."""
 
     method: str
     path: re.Pattern[str]
     status: int
     times: int
+    action: FaultAction = "status"
+    after: int = 0
+    released: asyncio.Event = attrs.field(factory=asyncio.Event)
 
     def matches(self, method: str, path: str) -> bool:
         return self.times > 0 and self.method in ("*", method) and self.path.search(path) is not None
+
+    def release(self) -> None:
+        """End the fault: no further request matches, requests hanging now are dropped."""
+        self.times = 0
+        self.released.set()
+
+    async def strike(self, method: str, path: str) -> None:
+        if self.action == "hang":
+            await self.released.wait()
+        if self.action != "status":
+            raise DroppedConnection(f"{self.action} fault for {method} {path}")
+        raise _error(self.status, f"injected fault for {method} {path}")
 
 
 @attrs.define
@@ -186,11 +212,25 @@ class Emulator(kmock.KubernetesEmulator):
             return self._replace(Route(spec, namespace, meta["name"], None), obj, status_too=True)
         return self._create(Route(spec, namespace, None, None), obj, seeding=True)
 
-    def fail_next(self, method: str, path: str, status: int = 500, times: int = 1) -> Fault:
-        """The next `times` requests with this method ('*' for any) and path regex get `status`."""
-        fault = Fault(method=method.upper(), path=re.compile(path), status=status, times=times)
+    def delete_object(self, kind_or_key: str, namespace: str | None, name: str) -> dict[str, Any]:
+        """Delete the object as a DELETE request would (finalizers honoured, watchers notified)."""
+        spec = self.spec_for(kind_or_key)
+        return self._delete(Route(spec, namespace if spec.namespaced else None, name, None))
+
+    def fail_next(self, method: str, path: str, status: int = 500, times: int = 1, *,
+                  action: FaultAction = "status", after: int = 0) -> Fault:
+        """The next `times` requests with this method ('*' for any) and path regex, once `after`
+        of them went through, get `status` (or are dropped or hang: see `Fault`)."""
+        fault = Fault(method=method.upper(), path=re.compile(path), status=status, times=times, action=action,
+                      after=after)
         self._faults.append(fault)
         return fault
+
+    def release_faults(self) -> None:
+        """End every injected fault (hanging requests are dropped)."""
+        for fault in self._faults:
+            fault.release()
+        self._faults.clear()
 
     def open_watches(self, kind_or_key: str | None = None) -> int:
         """Watch streams open now (all, or one resource's): tests wait for clients to be watching."""
@@ -220,6 +260,11 @@ class Emulator(kmock.KubernetesEmulator):
         self.method_counts[raw_request.method] += 1
         try:
             response = await self._serve_http(raw_request)
+        except DroppedConnection:
+            self.served.append(Served(raw_request.method, raw_request.path, raw_request.query_string, 0))
+            if raw_request.transport is not None:
+                raw_request.transport.close()
+            return aiohttp.web.Response(status=499)  # never sent: the connection is gone
         except Exception as exc:  # ApiError with its status; a bug as a 500, not a dropped socket
             response = await self._render_error(exc)
         self.served.append(Served(raw_request.method, raw_request.path, raw_request.query_string,
@@ -230,8 +275,11 @@ class Emulator(kmock.KubernetesEmulator):
         method, path = raw_request.method, raw_request.path
         for fault in self._faults:
             if fault.matches(method, path):
+                if fault.after > 0:
+                    fault.after -= 1
+                    continue
                 fault.times -= 1
-                raise _error(fault.status, f"injected fault for {method} {path}")
+                await fault.strike(method, path)
         route = self._route(path)
         if route is None:  # discovery and anything else: kmock's own routing
             request = await rendering.Request._parse(raw_request)

@@ -59,4 +59,7 @@ async def run_emulator(
             url = str(server.make_url("")).rstrip("/")
             path.write_text(kubeconfig_text(url))
             os.chmod(path, 0o600)
-            yield RunningEmulator(emulator, url, path)
+            try:
+                yield RunningEmulator(emulator, url, path)
+            finally:
+                emulator.release_faults()  # a hanging request must not hold the server's shutdown

@@ -6,9 +6,8 @@
 * VGPUPolicy daemon               -> mark the policy "worked on by this replica" while it runs:
                                      kopf stops daemons when peering pauses a replica, so this is
                                      how the Reconciler's own worker (outside kopf) pauses too
-* ConfigMap / Deployment / DaemonSet events on the targets
-                                  -> trigger a (debounced) reconcile of the active policy
-(Nodes are followed by `vgpu_operator.nodes`, not kopf: see there why.)
+(Nodes are followed by `vgpu_operator.nodes`, and the policy's ConfigMaps, Deployment and
+DaemonSet by `vgpu_operator.targets`, not kopf: see there why.)
 
 The periodic safety resync is the Reconciler's worker (one loop, for the active policy), not a
 kopf timer per policy: a timer would duplicate it, and kopf holds a deleted policy's finalizer
@@ -63,14 +62,3 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
             await stopped.wait()
         finally:
             reconciler.stop_working(name)
-
-    def ours(kind: str) -> Any:
-        def check(namespace: str | None, name: str | None, **_: Any) -> bool:
-            return reconciler.is_target(kind, namespace, name)
-        return check
-
-    @kopf.on.event("v1", "configmaps", registry=registry, when=ours("ConfigMap"))
-    @kopf.on.event("apps", "v1", "deployments", registry=registry, when=ours("Deployment"))
-    @kopf.on.event("apps", "v1", "daemonsets", registry=registry, when=ours("DaemonSet"))
-    async def target_changed(**_: Any) -> None:
-        reconciler.trigger()

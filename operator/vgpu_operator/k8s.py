@@ -3,7 +3,9 @@ plugin pods, patch status, post events. Thin on purpose: every decision is made 
 
 Objects travel as plain dicts (kubernetes-asyncio's `object` response type), so what is read is
 exactly what the renderers and `Observed` expect. Transient failures (409, 429, 5xx, connection
-errors) are retried with a short exponential backoff; anything else is raised to the caller.
+errors) are retried with a short exponential backoff; anything else is raised to the caller. Every
+call has a deadline (`Kube.timeout`): a request the server never answers fails the reconcile, which
+backs off and reads everything again, instead of stalling the worker; it is not retried here.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
+import aiohttp
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -46,6 +49,7 @@ MERGE_PATCH = "application/merge-patch+json"
 # (core/v1 Event validation; 422 elsewhere): ours and kopf's both go here.
 CLUSTER_EVENTS_NAMESPACE = "default"
 RETRIABLE = frozenset({409, 429, 500, 502, 503, 504})
+DEFAULT_TIMEOUT = 30.0  # seconds for one API call (settings: --api-timeout)
 
 
 class TargetWrite(Protocol):
@@ -54,6 +58,7 @@ class TargetWrite(Protocol):
     kind: str
     namespace: str
     name: str
+    live: dict[str, Any] | None  # None: rendered as missing, so the patch is the whole object
     desired: dict[str, Any] | None
 
     def patch(self) -> dict[str, Any]: ...
@@ -93,7 +98,13 @@ def now_rfc3339() -> str:
 def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, ApiException):
         return exc.status in RETRIABLE or exc.status == 0
-    return isinstance(exc, (ConnectionError, asyncio.TimeoutError, OSError))
+    # A dropped connection (aiohttp's ServerDisconnectedError is no OSError) is transient too.
+    return isinstance(exc, (ConnectionError, asyncio.TimeoutError, OSError, aiohttp.ClientConnectionError))
+
+
+class TargetMissing(Exception):
+    """A target the operator was patching is gone (deleted since it was read). It is not created
+    again from the copy read before: the next reconcile reads the cluster anew and decides."""
 
 
 async def new_api_client(kubeconfig: str | None) -> k8s_client.ApiClient:
@@ -112,9 +123,11 @@ async def new_api_client(kubeconfig: str | None) -> k8s_client.ApiClient:
 class Kube:
     """The operator's API calls, with retries. One instance per operator process."""
 
-    def __init__(self, api_client: k8s_client.ApiClient, retry: Retry | None = None) -> None:
+    def __init__(self, api_client: k8s_client.ApiClient, retry: Retry | None = None,
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
         self.api_client = api_client
         self.retry = retry or Retry()
+        self.timeout = timeout
 
     async def close(self) -> None:
         await self.api_client.close()
@@ -123,20 +136,28 @@ class Kube:
 
     async def _call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
                     content_type: str = "application/json") -> dict[str, Any]:
-        result = await self.api_client.call_api(
-            path, method, query_params=list((query or {}).items()),
-            header_params={"Accept": "application/json", "Content-Type": content_type}, body=body,
-            response_types_map={200: "object", 201: "object"}, auth_settings=["BearerToken"],
-            _return_http_data_only=True, _preload_content=True,
-        )
+        try:
+            async with asyncio.timeout(self.timeout):  # connect, send, answer and body, all of it
+                result = await self.api_client.call_api(
+                    path, method, query_params=list((query or {}).items()),
+                    header_params={"Accept": "application/json", "Content-Type": content_type}, body=body,
+                    response_types_map={200: "object", 201: "object"}, auth_settings=["BearerToken"],
+                    _return_http_data_only=True, _preload_content=True,
+                )
+        except TimeoutError as exc:
+            raise TimeoutError(f"{method} {path}: no answer within {self.timeout:g}s") from exc
         return result if isinstance(result, dict) else {}
 
-    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]], conflicts: bool = True) -> T:
+        """`call`, again after transient failures. Not after a timeout (a hung server: the reconcile
+        fails now rather than waiting out every attempt), nor after 409 unless `conflicts` (a
+        write that carries a resourceVersion conflicts again: the caller must read anew)."""
         for delay in self.retry.delays():
             try:
                 return await call()
             except Exception as exc:
-                if not is_transient(exc):
+                conflict = isinstance(exc, ApiException) and exc.status == 409
+                if not is_transient(exc) or isinstance(exc, TimeoutError) or (conflict and not conflicts):
                     raise
                 logger.info("%s failed (%s); retrying in %.2fs", what, _brief(exc), delay)
                 await asyncio.sleep(delay)
@@ -181,14 +202,18 @@ class Kube:
             query["continue"] = token
 
     async def watch(self, kind: str, resource_version: str, timeout_seconds: int = 300,
-                    ) -> AsyncIterator[dict[str, Any]]:
-        """Watch events ({type, object}) of a cluster-wide resource after `resource_version`,
-        until the server ends the stream."""
-        prefix, plural, _ = PATHS[kind]
+                    namespace: str | None = None, fields: str = "") -> AsyncIterator[dict[str, Any]]:
+        """Watch events ({type, object}) after `resource_version`, until the server ends the
+        stream: cluster-wide, or in `namespace`; `fields` a field selector (`metadata.name=X`
+        keeps the request within RBAC `resourceNames`)."""
+        prefix, plural, namespaced = PATHS[kind]
         query = [("watch", "true"), ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
                  ("timeoutSeconds", str(timeout_seconds))]
+        if fields:
+            query.append(("fieldSelector", fields))
+        path = path_of(kind, namespace) if namespaced and namespace else f"{prefix}/{plural}"
         response = await self.api_client.call_api(
-            f"{prefix}/{plural}", "GET", query_params=query, header_params={"Accept": "application/json"},
+            path, "GET", query_params=query, header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout_seconds + 30)
         try:
             if response.status != 200:
@@ -241,19 +266,36 @@ class Kube:
 
     # ----- writes -----
 
-    async def apply(self, target: TargetWrite) -> dict[str, Any]:
-        """Merge-patch the target's owned fields; create it when it is missing."""
+    async def apply(self, target: TargetWrite, annotations: dict[str, str | None] | None = None,
+                    ) -> dict[str, Any]:
+        """Merge-patch the target's owned fields (plus `annotations` on the object itself, in the
+        same write); create it when it was rendered as missing.
+
+        A 404 on a target that was read (deleted since) raises TargetMissing: creating it here
+        would POST the stale copy read before, someone else's Deployment or DaemonSet or
+        ConfigMap resurrected from memory. Only an object rendered from nothing is created."""
         path = path_of(target.kind, target.namespace, target.name)
+        patch = target.patch()
+        if annotations:
+            meta = patch.setdefault("metadata", {})
+            meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
 
         async def attempt() -> dict[str, Any]:
             try:
-                return await self._call("PATCH", path, target.patch(), content_type=MERGE_PATCH)
+                return await self._call("PATCH", path, patch, content_type=MERGE_PATCH)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+            where = f"{target.kind} {target.namespace}/{target.name}"
+            if target.live is not None:
+                raise TargetMissing(f"{where} was deleted while the operator was writing it; not recreated")
             if target.desired is None:
-                raise ValueError(f"{target.kind} {target.namespace}/{target.name} has nothing to create")
-            return await self._call("POST", path_of(target.kind, target.namespace), target.desired)
+                raise ValueError(f"{where} has nothing to create")
+            # Rendered as missing: the patch is the whole new object (annotations set, none removed).
+            meta = patch.get("metadata") or {}
+            kept = {key: value for key, value in (meta.get("annotations") or {}).items() if value is not None}
+            created = {**patch, "metadata": {**meta, "annotations": kept}} if "annotations" in meta else patch
+            return await self._call("POST", path_of(target.kind, target.namespace), created)
 
         return await self._retrying(f"apply {target.kind} {target.namespace}/{target.name}", attempt)
 
@@ -263,9 +305,19 @@ class Kube:
         return await self._retrying(f"patch {kind} {name}",
                                     lambda: self._call("PATCH", path, body, content_type=MERGE_PATCH))
 
-    async def patch_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        """Replace the policy's status fields (merge patch on the status subresource)."""
-        return await self.patch(api.KIND, None, name, {"status": status}, sub="status")
+    async def patch_status(self, name: str, status: dict[str, Any], resource_version: str | None = None,
+                           ) -> dict[str, Any]:
+        """Replace the policy's status fields (merge patch on the status subresource). With
+        `resource_version`, the write applies only to that version of the policy: 409 otherwise
+        (not retried; the caller reads the policy again), so a status computed from an older
+        state (another replica wrote since) never overwrites a newer one."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        path = path_of(api.KIND, None, name, "status")
+        return await self._retrying(f"patch {api.KIND} {name} status",
+                                    lambda: self._call("PATCH", path, body, content_type=MERGE_PATCH),
+                                    conflicts=not resource_version)
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete one pod; False when it was already gone."""
@@ -295,11 +347,24 @@ class Kube:
         }
         try:
             await self._retrying("post event", lambda: self._call("POST", path_of("Event", event_ns), body))
-        except ApiException as exc:  # an event is a report: losing one must not fail a reconcile
+        except (ApiException, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            # An event is a report: losing one must not fail a reconcile.
             logger.warning("could not post event %s: %s", reason, _brief(exc))
 
 
 def _brief(exc: BaseException) -> str:
     if isinstance(exc, ApiException):
         return f"HTTP {exc.status} {exc.reason}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for status and events: the API's status and message (an ApiException's text is
+    headers and body), else the exception's type and text."""
+    if isinstance(exc, ApiException):
+        try:
+            message = str(json.loads(exc.body or "{}").get("message") or "")
+        except (ValueError, AttributeError):
+            message = ""
+        return f"{_brief(exc)}" + (f": {message}" if message else "")
     return f"{type(exc).__name__}: {exc}"

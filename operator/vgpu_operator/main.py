@@ -20,9 +20,9 @@ import kopf
 import yaml
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from vgpu_operator import crd, nodes
+from vgpu_operator import crd, nodes, targets
 from vgpu_operator.handlers import register
-from vgpu_operator.k8s import CLUSTER_EVENTS_NAMESPACE, Kube, Retry, new_api_client
+from vgpu_operator.k8s import CLUSTER_EVENTS_NAMESPACE, DEFAULT_TIMEOUT, Kube, Retry, new_api_client
 from vgpu_operator.metrics import Metrics
 from vgpu_operator.reconcile import Reconciler, Tuning
 from vgpu_operator.settings import OperatorSettings, configure_kopf, parse_args
@@ -168,11 +168,13 @@ async def run_operator(
     ready_flag: asyncio.Event | None = None,
     retry: Retry | None = None,
     identity: str | None = None,
+    api_timeout: float = DEFAULT_TIMEOUT,
 ) -> Reconciler:
-    """Run the operator until `stop_flag` is set; returns the Reconciler (for inspection)."""
+    """Run the operator until `stop_flag` is set; returns the Reconciler (for inspection).
+    `api_timeout`: the deadline of each API request, the operator's own and kopf's."""
     tuning = tuning or Tuning()
     metrics = metrics or Metrics()
-    kube = Kube(await new_api_client(kubeconfig), retry)
+    kube = Kube(await new_api_client(kubeconfig), retry, timeout=api_timeout)
     await upgrade_crd(kube)
     reconciler = Reconciler(kube, metrics, tuning)
     registry = kopf.OperatorRegistry()
@@ -180,7 +182,7 @@ async def run_operator(
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure_kopf(settings)
+        configure_kopf(settings, api_timeout)
 
     @kopf.on.login(registry=registry)
     async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -191,7 +193,9 @@ async def run_operator(
     # Our own workers first, outside the run's mark: they stop with the flag, not by kopf's cancelling.
     workers = [asyncio.create_task(reconciler.run(stop_flag), name="vgpu-operator reconciler"),
                asyncio.create_task(nodes.follow(kube, reconciler.nodes, reconciler.trigger, stop_flag),
-                                   name="vgpu-operator nodes")]
+                                   name="vgpu-operator nodes"),
+               asyncio.create_task(targets.follow(kube, reconciler.policies, reconciler.trigger, stop_flag),
+                                   name="vgpu-operator targets")]
     spawned = _SpawnedTasks()
     loop = asyncio.get_running_loop()
     spawned.install(loop)
@@ -228,7 +232,8 @@ async def _serve(settings: OperatorSettings) -> None:
     await run_operator(settings.kubeconfig, stop, namespaces=settings.namespaces,
                        peering=settings.peering, priority=settings.priority,
                        liveness_port=settings.liveness_port, metrics=metrics,
-                       tuning=Tuning(resync_seconds=settings.resync_seconds))
+                       tuning=Tuning(resync_seconds=settings.resync_seconds),
+                       api_timeout=settings.api_timeout_seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -14,11 +14,21 @@ config hash into the pod templates, so writing a changed hash *is* the scheduler
 rollout; device-plugin pods are deleted only on nodes whose node-config entry changed, only for
 plugins that read node-config at start (not the builtin one, which watches the ConfigMap), and not
 when the DaemonSet is rolling anyway.
+
+A restart follows the ConfigMap write that causes it, so an operator that dies between the two
+would leave the restart undone and the next one none the wiser (the inputs it reads are current
+already). Every ConfigMap write of a reconcile that restarts something therefore carries the
+restarts it announces (`Pending`, annotation `vgpu.io/pending-restarts`) in the same request; the
+reconcile that finishes them removes it. A later reconcile that finds one finishes the job:
+workloads whose pod template is not at the announced hash are rolled (`unfinished`), plugin pods on
+the announced nodes are recreated (`make_plan(pending_nodes=...)`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import json
+import logging
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -29,7 +39,15 @@ from vgpu_operator.render.device_plugin import ANNOTATION as PLUGIN_HASH
 from vgpu_operator.render.inputs import template_annotations
 from vgpu_operator.render.scheduler_deployment import ANNOTATION as SCHEDULER_HASH
 
+logger = logging.getLogger(__name__)
+
 RestartKind = Literal["scheduler", "daemonset", "plugin-pod"]
+PENDING_ANNOTATION = "vgpu.io/pending-restarts"
+# Node names beyond this many characters are announced as "every node": an object's annotations
+# share 256 KiB, and node-config itself may be most of a ConfigMap's 1 MiB.
+MAX_PENDING_NODE_CHARS = 32 * 1024
+WORKLOAD_RESTARTS: dict[str, tuple[RestartKind, str]] = {"Deployment": ("scheduler", SCHEDULER_HASH),
+                                                         "DaemonSet": ("daemonset", PLUGIN_HASH)}
 
 
 class Target(Protocol):
@@ -103,10 +121,13 @@ class Plan:
     recreate_plugin_pods_on: list[str] = field(default_factory=list)
     events: list[PlannedEvent] = field(default_factory=list)
 
-    def done(self, recreated_on: Collection[str]) -> list[Restart]:
+    def done(self, recreated_on: Collection[str], written: Collection[str] | None = None) -> list[Restart]:
         """The planned restarts that happened, once applied: a plugin pod counts only on a node
-        where one was really deleted (a node may have none yet, or it was gone already)."""
-        return [r for r in self.restarts if r.kind != "plugin-pod" or r.target in recreated_on]
+        where one was really deleted (a node may have none yet, or it was gone already). With
+        `written` (an apply that stopped part way), a rollout counts only if its workload (ref)
+        was written."""
+        return [r for r in self.restarts if (r.target in recreated_on if r.kind == "plugin-pod"
+                                             else written is None or r.target in written)]
 
     @property
     def writes(self) -> list[Target]:
@@ -159,7 +180,8 @@ def _is_node_config(target: Target) -> bool:
     return target.kind == "ConfigMap" and target.key == node_config.CONFIGMAP_KEY
 
 
-def _restarts(decisions: Sequence[Decision], builtin_plugin: bool) -> tuple[list[Restart], list[str]]:
+def _restarts(decisions: Sequence[Decision], builtin_plugin: bool,
+              pending_nodes: Collection[str] = ()) -> tuple[list[Restart], list[str]]:
     restarts: list[Restart] = []
     node_changes: list[str] = []
     daemonset_rolls = False
@@ -178,6 +200,8 @@ def _restarts(decisions: Sequence[Decision], builtin_plugin: bool) -> tuple[list
                 restarts.append(Restart("daemonset", describe(target), "device plugin config changed", after))
         elif _is_node_config(target):
             node_changes = list(target.changed_nodes)
+    if pending_nodes:
+        node_changes = sorted(set(node_changes) | set(pending_nodes))
     if builtin_plugin or daemonset_rolls:
         node_changes = []
     restarts += [Restart("plugin-pod", node, "node-config entry changed") for node in node_changes]
@@ -200,6 +224,93 @@ def _events(decisions: Sequence[Decision], previous: Mapping[TargetKey, Previous
     return events
 
 
+@dataclass(frozen=True)
+class Pending:
+    """Restarts a ConfigMap write announced and no reconcile has finished yet.
+
+    `workloads`: "Deployment ns/name" -> the restart hash its pod template must reach; `nodes`:
+    nodes whose device plugin pod must be recreated; `all_nodes`: every node's (too many to name).
+    """
+
+    workloads: Mapping[str, str] = field(default_factory=dict)
+    nodes: frozenset[str] = frozenset()
+    all_nodes: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.workloads or self.nodes or self.all_nodes)
+
+    @classmethod
+    def of(cls, restarts: Iterable[Restart]) -> Pending:
+        restarts = list(restarts)
+        return cls({r.target: r.hash for r in restarts if r.kind != "plugin-pod"},
+                   frozenset(r.target for r in restarts if r.kind == "plugin-pod"))
+
+    @classmethod
+    def parse(cls, text: str | None) -> Pending:
+        """The annotation's value; an unreadable one announces every node (the safe side: a
+        plugin pod restarted once too often, never a restart lost)."""
+        if not text:
+            return cls()
+        try:
+            data = json.loads(text)
+            workloads = {str(ref): str(value) for ref, value in dict(data.get("workloads") or {}).items()}
+            nodes = data.get("nodes") or []
+            if nodes == "*":
+                return cls(workloads, frozenset(), True)
+            return cls(workloads, frozenset(str(node) for node in nodes))
+        except (ValueError, TypeError, AttributeError):
+            logger.warning("unreadable %s annotation %r: recreating every plugin pod",
+                           PENDING_ANNOTATION, text)
+            return cls(all_nodes=True)
+
+    def text(self) -> str:
+        nodes: list[str] | str = sorted(self.nodes)
+        if self.all_nodes or sum(len(node) + 3 for node in nodes) > MAX_PENDING_NODE_CHARS:
+            nodes = "*"
+        return json.dumps({"workloads": dict(sorted(self.workloads.items())), "nodes": nodes},
+                          separators=(",", ":"))
+
+    def merged(self, other: Pending) -> Pending:
+        """Both announcements; where both name a workload, `other`'s (newer) hash."""
+        return Pending({**self.workloads, **other.workloads}, self.nodes | other.nodes,
+                       self.all_nodes or other.all_nodes)
+
+
+def pending_of(configmaps: Iterable[Mapping[str, Any] | None]) -> Pending:
+    """Every restart announced on these (live) ConfigMaps."""
+    pending = Pending()
+    for cm in configmaps:
+        annotations = ((cm or {}).get("metadata") or {}).get("annotations") or {}
+        if PENDING_ANNOTATION in annotations:
+            pending = pending.merged(Pending.parse(str(annotations[PENDING_ANNOTATION])))
+    return pending
+
+
+def unfinished(pending: Pending,
+               workloads: Iterable[dict[str, Any] | None]) -> tuple[list[str], list[Restart]]:
+    """Split the announced workload restarts: (refs still to roll: the pod template is not at the
+    announced hash; restarts that did happen, the template is there). A workload that is gone
+    has nothing left to roll: new pods read the current configuration."""
+    live: dict[str, dict[str, Any]] = {}
+    for obj in workloads:
+        if obj is not None:
+            meta = obj.get("metadata") or {}
+            live[f"{obj.get('kind')} {meta.get('namespace')}/{meta.get('name')}"] = obj
+    todo: list[str] = []
+    done: list[Restart] = []
+    for ref, wanted in sorted(pending.workloads.items()):
+        kind = ref.split(" ", 1)[0]
+        if ref not in live or kind not in WORKLOAD_RESTARTS:
+            continue
+        restart_kind, annotation = WORKLOAD_RESTARTS[kind]
+        if _template_annotation(live[ref], annotation) == wanted:
+            done.append(Restart(restart_kind, ref, "config changed (rolled by an interrupted reconcile)",
+                                wanted))
+        else:
+            todo.append(ref)
+    return todo, done
+
+
 def restart_events(restarts: Sequence[Restart]) -> list[PlannedEvent]:
     """Events for restarts that happened (see `Plan.done`): one per rollout, one for all pods."""
     events = [PlannedEvent("Normal", "Restarted", f"{restart.target}: rollout ({restart.reason})")
@@ -212,9 +323,10 @@ def restart_events(restarts: Sequence[Restart]) -> list[PlannedEvent]:
 
 
 def make_plan(targets: Sequence[Target], previous: Mapping[TargetKey, Previous], *, enforce: bool,
-              paused: bool, builtin_plugin: bool) -> Plan:
-    """Decide writes, restarts and events for one reconcile of the active policy."""
+              paused: bool, builtin_plugin: bool, pending_nodes: Collection[str] = ()) -> Plan:
+    """Decide writes, restarts and events for one reconcile of the active policy.
+    `pending_nodes`: plugin pods an interrupted reconcile announced and did not recreate."""
     decisions = [_decide(target, previous.get(key_of(target)), enforce, paused) for target in targets]
-    restarts, nodes = _restarts(decisions, builtin_plugin)
+    restarts, nodes = _restarts(decisions, builtin_plugin, pending_nodes)
     return Plan(decisions=decisions, restarts=restarts, recreate_plugin_pods_on=nodes,
                 events=_events(decisions, previous))

@@ -10,22 +10,41 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pydantic
+from kubernetes_asyncio.client.exceptions import ApiException
 from vgpu_formats import annotations as node_annotations
 from vgpu_formats import node_config
 
 from vgpu_operator import api
-from vgpu_operator.k8s import Kube, now_rfc3339
+from vgpu_operator.k8s import Kube, describe_error, now_rfc3339
 from vgpu_operator.metrics import Metrics
 from vgpu_operator.observed import Observed, wanted_objects
-from vgpu_operator.plan import Plan, Restart, make_plan, previous_from_status, restart_events
-from vgpu_operator.render import render_all
+from vgpu_operator.plan import (
+    PENDING_ANNOTATION,
+    Pending,
+    Plan,
+    Restart,
+    make_plan,
+    pending_of,
+    previous_from_status,
+    restart_events,
+    unfinished,
+)
+from vgpu_operator.render import RenderResult, render_all
+from vgpu_operator.render.inputs import Problem
 from vgpu_operator.render.target import MANAGED_BY, MANAGED_BY_LABEL, TargetRender
-from vgpu_operator.status import Outcome, build_status, parse_status, report_nodes, status_dict
+from vgpu_operator.status import (
+    Outcome,
+    build_status,
+    failed_status,
+    parse_status,
+    report_nodes,
+    status_dict,
+)
 from vgpu_operator.validate import validate
 from vgpu_operator.versions import plugin_generation
 
@@ -33,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 NODE_KEYS = (node_annotations.NODE_REGISTER,)  # the only node annotation rendering and status read
 BACKOFF_SECONDS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)  # after the 1st, 2nd, ... failure in a row
+STATUS_ATTEMPTS = 5  # status writes that met a newer policy (409), each merged into it anew
 
 
 def _version(obj: Mapping[str, Any]) -> int:
@@ -126,13 +146,15 @@ class Reconciler:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._failures = 0
-        # (active policy body, the objects it names): `is_target` runs on every ConfigMap,
-        # Deployment and DaemonSet event, so the body is parsed once per new state, not per event.
-        self._targets: tuple[dict[str, Any] | None, frozenset[tuple[str, str, str]]] = (None, frozenset())
         # Policies this replica works on now (their kopf daemon runs). With peering, a paused
         # replica's daemons are stopped, so its worker stops resyncing: one writer at a time.
         self.working: set[str] = set()
         self.paused = False  # peering paused this replica: a reconcile still under way exports nothing
+        # Restarts made but not in status yet (its write failed): the next status write adds them.
+        self._unreported: list[Restart] = []
+        # Nodes whose plugin pod this process recreated while announced restarts were pending: a
+        # reconcile that retries after a late failure must not restart them twice.
+        self._recreated: set[str] = set()
 
     # ----- triggers -----
 
@@ -150,20 +172,6 @@ class Reconciler:
     def trigger(self) -> None:
         """Ask the worker for a reconcile of the active policy soon (bursts coalesce)."""
         self._wake.set()
-
-    def is_target(self, kind: str, namespace: str | None, name: str | None) -> bool:
-        """Is this object one the active policy renders or reads?"""
-        active = self.policies.active()
-        if active is None:
-            return False
-        body = self.policies.bodies[active]
-        if self._targets[0] is not body:  # PolicyIndex stores a new dict for every new state
-            try:
-                wanted = frozenset(wanted_objects(api.VGPUPolicy.from_object(body).spec).values())
-            except pydantic.ValidationError:
-                wanted = frozenset()
-            self._targets = (body, wanted)
-        return (kind, namespace or "", name or "") in self._targets[1]
 
     async def run(self, stop: asyncio.Event) -> None:
         """The worker: reconcile on triggers, and every resync period as a safety net."""
@@ -209,9 +217,10 @@ class Reconciler:
             started = time.monotonic()
             try:
                 result = await self._reconcile(name)
-            except Exception:
+            except Exception as exc:
                 logger.exception("reconcile of VGPUPolicy %s failed", name)
                 result = "error"
+                await self._report_failure(name, exc)
             self.metrics.reconciles.labels(result=result).inc()
             self.metrics.duration.observe(time.monotonic() - started)
             return result != "error"
@@ -234,12 +243,18 @@ class Reconciler:
             return "invalid"
         # Never render node-config from a partial node list: that would drop the entries of the
         # nodes not seen yet and restart their plugin pods.
-        await asyncio.wait_for(self.nodes.seeded.wait(), timeout=self.tuning.nodes_timeout_seconds)
+        try:
+            await asyncio.wait_for(self.nodes.seeded.wait(), timeout=self.tuning.nodes_timeout_seconds)
+        except TimeoutError as exc:
+            raise TimeoutError(f"no node list after {self.tuning.nodes_timeout_seconds:g}s") from exc
         observed = await self.kube.read_observed(policy.spec, self.nodes.all())
-        render = render_all(policy, observed)
-        found = validate(policy, observed, render)
-        # Any error blocks every write: a partial apply is how the four places drift apart.
-        found += [p for p in render.problems if p not in found]
+        # Restarts an interrupted reconcile announced and did not finish (plan.Pending).
+        pending = pending_of([observed.device_config, observed.node_config, observed.scheduler_configmap])
+        to_roll, rolled = unfinished(pending, [observed.scheduler_deployment, observed.device_plugin])
+        rendered_for = _interrupted(policy, to_roll, pending) if to_roll else policy
+        # Parsing what others wrote (bounded, yet up to 1 MiB a ConfigMap) and rendering for
+        # thousands of nodes is CPU work: in a worker thread, watches and probes stay answered.
+        render, found = await asyncio.to_thread(_render_and_validate, rendered_for, policy, observed)
         problems = [str(p) for p in found if p.severity == "error"]
         warnings = [str(p) for p in found if p.severity != "error"]
         nodes = report_nodes(observed.nodes, policy.spec, _node_splits(render.targets))
@@ -247,36 +262,65 @@ class Reconciler:
             await self._report(body, previous, Outcome(generation, problems=problems, warnings=warnings,
                                                        nodes=nodes))
             return "invalid"
+        if not pending:
+            self._recreated.clear()
+        pending_nodes = set([str(n["metadata"]["name"]) for n in observed.nodes] if pending.all_nodes
+                            else pending.nodes) - self._recreated
         plan = make_plan(render.targets, previous_from_status(body.get("status")),
                          enforce=policy.spec.drift_policy == "Enforce", paused=policy.spec.paused,
-                         builtin_plugin=_builtin(policy, observed))
+                         builtin_plugin=_builtin(policy, observed), pending_nodes=pending_nodes)
         apply_error: str | None = None
         restarted: list[Restart] = []
         if not policy.spec.paused:
-            apply_error, restarted = await self._execute(plan, observed, body)
+            apply_error, restarted = await self._execute(plan, observed, body, pending)
+        # Rollouts an interrupted reconcile did make: in status once (it may have written them).
+        restarted = self._unreported + restarted
+        recorded = {(r.target, r.hash) for r in previous.restarts} if previous else set()
+        recorded |= {(r.target, r.hash) for r in restarted}
+        self._unreported = [r for r in rolled if (r.target, r.hash) not in recorded] + restarted
         outcome = Outcome(generation, warnings=warnings, plan=plan, apply_error=apply_error, nodes=nodes,
-                          paused=policy.spec.paused, restarts=restarted)
+                          paused=policy.spec.paused, restarts=self._unreported)
         await self._report(body, previous, outcome)
+        self._unreported = []
         if apply_error:
             return "error"
-        return "paused" if policy.spec.paused else "ok"
+        if policy.spec.paused:
+            return "paused"
+        await self._settle_pending(plan, announced=bool(pending or plan.restarts))
+        self._recreated.clear()
+        return "ok"
 
-    async def _execute(self, plan: Plan, observed: Observed,
-                       body: dict[str, Any]) -> tuple[str | None, list[Restart]]:
+    async def _execute(self, plan: Plan, observed: Observed, body: dict[str, Any],
+                       pending: Pending) -> tuple[str | None, list[Restart]]:
         """Write the planned targets, then recreate plugin pods. Returns the error text on failure,
-        else the restarts that really happened (reported in status, events and metrics)."""
+        else the restarts that really happened (reported in status, events and metrics).
+
+        Each ConfigMap write carries every restart still to do (`pending`, plus this plan's) in
+        the same request: a crash before they are done cannot lose them (`_settle_pending`)."""
+        announce = pending.merged(Pending.of(plan.restarts))
+        marker: dict[str, str | None] | None = {PENDING_ANNOTATION: announce.text()} if announce else None
         recreated: set[str] = set()
+        written: list[str] = []
+        self._recreated -= set(plan.recreate_plugin_pods_on)  # announced anew: not done yet
         try:
             for target in plan.writes:
-                await self.kube.apply(target)
+                await self.kube.apply(target, marker if target.kind == "ConfigMap" else None)
+                written.append(f"{target.kind} {target.namespace}/{target.name}")
             if plan.recreate_plugin_pods_on and observed.device_plugin is not None:
                 for pod in await self.kube.plugin_pods(observed.device_plugin, plan.recreate_plugin_pods_on):
                     if await self.kube.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"]):
                         recreated.add(pod["spec"].get("nodeName", ""))
+                        self._recreated.add(pod["spec"].get("nodeName", ""))
         except Exception as exc:
-            logger.warning("applying VGPUPolicy %s failed: %s", body["metadata"]["name"], exc)
-            await self.kube.post_event(body, "Warning", "ApplyFailed", str(exc))
-            return f"{type(exc).__name__}: {exc}"[:1024], []
+            error = describe_error(exc)[:1024]
+            logger.warning("applying VGPUPolicy %s failed: %s", body["metadata"]["name"], error)
+            await self.kube.post_event(body, "Warning", "ApplyFailed", error)
+            # What happened before the failure did happen: reported like a whole apply's.
+            partial = plan.done(recreated, written)
+            self.metrics.record_restarts(partial)
+            for event in restart_events(partial):
+                await self.kube.post_event(body, event.type, event.reason, event.message)
+            return error, partial
         restarted = plan.done(recreated)
         self.metrics.drift_repairs.inc(sum(1 for d in plan.decisions if d.repair))
         self.metrics.record_restarts(restarted)
@@ -284,11 +328,49 @@ class Reconciler:
             await self.kube.post_event(body, event.type, event.reason, event.message)
         return None, restarted
 
+    async def _settle_pending(self, plan: Plan, announced: bool) -> None:
+        """Every announced restart is done (and in status): remove the announcements, from the
+        ConfigMaps that had one and those this reconcile wrote with one."""
+        if not announced:
+            return
+        for decision in plan.decisions:
+            target = decision.target
+            had = PENDING_ANNOTATION in (((target.live or {}).get("metadata") or {}).get("annotations") or {})
+            if target.kind != "ConfigMap" or not (had or decision.write):
+                continue
+            try:
+                await self.kube.patch("ConfigMap", target.namespace, target.name,
+                                      {"metadata": {"annotations": {PENDING_ANNOTATION: None}}})
+            except ApiException as exc:
+                if exc.status != 404:  # deleted meanwhile: nothing left to remove
+                    raise
+
+    async def _report_failure(self, name: str, exc: Exception) -> None:
+        """Say in status that the reconcile failed before it could report (best effort: the API
+        may be what failed): Ready becomes Unknown, the rest stays as last reported."""
+        body = self.policies.bodies.get(name)
+        if body is None or self.policies.active() != name:
+            return
+        error = describe_error(exc)[:1024]
+        generation = body["metadata"].get("generation")
+        previous = parse_status(body.get("status"))
+        now = now_rfc3339()
+        if not self.paused:
+            self.metrics.policy_ready.set(0)
+        try:
+            before = previous.condition("Ready") if previous else None
+            if before is None or before.status != "Unknown":
+                await self.kube.post_event(body, "Warning", "ReconcileFailed", error)
+            await self._write_status(body, failed_status(previous, generation, error, now),
+                                     lambda fresh: failed_status(fresh, generation, error, now))
+        except Exception as report_exc:
+            logger.warning("could not report the failed reconcile of VGPUPolicy %s: %s", name, report_exc)
+
     async def _report(self, body: dict[str, Any], previous: api.VGPUPolicyStatus | None,
                       outcome: Outcome) -> None:
         """Write status when it changed; post an event when a condition turned bad."""
-        status = build_status(outcome, previous, now_rfc3339())
-        new, old = status_dict(status), dict(body.get("status") or {})
+        now = now_rfc3339()
+        status = build_status(outcome, previous, now)
         if outcome.conflict_with is None and not self.paused:
             self.metrics.nodes_converged.set(status.nodes.converged)
             ready = status.condition("Ready")
@@ -303,12 +385,63 @@ class Reconciler:
             elif condition.type == "Valid" and condition.status == "True" and condition.message and (
                     before is None or before.message != condition.message):
                 await self.kube.post_event(body, "Warning", "ValidationWarning", condition.message)
-        if new == {key: value for key, value in old.items() if key in new}:
+        await self._write_status(body, status, lambda fresh: build_status(outcome, fresh, now))
+
+    async def _write_status(self, body: dict[str, Any], status: api.VGPUPolicyStatus,
+                            rebuild: Callable[[api.VGPUPolicyStatus | None], api.VGPUPolicyStatus]) -> None:
+        """Write `status` (when it differs) to the version of the policy it was computed from.
+        A 409 means the policy changed since (another replica's status, kopf's marks): read it and
+        `rebuild` the status on top of the newer one, so its `restarts` history is kept, not
+        replaced by ours."""
+        name = body["metadata"]["name"]
+        for _ in range(STATUS_ATTEMPTS):
+            new, old = status_dict(status), dict(body.get("status") or {})
+            if new == {key: value for key, value in old.items() if key in new}:
+                return
+            patch = {**new, **{key: None for key in old if key not in new and key != "kopf"}}
+            version = str(body["metadata"].get("resourceVersion") or "") or None
+            try:
+                written = await self.kube.patch_status(name, patch, version)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                fresh = await self.kube.get(api.KIND, None, name)
+                if fresh is None:
+                    return  # deleted meanwhile: no status to write
+                self.policies.update(fresh)
+                body, status = fresh, rebuild(parse_status(fresh.get("status")))
+                continue
+            if written:
+                self.policies.update(written)
             return
-        patch = {**new, **{key: None for key in old if key not in new and key != "kopf"}}
-        written = await self.kube.patch_status(body["metadata"]["name"], patch)
-        if written:
-            self.policies.update(written)
+        raise RuntimeError(f"VGPUPolicy {name}: status still conflicting after {STATUS_ATTEMPTS} attempts")
+
+
+def _interrupted(policy: api.VGPUPolicy, refs: Collection[str], pending: Pending) -> api.VGPUPolicy:
+    """The policy as rendering must see it when the workloads `refs` were announced and not
+    rolled: their inputs may be written already, so they count as a failed apply (status state
+    Error: `render.running_hashes`), which rolls them although their inputs look current."""
+    status = policy.status or api.VGPUPolicyStatus()
+    interrupted: dict[tuple[str, str, str], api.TargetStatus] = {}
+    for ref in refs:
+        kind, where = ref.split(" ", 1)
+        namespace, name = where.split("/", 1)
+        interrupted[(kind, namespace, name)] = api.TargetStatus(
+            kind=kind, namespace=namespace, name=name, hash=pending.workloads[ref], state="Error",
+            message="a reconcile was interrupted before rolling it")
+    kept: Sequence[api.TargetStatus] = [t for t in status.targets
+                                        if (t.kind, t.namespace, t.name) not in interrupted]
+    targets = [*kept, *interrupted.values()]
+    return policy.model_copy(update={"status": status.model_copy(update={"targets": targets})})
+
+
+def _render_and_validate(rendered_for: api.VGPUPolicy, policy: api.VGPUPolicy,
+                         observed: Observed) -> tuple[RenderResult, list[Problem]]:
+    """The render and every problem found in it or the cluster; any error blocks every write (a
+    partial apply is how the four places drift apart)."""
+    render = render_all(rendered_for, observed)
+    found = validate(policy, observed, render)
+    return render, found + [p for p in render.problems if p not in found]
 
 
 def _node_splits(targets: list[TargetRender]) -> dict[str, int]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import kopf
 
 from vgpu_operator import api
+from vgpu_operator.k8s import DEFAULT_TIMEOUT
 
 PREFIX = api.GROUP  # kopf's own marks (finalizer, progress annotations) live under vgpu.io
 
@@ -28,6 +29,7 @@ class OperatorSettings:
     verbose: bool = False
     resync_seconds: float = 60.0
     priority: int | None = None
+    api_timeout_seconds: float = DEFAULT_TIMEOUT
 
     @property
     def standalone(self) -> bool:
@@ -74,12 +76,16 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorSettings:
                         help="kubeconfig file (default: the in-cluster service account)")
     parser.add_argument("--resync", type=float, default=60.0, metavar="SECONDS",
                         help="periodic safety reconcile interval")
+    parser.add_argument("--api-timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                        help="deadline of every API request (watches: of their connection); a request "
+                             "that runs past it fails the reconcile, which is retried with backoff")
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     return OperatorSettings(
         namespaces=list(args.namespaces), peering=args.peering,
         liveness_port=args.liveness_port or None, metrics_port=args.metrics_port or None,
         kubeconfig=args.kubeconfig, verbose=args.verbose, resync_seconds=args.resync,
+        api_timeout_seconds=args.api_timeout,
         priority=args.priority if args.priority is not None or args.peering is None
         else start_time_priority(),
     )
@@ -90,7 +96,7 @@ def _env_int(name: str) -> int | None:
     return int(value) if value else None
 
 
-def configure_kopf(settings: kopf.OperatorSettings) -> None:
+def configure_kopf(settings: kopf.OperatorSettings, api_timeout: float = DEFAULT_TIMEOUT) -> None:
     """kopf behaviour the operator relies on.
 
     Kubernetes Events are posted by the operator itself (one per write, restart, repair or
@@ -98,11 +104,19 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     only posts warnings. Marks live under vgpu.io. Backoffs are short so failures show quickly.
     """
     settings.posting.level = logging.WARNING
+    # No cluster-wide list/watch of Namespaces and CRDs (kopf's scanning, which the chart does not
+    # grant): the namespaces are the exact ones given, the resources are discovered once at start.
+    settings.scanning.disabled = True
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=PREFIX, key="last-handled-configuration")
     settings.batching.error_delays = (0.1, 0.2, 0.5, 1, 2, 5, 10)
     settings.watching.reconnect_backoff = 0.1
-    settings.networking.request_timeout = 30
+    # No request of kopf's may hang forever either: a watch the server stops answering is cut
+    # after its own timeout plus the request deadline.
+    settings.networking.request_timeout = api_timeout
+    settings.networking.connect_timeout = api_timeout
     settings.watching.server_timeout = 300
+    settings.watching.connect_timeout = api_timeout
+    settings.watching.client_timeout = settings.watching.server_timeout + api_timeout

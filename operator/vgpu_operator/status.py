@@ -213,6 +213,19 @@ def build_status(outcome: Outcome, previous: api.VGPUPolicyStatus | None, now: s
     )
 
 
+def failed_status(previous: api.VGPUPolicyStatus | None, generation: int | None, error: str,
+                  now: str) -> api.VGPUPolicyStatus:
+    """The status after a reconcile that failed before it could decide (a read failed or hung):
+    everything as last reported, but Ready is Unknown, since what the cluster holds was not seen."""
+    base = previous or api.VGPUPolicyStatus()
+    ready = _condition("Ready", "Unknown", "ReconcileFailed", f"the last reconcile failed: {error}", previous,
+                       now, generation)
+    order = {type_: index for index, type_ in enumerate(api.CONDITION_TYPES)}
+    conditions = sorted([c for c in base.conditions if c.type != "Ready"] + [ready],
+                        key=lambda c: order[c.type])
+    return base.model_copy(update={"conditions": conditions})
+
+
 def combined_hash(hashes: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(hashes).encode()).hexdigest()[:16]
 

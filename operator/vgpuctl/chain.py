@@ -151,13 +151,13 @@ async def plugin_agent(kubeconfig: str, node_name: str, register: str, workdir: 
     base = workdir / node_name
     # Unix socket paths are limited to 107 bytes: the kubelet directory gets a short name of its own.
     plugin_dir = Path(tempfile.mkdtemp(prefix="vgpu-kubelet-"))
-    for sub in (base / "vgpu", base / "cache", base / "lock"):
+    for sub in (base / "vgpu", base / "cache"):
         sub.mkdir(parents=True, exist_ok=True)
     sim = KubeletSim(str(plugin_dir))
     await sim.start()
     plugin_flags = Flags(**{
         "node_name": node_name, "device_plugin_dir": str(plugin_dir), "hook_path": str(base / "vgpu"),
-        "cache_root": str(base / "cache"), "lock_dir": str(base / "lock"), "register_interval": 0.5,
+        "cache_root": str(base / "cache"), "register_interval": 0.5,
         "kubeconfig": kubeconfig, **flags})
     stop = asyncio.Event()
     backend = MockBackend.from_register_annotation(register)

@@ -43,6 +43,8 @@ PROFILES: dict[str, Values] = {
     "no-dashboard": {"metrics": {"grafanaDashboard": {"enabled": False}}},
     "verbose": {"operator": {"verbose": True}},
     "unmanaged-crd": {"operator": {"manageCRD": False}},
+    "no-admission-policy": {"admissionPolicy": {"enabled": False}},
+    "no-network-policy": {"metrics": {"networkPolicy": {"enabled": False}}},
     "full": {
         "commonLabels": {"team": "gpu-platform"},
         "imagePullSecrets": ["registry-cred"],
@@ -56,7 +58,10 @@ PROFILES: dict[str, Values] = {
                             "nodeOverrides": [{"nodeNames": ["gpu-a100-1"], "deviceSplitCount": 2}]}},
         "metrics": {"serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}},
                     "prometheusRule": {"enabled": True, "labels": {"release": "prom"}},
-                    "grafanaDashboard": {"namespace": "monitoring"}},
+                    "grafanaDashboard": {"namespace": "monitoring"},
+                    "networkPolicy": {"from": [
+                        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+                        {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}]}},
     },
 }
 

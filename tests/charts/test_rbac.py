@@ -47,42 +47,43 @@ def expand(scope: str, group: str, resources: tuple[str, ...], verbs: tuple[str,
 
 
 def operator_contract(*, scheduler_ns: str, targets_ns: str, plugin_ns: str, daemonset: str,
-                      ha: bool) -> set[Grant]:
+                      ha: bool, manage_crd: bool = True) -> set[Grant]:
     watched = {scheduler_ns, targets_ns, plugin_ns}
+    named = ("get", "list", "watch", "patch")  # read by name, followed by name, patched by name
     want = (
-        expand("*", "vgpu.io", ("vgpupolicies",),
-               ("get", "list", "watch", "create", "update", "patch", "delete"))
-        | expand("*", "vgpu.io", ("vgpupolicies/status",), ("get", "update", "patch"))
-        | expand("*", "", ("nodes", "pods", "namespaces"), READ)
-        | expand("*", "apiextensions.k8s.io", ("customresourcedefinitions",), READ)
-        # its own CRD, updated at start (operator.manageCRD)
-        | expand("*", "apiextensions.k8s.io", ("customresourcedefinitions",), ("patch",),
-                 ("vgpupolicies.vgpu.io",))
-        # device-config where the scheduler reads it, node-config beside the plugin that mounts it
+        # kopf: list + watch, finalizer and progress marks; the operator: status, a read after a
+        # conflicting status write. Never create, update or delete.
+        expand("*", "vgpu.io", ("vgpupolicies",), ("get", "list", "watch", "patch"))
+        | expand("*", "vgpu.io", ("vgpupolicies/status",), ("patch",))
+        | expand("*", "", ("nodes",), ("list", "watch"))
+        # its own CRD, read at start and updated with operator.manageCRD; no other CRD, no Namespace
+        | expand("*", "apiextensions.k8s.io", ("customresourcedefinitions",),
+                 ("get", "patch") if manage_crd else ("get",), ("vgpupolicies.vgpu.io",))
+        # device-config where the scheduler reads it, node-config beside the plugin that mounts it;
+        # create cannot be named: the chart's admission policy holds it to these two names
         | expand(targets_ns, "", ("configmaps",), ("create",))
-        | expand(targets_ns, "", ("configmaps",), ("patch",), ("volcano-vgpu-device-config",))
+        | expand(targets_ns, "", ("configmaps",), named, ("volcano-vgpu-device-config",))
         | expand(plugin_ns, "", ("configmaps",), ("create",))
-        | expand(plugin_ns, "", ("configmaps",), ("patch",), ("volcano-vgpu-node-config",))
-        | expand(scheduler_ns, "", ("configmaps",), ("patch",), ("volcano-scheduler-configmap",))
-        | expand(scheduler_ns, "apps", ("deployments",), ("patch",), ("volcano-scheduler",))
-        | expand(plugin_ns, "apps", ("daemonsets",), ("patch",), (daemonset,))
-        | expand(plugin_ns, "", ("pods",), ("delete",))
+        | expand(plugin_ns, "", ("configmaps",), named, ("volcano-vgpu-node-config",))
+        | expand(scheduler_ns, "", ("configmaps",), named, ("volcano-scheduler-configmap",))
+        | expand(scheduler_ns, "apps", ("deployments",), named, ("volcano-scheduler",))
+        | expand(plugin_ns, "apps", ("daemonsets",), named, (daemonset,))
+        # plugin pods have generated names: found by a list in their namespace, deleted there only
+        | expand(plugin_ns, "", ("pods",), ("list", "delete"))
+        # `default`: the only namespace the API server takes Events about cluster-scoped objects in
+        | expand("default", "", ("events",), ("create",))
     )
-    # `default`: the only namespace the API server takes Events about cluster-scoped objects in
-    for ns in watched | {"default"}:
-        want |= expand(ns, "", ("events",), ("create", "patch"))
-    for ns in watched:
-        want |= expand(ns, "", ("configmaps",), READ)
-        want |= expand(ns, "apps", ("daemonsets", "deployments"), READ)
-        if ha:
-            want |= expand(ns, "kopf.dev", ("kopfpeerings",), READ)
+    if ha:
+        for ns in watched:
+            want |= expand(ns, "kopf.dev", ("kopfpeerings",), ("list", "watch"))
             want |= expand(ns, "kopf.dev", ("kopfpeerings",), ("patch",), ("vgpu-operator",))
     return want
 
 
 PLUGIN_CONTRACT = (
-    expand("*", "", ("nodes",), ("get", "patch"))
-    | expand("*", "", ("pods",), ("get", "list", "watch", "patch"))
+    # its own Node and the pods on it: RBAC cannot say "own", the admission policy does
+    expand("*", "", ("nodes",), ("patch",))
+    | expand("*", "", ("pods",), ("list", "watch", "patch"))
     | expand("kube-system", "", ("configmaps",), READ, ("volcano-vgpu-device-config",))
     | expand(chart.NAMESPACE, "", ("configmaps",), READ, ("volcano-vgpu-node-config",))
 )
@@ -120,6 +121,12 @@ def test_one_namespace_playing_every_part_gets_the_union() -> None:
     assert len([o for o in objs if o["kind"] == "Role" and o["metadata"]["namespace"] == "kube-system"]) == 1
 
 
+def test_operator_without_crd_management_only_reads_its_crd(renders: Renders) -> None:
+    assert grants_of(renders("unmanaged-crd"), OPERATOR_SA) == operator_contract(
+        scheduler_ns="volcano-system", targets_ns="kube-system", plugin_ns=chart.NAMESPACE, daemonset=OURS,
+        ha=False, manage_crd=False)
+
+
 def test_device_plugin(renders: Renders) -> None:
     assert grants_of(renders("default"), PLUGIN_SA) == PLUGIN_CONTRACT
 
@@ -148,5 +155,5 @@ def test_no_rule_grants_more_than_it_should(renders: Renders, profile: str) -> N
             if writes and "resourceNames" not in rule and role["kind"] == "Role":
                 # Only what Kubernetes cannot limit by name: creating, deleting generated pods, events.
                 assert (rule["resources"], writes) in (
-                    (["configmaps"], {"create"}), (["pods"], {"delete"}), (["events"], {"create", "patch"}),
+                    (["configmaps"], {"create"}), (["pods"], {"delete"}), (["events"], {"create"}),
                 ), f"{where}: unnamed write {rule}"

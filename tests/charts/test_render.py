@@ -58,8 +58,9 @@ def test_monitoring_kinds_are_not_schema_checked(renders: Renders) -> None:
 def test_default_profile_installs_the_whole_system(default_objects: list[dict[str, Any]]) -> None:
     kinds = sorted({o["kind"] for o in default_objects})
     assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "CustomResourceDefinition",
-                     "DaemonSet", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount",
-                     "VGPUPolicy"]
+                     "DaemonSet", "Deployment", "NetworkPolicy", "Role", "RoleBinding", "Service",
+                     "ServiceAccount", "VGPUPolicy", "ValidatingAdmissionPolicy",
+                     "ValidatingAdmissionPolicyBinding"]
 
 
 def test_every_object_has_the_standard_labels(full_objects: list[dict[str, Any]]) -> None:
@@ -74,7 +75,8 @@ def test_every_object_has_the_standard_labels(full_objects: list[dict[str, Any]]
 
 
 def test_namespaced_objects_name_their_namespace(full_objects: list[dict[str, Any]]) -> None:
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "VGPUPolicy"}
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "VGPUPolicy",
+                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     for obj in full_objects:
         has_ns = "namespace" in obj["metadata"]
         assert has_ns != (obj["kind"] in cluster_scoped), f"{obj['kind']}/{obj['metadata']['name']}"

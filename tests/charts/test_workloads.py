@@ -15,7 +15,7 @@ from tests.charts import chart
 from tests.charts.conftest import Renders
 
 Obj = dict[str, Any]
-HOST_PATHS = {"/usr/local/vgpu", "/tmp/vgpu/containers", "/tmp/vgpulock", "/var/lib/kubelet/device-plugins"}
+HOST_PATHS = {"/usr/local/vgpu", "/tmp/vgpu/containers", "/var/lib/kubelet/device-plugins"}
 
 
 def pod_spec(objs: list[Obj], kind: str) -> Obj:
@@ -149,8 +149,19 @@ def test_plugin_arguments_are_accepted_by_the_plugin(renders: Renders, profile: 
 
 def test_plugin_paths_match_the_plugin_defaults() -> None:
     # The plugin hands these to the kubelet as host paths: the chart must mount them 1:1.
-    assert {config.DEFAULT_HOOK_PATH, f"{config.DEFAULT_CACHE_ROOT}/containers", config.DEFAULT_LOCK_DIR,
+    assert {config.DEFAULT_HOOK_PATH, f"{config.DEFAULT_CACHE_ROOT}/containers",
             config.DEFAULT_DEVICE_PLUGIN_DIR} == HOST_PATHS
+
+
+def test_the_cache_root_moves_every_path_that_names_it() -> None:
+    # A size-limited tmpfs mounted on the nodes caps what containers' region files can hold.
+    spec = pod_spec(chart.render({"devicePlugin": {"cacheRoot": "/run/vgpu"}}), "DaemonSet")
+    host = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert "/run/vgpu/containers" in host and not any(p.startswith("/tmp") for p in host)
+    plugin_args = expand_env(container(spec, "device-plugin")["args"], NODE_NAME="n")
+    plugin = plugin_main.parser().parse_args(plugin_args)
+    monitor = monitor_main.parser().parse_args(expand_env(container(spec, "monitor")["args"], NODE_NAME="n"))
+    assert (plugin.cache_root, monitor.containers_dir) == ("/run/vgpu", "/run/vgpu/containers")
 
 
 def test_host_paths_are_mounted_at_the_same_path(default_objects: list[Obj]) -> None:

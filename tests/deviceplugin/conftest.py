@@ -31,6 +31,5 @@ def flags(plugin_dir: Path, tmp_path: Path) -> Flags:
         device_plugin_dir=str(plugin_dir),
         hook_path="/usr/local/vgpu",
         cache_root=str(tmp_path / "vgpu"),
-        lock_dir=str(tmp_path / "vgpulock"),
         register_interval=30.0,
     )

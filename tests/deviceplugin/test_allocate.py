@@ -25,8 +25,7 @@ NAMES = SETTINGS.names
 def plan_for(pods: list[dict[str, Any]], amount: int, init_served: dict[str, int] | None = None,
              settings: Any = SETTINGS) -> allocate.Plan:
     ref, pod, call = allocate.select(pods, FIXTURE_NODE, amount, settings.names, init_served or {})
-    return allocate.plan(pod, ref, call, settings, NODE_GPUS, "/usr/local/vgpu", "/tmp/vgpu",
-                         "/tmp/vgpulock", "cache-id")
+    return allocate.plan(pod, ref, call, settings, NODE_GPUS, "/usr/local/vgpu", "/tmp/vgpu", "cache-id")
 
 
 def gpu_pod(name: str, containers: list[dict[str, Any]], devices: str, *, vgpu_time: str = "100",
@@ -63,13 +62,14 @@ def test_fixture_pod_gets_exactly_the_upstream_answer() -> None:
         "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/vgpu/cache-id.cache",
     }
     cache = "/tmp/vgpu/containers/6f1d2c3b-8a4e-4c1f-9b7d-2e5a1f0c9d11_cuda-app"
+    # Unlike upstream, no /tmp/vgpulock (nothing reads it) and only the region file, not its
+    # host folder: the container cannot create files on the host.
     assert result.mounts == (
         Mount("/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so", True),
-        Mount("/tmp/vgpu", cache, False),
-        Mount("/tmp/vgpulock", "/tmp/vgpulock", False),
+        Mount("/tmp/vgpu/cache-id.cache", f"{cache}/cache-id.cache", False),
         Mount("/etc/ld.so.preload", "/usr/local/vgpu/ld.so.preload", True),
     )
-    assert result.cache_dir == cache
+    assert result.cache_dir == cache and result.cache_file == f"{cache}/cache-id.cache"
     assert result.devices_to_allocate == ""  # consumed, as the seed shows after success
     assert result.done
 

@@ -16,6 +16,7 @@ from vgpu_deviceplugin import registration
 from vgpu_deviceplugin.api import deviceplugin_pb2 as pb
 from vgpu_deviceplugin.config import Flags
 from vgpu_deviceplugin.gpus import MockBackend
+from vgpu_deviceplugin.monitor.region import FILE_SIZE as REGION_SIZE
 from vgpu_deviceplugin.runner import Plugin, run_plugin
 from vgpu_deviceplugin.testing.kubelet_sim import KubeletSim
 from vgpu_formats import annotations as ann
@@ -90,9 +91,17 @@ async def test_allocate_fixture_pod_through_grpc(flags: Flags, kube: FakeKube) -
         answer = response.container_responses[0]
         mounts = {m.container_path: (m.host_path, m.read_only) for m in answer.mounts}
         assert mounts["/etc/ld.so.preload"] == ("/usr/local/vgpu/ld.so.preload", True)
-        cache_host = mounts["/tmp/vgpu"][0]
-        assert cache_host == f"{flags.cache_root}/containers/{pod['metadata']['uid']}_cuda-app"
-        assert stat.S_IMODE(os.stat(cache_host).st_mode) == 0o1777
+        region = envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+        cache_host, writable = mounts[region][0], not mounts[region][1]
+        folder = f"{flags.cache_root}/containers/{pod['metadata']['uid']}_cuda-app"
+        assert writable and cache_host == f"{folder}/{os.path.basename(region)}"
+        assert not any(path.startswith(("/tmp/vgpulock", "/tmp/vgpu/")) for path in mounts if path != region)
+        # Created before the answer, at the region's size, all zeros (libvgpu.so writes the header),
+        # writable by any uid; its folder, never mounted, by the plugin only.
+        assert stat.S_IMODE(os.stat(cache_host).st_mode) == 0o666
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o755
+        with open(cache_host, "rb") as region_file:
+            assert region_file.read() == bytes(REGION_SIZE)
         # Memory and cores answer empty responses, as upstream.
         empty = await sim.allocate(MEMORY, sim.free_ids(MEMORY, 3000))
         assert empty.container_responses[0] == pb.ContainerAllocateResponse()
@@ -119,10 +128,10 @@ async def test_init_and_two_app_containers_in_kubelet_order(flags: Flags, kube: 
         answers = [await sim.allocate(COUNT, sim.free_ids(COUNT, 1)) for _ in range(3)]
     visible = [a.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] for a in answers]
     cores = [a.container_responses[0].envs["CUDA_DEVICE_SM_LIMIT"] for a in answers]
-    caches = [dict((m.container_path, m.host_path) for m in a.container_responses[0].mounts)["/tmp/vgpu"]
-              for a in answers]
+    caches = [dict((m.container_path, m.host_path) for m in a.container_responses[0].mounts)[
+        a.container_responses[0].envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"]] for a in answers]
     assert visible == [gpu_a, gpu_a, gpu_b] and cores == ["30", "30", "60"]
-    assert [c.rsplit("_", 1)[1] for c in caches] == ["warmup", "a", "b"]
+    assert [os.path.dirname(c).rsplit("_", 1)[1] for c in caches] == ["warmup", "a", "b"]
     annotations = kube.pods[("default", "vgpu-test")]["metadata"]["annotations"]
     assert annotations[ann.DEVICES_TO_ALLOCATE] == ";" and annotations[ann.BIND_PHASE] == "success"
 

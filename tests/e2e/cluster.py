@@ -89,11 +89,16 @@ class Cluster:
         if self.get("namespace", name) is None:
             self.kubectl("create", "namespace", name)
 
-    def token_kubeconfig(self, service_account: str, namespace: str, path: pathlib.Path) -> pathlib.Path:
+    def token_kubeconfig(self, service_account: str, namespace: str, path: pathlib.Path,
+                         bound_pod: str | None = None) -> pathlib.Path:
         """A kubeconfig that authenticates as the ServiceAccount (a TokenRequest token, as the
-        kubelet would mount into its pod): the operator runs with the chart's RBAC, not admin."""
+        kubelet would mount into its pod): the operator runs with the chart's RBAC, not admin.
+        `bound_pod`: bound to that pod of `namespace`, as the kubelet's projected token is (the
+        server then names the pod's node in the user's extra, which the device plugin's
+        admission policy requires)."""
+        bound = ["--bound-object-kind=Pod", f"--bound-object-name={bound_pod}"] if bound_pod else []
         token = self.kubectl("create", "token", service_account, "-n", namespace,
-                             "--duration=2h").stdout.strip()
+                             "--duration=2h", *bound).stdout.strip()
         path.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "sa",
             "clusters": [{"name": "e2e", "cluster": {"server": self.state.server,

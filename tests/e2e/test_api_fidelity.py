@@ -189,6 +189,29 @@ async def test_a_watch_from_a_forgotten_version_gets_410_in_the_stream(backend: 
     assert (events[0]["object"]["code"], events[0]["object"]["reason"]) == (410, "Expired")
 
 
+async def test_a_status_patch_with_a_stale_resource_version_is_409(backend: Backend) -> None:
+    """The operator's status write carries the version it computed from (issue 15 item 8): a
+    write to an older version must be refused, not merged over a newer status."""
+    path = f"/apis/{api.GROUP}/{api.VERSION}/{api.PLURAL}"
+    name = f"fidelity-{uuid.uuid4().hex[:6]}"
+    policy = {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND, "metadata": {"name": name},
+              "spec": {"paused": True}}
+    _, created = await backend.api.call("POST", path, policy)
+    try:
+        stale = created["metadata"]["resourceVersion"]
+        status, written = await backend.api.call("PATCH", f"{path}/{name}/status",
+                                                  {"metadata": {"resourceVersion": stale},
+                                                   "status": {"restarts": [{"target": "a", "reason": "r"}]}})
+        assert status == 200, written
+        erase = {"metadata": {"resourceVersion": stale}, "status": {"restarts": []}}
+        status, body = await backend.api.call("PATCH", f"{path}/{name}/status", erase)
+        assert (status, body["reason"]) == (409, "Conflict")
+        _, now = await backend.api.call("GET", f"{path}/{name}")
+        assert [(r["target"], r["reason"]) for r in now["status"]["restarts"]] == [("a", "r")]
+    finally:
+        await backend.api.call("DELETE", f"{path}/{name}")
+
+
 async def test_status_is_a_subresource_of_the_policy(backend: Backend) -> None:
     path = f"/apis/{api.GROUP}/{api.VERSION}/{api.PLURAL}"
     name = f"fidelity-{uuid.uuid4().hex[:6]}"

@@ -99,7 +99,14 @@ async def test_the_charts_plugin_runs_under_its_own_service_account(default_inst
     where = {k: getattr(flags, k) for k in ("device_config_name", "device_config_namespace",
                                             "node_config_name", "node_config_namespace")}
     assert where["node_config_namespace"] == namespace
-    kubeconfig = cluster.token_kubeconfig(PLUGIN, namespace, tmp_path / "plugin.kubeconfig")
+    # The kubelet's token is bound to the plugin's pod on its node: stand one in, bound to NODE
+    # (the DaemonSet's own pods stay Pending here, with no node, as there is no scheduler).
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plugin-on-node", "namespace": namespace},
+           "spec": {"nodeName": NODE, "serviceAccountName": PLUGIN,
+                    "containers": [{"name": "device-plugin", "image": container["image"]}]}}
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    kubeconfig = cluster.token_kubeconfig(PLUGIN, namespace, tmp_path / "plugin.kubeconfig",
+                                          bound_pod="plugin-on-node")
     register = (cluster.get("node", NODE) or {})["metadata"]["annotations"][ann.NODE_REGISTER]
     since = time.time()
     async with chain.plugin_agent(str(kubeconfig), NODE, register, tmp_path, **where) as agent:

@@ -155,20 +155,28 @@ class Cluster:
 
 
 @contextlib.asynccontextmanager
+async def operator_on(running: RunningEmulator, **options: Any) -> AsyncIterator[Cluster]:
+    """The operator running on this emulator (`options` go to `run_operator`) until the block ends."""
+    metrics = Metrics()
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        run_operator(str(running.kubeconfig), stop, metrics=metrics, tuning=Tuning(resync_seconds=RESYNC),
+                     **options)
+    )
+    try:
+        yield Cluster(running, metrics)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+
+
+@contextlib.asynccontextmanager
 async def operating(*manifests: pathlib.Path) -> AsyncIterator[Cluster]:
     """The emulator with these manifests and device plugin pods, and the operator running on it."""
     async with run_emulator(*manifests) as running:
         plugin_pods(running.emulator)
-        metrics = Metrics()
-        stop = asyncio.Event()
-        task = asyncio.create_task(
-            run_operator(str(running.kubeconfig), stop, metrics=metrics, tuning=Tuning(resync_seconds=RESYNC))
-        )
-        try:
-            yield Cluster(running, metrics)
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, timeout=10)
+        async with operator_on(running) as cluster:
+            yield cluster
 
 
 @pytest.fixture

@@ -5,12 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from vgpu_operator.plan import (
+    PENDING_ANNOTATION,
     PLUGIN_HASH,
     SCHEDULER_HASH,
+    Pending,
     Previous,
+    Restart,
     make_plan,
+    pending_of,
     previous_from_status,
     restart_events,
+    unfinished,
 )
 from vgpu_operator.render.target import TargetRender
 
@@ -111,3 +116,59 @@ def test_previous_from_status_ignores_garbage() -> None:
     status = {"targets": [entry, "garbage"]}
     assert previous_from_status(status) == {("ConfigMap", "a", "b"): Previous("x", "InSync")}
     assert previous_from_status(None) == {}
+
+
+def test_pending_restarts_survive_the_annotation_round_trip() -> None:
+    restarts = [Restart("scheduler", "Deployment v/s", "r", "h1"), Restart("plugin-pod", "n2", "r"),
+                Restart("plugin-pod", "n1", "r")]
+    pending = Pending.of(restarts)
+    assert pending == Pending({"Deployment v/s": "h1"}, frozenset({"n1", "n2"}))
+    assert Pending.parse(pending.text()) == pending
+    assert not Pending.parse(None) and not Pending.parse(Pending().text())
+    many = Pending(nodes=frozenset(f"node-{i:05d}" for i in range(5000)))
+    assert Pending.parse(many.text()) == Pending(all_nodes=True), "too many names: every node, kept small"
+    assert len(many.text()) < 100
+    assert Pending.parse("{not json") == Pending(all_nodes=True), "unreadable: err on the side of a restart"
+    newer = Pending({"Deployment v/s": "h2"}, frozenset({"n3"}))
+    assert pending.merged(newer) == Pending({"Deployment v/s": "h2"}, frozenset({"n1", "n2", "n3"}))
+
+
+def test_announcements_are_read_from_every_configmap() -> None:
+    def cm(pending: Pending | None) -> dict[str, Any]:
+        return {"metadata": {"annotations": {PENDING_ANNOTATION: pending.text()} if pending else {}}}
+    found = pending_of([cm(Pending({"Deployment v/s": "h"})), None, cm(None),
+                        cm(Pending(nodes=frozenset({"n"})))])
+    assert found == Pending({"Deployment v/s": "h"}, frozenset({"n"}))
+
+
+def test_an_announced_rollout_is_done_when_the_template_has_its_hash() -> None:
+    def deployment(value: str | None) -> dict[str, Any]:
+        annotations = {SCHEDULER_HASH: value} if value else {}
+        return {"kind": "Deployment", "metadata": {"namespace": "v", "name": "s"},
+                "spec": {"template": {"metadata": {"annotations": annotations}}}}
+    pending = Pending({"Deployment v/s": "h2", "DaemonSet k/p": "h3"})
+    assert unfinished(pending, [deployment(None), None]) == (["Deployment v/s"], [])
+    assert unfinished(pending, [deployment("h1")]) == (["Deployment v/s"], [])
+    todo, done = unfinished(pending, [deployment("h2")])
+    assert todo == []
+    assert [(r.kind, r.target, r.hash) for r in done] == [("scheduler", "Deployment v/s", "h2")]
+
+
+def test_announced_plugin_pods_are_recreated_unless_every_pod_restarts_anyway() -> None:
+    plan = make_plan([_node_config([])], {}, enforce=True, paused=False, builtin_plugin=False,
+                     pending_nodes={"n2"})
+    assert plan.recreate_plugin_pods_on == ["n2"], "no write this time: the announcement alone"
+    both = make_plan([_node_config(["n1"])], {}, enforce=True, paused=False, builtin_plugin=False,
+                     pending_nodes={"n2"})
+    assert both.recreate_plugin_pods_on == ["n1", "n2"]
+    rolling = make_plan([_workload("DaemonSet", PLUGIN_HASH, "a", "b")], {}, enforce=True, paused=False,
+                        builtin_plugin=False, pending_nodes={"n2"})
+    assert rolling.recreate_plugin_pods_on == []
+
+
+def test_an_apply_that_stopped_part_way_reports_only_what_it_wrote() -> None:
+    plan = make_plan([_node_config(["n1"]), _workload("Deployment", SCHEDULER_HASH, "a", "b")], {},
+                     enforce=True, paused=False, builtin_plugin=False)
+    assert plan.done(set(), written=[]) == []
+    done = plan.done({"n1"}, written=["Deployment ns/deployment"])
+    assert [r.kind for r in done] == ["scheduler", "plugin-pod"]

@@ -1,0 +1,122 @@
+"""Follow the objects the active policy names (its ConfigMaps, the scheduler Deployment, the
+plugin DaemonSet): one list + watch per object, selected by `metadata.name`. Any change to one of
+them triggers a reconcile, so a hand edit is repaired at once rather than at the next resync.
+
+Why not a kopf handler: kopf lists and watches a kind in a whole namespace, and Kubernetes RBAC
+cannot limit such a request by name, so the operator would need read access to every ConfigMap
+of kube-system. A request with the `metadata.name=X` field selector is authorized as a request
+for X, so the chart grants get/list/watch on the named objects only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pydantic
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from vgpu_operator import api
+from vgpu_operator.k8s import Kube, is_transient
+from vgpu_operator.observed import wanted_objects
+from vgpu_operator.reconcile import BACKOFF_SECONDS, PolicyIndex
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str, str, str]  # kind, namespace, name
+POLL_SECONDS = 0.5  # how soon a policy that names other objects gets its new watches
+
+
+def targets_of(body: dict[str, Any] | None) -> frozenset[Key]:
+    """The objects a policy renders or reads (none for no policy or an invalid one)."""
+    if body is None:
+        return frozenset()
+    try:
+        spec = api.VGPUPolicy.from_object(body).spec
+    except pydantic.ValidationError:
+        return frozenset()
+    return frozenset(wanted_objects(spec).values())
+
+
+async def watch_one(kube: Kube, key: Key, trigger: Callable[[], None],
+                    backoff: tuple[float, ...] = BACKOFF_SECONDS) -> None:
+    """List + watch one object by name until cancelled; trigger on every change (a relist after
+    a dropped or expired watch triggers when the object changed meanwhile)."""
+    kind, namespace, name = key
+    fields = f"metadata.name={name}"
+    failures = 0
+    version = ""  # where the watch resumes; "" = list first
+    known: str | None = None  # the object's resourceVersion ("" = absent); None = never listed
+    while True:
+        try:
+            if not version:
+                versions: list[str] = []
+                listed = kube.iter_objects(kind, namespace, fields=fields, versions=versions)
+                items = [obj async for obj in listed]
+                now = str(items[0]["metadata"].get("resourceVersion") or "") if items else ""
+                if known is not None and now != known:
+                    trigger()
+                known, version = now, (versions[-1] if versions else "")
+            async with contextlib.aclosing(  # type: ignore[type-var]
+                    kube.watch(kind, version, namespace=namespace, fields=fields)) as events:
+                async for event in events:
+                    type_, obj = event.get("type"), event.get("object") or {}
+                    if type_ == "ERROR":  # 410 Gone: our version is too old, list again
+                        version = ""
+                        break
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if type_ != "BOOKMARK":
+                        known = "" if type_ == "DELETED" else version
+                        trigger()
+            failures = 0
+        except asyncio.CancelledError:
+            raise
+        except ApiException as exc:
+            if exc.status == 403:
+                # An object the RBAC does not name (the optional shadow copy of device-config):
+                # the reconcile reads it when it can; nothing to follow here.
+                logger.info("%s %s/%s: not watchable with this RBAC; not followed", kind, namespace, name)
+                return
+            failures, version = await _pause(kind, namespace, name, exc, failures, version, backoff)
+        except Exception as exc:
+            failures, version = await _pause(kind, namespace, name, exc, failures, version, backoff)
+
+
+async def _pause(kind: str, namespace: str, name: str, exc: Exception, failures: int, version: str,
+                 backoff: tuple[float, ...]) -> tuple[int, str]:
+    if isinstance(exc, ApiException) and exc.status == 410:
+        version = ""  # expired: list again
+    elif not is_transient(exc):
+        logger.warning("watching %s %s/%s failed (%s); listing it again", kind, namespace, name, exc)
+        version = ""
+    failures += 1
+    await asyncio.sleep(backoff[min(failures, len(backoff)) - 1])
+    return failures, version
+
+
+async def follow(kube: Kube, policies: PolicyIndex, trigger: Callable[[], None], stop: asyncio.Event,
+                 poll: float = POLL_SECONDS, backoff: tuple[float, ...] = BACKOFF_SECONDS) -> None:
+    """Keep one watch per object of the active policy until `stop` is set."""
+    tasks: dict[Key, asyncio.Task[None]] = {}
+    body: dict[str, Any] | None = None
+    wanted: frozenset[Key] = frozenset()
+    try:
+        while not stop.is_set():
+            active = policies.active()
+            latest = policies.bodies.get(active) if active is not None else None
+            if latest is not body:  # PolicyIndex stores a new dict for every new state: parse it once
+                body, wanted = latest, targets_of(latest)
+            for key in set(tasks) - wanted:
+                tasks.pop(key).cancel()
+            for key in sorted(wanted - set(tasks)):
+                tasks[key] = asyncio.create_task(watch_one(kube, key, trigger, backoff),
+                                                 name=f"vgpu-operator watch {key[0]} {key[1]}/{key[2]}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), poll)
+    finally:
+        for task in tasks.values():
+            task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)

@@ -1,0 +1,210 @@
+"""The whole operator after a crash, beside another replica, on an API that hangs, and on a target
+deleted under it (issue 15 items 4, 8 and 9, and the API deadline)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from vgpu_emulator import Emulator
+
+from tests.support.waiting import eventually
+
+from .conftest import NODES, PLUGIN_NS, operator_on
+from .solo import (
+    NAME,
+    PODS,
+    ROLL,
+    SCHEDULER_NS,
+    Killed,
+    condition,
+    pending_markers,
+    scenario,
+    solo,
+    status,
+    template_annotations,
+)
+
+SCHEDULER = ("Deployment", SCHEDULER_NS, "volcano-scheduler")
+PLUGIN = ("DaemonSet", PLUGIN_NS, "volcano-device-plugin")
+SCHEDULER_HASH = "vgpu.io/scheduler-config-hash"
+PLUGIN_HASH = "vgpu.io/plugin-config-hash"
+CHANGED_POD = f"volcano-device-plugin-{NODES[0]}"
+
+
+def _restarted(emulator: Emulator, target: str) -> list[str]:
+    return [r["hash"] for r in status(emulator).get("restarts") or [] if r["target"] == target]
+
+
+@pytest.mark.parametrize(
+    ("spec", "dies_at"),
+    [(PODS, "PATCH /apis/apps/v1/namespaces/volcano-system/deployments/"),
+     (ROLL, "PATCH /apis/apps/v1/namespaces/kube-system/daemonsets/")],
+    ids=["before-the-scheduler-rollout", "before-the-plugin-rollout"],
+)
+async def test_a_restart_the_dead_operator_announced_is_made_by_the_next_one(spec: dict[str, Any],
+                                                                           dies_at: str) -> None:
+    """Item 4: the ConfigMaps are written, the operator dies before the rollout that makes the
+    pods read them. The inputs now look current, so without the announcement on the ConfigMaps
+    the next operator would report Ready with the old configuration still running."""
+    async with scenario(spec) as running:
+        emulator = running.emulator
+        async with solo(running, dies_at=dies_at) as doomed:
+            with pytest.raises(Killed):
+                await doomed.reconcile()
+        assert pending_markers(emulator), "the ConfigMap writes announced the restarts"
+
+        async with operator_on(running) as cluster:
+            await cluster.ready()
+            await cluster.settle()
+
+        scheduler = template_annotations(emulator, *SCHEDULER).get(SCHEDULER_HASH)
+        assert scheduler, "the scheduler was rolled onto the written conf"
+        assert _restarted(emulator, "Deployment volcano-system/volcano-scheduler") == [scheduler]
+        if spec is ROLL:
+            plugin = template_annotations(emulator, *PLUGIN).get(PLUGIN_HASH)
+            assert plugin, "the device plugin was rolled onto the written device-config"
+            assert _restarted(emulator, "DaemonSet kube-system/volcano-device-plugin") == [plugin]
+        else:
+            assert emulator.get_object("Pod", PLUGIN_NS, CHANGED_POD) is None, "its plugin pod recreated"
+            assert _restarted(emulator, f"Pod on node {NODES[0]}") == [""]
+        assert pending_markers(emulator) == []
+
+
+async def test_a_second_replica_with_an_older_view_keeps_the_restart_history() -> None:
+    """Item 8: two standalone replicas. B read the policy before A applied it and wrote its
+    status; B finds nothing to do and writes its status computed from that old view. Without the
+    resourceVersion on the status write, its empty `restarts` replaced A's."""
+    async with scenario(PODS) as running, solo(running) as first, solo(running) as second:
+        emulator = running.emulator
+        body = await second.kube.get("VGPUPolicy", None, NAME)
+        assert body is not None
+        second.reconciler.policies.update(body)  # B's view: the policy without any status
+        assert await first.reconcile()
+        history = status(emulator)["restarts"]
+        assert [r["target"] for r in history] == ["Deployment volcano-system/volcano-scheduler",
+                                                  f"Pod on node {NODES[0]}"]
+
+        assert await second.reconciler.reconcile(NAME)  # from the old view: a 409, then merged
+
+        assert status(emulator)["restarts"] == history
+        assert condition(emulator, "Ready")["status"] == "True"
+        assert second.reconciler.policies.bodies[NAME]["status"]["restarts"] == history, "B's view caught up"
+
+
+async def test_two_standalone_operators_keep_each_others_restart_history() -> None:
+    """Item 8 with the whole operator: two replicas without peering, a policy and a change that
+    rolls the scheduler again; both rollouts stay in the history whichever replica wrote last."""
+    async with scenario(PODS) as running, operator_on(running) as cluster, operator_on(running):
+        emulator = running.emulator
+        await cluster.ready()
+        cluster.set_spec(NAME, lambda spec: spec.update(device={"gpuMemoryFactor": 2}))
+        await cluster.ready(generation=2)
+        await cluster.settle()
+        rolled = [r["hash"] for r in status(emulator)["restarts"] if r["target"].startswith("Deployment ")]
+        assert len(set(rolled)) == 2, status(emulator)["restarts"]
+        assert rolled[-1] == template_annotations(emulator, *SCHEDULER)[SCHEDULER_HASH]
+
+
+class _Deleting:
+    """Delete one object right before the operator's PATCH of it reaches the server."""
+
+    def __init__(self, emulator: Emulator, kind: str, namespace: str, name: str) -> None:
+        self.emulator, self.kind, self.namespace, self.name = emulator, kind, namespace, name
+
+    def before(self, method: str, path: str) -> None:
+        if method == "PATCH" and path.endswith(f"/{self.name}") and \
+                self.emulator.get_object(self.kind, self.namespace, self.name) is not None:
+            self.emulator.delete_object(self.kind, self.namespace, self.name)
+
+
+@pytest.mark.parametrize(
+    ("spec", "kind", "namespace", "name"),
+    [(PODS, *SCHEDULER), (ROLL, *PLUGIN), (ROLL, "ConfigMap", PLUGIN_NS, "volcano-vgpu-device-config")],
+    ids=["Deployment", "DaemonSet", "ConfigMap"],
+)
+async def test_a_target_deleted_while_being_written_is_reported_not_resurrected(
+        spec: dict[str, Any], kind: str, namespace: str, name: str) -> None:
+    """Item 9: the PATCH meets a 404. Creating the object from the copy read before would bring
+    back someone's deleted workload (or a stale ConfigMap with other data)."""
+    async with scenario(spec) as running, solo(running) as operator:
+        emulator = running.emulator
+        deleting = _Deleting(emulator, kind, namespace, name)
+        call = operator.kube._call
+
+        async def intercepted(method: str, path: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            deleting.before(method, path)
+            return await call(method, path, *args, **kwargs)
+
+        operator.kube._call = intercepted  # type: ignore[method-assign]
+        assert not await operator.reconcile()
+        applied = condition(emulator, "Applied")
+        assert applied["status"] == "False"
+        assert "deleted while the operator was writing it" in applied["message"]
+        assert condition(emulator, "Ready")["status"] == "False"
+        assert not [s for s in emulator.served if s.method == "POST" and f"/{kind.lower()}s" in s.path]
+
+        deleting.name = "-"  # nothing else is deleted: the next reconciles see what is there
+        await operator.converge()
+        if kind == "ConfigMap":  # ours to create: from the policy alone, not the stale copy
+            created = emulator.get_object(kind, namespace, name)
+            assert created is not None and list(created["data"]) == ["device-config.yaml"]
+            assert created["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "vgpu-operator"}
+        else:  # someone else's: stays deleted, and status says so
+            assert emulator.get_object(kind, namespace, name) is None
+            said = [c["message"] for c in status(emulator)["conditions"]] + \
+                [t["message"] for t in status(emulator)["targets"] if t["kind"] == kind]
+            assert [m for m in said if f"{namespace}/{name} not found" in m], said
+
+
+async def test_a_hung_request_times_out_and_the_worker_carries_on() -> None:
+    """Every API call has a deadline: a PATCH the server never answers fails the reconcile, the
+    status says so, the worker backs off and retries, and converges once the server answers."""
+    async with scenario(PODS) as running:
+        emulator = running.emulator
+        hang = emulator.fail_next("PATCH", r"/deployments/volcano-scheduler$", times=10**6, action="hang")
+        async with operator_on(running, api_timeout=0.3) as cluster:
+            applied = await eventually(
+                lambda: (c := cluster.condition("Applied")).get("reason") == "ApplyFailed" and c,
+                what="Applied=False after the deadline")
+            assert "no answer within 0.3s" in applied["message"]
+            assert cluster.condition("Ready")["status"] == "False"
+            await eventually(lambda: cluster.metrics.reconciles.labels(result="error")._value.get() >= 3,
+                             what="the worker retrying, not stuck on the hung request")
+            hang.release()
+            await cluster.ready()
+            await cluster.settle()
+        assert template_annotations(emulator, *SCHEDULER).get(SCHEDULER_HASH)
+        assert pending_markers(emulator) == []
+
+
+async def test_a_hung_read_makes_ready_unknown_until_the_server_answers() -> None:
+    async with scenario(PODS) as running:
+        emulator = running.emulator
+        async with operator_on(running, api_timeout=0.3) as cluster:
+            await cluster.ready()
+            await cluster.settle()
+            hang = emulator.fail_next("GET", r"/configmaps/volcano-scheduler-configmap$", times=10**6,
+                                      action="hang")
+            cluster.set_spec(NAME, lambda spec: spec.update(scheduler={"schedulePolicy": "binpack"}))
+            ready = await eventually(
+                lambda: (c := cluster.condition("Ready")).get("status") == "Unknown" and c,
+                what="Ready=Unknown")
+            assert ready["reason"] == "ReconcileFailed" and "no answer within 0.3s" in ready["message"]
+            assert cluster.events("ReconcileFailed")
+            hang.release()
+            await cluster.ready(generation=2)
+
+
+async def test_a_hung_node_list_holds_the_first_reconcile_back_until_it_is_answered() -> None:
+    """Node-config is never rendered from a partial node list: while the list hangs (each try cut
+    at the deadline, then retried), nothing is written; once it is answered, the policy applies."""
+    async with scenario(PODS) as running:
+        emulator = running.emulator
+        hang = emulator.fail_next("GET", r"^/api/v1/nodes$", times=10**6, action="hang")
+        async with operator_on(running, api_timeout=0.2) as cluster:
+            await eventually(lambda: hang.times < 10**6 - 2, what="the list tried again after a deadline")
+            assert emulator.writes("/configmaps/") == []
+            assert condition(emulator, "Ready").get("status") != "True"
+            hang.release()
+            await cluster.ready()
