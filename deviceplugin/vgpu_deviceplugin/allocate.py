@@ -214,10 +214,10 @@ def plan(
     # Only the region file is mounted, not its directory: the container cannot create files on
     # the host (the plugin creates this one before answering; its size is kept to the region's
     # by the cleanup loop), and CUDA_DEVICE_MEMORY_SHARED_CACHE names the same path inside.
-    region = f"{cache_id}.cache"
+    cache_file = f"{cache_dir}/{cache_id}.cache"
     mounts = [
         Mount(LIBVGPU_CONTAINER_PATH, f"{hook_path}/libvgpu.so", True),
-        Mount(f"{CACHE_CONTAINER_DIR}/{region}", f"{cache_dir}/{region}", False),
+        Mount(envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"], cache_file, False),
     ]
     if not any(e.get("name") == DISABLE_CONTROL_ENV for e in container.get("env") or []):
         mounts.append(Mount(PRELOAD_CONTAINER_PATH, f"{hook_path}/ld.so.preload", True))
@@ -232,7 +232,7 @@ def plan(
                             "annotations": {**pod["metadata"]["annotations"],
                                             ann.DEVICES_TO_ALLOCATE: new_value}}
         done = not pending_calls(rest, settings.names, 0)
-    return Plan(ref, call, envs, tuple(mounts), cache_dir, f"{cache_dir}/{region}", new_value, done)
+    return Plan(ref, call, envs, tuple(mounts), cache_dir, cache_file, new_value, done)
 
 
 def _container(pod: Pod, call: Call) -> Mapping[str, Any]:
@@ -252,7 +252,7 @@ def hami_core_env(
         envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{dev.usedmem * settings.memory_factor}m"
     if devices:
         envs["CUDA_DEVICE_SM_LIMIT"] = str(devices[0].usedcores)
-    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{CACHE_CONTAINER_DIR}/{cache_id}.cache"  # = the mount
+    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{CACHE_CONTAINER_DIR}/{cache_id}.cache"  # mounted there
     if settings.disable_core_limit:
         # Upstream loads disableCoreLimit but never emits this; the ConfigMap field should work.
         envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"

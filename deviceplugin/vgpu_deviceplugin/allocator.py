@@ -133,8 +133,10 @@ def make_region_file(path: str) -> None:
     written). libvgpu.so fills in the header on first use (a zero magic means "not written yet"
     to it and to the monitor alike), exactly as for a file it created itself."""
     directory = os.path.dirname(path)
-    os.makedirs(directory, mode=REGION_DIR_MODE, exist_ok=True)
-    os.chmod(directory, REGION_DIR_MODE)  # also narrows a 1777 directory left by an older plugin
+    os.makedirs(directory, exist_ok=True)
+    # chmod, not makedirs' mode: the umask does not apply; also narrows a 1777 directory left by
+    # an older plugin.
+    os.chmod(directory, REGION_DIR_MODE)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, REGION_FILE_MODE)
     try:
         if os.fstat(fd).st_size < REGION_SIZE:

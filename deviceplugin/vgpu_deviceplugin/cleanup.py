@@ -81,8 +81,8 @@ def trim(containers_dir: str, limit: int = REGION_SIZE) -> list[str]:
     return trimmed
 
 
-async def cleanup_loop(cache_root: str, pods: PodCache, stop: asyncio.Event,
-                       period: float = PERIOD_SECONDS, trim_period: float = TRIM_SECONDS) -> None:
+async def cleanup_loop(cache_root: str, pods: PodCache, stop: asyncio.Event) -> None:
+    """Every TRIM_SECONDS cut grown region files back; every PERIOD_SECONDS sweep gone containers."""
     containers_dir = os.path.join(cache_root, "containers")
     next_sweep = 0.0
     while not stop.is_set():
@@ -91,7 +91,7 @@ async def cleanup_loop(cache_root: str, pods: PodCache, stop: asyncio.Event,
             log.warning("region files grown past the region's %d bytes, cut back: %s", REGION_SIZE,
                         ", ".join(trimmed))
         if time.monotonic() >= next_sweep:
-            next_sweep = time.monotonic() + period
+            next_sweep = time.monotonic() + PERIOD_SECONDS
             current = pods.pods()
             if current is not None:  # never decide from an unsynced cache
                 live = {p.get("metadata", {}).get("uid", "") for p in current}
@@ -99,4 +99,4 @@ async def cleanup_loop(cache_root: str, pods: PodCache, stop: asyncio.Event,
                 if removed:
                     log.info("removed shared-region folders of gone containers: %s", ", ".join(removed))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), min(period, trim_period))
+            await asyncio.wait_for(stop.wait(), TRIM_SECONDS)

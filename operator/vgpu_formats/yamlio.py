@@ -66,15 +66,19 @@ def _line(event: events.Event | yaml.Node) -> int:
     return mark.line + 1 if mark is not None else 0
 
 
+def _check_size(text: str, limits: Limits) -> None:
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limits.max_bytes:
+        raise RefusedText(f"{size} bytes, more than the {limits.max_bytes} accepted here")
+
+
 def check(text: str, limits: Limits) -> None:
     """Raise RefusedText when `text` is larger, deeper or alias-heavier than `limits` allow.
 
     Counts nodes as they would be after alias expansion: each anchor remembers the size and height
     of what it names, and an alias adds them where it stands. Raises yaml.YAMLError for bad syntax.
     """
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > limits.max_bytes:
-        raise RefusedText(f"{size} bytes, more than the {limits.max_bytes} accepted here")
+    _check_size(text, limits)
     # One frame per open collection: [anchor, nodes counted when it opened, height below it].
     frames: list[list[Any]] = []
     anchors: dict[str, tuple[int, int]] = {}  # anchor -> (nodes, height)
@@ -153,9 +157,7 @@ def load_all(text: str, limits: Limits = MANIFESTS) -> list[Any]:
 def load_json(text: str, limits: Limits = CONFIG) -> Any:
     """A JSON document, bounded by `limits` (the C decoder stops at Python's recursion limit;
     what it lets through is still checked). Raises ValueError (json.JSONDecodeError, RefusedText)."""
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > limits.max_bytes:
-        raise RefusedText(f"{size} bytes, more than the {limits.max_bytes} accepted here")
+    _check_size(text, limits)
     try:
         doc = json.loads(text)
     except RecursionError:

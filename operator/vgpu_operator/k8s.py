@@ -366,5 +366,5 @@ def describe_error(exc: BaseException) -> str:
             message = str(json.loads(exc.body or "{}").get("message") or "")
         except (ValueError, AttributeError):
             message = ""
-        return f"{_brief(exc)}" + (f": {message}" if message else "")
-    return f"{type(exc).__name__}: {exc}"
+        return _brief(exc) + (f": {message}" if message else "")
+    return _brief(exc)

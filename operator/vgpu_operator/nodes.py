@@ -9,14 +9,12 @@ memory (bench/operator_bench.py); this loop keeps only the trimmed index. A chan
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 from collections.abc import Callable
+from typing import Any
 
-from vgpu_operator.k8s import Kube, is_transient
+from vgpu_operator.k8s import Kube
 from vgpu_operator.reconcile import BACKOFF_SECONDS, NodeIndex
-
-logger = logging.getLogger(__name__)
+from vgpu_operator.watching import list_and_watch
 
 
 async def relist(kube: Kube, index: NodeIndex, page: int = 500) -> tuple[str, bool]:
@@ -36,29 +34,14 @@ async def relist(kube: Kube, index: NodeIndex, page: int = 500) -> tuple[str, bo
 async def follow(kube: Kube, index: NodeIndex, trigger: Callable[[], None], stop: asyncio.Event,
                  backoff: tuple[float, ...] = BACKOFF_SECONDS) -> None:
     """Keep the index current until `stop` is set; API failures are retried with backoff."""
-    failures = 0
-    version = ""
-    while not stop.is_set():
-        try:
-            if not version:
-                version, changed = await relist(kube, index)
-                if changed:
-                    trigger()
-            async with contextlib.aclosing(kube.watch("Node", version)) as events:  # type: ignore[type-var]
-                async for event in events:
-                    kind, obj = event.get("type"), event.get("object") or {}
-                    if kind == "ERROR":  # 410 Gone: our version is too old, list again
-                        version = ""
-                        break
-                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                    if kind != "BOOKMARK" and index.update(obj, deleted=kind == "DELETED"):
-                        trigger()
-            failures = 0
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if not is_transient(exc):
-                logger.exception("watching nodes failed; listing them again")
-                version = ""
-            failures += 1
-            await asyncio.sleep(backoff[min(failures, len(backoff)) - 1])
+    async def listed() -> str:
+        version, changed = await relist(kube, index)
+        if changed:
+            trigger()
+        return version
+
+    def changed(type_: str, node: dict[str, Any]) -> None:
+        if index.update(node, deleted=type_ == "DELETED"):
+            trigger()
+
+    await list_and_watch(kube, "Node", "nodes", listed, changed, backoff, stop=stop)

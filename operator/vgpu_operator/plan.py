@@ -36,6 +36,7 @@ from vgpu_formats import node_config
 
 from vgpu_operator.api import TargetState
 from vgpu_operator.render.device_plugin import ANNOTATION as PLUGIN_HASH
+from vgpu_operator.render.inputs import describe as describe_object
 from vgpu_operator.render.inputs import template_annotations
 from vgpu_operator.render.scheduler_deployment import ANNOTATION as SCHEDULER_HASH
 
@@ -76,7 +77,7 @@ def key_of(target: Target) -> TargetKey:
 
 
 def describe(target: Target) -> str:
-    return f"{target.kind} {target.namespace}/{target.name}"
+    return describe_object(target.kind, target.namespace, target.name)
 
 
 @dataclass(frozen=True)
@@ -122,10 +123,9 @@ class Plan:
     events: list[PlannedEvent] = field(default_factory=list)
 
     def done(self, recreated_on: Collection[str], written: Collection[str] | None = None) -> list[Restart]:
-        """The planned restarts that happened, once applied: a plugin pod counts only on a node
-        where one was really deleted (a node may have none yet, or it was gone already). With
-        `written` (an apply that stopped part way), a rollout counts only if its workload (ref)
-        was written."""
+        """The planned restarts that happened: a plugin pod counts only on a node where one was
+        really deleted (a node may have none yet, or it was gone already), a rollout only if its
+        workload (ref) was written (`written`, an apply may stop part way; None: all it planned)."""
         return [r for r in self.restarts if (r.target in recreated_on if r.kind == "plugin-pod"
                                              else written is None or r.target in written)]
 
@@ -189,15 +189,13 @@ def _restarts(decisions: Sequence[Decision], builtin_plugin: bool,
         if not decision.write:
             continue
         target = decision.target
-        if target.kind == "Deployment":
-            before, after = _template_annotation(target.live, SCHEDULER_HASH), target.restart_hash
+        if target.kind in WORKLOAD_RESTARTS:
+            kind, annotation = WORKLOAD_RESTARTS[target.kind]
+            before, after = _template_annotation(target.live, annotation), target.restart_hash
             if after is not None and before != after:
-                restarts.append(Restart("scheduler", describe(target), "scheduler config changed", after))
-        elif target.kind == "DaemonSet":
-            before, after = _template_annotation(target.live, PLUGIN_HASH), target.restart_hash
-            if after is not None and before != after:
-                daemonset_rolls = True
-                restarts.append(Restart("daemonset", describe(target), "device plugin config changed", after))
+                daemonset_rolls = daemonset_rolls or kind == "daemonset"
+                why = "scheduler config changed" if kind == "scheduler" else "device plugin config changed"
+                restarts.append(Restart(kind, describe(target), why, after))
         elif _is_node_config(target):
             node_changes = list(target.changed_nodes)
     if pending_nodes:
@@ -295,7 +293,8 @@ def unfinished(pending: Pending,
     for obj in workloads:
         if obj is not None:
             meta = obj.get("metadata") or {}
-            live[f"{obj.get('kind')} {meta.get('namespace')}/{meta.get('name')}"] = obj
+            ref = describe_object(str(obj.get("kind")), str(meta.get("namespace")), str(meta.get("name")))
+            live[ref] = obj
     todo: list[str] = []
     done: list[Restart] = []
     for ref, wanted in sorted(pending.workloads.items()):

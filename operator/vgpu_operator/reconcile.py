@@ -28,6 +28,7 @@ from vgpu_operator.plan import (
     Pending,
     Plan,
     Restart,
+    describe,
     make_plan,
     pending_of,
     previous_from_status,
@@ -301,11 +302,12 @@ class Reconciler:
         marker: dict[str, str | None] | None = {PENDING_ANNOTATION: announce.text()} if announce else None
         recreated: set[str] = set()
         written: list[str] = []
+        error: str | None = None
         self._recreated -= set(plan.recreate_plugin_pods_on)  # announced anew: not done yet
         try:
             for target in plan.writes:
                 await self.kube.apply(target, marker if target.kind == "ConfigMap" else None)
-                written.append(f"{target.kind} {target.namespace}/{target.name}")
+                written.append(describe(target))  # the ref Plan.done matches restarts by
             if plan.recreate_plugin_pods_on and observed.device_plugin is not None:
                 for pod in await self.kube.plugin_pods(observed.device_plugin, plan.recreate_plugin_pods_on):
                     if await self.kube.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"]):
@@ -315,18 +317,14 @@ class Reconciler:
             error = describe_error(exc)[:1024]
             logger.warning("applying VGPUPolicy %s failed: %s", body["metadata"]["name"], error)
             await self.kube.post_event(body, "Warning", "ApplyFailed", error)
-            # What happened before the failure did happen: reported like a whole apply's.
-            partial = plan.done(recreated, written)
-            self.metrics.record_restarts(partial)
-            for event in restart_events(partial):
-                await self.kube.post_event(body, event.type, event.reason, event.message)
-            return error, partial
-        restarted = plan.done(recreated)
-        self.metrics.drift_repairs.inc(sum(1 for d in plan.decisions if d.repair))
+        else:
+            self.metrics.drift_repairs.inc(sum(1 for d in plan.decisions if d.repair))
+        # What happened before a failure did happen: reported like a whole apply's.
+        restarted = plan.done(recreated, written)
         self.metrics.record_restarts(restarted)
-        for event in [*plan.events, *restart_events(restarted)]:
+        for event in [*(plan.events if error is None else []), *restart_events(restarted)]:
             await self.kube.post_event(body, event.type, event.reason, event.message)
-        return None, restarted
+        return error, restarted
 
     async def _settle_pending(self, plan: Plan, announced: bool) -> None:
         """Every announced restart is done (and in status): remove the announcements, from the

@@ -183,13 +183,15 @@ def _conditions(outcome: Outcome, summary: api.NodeSummary) -> list[ConditionRow
 # ----- the whole status ------------------------------------------------------------------------
 
 
+_CONDITION_ORDER = {type_: index for index, type_ in enumerate(api.CONDITION_TYPES)}
+
+
 def build_status(outcome: Outcome, previous: api.VGPUPolicyStatus | None, now: str) -> api.VGPUPolicyStatus:
     """The status to store; equal to `previous` (times included) when nothing changed."""
     summary = node_summary(outcome.nodes)
     conditions = [_condition(type_, status, reason, message, previous, now, outcome.generation)
                   for type_, status, reason, message in _conditions(outcome, summary)]
-    order = {type_: index for index, type_ in enumerate(api.CONDITION_TYPES)}
-    conditions.sort(key=lambda c: order[c.type])
+    conditions.sort(key=lambda c: _CONDITION_ORDER[c.type])
     targets = previous.targets if previous and outcome.plan is None else [
         api.TargetStatus(kind=d.target.kind, namespace=d.target.namespace, name=d.target.name, hash=d.hash,
                          state="Error" if outcome.apply_error and d.write else d.state, message=d.message)
@@ -220,9 +222,8 @@ def failed_status(previous: api.VGPUPolicyStatus | None, generation: int | None,
     base = previous or api.VGPUPolicyStatus()
     ready = _condition("Ready", "Unknown", "ReconcileFailed", f"the last reconcile failed: {error}", previous,
                        now, generation)
-    order = {type_: index for index, type_ in enumerate(api.CONDITION_TYPES)}
     conditions = sorted([c for c in base.conditions if c.type != "Ready"] + [ready],
-                        key=lambda c: order[c.type])
+                        key=lambda c: _CONDITION_ORDER[c.type])
     return base.model_copy(update={"conditions": conditions})
 
 

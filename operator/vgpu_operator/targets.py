@@ -20,9 +20,10 @@ import pydantic
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from vgpu_operator import api
-from vgpu_operator.k8s import Kube, is_transient
+from vgpu_operator.k8s import Kube
 from vgpu_operator.observed import wanted_objects
 from vgpu_operator.reconcile import BACKOFF_SECONDS, PolicyIndex
+from vgpu_operator.watching import list_and_watch
 
 logger = logging.getLogger(__name__)
 
@@ -47,54 +48,33 @@ async def watch_one(kube: Kube, key: Key, trigger: Callable[[], None],
     a dropped or expired watch triggers when the object changed meanwhile)."""
     kind, namespace, name = key
     fields = f"metadata.name={name}"
-    failures = 0
-    version = ""  # where the watch resumes; "" = list first
     known: str | None = None  # the object's resourceVersion ("" = absent); None = never listed
-    while True:
-        try:
-            if not version:
-                versions: list[str] = []
-                listed = kube.iter_objects(kind, namespace, fields=fields, versions=versions)
-                items = [obj async for obj in listed]
-                now = str(items[0]["metadata"].get("resourceVersion") or "") if items else ""
-                if known is not None and now != known:
-                    trigger()
-                known, version = now, (versions[-1] if versions else "")
-            async with contextlib.aclosing(  # type: ignore[type-var]
-                    kube.watch(kind, version, namespace=namespace, fields=fields)) as events:
-                async for event in events:
-                    type_, obj = event.get("type"), event.get("object") or {}
-                    if type_ == "ERROR":  # 410 Gone: our version is too old, list again
-                        version = ""
-                        break
-                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                    if type_ != "BOOKMARK":
-                        known = "" if type_ == "DELETED" else version
-                        trigger()
-            failures = 0
-        except asyncio.CancelledError:
-            raise
-        except ApiException as exc:
-            if exc.status == 403:
-                # An object the RBAC does not name (the optional shadow copy of device-config):
-                # the reconcile reads it when it can; nothing to follow here.
-                logger.info("%s %s/%s: not watchable with this RBAC; not followed", kind, namespace, name)
-                return
-            failures, version = await _pause(kind, namespace, name, exc, failures, version, backoff)
-        except Exception as exc:
-            failures, version = await _pause(kind, namespace, name, exc, failures, version, backoff)
 
+    async def listed() -> str:
+        nonlocal known
+        versions: list[str] = []
+        items = [obj async for obj in kube.iter_objects(kind, namespace, fields=fields, versions=versions)]
+        now = str(items[0]["metadata"].get("resourceVersion") or "") if items else ""
+        if known is not None and now != known:
+            trigger()
+        known = now
+        return versions[-1] if versions else ""
 
-async def _pause(kind: str, namespace: str, name: str, exc: Exception, failures: int, version: str,
-                 backoff: tuple[float, ...]) -> tuple[int, str]:
-    if isinstance(exc, ApiException) and exc.status == 410:
-        version = ""  # expired: list again
-    elif not is_transient(exc):
-        logger.warning("watching %s %s/%s failed (%s); listing it again", kind, namespace, name, exc)
-        version = ""
-    failures += 1
-    await asyncio.sleep(backoff[min(failures, len(backoff)) - 1])
-    return failures, version
+    def changed(type_: str, obj: dict[str, Any]) -> None:
+        nonlocal known
+        known = "" if type_ == "DELETED" else str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        trigger()
+
+    def forbidden(exc: Exception) -> bool:
+        # An object the RBAC does not name (the optional shadow copy of device-config): the
+        # reconcile reads it when it can; nothing to follow here.
+        if isinstance(exc, ApiException) and exc.status == 403:
+            logger.info("%s %s/%s: not watchable with this RBAC; not followed", kind, namespace, name)
+            return True
+        return False
+
+    await list_and_watch(kube, kind, f"{kind} {namespace}/{name}", listed, changed, backoff,
+                         namespace=namespace, fields=fields, give_up=forbidden)
 
 
 async def follow(kube: Kube, policies: PolicyIndex, trigger: Callable[[], None], stop: asyncio.Event,

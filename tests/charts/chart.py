@@ -21,6 +21,8 @@ CHART = ROOT / "charts" / "vgpu-operator"
 CRD_FILE = ROOT / "crds" / "vgpu.io_vgpupolicies.yaml"
 RELEASE = "vgpu"
 NAMESPACE = "vgpu-system"
+OPERATOR_SA = f"{RELEASE}-vgpu-operator"  # what the chart names the operator's and plugin's accounts
+PLUGIN_SA = f"{RELEASE}-vgpu-operator-device-plugin"
 
 Values = Mapping[str, Any]
 
@@ -99,6 +101,11 @@ def objects(rendered: str) -> list[dict[str, Any]]:
 
 def render(values: Values | None = None, *, include_crds: bool = False) -> list[dict[str, Any]]:
     return objects(template(values, include_crds=include_crds))
+
+
+def by_name(objs: Iterable[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    """The objects of `kind`, by name."""
+    return {o["metadata"]["name"]: o for o in of_kind(objs, kind)}
 
 
 def of_kind(objs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

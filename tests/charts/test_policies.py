@@ -14,14 +14,14 @@ from vgpu_formats import annotations as ann
 
 from tests.charts import chart
 from tests.charts.conftest import Renders
+from tests.charts.test_workloads import container, pod_spec
 
 Obj = dict[str, Any]
-PLUGIN_SA = "vgpu-vgpu-operator-device-plugin"
-OPERATOR_SA = "vgpu-vgpu-operator"
+PLUGIN_SA, OPERATOR_SA = chart.PLUGIN_SA, chart.OPERATOR_SA
 
 
 def policies(objs: list[Obj]) -> dict[str, Obj]:
-    return {o["metadata"]["name"]: o for o in chart.of_kind(objs, "ValidatingAdmissionPolicy")}
+    return chart.by_name(objs, "ValidatingAdmissionPolicy")
 
 
 def variable(policy: Obj, name: str) -> str:
@@ -98,27 +98,23 @@ def test_the_policies_can_be_left_out(renders: Renders) -> None:
 
 # ----- metrics behind NetworkPolicies -----
 
-def network_policies(objs: list[Obj]) -> dict[str, Obj]:
-    return {o["metadata"]["name"]: o for o in chart.of_kind(objs, "NetworkPolicy")}
-
-
-def metrics_port(objs: list[Obj], kind: str, container: str) -> tuple[dict[str, str], int]:
-    template = chart.one(objs, kind)["spec"]["template"]
-    ports = next(c for c in template["spec"]["containers"] if c["name"] == container)["ports"]
-    return template["metadata"]["labels"], next(p["containerPort"] for p in ports if p["name"] == "metrics")
+def metrics_port(objs: list[Obj], kind: str, name: str) -> tuple[dict[str, str], int]:
+    ports = container(pod_spec(objs, kind), name)["ports"]
+    labels = chart.one(objs, kind)["spec"]["template"]["metadata"]["labels"]
+    return labels, next(p["containerPort"] for p in ports if p["name"] == "metrics")
 
 
 @pytest.mark.parametrize("profile", ["default", "full"])
 def test_only_the_named_peers_reach_the_metrics_ports(renders: Renders, profile: str) -> None:
     objs = renders(profile)
-    found = network_policies(objs)
+    found = chart.by_name(objs, "NetworkPolicy")
     assert set(found) == {f"{OPERATOR_SA}-metrics", f"{PLUGIN_SA}-metrics"}
     values = chart.PROFILES[profile].get("metrics", {}).get("networkPolicy", {})
     sources = values.get("from", [{"namespaceSelector": {}, "podSelector": {
         "matchLabels": {"app.kubernetes.io/name": "prometheus"}}}])
-    for name, (kind, container) in {f"{OPERATOR_SA}-metrics": ("Deployment", "operator"),
+    for name, (kind, name_in_pod) in {f"{OPERATOR_SA}-metrics": ("Deployment", "operator"),
                                     f"{PLUGIN_SA}-metrics": ("DaemonSet", "monitor")}.items():
-        labels, port = metrics_port(objs, kind, container)
+        labels, port = metrics_port(objs, kind, name_in_pod)
         spec = found[name]["spec"]
         assert spec["podSelector"]["matchLabels"].items() <= labels.items(), name
         assert spec["policyTypes"] == ["Ingress"]
@@ -126,6 +122,6 @@ def test_only_the_named_peers_reach_the_metrics_ports(renders: Renders, profile:
 
 
 def test_network_policies_follow_what_runs(renders: Renders) -> None:
-    assert set(network_policies(renders("no-monitor"))) == {f"{OPERATOR_SA}-metrics"}
-    assert set(network_policies(renders("adopt"))) == {f"{OPERATOR_SA}-metrics"}
-    assert network_policies(renders("no-network-policy")) == {}
+    assert set(chart.by_name(renders("no-monitor"), "NetworkPolicy")) == {f"{OPERATOR_SA}-metrics"}
+    assert set(chart.by_name(renders("adopt"), "NetworkPolicy")) == {f"{OPERATOR_SA}-metrics"}
+    assert chart.by_name(renders("no-network-policy"), "NetworkPolicy") == {}

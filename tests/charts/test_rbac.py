@@ -87,8 +87,7 @@ PLUGIN_CONTRACT = (
     | expand("kube-system", "", ("configmaps",), READ, ("volcano-vgpu-device-config",))
     | expand(chart.NAMESPACE, "", ("configmaps",), READ, ("volcano-vgpu-node-config",))
 )
-OPERATOR_SA = "vgpu-vgpu-operator"
-PLUGIN_SA = "vgpu-vgpu-operator-device-plugin"
+OPERATOR_SA, PLUGIN_SA = chart.OPERATOR_SA, chart.PLUGIN_SA
 OURS = "vgpu-vgpu-operator-device-plugin"
 
 

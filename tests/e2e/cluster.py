@@ -89,6 +89,13 @@ class Cluster:
         if self.get("namespace", name) is None:
             self.kubectl("create", "namespace", name)
 
+    def token(self, service_account: str, namespace: str, bound_pod: str | None = None) -> str:
+        """A TokenRequest token of the ServiceAccount; `bound_pod`: bound to that pod of
+        `namespace`, as the kubelet's projected token is (see `token_kubeconfig`)."""
+        bound = ["--bound-object-kind=Pod", f"--bound-object-name={bound_pod}"] if bound_pod else []
+        return self.kubectl("create", "token", service_account, "-n", namespace, "--duration=2h",
+                            *bound).stdout.strip()
+
     def token_kubeconfig(self, service_account: str, namespace: str, path: pathlib.Path,
                          bound_pod: str | None = None) -> pathlib.Path:
         """A kubeconfig that authenticates as the ServiceAccount (a TokenRequest token, as the
@@ -96,9 +103,7 @@ class Cluster:
         `bound_pod`: bound to that pod of `namespace`, as the kubelet's projected token is (the
         server then names the pod's node in the user's extra, which the device plugin's
         admission policy requires)."""
-        bound = ["--bound-object-kind=Pod", f"--bound-object-name={bound_pod}"] if bound_pod else []
-        token = self.kubectl("create", "token", service_account, "-n", namespace,
-                             "--duration=2h", *bound).stdout.strip()
+        token = self.token(service_account, namespace, bound_pod)
         path.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "sa",
             "clusters": [{"name": "e2e", "cluster": {"server": self.state.server,

@@ -25,6 +25,7 @@ CHART = ROOT / "charts" / "vgpu-operator"
 FIXTURES = ROOT / "tests" / "fixtures" / "cluster"
 RELEASE = "vgpu"
 OPERATOR_SA = f"{RELEASE}-vgpu-operator"
+PLUGIN_SA = f"{OPERATOR_SA}-device-plugin"
 SCHEDULER_NS = "volcano-system"
 
 

@@ -17,9 +17,9 @@ from vgpuctl import chain
 from tests.support.waiting import eventually, eventually_sync
 
 from .cluster import Cluster, service_account_user
-from .release import OPERATOR_SA, SCHEDULER_NS, Release, condition, installed
+from .release import PLUGIN_SA, SCHEDULER_NS, Release, condition, installed
 
-PLUGIN = f"{OPERATOR_SA}-device-plugin"  # the chart's plugin DaemonSet and its ServiceAccount
+PLUGIN = PLUGIN_SA  # the chart's plugin DaemonSet and its ServiceAccount share the name
 NODE = chain.DEMO_NODE
 
 

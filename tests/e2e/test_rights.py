@@ -25,9 +25,8 @@ from tests.support.api import Api
 from tests.support.waiting import eventually_sync
 
 from .cluster import Cluster
-from .release import OPERATOR_SA, Release, installed
+from .release import OPERATOR_SA, PLUGIN_SA, Release, installed
 
-PLUGIN_SA = f"{OPERATOR_SA}-device-plugin"
 HERE, THERE = chain.DEMO_NODE, "test-app-64-46-msxf"  # the fixture's two GPU nodes
 MERGE, JSON_PATCH = "application/merge-patch+json", "application/json-patch+json"
 RBAC = "forbidden: User"  # RBAC's refusal; the policies' messages are their own
@@ -82,14 +81,9 @@ def world(release: Release) -> Iterator[World]:
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": pods}))
     cluster.kubectl("annotate", "node", HERE, "example.com/rack=r1", "--overwrite")
 
-    def token(service_account: str, *bound: str) -> str:
-        return cluster.kubectl("create", "token", service_account, "-n", namespace, "--duration=1h",
-                               *bound).stdout.strip()
-
     try:
-        yield World(release, workloads,
-                    token(PLUGIN_SA, "--bound-object-kind=Pod", "--bound-object-name=plugin-here"),
-                    token(PLUGIN_SA), token(OPERATOR_SA))
+        yield World(release, workloads, cluster.token(PLUGIN_SA, namespace, bound_pod="plugin-here"),
+                    cluster.token(PLUGIN_SA, namespace), cluster.token(OPERATOR_SA, namespace))
     finally:
         cluster.kubectl("annotate", "node", HERE, "example.com/rack-", check=False)
         cluster.kubectl("delete", "pod", "plugin-here", "-n", namespace, "--wait=false", check=False)

@@ -88,9 +88,14 @@ async def test_one_watch_per_named_object_and_a_trigger_only_for_them() -> None:
 
 async def test_changes_while_the_watch_was_down_are_not_lost() -> None:
     async with following() as state:
+        # The resumed watches get 410 (their version expired meanwhile): only the relist, which
+        # compares the object's version with the one last seen, can notice the change.
+        state.emulator.fail_next("GET", r"/namespaces/kube-system/configmaps$", status=410, times=2)
         assert state.emulator.drop_watches("ConfigMap") > 0
-        state.emulator.apply(_configmap(*DEVICE_CONFIG[1:], "2"))
+        state.emulator.apply(_configmap(*DEVICE_CONFIG[1:], "2"))  # before any watch resumes
         await eventually(lambda: state.triggers, what="the change seen after the watch dropped")
+        await asyncio.sleep(0.2)
+        assert len(state.triggers) == 1
 
 
 async def test_watches_follow_the_policy_to_other_objects() -> None:
