@@ -23,7 +23,7 @@ from tests.core.support import observe
 
 CONF = "volcano-scheduler-configmap"
 DEVICE_CONFIG = "volcano-vgpu-device-config"
-# 370 bytes: each line repeats the one before nine times (9^8 = 43 million strings when walked).
+# 327 bytes: each line repeats the one before nine times (9^8 = 43 million strings when walked).
 ALIAS_BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
     f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefg", "bcdefgh", strict=True))
 DEEP = "x: " + "[" * 5000 + "]" * 5000 + "\n"  # 10 KB
