@@ -1,6 +1,7 @@
 """A real Kubernetes control plane on 127.0.0.1 for the e2e suite, built from registries.
 
-    python -m e2e.controlplane build   # build etcd, kube-apiserver, kube-controller-manager (or reuse)
+    python -m e2e.controlplane build   # build etcd, kube-apiserver, kube-controller-manager and
+                                       # promtool (the monitoring tests), or reuse them
     python -m e2e.controlplane up      # start them (a no-op when they already run)
     python -m e2e.controlplane down    # stop exactly what `up` started, remove its state.json
     python -m e2e.controlplane status  # exit 0 when running and ready
@@ -58,7 +59,10 @@ KUBERNETES = Tool("kubernetes", "k8s.io/kubernetes", (
     ("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager")))
 KUBERNETES_OLDEST = Tool("kubernetes-oldest", "k8s.io/kubernetes", (
     ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),))
-TOOLS_BUILT = (ETCD, KUBERNETES, KUBERNETES_OLDEST)
+# Not part of the control plane: the monitoring tests run promtool on the chart's rules and scrapes.
+PROMETHEUS = Tool("prometheus", "github.com/prometheus/prometheus", (
+    ("promtool", "github.com/prometheus/prometheus/cmd/promtool"),))
+TOOLS_BUILT = (ETCD, KUBERNETES, KUBERNETES_OLDEST, PROMETHEUS)
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,15 @@ def build(tool: Tool, go_version: str, log: bool = True) -> Path:
         print(f"e2e: built {tool.pin} {version} in {time.monotonic() - started:.0f} s",
               file=sys.stderr, flush=True)
     return target
+
+
+def cached(tool: Tool, name: str) -> Path | None:
+    """`name` from `tool` when `build` has made it for this pin and Go, else None (never builds)."""
+    try:
+        path = build_dir(tool, _go_version()) / name
+    except BuildError:
+        return None
+    return path if path.is_file() else None
 
 
 def build_all(tools: tuple[Tool, ...] = TOOLS_BUILT) -> dict[str, dict[str, Path]]:

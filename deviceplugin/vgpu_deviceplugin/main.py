@@ -7,10 +7,12 @@ import asyncio
 import dataclasses
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
 
+from vgpu_formats import cli, kubeconfig
 from vgpu_formats import device_config as dc
 from vgpu_formats import node_config as nc
 
@@ -39,6 +41,11 @@ IGNORED_FLAGS = (
 # Ours until the lock dir stopped being mounted (nothing reads it): accepted so a DaemonSet that
 # still passes it starts, with the same warning.
 LOCK_DIR_FLAG = "--lock-dir"
+# klog's verbosity (`-v=4`, `--v=4`, `-v 4`), which the upstream Go plugin takes and its DaemonSets
+# pass: 4 and up (klog's debug range) is --log-level debug, lower is the default. `-v` alone is
+# --verbose, as in every command of the project.
+KLOG_VERBOSITY = re.compile(r"--?v=(\d+)")
+KLOG_DEBUG = 4
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,10 +83,10 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds between node annotation writes (the handshake needs 60 or less)")
     p.add_argument("--no-handshake", dest="handshake", action="store_false",
                    help="do not write volcano.sh/node-vgpu-handshake (only Volcano <= v1.15.0 needs it)")
-    p.add_argument("--kubeconfig", default=env("KUBECONFIG"),
-                   help="kubeconfig file (env KUBECONFIG); unset: in-cluster service account")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                   help="log verbosity")
+    p.add_argument("--kubeconfig", default=None,
+                   help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the in-cluster "
+                   "service account)")
+    cli.add_common_flags(p)
     legacy = p.add_argument_group(
         "legacy flags", "Accepted for compatibility with volcano-vgpu-device-plugin. Each applies only when "
         "the device-config ConfigMap leaves the field out; a flag that contradicts it is ignored with a "
@@ -107,6 +114,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def klog_verbosity(argv: Sequence[str]) -> list[str]:
+    """`argv` with klog's `-v=N` forms turned into --log-level (see KLOG_VERBOSITY)."""
+    result: list[str] = []
+    index = 0
+    while index < len(argv):
+        item, index = argv[index], index + 1
+        match = KLOG_VERBOSITY.fullmatch(item)
+        if match is None and item in ("-v", "--v") and index < len(argv) and argv[index].isdigit():
+            match, index = KLOG_VERBOSITY.fullmatch(f"-v={argv[index]}"), index + 1
+        if match is None:
+            result.append(item)
+        elif int(match.group(1)) >= KLOG_DEBUG:
+            result += ["--log-level", "debug"]
+    return result
+
+
 def flags_from(args: argparse.Namespace) -> Flags:
     """Flags has a field per flag, same names as the argparse destinations."""
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Flags) if hasattr(args, f.name)}
@@ -118,21 +141,25 @@ def flags_from(args: argparse.Namespace) -> Flags:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit 1 with one `deviceplugin: error: ...` line when it cannot run (usage errors: 2)."""
     p = parser()
-    args = p.parse_args(argv)
-    logging.basicConfig(level="DEBUG" if args.debug else args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = p.parse_args(klog_verbosity(sys.argv[1:] if argv is None else argv))
+    level = logging.DEBUG if args.debug else cli.log_level(args)
+    cli.configure_logging(level, args.log_format)
     if not args.node_name:
         p.error("--node-name (or env NODE_NAME) is required")
     for name in (*IGNORED_FLAGS, LOCK_DIR_FLAG):
         if getattr(args, "ignored_" + name[2:].replace("-", "_")) is not None:
             log.warning("flag %s has no effect in this plugin; remove it", name)
-    flags = flags_from(args)
+    traced = level <= logging.DEBUG
     try:
-        asyncio.run(_serve(flags, fail_on_init_error=args.fail_on_init_error == "true"))
-    except (GpuError, KubeError) as exc:
-        log.error("%s", exc)
-        return 1
+        located = kubeconfig.locate(args.kubeconfig)
+        if located is not None:
+            kubeconfig.read(located)  # a broken file: one line now, not an API retry loop
+        args.kubeconfig = str(located) if located else None
+        asyncio.run(_serve(flags_from(args), fail_on_init_error=args.fail_on_init_error == "true"))
+    except (GpuError, KubeError, kubeconfig.KubeconfigError, OSError) as exc:
+        return cli.report("deviceplugin", str(exc), exc if traced else None)
     return 0
 
 

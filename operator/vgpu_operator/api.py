@@ -384,10 +384,13 @@ class Condition(ApiModel):
 
     type: ConditionType = Field(description="Valid, Applied, InSync, NodesReady, Ready or Conflict.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str = Field("", max_length=1024, description="CamelCase reason.")
+    # reason and lastTransitionTime are required, as in metav1.Condition: `-o wide` shows the
+    # reason, and the server refuses a status without them.
+    reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+                        description="CamelCase reason.")
     message: str = Field("", max_length=32768, description="What is wrong and the fix.")
-    last_transition_time: str | None = Field(None, description="When status last changed (RFC 3339).",
-                                             json_schema_extra={"format": "date-time"})
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).",
+                                      json_schema_extra={"format": "date-time"})
     observed_generation: int | None = Field(None, ge=0, description="Policy generation this was "
                                                                     "computed from.")
 

@@ -41,8 +41,12 @@ CRD_NAME = f"{api.PLURAL}.{api.GROUP}"
 # up to date at start (`upgrade_action`); these say which build wrote the installed one.
 VERSION_ANNOTATION = f"{api.GROUP}/operator-version"
 REVISION_ANNOTATION = f"{api.GROUP}/crd-revision"
-# What an admin runs when the operator may not update the CRD (the chart README says the same).
-CRD_FIX = "kubectl apply -f crds/vgpu.io_vgpupolicies.yaml, or: helm show crds <chart> | kubectl apply -f -"
+# What an admin runs when the operator may not update the CRD (the chart README says the same,
+# tests/e2e/test_crd_upgrade.py runs it): the chart carries the CRD, a chart-repo user has no crds/.
+# Server-side apply with --force-conflicts takes over the fields helm or the operator wrote.
+CRD_FIX = ("helm show crds <chart> | kubectl apply --server-side --force-conflicts -f - "
+           "(<chart>: the chart you installed, e.g. <repo>/vgpu-operator --version <version>), "
+           "or set the chart value operator.manageCRD=true")
 HEADER = "# Generated from vgpu_operator/api.py by `python -m vgpu_operator.crd --write`. Do not edit.\n"
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
@@ -57,6 +61,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "vGPUs", "type": "integer", "jsonPath": ".status.capacity.vgpus",
      "description": "vGPU slots registered."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # priority 1: shown by `kubectl get -o wide` only, after Age as kubectl's own wide columns are.
+    {"name": "Reason", "type": "string", "priority": 1,
+     "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+     "description": "Why Ready is what it is."},
+    {"name": "Message", "type": "string", "priority": 1,
+     "jsonPath": '.status.conditions[?(@.type=="Ready")].message',
+     "description": "What is wrong and the fix."},
 ]
 
 

@@ -30,8 +30,10 @@ from vgpu_operator.reconcile import Reconciler
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
     """Register every handler of the operator on `registry`."""
     policies = (api.GROUP, api.VERSION, api.PLURAL)
+    # Explicit ids: kopf's default is the qualified name, so its lines would read
+    # "Handler 'register.<locals>.policy_changed' succeeded".
 
-    @kopf.on.event(*policies, registry=registry)
+    @kopf.on.event(*policies, registry=registry, id="policy_seen")
     async def policy_seen(type: str | None, body: kopf.Body, **_: Any) -> None:
         deleted = type == "DELETED"
         before = reconciler.policies.active()
@@ -39,15 +41,15 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         if reconciler.policies.active() != before:
             reconciler.trigger()  # another policy became active (the old one left or stepped aside)
 
-    @kopf.on.resume(*policies, registry=registry, backoff=0.2)
-    @kopf.on.create(*policies, registry=registry, backoff=0.2)
-    @kopf.on.update(*policies, registry=registry, backoff=0.2, field="spec")
+    @kopf.on.resume(*policies, registry=registry, backoff=0.2, id="policy_changed")
+    @kopf.on.create(*policies, registry=registry, backoff=0.2, id="policy_changed")
+    @kopf.on.update(*policies, registry=registry, backoff=0.2, field="spec", id="policy_changed")
     async def policy_changed(name: str, body: kopf.Body, **_: Any) -> None:
         reconciler.policies.update(body)
         if not await reconciler.reconcile(name):
             raise kopf.TemporaryError("reconcile failed; see the status and events", delay=0.2)
 
-    @kopf.on.delete(*policies, registry=registry, backoff=0.2)
+    @kopf.on.delete(*policies, registry=registry, backoff=0.2, id="policy_deleted")
     async def policy_deleted(name: str, body: kopf.Body, **_: Any) -> None:
         reconciler.policies.update(body)
         if reconciler.policies.active(including_deleted=True) != name:
@@ -55,7 +57,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
             return  # a conflicting policy never wrote anything
         await reconciler.release(name, dict(body))
 
-    @kopf.daemon(*policies, registry=registry, cancellation_timeout=5.0)
+    @kopf.daemon(*policies, registry=registry, cancellation_timeout=5.0, id="policy_worked_on")
     async def policy_worked_on(name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
         reconciler.start_working(name)
         try:

@@ -111,7 +111,8 @@ async def new_api_client(kubeconfig: str | None) -> k8s_client.ApiClient:
     """A client from an explicit kubeconfig path, else the in-cluster service account.
 
     $KUBECONFIG is deliberately not consulted here: kubernetes-asyncio reads it at import time,
-    so a test or the demo that sets it later would silently talk to another cluster.
+    so a test or the demo that sets it later would silently talk to another cluster. `main`
+    honours it through `vgpu_formats.kubeconfig.locate` and passes the path it found.
     """
     if kubeconfig:
         return await k8s_config.new_client_from_config(config_file=kubeconfig, persist_config=False)

@@ -7,20 +7,20 @@ same code serves a Pod in a cluster, a test against the emulator and `vgpuctl de
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextvars
 import dataclasses
 import logging
 import signal
 import weakref
 from collections.abc import Collection, Iterator, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import kopf
-import yaml
 from kubernetes_asyncio.client.exceptions import ApiException
+from vgpu_formats import kubeconfig
 
-from vgpu_operator import crd, nodes, targets
+from vgpu_operator import crd, logs, nodes, startup, targets
 from vgpu_operator.handlers import register
 from vgpu_operator.k8s import CLUSTER_EVENTS_NAMESPACE, DEFAULT_TIMEOUT, Kube, Retry, new_api_client
 from vgpu_operator.metrics import Metrics
@@ -95,30 +95,18 @@ class _Complement(Collection["asyncio.Task[Any]"]):
 
 
 def connection_from_kubeconfig(path: str) -> kopf.ConnectionInfo:
-    """kopf credentials from an explicit kubeconfig file (current context)."""
-    with open(path, encoding="utf-8") as file:
-        config = yaml.safe_load(file) or {}
-
-    def named(section: str, name: str) -> dict[str, Any]:
-        for item in config.get(section) or []:
-            if item.get("name") == name:
-                return dict(item.get(section[:-1]) or {})
-        raise kopf.LoginError(f"kubeconfig {path}: no {section[:-1]} named {name!r}")
-
-    context = named("contexts", str(config.get("current-context") or ""))
-    cluster, user = named("clusters", context.get("cluster", "")), named("users", context.get("user", ""))
-
-    def decoded(value: str | None) -> bytes | None:
-        return base64.b64decode(value) if value else None
-
+    """kopf credentials from a kubeconfig file (current context); KubeconfigError names what is
+    missing. Exec plugins and auth providers are refused: kopf cannot run them."""
+    found = kubeconfig.read(Path(path))
+    if found.external_login:
+        raise kubeconfig.KubeconfigError(
+            f"kubeconfig {path}: context {found.context!r} logs in through an exec plugin or auth "
+            f"provider, which the operator cannot run; use a token or client certificate")
     return kopf.ConnectionInfo(
-        server=cluster["server"], ca_path=cluster.get("certificate-authority"),
-        ca_data=decoded(cluster.get("certificate-authority-data")),
-        insecure=cluster.get("insecure-skip-tls-verify"), token=user.get("token"),
-        certificate_path=user.get("client-certificate"),
-        certificate_data=decoded(user.get("client-certificate-data")),
-        private_key_path=user.get("client-key"), private_key_data=decoded(user.get("client-key-data")),
-        username=user.get("username"), password=user.get("password"),
+        server=found.server, ca_path=found.ca_path, ca_data=found.ca_data, insecure=found.insecure,
+        token=found.token, certificate_path=found.certificate_path, certificate_data=found.certificate_data,
+        private_key_path=found.key_path, private_key_data=found.key_data,
+        username=found.username, password=found.password,
         default_namespace=CLUSTER_EVENTS_NAMESPACE,
     )
 
@@ -148,11 +136,13 @@ async def upgrade_crd(kube: Kube) -> None:
             # A merge patch replaces the versions list whole: the served schema becomes ours.
             update = {"metadata": {"annotations": ours["metadata"]["annotations"]}, "spec": ours["spec"]}
             await kube.patch("CustomResourceDefinition", None, crd.CRD_NAME, update)
-            logger.info("updated CRD %s to revision %s", crd.CRD_NAME,
-                        ours["metadata"]["annotations"][crd.REVISION_ANNOTATION])
+            logs.action(logger, "updated", "CustomResourceDefinition", None, crd.CRD_NAME, "upgrade",
+                        f"to revision {ours['metadata']['annotations'][crd.REVISION_ANNOTATION]}")
         except ApiException as exc:
-            logger.warning("CRD %s is out of date and could not be updated (HTTP %s): %s", crd.CRD_NAME,
-                           exc.status, crd.CRD_FIX)
+            # Go on: the installed schema still serves the policy; what it lacks is pruned or
+            # refused, so say it as an error, with the command that fixes it.
+            logger.error("CRD %s is out of date and could not be updated (HTTP %s): %s", crd.CRD_NAME,
+                         exc.status, crd.CRD_FIX)
 
 
 async def run_operator(
@@ -175,16 +165,20 @@ async def run_operator(
     tuning = tuning or Tuning()
     metrics = metrics or Metrics()
     kube = Kube(await new_api_client(kubeconfig), retry, timeout=api_timeout)
-    await upgrade_crd(kube)
+    try:
+        await upgrade_crd(kube)  # the first API call: an unreachable server ends the run here
+    except BaseException:
+        await kube.close()
+        raise
     reconciler = Reconciler(kube, metrics, tuning)
     registry = kopf.OperatorRegistry()
     register(registry, reconciler)
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.startup(registry=registry, id="configure")
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(settings, api_timeout)
 
-    @kopf.on.login(registry=registry)
+    @kopf.on.login(registry=registry, id="login")
     async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         if kubeconfig:
             return connection_from_kubeconfig(kubeconfig)
@@ -227,8 +221,10 @@ async def _serve(settings: OperatorSettings) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     metrics = Metrics()
+    if settings.liveness_port:
+        startup.check_port("--liveness-port", settings.liveness_port)
     if settings.metrics_port:
-        metrics.serve(settings.metrics_port)
+        startup.serve_metrics(metrics, settings.metrics_port)
     await run_operator(settings.kubeconfig, stop, namespaces=settings.namespaces,
                        peering=settings.peering, priority=settings.priority,
                        liveness_port=settings.liveness_port, metrics=metrics,
@@ -237,10 +233,19 @@ async def _serve(settings: OperatorSettings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Exit 1 with one `vgpu-operator: error: ...` line on any failure (usage errors: 2)."""
     settings = parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if settings.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_serve(settings))
+    logs.configure(settings.log_level, settings.log_format)
+    server: str | None = None
+    try:
+        located = kubeconfig.locate(settings.kubeconfig)
+        if located is not None:  # read now: a broken kubeconfig is a one-line error, not a login retry loop
+            server = connection_from_kubeconfig(str(located)).server
+        settings = dataclasses.replace(settings, kubeconfig=str(located) if located else None)
+        asyncio.run(_serve(settings))
+    except Exception as exc:
+        traced = exc if settings.log_level <= logging.DEBUG else None
+        startup.fail(startup.describe(exc, settings, server), traced)
 
 
 if __name__ == "__main__":

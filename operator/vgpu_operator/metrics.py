@@ -4,8 +4,10 @@ alerts use exactly these."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from vgpu_formats.cli import version
 
 from vgpu_operator.plan import Restart
 
@@ -35,6 +37,11 @@ class Metrics:
         self.active = Gauge(
             "vgpu_operator_active", "1 while this replica is the one reconciling (with peering, "
             "exactly one is); the others export 0 for every policy gauge.", registry=self.registry)
+        # Always 1: `vgpu_operator_build_info` joins any series to the version that produced it.
+        self.build_info = Gauge(
+            "vgpu_operator_build_info", "Always 1; the version of the running operator.", ["version"],
+            registry=self.registry)
+        self.build_info.labels(version=version()).set(1)
         for result in ("ok", "invalid", "conflict", "error", "paused"):
             self.reconciles.labels(result=result)  # export zeros, so rate() works from the start
         for kind in ("scheduler", "daemonset", "plugin-pod"):
@@ -52,6 +59,8 @@ class Metrics:
             self.policy_ready.set(0)
             self.nodes_converged.set(0)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Expose /metrics on a port (a daemon thread, as prometheus-client does it)."""
-        start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "0.0.0.0") -> WSGIServer:
+        """Expose /metrics on a port (a daemon thread, as prometheus-client does it); the server is
+        returned so a test can `shutdown()` it."""
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        return server

@@ -19,12 +19,13 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from vgpu_formats import annotations as node_annotations
 from vgpu_formats import node_config
 
-from vgpu_operator import api
+from vgpu_operator import api, logs
 from vgpu_operator.k8s import Kube, describe_error, now_rfc3339
 from vgpu_operator.metrics import Metrics
 from vgpu_operator.observed import Observed, wanted_objects
 from vgpu_operator.plan import (
     PENDING_ANNOTATION,
+    Decision,
     Pending,
     Plan,
     Restart,
@@ -205,6 +206,8 @@ class Reconciler:
                 if labels.get(MANAGED_BY_LABEL) == MANAGED_BY:
                     unlabel = {"metadata": {"labels": {MANAGED_BY_LABEL: None}}}
                     await self.kube.patch(kind, namespace, cm_name, unlabel)
+                    logs.action(logs.PolicyLogger(body, logger), "released", kind, namespace, cm_name,
+                                "policy-deleted", f"{MANAGED_BY_LABEL} label removed, data left in place")
             await self.kube.post_event(body, "Normal", "Released", "policy deleted: rendered configuration "
                                        "left in place, ownership labels removed")
             self.policies.update(body, deleted=True)
@@ -219,12 +222,17 @@ class Reconciler:
             try:
                 result = await self._reconcile(name)
             except Exception as exc:
-                logger.exception("reconcile of VGPUPolicy %s failed", name)
+                self._log(name).exception("reconcile of VGPUPolicy %s failed", name)
                 result = "error"
                 await self._report_failure(name, exc)
             self.metrics.reconciles.labels(result=result).inc()
             self.metrics.duration.observe(time.monotonic() - started)
             return result != "error"
+
+    def _log(self, name: str) -> logging.Logger | logs.PolicyLogger:
+        """Lines about this policy: with its object reference when its body is known."""
+        body = self.policies.bodies.get(name)
+        return logs.PolicyLogger(body, logger) if body is not None else logger
 
     async def _reconcile(self, name: str) -> str:
         body = self.policies.bodies.get(name)
@@ -287,7 +295,7 @@ class Reconciler:
             return "error"
         if policy.spec.paused:
             return "paused"
-        await self._settle_pending(plan, announced=bool(pending or plan.restarts))
+        await self._settle_pending(plan, bool(pending or plan.restarts), logs.PolicyLogger(body, logger))
         self._recreated.clear()
         return "ok"
 
@@ -303,30 +311,43 @@ class Reconciler:
         recreated: set[str] = set()
         written: list[str] = []
         error: str | None = None
+        log = logs.PolicyLogger(body, logger)
         self._recreated -= set(plan.recreate_plugin_pods_on)  # announced anew: not done yet
         try:
-            for target in plan.writes:
+            for decision in (d for d in plan.decisions if d.write):
+                target = decision.target
                 await self.kube.apply(target, marker if target.kind == "ConfigMap" else None)
                 written.append(describe(target))  # the ref Plan.done matches restarts by
+                _log_write(log, decision)
             if plan.recreate_plugin_pods_on and observed.device_plugin is not None:
                 for pod in await self.kube.plugin_pods(observed.device_plugin, plan.recreate_plugin_pods_on):
-                    if await self.kube.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"]):
-                        recreated.add(pod["spec"].get("nodeName", ""))
-                        self._recreated.add(pod["spec"].get("nodeName", ""))
+                    namespace, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+                    if await self.kube.delete_pod(namespace, pod_name):
+                        node = pod["spec"].get("nodeName", "")
+                        recreated.add(node)
+                        self._recreated.add(node)
+                        logs.action(log, "restarted", "Pod", namespace, pod_name, "config",
+                                    f"device plugin pod on {node} deleted to restart it (node-config entry "
+                                    f"changed)")
         except Exception as exc:
             error = describe_error(exc)[:1024]
-            logger.warning("applying VGPUPolicy %s failed: %s", body["metadata"]["name"], error)
+            log.warning("applying VGPUPolicy %s failed: %s", body["metadata"]["name"], error)
             await self.kube.post_event(body, "Warning", "ApplyFailed", error)
         else:
             self.metrics.drift_repairs.inc(sum(1 for d in plan.decisions if d.repair))
         # What happened before a failure did happen: reported like a whole apply's.
         restarted = plan.done(recreated, written)
+        for restart in restarted:
+            if restart.kind != "plugin-pod":  # a rollout: the workload write above started it
+                kind, where = restart.target.split(" ", 1)
+                namespace, name = where.split("/", 1)
+                logs.action(log, "restarted", kind, namespace, name, "config", f"rollout ({restart.reason})")
         self.metrics.record_restarts(restarted)
         for event in [*(plan.events if error is None else []), *restart_events(restarted)]:
             await self.kube.post_event(body, event.type, event.reason, event.message)
         return error, restarted
 
-    async def _settle_pending(self, plan: Plan, announced: bool) -> None:
+    async def _settle_pending(self, plan: Plan, announced: bool, log: logs.PolicyLogger) -> None:
         """Every announced restart is done (and in status): remove the announcements, from the
         ConfigMaps that had one and those this reconcile wrote with one."""
         if not announced:
@@ -342,6 +363,9 @@ class Reconciler:
             except ApiException as exc:
                 if exc.status != 404:  # deleted meanwhile: nothing left to remove
                     raise
+            else:
+                logs.action(log, "updated", "ConfigMap", target.namespace, target.name, "restarts-done",
+                            f"restarts done, {PENDING_ANNOTATION} removed")
 
     async def _report_failure(self, name: str, exc: Exception) -> None:
         """Say in status that the reconcile failed before it could report (best effort: the API
@@ -411,8 +435,25 @@ class Reconciler:
                 continue
             if written:
                 self.policies.update(written)
+            summary = ", ".join(f"{c.type}={c.status}" for c in status.conditions)
+            logs.action(logs.PolicyLogger(body, logger), "updated", api.KIND, None, name, "status",
+                        f"status ({summary})")
             return
         raise RuntimeError(f"VGPUPolicy {name}: status still conflicting after {STATUS_ATTEMPTS} attempts")
+
+
+def _log_write(log: logs.PolicyLogger, decision: Decision) -> None:
+    """The INFO line of one target write: created or updated for the policy, or repaired drift."""
+    target = decision.target
+    if decision.repair:
+        verb, reason = "repaired", "drift"
+        detail = ("deleted by hand, recreated" if target.live is None else "hand edit undone") + \
+            " (driftPolicy Enforce)"
+    elif target.live is None:
+        verb, reason, detail = "created", "policy", "rendered from the policy"
+    else:
+        verb, reason, detail = "updated", "policy", "differed from the policy"
+    logs.action(log, verb, target.kind, target.namespace, target.name, reason, detail)
 
 
 def _interrupted(policy: api.VGPUPolicy, refs: Collection[str], pending: Pending) -> api.VGPUPolicy:

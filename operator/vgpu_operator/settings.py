@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import kopf
+from vgpu_formats import cli
 
 from vgpu_operator import api
 from vgpu_operator.k8s import DEFAULT_TIMEOUT
@@ -25,8 +26,9 @@ class OperatorSettings:
     peering: str | None = None
     liveness_port: int | None = 8080
     metrics_port: int | None = 9090
-    kubeconfig: str | None = None
-    verbose: bool = False
+    kubeconfig: str | None = None  # the flag as given; `main` resolves it (kubeconfig.locate)
+    log_level: int = logging.INFO
+    log_format: str = "text"
     resync_seconds: float = 60.0
     priority: int | None = None
     api_timeout_seconds: float = DEFAULT_TIMEOUT
@@ -73,18 +75,20 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorSettings:
     parser.add_argument("--metrics-port", type=int, default=9090,
                         help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (0 disables)")
     parser.add_argument("--kubeconfig", metavar="PATH",
-                        help="kubeconfig file (default: the in-cluster service account)")
+                        help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the "
+                             "in-cluster service account)")
     parser.add_argument("--resync", type=float, default=60.0, metavar="SECONDS",
                         help="periodic safety reconcile interval")
     parser.add_argument("--api-timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help="deadline of every API request (watches: of their connection); a request "
                              "that runs past it fails the reconcile, which is retried with backoff")
-    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    cli.add_common_flags(parser)
     args = parser.parse_args(argv)
     return OperatorSettings(
         namespaces=list(args.namespaces), peering=args.peering,
         liveness_port=args.liveness_port or None, metrics_port=args.metrics_port or None,
-        kubeconfig=args.kubeconfig, verbose=args.verbose, resync_seconds=args.resync,
+        kubeconfig=args.kubeconfig, log_level=cli.log_level(args), log_format=args.log_format,
+        resync_seconds=args.resync,
         api_timeout_seconds=args.api_timeout,
         priority=args.priority if args.priority is not None or args.peering is None
         else start_time_priority(),

@@ -93,16 +93,13 @@ def _missing_pod(name: str) -> Finding:
 
 
 def _policy_error(where: str, err: pydantic.ValidationError) -> str:
-    lines = [f"{where} is not a valid VGPUPolicy:"]
-    for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"])
-        lines.append(f"  {path}: {e['msg']}")
-    lines.append("fix those fields (`kubectl explain vgpupolicy.spec` describes each)")
-    return "\n".join(lines)
+    fields = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
+    return (f"{where} is not a valid VGPUPolicy: {fields} (`kubectl explain vgpupolicy.spec` describes "
+            f"each field)")
 
 
 def load_policy(path: str | None, objects: list[dict[str, Any]]) -> VGPUPolicy:
-    """The policy from -f, else the one VGPUPolicy among the cluster objects."""
+    """The policy from --policy, else the one VGPUPolicy among the input objects."""
     if path is not None:
         try:
             docs = [d for d in iter_file(Path(path)) if d.get("kind") == KIND]
@@ -111,13 +108,14 @@ def load_policy(path: str | None, objects: list[dict[str, Any]]) -> VGPUPolicy:
         where = path
     else:
         docs = [o for o in objects if o.get("kind") == KIND]
-        where = "the cluster's VGPUPolicy"
+        where = "the input" if objects else "the cluster"
     if not docs:
-        raise UsageError(f"no VGPUPolicy in {path or 'the cluster'}: pass one with -f policy.yaml "
-                         f"(`vgpuctl import` writes one)")
+        raise UsageError(f"no VGPUPolicy in {where}: pass one with --policy FILE (`vgpuctl import` "
+                         f"writes one)")
     if len(docs) > 1:
         names = ", ".join(str(d.get("metadata", {}).get("name")) for d in docs)
-        raise UsageError(f"{len(docs)} VGPUPolicies ({names}) in {where}: pass the one you mean with -f")
+        raise UsageError(f"{len(docs)} VGPUPolicies ({names}) in {where}: pass the one you mean with "
+                         f"--policy")
     try:
         policy = VGPUPolicy.from_object(docs[0])
     except pydantic.ValidationError as err:
@@ -169,9 +167,9 @@ def render_command(args: argparse.Namespace, objects: list[dict[str, Any]], styl
     result, problems = _render(args, objects)
     if not objects:
         # Without a cluster only the two ConfigMaps can be rendered; the rest edits live objects.
-        print("vgpuctl render: no cluster given (-c DIR or --kubeconfig): the scheduler ConfigMap, its "
-              "Deployment and the device plugin DaemonSet are edits of live objects and are left out",
-              file=sys.stderr)
+        print("vgpuctl render: no cluster given (-f DIR, --kubeconfig or --context): the scheduler "
+              "ConfigMap, its Deployment and the device plugin DaemonSet are edits of live objects and "
+              "are left out", file=sys.stderr)
         problems = [p for p in problems if not p.object]
         result.targets = [t for t in result.targets if t.error is None]
     if args.output == "table":
@@ -233,7 +231,7 @@ def import_command(args: argparse.Namespace, objects: list[dict[str, Any]], styl
     imported = import_policy(gather(objects), name=args.name)
     if args.output == "json":
         output.write(output.dump(imported.policy, "json"))
-    else:
+    else:  # yaml: the parser offers no table for a document
         header = "# VGPUPolicy imported by `vgpuctl import`: what the cluster runs today.\n"
         header += "".join(f"# note: {n}\n" for n in imported.notes)
         output.write(header + yaml.safe_dump(imported.policy, sort_keys=False))

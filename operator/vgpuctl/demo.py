@@ -22,6 +22,7 @@ from typing import Any
 
 from vgpu_emulator import RunningEmulator
 from vgpu_formats import annotations as ann
+from vgpu_formats.cli import log_level
 
 from vgpuctl import chain, output
 from vgpuctl.binder import Placement
@@ -225,15 +226,22 @@ async def _wait_nodes_ready(running: RunningEmulator) -> dict[str, Any]:
     return chain.policy_status(running, "default")
 
 
-def _quiet_logs() -> None:
-    """Components log for operators of a real cluster; the demo narrates instead."""
-    logging.basicConfig(level=logging.ERROR, format="      log %(name)s: %(message)s")
+def _quiet_logs(args: argparse.Namespace) -> None:
+    """Components log for operators of a real cluster; the demo narrates instead, and shows their
+    logs only when asked for with --log-level info or debug (-v)."""
+    level = log_level(args)
+    if level >= logging.WARNING:
+        level = logging.ERROR
+        logging.getLogger().setLevel(level)
     for name in ("kopf", "vgpu_operator", "vgpu_deviceplugin", "aiohttp", "asyncio"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger(name).setLevel(level)
+    if args.log_format == "text":  # between the narrated steps, indented like them
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(logging.Formatter("      log %(name)s: %(message)s"))
 
 
 def run_demo(args: argparse.Namespace, style: Style) -> int:
-    _quiet_logs()
+    _quiet_logs(args)
     machine = args.output != "table"
     narrator = Narrator(style, quiet=machine)
     if not machine:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
+from vgpu_formats.kubeconfig import KubeconfigError, locate
+from vgpu_formats.kubeconfig import read as read_kubeconfig
 
 # (API path prefix, plural, apiVersion, kind, required)
 COLLECTIONS: tuple[tuple[str, str, str, str, bool], ...] = (
@@ -46,13 +49,47 @@ async def _list(api: ApiClient, prefix: str, plural: str) -> list[dict[str, Any]
             return items
 
 
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+async def connect(kubeconfig: str | None = None, context: str | None = None) -> tuple[ApiClient, str]:
+    """A client for the kubeconfig kubectl would use, and the server it talks to.
+
+    `vgpu_formats.kubeconfig` finds the file ($KUBECONFIG honoured) and checks the context, so a
+    bad kubeconfig is one line naming the fix; the client library then logs in with it, exec
+    plugins and auth providers included.
+    """
+    try:
+        path = locate(kubeconfig)
+        if path is None:  # in a pod without a kubeconfig: its service account
+            configuration = Configuration()
+            kube_config.load_incluster_config(client_configuration=configuration)
+            return ApiClient(configuration=configuration), str(configuration.host)
+        connection = read_kubeconfig(path, context, allow_context_flag=True)
+    except KubeconfigError as err:
+        raise ClusterError(str(err)) from err
+    except kube_config.ConfigException as err:
+        raise ClusterError(f"in-cluster login failed ({_one_line(err)}); pass --kubeconfig") from err
+    try:
+        api = await kube_config.new_client_from_config(config_file=str(path), context=connection.context)
+    except (OSError, ValueError, kube_config.ConfigException) as err:
+        raise ClusterError(f"kubeconfig {path}, context {connection.context!r}: {_one_line(err)}") from err
+    return api, connection.server
+
+
+def _refused(err: ApiException, where: str, plural: str) -> ClusterError:
+    if err.status == 401:
+        return ClusterError(f"GET {where}: HTTP 401: the kubeconfig's credentials were refused; log in "
+                            f"again or pick another --context")
+    if err.status == 403:
+        return ClusterError(f"GET {where}: HTTP 403: vgpuctl needs get/list on {plural}")
+    return ClusterError(f"GET {where}: HTTP {err.status} {err.reason}")
+
+
 async def read_cluster(kubeconfig: str | None = None, context: str | None = None) -> list[dict[str, Any]]:
     """Every object of the collections above; VGPUPolicies are skipped when the CRD is absent."""
-    try:
-        api = await kube_config.new_client_from_config(config_file=kubeconfig, context=context)
-    except (OSError, kube_config.ConfigException) as err:
-        raise ClusterError(f"cannot load kubeconfig {kubeconfig or '(default)'}: {err}; "
-                           f"pass --kubeconfig or use -f/--cluster-dir with manifests") from err
+    api, server = await connect(kubeconfig, context)
     objects: list[dict[str, Any]] = []
     async with api:
         for prefix, plural, api_version, kind, required in COLLECTIONS:
@@ -61,10 +98,10 @@ async def read_cluster(kubeconfig: str | None = None, context: str | None = None
             except ApiException as err:
                 if err.status == 404 and not required:
                     continue
-                raise ClusterError(f"GET {prefix}/{plural}: HTTP {err.status} {err.reason}; "
-                                   f"vgpuctl needs list on {plural}") from err
-            except OSError as err:
-                raise ClusterError(f"GET {prefix}/{plural}: {err}; is the API server reachable?") from err
+                raise _refused(err, f"{prefix}/{plural}", plural) from err
+            except (OSError, aiohttp.ClientError, TimeoutError) as err:
+                raise ClusterError(f"cannot reach the API server {server} ({_one_line(err)}); is it "
+                                   f"running, and is this the right --context?") from err
             for item in items:
                 item.setdefault("apiVersion", api_version)
                 item.setdefault("kind", kind)

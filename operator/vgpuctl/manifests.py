@@ -38,8 +38,11 @@ def manifest_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
-    raise ManifestError(f"{path}: no such file or directory (pass a manifest file or a directory of them)")
+        found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
+        if not found:  # an empty cluster would pass for one missing every object
+            raise ManifestError(f"no manifests found in {path} (no {', '.join(SUFFIXES)} files)")
+        return found
+    raise ManifestError(f"{path}: no such file or directory")
 
 
 def iter_file(path: Path, prefilter: Prefilter | None = None) -> Iterator[dict[str, Any]]:

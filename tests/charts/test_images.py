@@ -142,3 +142,47 @@ def test_gpus_are_asked_for_by_the_containers_that_use_them(default_objects: lis
     wants = {c["name"] for c in spec["initContainers"] + spec["containers"]
              if any(e["name"] == "NVIDIA_VISIBLE_DEVICES" for e in c.get("env", []))}
     assert wants == {"device-plugin", "monitor"}
+
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def images(values: dict[str, Any]) -> dict[str, set[str]]:
+    """The image of every container, by workload kind."""
+    found: dict[str, set[str]] = {}
+    for obj in chart.render(values):
+        if obj["kind"] in ("Deployment", "DaemonSet"):
+            spec = obj["spec"]["template"]["spec"]
+            found[obj["kind"]] = {c["image"] for c in spec.get("initContainers", []) + spec["containers"]}
+    return found
+
+
+@pytest.mark.parametrize(("values", "operator", "plugin"), [
+    ({}, "ghcr.io/vgpu-operator/vgpu-operator:0.1.0", "ghcr.io/vgpu-operator/vgpu-device-plugin:0.1.0"),
+    # A mirror replaces the registry of both images, whatever each image's own says.
+    ({"global": {"imageRegistry": "mirror.example.com:5000/gpu"},
+      "devicePlugin": {"image": {"registry": "quay.io", "tag": "v2"}}},
+     "mirror.example.com:5000/gpu/vgpu-operator/vgpu-operator:0.1.0",
+     "mirror.example.com:5000/gpu/vgpu-operator/vgpu-device-plugin:v2"),
+    # A digest pins the image; a tag beside it would only mislead, so it is left out.
+    ({"operator": {"image": {"digest": DIGEST, "tag": "ignored"}}},
+     f"ghcr.io/vgpu-operator/vgpu-operator@{DIGEST}", "ghcr.io/vgpu-operator/vgpu-device-plugin:0.1.0"),
+    # No registry: the repository is the whole name (Docker Hub, or a name with its own host).
+    ({"operator": {"image": {"registry": "", "repository": "example/op", "tag": "1"}},
+      "devicePlugin": {"image": {"registry": "", "repository": "local:5000/dp", "digest": DIGEST}}},
+     "example/op:1", f"local:5000/dp@{DIGEST}"),
+])
+def test_image_references(values: dict[str, Any], operator: str, plugin: str) -> None:
+    assert images(values) == {"Deployment": {operator}, "DaemonSet": {plugin}}
+
+
+@pytest.mark.parametrize(("values", "where"), [
+    ({"operator": {"image": {"digest": "0123abcd"}}}, "/operator/image/digest"),
+    ({"devicePlugin": {"image": {"digest": "sha256:XYZ"}}}, "/devicePlugin/image/digest"),
+    ({"operator": {"image": {"registry": "ghcr.io/"}}}, "/operator/image/registry"),
+    ({"global": {"imageRegistry": "https://mirror"}}, "/global/imageRegistry"),
+])
+def test_a_malformed_registry_or_digest_fails_install(values: dict[str, Any], where: str) -> None:
+    with pytest.raises(chart.HelmError) as err:
+        chart.template(values)
+    assert f"at '{where}'" in str(err.value)

@@ -22,7 +22,8 @@ README = (chart.CHART / "README.md").read_text()
 def value_paths(values: Any, schema: dict[str, Any], path: str = "") -> Iterator[str]:
     """Dotted paths of the chart's settings: the leaves of closed objects. Free-form maps
     (labels, selectors), `resources` and the pass-through `policy.spec` count as one setting."""
-    closed = schema.get("additionalProperties") is False
+    # `global` stays open (a parent chart adds its own keys), but the keys it has here are ours.
+    closed = schema.get("additionalProperties") is False or path == "global"
     if isinstance(values, dict) and closed and path != "policy.spec" and not path.endswith(".resources"):
         for key, sub in values.items():
             yield from value_paths(sub, schema["properties"][key], f"{path}.{key}" if path else key)

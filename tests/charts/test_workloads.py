@@ -3,9 +3,13 @@ arguments (parsed by the real entry points), on which nodes, with which privileg
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Any
 
+import kubernetes_validate
 import pytest
+import yaml
 from vgpu_deviceplugin import config
 from vgpu_deviceplugin import main as plugin_main
 from vgpu_deviceplugin.monitor import main as monitor_main
@@ -109,6 +113,52 @@ def test_operator_runs_locked_down(default_objects: list[Obj]) -> None:
     assert "privileged" not in sc
 
 
+# What the chart README gives for platforms that assign the uid (OpenShift's restricted SCC).
+PLATFORM_UID = {"operator": {"podSecurityContext": {"runAsUser": None, "runAsGroup": None, "fsGroup": None}}}
+
+
+def test_the_readme_gives_those_values() -> None:
+    section = (chart.CHART / "README.md").read_text().split("## OpenShift", 1)[1]
+    block = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
+    assert block is not None and yaml.safe_load(block.group(1)) == PLATFORM_UID
+
+
+def test_operator_security_contexts_come_from_values(default_objects: list[Obj]) -> None:
+    # The defaults render exactly as before they became values.
+    spec = pod_spec(default_objects, "Deployment")
+    assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+                                       "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert container(spec, "operator")["securityContext"] == {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def test_a_platform_that_picks_the_uid_gets_none_of_ours() -> None:
+    spec = pod_spec(chart.render(PLATFORM_UID), "Deployment")
+    # null drops a key (helm merges values, so {} would keep the defaults); the rest stays.
+    assert spec["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert "runAsUser" not in container(spec, "operator")["securityContext"]
+    assert pod_spec(chart.render({"operator": {"podSecurityContext": {}}}), "Deployment")["securityContext"] \
+        == pod_spec(chart.render(), "Deployment")["securityContext"]
+
+
+def test_security_contexts_can_be_extended_or_removed() -> None:
+    objs = chart.render({"operator": {"podSecurityContext": None, "securityContext": {"runAsUser": 2000}},
+                         "devicePlugin": {"podSecurityContext": {"seLinuxOptions": {"type": "spc_t"}},
+                                          "securityContext": {"readOnlyRootFilesystem": None}}})
+    operator = pod_spec(objs, "Deployment")
+    assert "securityContext" not in operator
+    assert container(operator, "operator")["securityContext"]["runAsUser"] == 2000
+    plugin = pod_spec(objs, "DaemonSet")
+    assert plugin["securityContext"] == {"seLinuxOptions": {"type": "spc_t"},
+                                         "seccompProfile": {"type": "RuntimeDefault"}}
+    sc = container(plugin, "device-plugin")["securityContext"]
+    assert "readOnlyRootFilesystem" not in sc and sc["capabilities"] == {"drop": ["ALL"]}
+    for obj in objs:
+        if obj["kind"] in ("Deployment", "DaemonSet"):
+            kubernetes_validate.validate(obj, "1.30", strict=True)
+
+
 @pytest.mark.parametrize("profile", list(chart.PROFILES))
 def test_every_container_has_requests_and_limits(renders: Renders, profile: str) -> None:
     for kind in ("Deployment", "DaemonSet"):
@@ -195,7 +245,7 @@ def test_plugin_is_unprivileged_unless_asked(renders: Renders) -> None:
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
 
     spec = pod_spec(renders("privileged-plugin"), "DaemonSet")
-    assert container(spec, "device-plugin")["securityContext"]["privileged"] is True
+    assert container(spec, "device-plugin")["securityContext"] == {"privileged": True, "runAsUser": 0}
     assert spec["runtimeClassName"] == "nvidia"
 
 
@@ -208,7 +258,20 @@ def test_monitor_is_never_privileged(renders: Renders, profile: str) -> None:
     assert {m["mountPath"] for m in monitor["volumeMounts"]} == {"/tmp/vgpu/containers", "/tmp"}
     assert monitor["command"] == ["vgpu-monitor"]
     assert expand_env(monitor["args"], NODE_NAME="n1") == [
-        "--port=9394", "--containers-dir=/tmp/vgpu/containers", "--node-name=n1"]
+        "--port=9394", "--containers-dir=/tmp/vgpu/containers", "--node-name=n1",
+        "--log-level=info", "--log-format=text"]
+
+
+def test_logging_values_reach_every_daemon_and_its_parser() -> None:
+    # One setting for the whole project: each daemon gets it, and each one's own parser takes it.
+    objs = chart.render({"logging": {"level": "warning", "format": "json"}})
+    spec = pod_spec(objs, "DaemonSet")
+    operator_args = container(pod_spec(objs, "Deployment"), "operator")["args"]
+    operator = settings.parse_args(operator_args)
+    assert (operator.log_level, operator.log_format) == (logging.WARNING, "json")
+    for name, parser in (("device-plugin", plugin_main.parser()), ("monitor", monitor_main.parser())):
+        parsed = parser.parse_args(expand_env(container(spec, name)["args"], NODE_NAME="n"))
+        assert (parsed.log_level, parsed.log_format) == ("warning", "json"), name
 
 
 def test_monitor_can_be_left_out(renders: Renders) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import pydantic
 import pytest
 import yaml
 from vgpu_operator import api, crd
@@ -71,14 +72,18 @@ def test_cel_lists_and_strings_are_bounded() -> None:
 def test_printer_columns_and_names() -> None:
     manifest = crd.crd_manifest()
     version = manifest["spec"]["versions"][0]
-    assert [c["name"].upper() for c in version["additionalPrinterColumns"]] == \
+    columns = version["additionalPrinterColumns"]
+    assert [c["name"].upper() for c in columns if not c.get("priority")] == \
         ["READY", "DRIFT", "NODES", "GPUS", "VGPUS", "AGE"]
+    # `-o wide` adds why Ready is what it is.
+    assert [c["name"].upper() for c in columns if c.get("priority") == 1] == ["REASON", "MESSAGE"]
     assert version["subresources"] == {"status": {}}
     assert manifest["spec"]["scope"] == "Cluster"
     assert manifest["spec"]["names"]["shortNames"] == ["vgp"]
     # each column points at a field the status model has
     status = api.VGPUPolicyStatus(
-        conditions=[api.Condition(type="Ready", status="True")], drifted=1,
+        conditions=[api.Condition(type="Ready", status="True", reason="Ready",
+                                  last_transition_time="2025-01-01T00:00:00Z")], drifted=1,
         nodes=api.NodeSummary(summary="2/2"), capacity=api.Capacity(gpus=16, vgpus=160),
     ).model_dump(by_alias=True, exclude_none=True)
     assert status["drifted"] == 1 and status["nodes"]["summary"] == "2/2"
@@ -174,3 +179,17 @@ def test_the_operator_upgrades_an_older_crd_and_never_downgrades_a_newer_one() -
                                                      crd.REVISION_ANNOTATION: revision}}}
     # versions compare as numbers, not as text ("0.10.0" < "0.9.0" as strings)
     assert crd.upgrade_action(_installed("0.10.0", "newer"), ours_090) == "newer-installed"
+
+
+@pytest.mark.parametrize("missing", ["reason", "lastTransitionTime"])
+def test_a_condition_needs_a_reason_and_a_time_as_the_server_does(missing: str) -> None:
+    # tests/e2e/test_crd.py shows the server refusing the same; the model must not write one.
+    fields = {"type": "Ready", "status": "True", "reason": "Ready",
+              "lastTransitionTime": "2025-01-01T00:00:00Z"}
+    with pytest.raises(pydantic.ValidationError):
+        api.Condition.model_validate({k: v for k, v in fields.items() if k != missing})
+    with pytest.raises(pydantic.ValidationError):
+        api.Condition.model_validate({**fields, "reason": ""})
+    status = crd.crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    required = status["properties"]["conditions"]["items"]["required"]
+    assert required == ["type", "status", "reason", "lastTransitionTime"]

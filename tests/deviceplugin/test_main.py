@@ -46,12 +46,29 @@ def test_help_runs_and_missing_node_name_is_an_error(monkeypatch: pytest.MonkeyP
     assert failed.returncode == 2 and "--node-name (or env NODE_NAME) is required" in failed.stderr
 
 
-def test_nvidia_flags_are_accepted_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+def test_nvidia_flags_are_accepted_with_a_warning(caplog: pytest.LogCaptureFixture,
+                                                 capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert "--pass-device-specs" in IGNORED_FLAGS
     from vgpu_deviceplugin import main as entry
 
+    # In a pod (the service account would be used): the GPU spec is what stops it.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     with caplog.at_level(logging.WARNING, logger="vgpu_deviceplugin"):
         code = entry.main(["--node-name", "n", "--device-list-strategy", "envvar", "--mock-gpus", "bogus"])
     assert code == 1
     assert "flag --device-list-strategy has no effect" in caplog.text
-    assert "--mock-gpus item 'bogus'" in caplog.text
+    [error] = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert error.startswith("deviceplugin: error: ") and "--mock-gpus item 'bogus'" in error
+
+
+def test_klog_verbosity_of_upstream_daemonsets_is_a_log_level() -> None:
+    from vgpu_deviceplugin.main import klog_verbosity
+
+    assert klog_verbosity(["-v=4", "--node-name", "n"]) == ["--log-level", "debug", "--node-name", "n"]
+    assert klog_verbosity(["--v=2", "-v", "5", "-v", "--x"]) == ["--log-level", "debug", "-v", "--x"]
+    args = parser().parse_args(klog_verbosity(["--node-name", "n", "-v=4"]))
+    assert args.log_level == "debug"
+    assert parser().parse_args(klog_verbosity(["-v=1", "--log-format", "json"])).log_level == "info"

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import aiohttp
 import pytest
 from vgpu_deviceplugin.monitor import region as layout
-from vgpu_deviceplugin.monitor.exporter import metrics
+from vgpu_deviceplugin.monitor.exporter import LEGACY_NAMES, build_info, metrics
+from vgpu_deviceplugin.monitor.host import HostGpu, NvmlHostGpus
 from vgpu_deviceplugin.monitor.main import serve
 from vgpu_deviceplugin.monitor.region import RegionError, RegionNotReady, parse_region
 from vgpu_deviceplugin.monitor.scan import read_container, scan
+from vgpu_formats.cli import version
 
 GPU_A = "GPU-bc94e532-1820-8ee8-ceaa-704166369c7c"
 GPU_B = "GPU-5beec879-79c9-6252-3aaa-9f5e146ba220"
@@ -81,19 +86,19 @@ def test_scan_and_metrics_name_the_container_and_sum_per_gpu(tmp_path: Path) -> 
     assert sorted(c.container for c in found) == ["cuda-app", "other"]
     families = {m.name: m for m in metrics(found, {POD_UID: ("default", "vgpu-test")}, now_ns=0)}
     usage = {(s.labels["ctrname"], s.labels["vdeviceid"]): s.value
-             for s in families["vGPU_device_memory_usage_in_bytes"].samples}
+             for s in families["vgpu_container_memory_used_bytes"].samples}
     assert usage == {("cuda-app", "0"): 1000 * MIB, ("cuda-app", "1"): 200 * MIB, ("other", "0"): 500 * MIB}
-    sample = families["vGPU_device_memory_limit_in_bytes"].samples[0]
+    sample = families["vgpu_container_memory_limit_bytes"].samples[0]
     assert sample.labels == {"zone": "vGPU", "poduid": POD_UID, "podnamespace": "default",
                              "podname": "vgpu-test", "ctrname": "cuda-app", "vdeviceid": "0",
                              "deviceuuid": GPU_A}
-    per_gpu = {s.labels["deviceuuid"]: s.value for s in families["vGPU_gpu_memory_usage_in_bytes"].samples}
+    per_gpu = {s.labels["deviceuuid"]: s.value for s in families["vgpu_gpu_memory_used_bytes"].samples}
     assert per_gpu == {GPU_A: 1500 * MIB, GPU_B: 200 * MIB}
-    limits = {s.labels["deviceuuid"]: s.value for s in families["vGPU_gpu_memory_limit_in_bytes"].samples}
+    limits = {s.labels["deviceuuid"]: s.value for s in families["vgpu_gpu_memory_limit_bytes"].samples}
     assert limits == {GPU_A: 5000 * MIB, GPU_B: 3000 * MIB}
     # The slot's owner is not alive (nobody holds its lock byte): no process, no last-kernel age.
-    assert {s.value for s in families["vGPU_container_processes"].samples} == {0}
-    assert families["Device_last_kernel_of_container"].samples == []
+    assert {s.value for s in families["vgpu_container_processes"].samples} == {0}
+    assert families["vgpu_container_last_kernel_age_seconds"].samples == []
 
 
 def test_folder_removed_during_a_scan_is_skipped(tmp_path: Path) -> None:
@@ -116,8 +121,8 @@ def test_live_process_is_seen_through_its_lock(tmp_path: Path) -> None:
         found = scan(str(tmp_path))
         assert found[0].live_slots == frozenset({0})
         families = {m.name: m for m in metrics(found, {}, now_ns=now)}
-        assert families["vGPU_container_processes"].samples[0].value == 1
-        age = families["Device_last_kernel_of_container"].samples[0].value
+        assert families["vgpu_container_processes"].samples[0].value == 1
+        age = families["vgpu_container_last_kernel_age_seconds"].samples[0].value
         assert 2.9 < age < 3.1
     finally:
         holder.kill()
@@ -141,9 +146,98 @@ async def test_metrics_endpoint_serves_the_upstream_names(tmp_path: Path) -> Non
                     break
             except aiohttp.ClientConnectionError:
                 await asyncio.sleep(0.05)
+        assert "# TYPE vgpu_container_memory_used_bytes gauge" in text
         assert "# TYPE vGPU_device_memory_usage_in_bytes gauge" in text
         assert "# TYPE Device_last_kernel_of_container gauge" in text
+        # No NVML on this machine: the whole-card series are empty, the rest is served.
+        assert "\nHostGPUMemoryUsage{" not in text and "vgpu_monitor_build_info{version=" in text
         assert f'deviceuuid="{GPU_A}"' in text and "1.048576e+09" in text
     finally:
         stop.set()
         await task
+
+
+class FakeNvmlError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+def fake_nvml(**overrides: Any) -> SimpleNamespace:
+    """pynvml over two cards: h1 has no utilisation counter (NVML_ERROR_NOT_SUPPORTED = 3)."""
+
+    def utilization(handle: str) -> SimpleNamespace:
+        if handle == "h1":
+            raise FakeNvmlError(3)
+        return SimpleNamespace(gpu=42, memory=7)
+
+    base: dict[str, Any] = dict(
+        NVMLError=FakeNvmlError, NVML_ERROR_NOT_SUPPORTED=3, nvmlInit=lambda: None,
+        nvmlDeviceGetCount=lambda: 2, nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        nvmlDeviceGetUUID=lambda h: {"h0": GPU_A.encode(), "h1": GPU_B}[h],
+        nvmlDeviceGetName=lambda h: "NVIDIA L4",
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=1500 * MIB, total=23034 * MIB),
+        nvmlDeviceGetUtilizationRates=utilization)
+    base.update(overrides)
+    return SimpleNamespace(**base)
+
+
+def test_host_gpus_come_from_nvml() -> None:
+    gpus = NvmlHostGpus(fake_nvml()).sample()  # type: ignore[arg-type]
+    assert gpus == [HostGpu(0, GPU_A, "NVIDIA L4", 1500 * MIB, 23034 * MIB, 42),
+                    HostGpu(1, GPU_B, "NVIDIA L4", 1500 * MIB, 23034 * MIB, None)]
+    families = {m.name: m for m in metrics([], {}, 0, gpus)}
+    used = families["HostGPUMemoryUsage"].samples
+    assert [s.labels for s in used] == [
+        {"zone": "vGPU", "deviceidx": "0", "deviceuuid": GPU_A, "devicetype": "NVIDIA-NVIDIA L4"},
+        {"zone": "vGPU", "deviceidx": "1", "deviceuuid": GPU_B, "devicetype": "NVIDIA-NVIDIA L4"}]
+    assert [s.value for s in used] == [1500 * MIB] * 2
+    # NVML has no utilisation for the second card: no sample rather than a made-up 0.
+    assert [(s.labels["deviceidx"], s.value) for s in families["HostCoreUtilization"].samples] == [("0", 42)]
+    assert families["vgpu_host_gpu_memory_total_bytes"].samples[0].value == 23034 * MIB
+
+
+def test_a_card_nvml_cannot_read_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(handle: str) -> SimpleNamespace:
+        if handle == "h0":
+            raise FakeNvmlError(15)  # GPU is lost
+        return SimpleNamespace(used=1, total=2)
+
+    gpus = NvmlHostGpus(fake_nvml(nvmlDeviceGetMemoryInfo=broken)).sample()  # type: ignore[arg-type]
+    assert [g.uuid for g in gpus] == [GPU_B]
+    assert "NVML cannot read GPU 0" in caplog.text
+
+
+def test_without_nvml_the_host_series_are_left_out_and_come_back(caplog: pytest.LogCaptureFixture) -> None:
+    working = {"yes": False}
+
+    def init() -> None:
+        if not working["yes"]:
+            raise FakeNvmlError(12)  # library not found
+
+    caplog.set_level(logging.INFO, logger="vgpu_deviceplugin.monitor.host")
+    host = NvmlHostGpus(fake_nvml(nvmlInit=init))  # type: ignore[arg-type]
+    assert host.sample() == [] and host.sample() == []
+    assert caplog.text.count("NVML not usable") == 1  # once, not on every scrape
+    working["yes"] = True
+    assert len(host.sample()) == 2 and "NVML usable again" in caplog.text
+
+
+def test_upstream_names_are_twins_of_the_snake_case_series(tmp_path: Path) -> None:
+    write_container(tmp_path, "cuda-app", region_bytes([(GPU_A, 3000 * MIB, 1000 * MIB)], []))
+    host = [HostGpu(0, GPU_A, "NVIDIA L4", 5, 10, 30)]
+    families = {m.name: m for m in metrics(scan(str(tmp_path)), {}, 0, host)}
+    for snake, legacy in LEGACY_NAMES.items():
+        assert [(s.labels, s.value) for s in families[legacy].samples] == \
+            [(s.labels, s.value) for s in families[snake].samples], legacy
+        assert all(s.name == legacy for s in families[legacy].samples)
+    assert families["HostGPUMemoryUsage"].documentation == "GPU device memory usage"  # upstream's help
+    without = {m.name for m in metrics(scan(str(tmp_path)), {}, 0, host, legacy=False)}
+    assert not without & set(LEGACY_NAMES.values())
+    assert set(LEGACY_NAMES) <= without
+
+
+def test_build_info_names_the_version() -> None:
+    sample = build_info().samples[0]
+    assert sample.name == "vgpu_monitor_build_info" and sample.value == 1
+    assert sample.labels["version"] == version()

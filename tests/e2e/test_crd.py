@@ -5,6 +5,8 @@ bad policy with the message a user sees from kubectl, the pydantic model agrees 
 from __future__ import annotations
 
 import json
+import subprocess
+import uuid
 from typing import Any
 
 import pydantic
@@ -108,3 +110,53 @@ def test_the_chart_installs_with_default_values(crd_server: Cluster) -> None:
         crd_server.helm("uninstall", "vgpu-check", "-n", namespace, check=False)
         crd_server.kubectl("delete", "vgpupolicy", "default", "--ignore-not-found", "--wait=false")
         crd_server.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def _with_policy(cluster: Cluster, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(_policy(name, {})))
+    return name
+
+
+def _status_patch(cluster: Cluster, name: str, condition: dict[str, Any],
+                  *extra: str) -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl("patch", "vgpupolicy", name, "--subresource=status", "--type=merge", *extra,
+                           "-p", json.dumps({"status": {"conditions": [condition]}}), check=False)
+
+
+READY = {"type": "Ready", "status": "False", "reason": "NotReady",
+         "message": "NodesReady: NodesNotConverged", "lastTransitionTime": "2025-01-01T00:00:00Z"}
+
+
+@pytest.mark.parametrize(("drop", "message"), [
+    ("reason", "conditions[0].reason: Required value"),
+    ("lastTransitionTime", "conditions[0].lastTransitionTime: Required value"),
+])
+def test_a_condition_without_reason_or_time_is_refused(crd_server: Cluster, drop: str, message: str) -> None:
+    # As in metav1.Condition: `-o wide` shows the reason, so no writer may leave it out.
+    name = _with_policy(crd_server, "cond")
+    try:
+        result = _status_patch(crd_server, name, {k: v for k, v in READY.items() if k != drop},
+                               "--dry-run=server")
+        assert result.returncode != 0, f"the server accepted a condition without {drop}"
+        assert message in result.stderr
+        empty = _status_patch(crd_server, name, {**READY, "reason": ""}, "--dry-run=server")
+        assert empty.returncode != 0 and "conditions[0].reason" in empty.stderr
+    finally:
+        crd_server.kubectl("delete", "vgpupolicy", name, "--wait=false")
+
+
+def test_wide_output_shows_why_ready_is_what_it_is(crd_server: Cluster) -> None:
+    name = _with_policy(crd_server, "wide")
+    try:
+        assert _status_patch(crd_server, name, READY).returncode == 0
+        plain = crd_server.kubectl("get", "vgpupolicy", name).stdout.splitlines()
+        assert "REASON" not in plain[0], "the reason columns are for -o wide only"
+        header, row = crd_server.kubectl("get", "vgpupolicy", name, "-o", "wide").stdout.splitlines()
+        # Cut the row at the header's column starts: an empty column (NODES here) prints nothing.
+        assert header.split()[-2:] == ["REASON", "MESSAGE"]
+        reason, message = header.index("REASON"), header.index("MESSAGE")
+        assert row[reason:message].strip() == READY["reason"]
+        assert row[message:].strip() == READY["message"]
+    finally:
+        crd_server.kubectl("delete", "vgpupolicy", name, "--wait=false")

@@ -57,12 +57,12 @@ def test_helm_upgrade_brings_a_changed_crd_with_it(crd_installed: Cluster, tmp_p
         release.ready()
         cluster.kubectl("replace", "-f", "-", stdin=json.dumps(_older_crd()))
         assert _served_revision(cluster) == "older"
-        release.upgrade("--set", "operator.verbose=true")
+        release.upgrade("--set", "logging.level=debug")
         eventually_sync(lambda: _served_revision(cluster) == ours, what="the CRD upgraded by the operator")
         header = cluster.kubectl("get", "vgpupolicy").stdout.splitlines()[0].split()
         assert "DRIFT" in header, "the upgraded CRD's printer columns are served"
         release.ready()
-        assert "--verbose" in operator_args(cluster, release.namespace), "the operator runs the new args"
+        assert "--log-level=debug" in operator_args(cluster, release.namespace), "the operator runs the new args"
 
 
 def test_without_manage_crd_the_documented_command_upgrades_it(crd_installed: Cluster,
@@ -75,9 +75,11 @@ def test_without_manage_crd_the_documented_command_upgrades_it(crd_installed: Cl
         release.upgrade()
         eventually_sync(lambda: "could not be updated" in release.log.read_text(),
                         what="the operator saying the CRD is out of date and how to fix it")
+        assert crd.CRD_FIX in release.log.read_text(), "the error names the command that fixes it"
         assert _served_revision(cluster) == "older", "no right to patch it: left as it was"
         # The README's command for this case: the CRDs of the chart being installed.
-        cluster.kubectl("apply", "-f", "-", stdin=cluster.helm("show", "crds", str(CHART)).stdout)
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                        stdin=cluster.helm("show", "crds", str(CHART)).stdout)
         assert _served_revision(cluster) == ours
 
 

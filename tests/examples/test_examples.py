@@ -44,3 +44,16 @@ def test_example_validates_on_the_fixture_cluster(path: Path) -> None:
     observed = load_observed_from_manifests(_cluster_docs(), policy.spec)
     errors = [p for p in validate(policy, observed) if p.severity == "error"]
     assert errors == []
+
+
+def test_adopting_the_shipped_upstream_install_changes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The README's adoption walk-through, exactly as printed there: import, then diff.
+    from vgpuctl.main import main
+
+    install = str(ROOT / "examples" / "adopt-upstream")
+    assert main(["import", "-f", install]) == 0
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(capsys.readouterr().out)
+    assert main(["diff", "--policy", str(policy), "-f", install]) == 0
+    assert capsys.readouterr().out == "vgpuctl diff: nothing to change\n"

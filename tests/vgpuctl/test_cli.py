@@ -41,7 +41,7 @@ def test_render_with_and_without_a_cluster(capsys, tmp_path):
         ("DaemonSet", "volcano-device-plugin")]
     args = docs[4]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--resource-name=nvidia.com/gpu" in args
-    assert main(["render", "-f", str(path), "-o", "json"]) == 0
+    assert main(["render", "--policy", str(path), "-o", "json"]) == 0
     captured = capsys.readouterr()
     assert [d["metadata"]["name"] for d in json.loads(captured.out)] == [
         "volcano-vgpu-device-config", "volcano-vgpu-node-config"]
@@ -76,7 +76,7 @@ def test_import_then_diff_is_empty_on_a_healthy_cluster(capsys, tmp_path, health
     assert main(["doctor", "-c", str(cluster), "-o", "json"]) == 0
     capsys.readouterr()
     path, _ = _import(capsys, tmp_path, "-c", str(cluster))
-    assert main(["diff", "-f", str(path), "-c", str(cluster), "--no-color"]) == 0
+    assert main(["diff", "--policy", str(path), "-f", str(cluster), "--no-color"]) == 0
     assert capsys.readouterr().out == "vgpuctl diff: nothing to change\n"
 
 
@@ -98,7 +98,9 @@ def test_unreachable_cluster_is_a_clear_error(capsys, tmp_path):
         "users": [{"name": "x", "user": {"token": "t"}}],
         "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}))
     assert main(["doctor", "--kubeconfig", str(config)]) == 2
-    assert "is the API server reachable?" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("vgpuctl doctor: cannot reach the API server http://127.0.0.1:9 (")
+    assert err.count("\n") == 1
 
 
 def test_colour_only_when_asked_or_on_a_terminal(capsys):

@@ -54,8 +54,21 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
+{{/*
+An image reference: [registry/]repository, then @digest when one is set (it pins the image, a tag
+beside it would only mislead), else :tag (empty: the chart's appVersion). global.imageRegistry, a
+mirror, replaces the registry of every image.
+*/}}
 {{- define "vgpu.image" -}}
-{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- $global := .root.Values.global | default dict -}}
+{{- $registry := default .image.registry $global.imageRegistry -}}
+{{- $name := .image.repository -}}
+{{- if $registry }}{{ $name = printf "%s/%s" $registry $name }}{{ end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $name .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $name (default .root.Chart.AppVersion .image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Where the device plugin the policy manages lives: ours, or the adopted upstream one. */}}
@@ -89,17 +102,6 @@ objects such as the VGPUPolicy). Output: a JSON list.
 
 {{- define "vgpu.roleNamespaces" -}}
 {{- append (include "vgpu.watchedNamespaces" . | fromJsonArray) "default" | uniq | toJson -}}
-{{- end -}}
-
-{{/* Container security context shared by every non-root container of the chart. */}}
-{{- define "vgpu.restrictedSecurityContext" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-runAsNonRoot: true
-capabilities:
-  drop: ["ALL"]
-seccompProfile:
-  type: RuntimeDefault
 {{- end -}}
 
 {{/*

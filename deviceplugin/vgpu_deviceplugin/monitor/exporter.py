@@ -1,49 +1,83 @@
-"""Scan results -> Prometheus metrics. Pure: the scan and the pod names are passed in.
+"""Scan results and NVML samples -> Prometheus metrics. `metrics` is pure: its inputs are passed in.
 
-Upstream metric names (volcano-vgpu-monitor) where they exist, with its constant label
-zone="vGPU" and its label names; `poduid` is added so containers are told apart before the pod
-names are known. Per-GPU figures are sums over the containers' regions (what the vGPU layer has
-handed out and what is in use through it), not NVML's view of the whole card.
+Every family has a snake_case name that `promtool check metrics` accepts (`vgpu_*`, units as
+suffixes, counters ending in `_total`). Where upstream's monitor (volcano-vgpu-monitor, HAMi's
+vGPUmonitor) exports the same figure, it is exported a second time under upstream's name, label
+for label (`LEGACY_NAMES`), so dashboards built for upstream keep working; HAMi did the same
+when it added its snake_case names. Labels: upstream's (`zone="vGPU"`, `podnamespace`,
+`podname`, `ctrname`, `vdeviceid`, `deviceuuid`, `deviceidx`), plus `poduid`, so containers are
+told apart before the pod names are known. They stay clear of `namespace`/`pod`/`container`,
+which Prometheus sets on every target and would rename to `exported_*`.
+
+Per-GPU `vgpu_gpu_*` figures are sums over the containers' regions (what the vGPU layer has handed
+out and what is in use through it); `vgpu_host_gpu_*` is NVML's view of the whole card.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from vgpu_formats.cli import version
 
+from vgpu_deviceplugin.monitor.host import HostGpu, HostGpuSource, NvmlHostGpus
 from vgpu_deviceplugin.monitor.scan import ContainerRegion, scan
 
 CONTAINER_LABELS = ["zone", "poduid", "podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid"]
 GPU_LABELS = ["zone", "deviceuuid"]
+HOST_LABELS = ["zone", "deviceidx", "deviceuuid", "devicetype"]  # HAMi's (upstream: all but devicetype)
 ZONE = "vGPU"
+
+# snake_case name -> upstream's name for the same series. Only these may fail `promtool check
+# metrics` (camelCase), and only because dashboards built for upstream query them.
+LEGACY_NAMES: dict[str, str] = {
+    "vgpu_container_memory_used_bytes": "vGPU_device_memory_usage_in_bytes",
+    "vgpu_container_memory_limit_bytes": "vGPU_device_memory_limit_in_bytes",
+    "vgpu_container_last_kernel_age_seconds": "Device_last_kernel_of_container",
+    "vgpu_host_gpu_memory_used_bytes": "HostGPUMemoryUsage",
+    "vgpu_host_gpu_utilization_percent": "HostCoreUtilization",
+}
+LEGACY_HELP: dict[str, str] = {  # upstream's help texts
+    "vGPU_device_memory_usage_in_bytes": "vGPU device usage",
+    "vGPU_device_memory_limit_in_bytes": "vGPU device limit",
+    "Device_last_kernel_of_container": "Container device last kernel description",
+    "HostGPUMemoryUsage": "GPU device memory usage",
+    "HostCoreUtilization": "GPU core utilization",
+}
+
+
+def _gauge(name: str, documentation: str, labels: Sequence[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, labels=list(labels))
 
 
 def metrics(
-    containers: Iterable[ContainerRegion], pod_names: Mapping[str, tuple[str, str]], now_ns: int
+    containers: Iterable[ContainerRegion], pod_names: Mapping[str, tuple[str, str]], now_ns: int,
+    host_gpus: Iterable[HostGpu] = (), legacy: bool = True,
 ) -> list[Metric]:
-    usage = GaugeMetricFamily("vGPU_device_memory_usage_in_bytes",
-                              "GPU memory a container uses through libvgpu, per device",
+    usage = _gauge("vgpu_container_memory_used_bytes",
+                   "GPU memory a container uses through libvgpu, per device", CONTAINER_LABELS)
+    limit = _gauge("vgpu_container_memory_limit_bytes",
+                   "GPU memory cap of a container, per device (0 = none)", CONTAINER_LABELS)
+    peak = _gauge("vgpu_container_memory_peak_bytes",
+                  "highest GPU memory use of a container, per device", CONTAINER_LABELS)
+    sm = _gauge("vgpu_container_sm_limit_percent",
+                "SM cap of a container, per device, in percent (0 = none)", CONTAINER_LABELS)
+    oom = CounterMetricFamily("vgpu_container_oom_refusals", "allocations refused by the memory cap",
                               labels=CONTAINER_LABELS)
-    limit = GaugeMetricFamily("vGPU_device_memory_limit_in_bytes",
-                              "GPU memory cap of a container, per device (0 = none)", labels=CONTAINER_LABELS)
-    peak = GaugeMetricFamily("vGPU_device_memory_peak_in_bytes",
-                             "highest GPU memory use of a container, per device", labels=CONTAINER_LABELS)
-    sm = GaugeMetricFamily("vGPU_device_sm_limit_percent",
-                           "SM cap of a container, per device (0 = none)", labels=CONTAINER_LABELS)
-    oom = CounterMetricFamily("vGPU_device_oom_refusals",
-                              "allocations refused by the memory cap", labels=CONTAINER_LABELS)
-    last_kernel = GaugeMetricFamily("Device_last_kernel_of_container",
-                                    "seconds since the container last launched a kernel",
-                                    labels=CONTAINER_LABELS)
-    processes = GaugeMetricFamily("vGPU_container_processes", "live processes using the region",
-                                  labels=CONTAINER_LABELS[:5])
-    gpu_used = GaugeMetricFamily("vGPU_gpu_memory_usage_in_bytes",
-                                 "sum of containers' GPU memory use per physical GPU", labels=GPU_LABELS)
-    gpu_limit = GaugeMetricFamily("vGPU_gpu_memory_limit_in_bytes",
-                                  "sum of containers' memory caps per physical GPU", labels=GPU_LABELS)
+    last_kernel = _gauge("vgpu_container_last_kernel_age_seconds",
+                         "seconds since the container last launched a kernel", CONTAINER_LABELS)
+    processes = _gauge("vgpu_container_processes", "live processes using the region", CONTAINER_LABELS[:5])
+    gpu_used = _gauge("vgpu_gpu_memory_used_bytes",
+                      "sum of the containers' GPU memory use per physical GPU", GPU_LABELS)
+    gpu_limit = _gauge("vgpu_gpu_memory_limit_bytes",
+                       "sum of the containers' memory caps per physical GPU", GPU_LABELS)
+    host_used = _gauge("vgpu_host_gpu_memory_used_bytes",
+                       "GPU memory in use on the whole card, all processes (NVML)", HOST_LABELS)
+    host_total = _gauge("vgpu_host_gpu_memory_total_bytes", "GPU memory of the card (NVML)", HOST_LABELS)
+    host_util = _gauge("vgpu_host_gpu_utilization_percent",
+                       "percent of the last sample period a kernel ran on the card (NVML)", HOST_LABELS)
     per_gpu: dict[str, list[int]] = {}
     for c in containers:
         namespace, name = pod_names.get(c.pod_uid, ("", ""))
@@ -66,15 +100,43 @@ def metrics(
     for gpu_uuid, (used, capped) in sorted(per_gpu.items()):
         gpu_used.add_metric([ZONE, gpu_uuid], used)
         gpu_limit.add_metric([ZONE, gpu_uuid], capped)
-    return [usage, limit, peak, sm, oom, last_kernel, processes, gpu_used, gpu_limit]
+    for gpu in host_gpus:
+        labels = [ZONE, str(gpu.index), gpu.uuid, f"NVIDIA-{gpu.name}"]  # the register annotation's type
+        host_used.add_metric(labels, gpu.memory_used_bytes)
+        host_total.add_metric(labels, gpu.memory_total_bytes)
+        if gpu.utilization_percent is not None:
+            host_util.add_metric(labels, gpu.utilization_percent)
+    families: list[Metric] = [usage, limit, peak, sm, oom, last_kernel, processes, gpu_used, gpu_limit,
+                              host_used, host_total, host_util]
+    if legacy:
+        families += [_renamed(f, LEGACY_NAMES[f.name]) for f in families if f.name in LEGACY_NAMES]
+    return families
+
+
+def _renamed(family: Metric, name: str) -> Metric:
+    """The same gauge series under upstream's name and help."""
+    twin = GaugeMetricFamily(name, LEGACY_HELP[name])
+    twin.samples = [s._replace(name=name) for s in family.samples]
+    return twin
+
+
+def build_info() -> Metric:
+    info = GaugeMetricFamily("vgpu_monitor_build_info", "always 1; the version of the running monitor",
+                             labels=["version"])
+    info.add_metric([version()], 1)
+    return info
 
 
 class RegionCollector(Collector):
-    """Scans the containers directory on every scrape (a few reads of 200 KB files)."""
+    """Scans the containers directory (a few reads of 200 KB files) and asks NVML on every scrape."""
 
-    def __init__(self, containers_dir: str, pod_names: dict[str, tuple[str, str]]) -> None:
+    def __init__(self, containers_dir: str, pod_names: dict[str, tuple[str, str]],
+                 host: HostGpuSource | None = None, legacy: bool = True) -> None:
         self._dir = containers_dir
         self.pod_names = pod_names
+        self._host = host if host is not None else NvmlHostGpus()
+        self._legacy = legacy
 
     def collect(self) -> Iterable[Metric]:
-        return metrics(scan(self._dir), self.pod_names, time.time_ns())
+        return [*metrics(scan(self._dir), self.pod_names, time.time_ns(), self._host.sample(), self._legacy),
+                build_info()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -13,9 +14,11 @@ from collections.abc import Sequence
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from vgpu_formats import cli, kubeconfig
 
 from vgpu_deviceplugin.kube import ApiKubeClient, KubeError
 from vgpu_deviceplugin.monitor.exporter import RegionCollector
+from vgpu_deviceplugin.monitor.host import HostGpuSource
 
 log = logging.getLogger("vgpu_deviceplugin.monitor")
 NAMES_REFRESH_SECONDS = 30.0
@@ -31,10 +34,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
                    help="this node (env NODE_NAME): pod names come from a field-selected pod list; "
                    "without it (or without API access) metrics carry the pod UID only")
-    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
-                   help="kubeconfig file (env KUBECONFIG); unset: in-cluster service account")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                   help="log verbosity")
+    p.add_argument("--kubeconfig", default=None,
+                   help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the in-cluster "
+                   "service account)")
+    cli.add_common_flags(p)
     return p
 
 
@@ -60,9 +63,10 @@ async def _refresh_names(collector: RegionCollector, node: str, kubeconfig: str 
 
 
 async def serve(port: int, bind: str, containers_dir: str, node: str | None, kubeconfig: str | None,
-                stop: asyncio.Event) -> None:
+                stop: asyncio.Event, host: HostGpuSource | None = None) -> None:
+    """`host`: where the whole-card figures come from; None: NVML (tests pass a fake)."""
     registry = CollectorRegistry()
-    collector = RegionCollector(containers_dir, {})
+    collector = RegionCollector(containers_dir, {}, host)
     registry.register(collector)
 
     async def handle(_: web.Request) -> web.Response:
@@ -84,18 +88,43 @@ async def serve(port: int, bind: str, containers_dir: str, node: str | None, kub
         await runner.cleanup()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _kubeconfig(explicit: str | None) -> str | None:
+    """The kubeconfig for pod names. One that was asked for (flag, $KUBECONFIG) and is missing
+    is an error; none at all only costs the names (`_refresh_names` says so)."""
+    try:
+        located = kubeconfig.locate(explicit)
+    except kubeconfig.KubeconfigError:
+        if explicit or os.environ.get("KUBECONFIG"):
+            raise
+        return None
+    if located is not None:
+        kubeconfig.read(located)  # a broken file: one line now, not a warning later
+    return str(located) if located else None
 
-    async def run() -> None:
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit 1 with one `vgpu-monitor: error: ...` line when it cannot start (usage errors: 2)."""
+    args = parser().parse_args(argv)
+    level = cli.log_level(args)
+    cli.configure_logging(level, args.log_format)
+
+    async def run(config: str | None) -> None:
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        await serve(args.port, args.bind, args.containers_dir, args.node_name, args.kubeconfig, stop)
+        await serve(args.port, args.bind, args.containers_dir, args.node_name, config, stop)
 
-    asyncio.run(run())
+    try:
+        config = _kubeconfig(args.kubeconfig) if args.node_name else None
+        asyncio.run(run(config))
+    except kubeconfig.KubeconfigError as exc:
+        cli.fail("vgpu-monitor", str(exc))
+    except OSError as exc:
+        traced = exc if level <= logging.DEBUG else None
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):  # the listening socket
+            cli.fail("vgpu-monitor", f"--bind {args.bind} --port {args.port}: {exc.strerror}; pick a free "
+                     f"port or address", traced)
+        cli.fail("vgpu-monitor", str(exc), traced)
     return 0
 
 
