@@ -5,7 +5,9 @@ Precedence, one rule for every setting (documented in deviceplugin/README.md):
 1. node-config `config.json`, the entry named like this node (per-node overrides, as upstream);
 2. the device-config ConfigMap, the single source the Volcano scheduler reads too;
 3. a command-line flag, only for fields the ConfigMap leaves out (legacy manifests keep working);
-4. the upstream defaults (names volcano.sh/vgpu-*, split 10, factor 1, scaling 1).
+4. the defaults (names volcano.sh/vgpu-*, split 10, factor 1, scaling 1): the Volcano scheduler's
+   built-in ones, so plugin and scheduler agree without a ConfigMap (upstream plugins do not:
+   v1.11 splits 2, v1.12 0).
 
 A flag that contradicts the ConfigMap loses and produces a loud warning: a flag winning is exactly
 how legacy plugins registered `volcano.sh/vgpu-number` while the scheduler looked for another

@@ -18,7 +18,7 @@ import enum
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from vgpu_formats.annotations import DeviceInfo
+from vgpu_formats.annotations import DeviceInfo, device_type
 
 from vgpu_deviceplugin.api import deviceplugin_pb2 as pb
 from vgpu_deviceplugin.config import Settings
@@ -158,7 +158,7 @@ def node_register(gpus: list[GpuDevice], health: Mapping[str, bool], settings: S
             uuid=g.uuid,
             count=settings.split_count,
             devmem=memory_units(g, settings),
-            type=f"NVIDIA-{g.name}",
+            type=device_type(g.name),
             health=health.get(g.uuid, True),
             mode=settings.mode,
         )

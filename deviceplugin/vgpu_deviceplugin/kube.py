@@ -14,7 +14,6 @@ time the server keeps failing (`Backoff`), so nothing ever re-watches in a tight
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
@@ -22,13 +21,13 @@ import os
 import ssl
 import tempfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
-import yaml
+from vgpu_formats import kubeconfig
 from vgpu_formats.annotations import DEVICES_TO_ALLOCATE
 
 log = logging.getLogger(__name__)
@@ -108,7 +107,7 @@ class KubeClient(Protocol):
 class Connection:
     server: str
     ssl: ssl.SSLContext | bool
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     token_file: str | None = None  # re-read on use: projected tokens rotate
 
     def headers(self) -> dict[str, str]:
@@ -126,51 +125,48 @@ def in_cluster() -> Connection:
 
 
 def from_kubeconfig(path: str) -> Connection:
-    """Current context of a kubeconfig: server, CA, token or client certificate (no exec plugins)."""
-    doc = yaml.safe_load(Path(path).read_text()) or {}
-    base = Path(path).resolve().parent
+    """Current context of a kubeconfig, read by the parser every command shares
+    (vgpu_formats.kubeconfig: KubeconfigError names what is missing): server, CA, token or
+    client certificate. Exec plugins and auth providers are refused: no client library here runs
+    them."""
+    return from_connection(kubeconfig.read(Path(path)), path)
 
-    def named(kind: str, name: str) -> dict[str, Any]:
-        for item in doc.get(f"{kind}s") or []:
-            if item.get("name") == name:
-                return dict(item.get(kind) or {})
-        raise KubeError(f"kubeconfig {path}: no {kind} named {name!r}")
 
-    context = named("context", doc.get("current-context", ""))
-    cluster, user = named("cluster", context.get("cluster", "")), named("user", context.get("user", ""))
-    if "exec" in user or "auth-provider" in user:
+def from_connection(found: kubeconfig.Connection, path: str) -> Connection:
+    """The plugin's connection for one context that `kubeconfig.read` returned."""
+    if found.external_login:
         raise KubeError(f"kubeconfig {path}: exec/auth-provider users are not supported; use a token")
-    server = str(cluster["server"]).rstrip("/")
-    tls: ssl.SSLContext | bool = False
-    if server.startswith("https"):
-        tls = _tls(cluster, user, base)
-    token = user.get("token")
-    token_file = str(base / user["tokenFile"]) if user.get("tokenFile") else None
-    return Connection(server, tls, token=token, token_file=token_file)
+    server = found.server.rstrip("/")
+    tls: ssl.SSLContext | bool = _tls(found) if server.startswith("https") else False
+    # A tokenFile is re-read on use, like the service account's (projected tokens rotate).
+    return Connection(server, tls, token=None if found.token_path else found.token,
+                      token_file=found.token_path)
 
 
-def _tls(cluster: dict[str, Any], user: dict[str, Any], base: Path) -> ssl.SSLContext:
-    if cluster.get("insecure-skip-tls-verify"):
+def _tls(found: kubeconfig.Connection) -> ssl.SSLContext:
+    if found.insecure:
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-    elif cluster.get("certificate-authority-data"):
-        pem = base64.b64decode(cluster["certificate-authority-data"]).decode()
-        context = ssl.create_default_context(cadata=pem)
-    elif cluster.get("certificate-authority"):
-        context = ssl.create_default_context(cafile=str(base / cluster["certificate-authority"]))
+    elif found.ca_data:
+        context = ssl.create_default_context(cadata=found.ca_data.decode())
+    elif found.ca_path:
+        context = ssl.create_default_context(cafile=found.ca_path)
     else:
         context = ssl.create_default_context()
-    if user.get("client-certificate-data"):
-        # load_cert_chain wants files: write private ones, load, remove.
+    if found.certificate_data or found.certificate_path:
+        # load_cert_chain wants files: data is written to private ones, loaded, removed.
         with tempfile.TemporaryDirectory() as folder:
-            cert, key = Path(folder) / "cert", Path(folder) / "key"
-            cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
-            key.write_bytes(base64.b64decode(user["client-key-data"]))
+            cert = found.certificate_path or _private(Path(folder) / "cert", found.certificate_data)
+            key = found.key_path or (_private(Path(folder) / "key", found.key_data) if found.key_data
+                                     else None)  # None: the key is in the certificate's file
             context.load_cert_chain(cert, key)
-    elif user.get("client-certificate"):
-        context.load_cert_chain(base / user["client-certificate"], base / user["client-key"])
     return context
+
+
+def _private(path: Path, data: bytes | None) -> str:
+    path.write_bytes(data or b"")
+    return str(path)
 
 
 class ApiKubeClient:
@@ -186,8 +182,9 @@ class ApiKubeClient:
         self._watch_retry, self._watch_retry_max = watch_retry, watch_retry_max
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None) -> ApiKubeClient:
-        return cls(from_kubeconfig(kubeconfig) if kubeconfig else in_cluster())
+    async def connect(cls, path: str | None) -> ApiKubeClient:
+        """From the kubeconfig at `path`; None: the pod's service account."""
+        return cls(from_kubeconfig(path) if path else in_cluster())
 
     async def close(self) -> None:
         await self._session.close()

@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.kubeconfig = str(located) if located else None
         asyncio.run(_serve(flags_from(args), fail_on_init_error=args.fail_on_init_error == "true"))
     except (GpuError, KubeError, kubeconfig.KubeconfigError, OSError) as exc:
-        return cli.report("deviceplugin", str(exc), exc if traced else None)
+        return cli.report("deviceplugin", str(exc), exc if traced else None, args.log_format)
     return 0
 
 

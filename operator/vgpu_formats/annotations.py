@@ -89,13 +89,22 @@ _SEPARATORS = (",", ":", ";")
 
 # --- node register -------------------------------------------------------------------------------
 
+# A registered GPU's `type` is its NVML name behind this prefix, as upstream's plugin writes it; the
+# monitor labels its host series with the same text, so the two can be joined.
+DEVICE_TYPE_PREFIX = "NVIDIA-"
+
+
+def device_type(nvml_name: str) -> str:
+    """The `type` of a GPU NVML names `nvml_name`: `NVIDIA-NVIDIA L4`."""
+    return DEVICE_TYPE_PREFIX + nvml_name
+
 
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
     """One physical GPU as the plugin registers it on the node.
 
     `count` is the split count (tasks that may share the GPU); `devmem` is MiB divided by
-    gpuMemoryFactor; `type` is ``NVIDIA-<NVML name>``; `mode` is ``hami-core`` or ``mig``.
+    gpuMemoryFactor; `type` is ``NVIDIA-<NVML name>`` (`device_type`); `mode` is ``hami-core`` or ``mig``.
     """
 
     uuid: str

@@ -21,8 +21,17 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-# LogRecord attributes that are not extra fields (`logger.info(..., extra={...})` adds the others).
-_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+# The JSON keys kopf's own JSON logs (python-json-logger, kopf's ObjectJsonFormatter) use for the
+# object a line is about and for a traceback; the operator (vgpu_operator/logs.py) and the node
+# daemons (JsonFormatter) write both alike.
+REFKEY = "object"
+EXCEPTION_KEY = "exc_info"
+
+# LogRecord attributes that are not extra fields (`logger.info(..., extra={...})` adds the others),
+# and kopf's internals it adds to its object loggers' records (an OperatorSettings repr of ~2 KB, the
+# "not an Event" flag), which its own JSON leaves out too.
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", "settings", "k8s_skip", "k8s_ref"}
 
 
 def version() -> str:
@@ -56,8 +65,9 @@ _SEVERITY = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "war
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, and any `extra` fields as they are.
 
-    The field names match the ones kopf's JSON logs use (`timestamp`, `severity`, `message`), so
-    one collector configuration reads the operator and the node daemons alike.
+    The field names match the ones kopf's JSON logs use (`timestamp`, `severity`, `message`,
+    REFKEY, EXCEPTION_KEY), so one collector configuration reads the operator and the node daemons
+    alike. An extra field named like a base field does not replace it.
     """
 
     def format(self, record: logging.LogRecord) -> str:
@@ -67,9 +77,14 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        entry.update({k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS})
+        fields = vars(record)
+        if "k8s_ref" in fields:  # kopf's object reference, under kopf's JSON key
+            entry[REFKEY] = fields["k8s_ref"]
         if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
+            entry[EXCEPTION_KEY] = self.formatException(record.exc_info)
+        for key, value in fields.items():
+            if key not in _RECORD_FIELDS:
+                entry.setdefault(key, value)  # the fields above win over an extra of the same name
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
@@ -99,15 +114,23 @@ def configure_logging(level: int, log_format: str) -> None:
     root.setLevel(level)
 
 
-def report(prog: str, message: str, exc: BaseException | None = None) -> int:
+def report(prog: str, message: str, exc: BaseException | None = None, log_format: str = "text") -> int:
     """One `prog: error: message` line on stderr, argparse's form; 1, the exit status (argparse's
-    usage errors exit 2). `exc`, given at --log-level debug only, is printed as a traceback first."""
+    usage errors exit 2). `exc`, given at --log-level debug only, is printed as a traceback first.
+    --log-format json: one JSON record instead (severity fatal, logger `prog`, the traceback as
+    EXCEPTION_KEY), so a log collector does not get the one line that matters most as plain text."""
+    line = " ".join(message.split())
+    if log_format == "json":
+        record = logging.LogRecord(prog, logging.CRITICAL, "", 0, line, None,
+                                   (type(exc), exc, exc.__traceback__) if exc is not None else None)
+        print(JsonFormatter().format(record), file=sys.stderr)
+        return 1
     if exc is not None:
         traceback.print_exception(exc, file=sys.stderr)
-    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
+    print(f"{prog}: error: {line}", file=sys.stderr)
     return 1
 
 
-def fail(prog: str, message: str, exc: BaseException | None = None) -> NoReturn:
+def fail(prog: str, message: str, exc: BaseException | None = None, log_format: str = "text") -> NoReturn:
     """`report`, then exit 1."""
-    sys.exit(report(prog, message, exc))
+    sys.exit(report(prog, message, exc, log_format))

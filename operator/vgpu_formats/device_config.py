@@ -38,6 +38,8 @@ DEFAULT_COUNT_NAME = "volcano.sh/vgpu-number"
 DEFAULT_MEMORY_NAME = "volcano.sh/vgpu-memory"
 DEFAULT_MEMORY_PERCENTAGE_NAME = "volcano.sh/vgpu-memory-percentage"
 DEFAULT_CORE_NAME = "volcano.sh/vgpu-cores"
+# The scheduler's built-in split count (and our plugin's); upstream plugins use their own
+# (`vgpu_operator.versions.PluginTraits.split_default`).
 DEFAULT_SPLIT_COUNT = 10
 
 class _Strict(BaseModel):

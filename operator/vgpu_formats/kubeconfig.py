@@ -14,7 +14,7 @@ import base64
 import binascii
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,8 @@ class KubeconfigError(ValueError):
 
 @dataclass(frozen=True)
 class Connection:
-    """One context of a kubeconfig: where the API server is and how to log in."""
+    """One context of a kubeconfig: where the API server is and how to log in. The secrets are
+    left out of its repr: a Connection in a log line or a traceback must not leak them."""
 
     context: str
     server: str
@@ -40,13 +41,15 @@ class Connection:
     ca_path: str | None = None
     ca_data: bytes | None = None
     insecure: bool = False
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
+    # The tokenFile the token was read from: a long-running client re-reads it (tokens rotate).
+    token_path: str | None = None
     certificate_path: str | None = None
-    certificate_data: bytes | None = None
+    certificate_data: bytes | None = field(default=None, repr=False)
     key_path: str | None = None
-    key_data: bytes | None = None
+    key_data: bytes | None = field(default=None, repr=False)
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     # exec plugins and auth providers (cloud logins) are left to the client library.
     external_login: bool = False
 
@@ -99,6 +102,7 @@ def read(path: Path, context: str | None = None, *, allow_context_flag: bool = F
         raise KubeconfigError(f"kubeconfig {path}: cluster {ctx.get('cluster')!r} has no server")
     folder = path.parent
     token = user.get("token")
+    token_file: Path | None = None
     if not token and user.get("tokenFile"):
         token_file = _relative(folder, user["tokenFile"])
         try:
@@ -111,7 +115,7 @@ def read(path: Path, context: str | None = None, *, allow_context_flag: bool = F
         ca_path=_path(folder, cluster.get("certificate-authority")),
         ca_data=_data(cluster, "certificate-authority-data", path),
         insecure=bool(cluster.get("insecure-skip-tls-verify")),
-        token=token,
+        token=token, token_path=str(token_file) if token_file else None,
         certificate_path=_path(folder, user.get("client-certificate")),
         certificate_data=_data(user, "client-certificate-data", path),
         key_path=_path(folder, user.get("client-key")),
@@ -145,6 +149,7 @@ def _data(section: dict[str, Any], key: str, path: Path) -> bytes | None:
     if not value:
         return None
     try:
-        return base64.b64decode(str(value), validate=True)
+        # kubectl accepts the data line-wrapped (as `base64` writes it): whitespace is not data.
+        return base64.b64decode("".join(str(value).split()), validate=True)
     except (binascii.Error, ValueError) as exc:
         raise KubeconfigError(f"kubeconfig {path}: {key} is not base64") from exc

@@ -45,8 +45,9 @@ REVISION_ANNOTATION = f"{api.GROUP}/crd-revision"
 # tests/e2e/test_crd_upgrade.py runs it): the chart carries the CRD, a chart-repo user has no crds/.
 # Server-side apply with --force-conflicts takes over the fields helm or the operator wrote.
 CRD_FIX = ("helm show crds <chart> | kubectl apply --server-side --force-conflicts -f - "
-           "(<chart>: the chart you installed, e.g. <repo>/vgpu-operator --version <version>), "
-           "or set the chart value operator.manageCRD=true")
+           "(<chart>: the chart you installed, e.g. <repo>/vgpu-operator --version <version>)")
+# Only where the update was refused (403): the chart grants the patch with manageCRD, never create.
+CRD_FIX_FORBIDDEN = f"{CRD_FIX}, or set the chart value operator.manageCRD=true"
 HEADER = "# Generated from vgpu_operator/api.py by `python -m vgpu_operator.crd --write`. Do not edit.\n"
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [

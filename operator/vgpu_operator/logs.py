@@ -1,10 +1,11 @@
 """The operator's logs: kopf's own log configuration, and one INFO line per action on the cluster.
 
 kopf formats every line that carries an object reference (`k8s_ref`): `[name] message` in text,
-an `"object": {...}` field in JSON. Its handler lines carry the VGPUPolicy's; `PolicyLogger` gives
-the Reconciler's lines (which run outside kopf's handlers) the same reference, so the two read
-alike. Each write, restart and repair is one `action` line whose `extra` fields (`action`,
-`target`, `reason`) come out as JSON fields for log collectors.
+an `"object": {...}` field in JSON (cli.REFKEY, the node daemons' key too). Its handler lines
+carry the VGPUPolicy's; `PolicyLogger` gives the Reconciler's lines (which run outside kopf's
+handlers) the same reference, so the two read alike. Each write, restart and repair is one
+`action` line whose `extra` fields (`action`, `target`, `reason`) come out as JSON fields for log
+collectors.
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ from typing import Any, cast
 
 import kopf
 from vgpu_formats import cli
-
-# The JSON key of the object a line is about; kopf's default, named here so tests and docs agree.
-REFKEY = "object"
 
 logger = logging.getLogger("vgpu_operator")
 
@@ -31,7 +29,7 @@ def configure(level: int, log_format: str) -> None:
     text = cast(kopf.LogFormat, cli.TEXT_FORMAT)
     kopf.configure(debug=level <= logging.DEBUG, quiet=level >= logging.WARNING,
                    log_format=kopf.LogFormat.JSON if json_logs else text,
-                   log_prefix=not json_logs, log_refkey=REFKEY)
+                   log_prefix=not json_logs, log_refkey=cli.REFKEY)
     root = logging.getLogger()
     root.setLevel(level)  # kopf knows three levels; --log-level error is a fourth
     if json_logs:  # kopf's JSON has no logger field; cli.JsonFormatter's (the node daemons') has

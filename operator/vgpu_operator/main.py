@@ -142,7 +142,7 @@ async def upgrade_crd(kube: Kube) -> None:
             # Go on: the installed schema still serves the policy; what it lacks is pruned or
             # refused, so say it as an error, with the command that fixes it.
             logger.error("CRD %s is out of date and could not be updated (HTTP %s): %s", crd.CRD_NAME,
-                         exc.status, crd.CRD_FIX)
+                         exc.status, crd.CRD_FIX_FORBIDDEN if exc.status == 403 else crd.CRD_FIX)
 
 
 async def run_operator(
@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         asyncio.run(_serve(settings))
     except Exception as exc:
         traced = exc if settings.log_level <= logging.DEBUG else None
-        startup.fail(startup.describe(exc, settings, server), traced)
+        startup.fail(startup.describe(exc, settings, server), traced, settings.log_format)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,14 @@ def describe(target: Target) -> str:
     return describe_object(target.kind, target.namespace, target.name)
 
 
+def parse_ref(ref: str) -> TargetKey:
+    """(kind, namespace, name) of a `describe` ref, `Deployment ns/name`: restarts keep their
+    target as that text, the form the pending-restarts annotation carries."""
+    kind, _, where = ref.partition(" ")
+    namespace, _, name = where.partition("/")
+    return kind, namespace, name
+
+
 @dataclass(frozen=True)
 class Previous:
     """What the last reconcile left in status for one target."""
@@ -298,7 +306,7 @@ def unfinished(pending: Pending,
     todo: list[str] = []
     done: list[Restart] = []
     for ref, wanted in sorted(pending.workloads.items()):
-        kind = ref.split(" ", 1)[0]
+        kind = parse_ref(ref)[0]
         if ref not in live or kind not in WORKLOAD_RESTARTS:
             continue
         restart_kind, annotation = WORKLOAD_RESTARTS[kind]

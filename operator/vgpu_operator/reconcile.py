@@ -31,6 +31,7 @@ from vgpu_operator.plan import (
     Restart,
     describe,
     make_plan,
+    parse_ref,
     pending_of,
     previous_from_status,
     restart_events,
@@ -313,6 +314,7 @@ class Reconciler:
         error: str | None = None
         log = logs.PolicyLogger(body, logger)
         self._recreated -= set(plan.recreate_plugin_pods_on)  # announced anew: not done yet
+        why = {r.target: r.reason for r in plan.restarts if r.kind == "plugin-pod"}  # node -> reason
         try:
             for decision in (d for d in plan.decisions if d.write):
                 target = decision.target
@@ -327,8 +329,8 @@ class Reconciler:
                         recreated.add(node)
                         self._recreated.add(node)
                         logs.action(log, "restarted", "Pod", namespace, pod_name, "config",
-                                    f"device plugin pod on {node} deleted to restart it (node-config entry "
-                                    f"changed)")
+                                    f"device plugin pod on {node} deleted to restart it "
+                                    f"({why.get(node, 'config changed')})")
         except Exception as exc:
             error = describe_error(exc)[:1024]
             log.warning("applying VGPUPolicy %s failed: %s", body["metadata"]["name"], error)
@@ -339,8 +341,7 @@ class Reconciler:
         restarted = plan.done(recreated, written)
         for restart in restarted:
             if restart.kind != "plugin-pod":  # a rollout: the workload write above started it
-                kind, where = restart.target.split(" ", 1)
-                namespace, name = where.split("/", 1)
+                kind, namespace, name = parse_ref(restart.target)
                 logs.action(log, "restarted", kind, namespace, name, "config", f"rollout ({restart.reason})")
         self.metrics.record_restarts(restarted)
         for event in [*(plan.events if error is None else []), *restart_events(restarted)]:
@@ -463,8 +464,7 @@ def _interrupted(policy: api.VGPUPolicy, refs: Collection[str], pending: Pending
     status = policy.status or api.VGPUPolicyStatus()
     interrupted: dict[tuple[str, str, str], api.TargetStatus] = {}
     for ref in refs:
-        kind, where = ref.split(" ", 1)
-        namespace, name = where.split("/", 1)
+        kind, namespace, name = parse_ref(ref)
         interrupted[(kind, namespace, name)] = api.TargetStatus(
             kind=kind, namespace=namespace, name=name, hash=pending.workloads[ref], state="Error",
             message="a reconcile was interrupted before rolling it")

@@ -82,5 +82,5 @@ def _in_cluster_server() -> str:
     return f"https://{host}:{port}" if host else "(unknown)"
 
 
-def fail(message: str, exc: BaseException | None = None) -> NoReturn:
-    cli.fail("vgpu-operator", message, exc)
+def fail(message: str, exc: BaseException | None = None, log_format: str = "text") -> NoReturn:
+    cli.fail("vgpu-operator", message, exc, log_format)

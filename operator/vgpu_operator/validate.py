@@ -9,7 +9,6 @@ device-plugin.md §1.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -33,7 +32,9 @@ from vgpu_operator.render.inputs import (
     InputError,
     Problem,
     Severity,
+    check_workload,
     describe,
+    find_container,
     find_plugin,
     parse_scheduler_conf,
     pod_template,
@@ -44,9 +45,6 @@ __all__ = ["Problem", "errors", "validate"]
 
 DEFAULT_NAMES = {"count": dc_fmt.DEFAULT_COUNT_NAME, "memory": dc_fmt.DEFAULT_MEMORY_NAME,
                  "cores": dc_fmt.DEFAULT_CORE_NAME}
-# The kubelet's gRPC message limit is 4 MiB; ListAndWatch sends one device per memory unit, which
-# overflows at roughly 60,000 devices (research anchors.md §6 G2).
-LIST_AND_WATCH_LIMIT = 60000
 
 Rule = Callable[[VGPUPolicySpec, Observed], Iterable[Problem]]
 
@@ -114,27 +112,72 @@ def check_plugin_generation(spec: VGPUPolicySpec, observed: Observed) -> Iterabl
                           f"{found.detail}; set spec.devicePlugin.generation to legacy (<= v1.11), "
                           "current (v1.12+) or builtin", "error", where)
         return
-    if found.generation == "current":
-        for key, value in _names(spec).items():
-            if value and not value.startswith("volcano.sh/"):
-                yield Problem(f"spec.resources.{key}", "ResourceNameOutsideVolcanoDomain",
-                              f"{value!r}: device plugin v1.12+ prefixes every name with volcano.sh/, so "
-                              f"the kubelet would reject it. Use a volcano.sh/ name", "error", where)
-    if found.generation == "legacy":
+    traits = versions.plugin_traits(found.generation)
+    yield from _registered_names(spec, found.generation, where)
+    yield from _dropped_flags(spec, observed, found.generation, where)
+    if not traits.applies_node_split_and_filters:
         yield from _ignored_by_legacy(spec, where)
-    if found.generation != "builtin":
+    if spec.device.disable_core_limit and not traits.applies_disable_core_limit:
+        yield Problem("spec.device.disableCoreLimit", "IgnoredByUpstreamPlugin",
+                      "the upstream device plugin (v1.11 and v1.12) loads disableCoreLimit but never sets "
+                      "GPU_CORE_UTILIZATION_POLICY, so SM limits stay on; use this project's plugin "
+                      "(generation builtin) or drop the setting", "warning", where)
+    if not traits.applies_core_scaling:
+        scaled = [("spec.device.deviceCoreScaling", spec.device.device_core_scaling)] + [
+            (f"spec.nodeOverrides[{i}].deviceCoreScaling", o.device_core_scaling)
+            for i, o in enumerate(spec.node_overrides)]
+        for field, value in scaled:
+            if value is not None and value != 1:
+                yield Problem(field, "IgnoredByLegacyPlugin",
+                              "device plugins <= v1.11 register 100 core devices per GPU whatever "
+                              "deviceCoreScaling says (and never set CUDA_OVERSUBSCRIBE); upgrade the plugin "
+                              "to v1.12+ or set it to 1", "warning", where)
+    if not traits.applies_memory_scaling:
         for index, override in enumerate(spec.node_overrides):
             if override.device_memory_scaling is not None:
                 yield Problem(f"spec.nodeOverrides[{index}].deviceMemoryScaling", "IgnoredByUpstreamPlugin",
                               "the upstream device plugin reads devicememoryscaling but never applies it "
                               "(registered memory is not scaled); use this project's plugin (generation "
                               "builtin) or drop the setting", "warning", where)
-    if found.generation != "builtin":
+    if not traits.implements_mps:
         for index, override in enumerate(spec.node_overrides):
             if override.operating_mode == "mps":
                 yield Problem(f"spec.nodeOverrides[{index}].operatingMode", "MpsNotImplemented",
                               "the upstream device plugin does not implement mps mode; use hami-core or mig, "
                               "or this project's plugin (generation builtin)", "warning", where)
+
+
+def _registered_names(spec: VGPUPolicySpec, generation: versions.Generation,
+                      where: str) -> Iterable[Problem]:
+    """The names the plugin registers (memoryPercentage is the scheduler's alone) as it spells them."""
+    traits = versions.plugin_traits(generation)
+    for key, value in _plugin_names(spec).items():
+        name = versions.registered_name(generation, value)
+        if name != value:
+            yield Problem(f"spec.resources.{key}", "ResourceNameOutsideVolcanoDomain",
+                          f"{value!r}: device plugin v1.12+ prefixes every name with volcano.sh/, so "
+                          f"the kubelet would reject it. Use a volcano.sh/ name", "error", where)
+        elif traits.max_resource_name is not None and len(name) > traits.max_resource_name:
+            yield Problem(f"spec.resources.{key}", "ResourceNameTooLong",
+                          f"{value!r} has {len(name)} characters: device plugin v1.12+ silently skips a "
+                          f"resource whose name is longer than {traits.max_resource_name}, so the node "
+                          f"would never offer it. Use a shorter name", "error", where)
+
+
+def _dropped_flags(spec: VGPUPolicySpec, observed: Observed, generation: versions.Generation,
+                   where: str) -> Iterable[Problem]:
+    """Flags the render removes because the plugin binary does not define them."""
+    plugin = spec.device_plugin
+    try:
+        live = observed.device_plugin or {}
+        check_workload(live, where, "spec.devicePlugin.daemonSet")
+        _, container = find_container(live, plugin.container, where)
+    except InputError:
+        return  # reported by the render
+    for flag in device_plugin.edited_container_argv(spec, container, generation).dropped:
+        yield Problem("spec.devicePlugin", "UnknownPluginFlagDropped",
+                      f"{where} passes {flag!r}, which device plugin v1.12+ does not define (it would exit "
+                      "1); the operator removes it from the container's command line", "warning", where)
 
 
 def _ignored_by_legacy(spec: VGPUPolicySpec, where: str) -> Iterable[Problem]:
@@ -151,9 +194,9 @@ def _ignored_by_legacy(spec: VGPUPolicySpec, where: str) -> Iterable[Problem]:
                           "the plugin to v1.12+", "warning", where)
 
 
-def _names(spec: VGPUPolicySpec) -> dict[str, str]:
+def _plugin_names(spec: VGPUPolicySpec) -> dict[str, str]:
     r = spec.resources
-    return {"count": r.count, "memory": r.memory, "memoryPercentage": r.memory_percentage, "cores": r.cores}
+    return {"count": r.count, "memory": r.memory, "cores": r.cores}
 
 
 # --- observed objects ----------------------------------------------------------------------------
@@ -216,19 +259,19 @@ def check_scheduler_conf(spec: VGPUPolicySpec, observed: Observed) -> Iterable[P
 
 def check_target_namespaces(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:
     ref = spec.targets.device_config
-    found = versions.plugin_generation(spec.device_plugin.generation, observed.device_plugin,
-                                       spec.device_plugin.container)
-    if found.generation in ("legacy", "current") and ref.namespace not in dc_fmt.PLUGIN_NAMESPACES:
+    generation = device_config.plugin_generation(spec, observed)
+    fixed = generation is not None and versions.plugin_traits(generation).fixed_device_config_place
+    if fixed and ref.namespace not in dc_fmt.PLUGIN_NAMESPACES:
         yield Problem("spec.targets.deviceConfig.namespace", "DeviceConfigNamespaceUnread",
                       f"the upstream device plugin reads {dc_fmt.CONFIGMAP_NAME} only from kube-system or "
                       f"volcano-system, not {ref.namespace!r}; use kube-system", "error")
-    elif found.generation in ("legacy", "current") and ref.name != dc_fmt.CONFIGMAP_NAME:
+    elif fixed and ref.name != dc_fmt.CONFIGMAP_NAME:
         yield Problem("spec.targets.deviceConfig.name", "DeviceConfigNameUnread",
                       f"the upstream device plugin reads the hard-coded name {dc_fmt.CONFIGMAP_NAME}, not "
                       f"{ref.name!r}; use that name", "error")
     shadow = observed.device_config_shadow_text()
-    if found.generation in ("legacy", "current") and shadow is not None:
-        yield from _shadowed(spec, shadow)
+    if fixed and shadow is not None:
+        yield from _shadowed(spec, observed, shadow)
     if observed.device_plugin is not None:
         pod = pod_template(observed.device_plugin).get("spec")
         volumes = pod.get("volumes") if isinstance(pod, dict) else None
@@ -242,11 +285,11 @@ def check_target_namespaces(spec: VGPUPolicySpec, observed: Observed) -> Iterabl
                           "spec.targets.nodeConfig.name to the mounted one", "warning", where)
 
 
-def _shadowed(spec: VGPUPolicySpec, shadow_text: str) -> Iterable[Problem]:
+def _shadowed(spec: VGPUPolicySpec, observed: Observed, shadow_text: str) -> Iterable[Problem]:
     """A kube-system copy the upstream plugin reads before the volcano-system target: harmless
     while it says the same, a scheduler/plugin split when it does not."""
     shadow = dc_fmt.load_device_config(shadow_text)
-    wanted = device_config.desired_config(spec)
+    wanted = device_config.desired_config(spec, observed)
     if device_config.plugin_reads(shadow)[1] == device_config.plugin_reads(wanted)[1]:
         return
     ref = spec.targets.device_config
@@ -299,41 +342,54 @@ def check_node_overrides(spec: VGPUPolicySpec, observed: Observed) -> Iterable[P
                           "--mig-strategy flag); use operatingMode mig for dynamic MIG", "warning")
 
 
-def _node_gpus(node: dict[str, Any], live_factor: int) -> list[int]:
-    """Total MiB of each GPU of a node, from the register annotation (devmem x factor)."""
+def _node_gpus(node: dict[str, Any], live_factor: int) -> list[tuple[str, int]]:
+    """(UUID, total MiB) of each GPU of a node, from the register annotation (devmem x factor)."""
     text = ((node.get("metadata") or {}).get("annotations") or {}).get(ann.NODE_REGISTER)
     if not text:
         return []
     try:
-        return [device.devmem * live_factor for device in ann.decode_node_register(text)]
+        return [(device.uuid, device.devmem * live_factor) for device in ann.decode_node_register(text)]
     except FormatError:
         return []
+
+
+def _memory_list(generation: versions.Generation | None, gpus: list[tuple[str, int]], factor: int) -> int:
+    return versions.memory_list_bytes(generation, [(uuid, mib // factor) for uuid, mib in gpus])
 
 
 def check_gpu_memory_factor(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:
     live_factor = dc_fmt.effective_nvidia(device_config.live_config(observed)).gpu_memory_factor or 1
     factor = spec.device.gpu_memory_factor
-    worst: tuple[int, str] = (0, "")
+    generation = device_config.plugin_generation(spec, observed)
+    worst: tuple[int, str, list[tuple[str, int]]] = (0, "", [])
     for node in observed.nodes:
         gpus = _node_gpus(node, live_factor)
         if not gpus:
             continue
-        if factor > max(gpus):
+        largest = max(mib for _, mib in gpus)
+        if factor > largest:
             yield Problem("spec.device.gpuMemoryFactor", "GPUMemoryFactorTooLarge",
                           f"gpuMemoryFactor {factor} exceeds the largest GPU on node {node_name(node)} "
-                          f"({max(gpus)} MiB): its memory would register as 0. Use at most {max(gpus)}",
+                          f"({largest} MiB): its memory would register as 0. Use at most {largest}",
                           "error", f"Node {node_name(node)}")
-        units = sum(gpus) // factor
-        if units > worst[0]:
-            worst = (units, node_name(node))
-    if worst[0] > LIST_AND_WATCH_LIMIT:
-        total = worst[0] * factor
-        suggest = math.ceil(total / LIST_AND_WATCH_LIMIT)
-        yield Problem("spec.device.gpuMemoryFactor", "ListAndWatchTooLarge",
-                      f"node {worst[1]} would advertise {worst[0]} memory devices (total MiB x GPUs / "
-                      f"gpuMemoryFactor), over ~{LIST_AND_WATCH_LIMIT} that fit the kubelet's 4 MiB "
-                      f"ListAndWatch message; set gpuMemoryFactor to {suggest} or more", "warning",
-                      f"Node {worst[1]}")
+        size = _memory_list(generation, gpus, factor)
+        if size > worst[0]:
+            worst = (size, node_name(node), gpus)
+    size, name, gpus = worst
+    if size <= versions.KUBELET_MESSAGE_LIMIT:
+        return
+    fits = next(f for f in range(factor + 1, max(mib for _, mib in gpus) + 2)
+                if _memory_list(generation, gpus, f) <= versions.KUBELET_MESSAGE_LIMIT)
+    traits = versions.plugin_traits(generation)
+    ids = "<UUID>-memory-<i>" if traits.memory_ids == "uuid" else "<index>-<i>"
+    outcome = ("the plugin advertises only part of the node's memory" if traits.caps_memory_list
+               else "the kubelet drops the list and the node offers no vGPU memory")
+    devices = sum(mib // factor for _, mib in gpus)
+    yield Problem("spec.device.gpuMemoryFactor", "ListAndWatchTooLarge",
+                  f"node {name} would advertise {devices} memory devices (MiB / gpuMemoryFactor per GPU), "
+                  f"a {size}-byte ListAndWatch message with this plugin's {ids} ids, over the kubelet's "
+                  f"{versions.KUBELET_MESSAGE_LIMIT}-byte limit: {outcome}; set gpuMemoryFactor to {fits} "
+                  "or more", "warning", f"Node {name}")
 
 
 # In this order, after `edited_object_errors`.

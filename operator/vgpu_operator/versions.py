@@ -186,3 +186,104 @@ def requires_builtin_resource_names(version: Version) -> bool:
 def custom_resource_names_work(version: Version) -> bool:
     """Custom names work end to end only where both sides above allow them."""
     return reads_custom_resource_names(version) and not requires_builtin_resource_names(version)
+
+
+# --- what a device plugin generation does ---------------------------------------------------------
+# Each fact with its upstream file and line: operator/README.md, "Plugin generations".
+
+# Every flag the v1.12.0 binary defines, aliases included (True: a switch, which never takes a
+# separate value). urfave/cli exits 1 on any other flag; its own `-h`/`--help` and `-v`/`--version`
+# are left out on purpose: they make the plugin print and exit, and `-v=4` (klog's verbosity to
+# v1.11) is "invalid boolean value".
+CURRENT_FLAGS: dict[str, bool] = {
+    "mig-strategy": False, "fail-on-init-error": True, "driver-root": False, "nvidia-driver-root": False,
+    "dev-root": False, "nvidia-dev-root": False, "pass-device-specs": True, "device-list-strategy": False,
+    "device-id-strategy": False, "gdrcopy-enabled": True, "gds-enabled": True, "mofed-enabled": True,
+    "cdi-annotation-prefix": False, "nvidia-cdi-hook-path": False, "nvidia-ctk-path": False,
+    "driver-root-ctr-path": False, "container-driver-root": False, "mps-root": False,
+    "device-discovery-strategy": False, "imex-channel-ids": False, "imex-required": True,
+    "kubelet-socket": False, "config-file": False, "cdi-feature-flags": False,
+    "device-split-count": False, "gpu-memory-factor": False, "device-cores-scaling": False,
+}
+# Switches of v1.11 (its own and klog's) that a v1.12 DaemonSet may still carry: dropping one must
+# not take the next arg with it.
+LEGACY_SWITCHES = frozenset({"debug", "fail-on-init-error", "logtostderr", "alsologtostderr",
+                             "add_dir_header", "skip_headers", "skip_log_headers", "one_output"})
+# What the v1.11 binary uses for an absent sizing or name flag.
+LEGACY_FLAG_DEFAULTS: dict[str, str] = {
+    "resource-name": "volcano.sh/vgpu-number", "resource-memory-name": "volcano.sh/vgpu-memory",
+    "resource-core-name": "volcano.sh/vgpu-cores", "device-split-count": "2", "gpu-memory-factor": "1",
+    "device-cores-scaling": "1"}
+VOLCANO_PREFIX = "volcano.sh/"
+# grpc-go's default receive limit, which the kubelet keeps for ListAndWatch.
+KUBELET_MESSAGE_LIMIT = 4 * 1024 * 1024
+_HEALTHY = "Healthy"
+
+MigTable = Literal["v1.11", "v1.12"]
+
+
+@dataclass(frozen=True)
+class PluginTraits:
+    """What one device plugin generation does with the settings the operator renders."""
+
+    flags: dict[str, bool] | None  # the flags its binary accepts (True: a switch); None: any
+    split_default: int  # split count with neither a flag nor a ConfigMap value
+    memory_ids: Literal["index", "uuid"]  # memory device ids `<index>-<i>` or `<UUID>-memory-<i>`
+    caps_memory_list: bool  # shrinks an oversized ListAndWatch list (else the kubelet drops it)
+    max_resource_name: int | None  # longest name it registers, prefix included (None: Kubernetes')
+    forces_volcano_prefix: bool  # registers `volcano.sh/<name>` for a name outside volcano.sh/
+    applies_core_scaling: bool  # deviceCoreScaling changes its cores list and CUDA_OVERSUBSCRIBE
+    applies_disable_core_limit: bool  # disableCoreLimit reaches GPU_CORE_UTILIZATION_POLICY
+    applies_memory_scaling: bool  # node-config devicememoryscaling scales registered memory
+    applies_node_split_and_filters: bool  # node-config devicesplitcount and filterdevices apply
+    implements_mps: bool
+    fixed_device_config_place: bool  # reads only volcano-vgpu-device-config in kube-/volcano-system
+    mig_table: MigTable  # the knownMigGeometries table its manifest ships
+
+
+PLUGIN_TRAITS: dict[Generation, PluginTraits] = {
+    "legacy": PluginTraits(
+        flags=None, split_default=int(LEGACY_FLAG_DEFAULTS["device-split-count"]), memory_ids="index",
+        caps_memory_list=False, max_resource_name=None, forces_volcano_prefix=False,
+        applies_core_scaling=False, applies_disable_core_limit=False, applies_memory_scaling=False,
+        applies_node_split_and_filters=False, implements_mps=False, fixed_device_config_place=True,
+        mig_table="v1.11"),
+    "current": PluginTraits(
+        flags=CURRENT_FLAGS, split_default=0, memory_ids="uuid", caps_memory_list=False,
+        max_resource_name=63, forces_volcano_prefix=True, applies_core_scaling=True,
+        applies_disable_core_limit=False, applies_memory_scaling=False,
+        applies_node_split_and_filters=True, implements_mps=False, fixed_device_config_place=True,
+        mig_table="v1.12"),
+    # Ours: split 10 is the Volcano scheduler's own default, so both sides agree without a ConfigMap.
+    "builtin": PluginTraits(
+        flags=None, split_default=10, memory_ids="index", caps_memory_list=True, max_resource_name=None,
+        forces_volcano_prefix=False, applies_core_scaling=True, applies_disable_core_limit=True,
+        applies_memory_scaling=True, applies_node_split_and_filters=True, implements_mps=True,
+        fixed_device_config_place=False, mig_table="v1.12"),
+}
+
+
+def plugin_traits(generation: Generation | None) -> PluginTraits:
+    """The traits of `generation`; cannot tell (None): current's, the strictest."""
+    return PLUGIN_TRAITS[generation or "current"]
+
+
+def registered_name(generation: Generation | None, name: str) -> str:
+    """The resource name the plugin registers for a configured `name`."""
+    if plugin_traits(generation).forces_volcano_prefix and not name.startswith(VOLCANO_PREFIX):
+        return VOLCANO_PREFIX + name
+    return name
+
+
+def memory_list_bytes(generation: Generation | None, gpus: list[tuple[str, int]]) -> int:
+    """Wire size of the memory resource's ListAndWatch message: `gpus` is (UUID, devices) per GPU
+    in NVML index order. Each entry is Device{ID, health "Healthy"} in field 1, every length one
+    byte (ids stay under 128 bytes)."""
+    uuid_ids = plugin_traits(generation).memory_ids == "uuid"
+    total = 0
+    for index, (uuid, units) in enumerate(gpus):
+        prefix = len(f"{uuid}-memory-") if uuid_ids else len(f"{index}-")
+        for digits in range(1, len(str(max(units, 1))) + 1):
+            count = max(0, min(units, 10 ** digits) - (10 ** (digits - 1) if digits > 1 else 0))
+            total += count * (2 + 2 + prefix + digits + 2 + len(_HEALTHY))
+    return total

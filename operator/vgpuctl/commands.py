@@ -98,8 +98,10 @@ def _policy_error(where: str, err: pydantic.ValidationError) -> str:
             f"each field)")
 
 
-def load_policy(path: str | None, objects: list[dict[str, Any]]) -> VGPUPolicy:
-    """The policy from --policy, else the one VGPUPolicy among the input objects."""
+def load_policy(path: str | None, objects: list[dict[str, Any]],
+                read_from: str | None = "the input") -> VGPUPolicy:
+    """The policy from --policy, else the one VGPUPolicy among the input objects; `read_from` names
+    where those came from (None: nowhere, an offline render)."""
     if path is not None:
         try:
             docs = [d for d in iter_file(Path(path)) if d.get("kind") == KIND]
@@ -108,7 +110,10 @@ def load_policy(path: str | None, objects: list[dict[str, Any]]) -> VGPUPolicy:
         where = path
     else:
         docs = [o for o in objects if o.get("kind") == KIND]
-        where = "the input" if objects else "the cluster"
+        where = read_from or "the input"
+    if not docs and read_from is None:
+        raise UsageError("no VGPUPolicy given: pass --policy FILE (render reads a cluster only with -f, "
+                         "--kubeconfig or --context)")
     if not docs:
         raise UsageError(f"no VGPUPolicy in {where}: pass one with --policy FILE (`vgpuctl import` "
                          f"writes one)")
@@ -140,7 +145,7 @@ def _with_live_status(policy: VGPUPolicy, objects: list[dict[str, Any]]) -> VGPU
 
 def _render(args: argparse.Namespace, objects: list[dict[str, Any]]) -> tuple[RenderResult, list[Problem]]:
     """The rendering and the validation problems, as the operator computes them."""
-    policy = load_policy(args.policy, objects)
+    policy = load_policy(args.policy, objects, getattr(args, "read_from", "the input"))
     observed = load_observed_from_manifests(objects, policy.spec)
     rendered = render_all(policy, observed)
     return rendered, validate(policy, observed, rendered)

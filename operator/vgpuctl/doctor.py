@@ -22,6 +22,7 @@ from vgpu_formats.quantity import quantity_or_zero
 from vgpu_operator import versions
 from vgpu_operator.api import KIND, VGPUPolicy
 from vgpu_operator.observed import load_observed_from_manifests
+from vgpu_operator.render import device_plugin as dp
 from vgpu_operator.render import scheduler_conf as sc
 from vgpu_operator.validate import validate
 from vgpu_operator.versions import Version
@@ -32,7 +33,6 @@ from vgpuctl.facts import (
     FLAG_RESOURCE,
     LEGACY_FACTOR_DEFAULT,
     LEGACY_SPLIT_DEFAULT,
-    VOLCANO_PREFIX,
     ClusterFacts,
     show_version,
 )
@@ -208,13 +208,13 @@ def check_names(facts: ClusterFacts) -> list[Finding]:
             f"({show_version(plugin.version)}, {plugin.generation}) registers {have} ({source}); pods asking "
             f"for {want} find no allocatable, pods asking for {have} are not vGPU pods to the scheduler and "
             f"fail with UnexpectedAdmissionError 'device request not found'", fix))
-    if plugin.generation == "current":
-        legacy = [f for f in FLAG_RESOURCE.values() if f in plugin.flags]
-        if legacy:
-            out.append(Finding(ERROR, "legacy-flags", str(plugin.daemonset), "args " + " ".join(legacy),
-                               f"plugin {show_version(plugin.version)} has no {', '.join(legacy)}: it "
-                               f"rejects unknown flags and exits",
-                               "remove them; the names come from device-config"))
+    accepted = plugin.traits.flags
+    unknown = dp.edit_argv([], plugin.args, {}, None, accepted).dropped if accepted is not None else []
+    if unknown:
+        out.append(Finding(ERROR, "legacy-flags", str(plugin.daemonset), "args " + " ".join(unknown),
+                           f"plugin {show_version(plugin.version)} does not define {', '.join(unknown)}: it "
+                           f"rejects unknown flags and exits",
+                           "remove them (names and sizing come from device-config); " + APPLY_POLICY))
     custom = {k: v for k, v in sched_names.items() if k in DEFAULT_NAMES and v and v != DEFAULT_NAMES[k]}
     if custom and s.version is not None and versions.requires_builtin_resource_names(s.version):
         out.append(Finding(ERROR, "custom-names-unsupported", str(s.deployment), "image",
@@ -232,12 +232,21 @@ def check_names(facts: ClusterFacts) -> list[Finding]:
                                f"Volcano {show_version(s.version)} hard-codes volcano.sh/vgpu-*: the custom "
                                f"names {', '.join(renamed)} in device-config are ignored",
                                "upgrade Volcano to 1.13-1.15.0, or keep the default names"))
-    outside = [n for n in sched_names.values() if n and not n.startswith(VOLCANO_PREFIX)]
-    if plugin.generation == "current" and outside:
+    # memoryPercentage is the scheduler's alone: the plugin never registers it.
+    registered = [sched_names[k] for k in CONFIG_KEY if sched_names.get(k)]
+    outside = [n for n in registered if versions.registered_name(plugin.generation, n) != n]
+    if outside:
         out.append(Finding(WARNING, "name-outside-volcano-domain", str(facts.plugin_config.place),
                            "nvidia.resource*Name", "plugin v1.12+ prefixes names outside volcano.sh/ "
                            "(nvidia.com/gpu becomes volcano.sh/nvidia.com/gpu), so they never match",
                            "use names under volcano.sh/"))
+    longest = plugin.traits.max_resource_name
+    too_long = [name for name, _ in plugin_names.values() if longest is not None and len(name) > longest]
+    if too_long:
+        out.append(Finding(ERROR, "name-too-long", str(facts.plugin_config.place), "nvidia.resource*Name",
+                           f"plugin {show_version(plugin.version)} silently skips resource names longer than "
+                           f"{longest} characters (volcano.sh/ included): {', '.join(too_long)} never "
+                           "appear on the nodes", "use shorter names; " + APPLY_POLICY))
     out.extend(_check_version_skew(facts))
     out.extend(_check_sizing_flags(facts))
     return out

@@ -10,6 +10,10 @@ encoded here (with the research section it comes from):
 * a legacy plugin (<= v1.11) registers names from its --resource-* flags, defaulting to
   volcano.sh/vgpu-*; a current one (>= v1.12) from the ConfigMap it finds first in kube-system,
   then volcano-system, with the volcano.sh/ prefix forced (device-plugin.md §1.2-§1.4).
+
+What each plugin generation does (flag defaults, the prefix, split defaults) comes from
+`vgpu_operator.versions`, the one place those rules live; the plugin's flags are read from its
+`command` (after the binary) and `args` as the operator's render reads them.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from vgpu_formats import FormatError, yamlio
 from vgpu_formats import device_config as dc
 from vgpu_formats import node_config as nc
 from vgpu_operator import versions
+from vgpu_operator.render import device_plugin as dp
 from vgpu_operator.render import scheduler_conf as sc
 from vgpu_operator.render.inputs import duplicated_plugin, tier_plugins
 from vgpu_operator.versions import Version
@@ -37,7 +42,7 @@ SCHEDULER_CONF_KEY = "volcano-scheduler.conf"
 SCHEDULER_DEPLOYMENT = "volcano-scheduler"
 PLUGIN_DAEMONSET = "volcano-device-plugin"
 PLUGIN_CONTAINER = "volcano-device-plugin"
-VOLCANO_PREFIX = "volcano.sh/"
+VOLCANO_PREFIX = versions.VOLCANO_PREFIX
 
 # Legacy plugin flags and what they set (device-plugin.md §1.1).
 FLAG_RESOURCE = {
@@ -47,8 +52,8 @@ DEFAULT_NAMES = {
     "count": dc.DEFAULT_COUNT_NAME, "memory": dc.DEFAULT_MEMORY_NAME, "cores": dc.DEFAULT_CORE_NAME,
 }
 CONFIG_KEY = {"count": "resourceCountName", "memory": "resourceMemoryName", "cores": "resourceCoreName"}
-LEGACY_SPLIT_DEFAULT = 2
-LEGACY_FACTOR_DEFAULT = 1
+LEGACY_SPLIT_DEFAULT = int(versions.LEGACY_FLAG_DEFAULTS["device-split-count"])
+LEGACY_FACTOR_DEFAULT = int(versions.LEGACY_FLAG_DEFAULTS["gpu-memory-factor"])
 
 
 def show_version(version: Version | None) -> str:
@@ -128,11 +133,11 @@ class PluginFacts:
     container: str = PLUGIN_CONTAINER
     image: str = ""
     version: Version | None = None
-    args: list[str] = field(default_factory=list)
-    known_generation: str | None = None  # from vgpu_operator.versions; None: cannot tell from the image
+    args: list[str] = field(default_factory=list)  # what the binary gets: flags in `command`, then `args`
+    known_generation: versions.Generation | None = None  # None: cannot tell from the image
 
     @property
-    def generation(self) -> str:
+    def generation(self) -> versions.Generation:
         """legacy (<= v1.11: --resource-* flags), current (>= v1.12: names from the ConfigMap) or
         builtin (ours); from the image, else guessed from the flags."""
         if self.known_generation is not None:
@@ -150,18 +155,11 @@ class PluginFacts:
     @property
     def flags(self) -> dict[str, str]:
         """`--flag=value` and `--flag value` args as a dict (bare flags map to "true")."""
-        out: dict[str, str] = {}
-        i = 0
-        while i < len(self.args):
-            arg = self.args[i]
-            if arg.startswith("-"):
-                name, eq, value = arg.partition("=")
-                name = "--" + name.lstrip("-")
-                if not eq and i + 1 < len(self.args) and not self.args[i + 1].startswith("-"):
-                    value, i = self.args[i + 1], i + 1
-                out[name] = value if (eq or value) else "true"
-            i += 1
-        return out
+        return dp.flag_values(self.args)
+
+    @property
+    def traits(self) -> versions.PluginTraits:
+        return versions.plugin_traits(self.generation)
 
 
 @dataclass(frozen=True)
@@ -227,11 +225,11 @@ class ClusterFacts:
         nvidia = self.plugin_config.parsed.nvidia if self.plugin_config.parsed else None
         for kind, key in CONFIG_KEY.items():
             value = getattr(nvidia, _FIELD[kind]) if nvidia is not None else None
-            name = value or ""
+            given = value or ""
+            name = versions.registered_name(self.plugin.generation, given)
             source = f"{self.plugin_config.place}: {key}"
-            if not name.startswith(VOLCANO_PREFIX):
-                source += f" ({name or 'empty'}, volcano.sh/ prefix forced)"
-                name = VOLCANO_PREFIX + name
+            if name != given:
+                source += f" ({given or 'empty'}, volcano.sh/ prefix forced)"
             out[kind] = (name, source)
         return out
 
@@ -253,7 +251,10 @@ class ClusterFacts:
 
     @cached_property
     def _config_split(self) -> int:
-        return dc.effective_nvidia(self.plugin_config.parsed).device_split_count or 0
+        """The ConfigMap's deviceSplitCount; absent (or no ConfigMap): the generation's default."""
+        parsed = self.plugin_config.parsed
+        given = parsed.nvidia.device_split_count if parsed is not None and parsed.nvidia else None
+        return given if given is not None else self.plugin.traits.split_default
 
     def node_config_entry(self, node_name: str) -> nc.NodeConfigEntry | None:
         return self.node_config_parsed.entry_for(node_name) if self.node_config_parsed else None
@@ -353,7 +354,8 @@ def _plugin(objects: Sequence[Obj]) -> PluginFacts:
     facts.image = str(container.get("image", ""))
     found = versions.generation_of_container(dict(container))
     facts.version, facts.known_generation = found.version, found.generation
-    facts.args = [str(a) for a in (container.get("args") or [])]
+    command, args = dp.container_argv(container)
+    facts.args = [*(dp.command_flags(command) or []), *args]
     return facts
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpu_formats import device_config as dc
+from vgpu_operator import versions
 from vgpu_operator.api import API_VERSION, KIND, VGPUPolicy
 from vgpu_operator.render import scheduler_conf as sc
 
@@ -60,10 +61,11 @@ def _device(facts: ClusterFacts) -> dict[str, Any]:
     effective = dc.effective_nvidia(parsed)
     legacy = facts.plugin.generation == "legacy" and facts.plugin.daemonset.found
     flags = facts.plugin.flags if legacy else {}
-    # A legacy plugin runs on its flags (defaults 2 / 1 / 1.0), whatever the ConfigMap says.
+    # A legacy plugin runs on its flags (their defaults if absent), whatever the ConfigMap says.
     split = flags.get("--device-split-count", str(LEGACY_SPLIT_DEFAULT) if legacy else None)
     factor = flags.get("--gpu-memory-factor", str(LEGACY_FACTOR_DEFAULT) if legacy else None)
-    scaling = flags.get("--device-cores-scaling", "1" if legacy else None)
+    scaling = flags.get("--device-cores-scaling",
+                        versions.LEGACY_FLAG_DEFAULTS["device-cores-scaling"] if legacy else None)
     geometries = nvidia.known_mig_geometries or []
     device: dict[str, Any] = {
         "deviceSplitCount": int(split) if split else effective.device_split_count,

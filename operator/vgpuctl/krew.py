@@ -8,6 +8,10 @@ checked by rebuilding it (tests/vgpuctl/test_packaging.py).
 
 Until a release carries the archive at `uri`, install from a checkout:
 `kubectl krew install --manifest=plugins/krew/vgpu.yaml --archive=dist/kubectl-vgpu.zip`.
+
+The module ships in the package: run from an installed wheel (`python -m vgpuctl.krew`), it takes
+the version from the installed package and needs `--dist` and `--manifest`; only in a checkout do
+they default to its dist/ and plugins/krew/vgpu.yaml.
 """
 
 from __future__ import annotations
@@ -15,14 +19,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import textwrap
-import tomllib
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import yaml
+from vgpu_formats import cli
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ARCHIVE = "kubectl-vgpu.zip"
 LAUNCHER = "kubectl-vgpu"
 # The project's home, as charts/vgpu-operator/Chart.yaml names it.
@@ -48,10 +51,15 @@ FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 UNIX = 3  # zip "created on" system: Unix, so unzip and krew honour the mode bits
 
 
-def version(root: Path = REPO_ROOT) -> str:
-    """The plugin version: pyproject.toml's, as a krew `v`-prefixed semver."""
-    with (root / "pyproject.toml").open("rb") as handle:
-        return "v" + str(tomllib.load(handle)["project"]["version"])
+def version() -> str:
+    """The plugin version: the installed package's (pyproject.toml's), as a krew `v`-prefixed semver."""
+    return "v" + cli.version()
+
+
+def checkout() -> Path | None:
+    """The source tree this module runs from, or None: an installed wheel has none."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() and (root / "plugins" / "krew").is_dir() else None
 
 
 def build_archive(target: Path) -> str:
@@ -119,11 +127,15 @@ def write(dist: Path, manifest_path: Path) -> str:
     return text
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dist", type=Path, default=REPO_ROOT / "dist")
-    parser.add_argument("--manifest", type=Path, default=REPO_ROOT / "plugins" / "krew" / "vgpu.yaml")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    root = checkout()
+    parser = argparse.ArgumentParser(prog="python -m vgpuctl.krew", description=__doc__.splitlines()[0])
+    parser.add_argument("--dist", type=Path, required=root is None, default=root / "dist" if root else None,
+                        help="folder the archive is written to (a checkout's dist/)")
+    parser.add_argument("--manifest", type=Path, required=root is None,
+                        default=root / "plugins" / "krew" / "vgpu.yaml" if root else None,
+                        help="the krew manifest to write (a checkout's plugins/krew/vgpu.yaml)")
+    args = parser.parse_args(argv)
     write(args.dist, args.manifest)
     print(f"wrote {args.dist / ARCHIVE} and {args.manifest}")
 

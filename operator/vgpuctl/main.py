@@ -70,7 +70,7 @@ def take_policy_file(args: argparse.Namespace) -> None:
         raise UsageError(f"{' and '.join(policies)} each hold only a VGPUPolicy: pass the one to render "
                          f"with --policy and the others with -f")
     if policies:
-        args.policy = policies[0]
+        args.policy = args.policy_from_f = policies[0]
         args.sources = [s for s in sources if s != policies[0]]
 
 
@@ -78,16 +78,21 @@ def read_objects(args: argparse.Namespace, prefilter: Prefilter | None = None) -
     """Manifests from -f (later overlay earlier), else the live cluster."""
     sources: list[str] = list(getattr(args, "sources", None) or [])
     if sources:
+        args.read_from = "the manifests given with -f"
         try:
             return load_objects([_exists(s) for s in sources], prefilter)
         except ManifestError as err:
             raise UsageError(str(err)) from err
     from vgpuctl.live import ClusterError, read_cluster_sync  # imported late: only live reads need it
 
+    args.read_from = "the cluster"
     try:
         return read_cluster_sync(args.kubeconfig, args.context)
     except ClusterError as err:
-        raise UsageError(str(err)) from err
+        # The user may have meant a file to be the input: say what -f did, and that it is the other way.
+        taken = getattr(args, "policy_from_f", None)
+        why = f"{taken} holds only a VGPUPolicy, taken as --policy; " if taken else ""
+        raise UsageError(f"{err} ({why}or read manifests instead of a cluster with -f PATH)") from err
 
 
 def _add_sources(parser: argparse.ArgumentParser, *, policy: bool = False, offline: bool = False) -> None:
@@ -188,6 +193,7 @@ def _run(args: argparse.Namespace, style: output.Style) -> int:
 
         take_policy_file(args)
         live = args.sources or args.kubeconfig or args.context
+        args.read_from = None  # an offline render reads nothing but --policy
         return render_command(args, read_objects(args) if live else [], style)
     if args.command == "diff":
         from vgpuctl.commands import diff_command

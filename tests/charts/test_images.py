@@ -95,7 +95,9 @@ def make_targets(dockerfile: Path) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("name", list(DOCKERFILES))
 def test_build_stages_call_existing_make_targets(name: str) -> None:
     calls = make_targets(DOCKERFILES[name])
-    assert (".", "proto") in calls
+    # The package (its gRPC stubs included) is built by pip from what the stage copies.
+    copied = " ".join(ln for ln in lines(DOCKERFILES[name]) if ln.startswith("COPY pyproject.toml"))
+    assert "setup.py" in copied, f"{name}: the build stage must copy setup.py, which makes the stubs"
     if name == "deviceplugin":
         assert ("hook", "all") in calls
     for directory, target in calls:
@@ -171,6 +173,11 @@ def images(values: dict[str, Any]) -> dict[str, set[str]]:
     ({"operator": {"image": {"registry": "", "repository": "example/op", "tag": "1"}},
       "devicePlugin": {"image": {"registry": "", "repository": "local:5000/dp", "digest": DIGEST}}},
      "example/op:1", f"local:5000/dp@{DIGEST}"),
+    # A repository with its own host, as values written for chart 0.1.0 before `registry` gave
+    # it, is still the whole name: ghcr.io is not put in front of it.
+    ({"operator": {"image": {"repository": "registry.example.com/team/op"}},
+      "devicePlugin": {"image": {"repository": "localhost:5000/dp"}}},
+     "registry.example.com/team/op:0.1.0", "localhost:5000/dp:0.1.0"),
 ])
 def test_image_references(values: dict[str, Any], operator: str, plugin: str) -> None:
     assert images(values) == {"Deployment": {operator}, "DaemonSet": {plugin}}
@@ -186,3 +193,11 @@ def test_a_malformed_registry_or_digest_fails_install(values: dict[str, Any], wh
     with pytest.raises(chart.HelmError) as err:
         chart.template(values)
     assert f"at '{where}'" in str(err.value)
+
+
+def test_a_mirror_in_front_of_a_repository_with_its_own_host_is_refused() -> None:
+    values = {"global": {"imageRegistry": "mirror.example.com"},
+              "operator": {"image": {"repository": "registry.example.com/team/op"}}}
+    with pytest.raises(chart.HelmError) as err:
+        chart.template(values)
+    assert 'operator.image.repository "registry.example.com/team/op" names a registry' in str(err.value)

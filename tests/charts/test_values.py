@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -147,3 +149,21 @@ def test_a_service_monitor_without_the_service_is_refused_with_the_fix() -> None
         chart.template({"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}})
     message = str(err.value)
     assert "metrics.serviceMonitor.enabled" in message and "set metrics.service.enabled=true" in message
+
+
+def test_values_of_an_older_chart_fail_with_the_upgrade_fix(tmp_path: Path) -> None:
+    # `helm upgrade --reuse-values` over a release of the older chart: the new templates get the
+    # old values and none of the new defaults (no logging, no security context values).
+    old_chart = tmp_path / "vgpu-operator"
+    shutil.copytree(chart.CHART, old_chart, symlinks=False)
+    shutil.copy(Path(__file__).parent / "fixtures" / "values-before-logging.yaml", old_chart / "values.yaml")
+    with pytest.raises(chart.HelmError) as err:
+        chart.run_helm("template", chart.RELEASE, str(old_chart), "--namespace", chart.NAMESPACE)
+    assert "value logging.level is missing" in str(err.value)
+    assert "--reset-then-reuse-values" in str(err.value)
+
+
+def test_a_security_context_set_to_null_is_dropped_not_refused() -> None:
+    # Null is how a user removes a whole context (e.g. a platform that sets its own); not stale values.
+    objs = chart.render({"operator": {"podSecurityContext": None}})
+    assert "securityContext" not in chart.one(objs, "Deployment")["spec"]["template"]["spec"]

@@ -307,3 +307,113 @@ def test_objects_inside_a_kubectl_list_are_observed(cluster_docs: list[dict[str,
     wrapped = [{"apiVersion": "v1", "kind": "List", "items": copy.deepcopy(cluster_docs)}]
     assert observe(wrapped, spec) == observe(cluster_docs, spec)
     assert observe(wrapped, spec).device_config is not None and len(observe(wrapped, spec).nodes) == 2
+
+
+def _plugin_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    container: dict[str, Any] = workload(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def _rendered_plugin(spec: dict[str, Any], docs: list[dict[str, Any]]) -> dict[str, Any]:
+    desired = _render(spec, docs).target("DaemonSet", "volcano-device-plugin").desired
+    assert desired is not None
+    return _plugin_container([desired])
+
+
+def test_a_daemonset_upgraded_to_v1_12_keeps_only_flags_v1_12_defines(
+        cluster_docs: list[dict[str, Any]]) -> None:
+    docs = copy.deepcopy(cluster_docs)
+    container = _plugin_container(docs)
+    container["image"] = V1_12
+    container["args"] = ["-v=4", "--node-name", "$(NODE_NAME)", "--debug", "--device-split-count", "-4",
+                         "--mig-strategy", "none", "--pass-device-specs", "--logtostderr",
+                         "--kubelet-socket", "/var/lib/kubelet/device-plugins/kubelet.sock", "-v", "2"]
+    assert _rendered_plugin({}, docs)["args"] == [
+        "--mig-strategy", "none", "--pass-device-specs",
+        "--kubelet-socket", "/var/lib/kubelet/device-plugins/kubelet.sock"]
+    assert not _render({}, _converged({}, docs)).target("DaemonSet", "volcano-device-plugin").changed
+
+
+def test_flags_written_in_command_are_edited_too(cluster_docs: list[dict[str, Any]]) -> None:
+    docs = copy.deepcopy(cluster_docs)
+    container = _plugin_container(docs)
+    container["command"] = ["/usr/bin/vgpu-device-plugin", "--device-split-count=4", "--resource-name",
+                            "nvidia.com/gpu", "-v=4"]
+    container["args"] = ["--gpu-memory-factor", "2"]
+    legacy = _rendered_plugin({}, docs)
+    assert legacy["command"] == ["/usr/bin/vgpu-device-plugin", "--device-split-count=10", "--resource-name",
+                                 "volcano.sh/vgpu-number", "-v=4"]
+    assert legacy["args"] == ["--gpu-memory-factor", "1"]  # set where it was, not appended twice
+    container["image"] = V1_12
+    current = _rendered_plugin({}, docs)
+    assert current["command"] == ["/usr/bin/vgpu-device-plugin"] and current["args"] == []
+    # A shell's script is not ours to edit.
+    container["command"] = ["/bin/sh", "-c", "exec vgpu-device-plugin -v=4"]
+    assert _rendered_plugin({}, docs)["command"] == ["/bin/sh", "-c", "exec vgpu-device-plugin -v=4"]
+
+
+def test_a_negative_separate_value_goes_with_its_flag() -> None:
+    flags: dict[str, str | None] = {"device-split-count": None, "gpu-memory-factor": "3"}
+    assert dp.edit_args(["--device-split-count", "-4", "--x", "y"], flags, dp.LEGACY_DEFAULTS) == [
+        "--x", "y", "--gpu-memory-factor=3"]
+    assert dp.edit_args(["--gpu-memory-factor", "-1.5"], flags) == ["--gpu-memory-factor", "3"]
+    # a flag after a value-less flag is not taken as its value
+    assert dp.edit_args(["--device-split-count", "--fail-on-init-error=false"], flags) == [
+        "--fail-on-init-error=false", "--gpu-memory-factor=3"]
+    assert dp.flag_values(["--device-split-count", "-4", "-v=2", "--debug"]) == {
+        "--device-split-count": "-4", "--v": "2", "--debug": "true"}
+
+
+DEVICE_CONFIG = "volcano-vgpu-device-config"
+V1_11 = "docker.io/projecthami/volcano-vgpu-device-plugin:v1.11.0"
+V1_12 = "docker.io/projecthami/volcano-vgpu-device-plugin:v1.12.0"
+A100_80GB_V1_12 = [("1g.10gb", 9728, 7), ("2g.20gb", 19968, 3), ("1g.10gb", 9728, 1), ("3g.40gb", 40192, 2),
+                   ("7g.80gb", 80896, 1)]
+
+
+def _a100_80gb(text: str) -> list[tuple[str, int, int]]:
+    table = yaml.safe_load(text)["nvidia"]["knownMigGeometries"]
+    entry = next(e for e in table if "A100-SXM4-80GB" in e["models"])
+    return [(g["name"], g["memory"], g["count"]) for group in entry["allowedGeometries"]
+            for g in group["geometries"]]
+
+
+def _stock_v1_12(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The fixture as upstream's v1.12.0 manifest ships it: image and the fixed A100-80GB shapes."""
+    docs = _with_plugin_image(docs, V1_12)
+    cm = next(d for d in docs if d["metadata"]["name"] == "volcano-vgpu-device-config")
+    text = cm["data"]["device-config.yaml"]
+    head, tail = text.split("A100-SXM4-80GB", 1)
+    for old, new in (("memory: 10240", "memory: 9728"), ("memory: 20480", "memory: 19968"),
+                     ("memory: 40960", "memory: 40192"), ("7g.79gb", "7g.80gb")):
+        tail = tail.replace(old, new)
+    cm["data"]["device-config.yaml"] = head + "A100-SXM4-80GB" + tail
+    return docs
+
+
+def test_mig_table_is_the_one_the_plugin_generation_ships(cluster_docs: list[dict[str, Any]]) -> None:
+    stock = _stock_v1_12(cluster_docs)
+    assert _a100_80gb(_device_config_text(stock)) == A100_80GB_V1_12
+    # adopting a stock install (v1.11 or v1.12) leaves its table alone
+    for docs in (cluster_docs, stock):
+        assert not _render({}, docs).target("ConfigMap", "volcano-vgpu-device-config").changed
+    # a v1.11 table under a v1.12 plugin (an upgraded image) becomes v1.12's
+    target = _render({}, _with_plugin_image(cluster_docs, V1_12)).target("ConfigMap", DEVICE_CONFIG)
+    assert target.changed and _a100_80gb(target.text or "") == A100_80GB_V1_12
+    # and back: v1.11's under a v1.11 plugin
+    target = _render({}, _with_plugin_image(stock, V1_11)).target("ConfigMap", DEVICE_CONFIG)
+    assert target.changed and ("7g.79gb", 80896, 1) in _a100_80gb(target.text or "")
+    # a table in the policy wins over both
+    own = {"device": {"knownMigGeometries": []}}
+    assert "A100" not in (_render(own, stock).target("ConfigMap", "volcano-vgpu-device-config").text or "")
+
+
+def _device_config_text(docs: list[dict[str, Any]]) -> str:
+    cm = next(d for d in docs if d["metadata"]["name"] == "volcano-vgpu-device-config")
+    return str(cm["data"]["device-config.yaml"])
+
+
+def _with_plugin_image(docs: list[dict[str, Any]], image: str) -> list[dict[str, Any]]:
+    docs = copy.deepcopy(docs)
+    _plugin_container(docs)["image"] = image
+    return docs

@@ -180,3 +180,67 @@ def test_overrides_that_target_nothing_are_flagged(cluster_docs: list[dict[str, 
     assert ("spec.nodeOverrides[1].nodeNames", "NodeNotFound") in found
     assert "tpyo-node" in next(p.message for p in problems if p.reason == "NodeNotFound")
     assert not errors(problems)
+
+
+V1_12 = "projecthami/volcano-vgpu-device-plugin:v1.12.0"
+BUILTIN = "ghcr.io/example/vgpu-device-plugin:0.1.0"
+
+
+def _warning(problems: list[Problem], reason: str) -> Problem:
+    (found,) = [p for p in problems if p.reason == reason]
+    return found
+
+
+def test_list_and_watch_limit_follows_the_plugins_ids(cluster_docs: list[dict[str, Any]]) -> None:
+    # The fixture node has 8 x 32607 MiB. v1.11 and ours send `<index>-<i>` ids (~20 bytes a
+    # device), v1.12 `<UUID>-memory-<i>` (~66 bytes): 4 MiB holds ~210,000 or ~64,000 of them.
+    legacy = _warning(_problems({}, cluster_docs), "ListAndWatchTooLarge")
+    assert "set gpuMemoryFactor to 2 or more" in legacy.message and "<index>-<i>" in legacy.message
+    assert "ListAndWatchTooLarge" not in _reasons(_problems({"device": {"gpuMemoryFactor": 2}}, cluster_docs))
+    current = _with_images(cluster_docs, plugin=V1_12)
+    found = _warning(_problems({"device": {"gpuMemoryFactor": 2}}, current), "ListAndWatchTooLarge")
+    assert "set gpuMemoryFactor to 5 or more" in found.message and "<UUID>-memory-<i>" in found.message
+    assert "the kubelet drops the list" in found.message
+    assert "ListAndWatchTooLarge" not in _reasons(_problems({"device": {"gpuMemoryFactor": 5}}, current))
+    ours = _warning(_problems({}, _with_images(cluster_docs, plugin=BUILTIN)), "ListAndWatchTooLarge")
+    assert "advertises only part" in ours.message
+
+
+def test_v1_12_skips_resource_names_over_63_characters(cluster_docs: list[dict[str, Any]]) -> None:
+    docs = _with_images(cluster_docs, plugin=V1_12)
+    fits, too_long = "volcano.sh/" + "a" * 52, "volcano.sh/" + "a" * 53
+    assert errors(_problems({"resources": {"cores": fits}}, docs)) == []
+    found = errors(_problems({"resources": {"cores": too_long}}, docs))
+    assert [(p.field, p.reason) for p in found] == [("spec.resources.cores", "ResourceNameTooLong")]
+    assert "64 characters" in found[0].message
+    # v1.11 registers what its flag says; the scheduler alone reads memoryPercentage
+    assert errors(_problems({"resources": {"cores": too_long}}, cluster_docs)) == []
+    assert errors(_problems({"resources": {"memoryPercentage": "example.com/percent"}}, docs)) == []
+
+
+@pytest.mark.parametrize(("plugin", "expected"), [
+    (None, {"spec.device.disableCoreLimit", "spec.device.deviceCoreScaling",  # the fixture's v1.11
+            "spec.nodeOverrides[0].deviceCoreScaling"}),
+    (V1_12, {"spec.device.disableCoreLimit"}),
+    (BUILTIN, set()),
+])
+def test_core_settings_the_plugin_ignores(cluster_docs: list[dict[str, Any]], plugin: str | None,
+                                          expected: set[str]) -> None:
+    spec = {"device": {"disableCoreLimit": True, "deviceCoreScaling": 2.0},
+            "nodeOverrides": [{"nodeNames": ["dev-app-2-150-master-1"], "deviceCoreScaling": 1.5}]}
+    fields = {"spec.device.disableCoreLimit", "spec.device.deviceCoreScaling",
+              "spec.nodeOverrides[0].deviceCoreScaling"}
+    found = [p for p in _problems(spec, _with_images(cluster_docs, plugin=plugin)) if p.field in fields]
+    assert {p.field for p in found} == expected
+    assert all(p.severity == "warning" and p.reason.startswith("IgnoredBy") for p in found)
+
+
+def test_flags_v1_12_does_not_define_are_named(cluster_docs: list[dict[str, Any]]) -> None:
+    docs = _with_images(cluster_docs, plugin=V1_12)
+    workload(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"] = [
+        "-v=4", "--node-name", "$(NODE_NAME)", "--debug", "--mig-strategy", "none", "--device-split-count=10"]
+    found = [p for p in _problems({}, docs) if p.reason == "UnknownPluginFlagDropped"]
+    assert [p.message.split("'")[1] for p in found] == ["-v=4", "--node-name $(NODE_NAME)", "--debug"]
+    assert all(p.severity == "warning" and "does not define" in p.message for p in found)
+    # legacy and ours keep them: no warning
+    assert "UnknownPluginFlagDropped" not in _reasons(_problems({}, cluster_docs))

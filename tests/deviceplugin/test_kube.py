@@ -1,4 +1,5 @@
-"""The plugin's own API client: kubeconfig handling (TLS, token) against a local HTTPS server."""
+"""The plugin's own API client: its connection from the shared kubeconfig parser
+(vgpu_formats.kubeconfig), TLS and token, against a local HTTPS server."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import yaml
 from aiohttp import web
 from vgpu_deviceplugin.kube import ApiKubeClient, KubeError, from_kubeconfig, in_cluster
+from vgpu_formats.kubeconfig import KubeconfigError
 
 
 def kubeconfig(path: Path, cluster: dict[str, object], user: dict[str, object]) -> str:
@@ -46,6 +48,11 @@ async def test_https_with_ca_data_and_token(tmp_path: Path) -> None:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     ca_data = base64.b64encode(cert.read_bytes()).decode()
+    # A client certificate and key given as data (line-wrapped, as `base64` writes it) load as a pair.
+    pair = kubeconfig(tmp_path / "kc3", {"server": f"https://127.0.0.1:{port}"},
+                      {"client-certificate-data": base64.encodebytes(cert.read_bytes()).decode(),
+                       "client-key-data": base64.encodebytes(key.read_bytes()).decode()})
+    assert isinstance(from_kubeconfig(pair).ssl, ssl.SSLContext)
     path = kubeconfig(tmp_path / "kc", {"server": f"https://127.0.0.1:{port}",
                                         "certificate-authority-data": ca_data}, {"token": "s3cret"})
     client = await ApiKubeClient.connect(path)
@@ -74,10 +81,24 @@ def test_unsupported_kubeconfigs_say_why(tmp_path: Path, monkeypatch: pytest.Mon
     exec_user = kubeconfig(tmp_path / "kc", {"server": "https://x"}, {"exec": {"command": "aws"}})
     with pytest.raises(KubeError, match="exec/auth-provider users are not supported"):
         from_kubeconfig(exec_user)
+    # Read by the parser every command shares: its one-line errors.
     no_context = tmp_path / "empty"
-    no_context.write_text("apiVersion: v1\nkind: Config\n")
-    with pytest.raises(KubeError, match="no context named ''"):
+    no_context.write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
+    with pytest.raises(KubeconfigError, match="no current-context"):
         from_kubeconfig(str(no_context))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(KubeError, match="pass --kubeconfig"):
         in_cluster()
+
+
+def test_a_token_file_is_read_again_on_each_call(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    connection = from_kubeconfig(kubeconfig(tmp_path / "kc", {"server": "http://127.0.0.1:1/"},
+                                            {"tokenFile": "token"}))  # relative to the kubeconfig
+    assert connection.server == "http://127.0.0.1:1" and connection.ssl is False
+    assert connection.headers() == {"Authorization": "Bearer first"}
+    token.write_text("rotated\n")
+    assert connection.headers() == {"Authorization": "Bearer rotated"}
+    inline = from_kubeconfig(kubeconfig(tmp_path / "kc2", {"server": "http://x"}, {"token": "s3cret"}))
+    assert inline.headers() == {"Authorization": "Bearer s3cret"} and "s3cret" not in repr(inline)

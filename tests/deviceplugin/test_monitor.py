@@ -130,13 +130,21 @@ def test_live_process_is_seen_through_its_lock(tmp_path: Path) -> None:
     assert scan(str(tmp_path))[0].live_slots == frozenset()  # the kernel dropped the lock
 
 
-async def test_metrics_endpoint_serves_the_upstream_names(tmp_path: Path) -> None:
+class NoGpus:
+    """A node where NVML sees no card (on a machine that has one too)."""
+
+    def sample(self) -> list[HostGpu]:
+        return []
+
+
+@pytest.mark.parametrize("legacy", [True, False])  # False: --no-legacy-metrics
+async def test_metrics_endpoint_serves_the_upstream_names(tmp_path: Path, legacy: bool) -> None:
     write_container(tmp_path, "cuda-app", region_bytes([(GPU_A, 3000 * MIB, 1000 * MIB)], []))
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     stop = asyncio.Event()
-    task = asyncio.create_task(serve(port, "127.0.0.1", str(tmp_path), None, None, stop))
+    task = asyncio.create_task(serve(port, "127.0.0.1", str(tmp_path), None, None, stop, NoGpus(), legacy))
     try:
         for _ in range(50):
             try:
@@ -147,9 +155,9 @@ async def test_metrics_endpoint_serves_the_upstream_names(tmp_path: Path) -> Non
             except aiohttp.ClientConnectionError:
                 await asyncio.sleep(0.05)
         assert "# TYPE vgpu_container_memory_used_bytes gauge" in text
-        assert "# TYPE vGPU_device_memory_usage_in_bytes gauge" in text
-        assert "# TYPE Device_last_kernel_of_container gauge" in text
-        # No NVML on this machine: the whole-card series are empty, the rest is served.
+        assert ("# TYPE vGPU_device_memory_usage_in_bytes gauge" in text) == legacy
+        assert ("# TYPE Device_last_kernel_of_container gauge" in text) == legacy
+        # No card: the whole-card series are empty, the rest is served.
         assert "\nHostGPUMemoryUsage{" not in text and "vgpu_monitor_build_info{version=" in text
         assert f'deviceuuid="{GPU_A}"' in text and "1.048576e+09" in text
     finally:
@@ -241,3 +249,18 @@ def test_build_info_names_the_version() -> None:
     sample = build_info().samples[0]
     assert sample.name == "vgpu_monitor_build_info" and sample.value == 1
     assert sample.labels["version"] == version()
+
+
+@pytest.mark.parametrize(("flags", "legacy"), [([], True), (["--no-legacy-metrics"], False)])
+def test_no_legacy_metrics_reaches_the_server(monkeypatch: pytest.MonkeyPatch, flags: list[str],
+                                             legacy: bool) -> None:
+    from vgpu_deviceplugin.monitor import main as entry
+
+    seen: list[bool] = []
+
+    async def fake_serve(*_: Any, legacy: bool = True, **__: Any) -> None:
+        seen.append(legacy)
+
+    monkeypatch.setattr(entry, "serve", fake_serve)
+    assert entry.main(["--port", "0", *flags]) == 0
+    assert seen == [legacy]

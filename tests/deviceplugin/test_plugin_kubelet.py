@@ -194,6 +194,22 @@ async def test_allocate_errors_are_grpc_errors_and_touch_no_unrelated_pod(
         {"metadata": {"annotations": {ann.BIND_PHASE: "failed", ann.VGPU_TIME: ann.VGPU_TIME_DONE}}}]
 
 
+async def test_a_share_libvgpu_would_read_as_no_limit_is_a_grpc_error(flags: Flags, kube: FakeKube) -> None:
+    pod = fixture_pod()
+    value = pod["metadata"]["annotations"][ann.DEVICES_TO_ALLOCATE].replace(",3000,", ",0,", 1)
+    pod["metadata"]["annotations"][ann.DEVICES_TO_ALLOCATE] = value
+    kube.add_pod(pod)
+    async with running(flags, kube) as sim:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await sim.allocate(COUNT, sim.free_ids(COUNT, 2))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        details = err.value.details() or ""
+        assert "pod default/vgpu-test" in details and ann.DEVICES_TO_ALLOCATE in details
+        assert "usedmem 0" in details
+        assert kube.pods[("default", "vgpu-test")]["metadata"]["annotations"][ann.BIND_PHASE] == "failed"
+    assert not any(p.endswith(".cache") for _, _, files in os.walk(flags.cache_root) for p in files)
+
+
 async def test_health_change_resends_the_list_and_the_annotation(flags: Flags, kube: FakeKube) -> None:
     backend = MockBackend.from_register_annotation(REGISTER)
     sick = "GPU-3c8ce108-117a-aeae-a3e8-1c0c5dafebe7"

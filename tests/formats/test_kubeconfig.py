@@ -65,6 +65,24 @@ def test_read_resolves_the_context_and_relative_files(tmp_path: Path) -> None:
     assert connection.token == "abc" and connection.key_data == b"key"
 
 
+def test_line_wrapped_base64_reads_as_kubectl_reads_it(tmp_path: Path) -> None:
+    key = bytes(range(256)) * 2
+    wrapped = base64.encodebytes(key).decode()  # 76 characters a line, as `base64` writes it
+    assert "\n" in wrapped.strip()
+    block = wrapped.strip().replace("\n", "\n      ")
+    path = _config(tmp_path, CONFIG.replace("user: {token: abc, client-key-data: %s}",
+                                            f"user:\n    client-key-data: |\n      {block}"))
+    assert read(path).key_data == key
+    with pytest.raises(KubeconfigError, match="client-key-data is not base64"):
+        read(_config(tmp_path, CONFIG % "not*base64"))
+
+
+def test_the_secrets_are_not_in_the_repr(tmp_path: Path) -> None:
+    text = repr(read(_config(tmp_path)))
+    assert "abc" not in text and "key" not in text.replace("key_path", "")
+    assert "https://10.0.0.1:6443" in text  # the rest still is
+
+
 @pytest.mark.parametrize(("text", "fragment"), [
     ("a: [", "not valid YAML"),
     ("just: text\n", "not a kubeconfig"),

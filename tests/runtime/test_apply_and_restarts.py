@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 import yaml
 
 from tests.support.waiting import eventually
@@ -77,7 +80,9 @@ async def test_scheduler_argument_change_updates_the_conf_without_a_rollout(clus
     assert _plugin_pods(cluster) >= {f"volcano-device-plugin-{node}" for node in NODES}
 
 
-async def test_device_config_change_rolls_the_scheduler(cluster: Cluster) -> None:
+async def test_device_config_change_rolls_the_scheduler(cluster: Cluster,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="vgpu_operator")
     cluster.create_policy()
     await cluster.ready()
     await cluster.settle()
@@ -100,9 +105,14 @@ async def test_device_config_change_rolls_the_scheduler(cluster: Cluster) -> Non
 
     await eventually(lambda: scheduler_restarts() == 2, what="a Restarted event besides the initial one")
     assert cluster.metrics.restarts.labels(kind="scheduler")._value.get() == rollouts + 1
+    # The log line names the workload and the plan's reason for the restart.
+    assert any(r.getMessage() == f"restarted Deployment {SCHEDULER_NS}/volcano-scheduler: rollout "
+               f"(scheduler config changed)" for r in caplog.records), caplog.text
 
 
-async def test_node_override_change_recreates_only_that_nodes_plugin_pod(cluster: Cluster) -> None:
+async def test_node_override_change_recreates_only_that_nodes_plugin_pod(
+        cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="vgpu_operator")
     cluster.create_policy()
     await cluster.ready()
     await cluster.settle()
@@ -131,6 +141,9 @@ async def test_node_override_change_recreates_only_that_nodes_plugin_pod(cluster
     assert '"operatingmode": "mig"' in cluster.data("volcano-vgpu-node-config", "config.json")
     assert cluster.writes_to("/daemonsets/") == ds_writes, "node-config changes need no DaemonSet rollout"
     assert plugin_pod_restarts() == restarted + 1  # settled: all recorded
+    assert any(r.getMessage() == f"restarted Pod {PLUGIN_NS}/volcano-device-plugin-{first}: device plugin "
+               f"pod on {first} deleted to restart it (node-config entry changed)"
+               for r in caplog.records), caplog.text
 
 
 async def test_no_restart_is_reported_on_a_node_without_a_plugin_pod(cluster: Cluster) -> None:

@@ -85,6 +85,20 @@ def test_a_broken_kubeconfig_names_the_file_and_the_problem(prog: str, tmp_path:
     assert f"kubeconfig {config}: no current-context" in line
 
 
+@pytest.mark.parametrize("prog", sorted(DAEMONS))
+def test_with_json_logs_the_failure_is_one_fatal_json_record(prog: str, tmp_path: Path) -> None:
+    result = _run(prog, "--log-format", "json", "--kubeconfig", "/nonexistent", env=_env(tmp_path))
+    assert result.returncode == 1, result.stderr
+    entries = [json.loads(line) for line in result.stderr.splitlines()]  # every line is JSON
+    assert entries[-1]["severity"] == "fatal" and entries[-1]["logger"] == prog
+    assert entries[-1]["message"] == "--kubeconfig /nonexistent: no such file"
+    assert "exc_info" not in entries[-1]  # the traceback only at --log-level debug
+    debug = _run(prog, "--log-format", "json", "--log-level", "debug", "--kubeconfig", "/nonexistent",
+                 env=_env(tmp_path))
+    last = json.loads(debug.stderr.splitlines()[-1])
+    assert last["message"] == entries[-1]["message"] and "Traceback" in last["exc_info"]
+
+
 def test_the_operator_takes_kubeconfig_from_the_environment_and_names_the_unreachable_server(
         tmp_path: Path) -> None:
     port = _closed_port()

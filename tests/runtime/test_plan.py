@@ -12,6 +12,7 @@ from vgpu_operator.plan import (
     Previous,
     Restart,
     make_plan,
+    parse_ref,
     pending_of,
     previous_from_status,
     restart_events,
@@ -172,3 +173,11 @@ def test_an_apply_that_stopped_part_way_reports_only_what_it_wrote() -> None:
     assert plan.done(set(), written=[]) == []
     done = plan.done({"n1"}, written=["Deployment ns/deployment"])
     assert [r.kind for r in done] == ["scheduler", "plugin-pod"]
+
+
+def test_a_restart_target_parses_back_into_kind_namespace_and_name() -> None:
+    [restart] = make_plan([_workload("Deployment", SCHEDULER_HASH, "old", "new")], {}, enforce=True,
+                          paused=False, builtin_plugin=False).restarts
+    assert parse_ref(restart.target) == ("Deployment", "ns", "deployment")
+    assert parse_ref("DaemonSet kube-system/volcano-device-plugin") == \
+        ("DaemonSet", "kube-system", "volcano-device-plugin")

@@ -287,3 +287,48 @@ def test_builtin_plugin_told_to_read_another_copy_is_a_split(healthy):
     assert split and "gpu-config/volcano-vgpu-device-config" in split[0].message
     container["args"] = ["--device-config-namespace=kube-system"]
     assert "device-config-split" not in _codes(_doctor(healthy))
+
+
+V1_12 = "docker.io/projecthami/volcano-vgpu-device-plugin:v1.12.0"
+
+
+def _plugin(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    container: dict[str, Any] = find(objs, *PLUGIN_CONTAINER)["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def test_every_flag_v1_12_lacks_is_named_from_command_and_args(healthy):
+    container = _plugin(healthy)
+    container["image"] = V1_12
+    container["command"] = ["/usr/bin/vgpu-device-plugin", "-v=4"]
+    container["args"] = ["--node-name", "$(NODE_NAME)", "--debug", "--device-split-count=10"]
+    (finding,) = [f for f in _doctor(healthy).findings if f.code == "legacy-flags"]
+    assert finding.field == "args -v=4 --node-name $(NODE_NAME) --debug"
+
+
+def test_v1_12_names_outside_volcano_sh_and_over_63_characters(healthy):
+    _plugin(healthy)["image"] = V1_12
+    cm = _device_config(healthy)
+    text = cm["data"]["device-config.yaml"]
+    # the scheduler alone reads the percentage name: no finding for it
+    percentage = "resourceMemoryPercentageName: "
+    cm["data"]["device-config.yaml"] = text.replace(f"{percentage}volcano.sh/vgpu-memory-percentage",
+                                                    f"{percentage}example.com/percent")
+    assert not {"name-outside-volcano-domain", "name-too-long"} & _codes(_doctor(healthy))
+    long_name = "volcano.sh/" + "c" * 53
+    cm["data"]["device-config.yaml"] = text.replace("resourceCoreName: volcano.sh/vgpu-cores",
+                                                    f"resourceCoreName: {long_name}")
+    (finding,) = [f for f in _doctor(healthy).findings if f.code == "name-too-long"]
+    assert long_name in finding.message and "63" in finding.message
+
+
+def test_split_count_a_v1_12_plugin_uses_without_a_configmap_value(healthy):
+    _plugin(healthy)["image"] = V1_12
+    _plugin(healthy)["args"] = []
+    cm = _device_config(healthy)
+    cm["data"]["device-config.yaml"] = cm["data"]["device-config.yaml"].replace("deviceSplitCount: 10\n", "")
+    facts = gather(healthy)
+    # v1.12 keeps Go's zero for an absent deviceSplitCount; only a flag would set it
+    assert facts.expected_split("dev-app-2-150-master-1")[0] == 0
+    _plugin(healthy)["command"] = ["/usr/bin/vgpu-device-plugin", "--device-split-count", "-4"]
+    assert gather(healthy).plugin.flags == {"--device-split-count": "-4"}

@@ -80,7 +80,7 @@ def test_kubeconfig_problems_name_the_fix(capsys, tmp_path, monkeypatch):
     config = _unreachable(tmp_path)
     assert main(["doctor", "--kubeconfig", str(config), "--context", "nope"]) == 2
     assert capsys.readouterr().err == (f"vgpuctl doctor: kubeconfig {config}: no context named 'nope'; "
-                                       f"it has: x\n")
+                                       f"it has: x (or read manifests instead of a cluster with -f PATH)\n")
     bare = yaml.safe_load(config.read_text())
     del bare["current-context"]
     config.write_text(yaml.safe_dump(bare))
@@ -107,8 +107,8 @@ def test_the_policy_among_the_manifests_or_named(capsys, tmp_path, healthy):
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump_all(healthy))
     assert main(["diff", "-f", str(cluster)]) == 2
-    assert capsys.readouterr().err == ("vgpuctl diff: no VGPUPolicy in the input: pass one with --policy "
-                                       "FILE (`vgpuctl import` writes one)\n")
+    assert capsys.readouterr().err == ("vgpuctl diff: no VGPUPolicy in the manifests given with -f: pass one "
+                                       "with --policy FILE (`vgpuctl import` writes one)\n")
     policy = import_policy(gather(healthy)).policy
     both = tmp_path / "both.yaml"
     both.write_text(yaml.safe_dump_all([*healthy, policy]))
@@ -125,3 +125,25 @@ def test_the_policy_among_the_manifests_or_named(capsys, tmp_path, healthy):
     err = capsys.readouterr().err
     assert err.startswith(f"vgpuctl diff: {first} is not a valid VGPUPolicy: spec.device.deviceSplitCount")
     assert err.count("\n") == 1
+
+
+def test_an_offline_render_without_a_policy_says_it_read_no_cluster(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    assert main(["render"]) == 2
+    assert capsys.readouterr().err == ("vgpuctl render: no VGPUPolicy given: pass --policy FILE (render "
+                                       "reads a cluster only with -f, --kubeconfig or --context)\n")
+
+
+def test_a_policy_file_taken_from_f_is_named_when_the_cluster_cannot_be_read(capsys, tmp_path, monkeypatch):
+    # `vgpuctl diff -f policy.yaml` with no cluster: the user passed -f, so the error says what it did.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("apiVersion: vgpu.io/v1alpha1\nkind: VGPUPolicy\nmetadata: {name: default}\nspec: {}\n")
+    assert main(["diff", "-f", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vgpuctl diff: no kubeconfig: pass --kubeconfig PATH or set $KUBECONFIG")
+    assert f"({policy} holds only a VGPUPolicy, taken as --policy; or read manifests instead of a cluster " \
+           "with -f PATH)" in err

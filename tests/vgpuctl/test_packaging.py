@@ -10,6 +10,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
 import yaml
 from vgpu_formats.cli import version
 from vgpuctl import krew
@@ -88,6 +89,16 @@ def test_krew_launcher_runs_vgpuctl_or_says_what_is_missing(tmp_path):
                              env={"PATH": str(tmp_path), "VGPUCTL_PYTHON": "/nonexistent/python"})
     assert missing.returncode == 2 and missing.stderr.startswith("kubectl vgpu: no Python with the "
                                                                  "vgpu-operator package")
+
+
+def test_krew_outside_a_checkout_needs_its_paths_and_writes_the_same_manifest(tmp_path, monkeypatch, capsys):
+    assert krew.checkout() == ROOT
+    monkeypatch.setattr(krew, "checkout", lambda: None)  # as from an installed wheel
+    with pytest.raises(SystemExit) as exited:
+        krew.main([])
+    assert exited.value.code == 2 and "--dist" in capsys.readouterr().err
+    krew.main(["--dist", str(tmp_path / "dist"), "--manifest", str(tmp_path / "vgpu.yaml")])
+    assert (tmp_path / "vgpu.yaml").read_text() == (ROOT / "plugins" / "krew" / "vgpu.yaml").read_text()
 
 
 def test_the_demo_needs_no_extra():

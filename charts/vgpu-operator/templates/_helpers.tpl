@@ -57,12 +57,22 @@ imagePullSecrets:
 {{/*
 An image reference: [registry/]repository, then @digest when one is set (it pins the image, a tag
 beside it would only mislead), else :tag (empty: the chart's appVersion). global.imageRegistry, a
-mirror, replaces the registry of every image.
+mirror, replaces the registry of every image. A repository that starts with a host (a first part
+with "." or ":", or localhost) is a whole name, as values of chart 0.1.0 before `registry` gave
+it: the image's own registry is not prefixed, and a global mirror cannot be applied to it.
 */}}
 {{- define "vgpu.image" -}}
 {{- $global := .root.Values.global | default dict -}}
-{{- $registry := default .image.registry $global.imageRegistry -}}
 {{- $name := .image.repository -}}
+{{- $first := first (splitList "/" $name) -}}
+{{- $hosted := and (contains "/" $name) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $registry := ternary "" .image.registry $hosted -}}
+{{- if $global.imageRegistry -}}
+{{- if $hosted -}}
+{{- fail (printf "%s.repository %q names a registry (%s), which global.imageRegistry would be put in front of; set %s.repository without it (and %s.registry if needed)" .field $name $first .field .field) -}}
+{{- end -}}
+{{- $registry = $global.imageRegistry -}}
+{{- end -}}
 {{- if $registry }}{{ $name = printf "%s/%s" $registry $name }}{{ end -}}
 {{- if .image.digest -}}
 {{- printf "%s@%s" $name .image.digest -}}
@@ -115,4 +125,24 @@ carries exactly these, and the RBAC is granted for exactly these.
   "devicePlugin" (dict "namespace" (include "vgpu.plugin.namespace" .) "daemonSet" (include "vgpu.plugin.daemonSet" .) "container" (include "vgpu.plugin.container" .) "generation" (ternary "builtin" $v.existingDevicePlugin.generation $v.devicePlugin.enabled))
   "targets" (dict "deviceConfig" (dict "namespace" $v.targets.namespace "name" $v.targets.deviceConfig) "nodeConfig" (dict "namespace" (include "vgpu.nodeConfig.namespace" .) "name" $v.targets.nodeConfig))
 ) -}}
+{{- end -}}
+
+{{/*
+Values this chart needs that an older chart did not have. `helm upgrade --reuse-values` keeps the
+previous release's values, the old chart's defaults included, and never adds this chart's: a
+missing key would crash a template, or drop a hardening setting without a word (an absent
+securityContext renders none). Fail instead, naming the key and the fix. The keys checked are ones
+no user has a reason to null (a null securityContext is a user's way to drop it): any values
+without them predate them, and so lack the security contexts too.
+*/}}
+{{- define "vgpu.requireCurrentValues" -}}
+{{- range $path := list "logging.level" "logging.format" "metrics.prometheusRule.alerts" -}}
+{{- $node := $.Values.AsMap -}}
+{{- range $key := splitList "." $path -}}
+{{- if not (and (kindIs "map" $node) (hasKey $node $key)) -}}
+{{- fail (printf "value %s is missing: these values come from an older chart (helm upgrade --reuse-values keeps the old chart's defaults, not this chart's); upgrade with --reset-then-reuse-values, or give the new chart's values.yaml" $path) -}}
+{{- end -}}
+{{- $node = get $node $key -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

@@ -12,7 +12,7 @@ import asyncio
 import re
 import uuid
 
-from vgpu_formats.annotations import decode_node_register
+from vgpu_formats.annotations import DEVICE_TYPE_PREFIX, decode_node_register
 
 from vgpu_deviceplugin.gpus.base import GpuDevice, GpuError, OnUnhealthy
 
@@ -68,7 +68,7 @@ class MockBackend:
     @classmethod
     def from_register_annotation(cls, text: str, memory_factor: int = 1) -> MockBackend:
         gpus = [
-            GpuDevice(index=i, uuid=d.uuid, name=d.type.removeprefix("NVIDIA-"),
+            GpuDevice(index=i, uuid=d.uuid, name=d.type.removeprefix(DEVICE_TYPE_PREFIX),
                       memory_mib=d.devmem * memory_factor, minor=i)
             for i, d in enumerate(decode_node_register(text))
         ]

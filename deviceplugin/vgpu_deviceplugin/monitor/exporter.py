@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from vgpu_formats.annotations import device_type
 from vgpu_formats.cli import version
 
 from vgpu_deviceplugin.monitor.host import HostGpu, HostGpuSource, NvmlHostGpus
@@ -101,7 +102,7 @@ def metrics(
         gpu_used.add_metric([ZONE, gpu_uuid], used)
         gpu_limit.add_metric([ZONE, gpu_uuid], capped)
     for gpu in host_gpus:
-        labels = [ZONE, str(gpu.index), gpu.uuid, f"NVIDIA-{gpu.name}"]  # the register annotation's type
+        labels = [ZONE, str(gpu.index), gpu.uuid, device_type(gpu.name)]  # the register annotation's type
         host_used.add_metric(labels, gpu.memory_used_bytes)
         host_total.add_metric(labels, gpu.memory_total_bytes)
         if gpu.utilization_percent is not None:

@@ -28,13 +28,6 @@ class HostGpuSource(Protocol):
         ...
 
 
-class NoHostGpus:
-    """For a node without NVML (mock GPUs, the demo): the host metrics are left out."""
-
-    def sample(self) -> list[HostGpu]:
-        return []
-
-
 class NvmlHostGpus:
     """pynvml, loaded and initialised on the first scrape (the monitor starts without a driver
     too); a failed init is retried on the next scrape and logged once until it works again."""

@@ -34,6 +34,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
                    help="this node (env NODE_NAME): pod names come from a field-selected pod list; "
                    "without it (or without API access) metrics carry the pod UID only")
+    p.add_argument("--no-legacy-metrics", dest="legacy_metrics", action="store_false",
+                   help="export the snake_case names only, not upstream's twins (HostGPUMemoryUsage, ...) "
+                   "that dashboards built for upstream query")
     p.add_argument("--kubeconfig", default=None,
                    help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the in-cluster "
                    "service account)")
@@ -63,10 +66,11 @@ async def _refresh_names(collector: RegionCollector, node: str, kubeconfig: str 
 
 
 async def serve(port: int, bind: str, containers_dir: str, node: str | None, kubeconfig: str | None,
-                stop: asyncio.Event, host: HostGpuSource | None = None) -> None:
-    """`host`: where the whole-card figures come from; None: NVML (tests pass a fake)."""
+                stop: asyncio.Event, host: HostGpuSource | None = None, legacy: bool = True) -> None:
+    """`host`: where the whole-card figures come from; None: NVML (tests pass a fake). `legacy`:
+    upstream's names too (--no-legacy-metrics turns them off)."""
     registry = CollectorRegistry()
-    collector = RegionCollector(containers_dir, {}, host)
+    collector = RegionCollector(containers_dir, {}, host, legacy)
     registry.register(collector)
 
     async def handle(_: web.Request) -> web.Response:
@@ -112,19 +116,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        await serve(args.port, args.bind, args.containers_dir, args.node_name, config, stop)
+        await serve(args.port, args.bind, args.containers_dir, args.node_name, config, stop,
+                    legacy=args.legacy_metrics)
 
+    traced = level <= logging.DEBUG  # --log-level debug: the traceback too, as the other daemons
     try:
         config = _kubeconfig(args.kubeconfig) if args.node_name else None
         asyncio.run(run(config))
     except kubeconfig.KubeconfigError as exc:
-        cli.fail("vgpu-monitor", str(exc))
+        cli.fail("vgpu-monitor", str(exc), exc if traced else None, args.log_format)
     except OSError as exc:
-        traced = exc if level <= logging.DEBUG else None
         if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):  # the listening socket
             cli.fail("vgpu-monitor", f"--bind {args.bind} --port {args.port}: {exc.strerror}; pick a free "
-                     f"port or address", traced)
-        cli.fail("vgpu-monitor", str(exc), traced)
+                     f"port or address", exc if traced else None, args.log_format)
+        cli.fail("vgpu-monitor", str(exc), exc if traced else None, args.log_format)
     return 0
 
 

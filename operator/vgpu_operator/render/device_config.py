@@ -14,6 +14,7 @@ from vgpu_formats import device_config as fmt
 from vgpu_formats import yamlio
 from vgpu_formats.rewrite import rewrite
 
+from vgpu_operator import versions
 from vgpu_operator.api import VGPUPolicySpec
 from vgpu_operator.observed import Observed
 from vgpu_operator.render.inputs import InputError, Problem, describe, short_hash
@@ -26,29 +27,46 @@ def _geometry(models: list[str], *groups: tuple[str, list[tuple[str, int, int]]]
         for group, shapes in groups]}
 
 
-# The table volcano-vgpu-device-plugin ships (deployments/static/volcano-vgpu-device-plugin.yml),
-# kept exactly (the repeated A100-SXM4-40GB included) so adopting a stock install changes nothing.
-UPSTREAM_MIG_GEOMETRIES: list[dict[str, Any]] = [
-    _geometry(["A30"], ("group1", [("1g.6gb", 6144, 4)]), ("group2", [("2g.12gb", 12288, 2)]),
-              ("group3", [("4g.24gb", 24576, 1)])),
-    _geometry(["A100-SXM4-40GB", "A100-40GB-PCIe", "A100-PCIE-40GB", "A100-SXM4-40GB"],
-              ("group1", [("1g.5gb", 5120, 7)]), ("group2", [("2g.10gb", 10240, 3), ("1g.5gb", 5120, 1)]),
-              ("group3", [("3g.20gb", 20480, 2)]), ("group4", [("7g.40gb", 40960, 1)])),
-    _geometry(["A100-SXM4-80GB", "A100-80GB-PCIe", "A100-PCIE-80GB"],
-              ("group1", [("1g.10gb", 10240, 7)]), ("group2", [("2g.20gb", 20480, 3), ("1g.10gb", 10240, 1)]),
-              ("group3", [("3g.40gb", 40960, 2)]), ("group4", [("7g.79gb", 80896, 1)])),
-]
+# The tables volcano-vgpu-device-plugin ships (volcano-vgpu-device-plugin.yml), kept exactly (the
+# repeated A100-SXM4-40GB included) so adopting a stock install changes nothing. v1.12.0 fixed the
+# A100-80GB shapes (operator/README.md, "Plugin generations"); `versions.PluginTraits.mig_table`
+# says which table a generation gets.
+_A30 = _geometry(["A30"], ("group1", [("1g.6gb", 6144, 4)]), ("group2", [("2g.12gb", 12288, 2)]),
+                 ("group3", [("4g.24gb", 24576, 1)]))
+_A100_40GB = _geometry(["A100-SXM4-40GB", "A100-40GB-PCIe", "A100-PCIE-40GB", "A100-SXM4-40GB"],
+                       ("group1", [("1g.5gb", 5120, 7)]),
+                       ("group2", [("2g.10gb", 10240, 3), ("1g.5gb", 5120, 1)]),
+                       ("group3", [("3g.20gb", 20480, 2)]), ("group4", [("7g.40gb", 40960, 1)]))
+_A100_80GB_MODELS = ["A100-SXM4-80GB", "A100-80GB-PCIe", "A100-PCIE-80GB"]
+UPSTREAM_MIG_GEOMETRIES: dict[versions.MigTable, list[dict[str, Any]]] = {
+    "v1.11": [_A30, _A100_40GB, _geometry(
+        _A100_80GB_MODELS, ("group1", [("1g.10gb", 10240, 7)]),
+        ("group2", [("2g.20gb", 20480, 3), ("1g.10gb", 10240, 1)]),
+        ("group3", [("3g.40gb", 40960, 2)]), ("group4", [("7g.79gb", 80896, 1)]))],
+    "v1.12": [_A30, _A100_40GB, _geometry(
+        _A100_80GB_MODELS, ("group1", [("1g.10gb", 9728, 7)]),
+        ("group2", [("2g.20gb", 19968, 3), ("1g.10gb", 9728, 1)]),
+        ("group3", [("3g.40gb", 40192, 2)]), ("group4", [("7g.80gb", 80896, 1)]))],
+}
 
 # Every upstream key the policy can set; `passDeviceSpecs` (unused upstream) stays whatever it is.
 OWNED_KEYS = frozenset(field.alias or name for name, field in fmt.NvidiaConfig.model_fields.items()) - {
     "passDeviceSpecs"}
 
 
-def desired_nvidia(spec: VGPUPolicySpec) -> fmt.NvidiaConfig:
-    """The `nvidia:` section the policy asks for, every owned field explicit."""
+def plugin_generation(spec: VGPUPolicySpec, observed: Observed) -> versions.Generation | None:
+    """The generation of the device plugin the policy targets (None: cannot tell)."""
+    plugin = spec.device_plugin
+    return versions.plugin_generation(plugin.generation, observed.device_plugin, plugin.container).generation
+
+
+def desired_nvidia(spec: VGPUPolicySpec, observed: Observed) -> fmt.NvidiaConfig:
+    """The `nvidia:` section the policy asks for, every owned field explicit; unset
+    knownMigGeometries: the table the target plugin generation ships."""
     device, names = spec.device, spec.resources
     if device.known_mig_geometries is None:
-        geometries = UPSTREAM_MIG_GEOMETRIES
+        table = versions.plugin_traits(plugin_generation(spec, observed)).mig_table
+        geometries = UPSTREAM_MIG_GEOMETRIES[table]
     else:
         geometries = [g.model_dump(by_alias=True) for g in device.known_mig_geometries]
     return fmt.NvidiaConfig.model_validate({
@@ -75,9 +93,9 @@ SCHEDULER_KEYS = ("resourceCountName", "resourceMemoryName", "resourceMemoryPerc
                   "resourceCoreName", "gpuMemoryFactor", "knownMigGeometries")
 
 
-def owned_section(spec: VGPUPolicySpec) -> dict[str, Any]:
+def owned_section(spec: VGPUPolicySpec, observed: Observed) -> dict[str, Any]:
     """Our part of `nvidia:` as plain data (the restart hashes cover it)."""
-    return desired_nvidia(spec).to_yaml_dict()
+    return desired_nvidia(spec, observed).to_yaml_dict()
 
 
 def live_config(observed: Observed) -> fmt.DeviceConfig | None:
@@ -98,8 +116,8 @@ def scheduler_reads(cfg: fmt.DeviceConfig | None) -> dict[str, Any]:
     return {key: view.get(key) for key in SCHEDULER_KEYS}
 
 
-def desired_config(spec: VGPUPolicySpec) -> fmt.DeviceConfig:
-    return fmt.DeviceConfig(nvidia=desired_nvidia(spec))
+def desired_config(spec: VGPUPolicySpec, observed: Observed) -> fmt.DeviceConfig:
+    return fmt.DeviceConfig(nvidia=desired_nvidia(spec, observed))
 
 
 def live_document(observed: Observed, where: str) -> dict[str, Any] | None:
@@ -127,7 +145,7 @@ def live_document(observed: Observed, where: str) -> dict[str, Any] | None:
 def render_device_config_target(spec: VGPUPolicySpec, observed: Observed) -> TargetRender:
     ref = spec.targets.device_config
     where = describe("ConfigMap", ref.namespace, ref.name)
-    ours = desired_nvidia(spec)
+    ours = desired_nvidia(spec, observed)
     try:
         live_doc = live_document(observed, where)
     except InputError as err:

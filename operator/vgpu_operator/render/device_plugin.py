@@ -4,20 +4,29 @@
   the policy's values (replaced in place, `--flag=value` or `--flag value` form kept; missing ones
   appended as `--flag=value`).
 * current (v1.12+): `--resource-*` flags make it exit and explicit sizing flags override the
-  ConfigMap, so all of `LEGACY_FLAGS` are removed; sizing comes from device-config.
-* builtin (ours): the same removal; our plugin watches the ConfigMaps itself. Where it reads
-  them (`--device-config-*`, `--node-config-*`) is set to the policy's targets, so it reads exactly what the
-  scheduler reads; a flag that would only repeat the plugin's own default is not added.
+  ConfigMap, so all of `LEGACY_FLAGS` are removed; sizing comes from device-config. Every other
+  flag the v1.12 binary does not define (`versions.CURRENT_FLAGS`) is removed too: it would exit 1
+  on it (`-v=4`, `--node-name`, `--debug` from a v1.11 DaemonSet); validation names each one.
+* builtin (ours): the same removal of `LEGACY_FLAGS`; our plugin watches the ConfigMaps itself.
+  Where it reads them (`--device-config-*`, `--node-config-*`) is set to the policy's targets, so it
+  reads exactly what the scheduler reads; a flag that would only repeat the plugin's own default
+  is not added.
 
-Every other arg keeps its value and order. `vgpu.io/plugin-config-hash` on the pod template covers
-what the plugin reads only at start (args, plus device-config content for legacy/current; builtin
-watches the ConfigMap). Env, volumes, other containers and other annotations are untouched.
+The binary gets `command` + `args`: flags written in `command` after the binary are edited the same
+way (a shell's script is not). A value flag written `--flag value` takes the next token with it
+unless that is a flag; a negative number is a value (`--device-split-count -4`). Every other arg
+keeps its value and order.
+`vgpu.io/plugin-config-hash` on the pod template covers what the plugin reads only at start (args,
+plus device-config content for legacy/current; builtin watches the ConfigMap). Env, volumes, other
+containers and other annotations are untouched.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from vgpu_formats import device_config as dc_fmt
@@ -35,16 +44,21 @@ from vgpu_operator.render.inputs import (
     short_hash,
 )
 from vgpu_operator.render.target import TargetRender, failed_target, missing_target, workload_target
-from vgpu_operator.versions import Generation, plugin_generation
+from vgpu_operator.versions import (
+    LEGACY_FLAG_DEFAULTS,
+    LEGACY_SWITCHES,
+    Generation,
+    plugin_generation,
+    plugin_traits,
+)
 
 ANNOTATION = "vgpu.io/plugin-config-hash"
 LEGACY_FLAGS = ("resource-name", "resource-memory-name", "resource-core-name", "device-split-count",
                 "gpu-memory-factor", "device-cores-scaling")
-# What the legacy binary uses for an absent flag (VVDP v1.11.0 cmd/vgpu/main.go, util.GlobalFlagSet).
-LEGACY_DEFAULTS = {"resource-name": "volcano.sh/vgpu-number",
-                   "resource-memory-name": "volcano.sh/vgpu-memory",
-                   "resource-core-name": "volcano.sh/vgpu-cores",
-                   "device-split-count": "2", "gpu-memory-factor": "1", "device-cores-scaling": "1"}
+LEGACY_DEFAULTS = LEGACY_FLAG_DEFAULTS
+# A `command` starting with one of these runs a script: its flags are not ours to edit.
+SHELLS = frozenset({"sh", "bash", "ash", "dash", "zsh", "busybox"})
+_NEGATIVE_NUMBER = re.compile(r"-\d+(\.\d+)?")
 
 
 def builtin_defaults(spec: VGPUPolicySpec) -> dict[str, str]:
@@ -81,34 +95,138 @@ def desired_flags(spec: VGPUPolicySpec, generation: Generation) -> dict[str, str
     }
 
 
-def edit_args(args: list[str], flags: dict[str, str | None],
-              defaults: dict[str, str] | None = None) -> list[str]:
-    """`args` with `flags` set or removed; other args untouched, in order; a repeated flag of ours
-    keeps its first position only. A missing flag whose value equals its entry in `defaults` is
-    not added (the binary already uses that value)."""
-    out: list[str] = []
-    seen: set[str] = set()
+@dataclass(frozen=True)
+class EditedArgv:
+    """A container's `command` and `args` after the edit, and the flags removed because the binary
+    does not define them (each as written, with its separate value if it had one)."""
+
+    command: list[str]
+    args: list[str]
+    dropped: list[str]
+
+
+def command_flags(command: list[str]) -> list[str] | None:
+    """The args written in `command` after the binary; None when a shell runs a script."""
+    if command and command[0].rsplit("/", 1)[-1] in SHELLS:
+        return None
+    return command[1:]
+
+
+def _flag_name(token: str) -> tuple[int, str, bool] | None:
+    """(dashes, name, has `=value`) of a flag token; None for a positional, `-` or `--`."""
+    dashes = len(token) - len(token.lstrip("-"))
+    name, eq, _ = token[dashes:].partition("=")
+    if dashes not in (1, 2) or not name or _NEGATIVE_NUMBER.fullmatch(token):
+        return None
+    return dashes, name, bool(eq)
+
+
+def _value_at(tokens: list[str], index: int) -> bool:
+    """Is there a separate value at `index` (a token that is not a flag)?"""
+    return index < len(tokens) and tokens[index] != "--" and _flag_name(tokens[index]) is None
+
+
+def _edit(tokens: list[str], flags: dict[str, str | None], accepted: Mapping[str, bool] | None,
+          seen: set[str], dropped: list[str]) -> list[tuple[int, str]]:
+    """(source position, token) of `tokens` with `flags` set or removed and, when `accepted` is
+    given, every flag it does not hold removed."""
+    out: list[tuple[int, str]] = []
     index = 0
-    while index < len(args):
-        token = args[index]
+    while index < len(tokens):
+        at, token = index, tokens[index]
         index += 1
-        dashes = len(token) - len(token.lstrip("-"))
-        name, eq, _ = token[dashes:].partition("=")
-        if not dashes or name not in flags:
-            out.append(token)
+        if token == "--":  # the rest is positional
+            out += [(at + k, t) for k, t in enumerate(tokens[at:])]
+            break
+        parsed = _flag_name(token)
+        if parsed is None:
+            out.append((at, token))
             continue
-        separate = not eq and index < len(args) and not args[index].startswith("-")
-        if separate:
-            index += 1  # the value token goes with its flag
-        value = flags[name]
-        if name in seen or value is None:
+        dashes, name, eq = parsed
+        if name in flags:
+            separate = not eq and _value_at(tokens, index)
+            if separate:
+                index += 1  # the value goes with its flag
+            value = flags[name]
+            if name in seen or value is None:
+                continue
+            seen.add(name)
+            out += [(at, token), (at, value)] if separate else [(at, f"{token[:dashes]}{name}={value}")]
             continue
-        seen.add(name)
-        out += [token, value] if separate else [f"{token[:dashes]}{name}={value}"]
-    defaults = defaults or {}
-    out += [f"--{name}={value}" for name, value in flags.items()
-            if value is not None and name not in seen and defaults.get(name) != value]
+        if accepted is not None and name not in accepted:
+            # A v1.11 switch takes no value; any other flag its separate value, if it has one.
+            takes = not eq and name not in LEGACY_SWITCHES and _value_at(tokens, index)
+            dropped.append(f"{token} {tokens[index]}" if takes else token)
+            if takes:
+                index += 1
+            continue
+        out.append((at, token))
+        if accepted is not None and not eq and accepted.get(name) is False and _value_at(tokens, index):
+            out.append((index, tokens[index]))  # a defined value flag's value, kept as written
+            index += 1
     return out
+
+
+def edit_argv(command: list[str], args: list[str], flags: dict[str, str | None],
+              defaults: Mapping[str, str] | None = None,
+              accepted: Mapping[str, bool] | None = None) -> EditedArgv:
+    """`command` and `args` with `flags` set or removed and, when `accepted` is given, every flag
+    not in it removed. Other args untouched, in order; a repeated flag of ours keeps its first
+    position only; a missing one is appended to `args`, unless its value equals its entry in
+    `defaults` (the binary already uses that value)."""
+    head = command_flags(command)
+    tail = head if head is not None else []
+    seen: set[str] = set()
+    dropped: list[str] = []
+    edited = _edit([*tail, *args], flags, accepted, seen, dropped)
+    new_tail = [token for at, token in edited if at < len(tail)]
+    new_args = [token for at, token in edited if at >= len(tail)]
+    defaults = defaults or {}
+    new_args += [f"--{name}={value}" for name, value in flags.items()
+                 if value is not None and name not in seen and defaults.get(name) != value]
+    new_command = [command[0], *new_tail] if head is not None and command else list(command)
+    return EditedArgv(new_command, new_args, dropped)
+
+
+def flag_values(tokens: list[str]) -> dict[str, str]:
+    """`--flag=value` and `--flag value` tokens as `{"--flag": value}` (one or two dashes; a flag
+    with no value maps to "true"; the last of a repeated flag wins, as in Go's flag parsing)."""
+    out: dict[str, str] = {}
+    index = 0
+    while index < len(tokens):
+        parsed = _flag_name(tokens[index])
+        index += 1
+        if parsed is None:
+            continue
+        _, name, eq = parsed
+        value = tokens[index - 1].partition("=")[2] if eq else "true"
+        if not eq and _value_at(tokens, index):
+            value = tokens[index]
+            index += 1
+        out[f"--{name}"] = value
+    return out
+
+
+def edit_args(args: list[str], flags: dict[str, str | None],
+              defaults: Mapping[str, str] | None = None) -> list[str]:
+    """`edit_argv` of args alone, nothing but `flags` removed."""
+    return edit_argv([], args, flags, defaults).args
+
+
+def container_argv(container: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """(command, args) of a container as strings (one that is not a list: empty)."""
+    command, args = (container.get(key) for key in ("command", "args"))
+    return ([str(a) for a in command] if isinstance(command, list) else [],
+            [str(a) for a in args] if isinstance(args, list) else [])
+
+
+def edited_container_argv(spec: VGPUPolicySpec, container: Mapping[str, Any],
+                          generation: Generation) -> EditedArgv:
+    """The plugin container's command and args as the policy wants them for `generation`."""
+    command, args = container_argv(container)
+    defaults = builtin_defaults(spec) if generation == "builtin" else LEGACY_DEFAULTS
+    return edit_argv(command, args, desired_flags(spec, generation), defaults,
+                     plugin_traits(generation).flags)
 
 
 def render_device_plugin_target(spec: VGPUPolicySpec, observed: Observed,
@@ -131,17 +249,20 @@ def render_device_plugin_target(spec: VGPUPolicySpec, observed: Observed,
             "spec.devicePlugin.generation", "PluginGenerationUnknown",
             f"{found.detail}; set spec.devicePlugin.generation to legacy (<= v1.11), current (v1.12+) "
             "or builtin", object=where))
-    live_args = [str(a) for a in container.get("args") or []]
-    defaults = builtin_defaults(spec) if found.generation == "builtin" else LEGACY_DEFAULTS
-    args = edit_args(live_args, desired_flags(spec, found.generation), defaults)
+    live_command, live_args = container_argv(container)
+    edited = edited_container_argv(spec, container, found.generation)
     containers = copy.deepcopy(live["spec"]["template"]["spec"]["containers"])
-    if args != live_args:
-        containers[index]["args"] = args
-    wanted: dict[str, Any] = {"args": args}
-    inputs_changed = args != live_args
+    if edited.args != live_args:
+        containers[index]["args"] = edited.args
+    if edited.command != live_command:
+        containers[index]["command"] = edited.command
+    wanted: dict[str, Any] = {"args": edited.args}
+    if live_command:
+        wanted["command"] = edited.command
+    inputs_changed = edited.args != live_args or edited.command != live_command
     if found.generation != "builtin":
-        wanted["deviceConfig"] = device_config.owned_section(spec)
+        wanted["deviceConfig"] = device_config.owned_section(spec, observed)
         inputs_changed |= (device_config.plugin_reads(device_config.live_config(observed))
-                           != device_config.plugin_reads(device_config.desired_config(spec)))
+                           != device_config.plugin_reads(device_config.desired_config(spec, observed)))
     return workload_target("DaemonSet", live, ANNOTATION, short_hash(wanted), inputs_changed, containers,
                            running)

@@ -118,7 +118,7 @@ def duplicated_plugin(conf: dict[str, Any], name: str) -> str:
 def check_workload(workload: dict[str, Any], where: str, field: str) -> None:
     """Raise InputError unless the pod template has the shape the API server guarantees (a
     hand-made manifest may not): dict metadata and annotations, a list of dict containers whose
-    args are strings."""
+    command and args are strings."""
     spec = workload.get("spec")
     template = spec.get("template") if isinstance(spec, dict) else None
     problem = ""
@@ -132,9 +132,9 @@ def check_workload(workload: dict[str, Any], where: str, field: str) -> None:
         problem = "spec.template.spec.containers is not a list"
     else:
         for index, container in enumerate(template["spec"]["containers"]):
-            args = container.get("args") if isinstance(container, dict) else None
-            if not isinstance(container, dict) or not isinstance(args or [], list) or \
-                    not all(isinstance(a, str) for a in args or []):
+            argv = [container.get(key) or [] for key in ("command", "args")] \
+                if isinstance(container, dict) else [None]
+            if not all(isinstance(part, list) and all(isinstance(a, str) for a in part) for part in argv):
                 problem = f"spec.template.spec.containers[{index}] is not a container with string args"
                 break
     if problem:

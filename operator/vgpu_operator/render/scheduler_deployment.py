@@ -21,8 +21,8 @@ from vgpu_operator.render.target import TargetRender, failed_target, missing_tar
 ANNOTATION = "vgpu.io/scheduler-config-hash"
 
 
-def desired_inputs(spec: VGPUPolicySpec) -> dict[str, Any]:
-    return {"deviceConfig": device_config.scheduler_reads(device_config.desired_config(spec)),
+def desired_inputs(spec: VGPUPolicySpec, observed: Observed) -> dict[str, Any]:
+    return {"deviceConfig": device_config.scheduler_reads(device_config.desired_config(spec, observed)),
             **scheduler_conf.restart_arguments(scheduler_conf.desired_arguments(spec))}
 
 
@@ -48,6 +48,6 @@ def render_scheduler_deployment_target(spec: VGPUPolicySpec, observed: Observed,
         check_workload(live, where, "spec.scheduler.deployment")
     except InputError as err:
         return failed_target("Deployment", sched.namespace, sched.deployment, live, err.problem)
-    wanted = desired_inputs(spec)
+    wanted = desired_inputs(spec, observed)
     return workload_target("Deployment", live, ANNOTATION, short_hash(wanted),
                            live_inputs(spec, observed) != wanted, running=running)
