@@ -20,8 +20,12 @@ failed=0
 result() { if [ "$1" = 0 ]; then echo "PASS $2"; else echo "FAIL $2"; failed=1; fi; }
 under_cap() { # under_cap REGION CAP COMMAND...: run with libvgpu preloaded and a cap
     local region=$1 cap=$2; shift 2
-    env LD_PRELOAD="$lib" CUDA_DEVICE_MEMORY_SHARED_CACHE="$work/$region" \
-        CUDA_DEVICE_MEMORY_LIMIT="$cap" "$@"
+    local run=(env LD_PRELOAD="$lib" CUDA_DEVICE_MEMORY_SHARED_CACHE="$work/$region"
+               CUDA_DEVICE_MEMORY_LIMIT="$cap" "$@")
+    # In a subshell (`under_cap ... &`, a pipeline, `$(...)`) become the program, so that $! is
+    # its pid: `kill -9 $!` must hit the process holding GPU memory, not a wrapper shell.
+    if [ "$BASH_SUBSHELL" -gt 0 ]; then exec "${run[@]}"; fi
+    "${run[@]}"
 }
 
 echo "== 1. PyTorch under a 2 GiB cap"
@@ -46,7 +50,8 @@ try:
 except torch.cuda.OutOfMemoryError:
     print("3 GiB tensor: torch.cuda.OutOfMemoryError, as expected")
 z = torch.ones(256 << 20, dtype=torch.uint8, device="cuda")  # still usable after the OOM
-ok &= int(z.sum().item()) == 256 << 20
+# all(), not sum(): a uint8 sum is computed in int64, a 2 GiB temporary under a 2 GiB cap.
+ok &= bool(z.all().item()) and z.numel() == 256 << 20
 sys.exit(0 if ok else 1)
 PY
 result $? "PyTorch: cap reported, 1.5 GiB works, 3 GiB is a clean OOM"

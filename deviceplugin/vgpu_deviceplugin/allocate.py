@@ -208,6 +208,11 @@ def plan(
             raise AllocateError(
                 f"pod {ref}: GPU {dev.uuid} from {ann.DEVICES_TO_ALLOCATE} is not on node "
                 f"{settings.node_name} (healthy GPUs here: {', '.join(sorted(gpu_uuids)) or 'none'})", ref)
+        problem = _no_limit_problem(dev)
+        if problem:
+            raise AllocateError(
+                f"pod {ref}: annotation {ann.DEVICES_TO_ALLOCATE} gives GPU {dev.uuid} {problem}; "
+                "the container would run without that limit, so it is not started", ref)
     container = _container(pod, call)
     envs = hami_core_env(call.devices, settings, cache_id)
     cache_dir = f"{cache_root}/containers/{ref.uid}_{call.container}"
@@ -233,6 +238,19 @@ def plan(
                                             ann.DEVICES_TO_ALLOCATE: new_value}}
         done = not pending_calls(rest, settings.names, 0)
     return Plan(ref, call, envs, tuple(mounts), cache_dir, cache_file, new_value, done)
+
+
+def _no_limit_problem(dev: ann.ContainerDevice) -> str:
+    """Why libvgpu.so would read this share as "no limit", or "" when it would not.
+
+    usedmem 0 becomes CUDA_DEVICE_MEMORY_LIMIT_<i>=0m (0 means no cap to the hook); usedcores
+    outside 0-100 becomes an SM limit the hook rejects (and then applies none). usedcores 0 is
+    the scheduler's "no SM limit" and stays allowed."""
+    if dev.usedmem <= 0:
+        return f"usedmem {dev.usedmem} (a 0 MiB limit is read as no memory cap)"
+    if not 0 <= dev.usedcores <= 100:
+        return f"usedcores {dev.usedcores} (not a percentage 0-100: no SM limit would apply)"
+    return ""
 
 
 def _container(pod: Pod, call: Call) -> Mapping[str, Any]:

@@ -15,19 +15,15 @@ The ids themselves carry no meaning: the real GPU choice comes from the pod anno
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vgpu_formats.annotations import DeviceInfo, device_type
+from vgpu_formats.list_and_watch import HEALTHY, MESSAGE_LIMIT, UNHEALTHY, digit_ranges, numbered_list_bytes
 
 from vgpu_deviceplugin.api import deviceplugin_pb2 as pb
 from vgpu_deviceplugin.config import Settings
 from vgpu_deviceplugin.gpus import GpuDevice
-
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
-# gRPC's default receive limit in the kubelet, with a little room to spare.
-MESSAGE_LIMIT = 4 * 1024 * 1024 - 1024
 
 
 class ResourceKind(enum.Enum):
@@ -69,21 +65,6 @@ def memory_units(gpu: GpuDevice, settings: Settings) -> int:
     return gpu.memory_mib // settings.memory_factor
 
 
-def _digit_ranges(units: int) -> Iterator[tuple[int, int, int]]:
-    """(digits, low, high): the numbers 0 .. units-1 split by how many decimal digits they have."""
-    for digits in range(1, len(str(units)) + 1):
-        low, high = (0 if digits == 1 else 10 ** (digits - 1)), min(units, 10**digits)
-        if low < high:
-            yield digits, low, high
-
-
-def _ids_size(gpu: GpuDevice, units: int, health: str) -> int:
-    """Encoded bytes of Device{ID="<index>-<i>", health} for i < units (all lengths < 128)."""
-    prefix = len(str(gpu.index)) + 1
-    digits = sum((high - low) * k for k, low, high in _digit_ranges(units))
-    return units * (2 + 2 + prefix + 2 + len(health)) + digits
-
-
 def advertise(
     kind: ResourceKind, gpus: list[GpuDevice], health: Mapping[str, bool], settings: Settings
 ) -> Advertised:
@@ -123,7 +104,7 @@ def _encode_numbered(prefix: str, units: int, health: str) -> bytes:
     tail = b"\x12" + bytes([len(health)]) + health.encode()
     raw_prefix = prefix.encode()
     out = []
-    for digits, low, high in _digit_ranges(units):
+    for digits, low, high in digit_ranges(units):
         id_len = len(raw_prefix) + digits
         head = b"\x0a" + bytes([id_len + 2 + len(tail)]) + b"\x0a" + bytes([id_len]) + raw_prefix
         numbers = " ".join(map(str, range(low, high))).encode().split(b" ")
@@ -135,7 +116,8 @@ def _cap_memory(
     per_gpu: list[tuple[GpuDevice, int]], health: Mapping[str, bool], settings: Settings
 ) -> tuple[list[tuple[GpuDevice, int]], str | None]:
     """Shrink the memory list to fit MESSAGE_LIMIT (sized without building it: 655k entries is slow)."""
-    size = sum(_ids_size(g, n, HEALTHY if health.get(g.uuid, True) else UNHEALTHY) for g, n in per_gpu)
+    size = sum(numbered_list_bytes(len(_id_prefix(ResourceKind.MEMORY, g)), n,
+                                   HEALTHY if health.get(g.uuid, True) else UNHEALTHY) for g, n in per_gpu)
     if size <= MESSAGE_LIMIT:
         return per_gpu, None
     ratio = MESSAGE_LIMIT / size

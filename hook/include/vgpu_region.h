@@ -51,13 +51,17 @@ struct vgpu_region_header {
     int32_t creator_pid;       /*  60 pid (creator's namespace) that initialised the file */
     uint64_t created_unix_ns;  /*  64 CLOCK_REALTIME at creation */
     uint64_t reaped_slots;     /*  72 atomic: dead processes whose memory was given back */
-    uint8_t reserved[48];      /*  80 zero */
+    uint64_t ledger_lock;      /*  80 atomic: taken by libvgpu around every change of the
+                                *     used_bytes words; bits 0-15 = holder's slot + 1 (0 = free),
+                                *     bits 16-63 = count of acquisitions. Readers ignore it */
+    uint8_t reserved[40];      /*  88 zero */
 };
 
 struct vgpu_region_device {
     uint64_t limit_bytes;      /*   0 memory cap; 0 = no cap. Fixed at creation */
-    uint64_t used_bytes;       /*   8 atomic: bytes reserved by all live processes. The cap
-                                *     check is a compare-and-swap on this word */
+    uint64_t used_bytes;       /*   8 atomic: bytes reserved by all processes not yet reaped;
+                                *     always the sum of their slots' used_bytes[d], changed
+                                *     only under ledger_lock, never above limit_bytes */
     uint64_t peak_bytes;       /*  16 atomic: highest used_bytes seen */
     uint32_t sm_limit_percent; /*  24 SM cap in percent; 0 = no cap. Fixed at creation */
     uint32_t uuid_state;       /*  28 VGPU_UUID_*: uuid is valid only when SET (acquire) */
@@ -73,7 +77,14 @@ struct vgpu_region_slot {
     uint64_t claimed_unix_ns;  /*  16 CLOCK_REALTIME when the owner claimed the slot */
     uint64_t last_launch_unix_ns; /* 24 atomic: a recent kernel launch (every 1024th per thread) */
     uint64_t used_bytes[VGPU_REGION_MAX_DEVICES]; /* 32 atomic: this process's ledger per device */
-    uint64_t reserved[4];      /* 160 zero */
+    /* The undo journal of the change this process makes under ledger_lock (one at a time): if
+     * it dies in the middle, the next holder puts both words back. Readers ignore it. */
+    uint32_t journal_state;    /* 160 1 while a change is under way, else 0 */
+    uint16_t journal_device;   /* 164 the device whose used_bytes changes */
+    uint16_t journal_slot;     /* 166 the slot whose used_bytes[journal_device] changes */
+    uint64_t journal_device_used; /* 168 the device's used_bytes before the change */
+    uint64_t journal_ledger;   /* 176 that slot's used_bytes[journal_device] before the change */
+    uint64_t reserved;         /* 184 zero */
 };
 
 _Static_assert(sizeof(struct vgpu_region_header) == 128, "header is 128 bytes");
@@ -81,9 +92,13 @@ _Static_assert(sizeof(struct vgpu_region_device) == 128, "device record is 128 b
 _Static_assert(sizeof(struct vgpu_region_slot) == 192, "slot is 192 bytes");
 _Static_assert(offsetof(struct vgpu_region_header, slot_high_water) == 56, "header offsets");
 _Static_assert(offsetof(struct vgpu_region_header, reaped_slots) == 72, "header offsets");
+_Static_assert(offsetof(struct vgpu_region_header, ledger_lock) == 80, "header offsets");
 _Static_assert(offsetof(struct vgpu_region_device, uuid) == 32, "device offsets");
 _Static_assert(offsetof(struct vgpu_region_device, oom_refusals) == 96, "device offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, used_bytes) == 32, "slot offsets");
+_Static_assert(offsetof(struct vgpu_region_slot, journal_state) == 160, "slot offsets");
+_Static_assert(offsetof(struct vgpu_region_slot, journal_device_used) == 168, "slot offsets");
+_Static_assert(offsetof(struct vgpu_region_slot, journal_ledger) == 176, "slot offsets");
 
 enum {
     VGPU_REGION_DEVICES_OFFSET = 128,

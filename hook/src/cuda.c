@@ -12,6 +12,27 @@
 #include "throttle.h"
 
 #undef cuGetProcAddress /* cuda.h renames it to _v2; the v1 ABI is a separate export */
+/* cuda.h maps these names to _v2 too; the legacy exports behind them (CUDA 2.x ABI: 32-bit
+ * device pointers and sizes) are still exported by the driver and wrapped here. */
+#undef cuMemAlloc
+#undef cuMemAllocPitch
+#undef cuMemFree
+#undef cuMemGetInfo
+#undef cuDeviceTotalMem
+#undef cuArrayCreate
+#undef cuArray3DCreate
+
+typedef unsigned int v1_ptr;
+struct array_v1 { /* CUDA_ARRAY_DESCRIPTOR_v1 */
+    unsigned int Width, Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+};
+struct array3d_v1 { /* CUDA_ARRAY3D_DESCRIPTOR_v1 */
+    unsigned int Width, Height, Depth;
+    CUarray_format Format;
+    unsigned int NumChannels, Flags;
+};
 
 #define VGPU_EXPORT __attribute__((visibility("default")))
 
@@ -47,6 +68,13 @@ static struct {
     CUresult (*cuMemFreeAsync_ptsz)(CUdeviceptr, CUstream);
     CUresult (*cuMemGetInfo_v2)(size_t *, size_t *);
     CUresult (*cuDeviceTotalMem_v2)(size_t *, CUdevice);
+    CUresult (*cuMemAlloc)(v1_ptr *, unsigned int);
+    CUresult (*cuMemAllocPitch)(v1_ptr *, unsigned int *, unsigned int, unsigned int, unsigned int);
+    CUresult (*cuMemFree)(v1_ptr);
+    CUresult (*cuMemGetInfo)(unsigned int *, unsigned int *);
+    CUresult (*cuDeviceTotalMem)(unsigned int *, CUdevice);
+    CUresult (*cuArrayCreate)(CUarray *, const struct array_v1 *);
+    CUresult (*cuArray3DCreate)(CUarray *, const struct array3d_v1 *);
     launch_fn cuLaunchKernel, cuLaunchKernel_ptsz;
     launch_ex_fn cuLaunchKernelEx, cuLaunchKernelEx_ptsz;
     coop_fn cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz;
@@ -75,6 +103,14 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
                                                     unsigned bz, unsigned shmem, CUstream stream,
                                                     void **params);
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+VGPU_EXPORT CUresult cuMemAlloc(v1_ptr *dptr, unsigned int bytes);
+VGPU_EXPORT CUresult cuMemAllocPitch(v1_ptr *dptr, unsigned int *pitch, unsigned int width,
+                                     unsigned int height, unsigned int elem);
+VGPU_EXPORT CUresult cuMemFree(v1_ptr dptr);
+VGPU_EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes);
+VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
+VGPU_EXPORT CUresult cuArrayCreate(CUarray *handle, const struct array_v1 *desc);
+VGPU_EXPORT CUresult cuArray3DCreate(CUarray *handle, const struct array3d_v1 *desc);
 
 static void after_load(void);
 
@@ -85,6 +121,13 @@ static const struct vgpu_hook hooks[] = {
     HOOK(cuInit, "cuInit", 2000, 0),
     HOOK(cuGetProcAddress, "cuGetProcAddress", 11030, 0),
     HOOK(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0),
+    HOOK(cuMemAlloc, "cuMemAlloc", 2000, 0),
+    HOOK(cuMemAllocPitch, "cuMemAllocPitch", 2000, 0),
+    HOOK(cuMemFree, "cuMemFree", 2000, 0),
+    HOOK(cuMemGetInfo, "cuMemGetInfo", 2000, 0),
+    HOOK(cuDeviceTotalMem, "cuDeviceTotalMem", 2000, 0),
+    HOOK(cuArrayCreate, "cuArrayCreate", 2000, 0),
+    HOOK(cuArray3DCreate, "cuArray3DCreate", 2000, 0),
     HOOK(cuMemAlloc_v2, "cuMemAlloc", 3020, 0),
     HOOK(cuMemFree_v2, "cuMemFree", 3020, 0),
     HOOK(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0),
@@ -195,10 +238,13 @@ static void record_uuids(void)
     }
 }
 
+/* No usable region (logged when it was attached): the driver is not initialised at all. */
 VGPU_EXPORT CUresult cuInit(unsigned int flags)
 {
     if (!ready() || real.cuInit == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (!vgpu_region_usable())
+        return CUDA_ERROR_NOT_PERMITTED;
     CUresult rc = real.cuInit(flags);
     if (rc == CUDA_SUCCESS)
         record_uuids();
@@ -258,7 +304,7 @@ static CUresult settle(CUresult rc, enum vgpu_alloc_kind kind, uint64_t key, int
 }
 
 /* The driver calls that give memory back, all handled the same way. */
-enum free_api { FREE, FREE_ASYNC, FREE_ASYNC_PTSZ, ARRAY_DESTROY, HANDLE_RELEASE };
+enum free_api { FREE, FREE_V1, FREE_ASYNC, FREE_ASYNC_PTSZ, ARRAY_DESTROY, HANDLE_RELEASE };
 
 /* Per free_api: where its real function is (NULL: this driver lacks it) and what it frees. */
 static const struct {
@@ -266,6 +312,7 @@ static const struct {
     enum vgpu_alloc_kind kind;
 } free_apis[] = {
     [FREE] = {(void *const *)&real.cuMemFree_v2, VGPU_KIND_POINTER},
+    [FREE_V1] = {(void *const *)&real.cuMemFree, VGPU_KIND_POINTER},
     [FREE_ASYNC] = {(void *const *)&real.cuMemFreeAsync, VGPU_KIND_POINTER},
     [FREE_ASYNC_PTSZ] = {(void *const *)&real.cuMemFreeAsync_ptsz, VGPU_KIND_POINTER},
     [ARRAY_DESTROY] = {(void *const *)&real.cuArrayDestroy, VGPU_KIND_ARRAY},
@@ -276,6 +323,7 @@ static CUresult call_free(enum free_api api, uint64_t key, CUstream stream)
 {
     switch (api) {
     case FREE: return real.cuMemFree_v2((CUdeviceptr)key);
+    case FREE_V1: return real.cuMemFree((v1_ptr)key);
     case FREE_ASYNC: return real.cuMemFreeAsync((CUdeviceptr)key, stream);
     case FREE_ASYNC_PTSZ: return real.cuMemFreeAsync_ptsz((CUdeviceptr)key, stream);
     case ARRAY_DESTROY: return real.cuArrayDestroy((CUarray)(uintptr_t)key);
@@ -305,7 +353,7 @@ static CUresult release_counted(enum free_api api, uint64_t key, CUstream stream
 }
 
 /* The driver calls that return a device pointer, all counted the same way. */
-enum pointer_api { PLAIN, MANAGED, ASYNC, ASYNC_PTSZ, POOL, POOL_PTSZ };
+enum pointer_api { PLAIN, PLAIN_V1, MANAGED, ASYNC, ASYNC_PTSZ, POOL, POOL_PTSZ };
 
 struct pointer_request {
     enum pointer_api api;
@@ -322,6 +370,7 @@ static const struct {
     const char *name;
 } pointer_apis[] = {
     [PLAIN] = {(void *const *)&real.cuMemAlloc_v2, "cuMemAlloc"},
+    [PLAIN_V1] = {(void *const *)&real.cuMemAlloc, "cuMemAlloc (v1)"},
     [MANAGED] = {(void *const *)&real.cuMemAllocManaged, "cuMemAllocManaged"},
     [ASYNC] = {(void *const *)&real.cuMemAllocAsync, "cuMemAllocAsync"},
     [ASYNC_PTSZ] = {(void *const *)&real.cuMemAllocAsync_ptsz, "cuMemAllocAsync_ptsz"},
@@ -334,6 +383,12 @@ static CUresult call_driver(const struct pointer_request *r, CUdeviceptr *ptr)
 {
     switch (r->api) {
     case PLAIN: return real.cuMemAlloc_v2(ptr, r->bytes);
+    case PLAIN_V1: {
+        v1_ptr p32 = 0;
+        CUresult rc = real.cuMemAlloc(&p32, (unsigned int)r->bytes);
+        *ptr = p32;
+        return rc;
+    }
     case MANAGED: return real.cuMemAllocManaged(ptr, r->bytes, r->flags);
     case ASYNC: return real.cuMemAllocAsync(ptr, r->bytes, r->stream);
     case ASYNC_PTSZ: return real.cuMemAllocAsync_ptsz(ptr, r->bytes, r->stream);
@@ -397,12 +452,47 @@ VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t byte
                                                    .pool = pool, .stream = stream}, dptr);
 }
 
+VGPU_EXPORT CUresult cuMemAlloc(v1_ptr *dptr, unsigned int bytes)
+{
+    CUdeviceptr ptr = 0;
+    CUresult rc = alloc_pointer(&(struct pointer_request){.api = PLAIN_V1, .bytes = bytes}, &ptr);
+    if (rc == CUDA_SUCCESS && dptr != NULL)
+        *dptr = (v1_ptr)ptr;
+    return rc;
+}
+
 VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { return release_counted(FREE, dptr, NULL); }
 
-VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
-                                        size_t height, unsigned int elem)
+VGPU_EXPORT CUresult cuMemFree(v1_ptr dptr) { return release_counted(FREE_V1, dptr, NULL); }
+
+/* The driver's pitch allocation, in either ABI; frees with the matching cuMemFree. */
+static CUresult call_pitch(int v1, CUdeviceptr *ptr, size_t *pitch, size_t width, size_t height,
+                           unsigned int elem)
 {
-    if (!ready() || real.cuMemAllocPitch_v2 == NULL)
+    if (!v1)
+        return real.cuMemAllocPitch_v2(ptr, pitch, width, height, elem);
+    v1_ptr p32 = 0;
+    unsigned int pitch32 = 0;
+    CUresult rc = real.cuMemAllocPitch(&p32, &pitch32, (unsigned int)width, (unsigned int)height,
+                                       elem);
+    *ptr = p32;
+    *pitch = pitch32;
+    return rc;
+}
+
+static void free_pitch(int v1, CUdeviceptr ptr)
+{
+    if (v1)
+        real.cuMemFree((v1_ptr)ptr);
+    else
+        real.cuMemFree_v2(ptr);
+}
+
+static CUresult alloc_pitch(int v1, CUdeviceptr *dptr, size_t *pitch, size_t width,
+                            size_t height, unsigned int elem)
+{
+    if (!ready() || (v1 ? real.cuMemAllocPitch == NULL || real.cuMemFree == NULL
+                        : real.cuMemAllocPitch_v2 == NULL))
         return CUDA_ERROR_NOT_INITIALIZED;
     int dev = current_device();
     uint64_t estimate = (uint64_t)((width + 511) & ~(size_t)511) * height;
@@ -410,12 +500,12 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUdeviceptr ptr = 0;
     size_t got_pitch = 0;
-    CUresult rc = real.cuMemAllocPitch_v2(&ptr, &got_pitch, width, height, elem);
+    CUresult rc = call_pitch(v1, &ptr, &got_pitch, width, height, elem);
     uint64_t actual = (uint64_t)got_pitch * height;
     if (rc == CUDA_SUCCESS && dev >= 0 && actual != estimate) {
         /* Count what the driver really used (its pitch), not our estimate. */
         if (actual > estimate && !admit(dev, actual - estimate, "cuMemAllocPitch")) {
-            real.cuMemFree_v2(ptr);
+            free_pitch(v1, ptr);
             vgpu_mem_unreserve(dev, estimate);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -429,6 +519,27 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
             *dptr = ptr;
         if (pitch != NULL)
             *pitch = got_pitch;
+    }
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+                                        size_t height, unsigned int elem)
+{
+    return alloc_pitch(0, dptr, pitch, width, height, elem);
+}
+
+VGPU_EXPORT CUresult cuMemAllocPitch(v1_ptr *dptr, unsigned int *pitch, unsigned int width,
+                                     unsigned int height, unsigned int elem)
+{
+    CUdeviceptr ptr = 0;
+    size_t got_pitch = 0;
+    CUresult rc = alloc_pitch(1, &ptr, &got_pitch, width, height, elem);
+    if (rc == CUDA_SUCCESS) {
+        if (dptr != NULL)
+            *dptr = (v1_ptr)ptr;
+        if (pitch != NULL)
+            *pitch = (unsigned int)got_pitch;
     }
     return rc;
 }
@@ -450,23 +561,41 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, unsigned channels, CUa
     return (uint64_t)w * (h ? h : 1) * (d ? d : 1) * (channels ? channels : 1) * format_bytes(fmt);
 }
 
-/* 2D and 3D arrays: counted by an estimate from the descriptor, keyed by the array handle. */
-static CUresult create_array(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc2,
-                             const CUDA_ARRAY3D_DESCRIPTOR *desc3)
+/* 2D and 3D arrays, in either ABI: counted by an estimate from the descriptor (its sizes
+ * passed here), keyed by the array handle. */
+enum array_api { ARRAY_2D, ARRAY_3D, ARRAY_2D_V1, ARRAY_3D_V1 };
+
+static const struct {
+    void *const *real;
+    const char *name;
+} array_apis[] = {
+    [ARRAY_2D] = {(void *const *)&real.cuArrayCreate_v2, "cuArrayCreate"},
+    [ARRAY_3D] = {(void *const *)&real.cuArray3DCreate_v2, "cuArray3DCreate"},
+    [ARRAY_2D_V1] = {(void *const *)&real.cuArrayCreate, "cuArrayCreate (v1)"},
+    [ARRAY_3D_V1] = {(void *const *)&real.cuArray3DCreate, "cuArray3DCreate (v1)"},
+};
+
+static CUresult call_array(enum array_api api, CUarray *array, const void *desc)
 {
-    if (!ready() || (desc3 ? real.cuArray3DCreate_v2 == NULL : real.cuArrayCreate_v2 == NULL))
+    switch (api) {
+    case ARRAY_2D: return real.cuArrayCreate_v2(array, desc);
+    case ARRAY_3D: return real.cuArray3DCreate_v2(array, desc);
+    case ARRAY_2D_V1: return real.cuArrayCreate(array, desc);
+    default: return real.cuArray3DCreate(array, desc);
+    }
+}
+
+/* desc NULL: the driver answers; bytes is the estimate (0 without a descriptor). */
+static CUresult create_array(enum array_api api, CUarray *handle, const void *desc,
+                             uint64_t bytes)
+{
+    if (!ready() || *array_apis[api].real == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    int dev = desc2 != NULL || desc3 != NULL ? current_device() : -1;
-    uint64_t bytes = dev < 0 ? 0
-                   : desc3 ? array_bytes(desc3->Width, desc3->Height, desc3->Depth,
-                                         desc3->NumChannels, desc3->Format)
-                           : array_bytes(desc2->Width, desc2->Height, 1, desc2->NumChannels,
-                                         desc2->Format);
-    if (!admit(dev, bytes, desc3 ? "cuArray3DCreate" : "cuArrayCreate"))
+    int dev = desc != NULL ? current_device() : -1;
+    if (!admit(dev, bytes, array_apis[api].name))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUarray array = NULL;
-    CUresult rc = desc3 ? real.cuArray3DCreate_v2(&array, desc3)
-                        : real.cuArrayCreate_v2(&array, desc2);
+    CUresult rc = call_array(api, &array, desc);
     rc = settle(rc, VGPU_KIND_ARRAY, (uint64_t)(uintptr_t)array, dev, bytes);
     if (rc == CUDA_SUCCESS && handle != NULL)
         *handle = array;
@@ -475,12 +604,30 @@ static CUresult create_array(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc2
 
 VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
-    return create_array(handle, desc, NULL);
+    return create_array(ARRAY_2D, handle, desc, desc == NULL ? 0
+                        : array_bytes(desc->Width, desc->Height, 1, desc->NumChannels,
+                                      desc->Format));
 }
 
 VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *handle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
-    return create_array(handle, NULL, desc);
+    return create_array(ARRAY_3D, handle, desc, desc == NULL ? 0
+                        : array_bytes(desc->Width, desc->Height, desc->Depth, desc->NumChannels,
+                                      desc->Format));
+}
+
+VGPU_EXPORT CUresult cuArrayCreate(CUarray *handle, const struct array_v1 *desc)
+{
+    return create_array(ARRAY_2D_V1, handle, desc, desc == NULL ? 0
+                        : array_bytes(desc->Width, desc->Height, 1, desc->NumChannels,
+                                      desc->Format));
+}
+
+VGPU_EXPORT CUresult cuArray3DCreate(CUarray *handle, const struct array3d_v1 *desc)
+{
+    return create_array(ARRAY_3D_V1, handle, desc, desc == NULL ? 0
+                        : array_bytes(desc->Width, desc->Height, desc->Depth, desc->NumChannels,
+                                      desc->Format));
 }
 
 VGPU_EXPORT CUresult cuArrayDestroy(CUarray array)
@@ -526,23 +673,33 @@ VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 
 /* ---- reporting ---------------------------------------------------------------------------- */
 
+/* The driver's figures, capped: total = min(cap, physical), free = min(total - container usage,
+ * physical free). Without a usable region nothing is reported (CUDA_ERROR_NOT_PERMITTED); checked
+ * after reading, so that a region truncated meanwhile is caught too. */
+static CUresult cap_info(size_t *phys_free, size_t *phys_total)
+{
+    int dev = current_device();
+    uint64_t cap = dev >= 0 ? vgpu_region_limit(dev) : 0;
+    if (cap != 0) {
+        uint64_t total = cap < *phys_total ? cap : *phys_total;
+        uint64_t used = vgpu_region_used(dev);
+        uint64_t left = used < total ? total - used : 0;
+        *phys_total = (size_t)total;
+        *phys_free = left < *phys_free ? (size_t)left : *phys_free;
+    }
+    return vgpu_region_usable() ? CUDA_SUCCESS : CUDA_ERROR_NOT_PERMITTED;
+}
+
 VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
     if (!ready() || real.cuMemGetInfo_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     size_t phys_free = 0, phys_total = 0;
     CUresult rc = real.cuMemGetInfo_v2(&phys_free, &phys_total);
+    if (rc == CUDA_SUCCESS)
+        rc = cap_info(&phys_free, &phys_total);
     if (rc != CUDA_SUCCESS)
         return rc;
-    int dev = current_device();
-    uint64_t cap = dev >= 0 ? vgpu_region_limit(dev) : 0;
-    if (cap != 0) {
-        uint64_t total = cap < phys_total ? cap : phys_total;
-        uint64_t used = vgpu_region_used(dev);
-        uint64_t left = used < total ? total - used : 0;
-        phys_total = (size_t)total;
-        phys_free = left < phys_free ? (size_t)left : phys_free;
-    }
     if (free_bytes != NULL)
         *free_bytes = phys_free;
     if (total_bytes != NULL)
@@ -550,16 +707,55 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     return CUDA_SUCCESS;
 }
 
-VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+VGPU_EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes)
 {
-    if (!ready() || real.cuDeviceTotalMem_v2 == NULL)
+    if (!ready() || real.cuMemGetInfo == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real.cuDeviceTotalMem_v2(bytes, dev);
-    if (rc == CUDA_SUCCESS && bytes != NULL && dev >= 0 && dev < VGPU_REGION_MAX_DEVICES) {
+    unsigned int free32 = 0, total32 = 0;
+    CUresult rc = real.cuMemGetInfo(&free32, &total32);
+    size_t phys_free = free32, phys_total = total32;
+    if (rc == CUDA_SUCCESS)
+        rc = cap_info(&phys_free, &phys_total); /* never above the driver's 32-bit figures */
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (free_bytes != NULL)
+        *free_bytes = (unsigned int)phys_free;
+    if (total_bytes != NULL)
+        *total_bytes = (unsigned int)phys_total;
+    return CUDA_SUCCESS;
+}
+
+/* min(cap, physical) (physical when uncapped); nothing without a usable region. */
+static CUresult cap_total(size_t *bytes, CUdevice dev)
+{
+    if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES) {
         uint64_t cap = vgpu_region_limit(dev);
         if (cap != 0 && cap < *bytes)
             *bytes = (size_t)cap;
     }
+    return vgpu_region_usable() ? CUDA_SUCCESS : CUDA_ERROR_NOT_PERMITTED;
+}
+
+VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    if (!ready() || real.cuDeviceTotalMem_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    size_t total = 0;
+    CUresult rc = real.cuDeviceTotalMem_v2(bytes != NULL ? &total : NULL, dev);
+    if (rc == CUDA_SUCCESS && bytes != NULL && (rc = cap_total(&total, dev)) == CUDA_SUCCESS)
+        *bytes = total;
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    if (!ready() || real.cuDeviceTotalMem == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    unsigned int total32 = 0;
+    CUresult rc = real.cuDeviceTotalMem(bytes != NULL ? &total32 : NULL, dev);
+    size_t total = total32;
+    if (rc == CUDA_SUCCESS && bytes != NULL && (rc = cap_total(&total, dev)) == CUDA_SUCCESS)
+        *bytes = (unsigned int)total;
     return rc;
 }
 

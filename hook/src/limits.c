@@ -1,5 +1,8 @@
 /* limits.c - parsing of the limit variables. Strict on purpose: HAMi-core's strtoul(base 0)
  * read "1Gi" as 1 byte and "010g" as octal; here anything unexpected is an error. */
+#ifndef _GNU_SOURCE /* the unit tests define it on the command line */
+#define _GNU_SOURCE
+#endif
 #include "limits.h"
 
 #include <stdio.h>
@@ -147,6 +150,8 @@ void vgpu_limits_read(struct vgpu_limits *out, const char *(*getenv_fn)(const ch
     }
 }
 
-static const char *process_getenv(const char *name) { return getenv(name); }
+/* secure_getenv: in a set-user-ID (or -group-ID, or file-capability) program the environment is
+ * its caller's, not to be trusted; such a process refuses CUDA anyway (region.c). */
+static const char *process_getenv(const char *name) { return secure_getenv(name); }
 
 void vgpu_limits_from_env(struct vgpu_limits *out) { vgpu_limits_read(out, process_getenv); }

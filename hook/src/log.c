@@ -1,4 +1,7 @@
 /* log.c - stderr logging. The level is read once; a bad value falls back to the default. */
+#ifndef _GNU_SOURCE /* the unit tests define it on the command line */
+#define _GNU_SOURCE
+#endif
 #include "log.h"
 
 #include <stdarg.h>
@@ -10,7 +13,7 @@ static int configured_level(void)
 {
     static int level; /* 0 = not read yet; a benign race: every reader computes the same value */
     if (level == 0) {
-        const char *text = getenv("LIBCUDA_LOG_LEVEL");
+        const char *text = secure_getenv("LIBCUDA_LOG_LEVEL");
         int parsed = VGPU_LOG_WARN;
         if (text != NULL && text[0] >= '0' && text[0] <= '4' && text[1] == '\0')
             parsed = text[0] == '0' ? VGPU_LOG_ERROR : text[0] - '0';

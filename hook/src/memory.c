@@ -152,22 +152,29 @@ static int refusal_log_due(uint64_t *suppressed)
 
 int vgpu_mem_reserve(int dev, uint64_t bytes, const char *api)
 {
-    if (vgpu_region_reserve(dev, bytes) == 0)
-        return 0;
-    if (vgpu_region_reap_dead() > 0 && vgpu_region_reserve(dev, bytes) == 0)
+    int rc = vgpu_region_reserve(dev, bytes);
+    if (rc == -1 && vgpu_region_reap_dead() > 0)
+        rc = vgpu_region_reserve(dev, bytes);
+    if (rc == 0)
         return 0;
     struct vgpu_region *r = vgpu_region_get();
-    __atomic_add_fetch(&r->devices[dev].oom_refusals, 1, __ATOMIC_RELAXED);
+    if (rc == -1 && r != NULL)
+        __atomic_add_fetch(&r->devices[dev].oom_refusals, 1, __ATOMIC_RELAXED);
     uint64_t suppressed = 0;
     if (refusal_log_due(&suppressed)) {
         char more[64] = "";
         if (suppressed != 0)
             snprintf(more, sizeof more, " (%llu more refusals since the last line)",
                      (unsigned long long)suppressed);
-        vgpu_log(VGPU_LOG_ERROR, "%s: device %d out of memory: %llu bytes requested, %llu of %llu "
-                 "in use by the container%s", api, dev, (unsigned long long)bytes,
-                 (unsigned long long)vgpu_region_used(dev),
-                 (unsigned long long)vgpu_region_limit(dev), more);
+        if (rc == -1)
+            vgpu_log(VGPU_LOG_ERROR, "%s: device %d out of memory: %llu bytes requested, %llu of "
+                     "%llu in use by the container%s", api, dev, (unsigned long long)bytes,
+                     (unsigned long long)vgpu_region_used(dev),
+                     (unsigned long long)vgpu_region_limit(dev), more);
+        else
+            vgpu_log(VGPU_LOG_ERROR, "%s: device %d: %llu bytes refused: no usable shared region "
+                     "for this process (see the first error)%s", api, dev,
+                     (unsigned long long)bytes, more);
     }
     return -1;
 }

@@ -64,10 +64,13 @@ static int cuda_index(nvmlDevice_t device)
 }
 
 /* Rewrites NVML's figures to the capped view: total = min(cap, physical), used = the
- * container's usage, free = the rest. Returns 0 (figures untouched) when the device has no cap. */
+ * container's usage, free = the rest. Returns 0 (figures untouched) when the device has no cap,
+ * -1 when there is no usable region (nothing may be reported then). */
 static int apply_cap(nvmlDevice_t device, unsigned long long *total, unsigned long long *used,
                      unsigned long long *free_bytes)
 {
+    if (!vgpu_region_usable())
+        return -1;
     int dev = cuda_index(device);
     uint64_t cap = dev >= 0 ? vgpu_region_limit(dev) : 0;
     if (cap == 0)
@@ -86,8 +89,8 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory
     if (real.GetMemoryInfo == NULL)
         return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t rc = real.GetMemoryInfo(device, memory);
-    if (rc == NVML_SUCCESS)
-        apply_cap(device, &memory->total, &memory->used, &memory->free);
+    if (rc == NVML_SUCCESS && apply_cap(device, &memory->total, &memory->used, &memory->free) < 0)
+        return NVML_ERROR_NO_PERMISSION;
     return rc;
 }
 
@@ -99,7 +102,11 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMem
     nvmlReturn_t rc = real.GetMemoryInfo_v2(device, memory);
     /* used + reserved + free = total; the driver's reservation is outside the container's cap,
      * so it is not shown against it. */
-    if (rc == NVML_SUCCESS && apply_cap(device, &memory->total, &memory->used, &memory->free))
+    int capped = rc == NVML_SUCCESS ? apply_cap(device, &memory->total, &memory->used,
+                                                &memory->free) : 0;
+    if (capped < 0)
+        return NVML_ERROR_NO_PERMISSION;
+    if (capped > 0)
         memory->reserved = 0;
     return rc;
 }
@@ -112,9 +119,9 @@ static int handle_for(int dev, nvmlDevice_t *device)
             return -1;
         initialised = 1;
     }
-    struct vgpu_region_device *d = &vgpu_region_get()->devices[dev];
-    if (__atomic_load_n(&d->uuid_state, __ATOMIC_ACQUIRE) == VGPU_UUID_SET &&
-        real.GetHandleByUUID != NULL && real.GetHandleByUUID(d->uuid, device) == NVML_SUCCESS)
+    char uuid[VGPU_REGION_UUID_BYTES];
+    if (vgpu_region_uuid(dev, uuid, sizeof uuid) == 0 && real.GetHandleByUUID != NULL &&
+        real.GetHandleByUUID(uuid, device) == NVML_SUCCESS)
         return 0;
     if (real.GetHandleByIndex_v2 != NULL &&
         real.GetHandleByIndex_v2((unsigned int)dev, device) == NVML_SUCCESS)

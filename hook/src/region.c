@@ -1,12 +1,7 @@
-/* region.c - the shared region file: creation, validation, slot ownership by fcntl byte locks
- * (which the kernel drops when the owner dies), lock-free reservations, dead-slot reaping.
- *
- * Accounting order (why the device total can only be over, never under, the sum of ledgers):
- *   reserve: CAS device.used_bytes up (checked against the cap), then add to own ledger;
- *   release: subtract from own ledger, then from device.used_bytes;
- *   reap:    exchange the dead ledger to 0, then subtract what it held from device.used_bytes.
- * A process killed between two steps leaves the device total too high by one allocation, which
- * is corrected when the container has no live process left (see reset_if_idle). */
+/* region.c - the shared region of the container: attaching (fail-closed: no usable file, no
+ * CUDA), slot ownership by fcntl byte locks (which the kernel drops when the owner dies),
+ * reservations through the ledger (ledger.c: one lock and an undo journal, so that a process
+ * killed at any point leaves the totals exact), and reaping of dead slots. */
 #define _GNU_SOURCE
 #include "region.h"
 
@@ -15,19 +10,23 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
+#include <sys/auxv.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "ledger.h"
 #include "log.h"
+#include "region_file.h"
+#include "truncation.h"
 
 static const char default_path[] = "/tmp/cudevshr.cache";
 
-static struct vgpu_region *region;     /* set once (release) by attach */
-static int region_fd = -1;             /* -1 for the private fallback */
+static struct vgpu_region *region;     /* set once (release) by attach; NULL: refused */
+static struct vgpu_region_file file = {.fd = -1, .dir_fd = -1};
+static uint64_t limit_bytes[VGPU_REGION_MAX_DEVICES];  /* the region's, read once at attach */
+static uint32_t sm_percent[VGPU_REGION_MAX_DEVICES];
 static int my_slot = -1;               /* -1: none claimed yet in this process */
-static int slot_unavailable;           /* all slots taken: account on device totals only */
+static int slot_unavailable;           /* all slots taken: this process cannot allocate */
 static int detached;                   /* exit: the ledger was handed back already */
 static pthread_once_t attach_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER; /* claim and reap, in-process */
@@ -35,7 +34,6 @@ static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER; /* claim and reap,
 static uint64_t load64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static void store64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 static uint64_t add64(uint64_t *p, uint64_t v) { return __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
-static uint64_t sub64(uint64_t *p, uint64_t v) { return __atomic_sub_fetch(p, v, __ATOMIC_ACQ_REL); }
 
 static uint64_t unix_ns(void)
 {
@@ -47,7 +45,7 @@ static uint64_t unix_ns(void)
 static int byte_lock(int cmd, short type, uint64_t offset)
 {
     struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = (off_t)offset, .l_len = 1};
-    return fcntl(region_fd, cmd, &fl);
+    return fcntl(file.fd, cmd, &fl);
 }
 
 /* Byte 0 serialises creation and slot claims; the kernel releases it if its holder dies. */
@@ -58,28 +56,6 @@ static void lock_creation(void)
 }
 
 static void unlock_creation(void) { byte_lock(F_SETLK, F_UNLCK, 0); }
-
-static void write_layout(struct vgpu_region *r, const struct vgpu_limits *limits)
-{
-    memset(r, 0, sizeof *r);
-    struct vgpu_region_header *h = &r->header;
-    h->version = VGPU_REGION_VERSION;
-    h->header_size = sizeof(struct vgpu_region_header);
-    h->device_size = sizeof(struct vgpu_region_device);
-    h->slot_size = sizeof(struct vgpu_region_slot);
-    h->max_devices = VGPU_REGION_MAX_DEVICES;
-    h->max_slots = VGPU_REGION_MAX_SLOTS;
-    h->file_size = VGPU_REGION_FILE_SIZE;
-    h->devices_offset = VGPU_REGION_DEVICES_OFFSET;
-    h->slots_offset = VGPU_REGION_SLOTS_OFFSET;
-    h->creator_pid = (int32_t)getpid();
-    h->created_unix_ns = unix_ns();
-    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
-        r->devices[d].limit_bytes = limits->memory_bytes[d];
-        r->devices[d].sm_limit_percent = limits->sm_percent[d];
-    }
-    store64(&h->magic, VGPU_REGION_MAGIC);
-}
 
 static void warn_if_limits_differ(const struct vgpu_region *r, const struct vgpu_limits *limits)
 {
@@ -97,63 +73,6 @@ static void warn_if_limits_differ(const struct vgpu_region *r, const struct vgpu
     }
 }
 
-/* Opens, sizes, maps and validates the file; returns NULL and says why on any failure. */
-static struct vgpu_region *map_shared(const char *path, const struct vgpu_limits *limits,
-                                      const char **failure)
-{
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        *failure = strerror(errno);
-        return NULL;
-    }
-    region_fd = fd;
-    struct vgpu_region *r = NULL;
-    const char *why = NULL;
-    lock_creation();
-    struct stat st;
-    uint64_t magic = 0;
-    if (fstat(fd, &st) != 0) {
-        why = strerror(errno);
-    } else if (st.st_size >= 8 && pread(fd, &magic, sizeof magic, 0) != (ssize_t)sizeof magic) {
-        why = "cannot read the header";
-    } else if (magic != 0 && st.st_size < (off_t)VGPU_REGION_FILE_SIZE) {
-        why = "file too small for its header (another layout)";
-    } else if (st.st_size < (off_t)VGPU_REGION_FILE_SIZE &&
-               ftruncate(fd, VGPU_REGION_FILE_SIZE) != 0) {
-        why = strerror(errno);
-    } else {
-        void *m = mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (m == MAP_FAILED) {
-            why = strerror(errno);
-        } else {
-            r = m;
-            if (load64(&r->header.magic) == 0)
-                write_layout(r, limits); /* new file, or its creator died before the magic */
-            else if ((why = vgpu_region_layout_problem(&r->header, VGPU_REGION_FILE_SIZE))) {
-                munmap(m, VGPU_REGION_FILE_SIZE);
-                r = NULL;
-            } else
-                warn_if_limits_differ(r, limits);
-        }
-    }
-    unlock_creation();
-    if (r == NULL) {
-        *failure = why;
-        close(fd);
-        region_fd = -1;
-    }
-    return r;
-}
-
-static struct vgpu_region *map_private(const struct vgpu_limits *limits)
-{
-    struct vgpu_region *r = calloc(1, sizeof *r);
-    if (r == NULL)
-        abort(); /* 200 KB at start-up: nothing sensible to do without it */
-    write_layout(r, limits);
-    return r;
-}
-
 static void after_fork_child(void)
 {
     /* Locks are not inherited: the child claims its own slot on its first reservation. */
@@ -164,18 +83,34 @@ static void after_fork_child(void)
 
 static void attach(void)
 {
+    if (getauxval(AT_SECURE)) {
+        /* set-user-ID, set-group-ID or file capabilities: the environment that names the region
+         * and the limits belongs to whoever started the program (secure_getenv ignores it). */
+        vgpu_log(VGPU_LOG_ERROR, "secure-execution mode (a set-user-ID, set-group-ID or "
+                 "file-capability program): the shared region cannot be located from an "
+                 "untrusted environment; CUDA is refused in this process");
+        return;
+    }
     struct vgpu_limits limits;
     vgpu_limits_from_env(&limits);
-    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    const char *path = secure_getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     if (path == NULL || path[0] == '\0')
         path = default_path;
-    const char *failure = NULL;
-    struct vgpu_region *r = map_shared(path, &limits, &failure);
-    if (r == NULL) {
-        vgpu_log(VGPU_LOG_ERROR, "cannot use shared region %s: %s; the cap applies to this process "
-                 "alone", path, failure);
-        r = map_private(&limits);
+    const char *why = NULL;
+    if (vgpu_region_file_open(path, &limits, &file, &why) != 0) {
+        vgpu_log(VGPU_LOG_ERROR, "cannot use shared region %s: %s; CUDA is refused in this process",
+                 path, why);
+        return;
     }
+    struct vgpu_region *r = file.map;
+    warn_if_limits_differ(r, &limits);
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
+        limit_bytes[d] = r->devices[d].limit_bytes;
+        sm_percent[d] = r->devices[d].sm_limit_percent;
+    }
+    if (vgpu_truncation_guard(r, VGPU_REGION_FILE_SIZE) != 0)
+        vgpu_log(VGPU_LOG_WARN, "cannot install the SIGBUS handler: a truncated region file will "
+                 "kill this process");
     pthread_atfork(NULL, NULL, after_fork_child);
     __atomic_store_n(&region, r, __ATOMIC_RELEASE);
 }
@@ -190,18 +125,18 @@ struct vgpu_region *vgpu_region_get(void)
     return r;
 }
 
-/* Gives a slot's ledger back to the device totals. Caller owns the slot (holds its byte). */
-static uint64_t drain_ledger(struct vgpu_region *r, struct vgpu_region_slot *s)
+/* Lost: the file was truncated (SIGBUS caught) or its header zeroed under us. */
+static int intact(const struct vgpu_region *r)
 {
-    uint64_t total = 0;
-    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
-        uint64_t held = __atomic_exchange_n(&s->used_bytes[d], 0, __ATOMIC_ACQ_REL);
-        if (held != 0) {
-            sub64(&r->devices[d].used_bytes, held);
-            total += held;
-        }
-    }
-    return total;
+    /* The magic first: reading a truncated file faults, and the handler sets the flag. */
+    return __atomic_load_n(&r->header.magic, __ATOMIC_ACQUIRE) == VGPU_REGION_MAGIC &&
+           !vgpu_truncation_seen();
+}
+
+int vgpu_region_usable(void)
+{
+    struct vgpu_region *r = vgpu_region_get();
+    return r != NULL && intact(r);
 }
 
 static void set_owner(struct vgpu_region_slot *s, int32_t pid)
@@ -224,12 +159,20 @@ static int slot_is_empty(const struct vgpu_region_slot *s)
     return 1;
 }
 
-/* The slot's owner died (we now hold its byte): give its memory back and free it. */
-static void reap_slot(struct vgpu_region *r, uint32_t index)
+static struct vgpu_ledger ledger_of(struct vgpu_region *r, uint32_t self)
+{
+    return (struct vgpu_ledger){.r = r, .fd = file.fd, .self = self};
+}
+
+/* The slot's owner died (we hold its byte): give its memory back and free it. self is our slot. */
+static void reap_slot(struct vgpu_region *r, uint32_t index, uint32_t self)
 {
     struct vgpu_region_slot *s = &r->slots[index];
     int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
-    uint64_t returned = drain_ledger(r, s);
+    struct vgpu_ledger l = ledger_of(r, self);
+    vgpu_ledger_lock(&l, 0);
+    uint64_t returned = vgpu_ledger_drain(&l, index);
+    vgpu_ledger_unlock(&l);
     if (pid != 0 || returned != 0) {
         add64(&r->header.reaped_slots, 1);
         vgpu_log(VGPU_LOG_WARN, "process %d (slot %u) is gone; returned %llu bytes to the "
@@ -246,11 +189,13 @@ static void raise_high_water(struct vgpu_region *r, uint32_t count)
     }
 }
 
-/* Nobody else holds a slot: the device totals must equal the (zero) ledgers. Repairs the
- * over-count a kill between two accounting steps can leave. Runs only while this process claims
- * its slot, holding byte 0: no thread of ours has reserved yet and no other claim can finish. */
-static void reset_if_idle(struct vgpu_region *r)
+/* Nobody else holds a slot: the device totals must be the (zero) sum of the ledgers. With the
+ * ledger journal they always are; a region written by something else may not be. Runs while
+ * this process claims its slot, before any thread of ours can reserve. */
+static void reset_if_idle(struct vgpu_region *r, uint32_t self)
 {
+    struct vgpu_ledger l = ledger_of(r, self);
+    vgpu_ledger_lock(&l, 0);
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
         uint64_t total = load64(&r->devices[d].used_bytes);
         if (total != 0) {
@@ -259,6 +204,7 @@ static void reset_if_idle(struct vgpu_region *r)
             store64(&r->devices[d].used_bytes, 0);
         }
     }
+    vgpu_ledger_unlock(&l);
 }
 
 /* Tries to own slot i; returns 1 when its byte is ours (the previous owner, if any, is dead). */
@@ -270,39 +216,42 @@ static int try_own(uint32_t i)
 static void disown(uint32_t i) { byte_lock(F_SETLK, F_UNLCK, vgpu_region_slot_lock_offset(i)); }
 
 /* Reaps every dead slot below the high-water mark; returns how many live ones it saw.
- * Caller holds slot_lock. */
-static uint32_t reap_scan(struct vgpu_region *r, int *reaped)
+ * Caller holds slot_lock and owns slot self. */
+static uint32_t reap_scan(struct vgpu_region *r, uint32_t self, int *reaped)
 {
     uint32_t live = 0;
     uint32_t high = __atomic_load_n(&r->header.slot_high_water, __ATOMIC_ACQUIRE);
     for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++) {
-        if ((int)i == my_slot || slot_is_empty(&r->slots[i]))
+        if (i == self || slot_is_empty(&r->slots[i]))
             continue;
         if (!try_own(i)) {
             live++;
             continue;
         }
-        reap_slot(r, i);
+        reap_slot(r, i, self);
         (*reaped)++;
         disown(i);
     }
     return live;
 }
 
-/* Claims the first slot nobody alive holds. Caller holds slot_lock. */
+/* Claims the first empty slot nobody alive holds, then reaps the dead ones. Publishes my_slot
+ * only at the end, so no thread of ours reserves before the idle correction. Caller holds
+ * slot_lock. */
 static void claim_slot(struct vgpu_region *r)
 {
     lock_creation();
-    int reaped = 0;
-    uint32_t live = reap_scan(r, &reaped);
-    if (live == 0)
-        reset_if_idle(r);
     for (uint32_t i = 0; i < VGPU_REGION_MAX_SLOTS; i++) {
         if (!slot_is_empty(&r->slots[i]) || !try_own(i))
             continue;
         set_owner(&r->slots[i], (int32_t)getpid());
-        my_slot = (int)i;
         raise_high_water(r, i + 1);
+        struct vgpu_ledger l = ledger_of(r, i);
+        vgpu_ledger_forget_stale(&l);
+        int reaped = 0;
+        if (reap_scan(r, i, &reaped) == 0)
+            reset_if_idle(r, i);
+        __atomic_store_n(&my_slot, (int)i, __ATOMIC_RELEASE);
         break;
     }
     unlock_creation();
@@ -310,79 +259,84 @@ static void claim_slot(struct vgpu_region *r)
 
 static int ensure_slot(struct vgpu_region *r)
 {
-    if (__atomic_load_n(&my_slot, __ATOMIC_ACQUIRE) >= 0)
-        return my_slot;
-    if (region_fd < 0) { /* private region: the single slot is ours */
-        my_slot = 0;
-        return 0;
-    }
+    int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
+    if (slot >= 0)
+        return slot;
     pthread_mutex_lock(&slot_lock);
     if (my_slot < 0 && !slot_unavailable) {
         claim_slot(r);
         if (my_slot < 0) {
             slot_unavailable = 1;
             vgpu_log(VGPU_LOG_ERROR, "all %d process slots of the shared region are in use; this "
-                     "process's memory is counted but not reclaimed if it is killed",
-                     VGPU_REGION_MAX_SLOTS);
+                     "process cannot allocate device memory", VGPU_REGION_MAX_SLOTS);
         }
     }
+    slot = my_slot;
     pthread_mutex_unlock(&slot_lock);
-    return my_slot;
+    return slot;
 }
 
 int vgpu_region_reserve(int dev, uint64_t bytes)
 {
     struct vgpu_region *r = vgpu_region_get();
+    if (r == NULL || !intact(r) || __atomic_load_n(&detached, __ATOMIC_ACQUIRE))
+        return -2;
     int slot = ensure_slot(r);
-    struct vgpu_region_device *d = &r->devices[dev];
-    uint64_t limit = d->limit_bytes;
-    uint64_t used = load64(&d->used_bytes), next;
-    do {
-        next = used + bytes;
-        if (next < used || (limit != 0 && next > limit))
-            return -1;
-    } while (!__atomic_compare_exchange_n(&d->used_bytes, &used, next, 1, __ATOMIC_ACQ_REL,
-                                          __ATOMIC_ACQUIRE));
-    if (slot >= 0)
-        add64(&r->slots[slot].used_bytes[dev], bytes);
-    uint64_t peak = load64(&d->peak_bytes);
-    while (peak < next && !__atomic_compare_exchange_n(&d->peak_bytes, &peak, next, 1,
-                                                       __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-    }
-    return 0;
+    if (slot < 0)
+        return -2;
+    struct vgpu_ledger l = ledger_of(r, (uint32_t)slot);
+    vgpu_ledger_lock(&l, 0);
+    int rc = __atomic_load_n(&detached, __ATOMIC_ACQUIRE) || !intact(r)
+           ? -2 : vgpu_ledger_add(&l, (uint32_t)slot, dev, bytes, limit_bytes[dev]);
+    if (rc == 0 && !intact(r))
+        rc = -2; /* truncated during the change: it went to the private zeros, refuse */
+    vgpu_ledger_unlock(&l);
+    return rc;
 }
 
 void vgpu_region_release(int dev, uint64_t bytes)
 {
     struct vgpu_region *r = vgpu_region_get();
-    if (__atomic_load_n(&detached, __ATOMIC_ACQUIRE))
-        return; /* a late free during exit: detach already returned everything */
-    if (my_slot >= 0)
-        sub64(&r->slots[my_slot].used_bytes[dev], bytes);
-    sub64(&r->devices[dev].used_bytes, bytes);
+    int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
+    if (r == NULL || slot < 0)
+        return;
+    struct vgpu_ledger l = ledger_of(r, (uint32_t)slot);
+    vgpu_ledger_lock(&l, 0);
+    if (!__atomic_load_n(&detached, __ATOMIC_ACQUIRE)) /* a late free during exit: detach
+                                                          returned everything already */
+        vgpu_ledger_sub(&l, (uint32_t)slot, dev, bytes);
+    vgpu_ledger_unlock(&l);
 }
 
 int vgpu_region_reap_dead(void)
 {
     struct vgpu_region *r = vgpu_region_get();
-    if (region_fd < 0)
+    int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
+    if (r == NULL || slot < 0 || !intact(r))
         return 0;
     int reaped = 0;
     pthread_mutex_lock(&slot_lock);
-    reap_scan(r, &reaped);
+    reap_scan(r, (uint32_t)slot, &reaped);
     pthread_mutex_unlock(&slot_lock);
     return reaped;
 }
 
-uint64_t vgpu_region_limit(int dev) { return vgpu_region_get()->devices[dev].limit_bytes; }
+uint64_t vgpu_region_limit(int dev) { return vgpu_region_get() != NULL ? limit_bytes[dev] : 0; }
 
-uint64_t vgpu_region_used(int dev) { return load64(&vgpu_region_get()->devices[dev].used_bytes); }
+uint64_t vgpu_region_used(int dev)
+{
+    struct vgpu_region *r = vgpu_region_get();
+    return r != NULL ? load64(&r->devices[dev].used_bytes) : 0;
+}
 
-uint32_t vgpu_region_sm_limit(int dev) { return vgpu_region_get()->devices[dev].sm_limit_percent; }
+uint32_t vgpu_region_sm_limit(int dev) { return vgpu_region_get() != NULL ? sm_percent[dev] : 0; }
 
 void vgpu_region_set_uuid(int dev, const char *uuid)
 {
-    struct vgpu_region_device *d = &vgpu_region_get()->devices[dev];
+    struct vgpu_region *r = vgpu_region_get();
+    if (r == NULL)
+        return;
+    struct vgpu_region_device *d = &r->devices[dev];
     uint32_t expected = VGPU_UUID_UNSET;
     if (!__atomic_compare_exchange_n(&d->uuid_state, &expected, VGPU_UUID_WRITING, 0,
                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
@@ -395,11 +349,22 @@ void vgpu_region_set_uuid(int dev, const char *uuid)
 int vgpu_region_find_uuid(const char *uuid)
 {
     struct vgpu_region *r = vgpu_region_get();
-    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
+    for (int d = 0; r != NULL && d < VGPU_REGION_MAX_DEVICES; d++)
         if (__atomic_load_n(&r->devices[d].uuid_state, __ATOMIC_ACQUIRE) == VGPU_UUID_SET &&
             strncmp(r->devices[d].uuid, uuid, sizeof r->devices[d].uuid) == 0)
             return d;
     return -1;
+}
+
+int vgpu_region_uuid(int dev, char *out, size_t size)
+{
+    struct vgpu_region *r = vgpu_region_get();
+    if (r == NULL || size == 0 ||
+        __atomic_load_n(&r->devices[dev].uuid_state, __ATOMIC_ACQUIRE) != VGPU_UUID_SET)
+        return -1;
+    strncpy(out, r->devices[dev].uuid, size - 1);
+    out[size - 1] = '\0';
+    return 0;
 }
 
 void vgpu_region_note_launch(void)
@@ -413,7 +378,7 @@ int vgpu_region_pids(int32_t *pids, int max)
 {
     struct vgpu_region *r = vgpu_region_get();
     int n = 0;
-    uint32_t high = __atomic_load_n(&r->header.slot_high_water, __ATOMIC_ACQUIRE);
+    uint32_t high = r != NULL ? __atomic_load_n(&r->header.slot_high_water, __ATOMIC_ACQUIRE) : 0;
     for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++) {
         int32_t pid = __atomic_load_n(&r->slots[i].pid, __ATOMIC_ACQUIRE);
         int32_t host = __atomic_load_n(&r->slots[i].host_pid, __ATOMIC_ACQUIRE);
@@ -430,17 +395,21 @@ int vgpu_region_pids(int32_t *pids, int max)
 void vgpu_region_detach(void)
 {
     struct vgpu_region *r = __atomic_load_n(&region, __ATOMIC_ACQUIRE);
-    if (r == NULL || region_fd < 0 || my_slot < 0)
+    if (r == NULL || my_slot < 0)
         return;
     /* At exit another thread may be inside a claim or a reap (even blocked on another process's
      * lock): never wait for it here. Skipping is safe, the slot is reaped once we are gone. */
     if (pthread_mutex_trylock(&slot_lock) != 0)
         return;
-    struct vgpu_region_slot *s = &r->slots[my_slot];
-    drain_ledger(r, s);
-    set_owner(s, 0);
-    disown((uint32_t)my_slot);
-    my_slot = -1;
-    __atomic_store_n(&detached, 1, __ATOMIC_RELEASE);
+    uint32_t slot = (uint32_t)my_slot;
+    struct vgpu_ledger l = ledger_of(r, slot);
+    if (vgpu_ledger_lock(&l, 200) == 0) {
+        vgpu_ledger_drain(&l, slot);
+        set_owner(&r->slots[slot], 0);
+        __atomic_store_n(&detached, 1, __ATOMIC_RELEASE);
+        vgpu_ledger_unlock(&l);
+        disown(slot);
+        my_slot = -1;
+    }
     pthread_mutex_unlock(&slot_lock);
 }

@@ -2,17 +2,23 @@
 #ifndef VGPU_REGION_INTERNAL_H
 #define VGPU_REGION_INTERNAL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "limits.h"
 #include "vgpu_region.h"
 
-/* Maps the region (creating it if needed) once per process; never returns NULL: if the file
- * cannot be used, a private region enforces the same limits for this process alone. */
+/* Maps the region (creating it only when that is safe) once per process. NULL when the file
+ * cannot be used: the process then gets no CUDA (never a private region with a cap of its own). */
 struct vgpu_region *vgpu_region_get(void);
 
-/* Adds bytes to device dev's container total unless that would pass the cap, then to this
- * process's ledger. Returns 0 on success, -1 when over the cap (nothing changed). */
+/* 1 when the region is attached and intact (not truncated or zeroed since): the condition for
+ * CUDA to initialise and for anything to be allocated or reported. */
+int vgpu_region_usable(void);
+
+/* Adds bytes to device dev's container total and this process's ledger unless that would pass
+ * the cap. Returns 0 on success, -1 when over the cap, -2 when there is no usable region or no
+ * slot for this process (nothing changed in either case). */
 int vgpu_region_reserve(int dev, uint64_t bytes);
 
 /* Gives back bytes reserved earlier by this process. */
@@ -21,6 +27,7 @@ void vgpu_region_release(int dev, uint64_t bytes);
 /* Returns dead processes' memory to the container; returns how many slots were reaped. */
 int vgpu_region_reap_dead(void);
 
+/* The limits are the region's, read once at attach (0 when not attached). */
 uint64_t vgpu_region_limit(int dev);
 uint64_t vgpu_region_used(int dev);
 uint32_t vgpu_region_sm_limit(int dev);
@@ -30,6 +37,9 @@ void vgpu_region_set_uuid(int dev, const char *uuid);
 
 /* Returns the CUDA ordinal whose recorded UUID equals uuid, or -1. */
 int vgpu_region_find_uuid(const char *uuid);
+
+/* Copies the UUID recorded for CUDA device dev; returns 0, or -1 when none is recorded. */
+int vgpu_region_uuid(int dev, char *out, size_t size);
 
 /* Stamps this process's slot with the time, for a kernel launch (no-op before it has a slot). */
 void vgpu_region_note_launch(void);

@@ -32,26 +32,58 @@ run() {
 
 run limits "$units/test_limits"
 run control "$units/test_control"
+run ledger "$units/test_ledger"
 run alloc CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m "$build/tests/test_alloc"
 run alloc-uncapped "$build/tests/test_alloc" uncapped
 run alloc-wide-pitch CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_PITCH_ALIGN=2048 \
     "$build/tests/test_alloc" wide-pitch
-# A region file that cannot be used: a missing folder, and a HAMi-core cache file (its magic
-# 19920718 at offset 0, its v1 size) must be refused, not reinterpreted.
-run fallback-missing CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/no/such/dir.cache" \
-    CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_alloc" fallback "No such file or directory"
+# A region file that cannot be used refuses CUDA (never a private region with a cap of its own)
+# and is left as it was: a missing folder, a HAMi-core cache file (its magic 19920718 at offset
+# 0, its v1 size), a short file, a region of another layout version, a symbolic link (to a file
+# starting with zero bytes, which must not be taken for a fresh region), such a file itself, a
+# FIFO, a folder, and a path where the file cannot be created.
+refused() { # refused NAME FILE EXPECTED-LOG
+    run "refused-$1" CUDA_DEVICE_MEMORY_SHARED_CACHE="$2" CUDA_DEVICE_MEMORY_LIMIT=1g \
+        "$build/tests/test_alloc" refused "$3"
+}
+refused missing "$tmp/no/such/dir.cache" "No such file or directory"
 printf '\116\367\057\001\001\000\000\000' >"$tmp/hami.cache"
 truncate -s 2008953 "$tmp/hami.cache"
-run fallback-hami CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/hami.cache" CUDA_DEVICE_MEMORY_LIMIT=1g \
-    "$build/tests/test_alloc" fallback "bad magic (not a libvgpu region, or a HAMi-core cache"
+refused hami "$tmp/hami.cache" "bad magic (not a libvgpu region, or a HAMi-core cache"
+printf 'VGPUREG1\002\000\000\000' >"$tmp/short.cache"
+truncate -s 4096 "$tmp/short.cache"
+refused short "$tmp/short.cache" "too small"
 printf 'VGPUREG1\002\000\000\000' >"$tmp/v2.cache"
-truncate -s 4096 "$tmp/v2.cache"
-run fallback-short CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/v2.cache" CUDA_DEVICE_MEMORY_LIMIT=1g \
-    "$build/tests/test_alloc" fallback "file too small for its header"
+truncate -s 198784 "$tmp/v2.cache"
+refused version "$tmp/v2.cache" "unknown layout version"
+{ head -c 4096 /dev/zero; echo "a file that is not a region"; } >"$tmp/zeros.data"
+truncate -s 198784 "$tmp/zeros.data"
+ln -s "$tmp/zeros.data" "$tmp/link.cache"
+refused symlink "$tmp/link.cache" "symbolic link"
+refused zeros "$tmp/zeros.data" "not a region"
+mkfifo "$tmp/fifo.cache" && mkdir "$tmp/dir.cache"
+refused fifo "$tmp/fifo.cache" "not a regular file"
+refused dir "$tmp/dir.cache" "cannot open it read-write: Is a directory"
+refused unwritable /proc/vgpu-test.cache "cannot create it"
+# The library reads its environment with secure_getenv only (set-user-ID programs loaded
+# through /etc/ld.so.preload must not take a region path or limits from their caller).
+if nm -D --undefined-only "$lib" | grep -qw getenv; then
+    echo "FAIL secure-getenv: libvgpu imports getenv"; failed=1
+else
+    echo "PASS secure-getenv (getenv not imported)"
+fi
 run procaddr CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_procaddr"
 run procaddr-private CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_GPA_PRIVATE=1 \
     "$build/tests/test_procaddr" private
 run multiproc CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" fork-kill
+# The holes of an adversarial review; the uids test needs folders another uid can enter.
+chmod 711 "$tmp" && mkdir -m 755 "$tmp/shared"
+run uids CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/shared/uids.cache" CUDA_DEVICE_MEMORY_LIMIT=1g \
+    "$build/tests/test_multiproc" uids
+run deleted CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" deleted
+run truncated CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" truncated
+run kill-threads CUDA_DEVICE_MEMORY_LIMIT=1g LIBCUDA_LOG_LEVEL=0 \
+    "$build/tests/test_multiproc" kill-threads
 # The demo vgpuctl runs: a 3000 MiB cap refuses the 7th 500 MiB step.
 run demo CUDA_DEVICE_MEMORY_LIMIT_0=3000m sh -c \
     "$build/vgpu-demo-alloc | tee /dev/stderr | grep -q '^refused at step 7 with 3000 MiB held$'"

@@ -3,8 +3,10 @@
  * "uncapped" as argv[1]: the same program with no limit set (reporting must pass through). */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <nvml.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -12,6 +14,14 @@
 #include "fake_state.h"
 
 #undef cuMemAdvise
+/* The legacy v1 exports are called by name below (cuda.h maps these names to _v2). */
+#undef cuMemAlloc
+#undef cuMemAllocPitch
+#undef cuMemFree
+#undef cuMemGetInfo
+#undef cuDeviceTotalMem
+#undef cuArrayCreate
+#undef cuArray3DCreate
 
 static const uint64_t MiB = UINT64_C(1) << 20;
 static CUcontext ctx[2];
@@ -280,24 +290,122 @@ static void uncapped(void)
     cuMemFree_v2(p);
 }
 
-/* The region file cannot be used (argv[2] says how it must be reported): the cap still holds
- * for this process, from a private region. */
-static void fallback(const char *expected_log)
+/* Reads the whole file at path (following a link, as a victim's reader would); 0 bytes for
+ * anything but a regular file (a FIFO must not block the test). */
+static size_t slurp(const char *path, char *buf, size_t size)
 {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    size_t n = 0;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        ssize_t got = pread(fd, buf, size, 0);
+        n = got > 0 ? (size_t)got : 0;
+    }
+    if (fd >= 0)
+        close(fd);
+    return n;
+}
+
+/* The region file cannot be used (argv[2] says how it must be reported): CUDA is refused, nothing
+ * is allocated or reported, NVML memory figures are refused too, and the file is left as it was
+ * (a HAMi-core cache, a region of another version, a link's target, a file that merely starts
+ * with zero bytes). Never a private region with a cap of its own. */
+static void refused(const char *expected_log)
+{
+    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    static char before[300000], after[300000];
+    size_t n_before = slurp(path, before, sizeof before);
     capture_begin(); /* the region is attached when the driver is first used */
-    check(cuInit(0) == CUDA_SUCCESS, "cuInit");
+    CUresult init = cuInit(0);
+    const char *log = capture_end();
+    check(init == CUDA_ERROR_NOT_PERMITTED, "cuInit is refused (%d)", init);
+    check(strstr(log, expected_log) != NULL && strstr(log, "CUDA is refused") != NULL,
+          "the unusable region is reported: %s", log);
+    CUresult (*real_init)(unsigned) = (CUresult(*)(unsigned))fake_cuda_entry("cuInit");
+    real_init(0); /* the driver initialised behind libvgpu's back: still nothing */
     cuDevicePrimaryCtxRetain(&ctx[0], 0);
     use_device(0);
-    CUdeviceptr a = 0, b = 0;
-    CUresult first = cuMemAlloc_v2(&a, 600 * MiB);
-    const char *log = capture_end();
-    check(strstr(log, expected_log) != NULL && strstr(log, "the cap applies to this process") != NULL,
-          "the unusable region is reported: %s", log);
-    check(first == CUDA_SUCCESS && cuMemAlloc_v2(&b, 600 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
-          "the cap still holds within the process");
+    CUdeviceptr a = 0;
     size_t free_b, total_b;
-    cuMemGetInfo_v2(&free_b, &total_b);
-    check(total_b == 1024 * MiB && free_b == 424 * MiB, "and is reported");
+    check(cuMemAlloc_v2(&a, 600 * MiB) == CUDA_ERROR_OUT_OF_MEMORY && fake_cuda_device_used(0) == 0,
+          "allocations are refused");
+    check(cuMemGetInfo_v2(&free_b, &total_b) == CUDA_ERROR_NOT_PERMITTED &&
+          cuDeviceTotalMem_v2(&total_b, 0) == CUDA_ERROR_NOT_PERMITTED, "and nothing is reported");
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    nvmlReturn_t (*init_nvml)(void) = (nvmlReturn_t (*)(void))dlsym(lib, "nvmlInit_v2");
+    nvmlReturn_t (*by_index)(unsigned, nvmlDevice_t *) =
+        (nvmlReturn_t (*)(unsigned, nvmlDevice_t *))dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+    nvmlReturn_t (*mem1)(nvmlDevice_t, nvmlMemory_t *) =
+        (nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t *))dlsym(lib, "nvmlDeviceGetMemoryInfo");
+    nvmlDevice_t d0;
+    nvmlMemory_t m1;
+    init_nvml();
+    by_index(0, &d0);
+    check(mem1(d0, &m1) == NVML_ERROR_NO_PERMISSION, "NVML memory figures are refused too");
+    size_t n_after = slurp(path, after, sizeof after);
+    check(n_after == n_before && memcmp(before, after, n_before) == 0,
+          "the file is left as it was (%zu bytes before, %zu after)", n_before, n_after);
+}
+
+/* The legacy exports (CUDA 2.x ABI: 32-bit sizes and pointers), called directly and found by
+ * cuGetProcAddress at an old version, are capped like the _v2 ones. */
+typedef unsigned int v1_ptr;
+CUresult cuMemAlloc(v1_ptr *dptr, unsigned int bytes);
+CUresult cuMemAllocPitch(v1_ptr *dptr, unsigned int *pitch, unsigned int width,
+                         unsigned int height, unsigned int elem);
+CUresult cuMemFree(v1_ptr dptr);
+CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes);
+CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
+struct array_v1 {
+    unsigned int Width, Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+};
+struct array3d_v1 {
+    unsigned int Width, Height, Depth;
+    CUarray_format Format;
+    unsigned int NumChannels, Flags;
+};
+CUresult cuArrayCreate(CUarray *handle, const struct array_v1 *desc);
+CUresult cuArray3DCreate(CUarray *handle, const struct array3d_v1 *desc);
+
+static void legacy_v1(void)
+{
+    v1_ptr a = 0, b = 7, c = 0;
+    unsigned int free_b = 0, total_b = 0, pitch = 0, total = 0;
+    check(cuMemAlloc(&a, 600 * MiB) == CUDA_SUCCESS && a != 0 && container_used() == 600 * MiB,
+          "cuMemAlloc (v1) is counted");
+    check(cuMemAlloc(&b, 600 * MiB) == CUDA_ERROR_OUT_OF_MEMORY && b == 7,
+          "cuMemAlloc (v1) over the cap is refused");
+    check(cuMemGetInfo(&free_b, &total_b) == CUDA_SUCCESS && total_b == 1024 * MiB &&
+          free_b == 424 * MiB, "cuMemGetInfo (v1) reports the cap: free %u MiB of %u MiB",
+          free_b / (unsigned)MiB, total_b / (unsigned)MiB);
+    check(cuDeviceTotalMem(&total, 0) == CUDA_SUCCESS && total == 1024 * MiB,
+          "cuDeviceTotalMem (v1) reports the cap (%u MiB)", total / (unsigned)MiB);
+    check(cuMemAllocPitch(&c, &pitch, 1000, 1000, 4) == CUDA_SUCCESS && pitch == 1024 &&
+          container_used() == 600 * MiB + 1024 * 1000, "cuMemAllocPitch (v1) is counted");
+    check(cuMemFree(c) == CUDA_SUCCESS && cuMemFree(a) == CUDA_SUCCESS && container_used() == 0,
+          "cuMemFree (v1) gives it back");
+    CUarray arr = NULL;
+    struct array_v1 d2 = {.Width = 1024, .Height = 1024, .Format = CU_AD_FORMAT_FLOAT,
+                          .NumChannels = 4};
+    check(cuArrayCreate(&arr, &d2) == CUDA_SUCCESS && container_used() == 16 * MiB,
+          "cuArrayCreate (v1) is counted (16 MiB)");
+    check(cuArrayDestroy(arr) == CUDA_SUCCESS && container_used() == 0, "and destroyed");
+    struct array3d_v1 d3 = {.Width = 1024, .Height = 1024, .Depth = 2048,
+                            .Format = CU_AD_FORMAT_UNSIGNED_INT8, .NumChannels = 1};
+    check(cuArray3DCreate(&arr, &d3) == CUDA_ERROR_OUT_OF_MEMORY,
+          "cuArray3DCreate (v1) of 2 GiB is refused");
+    typedef CUresult (*alloc_v1_fn)(v1_ptr *, unsigned int);
+    alloc_v1_fn via_gpa = NULL;
+    CUdriverProcAddressQueryResult status;
+    check(cuGetProcAddress_v2("cuMemAlloc", (void **)&via_gpa, 2000, 0, &status) == CUDA_SUCCESS &&
+          via_gpa != NULL && via_gpa(&a, 2000 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
+          "cuGetProcAddress(cuMemAlloc, 2.0) gives the capped v1 wrapper");
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    alloc_v1_fn via_dlsym = (alloc_v1_fn)dlsym(driver, "cuMemAlloc");
+    check(via_dlsym != NULL && via_dlsym(&a, 2000 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
+          "dlsym(libcuda, cuMemAlloc) gives the capped v1 wrapper");
 }
 
 /* The driver's pitch (FAKE_CUDA_PITCH_ALIGN=2048) is wider than libvgpu's 512-byte estimate:
@@ -326,9 +434,9 @@ static void wide_pitch(void)
 
 int main(int argc, char **argv)
 {
-    if (argc > 2 && strcmp(argv[1], "fallback") == 0) {
-        fallback(argv[2]);
-        return check_done("test_alloc fallback");
+    if (argc > 2 && strcmp(argv[1], "refused") == 0) {
+        refused(argv[2]);
+        return check_done("test_alloc refused");
     }
     check(cuInit(0) == CUDA_SUCCESS, "cuInit");
     cuDevicePrimaryCtxRetain(&ctx[0], 0);
@@ -349,5 +457,6 @@ int main(int argc, char **argv)
     vmm();
     errors();
     nvml(1024 * MiB, 512 * MiB);
+    legacy_v1();
     return check_done("test_alloc");
 }

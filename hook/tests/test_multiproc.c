@@ -4,10 +4,19 @@
  *   hammer     (cap 256 MiB): 8 processes x 4 threads allocate and free near the cap for
  *              HAMMER_SECONDS, two are killed with SIGKILL half-way; the cap must hold at every
  *              instant, nobody may deadlock, and all memory must come back.
- *   exec-child: used by fork-kill after exec. */
+ *   exec-child: used by fork-kill after exec.
+ * Holes of an adversarial review, each in its own region (cap 1 GiB):
+ *   uids         a process of another uid shares the cap (root only; else skipped)
+ *   deleted      the region file removed while a process holds memory: a new process refuses CUDA
+ *   truncated    the region file truncated under live processes: they refuse allocations instead
+ *                of dying of SIGBUS, and new processes refuse CUDA (also once it is zero-extended)
+ *   kill-threads kill -9 of processes whose threads allocate and free: nothing leaks while
+ *                another process lives
+ *   refused-child, uids-child: run after exec by the modes above. */
 #include <cuda.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -17,6 +26,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "fake_state.h"
 #include "vgpu_region.h"
 
 static const uint64_t MiB = UINT64_C(1) << 20;
@@ -294,6 +304,257 @@ static int exec_child(void)
     return fine ? 0 : 1;
 }
 
+/* ---- holes ------------------------------------------------------------------------------- */
+
+static const char *region_path(void) { return getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE"); }
+
+/* Runs this program again as `mode` in a fresh image (a fork would share our mapping). */
+static pid_t spawn_self(const char *mode, int other_uid)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (other_uid && (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0))
+            _exit(3);
+        execl(self_path, self_path, mode, (char *)NULL);
+        _exit(4);
+    }
+    return pid;
+}
+
+static int uids_child(void)
+{
+    cuda_start();
+    CUdeviceptr p, q;
+    int refused = cuMemAlloc_v2(&p, 800 * MiB) == CUDA_ERROR_OUT_OF_MEMORY;
+    int fits = cuMemAlloc_v2(&q, 200 * MiB) == CUDA_SUCCESS;
+    printf("uid %d: 800 MiB %s, 200 MiB %s, container usage %llu MiB\n", (int)getuid(),
+           refused ? "refused" : "allocated", fits ? "allocated" : "refused",
+           (unsigned long long)(seen_used() / MiB));
+    return refused && fits && seen_used() == 1000 * MiB ? 0 : 1;
+}
+
+static void other_uid(void)
+{
+    if (geteuid() != 0) {
+        check(1, "SKIP: a second uid needs root");
+        return;
+    }
+    cuda_start();
+    CUdeviceptr p;
+    check(cuMemAlloc_v2(&p, 800 * MiB) == CUDA_SUCCESS, "uid 0 holds 800 MiB of the 1 GiB cap");
+    struct stat st;
+    check(stat(region_path(), &st) == 0 && (st.st_mode & 0666) == 0666,
+          "the region file is read-write for every uid (mode %o)", (unsigned)(st.st_mode & 07777));
+    check(exited_ok(spawn_self("uids-child", 1)), "a process of uid 65534 shares the cap: "
+          "800 MiB refused, 200 MiB fits");
+    cuMemFree_v2(p);
+}
+
+/* A process that must not get CUDA: cuInit is refused with a log line naming why, and even
+ * with the driver initialised behind libvgpu's back nothing is allocated or reported. */
+static int refused_child(void)
+{
+    const char *why = getenv("EXPECT_REFUSAL");
+    capture_begin();
+    CUresult init = cuInit(0);
+    const char *log = capture_end();
+    printf("cuInit: %d; log: %s", init, log);
+    int fine = init == CUDA_ERROR_NOT_PERMITTED && strstr(log, why) != NULL &&
+               strstr(log, "CUDA is refused") != NULL;
+    CUresult (*real_init)(unsigned) = (CUresult(*)(unsigned))fake_cuda_entry("cuInit");
+    CUcontext ctx;
+    real_init(0);
+    cuDevicePrimaryCtxRetain(&ctx, 0);
+    cuCtxSetCurrent(ctx);
+    CUdeviceptr p;
+    size_t free_b, total_b;
+    fine &= cuMemAlloc_v2(&p, 100 * MiB) != CUDA_SUCCESS && fake_cuda_device_used(0) == 0;
+    fine &= cuMemGetInfo_v2(&free_b, &total_b) == CUDA_ERROR_NOT_PERMITTED;
+    return fine ? 0 : 1;
+}
+
+static int refused_with(const char *why)
+{
+    setenv("EXPECT_REFUSAL", why, 1);
+    int fine = exited_ok(spawn_self("refused-child", 0));
+    unsetenv("EXPECT_REFUSAL");
+    return fine;
+}
+
+static void deleted(void)
+{
+    cuda_start();
+    CUdeviceptr p;
+    check(cuMemAlloc_v2(&p, 800 * MiB) == CUDA_SUCCESS, "a process holds 800 MiB of 1 GiB");
+    check(unlink(region_path()) == 0, "the region file is removed");
+    check(refused_with("processes of this container still use"),
+          "a new process refuses CUDA rather than start a fresh region (a second cap)");
+    check(access(region_path(), F_OK) != 0, "and made no new region file");
+    check(cuMemAlloc_v2(&p, 800 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
+          "the live process still enforces the cap");
+}
+
+/* Holds 300 MiB, then (after the truncation) must refuse and report nothing, yet free; stays
+ * attached to the old region until told to exit. */
+static int truncated_victim(int ready_fd, int go_fd)
+{
+    cuda_start();
+    CUdeviceptr held, more;
+    char byte = cuMemAlloc_v2(&held, 300 * MiB) == CUDA_SUCCESS ? 'y' : 'n';
+    if (write(ready_fd, &byte, 1) != 1 || read(go_fd, &byte, 1) != 1)
+        return 2;
+    size_t free_b, total_b;
+    int fine = cuMemAlloc_v2(&more, 100 * MiB) == CUDA_ERROR_OUT_OF_MEMORY;
+    fine &= cuMemGetInfo_v2(&free_b, &total_b) == CUDA_ERROR_NOT_PERMITTED;
+    fine &= cuMemFree_v2(held) == CUDA_SUCCESS && fake_cuda_device_used(0) == 0;
+    byte = fine ? 'y' : 'n';
+    if (write(ready_fd, &byte, 1) != 1 || read(go_fd, &byte, 1) != 1)
+        return 2;
+    return 0;
+}
+
+/* A SIGBUS elsewhere (the application's own mapping of a truncated file) is not libvgpu's to
+ * swallow: with no handler the process dies of it; a handler installed before is called. */
+static void own_sigbus(int sig, siginfo_t *info, void *context)
+{
+    (void)sig, (void)info, (void)context;
+    _exit(42);
+}
+
+static int fault_elsewhere(int with_handler)
+{
+    if (with_handler) {
+        struct sigaction action;
+        memset(&action, 0, sizeof action);
+        action.sa_sigaction = own_sigbus;
+        action.sa_flags = SA_SIGINFO;
+        sigaction(SIGBUS, &action, NULL);
+    }
+    cuda_start(); /* attaches the region: libvgpu's SIGBUS handler goes in */
+    CUdeviceptr p;
+    if (cuMemAlloc_v2(&p, MiB) != CUDA_SUCCESS)
+        return 1;
+    char path[] = "/tmp/vgpu-bus-XXXXXX";
+    int fd = mkstemp(path);
+    unlink(path);
+    if (fd < 0 || ftruncate(fd, 4096) != 0)
+        return 1;
+    volatile const char *m = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED || ftruncate(fd, 0) != 0)
+        return 1;
+    return m[0]; /* SIGBUS */
+}
+
+/* Runs in processes other than this one: it never maps the region (its reads would fault). */
+static void truncated(void)
+{
+    pid_t plain = fork();
+    if (plain == 0)
+        _exit(fault_elsewhere(0));
+    int status = wait_status(plain);
+    /* Under the sanitizers their own SIGBUS handler was first: it reports and exits 1. */
+    const char *sanitized = getenv("VGPU_SANITIZED");
+    int died = sanitized != NULL && strcmp(sanitized, "1") == 0
+             ? !(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+             : WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS;
+    check(died, "a SIGBUS outside the region still kills a process without a handler of its "
+          "own (status %#x)", status);
+    pid_t handled = fork();
+    if (handled == 0)
+        _exit(fault_elsewhere(1));
+    status = wait_status(handled);
+    check(WIFEXITED(status) && WEXITSTATUS(status) == 42,
+          "and reaches the handler the application installed first (status %#x)", status);
+
+    int ready[2], go[2];
+    if (pipe(ready) != 0 || pipe(go) != 0)
+        return;
+    pid_t victim = fork();
+    if (victim == 0)
+        _exit(truncated_victim(ready[1], go[0]));
+    close(ready[1]); /* so that a read ends if the victim dies */
+    close(go[0]);
+    char byte = 0;
+    check(read(ready[0], &byte, 1) == 1 && byte == 'y', "a process holds 300 MiB");
+    check(truncate(region_path(), 0) == 0, "the region file is truncated to 0 bytes");
+    byte = 0;
+    int told = write(go[1], "g", 1) == 1;
+    check(told && read(ready[0], &byte, 1) == 1 && byte == 'y', "the process survives: further "
+          "allocations are refused, nothing is reported, its memory can still be freed");
+    check(refused_with("too small"), "a new process refuses the truncated file");
+    /* Zero-extended to the region's size it looks like a fresh file: refused while a process of
+     * the old region lives. */
+    check(truncate(region_path(), VGPU_REGION_FILE_SIZE) == 0, "the file is zero-extended");
+    check(refused_with("processes of this container still use"),
+          "a new process refuses it while a process of the old region lives");
+    told = write(go[1], "g", 1) == 1;
+    status = wait_status(victim);
+    check(told && WIFEXITED(status) && WEXITSTATUS(status) == 0, "the process exits normally "
+          "(status %#x%s)", status,
+          WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS ? ": killed by SIGBUS" : "");
+}
+
+static int take_100_mib(void)
+{
+    cuda_start();
+    CUdeviceptr p;
+    return cuMemAlloc_v2(&p, 100 * MiB) == CUDA_SUCCESS;
+}
+
+static void *churn_thread(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    CUcontext ctx;
+    cuDevicePrimaryCtxRetain(&ctx, 0);
+    cuCtxSetCurrent(ctx);
+    CUdeviceptr ptr[4] = {0};
+    for (;;) {
+        int k = rand_r(&seed) % 4;
+        if (ptr[k] != 0) {
+            cuMemFree_v2(ptr[k]);
+            ptr[k] = 0;
+        } else if (cuMemAlloc_v2(&ptr[k], (1 + (size_t)(rand_r(&seed) % 8)) * MiB) != 0) {
+            ptr[k] = 0;
+        }
+    }
+    return NULL;
+}
+
+static void kill_threads(void)
+{
+    pid_t bystander = fork_holder(take_100_mib, "a bystander holds 100 MiB for the whole test");
+    enum { ROUNDS = 32, CHURNERS = 16 };
+    unsigned seed = (unsigned)getpid();
+    for (int round = 0; round < ROUNDS; round++) {
+        pid_t victim = fork();
+        if (victim == 0) {
+            cuda_start();
+            pthread_t t[CHURNERS];
+            for (int i = 0; i < CHURNERS; i++)
+                pthread_create(&t[i], NULL, churn_thread, (void *)(uintptr_t)(round * 16 + i + 1));
+            pause();
+            _exit(0);
+        }
+        struct timespec nap = {0, (30 + rand_r(&seed) % 40) * 1000 * 1000};
+        nanosleep(&nap, NULL);
+        kill(victim, SIGKILL);
+        wait_status(victim);
+    }
+    pid_t reaper = fork();
+    if (reaper == 0) { /* its first allocation reaps the dead; the bystander keeps it from idle */
+        cuda_start();
+        CUdeviceptr p;
+        int fine = cuMemAlloc_v2(&p, MiB) == CUDA_SUCCESS && cuMemFree_v2(p) == CUDA_SUCCESS;
+        exit(fine ? 0 : 1);
+    }
+    check(exited_ok(reaper), "a new process allocates (and reaps the killed ones)");
+    check(used(0) == 100 * MiB, "after %d kill -9 rounds of %d churning threads only the "
+          "bystander's 100 MiB are counted: %.3f MiB (%llu bytes leaked)", ROUNDS, CHURNERS,
+          (double)used(0) / (double)MiB, (unsigned long long)(used(0) - 100 * MiB));
+    kill(bystander, SIGKILL);
+    wait_status(bystander);
+}
+
 /* ---- hammer ------------------------------------------------------------------------------- */
 
 enum { PROCS = 8, THREADS = 4, HOLD = 4, VICTIMS = 2 };
@@ -431,6 +692,14 @@ int main(int argc, char **argv)
     self_path = argv[0];
     if (strcmp(mode, "exec-child") == 0)
         return exec_child();
+    if (strcmp(mode, "uids-child") == 0)
+        return uids_child();
+    if (strcmp(mode, "refused-child") == 0)
+        return refused_child();
+    if (strcmp(mode, "truncated") == 0) { /* never maps the region itself (see truncated()) */
+        truncated();
+        return check_done("test_multiproc truncated");
+    }
     /* Create the region the way every process does, then read it as the monitor would. */
     cuMemGetInfo_v2(NULL, NULL);
     check(open_region(), "the region file has the documented header (magic, version, sizes)");
@@ -439,6 +708,18 @@ int main(int argc, char **argv)
     if (strcmp(mode, "hammer") == 0) {
         hammer();
         return check_done("test_multiproc hammer");
+    }
+    if (strcmp(mode, "uids") == 0) {
+        other_uid();
+        return check_done("test_multiproc uids");
+    }
+    if (strcmp(mode, "deleted") == 0) {
+        deleted();
+        return check_done("test_multiproc deleted");
+    }
+    if (strcmp(mode, "kill-threads") == 0) {
+        kill_threads();
+        return check_done("test_multiproc kill-threads");
     }
     kill_holder();
     creation_lock_owner_dies();

@@ -32,6 +32,13 @@ static const struct query {
     {"cuInit", 13000, 0, "cuInit"},
     {"cuGetProcAddress", 11030, 0, "cuGetProcAddress"},
     {"cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"},
+    {"cuMemAlloc", 2000, 0, "cuMemAlloc"},
+    {"cuMemFree", 2000, 0, "cuMemFree"},
+    {"cuMemAllocPitch", 2000, 0, "cuMemAllocPitch"},
+    {"cuMemGetInfo", 2000, 0, "cuMemGetInfo"},
+    {"cuDeviceTotalMem", 2000, 0, "cuDeviceTotalMem"},
+    {"cuArrayCreate", 2000, 0, "cuArrayCreate"},
+    {"cuArray3DCreate", 2000, 0, "cuArray3DCreate"},
     {"cuMemAlloc", 3020, 0, "cuMemAlloc_v2"},
     {"cuMemAlloc", 12000, 0, "cuMemAlloc_v2"},
     {"cuMemAlloc", 13000, 1, "cuMemAlloc_v2"},
@@ -101,7 +108,7 @@ static void pass_through(gpa_v2_fn gpa)
           fn == fake_cuda_entry("cuCtxGetDevice"), "unhooked functions come from the driver");
     check(gpa("cuNoSuchFunction", &fn, 13000, 0, &status) == CUDA_ERROR_NOT_FOUND && fn == NULL &&
           status == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, "unknown names: the driver's answer");
-    check(gpa("cuMemAlloc", &fn, 2000, 0, &status) == CUDA_ERROR_NOT_FOUND && fn == NULL &&
+    check(gpa("cuMemAllocManaged", &fn, 5000, 0, &status) == CUDA_ERROR_NOT_FOUND && fn == NULL &&
           status == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
           "too old a version: VERSION_NOT_SUFFICIENT from the driver");
 }
@@ -230,7 +237,7 @@ int main(int argc, char **argv)
           "dlsym(libcuda handle, cuMemAlloc_v2) gives the wrapper");
     check(dlsym(cuda, "cuCtxGetDevice") == fake_cuda_entry("cuCtxGetDevice"),
           "dlsym(libcuda handle) of an unhooked name gives the driver's function");
-    check(dlsym(cuda, "cuMemAlloc") == NULL, "a name the driver does not export stays NULL");
+    check(dlsym(cuda, "cuMemAlloc_v3") == NULL, "a name the driver does not export stays NULL");
     void *next_a = dlopen("libnext_a.so", RTLD_NOW | RTLD_NOLOAD);
     check(next_a != NULL && dlsym(next_a, "cuMemAlloc_v2") == NULL,
           "a hooked name looked up in an unrelated library stays NULL");

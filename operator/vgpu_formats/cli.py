@@ -88,7 +88,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
-class _Stderr(logging.StreamHandler):
+class StderrHandler(logging.StreamHandler):
     """Writes to the `sys.stderr` of the moment: a `main()` called in-process (tests, the demo)
     must not leave a handler on a stream that a capture has since closed."""
 
@@ -103,12 +103,12 @@ class _Stderr(logging.StreamHandler):
 
 def configure_logging(level: int, log_format: str) -> None:
     """Logging of a process that does not run kopf (the plugin, the monitor, vgpuctl): to stderr."""
-    handler = _Stderr()
+    handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     # Only our own earlier handler goes (a second main() in one process): others, such as
     # pytest's capture, stay, as kopf.configure leaves them.
-    for old in [h for h in root.handlers if isinstance(h, _Stderr)]:
+    for old in [h for h in root.handlers if isinstance(h, StderrHandler)]:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)

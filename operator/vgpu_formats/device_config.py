@@ -10,7 +10,9 @@ Two readings of the same text matter, and they differ:
 * `scheduler_view` is what Volcano's scheduler uses: absent fields keep Go zero values (an absent
   `resourceCountName` is the empty string, which disables vGPU detection); only a failed load
   gives the built-in defaults (and those leave `resourceMemoryPercentageName` empty).
-* `effective_nvidia` is what a correct device plugin uses: upstream defaults for absent fields.
+* `plugin_view` is what a device plugin uses: each absent field filled with the plugin's own
+  defaults, which differ by plugin (upstream ones keep Go zero values, `go_zero_values`; this
+  project's uses `builtin_plugin_defaults`); `vgpu_operator.versions.plugin_config_view` picks them.
 
 Every field of `NvidiaConfig` is Optional, so "absent" stays distinguishable from a value.
 Parsing is strict (a wrong type is a `FormatError` naming ``device-config.yaml: nvidia.<key>``);
@@ -39,7 +41,7 @@ DEFAULT_MEMORY_NAME = "volcano.sh/vgpu-memory"
 DEFAULT_MEMORY_PERCENTAGE_NAME = "volcano.sh/vgpu-memory-percentage"
 DEFAULT_CORE_NAME = "volcano.sh/vgpu-cores"
 # The scheduler's built-in split count (and our plugin's); upstream plugins use their own
-# (`vgpu_operator.versions.PluginTraits.split_default`).
+# (`vgpu_operator.versions.effective_sizing`).
 DEFAULT_SPLIT_COUNT = 10
 
 class _Strict(BaseModel):
@@ -171,11 +173,18 @@ def render_device_config_dict(doc: dict[str, Any]) -> str:
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
 
 
-def effective_nvidia(cfg: DeviceConfig | None) -> NvidiaConfig:
-    """What a correct device plugin uses: each absent field takes its upstream default (the
-    scheduler's built-in defaults, except gpuMemoryFactor 1: 0 would divide by zero)."""
+def plugin_view(cfg: DeviceConfig | None, defaults: NvidiaConfig) -> NvidiaConfig:
+    """What a device plugin uses: each absent field (all of them when `cfg` is None, a failed
+    load) taken from `defaults`, that plugin's."""
     given = cfg.nvidia if cfg is not None and cfg.nvidia is not None else NvidiaConfig()
-    return _fill(given, _builtin_scheduler_defaults().model_copy(update={"gpu_memory_factor": 1}))
+    return _fill(given, defaults)
+
+
+def builtin_plugin_defaults() -> NvidiaConfig:
+    """This project's device plugin's values for absent fields (deviceplugin/vgpu_deviceplugin/
+    config.py): the scheduler's built-in defaults, so both agree without a ConfigMap, except
+    gpuMemoryFactor 1 (0 would divide by zero)."""
+    return _builtin_scheduler_defaults().model_copy(update={"gpu_memory_factor": 1})
 
 
 def _builtin_scheduler_defaults() -> NvidiaConfig:
@@ -199,7 +208,8 @@ def _builtin_scheduler_defaults() -> NvidiaConfig:
     )
 
 
-def _go_zero_values() -> NvidiaConfig:
+def go_zero_values() -> NvidiaConfig:
+    """Go's zero value of every field: what an absent key reads as in upstream's yaml.v2 decoding."""
     return NvidiaConfig(
         resource_count_name="", resource_memory_name="", resource_memory_percentage_name="",
         resource_core_name="", resource_priority_name="", overwrite_env=False, default_memory=0,
@@ -214,12 +224,12 @@ def scheduler_view(cfg: DeviceConfig | None) -> NvidiaConfig:
     if cfg is None:
         return _builtin_scheduler_defaults()
     given = cfg.nvidia if cfg.nvidia is not None else NvidiaConfig()
-    return _fill(given, _go_zero_values())
+    return _fill(given, go_zero_values())
 
 
 def load_device_config(text: str | None) -> DeviceConfig | None:
     """`text` as its readers load it: None when the ConfigMap or key is missing (`text` None) or
-    the load fails, which is what `scheduler_view` and `effective_nvidia` take None to mean."""
+    the load fails, which is what `scheduler_view` and `plugin_view` take None to mean."""
     if text is None:
         return None
     try:
@@ -233,10 +243,11 @@ def scheduler_view_of_text(text: str | None) -> NvidiaConfig:
     return scheduler_view(load_device_config(text))
 
 
-def reader_views(cfg: DeviceConfig | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """What the scheduler (`scheduler_view`) and a device plugin (`effective_nvidia`) read from
-    `cfg`, as YAML data with foreign keys included. `cfg=None` means the load failed."""
-    return scheduler_view(cfg).to_yaml_dict(), effective_nvidia(cfg).to_yaml_dict()
+def reader_views(cfg: DeviceConfig | None) -> tuple[dict[str, Any], ...]:
+    """What the scheduler and each kind of device plugin (upstream's, ours) read from `cfg`, as
+    YAML data with foreign keys included. `cfg=None` means the load failed."""
+    return tuple(view.to_yaml_dict() for view in (
+        scheduler_view(cfg), plugin_view(cfg, go_zero_values()), plugin_view(cfg, builtin_plugin_defaults())))
 
 
 def same_meaning(a: DeviceConfig | None, b: DeviceConfig | None) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 from vgpu_formats import annotations as ann
 from vgpu_formats import device_config as dc_fmt
+from vgpu_formats import list_and_watch as lw
 from vgpu_formats.errors import FormatError
 
 from vgpu_operator import versions
@@ -43,8 +44,7 @@ from vgpu_operator.render.selectors import node_name, override_nodes
 
 __all__ = ["Problem", "errors", "validate"]
 
-DEFAULT_NAMES = {"count": dc_fmt.DEFAULT_COUNT_NAME, "memory": dc_fmt.DEFAULT_MEMORY_NAME,
-                 "cores": dc_fmt.DEFAULT_CORE_NAME}
+DEFAULT_NAMES = versions.DEFAULT_NAMES
 
 Rule = Callable[[VGPUPolicySpec, Observed], Iterable[Problem]]
 
@@ -132,19 +132,28 @@ def check_plugin_generation(spec: VGPUPolicySpec, observed: Observed) -> Iterabl
                               "device plugins <= v1.11 register 100 core devices per GPU whatever "
                               "deviceCoreScaling says (and never set CUDA_OVERSUBSCRIBE); upgrade the plugin "
                               "to v1.12+ or set it to 1", "warning", where)
-    if not traits.applies_memory_scaling:
-        for index, override in enumerate(spec.node_overrides):
-            if override.device_memory_scaling is not None:
-                yield Problem(f"spec.nodeOverrides[{index}].deviceMemoryScaling", "IgnoredByUpstreamPlugin",
-                              "the upstream device plugin reads devicememoryscaling but never applies it "
-                              "(registered memory is not scaled); use this project's plugin (generation "
-                              "builtin) or drop the setting", "warning", where)
-    if not traits.implements_mps:
-        for index, override in enumerate(spec.node_overrides):
-            if override.operating_mode == "mps":
-                yield Problem(f"spec.nodeOverrides[{index}].operatingMode", "MpsNotImplemented",
-                              "the upstream device plugin does not implement mps mode; use hami-core or mig, "
-                              "or this project's plugin (generation builtin)", "warning", where)
+    yield from _unimplemented_modes(spec, traits, where)
+
+
+def _unimplemented_modes(spec: VGPUPolicySpec, traits: versions.PluginTraits,
+                         where: str) -> Iterable[Problem]:
+    """Node settings the target plugin ignores (no plugin applies devicememoryscaling or mps; ours
+    refuses dynamic MIG)."""
+    modes = [mode for mode, works in (("hami-core", True), ("mig", traits.implements_mig)) if works]
+    for index, override in enumerate(spec.node_overrides):
+        if override.device_memory_scaling is not None and not traits.applies_memory_scaling:
+            yield Problem(f"spec.nodeOverrides[{index}].deviceMemoryScaling", "IgnoredByDevicePlugin",
+                          "the device plugin reads devicememoryscaling but never applies it (registered "
+                          "memory is not scaled); drop the setting", "warning", where)
+        if override.operating_mode == "mps" and not traits.implements_mps:
+            yield Problem(f"spec.nodeOverrides[{index}].operatingMode", "MpsNotImplemented",
+                          f"the device plugin does not implement mps mode; use {' or '.join(modes)}",
+                          "warning", where)
+        if override.operating_mode == "mig" and not traits.implements_mig:
+            yield Problem(f"spec.nodeOverrides[{index}].operatingMode", "MigNotImplemented",
+                          "this project's device plugin refuses the dynamic MIG instances the scheduler "
+                          "assigns in mig mode (pods fail at Allocate); use hami-core, or the upstream "
+                          "plugin (generation current)", "warning", where)
 
 
 def _registered_names(spec: VGPUPolicySpec, generation: versions.Generation,
@@ -174,10 +183,36 @@ def _dropped_flags(spec: VGPUPolicySpec, observed: Observed, generation: version
         _, container = find_container(live, plugin.container, where)
     except InputError:
         return  # reported by the render
-    for flag in device_plugin.edited_container_argv(spec, container, generation).dropped:
+    edited = device_plugin.edited_container_argv(spec, container, generation)
+    for flag in edited.dropped:
         yield Problem("spec.devicePlugin", "UnknownPluginFlagDropped",
                       f"{where} passes {flag!r}, which device plugin v1.12+ does not define (it would exit "
                       "1); the operator removes it from the container's command line", "warning", where)
+    for written in edited.stray_values:
+        switch, value = written.split(" ", 1)
+        yield Problem("spec.devicePlugin", "UnknownPluginFlagDropped",
+                      f"{where} passes {written!r}: {switch} is a switch in device plugin v1.12+ and takes "
+                      f"no separate value, so Go's flag parsing stops at {value!r} and ignores every flag "
+                      f"after it; the operator removes {value!r} (write {switch}={value} to set it)",
+                      "warning", where)
+    if edited.shell:
+        yield _shell_problem(generation, plugin.container, where)
+
+
+def _shell_problem(generation: versions.Generation, container: str, where: str) -> Problem:
+    """A shell runs the plugin: the flags in its script are out of the operator's reach."""
+    if versions.plugin_traits(generation).flags is not None:
+        return Problem("spec.devicePlugin.container", "PluginFlagsInShellScript",
+                       f"container {container!r} of {where} runs the device plugin from a shell script, "
+                       "whose flags the operator cannot read or edit: device plugin v1.12+ exits 1 on a flag "
+                       "it does not define, and sizing flags there override device-config. Put the plugin "
+                       "binary in command and its flags in args, not in a shell script", "error", where)
+    wanted = ("names and sizing flags" if versions.plugin_traits(generation).sizing == "flags"
+              else "device-config and node-config locations")
+    return Problem("spec.devicePlugin.container", "PluginFlagsInShellScript",
+                   f"container {container!r} of {where} runs the device plugin from a shell script, whose "
+                   f"flags the operator cannot edit, so the policy's {wanted} are not applied. Put the "
+                   "plugin binary in command and its flags in args, not in a shell script", "warning", where)
 
 
 def _ignored_by_legacy(spec: VGPUPolicySpec, where: str) -> Iterable[Problem]:
@@ -290,7 +325,8 @@ def _shadowed(spec: VGPUPolicySpec, observed: Observed, shadow_text: str) -> Ite
     while it says the same, a scheduler/plugin split when it does not."""
     shadow = dc_fmt.load_device_config(shadow_text)
     wanted = device_config.desired_config(spec, observed)
-    if device_config.plugin_reads(shadow)[1] == device_config.plugin_reads(wanted)[1]:
+    generation = device_config.plugin_generation(spec, observed)
+    if device_config.plugin_reads(generation, shadow) == device_config.plugin_reads(generation, wanted):
         return
     ref = spec.targets.device_config
     first = dc_fmt.PLUGIN_NAMESPACES[0]
@@ -357,10 +393,26 @@ def _memory_list(generation: versions.Generation | None, gpus: list[tuple[str, i
     return versions.memory_list_bytes(generation, [(uuid, mib // factor) for uuid, mib in gpus])
 
 
+def _live_memory_factor(spec: VGPUPolicySpec, observed: Observed,
+                        generation: versions.Generation | None) -> int:
+    """The gpuMemoryFactor the running plugin divided devmem by: its flag or the device-config, as
+    its generation takes them (unusable, 0 or a flag it rejects: 1)."""
+    try:
+        _, container = find_container(observed.device_plugin or {}, spec.device_plugin.container, "")
+    except InputError:
+        container = {}
+    flag = versions.decisive_flag(generation, "gpu-memory-factor", [
+        value for name, value in device_plugin.flag_pairs(device_plugin.binary_args(container))
+        if name == "--gpu-memory-factor"])
+    live = versions.effective_sizing(generation, "gpu-memory-factor", flag,
+                                     device_config.live_config(observed))
+    return int(live.value or 1) or 1
+
+
 def check_gpu_memory_factor(spec: VGPUPolicySpec, observed: Observed) -> Iterable[Problem]:
-    live_factor = dc_fmt.effective_nvidia(device_config.live_config(observed)).gpu_memory_factor or 1
     factor = spec.device.gpu_memory_factor
     generation = device_config.plugin_generation(spec, observed)
+    live_factor = _live_memory_factor(spec, observed, generation)
     worst: tuple[int, str, list[tuple[str, int]]] = (0, "", [])
     for node in observed.nodes:
         gpus = _node_gpus(node, live_factor)
@@ -376,10 +428,10 @@ def check_gpu_memory_factor(spec: VGPUPolicySpec, observed: Observed) -> Iterabl
         if size > worst[0]:
             worst = (size, node_name(node), gpus)
     size, name, gpus = worst
-    if size <= versions.KUBELET_MESSAGE_LIMIT:
+    if size <= lw.MESSAGE_LIMIT:
         return
     fits = next(f for f in range(factor + 1, max(mib for _, mib in gpus) + 2)
-                if _memory_list(generation, gpus, f) <= versions.KUBELET_MESSAGE_LIMIT)
+                if _memory_list(generation, gpus, f) <= lw.MESSAGE_LIMIT)
     traits = versions.plugin_traits(generation)
     ids = "<UUID>-memory-<i>" if traits.memory_ids == "uuid" else "<index>-<i>"
     outcome = ("the plugin advertises only part of the node's memory" if traits.caps_memory_list
@@ -388,7 +440,7 @@ def check_gpu_memory_factor(spec: VGPUPolicySpec, observed: Observed) -> Iterabl
     yield Problem("spec.device.gpuMemoryFactor", "ListAndWatchTooLarge",
                   f"node {name} would advertise {devices} memory devices (MiB / gpuMemoryFactor per GPU), "
                   f"a {size}-byte ListAndWatch message with this plugin's {ids} ids, over the kubelet's "
-                  f"{versions.KUBELET_MESSAGE_LIMIT}-byte limit: {outcome}; set gpuMemoryFactor to {fits} "
+                  f"{lw.MESSAGE_LIMIT}-byte limit: {outcome}; set gpuMemoryFactor to {fits} "
                   "or more", "warning", f"Node {name}")
 
 

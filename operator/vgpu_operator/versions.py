@@ -12,7 +12,8 @@ Device plugin generation rule (first match wins):
    or its command is our console script `deviceplugin`. Upstream's image is
    `volcano-vgpu-device-plugin`, which this rule does not match.
 2. legacy: tag version <= v1.11.x (flags `--resource-*`, sizing from args).
-3. current: tag version >= v1.12.0 (sizing from the ConfigMap; unknown flags make it exit).
+3. current: tag version >= v1.12.0 (sizing from the ConfigMap unless a flag is given; unknown
+   flags make it exit).
 4. otherwise: cannot tell.
 
 Volcano facts (research: volcano-scheduler.md §6):
@@ -30,6 +31,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from vgpu_formats import device_config as dc
+from vgpu_formats import list_and_watch as lw
+from vgpu_formats import node_config as nc
 
 Generation = Literal["legacy", "current", "builtin"]
 BUILTIN_IMAGE_NAMES = frozenset({"vgpu-device-plugin", "vgpu-deviceplugin", "vgpu-operator"})
@@ -192,9 +197,9 @@ def custom_resource_names_work(version: Version) -> bool:
 # Each fact with its upstream file and line: operator/README.md, "Plugin generations".
 
 # Every flag the v1.12.0 binary defines, aliases included (True: a switch, which never takes a
-# separate value). urfave/cli exits 1 on any other flag; its own `-h`/`--help` and `-v`/`--version`
-# are left out on purpose: they make the plugin print and exit, and `-v=4` (klog's verbosity to
-# v1.11) is "invalid boolean value".
+# separate value); tests/fixtures/upstream/v1.12.0-flags.txt is the upstream list. urfave/cli exits
+# 1 on any other flag; its own `-h`/`--help` and `-v`/`--version` are left out on purpose: they make
+# the plugin print and exit, and `-v=4` (klog's verbosity to v1.11) is "invalid boolean value".
 CURRENT_FLAGS: dict[str, bool] = {
     "mig-strategy": False, "fail-on-init-error": True, "driver-root": False, "nvidia-driver-root": False,
     "dev-root": False, "nvidia-dev-root": False, "pass-device-specs": True, "device-list-strategy": False,
@@ -209,17 +214,27 @@ CURRENT_FLAGS: dict[str, bool] = {
 # not take the next arg with it.
 LEGACY_SWITCHES = frozenset({"debug", "fail-on-init-error", "logtostderr", "alsologtostderr",
                              "add_dir_header", "skip_headers", "skip_log_headers", "one_output"})
-# What the v1.11 binary uses for an absent sizing or name flag.
+# Volcano's hard-coded resource names (before v1.13 it knows no others), per kind.
+DEFAULT_NAMES: dict[str, str] = {"count": dc.DEFAULT_COUNT_NAME, "memory": dc.DEFAULT_MEMORY_NAME,
+                                 "cores": dc.DEFAULT_CORE_NAME}
+# The v1.11 flag that names each resource kind; absent, the binary uses the hard-coded name.
+LEGACY_NAME_FLAGS: dict[str, str] = {"count": "resource-name", "memory": "resource-memory-name",
+                                     "cores": "resource-core-name"}
+SizingFlag = Literal["device-split-count", "gpu-memory-factor", "device-cores-scaling"]
+# Each sizing flag and the device-config key it stands for.
+SIZING_KEYS: dict[SizingFlag, str] = {"device-split-count": "deviceSplitCount",
+                                      "gpu-memory-factor": "gpuMemoryFactor",
+                                      "device-cores-scaling": "deviceCoreScaling"}
+# What the v1.11 binary uses for an absent name or sizing flag.
 LEGACY_FLAG_DEFAULTS: dict[str, str] = {
-    "resource-name": "volcano.sh/vgpu-number", "resource-memory-name": "volcano.sh/vgpu-memory",
-    "resource-core-name": "volcano.sh/vgpu-cores", "device-split-count": "2", "gpu-memory-factor": "1",
-    "device-cores-scaling": "1"}
+    **{flag: DEFAULT_NAMES[kind] for kind, flag in LEGACY_NAME_FLAGS.items()},
+    "device-split-count": "2", "gpu-memory-factor": "1", "device-cores-scaling": "1"}
 VOLCANO_PREFIX = "volcano.sh/"
-# grpc-go's default receive limit, which the kubelet keeps for ListAndWatch.
-KUBELET_MESSAGE_LIMIT = 4 * 1024 * 1024
-_HEALTHY = "Healthy"
 
 MigTable = Literal["v1.11", "v1.12"]
+# Which setting wins for the split count, gpuMemoryFactor and deviceCoreScaling: `flags` only (the
+# ConfigMap and node-config are ignored), or node-config, then the flag or the ConfigMap first.
+SizingRule = Literal["flags", "flag over config", "config over flag"]
 
 
 @dataclass(frozen=True)
@@ -227,39 +242,47 @@ class PluginTraits:
     """What one device plugin generation does with the settings the operator renders."""
 
     flags: dict[str, bool] | None  # the flags its binary accepts (True: a switch); None: any
-    split_default: int  # split count with neither a flag nor a ConfigMap value
+    sizing: SizingRule
+    # An absent device-config key reads as Go's zero value (v1.12: gpuMemoryFactor 0 divides by
+    # zero and panics, deviceCoreScaling 0 registers no core devices) or as our plugin's default.
+    absent_config_key: Literal["zero", "default"]
+    go_flags: bool  # Go's flag parsing: a negative count flag (`--device-split-count -4`) exits 1
+    clamps_sizing: bool  # a split count or gpuMemoryFactor below 1 runs as 1 (else as is)
     memory_ids: Literal["index", "uuid"]  # memory device ids `<index>-<i>` or `<UUID>-memory-<i>`
     caps_memory_list: bool  # shrinks an oversized ListAndWatch list (else the kubelet drops it)
     max_resource_name: int | None  # longest name it registers, prefix included (None: Kubernetes')
     forces_volcano_prefix: bool  # registers `volcano.sh/<name>` for a name outside volcano.sh/
-    applies_core_scaling: bool  # deviceCoreScaling changes its cores list and CUDA_OVERSUBSCRIBE
+    applies_core_scaling: bool  # deviceCoreScaling sets how many core devices it registers per GPU
     applies_disable_core_limit: bool  # disableCoreLimit reaches GPU_CORE_UTILIZATION_POLICY
     applies_memory_scaling: bool  # node-config devicememoryscaling scales registered memory
     applies_node_split_and_filters: bool  # node-config devicesplitcount and filterdevices apply
-    implements_mps: bool
+    implements_mps: bool  # operatingmode mps
+    implements_mig: bool  # operatingmode mig: Allocate of the scheduler's dynamic MIG instances
     fixed_device_config_place: bool  # reads only volcano-vgpu-device-config in kube-/volcano-system
     mig_table: MigTable  # the knownMigGeometries table its manifest ships
 
 
 PLUGIN_TRAITS: dict[Generation, PluginTraits] = {
     "legacy": PluginTraits(
-        flags=None, split_default=int(LEGACY_FLAG_DEFAULTS["device-split-count"]), memory_ids="index",
-        caps_memory_list=False, max_resource_name=None, forces_volcano_prefix=False,
+        flags=None, sizing="flags", absent_config_key="zero", go_flags=True, clamps_sizing=False,
+        memory_ids="index", caps_memory_list=False, max_resource_name=None, forces_volcano_prefix=False,
         applies_core_scaling=False, applies_disable_core_limit=False, applies_memory_scaling=False,
-        applies_node_split_and_filters=False, implements_mps=False, fixed_device_config_place=True,
-        mig_table="v1.11"),
+        applies_node_split_and_filters=False, implements_mps=False, implements_mig=True,
+        fixed_device_config_place=True, mig_table="v1.11"),
     "current": PluginTraits(
-        flags=CURRENT_FLAGS, split_default=0, memory_ids="uuid", caps_memory_list=False,
-        max_resource_name=63, forces_volcano_prefix=True, applies_core_scaling=True,
-        applies_disable_core_limit=False, applies_memory_scaling=False,
-        applies_node_split_and_filters=True, implements_mps=False, fixed_device_config_place=True,
-        mig_table="v1.12"),
-    # Ours: split 10 is the Volcano scheduler's own default, so both sides agree without a ConfigMap.
+        flags=CURRENT_FLAGS, sizing="flag over config", absent_config_key="zero", go_flags=True,
+        clamps_sizing=False, memory_ids="uuid", caps_memory_list=False, max_resource_name=63,
+        forces_volcano_prefix=True, applies_core_scaling=True, applies_disable_core_limit=False,
+        applies_memory_scaling=False, applies_node_split_and_filters=True, implements_mps=False,
+        implements_mig=True, fixed_device_config_place=True, mig_table="v1.12"),
+    # Ours, as deviceplugin/vgpu_deviceplugin/config.py (sizing, defaults) and allocate.py (hami-core
+    # env only, dynamic MIG refused) do it; devicememoryscaling is ignored (deviceplugin/README.md).
     "builtin": PluginTraits(
-        flags=None, split_default=10, memory_ids="index", caps_memory_list=True, max_resource_name=None,
+        flags=None, sizing="config over flag", absent_config_key="default", go_flags=False,
+        clamps_sizing=True, memory_ids="index", caps_memory_list=True, max_resource_name=None,
         forces_volcano_prefix=False, applies_core_scaling=True, applies_disable_core_limit=True,
-        applies_memory_scaling=True, applies_node_split_and_filters=True, implements_mps=True,
-        fixed_device_config_place=False, mig_table="v1.12"),
+        applies_memory_scaling=False, applies_node_split_and_filters=True, implements_mps=False,
+        implements_mig=False, fixed_device_config_place=False, mig_table="v1.12"),
 }
 
 
@@ -275,15 +298,90 @@ def registered_name(generation: Generation | None, name: str) -> str:
     return name
 
 
+def plugin_config_view(generation: Generation | None, cfg: dc.DeviceConfig | None) -> dc.NvidiaConfig:
+    """The `nvidia:` section as the plugin reads it (`cfg` None: missing or not loadable), each
+    absent key filled as `absent_config_key` says."""
+    zero = plugin_traits(generation).absent_config_key == "zero"
+    return dc.plugin_view(cfg, dc.go_zero_values() if zero else dc.builtin_plugin_defaults())
+
+
+_SIZING_FIELDS: dict[SizingFlag, str] = {"device-split-count": "device_split_count",
+                                         "gpu-memory-factor": "gpu_memory_factor",
+                                         "device-cores-scaling": "device_core_scaling"}
+_NODE_FIELDS: dict[SizingFlag, str] = {"device-split-count": "devicesplitcount",
+                                       "device-cores-scaling": "devicecorescaling"}
+
+
+def parse_sizing_flag(generation: Generation | None, flag: SizingFlag, text: str) -> float | None:
+    """The value the plugin's flag parsing takes from `text`; None: it rejects it and exits. Go
+    (strconv.ParseUint base 0 for the counts, ParseFloat for the scaling) takes no sign on a
+    count; ours (argparse int/float) takes one."""
+    go = plugin_traits(generation).go_flags
+    try:
+        if flag == "device-cores-scaling":
+            return float(text) if text == text.strip() else None
+        if not go:
+            return float(int(text))
+        if text.startswith(("-", "+")):
+            return None
+        octal = len(text) > 1 and text[0] == "0" and text[1].isdigit()
+        return float(int(text, 8) if octal else int(text, 0))
+    except ValueError:
+        return None
+
+
+def decisive_flag(generation: Generation | None, flag: SizingFlag, values: list[str]) -> str | None:
+    """Of a sizing flag given `values` (in order), the one that decides (None: not given): the
+    first the binary rejects (it exits there), else the last (flag parsing keeps the last)."""
+    rejected = [text for text in values if parse_sizing_flag(generation, flag, text) is None]
+    return rejected[0] if rejected else (values[-1] if values else None)
+
+
+SizingSource = Literal["node-config", "flag", "flag default", "device-config", "default"]
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """A sizing setting as the plugin runs with it, and which setting decided it."""
+
+    value: float | None  # None: the binary rejects the flag's value and exits
+    source: SizingSource
+
+
+def effective_sizing(generation: Generation | None, flag: SizingFlag, flag_text: str | None,
+                     cfg: dc.DeviceConfig | None, node: nc.NodeConfigEntry | None = None) -> Sizing:
+    """The split count, gpuMemoryFactor or deviceCoreScaling the plugin uses, from its flag as
+    written (None: not given), the device-config it reads and its node-config entry.
+
+    legacy: the flag or its default, nothing else. current: node-config (when positive), a flag
+    that is given, the ConfigMap, the zero value. builtin: node-config, the ConfigMap, the flag,
+    our default; a split count or factor below 1 runs as 1."""
+    traits = plugin_traits(generation)
+    parsed = None if flag_text is None else parse_sizing_flag(generation, flag, flag_text)
+    if flag_text is not None and parsed is None:
+        return Sizing(None, "flag")
+    if traits.sizing == "flags":
+        if parsed is not None:
+            return Sizing(parsed, "flag")
+        return Sizing(float(LEGACY_FLAG_DEFAULTS[flag]), "flag default")
+    nvidia = cfg.nvidia if cfg is not None else None
+    given = getattr(nvidia, _SIZING_FIELDS[flag]) if nvidia is not None else None
+    node_value = getattr(node, _NODE_FIELDS[flag]) if node is not None and flag in _NODE_FIELDS else None
+    ordered: list[tuple[float | None, SizingSource]] = [(parsed, "flag"), (given, "device-config")]
+    if traits.sizing == "config over flag":
+        ordered.reverse()
+    default = getattr(plugin_config_view(generation, None), _SIZING_FIELDS[flag])
+    candidates = [(node_value if node_value and node_value > 0 else None, "node-config"), *ordered,
+                  (default, "default")]
+    value, source = next((float(v), s) for v, s in candidates if v is not None)
+    if traits.clamps_sizing and flag != "device-cores-scaling" and value < 1:
+        value = 1.0
+    return Sizing(value, source)
+
+
 def memory_list_bytes(generation: Generation | None, gpus: list[tuple[str, int]]) -> int:
     """Wire size of the memory resource's ListAndWatch message: `gpus` is (UUID, devices) per GPU
-    in NVML index order. Each entry is Device{ID, health "Healthy"} in field 1, every length one
-    byte (ids stay under 128 bytes)."""
+    in NVML index order, every device healthy."""
     uuid_ids = plugin_traits(generation).memory_ids == "uuid"
-    total = 0
-    for index, (uuid, units) in enumerate(gpus):
-        prefix = len(f"{uuid}-memory-") if uuid_ids else len(f"{index}-")
-        for digits in range(1, len(str(max(units, 1))) + 1):
-            count = max(0, min(units, 10 ** digits) - (10 ** (digits - 1) if digits > 1 else 0))
-            total += count * (2 + 2 + prefix + digits + 2 + len(_HEALTHY))
-    return total
+    return sum(lw.numbered_list_bytes(len(f"{uuid}-memory-") if uuid_ids else len(f"{index}-"), units)
+               for index, (uuid, units) in enumerate(gpus))

@@ -17,12 +17,13 @@ import logging
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from vgpu_emulator import RunningEmulator
 from vgpu_formats import annotations as ann
-from vgpu_formats.cli import log_level
+from vgpu_formats.cli import StderrHandler, log_level
 
 from vgpuctl import chain, output
 from vgpuctl.binder import Placement
@@ -226,22 +227,40 @@ async def _wait_nodes_ready(running: RunningEmulator) -> dict[str, Any]:
     return chain.policy_status(running, "default")
 
 
-def _quiet_logs(args: argparse.Namespace) -> None:
+@contextlib.contextmanager
+def _quiet_logs(args: argparse.Namespace) -> Iterator[None]:
     """Components log for operators of a real cluster; the demo narrates instead, and shows their
-    logs only when asked for with --log-level info or debug (-v)."""
+    logs only when asked for with --log-level info or debug (-v). Levels and formats are put back
+    afterwards: `main()` may run in a process that goes on (the tests)."""
     level = log_level(args)
+    names = ("", "kopf", "vgpu_operator", "vgpu_deviceplugin", "aiohttp", "asyncio")
+    saved_levels = {name: logging.getLogger(name).level for name in names}
+    # Only the handler vgpuctl installed: another (a test's capture) keeps its own format.
+    ours = [h for h in logging.getLogger().handlers if isinstance(h, StderrHandler)]
+    saved_formats = [h.formatter for h in ours]
     if level >= logging.WARNING:
         level = logging.ERROR
         logging.getLogger().setLevel(level)
-    for name in ("kopf", "vgpu_operator", "vgpu_deviceplugin", "aiohttp", "asyncio"):
+    for name in names[1:]:
         logging.getLogger(name).setLevel(level)
     if args.log_format == "text":  # between the narrated steps, indented like them
-        for handler in logging.getLogger().handlers:
+        for handler in ours:
             handler.setFormatter(logging.Formatter("      log %(name)s: %(message)s"))
+    try:
+        yield
+    finally:
+        for name, saved in saved_levels.items():
+            logging.getLogger(name).setLevel(saved)
+        for handler, formatter in zip(ours, saved_formats, strict=True):
+            handler.setFormatter(formatter)
 
 
 def run_demo(args: argparse.Namespace, style: Style) -> int:
-    _quiet_logs(args)
+    with _quiet_logs(args):
+        return _run_demo(args, style)
+
+
+def _run_demo(args: argparse.Namespace, style: Style) -> int:
     machine = args.output != "table"
     narrator = Narrator(style, quiet=machine)
     if not machine:

@@ -31,8 +31,6 @@ from vgpuctl.facts import (
     CONFIG_KEY,
     DEFAULT_NAMES,
     FLAG_RESOURCE,
-    LEGACY_FACTOR_DEFAULT,
-    LEGACY_SPLIT_DEFAULT,
     ClusterFacts,
     show_version,
 )
@@ -210,7 +208,14 @@ def check_names(facts: ClusterFacts) -> list[Finding]:
             f"fail with UnexpectedAdmissionError 'device request not found'", fix))
     accepted = plugin.traits.flags
     unknown = dp.edit_argv([], plugin.args, {}, None, accepted).dropped if accepted is not None else []
-    if unknown:
+    if unknown and plugin.known_generation is None:
+        # Guessed from the flags, not known: a v1.11 binary takes these.
+        out.append(Finding(WARNING, "legacy-flags", str(plugin.daemonset), "args " + " ".join(unknown),
+                           f"the plugin generation cannot be told from image {plugin.image!r}; if it is "
+                           f"v1.12+, it does not define {', '.join(unknown)} and exits on them",
+                           "use an image tagged with its version (e.g. v1.12.0), or remove the flags if it "
+                           "is v1.12+; " + APPLY_POLICY))
+    elif unknown:
         out.append(Finding(ERROR, "legacy-flags", str(plugin.daemonset), "args " + " ".join(unknown),
                            f"plugin {show_version(plugin.version)} does not define {', '.join(unknown)}: it "
                            f"rejects unknown flags and exits",
@@ -275,25 +280,44 @@ def _check_version_skew(facts: ClusterFacts) -> list[Finding]:
 
 
 def _check_sizing_flags(facts: ClusterFacts) -> list[Finding]:
-    """Legacy plugins take split count and memory factor from flags, not from device-config."""
+    """Sizing as the plugin runs with it (`versions.effective_sizing`): a flag value it rejects, a
+    flag that beats the device-config the scheduler reads, a value it cannot run with."""
     p = facts.plugin
     parsed = facts.plugin_config.parsed
-    if p.generation != "legacy" or parsed is None or parsed.nvidia is None:
-        return []
-    nvidia = parsed.nvidia
+    configured = parsed.nvidia.to_yaml_dict() if parsed is not None and parsed.nvidia is not None else {}
+    # A generation guessed from the flags (unknown image tag) makes no error.
+    error, guessed = (ERROR, "") if p.known_generation is not None else (
+        WARNING, f" (if it is {p.generation}: its image does not tell)")
     out: list[Finding] = []
-    for flag, key, value, default in (
-        ("--device-split-count", "deviceSplitCount", nvidia.device_split_count, LEGACY_SPLIT_DEFAULT),
-        ("--gpu-memory-factor", "gpuMemoryFactor", nvidia.gpu_memory_factor, LEGACY_FACTOR_DEFAULT),
-    ):
-        raw = p.flags.get(flag)
-        effective = int(raw) if raw and raw.isdigit() else default
-        if value is not None and value != effective:
-            shown = f"{flag}={raw}" if raw else f"{flag} not set (default {default})"
-            out.append(Finding(WARNING, "sizing-mismatch", str(p.daemonset), f"{key} vs {flag}",
-                               f"device-config says {key}: {value}, but the legacy plugin uses {shown} and "
-                               f"ignores the ConfigMap value",
-                               f"set `{flag}={value}` in the plugin args; " + APPLY_POLICY))
+    for flag, key in versions.SIZING_KEYS.items():
+        if flag == "device-cores-scaling" and not p.traits.applies_core_scaling:
+            continue  # 100 core devices per GPU whatever it says
+        found, where = facts.sizing(flag)
+        value = configured.get(key)
+        if found.value is None:
+            kind = "a number" if flag == "device-cores-scaling" else "a whole number of 0 or more"
+            out.append(Finding(error, "sizing-flag-rejected", str(p.daemonset), f"--{flag}",
+                               f"{where}: the plugin ({show_version(p.version)}) parses it as {kind}, "
+                               f"rejects it and exits {1 if p.traits.go_flags else 2} at start{guessed}",
+                               f"remove --{flag} (sizing comes from device-config); " + APPLY_POLICY))
+        elif found.source in ("flag", "flag default") and value is not None and value != found.value:
+            ignored = ("ignores the ConfigMap value" if p.traits.sizing == "flags"
+                       else "a given flag overrides the ConfigMap, which the scheduler reads")
+            fix = (f"set `--{flag}={value}` in the plugin args" if p.traits.sizing == "flags"
+                   else f"remove --{flag} from the plugin's args")
+            out.append(Finding(WARNING, "sizing-mismatch", str(p.daemonset), f"{key} vs --{flag}",
+                               f"device-config says {key}: {value}, but the {p.generation} plugin uses "
+                               f"{where}: it {ignored}", f"{fix}; " + APPLY_POLICY))
+        elif found.value == 0 and flag == "gpu-memory-factor":
+            out.append(Finding(error, "memory-factor-zero", str(facts.plugin_config.place), key,
+                               f"the plugin ({show_version(p.version)}) runs with {key} 0 ({where}) and "
+                               f"divides device memory by it: it panics at start{guessed}",
+                               f"set {key}: 1 (or more) in {facts.plugin_config.place}; " + APPLY_POLICY))
+        elif found.value == 0 and flag == "device-cores-scaling":
+            out.append(Finding(WARNING, "core-scaling-zero", str(facts.plugin_config.place), key,
+                               f"the plugin ({show_version(p.version)}) runs with {key} 0 ({where}) and "
+                               "registers 100 x 0 = no core devices: pods asking for vGPU cores never fit",
+                               f"set {key}: 1 in {facts.plugin_config.place}; " + APPLY_POLICY))
     return out
 
 
@@ -376,7 +400,7 @@ def _check_one_node(
             devices = []
         expected, source = facts.expected_split(name)
         splits = sorted({d.count for d in devices})
-        if devices and facts.plugin.daemonset.found and splits != [expected]:
+        if devices and facts.plugin.daemonset.found and expected is not None and splits != [expected]:
             groups[(WARNING, "split-count-mismatch", f"{ann.NODE_REGISTER} count",
                     f"registers split count {'/'.join(map(str, splits))}, but the plugin's settings give "
                     f"{expected} ({source}): the plugin has not restarted since the change",

@@ -45,15 +45,9 @@ PLUGIN_CONTAINER = "volcano-device-plugin"
 VOLCANO_PREFIX = versions.VOLCANO_PREFIX
 
 # Legacy plugin flags and what they set (device-plugin.md §1.1).
-FLAG_RESOURCE = {
-    "count": "--resource-name", "memory": "--resource-memory-name", "cores": "--resource-core-name",
-}
-DEFAULT_NAMES = {
-    "count": dc.DEFAULT_COUNT_NAME, "memory": dc.DEFAULT_MEMORY_NAME, "cores": dc.DEFAULT_CORE_NAME,
-}
+FLAG_RESOURCE = {kind: f"--{flag}" for kind, flag in versions.LEGACY_NAME_FLAGS.items()}
+DEFAULT_NAMES = versions.DEFAULT_NAMES
 CONFIG_KEY = {"count": "resourceCountName", "memory": "resourceMemoryName", "cores": "resourceCoreName"}
-LEGACY_SPLIT_DEFAULT = int(versions.LEGACY_FLAG_DEFAULTS["device-split-count"])
-LEGACY_FACTOR_DEFAULT = int(versions.LEGACY_FLAG_DEFAULTS["gpu-memory-factor"])
 
 
 def show_version(version: Version | None) -> str:
@@ -161,6 +155,12 @@ class PluginFacts:
     def traits(self) -> versions.PluginTraits:
         return versions.plugin_traits(self.generation)
 
+    def flag(self, name: versions.SizingFlag) -> str | None:
+        """A sizing flag's value as written (None: not given): the last one, which wins, unless
+        the binary rejects an earlier one (it exits there)."""
+        values = [value for flag, value in dp.flag_pairs(self.args) if flag == f"--{name}"]
+        return versions.decisive_flag(self.generation, name, values)
+
 
 @dataclass(frozen=True)
 class ConfigCopy:
@@ -218,8 +218,8 @@ class ClusterFacts:
                     out[kind] = (DEFAULT_NAMES[kind], f"{flag} not set, default")
             return out
         if self.plugin.generation == "builtin":
-            # Ours reads the scheduler's copy with upstream defaults (ARCHITECTURE.md, the contract).
-            effective = dc.effective_nvidia(self.scheduler_config.parsed)
+            # Ours reads the scheduler's copy with its own defaults (ARCHITECTURE.md, the contract).
+            effective = versions.plugin_config_view("builtin", self.scheduler_config.parsed)
             where = f"{self.scheduler_config.place}: "
             return {k: (getattr(effective, _FIELD[k]) or "", where + CONFIG_KEY[k]) for k in CONFIG_KEY}
         nvidia = self.plugin_config.parsed.nvidia if self.plugin_config.parsed else None
@@ -233,41 +233,33 @@ class ClusterFacts:
             out[kind] = (name, source)
         return out
 
-    def expected_split(self, node_name: str) -> tuple[int, str]:
-        """The split count the plugin registers on a node, and which setting decides it."""
-        if self.plugin.generation == "legacy":
-            # Legacy uses the flag (default 2) and ignores ConfigMap and node-config (VVDP #87).
-            raw = self.plugin.flags.get("--device-split-count")
-            if raw is None:
-                return LEGACY_SPLIT_DEFAULT, "--device-split-count not set (legacy default 2)"
-            return _int(raw, LEGACY_SPLIT_DEFAULT), f"--device-split-count={raw}"
-        entry = self.node_config_entry(node_name)
-        if entry is not None and entry.devicesplitcount:
-            return entry.devicesplitcount, f"{self.node_config}: {node_name}.devicesplitcount"
-        raw = self.plugin.flags.get("--device-split-count")
-        if raw is not None:
-            return _int(raw, LEGACY_SPLIT_DEFAULT), f"--device-split-count={raw}"
-        return self._config_split, f"{self.plugin_config.place}: deviceSplitCount"
+    def sizing(self, flag: versions.SizingFlag, node_name: str | None = None) -> tuple[versions.Sizing, str]:
+        """A sizing setting as the plugin runs with it (on `node_name`, when given), and the
+        setting that decides it, in words."""
+        entry = self.node_config_entry(node_name) if node_name is not None else None
+        found = versions.effective_sizing(self.plugin.generation, flag, self.plugin.flag(flag),
+                                          self.plugin_config.parsed, entry)
+        key = versions.SIZING_KEYS[flag]
+        where = {
+            "node-config": f"{self.node_config}: {node_name}.{key.lower()}",
+            "flag": f"--{flag}={self.plugin.flag(flag)}",
+            "flag default": f"--{flag} not set (default {versions.LEGACY_FLAG_DEFAULTS[flag]})",
+            "device-config": f"{self.plugin_config.place}: {key}",
+            "default": f"{key} not in {self.plugin_config.place} (the plugin's default)",
+        }[found.source]
+        return found, where
 
-    @cached_property
-    def _config_split(self) -> int:
-        """The ConfigMap's deviceSplitCount; absent (or no ConfigMap): the generation's default."""
-        parsed = self.plugin_config.parsed
-        given = parsed.nvidia.device_split_count if parsed is not None and parsed.nvidia else None
-        return given if given is not None else self.plugin.traits.split_default
+    def expected_split(self, node_name: str) -> tuple[int | None, str]:
+        """The split count the plugin registers on a node (None: it exits on its flag), and which
+        setting decides it."""
+        found, where = self.sizing("device-split-count", node_name)
+        return (None if found.value is None else int(found.value)), where
 
     def node_config_entry(self, node_name: str) -> nc.NodeConfigEntry | None:
         return self.node_config_parsed.entry_for(node_name) if self.node_config_parsed else None
 
 
 _FIELD = {"count": "resource_count_name", "memory": "resource_memory_name", "cores": "resource_core_name"}
-
-
-def _int(text: str, default: int) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        return default
 
 
 def _find_by_name(objects: Iterable[Obj], kind: str, name: str) -> Obj | None:
@@ -354,8 +346,7 @@ def _plugin(objects: Sequence[Obj]) -> PluginFacts:
     facts.image = str(container.get("image", ""))
     found = versions.generation_of_container(dict(container))
     facts.version, facts.known_generation = found.version, found.generation
-    command, args = dp.container_argv(container)
-    facts.args = [*(dp.command_flags(command) or []), *args]
+    facts.args = dp.binary_args(container)
     return facts
 
 

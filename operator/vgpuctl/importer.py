@@ -23,7 +23,7 @@ from vgpu_operator import versions
 from vgpu_operator.api import API_VERSION, KIND, VGPUPolicy
 from vgpu_operator.render import scheduler_conf as sc
 
-from vgpuctl.facts import LEGACY_FACTOR_DEFAULT, LEGACY_SPLIT_DEFAULT, ClusterFacts
+from vgpuctl.facts import ClusterFacts
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Imported:
 def _resources(facts: ClusterFacts, notes: list[str]) -> dict[str, Any]:
     parsed = facts.scheduler_config.parsed or facts.plugin_config.parsed
     nvidia = parsed.nvidia if parsed is not None and parsed.nvidia is not None else dc.NvidiaConfig()
-    effective = dc.effective_nvidia(parsed)
+    effective = dc.plugin_view(parsed, dc.builtin_plugin_defaults())  # the policy's defaults
     out: dict[str, Any] = {}
     for key, attr in (("count", "resource_count_name"), ("memory", "resource_memory_name"),
                       ("cores", "resource_core_name")):
@@ -55,23 +55,34 @@ def _resources(facts: ClusterFacts, notes: list[str]) -> dict[str, Any]:
     return out
 
 
-def _device(facts: ClusterFacts) -> dict[str, Any]:
+def _sizing(facts: ClusterFacts, flag: versions.SizingFlag, fallback: float, notes: list[str]) -> float:
+    """What the plugin runs with (`fallback`, the policy's default, without a plugin); a value the
+    policy cannot hold (0, or a flag the plugin rejects) becomes `fallback`, with a note."""
+    if not facts.plugin.daemonset.found:
+        return fallback
+    found, where = facts.sizing(flag)
+    if found.value is not None and found.value > 0:
+        return found.value
+    runs = "exits on its flag" if found.value is None else f"runs with {versions.SIZING_KEYS[flag]} 0"
+    notes.append(f"the device plugin {runs} ({where}): the policy sets {versions.SIZING_KEYS[flag]} "
+                 f"{fallback:g}, so applying it changes the plugin")
+    return fallback
+
+
+def _device(facts: ClusterFacts, notes: list[str]) -> dict[str, Any]:
     parsed = facts.plugin_config.parsed or facts.scheduler_config.parsed
     nvidia = parsed.nvidia if parsed is not None and parsed.nvidia is not None else dc.NvidiaConfig()
-    effective = dc.effective_nvidia(parsed)
-    legacy = facts.plugin.generation == "legacy" and facts.plugin.daemonset.found
-    flags = facts.plugin.flags if legacy else {}
-    # A legacy plugin runs on its flags (their defaults if absent), whatever the ConfigMap says.
-    split = flags.get("--device-split-count", str(LEGACY_SPLIT_DEFAULT) if legacy else None)
-    factor = flags.get("--gpu-memory-factor", str(LEGACY_FACTOR_DEFAULT) if legacy else None)
-    scaling = flags.get("--device-cores-scaling",
-                        versions.LEGACY_FLAG_DEFAULTS["device-cores-scaling"] if legacy else None)
+    effective = dc.plugin_view(parsed, dc.builtin_plugin_defaults())  # the policy's defaults
+    # Sizing as the plugin runs with it (a legacy one on its flags, whatever the ConfigMap says).
+    split = _sizing(facts, "device-split-count", effective.device_split_count or 1, notes)
+    factor = _sizing(facts, "gpu-memory-factor", effective.gpu_memory_factor or 1, notes)
+    scaling = _sizing(facts, "device-cores-scaling", effective.device_core_scaling or 1.0, notes)
     geometries = nvidia.known_mig_geometries or []
     device: dict[str, Any] = {
-        "deviceSplitCount": int(split) if split else effective.device_split_count,
+        "deviceSplitCount": int(split),
         "deviceMemoryScaling": float(effective.device_memory_scaling or 1.0),
-        "deviceCoreScaling": float(scaling) if scaling else float(effective.device_core_scaling or 1.0),
-        "gpuMemoryFactor": int(factor) if factor else effective.gpu_memory_factor,
+        "deviceCoreScaling": float(scaling),
+        "gpuMemoryFactor": int(factor),
         "defaults": {
             "memory": effective.default_memory,
             "cores": effective.default_cores,
@@ -136,7 +147,7 @@ def import_policy(facts: ClusterFacts, name: str = "default") -> Imported:
     plugin = facts.plugin
     spec: dict[str, Any] = {
         "resources": _resources(facts, notes),
-        "device": _device(facts),
+        "device": _device(facts, notes),
         "nodeOverrides": _node_overrides(facts, notes),
         "scheduler": _scheduler(facts),
         "devicePlugin": {

@@ -43,7 +43,7 @@ def test_other_sections_and_unknown_keys_survive() -> None:
 def test_absent_fields_differ_between_scheduler_and_plugin() -> None:
     cfg = dc.parse_device_config("nvidia:\n  resourceMemoryName: volcano.sh/vgpu-memory\n")
     sched = dc.scheduler_view(cfg)
-    plugin = dc.effective_nvidia(cfg)
+    plugin = dc.plugin_view(cfg, dc.builtin_plugin_defaults())  # this project's plugin
     # The scheduler uses Go zero values: an empty count name, so no pod is a vGPU pod.
     assert sched.resource_count_name == ""
     assert sched.device_split_count == 0

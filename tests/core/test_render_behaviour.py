@@ -347,9 +347,19 @@ def test_flags_written_in_command_are_edited_too(cluster_docs: list[dict[str, An
     container["image"] = V1_12
     current = _rendered_plugin({}, docs)
     assert current["command"] == ["/usr/bin/vgpu-device-plugin"] and current["args"] == []
-    # A shell's script is not ours to edit.
+    # A wrapper's binary comes after `--`: its flags are the binary's.
+    container["command"] = ["/sbin/tini", "--", "/usr/bin/vgpu-device-plugin", "-v=4", "--mig-strategy=none"]
+    assert _rendered_plugin({}, docs)["command"] == ["/sbin/tini", "--", "/usr/bin/vgpu-device-plugin",
+                                                     "--mig-strategy=none"]
+    # A shell's script is not ours to edit, and args given to it are the script's $0...: nothing is
+    # changed or appended, for any generation (validation reports it).
     container["command"] = ["/bin/sh", "-c", "exec vgpu-device-plugin -v=4"]
-    assert _rendered_plugin({}, docs)["command"] == ["/bin/sh", "-c", "exec vgpu-device-plugin -v=4"]
+    container["args"] = ["--gpu-memory-factor", "2"]
+    for image in (V1_12, "docker.io/projecthami/volcano-vgpu-device-plugin:v1.11.0"):
+        container["image"] = image
+        split4 = _rendered_plugin({"device": {"deviceSplitCount": 4}}, docs)
+        assert split4["args"] == ["--gpu-memory-factor", "2"]
+        assert _rendered_plugin({}, docs)["command"] == ["/bin/sh", "-c", "exec vgpu-device-plugin -v=4"]
 
 
 def test_a_negative_separate_value_goes_with_its_flag() -> None:
@@ -417,3 +427,13 @@ def _with_plugin_image(docs: list[dict[str, Any]], image: str) -> list[dict[str,
     docs = copy.deepcopy(docs)
     _plugin_container(docs)["image"] = image
     return docs
+
+
+def test_a_v1_12_switch_loses_its_separate_value(cluster_docs: list[dict[str, Any]]) -> None:
+    # Go stops parsing at `false`: --kubelet-socket would be ignored. The switch keeps the meaning
+    # v1.12 gave it (on), and the flags after it are read again.
+    docs = _with_plugin_image(cluster_docs, V1_12)
+    _plugin_container(docs)["args"] = ["--fail-on-init-error", "false", "--kubelet-socket", "/k.sock",
+                                       "--pass-device-specs", "extra"]
+    assert _rendered_plugin({}, docs)["args"] == ["--fail-on-init-error", "--kubelet-socket", "/k.sock",
+                                                  "--pass-device-specs", "extra"]

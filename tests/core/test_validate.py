@@ -244,3 +244,63 @@ def test_flags_v1_12_does_not_define_are_named(cluster_docs: list[dict[str, Any]
     assert all(p.severity == "warning" and "does not define" in p.message for p in found)
     # legacy and ours keep them: no warning
     assert "UnknownPluginFlagDropped" not in _reasons(_problems({}, cluster_docs))
+
+
+@pytest.mark.parametrize(("plugin", "expected"), [
+    (None, {"IgnoredByDevicePlugin", "MpsNotImplemented"}),  # the fixture's v1.11
+    (V1_12, {"IgnoredByDevicePlugin", "MpsNotImplemented"}),
+    (BUILTIN, {"IgnoredByDevicePlugin", "MpsNotImplemented", "MigNotImplemented"}),
+])
+def test_node_modes_and_scaling_no_plugin_applies(cluster_docs: list[dict[str, Any]], plugin: str | None,
+                                                  expected: set[str]) -> None:
+    spec = {"nodeOverrides": [{"nodeNames": ["dev-app-2-150-master-1"], "deviceMemoryScaling": 2,
+                               "operatingMode": "mps"},
+                              {"nodeNames": ["test-app-64-46-msxf"], "operatingMode": "mig"}]}
+    reasons = {"IgnoredByDevicePlugin", "MpsNotImplemented", "MigNotImplemented"}
+    found = [p for p in _problems(spec, _with_images(cluster_docs, plugin=plugin)) if p.reason in reasons]
+    assert {p.reason for p in found} == expected
+    assert all(p.severity == "warning" and "builtin" not in p.message for p in found)
+    modes = "use hami-core" if plugin == BUILTIN else "use hami-core or mig"  # ours refuses MIG
+    assert _warning(found, "MpsNotImplemented").message.endswith(modes)
+
+
+def _plugin_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    container: dict[str, Any] = workload(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+@pytest.mark.parametrize(("plugin", "severity"), [(None, "warning"), (V1_12, "error"), (BUILTIN, "warning")])
+def test_a_plugin_run_from_a_shell_script_is_reported(cluster_docs: list[dict[str, Any]], plugin: str | None,
+                                                       severity: str) -> None:
+    docs = _with_images(cluster_docs, plugin=plugin)
+    container = _plugin_container(docs)
+    container["command"] = ["/bin/sh", "-c", "exec vgpu-device-plugin -v=4 \"$@\""]
+    container["args"] = ["--device-split-count=4"]
+    (found,) = [p for p in _problems({}, docs) if p.reason == "PluginFlagsInShellScript"]
+    assert found.severity == severity and "'volcano-device-plugin'" in found.message
+    assert "its flags in args, not in a shell script" in found.message
+    # a wrapper that execs the binary after `--` is not a shell: its flags are edited, no problem
+    container["command"] = ["/sbin/tini", "--", "/usr/bin/vgpu-device-plugin"]
+    assert "PluginFlagsInShellScript" not in _reasons(_problems({}, docs))
+
+
+def test_a_v1_12_switch_given_a_separate_value_is_named(cluster_docs: list[dict[str, Any]]) -> None:
+    docs = _with_images(cluster_docs, plugin=V1_12)
+    _plugin_container(docs)["args"] = ["--fail-on-init-error", "false", "--device-split-count=10"]
+    (found,) = [p for p in _problems({}, docs) if p.reason == "UnknownPluginFlagDropped"]
+    assert "'--fail-on-init-error false'" in found.message and "ignores every flag after it" in found.message
+    assert "--fail-on-init-error=false" in found.message
+
+
+def test_list_and_watch_uses_the_factor_the_legacy_plugin_divided_by(
+        cluster_docs: list[dict[str, Any]]) -> None:
+    # The fixture's v1.11 runs without --gpu-memory-factor (so 1) and registers 32607 MiB GPUs;
+    # a ConfigMap factor of 2 never reached it, so the register's devmem is MiB, not MiB / 2.
+    docs = copy.deepcopy(cluster_docs)
+    cm = next(d for d in docs if d["metadata"]["name"] == "volcano-vgpu-device-config")
+    cm["data"]["device-config.yaml"] = cm["data"]["device-config.yaml"].replace(
+        "gpuMemoryFactor: 1", "gpuMemoryFactor: 2")
+    assert "ListAndWatchTooLarge" not in _reasons(_problems({"device": {"gpuMemoryFactor": 2}}, docs))
+    # the flag is what v1.11 divided by
+    _plugin_container(docs)["args"] = ["--device-split-count=10", "--gpu-memory-factor=2"]
+    assert "ListAndWatchTooLarge" in _reasons(_problems({"device": {"gpuMemoryFactor": 2}}, docs))

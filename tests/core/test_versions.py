@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+from vgpu_formats import device_config as dc
+from vgpu_formats import list_and_watch as lw
+from vgpu_formats import node_config as nc
 from vgpu_operator import versions as v
 
 
@@ -88,51 +93,69 @@ def test_prerelease_sorts_before_release() -> None:
 # --- what each device plugin generation does (facts: operator/README.md, "Plugin generations") ---
 
 
+UPSTREAM = Path(__file__).resolve().parents[1] / "fixtures" / "upstream"
+
+
+def _go_flags(text: str) -> dict[str, bool]:
+    """name -> is a switch, for every `&cli.<Kind>Flag{ Name: ..., Aliases: [...] }` in Go source."""
+    out: dict[str, bool] = {}
+    code = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    for kind, body in re.findall(r"&cli\.(\w+)Flag\{(.*?)\n\t\t\}", code, re.S):
+        names = re.findall(r'Name:\s+"([^"]+)"', body)
+        aliases = re.search(r"Aliases:\s+\[\]string\{([^}]*)\}", body)
+        names += re.findall(r'"([^"]+)"', aliases.group(1)) if aliases else []
+        out.update(dict.fromkeys(names, kind == "Bool"))
+    return out
+
+
 def test_current_flags_are_exactly_what_v1_12_defines() -> None:
-    # 23 flags and 4 aliases (cmd/vgpu/main.go v1.12.0); 6 of them switches.
-    assert len(v.CURRENT_FLAGS) == 27
-    assert {name for name, switch in v.CURRENT_FLAGS.items() if switch} == {
-        "fail-on-init-error", "pass-device-specs", "gdrcopy-enabled", "gds-enabled", "mofed-enabled",
-        "imex-required"}
-    # v1.11's flags it dropped, and urfave/cli's own -v (--version) and -h (--help)
-    for gone in ("resource-name", "resource-memory-name", "resource-core-name", "node-name", "debug", "v",
-                 "version", "h", "help"):
-        assert gone not in v.CURRENT_FLAGS
-    for sizing in ("device-split-count", "gpu-memory-factor", "device-cores-scaling"):
-        assert v.CURRENT_FLAGS[sizing] is False
+    upstream = _go_flags((UPSTREAM / "v1.12.0-flags.txt").read_text())
+    assert len(upstream) == 27  # 23 flags and 4 aliases: the parse above found them all
+    assert upstream == v.CURRENT_FLAGS
 
 
-def test_legacy_flag_defaults() -> None:
-    assert v.LEGACY_FLAG_DEFAULTS == {
-        "resource-name": "volcano.sh/vgpu-number", "resource-memory-name": "volcano.sh/vgpu-memory",
-        "resource-core-name": "volcano.sh/vgpu-cores", "device-split-count": "2", "gpu-memory-factor": "1",
-        "device-cores-scaling": "1"}
+@pytest.mark.parametrize("config", [None, "nvidia:\n  deviceSplitCount: 7\n  gpuMemoryFactor: 3\n"
+                                          "  deviceCoreScaling: 2\n"])
+def test_legacy_sizing_comes_from_its_flags_only(config: str | None) -> None:
+    cfg = dc.parse_device_config(config) if config else None
+    node = nc.NodeConfigEntry(name="n", devicesplitcount=5, devicecorescaling=3.0)
+    assert [v.effective_sizing("legacy", flag, None, cfg, node) for flag in v.SIZING_KEYS] == [
+        v.Sizing(2, "flag default"), v.Sizing(1, "flag default"), v.Sizing(1, "flag default")]
+    assert v.effective_sizing("legacy", "device-split-count", "4", cfg, node) == v.Sizing(4, "flag")
 
 
-@pytest.mark.parametrize(
-    ("generation", "row"),
-    [
-        ("legacy", dict(split_default=2, memory_ids="index", caps_memory_list=False, max_resource_name=None,
-                        forces_volcano_prefix=False, applies_core_scaling=False,
-                        applies_disable_core_limit=False, applies_memory_scaling=False,
-                        applies_node_split_and_filters=False, implements_mps=False,
-                        fixed_device_config_place=True, mig_table="v1.11")),
-        ("current", dict(split_default=0, memory_ids="uuid", caps_memory_list=False, max_resource_name=63,
-                         forces_volcano_prefix=True, applies_core_scaling=True,
-                         applies_disable_core_limit=False, applies_memory_scaling=False,
-                         applies_node_split_and_filters=True, implements_mps=False,
-                         fixed_device_config_place=True, mig_table="v1.12")),
-        ("builtin", dict(split_default=10, memory_ids="index", caps_memory_list=True, max_resource_name=None,
-                         forces_volcano_prefix=False, applies_core_scaling=True,
-                         applies_disable_core_limit=True, applies_memory_scaling=True,
-                         applies_node_split_and_filters=True, implements_mps=True,
-                         fixed_device_config_place=False, mig_table="v1.12")),
-    ],
-)
-def test_plugin_traits(generation: v.Generation, row: dict[str, Any]) -> None:
-    traits = v.plugin_traits(generation)
-    assert {key: getattr(traits, key) for key in row} == row
-    assert traits.flags == (v.CURRENT_FLAGS if generation == "current" else None)
+def test_v1_12_sizing_a_set_flag_overrides_the_configmap() -> None:
+    cfg = dc.parse_device_config("nvidia:\n  deviceSplitCount: 10\n")
+    assert v.effective_sizing("current", "device-split-count", "4", cfg) == v.Sizing(4, "flag")
+    assert v.effective_sizing("current", "device-split-count", None, cfg) == v.Sizing(10, "device-config")
+    node = nc.NodeConfigEntry(name="n", devicesplitcount=3)
+    assert v.effective_sizing("current", "device-split-count", "4", cfg, node) == v.Sizing(3, "node-config")
+    # absent keys are Go's zero: factor 0 (a division by zero), no core devices
+    assert v.effective_sizing("current", "gpu-memory-factor", None, cfg) == v.Sizing(0, "default")
+    assert v.effective_sizing("current", "device-cores-scaling", None, None) == v.Sizing(0, "default")
+    # the flag is a Go uint: a negative or fractional value makes the binary exit
+    for text in ("-4", "4.5", "four"):
+        assert v.effective_sizing("current", "device-split-count", text, cfg).value is None
+    assert v.effective_sizing("current", "device-split-count", "0x10", cfg).value == 16
+
+
+@pytest.mark.parametrize("config", [None, "nvidia: {}\n", "nvidia:\n  deviceSplitCount: 7\n",
+                                    "nvidia:\n  deviceSplitCount: 0\n  gpuMemoryFactor: 0\n",
+                                    "nvidia:\n  gpuMemoryFactor: 3\n  deviceCoreScaling: 2.5\n"])
+@pytest.mark.parametrize("flags", [{}, {"device-split-count": "4", "gpu-memory-factor": "2",
+                                        "device-cores-scaling": "0.5"}, {"device-split-count": "-3"}])
+@pytest.mark.parametrize("node", [None, {"devicesplitcount": 6, "devicecorescaling": 1.5}])
+def test_builtin_sizing_is_what_our_plugin_resolves(config: str | None, flags: dict[str, str],
+                                                    node: dict[str, Any] | None) -> None:
+    from vgpu_deviceplugin.config import Flags, resolve_settings
+
+    cfg = dc.parse_device_config(config) if config else None
+    entry = nc.NodeConfigEntry(name="n", **node) if node else None
+    settings = resolve_settings(Flags(node_name="n", **{
+        key.replace("-", "_"): (float(value) if key == "device-cores-scaling" else int(value))
+        for key, value in flags.items()}), cfg, nc.NodeConfig(nodeconfig=[entry]) if entry else None)
+    found = [v.effective_sizing("builtin", flag, flags.get(flag), cfg, entry).value for flag in v.SIZING_KEYS]
+    assert found == [settings.split_count, settings.memory_factor, settings.core_scaling]
 
 
 def test_unknown_generation_gets_the_strictest_traits() -> None:
@@ -165,6 +188,25 @@ def test_memory_list_bytes_is_the_wire_size(generation: v.Generation) -> None:
 @pytest.mark.parametrize(("generation", "factor"), [("legacy", 4), ("builtin", 4), ("current", 11)])
 def test_eight_80gb_gpus_need_this_memory_factor(generation: v.Generation, factor: int) -> None:
     def fits(f: int) -> bool:
-        return v.memory_list_bytes(generation, [(UUIDS[0], 81920 // f)] * 8) <= v.KUBELET_MESSAGE_LIMIT
+        return v.memory_list_bytes(generation, [(UUIDS[0], 81920 // f)] * 8) <= lw.MESSAGE_LIMIT
 
     assert fits(factor) and not fits(factor - 1)
+
+
+def test_our_plugin_caps_its_memory_list_exactly_where_the_operator_predicts() -> None:
+    from vgpu_deviceplugin.config import Flags, resolve_settings
+    from vgpu_deviceplugin.devices import ResourceKind, advertise
+    from vgpu_deviceplugin.gpus import GpuDevice
+
+    settings = resolve_settings(Flags(node_name="n"), None, None)
+
+    def capped(mib: int) -> bool:
+        gpu = GpuDevice(index=0, uuid=UUIDS[0], name="A100", memory_mib=mib, minor=0)
+        return advertise(ResourceKind.MEMORY, [gpu], {}, settings).warning is not None
+
+    low, high = 1, 1_000_000  # the largest list that fits, by bisection
+    while low < high:
+        mid = (low + high + 1) // 2
+        fits = v.memory_list_bytes("builtin", [(UUIDS[0], mid)]) <= lw.MESSAGE_LIMIT
+        low, high = (mid, high) if fits else (low, mid - 1)
+    assert not capped(low) and capped(low + 1)

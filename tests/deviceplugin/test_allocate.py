@@ -158,6 +158,22 @@ def test_garbage_annotation_fails_that_pod_with_a_clear_message(garbage: str) ->
     assert ann.DEVICES_TO_ALLOCATE in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("memory", "cores", "bad"),
+    [(0, 50, "usedmem 0"), (3000, 101, "usedcores 101"), (3000, 1000, "usedcores 1000")],
+)
+def test_an_entry_libvgpu_would_read_as_no_limit_fails_the_pod(memory: int, cores: int, bad: str) -> None:
+    # usedmem 0 becomes CUDA_DEVICE_MEMORY_LIMIT_0=0m (no cap); usedcores over 100 an SM limit the
+    # hook rejects (no SM cap): the container must not start with either.
+    pod = gpu_pod("nolimit", [ctr("a")], f"{GPU_A},NVIDIA,{memory},{cores}:")
+    with pytest.raises(AllocateError) as err:
+        plan_for([pod], 1)
+    assert err.value.pod is not None and err.value.pod.name == "nolimit"
+    message = str(err.value)
+    assert message.startswith("pod default/nolimit: ")
+    assert f"annotation {ann.DEVICES_TO_ALLOCATE}" in message and bad in message and GPU_A in message
+
+
 def test_garbage_on_one_pod_does_not_stop_a_good_one() -> None:
     broken = gpu_pod("broken", [ctr("a")], "nonsense", vgpu_time="1")
     good = gpu_pod("good", [ctr("a")], f"{GPU_A},NVIDIA,1,1:", vgpu_time="5")

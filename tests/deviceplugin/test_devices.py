@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from vgpu_deviceplugin.api import deviceplugin_pb2 as pb
 from vgpu_deviceplugin.config import Flags, resolve_settings
-from vgpu_deviceplugin.devices import MESSAGE_LIMIT, ResourceKind, advertise, node_register, visible_gpus
+from vgpu_deviceplugin.devices import ResourceKind, advertise, node_register, visible_gpus
 from vgpu_deviceplugin.gpus import GpuDevice, parse_mock_spec
 from vgpu_formats import annotations as ann
+from vgpu_formats.list_and_watch import MESSAGE_LIMIT
 from vgpu_formats.node_config import parse_node_config
 
 NODE = "n1"

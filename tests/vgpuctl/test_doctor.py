@@ -332,3 +332,40 @@ def test_split_count_a_v1_12_plugin_uses_without_a_configmap_value(healthy):
     assert facts.expected_split("dev-app-2-150-master-1")[0] == 0
     _plugin(healthy)["command"] = ["/usr/bin/vgpu-device-plugin", "--device-split-count", "-4"]
     assert gather(healthy).plugin.flags == {"--device-split-count": "-4"}
+
+
+def test_an_unknown_plugin_tag_is_not_taken_for_v1_12(healthy):
+    # a v1.11 binary under a :latest tag: -v=4 is fine for it, so doctor only warns
+    container = _plugin(healthy)
+    container["image"] = "docker.io/projecthami/volcano-vgpu-device-plugin:latest"
+    container["args"] = ["-v=4", "--device-split-count=10"]
+    (finding,) = [f for f in _doctor(healthy).findings if f.code == "legacy-flags"]
+    assert finding.severity == "warning" and "cannot be told" in finding.message
+    container["image"] = V1_12
+    (finding,) = [f for f in _doctor(healthy).findings if f.code == "legacy-flags"]
+    assert finding.severity == "error"
+
+
+def test_a_v1_12_plugin_without_factor_or_core_scaling(healthy):
+    _plugin(healthy)["image"] = V1_12
+    _plugin(healthy)["args"] = ["--device-split-count=10"]
+    cm = _device_config(healthy)
+    text = cm["data"]["device-config.yaml"]
+    cm["data"]["device-config.yaml"] = text.replace("  gpuMemoryFactor: 1\n", "")
+    zero = next(f for f in _doctor(healthy).findings if f.code == "memory-factor-zero")
+    assert zero.severity == "error" and "panics" in zero.message
+    cm["data"]["device-config.yaml"] = text.replace("  deviceCoreScaling: 1\n", "")
+    by_code = {f.code: f for f in _doctor(healthy).findings}
+    assert "memory-factor-zero" not in by_code
+    assert by_code["core-scaling-zero"].severity == "warning"
+    # the legacy plugin sizes from its flags: the same ConfigMap is fine for it
+    _plugin(healthy)["image"] = "docker.io/projecthami/volcano-vgpu-device-plugin:v1.11.0"
+    assert not {"memory-factor-zero", "core-scaling-zero"} & _codes(_doctor(healthy))
+
+
+def test_a_negative_v1_12_split_flag_makes_it_exit(healthy):
+    _plugin(healthy)["image"] = V1_12
+    _plugin(healthy)["command"] = ["/usr/bin/vgpu-device-plugin", "--device-split-count", "-4"]
+    (finding,) = [f for f in _doctor(healthy).findings if f.code == "sizing-flag-rejected"]
+    assert finding.severity == "error" and "exits 1" in finding.message and "-4" in finding.message
+    assert gather(healthy).expected_split("dev-app-2-150-master-1")[0] is None

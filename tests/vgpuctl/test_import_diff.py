@@ -146,3 +146,29 @@ def test_diff_uses_the_live_policys_status_for_restarts(capsys, tmp_path, health
     (cluster / "all.yaml").write_text(yaml.safe_dump_all(healthy))
     assert main(["diff", "-f", str(policy_file), "-c", str(cluster), "--no-color"]) == 1
     assert "live/DaemonSet kube-system/volcano-device-plugin" in capsys.readouterr().out
+
+
+def test_import_doctor_and_facts_agree_on_v1_12_sizing_flags(healthy):
+    """v1.12 takes a given sizing flag over the ConfigMap: import, the expected split and doctor
+    all say so."""
+    from vgpuctl.doctor import diagnose
+
+    container = variants._plugin(healthy)
+    container["image"] = variants.V1_12
+    container["args"] = ["--device-split-count=4"]  # the ConfigMap says 10
+    facts = gather(healthy)
+    assert import_policy(facts).policy["spec"]["device"]["deviceSplitCount"] == 4
+    assert facts.expected_split("dev-app-2-150-master-1") == (4, "--device-split-count=4")
+    (mismatch,) = [f for f in diagnose(facts).findings if f.code == "sizing-mismatch"]
+    assert "deviceSplitCount: 10" in mismatch.message and "overrides the ConfigMap" in mismatch.message
+
+
+def test_import_of_a_v1_12_plugin_missing_sizing_keys_notes_the_fix(healthy):
+    container = variants._plugin(healthy)
+    container["image"] = variants.V1_12
+    container["args"] = []
+    cm = find(healthy, "ConfigMap", "volcano-vgpu-device-config")
+    cm["data"]["device-config.yaml"] = cm["data"]["device-config.yaml"].replace("  gpuMemoryFactor: 1\n", "")
+    imported = import_policy(gather(healthy))
+    assert imported.policy["spec"]["device"]["gpuMemoryFactor"] == 1
+    assert any("runs with gpuMemoryFactor 0" in note for note in imported.notes)

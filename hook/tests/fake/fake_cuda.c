@@ -14,6 +14,13 @@
 
 #undef cuGetProcAddress
 #undef cuMemAdvise
+#undef cuMemAlloc
+#undef cuMemAllocPitch
+#undef cuMemFree
+#undef cuMemGetInfo
+#undef cuDeviceTotalMem
+#undef cuArrayCreate
+#undef cuArray3DCreate
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -28,6 +35,28 @@ CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *, CUfunction, void **, void
 CUresult cuLaunchCooperativeKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned,
                                         unsigned, unsigned, unsigned, CUstream, void **);
 CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
+
+/* The legacy exports (CUDA 2.x ABI: 32-bit device pointers and sizes), which drivers still
+ * export; cuda.h declares them only for the driver's own build. */
+typedef unsigned int v1_ptr;
+struct array_v1 {
+    unsigned int Width, Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+};
+struct array3d_v1 {
+    unsigned int Width, Height, Depth;
+    CUarray_format Format;
+    unsigned int NumChannels, Flags;
+};
+CUresult cuMemAlloc(v1_ptr *dptr, unsigned int bytes);
+CUresult cuMemAllocPitch(v1_ptr *dptr, unsigned int *pitch, unsigned int width,
+                         unsigned int height, unsigned int elem);
+CUresult cuMemFree(v1_ptr dptr);
+CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes);
+CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
+CUresult cuArrayCreate(CUarray *array, const struct array_v1 *desc);
+CUresult cuArray3DCreate(CUarray *array, const struct array3d_v1 *desc);
 
 enum { MAX_DEVICES = 8, TABLE_SIZE = 1 << 20 };
 
@@ -64,6 +93,7 @@ struct alloc {
 static struct alloc *table;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t next_address = UINT64_C(0x7f0000000000);
+static uint64_t next_low_address = UINT64_C(0x10000000); /* the v1 exports' 32-bit pointers */
 static const uint64_t tombstone = 1;
 
 static uint64_t env_u64(const char *name, uint64_t fallback)
@@ -105,25 +135,30 @@ static uint64_t now_ns(void)
 
 static size_t slot_of(uint64_t key) { return (size_t)((key * UINT64_C(0x9e3779b97f4a7c15)) >> 44); }
 
-/* Records a new allocation of bytes on dev unless the device is full; returns its key or 0. */
-static uint64_t fake_alloc(int dev, uint64_t bytes)
+/* Records a new allocation of bytes on dev at *next (then moved past it) unless the device is
+ * full or the addresses would pass limit; returns its key or 0. */
+static uint64_t fake_alloc_at(int dev, uint64_t bytes, uint64_t *next, uint64_t limit)
 {
     uint64_t used = __atomic_add_fetch(&devices[dev].used, bytes, __ATOMIC_ACQ_REL);
-    if (used > device_bytes) {
+    pthread_mutex_lock(&table_lock);
+    uint64_t key = *next, step = ((bytes + 0xfff) & ~UINT64_C(0xfff)) + (bytes == 0 ? 0x1000 : 0);
+    if (used > device_bytes || step > limit - key) {
+        pthread_mutex_unlock(&table_lock);
         __atomic_sub_fetch(&devices[dev].used, bytes, __ATOMIC_ACQ_REL);
         return 0;
     }
-    pthread_mutex_lock(&table_lock);
-    uint64_t key = next_address;
-    next_address += (bytes + 0xfff) & ~UINT64_C(0xfff);
-    if (bytes == 0)
-        next_address += 0x1000;
+    *next += step;
     size_t i = slot_of(key);
     while (table[i].key > tombstone)
         i = (i + 1) & (TABLE_SIZE - 1);
     table[i] = (struct alloc){.key = key, .bytes = bytes, .dev = dev};
     pthread_mutex_unlock(&table_lock);
     return key;
+}
+
+static uint64_t fake_alloc(int dev, uint64_t bytes)
+{
+    return fake_alloc_at(dev, bytes, &next_address, UINT64_MAX);
 }
 
 static CUresult fake_free(uint64_t key)
@@ -426,6 +461,83 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     return CUDA_SUCCESS;
 }
 
+/* ---- the legacy v1 exports ------------------------------------------------------------------ */
+
+static unsigned int clamp32(uint64_t v) { return v > UINT32_MAX ? UINT32_MAX : (unsigned int)v; }
+
+static CUresult alloc_v1(v1_ptr *dptr, uint64_t bytes, const char *name)
+{
+    CUresult rc = need_ctx();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (fail_now(name))
+        return CUDA_ERROR_UNKNOWN;
+    uint64_t key = fake_alloc_at(current->dev, bytes, &next_low_address, UINT32_MAX);
+    if (key == 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *dptr = (v1_ptr)key;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAlloc(v1_ptr *dptr, unsigned int bytes)
+{
+    return alloc_v1(dptr, bytes, "cuMemAlloc");
+}
+
+EXPORT CUresult cuMemAllocPitch(v1_ptr *dptr, unsigned int *pitch, unsigned int width,
+                                unsigned int height, unsigned int elem)
+{
+    if (elem != 4 && elem != 8 && elem != 16)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t p = (width + pitch_align - 1) & ~(uint64_t)(pitch_align - 1);
+    CUresult rc = alloc_v1(dptr, p * height, "cuMemAllocPitch");
+    if (rc == CUDA_SUCCESS)
+        *pitch = (unsigned int)p;
+    return rc;
+}
+
+EXPORT CUresult cuMemFree(v1_ptr dptr) { return fake_free(dptr); }
+
+EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes)
+{
+    size_t free_b, total_b;
+    CUresult rc = cuMemGetInfo_v2(&free_b, &total_b);
+    if (rc == CUDA_SUCCESS) {
+        *free_bytes = clamp32(free_b);
+        *total_bytes = clamp32(total_b);
+    }
+    return rc;
+}
+
+EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    size_t total;
+    CUresult rc = cuDeviceTotalMem_v2(&total, dev);
+    if (rc == CUDA_SUCCESS)
+        *bytes = clamp32(total);
+    return rc;
+}
+
+EXPORT CUresult cuArrayCreate(CUarray *array, const struct array_v1 *desc)
+{
+    v1_ptr key;
+    CUresult rc = alloc_v1(&key, array_size(desc->Width, desc->Height, 1, desc->NumChannels,
+                                            desc->Format), "cuArrayCreate");
+    if (rc == CUDA_SUCCESS)
+        *array = (CUarray)(uintptr_t)key;
+    return rc;
+}
+
+EXPORT CUresult cuArray3DCreate(CUarray *array, const struct array3d_v1 *desc)
+{
+    v1_ptr key;
+    CUresult rc = alloc_v1(&key, array_size(desc->Width, desc->Height, desc->Depth,
+                                            desc->NumChannels, desc->Format), "cuArray3DCreate");
+    if (rc == CUDA_SUCCESS)
+        *array = (CUarray)(uintptr_t)key;
+    return rc;
+}
+
 /* Two ABIs of one name, for the cuGetProcAddress version tests: v1 takes a device ordinal. */
 EXPORT CUresult cuMemAdvise(CUdeviceptr ptr, size_t count, CUmem_advise advice, CUdevice dev)
 {
@@ -572,6 +684,13 @@ static const struct proc procs[] = {
     P("cuCtxGetDevice", cuCtxGetDevice, 2000, 0),
     P("cuCtxSynchronize", cuCtxSynchronize, 2000, 0),
     P("cuStreamSynchronize", cuStreamSynchronize, 2000, 0),
+    P("cuMemAlloc", cuMemAlloc, 2000, 0),
+    P("cuMemFree", cuMemFree, 2000, 0),
+    P("cuMemAllocPitch", cuMemAllocPitch, 2000, 0),
+    P("cuMemGetInfo", cuMemGetInfo, 2000, 0),
+    P("cuDeviceTotalMem", cuDeviceTotalMem, 2000, 0),
+    P("cuArrayCreate", cuArrayCreate, 2000, 0),
+    P("cuArray3DCreate", cuArray3DCreate, 2000, 0),
     P("cuMemAlloc", cuMemAlloc_v2, 3020, 0),
     P("cuMemFree", cuMemFree_v2, 3020, 0),
     P("cuMemAllocPitch", cuMemAllocPitch_v2, 3020, 0),

@@ -104,10 +104,11 @@ def live_config(observed: Observed) -> fmt.DeviceConfig | None:
     return fmt.load_device_config(observed.device_config_text())
 
 
-def plugin_reads(cfg: fmt.DeviceConfig | None) -> tuple[dict[str, Any], ...]:
-    """Our keys as the scheduler and a device plugin read them: equal values mean a plugin
-    started on one config behaves as if started on the other."""
-    return tuple({k: v for k, v in view.items() if k in OWNED_KEYS} for view in fmt.reader_views(cfg))
+def plugin_reads(generation: versions.Generation | None, cfg: fmt.DeviceConfig | None) -> dict[str, Any]:
+    """Our keys as a plugin of `generation` reads them: equal values mean a plugin started on one
+    config behaves as if started on the other."""
+    view = versions.plugin_config_view(generation, cfg).to_yaml_dict()
+    return {k: v for k, v in view.items() if k in OWNED_KEYS}
 
 
 def scheduler_reads(cfg: fmt.DeviceConfig | None) -> dict[str, Any]:

@@ -12,10 +12,13 @@
   reads exactly what the scheduler reads; a flag that would only repeat the plugin's own default
   is not added.
 
-The binary gets `command` + `args`: flags written in `command` after the binary are edited the same
-way (a shell's script is not). A value flag written `--flag value` takes the next token with it
-unless that is a flag; a negative number is a value (`--device-split-count -4`). Every other arg
-keeps its value and order.
+The binary gets `command` + `args`: flags written in `command` after the binary (`command[0]`, or
+the token after `--` of a wrapper such as `tini -- plugin`) are edited the same way. A shell's
+script is not ours to edit: nothing is changed or appended (the args would become the script's
+`$0`...), and validation reports it. A value flag written `--flag value` takes the next token with
+it unless that is a flag; a negative number is a value (`--device-split-count -4`). A v1.12 switch
+written with a separate value (`--fail-on-init-error false`) loses the value: Go's flag parsing
+stops at it and ignores every later flag. Every other arg keeps its value and order.
 `vgpu.io/plugin-config-hash` on the pod template covers what the plugin reads only at start (args,
 plus device-config content for legacy/current; builtin watches the ConfigMap). Env, volumes, other
 containers and other annotations are untouched.
@@ -53,12 +56,13 @@ from vgpu_operator.versions import (
 )
 
 ANNOTATION = "vgpu.io/plugin-config-hash"
-LEGACY_FLAGS = ("resource-name", "resource-memory-name", "resource-core-name", "device-split-count",
-                "gpu-memory-factor", "device-cores-scaling")
 LEGACY_DEFAULTS = LEGACY_FLAG_DEFAULTS
-# A `command` starting with one of these runs a script: its flags are not ours to edit.
+LEGACY_FLAGS = tuple(LEGACY_DEFAULTS)  # v1.11's name and sizing flags
+# A plugin binary that is one of these runs a script: its flags are not ours to edit.
 SHELLS = frozenset({"sh", "bash", "ash", "dash", "zsh", "busybox"})
 _NEGATIVE_NUMBER = re.compile(r"-\d+(\.\d+)?")
+# What Go's strconv.ParseBool takes: the separate value someone meant for a switch.
+_GO_BOOLS = frozenset({"1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False"})
 
 
 def builtin_defaults(spec: VGPUPolicySpec) -> dict[str, str]:
@@ -97,19 +101,33 @@ def desired_flags(spec: VGPUPolicySpec, generation: Generation) -> dict[str, str
 
 @dataclass(frozen=True)
 class EditedArgv:
-    """A container's `command` and `args` after the edit, and the flags removed because the binary
-    does not define them (each as written, with its separate value if it had one)."""
+    """A container's `command` and `args` after the edit; the flags removed because the binary
+    does not define them (each as written, with its separate value if it had one); the switches
+    whose separate value was removed (`--fail-on-init-error false`); and whether a shell runs the
+    plugin (then nothing was edited)."""
 
     command: list[str]
     args: list[str]
     dropped: list[str]
+    stray_values: list[str]
+    shell: bool = False
+
+
+def _split_command(command: list[str]) -> tuple[list[str], list[str]] | None:
+    """(the launcher up to and with the binary, the flags after it); None when the binary is a
+    shell. The binary is `command[0]`, or the token after `--` of a wrapper (`tini -- plugin`); a
+    command ending in `--` leaves the binary to `args`."""
+    end = command.index("--", 1) + 1 if "--" in command[1:] else 0
+    binary = command[end] if end < len(command) else ""
+    if binary and binary.rsplit("/", 1)[-1] in SHELLS:
+        return None
+    return command[:end + 1], command[end + 1:]
 
 
 def command_flags(command: list[str]) -> list[str] | None:
     """The args written in `command` after the binary; None when a shell runs a script."""
-    if command and command[0].rsplit("/", 1)[-1] in SHELLS:
-        return None
-    return command[1:]
+    split = _split_command(command)
+    return None if split is None else split[1]
 
 
 def _flag_name(token: str) -> tuple[int, str, bool] | None:
@@ -127,9 +145,9 @@ def _value_at(tokens: list[str], index: int) -> bool:
 
 
 def _edit(tokens: list[str], flags: dict[str, str | None], accepted: Mapping[str, bool] | None,
-          seen: set[str], dropped: list[str]) -> list[tuple[int, str]]:
+          seen: set[str], dropped: list[str], stray: list[str]) -> list[tuple[int, str]]:
     """(source position, token) of `tokens` with `flags` set or removed and, when `accepted` is
-    given, every flag it does not hold removed."""
+    given, every flag it does not hold removed, and every separate value of a switch."""
     out: list[tuple[int, str]] = []
     index = 0
     while index < len(tokens):
@@ -161,8 +179,13 @@ def _edit(tokens: list[str], flags: dict[str, str | None], accepted: Mapping[str
                 index += 1
             continue
         out.append((at, token))
-        if accepted is not None and not eq and accepted.get(name) is False and _value_at(tokens, index):
+        if accepted is None or eq or not _value_at(tokens, index):
+            continue
+        if accepted.get(name) is False:
             out.append((index, tokens[index]))  # a defined value flag's value, kept as written
+            index += 1
+        elif tokens[index] in _GO_BOOLS:  # a switch's value: Go stops parsing there
+            stray.append(f"{token} {tokens[index]}")
             index += 1
     return out
 
@@ -173,25 +196,27 @@ def edit_argv(command: list[str], args: list[str], flags: dict[str, str | None],
     """`command` and `args` with `flags` set or removed and, when `accepted` is given, every flag
     not in it removed. Other args untouched, in order; a repeated flag of ours keeps its first
     position only; a missing one is appended to `args`, unless its value equals its entry in
-    `defaults` (the binary already uses that value)."""
-    head = command_flags(command)
-    tail = head if head is not None else []
+    `defaults` (the binary already uses that value). A shell's command and args stay as they are."""
+    split = _split_command(command)
+    if split is None:
+        return EditedArgv(list(command), list(args), [], [], shell=True)
+    launcher, tail = split
     seen: set[str] = set()
     dropped: list[str] = []
-    edited = _edit([*tail, *args], flags, accepted, seen, dropped)
+    stray: list[str] = []
+    edited = _edit([*tail, *args], flags, accepted, seen, dropped, stray)
     new_tail = [token for at, token in edited if at < len(tail)]
     new_args = [token for at, token in edited if at >= len(tail)]
     defaults = defaults or {}
     new_args += [f"--{name}={value}" for name, value in flags.items()
                  if value is not None and name not in seen and defaults.get(name) != value]
-    new_command = [command[0], *new_tail] if head is not None and command else list(command)
-    return EditedArgv(new_command, new_args, dropped)
+    return EditedArgv([*launcher, *new_tail], new_args, dropped, stray)
 
 
-def flag_values(tokens: list[str]) -> dict[str, str]:
-    """`--flag=value` and `--flag value` tokens as `{"--flag": value}` (one or two dashes; a flag
-    with no value maps to "true"; the last of a repeated flag wins, as in Go's flag parsing)."""
-    out: dict[str, str] = {}
+def flag_pairs(tokens: list[str]) -> list[tuple[str, str]]:
+    """`--flag=value` and `--flag value` tokens as `("--flag", value)` in order (one or two dashes;
+    a flag with no value gives "true")."""
+    out: list[tuple[str, str]] = []
     index = 0
     while index < len(tokens):
         parsed = _flag_name(tokens[index])
@@ -203,8 +228,13 @@ def flag_values(tokens: list[str]) -> dict[str, str]:
         if not eq and _value_at(tokens, index):
             value = tokens[index]
             index += 1
-        out[f"--{name}"] = value
+        out.append((f"--{name}", value))
     return out
+
+
+def flag_values(tokens: list[str]) -> dict[str, str]:
+    """`flag_pairs` as a dict: the last of a repeated flag wins, as in Go's flag parsing."""
+    return dict(flag_pairs(tokens))
 
 
 def edit_args(args: list[str], flags: dict[str, str | None],
@@ -218,6 +248,14 @@ def container_argv(container: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     command, args = (container.get(key) for key in ("command", "args"))
     return ([str(a) for a in command] if isinstance(command, list) else [],
             [str(a) for a in args] if isinstance(args, list) else [])
+
+
+def binary_args(container: Mapping[str, Any]) -> list[str]:
+    """What the plugin binary parses: the flags in `command` after it, then `args` (none that a
+    reader can see when a shell runs it)."""
+    command, args = container_argv(container)
+    head = command_flags(command)
+    return [] if head is None else [*head, *args]
 
 
 def edited_container_argv(spec: VGPUPolicySpec, container: Mapping[str, Any],
@@ -262,7 +300,8 @@ def render_device_plugin_target(spec: VGPUPolicySpec, observed: Observed,
     inputs_changed = edited.args != live_args or edited.command != live_command
     if found.generation != "builtin":
         wanted["deviceConfig"] = device_config.owned_section(spec, observed)
-        inputs_changed |= (device_config.plugin_reads(device_config.live_config(observed))
-                           != device_config.plugin_reads(device_config.desired_config(spec, observed)))
+        inputs_changed |= (
+            device_config.plugin_reads(found.generation, device_config.live_config(observed))
+            != device_config.plugin_reads(found.generation, device_config.desired_config(spec, observed)))
     return workload_target("DaemonSet", live, ANNOTATION, short_hash(wanted), inputs_changed, containers,
                            running)
