@@ -20,7 +20,7 @@ init calls it has answered per pod.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +92,7 @@ class Plan:
     cache_file: str  # host region file to create before answering: the one thing mounted writable
     devices_to_allocate: str | None  # new annotation value; None: unchanged (init call)
     done: bool  # no call left: patch bind-phase success and release the node lock
+    device_specs: tuple[str, ...] = ()  # device nodes to pass (--pass-device-specs), host = container
 
 
 @dataclass
@@ -275,6 +276,22 @@ def hami_core_env(
         # Upstream loads disableCoreLimit but never emits this; the ConfigMap field should work.
         envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"
     return envs
+
+
+# Passed with --pass-device-specs where present, as upstream (not every driver creates them all).
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+
+
+def device_specs(minors: Sequence[int], exists: Callable[[str], bool]) -> tuple[str, ...]:
+    """The device nodes of GPUs `minors` and the control nodes that `exists` (upstream
+    --pass-device-specs: for runtimes that do not create them from NVIDIA_VISIBLE_DEVICES)."""
+    gpus = [f"/dev/nvidia{m}" for m in dict.fromkeys(minors)]
+    return (*gpus, *(path for path in CONTROL_DEVICES if exists(path)))
+
+
+def visible_devices(devices: Sequence[ann.ContainerDevice], index_of: Mapping[str, int]) -> str:
+    """NVIDIA_VISIBLE_DEVICES for --device-id-strategy index: NVML indexes, in the devices' order."""
+    return ",".join(dict.fromkeys(str(index_of[d.uuid]) for d in devices))
 
 
 def success_patch() -> dict[str, Any]:

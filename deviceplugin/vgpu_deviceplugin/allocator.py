@@ -7,6 +7,7 @@ Every path that ends an allocation releases the node lock (`hamivgpu`), as the s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import uuid
@@ -86,6 +87,15 @@ class Allocator:
         ref, pod, call = allocate.select(pods, node, amount, state.settings.names, state.init_served)
         result = allocate.plan(pod, ref, call, state.settings, state.gpu_uuids, flags.hook_path,
                                flags.cache_root, self._cache_id())
+        # The upstream flags that change the answer's form (plan() checked every uuid is here).
+        gpus = {g.uuid: g for g in state.gpus}
+        if flags.device_id_strategy == "index":
+            index_of = {u: g.index for u, g in gpus.items()}
+            envs = {**result.envs, "NVIDIA_VISIBLE_DEVICES": allocate.visible_devices(call.devices, index_of)}
+            result = dataclasses.replace(result, envs=envs)
+        if flags.pass_device_specs:
+            specs = allocate.device_specs([gpus[d.uuid].minor for d in call.devices], os.path.exists)
+            result = dataclasses.replace(result, device_specs=specs)
         try:
             make_region_file(result.cache_file)
         except OSError as exc:

@@ -55,6 +55,9 @@ class Flags:
     gpu_memory_factor: int | None = None
     device_cores_scaling: float | None = None
     mig_strategy: str = "none"
+    # Upstream flags served (deviceplugin/README.md): the Allocate answer's form.
+    pass_device_specs: bool = False
+    device_id_strategy: str = "uuid"  # or "index": NVIDIA_VISIBLE_DEVICES as NVML indexes
 
     def device_config_namespaces(self) -> tuple[str, ...]:
         """Where to look for the device-config, in order (upstream plugin lookup)."""

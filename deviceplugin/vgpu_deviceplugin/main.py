@@ -10,7 +10,8 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from vgpu_formats import cli, kubeconfig
 from vgpu_formats import device_config as dc
@@ -29,15 +30,77 @@ from vgpu_deviceplugin.runner import run_plugin
 
 log = logging.getLogger("vgpu_deviceplugin")
 
-# Flags of the current upstream plugin (NVIDIA heritage) that have no meaning here: accepted so an
-# old DaemonSet still starts, with a warning. Upstream rejected unknown flags and crash-looped.
+# Flags of the current upstream plugin (NVIDIA heritage) that have no meaning here (driver and
+# device roots, CDI spec generation inputs, discovery, IMEX): accepted so an old DaemonSet still
+# starts, with a warning. Upstream rejected unknown flags and crash-looped.
 IGNORED_FLAGS = (
-    "--driver-root", "--nvidia-driver-root", "--dev-root", "--nvidia-dev-root", "--pass-device-specs",
-    "--device-list-strategy", "--device-id-strategy", "--gdrcopy-enabled", "--gds-enabled",
-    "--mofed-enabled", "--cdi-annotation-prefix", "--nvidia-cdi-hook-path", "--nvidia-ctk-path",
-    "--driver-root-ctr-path", "--container-driver-root", "--mps-root", "--device-discovery-strategy",
-    "--imex-channel-ids", "--imex-required", "--config-file", "--cdi-feature-flags",
+    "--driver-root", "--nvidia-driver-root", "--dev-root", "--nvidia-dev-root", "--nvidia-cdi-hook-path",
+    "--nvidia-ctk-path", "--driver-root-ctr-path", "--container-driver-root", "--device-discovery-strategy",
+    "--imex-channel-ids", "--imex-required", "--cdi-feature-flags",
 )
+# Go's strconv.ParseBool, which urfave/cli's BoolFlag uses for `--flag=VALUE` and its env variable.
+GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"  # upstream's default: by itself it turns nothing on
+
+
+def go_bool(value: str) -> bool:
+    if value in GO_TRUE:
+        return True
+    if value in GO_FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean {value!r} (true or false)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    """An upstream feature this plugin does not serve. A value that leaves it off is accepted
+    silently (stock DaemonSets pass those); one that asks for it stops the start: running without
+    a feature the DaemonSet asked for would break pods later and quietly."""
+
+    flag: str
+    env: str  # upstream's urfave/cli EnvVars name, read the same way
+    off: Callable[[Any], bool]
+    why: str
+    # Neither flag nor env given: off (upstream defaults GDRCopy, GDS and MOFED to on; we cannot).
+    default: str = ""
+
+
+REFUSED = (
+    Refused("--device-list-strategy", "DEVICE_LIST_STRATEGY",
+            lambda v: all(s.strip() == "envvar" for s in str(v).split(",")),
+            "only 'envvar' is served: volume-mounts and CDI (cdi-annotations, cdi-cri) need CDI specs "
+            "this plugin does not generate; use --device-list-strategy=envvar or the upstream plugin",
+            "envvar"),
+    Refused("--cdi-annotation-prefix", "CDI_ANNOTATION_PREFIX",
+            lambda v: v == DEFAULT_CDI_ANNOTATION_PREFIX,
+            "CDI is not served (no CDI specs are generated); remove the flag",
+            DEFAULT_CDI_ANNOTATION_PREFIX),
+    Refused("--mps-root", "MPS_ROOT", lambda v: v == "",
+            "MPS sharing is not served (GPUs are shared through HAMi-core limits); remove the flag"),
+    Refused("--gdrcopy-enabled", "GDRCOPY_ENABLED", lambda v: v is False,
+            "NVIDIA_GDRCOPY is not set in Allocate; set NVIDIA_GDRCOPY=enabled in the pod's env instead",
+            "false"),
+    Refused("--gds-enabled", "GDS_ENABLED", lambda v: v is False,
+            "NVIDIA_GDS is not set in Allocate; set NVIDIA_GDS=enabled in the pod's env instead",
+            "false"),
+    Refused("--mofed-enabled", "MOFED_ENABLED", lambda v: v is False,
+            "NVIDIA_MOFED is not set in Allocate; set NVIDIA_MOFED=enabled in the pod's env instead",
+            "false"),
+    Refused("--config-file", "CONFIG_FILE", lambda v: v == "",
+            "the NVIDIA config file is not read: settings come from the device-config and node-config "
+            "ConfigMaps (--device-config-name, --node-config-name); remove the flag"),
+    Refused("--mig-strategy", "MIG_STRATEGY", lambda v: v == "none",
+            "this plugin does not serve MIG; use the upstream plugin (generation current) on MIG nodes, "
+            "or --mig-strategy=none", "none"),
+)
+BOOL_REFUSED = ("--gdrcopy-enabled", "--gds-enabled", "--mofed-enabled")
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
 # Ours until the lock dir stopped being mounted (nothing reads it): accepted so a DaemonSet that
 # still passes it starts, with the same warning.
 LOCK_DIR_FLAG = "--lock-dir"
@@ -61,8 +124,9 @@ def parser() -> argparse.ArgumentParser:
                    help="this node's name (env NODE_NAME; the DaemonSet passes spec.nodeName)")
     p.add_argument("--device-plugin-dir", default=DEFAULT_DEVICE_PLUGIN_DIR,
                    help="kubelet device-plugin directory holding kubelet.sock; the plugin's sockets go here")
-    p.add_argument("--kubelet-socket", default=None,
-                   help="path of kubelet.sock (upstream HEAD flag); its folder becomes --device-plugin-dir")
+    p.add_argument("--kubelet-socket", default=env("KUBELET_SOCKET"),
+                   help="path of kubelet.sock (upstream HEAD flag, env KUBELET_SOCKET); its folder becomes "
+                   "--device-plugin-dir")
     p.add_argument("--device-config-name", default=dc.CONFIGMAP_NAME,
                    help="device-config ConfigMap (key device-config.yaml), the one the scheduler reads")
     p.add_argument("--device-config-namespace", default=None,
@@ -99,10 +163,35 @@ def parser() -> argparse.ArgumentParser:
                         help="MiB per memory unit (ConfigMap gpuMemoryFactor)")
     legacy.add_argument("--device-cores-scaling", type=float,
                         help="cores per GPU = 100 x this (ConfigMap deviceCoreScaling)")
-    legacy.add_argument("--mig-strategy", default="none", choices=["none", "single", "mixed"],
-                        help="only 'none' is served; others log a warning")
-    legacy.add_argument("--fail-on-init-error", default="true", choices=["true", "false"],
-                        help="GPU discovery failure: exit (true) or wait idle (false)")
+    upstream = p.add_argument_group(
+        "upstream flags", "The current upstream plugin's flags with a meaning here; each defaults to "
+        "its upstream environment variable (named in the help), as urfave/cli reads it.")
+    upstream.add_argument("--mig-strategy", default=env("MIG_STRATEGY", "none"),
+                          choices=["none", "single", "mixed"],
+                          help="env MIG_STRATEGY; only 'none' is served, single or mixed exit 1 at start")
+    upstream.add_argument("--fail-on-init-error", default=env("FAIL_ON_INIT_ERROR", "true"), type=go_bool,
+                          nargs="?", const=True, metavar="BOOL",
+                          help="env FAIL_ON_INIT_ERROR; GPU discovery failure: exit (true) or wait idle "
+                          "(false)")
+    upstream.add_argument("--pass-device-specs", default=env("PASS_DEVICE_SPECS", "false"), type=go_bool,
+                          nargs="?", const=True, metavar="BOOL",
+                          help="env PASS_DEVICE_SPECS; Allocate also returns the device nodes (/dev/nvidiaN, "
+                          "and /dev/nvidiactl, -uvm, -uvm-tools, -modeset where present)")
+    upstream.add_argument("--device-id-strategy", default=env("DEVICE_ID_STRATEGY", "uuid"),
+                          choices=["uuid", "index"],
+                          help="env DEVICE_ID_STRATEGY; NVIDIA_VISIBLE_DEVICES as GPU UUIDs or NVML indexes")
+    for refused in REFUSED:
+        if refused.flag == "--mig-strategy":
+            continue
+        if refused.flag in BOOL_REFUSED:
+            upstream.add_argument(refused.flag, dest=_dest(refused.flag),
+                                  default=env(refused.env, refused.default), type=go_bool,
+                                  nargs="?", const=True, metavar="BOOL",
+                                  help=f"env {refused.env}; not served: only false is accepted")
+        else:
+            upstream.add_argument(refused.flag, dest=_dest(refused.flag), metavar="VALUE",
+                                  default=env(refused.env, refused.default),
+                                  help=f"env {refused.env}; not served: a value that asks for it exits 1")
     legacy.add_argument("--debug", action="store_true", help="same as --log-level debug")
     for name in IGNORED_FLAGS:
         dest = "ignored_" + name[2:].replace("-", "_")
@@ -130,6 +219,26 @@ def klog_verbosity(argv: Sequence[str]) -> list[str]:
     return result
 
 
+def refused(args: argparse.Namespace) -> str | None:
+    """The one-line reason to stop for the first flag (or env variable) that asks for a feature
+    this plugin does not serve; None when every one of them is off."""
+    for r in REFUSED:
+        value = getattr(args, _dest(r.flag))
+        if not r.off(value):
+            shown = str(value).lower() if isinstance(value, bool) else value
+            return f"{r.flag}={shown} (or env {r.env}) is not supported: {r.why}"
+    return None
+
+
+def install_signals(stop: asyncio.Event, reload: asyncio.Event) -> None:
+    """SIGINT, SIGTERM, SIGQUIT stop; SIGHUP re-reads the ConfigMaps and registers again, as
+    upstream's SIGHUP restarts its plugins without exiting."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload.set)
+
+
 def flags_from(args: argparse.Namespace) -> Flags:
     """Flags has a field per flag, same names as the argparse destinations."""
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Flags) if hasattr(args, f.name)}
@@ -151,25 +260,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in (*IGNORED_FLAGS, LOCK_DIR_FLAG):
         if getattr(args, "ignored_" + name[2:].replace("-", "_")) is not None:
             log.warning("flag %s has no effect in this plugin; remove it", name)
+    # choices are not checked on a default, which may come from the environment
+    for name, env, choices in (("mig_strategy", "MIG_STRATEGY", ("none", "single", "mixed")),
+                               ("device_id_strategy", "DEVICE_ID_STRATEGY", ("uuid", "index"))):
+        if getattr(args, name) not in choices:
+            p.error(f"env {env}={getattr(args, name)!r}: expected one of {', '.join(choices)}")
+    refusal = refused(args)
+    if refusal:
+        return cli.report("deviceplugin", refusal, None, args.log_format)
     traced = level <= logging.DEBUG
     try:
         located = kubeconfig.locate(args.kubeconfig)
         if located is not None:
             kubeconfig.read(located)  # a broken file: one line now, not an API retry loop
         args.kubeconfig = str(located) if located else None
-        asyncio.run(_serve(flags_from(args), fail_on_init_error=args.fail_on_init_error == "true"))
+        asyncio.run(_serve(flags_from(args), fail_on_init_error=args.fail_on_init_error))
     except (GpuError, KubeError, kubeconfig.KubeconfigError, OSError) as exc:
         return cli.report("deviceplugin", str(exc), exc if traced else None, args.log_format)
     return 0
 
 
 async def _serve(flags: Flags, fail_on_init_error: bool) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
-        loop.add_signal_handler(sig, stop.set)
+    stop, reload = asyncio.Event(), asyncio.Event()
+    install_signals(stop, reload)
     try:
-        await run_plugin(flags, stop)
+        await run_plugin(flags, stop, reload=reload)
     except GpuError as exc:
         if fail_on_init_error:
             raise

@@ -186,7 +186,10 @@ async def run_plugin(
     kube: KubeClient | None = None,
     backend: GpuBackend | None = None,
     started: Callable[[Plugin], Awaitable[None] | None] | None = None,
+    reload: asyncio.Event | None = None,
 ) -> None:
+    """Serve until `stop`; each time `reload` is set (SIGHUP), re-read the ConfigMaps and serve
+    and register again."""
     backend = backend if backend is not None else backend_for(flags.mock_gpus, flags.node_name)
     all_gpus = backend.discover()
     own_kube = kube is None
@@ -209,6 +212,8 @@ async def run_plugin(
             plugin.pods.follow(kube, flags.node_name, stop),
             cleanup_loop(flags.cache_root, plugin.pods, stop),
         ]
+        if reload is not None:
+            loops.append(_reload_loop(plugin, all_gpus, reload))
         tasks = [asyncio.create_task(loop) for loop in loops]
         for task in tasks:
             task.add_done_callback(_report_crash)
@@ -287,4 +292,22 @@ async def _config_loop(plugin: Plugin, all_gpus: list[GpuDevice], loaded: Loaded
         log.warning("configuration changed: re-registering")
         log_settings(fresh.settings)
         await plugin.reconfigure(fresh.settings, visible_gpus(all_gpus, fresh.settings))
+        await plugin.state.bump()
+
+
+async def _reload_loop(plugin: Plugin, all_gpus: list[GpuDevice], reload: asyncio.Event) -> None:
+    """Upstream's SIGHUP: restart the plugins without exiting. Here: re-read both ConfigMaps
+    (even if no watch event came) and serve and register again, on the running settings when
+    the ConfigMaps cannot be read, so a SIGHUP always re-registers."""
+    while True:
+        await reload.wait()
+        reload.clear()
+        log.warning("SIGHUP: re-reading the ConfigMaps and registering again")
+        settings = plugin.state.settings
+        try:
+            settings = (await load_config(plugin.kube, plugin.flags)).settings
+            log_settings(settings)
+        except (ConfigError, KubeError) as exc:
+            log.error("SIGHUP: ConfigMaps not read, keeping the running settings: %s", exc)
+        await plugin.reconfigure(settings, visible_gpus(all_gpus, settings))
         await plugin.state.bump()

@@ -125,4 +125,6 @@ def to_response(result: Plan) -> pb.ContainerAllocateResponse:
     out.envs.update(result.envs)
     for m in result.mounts:
         out.mounts.add(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+    for path in result.device_specs:
+        out.devices.add(container_path=path, host_path=path, permissions="rw")
     return out

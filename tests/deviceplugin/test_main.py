@@ -49,7 +49,7 @@ def test_help_runs_and_missing_node_name_is_an_error(monkeypatch: pytest.MonkeyP
 def test_nvidia_flags_are_accepted_with_a_warning(caplog: pytest.LogCaptureFixture,
                                                  capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    assert "--pass-device-specs" in IGNORED_FLAGS
+    assert "--driver-root" in IGNORED_FLAGS and "--pass-device-specs" not in IGNORED_FLAGS  # served
     from vgpu_deviceplugin import main as entry
 
     # In a pod (the service account would be used): the GPU spec is what stops it.
@@ -57,9 +57,11 @@ def test_nvidia_flags_are_accepted_with_a_warning(caplog: pytest.LogCaptureFixtu
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     with caplog.at_level(logging.WARNING, logger="vgpu_deviceplugin"):
-        code = entry.main(["--node-name", "n", "--device-list-strategy", "envvar", "--mock-gpus", "bogus"])
+        code = entry.main(["--node-name", "n", "--driver-root", "/run/nvidia/driver",
+                           "--device-list-strategy", "envvar", "--mock-gpus", "bogus"])
     assert code == 1
-    assert "flag --device-list-strategy has no effect" in caplog.text
+    assert "flag --driver-root has no effect" in caplog.text
+    assert "--device-list-strategy" not in caplog.text  # envvar is what this plugin does
     [error] = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert error.startswith("deviceplugin: error: ") and "--mock-gpus item 'bogus'" in error
 
