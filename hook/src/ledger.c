@@ -5,8 +5,9 @@
  * for as long as any process of the container lives (an issue-11 finding: 14 MiB after 12
  * kill -9 rounds of threads allocating). Here both change under one lock, after the holder has
  * written both old values to its journal; whoever takes the lock from a dead holder writes them
- * back. The lock word names the holder's slot, whose liveness is the slot's fcntl byte lock
- * (which the kernel drops when the process dies or execs), and counts acquisitions (so that a
+ * back. The lock word names the holder's slot, whose liveness is the slot's open-file-description
+ * byte lock (F_OFD_*, which the kernel drops when the process dies or execs, and which no close()
+ * of another descriptor to the file drops), and counts acquisitions (so that a
  * takeover compare-and-swap cannot succeed on a word that changed hands since it was read). */
 #ifndef _GNU_SOURCE /* the unit test defines it on the command line */
 #define _GNU_SOURCE
@@ -47,11 +48,16 @@ static int holder_alive(const struct vgpu_ledger *l, uint32_t holder)
     if (holder == l->self)
         return 1;
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
-                       .l_start = (off_t)vgpu_region_slot_lock_offset(holder), .l_len = 1};
-    if (fcntl(l->fd, F_GETLK, &fl) != 0)
+                       .l_start = (off_t)vgpu_region_slot_lock_offset(holder), .l_len = 1,
+                       .l_pid = 0};
+    if (fcntl(l->fd, F_OFD_GETLK, &fl) != 0)
         return 1; /* cannot tell: keep waiting rather than take a live holder's lock */
     return fl.l_type != F_UNLCK;
 }
+
+/* The slot whose change undo() reverted, logged by the unlock that follows (never a write(2)
+ * while holding the lock); -1: none. */
+static _Thread_local int64_t undone_slot = -1;
 
 /* The dead holder's change, if one was under way, is undone. Caller now holds the lock. */
 static void undo(const struct vgpu_ledger *l, uint32_t holder)
@@ -68,8 +74,7 @@ static void undo(const struct vgpu_ledger *l, uint32_t holder)
         store64(&r->slots[target].used_bytes[dev], j->journal_ledger);
     }
     __atomic_store_n(&j->journal_state, 0, __ATOMIC_RELEASE);
-    vgpu_log(VGPU_LOG_WARN, "the process of slot %u died while changing the memory accounting; "
-             "its change was undone", holder);
+    undone_slot = holder;
 }
 
 static uint64_t taken_by(uint64_t seen, uint32_t self)
@@ -115,6 +120,11 @@ void vgpu_ledger_unlock(const struct vgpu_ledger *l)
     if ((seen & holder_mask) == l->self + 1)
         __atomic_compare_exchange_n(word, &seen, seen & ~holder_mask, 0, __ATOMIC_RELEASE,
                                     __ATOMIC_RELAXED);
+    if (undone_slot >= 0) {
+        vgpu_log(VGPU_LOG_WARN, "the process of slot %u died while changing the memory "
+                 "accounting; its change was undone", (unsigned)undone_slot);
+        undone_slot = -1;
+    }
 }
 
 void vgpu_ledger_forget_stale(const struct vgpu_ledger *l)
@@ -163,10 +173,13 @@ int vgpu_ledger_add(const struct vgpu_ledger *l, uint32_t target, int dev, uint6
 
 static uint64_t minus(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
 
+/* Takes the same amount off both words: what the slot's ledger holds, at most (a release of
+ * more than the slot holds must not take another slot's bytes off the device total). */
 void vgpu_ledger_sub(const struct vgpu_ledger *l, uint32_t target, int dev, uint64_t bytes)
 {
-    change(l, target, dev, minus(load64(&l->r->devices[dev].used_bytes), bytes),
-           minus(load64(&l->r->slots[target].used_bytes[dev]), bytes));
+    uint64_t held = load64(&l->r->slots[target].used_bytes[dev]);
+    uint64_t taken = bytes < held ? bytes : held;
+    change(l, target, dev, minus(load64(&l->r->devices[dev].used_bytes), taken), held - taken);
 }
 
 uint64_t vgpu_ledger_drain(const struct vgpu_ledger *l, uint32_t target)

@@ -2,12 +2,15 @@
  * CUDA), slot ownership by fcntl byte locks (which the kernel drops when the owner dies),
  * reservations through the ledger (ledger.c: one lock and an undo journal, so that a process
  * killed at any point leaves the totals exact), and reaping of dead slots. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "region.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
@@ -28,6 +31,7 @@ static uint32_t sm_percent[VGPU_REGION_MAX_DEVICES];
 static int my_slot = -1;               /* -1: none claimed yet in this process */
 static int slot_unavailable;           /* all slots taken: this process cannot allocate */
 static int detached;                   /* exit: the ledger was handed back already */
+static int fork_reopen_failed;         /* a forked child could not get its own description */
 static pthread_once_t attach_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER; /* claim and reap, in-process */
 
@@ -42,20 +46,24 @@ static uint64_t unix_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* Open file description locks (F_OFD_*): owned by this process's own description of the file,
+ * so neither a close() of another descriptor to the file nor a thread drops them (a POSIX
+ * record lock is dropped by any close() of the file in the process). l_pid must be 0. */
 static int byte_lock(int cmd, short type, uint64_t offset)
 {
-    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = (off_t)offset, .l_len = 1};
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = (off_t)offset, .l_len = 1,
+                       .l_pid = 0};
     return fcntl(file.fd, cmd, &fl);
 }
 
 /* Byte 0 serialises creation and slot claims; the kernel releases it if its holder dies. */
 static void lock_creation(void)
 {
-    while (byte_lock(F_SETLKW, F_WRLCK, 0) != 0 && errno == EINTR) {
+    while (byte_lock(F_OFD_SETLKW, F_WRLCK, 0) != 0 && errno == EINTR) {
     }
 }
 
-static void unlock_creation(void) { byte_lock(F_SETLK, F_UNLCK, 0); }
+static void unlock_creation(void) { byte_lock(F_OFD_SETLK, F_UNLCK, 0); }
 
 static void warn_if_limits_differ(const struct vgpu_region *r, const struct vgpu_limits *limits)
 {
@@ -73,12 +81,36 @@ static void warn_if_limits_differ(const struct vgpu_region *r, const struct vgpu
     }
 }
 
+/* A new open file description of the region file in place of file.fd; 0, or -1 (errno set). */
+static int reopen_region_fd(void)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", file.fd);
+    int fresh = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fresh < 0)
+        return -1;
+    int rc = dup3(fresh, file.fd, O_CLOEXEC) < 0 ? -1 : 0;
+    int err = errno;
+    close(fresh);
+    errno = err;
+    return rc;
+}
+
 static void after_fork_child(void)
 {
-    /* Locks are not inherited: the child claims its own slot on its first reservation. */
+    /* The child shares the parent's open file description, and with it the parent's slot lock
+     * (an OFD lock): it would neither see the parent's lock nor own one of its own, and while it
+     * lived the parent's slot would look alive. It gets a description of its own (which drops
+     * its reference to the parent's) and claims its own slot on its first reservation. If that
+     * fails it refuses allocations. */
     pthread_mutex_init(&slot_lock, NULL);
     my_slot = -1;
     slot_unavailable = 0;
+    if (file.fd >= 0 && reopen_region_fd() != 0) {
+        close(file.fd);
+        file.fd = -1;
+        fork_reopen_failed = 1;
+    }
 }
 
 static void attach(void)
@@ -194,26 +226,29 @@ static void raise_high_water(struct vgpu_region *r, uint32_t count)
  * this process claims its slot, before any thread of ours can reserve. */
 static void reset_if_idle(struct vgpu_region *r, uint32_t self)
 {
+    uint64_t corrected[VGPU_REGION_MAX_DEVICES];
     struct vgpu_ledger l = ledger_of(r, self);
     vgpu_ledger_lock(&l, 0);
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
-        uint64_t total = load64(&r->devices[d].used_bytes);
-        if (total != 0) {
-            vgpu_log(VGPU_LOG_WARN, "device %d: no other live process; usage corrected from %llu "
-                     "to 0 bytes", d, (unsigned long long)total);
+        corrected[d] = load64(&r->devices[d].used_bytes);
+        if (corrected[d] != 0)
             store64(&r->devices[d].used_bytes, 0);
-        }
     }
     vgpu_ledger_unlock(&l);
+    /* Logged after the unlock: a write(2) to a blocked stderr must not hold up the others. */
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
+        if (corrected[d] != 0)
+            vgpu_log(VGPU_LOG_WARN, "device %d: no other live process; usage corrected from %llu "
+                     "to 0 bytes", d, (unsigned long long)corrected[d]);
 }
 
 /* Tries to own slot i; returns 1 when its byte is ours (the previous owner, if any, is dead). */
 static int try_own(uint32_t i)
 {
-    return byte_lock(F_SETLK, F_WRLCK, vgpu_region_slot_lock_offset(i)) == 0;
+    return byte_lock(F_OFD_SETLK, F_WRLCK, vgpu_region_slot_lock_offset(i)) == 0;
 }
 
-static void disown(uint32_t i) { byte_lock(F_SETLK, F_UNLCK, vgpu_region_slot_lock_offset(i)); }
+static void disown(uint32_t i) { byte_lock(F_OFD_SETLK, F_UNLCK, vgpu_region_slot_lock_offset(i)); }
 
 /* Reaps every dead slot below the high-water mark; returns how many live ones it saw.
  * Caller holds slot_lock and owns slot self. */
@@ -264,11 +299,16 @@ static int ensure_slot(struct vgpu_region *r)
         return slot;
     pthread_mutex_lock(&slot_lock);
     if (my_slot < 0 && !slot_unavailable) {
-        claim_slot(r);
+        if (!fork_reopen_failed)
+            claim_slot(r);
         if (my_slot < 0) {
             slot_unavailable = 1;
-            vgpu_log(VGPU_LOG_ERROR, "all %d process slots of the shared region are in use; this "
-                     "process cannot allocate device memory", VGPU_REGION_MAX_SLOTS);
+            if (fork_reopen_failed)
+                vgpu_log(VGPU_LOG_ERROR, "cannot reopen the shared region after fork; this "
+                         "process cannot allocate device memory");
+            else
+                vgpu_log(VGPU_LOG_ERROR, "all %d process slots of the shared region are in use; "
+                         "this process cannot allocate device memory", VGPU_REGION_MAX_SLOTS);
         }
     }
     slot = my_slot;

@@ -17,7 +17,9 @@
  * the path never shows a half-written region; it is made read-write for every uid (fchmod 0666,
  * whatever the umask): the processes of one container may run as different uids and must share
  * one cap. A process that cannot open the file read-write refuses CUDA. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "region_file.h"
 
 #include <errno.h>
@@ -81,9 +83,10 @@ static int take_guard(int dir_fd, off_t at)
 
 static int creation_lock(int fd, short type)
 {
-    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1, .l_pid = 0};
     int rc;
-    while ((rc = fcntl(fd, type == F_UNLCK ? F_SETLK : F_SETLKW, &fl)) != 0 && errno == EINTR) {
+    while ((rc = fcntl(fd, type == F_UNLCK ? F_OFD_SETLK : F_OFD_SETLKW, &fl)) != 0 &&
+           errno == EINTR) {
     }
     return rc;
 }
@@ -165,6 +168,23 @@ static int create_region(int dir_fd, const char *name, const struct vgpu_limits 
     close(fd);
     errno = err;
     return rc;
+}
+
+/* With the guard taken: the name still leads to the file we opened. Removed (or replaced) between
+ * our open and our guard, another process may have created a second region at the name whose
+ * creation could not see our guard: attaching to the old file would start a second cap. */
+static const char *still_linked(int fd, int dir_fd, const char *name)
+{
+    struct stat mine, named;
+    if (fstat(fd, &mine) != 0)
+        return because("cannot stat it", errno);
+    if (mine.st_nlink == 0)
+        return "it was removed while being opened";
+    if (fstatat(dir_fd, name, &named, AT_SYMLINK_NOFOLLOW) != 0)
+        return because("it was removed while being opened", errno);
+    if (named.st_dev != mine.st_dev || named.st_ino != mine.st_ino)
+        return "it was replaced by another file while being opened";
+    return NULL;
 }
 
 /* Opens name (creating it when that is safe); returns the descriptor or -1 with *why. */
@@ -254,6 +274,8 @@ int vgpu_region_file_open(const char *path, const struct vgpu_limits *limits,
                 problem = because("cannot map it", errno);
             else if (take_guard(dir_fd, guard) != 0)
                 problem = because("cannot take its folder's guard lock", errno);
+            else
+                problem = still_linked(fd, dir_fd, name);
         }
         creation_lock(fd, F_UNLCK);
     }

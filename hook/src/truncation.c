@@ -4,9 +4,12 @@
  * the region as lost (allocations refused, nothing reported) and the faulting access goes on.
  * Faults anywhere else go to the previous handler, or to the default action. Residual: a
  * handler the application installs after ours replaces it. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "truncation.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
@@ -36,6 +39,9 @@ static void say_truncated(void)
     (void)ignored;
 }
 
+/* Not ours: to the previous handler; with none (SIG_DFL, or SIG_IGN, which the kernel overrides
+ * for a fault), the default action is restored and the signal raised again, so that a sent
+ * SIGBUS (raise, kill) kills as it would have, and a faulting access kills when it repeats. */
 static void pass_on(int sig, siginfo_t *info, void *context)
 {
     if (previous.sa_flags & SA_SIGINFO) {
@@ -43,15 +49,31 @@ static void pass_on(int sig, siginfo_t *info, void *context)
     } else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
         previous.sa_handler(sig);
     } else {
-        /* Back to the default action; the faulting access repeats and it applies. */
-        sigaction(SIGBUS, &previous, NULL);
+        struct sigaction fallback;
+        memset(&fallback, 0, sizeof fallback);
+        fallback.sa_handler = SIG_DFL;
+        sigemptyset(&fallback.sa_mask);
+        sigaction(SIGBUS, &fallback, NULL);
+        sigset_t bus;
+        sigemptyset(&bus);
+        sigaddset(&bus, SIGBUS);
+        pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
+        raise(SIGBUS);
     }
+}
+
+/* A truncation is an address error (BUS_ADRERR) at an address of the region's mapping; a
+ * hardware memory error (BUS_MCEERR_*), an alignment fault or a sent SIGBUS is not. */
+static int is_truncation(const siginfo_t *info)
+{
+    uintptr_t at = (uintptr_t)info->si_addr;
+    return info->si_code == BUS_ADRERR && guard_len != 0 && at >= guard_start &&
+           at - guard_start < guard_len;
 }
 
 static void on_sigbus(int sig, siginfo_t *info, void *context)
 {
-    uintptr_t at = (uintptr_t)info->si_addr;
-    if (guard_len == 0 || at < guard_start || at - guard_start >= guard_len) {
+    if (!is_truncation(info)) {
         pass_on(sig, info, context);
         return;
     }

@@ -158,6 +158,40 @@ static pid_t fork_holder(int (*take)(void), const char *what)
 
 /* ---- fork-kill ---------------------------------------------------------------------------- */
 
+/* A holder of 800 MiB that then opens and closes the region file (as any reader may): the close
+ * must not drop its slot lock (a POSIX record lock would go, and it would be reaped alive). */
+static int take_800_mib_then_close(void)
+{
+    cuda_start();
+    CUdeviceptr p;
+    if (cuMemAlloc_v2(&p, 800 * MiB) != CUDA_SUCCESS)
+        return 0;
+    int other = open(getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE"), O_RDONLY | O_CLOEXEC);
+    return other >= 0 && close(other) == 0;
+}
+
+static void close_keeps_locks(void)
+{
+    pid_t holder = fork_holder(take_800_mib_then_close, "holder allocated 800 MiB, then opened "
+                               "and closed the region file");
+    if (holder < 0)
+        return;
+    int slot = find_slot(holder);
+    check(slot >= 0 && slot_holder((uint32_t)slot) != 0,
+          "after the close its slot byte is still locked");
+    pid_t next = fork();
+    if (next == 0) {
+        cuda_start();
+        CUdeviceptr p;
+        exit(cuMemAlloc_v2(&p, 800 * MiB) == CUDA_ERROR_OUT_OF_MEMORY ? 0 : 1);
+    }
+    check(exited_ok(next), "another process is refused 800 MiB (the live holder is not reaped)");
+    check(used(0) == 800 * MiB, "the region still shows the holder's 800 MiB (%llu MiB)",
+          (unsigned long long)(used(0) / MiB));
+    kill(holder, SIGKILL);
+    wait_status(holder);
+}
+
 static int take_800_mib(void)
 {
     cuda_start();
@@ -172,11 +206,11 @@ static void kill_holder(void)
         return;
     check(used(0) == 800 * MiB, "the region shows 800 MiB in use");
     int slot = find_slot(holder);
-    check(slot >= 0 && slot_holder((uint32_t)slot) == holder,
-          "the holder's slot byte is locked by its pid (F_GETLK)");
+    /* An open-file-description lock: F_GETLK reports it with l_pid -1. */
+    check(slot >= 0 && slot_holder((uint32_t)slot) != 0,
+          "the holder's slot byte is locked (F_GETLK)");
     char expect[256];
-    snprintf(expect, sizeof expect, "\"pid\": %d, \"live\": true, \"holder_pid\": %d", holder,
-             holder);
+    snprintf(expect, sizeof expect, "\"pid\": %d, \"live\": true", holder);
     const char *json = region_json();
     check(strstr(json, expect) != NULL && strstr(json, "\"used_bytes\": {\"0\": 838860800}") != NULL
           && strstr(json, "\"limit_bytes\": 1073741824, \"used_bytes\": 838860800") != NULL,
@@ -253,8 +287,8 @@ static void fork_and_exec(const char *self)
     pid_t child = fork();
     if (child == 0) {
         CUdeviceptr p;
-        /* F_GETLK never reports the caller's own locks: check the parent from here. */
-        int fine = slot >= 0 && slot_holder((uint32_t)slot) == getppid();
+        /* The child has a description of its own: it sees the parent's lock. */
+        int fine = slot >= 0 && slot_holder((uint32_t)slot) != 0;
         fine &= seen_used() == 300 * MiB;
         fine &= cuMemAlloc_v2(&p, 200 * MiB) == CUDA_SUCCESS && seen_used() == 500 * MiB;
         cuMemFree_v2(mine); /* the parent's pointer is not the child's to give back */
@@ -421,6 +455,14 @@ static void own_sigbus(int sig, siginfo_t *info, void *context)
     _exit(42);
 }
 
+/* A SIGBUS sent (not a fault in the region) kills a process with no handler of its own. */
+static int raise_sigbus(void)
+{
+    cuda_start(); /* attaches the region: libvgpu's SIGBUS handler goes in */
+    raise(SIGBUS);
+    return 0; /* survived */
+}
+
 static int fault_elsewhere(int with_handler)
 {
     if (with_handler) {
@@ -459,6 +501,15 @@ static void truncated(void)
              : WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS;
     check(died, "a SIGBUS outside the region still kills a process without a handler of its "
           "own (status %#x)", status);
+    pid_t sent = fork();
+    if (sent == 0)
+        _exit(raise_sigbus());
+    status = wait_status(sent);
+    died = sanitized != NULL && strcmp(sanitized, "1") == 0
+         ? !(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+         : WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS;
+    check(died, "a sent SIGBUS (raise) kills a process without a handler of its own (status "
+          "%#x)", status);
     pid_t handled = fork();
     if (handled == 0)
         _exit(fault_elsewhere(1));
@@ -722,6 +773,7 @@ int main(int argc, char **argv)
         return check_done("test_multiproc kill-threads");
     }
     kill_holder();
+    close_keeps_locks();
     creation_lock_owner_dies();
     fork_and_exec(argv[0]);
     return check_done("test_multiproc fork-kill");
