@@ -363,12 +363,14 @@ struct pointer_request {
     CUstream stream;     /* ASYNC*, POOL* */
 };
 
-/* Per pointer_api: where its real function is (NULL: this driver lacks it), and its name for
+/* Per counted API: where its real function is (NULL: this driver lacks it), and its name for
  * the refusal log line. */
-static const struct {
+struct counted_api {
     void *const *real;
     const char *name;
-} pointer_apis[] = {
+};
+
+static const struct counted_api pointer_apis[] = {
     [PLAIN] = {(void *const *)&real.cuMemAlloc_v2, "cuMemAlloc"},
     [PLAIN_V1] = {(void *const *)&real.cuMemAlloc, "cuMemAlloc (v1)"},
     [MANAGED] = {(void *const *)&real.cuMemAllocManaged, "cuMemAllocManaged"},
@@ -565,10 +567,7 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, unsigned channels, CUa
  * passed here), keyed by the array handle. */
 enum array_api { ARRAY_2D, ARRAY_3D, ARRAY_2D_V1, ARRAY_3D_V1 };
 
-static const struct {
-    void *const *real;
-    const char *name;
-} array_apis[] = {
+static const struct counted_api array_apis[] = {
     [ARRAY_2D] = {(void *const *)&real.cuArrayCreate_v2, "cuArrayCreate"},
     [ARRAY_3D] = {(void *const *)&real.cuArray3DCreate_v2, "cuArray3DCreate"},
     [ARRAY_2D_V1] = {(void *const *)&real.cuArrayCreate, "cuArrayCreate (v1)"},

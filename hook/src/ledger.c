@@ -19,12 +19,10 @@
 #include <time.h>
 
 #include "log.h"
+#include "util.h"
 
 enum { HOLDER_BITS = 16, SPINS_BEFORE_YIELD = 128, YIELDS_PER_LIVENESS_CHECK = 32 };
 static const uint64_t holder_mask = (UINT64_C(1) << HOLDER_BITS) - 1;
-
-static uint64_t load64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-static void store64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
 static void cpu_relax(void)
 {

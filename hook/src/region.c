@@ -14,13 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "ledger.h"
 #include "log.h"
 #include "region_file.h"
 #include "truncation.h"
+#include "util.h"
 
 static const char default_path[] = "/tmp/cudevshr.cache";
 
@@ -35,16 +35,7 @@ static int fork_reopen_failed;         /* a forked child could not get its own d
 static pthread_once_t attach_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER; /* claim and reap, in-process */
 
-static uint64_t load64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-static void store64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 static uint64_t add64(uint64_t *p, uint64_t v) { return __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
-
-static uint64_t unix_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* Open file description locks (F_OFD_*): owned by this process's own description of the file,
  * so neither a close() of another descriptor to the file nor a thread drops them (a POSIX

@@ -28,8 +28,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "util.h"
 
 static char why_text[320]; /* attach runs once per process */
 
@@ -89,13 +90,6 @@ static int creation_lock(int fd, short type)
            errno == EINTR) {
     }
     return rc;
-}
-
-static uint64_t unix_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* Writes the header and device records, the magic last (a reader that sees it sees the rest). */

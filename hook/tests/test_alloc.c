@@ -11,17 +11,10 @@
 #include <time.h>
 
 #include "check.h"
+#include "cuda_v1.h" /* the legacy v1 exports, called by name below */
 #include "fake_state.h"
 
 #undef cuMemAdvise
-/* The legacy v1 exports are called by name below (cuda.h maps these names to _v2). */
-#undef cuMemAlloc
-#undef cuMemAllocPitch
-#undef cuMemFree
-#undef cuMemGetInfo
-#undef cuDeviceTotalMem
-#undef cuArrayCreate
-#undef cuArray3DCreate
 
 static const uint64_t MiB = UINT64_C(1) << 20;
 static CUcontext ctx[2];
@@ -349,26 +342,6 @@ static void refused(const char *expected_log)
 
 /* The legacy exports (CUDA 2.x ABI: 32-bit sizes and pointers), called directly and found by
  * cuGetProcAddress at an old version, are capped like the _v2 ones. */
-typedef unsigned int v1_ptr;
-CUresult cuMemAlloc(v1_ptr *dptr, unsigned int bytes);
-CUresult cuMemAllocPitch(v1_ptr *dptr, unsigned int *pitch, unsigned int width,
-                         unsigned int height, unsigned int elem);
-CUresult cuMemFree(v1_ptr dptr);
-CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes);
-CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
-struct array_v1 {
-    unsigned int Width, Height;
-    CUarray_format Format;
-    unsigned int NumChannels;
-};
-struct array3d_v1 {
-    unsigned int Width, Height, Depth;
-    CUarray_format Format;
-    unsigned int NumChannels, Flags;
-};
-CUresult cuArrayCreate(CUarray *handle, const struct array_v1 *desc);
-CUresult cuArray3DCreate(CUarray *handle, const struct array3d_v1 *desc);
-
 static void legacy_v1(void)
 {
     v1_ptr a = 0, b = 7, c = 0;

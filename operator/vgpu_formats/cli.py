@@ -8,6 +8,7 @@ logging once for the whole project. `-v/--verbose` stays as a short `--log-level
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -34,8 +35,10 @@ _RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))
     "message", "asctime", "settings", "k8s_skip", "k8s_ref"}
 
 
+@functools.cache
 def version() -> str:
-    """The installed package's version; a source tree that was never installed says so."""
+    """The installed package's version; a source tree that was never installed says so. Cached:
+    the metadata lookup scans sys.path, and the monitor asks on every scrape."""
     try:
         return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:

@@ -23,7 +23,6 @@ import json
 import re
 import sys
 import types
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -32,6 +31,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
+from vgpu_formats import cli
 
 from vgpu_operator import api
 
@@ -189,19 +189,12 @@ def model_schema(model: type[BaseModel]) -> dict[str, Any]:
     return schema
 
 
-def operator_version() -> str:
-    try:
-        return metadata.version("vgpu-operator")
-    except metadata.PackageNotFoundError:  # running from a source tree without an install
-        return "0.0.0"
-
-
 def crd_manifest() -> dict[str, Any]:
     """The CustomResourceDefinition as a dict, annotated with the operator version and a revision
     (a digest of its spec)."""
     manifest = _unannotated_manifest()
     digest = hashlib.sha256(json.dumps(manifest["spec"], sort_keys=True).encode()).hexdigest()[:16]
-    manifest["metadata"]["annotations"] = {VERSION_ANNOTATION: operator_version(),
+    manifest["metadata"]["annotations"] = {VERSION_ANNOTATION: cli.version(),
                                            REVISION_ANNOTATION: digest}
     return manifest
 

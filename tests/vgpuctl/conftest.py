@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from vgpuctl.manifests import load_objects, of_kind
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -77,3 +78,14 @@ def healthy(cluster_objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     conf = find(cluster_objects, "ConfigMap", "volcano-scheduler-configmap")
     conf["data"]["volcano-scheduler.conf"] = HEALTHY_SCHEDULER_CONF
     return cluster_objects
+
+
+def unreachable_kubeconfig(tmp_path: Path) -> Path:
+    """A kubeconfig whose API server is a closed port: reading it proves the file was used."""
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "x", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "users": [{"name": "x", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}))
+    return config

@@ -10,7 +10,7 @@ from vgpu_emulator import run_emulator
 from vgpuctl.main import main
 from vgpuctl.output import Style, table
 
-from .conftest import CLUSTER, SEED001
+from .conftest import CLUSTER, SEED001, unreachable_kubeconfig
 
 SEED = ["-c", str(CLUSTER), "-c", str(SEED001)]
 
@@ -91,12 +91,7 @@ async def test_doctor_reads_a_live_cluster(capsys):
 
 
 def test_unreachable_cluster_is_a_clear_error(capsys, tmp_path):
-    config = tmp_path / "kubeconfig"
-    config.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "x",
-        "clusters": [{"name": "x", "cluster": {"server": "http://127.0.0.1:9"}}],
-        "users": [{"name": "x", "user": {"token": "t"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}))
+    config = unreachable_kubeconfig(tmp_path)
     assert main(["doctor", "--kubeconfig", str(config)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vgpuctl doctor: cannot reach the API server http://127.0.0.1:9 (")

@@ -17,7 +17,7 @@ from vgpuctl.facts import gather
 from vgpuctl.importer import import_policy
 from vgpuctl.main import build_parser, main
 
-from .conftest import CLUSTER, SEED001
+from .conftest import CLUSTER, SEED001, unreachable_kubeconfig
 
 BIN = Path(sys.executable).parent
 
@@ -26,17 +26,6 @@ def _run(*argv: str, program: str = "vgpuctl",
          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(BIN / program), *argv], capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent-home", **(env or {})})
-
-
-def _unreachable(tmp_path: Path) -> Path:
-    """A kubeconfig whose API server is a closed port: reading it proves the file was used."""
-    config = tmp_path / "kubeconfig"
-    config.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "x",
-        "clusters": [{"name": "x", "cluster": {"server": "http://127.0.0.1:9"}}],
-        "users": [{"name": "x", "user": {"token": "t"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}))
-    return config
 
 
 @pytest.mark.parametrize(("argv", "env", "expected"), [
@@ -77,7 +66,7 @@ def test_common_flags_before_or_after_the_command():
 
 
 def test_kubeconfig_problems_name_the_fix(capsys, tmp_path, monkeypatch):
-    config = _unreachable(tmp_path)
+    config = unreachable_kubeconfig(tmp_path)
     assert main(["doctor", "--kubeconfig", str(config), "--context", "nope"]) == 2
     assert capsys.readouterr().err == (f"vgpuctl doctor: kubeconfig {config}: no context named 'nope'; "
                                        f"it has: x (or read manifests instead of a cluster with -f PATH)\n")
@@ -88,7 +77,7 @@ def test_kubeconfig_problems_name_the_fix(capsys, tmp_path, monkeypatch):
     assert "no current-context; run `kubectl config use-context NAME` or pass --context NAME" \
         in capsys.readouterr().err
     # $KUBECONFIG is the file read when --kubeconfig is not given
-    monkeypatch.setenv("KUBECONFIG", str(_unreachable(tmp_path)))
+    monkeypatch.setenv("KUBECONFIG", str(unreachable_kubeconfig(tmp_path)))
     assert main(["doctor"]) == 2
     assert "cannot reach the API server http://127.0.0.1:9" in capsys.readouterr().err
 
@@ -96,7 +85,7 @@ def test_kubeconfig_problems_name_the_fix(capsys, tmp_path, monkeypatch):
 def test_render_reads_a_cluster_only_when_asked(capsys, tmp_path, monkeypatch, healthy):
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(import_policy(gather(healthy)).policy))
-    monkeypatch.setenv("KUBECONFIG", str(_unreachable(tmp_path)))
+    monkeypatch.setenv("KUBECONFIG", str(unreachable_kubeconfig(tmp_path)))
     assert main(["render", "--policy", str(policy), "-o", "json"]) == 0  # offline: $KUBECONFIG unread
     assert "no cluster given" in capsys.readouterr().err
     assert main(["render", "--policy", str(policy), "--context", "x"]) == 2

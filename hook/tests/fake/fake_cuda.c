@@ -10,17 +10,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "cuda_v1.h"
 #include "fake_state.h"
 
 #undef cuGetProcAddress
 #undef cuMemAdvise
-#undef cuMemAlloc
-#undef cuMemAllocPitch
-#undef cuMemFree
-#undef cuMemGetInfo
-#undef cuDeviceTotalMem
-#undef cuArrayCreate
-#undef cuArray3DCreate
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -35,28 +29,6 @@ CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *, CUfunction, void **, void
 CUresult cuLaunchCooperativeKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned,
                                         unsigned, unsigned, unsigned, CUstream, void **);
 CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
-
-/* The legacy exports (CUDA 2.x ABI: 32-bit device pointers and sizes), which drivers still
- * export; cuda.h declares them only for the driver's own build. */
-typedef unsigned int v1_ptr;
-struct array_v1 {
-    unsigned int Width, Height;
-    CUarray_format Format;
-    unsigned int NumChannels;
-};
-struct array3d_v1 {
-    unsigned int Width, Height, Depth;
-    CUarray_format Format;
-    unsigned int NumChannels, Flags;
-};
-CUresult cuMemAlloc(v1_ptr *dptr, unsigned int bytes);
-CUresult cuMemAllocPitch(v1_ptr *dptr, unsigned int *pitch, unsigned int width,
-                         unsigned int height, unsigned int elem);
-CUresult cuMemFree(v1_ptr dptr);
-CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes);
-CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
-CUresult cuArrayCreate(CUarray *array, const struct array_v1 *desc);
-CUresult cuArray3DCreate(CUarray *array, const struct array3d_v1 *desc);
 
 enum { MAX_DEVICES = 8, TABLE_SIZE = 1 << 20 };
 

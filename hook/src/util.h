@@ -1,0 +1,19 @@
+/* util.h - small helpers shared by the region modules: acquire/release loads and stores of the
+ * region's 64-bit words, and the wall clock in nanoseconds. */
+#ifndef VGPU_UTIL_H
+#define VGPU_UTIL_H
+
+#include <stdint.h>
+#include <time.h>
+
+static inline uint64_t load64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void store64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+static inline uint64_t unix_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+#endif

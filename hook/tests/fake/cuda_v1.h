@@ -1,0 +1,38 @@
+/* cuda_v1.h - the legacy exports (CUDA 2.x ABI: 32-bit device pointers and sizes), which
+ * drivers still export and cuda.h declares only for the driver's own build; shared by the fake
+ * driver, which defines them, and the tests, which call them by name. Include after cuda.h. */
+#ifndef VGPU_CUDA_V1_H
+#define VGPU_CUDA_V1_H
+
+#include <cuda.h>
+
+/* cuda.h maps these names to _v2. */
+#undef cuMemAlloc
+#undef cuMemAllocPitch
+#undef cuMemFree
+#undef cuMemGetInfo
+#undef cuDeviceTotalMem
+#undef cuArrayCreate
+#undef cuArray3DCreate
+
+typedef unsigned int v1_ptr;
+struct array_v1 { /* CUDA_ARRAY_DESCRIPTOR_v1 */
+    unsigned int Width, Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+};
+struct array3d_v1 { /* CUDA_ARRAY3D_DESCRIPTOR_v1 */
+    unsigned int Width, Height, Depth;
+    CUarray_format Format;
+    unsigned int NumChannels, Flags;
+};
+CUresult cuMemAlloc(v1_ptr *dptr, unsigned int bytes);
+CUresult cuMemAllocPitch(v1_ptr *dptr, unsigned int *pitch, unsigned int width,
+                         unsigned int height, unsigned int elem);
+CUresult cuMemFree(v1_ptr dptr);
+CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes);
+CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
+CUresult cuArrayCreate(CUarray *array, const struct array_v1 *desc);
+CUresult cuArray3DCreate(CUarray *array, const struct array3d_v1 *desc);
+
+#endif
