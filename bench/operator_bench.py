@@ -25,11 +25,11 @@ from vgpu_emulator import Emulator, iter_manifests, load_manifests, run_emulator
 from vgpu_formats import annotations as ann
 from vgpu_formats import yamlio
 from vgpu_operator.api import VGPUPolicy
-from vgpu_operator.main import run_operator
+from vgpu_operator.decide import render_all
 from vgpu_operator.metrics import Metrics
-from vgpu_operator.observed import load_observed_from_manifests
-from vgpu_operator.reconcile import Tuning
-from vgpu_operator.render import render_all
+from vgpu_operator.registry import load_observed_from_manifests
+from vgpu_operator.runtime.run import run_operator
+from vgpu_operator.runtime.worker import Tuning
 from vgpu_operator.validate import validate
 
 from bench.render_bench import REGISTER
@@ -223,6 +223,9 @@ async def steady_writes() -> None:
 
 
 def main() -> None:
+    if "--rss-only" in sys.argv[1:]:  # the memory figures alone (item 2), a minute instead of several
+        asyncio.run(memory())
+        return
     asyncio.run(latency())
     asyncio.run(steady_writes())
     asyncio.run(memory())

@@ -15,8 +15,9 @@ from typing import Any
 
 from vgpu_formats import annotations as ann
 from vgpu_operator.api import parse_spec
+from vgpu_operator.decide import render_all
 from vgpu_operator.observed import Observed
-from vgpu_operator.render import RenderResult, render_all
+from vgpu_operator.registry import RenderResult
 
 SIZES = (10, 1000, 5000, 10000)
 OVERRIDES = 50

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from vgpu_formats import device_config as dc
+from vgpu_formats import device_fields
 from vgpu_formats import node_config as nc
 from vgpu_formats.annotations import MODE_HAMI_CORE
 
@@ -129,20 +130,13 @@ def resolve_settings(
     """Merge node-config > device-config > flags > defaults. `None` configs mean "not found"."""
     given = device_config.nvidia if device_config and device_config.nvidia else dc.NvidiaConfig()
     r = _Resolver()
-    names = ResourceNames(
-        count=r.pick("resourceCountName", given.resource_count_name, flags.resource_name,
-                     dc.DEFAULT_COUNT_NAME, "--resource-name"),
-        memory=r.pick("resourceMemoryName", given.resource_memory_name, flags.resource_memory_name,
-                      dc.DEFAULT_MEMORY_NAME, "--resource-memory-name"),
-        cores=r.pick("resourceCoreName", given.resource_core_name, flags.resource_core_name,
-                     dc.DEFAULT_CORE_NAME, "--resource-core-name"),
-    )
-    split = r.pick("deviceSplitCount", given.device_split_count, flags.device_split_count,
-                   dc.DEFAULT_SPLIT_COUNT, "--device-split-count")
-    factor = r.pick("gpuMemoryFactor", given.gpu_memory_factor, flags.gpu_memory_factor,
-                    1, "--gpu-memory-factor")
-    scaling = r.pick("deviceCoreScaling", given.device_core_scaling, flags.device_cores_scaling,
-                     1.0, "--device-cores-scaling")
+    # Each flagged key (vgpu_formats.device_fields): the ConfigMap's value, else the flag, else the
+    # default (the scheduler's built-in one).
+    picked = {f.key: r.pick(f.key, getattr(given, f.attr), getattr(flags, f.flag_dest), f.default,
+                            str(f.flag)) for f in device_fields.FLAGGED}
+    names = ResourceNames(**{kind: picked[f.key] for kind, f in device_fields.NAME_FIELDS.items()})
+    split, factor, scaling = (picked[device_fields.SIZING_FIELDS[flag].key] for flag in
+                              ("device-split-count", "gpu-memory-factor", "device-cores-scaling"))
     mode = MODE_HAMI_CORE
     uuids: frozenset[str] = frozenset()
     indexes: frozenset[int] = frozenset()

@@ -1,7 +1,8 @@
 """The Kubernetes calls the plugin makes, behind a small protocol (tests use an in-memory fake).
 
-Plain aiohttp and JSON dicts: the generated kubernetes client alone costs ~45 MB of RSS, more than
-half the plugin's budget. Pods are only ever read with the field selector `spec.nodeName=<node>`,
+Plain aiohttp and JSON dicts through the transport the operator and vgpuctl share
+(vgpu_formats.kubeapi): the generated kubernetes client alone costs ~45 MB of RSS, more than half
+the plugin's budget. Pods are only ever read with the field selector `spec.nodeName=<node>`,
 never cluster-wide. Annotation writes are JSON merge patches, except consuming
 `devices-to-allocate`, which is a JSON patch with a `test` of the old value (compare-and-swap).
 
@@ -17,25 +18,22 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import ssl
-import tempfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
-from vgpu_formats import kubeconfig
+from vgpu_formats import kubeapi, kubeconfig
 from vgpu_formats.annotations import DEVICES_TO_ALLOCATE
 
 log = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+SERVICE_ACCOUNT = kubeapi.SERVICE_ACCOUNT
 WATCH_SECONDS = 300
-CALL_TIMEOUT = aiohttp.ClientTimeout(total=30)
+CALL_TIMEOUT = 30.0  # seconds for a plain call; a watch: kubeapi.KubeApi.stream's deadlines
 WATCH_RETRY_FIRST = 1.0  # seconds before the first retry of a failed watch; doubles per failure
 WATCH_RETRY_MAX = 60.0
 HEALTHY_WATCH_SECONDS = 10.0  # a watch open this long was no spin, whatever ended it
@@ -103,25 +101,15 @@ class KubeClient(Protocol):
     async def close(self) -> None: ...
 
 
-@dataclass
-class Connection:
-    server: str
-    ssl: ssl.SSLContext | bool
-    token: str | None = field(default=None, repr=False)
-    token_file: str | None = None  # re-read on use: projected tokens rotate
-
-    def headers(self) -> dict[str, str]:
-        token = Path(self.token_file).read_text().strip() if self.token_file else self.token
-        return {"Authorization": f"Bearer {token}"} if token else {}
+# Server, TLS and login; a tokenFile is re-read on every call (projected tokens rotate).
+Connection = kubeapi.Endpoint
 
 
 def in_cluster() -> Connection:
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    if not host:
-        raise KubeError("not in a cluster (KUBERNETES_SERVICE_HOST unset): pass --kubeconfig")
-    context = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
-    server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-    return Connection(server, context, token_file=str(SERVICE_ACCOUNT / "token"))
+    try:
+        return kubeapi.in_cluster(account=SERVICE_ACCOUNT)
+    except kubeconfig.KubeconfigError as exc:
+        raise KubeError(str(exc)) from exc
 
 
 def from_kubeconfig(path: str) -> Connection:
@@ -136,37 +124,7 @@ def from_connection(found: kubeconfig.Connection, path: str) -> Connection:
     """The plugin's connection for one context that `kubeconfig.read` returned."""
     if found.external_login:
         raise KubeError(f"kubeconfig {path}: exec/auth-provider users are not supported; use a token")
-    server = found.server.rstrip("/")
-    tls: ssl.SSLContext | bool = _tls(found) if server.startswith("https") else False
-    # A tokenFile is re-read on use, like the service account's (projected tokens rotate).
-    return Connection(server, tls, token=None if found.token_path else found.token,
-                      token_file=found.token_path)
-
-
-def _tls(found: kubeconfig.Connection) -> ssl.SSLContext:
-    if found.insecure:
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    elif found.ca_data:
-        context = ssl.create_default_context(cadata=found.ca_data.decode())
-    elif found.ca_path:
-        context = ssl.create_default_context(cafile=found.ca_path)
-    else:
-        context = ssl.create_default_context()
-    if found.certificate_data or found.certificate_path:
-        # load_cert_chain wants files: data is written to private ones, loaded, removed.
-        with tempfile.TemporaryDirectory() as folder:
-            cert = found.certificate_path or _private(Path(folder) / "cert", found.certificate_data)
-            key = found.key_path or (_private(Path(folder) / "key", found.key_data) if found.key_data
-                                     else None)  # None: the key is in the certificate's file
-            context.load_cert_chain(cert, key)
-    return context
-
-
-def _private(path: Path, data: bytes | None) -> str:
-    path.write_bytes(data or b"")
-    return str(path)
+    return kubeapi.from_connection(found, path)
 
 
 class ApiKubeClient:
@@ -175,10 +133,7 @@ class ApiKubeClient:
     def __init__(self, connection: Connection, watch_retry: float = WATCH_RETRY_FIRST,
                  watch_retry_max: float = WATCH_RETRY_MAX) -> None:
         self._conn = connection
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=connection.ssl, limit=8),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-        )
+        self._api = kubeapi.KubeApi(connection, timeout=CALL_TIMEOUT, limit=8)
         self._watch_retry, self._watch_retry_max = watch_retry, watch_retry_max
 
     @classmethod
@@ -187,41 +142,33 @@ class ApiKubeClient:
         return cls(from_kubeconfig(path) if path else in_cluster())
 
     async def close(self) -> None:
-        await self._session.close()
+        await self._api.close()
 
     async def _call(self, method: str, path: str, what: str, *, params: dict[str, str] | None = None,
                     body: Any = None, content_type: str | None = None) -> Any:
-        headers = self._conn.headers()
-        data = None
-        if body is not None:
-            headers["Content-Type"] = content_type or "application/json"
-            data = json.dumps(body)
         try:
-            async with self._session.request(method, self._conn.server + path, params=params, data=data,
-                                             headers=headers, timeout=CALL_TIMEOUT) as resp:
-                raw = await resp.read()
-                if resp.status >= 400:
-                    raise KubeError(f"{what}: HTTP {resp.status} {_reason(raw)}", resp.status)
-                return json.loads(raw)
+            return await self._api.request(method, path, body, params, content_type or "application/json")
+        except kubeapi.ApiException as exc:
+            raise KubeError(f"{what}: HTTP {exc.status} {_reason(exc.body.encode())}", exc.status) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise KubeError(f"{what}: {exc!r}") from exc
 
     async def _watch(self, path: str, params: dict[str, str]) -> AsyncIterator[dict[str, Any]]:
-        """Raw watch events until the server ends the stream. Raises WatchError on an ERROR event."""
+        """Raw watch events until the server ends the stream. Raises WatchError on an ERROR event;
+        TimeoutError when the stream goes silent or outlives its deadline (kubeapi.KubeApi.stream)."""
         query = {**params, "watch": "true", "timeoutSeconds": str(WATCH_SECONDS),
                  "allowWatchBookmarks": "true"}
-        async with self._session.get(self._conn.server + path, params=query, headers=self._conn.headers(),
-                                     timeout=aiohttp.ClientTimeout(total=WATCH_SECONDS + 30)) as resp:
-            if resp.status >= 400:
-                raise KubeError(f"watch {path}: HTTP {resp.status} {_reason(await resp.read())}", resp.status)
-            async for line in resp.content:
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                if event.get("type") == "ERROR":
-                    status = event.get("object") or {}
-                    raise WatchError(_status_text(status), status.get("code"))
-                yield event
+        events = self._api.stream(path, query, WATCH_SECONDS)
+        async with contextlib.aclosing(events):
+            try:
+                async for event in events:
+                    if event.get("type") == "ERROR":
+                        status = event.get("object") or {}
+                        raise WatchError(_status_text(status), status.get("code"))
+                    yield event
+            except kubeapi.ApiException as exc:
+                raise KubeError(f"watch {path}: HTTP {exc.status} {_reason(exc.body.encode())}",
+                                exc.status) from exc
 
     async def get_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
         try:

@@ -2,7 +2,7 @@
 
 A thin subclass of `kmock.KubernetesEmulator`: kmock keeps serving discovery (`/api`, `/apis`,
 `/apis/<group>/<version>`); object requests are served here, because kmock 0.8 lacks what a kopf
-operator needs (research: kopf-kmock.md): uid, resourceVersion, generation, creationTimestamp,
+operator needs (docs/upstream.md §7.1): uid, resourceVersion, generation, creationTimestamp,
 422 on a failed JSON-patch `test`, generateName, watch from a resourceVersion, label and field
 selectors, namespace from the URL, PUT, a status subresource kept apart, and a bounded request
 log. Tests can also inject faults (an error status, a dropped connection or a hang on the

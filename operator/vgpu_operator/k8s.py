@@ -1,16 +1,18 @@
 """The operator's API I/O: read what a policy renders against, write rendered targets, delete
 plugin pods, patch status, post events. Thin on purpose: every decision is made by the pure core.
 
-Objects travel as plain dicts (kubernetes-asyncio's `object` response type), so what is read is
-exactly what the renderers and `Observed` expect. Transient failures (409, 429, 5xx, connection
-errors) are retried with a short exponential backoff; anything else is raised to the caller. Every
-call has a deadline (`Kube.timeout`): a request the server never answers fails the reconcile, which
-backs off and reads everything again, instead of stalling the worker; it is not retried here.
+Objects travel as plain dicts (the JSON of `vgpu_formats.kubeapi`, the transport the device
+plugin and vgpuctl share), so what is read is exactly what the renderers and `Observed` expect.
+Transient failures (409, 429, 5xx, connection errors) are retried with a short exponential
+backoff; anything else is raised to the caller. Every call has a deadline (`Kube.timeout`): a
+request the server never answers fails the reconcile, which backs off and reads everything again,
+instead of stalling the worker; it is not retried here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import functools
 import json
@@ -22,12 +24,12 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import aiohttp
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
-from kubernetes_asyncio.client.exceptions import ApiException
+from vgpu_formats import kubeapi
+from vgpu_formats.kubeapi import ApiException
 
 from vgpu_operator import api
-from vgpu_operator.observed import OPTIONAL_SLOTS, Observed, wanted_objects
+from vgpu_operator.observed import Observed
+from vgpu_operator.registry import wanted_objects
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +51,8 @@ MERGE_PATCH = "application/merge-patch+json"
 # (core/v1 Event validation; 422 elsewhere): ours and kopf's both go here.
 CLUSTER_EVENTS_NAMESPACE = "default"
 RETRIABLE = frozenset({409, 429, 500, 502, 503, 504})
-DEFAULT_TIMEOUT = 30.0  # seconds for one API call (settings: --api-timeout)
+DEFAULT_TIMEOUT = kubeapi.DEFAULT_TIMEOUT  # seconds for one API call (settings: --api-timeout)
+WATCH_READ_TIMEOUT = kubeapi.WATCH_READ_TIMEOUT  # a watch silent this long is dead (kubeapi.py)
 
 
 class TargetWrite(Protocol):
@@ -107,28 +110,25 @@ class TargetMissing(Exception):
     again from the copy read before: the next reconcile reads the cluster anew and decides."""
 
 
-async def new_api_client(kubeconfig: str | None) -> k8s_client.ApiClient:
+async def new_api_client(kubeconfig: str | None) -> kubeapi.KubeApi:
     """A client from an explicit kubeconfig path, else the in-cluster service account.
 
-    $KUBECONFIG is deliberately not consulted here: kubernetes-asyncio reads it at import time,
-    so a test or the demo that sets it later would silently talk to another cluster. `main`
-    honours it through `vgpu_formats.kubeconfig.locate` and passes the path it found.
+    $KUBECONFIG is deliberately not consulted here: `main` honours it through
+    `vgpu_formats.kubeconfig.locate` and passes the path it found, so what a test or the demo
+    sets later never sends this client to another cluster.
     """
-    if kubeconfig:
-        return await k8s_config.new_client_from_config(config_file=kubeconfig, persist_config=False)
-    configuration = k8s_client.Configuration()
-    k8s_config.load_incluster_config(client_configuration=configuration)
-    return k8s_client.ApiClient(configuration=configuration)
+    return await kubeapi.connect(kubeconfig)
 
 
 class Kube:
     """The operator's API calls, with retries. One instance per operator process."""
 
-    def __init__(self, api_client: k8s_client.ApiClient, retry: Retry | None = None,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, api_client: kubeapi.KubeApi, retry: Retry | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, watch_read_timeout: float = WATCH_READ_TIMEOUT) -> None:
         self.api_client = api_client
         self.retry = retry or Retry()
         self.timeout = timeout
+        self.watch_read_timeout = watch_read_timeout
 
     async def close(self) -> None:
         await self.api_client.close()
@@ -137,17 +137,9 @@ class Kube:
 
     async def _call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
                     content_type: str = "application/json") -> dict[str, Any]:
-        try:
-            async with asyncio.timeout(self.timeout):  # connect, send, answer and body, all of it
-                result = await self.api_client.call_api(
-                    path, method, query_params=list((query or {}).items()),
-                    header_params={"Accept": "application/json", "Content-Type": content_type}, body=body,
-                    response_types_map={200: "object", 201: "object"}, auth_settings=["BearerToken"],
-                    _return_http_data_only=True, _preload_content=True,
-                )
-        except TimeoutError as exc:
-            raise TimeoutError(f"{method} {path}: no answer within {self.timeout:g}s") from exc
-        return result if isinstance(result, dict) else {}
+        # The deadline covers connect, send, answer and body: TimeoutError "METHOD path: no
+        # answer within Ns" (kubeapi.KubeApi.request).
+        return await self.api_client.request(method, path, body, query, content_type, timeout=self.timeout)
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[T]], conflicts: bool = True) -> T:
         """`call`, again after transient failures. Not after a timeout (a hung server: the reconcile
@@ -213,27 +205,23 @@ class Kube:
         if fields:
             query.append(("fieldSelector", fields))
         path = path_of(kind, namespace) if namespaced and namespace else f"{prefix}/{plural}"
-        response = await self.api_client.call_api(
-            path, "GET", query_params=query, header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout_seconds + 30)
-        try:
-            if response.status != 200:
-                raise ApiException(status=response.status, reason=f"watch {plural}: HTTP {response.status}")
-            async for line in response.content:
-                if line.strip():
-                    yield json.loads(line)
-        finally:
-            response.release()
+        # Headers within `timeout`, the whole stream within timeout_seconds + 30 s, and no silence
+        # longer than `watch_read_timeout`: a hung server ends the watch with TimeoutError.
+        events = self.api_client.stream(path, query, timeout_seconds, read_timeout=self.watch_read_timeout,
+                                        timeout=self.timeout)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                yield event
 
     async def read_observed(self, spec: api.VGPUPolicySpec, nodes: list[dict[str, Any]]) -> Observed:
         """The objects the policy names (`wanted_objects`, read concurrently), plus the nodes the
         caller tracks."""
         wanted = wanted_objects(spec)
-        found = await asyncio.gather(*(self._get_optional(*key) if slot in OPTIONAL_SLOTS else self.get(*key)
-                                       for slot, key in wanted.items()))
+        found = await asyncio.gather(*(self._get_optional(*w.key) if w.optional else self.get(*w.key)
+                                       for w in wanted))
         observed = Observed(nodes=nodes)
-        for slot, obj in zip(wanted, found, strict=True):
-            setattr(observed, slot, obj)
+        for w, obj in zip(wanted, found, strict=True):
+            setattr(observed, w.slot, obj)
         return observed
 
     async def _get_optional(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:

@@ -2,7 +2,7 @@
 
 Each object is the plain dict the API returned (or a manifest), None when it does not exist. The
 runtime fills an `Observed` from API reads; `vgpuctl` and the tests fill it from manifests with
-`load_observed_from_manifests`.
+`registry.load_observed_from_manifests`. Its slots are the registry's targets and inputs.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpu_formats import device_config, node_config, yamlio
-
-from vgpu_operator.api import VGPUPolicySpec
 
 
 @dataclass
@@ -57,49 +55,12 @@ def object_key(obj: dict[str, Any]) -> tuple[str, str, str]:
     return str(obj.get("kind", "")), str(meta.get("namespace") or ""), str(meta.get("name", ""))
 
 
-def wanted_objects(spec: VGPUPolicySpec) -> dict[str, tuple[str, str, str]]:
-    """Which object fills which `Observed` slot, per the policy."""
-    wanted = {
-        "scheduler_configmap": ("ConfigMap", spec.scheduler.namespace, spec.scheduler.config_map),
-        "scheduler_deployment": ("Deployment", spec.scheduler.namespace, spec.scheduler.deployment),
-        "device_config": ("ConfigMap", spec.targets.device_config.namespace, spec.targets.device_config.name),
-        "node_config": ("ConfigMap", spec.targets.node_config.namespace, spec.targets.node_config.name),
-        "device_plugin": ("DaemonSet", spec.device_plugin.namespace, spec.device_plugin.daemon_set),
-    }
-    first = device_config.PLUGIN_NAMESPACES[0]
-    if spec.targets.device_config.namespace in device_config.PLUGIN_NAMESPACES[1:]:
-        wanted[SHADOW] = ("ConfigMap", first, device_config.CONFIGMAP_NAME)
-    return wanted
-
-
-SHADOW = "device_config_shadow"
-# Read when it can be: a namespace outside the operator's RBAC leaves it unknown, not an error.
-OPTIONAL_SLOTS = frozenset({SHADOW})
-
-
-def load_observed_from_manifests(docs: Iterable[dict[str, Any] | None], spec: VGPUPolicySpec) -> Observed:
-    """Pick the policy's objects out of manifests (`kind: List` items included); a later
-    document with the same kind/namespace/name wins, as `kubectl apply` of the files in order."""
-    by_key: dict[tuple[str, str, str], dict[str, Any]] = {}
-    nodes: dict[str, dict[str, Any]] = {}
-    for doc in _flatten(docs):
-        key = object_key(doc)
-        if key[0] == "Node":
-            nodes[key[2]] = doc
-        else:
-            by_key[key] = doc
-    observed = Observed(nodes=list(nodes.values()))
-    for slot, key in wanted_objects(spec).items():
-        setattr(observed, slot, by_key.get(key))
-    return observed
-
-
-def _flatten(docs: Iterable[dict[str, Any] | None]) -> Iterable[dict[str, Any]]:
+def flatten(docs: Iterable[dict[str, Any] | None]) -> Iterable[dict[str, Any]]:
     for doc in docs:
         if not isinstance(doc, dict):
             continue
         items = yamlio.list_items(doc)
         if items is not None:
-            yield from _flatten(items)
+            yield from flatten(items)
         else:
             yield doc

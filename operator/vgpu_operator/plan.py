@@ -9,11 +9,11 @@ Pure: no I/O. `make_plan` classifies every target:
 * paused                                            -> nothing is written, differences are reported
 * not rendered (bad input, `error` set)             -> Error, nothing written
 
-Restarts follow from the writes (restart matrix, research anchors.md §5): the renderers put the
-config hash into the pod templates, so writing a changed hash *is* the scheduler or DaemonSet
-rollout; device-plugin pods are deleted only on nodes whose node-config entry changed, only for
-plugins that read node-config at start (not the builtin one, which watches the ConfigMap), and not
-when the DaemonSet is rolling anyway.
+Restarts follow from the writes, by each target's restart rule in `registry.TARGETS`: the
+renderers put the config hash into the pod templates, so writing a changed hash *is* the scheduler
+or DaemonSet rollout (`Rollout`); device-plugin pods are deleted only on nodes whose node-config
+entry changed (`PluginPods`), only for plugins that read node-config at start (not the builtin one,
+which watches the ConfigMap), and not when the DaemonSet is rolling anyway.
 
 A restart follows the ConfigMap write that causes it, so an operator that dies between the two
 would leave the restart undone and the next one none the wiser (the inputs it reads are current
@@ -30,53 +30,31 @@ import json
 import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-from vgpu_formats import node_config
-
+from vgpu_operator import api
 from vgpu_operator.api import TargetState
-from vgpu_operator.render.device_plugin import ANNOTATION as PLUGIN_HASH
+from vgpu_operator.registry import BY_SLOT, ROLLOUTS, PluginPods, RestartKind, Rollout
 from vgpu_operator.render.inputs import describe as describe_object
 from vgpu_operator.render.inputs import template_annotations
-from vgpu_operator.render.scheduler_deployment import ANNOTATION as SCHEDULER_HASH
+from vgpu_operator.render.target import TargetRender
 
 logger = logging.getLogger(__name__)
 
-RestartKind = Literal["scheduler", "daemonset", "plugin-pod"]
 PENDING_ANNOTATION = "vgpu.io/pending-restarts"
 # Node names beyond this many characters are announced as "every node": an object's annotations
 # share 256 KiB, and node-config itself may be most of a ConfigMap's 1 MiB.
 MAX_PENDING_NODE_CHARS = 32 * 1024
-WORKLOAD_RESTARTS: dict[str, tuple[RestartKind, str]] = {"Deployment": ("scheduler", SCHEDULER_HASH),
-                                                         "DaemonSet": ("daemonset", PLUGIN_HASH)}
-
-
-class Target(Protocol):
-    """The parts of the core's TargetRender the plan reads."""
-
-    kind: str
-    namespace: str
-    name: str
-    live: dict[str, Any] | None
-    desired: dict[str, Any] | None  # None: could not be rendered, `error` says why
-    content_hash: str
-    changed: bool
-    key: str | None  # ConfigMaps: the data key we own
-    restart_hash: str | None  # workloads: the pod-template hash annotation value we want
-    changed_nodes: list[str]  # node-config: nodes whose entry changed
-    error: Any  # a Problem (field, reason, message) or None
-
-    def patch(self) -> dict[str, Any]: ...
 
 
 TargetKey = tuple[str, str, str]
 
 
-def key_of(target: Target) -> TargetKey:
+def key_of(target: TargetRender) -> TargetKey:
     return target.kind, target.namespace, target.name
 
 
-def describe(target: Target) -> str:
+def describe(target: TargetRender) -> str:
     return describe_object(target.kind, target.namespace, target.name)
 
 
@@ -97,10 +75,10 @@ class Previous:
 
 
 @dataclass(frozen=True)
-class Decision:
+class TargetDecision:
     """One target's outcome: whether to write it, and the state/hash status will show."""
 
-    target: Target
+    target: TargetRender
     write: bool
     repair: bool
     state: TargetState
@@ -125,7 +103,7 @@ class PlannedEvent:
 
 @dataclass(frozen=True)
 class Plan:
-    decisions: list[Decision]
+    decisions: list[TargetDecision]
     restarts: list[Restart] = field(default_factory=list)
     recreate_plugin_pods_on: list[str] = field(default_factory=list)
     events: list[PlannedEvent] = field(default_factory=list)
@@ -138,44 +116,42 @@ class Plan:
                                              else written is None or r.target in written)]
 
     @property
-    def writes(self) -> list[Target]:
+    def writes(self) -> list[TargetRender]:
         return [decision.target for decision in self.decisions if decision.write]
 
     @property
-    def drifted(self) -> list[Decision]:
+    def drifted(self) -> list[TargetDecision]:
         return [d for d in self.decisions if d.state in ("Drifted", "Missing")]
 
 
-def previous_from_status(status: Mapping[str, Any] | None) -> dict[TargetKey, Previous]:
-    """Index status.targets (as stored on the policy) by (kind, namespace, name)."""
-    result: dict[TargetKey, Previous] = {}
-    for entry in (status or {}).get("targets") or []:
-        if isinstance(entry, Mapping):
-            key = (str(entry.get("kind", "")), str(entry.get("namespace", "")), str(entry.get("name", "")))
-            result[key] = Previous(hash=str(entry.get("hash") or ""), state=str(entry.get("state") or ""))
-    return result
+def previous_from_status(status: api.VGPUPolicyStatus | None) -> dict[TargetKey, Previous]:
+    """Index the stored status's targets by (kind, namespace, name)."""
+    return {(t.kind, t.namespace, t.name): Previous(t.hash or "", t.state or "")
+            for t in (status.targets if status else [])}
 
 
-def _decide(target: Target, previous: Previous | None, enforce: bool, paused: bool) -> Decision:
+def _decide_target(target: TargetRender, previous: Previous | None, enforce: bool,
+                   paused: bool) -> TargetDecision:
     last_applied = previous.hash if previous else ""
     if target.error is not None or target.desired is None:
-        return Decision(target, False, False, "Error", last_applied, str(target.error or "not rendered"))
+        error = str(target.error or "not rendered")
+        return TargetDecision(target, False, False, "Error", last_applied, error)
     if not target.changed:
-        return Decision(target, False, False, "InSync", target.content_hash, "")
+        return TargetDecision(target, False, False, "InSync", target.content_hash, "")
     hand_edited = bool(last_applied) and last_applied == target.content_hash
     gone = target.live is None
     if paused:
         state: TargetState = "Missing" if gone else "Drifted"
-        return Decision(target, False, False, state, last_applied,
+        return TargetDecision(target, False, False, state, last_applied,
                         "paused: differs from the policy, not written")
     if not hand_edited:
         message = "created" if gone else "updated to the policy"
-        return Decision(target, True, False, "Updated", target.content_hash, message)
+        return TargetDecision(target, True, False, "Updated", target.content_hash, message)
     if enforce:
         message = "recreated after it was deleted by hand" if gone else "repaired a hand edit"
-        return Decision(target, True, True, "Updated", target.content_hash, message)
+        return TargetDecision(target, True, True, "Updated", target.content_hash, message)
     message = "deleted by hand" if gone else "changed by hand"
-    return Decision(target, False, False, "Missing" if gone else "Drifted", last_applied,
+    return TargetDecision(target, False, False, "Missing" if gone else "Drifted", last_applied,
                     f"{message}; driftPolicy Report leaves it")
 
 
@@ -184,11 +160,7 @@ def _template_annotation(obj: dict[str, Any] | None, key: str) -> str | None:
     return None if value is None else str(value)
 
 
-def _is_node_config(target: Target) -> bool:
-    return target.kind == "ConfigMap" and target.key == node_config.CONFIGMAP_KEY
-
-
-def _restarts(decisions: Sequence[Decision], builtin_plugin: bool,
+def _restarts(decisions: Sequence[TargetDecision], builtin_plugin: bool,
               pending_nodes: Collection[str] = ()) -> tuple[list[Restart], list[str]]:
     restarts: list[Restart] = []
     node_changes: list[str] = []
@@ -197,14 +169,15 @@ def _restarts(decisions: Sequence[Decision], builtin_plugin: bool,
         if not decision.write:
             continue
         target = decision.target
-        if target.kind in WORKLOAD_RESTARTS:
-            kind, annotation = WORKLOAD_RESTARTS[target.kind]
-            before, after = _template_annotation(target.live, annotation), target.restart_hash
+        rule = BY_SLOT[target.slot].restart
+        if isinstance(rule, Rollout):
+            before, after = _template_annotation(target.live, rule.annotation), target.restart_hash
             if after is not None and before != after:
-                daemonset_rolls = daemonset_rolls or kind == "daemonset"
-                why = "scheduler config changed" if kind == "scheduler" else "device plugin config changed"
-                restarts.append(Restart(kind, describe(target), why, after))
-        elif _is_node_config(target):
+                daemonset_rolls = daemonset_rolls or rule.kind == "daemonset"
+                why = ("scheduler config changed" if rule.kind == "scheduler"
+                       else "device plugin config changed")
+                restarts.append(Restart(rule.kind, describe(target), why, after))
+        elif isinstance(rule, PluginPods):
             node_changes = list(target.changed_nodes)
     if pending_nodes:
         node_changes = sorted(set(node_changes) | set(pending_nodes))
@@ -214,7 +187,8 @@ def _restarts(decisions: Sequence[Decision], builtin_plugin: bool,
     return restarts, node_changes
 
 
-def _events(decisions: Sequence[Decision], previous: Mapping[TargetKey, Previous]) -> list[PlannedEvent]:
+def _events(decisions: Sequence[TargetDecision],
+            previous: Mapping[TargetKey, Previous]) -> list[PlannedEvent]:
     events: list[PlannedEvent] = []
     for decision in decisions:
         target = decision.target
@@ -307,11 +281,11 @@ def unfinished(pending: Pending,
     done: list[Restart] = []
     for ref, wanted in sorted(pending.workloads.items()):
         kind = parse_ref(ref)[0]
-        if ref not in live or kind not in WORKLOAD_RESTARTS:
+        rule = ROLLOUTS.get(kind)
+        if ref not in live or rule is None:
             continue
-        restart_kind, annotation = WORKLOAD_RESTARTS[kind]
-        if _template_annotation(live[ref], annotation) == wanted:
-            done.append(Restart(restart_kind, ref, "config changed (rolled by an interrupted reconcile)",
+        if _template_annotation(live[ref], rule.annotation) == wanted:
+            done.append(Restart(rule.kind, ref, "config changed (rolled by an interrupted reconcile)",
                                 wanted))
         else:
             todo.append(ref)
@@ -329,11 +303,11 @@ def restart_events(restarts: Sequence[Restart]) -> list[PlannedEvent]:
     return events
 
 
-def make_plan(targets: Sequence[Target], previous: Mapping[TargetKey, Previous], *, enforce: bool,
+def make_plan(targets: Sequence[TargetRender], previous: Mapping[TargetKey, Previous], *, enforce: bool,
               paused: bool, builtin_plugin: bool, pending_nodes: Collection[str] = ()) -> Plan:
     """Decide writes, restarts and events for one reconcile of the active policy.
     `pending_nodes`: plugin pods an interrupted reconcile announced and did not recreate."""
-    decisions = [_decide(target, previous.get(key_of(target)), enforce, paused) for target in targets]
+    decisions = [_decide_target(target, previous.get(key_of(target)), enforce, paused) for target in targets]
     restarts, nodes = _restarts(decisions, builtin_plugin, pending_nodes)
     return Plan(decisions=decisions, restarts=restarts, recreate_plugin_pods_on=nodes,
                 events=_events(decisions, previous))

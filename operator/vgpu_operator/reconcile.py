@@ -1,8 +1,9 @@
-"""One reconcile of a VGPUPolicy: read, validate, render, plan, write, report.
+"""One reconcile of a VGPUPolicy: read, decide, write, report.
 
-The I/O sequence around the pure core. Everything it decides comes from `validate`, `render_all`,
-`make_plan` and `build_status`; this module only moves data between them and the API, keeps the
-in-memory indexes (policies, nodes) the kopf handlers feed, and serialises reconciles.
+The I/O sequence around the pure core: read the objects the policy names into a `ClusterView`,
+`decide.decide` what to do, execute its plan (writes, then plugin pod restarts), and write the
+status `build_status` makes of the outcome, with the events the plan and the conditions call for.
+Nothing here decides; it moves data between the core and the API and serialises reconciles.
 """
 
 from __future__ import annotations
@@ -10,148 +11,56 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import pydantic
-from kubernetes_asyncio.client.exceptions import ApiException
-from vgpu_formats import annotations as node_annotations
-from vgpu_formats import node_config
+from vgpu_formats.kubeapi import ApiException
 
-from vgpu_operator import api, logs
+from vgpu_operator import api, decide, logs
 from vgpu_operator.k8s import Kube, describe_error, now_rfc3339
 from vgpu_operator.metrics import Metrics
-from vgpu_operator.observed import Observed, wanted_objects
 from vgpu_operator.plan import (
     PENDING_ANNOTATION,
-    Decision,
     Pending,
     Plan,
     Restart,
+    TargetDecision,
     describe,
-    make_plan,
     parse_ref,
-    pending_of,
-    previous_from_status,
     restart_events,
-    unfinished,
 )
-from vgpu_operator.render import RenderResult, render_all
-from vgpu_operator.render.inputs import Problem
-from vgpu_operator.render.target import MANAGED_BY, MANAGED_BY_LABEL, TargetRender
+from vgpu_operator.registry import TARGETS
+from vgpu_operator.render.target import MANAGED_BY, MANAGED_BY_LABEL
+from vgpu_operator.runtime.indexes import NodeIndex, PolicyIndex
 from vgpu_operator.status import (
     Outcome,
     build_status,
+    condition_events,
     failed_status,
     parse_status,
-    report_nodes,
     status_dict,
 )
-from vgpu_operator.validate import validate
-from vgpu_operator.versions import plugin_generation
+from vgpu_operator.view import ClusterView
 
 logger = logging.getLogger(__name__)
 
-NODE_KEYS = (node_annotations.NODE_REGISTER,)  # the only node annotation rendering and status read
-BACKOFF_SECONDS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)  # after the 1st, 2nd, ... failure in a row
 STATUS_ATTEMPTS = 5  # status writes that met a newer policy (409), each merged into it anew
-
-
-def _version(obj: Mapping[str, Any]) -> int:
-    value = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-    return int(value) if value.isdigit() else -1
-
-
-class PolicyIndex:
-    """The VGPUPolicies the operator has seen, newest state of each; the oldest one is active."""
-
-    def __init__(self) -> None:
-        self.bodies: dict[str, dict[str, Any]] = {}
-
-    def update(self, body: Mapping[str, Any], deleted: bool = False) -> None:
-        name = str((body.get("metadata") or {}).get("name", ""))
-        if deleted:
-            self.bodies.pop(name, None)
-            return
-        known = self.bodies.get(name)
-        # Our own status write returns a newer object than a watch event still in flight.
-        if known is None or _version(body) >= _version(known) or _version(body) < 0:
-            self.bodies[name] = dict(body)
-
-    def active(self, *, including_deleted: bool = False) -> str | None:
-        """Oldest by creationTimestamp, then name; policies being deleted step aside (unless
-        `including_deleted`: was this one in charge before its deletion?)."""
-        alive = [(str(b["metadata"].get("creationTimestamp") or ""), name) for name, b in self.bodies.items()
-                 if including_deleted or not b["metadata"].get("deletionTimestamp")]
-        return min(alive)[1] if alive else None
-
-
-class NodeIndex:
-    """Nodes, trimmed to what rendering and status read; tells whether a change matters."""
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.versions: dict[str, int] = {}
-        self.seeded = asyncio.Event()  # set once a full list was read: safe to render node-config
-
-    @staticmethod
-    def trim(body: Mapping[str, Any]) -> dict[str, Any]:
-        meta = body.get("metadata") or {}
-        status = body.get("status") or {}
-        kept = {key: value for key, value in (meta.get("annotations") or {}).items() if key in NODE_KEYS}
-        return {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
-                         "annotations": kept},
-            "status": {"allocatable": dict(status.get("allocatable") or {})},
-        }
-
-    def update(self, body: Mapping[str, Any], deleted: bool = False) -> bool:
-        """Record a node event; True when labels, registration or allocatable changed."""
-        name = str((body.get("metadata") or {}).get("name", ""))
-        version = _version(body)
-        if 0 <= version < self.versions.get(name, -1):
-            return False  # an older state than the one already indexed (the list raced the watch)
-        if deleted:  # the last event of this node: the stream is ordered, nothing older follows
-            self.versions.pop(name, None)
-            return self.nodes.pop(name, None) is not None
-        self.versions[name] = version
-        trimmed = self.trim(body)
-        if self.nodes.get(name) == trimmed:
-            return False
-        self.nodes[name] = trimmed
-        return True
-
-    def all(self) -> list[dict[str, Any]]:
-        return [self.nodes[name] for name in sorted(self.nodes)]
-
-
-@dataclass
-class Tuning:
-    """Timings of the runtime (short by default: failures show within a second)."""
-
-    resync_seconds: float = 60.0
-    debounce_seconds: float = 0.02
-    error_backoff_seconds: tuple[float, ...] = BACKOFF_SECONDS
-    nodes_timeout_seconds: float = 30.0  # how long a reconcile waits for the first node list
+NODES_TIMEOUT_SECONDS = 30.0  # how long a reconcile waits for the first full node list
 
 
 class Reconciler:
-    """Reconciles the active policy; one at a time, triggered by handlers, events and a timer."""
+    """Reconciles one policy at a time: `reconcile(name)` reads, decides, writes and reports once;
+    when and how often is the runtime's business (`vgpu_operator.runtime.worker`)."""
 
-    def __init__(self, kube: Kube, metrics: Metrics, tuning: Tuning | None = None) -> None:
+    def __init__(self, kube: Kube, metrics: Metrics, *, nodes_timeout: float = NODES_TIMEOUT_SECONDS,
+                 policies: PolicyIndex | None = None, nodes: NodeIndex | None = None) -> None:
         self.kube = kube
         self.metrics = metrics
-        self.tuning = tuning or Tuning()
-        self.policies = PolicyIndex()
-        self.nodes = NodeIndex()
+        self.nodes_timeout = nodes_timeout
+        self.policies = policies or PolicyIndex()
+        self.nodes = nodes or NodeIndex()
         self._lock = asyncio.Lock()
-        self._wake = asyncio.Event()
-        self._failures = 0
-        # Policies this replica works on now (their kopf daemon runs). With peering, a paused
-        # replica's daemons are stopped, so its worker stops resyncing: one writer at a time.
-        self.working: set[str] = set()
         self.paused = False  # peering paused this replica: a reconcile still under way exports nothing
         # Restarts made but not in status yet (its write failed): the next status write adds them.
         self._unreported: list[Restart] = []
@@ -159,49 +68,13 @@ class Reconciler:
         # reconcile that retries after a late failure must not restart them twice.
         self._recreated: set[str] = set()
 
-    # ----- triggers -----
-
-    def start_working(self, name: str) -> None:
-        self.working.add(name)
-        self.paused = False
-        self.metrics.set_active(True)
-        self.trigger()  # taking over (start, or after a peering pause): resync now
-
-    def stop_working(self, name: str) -> None:
-        self.working.discard(name)
-        self.paused = not self.working
-        self.metrics.set_active(not self.paused)
-
-    def trigger(self) -> None:
-        """Ask the worker for a reconcile of the active policy soon (bursts coalesce)."""
-        self._wake.set()
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """The worker: reconcile on triggers, and every resync period as a safety net."""
-        while not stop.is_set():
-            delay = self.tuning.resync_seconds
-            if self._failures:
-                backoff = self.tuning.error_backoff_seconds
-                delay = backoff[min(self._failures, len(backoff)) - 1]
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=delay)
-                await asyncio.sleep(self.tuning.debounce_seconds)
-            except TimeoutError:
-                pass
-            self._wake.clear()
-            active = self.policies.active()
-            if active is not None and active in self.working and not stop.is_set():
-                ok = await self.reconcile(active)
-                self._failures = 0 if ok else self._failures + 1
-
     async def release(self, name: str, body: dict[str, Any]) -> None:
         """The policy is going away: keep every rendered setting (the cluster keeps working) and
         drop only the managed-by label we put on ConfigMaps we created."""
         async with self._lock:
             policy = api.VGPUPolicy.model_validate({**body, "status": None})
-            wanted = wanted_objects(policy.spec)
-            for slot in ("device_config", "node_config"):
-                kind, namespace, cm_name = wanted[slot]
+            for target in (t for t in TARGETS if t.owned):
+                kind, namespace, cm_name = target.key(policy.spec)
                 live = await self.kube.get(kind, namespace, cm_name)
                 labels = ((live or {}).get("metadata") or {}).get("labels") or {}
                 if labels.get(MANAGED_BY_LABEL) == MANAGED_BY:
@@ -212,7 +85,6 @@ class Reconciler:
             await self.kube.post_event(body, "Normal", "Released", "policy deleted: rendered configuration "
                                        "left in place, ownership labels removed")
             self.policies.update(body, deleted=True)
-        self.trigger()  # an older-but-conflicting policy may take over now
 
     # ----- the reconcile -----
 
@@ -243,71 +115,59 @@ class Reconciler:
         generation = body["metadata"].get("generation")
         active = self.policies.active()
         if active != name:
-            await self._report(body, previous, Outcome(generation, conflict_with=active))
+            await self._report(body, previous, decide.conflict(generation, active).outcome())
             return "conflict"
         try:
             policy = api.VGPUPolicy.from_object(body)
         except pydantic.ValidationError as exc:
             problems = [f"spec.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in exc.errors()]
-            await self._report(body, previous, Outcome(generation, problems=problems))
+            await self._report(body, previous, decide.rejected(generation, problems).outcome())
             return "invalid"
         # Never render node-config from a partial node list: that would drop the entries of the
         # nodes not seen yet and restart their plugin pods.
         try:
-            await asyncio.wait_for(self.nodes.seeded.wait(), timeout=self.tuning.nodes_timeout_seconds)
+            await asyncio.wait_for(self.nodes.seeded.wait(), timeout=self.nodes_timeout)
         except TimeoutError as exc:
-            raise TimeoutError(f"no node list after {self.tuning.nodes_timeout_seconds:g}s") from exc
+            raise TimeoutError(f"no node list after {self.nodes_timeout:g}s") from exc
         observed = await self.kube.read_observed(policy.spec, self.nodes.all())
-        # Restarts an interrupted reconcile announced and did not finish (plan.Pending).
-        pending = pending_of([observed.device_config, observed.node_config, observed.scheduler_configmap])
-        to_roll, rolled = unfinished(pending, [observed.scheduler_deployment, observed.device_plugin])
-        rendered_for = _interrupted(policy, to_roll, pending) if to_roll else policy
+        view = ClusterView.of(observed, policy.spec, previous)
+        if not view.pending:
+            self._recreated.clear()
         # Parsing what others wrote (bounded, yet up to 1 MiB a ConfigMap) and rendering for
         # thousands of nodes is CPU work: in a worker thread, watches and probes stay answered.
-        render, found = await asyncio.to_thread(_render_and_validate, rendered_for, policy, observed)
-        problems = [str(p) for p in found if p.severity == "error"]
-        warnings = [str(p) for p in found if p.severity != "error"]
-        nodes = report_nodes(observed.nodes, policy.spec, _node_splits(render.targets))
-        if problems:
-            await self._report(body, previous, Outcome(generation, problems=problems, warnings=warnings,
-                                                       nodes=nodes))
-            return "invalid"
-        if not pending:
-            self._recreated.clear()
-        pending_nodes = set([str(n["metadata"]["name"]) for n in observed.nodes] if pending.all_nodes
-                            else pending.nodes) - self._recreated
-        plan = make_plan(render.targets, previous_from_status(body.get("status")),
-                         enforce=policy.spec.drift_policy == "Enforce", paused=policy.spec.paused,
-                         builtin_plugin=_builtin(policy, observed), pending_nodes=pending_nodes)
+        decision = await asyncio.to_thread(decide.decide, policy, view, generation=generation,
+                                           recreated=frozenset(self._recreated))
+        if decision.plan is None:
+            await self._report(body, previous, decision.outcome())
+            return decision.result
+        plan = decision.plan
         apply_error: str | None = None
         restarted: list[Restart] = []
-        if not policy.spec.paused:
-            apply_error, restarted = await self._execute(plan, observed, body, pending)
+        if not decision.paused:
+            apply_error, restarted = await self._execute(plan, view, body)
         # Rollouts an interrupted reconcile did make: in status once (it may have written them).
         restarted = self._unreported + restarted
         recorded = {(r.target, r.hash) for r in previous.restarts} if previous else set()
         recorded |= {(r.target, r.hash) for r in restarted}
-        self._unreported = [r for r in rolled if (r.target, r.hash) not in recorded] + restarted
-        outcome = Outcome(generation, warnings=warnings, plan=plan, apply_error=apply_error, nodes=nodes,
-                          paused=policy.spec.paused, restarts=self._unreported)
-        await self._report(body, previous, outcome)
+        self._unreported = [r for r in decision.rolled if (r.target, r.hash) not in recorded] + restarted
+        await self._report(body, previous, decision.outcome(apply_error, self._unreported))
         self._unreported = []
         if apply_error:
             return "error"
-        if policy.spec.paused:
+        if decision.paused:
             return "paused"
-        await self._settle_pending(plan, bool(pending or plan.restarts), logs.PolicyLogger(body, logger))
+        await self._settle_pending(plan, bool(view.pending or plan.restarts), logs.PolicyLogger(body, logger))
         self._recreated.clear()
         return "ok"
 
-    async def _execute(self, plan: Plan, observed: Observed, body: dict[str, Any],
-                       pending: Pending) -> tuple[str | None, list[Restart]]:
+    async def _execute(self, plan: Plan, view: ClusterView,
+                       body: dict[str, Any]) -> tuple[str | None, list[Restart]]:
         """Write the planned targets, then recreate plugin pods. Returns the error text on failure,
         else the restarts that really happened (reported in status, events and metrics).
 
         Each ConfigMap write carries every restart still to do (`pending`, plus this plan's) in
         the same request: a crash before they are done cannot lose them (`_settle_pending`)."""
-        announce = pending.merged(Pending.of(plan.restarts))
+        announce = view.pending.merged(Pending.of(plan.restarts))
         marker: dict[str, str | None] | None = {PENDING_ANNOTATION: announce.text()} if announce else None
         recreated: set[str] = set()
         written: list[str] = []
@@ -321,8 +181,8 @@ class Reconciler:
                 await self.kube.apply(target, marker if target.kind == "ConfigMap" else None)
                 written.append(describe(target))  # the ref Plan.done matches restarts by
                 _log_write(log, decision)
-            if plan.recreate_plugin_pods_on and observed.device_plugin is not None:
-                for pod in await self.kube.plugin_pods(observed.device_plugin, plan.recreate_plugin_pods_on):
+            if plan.recreate_plugin_pods_on and view.device_plugin is not None:
+                for pod in await self.kube.plugin_pods(view.device_plugin, plan.recreate_plugin_pods_on):
                     namespace, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
                     if await self.kube.delete_pod(namespace, pod_name):
                         node = pod["spec"].get("nodeName", "")
@@ -391,23 +251,15 @@ class Reconciler:
 
     async def _report(self, body: dict[str, Any], previous: api.VGPUPolicyStatus | None,
                       outcome: Outcome) -> None:
-        """Write status when it changed; post an event when a condition turned bad."""
+        """Write status when it changed; post the events its conditions call for."""
         now = now_rfc3339()
         status = build_status(outcome, previous, now)
         if outcome.conflict_with is None and not self.paused:
             self.metrics.nodes_converged.set(status.nodes.converged)
             ready = status.condition("Ready")
             self.metrics.policy_ready.set(1 if ready is not None and ready.status == "True" else 0)
-        for condition in status.conditions:
-            before = previous.condition(condition.type) if previous else None
-            turned = before is None or before.status != condition.status
-            bad = (condition.type == "Conflict") == (condition.status == "True")
-            if turned and bad and condition.type in ("Valid", "Conflict"):
-                reason = "Rejected" if condition.type == "Valid" else "Conflict"
-                await self.kube.post_event(body, "Warning", reason, condition.message)
-            elif condition.type == "Valid" and condition.status == "True" and condition.message and (
-                    before is None or before.message != condition.message):
-                await self.kube.post_event(body, "Warning", "ValidationWarning", condition.message)
+        for event in condition_events(previous, status):
+            await self.kube.post_event(body, event.type, event.reason, event.message)
         await self._write_status(body, status, lambda fresh: build_status(outcome, fresh, now))
 
     async def _write_status(self, body: dict[str, Any], status: api.VGPUPolicyStatus,
@@ -443,7 +295,7 @@ class Reconciler:
         raise RuntimeError(f"VGPUPolicy {name}: status still conflicting after {STATUS_ATTEMPTS} attempts")
 
 
-def _log_write(log: logs.PolicyLogger, decision: Decision) -> None:
+def _log_write(log: logs.PolicyLogger, decision: TargetDecision) -> None:
     """The INFO line of one target write: created or updated for the policy, or repaired drift."""
     target = decision.target
     if decision.repair:
@@ -455,39 +307,3 @@ def _log_write(log: logs.PolicyLogger, decision: Decision) -> None:
     else:
         verb, reason, detail = "updated", "policy", "differed from the policy"
     logs.action(log, verb, target.kind, target.namespace, target.name, reason, detail)
-
-
-def _interrupted(policy: api.VGPUPolicy, refs: Collection[str], pending: Pending) -> api.VGPUPolicy:
-    """The policy as rendering must see it when the workloads `refs` were announced and not
-    rolled: their inputs may be written already, so they count as a failed apply (status state
-    Error: `render.running_hashes`), which rolls them although their inputs look current."""
-    status = policy.status or api.VGPUPolicyStatus()
-    interrupted: dict[tuple[str, str, str], api.TargetStatus] = {}
-    for ref in refs:
-        kind, namespace, name = parse_ref(ref)
-        interrupted[(kind, namespace, name)] = api.TargetStatus(
-            kind=kind, namespace=namespace, name=name, hash=pending.workloads[ref], state="Error",
-            message="a reconcile was interrupted before rolling it")
-    kept: Sequence[api.TargetStatus] = [t for t in status.targets
-                                        if (t.kind, t.namespace, t.name) not in interrupted]
-    targets = [*kept, *interrupted.values()]
-    return policy.model_copy(update={"status": status.model_copy(update={"targets": targets})})
-
-
-def _render_and_validate(rendered_for: api.VGPUPolicy, policy: api.VGPUPolicy,
-                         observed: Observed) -> tuple[RenderResult, list[Problem]]:
-    """The render and every problem found in it or the cluster; any error blocks every write (a
-    partial apply is how the four places drift apart)."""
-    render = render_all(rendered_for, observed)
-    found = validate(policy, observed, render)
-    return render, found + [p for p in render.problems if p not in found]
-
-
-def _node_splits(targets: list[TargetRender]) -> dict[str, int]:
-    node_config_targets = (t for t in targets if t.kind == "ConfigMap" and t.key == node_config.CONFIGMAP_KEY)
-    return next((t.node_splits for t in node_config_targets), {})
-
-
-def _builtin(policy: api.VGPUPolicy, observed: Observed) -> bool:
-    spec = policy.spec.device_plugin
-    return plugin_generation(spec.generation, observed.device_plugin, spec.container).generation == "builtin"

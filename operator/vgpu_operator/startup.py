@@ -15,8 +15,8 @@ from typing import NoReturn
 
 import aiohttp
 import kopf
-from kubernetes_asyncio.client.exceptions import ApiException
 from vgpu_formats import cli, kubeconfig
+from vgpu_formats.kubeapi import ApiException
 
 from vgpu_operator.k8s import describe_error
 from vgpu_operator.metrics import Metrics

@@ -16,7 +16,7 @@ from vgpu_formats.errors import FormatError
 from vgpu_formats.quantity import quantity_or_zero
 
 from vgpu_operator import api
-from vgpu_operator.plan import Plan, Restart
+from vgpu_operator.plan import Plan, PlannedEvent, Restart
 
 MAX_MISMATCHED = 50
 MAX_RESTARTS = 20
@@ -213,6 +213,24 @@ def build_status(outcome: Outcome, previous: api.VGPUPolicyStatus | None, now: s
         last_applied_hash=last_applied,
         restarts=restarts[-MAX_RESTARTS:],
     )
+
+
+def condition_events(previous: api.VGPUPolicyStatus | None,
+                     status: api.VGPUPolicyStatus) -> list[PlannedEvent]:
+    """Events for conditions that turned bad (Valid False: Rejected; Conflict True: Conflict), and
+    for a new set of validation warnings; none while they stay as they were."""
+    events: list[PlannedEvent] = []
+    for condition in status.conditions:
+        before = previous.condition(condition.type) if previous else None
+        turned = before is None or before.status != condition.status
+        bad = (condition.type == "Conflict") == (condition.status == "True")
+        if turned and bad and condition.type in ("Valid", "Conflict"):
+            reason = "Rejected" if condition.type == "Valid" else "Conflict"
+            events.append(PlannedEvent("Warning", reason, condition.message))
+        elif condition.type == "Valid" and condition.status == "True" and condition.message and (
+                before is None or before.message != condition.message):
+            events.append(PlannedEvent("Warning", "ValidationWarning", condition.message))
+    return events
 
 
 def failed_status(previous: api.VGPUPolicyStatus | None, generation: int | None, error: str,

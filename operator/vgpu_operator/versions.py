@@ -16,7 +16,7 @@ Device plugin generation rule (first match wins):
    flags make it exit).
 4. otherwise: cannot tell.
 
-Volcano facts (research: volcano-scheduler.md §6):
+Volcano facts (docs/upstream.md §3):
 
 * custom resource names are read from the device-config from v1.13.0;
 * v1.14.3+, v1.15.1+ and v1.16 skip nodes whose allocatable lacks the hard-coded
@@ -30,9 +30,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from vgpu_formats import device_config as dc
+from vgpu_formats import device_fields
 from vgpu_formats import list_and_watch as lw
 from vgpu_formats import node_config as nc
 
@@ -177,6 +178,28 @@ def has_deviceshare(version: Version) -> bool:
     return (version.major, version.minor) >= (1, 9)
 
 
+def needs_handshake(version: Version) -> bool:
+    """Does the scheduler skip nodes without a fresh `volcano.sh/node-vgpu-handshake` (v1.9.0 to
+    v1.14.2, and v1.15.0; the backport removed it from v1.14.3 and v1.15.1)?"""
+    key = (version.major, version.minor, version.patch)
+    return (1, 9, 0) <= key < (1, 14, 3) or key == (1, 15, 0)
+
+
+def needs_six_field_register(version: Version) -> bool:
+    """Does the scheduler reject 5-field register records (v1.12.0+, the mode field)?"""
+    return version >= Version(1, 12, 0)
+
+
+def plugin_writes_handshake(version: Version) -> bool:
+    """Upstream plugins after v1.12.0 no longer write the handshake annotation."""
+    return version <= Version(1, 12, 0)
+
+
+def plugin_writes_six_fields(version: Version) -> bool:
+    """Upstream plugins from v1.10.0 write 6-field register records."""
+    return version >= Version(1, 10, 0)
+
+
 def reads_custom_resource_names(version: Version) -> bool:
     """Does the scheduler take request names from the device-config (v1.13.0+)?"""
     return (version.major, version.minor) >= (1, 13)
@@ -218,17 +241,14 @@ LEGACY_SWITCHES = frozenset({"debug", "fail-on-init-error", "logtostderr", "also
 DEFAULT_NAMES: dict[str, str] = {"count": dc.DEFAULT_COUNT_NAME, "memory": dc.DEFAULT_MEMORY_NAME,
                                  "cores": dc.DEFAULT_CORE_NAME}
 # The v1.11 flag that names each resource kind; absent, the binary uses the hard-coded name.
-LEGACY_NAME_FLAGS: dict[str, str] = {"count": "resource-name", "memory": "resource-memory-name",
-                                     "cores": "resource-core-name"}
+# Flags, keys and defaults come from the one field table, vgpu_formats.device_fields.
+LEGACY_NAME_FLAGS: dict[str, str] = {kind: f.flag_name for kind, f in device_fields.NAME_FIELDS.items()}
 SizingFlag = Literal["device-split-count", "gpu-memory-factor", "device-cores-scaling"]
 # Each sizing flag and the device-config key it stands for.
-SIZING_KEYS: dict[SizingFlag, str] = {"device-split-count": "deviceSplitCount",
-                                      "gpu-memory-factor": "gpuMemoryFactor",
-                                      "device-cores-scaling": "deviceCoreScaling"}
+SIZING_KEYS: dict[SizingFlag, str] = {flag: device_fields.SIZING_FIELDS[flag].key
+                                      for flag in get_args(SizingFlag)}
 # What the v1.11 binary uses for an absent name or sizing flag.
-LEGACY_FLAG_DEFAULTS: dict[str, str] = {
-    **{flag: DEFAULT_NAMES[kind] for kind, flag in LEGACY_NAME_FLAGS.items()},
-    "device-split-count": "2", "gpu-memory-factor": "1", "device-cores-scaling": "1"}
+LEGACY_FLAG_DEFAULTS: dict[str, str] = {f.flag_name: str(f.legacy_default) for f in device_fields.FLAGGED}
 VOLCANO_PREFIX = "volcano.sh/"
 
 MigTable = Literal["v1.11", "v1.12"]
@@ -305,9 +325,7 @@ def plugin_config_view(generation: Generation | None, cfg: dc.DeviceConfig | Non
     return dc.plugin_view(cfg, dc.go_zero_values() if zero else dc.builtin_plugin_defaults())
 
 
-_SIZING_FIELDS: dict[SizingFlag, str] = {"device-split-count": "device_split_count",
-                                         "gpu-memory-factor": "gpu_memory_factor",
-                                         "device-cores-scaling": "device_core_scaling"}
+_SIZING_FIELDS: dict[SizingFlag, str] = {flag: device_fields.SIZING_FIELDS[flag].attr for flag in SIZING_KEYS}
 _NODE_FIELDS: dict[SizingFlag, str] = {"device-split-count": "devicesplitcount",
                                        "device-cores-scaling": "devicecorescaling"}
 

@@ -2,7 +2,7 @@
 
 Pure: Kubernetes objects as plain dicts in, a `Placement` (node, devices, the annotations the
 scheduler writes) or an `Unschedulable` (one reason per node) out. It follows Volcano's rules
-(research volcano-scheduler.md §3.1-§3.7): which pods are vGPU pods, how a container's request
+(docs/upstream.md §6): which pods are vGPU pods, how a container's request
 resolves (count, memory, percentage, cores), the per-GPU fit checks with the fixed 100-core cap,
 the device order per SchedulePolicy, and the annotation encoding.
 
@@ -89,7 +89,7 @@ class GPU:
 
 @dataclass(frozen=True)
 class ContainerRequest:
-    """One GPU-requesting container's request, resolved as Volcano resolves it (§3.2)."""
+    """One GPU-requesting container's request, resolved as Volcano resolves it (docs/upstream.md §6.3)."""
 
     container: str
     nums: int
@@ -147,7 +147,7 @@ def _limit_or_request(name: str, limits: Obj, requests: Obj) -> int | None:
 
 
 def container_requests(pod: Obj, settings: SchedulerSettings) -> list[ContainerRequest]:
-    """One request per container whose limits name the count or memory resource (§3.2)."""
+    """One request per container whose limits name the count or memory resource (docs/upstream.md §6.3)."""
     out: list[ContainerRequest] = []
     for container in pod.get("spec", {}).get("containers", []) or []:
         resources = container.get("resources") or {}
@@ -216,7 +216,7 @@ def _pod_node(pod: Obj) -> str:
 
 
 def _counts_toward_usage(pod: Obj) -> bool:
-    """Terminated and deleting pods do not hold GPU shares for the scheduler (§3.8)."""
+    """Terminated and deleting pods do not hold GPU shares for the scheduler (docs/upstream.md §6.7)."""
     if pod.get("metadata", {}).get("deletionTimestamp"):
         return False
     return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
@@ -270,7 +270,8 @@ def _uuid_allowed(uuid: str, annotations: Mapping[str, str]) -> bool:
 
 
 def device_order(gpus: Sequence[GPU], policy: str) -> list[GPU]:
-    """§3.5: binpack = most used memory first, spread = fewest tasks first, else highest index."""
+    """binpack = most used memory first, spread = fewest tasks first, else highest index
+    (docs/upstream.md §6.5)."""
     if policy == "binpack":
         return sorted(gpus, key=lambda g: (-g.used_mem, g.index))
     if policy == "spread":
@@ -287,7 +288,7 @@ def gpu_score(gpu: GPU, policy: str) -> float:
 
 
 def _why_not(gpu: GPU, memreq: int, coresreq: int, annotations: Mapping[str, str]) -> str:
-    """Empty when the GPU can take this share, else the first check that fails (§3.4)."""
+    """Empty when the GPU can take this share, else the first check that fails (docs/upstream.md §6.4)."""
     if gpu.used_num >= gpu.number:
         return "split count used up"
     if gpu.memory - gpu.used_mem < memreq:
@@ -314,7 +315,7 @@ def fit_node(
     """
     annotations: Mapping[str, str] = pod.get("metadata", {}).get("annotations") or {}
     wanted_mode = annotations.get(ann.VGPU_MODE)
-    node_mode = gpus[-1].mode if gpus else "hami-core"  # the last record decides (§2.1)
+    node_mode = gpus[-1].mode if gpus else "hami-core"  # the last record decides (docs/upstream.md §6.1)
     if wanted_mode and wanted_mode != node_mode:
         return [], 0.0, f"pod asks vgpu-mode {wanted_mode}, node is {node_mode}"
     trial = [replace(g) for g in gpus]
@@ -383,8 +384,8 @@ def _scalar_requests(pod: Obj, settings: SchedulerSettings) -> dict[str, int]:
     pod, checked against each node by `_insufficient`).
 
     One unit per container (Kubernetes counts requests per container). The percentage name is left
-    out: no plugin advertises it, and the research only infers that Volcano would then reject such
-    pods everywhere.
+    out: no plugin advertises it, and Volcano would then reject such pods everywhere, as read from
+    its code, not observed (docs/upstream.md §6.8).
     """
     wanted: dict[str, int] = {}
     percentage = (settings.memory_percentage_name, dc.DEFAULT_MEMORY_PERCENTAGE_NAME)

@@ -32,8 +32,8 @@ from vgpu_deviceplugin.testing.kubelet_sim import KubeletSim
 from vgpu_emulator import RunningEmulator, run_emulator, waiting
 from vgpu_formats import annotations as ann
 from vgpu_formats import device_config as dc
-from vgpu_operator.main import run_operator
-from vgpu_operator.reconcile import Tuning
+from vgpu_operator.runtime.run import run_operator
+from vgpu_operator.runtime.worker import Tuning
 
 from vgpuctl.binder import Placement, Unschedulable, bind, settings_from_view
 from vgpuctl.facts import ClusterFacts, gather

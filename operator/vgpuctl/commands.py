@@ -10,17 +10,20 @@ from typing import Any
 
 import pydantic
 import yaml
+from vgpu_operator import rules
 from vgpu_operator.api import KIND, VGPUPolicy, VGPUPolicyStatus
-from vgpu_operator.observed import load_observed_from_manifests
-from vgpu_operator.render import Problem, RenderResult, TargetRender, render_all
-from vgpu_operator.validate import validate
+from vgpu_operator.decide import Decision, decide
+from vgpu_operator.plan import TargetDecision
+from vgpu_operator.registry import RenderResult, load_observed_from_manifests
+from vgpu_operator.render.inputs import Problem
+from vgpu_operator.view import view_of
 
 from vgpuctl import output
 from vgpuctl.diffing import target_diff
-from vgpuctl.doctor import WARNING, Finding, Report, diagnose, policy_findings
+from vgpuctl.doctor import Finding, Report, diagnose, finding, policy_findings
+from vgpuctl.errors import EXIT_FOUND, EXIT_OK, UsageError
 from vgpuctl.facts import gather
 from vgpuctl.importer import import_policy
-from vgpuctl.main import EXIT_FOUND, EXIT_OK, UsageError
 from vgpuctl.manifests import ManifestError, iter_file
 from vgpuctl.output import Style
 
@@ -57,13 +60,13 @@ def doctor_text(report: Report, style: Style) -> str:
     lines.append(output.table(["place", "object"], [[k, v] for k, v in report.places.items()]))
     if report.findings:
         lines += ["", style("Findings", "bold")]
-    for finding in report.findings:
-        head = f"{style.severity(finding.severity.upper())}  {finding.code}  {finding.place}"
-        if finding.field:
-            head += f"  [{finding.field}]"
+    for found in report.findings:
+        head = f"{style.severity(found.severity.upper())}  {found.code}  {found.place}"
+        if found.field:
+            head += f"  [{found.field}]"
         lines.append(head)
-        lines.append(_wrapped(finding.message, "    "))
-        lines.append(_wrapped("fix: " + finding.fix, "    "))
+        lines.append(_wrapped(found.message, "    "))
+        lines.append(_wrapped("fix: " + found.fix, "    "))
     for pod in report.pods:
         asks = ", ".join(f"{k}={v}" for k, v in pod.requests.items()) or "no extended resources"
         lines += ["", f"{style('Pod', 'bold')} {pod.pod}  {pod.state}  asks {asks}"]
@@ -85,8 +88,7 @@ def doctor_command(args: argparse.Namespace, objects: list[dict[str, Any]], styl
 
 
 def _missing_pod(name: str) -> Finding:
-    return Finding(WARNING, "pod-not-found", f"Pod {name}", "--pod", "no such pod in the input",
-                   "give it as NAMESPACE/NAME, as `kubectl get pod -A` lists it")
+    return finding(rules.POD_NOT_FOUND, f"Pod {name}", "--pod", "no such pod in the input")
 
 
 # --- render and diff ------------------------------------------------------------------------
@@ -143,20 +145,48 @@ def _with_live_status(policy: VGPUPolicy, objects: list[dict[str, Any]]) -> VGPU
     return policy.model_copy(update={"status": status})
 
 
-def _render(args: argparse.Namespace, objects: list[dict[str, Any]]) -> tuple[RenderResult, list[Problem]]:
-    """The rendering and the validation problems, as the operator computes them."""
+def _decide(args: argparse.Namespace, objects: list[dict[str, Any]]) -> Decision:
+    """What the operator would do with this policy and cluster: the same `decide` it runs."""
     policy = load_policy(args.policy, objects, getattr(args, "read_from", "the input"))
-    observed = load_observed_from_manifests(objects, policy.spec)
-    rendered = render_all(policy, observed)
-    return rendered, validate(policy, observed, rendered)
+    view = view_of(load_observed_from_manifests(objects, policy.spec), policy)
+    return decide(policy, view, generation=policy.metadata.get("generation"))
 
 
-def _state(target: TargetRender) -> str:
-    if target.error is not None:
+def _states(decision: Decision) -> dict[str, str]:
+    """Target ref -> what the operator would do with it: create, update, repair, unchanged, error,
+    or leave it (drifted under driftPolicy Report, or paused)."""
+    rendered: RenderResult = decision.render or RenderResult([])
+    if decision.plan is None:  # an invalid policy writes nothing
+        return {t.ref: "error" if t.error is not None else "blocked" for t in rendered.targets}
+    return {d.target.ref: _state(d) for d in decision.plan.decisions}
+
+
+def _state(decision: TargetDecision) -> str:
+    target = decision.target
+    if decision.state == "Error":
         return "error"
-    if not target.changed:
+    if decision.state == "InSync":
         return "unchanged"
+    if not decision.write:
+        return "left (paused)" if decision.message.startswith("paused") else "left (driftPolicy Report)"
+    if decision.repair:
+        return "repair"
     return "create" if target.live is None else "update"
+
+
+def _restarts(decision: Decision) -> dict[str, str]:
+    """Target ref -> the restarts its write causes, as the operator's plan has them."""
+    plan = decision.plan
+    if plan is None:
+        return {}
+    shown: dict[str, str] = {}
+    nodes = ", ".join(plan.recreate_plugin_pods_on)
+    for d in plan.decisions:
+        if d.target.slot == "node_config" and nodes:
+            shown[d.target.ref] = nodes
+        elif any(r.target == d.target.ref for r in plan.restarts):
+            shown[d.target.ref] = "rollout"
+    return shown
 
 
 def _report_problems(problems: list[Problem], style: Style) -> bool:
@@ -169,7 +199,9 @@ def _report_problems(problems: list[Problem], style: Style) -> bool:
 
 
 def render_command(args: argparse.Namespace, objects: list[dict[str, Any]], style: Style) -> int:
-    result, problems = _render(args, objects)
+    decision = _decide(args, objects)
+    result = decision.render or RenderResult([])
+    problems = list(decision.found)
     if not objects:
         # Without a cluster only the two ConfigMaps can be rendered; the rest edits live objects.
         print("vgpuctl render: no cluster given (-f DIR, --kubeconfig or --context): the scheduler "
@@ -177,40 +209,49 @@ def render_command(args: argparse.Namespace, objects: list[dict[str, Any]], styl
               "are left out", file=sys.stderr)
         problems = [p for p in problems if not p.object]
         result.targets = [t for t in result.targets if t.error is None]
+    states, restarts = _states(decision), _restarts(decision)
     if args.output == "table":
-        rows = [[t.ref, _state(t), t.content_hash or "-", ", ".join(t.changed_nodes) or "-"]
+        rows = [[t.ref, states[t.ref], t.content_hash or "-", restarts.get(t.ref, "-")]
                 for t in result.targets]
-        output.write(output.table(["target", "state", "hash", "nodes to restart"], rows, style))
+        output.write(output.table(["target", "state", "hash", "restarts"], rows, style))
     elif args.output == "json":
         output.write(output.dump([t.desired for t in result.targets if t.desired is not None], "json"))
     else:
         docs = []
         for t in result.targets:
             if t.desired is not None:
-                docs.append(f"# {t.ref}: {_state(t)} (hash {t.content_hash})\n"
+                docs.append(f"# {t.ref}: {states[t.ref]} (hash {t.content_hash})\n"
                             + output.dump(t.desired, "yaml"))
         output.write("---\n".join(docs))
-    failed = _report_problems(problems + result.problems, style)
+    failed = _report_problems(problems, style)
     return EXIT_FOUND if failed else EXIT_OK
 
 
 def diff_command(args: argparse.Namespace, objects: list[dict[str, Any]], style: Style) -> int:
-    result, problems = _render(args, objects)
-    if _report_problems(problems + result.problems, style):
+    decision = _decide(args, objects)
+    if _report_problems(list(decision.found), style) or decision.plan is None:
         print("vgpuctl diff: the policy has errors (above): the operator would write nothing until they "
               "are fixed", file=sys.stderr)
         return EXIT_FOUND
-    diffs = [(t, target_diff(t)) for t in result.targets]
+    states, restarts = _states(decision), _restarts(decision)
+    diffs = [(d.target, target_diff(d.target)) for d in decision.plan.decisions]
     if args.output != "table":
-        data = [{"target": t.ref, "state": _state(t), "diff": text} for t, text in diffs]
+        data = [{"target": t.ref, "state": states[t.ref], "restarts": restarts.get(t.ref, ""), "diff": text}
+                for t, text in diffs]
         output.write(output.dump(data, args.output))
     else:
         for _, text in diffs:
             if text:
                 output.write(colour_diff(text, style))
-        summary = ", ".join(f"{t.ref}: {_state(t)}" for t, _ in diffs if _state(t) != "unchanged")
+        changed = [t for t, _ in diffs if states[t.ref] != "unchanged"]
+        summary = ", ".join(_summary(t.ref, states, restarts)
+                            for t in changed)
         output.write(f"vgpuctl diff: {summary or 'nothing to change'}")
-    return EXIT_FOUND if result.changed else EXIT_OK
+    return EXIT_FOUND if any(t.changed for t, _ in diffs) else EXIT_OK
+
+
+def _summary(ref: str, states: dict[str, str], restarts: dict[str, str]) -> str:
+    return f"{ref}: {states[ref]}" + (f" ({restarts[ref]})" if ref in restarts else "")
 
 
 def colour_diff(text: str, style: Style) -> str:

@@ -6,7 +6,7 @@ import difflib
 from typing import Any
 
 import yaml
-from vgpu_operator.render import TargetRender
+from vgpu_operator.render.target import TargetRender
 
 # Server-maintained fields: never part of what the operator would change.
 VOLATILE_METADATA = ("resourceVersion", "uid", "generation", "creationTimestamp", "managedFields")

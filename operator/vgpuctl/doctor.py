@@ -4,7 +4,8 @@ Pure: `ClusterFacts` in, a `Report` (findings, versions, names, node and pod dia
 Each finding names the place and field, says what goes wrong, and gives the fix. Severities:
 `error` (vGPU pods fail or the scheduler/plugin misbehaves), `warning` (works today by luck, or
 breaks on the next change), `info` (harmless, shown for completeness). The exit code counts
-errors and warnings only.
+errors and warnings only. Codes, severities and fixes come from the rules catalogue
+(`vgpu_operator.rules`), which the operator's validation uses too.
 """
 
 from __future__ import annotations
@@ -15,17 +16,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import pydantic
-from vgpu_formats import FormatError
+from vgpu_formats import FormatError, device_fields
 from vgpu_formats import annotations as ann
 from vgpu_formats import device_config as dc
 from vgpu_formats.quantity import quantity_or_zero
-from vgpu_operator import versions
+from vgpu_operator import rules, versions
 from vgpu_operator.api import KIND, VGPUPolicy
-from vgpu_operator.observed import load_observed_from_manifests
+from vgpu_operator.decide import decide
+from vgpu_operator.plan import Plan
+from vgpu_operator.registry import load_observed_from_manifests
 from vgpu_operator.render import device_plugin as dp
-from vgpu_operator.render import scheduler_conf as sc
-from vgpu_operator.validate import validate
-from vgpu_operator.versions import Version
+from vgpu_operator.view import view_of
 
 from vgpuctl.facts import (
     CONFIG_KEY,
@@ -37,9 +38,8 @@ from vgpuctl.facts import (
 from vgpuctl.manifests import Prefilter, trim_document
 
 ERROR, WARNING, INFO = "error", "warning", "info"
-APPLY_POLICY = (
-    "kubectl apply a VGPUPolicy (start from `vgpuctl import`): the operator keeps all four places consistent"
-)
+APPLY_POLICY = rules.APPLY_POLICY
+_NAME_ATTR = {kind: f.attr for kind, f in device_fields.NAME_FIELDS.items()}
 MAX_NAMES_SHOWN = 5  # nodes named per grouped finding; a 5,000-node cluster must stay readable
 
 Obj = Mapping[str, Any]
@@ -53,6 +53,13 @@ class Finding:
     field: str  # e.g. "args --resource-name"
     message: str
     fix: str
+
+
+def finding(rule: rules.Rule, place: str, field_name: str, message: str, case: str = "", /,
+            **fix: Any) -> Finding:
+    """A finding of a catalogue rule: its code, its severity (in `case`), its fix (`fix` fills
+    the rule's template)."""
+    return Finding(rule.at(case), rule.code, place, field_name, message, rule.fix_text(**fix))
 
 
 @dataclass
@@ -99,40 +106,36 @@ def check_scheduler(facts: ClusterFacts) -> list[Finding]:
     s = facts.scheduler
     place = str(s.conf)
     if not s.conf.found:
-        return [Finding(ERROR, "scheduler-conf-missing", place, "",
-                        "the Volcano scheduler ConfigMap is not there",
-                        "install Volcano, or point spec.scheduler at its ConfigMap")]
+        return [finding(rules.SCHEDULER_CONF_MISSING, place, "",
+                        "the Volcano scheduler ConfigMap is not there")]
     if s.conf_error:
-        return [Finding(ERROR, "scheduler-conf-invalid", place, "volcano-scheduler.conf", s.conf_error,
-                        "fix the YAML; " + APPLY_POLICY)]
+        return [finding(rules.SCHEDULER_CONF_INVALID, place, "volcano-scheduler.conf", s.conf_error)]
     out: list[Finding] = []
     if s.deviceshare is None:
-        out.append(Finding(ERROR, "deviceshare-missing", place, "tiers[].plugins",
+        out.append(finding(rules.DEVICESHARE_MISSING, place, "tiers[].plugins",
                            "the deviceshare plugin is not enabled: the scheduler treats vGPU requests as "
-                           "plain extended resources and writes no device annotations",
-                           "add `- name: deviceshare` with `deviceshare.VGPUEnable: true`; " + APPLY_POLICY))
+                           "plain extended resources and writes no device annotations"))
         return out
     if not s.vgpu_enable:
-        out.append(Finding(ERROR, "vgpu-disabled", place, "deviceshare.VGPUEnable",
+        out.append(finding(rules.VGPU_DISABLED, place, "deviceshare.VGPUEnable",
                            "deviceshare.VGPUEnable is not true: vGPU pods get no device annotations and fail "
-                           "at the kubelet with 'device request not found'",
-                           "set deviceshare.VGPUEnable: true; " + APPLY_POLICY))
-    for arg in sc.GPUSHARE_ARGUMENTS:
-        if s.vgpu_enable and sc.is_enabled(s.deviceshare, arg):
-            out.append(Finding(ERROR, "gpushare-conflict", place, arg,
-                               f"{arg} together with VGPUEnable makes the scheduler exit (klog.Fatal)",
-                               f"remove {arg}"))
-    if not s.predicates:
-        out.append(Finding(ERROR, "predicates-missing", place, "tiers[].plugins",
-                           "the predicates plugin is not enabled: only it performs the device Allocate, so "
-                           "no GPU is ever assigned", "add `- name: predicates` to a tier"))
+                           "at the kubelet with 'device request not found'"))
+    # The checks the operator runs too (vgpu_operator.rules), on the conf as it is.
+    conf = rules.SchedulerConf(tuple(s.plugins), s.deviceshare)
+    for hit in rules.check_scheduler_conf(conf, s.vgpu_enable):
+        if hit.rule is rules.GPUSHARE_CONFLICT:
+            out.append(finding(hit.rule, place, hit.subject, f"{hit.subject} together with VGPUEnable makes "
+                               "the scheduler exit (klog.Fatal)", argument=hit.subject))
+        else:
+            out.append(finding(hit.rule, place, "tiers[].plugins",
+                               "the predicates plugin is not enabled: only it performs the device Allocate, "
+                               "so no GPU is ever assigned"))
     if not s.cm_namespace_set:
-        out.append(Finding(WARNING, "cm-namespace-unset", place, "deviceshare.KnownGeometriesCMNamespace",
+        out.append(finding(rules.CM_NAMESPACE_UNSET, place, "deviceshare.KnownGeometriesCMNamespace",
                            f"not set: the scheduler reads device-config only from {s.cm_namespace} (the "
                            f"default) while the device plugin tries kube-system, then volcano-system; the "
                            f"two can read different copies",
-                           f"set deviceshare.KnownGeometriesCMNamespace: "
-                           f"{facts.scheduler_config.place.namespace} explicitly; " + APPLY_POLICY))
+                           namespace=facts.scheduler_config.place.namespace))
     return out
 
 
@@ -143,33 +146,29 @@ def check_device_config(facts: ClusterFacts) -> list[Finding]:
     out: list[Finding] = []
     sc, pc = facts.scheduler_config, facts.plugin_config
     if not sc.place.found and pc.place.found:
-        out.append(Finding(ERROR, "device-config-split", str(sc.place),
-                           "deviceshare.KnownGeometriesCMNamespace",
+        out.append(finding(rules.DEVICE_CONFIG_SPLIT, str(sc.place), "deviceshare.KnownGeometriesCMNamespace",
                            f"the scheduler reads {sc.place}, which does not exist, so it runs on built-in "
                            f"defaults; the device plugin reads {pc.place}",
-                           f"set deviceshare.KnownGeometriesCMNamespace: {pc.place.namespace}; "
-                           + APPLY_POLICY))
+                           how=f"set deviceshare.KnownGeometriesCMNamespace: {pc.place.namespace}"))
     elif not sc.place.found or sc.error:
         what = "is missing" if not sc.place.found else f"cannot be used: {sc.error}"
-        out.append(Finding(ERROR if sc.place.found else WARNING, "device-config-unreadable", str(sc.place),
-                           dc.CONFIGMAP_KEY,
+        out.append(finding(rules.DEVICE_CONFIG_UNREADABLE, str(sc.place), dc.CONFIGMAP_KEY,
                            f"the ConfigMap the scheduler reads {what}; the scheduler silently falls back to "
                            f"built-in defaults (vgpu-memory-percentage ignored, no MIG geometries)",
-                           "create it with the resource names the plugin registers; " + APPLY_POLICY))
+                           "" if sc.place.found else rules.MISSING))
     if sc.place.found and pc.place.found and sc.place != pc.place and sc.text != pc.text:
-        out.append(Finding(ERROR, "device-config-split", f"{sc.place} and {pc.place}", dc.CONFIGMAP_KEY,
+        out.append(finding(rules.DEVICE_CONFIG_SPLIT, f"{sc.place} and {pc.place}", dc.CONFIGMAP_KEY,
                            f"the scheduler reads {sc.place} but the device plugin reads {pc.place}, and "
                            f"their contents differ",
-                           "keep one copy and point deviceshare.KnownGeometriesCMNamespace at it; "
-                           + APPLY_POLICY))
+                           how="keep one copy and point deviceshare.KnownGeometriesCMNamespace at it"))
     if sc.parsed is not None and sc.parsed.nvidia is not None and facts.scheduler.reads_config_names:
         nvidia = sc.parsed.nvidia
         for kind in ("count", "memory"):
-            if getattr(nvidia, f"resource_{kind}_name") in (None, ""):
-                out.append(Finding(ERROR, "resource-name-empty", str(sc.place), f"nvidia.{CONFIG_KEY[kind]}",
+            if getattr(nvidia, _NAME_ATTR[kind]) in (None, ""):
+                out.append(finding(rules.RESOURCE_NAME_EMPTY, str(sc.place), f"nvidia.{CONFIG_KEY[kind]}",
                                    f"{CONFIG_KEY[kind]} is absent: the scheduler does not fill in defaults, "
                                    f"so it looks for an empty resource name and no pod counts as a vGPU pod",
-                                   f"set {CONFIG_KEY[kind]}: {DEFAULT_NAMES[kind]}"))
+                                   key=CONFIG_KEY[kind], default=DEFAULT_NAMES[kind]))
     return out
 
 
@@ -180,9 +179,8 @@ def check_names(facts: ClusterFacts) -> list[Finding]:
     out: list[Finding] = []
     plugin = facts.plugin
     if not plugin.daemonset.found:
-        return [Finding(WARNING, "plugin-missing", str(plugin.daemonset), "",
-                        "no volcano-device-plugin DaemonSet found: nothing registers vGPU resources",
-                        "install the device plugin, or point spec.devicePlugin at it")]
+        return [finding(rules.PLUGIN_MISSING, str(plugin.daemonset), "",
+                        "no volcano-device-plugin DaemonSet found: nothing registers vGPU resources")]
     sched_names = facts.scheduler_names()
     plugin_names = facts.plugin_names()
     s = facts.scheduler
@@ -194,88 +192,92 @@ def check_names(facts: ClusterFacts) -> list[Finding]:
             continue
         setting = sched_where % CONFIG_KEY[kind] if "%s" in sched_where else sched_where
         if plugin.generation == "legacy":
-            fix = (f"add `{FLAG_RESOURCE[kind]}={want}` to the args of container {plugin.container} in "
-                   f"{plugin.daemonset}, or set {CONFIG_KEY[kind]}: {have}; " + APPLY_POLICY)
+            how = (f"add `{FLAG_RESOURCE[kind]}={want}` to the args of container {plugin.container} in "
+                   f"{plugin.daemonset}, or set {CONFIG_KEY[kind]}: {have}")
             field_name = f"{CONFIG_KEY[kind]} vs {FLAG_RESOURCE[kind]}"
         else:
-            fix = f"use a name in the volcano.sh/ domain in {CONFIG_KEY[kind]}; " + APPLY_POLICY
+            how = f"use a name in the volcano.sh/ domain in {CONFIG_KEY[kind]}"
             field_name = CONFIG_KEY[kind]
-        out.append(Finding(
-            ERROR, "resource-name-mismatch", str(plugin.daemonset), field_name,
+        out.append(finding(
+            rules.RESOURCE_NAME_MISMATCH, str(plugin.daemonset), field_name,
             f"the scheduler's {kind} resource is {want} ({setting}), but the device plugin "
             f"({show_version(plugin.version)}, {plugin.generation}) registers {have} ({source}); pods asking "
             f"for {want} find no allocatable, pods asking for {have} are not vGPU pods to the scheduler and "
-            f"fail with UnexpectedAdmissionError 'device request not found'", fix))
+            f"fail with UnexpectedAdmissionError 'device request not found'", how=how))
     accepted = plugin.traits.flags
     unknown = dp.edit_argv([], plugin.args, {}, None, accepted).dropped if accepted is not None else []
     if unknown and plugin.known_generation is None:
         # Guessed from the flags, not known: a v1.11 binary takes these.
-        out.append(Finding(WARNING, "legacy-flags", str(plugin.daemonset), "args " + " ".join(unknown),
+        out.append(finding(rules.LEGACY_FLAGS, str(plugin.daemonset), "args " + " ".join(unknown),
                            f"the plugin generation cannot be told from image {plugin.image!r}; if it is "
                            f"v1.12+, it does not define {', '.join(unknown)} and exits on them",
-                           "use an image tagged with its version (e.g. v1.12.0), or remove the flags if it "
-                           "is v1.12+; " + APPLY_POLICY))
+                           rules.GUESSED, how="use an image tagged with its version (e.g. v1.12.0), or "
+                                              "remove the flags if it is v1.12+"))
     elif unknown:
-        out.append(Finding(ERROR, "legacy-flags", str(plugin.daemonset), "args " + " ".join(unknown),
+        out.append(finding(rules.LEGACY_FLAGS, str(plugin.daemonset), "args " + " ".join(unknown),
                            f"plugin {show_version(plugin.version)} does not define {', '.join(unknown)}: it "
                            f"rejects unknown flags and exits",
-                           "remove them (names and sizing come from device-config); " + APPLY_POLICY))
-    custom = {k: v for k, v in sched_names.items() if k in DEFAULT_NAMES and v and v != DEFAULT_NAMES[k]}
-    if custom and s.version is not None and versions.requires_builtin_resource_names(s.version):
-        out.append(Finding(ERROR, "custom-names-unsupported", str(s.deployment), "image",
-                           f"Volcano {show_version(s.version)} ignores nodes unless volcano.sh/vgpu-number, "
-                           f"-memory and -cores are allocatable, so custom names "
-                           f"({', '.join(custom.values())}) make every GPU node invisible",
-                           "keep the volcano.sh/vgpu-* names with this version"))
-    if s.version is not None and not versions.reads_custom_resource_names(s.version):
-        configured = facts.scheduler_config.parsed
-        names = dc.scheduler_view(configured) if configured else None
-        renamed = [getattr(names, f"resource_{k}_name") for k in ("count", "memory", "core")] if names else []
-        renamed = [n for n in renamed if n and n not in DEFAULT_NAMES.values()]
-        if renamed:
-            out.append(Finding(ERROR, "custom-names-unsupported", str(s.deployment), "image",
-                               f"Volcano {show_version(s.version)} hard-codes volcano.sh/vgpu-*: the custom "
-                               f"names {', '.join(renamed)} in device-config are ignored",
-                               "upgrade Volcano to 1.13-1.15.0, or keep the default names"))
-    # memoryPercentage is the scheduler's alone: the plugin never registers it.
-    registered = [sched_names[k] for k in CONFIG_KEY if sched_names.get(k)]
-    outside = [n for n in registered if versions.registered_name(plugin.generation, n) != n]
-    if outside:
-        out.append(Finding(WARNING, "name-outside-volcano-domain", str(facts.plugin_config.place),
+                           how="remove them (names and sizing come from device-config)"))
+    out.extend(_check_custom_names(facts))
+    # The checks the operator runs on the policy's names (vgpu_operator.rules). memoryPercentage
+    # is the scheduler's alone: the plugin never registers it.
+    registered = {k: sched_names[k] for k in CONFIG_KEY if sched_names.get(k)}
+    if any(hit.rule is rules.NAME_OUTSIDE_DOMAIN
+           for hit in rules.check_registered_names(plugin.generation, registered)):
+        out.append(finding(rules.NAME_OUTSIDE_DOMAIN, str(facts.plugin_config.place),
                            "nvidia.resource*Name", "plugin v1.12+ prefixes names outside volcano.sh/ "
-                           "(nvidia.com/gpu becomes volcano.sh/nvidia.com/gpu), so they never match",
-                           "use names under volcano.sh/"))
+                           "(nvidia.com/gpu becomes volcano.sh/nvidia.com/gpu), so they never match"))
     longest = plugin.traits.max_resource_name
-    too_long = [name for name, _ in plugin_names.values() if longest is not None and len(name) > longest]
+    names = {kind: name for kind, (name, _) in plugin_names.items()}
+    too_long = [names[hit.subject] for hit in rules.check_registered_names(plugin.generation, names)
+                if hit.rule is rules.NAME_TOO_LONG]
     if too_long:
-        out.append(Finding(ERROR, "name-too-long", str(facts.plugin_config.place), "nvidia.resource*Name",
+        out.append(finding(rules.NAME_TOO_LONG, str(facts.plugin_config.place), "nvidia.resource*Name",
                            f"plugin {show_version(plugin.version)} silently skips resource names longer than "
                            f"{longest} characters (volcano.sh/ included): {', '.join(too_long)} never "
-                           "appear on the nodes", "use shorter names; " + APPLY_POLICY))
+                           "appear on the nodes"))
     out.extend(_check_version_skew(facts))
     out.extend(_check_sizing_flags(facts))
     return out
 
 
-def _scheduler_needs_handshake(version: Version) -> bool:
-    key = (version.major, version.minor, version.patch)
-    return (1, 9, 0) <= key < (1, 14, 3) or key == (1, 15, 0)
+def _check_custom_names(facts: ClusterFacts) -> list[Finding]:
+    """Custom names in the scheduler's device-config that its Volcano does not take: the check the
+    operator runs on the policy's names (vgpu_operator.rules), one finding per way it fails."""
+    s = facts.scheduler
+    view = dc.scheduler_view(facts.scheduler_config.parsed) if facts.scheduler_config.parsed else None
+    configured = {kind: getattr(view, _NAME_ATTR[kind]) or "" for kind in CONFIG_KEY} if view else {}
+    hits = rules.check_custom_names(s.version, configured)
+    out: list[Finding] = []
+    for case in (rules.NODES_IGNORED, rules.HARD_CODED):
+        custom = [configured[hit.subject] for hit in hits if hit.case == case]
+        if not custom:
+            continue
+        if case == rules.NODES_IGNORED:
+            message = (f"Volcano {show_version(s.version)} ignores nodes unless volcano.sh/vgpu-number, "
+                       f"-memory and -cores are allocatable, so custom names ({', '.join(custom)}) make "
+                       "every GPU node invisible")
+        else:
+            message = (f"Volcano {show_version(s.version)} hard-codes volcano.sh/vgpu-*: the custom "
+                       f"names {', '.join(custom)} in device-config are ignored")
+        out.append(finding(rules.CUSTOM_NAMES_UNSUPPORTED, str(s.deployment), "image", message, case))
+    return out
 
 
 def _check_version_skew(facts: ClusterFacts) -> list[Finding]:
     s, p = facts.scheduler, facts.plugin
     if s.version is None or p.version is None:
         return []
-    if _scheduler_needs_handshake(s.version) and p.version > Version(1, 12, 0):
-        return [Finding(ERROR, "version-skew", str(p.daemonset), "image",
+    if versions.needs_handshake(s.version) and not versions.plugin_writes_handshake(p.version):
+        return [finding(rules.VERSION_SKEW, str(p.daemonset), "image",
                         f"Volcano {show_version(s.version)} needs the volcano.sh/node-vgpu-handshake "
                         f"annotation, which plugin {show_version(p.version)} no longer writes: every GPU "
                         f"node is ignored",
-                        "use plugin <= v1.12.0 with this Volcano, or Volcano >= 1.15.1")]
-    if s.version >= Version(1, 12, 0) and p.version < Version(1, 10, 0):
-        return [Finding(ERROR, "version-skew", str(p.daemonset), "image",
+                        how="use plugin <= v1.12.0 with this Volcano, or Volcano >= 1.15.1")]
+    if versions.needs_six_field_register(s.version) and not versions.plugin_writes_six_fields(p.version):
+        return [finding(rules.VERSION_SKEW, str(p.daemonset), "image",
                         f"plugin {show_version(p.version)} writes 5-field register records; Volcano "
-                        f"{show_version(s.version)} needs 6 and rejects the node", "upgrade the plugin")]
+                        f"{show_version(s.version)} needs 6 and rejects the node", how="upgrade the plugin")]
     return []
 
 
@@ -286,8 +288,8 @@ def _check_sizing_flags(facts: ClusterFacts) -> list[Finding]:
     parsed = facts.plugin_config.parsed
     configured = parsed.nvidia.to_yaml_dict() if parsed is not None and parsed.nvidia is not None else {}
     # A generation guessed from the flags (unknown image tag) makes no error.
-    error, guessed = (ERROR, "") if p.known_generation is not None else (
-        WARNING, f" (if it is {p.generation}: its image does not tell)")
+    case, guessed = ("", "") if p.known_generation is not None else (
+        rules.GUESSED, f" (if it is {p.generation}: its image does not tell)")
     out: list[Finding] = []
     for flag, key in versions.SIZING_KEYS.items():
         if flag == "device-cores-scaling" and not p.traits.applies_core_scaling:
@@ -296,46 +298,50 @@ def _check_sizing_flags(facts: ClusterFacts) -> list[Finding]:
         value = configured.get(key)
         if found.value is None:
             kind = "a number" if flag == "device-cores-scaling" else "a whole number of 0 or more"
-            out.append(Finding(error, "sizing-flag-rejected", str(p.daemonset), f"--{flag}",
+            out.append(finding(rules.SIZING_FLAG_REJECTED, str(p.daemonset), f"--{flag}",
                                f"{where}: the plugin ({show_version(p.version)}) parses it as {kind}, "
                                f"rejects it and exits {1 if p.traits.go_flags else 2} at start{guessed}",
-                               f"remove --{flag} (sizing comes from device-config); " + APPLY_POLICY))
+                               case, flag=flag))
         elif found.source in ("flag", "flag default") and value is not None and value != found.value:
             ignored = ("ignores the ConfigMap value" if p.traits.sizing == "flags"
                        else "a given flag overrides the ConfigMap, which the scheduler reads")
             fix = (f"set `--{flag}={value}` in the plugin args" if p.traits.sizing == "flags"
                    else f"remove --{flag} from the plugin's args")
-            out.append(Finding(WARNING, "sizing-mismatch", str(p.daemonset), f"{key} vs --{flag}",
+            out.append(finding(rules.SIZING_MISMATCH, str(p.daemonset), f"{key} vs --{flag}",
                                f"device-config says {key}: {value}, but the {p.generation} plugin uses "
-                               f"{where}: it {ignored}", f"{fix}; " + APPLY_POLICY))
+                               f"{where}: it {ignored}", how=fix))
         elif found.value == 0 and flag == "gpu-memory-factor":
-            out.append(Finding(error, "memory-factor-zero", str(facts.plugin_config.place), key,
+            out.append(finding(rules.MEMORY_FACTOR_ZERO, str(facts.plugin_config.place), key,
                                f"the plugin ({show_version(p.version)}) runs with {key} 0 ({where}) and "
-                               f"divides device memory by it: it panics at start{guessed}",
-                               f"set {key}: 1 (or more) in {facts.plugin_config.place}; " + APPLY_POLICY))
+                               f"divides device memory by it: it panics at start{guessed}", case,
+                               key=key, place=facts.plugin_config.place))
         elif found.value == 0 and flag == "device-cores-scaling":
-            out.append(Finding(WARNING, "core-scaling-zero", str(facts.plugin_config.place), key,
+            out.append(finding(rules.CORE_SCALING_ZERO, str(facts.plugin_config.place), key,
                                f"the plugin ({show_version(p.version)}) runs with {key} 0 ({where}) and "
                                "registers 100 x 0 = no core devices: pods asking for vGPU cores never fit",
-                               f"set {key}: 1 in {facts.plugin_config.place}; " + APPLY_POLICY))
+                               key=key, place=facts.plugin_config.place))
     return out
 
 
 # --- nodes --------------------------------------------------------------------------------
 
 
-def _grouped(severity: str, code: str, field_name: str, message: str, fix: str, nodes: list[str]) -> Finding:
+# Node findings are grouped by (rule, field, message, fix).
+NodeGroups = dict[tuple[rules.Rule, str, str, str], list[str]]
+
+
+def _grouped(rule: rules.Rule, field_name: str, message: str, fix: str, nodes: list[str]) -> Finding:
     shown = ", ".join(nodes[:MAX_NAMES_SHOWN]) + (f" and {len(nodes) - MAX_NAMES_SHOWN} more"
                                                   if len(nodes) > MAX_NAMES_SHOWN else "")
     noun = "Node" if len(nodes) == 1 else f"{len(nodes)} nodes"
-    return Finding(severity, code, f"{noun} {shown}", field_name, message, fix)
+    return Finding(rule.severity, rule.code, f"{noun} {shown}", field_name, message, fix)
 
 
 def check_nodes(facts: ClusterFacts) -> tuple[list[Finding], dict[str, int]]:
     """Node advertisement vs names, register annotations, split counts; grouped per problem."""
     sched = facts.scheduler_names()
     plugin_names = _registered(facts)
-    groups: dict[tuple[str, str, str, str, str], list[str]] = defaultdict(list)
+    groups: NodeGroups = defaultdict(list)
     counts = {"gpuNodes": 0, "registered": 0, "withProblems": 0}
     names = set(plugin_names.values()) | {v for v in sched.values() if v}
     for node in facts.nodes:
@@ -355,26 +361,25 @@ def check_nodes(facts: ClusterFacts) -> tuple[list[Finding], dict[str, int]]:
     if facts.node_config_parsed is not None:
         stale = [e.name for e in facts.node_config_parsed.nodeconfig if e.name not in present]
         if stale:
-            findings.append(Finding(INFO, "node-config-stale", str(facts.node_config),
-                                    "config.json nodeconfig",
+            findings.append(finding(rules.NODE_CONFIG_STALE, str(facts.node_config), "config.json nodeconfig",
                                     f"entries for nodes that do not exist: "
-                                    f"{', '.join(stale[:MAX_NAMES_SHOWN])}",
-                                    "remove them, or use nodeOverrides with a nodeSelector in a VGPUPolicy"))
-    if facts.node_config_parsed is not None and facts.plugin.generation == "legacy":
+                                    f"{', '.join(stale[:MAX_NAMES_SHOWN])}"))
+    if facts.node_config_parsed is not None:
+        # The check the operator runs on the policy's overrides (vgpu_operator.rules); entries of
+        # nodes not there are node-config-stale.
         ignored = [e.name for e in facts.node_config_parsed.nodeconfig
-                   if e.devicesplitcount or (e.filterdevices and (e.filterdevices.uuid
-                                                                  or e.filterdevices.index))]
-        ignored = [n for n in ignored if n in present]
+                   if e.name in present and rules.check_node_settings(
+                       facts.plugin.generation, e.devicesplitcount,
+                       [*e.filterdevices.uuid, *e.filterdevices.index] if e.filterdevices else [])]
         if ignored:
-            findings.append(Finding(WARNING, "node-config-ignored", str(facts.node_config),
+            findings.append(finding(rules.LEGACY_IGNORES, str(facts.node_config),
                                     "config.json devicesplitcount/filterdevices",
                                     f"the legacy plugin ({show_version(facts.plugin.version)}) ignores these "
                                     f"settings for {', '.join(ignored[:MAX_NAMES_SHOWN])}: split count comes "
-                                    f"from --device-split-count only (volcano-vgpu-device-plugin #87)",
-                                    "upgrade the plugin to v1.12+, or drop the per-node settings"))
+                                    f"from --device-split-count only (volcano-vgpu-device-plugin #87)"))
     if facts.node_config_error:
-        findings.append(Finding(ERROR, "node-config-invalid", str(facts.node_config), "config.json",
-                                facts.node_config_error, "fix the JSON; " + APPLY_POLICY))
+        findings.append(finding(rules.NODE_CONFIG_INVALID, str(facts.node_config), "config.json",
+                                facts.node_config_error))
     return findings, counts
 
 
@@ -385,40 +390,40 @@ def _check_one_node(
     allocatable: Mapping[str, Any],
     sched: Mapping[str, str],
     plugin_names: Mapping[str, str],
-    groups: dict[tuple[str, str, str, str, str], list[str]],
+    groups: NodeGroups,
 ) -> None:
     if raw is None:
-        groups[(ERROR, "node-not-registered", ann.NODE_REGISTER,
+        rule = rules.NODE_NOT_REGISTERED
+        groups[(rule, ann.NODE_REGISTER,
                 "advertises vGPU resources but has no register annotation: the scheduler skips its GPUs",
-                "check the device plugin pod on the node")].append(name)
+                rule.fix_text())].append(name)
     else:
         try:
             devices = ann.decode_node_register(raw)
         except FormatError as err:
-            groups[(ERROR, "node-register-invalid", ann.NODE_REGISTER, f"cannot be decoded: {err.problem}",
-                    err.fix or "upgrade the device plugin")].append(name)
+            rule = rules.NODE_REGISTER_INVALID
+            groups[(rule, ann.NODE_REGISTER, f"cannot be decoded: {err.problem}",
+                    err.fix or rule.fix_text())].append(name)
             devices = []
         expected, source = facts.expected_split(name)
         splits = sorted({d.count for d in devices})
         if devices and facts.plugin.daemonset.found and expected is not None and splits != [expected]:
-            groups[(WARNING, "split-count-mismatch", f"{ann.NODE_REGISTER} count",
+            groups[(rules.SPLIT_COUNT_MISMATCH, f"{ann.NODE_REGISTER} count",
                     f"registers split count {'/'.join(map(str, splits))}, but the plugin's settings give "
                     f"{expected} ({source}): the plugin has not restarted since the change",
-                    "restart the device plugin pod on these nodes; " + APPLY_POLICY)].append(name)
+                    rules.SPLIT_COUNT_MISMATCH.fix_text())].append(name)
     count = sched.get("count", "")
     if count and quantity_or_zero(allocatable.get(count, 0)) <= 0:
         have = [n for n in sorted(set(plugin_names.values())) if n in allocatable]
-        groups[(ERROR, "node-advertisement", f"status.allocatable[{count}]",
+        groups[(rules.NODE_ADVERTISEMENT, f"status.allocatable[{count}]",
                 f"has no allocatable {count}, the name the scheduler counts; it advertises "
-                f"{', '.join(have) or 'no vGPU resource'}",
-                "make the plugin register the scheduler's names (see resource-name-mismatch)")].append(name)
+                f"{', '.join(have) or 'no vGPU resource'}", rules.NODE_ADVERTISEMENT.fix_text())].append(name)
     if facts.scheduler.requires_hard_coded_allocatable:
         missing = [n for n in DEFAULT_NAMES.values() if quantity_or_zero(allocatable.get(n, 0)) <= 0]
         if missing:
-            groups[(ERROR, "node-ignored-by-scheduler", "status.allocatable",
+            groups[(rules.NODE_IGNORED_BY_SCHEDULER, "status.allocatable",
                     f"lacks {', '.join(missing)}: Volcano {show_version(facts.scheduler.version)} "
-                    f"ignores the node",
-                    "keep the volcano.sh/vgpu-* names")].append(name)
+                    f"ignores the node", rules.NODE_IGNORED_BY_SCHEDULER.fix_text())].append(name)
 
 
 # --- pods ---------------------------------------------------------------------------------
@@ -584,14 +589,35 @@ def policy_findings(objects: list[dict[str, Any]]) -> list[Finding]:
         except pydantic.ValidationError as err:
             first = err.errors()[0]
             where = ".".join(map(str, first["loc"]))
-            out.append(Finding(ERROR, "policy-invalid", f"VGPUPolicy {name}", where, first["msg"],
-                               "fix the field; `kubectl explain vgpupolicy.spec` describes it"))
+            out.append(finding(rules.POLICY_INVALID, f"VGPUPolicy {name}", where, first["msg"]))
             continue
-        observed = load_observed_from_manifests(objects, policy.spec)
-        for problem in validate(policy, observed):
+        view = view_of(load_observed_from_manifests(objects, policy.spec), policy)
+        decision = decide(policy, view)  # what the operator does with it, the same decision
+        for problem in decision.found:
             out.append(Finding(problem.severity, f"policy-{problem.reason}", f"VGPUPolicy {name}",
                                problem.field + (f" [{problem.object}]" if problem.object else ""),
                                problem.message, "edit the policy (the message says how)"))
+        out += _plan_findings(name, decision.plan)
+    return out
+
+
+def _plan_findings(name: str, plan: Plan | None) -> list[Finding]:
+    """What the operator's next reconcile writes, leaves (drift under driftPolicy Report, paused)
+    and restarts: the plan the operator computes, not a second opinion."""
+    if plan is None:
+        return []
+    out: list[Finding] = []
+    for decision in plan.decisions:
+        if decision.write or decision.state in ("Drifted", "Missing"):
+            verb = ("repair" if decision.repair else "write") if decision.write else "leave"
+            out.append(finding(rules.POLICY_PLAN, f"VGPUPolicy {name}", decision.target.ref,
+                               f"{verb}: {decision.message}"))
+    if plan.restarts:
+        restarts = ", ".join(r.target if r.kind != "plugin-pod" else f"plugin pod on {r.target}"
+                             for r in plan.restarts[:MAX_NAMES_SHOWN])
+        more = len(plan.restarts) - MAX_NAMES_SHOWN
+        out.append(finding(rules.POLICY_PLAN, f"VGPUPolicy {name}", "restarts",
+                           f"restart {restarts}" + (f" and {more} more" if more > 0 else "")))
     return out
 
 

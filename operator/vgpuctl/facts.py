@@ -2,14 +2,14 @@
 
 Pure: a list of Kubernetes objects (from a live cluster or manifest files) in, a `ClusterFacts`
 out. `doctor` judges these facts and `import` turns them into a VGPUPolicy. Upstream behaviour
-encoded here (with the research section it comes from):
+encoded here (with the section of docs/upstream.md that states it):
 
 * the scheduler reads device-config from deviceshare.KnownGeometriesCMName/Namespace only
-  (default kube-system), once per process (volcano-scheduler.md §1.1, §1.2);
-* Volcano < 1.13 uses hard-coded resource names, >= 1.13 the ConfigMap's (device-plugin.md §1.5);
+  (default kube-system), once per process (docs/upstream.md §2.1, §1.3);
+* Volcano < 1.13 uses hard-coded resource names, >= 1.13 the ConfigMap's (docs/upstream.md §3.1);
 * a legacy plugin (<= v1.11) registers names from its --resource-* flags, defaulting to
   volcano.sh/vgpu-*; a current one (>= v1.12) from the ConfigMap it finds first in kube-system,
-  then volcano-system, with the volcano.sh/ prefix forced (device-plugin.md §1.2-§1.4).
+  then volcano-system, with the volcano.sh/ prefix forced (docs/upstream.md §3.4, §3.5).
 
 What each plugin generation does (flag defaults, the prefix, split defaults) comes from
 `vgpu_operator.versions`, the one place those rules live; the plugin's flags are read from its
@@ -24,7 +24,7 @@ from functools import cached_property
 from typing import Any
 
 import yaml
-from vgpu_formats import FormatError, yamlio
+from vgpu_formats import FormatError, device_fields, yamlio
 from vgpu_formats import device_config as dc
 from vgpu_formats import node_config as nc
 from vgpu_operator import versions
@@ -44,10 +44,13 @@ PLUGIN_DAEMONSET = "volcano-device-plugin"
 PLUGIN_CONTAINER = "volcano-device-plugin"
 VOLCANO_PREFIX = versions.VOLCANO_PREFIX
 
-# Legacy plugin flags and what they set (device-plugin.md §1.1).
-FLAG_RESOURCE = {kind: f"--{flag}" for kind, flag in versions.LEGACY_NAME_FLAGS.items()}
+# Legacy plugin flags and what they set (docs/upstream.md §4.1).
+# Per resource kind (count, memory, cores): the flag, the device-config key and the NvidiaConfig
+# attribute, from the one field table (vgpu_formats.device_fields).
+FLAG_RESOURCE = {kind: str(f.flag) for kind, f in device_fields.NAME_FIELDS.items()}
 DEFAULT_NAMES = versions.DEFAULT_NAMES
-CONFIG_KEY = {"count": "resourceCountName", "memory": "resourceMemoryName", "cores": "resourceCoreName"}
+CONFIG_KEY = {kind: f.key for kind, f in device_fields.NAME_FIELDS.items()}
+_FIELD = {kind: f.attr for kind, f in device_fields.NAME_FIELDS.items()}
 
 
 def show_version(version: Version | None) -> str:
@@ -258,8 +261,6 @@ class ClusterFacts:
     def node_config_entry(self, node_name: str) -> nc.NodeConfigEntry | None:
         return self.node_config_parsed.entry_for(node_name) if self.node_config_parsed else None
 
-
-_FIELD = {"count": "resource_count_name", "memory": "resource_memory_name", "cores": "resource_core_name"}
 
 
 def _find_by_name(objects: Iterable[Obj], kind: str, name: str) -> Obj | None:

@@ -16,9 +16,10 @@ scheduler's device-config and a note says what applying the policy will change.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from vgpu_formats import device_config as dc
+from vgpu_formats import device_fields
 from vgpu_operator import versions
 from vgpu_operator.api import API_VERSION, KIND, VGPUPolicy
 from vgpu_operator.render import scheduler_conf as sc
@@ -32,23 +33,25 @@ class Imported:
     notes: list[str] = field(default_factory=list)
 
 
+def _given(first: dc.DeviceConfig | None, then: dc.DeviceConfig | None) -> dict[str, Any]:
+    """The policy's spec data for every key the first device-config copy found sets (the field
+    table, vgpu_formats.device_fields, says which key is which field); absent keys are left to
+    the policy's defaults, which are this project's plugin's."""
+    parsed = first or then
+    return device_fields.from_nvidia(parsed.nvidia if parsed is not None and parsed.nvidia is not None
+                                     else dc.NvidiaConfig())
+
+
 def _resources(facts: ClusterFacts, notes: list[str]) -> dict[str, Any]:
-    parsed = facts.scheduler_config.parsed or facts.plugin_config.parsed
-    nvidia = parsed.nvidia if parsed is not None and parsed.nvidia is not None else dc.NvidiaConfig()
-    effective = dc.plugin_view(parsed, dc.builtin_plugin_defaults())  # the policy's defaults
-    out: dict[str, Any] = {}
-    for key, attr in (("count", "resource_count_name"), ("memory", "resource_memory_name"),
-                      ("cores", "resource_core_name")):
-        if getattr(nvidia, attr) in (None, ""):
-            notes.append(f"device-config has no {attr}: the policy uses the default "
-                         f"{getattr(effective, attr)} (the scheduler currently sees an empty name)")
-        out[key] = getattr(effective, attr)
-    percentage = nvidia.resource_memory_percentage_name
-    out["memoryPercentage"] = percentage if percentage is not None else dc.DEFAULT_MEMORY_PERCENTAGE_NAME
-    if nvidia.resource_priority_name:
-        out["priority"] = nvidia.resource_priority_name
+    given = _given(facts.scheduler_config.parsed, facts.plugin_config.parsed)
+    out: dict[str, Any] = given.get("resources", {})
+    for key, name_field in device_fields.NAME_FIELDS.items():
+        if not out.get(key):
+            notes.append(f"device-config has no {name_field.attr}: the policy uses the default "
+                         f"{name_field.default} (the scheduler currently sees an empty name)")
+            out[key] = name_field.default
     plugin = facts.plugin_names() if facts.plugin.daemonset.found else {}
-    for key in ("count", "memory", "cores"):
+    for key in device_fields.NAME_FIELDS:
         if key in plugin and plugin[key][0] != out[key]:
             notes.append(f"the device plugin registers {plugin[key][0]} ({plugin[key][1]}) but the scheduler "
                          f"counts {out[key]}: the policy keeps {out[key]}, so applying it changes the plugin")
@@ -70,29 +73,18 @@ def _sizing(facts: ClusterFacts, flag: versions.SizingFlag, fallback: float, not
 
 
 def _device(facts: ClusterFacts, notes: list[str]) -> dict[str, Any]:
-    parsed = facts.plugin_config.parsed or facts.scheduler_config.parsed
-    nvidia = parsed.nvidia if parsed is not None and parsed.nvidia is not None else dc.NvidiaConfig()
-    effective = dc.plugin_view(parsed, dc.builtin_plugin_defaults())  # the policy's defaults
+    spec = _given(facts.plugin_config.parsed, facts.scheduler_config.parsed)
     # Sizing as the plugin runs with it (a legacy one on its flags, whatever the ConfigMap says).
-    split = _sizing(facts, "device-split-count", effective.device_split_count or 1, notes)
-    factor = _sizing(facts, "gpu-memory-factor", effective.gpu_memory_factor or 1, notes)
-    scaling = _sizing(facts, "device-cores-scaling", effective.device_core_scaling or 1.0, notes)
-    geometries = nvidia.known_mig_geometries or []
-    device: dict[str, Any] = {
-        "deviceSplitCount": int(split),
-        "deviceMemoryScaling": float(effective.device_memory_scaling or 1.0),
-        "deviceCoreScaling": float(scaling),
-        "gpuMemoryFactor": int(factor),
-        "defaults": {
-            "memory": effective.default_memory,
-            "cores": effective.default_cores,
-            "gpuNum": effective.default_gpu_num,
-        },
-        "overwriteEnv": bool(effective.overwrite_env),
-        "disableCoreLimit": bool(effective.disable_core_limit),
-        # Absent in the ConfigMap means no geometries for the scheduler: keep it that way.
-        "knownMigGeometries": [g.model_dump(by_alias=True, mode="json") for g in geometries],
-    }
+    for flag, sizing_field in device_fields.SIZING_FIELDS.items():
+        given = device_fields.policy_value(spec, sizing_field)
+        fallback = (sizing_field.default if given is None else given) or 1
+        device_fields.set_policy_value(spec, sizing_field, sizing_field.type(
+            _sizing(facts, cast(versions.SizingFlag, flag), fallback, notes)))
+    device: dict[str, Any] = spec["device"]
+    if not device.get("deviceMemoryScaling"):
+        device.pop("deviceMemoryScaling", None)  # 0 is no scaling the policy can hold: its default
+    # Absent in the ConfigMap means no geometries for the scheduler: keep it that way.
+    device.setdefault("knownMigGeometries", [])
     return device
 
 

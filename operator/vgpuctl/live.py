@@ -11,9 +11,8 @@ import asyncio
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio.client import ApiClient, Configuration
-from kubernetes_asyncio.client.exceptions import ApiException
+from vgpu_formats import kubeapi
+from vgpu_formats.kubeapi import ApiException, KubeApi
 from vgpu_formats.kubeconfig import KubeconfigError, locate
 from vgpu_formats.kubeconfig import read as read_kubeconfig
 
@@ -33,16 +32,12 @@ class ClusterError(RuntimeError):
     """The cluster cannot be read; the message says which call and what to check."""
 
 
-async def _list(api: ApiClient, prefix: str, plural: str) -> list[dict[str, Any]]:
+async def _list(api: KubeApi, prefix: str, plural: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     token = ""
     while True:
-        query: list[tuple[str, Any]] = [("limit", PAGE)] + ([("continue", token)] if token else [])
-        response = await api.call_api(
-            f"{prefix}/{plural}", "GET", query_params=query, auth_settings=["BearerToken"],
-            _preload_content=False, response_types_map={},
-        )
-        body = await response.json()
+        query = {"limit": str(PAGE), **({"continue": token} if token else {})}
+        body = await api.request("GET", f"{prefix}/{plural}", query=query)
         items.extend(body.get("items") or [])
         token = (body.get("metadata") or {}).get("continue") or ""
         if not token:
@@ -53,29 +48,27 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
-async def connect(kubeconfig: str | None = None, context: str | None = None) -> tuple[ApiClient, str]:
+async def connect(kubeconfig: str | None = None, context: str | None = None) -> tuple[KubeApi, str]:
     """A client for the kubeconfig kubectl would use, and the server it talks to.
 
     `vgpu_formats.kubeconfig` finds the file ($KUBECONFIG honoured) and checks the context, so a
-    bad kubeconfig is one line naming the fix; the client library then logs in with it, exec
-    plugins and auth providers included.
+    bad kubeconfig is one line naming the fix; `vgpu_formats.kubeapi` logs in with its token,
+    client certificate, basic auth or exec plugin (auth providers are refused, saying so).
     """
     try:
         path = locate(kubeconfig)
         if path is None:  # in a pod without a kubeconfig: its service account
-            configuration = Configuration()
-            kube_config.load_incluster_config(client_configuration=configuration)
-            return ApiClient(configuration=configuration), str(configuration.host)
-        connection = read_kubeconfig(path, context, allow_context_flag=True)
+            endpoint = kubeapi.in_cluster()
+        else:
+            connection = read_kubeconfig(path, context, allow_context_flag=True)
+            if connection.external_login:  # a one-shot command may run the exec plugin, as kubectl does
+                connection = kubeapi.exec_login(connection, path)
+            endpoint = kubeapi.from_connection(connection, path)
     except KubeconfigError as err:
         raise ClusterError(str(err)) from err
-    except kube_config.ConfigException as err:
-        raise ClusterError(f"in-cluster login failed ({_one_line(err)}); pass --kubeconfig") from err
-    try:
-        api = await kube_config.new_client_from_config(config_file=str(path), context=connection.context)
-    except (OSError, ValueError, kube_config.ConfigException) as err:
-        raise ClusterError(f"kubeconfig {path}, context {connection.context!r}: {_one_line(err)}") from err
-    return api, connection.server
+    except OSError as err:  # a CA or client certificate file unreadable or not PEM (ssl.SSLError)
+        raise ClusterError(f"kubeconfig {path}: {_one_line(err)}") from err
+    return KubeApi(endpoint), endpoint.server
 
 
 def _refused(err: ApiException, where: str, plural: str) -> ClusterError:

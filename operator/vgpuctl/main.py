@@ -22,17 +22,13 @@ from typing import Any, NoReturn
 from vgpu_formats.cli import add_common_flags, configure_logging, log_level
 
 from vgpuctl import output
+from vgpuctl.errors import EXIT_OK, EXIT_USAGE, UsageError
 from vgpuctl.manifests import ManifestError, Prefilter, iter_file, load_objects
 
-EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 # The VGPUPolicy kind (vgpu_operator.api.KIND), spelled here so `--help` imports no operator code.
 POLICY_KIND = "VGPUPolicy"
 # A policy file is small; a bigger -f file is taken for manifests without being parsed twice.
 POLICY_FILE_BYTES = 256 * 1024
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line without a traceback, exit code 2."""
 
 
 class Parser(argparse.ArgumentParser):

@@ -9,8 +9,9 @@ from typing import Any
 
 import yaml
 from vgpu_operator.api import VGPUPolicySpec, parse_spec
-from vgpu_operator.observed import Observed, load_observed_from_manifests, object_key
-from vgpu_operator.render import RenderResult, render_all
+from vgpu_operator.decide import render_all
+from vgpu_operator.observed import Observed, object_key
+from vgpu_operator.registry import RenderResult, load_observed_from_manifests
 from vgpu_operator.validate import validate
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from vgpu_operator.api import parse_spec
-from vgpu_operator.render import render_all
+from vgpu_operator.decide import render_all
 from vgpu_operator.validate import errors, validate
 
 from tests.core.support import observe, workload

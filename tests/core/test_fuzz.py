@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vgpu_operator.api import parse_spec
-from vgpu_operator.render import render_all
+from vgpu_operator.decide import render_all
 from vgpu_operator.validate import validate
 
 from tests.core.conftest import FIXTURES, load_docs

@@ -15,7 +15,7 @@ from vgpu_formats import node_config as nc
 from vgpu_formats import yamlio
 from vgpu_formats.errors import FormatError
 from vgpu_operator.api import parse_spec
-from vgpu_operator.render import render_all
+from vgpu_operator.decide import render_all
 from vgpu_operator.validate import errors, validate
 from vgpuctl.main import main
 

@@ -9,7 +9,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vgpu_operator.api import parse_spec
-from vgpu_operator.render import render_all
+from vgpu_operator.decide import render_all
 from vgpu_operator.render.device_plugin import LEGACY_FLAGS
 from vgpu_operator.render.scheduler_conf import OWNED_ARGUMENTS
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import yaml
 from vgpu_operator.api import VGPUPolicy, parse_spec
-from vgpu_operator.render import RenderResult, render_all
+from vgpu_operator.decide import render_all
+from vgpu_operator.registry import RenderResult
 from vgpu_operator.render import device_plugin as dp
 from vgpu_operator.render import scheduler_deployment as sd
 from vgpu_operator.render.inputs import template_annotations

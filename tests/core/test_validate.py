@@ -88,12 +88,14 @@ def test_gpushare_switch_is_read_as_volcano_reads_it(cluster_docs: list[dict[str
     assert ("ConflictingDeviceShareArguments" in _reasons(_problems({}, docs))) == conflicts
 
 
-def test_predicates_missing_is_a_warning(cluster_docs: list[dict[str, Any]]) -> None:
+def test_predicates_missing_is_an_error(cluster_docs: list[dict[str, Any]]) -> None:
+    """Only predicates calls the devices' Allocate: without it vGPU pods bind with no device
+    (vgpu_operator.rules.PREDICATES_MISSING; doctor says the same)."""
     docs = copy.deepcopy(cluster_docs)
     next(d for d in docs if d["metadata"]["name"] == "volcano-scheduler-configmap")["data"][
         "volcano-scheduler.conf"] = "actions: allocate\ntiers:\n- plugins:\n  - name: gang\n"
     problems = _problems({}, docs)
-    assert "PredicatesPluginMissing" in _reasons(problems) and not errors(problems)
+    assert [p.reason for p in errors(problems)] == ["PredicatesPluginMissing"]
 
 
 def test_overlapping_overrides(cluster_docs: list[dict[str, Any]]) -> None:

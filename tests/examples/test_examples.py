@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 from vgpu_operator.api import VGPUPolicy
-from vgpu_operator.observed import load_observed_from_manifests
+from vgpu_operator.registry import load_observed_from_manifests
 from vgpu_operator.validate import validate
 
 from tests.charts import chart

@@ -14,9 +14,9 @@ from typing import Any
 import aiohttp
 import pytest
 from vgpu_emulator import Emulator, RunningEmulator, run_emulator
-from vgpu_operator.main import run_operator
 from vgpu_operator.metrics import Metrics
-from vgpu_operator.reconcile import Tuning
+from vgpu_operator.runtime.run import run_operator
+from vgpu_operator.runtime.worker import Tuning
 
 from tests.support.waiting import eventually
 

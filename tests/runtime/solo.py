@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from vgpu_emulator import Emulator, RunningEmulator, run_emulator
-from vgpu_operator import api, nodes
+from vgpu_operator import api
 from vgpu_operator.k8s import Kube, Retry, new_api_client
 from vgpu_operator.metrics import Metrics
 from vgpu_operator.plan import PENDING_ANNOTATION
-from vgpu_operator.reconcile import Reconciler, Tuning
+from vgpu_operator.reconcile import Reconciler
+from vgpu_operator.runtime import nodes
 
 from .conftest import FIXTURES, NODES, PLUGIN_NS, plugin_pods
 
@@ -95,7 +96,7 @@ async def solo(running: RunningEmulator, lives: int | None = None, dies_at: str 
         mortal.lives = mortal.lives if lives is None else lives
         mortal.dies_at = dies_at
         kube = mortal
-    reconciler = Reconciler(kube, Metrics(), Tuning())
+    reconciler = Reconciler(kube, Metrics())
     await nodes.relist(kube, reconciler.nodes)
     try:
         yield Solo(running, kube, reconciler)

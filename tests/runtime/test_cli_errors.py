@@ -18,6 +18,7 @@ import pytest
 from vgpu_emulator import run_emulator
 from vgpu_formats.cli import version
 
+from tests.support.kubeconfigs import TOKEN_AT_PORT
 from tests.support.waiting import eventually
 
 from .conftest import FIXTURES, plugin_pods
@@ -25,14 +26,6 @@ from .conftest import FIXTURES, plugin_pods
 BIN = Path(sys.executable).parent
 # The node daemons need a node name before they look for a kubeconfig.
 DAEMONS = {"vgpu-operator": [], "deviceplugin": ["--node-name", "n1"], "vgpu-monitor": ["--node-name", "n1"]}
-CLOSED_PORT_CONFIG = """\
-apiVersion: v1
-kind: Config
-current-context: c
-contexts: [{name: c, context: {cluster: k, user: u}}]
-clusters: [{name: k, cluster: {server: "http://127.0.0.1:%d"}}]
-users: [{name: u, user: {token: t}}]
-"""
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
@@ -103,7 +96,7 @@ def test_the_operator_takes_kubeconfig_from_the_environment_and_names_the_unreac
         tmp_path: Path) -> None:
     port = _closed_port()
     config = tmp_path / "config"
-    config.write_text(CLOSED_PORT_CONFIG % port)
+    config.write_text(TOKEN_AT_PORT % port)
     env = _env(tmp_path, KUBECONFIG=str(config))
     result = _run("vgpu-operator", "--metrics-port", "0", "--liveness-port", "0", env=env)
     line = _error_line(result, "vgpu-operator")
@@ -118,7 +111,7 @@ def test_the_operator_takes_kubeconfig_from_the_environment_and_names_the_unreac
 @pytest.mark.parametrize("flag", ["--metrics-port", "--liveness-port"])
 def test_a_port_in_use_names_its_flag(flag: str, tmp_path: Path) -> None:
     config = tmp_path / "config"
-    config.write_text(CLOSED_PORT_CONFIG % _closed_port())
+    config.write_text(TOKEN_AT_PORT % _closed_port())
     with socket.socket() as busy:
         busy.bind(("0.0.0.0", 0))
         busy.listen()

@@ -12,9 +12,9 @@ import kopf
 import pytest
 from prometheus_client import generate_latest
 from vgpu_emulator import run_emulator
-from vgpu_operator.main import connection_from_kubeconfig, events_where_accepted, run_operator
 from vgpu_operator.metrics import Metrics
 from vgpu_operator.plan import Restart
+from vgpu_operator.runtime.run import connection_from_kubeconfig, events_where_accepted, run_operator
 from vgpu_operator.settings import parse_args, start_time_priority
 
 from tests.support.waiting import eventually

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from vgpu_emulator import RunningEmulator, run_emulator
-from vgpu_operator.main import run_operator
 from vgpu_operator.metrics import Metrics
-from vgpu_operator.reconcile import Tuning
+from vgpu_operator.runtime.run import run_operator
+from vgpu_operator.runtime.worker import Tuning
 from vgpu_operator.settings import start_time_priority
 
 from tests.support.waiting import eventually

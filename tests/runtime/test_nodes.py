@@ -6,9 +6,9 @@ import asyncio
 
 import aiohttp
 from vgpu_emulator import run_emulator
-from vgpu_operator import nodes
 from vgpu_operator.k8s import Kube, new_api_client
-from vgpu_operator.reconcile import NodeIndex
+from vgpu_operator.runtime import nodes
+from vgpu_operator.runtime.indexes import NodeIndex
 
 from tests.support.waiting import eventually
 

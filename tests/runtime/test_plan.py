@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from vgpu_operator import api
 from vgpu_operator.plan import (
     PENDING_ANNOTATION,
-    PLUGIN_HASH,
-    SCHEDULER_HASH,
     Pending,
     Previous,
     Restart,
@@ -18,25 +17,29 @@ from vgpu_operator.plan import (
     restart_events,
     unfinished,
 )
+from vgpu_operator.render.device_plugin import ANNOTATION as PLUGIN_HASH
+from vgpu_operator.render.scheduler_deployment import ANNOTATION as SCHEDULER_HASH
 from vgpu_operator.render.target import TargetRender
 
 
 def _cm(changed: bool = False, live: bool = True, content_hash: str = "h1") -> TargetRender:
     return TargetRender("ConfigMap", "kube-system", "dc", {"data": {}} if live else None,
-                        {"data": {"k": "v"}}, content_hash, changed, key="device-config.yaml")
+                        {"data": {"k": "v"}}, content_hash, changed, key="device-config.yaml",
+                        slot="device_config")
 
 
 def _workload(kind: str, annotation: str, live_hash: str | None, want: str) -> TargetRender:
     def obj(value: str | None) -> dict[str, Any]:
         annotations = {annotation: value} if value else {}
         return {"spec": {"template": {"metadata": {"annotations": annotations}}}}
+    slot = {"Deployment": "scheduler_deployment", "DaemonSet": "device_plugin"}[kind]
     return TargetRender(kind, "ns", kind.lower(), obj(live_hash), obj(want), want, live_hash != want,
-                      restart_hash=want)
+                      restart_hash=want, slot=slot)
 
 
 def _node_config(nodes: list[str]) -> TargetRender:
     return TargetRender("ConfigMap", "kube-system", "nc", {"data": {}}, {"data": {}}, "n2", bool(nodes),
-                      key="config.json", changed_nodes=nodes)
+                      key="config.json", changed_nodes=nodes, slot="node_config")
 
 
 def test_steady_state_writes_nothing() -> None:
@@ -112,9 +115,9 @@ def test_only_restarts_that_happened_are_reported() -> None:
     assert not [e for e in restart_events(plan.done(set())) if "pods" in e.message]
 
 
-def test_previous_from_status_ignores_garbage() -> None:
+def test_previous_from_status_indexes_the_stored_targets() -> None:
     entry = {"kind": "ConfigMap", "namespace": "a", "name": "b", "hash": "x", "state": "InSync"}
-    status = {"targets": [entry, "garbage"]}
+    status = api.VGPUPolicyStatus.model_validate({"targets": [entry]})
     assert previous_from_status(status) == {("ConfigMap", "a", "b"): Previous("x", "InSync")}
     assert previous_from_status(None) == {}
 

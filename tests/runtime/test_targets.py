@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from vgpu_emulator import Emulator, run_emulator
-from vgpu_operator import targets
 from vgpu_operator.k8s import Kube, new_api_client
-from vgpu_operator.reconcile import PolicyIndex
+from vgpu_operator.runtime import targets
+from vgpu_operator.runtime.indexes import PolicyIndex
 
 from tests.support.waiting import eventually
 

@@ -1,4 +1,4 @@
-"""The Volcano-compatible binder against the fixture cluster (volcano-scheduler.md §3)."""
+"""The Volcano-compatible binder against the fixture cluster (docs/upstream.md §6)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 from vgpu_operator.api import VGPUPolicy
-from vgpu_operator.observed import load_observed_from_manifests
-from vgpu_operator.render import render_all
+from vgpu_operator.decide import render_all
+from vgpu_operator.registry import load_observed_from_manifests
 from vgpu_operator.validate import validate
 from vgpuctl.diffing import target_diff
 from vgpuctl.facts import gather

@@ -7,18 +7,20 @@ kept as they are.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from vgpu_formats import device_config as fmt
-from vgpu_formats import yamlio
+from vgpu_formats import device_fields, yamlio
 from vgpu_formats.rewrite import rewrite
 
 from vgpu_operator import versions
-from vgpu_operator.api import VGPUPolicySpec
-from vgpu_operator.observed import Observed
 from vgpu_operator.render.inputs import InputError, Problem, describe, short_hash
 from vgpu_operator.render.target import TargetRender, configmap_target, failed_target
+
+if TYPE_CHECKING:
+    from vgpu_operator.observed import Observed
+    from vgpu_operator.view import ClusterView
 
 
 def _geometry(models: list[str], *groups: tuple[str, list[tuple[str, int, int]]]) -> dict[str, Any]:
@@ -54,54 +56,30 @@ OWNED_KEYS = frozenset(field.alias or name for name, field in fmt.NvidiaConfig.m
     "passDeviceSpecs"}
 
 
-def plugin_generation(spec: VGPUPolicySpec, observed: Observed) -> versions.Generation | None:
-    """The generation of the device plugin the policy targets (None: cannot tell)."""
-    plugin = spec.device_plugin
-    return versions.plugin_generation(plugin.generation, observed.device_plugin, plugin.container).generation
-
-
-def desired_nvidia(spec: VGPUPolicySpec, observed: Observed) -> fmt.NvidiaConfig:
+def desired_nvidia(view: ClusterView) -> fmt.NvidiaConfig:
     """The `nvidia:` section the policy asks for, every owned field explicit; unset
     knownMigGeometries: the table the target plugin generation ships."""
-    device, names = spec.device, spec.resources
+    device, names = view.spec.device, view.spec.resources
     if device.known_mig_geometries is None:
-        table = versions.plugin_traits(plugin_generation(spec, observed)).mig_table
+        table = versions.plugin_traits(view.generation).mig_table
         geometries = UPSTREAM_MIG_GEOMETRIES[table]
     else:
         geometries = [g.model_dump(by_alias=True) for g in device.known_mig_geometries]
-    return fmt.NvidiaConfig.model_validate({
-        "resourceCountName": names.count,
-        "resourceMemoryName": names.memory,
-        "resourceMemoryPercentageName": names.memory_percentage,
-        "resourceCoreName": names.cores,
-        **({"resourcePriorityName": names.priority} if names.priority else {}),
-        "overwriteEnv": device.overwrite_env,
-        "defaultMemory": device.defaults.memory,
-        "defaultCores": device.defaults.cores,
-        "defaultGPUNum": device.defaults.gpu_num,
-        "deviceSplitCount": device.device_split_count,
-        "deviceMemoryScaling": device.device_memory_scaling,
-        "deviceCoreScaling": device.device_core_scaling,
-        "disableCoreLimit": device.disable_core_limit,
-        "gpuMemoryFactor": device.gpu_memory_factor,
-        "knownMigGeometries": geometries,
-    }, by_alias=True, by_name=False)
+    # Which policy field is which key: vgpu_formats.device_fields, the one table.
+    spec_data = {"resources": names.model_dump(by_alias=True),
+                 "device": device.model_dump(by_alias=True, exclude={"known_mig_geometries"})}
+    return fmt.NvidiaConfig.model_validate({**device_fields.to_nvidia(spec_data),
+                                            "knownMigGeometries": geometries}, by_alias=True, by_name=False)
 
 
-# What Volcano's scheduler uses from the section (volcano-scheduler.md §1.2); the rest is plugin-only.
+# What Volcano's scheduler uses from the section (docs/upstream.md §2.2); the rest is plugin-only.
 SCHEDULER_KEYS = ("resourceCountName", "resourceMemoryName", "resourceMemoryPercentageName",
                   "resourceCoreName", "gpuMemoryFactor", "knownMigGeometries")
 
 
-def owned_section(spec: VGPUPolicySpec, observed: Observed) -> dict[str, Any]:
+def owned_section(view: ClusterView) -> dict[str, Any]:
     """Our part of `nvidia:` as plain data (the restart hashes cover it)."""
-    return desired_nvidia(spec, observed).to_yaml_dict()
-
-
-def live_config(observed: Observed) -> fmt.DeviceConfig | None:
-    """The live device-config as its readers load it; None when it is missing or does not load
-    (the scheduler then falls back to its built-in defaults)."""
-    return fmt.load_device_config(observed.device_config_text())
+    return desired_nvidia(view).to_yaml_dict()
 
 
 def plugin_reads(generation: versions.Generation | None, cfg: fmt.DeviceConfig | None) -> dict[str, Any]:
@@ -117,8 +95,8 @@ def scheduler_reads(cfg: fmt.DeviceConfig | None) -> dict[str, Any]:
     return {key: view.get(key) for key in SCHEDULER_KEYS}
 
 
-def desired_config(spec: VGPUPolicySpec, observed: Observed) -> fmt.DeviceConfig:
-    return fmt.DeviceConfig(nvidia=desired_nvidia(spec, observed))
+def desired_config(view: ClusterView) -> fmt.DeviceConfig:
+    return fmt.DeviceConfig(nvidia=desired_nvidia(view))
 
 
 def live_document(observed: Observed, where: str) -> dict[str, Any] | None:
@@ -143,14 +121,14 @@ def live_document(observed: Observed, where: str) -> dict[str, Any] | None:
     return {str(k): v for k, v in doc.items()}
 
 
-def render_device_config_target(spec: VGPUPolicySpec, observed: Observed) -> TargetRender:
-    ref = spec.targets.device_config
+def render_device_config_target(view: ClusterView) -> TargetRender:
+    ref = view.spec.targets.device_config
     where = describe("ConfigMap", ref.namespace, ref.name)
-    ours = desired_nvidia(spec, observed)
+    ours = desired_nvidia(view)
     try:
-        live_doc = live_document(observed, where)
+        live_doc = live_document(view, where)
     except InputError as err:
-        return failed_target("ConfigMap", ref.namespace, ref.name, observed.device_config, err.problem)
+        return failed_target("ConfigMap", ref.namespace, ref.name, view.device_config, err.problem)
     live_doc = live_doc or {}
     live_section = live_doc.get("nvidia") or {}
     foreign = {k: v for k, v in live_section.items() if k not in OWNED_KEYS}
@@ -158,11 +136,11 @@ def render_device_config_target(spec: VGPUPolicySpec, observed: Observed) -> Tar
     nvidia.__pydantic_extra__ = foreign
     cfg = fmt.DeviceConfig(nvidia=nvidia, others={k: v for k, v in live_doc.items() if k != "nvidia"})
     # Same meaning: keep the live bytes (adopting a hand-written ConfigMap rewrites nothing).
-    live_text = observed.device_config_text()
+    live_text = view.device_config_text()
     text = None
-    if live_text is None or not fmt.same_meaning(live_config(observed), cfg):
+    if live_text is None or not fmt.same_meaning(view.live_device_config, cfg):
         # An edited ConfigMap keeps its comments and layout; a new one gets upstream's key order.
         text = rewrite(live_text, fmt.device_config_dict(cfg), fmt.render_device_config_dict) \
             if live_text else fmt.render_device_config(cfg)
-    return configmap_target(ref.namespace, ref.name, fmt.CONFIGMAP_KEY, observed.device_config, text,
+    return configmap_target(ref.namespace, ref.name, fmt.CONFIGMAP_KEY, view.device_config, text,
                             short_hash(ours.to_yaml_dict()))

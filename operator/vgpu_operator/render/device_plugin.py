@@ -30,13 +30,12 @@ import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vgpu_formats import device_config as dc_fmt
 from vgpu_formats import node_config as nc_fmt
 
 from vgpu_operator.api import VGPUPolicySpec
-from vgpu_operator.observed import Observed
 from vgpu_operator.render import device_config
 from vgpu_operator.render.inputs import (
     InputError,
@@ -51,9 +50,11 @@ from vgpu_operator.versions import (
     LEGACY_FLAG_DEFAULTS,
     LEGACY_SWITCHES,
     Generation,
-    plugin_generation,
     plugin_traits,
 )
+
+if TYPE_CHECKING:
+    from vgpu_operator.view import ClusterView
 
 ANNOTATION = "vgpu.io/plugin-config-hash"
 LEGACY_DEFAULTS = LEGACY_FLAG_DEFAULTS
@@ -267,11 +268,11 @@ def edited_container_argv(spec: VGPUPolicySpec, container: Mapping[str, Any],
                      plugin_traits(generation).flags)
 
 
-def render_device_plugin_target(spec: VGPUPolicySpec, observed: Observed,
-                                running: Mapping[str, str | None] | None = None) -> TargetRender:
+def render_device_plugin_target(view: ClusterView) -> TargetRender:
+    spec = view.spec
     plugin = spec.device_plugin
     where = describe("DaemonSet", plugin.namespace, plugin.daemon_set)
-    live = observed.device_plugin
+    live = view.device_plugin
     if live is None:
         return missing_target("DaemonSet", plugin.namespace, plugin.daemon_set, "spec.devicePlugin.daemonSet",
                               "DevicePluginNotFound",
@@ -281,7 +282,7 @@ def render_device_plugin_target(spec: VGPUPolicySpec, observed: Observed,
         index, container = find_container(live, plugin.container, where)
     except InputError as err:
         return failed_target("DaemonSet", plugin.namespace, plugin.daemon_set, live, err.problem)
-    found = plugin_generation(plugin.generation, live, plugin.container)
+    found = view.plugin
     if found.generation is None:
         return failed_target("DaemonSet", plugin.namespace, plugin.daemon_set, live, Problem(
             "spec.devicePlugin.generation", "PluginGenerationUnknown",
@@ -299,9 +300,9 @@ def render_device_plugin_target(spec: VGPUPolicySpec, observed: Observed,
         wanted["command"] = edited.command
     inputs_changed = edited.args != live_args or edited.command != live_command
     if found.generation != "builtin":
-        wanted["deviceConfig"] = device_config.owned_section(spec, observed)
+        wanted["deviceConfig"] = device_config.owned_section(view)
         inputs_changed |= (
-            device_config.plugin_reads(found.generation, device_config.live_config(observed))
-            != device_config.plugin_reads(found.generation, device_config.desired_config(spec, observed)))
+            device_config.plugin_reads(found.generation, view.live_device_config)
+            != device_config.plugin_reads(found.generation, device_config.desired_config(view)))
     return workload_target("DaemonSet", live, ANNOTATION, short_hash(wanted), inputs_changed, containers,
-                           running)
+                           view.running)

@@ -9,16 +9,18 @@ match one node, the first wins here; validation reports the overlap as an error.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vgpu_formats import node_config as fmt
 from vgpu_formats.errors import FormatError
 
 from vgpu_operator.api import NodeOverride, VGPUPolicySpec
-from vgpu_operator.observed import Observed
 from vgpu_operator.render.inputs import short_hash
 from vgpu_operator.render.selectors import override_nodes
 from vgpu_operator.render.target import TargetRender, configmap_target
+
+if TYPE_CHECKING:
+    from vgpu_operator.view import ClusterView
 
 
 def entry_for(name: str, override: NodeOverride) -> fmt.NodeConfigEntry:
@@ -66,16 +68,16 @@ def with_foreign_keys(desired: dict[str, Any], live: dict[str, Any] | None) -> d
     return {**desired, **{k: v for k, v in live.items() if k != "nodeconfig"}, "nodeconfig": entries}
 
 
-def render_node_config_target(spec: VGPUPolicySpec, observed: Observed) -> TargetRender:
-    ref = spec.targets.node_config
-    live_text = observed.node_config_text()
+def render_node_config_target(view: ClusterView) -> TargetRender:
+    ref = view.spec.targets.node_config
+    live_text = view.node_config_text()
     try:
         live = fmt.node_config_dict(fmt.parse_node_config(live_text)) if live_text is not None else None
     except FormatError:
         live = None  # unreadable: no plugin gets anything useful from it; we own the key
-    desired = with_foreign_keys(desired_node_data(spec, observed.nodes), live)
+    desired = with_foreign_keys(desired_node_data(view.spec, view.nodes), live)
     text = fmt.node_config_text(desired)
-    target = configmap_target(ref.namespace, ref.name, fmt.CONFIGMAP_KEY, observed.node_config,
+    target = configmap_target(ref.namespace, ref.name, fmt.CONFIGMAP_KEY, view.node_config,
                               None if live == desired else text, short_hash(text))
     before = _entries_by_name(live) if live is not None else {}
     after = _entries_by_name(desired)

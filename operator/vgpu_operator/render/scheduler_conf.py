@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from vgpu_formats import annotations as ann
@@ -21,16 +21,16 @@ from vgpu_formats import device_config as dc_fmt
 from vgpu_formats.rewrite import rewrite
 
 from vgpu_operator.api import VGPUPolicySpec
-from vgpu_operator.observed import Observed
 from vgpu_operator.render.inputs import (
     DEVICESHARE,
     InputError,
-    describe,
     find_plugin,
-    parse_scheduler_conf,
     short_hash,
 )
 from vgpu_operator.render.target import TargetRender, configmap_target, failed_target, missing_target
+
+if TYPE_CHECKING:
+    from vgpu_operator.view import ClusterView
 
 PLUGIN = DEVICESHARE
 VGPU_ENABLE = "deviceshare.VGPUEnable"
@@ -46,7 +46,7 @@ OWNED_ARGUMENTS = (VGPU_ENABLE, SCHEDULE_POLICY, SCHEDULE_WEIGHT, NODE_LOCK, CM_
 GPUSHARE_ARGUMENTS = ("deviceshare.GPUSharingEnable", "deviceshare.GPUNumberEnable")
 # Read once per scheduler process (sync.Once): changing them needs a scheduler restart.
 RESTART_ARGUMENTS = (VGPU_ENABLE, CM_NAME, CM_NAMESPACE)
-# What Volcano uses for an absent argument (volcano-scheduler.md §1.1).
+# What Volcano uses for an absent argument (docs/upstream.md §1.1).
 UPSTREAM_DEFAULTS: dict[str, Any] = {VGPU_ENABLE: False, SCHEDULE_WEIGHT: 0, NODE_LOCK: False,
                                      CM_NAME: dc_fmt.CONFIGMAP_NAME, CM_NAMESPACE: dc_fmt.DEFAULT_NAMESPACE}
 
@@ -97,10 +97,10 @@ def _spelled_out(conf: dict[str, Any]) -> str:
     return json.dumps(conf, sort_keys=True, default=str)
 
 
-def live_arguments(observed: Observed, spec: VGPUPolicySpec) -> dict[str, Any] | None:
+def live_arguments(view: ClusterView) -> dict[str, Any] | None:
     """deviceshare's live arguments ({} when the plugin is absent); None when the conf is unusable."""
     try:
-        conf = parse_scheduler_conf(observed.scheduler_conf_text(spec.scheduler.key), "", spec.scheduler.key)
+        conf = view.scheduler_conf()
     except InputError:
         return None
     plugin = find_plugin(conf, PLUGIN)
@@ -147,20 +147,19 @@ def dump_conf(conf: dict[str, Any]) -> str:
     return yaml.safe_dump(conf, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
 
 
-def render_scheduler_conf_target(spec: VGPUPolicySpec, observed: Observed) -> TargetRender:
-    sched = spec.scheduler
-    where = describe("ConfigMap", sched.namespace, sched.config_map)
-    live = observed.scheduler_configmap
+def render_scheduler_conf_target(view: ClusterView) -> TargetRender:
+    sched = view.spec.scheduler
+    live = view.scheduler_configmap
     if live is None:
         return missing_target("ConfigMap", sched.namespace, sched.config_map, "spec.scheduler.configMap",
                               "SchedulerConfigMapNotFound", "install Volcano or point "
                               "spec.scheduler.namespace/configMap at its scheduler ConfigMap")
     try:
-        conf = parse_scheduler_conf(observed.scheduler_conf_text(sched.key), where, sched.key)
+        conf = view.scheduler_conf()
     except InputError as err:
         return failed_target("ConfigMap", sched.namespace, sched.config_map, live, err.problem)
-    arguments = desired_arguments(spec)
+    arguments = desired_arguments(view.spec)
     desired = apply_arguments(conf, arguments)
     same = _spelled_out(desired) == _spelled_out(conf)
-    text = None if same else rewrite(observed.scheduler_conf_text(sched.key) or "", desired, dump_conf)
+    text = None if same else rewrite(view.scheduler_conf_text(sched.key) or "", desired, dump_conf)
     return configmap_target(sched.namespace, sched.config_map, sched.key, live, text, short_hash(arguments))

@@ -9,35 +9,34 @@ is left alone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vgpu_operator.api import VGPUPolicySpec
-from vgpu_operator.observed import Observed
 from vgpu_operator.render import device_config, scheduler_conf
 from vgpu_operator.render.inputs import InputError, check_workload, describe, short_hash
 from vgpu_operator.render.target import TargetRender, failed_target, missing_target, workload_target
 
+if TYPE_CHECKING:
+    from vgpu_operator.view import ClusterView
+
 ANNOTATION = "vgpu.io/scheduler-config-hash"
 
 
-def desired_inputs(spec: VGPUPolicySpec, observed: Observed) -> dict[str, Any]:
-    return {"deviceConfig": device_config.scheduler_reads(device_config.desired_config(spec, observed)),
-            **scheduler_conf.restart_arguments(scheduler_conf.desired_arguments(spec))}
+def desired_inputs(view: ClusterView) -> dict[str, Any]:
+    return {"deviceConfig": device_config.scheduler_reads(device_config.desired_config(view)),
+            **scheduler_conf.restart_arguments(scheduler_conf.desired_arguments(view.spec))}
 
 
-def live_inputs(spec: VGPUPolicySpec, observed: Observed) -> dict[str, Any] | None:
-    arguments = scheduler_conf.live_arguments(observed, spec)
+def live_inputs(view: ClusterView) -> dict[str, Any] | None:
+    arguments = scheduler_conf.live_arguments(view)
     if arguments is None:
         return None
-    return {"deviceConfig": device_config.scheduler_reads(device_config.live_config(observed)),
+    return {"deviceConfig": device_config.scheduler_reads(view.live_device_config),
             **scheduler_conf.restart_arguments(arguments)}
 
 
-def render_scheduler_deployment_target(spec: VGPUPolicySpec, observed: Observed,
-                                       running: Mapping[str, str | None] | None = None) -> TargetRender:
-    sched = spec.scheduler
-    live = observed.scheduler_deployment
+def render_scheduler_deployment_target(view: ClusterView) -> TargetRender:
+    sched = view.spec.scheduler
+    live = view.scheduler_deployment
     if live is None:
         return missing_target("Deployment", sched.namespace, sched.deployment, "spec.scheduler.deployment",
                               "SchedulerDeploymentNotFound",
@@ -48,6 +47,6 @@ def render_scheduler_deployment_target(spec: VGPUPolicySpec, observed: Observed,
         check_workload(live, where, "spec.scheduler.deployment")
     except InputError as err:
         return failed_target("Deployment", sched.namespace, sched.deployment, live, err.problem)
-    wanted = desired_inputs(spec, observed)
+    wanted = desired_inputs(view)
     return workload_target("Deployment", live, ANNOTATION, short_hash(wanted),
-                           live_inputs(spec, observed) != wanted, running=running)
+                           live_inputs(view) != wanted, running=view.running)

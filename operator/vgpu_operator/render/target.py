@@ -40,6 +40,7 @@ class TargetRender:
     changed_nodes: list[str] = field(default_factory=list)
     node_splits: dict[str, int] = field(default_factory=dict)
     error: Problem | None = None
+    slot: str = ""  # its row in `vgpu_operator.registry` (set by `registry.render_targets`)
 
     @property
     def ref(self) -> str:
@@ -127,7 +128,7 @@ def workload_target(kind: str, live: dict[str, Any], annotation: str, restart_ha
 
     Adoption rule (so taking over a working cluster restarts nothing): the annotation is set or
     updated only when it is already there or when the start-time inputs differ from what is live
-    now, unless `running` (see `render.running_hashes`) says the pods already run with
+    now, unless `running` (see `ClusterView.running`) says the pods already run with
     `restart_hash`, or when `running` says the last apply failed before rolling it. Changing the
     annotation's value is what rolls the pods.
     """

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from vgpu_operator.k8s import Kube
-from vgpu_operator.reconcile import BACKOFF_SECONDS, NodeIndex
-from vgpu_operator.watching import list_and_watch
+from vgpu_operator.runtime.indexes import NodeIndex
+from vgpu_operator.runtime.watching import list_and_watch
+from vgpu_operator.runtime.worker import BACKOFF_SECONDS
 
 
 async def relist(kube: Kube, index: NodeIndex, page: int = 500) -> tuple[str, bool]:

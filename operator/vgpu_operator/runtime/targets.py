@@ -17,13 +17,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pydantic
-from kubernetes_asyncio.client.exceptions import ApiException
+from vgpu_formats.kubeapi import ApiException
 
 from vgpu_operator import api
 from vgpu_operator.k8s import Kube
-from vgpu_operator.observed import wanted_objects
-from vgpu_operator.reconcile import BACKOFF_SECONDS, PolicyIndex
-from vgpu_operator.watching import list_and_watch
+from vgpu_operator.registry import wanted_objects
+from vgpu_operator.runtime.indexes import PolicyIndex
+from vgpu_operator.runtime.watching import list_and_watch
+from vgpu_operator.runtime.worker import BACKOFF_SECONDS
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def targets_of(body: dict[str, Any] | None) -> frozenset[Key]:
         spec = api.VGPUPolicy.from_object(body).spec
     except pydantic.ValidationError:
         return frozenset()
-    return frozenset(wanted_objects(spec).values())
+    return frozenset(w.key for w in wanted_objects(spec))
 
 
 async def watch_one(kube: Kube, key: Key, trigger: Callable[[], None],

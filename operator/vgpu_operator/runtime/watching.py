@@ -10,7 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kubernetes_asyncio.client.exceptions import ApiException
+from vgpu_formats.kubeapi import ApiException
 
 from vgpu_operator.k8s import Kube, is_transient
 
