@@ -130,7 +130,7 @@ class Reconciler:
         except TimeoutError as exc:
             raise TimeoutError(f"no node list after {self.nodes_timeout:g}s") from exc
         observed = await self.kube.read_observed(policy.spec, self.nodes.all())
-        view = ClusterView.of(observed, policy.spec, previous)
+        view = ClusterView.of(observed, policy.spec, policy.status)  # the same objects `decide` gets
         if not view.pending:
             self._recreated.clear()
         # Parsing what others wrote (bounded, yet up to 1 MiB a ConfigMap) and rendering for

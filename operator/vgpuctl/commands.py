@@ -16,6 +16,7 @@ from vgpu_operator.decide import Decision, decide
 from vgpu_operator.plan import TargetDecision
 from vgpu_operator.registry import RenderResult, load_observed_from_manifests
 from vgpu_operator.render.inputs import Problem
+from vgpu_operator.render.target import TargetRender
 from vgpu_operator.view import view_of
 
 from vgpuctl import output
@@ -156,9 +157,17 @@ def _states(decision: Decision) -> dict[str, str]:
     """Target ref -> what the operator would do with it: create, update, repair, unchanged, error,
     or leave it (drifted under driftPolicy Report, or paused)."""
     rendered: RenderResult = decision.render or RenderResult([])
-    if decision.plan is None:  # an invalid policy writes nothing
-        return {t.ref: "error" if t.error is not None else "blocked" for t in rendered.targets}
+    if decision.plan is None:  # errors (reported beside): what each target would get once fixed
+        return {t.ref: _unplanned_state(t) for t in rendered.targets}
     return {d.target.ref: _state(d) for d in decision.plan.decisions}
+
+
+def _unplanned_state(target: TargetRender) -> str:
+    if target.error is not None:
+        return "error"
+    if not target.changed:
+        return "unchanged"
+    return "create" if target.live is None else "update"
 
 
 def _state(decision: TargetDecision) -> str:

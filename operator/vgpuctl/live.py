@@ -66,7 +66,7 @@ async def connect(kubeconfig: str | None = None, context: str | None = None) -> 
             endpoint = kubeapi.from_connection(connection, path)
     except KubeconfigError as err:
         raise ClusterError(str(err)) from err
-    except OSError as err:  # a CA or client certificate file unreadable or not PEM (ssl.SSLError)
+    except (OSError, ValueError) as err:  # a CA or certificate unreadable, not PEM (ssl.SSLError), not text
         raise ClusterError(f"kubeconfig {path}: {_one_line(err)}") from err
     return KubeApi(endpoint), endpoint.server
 

@@ -46,6 +46,13 @@ def test_render_with_and_without_a_cluster(capsys, tmp_path):
     assert [d["metadata"]["name"] for d in json.loads(captured.out)] == [
         "volcano-vgpu-device-config", "volcano-vgpu-node-config"]
     assert "no cluster given" in captured.err
+    # Offline, the two ConfigMaps are what the operator would create, not "blocked" by the
+    # workloads it cannot see.
+    assert main(["render", "--policy", str(path), "-o", "table", "--no-color"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:] if line.strip()]
+    assert [(row[1], row[2]) for row in rows] == [
+        ("kube-system/volcano-vgpu-device-config", "create"),
+        ("kube-system/volcano-vgpu-node-config", "create")]
 
 
 def test_diff_shows_unified_diffs_and_refuses_an_invalid_policy(capsys, tmp_path):

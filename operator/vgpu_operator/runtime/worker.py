@@ -60,7 +60,7 @@ class Worker:
         self.working.add(name)
         self.reconciler.paused = False
         self.metrics.set_active(True)
-        self.trigger()  # taking over (start, or after a peering pause): resync now
+        self.trigger(name)  # taking over (start, or after a peering pause): resync now
 
     def stop_working(self, name: str) -> None:
         self.working.discard(name)
