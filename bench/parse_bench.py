@@ -2,7 +2,7 @@
 
 Ratios against plain PyYAML (libyaml's CSafeLoader) in the same run:
 - a normal scheduler conf and a 2 MB multi-document manifest: checked load / plain load;
-- a 370-byte alias bomb: time to refuse it, and what walking the plain load costs (json.dumps, as
+- a 327-byte alias bomb: time to refuse it, and what walking the plain load costs (json.dumps, as
   the scheduler-conf renderer did before);
 - a 10 KB nested text: refused, where copying the plain load raises RecursionError.
 

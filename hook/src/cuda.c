@@ -12,27 +12,7 @@
 #include "throttle.h"
 
 #undef cuGetProcAddress /* cuda.h renames it to _v2; the v1 ABI is a separate export */
-/* cuda.h maps these names to _v2 too; the legacy exports behind them (CUDA 2.x ABI: 32-bit
- * device pointers and sizes) are still exported by the driver and wrapped here. */
-#undef cuMemAlloc
-#undef cuMemAllocPitch
-#undef cuMemFree
-#undef cuMemGetInfo
-#undef cuDeviceTotalMem
-#undef cuArrayCreate
-#undef cuArray3DCreate
-
-typedef unsigned int v1_ptr;
-struct array_v1 { /* CUDA_ARRAY_DESCRIPTOR_v1 */
-    unsigned int Width, Height;
-    CUarray_format Format;
-    unsigned int NumChannels;
-};
-struct array3d_v1 { /* CUDA_ARRAY3D_DESCRIPTOR_v1 */
-    unsigned int Width, Height, Depth;
-    CUarray_format Format;
-    unsigned int NumChannels, Flags;
-};
+#include "cuda_v1.h" /* the legacy v1 exports (CUDA 2.x ABI), wrapped here too */
 
 #define VGPU_EXPORT __attribute__((visibility("default")))
 
@@ -103,14 +83,6 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
                                                     unsigned bz, unsigned shmem, CUstream stream,
                                                     void **params);
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
-VGPU_EXPORT CUresult cuMemAlloc(v1_ptr *dptr, unsigned int bytes);
-VGPU_EXPORT CUresult cuMemAllocPitch(v1_ptr *dptr, unsigned int *pitch, unsigned int width,
-                                     unsigned int height, unsigned int elem);
-VGPU_EXPORT CUresult cuMemFree(v1_ptr dptr);
-VGPU_EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes);
-VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
-VGPU_EXPORT CUresult cuArrayCreate(CUarray *handle, const struct array_v1 *desc);
-VGPU_EXPORT CUresult cuArray3DCreate(CUarray *handle, const struct array3d_v1 *desc);
 
 static void after_load(void);
 

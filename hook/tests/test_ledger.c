@@ -102,9 +102,11 @@ static void dead_holder(struct vgpu_ledger *me)
 static void live_holder(struct vgpu_ledger *me)
 {
     int ready[2];
-    if (pipe(ready) != 0)
+    if (!check(pipe(ready) == 0, "live holder: pipe"))
         return;
     pid_t child = fork();
+    if (!check(child >= 0, "live holder: fork"))
+        return;
     if (child == 0) { /* holds slot 5's byte, and the ledger lock in slot 5's name */
         struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
                            .l_start = (off_t)vgpu_region_slot_lock_offset(5), .l_len = 1};

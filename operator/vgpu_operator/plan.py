@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from vgpu_operator import api
 from vgpu_operator.api import TargetState
-from vgpu_operator.registry import BY_SLOT, ROLLOUTS, PluginPods, RestartKind, Rollout
+from vgpu_operator.registry import BY_SLOT, ROLLOUTS, Key, PluginPods, RestartKind, Rollout
 from vgpu_operator.render.inputs import describe as describe_object
 from vgpu_operator.render.inputs import template_annotations
 from vgpu_operator.render.target import TargetRender
@@ -47,10 +47,7 @@ PENDING_ANNOTATION = "vgpu.io/pending-restarts"
 MAX_PENDING_NODE_CHARS = 32 * 1024
 
 
-TargetKey = tuple[str, str, str]
-
-
-def key_of(target: TargetRender) -> TargetKey:
+def key_of(target: TargetRender) -> Key:
     return target.kind, target.namespace, target.name
 
 
@@ -58,7 +55,7 @@ def describe(target: TargetRender) -> str:
     return describe_object(target.kind, target.namespace, target.name)
 
 
-def parse_ref(ref: str) -> TargetKey:
+def parse_ref(ref: str) -> Key:
     """(kind, namespace, name) of a `describe` ref, `Deployment ns/name`: restarts keep their
     target as that text, the form the pending-restarts annotation carries."""
     kind, _, where = ref.partition(" ")
@@ -124,7 +121,7 @@ class Plan:
         return [d for d in self.decisions if d.state in ("Drifted", "Missing")]
 
 
-def previous_from_status(status: api.VGPUPolicyStatus | None) -> dict[TargetKey, Previous]:
+def previous_from_status(status: api.VGPUPolicyStatus | None) -> dict[Key, Previous]:
     """Index the stored status's targets by (kind, namespace, name)."""
     return {(t.kind, t.namespace, t.name): Previous(t.hash or "", t.state or "")
             for t in (status.targets if status else [])}
@@ -188,7 +185,7 @@ def _restarts(decisions: Sequence[TargetDecision], builtin_plugin: bool,
 
 
 def _events(decisions: Sequence[TargetDecision],
-            previous: Mapping[TargetKey, Previous]) -> list[PlannedEvent]:
+            previous: Mapping[Key, Previous]) -> list[PlannedEvent]:
     events: list[PlannedEvent] = []
     for decision in decisions:
         target = decision.target
@@ -303,7 +300,7 @@ def restart_events(restarts: Sequence[Restart]) -> list[PlannedEvent]:
     return events
 
 
-def make_plan(targets: Sequence[TargetRender], previous: Mapping[TargetKey, Previous], *, enforce: bool,
+def make_plan(targets: Sequence[TargetRender], previous: Mapping[Key, Previous], *, enforce: bool,
               paused: bool, builtin_plugin: bool, pending_nodes: Collection[str] = ()) -> Plan:
     """Decide writes, restarts and events for one reconcile of the active policy.
     `pending_nodes`: plugin pods an interrupted reconcile announced and did not recreate."""

@@ -21,7 +21,7 @@ from vgpu_formats import device_config as dc_fmt
 from vgpu_operator import api, versions
 from vgpu_operator.observed import Observed
 from vgpu_operator.plan import Pending, Restart, pending_of, unfinished
-from vgpu_operator.registry import TARGETS, Rollout
+from vgpu_operator.registry import ROLLOUTS, TARGETS, Rollout
 from vgpu_operator.render.inputs import InputError, describe, parse_scheduler_conf
 
 
@@ -113,7 +113,7 @@ class ClusterView(Observed):
         after writing its inputs, so its pods run with something else than the live inputs say."""
         recorded: dict[str, str | None] = {}
         for t in self.previous.targets if self.previous else []:
-            if t.kind in ("Deployment", "DaemonSet") and t.hash and t.state in ("InSync", "Updated", "Error"):
+            if t.kind in ROLLOUTS and t.hash and t.state in ("InSync", "Updated", "Error"):
                 recorded[describe(t.kind, t.namespace, t.name)] = None if t.state == "Error" else t.hash
         recorded.update(dict.fromkeys(self.to_roll))
         return recorded

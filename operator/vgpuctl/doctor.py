@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import pydantic
-from vgpu_formats import FormatError, device_fields
+from vgpu_formats import FormatError
 from vgpu_formats import annotations as ann
 from vgpu_formats import device_config as dc
 from vgpu_formats.quantity import quantity_or_zero
@@ -32,14 +32,13 @@ from vgpuctl.facts import (
     CONFIG_KEY,
     DEFAULT_NAMES,
     FLAG_RESOURCE,
+    NAME_ATTR,
     ClusterFacts,
     show_version,
 )
 from vgpuctl.manifests import Prefilter, trim_document
 
 ERROR, WARNING, INFO = "error", "warning", "info"
-APPLY_POLICY = rules.APPLY_POLICY
-_NAME_ATTR = {kind: f.attr for kind, f in device_fields.NAME_FIELDS.items()}
 MAX_NAMES_SHOWN = 5  # nodes named per grouped finding; a 5,000-node cluster must stay readable
 
 Obj = Mapping[str, Any]
@@ -164,7 +163,7 @@ def check_device_config(facts: ClusterFacts) -> list[Finding]:
     if sc.parsed is not None and sc.parsed.nvidia is not None and facts.scheduler.reads_config_names:
         nvidia = sc.parsed.nvidia
         for kind in ("count", "memory"):
-            if getattr(nvidia, _NAME_ATTR[kind]) in (None, ""):
+            if getattr(nvidia, NAME_ATTR[kind]) in (None, ""):
                 out.append(finding(rules.RESOURCE_NAME_EMPTY, str(sc.place), f"nvidia.{CONFIG_KEY[kind]}",
                                    f"{CONFIG_KEY[kind]} is absent: the scheduler does not fill in defaults, "
                                    f"so it looks for an empty resource name and no pod counts as a vGPU pod",
@@ -246,7 +245,7 @@ def _check_custom_names(facts: ClusterFacts) -> list[Finding]:
     operator runs on the policy's names (vgpu_operator.rules), one finding per way it fails."""
     s = facts.scheduler
     view = dc.scheduler_view(facts.scheduler_config.parsed) if facts.scheduler_config.parsed else None
-    configured = {kind: getattr(view, _NAME_ATTR[kind]) or "" for kind in CONFIG_KEY} if view else {}
+    configured = {kind: getattr(view, NAME_ATTR[kind]) or "" for kind in CONFIG_KEY} if view else {}
     hits = rules.check_custom_names(s.version, configured)
     out: list[Finding] = []
     for case in (rules.NODES_IGNORED, rules.HARD_CODED):
@@ -532,7 +531,7 @@ def diagnose_pod(facts: ClusterFacts, pod: Obj) -> PodDiagnosis:
         fixes.append("then delete and recreate the pod: a Failed pod is not retried")
     fix = "; ".join(dict.fromkeys(fixes))
     if found:
-        fix = APPLY_POLICY + (f"; or by hand: {fix}" if fix else "")
+        fix = rules.APPLY_POLICY + (f"; or by hand: {fix}" if fix else "")
     return PodDiagnosis(pod=pod_key(pod), state=state, requests=requests, causes=causes, fix=fix, found=found)
 
 

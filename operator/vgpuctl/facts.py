@@ -42,7 +42,6 @@ SCHEDULER_CONF_KEY = "volcano-scheduler.conf"
 SCHEDULER_DEPLOYMENT = "volcano-scheduler"
 PLUGIN_DAEMONSET = "volcano-device-plugin"
 PLUGIN_CONTAINER = "volcano-device-plugin"
-VOLCANO_PREFIX = versions.VOLCANO_PREFIX
 
 # Legacy plugin flags and what they set (docs/upstream.md §4.1).
 # Per resource kind (count, memory, cores): the flag, the device-config key and the NvidiaConfig
@@ -50,7 +49,7 @@ VOLCANO_PREFIX = versions.VOLCANO_PREFIX
 FLAG_RESOURCE = {kind: str(f.flag) for kind, f in device_fields.NAME_FIELDS.items()}
 DEFAULT_NAMES = versions.DEFAULT_NAMES
 CONFIG_KEY = {kind: f.key for kind, f in device_fields.NAME_FIELDS.items()}
-_FIELD = {kind: f.attr for kind, f in device_fields.NAME_FIELDS.items()}
+NAME_ATTR = {kind: f.attr for kind, f in device_fields.NAME_FIELDS.items()}  # kind -> NvidiaConfig attribute
 
 
 def show_version(version: Version | None) -> str:
@@ -224,10 +223,10 @@ class ClusterFacts:
             # Ours reads the scheduler's copy with its own defaults (ARCHITECTURE.md, the contract).
             effective = versions.plugin_config_view("builtin", self.scheduler_config.parsed)
             where = f"{self.scheduler_config.place}: "
-            return {k: (getattr(effective, _FIELD[k]) or "", where + CONFIG_KEY[k]) for k in CONFIG_KEY}
+            return {k: (getattr(effective, NAME_ATTR[k]) or "", where + CONFIG_KEY[k]) for k in CONFIG_KEY}
         nvidia = self.plugin_config.parsed.nvidia if self.plugin_config.parsed else None
         for kind, key in CONFIG_KEY.items():
-            value = getattr(nvidia, _FIELD[kind]) if nvidia is not None else None
+            value = getattr(nvidia, NAME_ATTR[kind]) if nvidia is not None else None
             given = value or ""
             name = versions.registered_name(self.plugin.generation, given)
             source = f"{self.plugin_config.place}: {key}"

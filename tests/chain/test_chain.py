@@ -7,7 +7,6 @@ import contextlib
 import json
 from pathlib import Path
 
-import pytest
 import yaml
 from vgpu_formats import annotations as ann
 from vgpu_formats import device_config as dc
@@ -17,6 +16,8 @@ from vgpuctl.doctor import diagnose
 from vgpuctl.importer import import_policy
 from vgpuctl.main import main
 from vgpuctl.manifests import load_objects
+
+from tests.support.required import unavailable
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GPU_7 = "GPU-bc94e532-1820-8ee8-ceaa-704166369c7c"
@@ -96,7 +97,7 @@ async def test_whole_chain(tmp_path):
     # 5. hook enforcement (needs hook/build; `make test` builds it before pytest runs).
     found = chain.hook_artifacts()
     if isinstance(found, str):
-        pytest.skip(f"hook step: {found}")
+        unavailable(f"hook step: {found}")
     hook = chain.run_hook(envs, tmp_path)
     assert hook.ran and hook.returncode == 0, hook
     # 500 MiB steps: six fit under the 3000 MiB cap Allocate set, the seventh is refused.

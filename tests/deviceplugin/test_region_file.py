@@ -16,6 +16,8 @@ from vgpu_deviceplugin.monitor.region import FILE_SIZE as REGION_SIZE
 from vgpu_deviceplugin.monitor.scan import read_container, scan
 from vgpuctl import chain
 
+from tests.support.required import unavailable
+
 
 def _region(root: Path, folder: str = "uid-1_cuda", name: str = "id.cache") -> Path:
     path = root / folder / name
@@ -67,7 +69,7 @@ def test_trim_cuts_grown_region_files_back_to_the_region(tmp_path: Path) -> None
 def test_libvgpu_uses_the_file_the_plugin_made_and_the_monitor_reads_it(tmp_path: Path) -> None:
     found = chain.hook_artifacts()
     if isinstance(found, str):
-        pytest.skip(f"needs the hook: {found}")
+        unavailable(f"needs the hook: {found}")
     # run_hook puts the region at <workdir>/container-cache/<name of the env's file>: make it there
     # first, as Allocate does before the container starts.
     _region(tmp_path, "container-cache", "abc.cache")

@@ -28,6 +28,8 @@ from vgpu_deviceplugin.allocator import make_region_file
 from vgpu_deviceplugin.monitor.exporter import LEGACY_NAMES, metrics
 from vgpu_deviceplugin.monitor.scan import ContainerRegion, scan
 
+from tests.support.required import unavailable
+
 ROOT = Path(__file__).resolve().parents[2]
 # Where `make -C hook all fakes` builds (vgpuctl.chain.HOOK_BUILD, not imported: it pulls in the operator).
 HOOK_BUILD = Path(os.environ.get("VGPU_HOOK_BUILD", ROOT / "hook" / "build"))
@@ -89,10 +91,7 @@ int main(int argc, char **argv)
 
 
 def _unavailable(why: str) -> None:
-    message = f"needs the hook: {why}"
-    if os.environ.get("VGPU_REQUIRE_E2E"):
-        pytest.fail(message)
-    pytest.skip(message)
+    unavailable(f"needs the hook: {why}")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ with VGPU_REQUIRE_E2E set they fail instead, so CI cannot pass by skipping them.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from vgpu_deviceplugin.monitor.exporter import LEGACY_NAMES
 from e2e import controlplane
 from tests.charts import chart
 from tests.monitoring.scrapes import monitor_scrape, operator_scrape
+from tests.support.required import unavailable
 
 HERE = Path(__file__).resolve().parent
 UNIT_TESTS = HERE / "alerts.test.yaml"
@@ -30,10 +30,7 @@ UNIT_TESTS = HERE / "alerts.test.yaml"
 def promtool() -> Path:
     found = controlplane.cached(controlplane.PROMETHEUS, "promtool")
     if found is None:
-        message = "promtool is not built: run `make e2e-build` (python -m e2e.controlplane build)"
-        if os.environ.get("VGPU_REQUIRE_E2E"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable("promtool is not built: run `make e2e-build` (python -m e2e.controlplane build)")
     return found
 
 

@@ -14,8 +14,7 @@ from typing import Any
 
 from vgpu_operator.k8s import Kube
 from vgpu_operator.runtime.indexes import NodeIndex
-from vgpu_operator.runtime.watching import list_and_watch
-from vgpu_operator.runtime.worker import BACKOFF_SECONDS
+from vgpu_operator.runtime.watching import BACKOFF_SECONDS, list_and_watch
 
 
 async def relist(kube: Kube, index: NodeIndex, page: int = 500) -> tuple[str, bool]:

@@ -21,14 +21,12 @@ from vgpu_formats.kubeapi import ApiException
 
 from vgpu_operator import api
 from vgpu_operator.k8s import Kube
-from vgpu_operator.registry import wanted_objects
+from vgpu_operator.registry import Key, wanted_objects
 from vgpu_operator.runtime.indexes import PolicyIndex
-from vgpu_operator.runtime.watching import list_and_watch
-from vgpu_operator.runtime.worker import BACKOFF_SECONDS
+from vgpu_operator.runtime.watching import BACKOFF_SECONDS, list_and_watch
 
 logger = logging.getLogger(__name__)
 
-Key = tuple[str, str, str]  # kind, namespace, name
 POLL_SECONDS = 0.5  # how soon a policy that names other objects gets its new watches
 
 

@@ -16,6 +16,13 @@ from vgpu_operator.k8s import Kube, is_transient
 
 logger = logging.getLogger(__name__)
 
+BACKOFF_SECONDS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)  # after the 1st, 2nd, ... failure in a row
+
+
+def backoff_delay(failures: int, backoff: tuple[float, ...] = BACKOFF_SECONDS) -> float:
+    """The wait after `failures` (>= 1) failures in a row."""
+    return backoff[min(failures, len(backoff)) - 1]
+
 
 def _never(exc: Exception) -> bool:
     return False
@@ -56,4 +63,4 @@ async def list_and_watch(kube: Kube, kind: str, what: str, relist: Callable[[], 
                 logger.warning("watching %s failed (%s); listing again", what, exc)
                 version = ""
             failures += 1
-            await asyncio.sleep(backoff[min(failures, len(backoff)) - 1])
+            await asyncio.sleep(backoff_delay(failures, backoff))

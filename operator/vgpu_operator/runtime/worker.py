@@ -18,8 +18,7 @@ from dataclasses import dataclass
 
 from vgpu_operator.metrics import Metrics
 from vgpu_operator.reconcile import Reconciler
-
-BACKOFF_SECONDS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)  # after the 1st, 2nd, ... failure in a row
+from vgpu_operator.runtime.watching import BACKOFF_SECONDS, backoff_delay
 
 
 @dataclass
@@ -30,11 +29,6 @@ class Tuning:
     debounce_seconds: float = 0.02
     error_backoff_seconds: tuple[float, ...] = BACKOFF_SECONDS
     nodes_timeout_seconds: float = 30.0  # how long a reconcile waits for the first node list
-
-
-def backoff_delay(failures: int, backoff: tuple[float, ...] = BACKOFF_SECONDS) -> float:
-    """The wait after `failures` (>= 1) failures in a row."""
-    return backoff[min(failures, len(backoff)) - 1]
 
 
 class Worker:

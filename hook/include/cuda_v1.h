@@ -1,6 +1,7 @@
 /* cuda_v1.h - the legacy exports (CUDA 2.x ABI: 32-bit device pointers and sizes), which
- * drivers still export and cuda.h declares only for the driver's own build; shared by the fake
- * driver, which defines them, and the tests, which call them by name. Include after cuda.h. */
+ * drivers still export and cuda.h declares only for the driver's own build; shared by libvgpu.so,
+ * which wraps them, the fake driver, which defines them, and the tests, which call them by name.
+ * Include after cuda.h. */
 #ifndef VGPU_CUDA_V1_H
 #define VGPU_CUDA_V1_H
 
