@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# gpu-check.sh - libvgpu.so on a real GPU (not run yet: no GPU machine has been available).
-# Needs: an NVIDIA GPU with at least 4 GiB, nvidia-smi, python3 with torch (CUDA build), cc/make.
-# Checks: (1) a 2 GiB cap under PyTorch: 1.5 GiB works, 3 GiB fails cleanly with an OOM the
-# program can catch, torch.cuda.mem_get_info and nvidia-smi show 2048 MiB; (2) two processes
-# sharing one cap; (3) an SM limit of 30 % on a compute-bound kernel; (4) overhead figures.
+# gpu-check.sh - libvgpu.so on a real GPU: the acceptance suite of issue 11 (hook/README.md).
+# Needs: an NVIDIA GPU with at least 4 GiB, nvidia-smi, python3 with torch (CUDA build) and
+# pynvml, cc/make. Checks: (1) a 2 GiB cap under PyTorch: 1.5 GiB works, 3 GiB fails cleanly
+# with an OOM the program can catch, torch.cuda.mem_get_info and nvidia-smi show 2048 MiB;
+# (2) two processes sharing one cap; (3) an SM limit of 30 % on a compute-bound kernel;
+# (4) overhead figures; (5) what NVML shows a capped process holding (context included) stays
+# within the cap; (6) SM shares of two containers at once (30/60, 50/50, 30/none, 20/20);
+# (7) CUDA graph replay under a 25 % limit.
 # Exit 77 (skip) without a GPU, 1 on any failed check.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -128,4 +131,83 @@ echo -n "without the hook: "; python3 "$work/launch.py"
 echo -n "with the hook, no limit: "; under_cap four.cache 0 python3 "$work/launch.py"
 echo -n "with the hook, SM limit 90: "; CUDA_DEVICE_SM_LIMIT=90 under_cap five.cache 0 python3 "$work/launch.py"
 make -C "$here" -s bench
+
+echo "== 5. what NVML shows a process holding under a 2 GiB cap (its context included)"
+under_cap six.cache 2g python3 - <<'PY'
+import os, sys
+import pynvml, torch
+MiB = 1 << 20
+held = []
+try:
+    while True:
+        held.append(torch.empty(64 * MiB, dtype=torch.uint8, device="cuda"))
+except torch.cuda.OutOfMemoryError:
+    pass
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+mine = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h) if p.pid == os.getpid()]
+print(f"tensors {len(held) * 64} MiB; NVML shows the process holding {mine[0] // MiB if mine else '?'} MiB")
+sys.exit(0 if mine and mine[0] <= 2048 * MiB else 1)
+PY
+result $? "NVML: the process holds <= 2048 MiB under a 2 GiB cap (context counted)"
+
+echo "== 6. SM shares of two containers at once"
+cat > "$work/share.py" <<'PY'
+# share.py NAME SECONDS [BASELINE]: a compute-bound kernel back to back; prints its throughput
+# over the second half as a % of BASELINE (kernels/s of the same kernel alone, bare).
+import sys, time, torch
+name, seconds = sys.argv[1], float(sys.argv[2])
+baseline = float(sys.argv[3]) if len(sys.argv) > 3 else 0
+a = torch.randn(8192, 8192, device="cuda")
+graph = name.startswith("graph")
+if graph:
+    static = a.clone()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(3): static = (static @ static).clamp_(-1, 1)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        for _ in range(10): static = (static @ static).clamp_(-1, 1)
+start = time.time(); n = 0; n_half = None
+while time.time() - start < seconds:
+    if graph: g.replay(); n += 10
+    else: a = (a @ a).clamp_(-1, 1); n += 1
+    if n % 8 == 0 or graph: torch.cuda.synchronize()
+    if n_half is None and time.time() - start >= seconds / 2:
+        torch.cuda.synchronize(); n_half, t_half = n, time.time()
+torch.cuda.synchronize()
+rate = (n - n_half) / (time.time() - t_half)
+print(f"{name}: {rate:.1f} kernels/s" + (f", {100 * rate / baseline:.1f} %" if baseline else ""))
+PY
+base=$(python3 "$work/share.py" bare 8 | sed -n 's/.*: \([0-9.]*\) kernels.*/\1/p')
+echo "bare: $base kernels/s"
+tenant() { # tenant NAME LIMIT: one container (its own region) with SM limit LIMIT ("none")
+    local limit=$2; [ "$limit" = none ] && limit=0
+    CUDA_DEVICE_SM_LIMIT=$limit under_cap "$1.cache" 0 python3 "$work/share.py" "$1" 20 "$base"
+}
+share_of() { sed -n 's/.*, \([0-9.]*\) %$/\1/p' "$work/$1.txt"; }
+within() { awk -v got="$1" -v want="$2" 'BEGIN { exit !(got >= want - 5 && got <= want + 5) }'; }
+for pair in "30 60" "50 50" "30 none" "20 20"; do
+    set -- $pair
+    tenant "a-$1-$2" "$1" >"$work/a.txt" & pa=$!
+    tenant "b-$1-$2" "$2" >"$work/b.txt" & pb=$!
+    wait $pa $pb
+    cat "$work/a.txt" "$work/b.txt"
+    sa=$(share_of a); sb=$(share_of b)
+    want_b=$2; [ "$2" = none ] && want_b=$((100 - $1))
+    within "$sa" "$1" && within "$sb" "$want_b"
+    result $? "limits $1 / $2: shares $sa / $sb %, expected $1 / $want_b"
+    if [ $(($1 + want_b)) -ge 100 ]; then
+        awk -v a="$sa" -v b="$sb" 'BEGIN { exit !(a + b >= 95) }'
+        result $? "limits $1 / $2: the GPU busy $(awk -v a="$sa" -v b="$sb" 'BEGIN { print a + b }') % together (>= 95)"
+    fi
+done
+
+echo "== 7. CUDA graph replay under a 25 % limit"
+gbase=$(python3 "$work/share.py" graph-bare 8 | sed -n 's/.*: \([0-9.]*\) kernels.*/\1/p')
+CUDA_DEVICE_SM_LIMIT=25 under_cap graph.cache 0 python3 "$work/share.py" graph-25 20 "$gbase" | tee "$work/g.txt"
+gs=$(share_of g)
+within "$gs" 25
+result $? "graph replay at limit 25: $gs %"
 exit $failed

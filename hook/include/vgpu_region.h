@@ -67,7 +67,10 @@ struct vgpu_region_device {
     uint32_t uuid_state;       /*  28 VGPU_UUID_*: uuid is valid only when SET (acquire) */
     char uuid[VGPU_REGION_UUID_BYTES]; /* 32 "GPU-xxxxxxxx-...", NUL-terminated, CUDA order */
     uint64_t oom_refusals;     /*  96 atomic: allocations refused because of the cap */
-    uint64_t reserved[3];      /* 104 zero */
+    uint64_t context_bytes;    /* 104 atomic: the context and driver memory NVML last showed for
+                                *     one process of the container on this device beyond its
+                                *     allocations (reserved before the next context is made) */
+    uint64_t reserved[2];      /* 112 zero */
 };
 
 struct vgpu_region_slot {
@@ -84,7 +87,9 @@ struct vgpu_region_slot {
     uint16_t journal_slot;     /* 166 the slot whose used_bytes[journal_device] changes */
     uint64_t journal_device_used; /* 168 the device's used_bytes before the change */
     uint64_t journal_ledger;   /* 176 that slot's used_bytes[journal_device] before the change */
-    uint64_t reserved;         /* 184 zero */
+    uint64_t context_bytes;    /* 184 atomic: of this slot's used_bytes, the context and driver
+                                *     memory (all devices), as NVML measured it; the rest are
+                                *     allocations. Written by the owner; readers may see it lag */
 };
 
 _Static_assert(sizeof(struct vgpu_region_header) == 128, "header is 128 bytes");
@@ -95,10 +100,12 @@ _Static_assert(offsetof(struct vgpu_region_header, reaped_slots) == 72, "header 
 _Static_assert(offsetof(struct vgpu_region_header, ledger_lock) == 80, "header offsets");
 _Static_assert(offsetof(struct vgpu_region_device, uuid) == 32, "device offsets");
 _Static_assert(offsetof(struct vgpu_region_device, oom_refusals) == 96, "device offsets");
+_Static_assert(offsetof(struct vgpu_region_device, context_bytes) == 104, "device offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, used_bytes) == 32, "slot offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, journal_state) == 160, "slot offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, journal_device_used) == 168, "slot offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, journal_ledger) == 176, "slot offsets");
+_Static_assert(offsetof(struct vgpu_region_slot, context_bytes) == 184, "slot offsets");
 
 enum {
     VGPU_REGION_DEVICES_OFFSET = 128,
@@ -136,6 +143,10 @@ static inline const char *vgpu_region_layout_problem(const struct vgpu_region_he
         return "record sizes differ from this library's";
     return NULL;
 }
+
+/* The byte whose OFD write lock serialises host-pid discovery on device 0 (88 + d for device
+ * d: header bytes; locking them does not change them). Byte 0 is the creation lock. */
+enum { VGPU_REGION_DISCOVERY_LOCK_OFFSET = 88 };
 
 /* Liveness: the owner of slot i holds an fcntl() write lock on the single byte at this file
  * offset for as long as it lives; the kernel drops it when the process dies or execs. */

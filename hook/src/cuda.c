@@ -5,6 +5,8 @@
 #include <cuda.h>
 #include <stdio.h>
 
+#include "footprint.h"
+#include "graphs.h"
 #include "loader.h"
 #include "log.h"
 #include "memory.h"
@@ -59,11 +61,29 @@ static struct {
     launch_ex_fn cuLaunchKernelEx, cuLaunchKernelEx_ptsz;
     coop_fn cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz;
     graph_launch_fn cuGraphLaunch, cuGraphLaunch_ptsz;
+    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice);
+    CUresult (*cuDevicePrimaryCtxReset_v2)(CUdevice);
+    CUresult (*cuCtxCreate_v2)(CUcontext *, unsigned int, CUdevice);
+    CUresult (*cuCtxCreate_v3)(CUcontext *, CUexecAffinityParam *, int, unsigned int, CUdevice);
+    CUresult (*cuCtxCreate_v4)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
+    CUresult (*cuCtxDestroy_v2)(CUcontext);
+    CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec *, CUgraph, unsigned long long);
+    CUresult (*cuGraphInstantiateWithParams)(CUgraphExec *, CUgraph,
+                                             CUDA_GRAPH_INSTANTIATE_PARAMS *);
+    CUresult (*cuGraphInstantiateWithParams_ptsz)(CUgraphExec *, CUgraph,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *);
+    CUresult (*cuGraphExecUpdate_v2)(CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *);
+    CUresult (*cuGraphExecDestroy)(CUgraphExec);
     /* called, not hooked */
     CUresult (*cuCtxGetDevice)(CUdevice *);
     CUresult (*cuDeviceGetCount)(int *);
     CUresult (*cuDeviceGet)(CUdevice *, int);
     CUresult (*cuDeviceGetUuid_v2)(CUuuid *, CUdevice);
+    CUresult (*cuGraphGetNodes)(CUgraph, CUgraphNode *, size_t *);
+    CUresult (*cuGraphNodeGetType)(CUgraphNode, CUgraphNodeType *);
+    CUresult (*cuGraphKernelNodeGetParams_v2)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS *);
+    CUresult (*cuGraphChildGraphNodeGetGraph)(CUgraphNode, CUgraph *);
 } real;
 
 /* Exports that cuda.h does not declare in this configuration. */
@@ -83,6 +103,8 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
                                                     unsigned bz, unsigned shmem, CUstream stream,
                                                     void **params);
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
+                                                       CUDA_GRAPH_INSTANTIATE_PARAMS *params);
 
 static void after_load(void);
 
@@ -125,8 +147,21 @@ static const struct vgpu_hook hooks[] = {
     HOOK(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1),
     HOOK(cuGraphLaunch, "cuGraphLaunch", 10000, 0),
     HOOK(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1),
+    HOOK(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0),
+    HOOK(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0),
+    HOOK(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0),
+    HOOK(cuCtxCreate_v2, "cuCtxCreate", 3020, 0),
+    HOOK(cuCtxCreate_v3, "cuCtxCreate", 11040, 0),
+    HOOK(cuCtxCreate_v4, "cuCtxCreate", 12050, 0),
+    HOOK(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0),
+    HOOK(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 11040, 0),
+    HOOK(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 12000, 0),
+    HOOK(cuGraphInstantiateWithParams_ptsz, "cuGraphInstantiateWithParams", 12000, 1),
+    HOOK(cuGraphExecUpdate_v2, "cuGraphExecUpdate", 12000, 0),
+    HOOK(cuGraphExecDestroy, "cuGraphExecDestroy", 10000, 0),
     CALL_ONLY(cuCtxGetDevice), CALL_ONLY(cuDeviceGetCount), CALL_ONLY(cuDeviceGet),
-    CALL_ONLY(cuDeviceGetUuid_v2),
+    CALL_ONLY(cuDeviceGetUuid_v2), CALL_ONLY(cuGraphGetNodes), CALL_ONLY(cuGraphNodeGetType),
+    CALL_ONLY(cuGraphKernelNodeGetParams_v2), CALL_ONLY(cuGraphChildGraphNodeGetGraph),
 };
 _Static_assert(sizeof hooks / sizeof hooks[0] <= VGPU_MAX_HOOKS, "raise VGPU_MAX_HOOKS");
 #undef HOOK
@@ -170,6 +205,7 @@ static void after_load(void)
     learn_proc_addresses();
     vgpu_region_get();
     vgpu_throttle_init();
+    vgpu_footprint_init();
 }
 
 /* Every wrapper starts with ready() || real.fn == NULL: the real driver is loaded first, and a
@@ -259,7 +295,14 @@ VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver
 /* Reserve on dev, or answer OOM. dev < 0 (no context): nothing to reserve, the driver decides. */
 static int admit(int dev, uint64_t bytes, const char *api)
 {
-    return dev < 0 || vgpu_mem_reserve(dev, bytes, api) == 0;
+    if (dev < 0)
+        return 1;
+    vgpu_footprint_refresh(dev);
+    if (vgpu_mem_reserve(dev, bytes, api) != 0)
+        return 0;
+    /* From the driver call until the table has it, NVML may show memory the table does not. */
+    vgpu_mem_op_begin();
+    return 1;
 }
 
 /* After the driver call: keep the reservation under key on success, give it back otherwise. */
@@ -272,6 +315,7 @@ static CUresult settle(CUresult rc, enum vgpu_alloc_kind kind, uint64_t key, int
         vgpu_mem_track(kind, key, dev, bytes);
     else
         vgpu_mem_unreserve(dev, bytes);
+    vgpu_mem_op_end();
     return rc;
 }
 
@@ -313,14 +357,14 @@ static CUresult release_counted(enum free_api api, uint64_t key, CUstream stream
     enum vgpu_alloc_kind kind = free_apis[api].kind;
     int dev;
     uint64_t bytes;
+    vgpu_mem_op_begin();
     int known = vgpu_mem_untrack(kind, key, &dev, &bytes);
     CUresult rc = call_free(api, key, stream);
-    if (!known)
-        return rc;
-    if (rc == CUDA_SUCCESS)
+    if (known && rc == CUDA_SUCCESS)
         vgpu_mem_unreserve(dev, bytes);
-    else
+    else if (known)
         vgpu_mem_track(kind, key, dev, bytes);
+    vgpu_mem_op_end();
     return rc;
 }
 
@@ -478,9 +522,10 @@ static CUresult alloc_pitch(int v1, CUdeviceptr *dptr, size_t *pitch, size_t wid
     uint64_t actual = (uint64_t)got_pitch * height;
     if (rc == CUDA_SUCCESS && dev >= 0 && actual != estimate) {
         /* Count what the driver really used (its pitch), not our estimate. */
-        if (actual > estimate && !admit(dev, actual - estimate, "cuMemAllocPitch")) {
+        if (actual > estimate && vgpu_mem_reserve(dev, actual - estimate, "cuMemAllocPitch") != 0) {
             free_pitch(v1, ptr);
             vgpu_mem_unreserve(dev, estimate);
+            vgpu_mem_op_end();
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         if (actual < estimate)
@@ -812,12 +857,12 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
     return real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
 }
 
-/* A graph's work is unknown here: it costs one token, so it waits whenever the bucket is dry. */
+/* A graph costs the blocks of all its kernels (learnt when it was instantiated, below). */
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
 {
     if (!ready() || real.cuGraphLaunch == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(1);
+    gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1);
     return real.cuGraphLaunch(exec, stream);
 }
 
@@ -825,8 +870,171 @@ VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
 {
     if (!ready() || real.cuGraphLaunch_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(1);
+    gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1);
     return real.cuGraphLaunch_ptsz(exec, stream);
+}
+
+/* ---- graphs: what a launch costs is learnt when the graph is instantiated ------------------ */
+
+static void learn_graph(CUresult rc, CUgraphExec exec, CUgraph graph)
+{
+    if (rc != CUDA_SUCCESS || !vgpu_throttle_enabled)
+        return;
+    const struct vgpu_graph_api api = {
+        .get_nodes = real.cuGraphGetNodes,
+        .node_type = real.cuGraphNodeGetType,
+        .kernel_params = real.cuGraphKernelNodeGetParams_v2,
+        .child_graph = real.cuGraphChildGraphNodeGetGraph,
+    };
+    vgpu_graph_remember(exec, vgpu_graph_blocks(&api, graph));
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
+                                                 unsigned long long flags)
+{
+    if (!ready() || real.cuGraphInstantiateWithFlags == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGraphInstantiateWithFlags(exec, graph, flags);
+    learn_graph(rc, exec != NULL ? *exec : NULL, graph);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    if (!ready() || real.cuGraphInstantiateWithParams == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGraphInstantiateWithParams(exec, graph, params);
+    learn_graph(rc, exec != NULL ? *exec : NULL, graph);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
+                                                       CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    if (!ready() || real.cuGraphInstantiateWithParams_ptsz == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGraphInstantiateWithParams_ptsz(exec, graph, params);
+    learn_graph(rc, exec != NULL ? *exec : NULL, graph);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
+                                          CUgraphExecUpdateResultInfo *info)
+{
+    if (!ready() || real.cuGraphExecUpdate_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGraphExecUpdate_v2(exec, graph, info);
+    learn_graph(rc, exec, graph);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
+{
+    if (!ready() || real.cuGraphExecDestroy == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGraphExecDestroy(exec);
+    if (rc == CUDA_SUCCESS)
+        vgpu_graph_forget(exec);
+    return rc;
+}
+
+/* ---- contexts: what a context holds on a capped device is counted (footprint.c) ---------- */
+
+/* The driver retains the primary context by reference: a retain while this process holds it
+ * makes nothing new (footprint.c neither measures nor refuses then). */
+VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
+{
+    if (!ready() || real.cuDevicePrimaryCtxRetain == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct vgpu_context_probe probe;
+    if (vgpu_footprint_before_context((int)dev, 1, &probe) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real.cuDevicePrimaryCtxRetain(ctx, dev);
+    if (vgpu_footprint_after_context(&probe, rc == CUDA_SUCCESS) != 0) {
+        if (real.cuDevicePrimaryCtxRelease_v2 != NULL)
+            real.cuDevicePrimaryCtxRelease_v2(dev);
+        vgpu_footprint_context_gone((int)dev);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return rc;
+}
+
+/* cudaDeviceReset: the primary context and everything in it are gone. */
+VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    if (!ready() || real.cuDevicePrimaryCtxReset_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuDevicePrimaryCtxReset_v2(dev);
+    if (rc == CUDA_SUCCESS)
+        vgpu_footprint_context_gone((int)dev);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    if (!ready() || real.cuDevicePrimaryCtxRelease_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuDevicePrimaryCtxRelease_v2(dev);
+    if (rc == CUDA_SUCCESS)
+        vgpu_footprint_context_gone((int)dev);
+    return rc;
+}
+
+/* After the driver made (or failed to make) a context on dev: a context that does not fit is
+ * destroyed again and the caller gets CUDA_ERROR_OUT_OF_MEMORY. */
+static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, CUcontext *ctx,
+                             CUdevice dev)
+{
+    if (vgpu_footprint_after_context(probe, rc == CUDA_SUCCESS) == 0)
+        return rc;
+    if (real.cuCtxDestroy_v2 != NULL)
+        real.cuCtxDestroy_v2(*ctx);
+    vgpu_footprint_context_gone((int)dev);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev)
+{
+    if (!ready() || real.cuCtxCreate_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct vgpu_context_probe probe;
+    if (vgpu_footprint_before_context((int)dev, 0, &probe) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return keep_context(&probe, real.cuCtxCreate_v2(ctx, flags, dev), ctx, dev);
+}
+
+VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, CUexecAffinityParam *params, int count,
+                                    unsigned int flags, CUdevice dev)
+{
+    if (!ready() || real.cuCtxCreate_v3 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct vgpu_context_probe probe;
+    if (vgpu_footprint_before_context((int)dev, 0, &probe) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return keep_context(&probe, real.cuCtxCreate_v3(ctx, params, count, flags, dev), ctx, dev);
+}
+
+VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, unsigned int flags,
+                                    CUdevice dev)
+{
+    if (!ready() || real.cuCtxCreate_v4 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct vgpu_context_probe probe;
+    if (vgpu_footprint_before_context((int)dev, 0, &probe) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return keep_context(&probe, real.cuCtxCreate_v4(ctx, params, flags, dev), ctx, dev);
+}
+
+/* The destroyed context's device is not known here: every capped device is measured again. */
+VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    if (!ready() || real.cuCtxDestroy_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuCtxDestroy_v2(ctx);
+    if (rc == CUDA_SUCCESS)
+        vgpu_footprint_context_gone(-1);
+    return rc;
 }
 
 /* Normal exit: give this process's memory back now rather than at the next reap. */

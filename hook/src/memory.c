@@ -8,8 +8,10 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "footprint.h"
 #include "log.h"
 #include "region.h"
+#include "vgpu_region.h"
 
 enum { SHARDS = 64, INITIAL_BUCKETS = 64 };
 
@@ -31,6 +33,8 @@ struct shard {
 
 static struct shard shards[SHARDS];
 static pthread_once_t table_once = PTHREAD_ONCE_INIT;
+static uint64_t tracked[VGPU_REGION_MAX_DEVICES]; /* atomic: bytes of the table, per device */
+static uint64_t ops_started, ops_done;            /* atomic: allocations and frees under way */
 
 static uint64_t mix(uint64_t key, int kind)
 {
@@ -51,6 +55,9 @@ static void forget_all_after_fork(void)
         shards[i].nbuckets = 0;
         shards[i].count = 0;
     }
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
+        tracked[d] = 0;
+    ops_started = ops_done = 0;
 }
 
 static void table_init(void)
@@ -104,6 +111,8 @@ void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t b
     s->buckets[at] = e;
     s->count++;
     pthread_mutex_unlock(&s->lock);
+    if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES)
+        __atomic_add_fetch(&tracked[dev], bytes, __ATOMIC_ACQ_REL);
 }
 
 int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t *bytes)
@@ -129,7 +138,21 @@ int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t
         }
     }
     pthread_mutex_unlock(&s->lock);
+    if (found && *dev >= 0 && *dev < VGPU_REGION_MAX_DEVICES)
+        __atomic_sub_fetch(&tracked[*dev], *bytes, __ATOMIC_ACQ_REL);
     return found;
+}
+
+uint64_t vgpu_mem_tracked(int dev) { return __atomic_load_n(&tracked[dev], __ATOMIC_ACQUIRE); }
+
+void vgpu_mem_op_begin(void) { __atomic_add_fetch(&ops_started, 1, __ATOMIC_ACQ_REL); }
+
+void vgpu_mem_op_end(void) { __atomic_add_fetch(&ops_done, 1, __ATOMIC_ACQ_REL); }
+
+uint64_t vgpu_mem_quiet_epoch(void)
+{
+    uint64_t done = __atomic_load_n(&ops_done, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(&ops_started, __ATOMIC_ACQUIRE) == done ? done + 1 : 0;
 }
 
 /* At most one refusal line per second per process: an application retrying in a loop (the
@@ -155,6 +178,11 @@ int vgpu_mem_reserve(int dev, uint64_t bytes, const char *api)
     int rc = vgpu_region_reserve(dev, bytes);
     if (rc == -1 && vgpu_region_reap_dead() > 0)
         rc = vgpu_region_reserve(dev, bytes);
+    if (rc == -1) {
+        /* The context memory counted may be stale (a pool gave memory back): measure again. */
+        vgpu_footprint_before_refusal(dev);
+        rc = vgpu_region_reserve(dev, bytes);
+    }
     if (rc == 0)
         return 0;
     struct vgpu_region *r = vgpu_region_get();

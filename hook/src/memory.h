@@ -24,4 +24,16 @@ void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t b
 /* Removes key and returns 1 with its device and size, or 0 if this process never counted it. */
 int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t *bytes);
 
+/* Bytes of the allocations this process counts on dev (the table's, not the ledger's). */
+uint64_t vgpu_mem_tracked(int dev);
+
+/* Around every counted allocation and free (reserve .. driver call .. table), so that a
+ * measurement of what the process holds can tell whether one was under way. */
+void vgpu_mem_op_begin(void);
+void vgpu_mem_op_end(void);
+
+/* Non-zero when no allocation or free is under way; two equal non-zero answers around a
+ * measurement mean none started or ended during it either. */
+uint64_t vgpu_mem_quiet_epoch(void);
+
 #endif

@@ -4,9 +4,11 @@
 #include "nvml.h"
 
 #include <nvml.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "loader.h"
+#include "log.h"
 #include "region.h"
 
 #define VGPU_EXPORT __attribute__((visibility("default")))
@@ -22,6 +24,10 @@ static struct {
     nvmlReturn_t (*GetProcessUtilization)(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
                                           unsigned int *, unsigned long long);
     nvmlReturn_t (*GetUtilizationRates)(nvmlDevice_t, nvmlUtilization_t *);
+    nvmlReturn_t (*GetComputeRunningProcesses_v3)(nvmlDevice_t, unsigned int *,
+                                                  nvmlProcessInfo_t *);
+    nvmlReturn_t (*GetComputeRunningProcesses_v2)(nvmlDevice_t, unsigned int *,
+                                                  nvmlProcessInfo_t *);
 } real;
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
@@ -39,6 +45,10 @@ static const struct vgpu_hook hooks[] = {
     {.name = "nvmlDeviceGetIndex", .real = (void **)&real.GetIndex},
     {.name = "nvmlDeviceGetProcessUtilization", .real = (void **)&real.GetProcessUtilization},
     {.name = "nvmlDeviceGetUtilizationRates", .real = (void **)&real.GetUtilizationRates},
+    {.name = "nvmlDeviceGetComputeRunningProcesses_v3",
+     .real = (void **)&real.GetComputeRunningProcesses_v3},
+    {.name = "nvmlDeviceGetComputeRunningProcesses_v2",
+     .real = (void **)&real.GetComputeRunningProcesses_v2},
 };
 
 struct vgpu_hook_lib vgpu_nvml_lib = {
@@ -111,14 +121,18 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMem
     return rc;
 }
 
+static int nvml_ready;
+static void init_nvml(void) { nvml_ready = real.Init_v2 != NULL && real.Init_v2() == NVML_SUCCESS; }
+
+/* The NVML handle of CUDA device dev: by the UUID CUDA recorded, else by the same index.
+ * Called from the limiter's watcher thread and from allocating threads. */
 static int handle_for(int dev, nvmlDevice_t *device)
 {
-    static int initialised; /* only the watcher thread calls this */
-    if (!initialised) {
-        if (real.Init_v2 == NULL || real.Init_v2() != NVML_SUCCESS)
-            return -1;
-        initialised = 1;
-    }
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    vgpu_lib_ensure(&vgpu_nvml_lib);
+    pthread_once(&once, init_nvml);
+    if (!nvml_ready || dev < 0 || dev >= VGPU_REGION_MAX_DEVICES)
+        return -1;
     char uuid[VGPU_REGION_UUID_BYTES];
     if (vgpu_region_uuid(dev, uuid, sizeof uuid) == 0 && real.GetHandleByUUID != NULL &&
         real.GetHandleByUUID(uuid, device) == NVML_SUCCESS)
@@ -129,60 +143,89 @@ static int handle_for(int dev, nvmlDevice_t *device)
     return -1;
 }
 
-/* Sum over our pids of each pid's mean smUtil in the samples newer than *last_seen. */
-static double process_util(nvmlDevice_t device, unsigned long long *last_seen,
-                           const int32_t *pids, int npids, int *matched)
+int vgpu_nvml_processes(int dev, struct vgpu_gpu_process *out, int max)
 {
-    unsigned int count = 0;
-    nvmlReturn_t rc = real.GetProcessUtilization(device, NULL, &count, *last_seen);
-    if (rc != NVML_ERROR_INSUFFICIENT_SIZE && rc != NVML_SUCCESS)
+    nvmlDevice_t device;
+    if (handle_for(dev, &device) != 0)
         return -1;
-    if (count == 0)
-        return 0;
-    nvmlProcessUtilizationSample_t *samples = calloc(count, sizeof *samples);
-    if (samples == NULL)
+    nvmlReturn_t (*list)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *) =
+        real.GetComputeRunningProcesses_v3 != NULL ? real.GetComputeRunningProcesses_v3
+                                                   : real.GetComputeRunningProcesses_v2;
+    if (list == NULL || max <= 0)
         return -1;
-    double total = 0;
-    rc = real.GetProcessUtilization(device, samples, &count, *last_seen);
-    if (rc != NVML_SUCCESS) {
-        free(samples);
-        return -1;
-    }
-    for (int p = 0; p < npids; p++) {
-        double sum = 0;
-        int n = 0;
-        for (unsigned int i = 0; i < count; i++) {
-            if (samples[i].timeStamp > *last_seen)
-                *last_seen = samples[i].timeStamp;
-            if (samples[i].pid == (unsigned int)pids[p]) {
-                sum += samples[i].smUtil;
-                n++;
-            }
-        }
-        if (n > 0) {
-            total += sum / n;
-            (*matched)++;
-        }
-    }
-    free(samples);
-    return total;
+    nvmlProcessInfo_t infos[VGPU_NVML_MAX_PROCESSES];
+    unsigned int count = (unsigned int)(max < VGPU_NVML_MAX_PROCESSES ? max
+                                                                      : VGPU_NVML_MAX_PROCESSES);
+    nvmlReturn_t rc = list(device, &count, infos);
+    if (rc != NVML_SUCCESS)
+        return -1; /* more processes than we can hold is as unknown as an error */
+    for (unsigned int i = 0; i < count; i++)
+        out[i] = (struct vgpu_gpu_process){
+            .pid = (int32_t)infos[i].pid,
+            /* NVML_VALUE_NOT_AVAILABLE (all ones) where the driver cannot say */
+            .bytes = infos[i].usedGpuMemory == (unsigned long long)NVML_VALUE_NOT_AVAILABLE
+                         ? VGPU_NVML_BYTES_UNKNOWN : infos[i].usedGpuMemory,
+        };
+    return (int)count;
 }
 
-double vgpu_nvml_container_util(int dev, const int32_t *pids, int npids)
+/* GPUs without per-process samples: the whole device's rate, other tenants included. */
+static enum vgpu_util whole_device(nvmlDevice_t device, double *util)
+{
+    nvmlUtilization_t rates;
+    if (real.GetUtilizationRates == NULL ||
+        real.GetUtilizationRates(device, &rates) != NVML_SUCCESS)
+        return VGPU_UTIL_UNKNOWN;
+    *util = rates.gpu;
+    return VGPU_UTIL_WHOLE_DEVICE;
+}
+
+enum vgpu_util vgpu_nvml_device_util(int dev, double *util)
+{
+    nvmlDevice_t device;
+    return handle_for(dev, &device) == 0 ? whole_device(device, util) : VGPU_UTIL_UNKNOWN;
+}
+
+/* NVML keeps one sample per process: its SM share over the latest sample period (about 1/6 s),
+ * stamped with the period's end. A query for samples newer than last_seen answers
+ * NVML_ERROR_NOT_FOUND until a period with work ends. The sum over our pids is the container's
+ * share; pids of other tenants never count against it (the GPU time-slices their contexts). */
+enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids, double *util)
 {
     static unsigned long long last_seen[VGPU_REGION_MAX_DEVICES];
-    vgpu_lib_ensure(&vgpu_nvml_lib);
     nvmlDevice_t device;
-    if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES || handle_for(dev, &device) != 0)
-        return -1;
-    int matched = 0;
-    double util = -1;
-    if (real.GetProcessUtilization != NULL)
-        util = process_util(device, &last_seen[dev], pids, npids, &matched);
-    if (util >= 0 && matched > 0)
-        return util;
-    nvmlUtilization_t rates;
-    if (real.GetUtilizationRates != NULL && real.GetUtilizationRates(device, &rates) == NVML_SUCCESS)
-        return rates.gpu; /* conservative: other tenants' work counts against us */
-    return util;
+    if (handle_for(dev, &device) != 0)
+        return VGPU_UTIL_UNKNOWN;
+    if (real.GetProcessUtilization == NULL)
+        return whole_device(device, util);
+    nvmlProcessUtilizationSample_t samples[VGPU_NVML_MAX_PROCESSES];
+    unsigned int count = VGPU_NVML_MAX_PROCESSES;
+    nvmlReturn_t rc = real.GetProcessUtilization(device, samples, &count, last_seen[dev]);
+    if (rc == NVML_ERROR_NOT_FOUND)
+        return VGPU_UTIL_NO_NEW_SAMPLE;
+    if (rc == NVML_ERROR_NOT_SUPPORTED || rc == NVML_ERROR_FUNCTION_NOT_FOUND)
+        return whole_device(device, util);
+    if (rc != NVML_SUCCESS)
+        return VGPU_UTIL_UNKNOWN;
+    unsigned long long seen = last_seen[dev];
+    double total = 0;
+    int ours = 0;
+    for (unsigned int i = 0; i < count; i++) {
+        if (samples[i].timeStamp > last_seen[dev])
+            last_seen[dev] = samples[i].timeStamp;
+    }
+    /* One sample per pid (the latest), should a driver return several. */
+    for (int p = 0; p < npids; p++) {
+        const nvmlProcessUtilizationSample_t *latest = NULL;
+        for (unsigned int i = 0; i < count; i++)
+            if (samples[i].pid == (unsigned int)pids[p] && samples[i].timeStamp > seen &&
+                (latest == NULL || samples[i].timeStamp > latest->timeStamp))
+                latest = &samples[i];
+        if (latest != NULL) {
+            total += latest->smUtil;
+            ours = 1;
+        }
+    }
+    *util = total;
+    return ours ? VGPU_UTIL_OURS : VGPU_UTIL_OTHERS_ONLY;
 }

@@ -169,6 +169,7 @@ static void set_owner(struct vgpu_region_slot *s, int32_t pid)
     __atomic_store_n(&s->host_pid, 0, __ATOMIC_RELAXED);
     store64(&s->claimed_unix_ns, pid != 0 ? unix_ns() : 0);
     store64(&s->last_launch_unix_ns, 0);
+    store64(&s->context_bytes, 0);
     add64(&s->generation, 1);
 }
 
@@ -307,7 +308,8 @@ static int ensure_slot(struct vgpu_region *r)
     return slot;
 }
 
-int vgpu_region_reserve(int dev, uint64_t bytes)
+/* Adds bytes to dev's total and this process's ledger unless that passes limit (0: none). */
+static int add_to_ledger(int dev, uint64_t bytes, uint64_t limit)
 {
     struct vgpu_region *r = vgpu_region_get();
     if (r == NULL || !intact(r) || __atomic_load_n(&detached, __ATOMIC_ACQUIRE))
@@ -318,12 +320,16 @@ int vgpu_region_reserve(int dev, uint64_t bytes)
     struct vgpu_ledger l = ledger_of(r, (uint32_t)slot);
     vgpu_ledger_lock(&l, 0);
     int rc = __atomic_load_n(&detached, __ATOMIC_ACQUIRE) || !intact(r)
-           ? -2 : vgpu_ledger_add(&l, (uint32_t)slot, dev, bytes, limit_bytes[dev]);
+           ? -2 : vgpu_ledger_add(&l, (uint32_t)slot, dev, bytes, limit);
     if (rc == 0 && !intact(r))
         rc = -2; /* truncated during the change: it went to the private zeros, refuse */
     vgpu_ledger_unlock(&l);
     return rc;
 }
+
+int vgpu_region_reserve(int dev, uint64_t bytes) { return add_to_ledger(dev, bytes, limit_bytes[dev]); }
+
+int vgpu_region_charge(int dev, uint64_t bytes) { return add_to_ledger(dev, bytes, 0); }
 
 void vgpu_region_release(int dev, uint64_t bytes)
 {
@@ -410,17 +416,93 @@ int vgpu_region_pids(int32_t *pids, int max)
     struct vgpu_region *r = vgpu_region_get();
     int n = 0;
     uint32_t high = r != NULL ? __atomic_load_n(&r->header.slot_high_water, __ATOMIC_ACQUIRE) : 0;
-    for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++) {
+    for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS && n < max; i++) {
         int32_t pid = __atomic_load_n(&r->slots[i].pid, __ATOMIC_ACQUIRE);
         int32_t host = __atomic_load_n(&r->slots[i].host_pid, __ATOMIC_ACQUIRE);
-        if (pid != 0 && n < max)
-            pids[n++] = pid;
-        if (host != 0 && host != pid && n < max)
-            pids[n++] = host;
+        /* The host pid once learnt: a container pid may be another tenant's host pid. */
+        if (pid != 0)
+            pids[n++] = host != 0 ? host : pid;
     }
     if (n == 0 && max > 0)
         pids[n++] = (int32_t)getpid();
     return n;
+}
+
+int32_t vgpu_region_host_pid(void)
+{
+    int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
+    return slot >= 0 ? __atomic_load_n(&region->slots[slot].host_pid, __ATOMIC_ACQUIRE) : 0;
+}
+
+void vgpu_region_set_host_pid(int32_t pid)
+{
+    struct vgpu_region *r = vgpu_region_get();
+    int slot = r != NULL && intact(r) ? ensure_slot(r) : -1;
+    if (slot >= 0)
+        __atomic_store_n(&r->slots[slot].host_pid, pid, __ATOMIC_RELEASE);
+}
+
+int vgpu_region_host_pids_known(void)
+{
+    struct vgpu_region *r = vgpu_region_get();
+    uint32_t high = r != NULL ? __atomic_load_n(&r->header.slot_high_water, __ATOMIC_ACQUIRE) : 0;
+    int owners = 0;
+    for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++) {
+        if (__atomic_load_n(&r->slots[i].pid, __ATOMIC_ACQUIRE) == 0)
+            continue;
+        if (__atomic_load_n(&r->slots[i].host_pid, __ATOMIC_ACQUIRE) == 0)
+            return 0;
+        owners++;
+    }
+    return owners > 0 && __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE) >= 0;
+}
+
+int vgpu_region_host_pid_taken(int32_t pid)
+{
+    struct vgpu_region *r = vgpu_region_get();
+    int self = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
+    uint32_t high = r != NULL ? __atomic_load_n(&r->header.slot_high_water, __ATOMIC_ACQUIRE) : 0;
+    for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++)
+        if ((int)i != self && __atomic_load_n(&r->slots[i].pid, __ATOMIC_ACQUIRE) != 0 &&
+            __atomic_load_n(&r->slots[i].host_pid, __ATOMIC_ACQUIRE) == pid)
+            return 1;
+    return 0;
+}
+
+uint64_t vgpu_region_context_estimate(int dev)
+{
+    struct vgpu_region *r = vgpu_region_get();
+    return r != NULL && intact(r) ? load64(&r->devices[dev].context_bytes) : 0;
+}
+
+void vgpu_region_note_context(int dev, uint64_t measured, uint64_t all_devices)
+{
+    struct vgpu_region *r = vgpu_region_get();
+    int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
+    if (r == NULL || !intact(r))
+        return;
+    if (measured != 0)
+        store64(&r->devices[dev].context_bytes, measured);
+    if (slot >= 0)
+        store64(&r->slots[slot].context_bytes, all_devices);
+}
+
+int vgpu_region_lock_discovery(int dev, unsigned patience_ms)
+{
+    if (vgpu_region_get() == NULL)
+        return -1;
+    for (unsigned waited = 0;; waited++) {
+        if (byte_lock(F_OFD_SETLK, F_WRLCK, VGPU_REGION_DISCOVERY_LOCK_OFFSET + (uint64_t)dev) == 0)
+            return 0;
+        if ((errno != EAGAIN && errno != EACCES && errno != EINTR) || waited >= patience_ms)
+            return -1;
+        usleep(1000);
+    }
+}
+
+void vgpu_region_unlock_discovery(int dev)
+{
+    byte_lock(F_OFD_SETLK, F_UNLCK, VGPU_REGION_DISCOVERY_LOCK_OFFSET + (uint64_t)dev);
 }
 
 void vgpu_region_detach(void)

@@ -21,6 +21,10 @@ int vgpu_region_usable(void);
  * slot for this process (nothing changed in either case). */
 int vgpu_region_reserve(int dev, uint64_t bytes);
 
+/* Adds bytes to dev's total and this process's ledger even past the cap: memory the process
+ * already holds (context and driver memory measured after the fact). 0, or -2 as above. */
+int vgpu_region_charge(int dev, uint64_t bytes);
+
 /* Gives back bytes reserved earlier by this process. */
 void vgpu_region_release(int dev, uint64_t bytes);
 
@@ -44,8 +48,31 @@ int vgpu_region_uuid(int dev, char *out, size_t size);
 /* Stamps this process's slot with the time, for a kernel launch (no-op before it has a slot). */
 void vgpu_region_note_launch(void);
 
-/* Fills pids with the pids (container and host) of live slots; returns the count. */
+/* Fills pids with one pid per slot with an owner: its host pid once learnt, else its pid in the
+ * container; returns the count. */
 int vgpu_region_pids(int32_t *pids, int max);
+
+/* This process's pid in the host's namespace (what NVML lists), 0 while unknown. */
+int32_t vgpu_region_host_pid(void);
+void vgpu_region_set_host_pid(int32_t pid);
+
+/* 1 when this process has a slot and every slot with an owner has its host pid learnt. */
+int vgpu_region_host_pids_known(void);
+
+/* 1 when another live slot of the container already names pid as its host pid. */
+int vgpu_region_host_pid_taken(int32_t pid);
+
+/* The context memory last measured on dev for a process of this container (0: none yet). */
+uint64_t vgpu_region_context_estimate(int dev);
+
+/* Publishes a measurement: measured (one context on dev; 0 keeps the previous estimate) and
+ * this process's counted context memory over all devices. */
+void vgpu_region_note_context(int dev, uint64_t measured, uint64_t all_devices);
+
+/* Serialises host-pid discovery on dev among the container's processes (an OFD lock on header
+ * byte 88 + dev, dropped if the holder dies); gives up after patience_ms. 0, or -1. */
+int vgpu_region_lock_discovery(int dev, unsigned patience_ms);
+void vgpu_region_unlock_discovery(int dev);
 
 /* Gives this process's ledger back and frees its slot (normal exit). */
 void vgpu_region_detach(void);

@@ -23,7 +23,9 @@ struct bucket {
     int64_t tokens;     /* atomic; may go negative (debt) after a large launch */
     uint64_t consumed;  /* atomic: tokens taken so far */
     double rate;        /* tokens/s; 0 = not calibrated yet (watcher only) */
+    double carry;       /* fraction of a token not added yet (watcher only) */
     uint64_t consumed_at_control;
+    uint64_t control_ns; /* CLOCK_MONOTONIC of the last measurement acted on */
     uint32_t limit;
 };
 
@@ -34,31 +36,83 @@ static pthread_mutex_t watcher_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const int64_t uncalibrated_credit = INT64_C(1) << 60;
 
+static uint64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Adds rate * seconds tokens, keeping the fraction for the next tick: at a low rate (a CUDA
+ * graph is many blocks) rounding each tick would add nothing at all. */
 static void refill(struct bucket *b, double seconds)
 {
     double capacity = b->rate * burst_seconds;
     if (capacity < 1.0)
         capacity = 1.0;
-    int64_t add = (int64_t)(b->rate * seconds + 0.5);
+    double due = b->rate * seconds + b->carry;
+    int64_t add = (int64_t)due;
+    b->carry = due - (double)add;
     int64_t now = __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE), next;
     do {
         next = now + add;
-        if (next > (int64_t)capacity)
+        if (next > (int64_t)capacity) {
             next = now > (int64_t)capacity ? now : (int64_t)capacity;
+            b->carry = 0.0;
+        }
     } while (!__atomic_compare_exchange_n(&b->tokens, &now, next, 1, __ATOMIC_ACQ_REL,
                                           __ATOMIC_ACQUIRE));
 }
 
-static void control(int dev, struct bucket *b, double seconds)
+/* Logged once per process: the limit cannot tell this container from the others. */
+static void warn_once(int *done, const char *why)
 {
+    if (!__atomic_exchange_n(done, 1, __ATOMIC_RELAXED))
+        vgpu_log(VGPU_LOG_WARN, "SM limit: %s", why);
+}
+
+/* What the limiter takes as this container's share, or -1 to keep the current rate. */
+static double measure(int dev, double demand)
+{
+    static int whole_device_warned, unmatched_warned;
     int32_t pids[MAX_PIDS];
     int npids = vgpu_region_pids(pids, MAX_PIDS);
-    double util = vgpu_nvml_container_util(dev, pids, npids);
+    double util = -1;
+    switch (vgpu_nvml_container_util(dev, pids, npids, &util)) {
+    case VGPU_UTIL_OURS:
+        return util;
+    case VGPU_UTIL_OTHERS_ONLY:
+        /* Our processes did not run in the period (the bucket held them back, or they were
+         * idle): share 0, and the rate opens up. */
+        if (demand == 0.0 || vgpu_region_host_pids_known())
+            return 0.0;
+        /* We launched work, yet NVML shows only other processes, and some of our host pids
+         * were never learnt: the whole device's rate is the only bound left; it counts other
+         * tenants against us. */
+        warn_once(&unmatched_warned, "NVML does not list this container's processes (host pids "
+                  "unknown); limiting by the whole GPU's utilisation, other tenants included");
+        if (vgpu_nvml_device_util(dev, &util) == VGPU_UTIL_WHOLE_DEVICE)
+            return util;
+        return -1;
+    case VGPU_UTIL_WHOLE_DEVICE:
+        warn_once(&whole_device_warned, "this GPU has no per-process samples; limiting by the "
+                  "whole GPU's utilisation, other tenants included");
+        return util;
+    default:
+        return -1; /* no sample period has ended yet, or NVML cannot tell: keep the rate */
+    }
+}
+
+static void control(int dev, struct bucket *b, uint64_t now)
+{
     uint64_t consumed = __atomic_load_n(&b->consumed, __ATOMIC_ACQUIRE);
-    double demand = (double)(consumed - b->consumed_at_control) / seconds;
-    b->consumed_at_control = consumed;
+    double seconds = (double)(now - b->control_ns) / 1e9;
+    double demand = seconds > 0 ? (double)(consumed - b->consumed_at_control) / seconds : 0.0;
+    double util = measure(dev, demand);
     if (util < 0 || (demand == 0.0 && b->rate > 0.0))
         return; /* no measurement, or no launches to learn from: keep the current rate */
+    b->consumed_at_control = consumed;
+    b->control_ns = now;
     if (b->rate == 0.0) {
         /* First period ran free: start from what the application used, scaled to the limit. */
         double scale = util > 0.5 ? (double)b->limit / util : 1.0;
@@ -89,7 +143,7 @@ static void *watch(void *unused)
             if (b->limit == 0)
                 continue;
             if (tick % CONTROL_TICKS == 0)
-                control(dev, b, CONTROL_TICKS * (TICK_NS / 1e9));
+                control(dev, b, monotonic_ns());
             if (b->rate > 0.0)
                 refill(b, TICK_NS / 1e9);
         }
@@ -103,7 +157,9 @@ static void after_fork_child(void)
     watcher_running = 0;
     for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
         buckets[dev].rate = 0.0;
+        buckets[dev].carry = 0.0;
         buckets[dev].tokens = uncalibrated_credit;
+        buckets[dev].control_ns = monotonic_ns();
     }
 }
 
@@ -115,6 +171,12 @@ static void start_watcher(void)
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        /* The first control period starts now, not when the library loaded. */
+        for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
+            buckets[dev].control_ns = monotonic_ns();
+            buckets[dev].consumed_at_control = __atomic_load_n(&buckets[dev].consumed,
+                                                               __ATOMIC_ACQUIRE);
+        }
         if (pthread_create(&thread, &attr, watch, NULL) == 0)
             __atomic_store_n(&watcher_running, 1, __ATOMIC_RELEASE);
         else
@@ -131,6 +193,7 @@ void vgpu_throttle_init(void)
     for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
         buckets[dev].limit = vgpu_region_sm_limit(dev);
         buckets[dev].tokens = uncalibrated_credit;
+        buckets[dev].control_ns = monotonic_ns();
         any |= buckets[dev].limit != 0;
     }
     if (any) {

@@ -106,6 +106,16 @@ if [ "${VGPU_SANITIZED:-0}" = 0 ] && command -v unshare >/dev/null && can_bind_m
 else
     echo "SKIP preload-file (needs a private mount namespace to provide /etc/ld.so.preload)"
 fi
+# The fake GPU shared by processes (FAKE_GPU_SHARED): sharing, NVML, memory, kill -9, graphs.
+run fake-gpu FAKE_GPU_SHARED="$tmp/fake-gpu.shm" FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_LAZY_MIB=100 \
+    "$build/tests/test_fake_gpu"
+# Context and driver memory counted: a context of 300 MiB, 100 MiB of modules loaded at the
+# first launch, under a 1 GiB cap; and again with NVML naming processes by other pids.
+run footprint CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint.shm" \
+    FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_LAZY_MIB=100 "$build/tests/test_footprint"
+run footprint-pidns CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-pidns.shm" \
+    FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_LAZY_MIB=100 FAKE_NVML_PID_OFFSET=100000 \
+    "$build/tests/test_footprint"
 # The hammer takes both cores; the limiter tests measure time, so they run after it (the two
 # limited ones together: they mostly sleep; the unlimited one alone: it needs a free core).
 run hammer CUDA_DEVICE_MEMORY_LIMIT=256m LIBCUDA_LOG_LEVEL=0 \
@@ -116,6 +126,28 @@ run throttle-60 CUDA_DEVICE_SM_LIMIT=60 "$build/tests/test_throttle" 60 &
 t60=$!
 wait $t30 $t60
 run throttle-none "$build/tests/test_throttle" none
+# Containers sharing one GPU (the fake's time-sliced model, NVML's per-process samples): each
+# pair of tenants and the graph case has its own fake GPU, so they run at once (they sleep).
+contention() { # contention NAME ARGS...
+    name=$1; shift
+    mkdir -p "$tmp/$name"
+    run "contention-$name" FAKE_GPU_SHARED="$tmp/$name/gpu.shm" CONTENTION_DIR="$tmp/$name" \
+        LIBCUDA_LOG_LEVEL=1 "$build/tests/test_contention" "$@"
+}
+contention 30-60 30 60 &
+c1=$!
+contention 50-50 50 50 &
+c2=$!
+contention 30-none 30 none &
+wait $c1 $c2 $!
+contention 20-20 20 20 &
+c1=$!
+contention graph-25 graph 25 &
+c2=$!
+# NVML naming the tenants by other pids (a container's pid namespace), their contexts holding
+# memory NVML lists (as on a GPU): the host pids are learnt.
+FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXT_MIB=100 contention 30-none-pidns 30 none &
+wait $c1 $c2 $!
 [ -e "$tmp/failed" ] && failed=1
 [ $failed = 0 ] && echo "hook tests: all passed" || echo "hook tests: FAILED"
 exit $failed

@@ -49,10 +49,12 @@ static void print_devices(const struct vgpu_region *r)
             continue;
         printf("%s\n    {\"index\": %d, \"uuid\": \"%.*s\", \"limit_bytes\": %llu, "
                "\"used_bytes\": %llu, \"peak_bytes\": %llu, \"sm_limit_percent\": %u, "
-               "\"oom_refusals\": %llu}", sep, d, uuid_set ? VGPU_REGION_UUID_BYTES - 1 : 0,
-               dev->uuid, (unsigned long long)dev->limit_bytes, (unsigned long long)used,
+               "\"oom_refusals\": %llu, \"context_bytes\": %llu}", sep, d,
+               uuid_set ? VGPU_REGION_UUID_BYTES - 1 : 0, dev->uuid,
+               (unsigned long long)dev->limit_bytes, (unsigned long long)used,
                (unsigned long long)load64(&dev->peak_bytes), dev->sm_limit_percent,
-               (unsigned long long)load64(&dev->oom_refusals));
+               (unsigned long long)load64(&dev->oom_refusals),
+               (unsigned long long)load64(&dev->context_bytes));
         sep = ",";
     }
     printf("\n  ],\n");
@@ -70,9 +72,11 @@ static void print_slots(const struct vgpu_region *r, int fd)
             continue;
         int owner = holder(fd, i);
         printf("%s\n    {\"slot\": %u, \"pid\": %d, \"live\": %s, \"holder_pid\": %d, "
-               "\"claimed_unix_ns\": %llu, \"last_launch_unix_ns\": %llu, \"used_bytes\": {",
-               sep, i, s.pid, owner != 0 ? "true" : "false", owner > 0 ? owner : 0,
-               (unsigned long long)s.claimed_unix_ns, (unsigned long long)s.last_launch_unix_ns);
+               "\"host_pid\": %d, \"claimed_unix_ns\": %llu, \"last_launch_unix_ns\": %llu, "
+               "\"context_bytes\": %llu, \"used_bytes\": {",
+               sep, i, s.pid, owner != 0 ? "true" : "false", owner > 0 ? owner : 0, s.host_pid,
+               (unsigned long long)s.claimed_unix_ns, (unsigned long long)s.last_launch_unix_ns,
+               (unsigned long long)s.context_bytes);
         const char *inner = "";
         for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
             if (s.used_bytes[d] != 0) {

@@ -223,7 +223,10 @@ def test_the_monitor_reads_what_libvgpu_wrote(container: Container) -> None:
             (0, UUIDS[0], LIMITS[0], 350 * MIB, 500 * MIB, SM_LIMIT, 1),
             (1, UUIDS[1], LIMITS[1], 100 * MIB, 100 * MIB, SM_LIMIT, 0),
         ]
-        assert [(s.slot, s.pid, s.host_pid) for s in region.slots] == [(0, first.pid, 0), (1, second.pid, 0)]
+        assert [(s.slot, s.pid) for s in region.slots] == [(0, first.pid), (1, second.pid)]
+        # The host pid is learnt from the process NVML lists new when a context is made; the
+        # fake's contexts here hold no memory, so NVML lists nothing then (see the next test).
+        assert [s.host_pid for s in region.slots] == [0, 0]
         assert [s.used_bytes for s in region.slots] == [
             (300 * MIB, 100 * MIB, *[0] * 14), (50 * MIB, *[0] * 15)]
         assert before < region.slots[0].last_launch_unix_ns < after, "A launched a kernel"
@@ -270,3 +273,24 @@ def test_the_monitor_reads_what_libvgpu_wrote(container: Container) -> None:
         assert found.live_slots == {0}
         assert [s.pid for s in found.region.slots if s.slot in found.live_slots] == [first.pid]
         assert _exported(found, now)["vgpu_container_processes", _labels()] == 1
+
+
+def test_the_monitor_shows_the_counted_context_memory(container: Container, tmp_path: Path) -> None:
+    # The fake driver gives each process's context 64 MiB on the device, and NVML lists it: the
+    # library charges it against the cap, and the region, the reader and the exporter show it.
+    container.env |= {"FAKE_GPU_SHARED": str(tmp_path / "gpu.shm"), "FAKE_CUDA_CONTEXT_MIB": "64"}
+    with ExitStack() as stack:
+        first = container.start(stack, "0:+100")
+        assert container.results == {"0:+100": "0"}
+        found = container.scanned()
+        [device, _] = found.region.devices
+        assert device.used_bytes == 164 * MIB, "100 MiB allocated + the 64 MiB context"
+        [slot] = found.region.slots
+        assert (slot.pid, slot.host_pid, slot.context_bytes) == (first.pid, first.pid, 64 * MIB)
+        reference = container.reference_reading()
+        assert [(p["pid"], p["host_pid"], p["context_bytes"]) for p in reference["processes"]] == [
+            (first.pid, first.pid, 64 * MIB)]
+        assert reference["devices"][0]["context_bytes"] == 64 * MIB
+        now = time.time_ns()
+        assert _exported(found, now)["vgpu_container_context_memory_bytes", _labels()] == 64 * MIB
+        assert _exported(found, now)["vgpu_container_memory_used_bytes", _labels(0)] == 164 * MIB

@@ -70,6 +70,10 @@ def metrics(
     last_kernel = _gauge("vgpu_container_last_kernel_age_seconds",
                          "seconds since the container last launched a kernel", CONTAINER_LABELS)
     processes = _gauge("vgpu_container_processes", "live processes using the region", CONTAINER_LABELS[:5])
+    context = _gauge("vgpu_container_context_memory_bytes",
+                     "of the container's GPU memory use, what its CUDA contexts and driver hold beyond "
+                     "allocations (measured through NVML, counted against the cap; all devices)",
+                     CONTAINER_LABELS[:5])
     gpu_used = _gauge("vgpu_gpu_memory_used_bytes",
                       "sum of the containers' GPU memory use per physical GPU", GPU_LABELS)
     gpu_limit = _gauge("vgpu_gpu_memory_limit_bytes",
@@ -85,6 +89,7 @@ def metrics(
         base = [ZONE, c.pod_uid, namespace, name, c.container]
         processes.add_metric(base, len(c.live_slots))
         live = [s for s in c.region.slots if s.slot in c.live_slots]
+        context.add_metric(base, sum(s.context_bytes for s in live))
         for dev in c.region.devices:
             labels = [*base, str(dev.index), dev.uuid]
             usage.add_metric(labels, dev.used_bytes)
@@ -107,8 +112,8 @@ def metrics(
         host_total.add_metric(labels, gpu.memory_total_bytes)
         if gpu.utilization_percent is not None:
             host_util.add_metric(labels, gpu.utilization_percent)
-    families: list[Metric] = [usage, limit, peak, sm, oom, last_kernel, processes, gpu_used, gpu_limit,
-                              host_used, host_total, host_util]
+    families: list[Metric] = [usage, limit, peak, sm, oom, last_kernel, processes, context, gpu_used,
+                              gpu_limit, host_used, host_total, host_util]
     if legacy:
         families += [_renamed(f, LEGACY_NAMES[f.name]) for f in families if f.name in LEGACY_NAMES]
     return families

@@ -20,6 +20,7 @@ UUID_SET = 2
 _HEADER = struct.Struct("<QIIIIIIQQQIiQQ")  # magic .. reaped_slots (80 bytes)
 _DEVICE = struct.Struct("<QQQII64sQ")  # limit, used, peak, sm_limit, uuid_state, uuid, oom_refusals
 _SLOT = struct.Struct("<iiQQQ16Q")  # pid, host_pid, generation, claimed, last_launch, used_bytes[16]
+_SLOT_CONTEXT = struct.Struct("<Q")  # context_bytes, at offset 184 of a slot
 
 
 class RegionError(ValueError):
@@ -48,6 +49,8 @@ class ProcessSlot:
     host_pid: int
     last_launch_unix_ns: int
     used_bytes: tuple[int, ...]
+    # Of used_bytes, the context and driver memory libvgpu measured through NVML (all devices).
+    context_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ def parse_region(data: bytes) -> Region:
     for s in range(min(high_water, MAX_SLOTS)):
         slot = _SLOT.unpack_from(data, slot_lock_offset(s))
         pid, host_pid, _generation, _claimed, last_launch, *used = slot
+        (context,) = _SLOT_CONTEXT.unpack_from(data, slot_lock_offset(s) + 184)
         if pid != 0:
-            slots.append(ProcessSlot(s, pid, host_pid, last_launch, tuple(used)))
+            slots.append(ProcessSlot(s, pid, host_pid, last_launch, tuple(used), context))
     return Region(tuple(devices), tuple(slots), reaped)

@@ -1,6 +1,7 @@
 /* fake_cuda.c - a host-only libcuda.so.1 for tests: a few devices with a physical memory
  * size, a per-thread current context, fake device addresses (no backing memory), launch
- * counters with synthetic GPU time, and cuGetProcAddress with the driver's version rules.
+ * counters with synthetic GPU time shared between processes (fake_gpu.h), CUDA graphs that
+ * know their cost, and cuGetProcAddress with the driver's version rules.
  * It resolves its own entry points through a static table, never through dlsym (libvgpu
  * overrides dlsym and would hand back its wrappers). */
 #define _GNU_SOURCE
@@ -11,6 +12,7 @@
 #include <time.h>
 
 #include "cuda_v1.h"
+#include "fake_gpu.h"
 #include "fake_state.h"
 
 #undef cuGetProcAddress
@@ -32,20 +34,16 @@ CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
 
 enum { MAX_DEVICES = 8, TABLE_SIZE = 1 << 20 };
 
-struct fake_device {
-    uint64_t used;          /* atomic */
-    uint64_t busy_until;    /* atomic, CLOCK_MONOTONIC ns */
-    uint64_t scheduled;     /* atomic: GPU ns ever queued */
-};
+enum { CTX_MAGIC = 0x43545846 };
 
 struct fake_ctx {
     int dev;
+    int magic;              /* CTX_MAGIC for a cuCtxCreate context (0 for the primary ones) */
 };
 
 EXPORT struct fake_cuda_stats fake_cuda_stats;
 EXPORT char fake_cuda_fail_next[64];
 
-static struct fake_device devices[MAX_DEVICES];
 static struct fake_ctx primary[MAX_DEVICES];
 static __thread struct fake_ctx *current;
 static int ndevices = 2;
@@ -56,11 +54,13 @@ static int private_answers; /* FAKE_CUDA_GPA_PRIVATE=1: cuGetProcAddress answers
                              * entry points, not the dlsym exports, for a few functions */
 static int initialised;
 
-/* live allocations: open addressing, key = address or handle, value = size and device */
+/* live allocations: open addressing, key = address or handle, value = size, device and the
+ * process whose memory it is (a fork child's copy of the table holds its parent's too) */
 struct alloc {
     uint64_t key;
     uint64_t bytes;
     int dev;
+    int32_t pid;
 };
 static struct alloc *table;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -85,6 +85,7 @@ __attribute__((constructor)) static void fake_setup(void)
     private_answers = env_u64("FAKE_CUDA_GPA_PRIVATE", 0) != 0;
     if (pitch_align == 0 || (pitch_align & (pitch_align - 1)) != 0)
         pitch_align = 512;
+    gpu_total_bytes = device_bytes;
     for (int i = 0; i < MAX_DEVICES; i++)
         primary[i].dev = i;
     table = calloc(TABLE_SIZE, sizeof *table);
@@ -98,32 +99,24 @@ static int fail_now(const char *name)
     return 1;
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static size_t slot_of(uint64_t key) { return (size_t)((key * UINT64_C(0x9e3779b97f4a7c15)) >> 44); }
 
 /* Records a new allocation of bytes on dev at *next (then moved past it) unless the device is
  * full or the addresses would pass limit; returns its key or 0. */
 static uint64_t fake_alloc_at(int dev, uint64_t bytes, uint64_t *next, uint64_t limit)
 {
-    uint64_t used = __atomic_add_fetch(&devices[dev].used, bytes, __ATOMIC_ACQ_REL);
+    int32_t pid = (int32_t)getpid();
     pthread_mutex_lock(&table_lock);
     uint64_t key = *next, step = ((bytes + 0xfff) & ~UINT64_C(0xfff)) + (bytes == 0 ? 0x1000 : 0);
-    if (used > device_bytes || step > limit - key) {
+    if (step > limit - key || !gpu_alloc(dev, pid, bytes)) {
         pthread_mutex_unlock(&table_lock);
-        __atomic_sub_fetch(&devices[dev].used, bytes, __ATOMIC_ACQ_REL);
         return 0;
     }
     *next += step;
     size_t i = slot_of(key);
     while (table[i].key > tombstone)
         i = (i + 1) & (TABLE_SIZE - 1);
-    table[i] = (struct alloc){.key = key, .bytes = bytes, .dev = dev};
+    table[i] = (struct alloc){.key = key, .bytes = bytes, .dev = dev, .pid = pid};
     pthread_mutex_unlock(&table_lock);
     return key;
 }
@@ -142,14 +135,16 @@ static CUresult fake_free(uint64_t key)
     size_t i = slot_of(key);
     while (table[i].key != 0 && table[i].key != key)
         i = (i + 1) & (TABLE_SIZE - 1);
-    if (table[i].key != key) {
+    /* On a shared GPU a fork child's copy of its parent's pointer is not the child's to free
+     * (a real context does not survive fork); one private timeline keeps the old behaviour. */
+    if (table[i].key != key || (gpu_is_shared && table[i].pid != (int32_t)getpid())) {
         pthread_mutex_unlock(&table_lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
     struct alloc a = table[i];
     table[i].key = tombstone;
     pthread_mutex_unlock(&table_lock);
-    __atomic_sub_fetch(&devices[a.dev].used, a.bytes, __ATOMIC_ACQ_REL);
+    gpu_free(a.dev, a.pid, a.bytes);
     return CUDA_SUCCESS;
 }
 
@@ -229,12 +224,81 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+/* The first context of a process on a device costs FAKE_CUDA_CONTEXT_MIB (0 by default). */
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
     CUresult rc = need_device(dev);
-    if (rc == CUDA_SUCCESS)
-        *ctx = (CUcontext)&primary[dev];
-    return rc;
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!gpu_ctx_ref(dev, 1))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *ctx = (CUcontext)&primary[dev];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    CUresult rc = need_device(dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return gpu_ctx_unref(dev, 1) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* A created context is a new one, made current on the calling thread as the driver does. */
+static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
+{
+    CUresult rc = need_device(dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_ctx *ctx = malloc(sizeof *ctx);
+    if (ctx == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!gpu_ctx_ref(dev, 0)) {
+        free(ctx);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *ctx = (struct fake_ctx){.dev = dev, .magic = CTX_MAGIC};
+    current = ctx;
+    *pctx = (CUcontext)ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int nparams,
+                               unsigned int flags, CUdevice dev)
+{
+    (void)params, (void)nparams, (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+                               CUdevice dev)
+{
+    (void)params, (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    struct fake_ctx *c = (struct fake_ctx *)ctx;
+    if (!initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    /* Primary contexts are released, not destroyed. */
+    if (c == NULL || (c >= primary && c < primary + MAX_DEVICES) || c->magic != CTX_MAGIC)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    gpu_ctx_unref(c->dev, 0); /* a fork child's copy was never charged to the child */
+    if (current == c)
+        current = NULL;
+    c->magic = 0;
+    free(c);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
@@ -257,18 +321,13 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
     return rc;
 }
 
+/* Until the caller's own work has run (other processes' work shares the GPU meanwhile). */
 static CUresult wait_idle(void)
 {
     CUresult rc = need_ctx();
     if (rc != CUDA_SUCCESS)
         return rc;
-    uint64_t until = __atomic_load_n(&devices[current->dev].busy_until, __ATOMIC_ACQUIRE);
-    uint64_t now = now_ns();
-    if (until > now) {
-        struct timespec ts = {.tv_sec = (time_t)((until - now) / 1000000000u),
-                              .tv_nsec = (long)((until - now) % 1000000000u)};
-        nanosleep(&ts, NULL);
-    }
+    gpu_wait_pending(current->dev, 0);
     return CUDA_SUCCESS;
 }
 
@@ -427,8 +486,8 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     CUresult rc = need_ctx();
     if (rc != CUDA_SUCCESS)
         return rc;
-    uint64_t used = __atomic_load_n(&devices[current->dev].used, __ATOMIC_ACQUIRE);
-    *free_bytes = (size_t)(device_bytes - used);
+    uint64_t used = fake_cuda_device_physical_used(current->dev);
+    *free_bytes = (size_t)(used < device_bytes ? device_bytes - used : 0);
     *total_bytes = (size_t)device_bytes;
     return CUDA_SUCCESS;
 }
@@ -526,23 +585,18 @@ EXPORT CUresult cuMemAdvise_v2(CUdeviceptr ptr, size_t count, CUmem_advise advic
 
 /* ---- launches ----------------------------------------------------------------------------- */
 
+/* A kernel (or graph) of `blocks` blocks joins the caller's queue on its device. */
 static CUresult launch(enum fake_launch_variant variant, uint64_t blocks)
 {
     CUresult rc = need_ctx();
     if (rc != CUDA_SUCCESS)
         return rc;
     __atomic_add_fetch(&fake_cuda_stats.launches[variant], 1, __ATOMIC_RELAXED);
-    if (ns_per_block == 0)
+    gpu_get();
+    if (ns_per_block == 0 && gpu_lazy_bytes == 0) /* the benchmark: no model, no lock */
         return CUDA_SUCCESS;
-    struct fake_device *d = &devices[current->dev];
-    uint64_t work = blocks * ns_per_block, now = now_ns();
-    uint64_t until = __atomic_load_n(&d->busy_until, __ATOMIC_ACQUIRE), next;
-    do {
-        next = (until > now ? until : now) + work;
-    } while (!__atomic_compare_exchange_n(&d->busy_until, &until, next, 1, __ATOMIC_ACQ_REL,
-                                          __ATOMIC_ACQUIRE));
-    __atomic_add_fetch(&d->scheduled, work, __ATOMIC_ACQ_REL);
-    return CUDA_SUCCESS;
+    return gpu_submit(current->dev, blocks * ns_per_block) == 0 ? CUDA_SUCCESS
+                                                               : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -589,23 +643,369 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsign
     return launch(FAKE_LAUNCH_COOP_PTSZ, (uint64_t)gx * gy * gz);
 }
 
+/* ---- graphs ------------------------------------------------------------------------------- */
+
+/* Graphs, nodes and executable graphs are this process's objects. A node keeps its kernel's
+ * parameters (gridDim) or a copy of its child graph, as the driver does; an executable graph
+ * keeps the total blocks of its kernel nodes, child graphs included, which is its cost. Graphs
+ * and execs are listed so that an unknown handle is refused rather than read. */
+struct fake_graph;
+
+struct fake_node {
+    CUgraphNodeType type;
+    CUDA_KERNEL_NODE_PARAMS params;  /* CU_GRAPH_NODE_TYPE_KERNEL */
+    struct fake_graph *child;        /* CU_GRAPH_NODE_TYPE_GRAPH: owned by the node */
+};
+
+struct fake_graph {
+    struct fake_graph *next_graph;   /* every live graph, child copies included */
+    struct fake_node **nodes;
+    size_t count;
+};
+
+struct fake_exec {
+    struct fake_exec *next_exec;
+    uint64_t blocks;
+};
+
+static struct fake_graph *graphs;
+static struct fake_exec *execs;
+static pthread_mutex_t graph_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int graph_known(const struct fake_graph *g)
+{
+    for (const struct fake_graph *x = graphs; x != NULL; x = x->next_graph)
+        if (x == g)
+            return 1;
+    return 0;
+}
+
+static int node_known(const struct fake_node *n)
+{
+    for (const struct fake_graph *g = graphs; g != NULL; g = g->next_graph)
+        for (size_t i = 0; i < g->count; i++)
+            if (g->nodes[i] == n)
+                return 1;
+    return 0;
+}
+
+static struct fake_exec **exec_link(const struct fake_exec *e)
+{
+    for (struct fake_exec **x = &execs; *x != NULL; x = &(*x)->next_exec)
+        if (*x == e)
+            return x;
+    return NULL;
+}
+
+static struct fake_graph *graph_new(void)
+{
+    struct fake_graph *g = calloc(1, sizeof *g);
+    if (g != NULL) {
+        g->next_graph = graphs;
+        graphs = g;
+    }
+    return g;
+}
+
+static void graph_free(struct fake_graph *g)
+{
+    for (struct fake_graph **x = &graphs; *x != NULL; x = &(*x)->next_graph)
+        if (*x == g) {
+            *x = g->next_graph;
+            break;
+        }
+    for (size_t i = 0; i < g->count; i++) {
+        if (g->nodes[i]->child != NULL)
+            graph_free(g->nodes[i]->child);
+        free(g->nodes[i]);
+    }
+    free(g->nodes);
+    free(g);
+}
+
+static struct fake_node *graph_add(struct fake_graph *g, CUgraphNodeType type)
+{
+    struct fake_node **grown = realloc(g->nodes, (g->count + 1) * sizeof *grown);
+    struct fake_node *n = calloc(1, sizeof *n);
+    if (grown == NULL || n == NULL) {
+        free(n);
+        if (grown != NULL)
+            g->nodes = grown;
+        return NULL;
+    }
+    g->nodes = grown;
+    g->nodes[g->count++] = n;
+    n->type = type;
+    return n;
+}
+
+/* A deep copy: a child graph node embeds a clone of the graph it was given. */
+static struct fake_graph *graph_clone(const struct fake_graph *src)
+{
+    struct fake_graph *g = graph_new();
+    for (size_t i = 0; g != NULL && i < src->count; i++) {
+        struct fake_node *n = graph_add(g, src->nodes[i]->type);
+        if (n != NULL) {
+            n->params = src->nodes[i]->params;
+            if (src->nodes[i]->child != NULL)
+                n->child = graph_clone(src->nodes[i]->child);
+        }
+        if (n == NULL || (src->nodes[i]->child != NULL && n->child == NULL)) {
+            graph_free(g);
+            g = NULL;
+        }
+    }
+    return g;
+}
+
+static uint64_t graph_blocks(const struct fake_graph *g)
+{
+    uint64_t blocks = 0;
+    for (size_t i = 0; i < g->count; i++) {
+        const struct fake_node *n = g->nodes[i];
+        if (n->type == CU_GRAPH_NODE_TYPE_KERNEL)
+            blocks += (uint64_t)n->params.gridDimX * n->params.gridDimY * n->params.gridDimZ;
+        else if (n->child != NULL)
+            blocks += graph_blocks(n->child);
+    }
+    return blocks;
+}
+
+EXPORT CUresult cuGraphCreate(CUgraph *graph, unsigned int flags)
+{
+    if (graph == NULL || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&graph_lock);
+    struct fake_graph *g = graph_new();
+    pthread_mutex_unlock(&graph_lock);
+    *graph = (CUgraph)g;
+    return g != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuGraphDestroy(CUgraph graph)
+{
+    pthread_mutex_lock(&graph_lock);
+    int known = graph_known((struct fake_graph *)graph);
+    if (known)
+        graph_free((struct fake_graph *)graph);
+    pthread_mutex_unlock(&graph_lock);
+    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Adds a node of `type` to graph (dependencies do not change the cost, so are not kept). */
+static CUresult add_node(CUgraphNode *out, CUgraph graph, CUgraphNodeType type,
+                         const CUDA_KERNEL_NODE_PARAMS *params, CUgraph child)
+{
+    if (out == NULL || (type == CU_GRAPH_NODE_TYPE_KERNEL && params == NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&graph_lock);
+    struct fake_graph *g = (struct fake_graph *)graph;
+    if (graph_known(g) && (child == NULL || graph_known((struct fake_graph *)child))) {
+        struct fake_graph *copy = child != NULL ? graph_clone((struct fake_graph *)child) : NULL;
+        struct fake_node *n = child == NULL || copy != NULL ? graph_add(g, type) : NULL;
+        if (n != NULL) {
+            if (params != NULL)
+                n->params = *params;
+            n->child = copy;
+            *out = (CUgraphNode)n;
+            rc = CUDA_SUCCESS;
+        } else {
+            if (copy != NULL)
+                graph_free(copy);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
+}
+
+EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                        size_t ndeps, const CUDA_KERNEL_NODE_PARAMS *params)
+{
+    (void)deps, (void)ndeps;
+    return add_node(node, graph, CU_GRAPH_NODE_TYPE_KERNEL, params, NULL);
+}
+
+EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                         size_t ndeps, CUgraph child)
+{
+    (void)deps, (void)ndeps;
+    if (child == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return add_node(node, graph, CU_GRAPH_NODE_TYPE_GRAPH, NULL, child);
+}
+
+/* nodes NULL: *count = how many; else up to *count handles (NULLs past the end), *count = how
+ * many were written. */
+EXPORT CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count)
+{
+    if (count == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&graph_lock);
+    struct fake_graph *g = (struct fake_graph *)graph;
+    int known = graph_known(g);
+    if (known && nodes == NULL) {
+        *count = g->count;
+    } else if (known) {
+        for (size_t i = 0; i < *count; i++)
+            nodes[i] = i < g->count ? (CUgraphNode)g->nodes[i] : NULL;
+        *count = *count < g->count ? *count : g->count;
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type)
+{
+    pthread_mutex_lock(&graph_lock);
+    int known = type != NULL && node_known((struct fake_node *)node);
+    if (known)
+        *type = ((struct fake_node *)node)->type;
+    pthread_mutex_unlock(&graph_lock);
+    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS *params)
+{
+    pthread_mutex_lock(&graph_lock);
+    struct fake_node *n = (struct fake_node *)node;
+    int known = params != NULL && node_known(n) && n->type == CU_GRAPH_NODE_TYPE_KERNEL;
+    if (known)
+        *params = n->params;
+    pthread_mutex_unlock(&graph_lock);
+    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph)
+{
+    pthread_mutex_lock(&graph_lock);
+    struct fake_node *n = (struct fake_node *)node;
+    int known = graph != NULL && node_known(n) && n->type == CU_GRAPH_NODE_TYPE_GRAPH;
+    if (known)
+        *graph = (CUgraph)n->child;
+    pthread_mutex_unlock(&graph_lock);
+    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult instantiate(CUgraphExec *out, CUgraph graph)
+{
+    if (out == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&graph_lock);
+    if (graph_known((struct fake_graph *)graph)) {
+        struct fake_exec *e = calloc(1, sizeof *e);
+        rc = e != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+        if (e != NULL) {
+            e->blocks = graph_blocks((struct fake_graph *)graph);
+            e->next_exec = execs;
+            execs = e;
+            *out = (CUgraphExec)e;
+        }
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
+                                            unsigned long long flags)
+{
+    (void)flags;
+    return instantiate(exec, graph);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
+                                             CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    CUresult rc = instantiate(exec, graph);
+    if (params != NULL) {
+        params->hErrNode_out = NULL;
+        params->result_out = rc == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS
+                                                : CUDA_GRAPH_INSTANTIATE_ERROR;
+    }
+    return rc;
+}
+
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
+{
+    pthread_mutex_lock(&graph_lock);
+    struct fake_exec **link = exec_link((struct fake_exec *)exec);
+    if (link != NULL)
+        *link = ((struct fake_exec *)exec)->next_exec;
+    pthread_mutex_unlock(&graph_lock);
+    if (link != NULL)
+        free(exec);
+    return link != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The executable graph takes the new graph's work (the fake accepts every topology change). */
+EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
+                                     CUgraphExecUpdateResultInfo *info)
+{
+    pthread_mutex_lock(&graph_lock);
+    struct fake_exec *e = (struct fake_exec *)exec;
+    int known = exec_link(e) != NULL && graph_known((struct fake_graph *)graph);
+    if (known)
+        e->blocks = graph_blocks((struct fake_graph *)graph);
+    pthread_mutex_unlock(&graph_lock);
+    if (info != NULL) {
+        memset(info, 0, sizeof *info);
+        info->result = known ? CU_GRAPH_EXEC_UPDATE_SUCCESS : CU_GRAPH_EXEC_UPDATE_ERROR;
+    }
+    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Blocks of an executable graph; a NULL one is the old tests' stand-in for "some graph" and
+ * costs 100 blocks; an unknown one gives UINT64_MAX. */
+static uint64_t exec_blocks(CUgraphExec exec)
+{
+    if (exec == NULL)
+        return 100;
+    pthread_mutex_lock(&graph_lock);
+    struct fake_exec *e = (struct fake_exec *)exec;
+    uint64_t blocks = exec_link(e) != NULL ? e->blocks : UINT64_MAX;
+    pthread_mutex_unlock(&graph_lock);
+    return blocks;
+}
+
+static CUresult graph_launch(enum fake_launch_variant variant, CUgraphExec exec)
+{
+    uint64_t blocks = exec_blocks(exec);
+    if (blocks == UINT64_MAX)
+        return initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    return launch(variant, blocks);
+}
+
 EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
 {
-    (void)exec, (void)stream;
-    return launch(FAKE_GRAPH, 100);
+    (void)stream;
+    return graph_launch(FAKE_GRAPH, exec);
 }
 
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
 {
-    (void)exec, (void)stream;
-    return launch(FAKE_GRAPH_PTSZ, 100);
+    (void)stream;
+    return graph_launch(FAKE_GRAPH_PTSZ, exec);
 }
 
 /* ---- test-only accessors ------------------------------------------------------------------ */
 
 EXPORT uint64_t fake_cuda_device_used(int dev)
 {
-    return __atomic_load_n(&devices[dev].used, __ATOMIC_ACQUIRE);
+    struct gpu_device *d = gpu_enter(dev);
+    struct gpu_proc *p = gpu_find(d, (int32_t)getpid());
+    uint64_t used = p != NULL ? gpu_footprint(p) : 0;
+    gpu_unlock(d);
+    return used;
+}
+
+EXPORT uint64_t fake_cuda_device_physical_used(int dev)
+{
+    struct gpu_device *d = gpu_enter(dev);
+    uint64_t used = d->used;
+    gpu_unlock(d);
+    return used;
 }
 
 EXPORT uint64_t fake_cuda_device_total(int dev)
@@ -618,11 +1018,72 @@ EXPORT int fake_cuda_device_count(void) { return ndevices; }
 
 EXPORT uint64_t fake_cuda_busy_ns(int dev)
 {
-    struct fake_device *d = &devices[dev];
-    uint64_t scheduled = __atomic_load_n(&d->scheduled, __ATOMIC_ACQUIRE);
-    uint64_t until = __atomic_load_n(&d->busy_until, __ATOMIC_ACQUIRE), now = now_ns();
-    uint64_t pending = until > now ? until - now : 0;
-    return scheduled > pending ? scheduled - pending : 0;
+    struct gpu_device *d = gpu_enter(dev);
+    struct gpu_proc *p = gpu_find(d, (int32_t)getpid());
+    uint64_t busy = p != NULL ? p->busy_ns : 0;
+    gpu_unlock(d);
+    return busy;
+}
+
+EXPORT uint64_t fake_cuda_device_busy_ns(int dev)
+{
+    struct gpu_device *d = gpu_enter(dev);
+    uint64_t busy = d->busy_ns;
+    gpu_unlock(d);
+    return busy;
+}
+
+EXPORT uint64_t fake_cuda_pending_ns(int dev, int pid)
+{
+    struct gpu_device *d = gpu_enter(dev);
+    struct gpu_proc *p = gpu_find(d, pid);
+    uint64_t pending = p != NULL ? p->pending_ns : 0;
+    gpu_unlock(d);
+    return pending;
+}
+
+EXPORT uint64_t fake_cuda_graph_exec_blocks(void *exec)
+{
+    return exec_blocks((CUgraphExec)exec);
+}
+
+EXPORT int fake_gpu_period(int dev, uint64_t *end_us, unsigned int *device_pct,
+                           struct fake_gpu_sample *out, int max)
+{
+    struct gpu_device *d = gpu_enter(dev);
+    const double period = (double)gpu->period_ns;
+    int n = 0;
+    *end_us = d->last_end_ns == 0 ? 0
+            : (uint64_t)((int64_t)d->last_end_ns + gpu->realtime_offset) / 1000u;
+    *device_pct = (unsigned int)(100.0 * (double)d->last_busy_ns / period + 0.5);
+    for (int i = 0; d->last_end_ns != 0 && i < GPU_MAX_PROCS; i++) {
+        const struct gpu_proc *p = &d->procs[i];
+        if (p->pid == 0 || p->last_busy_ns == 0)
+            continue;
+        if (n < max)
+            out[n] = (struct fake_gpu_sample){
+                .pid = p->pid, .busy_ns = p->last_busy_ns,
+                .sm_util = (unsigned int)(100.0 * (double)p->last_busy_ns / period + 0.5)};
+        n++;
+    }
+    gpu_unlock(d);
+    return n;
+}
+
+EXPORT int fake_gpu_processes(int dev, struct fake_gpu_process *out, int max)
+{
+    struct gpu_device *d = gpu_enter(dev);
+    int n = 0;
+    for (int i = 0; i < GPU_MAX_PROCS; i++) {
+        const struct gpu_proc *p = &d->procs[i];
+        if (p->pid == 0 || gpu_footprint(p) == 0)
+            continue;
+        if (n < max)
+            out[n] = (struct fake_gpu_process){.pid = p->pid, .bytes = gpu_footprint(p)};
+        n++;
+    }
+    gpu_unlock(d);
+    return n;
 }
 
 /* ---- cuGetProcAddress --------------------------------------------------------------------- */
@@ -651,6 +1112,11 @@ static const struct proc procs[] = {
     P("cuDeviceGetUuid", cuDeviceGetUuid_v2, 11040, 0),
     P("cuDeviceTotalMem", cuDeviceTotalMem_v2, 3020, 0),
     P("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain, 7000, 0),
+    P("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2, 11000, 0),
+    P("cuCtxCreate", cuCtxCreate_v2, 3020, 0),
+    P("cuCtxCreate", cuCtxCreate_v3, 11040, 0),
+    P("cuCtxCreate", cuCtxCreate_v4, 12050, 0),
+    P("cuCtxDestroy", cuCtxDestroy_v2, 4000, 0),
     P("cuCtxSetCurrent", cuCtxSetCurrent, 4000, 0),
     P("cuCtxGetCurrent", cuCtxGetCurrent, 4000, 0),
     P("cuCtxGetDevice", cuCtxGetDevice, 2000, 0),
@@ -689,6 +1155,19 @@ static const struct proc procs[] = {
     P("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel_ptsz, 9000, 1),
     P("cuGraphLaunch", cuGraphLaunch, 10000, 0),
     P("cuGraphLaunch", cuGraphLaunch_ptsz, 10000, 1),
+    P("cuGraphCreate", cuGraphCreate, 10000, 0),
+    P("cuGraphDestroy", cuGraphDestroy, 10000, 0),
+    P("cuGraphAddKernelNode", cuGraphAddKernelNode_v2, 12000, 0),
+    P("cuGraphAddChildGraphNode", cuGraphAddChildGraphNode, 10000, 0),
+    P("cuGraphGetNodes", cuGraphGetNodes, 10000, 0),
+    P("cuGraphNodeGetType", cuGraphNodeGetType, 10000, 0),
+    P("cuGraphKernelNodeGetParams", cuGraphKernelNodeGetParams_v2, 12000, 0),
+    P("cuGraphChildGraphNodeGetGraph", cuGraphChildGraphNodeGetGraph, 10000, 0),
+    P("cuGraphInstantiate", cuGraphInstantiateWithFlags, 11040, 0),
+    P("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags, 11040, 0),
+    P("cuGraphInstantiateWithParams", cuGraphInstantiateWithParams, 12000, 0),
+    P("cuGraphExecDestroy", cuGraphExecDestroy, 10000, 0),
+    P("cuGraphExecUpdate", cuGraphExecUpdate_v2, 12000, 0),
 };
 #undef P
 

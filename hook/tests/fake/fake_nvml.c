@@ -1,25 +1,23 @@
 /* fake_nvml.c - a host-only libnvidia-ml.so.1 over the fake libcuda (linked to it): the same
- * devices and UUIDs, memory from the fake's physical counters, and utilisation synthesised
- * from the fake's GPU time. */
+ * devices and UUIDs, memory and running processes from the fake GPU's per-process footprints,
+ * and utilisation from its sample periods with NVML's semantics (fake_gpu.h): every process
+ * sharing FAKE_GPU_SHARED sees every process. */
 #define _GNU_SOURCE
 #define NVML_NO_UNVERSIONED_FUNC_DEFS /* the fake exports both spellings */
 #include <nvml.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "fake_state.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
-enum { MAX_DEVICES = 8 };
+enum { MAX_DEVICES = 8, MAX_PROCS = 64 };
 static const unsigned long long reserved_bytes = 5ull << 20;
 
 struct nvmlDevice_st {
     int index;
-    uint64_t busy_at_process_query, time_at_process_query;
-    uint64_t busy_at_rate_query, time_at_rate_query;
 };
 static struct nvmlDevice_st devices[MAX_DEVICES] = {
     {.index = 0}, {.index = 1}, {.index = 2}, {.index = 3},
@@ -27,11 +25,12 @@ static struct nvmlDevice_st devices[MAX_DEVICES] = {
 };
 static int initialised;
 
-static uint64_t now_ns(void)
+/* NVML names processes in the host's pid namespace; FAKE_NVML_PID_OFFSET plays a container's
+ * (the pid NVML reports is the process's own pid plus the offset). */
+static unsigned int host_pid(int pid)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    const char *offset = getenv("FAKE_NVML_PID_OFFSET");
+    return (unsigned int)(pid + (offset != NULL ? atoi(offset) : 0));
 }
 
 EXPORT nvmlReturn_t nvmlInit_v2(void)
@@ -108,7 +107,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
 {
     unsigned long long total = fake_cuda_device_total(device->index);
     memory->total = total;
-    memory->used = fake_cuda_device_used(device->index) + reserved_bytes;
+    memory->used = fake_cuda_device_physical_used(device->index) + reserved_bytes;
     memory->free = total - memory->used;
     return NVML_SUCCESS;
 }
@@ -120,49 +119,100 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
     unsigned long long total = fake_cuda_device_total(device->index);
     memory->total = total;
     memory->reserved = reserved_bytes;
-    memory->used = fake_cuda_device_used(device->index) + reserved_bytes;
+    memory->used = fake_cuda_device_physical_used(device->index) + reserved_bytes;
     memory->free = total - memory->used;
     return NVML_SUCCESS;
 }
 
-/* Percent of wall time the fake GPU was busy since the previous query of the same kind. */
-static unsigned int busy_percent(int dev, uint64_t *busy_before, uint64_t *time_before)
-{
-    uint64_t busy = fake_cuda_busy_ns(dev), now = now_ns();
-    unsigned int pct = 0;
-    if (*time_before != 0 && now > *time_before) {
-        double p = 100.0 * (double)(busy - *busy_before) / (double)(now - *time_before);
-        pct = p > 100.0 ? 100 : (unsigned int)(p + 0.5);
-    }
-    *busy_before = busy;
-    *time_before = now;
-    return pct;
-}
-
+/* One sample per process that got SM time in the latest completed sample period, stamped
+ * with that period's end; only those newer than last_seen. FAKE_NVML_NO_PROCESS_UTIL=1: the
+ * query is not supported, as on GPUs before Maxwell. */
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                                     nvmlProcessUtilizationSample_t *samples,
                                                     unsigned int *count,
                                                     unsigned long long last_seen)
 {
-    (void)last_seen;
-    if (samples == NULL || *count < 1) {
-        *count = 1;
+    const char *off = getenv("FAKE_NVML_NO_PROCESS_UTIL");
+    if (off != NULL && off[0] != '\0' && strcmp(off, "0") != 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (!initialised)
+        return NVML_ERROR_UNINITIALIZED;
+    if (device == NULL || count == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fake_gpu_sample got[MAX_PROCS];
+    uint64_t end_us;
+    unsigned int device_pct;
+    int n = fake_gpu_period(device->index, &end_us, &device_pct, got, MAX_PROCS);
+    if (n > MAX_PROCS)
+        n = MAX_PROCS;
+    if (end_us <= last_seen)
+        n = 0;
+    if (n == 0) {
+        *count = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (samples == NULL || *count < (unsigned int)n) {
+        *count = (unsigned int)n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    *count = 1;
-    samples[0] = (nvmlProcessUtilizationSample_t){
-        .pid = (unsigned int)getpid(),
-        .timeStamp = now_ns() / 1000,
-        .smUtil = busy_percent(device->index, &device->busy_at_process_query,
-                               &device->time_at_process_query),
-    };
+    for (int i = 0; i < n; i++)
+        samples[i] = (nvmlProcessUtilizationSample_t){
+            .pid = host_pid(got[i].pid), .timeStamp = end_us, .smUtil = got[i].sm_util};
+    *count = (unsigned int)n;
     return NVML_SUCCESS;
 }
 
+/* gpu: percent of the latest completed sample period during which any work ran. */
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *rates)
 {
-    rates->gpu = busy_percent(device->index, &device->busy_at_rate_query,
-                              &device->time_at_rate_query);
+    if (!initialised)
+        return NVML_ERROR_UNINITIALIZED;
+    if (device == NULL || rates == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t end_us;
+    unsigned int pct;
+    fake_gpu_period(device->index, &end_us, &pct, NULL, 0);
+    rates->gpu = pct > 100 ? 100 : pct;
     rates->memory = 0;
     return NVML_SUCCESS;
+}
+
+/* Every live process with memory on the device, its footprint as usedGpuMemory (no MIG). */
+static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count,
+                                      nvmlProcessInfo_t *infos)
+{
+    if (!initialised)
+        return NVML_ERROR_UNINITIALIZED;
+    if (device == NULL || count == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fake_gpu_process got[MAX_PROCS];
+    int n = fake_gpu_processes(device->index, got, MAX_PROCS);
+    if (n > MAX_PROCS)
+        n = MAX_PROCS;
+    if (*count < (unsigned int)n || (infos == NULL && n > 0)) {
+        *count = (unsigned int)n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int i = 0; i < n; i++)
+        infos[i] = (nvmlProcessInfo_t){.pid = host_pid(got[i].pid),
+                                       .usedGpuMemory = got[i].bytes,
+                                       .gpuInstanceId = 0xFFFFFFFFu,
+                                       .computeInstanceId = 0xFFFFFFFFu};
+    *count = (unsigned int)n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                            unsigned int *count,
+                                                            nvmlProcessInfo_t *infos)
+{
+    return running_processes(device, count, infos);
+}
+
+/* The same struct as _v3 (nvmlProcessInfo_v2_t) in nvml.h. */
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                            unsigned int *count,
+                                                            nvmlProcessInfo_v2_t *infos)
+{
+    return running_processes(device, count, infos);
 }

@@ -20,10 +20,34 @@ extern struct fake_cuda_stats fake_cuda_stats;
 /* Name of the entry point whose next call fails with CUDA_ERROR_UNKNOWN ("" = none). */
 extern char fake_cuda_fail_next[64];
 
-uint64_t fake_cuda_device_used(int dev);        /* physical bytes held by this process */
+/* Physical bytes held by the calling process on dev: its allocations + its context and lazy
+ * module bytes (FAKE_CUDA_CONTEXT_MIB, FAKE_CUDA_LAZY_MIB; both 0 by default). */
+uint64_t fake_cuda_device_used(int dev);
+uint64_t fake_cuda_device_physical_used(int dev); /* the same, every live process together */
 uint64_t fake_cuda_device_total(int dev);
-uint64_t fake_cuda_busy_ns(int dev);            /* GPU time consumed so far, up to now */
+uint64_t fake_cuda_busy_ns(int dev);            /* GPU ns the calling process got so far */
+uint64_t fake_cuda_device_busy_ns(int dev);     /* GPU ns during which any work ran, so far */
+uint64_t fake_cuda_pending_ns(int dev, int pid); /* work pid has queued and not yet run */
+/* Blocks an executable graph costs per launch (NULL: 100; unknown: UINT64_MAX). */
+uint64_t fake_cuda_graph_exec_blocks(void *exec);
 int fake_cuda_device_count(void);
+
+/* The latest completed NVML sample period of dev (FAKE_NVML_SAMPLE_MS, default 166 ms): its end
+ * as CLOCK_REALTIME microseconds (0: none yet), the percent of it during which any work ran,
+ * and the processes that got GPU time in it (up to max written; returns how many there are). */
+struct fake_gpu_sample {
+    int pid;
+    unsigned int sm_util;   /* round(100 * busy_ns / period) */
+    uint64_t busy_ns;
+};
+int fake_gpu_period(int dev, uint64_t *end_us, unsigned int *device_pct,
+                    struct fake_gpu_sample *out, int max);
+/* The live processes with memory on dev (up to max written; returns how many there are). */
+struct fake_gpu_process {
+    int pid;
+    uint64_t bytes;         /* context + lazy module + allocation bytes */
+};
+int fake_gpu_processes(int dev, struct fake_gpu_process *out, int max);
 void fake_cuda_uuid(int dev, unsigned char out[16]);
 void *fake_cuda_entry(const char *name);        /* the fake's own function, never a wrapper */
 

@@ -1,0 +1,315 @@
+/* footprint.c - what a process really holds on a capped device beyond its allocations: its CUDA
+ * contexts, the modules the driver loads lazily, library workspaces. NVML lists each process's
+ * device memory by host pid; the difference from the allocations this process counts is charged
+ * to its ledger, so the cap bounds what the container holds, not only what it asked for (on an
+ * H100 a context is about 0.5 GiB). Also where a process learns its host pid, which the SM
+ * limiter needs to find its own samples. */
+#define _GNU_SOURCE
+#include "footprint.h"
+
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "memory.h"
+#include "nvml.h"
+#include "region.h"
+#include "throttle.h"
+
+enum {
+    REFRESH_NS = 1000 * 1000 * 1000,        /* re-measure at most once a second per device */
+    REFUSAL_REFRESH_NS = 100 * 1000 * 1000, /* and before a refusal, at most every 100 ms */
+    HYSTERESIS = 2 << 20,                   /* NVML counts in 2 MiB pages */
+    DISCOVERY_PATIENCE_MS = 30 * 1000,      /* processes starting together take turns */
+    MEASURE_TRIES = 5,                      /* an allocation of another thread under way */
+};
+
+/* Per device: one measurement at a time. Never held by a thread that is inside the driver for
+ * another device; a thread re-entering (a driver callback that makes a context) skips. */
+static pthread_mutex_t locks[VGPU_REGION_MAX_DEVICES];
+static uint64_t counted[VGPU_REGION_MAX_DEVICES];     /* atomic: context memory in our ledger */
+static int has_context[VGPU_REGION_MAX_DEVICES];      /* atomic: a context made on the device */
+static uint64_t measured_at[VGPU_REGION_MAX_DEVICES]; /* atomic: CLOCK_MONOTONIC ns */
+static __thread int inside;
+static int unmeasured_warned;
+
+static uint64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void reset(void)
+{
+    /* A CUDA context does not survive fork: the child starts with nothing counted (and a slot
+     * of its own, whose host pid it learns when it makes its own context). */
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
+        pthread_mutex_init(&locks[d], NULL);
+        counted[d] = measured_at[d] = 0;
+        has_context[d] = 0;
+    }
+}
+
+void vgpu_footprint_init(void)
+{
+    reset();
+    pthread_atfork(NULL, NULL, reset);
+}
+
+static int capped(int dev)
+{
+    return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES && vgpu_region_limit(dev) != 0;
+}
+
+static uint64_t get(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+
+static uint64_t counted_everywhere(void)
+{
+    uint64_t sum = 0;
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
+        sum += get(&counted[d]);
+    return sum;
+}
+
+static const struct vgpu_gpu_process *find(const struct vgpu_gpu_process *list, int n,
+                                           int32_t pid)
+{
+    for (int i = 0; i < n; i++)
+        if (list[i].pid == pid)
+            return &list[i];
+    return NULL;
+}
+
+/* Our host pid from the lists NVML gave before and after this process made a context on dev:
+ * the one pid new in the second that no other process of the container has claimed (our own
+ * pid, when there is no pid namespace). Two candidates (another container made a context at the
+ * same moment): left unknown, and tried again at the next context. */
+static void learn_host_pid(const struct vgpu_gpu_process *before, int nbefore,
+                           const struct vgpu_gpu_process *after, int nafter)
+{
+    int32_t found = 0;
+    for (int i = 0; i < nafter; i++) {
+        if (find(before, nbefore, after[i].pid) != NULL ||
+            vgpu_region_host_pid_taken(after[i].pid))
+            continue;
+        if (found != 0)
+            return;
+        found = after[i].pid;
+    }
+    if (found != 0) {
+        vgpu_region_set_host_pid(found);
+        vgpu_log(VGPU_LOG_INFO, "host pid %d (NVML's name for this process)", (int)found);
+    }
+}
+
+enum { HELD_UNKNOWN = -1, HELD_NOT_LISTED = -2 };
+
+/* What NVML shows this process holding on dev beyond its counted allocations. HELD_NOT_LISTED:
+ * our host pid is known and NVML lists no memory of ours (no context left). HELD_UNKNOWN: it
+ * cannot be told now (no NVML answer, the pid unknown, an allocation or free under way). */
+static int64_t measure_once(int dev)
+{
+    int32_t pid = vgpu_region_host_pid();
+    struct vgpu_gpu_process list[VGPU_NVML_MAX_PROCESSES];
+    uint64_t epoch = vgpu_mem_quiet_epoch();
+    uint64_t allocated = vgpu_mem_tracked(dev);
+    int n = epoch != 0 ? vgpu_nvml_processes(dev, list, VGPU_NVML_MAX_PROCESSES) : -1;
+    if (n < 0 || vgpu_mem_quiet_epoch() != epoch || vgpu_mem_tracked(dev) != allocated)
+        return HELD_UNKNOWN;
+    const struct vgpu_gpu_process *mine = find(list, n, pid != 0 ? pid : (int32_t)getpid());
+    if (mine == NULL)
+        return pid != 0 ? HELD_NOT_LISTED : HELD_UNKNOWN;
+    if (mine->bytes == VGPU_NVML_BYTES_UNKNOWN)
+        return HELD_UNKNOWN;
+    return mine->bytes > allocated ? (int64_t)(mine->bytes - allocated) : 0;
+}
+
+static int64_t measure(int dev, int tries)
+{
+    int64_t held = measure_once(dev);
+    for (int i = 1; i < tries && held == HELD_UNKNOWN; i++) {
+        usleep(1000);
+        held = measure_once(dev);
+    }
+    return held;
+}
+
+/* Moves the ledger to the measurement: growth is charged even past the cap (the memory is held
+ * already; further allocations are refused), shrinking gives back. Caller holds locks[dev]. */
+static void settle_to(int dev, uint64_t now_bytes)
+{
+    uint64_t before = get(&counted[dev]);
+    if (now_bytes > before && vgpu_region_charge(dev, now_bytes - before) != 0)
+        return;
+    if (now_bytes < before)
+        vgpu_region_release(dev, before - now_bytes);
+    __atomic_store_n(&counted[dev], now_bytes, __ATOMIC_RELEASE);
+    vgpu_region_note_context(dev, 0, counted_everywhere());
+}
+
+static void warn_unmeasured(int dev)
+{
+    if (!__atomic_exchange_n(&unmeasured_warned, 1, __ATOMIC_RELAXED))
+        vgpu_log(VGPU_LOG_WARN, "device %d: the memory of this process's CUDA context could not "
+                 "be measured through NVML yet (its host pid unknown, or NVML cannot say); %llu "
+                 "bytes are counted for it until it can", dev,
+                 (unsigned long long)get(&counted[dev]));
+}
+
+/* Reserves bytes under the cap, reaping dead processes of the container once if needed. */
+static int reserve(int dev, uint64_t bytes)
+{
+    if (vgpu_region_reserve(dev, bytes) == 0)
+        return 0;
+    return vgpu_region_reap_dead() > 0 && vgpu_region_reserve(dev, bytes) == 0 ? 0 : -1;
+}
+
+int vgpu_footprint_before_context(int dev, int primary, struct vgpu_context_probe *p)
+{
+    p->dev = dev;
+    p->active = 0;
+    int discover = vgpu_region_host_pid() == 0 && dev >= 0 && dev < VGPU_REGION_MAX_DEVICES &&
+                   vgpu_throttle_enabled;
+    if ((!capped(dev) && !discover) || inside)
+        return 0;
+    /* A primary context retained again while we hold it: the driver hands out the same one. */
+    if (primary && __atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE) && !discover &&
+        vgpu_region_host_pid() != 0)
+        return 0;
+    inside = 1;
+    pthread_mutex_lock(&locks[dev]);
+    p->active = 1;
+    p->ledger = capped(dev);
+    p->first = !__atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE);
+    p->estimate = 0;
+    p->discovering = 0;
+    if (vgpu_region_host_pid() == 0) {
+        if (vgpu_region_lock_discovery(dev, DISCOVERY_PATIENCE_MS) == 0) {
+            p->discovering = 1;
+            p->nbefore = vgpu_nvml_processes(dev, p->before, VGPU_NVML_MAX_PROCESSES);
+        } else {
+            vgpu_log(VGPU_LOG_WARN, "device %d: gave up waiting %d s for another process of the "
+                     "container to learn its host pid", dev, DISCOVERY_PATIENCE_MS / 1000);
+        }
+    }
+    /* The first context on dev: reserve what the container's first context took last time, so
+     * a context that cannot fit is refused before the driver makes it. */
+    if (p->ledger && p->first && get(&counted[dev]) == 0) {
+        uint64_t estimate = vgpu_region_context_estimate(dev);
+        if (estimate != 0 && reserve(dev, estimate) != 0) {
+            vgpu_log(VGPU_LOG_ERROR, "device %d out of memory: a CUDA context takes about %llu "
+                     "bytes, %llu of %llu in use by the container", dev,
+                     (unsigned long long)estimate, (unsigned long long)vgpu_region_used(dev),
+                     (unsigned long long)vgpu_region_limit(dev));
+            vgpu_footprint_after_context(p, 0);
+            return -1;
+        }
+        p->estimate = estimate;
+        __atomic_store_n(&counted[dev], estimate, __ATOMIC_RELEASE);
+    }
+    return 0;
+}
+
+/* Charges what the context holds once it is made; -1 when a new context does not fit. */
+static int charge_context(struct vgpu_context_probe *p)
+{
+    int dev = p->dev;
+    int64_t held = measure(dev, MEASURE_TRIES);
+    if (held < 0) {
+        warn_unmeasured(dev);
+        return 0; /* the estimate stays counted; refresh() tries again */
+    }
+    __atomic_store_n(&measured_at[dev], monotonic_ns(), __ATOMIC_RELAXED);
+    uint64_t before = get(&counted[dev]);
+    if ((uint64_t)held > before) {
+        /* Only a new context may be refused; a retain makes nothing, so growth found then
+         * (modules loaded since) is charged like any refresh. */
+        if (!p->first)
+            vgpu_region_charge(dev, (uint64_t)held - before);
+        else if (reserve(dev, (uint64_t)held - before) != 0) {
+            vgpu_log(VGPU_LOG_ERROR, "device %d out of memory: this CUDA context holds %llu bytes "
+                     "beyond allocations, %llu of %llu in use by the container", dev,
+                     (unsigned long long)held, (unsigned long long)vgpu_region_used(dev),
+                     (unsigned long long)vgpu_region_limit(dev));
+            return -1;
+        }
+    } else if ((uint64_t)held < before) {
+        vgpu_region_release(dev, before - (uint64_t)held);
+    }
+    __atomic_store_n(&counted[dev], (uint64_t)held, __ATOMIC_RELEASE);
+    /* The container's first context on dev sets the estimate its next ones reserve. */
+    vgpu_region_note_context(dev, p->first ? (uint64_t)held : 0, counted_everywhere());
+    return 0;
+}
+
+int vgpu_footprint_after_context(struct vgpu_context_probe *p, int created)
+{
+    if (!p->active)
+        return 0;
+    int dev = p->dev, rc = 0;
+    if (p->discovering) {
+        if (created && p->nbefore >= 0) {
+            struct vgpu_gpu_process after[VGPU_NVML_MAX_PROCESSES];
+            int nafter = vgpu_nvml_processes(dev, after, VGPU_NVML_MAX_PROCESSES);
+            if (nafter >= 0)
+                learn_host_pid(p->before, p->nbefore, after, nafter);
+        }
+        vgpu_region_unlock_discovery(dev);
+    }
+    if (created)
+        __atomic_store_n(&has_context[dev], 1, __ATOMIC_RELEASE);
+    if (created && p->ledger)
+        rc = charge_context(p);
+    if ((!created || rc != 0) && p->estimate != 0) {
+        vgpu_region_release(dev, p->estimate);
+        __atomic_sub_fetch(&counted[dev], p->estimate, __ATOMIC_ACQ_REL);
+    }
+    pthread_mutex_unlock(&locks[dev]);
+    inside = 0;
+    return rc;
+}
+
+/* Re-measures dev when the last measurement is older than period_ns. */
+static void refresh(int dev, uint64_t period_ns)
+{
+    if (!__atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE) || !capped(dev) || inside)
+        return;
+    uint64_t now = monotonic_ns();
+    if (now - __atomic_load_n(&measured_at[dev], __ATOMIC_RELAXED) < period_ns ||
+        pthread_mutex_trylock(&locks[dev]) != 0)
+        return;
+    __atomic_store_n(&measured_at[dev], now, __ATOMIC_RELAXED);
+    int64_t held = measure(dev, 1);
+    int64_t was = (int64_t)get(&counted[dev]);
+    if (held == HELD_NOT_LISTED)
+        settle_to(dev, 0);
+    else if (held >= 0 && (held > was + HYSTERESIS || held + HYSTERESIS < was))
+        settle_to(dev, (uint64_t)held);
+    pthread_mutex_unlock(&locks[dev]);
+}
+
+void vgpu_footprint_refresh(int dev) { refresh(dev, REFRESH_NS); }
+
+void vgpu_footprint_before_refusal(int dev) { refresh(dev, REFUSAL_REFRESH_NS); }
+
+void vgpu_footprint_context_gone(int dev)
+{
+    if (inside)
+        return;
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
+        if ((d != dev && dev >= 0) || !capped(d) || !__atomic_load_n(&has_context[d],
+                                                                     __ATOMIC_ACQUIRE))
+            continue;
+        pthread_mutex_lock(&locks[d]);
+        int64_t held = measure(d, MEASURE_TRIES);
+        if (held == HELD_NOT_LISTED) {
+            settle_to(d, 0); /* no context left on d: NVML no longer lists the process */
+            __atomic_store_n(&has_context[d], 0, __ATOMIC_RELEASE);
+        } else if (held >= 0) {
+            settle_to(d, (uint64_t)held);
+        }
+        pthread_mutex_unlock(&locks[d]);
+    }
+}

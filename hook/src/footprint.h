@@ -1,0 +1,45 @@
+/* footprint.h - context and driver memory counted against the cap, as NVML measures it. */
+#ifndef VGPU_FOOTPRINT_H
+#define VGPU_FOOTPRINT_H
+
+#include <stdint.h>
+
+#include "nvml.h"
+
+/* State carried across one context creation (before: lists NVML's pids and reserves the
+ * container's estimate; after: learns the host pid and charges what the context holds). */
+struct vgpu_context_probe {
+    int dev;
+    int active;       /* the device's footprint lock is held between the two calls */
+    int ledger;       /* dev is capped: what the context holds is charged */
+    int first;        /* this process had no context on dev yet */
+    int discovering;  /* host pid unknown: the discovery lock is held, before[] is filled */
+    int nbefore;
+    uint64_t estimate;
+    struct vgpu_gpu_process before[VGPU_NVML_MAX_PROCESSES];
+};
+
+/* Once, when the driver is loaded (also resets the state in a forked child). */
+void vgpu_footprint_init(void);
+
+/* Before the driver makes (primary: retains) a context on dev. -1: the container's last measured context size
+ * does not fit under the cap (logged); the caller answers CUDA_ERROR_OUT_OF_MEMORY. */
+int vgpu_footprint_before_context(int dev, int primary, struct vgpu_context_probe *p);
+
+/* After it (created: whether the driver made it). -1: the new context does not fit under the
+ * cap (logged); the caller destroys it and answers CUDA_ERROR_OUT_OF_MEMORY. */
+int vgpu_footprint_after_context(struct vgpu_context_probe *p, int created);
+
+/* After a context on dev (-1: a device not known) was released or destroyed: counts what is
+ * left. */
+void vgpu_footprint_context_gone(int dev);
+
+/* On the allocation path: re-measures a device with a context at most once a second (modules
+ * load lazily, libraries allocate through paths that are not counted). */
+void vgpu_footprint_refresh(int dev);
+
+/* Before refusing an allocation on dev: re-measures (at most every 100 ms), so memory the
+ * process gave back to the driver since is not held against it. */
+void vgpu_footprint_before_refusal(int dev);
+
+#endif

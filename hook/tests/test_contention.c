@@ -1,0 +1,155 @@
+/* test_contention.c - SM limits of containers that share one GPU, over the fake driver's
+ * time-sliced model (FAKE_GPU_SHARED: one timeline for every process; NVML's per-process
+ * samples). Each tenant is a forked child with a region (container) and an SM limit of its own,
+ * running 2 ms kernels back to back (a sync every 4 launches, as a training step does); its
+ * share is the GPU time it got over a measuring window after a settling time.
+ *
+ *   test_contention LIMIT_A LIMIT_B   two tenants; "none" = no limit. Each share must be within
+ *                                     5 points of min(its limit, what the other leaves) and the
+ *                                     GPU busy >= 95 % when both together ask for >= 100 %
+ *   test_contention graph LIMIT       one tenant replaying a CUDA graph of 10 kernels: within 5
+ *                                     points of its limit
+ * What the other leaves: a tenant limited to L takes L; an unlimited one takes the rest; two
+ * unlimited ones split the GPU. */
+#include <cuda.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "check.h"
+#include "fake_state.h"
+
+enum { BLOCKS = 2000, GRAPH_KERNELS = 10 };
+static const double settle_s = 3.0, measure_s = 3.0;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static CUgraphExec make_graph(void)
+{
+    CUgraph graph;
+    CUgraphExec exec = NULL;
+    if (cuGraphCreate(&graph, 0) != CUDA_SUCCESS)
+        return NULL;
+    CUDA_KERNEL_NODE_PARAMS params = {.gridDimX = BLOCKS, .gridDimY = 1, .gridDimZ = 1,
+                                      .blockDimX = 128, .blockDimY = 1, .blockDimZ = 1};
+    CUgraphNode previous = NULL;
+    for (int i = 0; i < GRAPH_KERNELS; i++) {
+        CUgraphNode node;
+        if (cuGraphAddKernelNode(&node, graph, previous ? &previous : NULL, previous ? 1 : 0,
+                                 &params) != CUDA_SUCCESS)
+            return NULL;
+        previous = node;
+    }
+    if (cuGraphInstantiate(&exec, graph, 0) != CUDA_SUCCESS)
+        return NULL;
+    return exec;
+}
+
+/* One tenant: its own region and limit, set before its first CUDA call (the library reads them
+ * when it attaches). Writes its GPU share (percent) over the window to fd. */
+static void tenant(int fd, const char *region, const char *limit, int graph)
+{
+    setenv("CUDA_DEVICE_MEMORY_SHARED_CACHE", region, 1);
+    if (strcmp(limit, "none") != 0)
+        setenv("CUDA_DEVICE_SM_LIMIT", limit, 1);
+    CUcontext ctx;
+    double share = -1;
+    CUgraphExec exec = NULL;
+    if (cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+        cuCtxSetCurrent(ctx) == CUDA_SUCCESS && (!graph || (exec = make_graph()) != NULL)) {
+        double start = now_s(), window = 0;
+        uint64_t busy0 = 0;
+        for (unsigned i = 0;; i++) {
+            if (graph)
+                cuGraphLaunch(exec, NULL);
+            else
+                cuLaunchKernel(NULL, BLOCKS, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+            if (graph || i % 4 == 3)
+                cuCtxSynchronize();
+            double t = now_s() - start;
+            if (window == 0 && t >= settle_s) {
+                cuCtxSynchronize();
+                window = now_s();
+                busy0 = fake_cuda_busy_ns(0);
+            }
+            if (t >= settle_s + measure_s)
+                break;
+        }
+        cuCtxSynchronize();
+        share = 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - window) * 1e9);
+    }
+    if (write(fd, &share, sizeof share) != sizeof share)
+        _exit(2);
+    _exit(0);
+}
+
+static pid_t start_tenant(int *fd, const char *dir, const char *name, const char *limit,
+                          int graph)
+{
+    int p[2];
+    if (pipe(p) != 0)
+        return -1;
+    char region[512];
+    snprintf(region, sizeof region, "%s/%s.cache", dir, name);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(p[0]);
+        tenant(p[1], region, limit, graph);
+    }
+    close(p[1]);
+    *fd = p[0];
+    return pid;
+}
+
+static double result(pid_t pid, int fd)
+{
+    double share = -1;
+    if (read(fd, &share, sizeof share) != sizeof share)
+        share = -1;
+    close(fd);
+    int status;
+    waitpid(pid, &status, 0);
+    return share;
+}
+
+static double limit_of(const char *limit) { return strcmp(limit, "none") == 0 ? 100.0 : atof(limit); }
+
+int main(int argc, char **argv)
+{
+    const char *dir = getenv("CONTENTION_DIR");
+    if (!check(argc == 3 && dir != NULL && getenv("FAKE_GPU_SHARED") != NULL,
+               "usage: CONTENTION_DIR=... FAKE_GPU_SHARED=... test_contention A B | graph L"))
+        return check_done("test_contention");
+    if (strcmp(argv[1], "graph") == 0) {
+        int fd;
+        pid_t pid = start_tenant(&fd, dir, "graph", argv[2], 1);
+        double share = result(pid, fd), limit = limit_of(argv[2]);
+        check(fabs(share - limit) <= 5.0, "a CUDA graph of %d kernels under limit %.0f%%: %.1f%%",
+              GRAPH_KERNELS, limit, share);
+        return check_done("test_contention");
+    }
+    int fa, fb;
+    pid_t a = start_tenant(&fa, dir, "a", argv[1], 0);
+    pid_t b = start_tenant(&fb, dir, "b", argv[2], 0);
+    double sa = result(a, fa), sb = result(b, fb);
+    double la = limit_of(argv[1]), lb = limit_of(argv[2]);
+    /* Unlimited tenants share what the limited ones leave. */
+    int unlimited = (la == 100.0) + (lb == 100.0);
+    double left = 100.0 - (la < 100.0 ? la : 0) - (lb < 100.0 ? lb : 0);
+    double want_a = la < 100.0 ? la : left / unlimited;
+    double want_b = lb < 100.0 ? lb : left / unlimited;
+    check(fabs(sa - want_a) <= 5.0, "tenant A (limit %s): %.1f%% of the GPU, expected %.0f%%",
+          argv[1], sa, want_a);
+    check(fabs(sb - want_b) <= 5.0, "tenant B (limit %s): %.1f%% of the GPU, expected %.0f%%",
+          argv[2], sb, want_b);
+    if (want_a + want_b >= 100.0)
+        check(sa + sb >= 95.0, "the GPU stays busy: %.1f%% together", sa + sb);
+    return check_done("test_contention");
+}

@@ -1,0 +1,367 @@
+/* test_fake_gpu.c - the fake driver's model of one GPU shared by several processes
+ * (tests/fake/fake_gpu.h), so that the SM limiter's contention cases can be tested without a GPU.
+ * run.sh runs it with FAKE_GPU_SHARED (one GPU for the parent and its children),
+ * FAKE_CUDA_CONTEXT_MIB=300 and FAKE_CUDA_LAZY_MIB=100, and no libvgpu limits:
+ *   a child alone keeps the GPU busy; two children running 2 ms kernels back to back get half
+ *   each and together keep it busy; NVML's per-process samples show both at ~50% once per
+ *   sample period (NOT_FOUND when asked again for the same period, NOT_SUPPORTED when switched
+ *   off); context and lazy-module memory show in the running processes and cuMemGetInfo; a
+ *   kill -9'd process's memory and queued work go away; a graph costs its kernel nodes' blocks. */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <nvml.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "check.h"
+#include "fake_state.h"
+
+#define MiB (UINT64_C(1) << 20)
+static const uint64_t footprint = 400 * MiB; /* context 300 MiB + lazy modules 100 MiB */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+static nvmlReturn_t (*nvml_init)(void);
+static nvmlReturn_t (*nvml_handle)(unsigned int, nvmlDevice_t *);
+static nvmlReturn_t (*nvml_proc_util)(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
+                                      unsigned int *, unsigned long long);
+static nvmlReturn_t (*nvml_rates)(nvmlDevice_t, nvmlUtilization_t *);
+static nvmlReturn_t (*nvml_running)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+static nvmlReturn_t (*nvml_memory)(nvmlDevice_t, nvmlMemory_t *);
+
+static int load_nvml(void)
+{
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (lib == NULL)
+        return 0;
+    nvml_init = (nvmlReturn_t (*)(void))dlsym(lib, "nvmlInit_v2");
+    nvml_handle = (nvmlReturn_t (*)(unsigned int, nvmlDevice_t *))dlsym(
+        lib, "nvmlDeviceGetHandleByIndex_v2");
+    nvml_proc_util = (nvmlReturn_t (*)(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
+                                       unsigned int *, unsigned long long))dlsym(
+        lib, "nvmlDeviceGetProcessUtilization");
+    nvml_rates = (nvmlReturn_t (*)(nvmlDevice_t, nvmlUtilization_t *))dlsym(
+        lib, "nvmlDeviceGetUtilizationRates");
+    nvml_running = (nvmlReturn_t (*)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *))dlsym(
+        lib, "nvmlDeviceGetComputeRunningProcesses_v3");
+    nvml_memory = (nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t *))dlsym(
+        lib, "nvmlDeviceGetMemoryInfo");
+    return nvml_init && nvml_handle && nvml_proc_util && nvml_rates && nvml_running &&
+           nvml_memory && nvml_init() == NVML_SUCCESS;
+}
+
+/* What a worker child reports through its pipe. */
+struct report {
+    uint64_t own_busy, device_busy, wall;
+    uint64_t own_bytes;           /* fake_cuda_device_used after its first launch */
+    size_t free_b, total_b;       /* cuMemGetInfo then */
+    int fine;
+};
+
+static void cuda_start(void)
+{
+    CUcontext ctx;
+    cuInit(0);
+    cuDevicePrimaryCtxRetain(&ctx, 0);
+    cuCtxSetCurrent(ctx);
+}
+
+/* 2 ms kernels back to back, a sync every 4, for `seconds` after the byte on go_fd. */
+static int worker(double seconds, int go_fd, int out_fd)
+{
+    struct report r = {.fine = 1};
+    cuda_start();
+    r.fine &= cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS;
+    r.fine &= cuCtxSynchronize() == CUDA_SUCCESS;
+    r.own_bytes = fake_cuda_device_used(0);
+    r.fine &= cuMemGetInfo_v2(&r.free_b, &r.total_b) == CUDA_SUCCESS;
+    char byte;
+    if (go_fd >= 0 && read(go_fd, &byte, 1) != 1)
+        return 2;
+    uint64_t own0 = fake_cuda_busy_ns(0), dev0 = fake_cuda_device_busy_ns(0), t0 = now_ns();
+    uint64_t until = t0 + (uint64_t)(seconds * 1e9);
+    for (unsigned i = 0; now_ns() < until; i++) {
+        r.fine &= cuLaunchKernel(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS;
+        if (i % 4 == 3)
+            cuCtxSynchronize();
+    }
+    cuCtxSynchronize();
+    r.wall = now_ns() - t0;
+    r.own_busy = fake_cuda_busy_ns(0) - own0;
+    r.device_busy = fake_cuda_device_busy_ns(0) - dev0;
+    return write(out_fd, &r, sizeof r) == (ssize_t)sizeof r ? 0 : 2;
+}
+
+static pid_t spawn_worker(double seconds, int go_fd, int out[2])
+{
+    if (pipe(out) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(worker(seconds, go_fd, out[1]));
+    close(out[1]);
+    return pid;
+}
+
+static int collect(pid_t pid, int fd, struct report *r)
+{
+    int status;
+    int got = read(fd, r, sizeof *r) == (ssize_t)sizeof *r;
+    close(fd);
+    return waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+           got && r->fine;
+}
+
+static double pct(uint64_t part, uint64_t whole) { return 100.0 * (double)part / (double)whole; }
+
+static void alone(void)
+{
+    int out[2];
+    pid_t pid = spawn_worker(0.6, -1, out);
+    struct report r;
+    if (!check(pid > 0 && collect(pid, out[0], &r), "a worker alone ran"))
+        return;
+    check(pct(r.own_busy, r.wall) >= 95.0, "alone it gets %.1f%% of the GPU",
+          pct(r.own_busy, r.wall));
+    check(r.own_bytes == footprint, "its context and lazy modules hold %llu MiB",
+          (unsigned long long)(r.own_bytes / MiB));
+    check(r.total_b == fake_cuda_device_total(0) && r.total_b - r.free_b == footprint,
+          "cuMemGetInfo: free = total - %llu MiB", (unsigned long long)((r.total_b - r.free_b) / MiB));
+}
+
+/* NVML while two workers share the GPU (called mid-run). */
+static void nvml_views(nvmlDevice_t dev, const pid_t kids[2])
+{
+    nvmlProcessUtilizationSample_t s[8];
+    unsigned int count = 0;
+    /* (each call before its check: argument evaluation order is unspecified) */
+    nvmlReturn_t rc = nvml_proc_util(dev, NULL, &count, 0);
+    check(rc == NVML_ERROR_INSUFFICIENT_SIZE && count == 2,
+          "process utilisation: NULL buffer -> INSUFFICIENT_SIZE, %u samples needed", count);
+    count = 1;
+    check(nvml_proc_util(dev, s, &count, 0) == NVML_ERROR_INSUFFICIENT_SIZE && count == 2,
+          "a buffer of 1 -> INSUFFICIENT_SIZE with the count");
+    nvmlReturn_t again = NVML_SUCCESS;
+    unsigned long long stamp = 0;
+    for (int attempt = 0; attempt < 3 && again != NVML_ERROR_NOT_FOUND; attempt++) {
+        count = 8;
+        if (nvml_proc_util(dev, s, &count, 0) != NVML_SUCCESS)
+            break;
+        stamp = s[0].timeStamp;
+        unsigned int count2 = 8;
+        nvmlProcessUtilizationSample_t s2[8];
+        again = nvml_proc_util(dev, s2, &count2, stamp); /* a period may end in between: retry */
+    }
+    int seen = 0;
+    for (unsigned int i = 0; i < count && i < 8; i++)
+        for (int k = 0; k < 2; k++)
+            if (s[i].pid == (unsigned int)kids[k] && s[i].smUtil >= 40 && s[i].smUtil <= 60 &&
+                s[i].timeStamp == stamp)
+                seen |= 1 << k;
+    check(count == 2 && seen == 3, "one sample per worker, smUtil %u and %u (near 50)",
+          s[0].smUtil, count > 1 ? s[1].smUtil : 0);
+    struct timespec real;
+    clock_gettime(CLOCK_REALTIME, &real);
+    uint64_t real_us = (uint64_t)real.tv_sec * 1000000u + (uint64_t)real.tv_nsec / 1000;
+    check(stamp <= real_us && real_us - stamp < 200000,
+          "stamped with the period's end in CLOCK_REALTIME us (%llu us ago)",
+          (unsigned long long)(real_us - stamp));
+    check(again == NVML_ERROR_NOT_FOUND, "asked again with that timestamp: NOT_FOUND");
+    setenv("FAKE_NVML_NO_PROCESS_UTIL", "1", 1);
+    count = 8;
+    check(nvml_proc_util(dev, s, &count, 0) == NVML_ERROR_NOT_SUPPORTED,
+          "FAKE_NVML_NO_PROCESS_UTIL=1: NOT_SUPPORTED");
+    unsetenv("FAKE_NVML_NO_PROCESS_UTIL");
+    nvmlUtilization_t rates = {0};
+    rc = nvml_rates(dev, &rates);
+    check(rc == NVML_SUCCESS && rates.gpu >= 95,
+          "device utilisation %u%%", rates.gpu);
+
+    nvmlProcessInfo_t infos[8];
+    count = 1;
+    check(nvml_running(dev, &count, infos) == NVML_ERROR_INSUFFICIENT_SIZE && count == 2,
+          "running processes: a buffer of 1 -> INSUFFICIENT_SIZE, 2");
+    count = 8;
+    seen = 0;
+    if (nvml_running(dev, &count, infos) == NVML_SUCCESS)
+        for (unsigned int i = 0; i < count; i++)
+            for (int k = 0; k < 2; k++)
+                if (infos[i].pid == (unsigned int)kids[k] && infos[i].usedGpuMemory == footprint)
+                    seen |= 1 << k;
+    check(count == 2 && seen == 3, "both workers listed with their 400 MiB of context + modules");
+    nvmlMemory_t mem = {0};
+    rc = nvml_memory(dev, &mem);
+    check(rc == NVML_SUCCESS && mem.used == 2 * footprint + 5 * MiB,
+          "nvmlDeviceGetMemoryInfo used = both footprints + 5 MiB reserved (%llu MiB)",
+          mem.used / MiB);
+}
+
+static void shared(nvmlDevice_t dev)
+{
+    int go[2], out[2][2];
+    pid_t kids[2];
+    if (!check(pipe(go) == 0, "pipe"))
+        return;
+    for (int k = 0; k < 2; k++)
+        kids[k] = spawn_worker(1.5, go[0], out[k]);
+    close(go[0]);
+    sleep_ms(50); /* both have their context */
+    if (write(go[1], "gg", 2) != 2)
+        check(0, "start the workers");
+    close(go[1]);
+    sleep_ms(700);
+    nvml_views(dev, kids);
+    struct report r[2];
+    for (int k = 0; k < 2; k++) {
+        if (!check(kids[k] > 0 && collect(kids[k], out[k][0], &r[k]), "worker %d ran", k))
+            return;
+        check(fabs(pct(r[k].own_busy, r[k].wall) - 50.0) <= 5.0, "worker %d got %.1f%% of the GPU",
+              k, pct(r[k].own_busy, r[k].wall));
+        check(pct(r[k].device_busy, r[k].wall) >= 95.0, "the GPU was %.1f%% busy meanwhile",
+              pct(r[k].device_busy, r[k].wall));
+    }
+}
+
+/* A process holding memory and queued work is kill -9'd: both go away. */
+static void killed(nvmlDevice_t dev)
+{
+    int ready[2];
+    if (!check(pipe(ready) == 0, "pipe"))
+        return;
+    pid_t victim = fork();
+    if (victim == 0) {
+        cuda_start();
+        CUdeviceptr p;
+        int fine = cuMemAlloc_v2(&p, 1024 * MiB) == CUDA_SUCCESS;
+        for (int i = 0; i < 50; i++) /* 100 ms of work: it cannot have run by the kill */
+            fine &= cuLaunchKernel(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL) == 0;
+        if (write(ready[1], fine ? "y" : "n", 1) != 1)
+            _exit(2);
+        pause();
+        _exit(0);
+    }
+    close(ready[1]);
+    char byte = 'n';
+    check(read(ready[0], &byte, 1) == 1 && byte == 'y', "the victim holds 1 GiB and 100 ms of work");
+    close(ready[0]);
+    nvmlProcessInfo_t infos[8];
+    unsigned int count = 8;
+    check(nvml_running(dev, &count, infos) == NVML_SUCCESS && count == 1 &&
+          infos[0].pid == (unsigned int)victim && infos[0].usedGpuMemory == 1024 * MiB + footprint,
+          "NVML lists it with 1424 MiB");
+    check(fake_cuda_pending_ns(0, victim) > 0, "its work is queued");
+    kill(victim, SIGKILL);
+    waitpid(victim, NULL, 0);
+    sleep_ms(20); /* the sweep for dead processes runs at most every 10 ms */
+    uint64_t busy0 = fake_cuda_device_busy_ns(0);
+    count = 8;
+    check(nvml_running(dev, &count, infos) == NVML_SUCCESS && count == 0 &&
+          fake_cuda_device_physical_used(0) == 0, "after kill -9 its memory is gone");
+    sleep_ms(30);
+    check(fake_cuda_pending_ns(0, victim) == 0 && fake_cuda_device_busy_ns(0) == busy0,
+          "and so is its work: the GPU is idle");
+}
+
+/* Contexts and graphs in this process. */
+static void graphs_and_contexts(void)
+{
+    cuda_start();
+    check(fake_cuda_device_used(0) == 300 * MiB, "a primary context costs 300 MiB");
+    CUcontext created, cur;
+    check(cuCtxCreate_v2(&created, 0, 0) == CUDA_SUCCESS && cuCtxGetCurrent(&cur) == 0 &&
+          cur == created && fake_cuda_device_used(0) == 300 * MiB,
+          "cuCtxCreate makes its context current; the process's context memory is charged once");
+    check(cuCtxDestroy_v2(created) == CUDA_SUCCESS && cuCtxGetCurrent(&cur) == 0 && cur == NULL,
+          "cuCtxDestroy");
+    cuda_start(); /* retained twice now */
+
+    CUgraph g, child;
+    CUgraphNode n1, n2, n3, nc;
+    CUDA_KERNEL_NODE_PARAMS k1 = {.gridDimX = 1000, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 1,
+                                  .blockDimY = 1, .blockDimZ = 1};
+    CUDA_KERNEL_NODE_PARAMS k2 = k1, k3 = k1;
+    k2.gridDimX = 2, k2.gridDimY = 3, k2.gridDimZ = 100; /* 600 */
+    k3.gridDimX = 400;
+    int fine = cuGraphCreate(&g, 0) == 0 && cuGraphCreate(&child, 0) == 0;
+    fine &= cuGraphAddKernelNode_v2(&n1, g, NULL, 0, &k1) == 0;
+    fine &= cuGraphAddKernelNode_v2(&n2, g, &n1, 1, &k2) == 0;
+    fine &= cuGraphAddKernelNode_v2(&n3, child, NULL, 0, &k3) == 0;
+    fine &= cuGraphAddChildGraphNode(&nc, g, &n2, 1, child) == 0;
+    check(fine, "a graph of two kernel nodes and a child graph of one");
+    CUgraphNode nodes[4];
+    size_t count = 0;
+    CUgraphNodeType type;
+    CUgraph embedded = NULL;
+    CUDA_KERNEL_NODE_PARAMS got;
+    check(cuGraphGetNodes(g, NULL, &count) == 0 && count == 3, "cuGraphGetNodes counts 3");
+    count = 4;
+    check(cuGraphGetNodes(g, nodes, &count) == 0 && count == 3 && nodes[3] == NULL &&
+          cuGraphNodeGetType(nodes[2], &type) == 0 && type == CU_GRAPH_NODE_TYPE_GRAPH &&
+          cuGraphChildGraphNodeGetGraph(nodes[2], &embedded) == 0 && embedded != child,
+          "the child graph node holds a copy of the child graph");
+    count = 1;
+    check(cuGraphGetNodes(embedded, nodes, &count) == 0 && count == 1 &&
+          cuGraphNodeGetType(nodes[0], &type) == 0 && type == CU_GRAPH_NODE_TYPE_KERNEL &&
+          cuGraphKernelNodeGetParams_v2(nodes[0], &got) == 0 && got.gridDimX == 400,
+          "its kernel node keeps gridDim");
+    CUgraphExec exec;
+    check(cuGraphInstantiateWithFlags(&exec, g, 0) == 0 &&
+          fake_cuda_graph_exec_blocks(exec) == 2000, "the executable graph costs 2000 blocks");
+    uint64_t before = fake_cuda_busy_ns(0), lazy0 = fake_cuda_device_used(0);
+    uint64_t launches = fake_cuda_stats.launches[FAKE_GRAPH];
+    fine = cuGraphLaunch(exec, NULL) == 0 && cuCtxSynchronize() == 0;
+    uint64_t ran = fake_cuda_busy_ns(0) - before;
+    check(fine && ran == 2000 * 1000 && fake_cuda_stats.launches[FAKE_GRAPH] == launches + 1,
+          "cuGraphLaunch runs 2 ms of work (%llu ns)", (unsigned long long)ran);
+    check(lazy0 == 300 * MiB && fake_cuda_device_used(0) == footprint,
+          "the first launch loads the modules lazily: +100 MiB");
+    check(cuGraphLaunch((CUgraphExec)&count, NULL) == CUDA_ERROR_INVALID_VALUE,
+          "an unknown executable graph is refused");
+    check(fake_cuda_graph_exec_blocks(NULL) == 100, "a NULL one still costs 100 blocks");
+    CUgraph small;
+    CUgraphNode ns;
+    CUgraphExecUpdateResultInfo info;
+    CUDA_GRAPH_INSTANTIATE_PARAMS ip = {0};
+    CUgraphExec exec2;
+    check(cuGraphCreate(&small, 0) == 0 && cuGraphAddKernelNode_v2(&ns, small, NULL, 0, &k3) == 0 &&
+          cuGraphExecUpdate_v2(exec, small, &info) == 0 &&
+          info.result == CU_GRAPH_EXEC_UPDATE_SUCCESS && fake_cuda_graph_exec_blocks(exec) == 400,
+          "cuGraphExecUpdate: the executable takes the new graph's 400 blocks");
+    check(cuGraphInstantiateWithParams(&exec2, g, &ip) == 0 &&
+          ip.result_out == CUDA_GRAPH_INSTANTIATE_SUCCESS &&
+          fake_cuda_graph_exec_blocks(exec2) == 2000, "cuGraphInstantiateWithParams");
+    check(cuGraphExecDestroy(exec) == 0 && cuGraphExecDestroy(exec2) == 0 &&
+          cuGraphDestroy(g) == 0 && cuGraphDestroy(child) == 0 && cuGraphDestroy(small) == 0 &&
+          cuGraphExecDestroy(exec) == CUDA_ERROR_INVALID_VALUE, "graphs destroyed");
+    check(cuDevicePrimaryCtxRelease_v2(0) == 0 && fake_cuda_device_used(0) == footprint &&
+          cuDevicePrimaryCtxRelease_v2(0) == 0 && fake_cuda_device_used(0) == 0 &&
+          cuDevicePrimaryCtxRelease_v2(0) == CUDA_ERROR_INVALID_CONTEXT,
+          "releasing the last context frees its context and module memory");
+}
+
+int main(void)
+{
+    const char *shared_path = getenv("FAKE_GPU_SHARED");
+    if (!check(shared_path != NULL && load_nvml(), "FAKE_GPU_SHARED is set and NVML loads"))
+        return check_done("test_fake_gpu");
+    nvmlDevice_t dev;
+    check(nvml_handle(0, &dev) == NVML_SUCCESS, "NVML device 0");
+    alone();
+    shared(dev);
+    killed(dev);
+    graphs_and_contexts();
+    return check_done("test_fake_gpu");
+}

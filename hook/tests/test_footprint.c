@@ -1,0 +1,172 @@
+/* test_footprint.c - context and driver memory counted against the cap (cap 1 GiB). The fake
+ * driver gives each process's first context FAKE_CUDA_CONTEXT_MIB=300 and loads modules worth
+ * FAKE_CUDA_LAZY_MIB=100 at its first kernel launch, and NVML lists what each process holds
+ * (FAKE_NVML_PID_OFFSET: under other pids, as the host's namespace names a container's
+ * processes). What NVML shows for the container must stay within the cap, except for memory
+ * the driver takes after the fact (lazy loading), which is then counted and refused against. */
+#include <cuda.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "check.h"
+#include "fake_state.h"
+#include "vgpu_region.h"
+
+static const uint64_t MiB = UINT64_C(1) << 20;
+static const struct vgpu_region *region;
+
+static int open_region(void)
+{
+    int fd = open(getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE"), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    void *m = mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return 0;
+    region = m;
+    return region->header.magic == VGPU_REGION_MAGIC;
+}
+
+static uint64_t used(void) { return __atomic_load_n(&region->devices[0].used_bytes, __ATOMIC_ACQUIRE); }
+
+static int slot_of(pid_t pid)
+{
+    for (uint32_t i = 0; i < region->header.slot_high_water; i++)
+        if (region->slots[i].pid == pid)
+            return (int)i;
+    return -1;
+}
+
+static uint64_t free_reported(void)
+{
+    size_t free_bytes = 0, total = 0;
+    cuMemGetInfo(&free_bytes, &total);
+    return free_bytes;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* A second process of the container: makes its context and reports how it went (0 made, 3
+ * refused with CUDA_ERROR_OUT_OF_MEMORY, 4 other error), then holds on until killed. */
+static pid_t second_process(int *ready_fd)
+{
+    int p[2];
+    if (pipe(p) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(p[0]);
+        CUcontext ctx;
+        CUresult rc = cuDevicePrimaryCtxRetain(&ctx, 0);
+        char c = rc == CUDA_SUCCESS ? 0 : rc == CUDA_ERROR_OUT_OF_MEMORY ? 3 : 4;
+        if (write(p[1], &c, 1) != 1)
+            _exit(5);
+        for (;;)
+            pause();
+    }
+    close(p[1]);
+    *ready_fd = p[0];
+    return pid;
+}
+
+static void stop(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+static int outcome(int fd)
+{
+    char c = 9;
+    if (read(fd, &c, 1) != 1)
+        c = 9;
+    close(fd);
+    return c;
+}
+
+int main(void)
+{
+    const uint64_t context = 300 * MiB, lazy = 100 * MiB, cap = 1024 * MiB;
+    CUcontext ctx;
+    check(cuInit(0) == CUDA_SUCCESS, "cuInit");
+    check(cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == 0,
+          "the first context fits under the cap");
+    if (!check(open_region(), "region readable"))
+        return check_done("test_footprint");
+    int self = slot_of(getpid());
+    int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET") ? getenv("FAKE_NVML_PID_OFFSET") : "0");
+    check(self >= 0 && region->slots[self].host_pid == getpid() + offset,
+          "the host pid NVML knows this process by was learnt: %d (pid %d)",
+          self >= 0 ? region->slots[self].host_pid : -1, (int)getpid());
+    check(used() == context, "the context's %llu MiB are counted: the region shows %llu MiB",
+          (unsigned long long)(context / MiB), (unsigned long long)(used() / MiB));
+    check(region->devices[0].context_bytes == context && region->slots[self].context_bytes == context,
+          "the region shows the counted context memory (device %llu MiB, process %llu MiB)",
+          (unsigned long long)(region->devices[0].context_bytes / MiB),
+          (unsigned long long)(region->slots[self].context_bytes / MiB));
+    check(free_reported() == cap - context, "cuMemGetInfo: %llu MiB free of the 1024 MiB cap",
+          (unsigned long long)(free_reported() / MiB));
+
+    CUdeviceptr big = 0, more = 0;
+    check(cuMemAlloc(&big, 700 * MiB) == CUDA_SUCCESS, "700 MiB of allocations fit beside it");
+    check(cuMemAlloc(&more, 30 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
+          "30 MiB more is refused: 300 + 700 + 30 MiB would pass the cap");
+    check(fake_cuda_device_used(0) <= cap, "what the driver holds for the process: %llu MiB",
+          (unsigned long long)(fake_cuda_device_used(0) / MiB));
+
+    /* The first launch loads modules: memory the driver takes without asking. */
+    cuLaunchKernel(NULL, 10, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+    cuCtxSynchronize();
+    sleep_s(1.1);
+    check(cuMemAlloc(&more, 1 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
+          "after the lazy load (%llu MiB held), 1 MiB more is refused",
+          (unsigned long long)(fake_cuda_device_used(0) / MiB));
+    check(used() == context + lazy + 700 * MiB, "the region counts the loaded modules: %llu MiB",
+          (unsigned long long)(used() / MiB));
+    check(free_reported() == 0, "cuMemGetInfo: nothing free");
+    check(cuMemFree(big) == CUDA_SUCCESS && cuMemAlloc(&big, 500 * MiB) == CUDA_SUCCESS,
+          "after a free, 500 MiB fit again (300 + 100 + 500 MiB)");
+
+    /* A second process: the container's measured context size is reserved before the driver
+     * makes its context, so one that cannot fit is never made. */
+    int fd;
+    pid_t second = second_process(&fd);
+    check(outcome(fd) == 3, "a second process's context (300 MiB, the container's first) does "
+          "not fit beside 900 MiB: CUDA_ERROR_OUT_OF_MEMORY");
+    check(used() == context + lazy + 500 * MiB, "nothing of the refused context stays counted "
+          "(%llu MiB)", (unsigned long long)(used() / MiB));
+    check(fake_cuda_device_physical_used(0) == context + lazy + 500 * MiB,
+          "while the refused process lives, the GPU holds %llu MiB for the container: its "
+          "context was never made", (unsigned long long)(fake_cuda_device_physical_used(0) / MiB));
+    stop(second);
+    check(cuMemFree(big) == CUDA_SUCCESS, "free the 500 MiB");
+    second = second_process(&fd);
+    check(outcome(fd) == 0, "with room, the second process makes its context");
+    check(used() == 2 * context + lazy, "both contexts counted: %llu MiB",
+          (unsigned long long)(used() / MiB));
+    int other = slot_of(second);
+    check(other >= 0 && region->slots[other].host_pid == second + offset,
+          "the second process learnt its host pid too (%d)",
+          other >= 0 ? region->slots[other].host_pid : -1);
+    stop(second);
+    check(cuMemAlloc(&big, 600 * MiB) == CUDA_SUCCESS,
+          "after kill -9 of the second process, its context memory is back (600 MiB fit)");
+    check(used() == context + lazy + 600 * MiB, "the region: %llu MiB",
+          (unsigned long long)(used() / MiB));
+    cuMemFree(big);
+    CUresult released = cuDevicePrimaryCtxRelease(0);
+    check(released == CUDA_SUCCESS && used() == 0,
+          "releasing the last context gives its memory back (%llu MiB counted)",
+          (unsigned long long)(used() / MiB));
+    return check_done("test_footprint");
+}
