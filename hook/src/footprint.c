@@ -16,6 +16,7 @@
 #include "nvml.h"
 #include "region.h"
 #include "throttle.h"
+#include "util.h"
 
 enum {
     REFRESH_NS = 1000 * 1000 * 1000,        /* re-measure at most once a second per device */
@@ -33,13 +34,6 @@ static int has_context[VGPU_REGION_MAX_DEVICES];      /* atomic: a context made 
 static uint64_t measured_at[VGPU_REGION_MAX_DEVICES]; /* atomic: CLOCK_MONOTONIC ns */
 static __thread int inside;
 static int unmeasured_warned;
-
-static uint64_t monotonic_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static void reset(void)
 {
@@ -63,13 +57,11 @@ static int capped(int dev)
     return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES && vgpu_region_limit(dev) != 0;
 }
 
-static uint64_t get(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-
 static uint64_t counted_everywhere(void)
 {
     uint64_t sum = 0;
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
-        sum += get(&counted[d]);
+        sum += load64(&counted[d]);
     return sum;
 }
 
@@ -140,7 +132,7 @@ static int64_t measure(int dev, int tries)
  * already; further allocations are refused), shrinking gives back. Caller holds locks[dev]. */
 static void settle_to(int dev, uint64_t now_bytes)
 {
-    uint64_t before = get(&counted[dev]);
+    uint64_t before = load64(&counted[dev]);
     if (now_bytes > before && vgpu_region_charge(dev, now_bytes - before) != 0)
         return;
     if (now_bytes < before)
@@ -155,15 +147,7 @@ static void warn_unmeasured(int dev)
         vgpu_log(VGPU_LOG_WARN, "device %d: the memory of this process's CUDA context could not "
                  "be measured through NVML yet (its host pid unknown, or NVML cannot say); %llu "
                  "bytes are counted for it until it can", dev,
-                 (unsigned long long)get(&counted[dev]));
-}
-
-/* Reserves bytes under the cap, reaping dead processes of the container once if needed. */
-static int reserve(int dev, uint64_t bytes)
-{
-    if (vgpu_region_reserve(dev, bytes) == 0)
-        return 0;
-    return vgpu_region_reap_dead() > 0 && vgpu_region_reserve(dev, bytes) == 0 ? 0 : -1;
+                 (unsigned long long)load64(&counted[dev]));
 }
 
 int vgpu_footprint_before_context(int dev, int primary, struct vgpu_context_probe *p)
@@ -196,13 +180,10 @@ int vgpu_footprint_before_context(int dev, int primary, struct vgpu_context_prob
     }
     /* The first context on dev: reserve what the container's first context took last time, so
      * a context that cannot fit is refused before the driver makes it. */
-    if (p->ledger && p->first && get(&counted[dev]) == 0) {
+    if (p->ledger && p->first && load64(&counted[dev]) == 0) {
         uint64_t estimate = vgpu_region_context_estimate(dev);
-        if (estimate != 0 && reserve(dev, estimate) != 0) {
-            vgpu_log(VGPU_LOG_ERROR, "device %d out of memory: a CUDA context takes about %llu "
-                     "bytes, %llu of %llu in use by the container", dev,
-                     (unsigned long long)estimate, (unsigned long long)vgpu_region_used(dev),
-                     (unsigned long long)vgpu_region_limit(dev));
+        /* Refused like an allocation: reaped dead processes first, logged, counted. */
+        if (estimate != 0 && vgpu_mem_reserve(dev, estimate, "a new CUDA context") != 0) {
             vgpu_footprint_after_context(p, 0);
             return -1;
         }
@@ -222,19 +203,14 @@ static int charge_context(struct vgpu_context_probe *p)
         return 0; /* the estimate stays counted; refresh() tries again */
     }
     __atomic_store_n(&measured_at[dev], monotonic_ns(), __ATOMIC_RELAXED);
-    uint64_t before = get(&counted[dev]);
+    uint64_t before = load64(&counted[dev]);
     if ((uint64_t)held > before) {
         /* Only a new context may be refused; a retain makes nothing, so growth found then
          * (modules loaded since) is charged like any refresh. */
         if (!p->first)
             vgpu_region_charge(dev, (uint64_t)held - before);
-        else if (reserve(dev, (uint64_t)held - before) != 0) {
-            vgpu_log(VGPU_LOG_ERROR, "device %d out of memory: this CUDA context holds %llu bytes "
-                     "beyond allocations, %llu of %llu in use by the container", dev,
-                     (unsigned long long)held, (unsigned long long)vgpu_region_used(dev),
-                     (unsigned long long)vgpu_region_limit(dev));
+        else if (vgpu_mem_reserve(dev, (uint64_t)held - before, "a new CUDA context") != 0)
             return -1;
-        }
     } else if ((uint64_t)held < before) {
         vgpu_region_release(dev, before - (uint64_t)held);
     }
@@ -282,7 +258,7 @@ static void refresh(int dev, uint64_t period_ns)
         return;
     __atomic_store_n(&measured_at[dev], now, __ATOMIC_RELAXED);
     int64_t held = measure(dev, 1);
-    int64_t was = (int64_t)get(&counted[dev]);
+    int64_t was = (int64_t)load64(&counted[dev]);
     if (held == HELD_NOT_LISTED)
         settle_to(dev, 0);
     else if (held >= 0 && (held > was + HYSTERESIS || held + HYSTERESIS < was))

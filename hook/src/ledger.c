@@ -33,12 +33,7 @@ static void cpu_relax(void)
 #endif
 }
 
-static uint64_t monotonic_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
+static uint64_t monotonic_ms(void) { return monotonic_ns() / 1000000u; }
 
 /* The holder's slot byte is locked by a live process (a thread of ours holds it as l->self). */
 static int holder_alive(const struct vgpu_ledger *l, uint32_t holder)

@@ -11,7 +11,6 @@
 #include "footprint.h"
 #include "log.h"
 #include "region.h"
-#include "vgpu_region.h"
 
 enum { SHARDS = 64, INITIAL_BUCKETS = 64 };
 

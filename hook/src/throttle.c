@@ -9,6 +9,7 @@
 #include "log.h"
 #include "nvml.h"
 #include "region.h"
+#include "util.h"
 
 enum {
     TICK_NS = 10 * 1000 * 1000,      /* refill period */
@@ -35,13 +36,6 @@ static int watcher_running; /* atomic; reset in a forked child (threads do not s
 static pthread_mutex_t watcher_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const int64_t uncalibrated_credit = INT64_C(1) << 60;
-
-static uint64_t monotonic_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* Adds rate * seconds tokens, keeping the fraction for the next tick: at a low rate (a CUDA
  * graph is many blocks) rounding each tick would add nothing at all. */

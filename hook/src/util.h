@@ -1,5 +1,5 @@
-/* util.h - small helpers shared by the region modules: acquire/release loads and stores of the
- * region's 64-bit words, and the wall clock in nanoseconds. */
+/* util.h - small helpers shared by the library's modules: acquire/release loads and stores of
+ * 64-bit words, and the wall and monotonic clocks in nanoseconds. */
 #ifndef VGPU_UTIL_H
 #define VGPU_UTIL_H
 
@@ -13,6 +13,13 @@ static inline uint64_t unix_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 

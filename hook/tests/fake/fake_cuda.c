@@ -856,36 +856,43 @@ EXPORT CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count
     return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type)
+/* A copy of node if it is one of ours and of the given type (any type: -1); 0, or -1. */
+static int read_node(CUgraphNode node, int type, struct fake_node *out)
 {
     pthread_mutex_lock(&graph_lock);
-    int known = type != NULL && node_known((struct fake_node *)node);
+    const struct fake_node *n = (const struct fake_node *)node;
+    int known = node_known(n) && (type < 0 || (int)n->type == type);
     if (known)
-        *type = ((struct fake_node *)node)->type;
+        *out = *n;
     pthread_mutex_unlock(&graph_lock);
-    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return known ? 0 : -1;
+}
+
+EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type)
+{
+    struct fake_node n;
+    if (type == NULL || read_node(node, -1, &n) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *type = n.type;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS *params)
 {
-    pthread_mutex_lock(&graph_lock);
-    struct fake_node *n = (struct fake_node *)node;
-    int known = params != NULL && node_known(n) && n->type == CU_GRAPH_NODE_TYPE_KERNEL;
-    if (known)
-        *params = n->params;
-    pthread_mutex_unlock(&graph_lock);
-    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    struct fake_node n;
+    if (params == NULL || read_node(node, CU_GRAPH_NODE_TYPE_KERNEL, &n) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *params = n.params;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph)
 {
-    pthread_mutex_lock(&graph_lock);
-    struct fake_node *n = (struct fake_node *)node;
-    int known = graph != NULL && node_known(n) && n->type == CU_GRAPH_NODE_TYPE_GRAPH;
-    if (known)
-        *graph = (CUgraph)n->child;
-    pthread_mutex_unlock(&graph_lock);
-    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    struct fake_node n;
+    if (graph == NULL || read_node(node, CU_GRAPH_NODE_TYPE_GRAPH, &n) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *graph = (CUgraph)n.child;
+    return CUDA_SUCCESS;
 }
 
 static CUresult instantiate(CUgraphExec *out, CUgraph graph)
