@@ -33,6 +33,10 @@ from vgpu_deviceplugin.config import ResourceNames, Settings
 LIBVGPU_CONTAINER_PATH = "/usr/local/vgpu/libvgpu.so"
 PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
 CACHE_CONTAINER_DIR = "/tmp/vgpu"
+# Our libvgpu.so's settings file (hook/src/settings.h): mounted read-only, it replaces the
+# environment, which any process of the container can change or drop (env -i, the pod's own env).
+SETTINGS_CONTAINER_PATH = "/usr/local/vgpu/vgpu.env"
+SETTINGS_FILE_NAME = "vgpu.env"
 DISABLE_CONTROL_ENV = "CUDA_DISABLE_CONTROL"
 # Not mounted: upstream's node lock dir /tmp/vgpulock (HAMi-core's cross-container lock file).
 # Our libvgpu.so never opens it, and a 1777 host directory shared by every vGPU container of
@@ -90,6 +94,8 @@ class Plan:
     mounts: tuple[Mount, ...]
     cache_dir: str  # host directory of the container's region (the monitor reads it)
     cache_file: str  # host region file to create before answering: the one thing mounted writable
+    settings_file: str  # host settings file to write before answering (mounted read-only)
+    settings_text: str  # its content: the hook's variables of `envs`
     devices_to_allocate: str | None  # new annotation value; None: unchanged (init call)
     done: bool  # no call left: patch bind-phase success and release the node lock
     device_specs: tuple[str, ...] = ()  # device nodes to pass (--pass-device-specs), host = container
@@ -221,8 +227,10 @@ def plan(
     # the host (the plugin creates this one before answering; its size is kept to the region's
     # by the cleanup loop), and CUDA_DEVICE_MEMORY_SHARED_CACHE names the same path inside.
     cache_file = f"{cache_dir}/{cache_id}.cache"
+    settings_file = f"{cache_dir}/{SETTINGS_FILE_NAME}"
     mounts = [
         Mount(LIBVGPU_CONTAINER_PATH, f"{hook_path}/libvgpu.so", True),
+        Mount(SETTINGS_CONTAINER_PATH, settings_file, True),
         Mount(envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"], cache_file, False),
     ]
     if not any(e.get("name") == DISABLE_CONTROL_ENV for e in container.get("env") or []):
@@ -238,7 +246,18 @@ def plan(
                             "annotations": {**pod["metadata"]["annotations"],
                                             ann.DEVICES_TO_ALLOCATE: new_value}}
         done = not pending_calls(rest, settings.names, 0)
-    return Plan(ref, call, envs, tuple(mounts), cache_dir, cache_file, new_value, done)
+    return Plan(ref, call, envs, tuple(mounts), cache_dir, cache_file, settings_file,
+                settings_text(envs, ref, call.container), new_value, done)
+
+
+def settings_text(envs: Mapping[str, str], ref: PodRef, container: str) -> str:
+    """The settings file: the variables of `envs` libvgpu.so reads, one NAME=VALUE per line (the
+    same values as the environment, so the two agree wherever the environment is intact)."""
+    lines = [f"# vgpu-device-plugin: pod {ref} container {container}; read by libvgpu.so, which "
+             "ignores the environment's limits while this file is there"]
+    lines += [f"{name}={value}" for name, value in envs.items() if name in HOOK_SETTINGS
+              or name.startswith(("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_"))]
+    return "\n".join(lines) + "\n"
 
 
 def _no_limit_problem(dev: ann.ContainerDevice) -> str:
@@ -260,6 +279,11 @@ def _container(pod: Pod, call: Call) -> Mapping[str, Any]:
         if c.get("name") == call.container:
             return dict(c)
     return {}
+
+
+# What libvgpu.so reads (hook/README.md), besides the per-device CUDA_DEVICE_*_LIMIT_<i>.
+HOOK_SETTINGS = frozenset({"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT",
+                           "CUDA_DEVICE_MEMORY_SHARED_CACHE", "GPU_CORE_UTILIZATION_POLICY"})
 
 
 def hami_core_env(

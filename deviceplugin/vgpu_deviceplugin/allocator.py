@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 # know: world-writable, in a directory only the plugin writes (and never mounted).
 REGION_FILE_MODE = 0o666
 REGION_DIR_MODE = 0o755
+SETTINGS_FILE_MODE = 0o644
 
 
 class Allocator:
@@ -97,9 +98,11 @@ class Allocator:
             specs = allocate.device_specs([gpus[d.uuid].minor for d in call.devices], os.path.exists)
             result = dataclasses.replace(result, device_specs=specs)
         try:
+            write_settings_file(result.settings_file, result.settings_text)
             make_region_file(result.cache_file)
         except OSError as exc:
-            raise AllocateError(f"pod {ref}: cannot create {result.cache_file}: {exc}", ref) from exc
+            raise AllocateError(f"pod {ref}: cannot create {exc.filename or result.cache_dir}: "
+                                f"{exc.strerror or exc}", ref) from exc
         if call.is_init:
             state.init_served[ref.uid] = state.init_served.get(ref.uid, 0) + 1
         else:
@@ -136,6 +139,22 @@ class Allocator:
             await self._kube.patch_node(node, allocate.release_lock_patch())
         except KubeError as exc:
             log.error("cannot release the node lock on %s: %s", node, exc)
+
+
+def write_settings_file(path: str, text: str) -> None:
+    """The container's settings file, replaced whole (a temporary file renamed over it, so a
+    reader sees the old or the new one, never half), 0644: libvgpu.so refuses one that group or
+    others could write."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    os.chmod(directory, REGION_DIR_MODE)
+    temporary = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
+                 SETTINGS_FILE_MODE)
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(fd, SETTINGS_FILE_MODE)  # the umask narrowed the mode given to open()
+        out.write(text.encode())
+    os.replace(temporary, path)
 
 
 def make_region_file(path: str) -> None:

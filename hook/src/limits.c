@@ -149,9 +149,3 @@ void vgpu_limits_read(struct vgpu_limits *out, const char *(*getenv_fn)(const ch
             out->sm_percent[i] = 0;
     }
 }
-
-/* secure_getenv: in a set-user-ID (or -group-ID, or file-capability) program the environment is
- * its caller's, not to be trusted; such a process refuses CUDA anyway (region.c). */
-static const char *process_getenv(const char *name) { return secure_getenv(name); }
-
-void vgpu_limits_from_env(struct vgpu_limits *out) { vgpu_limits_read(out, process_getenv); }

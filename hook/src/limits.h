@@ -23,7 +23,4 @@ int vgpu_parse_percent(const char *text, uint32_t *percent, const char **why);
  * the variable and the accepted forms) and ignored; a per-device value overrides the global. */
 void vgpu_limits_read(struct vgpu_limits *out, const char *(*getenv_fn)(const char *name));
 
-/* vgpu_limits_read over the process environment. */
-void vgpu_limits_from_env(struct vgpu_limits *out);
-
 #endif

@@ -19,6 +19,7 @@
 #include "ledger.h"
 #include "log.h"
 #include "region_file.h"
+#include "settings.h"
 #include "truncation.h"
 #include "util.h"
 
@@ -26,7 +27,7 @@ static const char default_path[] = "/tmp/cudevshr.cache";
 
 static struct vgpu_region *region;     /* set once (release) by attach; NULL: refused */
 static struct vgpu_region_file file = {.fd = -1, .dir_fd = -1};
-static uint64_t limit_bytes[VGPU_REGION_MAX_DEVICES];  /* the region's, read once at attach */
+static uint64_t limit_bytes[VGPU_REGION_MAX_DEVICES];  /* chosen once at attach */
 static uint32_t sm_percent[VGPU_REGION_MAX_DEVICES];
 static int my_slot = -1;               /* -1: none claimed yet in this process */
 static int slot_unavailable;           /* all slots taken: this process cannot allocate */
@@ -56,19 +57,29 @@ static void lock_creation(void)
 
 static void unlock_creation(void) { byte_lock(F_OFD_SETLK, F_UNLCK, 0); }
 
-static void warn_if_limits_differ(const struct vgpu_region *r, const struct vgpu_limits *limits)
+/* Whose limits apply where the region's header and this process's settings differ: the settings
+ * file's (a header can be rewritten by any process of the container, the file by none), else the
+ * region's (the environment of whichever process came first fixed them). */
+static void choose_limits(const struct vgpu_region *r, struct vgpu_limits *limits, int from_file)
 {
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
         if (r->devices[d].limit_bytes != limits->memory_bytes[d] ||
             r->devices[d].sm_limit_percent != limits->sm_percent[d]) {
             vgpu_log(VGPU_LOG_WARN,
-                     "device %d: this process's environment asks for memory %llu bytes / SM %u%%, "
-                     "the shared region holds %llu bytes / %u%%; using the region's values",
-                     d, (unsigned long long)limits->memory_bytes[d], limits->sm_percent[d],
+                     "device %d: this process's %s asks for memory %llu bytes / SM %u%%, "
+                     "the shared region holds %llu bytes / %u%%; using the %s values",
+                     d, from_file ? "settings file" : "environment",
+                     (unsigned long long)limits->memory_bytes[d], limits->sm_percent[d],
                      (unsigned long long)r->devices[d].limit_bytes,
-                     r->devices[d].sm_limit_percent);
-            return;
+                     r->devices[d].sm_limit_percent, from_file ? "settings file's" : "region's");
+            break;
         }
+    }
+    if (from_file)
+        return;
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
+        limits->memory_bytes[d] = r->devices[d].limit_bytes;
+        limits->sm_percent[d] = r->devices[d].sm_limit_percent;
     }
 }
 
@@ -106,17 +117,21 @@ static void after_fork_child(void)
 
 static void attach(void)
 {
-    if (getauxval(AT_SECURE)) {
+    const struct vgpu_settings *settings = vgpu_settings();
+    if (settings == NULL)
+        return; /* a settings file that cannot be used: logged by settings.c */
+    if (!settings->from_file && getauxval(AT_SECURE)) {
         /* set-user-ID, set-group-ID or file capabilities: the environment that names the region
-         * and the limits belongs to whoever started the program (secure_getenv ignores it). */
+         * and the limits belongs to whoever started the program (secure_getenv ignores it). The
+         * settings file does not, so it serves such a program. */
         vgpu_log(VGPU_LOG_ERROR, "secure-execution mode (a set-user-ID, set-group-ID or "
-                 "file-capability program): the shared region cannot be located from an "
-                 "untrusted environment; CUDA is refused in this process");
+                 "file-capability program) without %s: the shared region cannot be located from "
+                 "an untrusted environment; CUDA is refused in this process", vgpu_settings_path);
         return;
     }
     struct vgpu_limits limits;
-    vgpu_limits_from_env(&limits);
-    const char *path = secure_getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    vgpu_limits_read(&limits, vgpu_setting);
+    const char *path = vgpu_setting("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     if (path == NULL || path[0] == '\0')
         path = default_path;
     const char *why = NULL;
@@ -126,10 +141,10 @@ static void attach(void)
         return;
     }
     struct vgpu_region *r = file.map;
-    warn_if_limits_differ(r, &limits);
+    choose_limits(r, &limits, settings->from_file);
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
-        limit_bytes[d] = r->devices[d].limit_bytes;
-        sm_percent[d] = r->devices[d].sm_limit_percent;
+        limit_bytes[d] = limits.memory_bytes[d];
+        sm_percent[d] = limits.sm_percent[d];
     }
     if (vgpu_truncation_guard(r, VGPU_REGION_FILE_SIZE) != 0)
         vgpu_log(VGPU_LOG_WARN, "cannot install the SIGBUS handler: a truncated region file will "

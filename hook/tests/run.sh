@@ -31,6 +31,7 @@ run() {
 }
 
 run limits "$units/test_limits"
+run settings "$units/test_settings"
 run control "$units/test_control"
 run ledger "$units/test_ledger"
 run alloc CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m "$build/tests/test_alloc"
@@ -105,6 +106,56 @@ if [ "${VGPU_SANITIZED:-0}" = 0 ] && command -v unshare >/dev/null && can_bind_m
     fi
 else
     echo "SKIP preload-file (needs a private mount namespace to provide /etc/ld.so.preload)"
+fi
+# The device plugin's settings file, mounted read-only at /usr/local/vgpu/vgpu.env (here over a
+# tmpfs on /usr/local in a private mount namespace, as the runtime mounts it): it alone sets the
+# limits and the region path, whatever the environment drops (env -i) or says.
+# settings NAME MODE FILE-TEXT EXPECTED-LOG [ENV...]: the demo under that file, which must print
+# EXPECTED-LOG (a grep -E pattern; "refused at step 7 with 3000 MiB held" is the file's cap).
+settings() {
+    name=$1 mode=$2 text=$3 expect=$4; shift 4
+    printf '%b' "$text" >"$tmp/$name.env"
+    unshare -m sh -c "mount -t tmpfs -o mode=755 none /usr/local && mkdir /usr/local/vgpu &&
+        cp '$tmp/$name.env' /usr/local/vgpu/vgpu.env && chmod $mode /usr/local/vgpu/vgpu.env &&
+        mount --bind -o ro /usr/local/vgpu/vgpu.env /usr/local/vgpu/vgpu.env &&
+        exec env -i LD_PRELOAD='$preload' LD_LIBRARY_PATH='$build/fake' $* '$build/vgpu-demo-alloc'" \
+        >"$tmp/$name.log" 2>&1
+    if grep -Eq "$expect" "$tmp/$name.log"; then
+        echo "PASS $name"
+    else
+        echo "FAIL $name (expected: $expect)"; cat "$tmp/$name.log"; failed=1
+    fi
+}
+if [ "${VGPU_SANITIZED:-0}" = 0 ] && command -v unshare >/dev/null && can_bind_mount; then
+    capped='^refused at step 7 with 3000 MiB held$'
+    settings settings-env-i 644 \
+        "# vgpu-device-plugin\nCUDA_DEVICE_MEMORY_LIMIT_0=3000m\nCUDA_DEVICE_MEMORY_SHARED_CACHE=$tmp/settings-a.cache\n" \
+        "$capped"
+    [ -s "$tmp/settings-a.cache" ] || { echo "FAIL settings-env-i: no region at the file's path"; failed=1; }
+    # The pod's own env asking for more, and for a region of its own: both ignored, and said so.
+    settings settings-env-override 444 \
+        "CUDA_DEVICE_MEMORY_LIMIT_0=3000m\nCUDA_DEVICE_MEMORY_SHARED_CACHE=$tmp/settings-b.cache" \
+        "$capped" CUDA_DEVICE_MEMORY_LIMIT_0=80g CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/own.cache"
+    grep -q "CUDA_DEVICE_MEMORY_LIMIT_0=80g ignored: .* says CUDA_DEVICE_MEMORY_LIMIT_0=3000m" \
+        "$tmp/settings-env-override.log" && [ ! -e "$tmp/own.cache" ] && [ -s "$tmp/settings-b.cache" ] ||
+        { echo "FAIL settings-env-override: no warning, or the environment's region was used"; failed=1; }
+    # A region whose header an earlier process (or a tampering one) wrote with a larger cap.
+    env CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/settings-c.cache" CUDA_DEVICE_MEMORY_LIMIT_0=80g \
+        LD_PRELOAD="$preload" "$build/vgpu-demo-alloc" --max-steps 1 >/dev/null 2>&1
+    settings settings-over-region 644 \
+        "CUDA_DEVICE_MEMORY_LIMIT_0=3000m\nCUDA_DEVICE_MEMORY_SHARED_CACHE=$tmp/settings-c.cache\n" \
+        "$capped"
+    grep -q "using the settings file's values" "$tmp/settings-over-region.log" ||
+        { echo "FAIL settings-over-region: the region's cap was not reported as overridden"; failed=1; }
+    # A file that cannot be trusted or read refuses CUDA, naming the file and the reason.
+    settings settings-writable 666 "CUDA_DEVICE_MEMORY_LIMIT_0=3000m\n" \
+        "settings file /usr/local/vgpu/vgpu.env: writable by group or others.*CUDA is refused"
+    settings settings-malformed 644 "CUDA_DEVICE_MEMORY_LIMIT_0 3000m\n" \
+        "settings file /usr/local/vgpu/vgpu.env: line 1 is not NAME=VALUE"
+    grep -q "CUDA start failed: CUDA_ERROR_NOT_PERMITTED" "$tmp/settings-malformed.log" ||
+        { echo "FAIL settings-malformed: CUDA was not refused"; failed=1; }
+else
+    echo "SKIP settings-file (needs a private mount namespace to mount /usr/local/vgpu/vgpu.env)"
 fi
 # The fake GPU shared by processes (FAKE_GPU_SHARED): sharing, NVML, memory, kill -9, graphs.
 run fake-gpu FAKE_GPU_SHARED="$tmp/fake-gpu.shm" FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_LAZY_MIB=100 \

@@ -63,13 +63,23 @@ def test_fixture_pod_gets_exactly_the_upstream_answer() -> None:
     }
     cache = "/tmp/vgpu/containers/6f1d2c3b-8a4e-4c1f-9b7d-2e5a1f0c9d11_cuda-app"
     # Unlike upstream, no /tmp/vgpulock (nothing reads it) and only the region file, not its
-    # host folder: the container cannot create files on the host.
+    # host folder: the container cannot create files on the host. The settings file, read-only,
+    # holds the hook's variables of the environment.
     assert result.mounts == (
         Mount("/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so", True),
+        Mount("/usr/local/vgpu/vgpu.env", f"{cache}/vgpu.env", True),
         Mount("/tmp/vgpu/cache-id.cache", f"{cache}/cache-id.cache", False),
         Mount("/etc/ld.so.preload", "/usr/local/vgpu/ld.so.preload", True),
     )
     assert result.cache_dir == cache and result.cache_file == f"{cache}/cache-id.cache"
+    assert result.settings_file == f"{cache}/vgpu.env"
+    assert result.settings_text.splitlines()[1:] == [
+        "CUDA_DEVICE_MEMORY_LIMIT_0=3000m",
+        "CUDA_DEVICE_MEMORY_LIMIT_1=3000m",
+        "CUDA_DEVICE_SM_LIMIT=50",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/vgpu/cache-id.cache",
+    ]
+    assert result.settings_text.startswith("# vgpu-device-plugin: pod default/vgpu-test container cuda-app;")
     assert result.devices_to_allocate == ""  # consumed, as the seed shows after success
     assert result.done
 
@@ -195,7 +205,9 @@ def test_dynamic_mig_is_refused_clearly() -> None:
 
 def test_disable_core_limit_reaches_the_env() -> None:
     settings = SETTINGS.__class__(**{**SETTINGS.__dict__, "disable_core_limit": True})
-    assert plan_for([fixture_pod()], 2, settings=settings).envs["GPU_CORE_UTILIZATION_POLICY"] == "disable"
+    result = plan_for([fixture_pod()], 2, settings=settings)
+    assert result.envs["GPU_CORE_UTILIZATION_POLICY"] == "disable"
+    assert "GPU_CORE_UTILIZATION_POLICY=disable" in result.settings_text.splitlines()
 
 
 def test_patches_touch_only_the_protocol_annotations() -> None:

@@ -28,11 +28,9 @@ from vgpu_deviceplugin.allocator import make_region_file
 from vgpu_deviceplugin.monitor.exporter import LEGACY_NAMES, metrics
 from vgpu_deviceplugin.monitor.scan import ContainerRegion, scan
 
+from tests.support.hook import FAKE_DRIVER, LIBVGPU, REGION_READER, ensure_built
 from tests.support.required import unavailable
 
-ROOT = Path(__file__).resolve().parents[2]
-# Where `make -C hook all fakes` builds (vgpuctl.chain.HOOK_BUILD, not imported: it pulls in the operator).
-HOOK_BUILD = Path(os.environ.get("VGPU_HOOK_BUILD", ROOT / "hook" / "build"))
 MIB = 1 << 20
 POD_UID = "6f1d2c3b-8a4e-4c1f-9b7d-2e5a1f0c9d11"
 CONTAINER = "cuda-app"
@@ -90,25 +88,14 @@ int main(int argc, char **argv)
 """
 
 
-def _unavailable(why: str) -> None:
-    unavailable(f"needs the hook: {why}")
-
-
 @pytest.fixture(scope="module")
 def hook(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, Path]:
     """(libvgpu.so, fake driver dir, the test program, vgpu-region), built when missing."""
-    lib, fake, reference = HOOK_BUILD / "libvgpu.so", HOOK_BUILD / "fake", HOOK_BUILD / "vgpu-region"
-    missing = [str(p) for p in (lib, fake / "libcuda.so", reference) if not p.exists()]
-    if missing:
-        if HOOK_BUILD != ROOT / "hook" / "build" or shutil.which("make") is None:
-            _unavailable(f"{', '.join(missing)} missing (`make -C hook all fakes` builds them)")
-        built = subprocess.run(["make", "-C", str(ROOT / "hook"), "all", "fakes"],
-                               capture_output=True, text=True, timeout=300, check=False)
-        if built.returncode != 0:
-            _unavailable(f"`make -C hook all fakes` failed: {built.stderr.strip()[-2000:]}")
+    ensure_built()
+    lib, fake, reference = LIBVGPU, FAKE_DRIVER, REGION_READER
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
-        _unavailable("no C compiler (cc) for the test program")
+        unavailable("needs the hook: no C compiler (cc) for the test program")
     folder = tmp_path_factory.mktemp("prog")
     (folder / "alloc.c").write_text(PROGRAM)
     program = folder / "alloc"
