@@ -1,7 +1,8 @@
-/* cuda_v1.h - the legacy exports (CUDA 2.x ABI: 32-bit device pointers and sizes), which
- * drivers still export and cuda.h declares only for the driver's own build; shared by libvgpu.so,
- * which wraps them, the fake driver, which defines them, and the tests, which call them by name.
- * Include after cuda.h. */
+/* cuda_v1.h - the legacy exports, which drivers still export and cuda.h declares only for the
+ * driver's own build: the CUDA 2.x ABI (32-bit device pointers and sizes) and the CUDA 10/11
+ * graph ABI (instantiate with an error node and a log buffer, update with an error node).
+ * Shared by libvgpu.so, which wraps them, the fake driver, which defines them, and the tests,
+ * which call them by name. Include after cuda.h. */
 #ifndef VGPU_CUDA_V1_H
 #define VGPU_CUDA_V1_H
 
@@ -15,6 +16,8 @@
 #undef cuDeviceTotalMem
 #undef cuArrayCreate
 #undef cuArray3DCreate
+#undef cuGraphInstantiate
+#undef cuGraphExecUpdate
 
 typedef unsigned int v1_ptr;
 struct array_v1 { /* CUDA_ARRAY_DESCRIPTOR_v1 */
@@ -35,5 +38,12 @@ CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes);
 CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
 CUresult cuArrayCreate(CUarray *array, const struct array_v1 *desc);
 CUresult cuArray3DCreate(CUarray *array, const struct array3d_v1 *desc);
+/* CUDA 10.0 and 11.0 (same arguments), and CUDA 11.1. */
+CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node,
+                            char *log, size_t log_size);
+CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node,
+                               char *log, size_t log_size);
+CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
+                           CUgraphExecUpdateResult *result);
 
 #endif

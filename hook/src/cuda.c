@@ -74,6 +74,9 @@ static struct {
     CUresult (*cuGraphInstantiateWithParams_ptsz)(CUgraphExec *, CUgraph,
                                                   CUDA_GRAPH_INSTANTIATE_PARAMS *);
     CUresult (*cuGraphExecUpdate_v2)(CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *);
+    CUresult (*cuGraphInstantiate)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
+    CUresult (*cuGraphInstantiate_v2)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
+    CUresult (*cuGraphExecUpdate)(CUgraphExec, CUgraph, CUgraphNode *, CUgraphExecUpdateResult *);
     CUresult (*cuGraphExecDestroy)(CUgraphExec);
     /* called, not hooked */
     CUresult (*cuCtxGetDevice)(CUdevice *);
@@ -158,6 +161,9 @@ static const struct vgpu_hook hooks[] = {
     HOOK(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 12000, 0),
     HOOK(cuGraphInstantiateWithParams_ptsz, "cuGraphInstantiateWithParams", 12000, 1),
     HOOK(cuGraphExecUpdate_v2, "cuGraphExecUpdate", 12000, 0),
+    HOOK(cuGraphInstantiate, "cuGraphInstantiate", 10000, 0),
+    HOOK(cuGraphInstantiate_v2, "cuGraphInstantiate", 11000, 0),
+    HOOK(cuGraphExecUpdate, "cuGraphExecUpdate", 11010, 0),
     HOOK(cuGraphExecDestroy, "cuGraphExecDestroy", 10000, 0),
     CALL_ONLY(cuCtxGetDevice), CALL_ONLY(cuDeviceGetCount), CALL_ONLY(cuDeviceGet),
     CALL_ONLY(cuDeviceGetUuid_v2), CALL_ONLY(cuGraphGetNodes), CALL_ONLY(cuGraphNodeGetType),
@@ -925,6 +931,37 @@ VGPU_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
     if (!ready() || real.cuGraphExecUpdate_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real.cuGraphExecUpdate_v2(exec, graph, info);
+    learn_graph(rc, exec, graph);
+    return rc;
+}
+
+/* The CUDA 10/11 ABI (cuda_v1.h), which CUDA 11 builds still call. */
+VGPU_EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node,
+                                        char *log, size_t log_size)
+{
+    if (!ready() || real.cuGraphInstantiate == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGraphInstantiate(exec, graph, error_node, log, log_size);
+    learn_graph(rc, exec != NULL ? *exec : NULL, graph);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph,
+                                           CUgraphNode *error_node, char *log, size_t log_size)
+{
+    if (!ready() || real.cuGraphInstantiate_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGraphInstantiate_v2(exec, graph, error_node, log, log_size);
+    learn_graph(rc, exec != NULL ? *exec : NULL, graph);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
+                                       CUgraphExecUpdateResult *result)
+{
+    if (!ready() || real.cuGraphExecUpdate == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGraphExecUpdate(exec, graph, error_node, result);
     learn_graph(rc, exec, graph);
     return rc;
 }

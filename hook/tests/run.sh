@@ -199,6 +199,11 @@ c2=$!
 # memory NVML lists (as on a GPU): the host pids are learnt.
 FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXT_MIB=100 contention 30-none-pidns 30 none &
 wait $c1 $c2 $!
+# Graphs made executable through the CUDA 10/11 exports, which CUDA 11 builds call.
+contention graph-25-v1 graph 25 v1 &
+c1=$!
+contention graph-25-v2-update graph 25 v2-update &
+wait $c1 $!
 [ -e "$tmp/failed" ] && failed=1
 [ $failed = 0 ] && echo "hook tests: all passed" || echo "hook tests: FAILED"
 exit $failed

@@ -68,6 +68,20 @@ static const struct query {
     {"cuLaunchCooperativeKernel", 9000, 1, "cuLaunchCooperativeKernel_ptsz"},
     {"cuGraphLaunch", 10000, 0, "cuGraphLaunch"},
     {"cuGraphLaunch", 12000, 1, "cuGraphLaunch_ptsz"},
+    {"cuGraphInstantiate", 10000, 0, "cuGraphInstantiate"},
+    {"cuGraphInstantiate", 11000, 0, "cuGraphInstantiate_v2"},
+    {"cuGraphInstantiate", 12000, 0, "cuGraphInstantiateWithFlags"},
+    {"cuGraphInstantiateWithFlags", 11040, 0, "cuGraphInstantiateWithFlags"},
+    {"cuGraphInstantiateWithParams", 12000, 0, "cuGraphInstantiateWithParams"},
+    {"cuGraphExecUpdate", 11010, 0, "cuGraphExecUpdate"},
+    {"cuGraphExecUpdate", 12000, 0, "cuGraphExecUpdate_v2"},
+    {"cuGraphExecDestroy", 10000, 0, "cuGraphExecDestroy"},
+    {"cuDevicePrimaryCtxRetain", 7000, 0, "cuDevicePrimaryCtxRetain"},
+    {"cuDevicePrimaryCtxRelease", 11000, 0, "cuDevicePrimaryCtxRelease_v2"},
+    {"cuCtxCreate", 3020, 0, "cuCtxCreate_v2"},
+    {"cuCtxCreate", 11040, 0, "cuCtxCreate_v3"},
+    {"cuCtxCreate", 12050, 0, "cuCtxCreate_v4"},
+    {"cuCtxDestroy", 4000, 0, "cuCtxDestroy_v2"},
 };
 
 static void proc_address_v2(gpa_v2_fn gpa)

@@ -946,9 +946,31 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
     return link != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* The CUDA 10.0 and 11.0 ABI: an error node and a log buffer, both left empty on success. */
+static CUresult instantiate_v1(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node,
+                               char *log, size_t log_size)
+{
+    if (error_node != NULL)
+        *error_node = NULL;
+    if (log != NULL && log_size > 0)
+        log[0] = '\0';
+    return instantiate(exec, graph);
+}
+
+EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node,
+                                   char *log, size_t log_size)
+{
+    return instantiate_v1(exec, graph, error_node, log, log_size);
+}
+
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node,
+                                      char *log, size_t log_size)
+{
+    return instantiate_v1(exec, graph, error_node, log, log_size);
+}
+
 /* The executable graph takes the new graph's work (the fake accepts every topology change). */
-EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
-                                     CUgraphExecUpdateResultInfo *info)
+static CUgraphExecUpdateResult update(CUgraphExec exec, CUgraph graph)
 {
     pthread_mutex_lock(&graph_lock);
     struct fake_exec *e = (struct fake_exec *)exec;
@@ -956,11 +978,30 @@ EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
     if (known)
         e->blocks = graph_blocks((struct fake_graph *)graph);
     pthread_mutex_unlock(&graph_lock);
+    return known ? CU_GRAPH_EXEC_UPDATE_SUCCESS : CU_GRAPH_EXEC_UPDATE_ERROR;
+}
+
+EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
+                                     CUgraphExecUpdateResultInfo *info)
+{
+    CUgraphExecUpdateResult result = update(exec, graph);
     if (info != NULL) {
         memset(info, 0, sizeof *info);
-        info->result = known ? CU_GRAPH_EXEC_UPDATE_SUCCESS : CU_GRAPH_EXEC_UPDATE_ERROR;
+        info->result = result;
     }
-    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return result == CU_GRAPH_EXEC_UPDATE_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The CUDA 11.1 ABI. */
+EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
+                                  CUgraphExecUpdateResult *result_out)
+{
+    CUgraphExecUpdateResult result = update(exec, graph);
+    if (error_node != NULL)
+        *error_node = NULL;
+    if (result_out != NULL)
+        *result_out = result;
+    return result == CU_GRAPH_EXEC_UPDATE_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* Blocks of an executable graph; a NULL one is the old tests' stand-in for "some graph" and
@@ -1170,10 +1211,13 @@ static const struct proc procs[] = {
     P("cuGraphNodeGetType", cuGraphNodeGetType, 10000, 0),
     P("cuGraphKernelNodeGetParams", cuGraphKernelNodeGetParams_v2, 12000, 0),
     P("cuGraphChildGraphNodeGetGraph", cuGraphChildGraphNodeGetGraph, 10000, 0),
-    P("cuGraphInstantiate", cuGraphInstantiateWithFlags, 11040, 0),
+    P("cuGraphInstantiate", cuGraphInstantiate, 10000, 0),
+    P("cuGraphInstantiate", cuGraphInstantiate_v2, 11000, 0),
+    P("cuGraphInstantiate", cuGraphInstantiateWithFlags, 12000, 0),
     P("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags, 11040, 0),
     P("cuGraphInstantiateWithParams", cuGraphInstantiateWithParams, 12000, 0),
     P("cuGraphExecDestroy", cuGraphExecDestroy, 10000, 0),
+    P("cuGraphExecUpdate", cuGraphExecUpdate, 11010, 0),
     P("cuGraphExecUpdate", cuGraphExecUpdate_v2, 12000, 0),
 };
 #undef P
