@@ -167,6 +167,9 @@ run footprint CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint.shm" \
 run footprint-pidns CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-pidns.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_LAZY_MIB=100 FAKE_NVML_PID_OFFSET=100000 \
     "$build/tests/test_footprint"
+run footprint-nvml-na CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-na.shm" \
+    FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_LAZY_MIB=100 FAKE_NVML_MEMORY_NA=1 \
+    "$build/tests/test_footprint" na
 # The hammer takes both cores; the limiter tests measure time, so they run after it (the two
 # limited ones together: they mostly sleep; the unlimited one alone: it needs a free core).
 run hammer CUDA_DEVICE_MEMORY_LIMIT=256m LIBCUDA_LOG_LEVEL=0 \

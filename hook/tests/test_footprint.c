@@ -3,7 +3,11 @@
  * FAKE_CUDA_LAZY_MIB=100 at its first kernel launch, and NVML lists what each process holds
  * (FAKE_NVML_PID_OFFSET: under other pids, as the host's namespace names a container's
  * processes). What NVML shows for the container must stay within the cap, except for memory
- * the driver takes after the fact (lazy loading), which is then counted and refused against. */
+ * the driver takes after the fact (lazy loading), which is then counted and refused against.
+ *
+ *   test_footprint na   with FAKE_NVML_MEMORY_NA=1 (NVML lists the processes, their memory
+ *                       NVML_VALUE_NOT_AVAILABLE): nothing is counted for the context (never
+ *                       the all-ones value), and the cap still holds for the allocations. */
 #include <cuda.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -94,8 +98,35 @@ static int outcome(int fd)
     return c;
 }
 
-int main(void)
+/* NVML cannot say what a process holds: its context cannot be counted, and must not be counted
+ * as the all-ones "not available" value (which would refuse everything). */
+static int memory_not_available(void)
 {
+    CUcontext ctx;
+    CUdeviceptr all = 0, more = 0;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(ctx) == CUDA_SUCCESS,
+          "the first context is made though NVML cannot say its size");
+    if (!check(open_region(), "region readable"))
+        return check_done("test_footprint na");
+    check(used() == 0 && region->devices[0].context_bytes == 0,
+          "nothing is counted for it (%llu bytes)", (unsigned long long)used());
+    check(cuMemAlloc(&all, 1024 * MiB) == CUDA_SUCCESS, "the whole 1 GiB cap can be allocated");
+    check(cuMemAlloc(&more, 1 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "1 MiB more is refused");
+    cuLaunchKernel(NULL, 10, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+    cuCtxSynchronize();
+    sleep_s(1.1);
+    int again = cuMemFree(all) == CUDA_SUCCESS && cuMemAlloc(&all, 1000 * MiB) == CUDA_SUCCESS;
+    check(again && used() == 1000 * MiB,
+          "re-measured after a launch and a second: still only the allocations (%llu MiB)",
+          (unsigned long long)(used() / MiB));
+    return check_done("test_footprint na");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 2 && strcmp(argv[1], "na") == 0)
+        return memory_not_available();
     const uint64_t context = 300 * MiB, lazy = 100 * MiB, cap = 1024 * MiB;
     CUcontext ctx;
     check(cuInit(0) == CUDA_SUCCESS, "cuInit");

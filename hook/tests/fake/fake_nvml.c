@@ -193,9 +193,13 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count,
         *count = (unsigned int)n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
+    /* FAKE_NVML_MEMORY_NA=1: a driver that lists processes but cannot say their memory. */
+    const char *na = getenv("FAKE_NVML_MEMORY_NA");
+    int unknown = na != NULL && strcmp(na, "1") == 0;
     for (int i = 0; i < n; i++)
         infos[i] = (nvmlProcessInfo_t){.pid = host_pid(got[i].pid),
-                                       .usedGpuMemory = got[i].bytes,
+                                       .usedGpuMemory = unknown ? (unsigned long long)NVML_VALUE_NOT_AVAILABLE
+                                                                : got[i].bytes,
                                        .gpuInstanceId = 0xFFFFFFFFu,
                                        .computeInstanceId = 0xFFFFFFFFu};
     *count = (unsigned int)n;
