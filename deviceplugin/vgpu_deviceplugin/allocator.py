@@ -7,6 +7,7 @@ Every path that ends an allocation releases the node lock (`hamivgpu`), as the s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -142,19 +143,32 @@ class Allocator:
 
 
 def write_settings_file(path: str, text: str) -> None:
-    """The container's settings file, replaced whole (a temporary file renamed over it, so a
-    reader sees the old or the new one, never half), 0644: libvgpu.so refuses one that group or
-    others could write."""
+    """The container's settings file, replaced whole and durably: written to a temporary file,
+    synced, renamed over it, the folder synced. A reader (or a container restarted after a node
+    crash, from the kubelet's saved answer) sees the old or the new file, never an empty or half
+    one. 0644: libvgpu.so refuses one that group or others could write."""
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     os.chmod(directory, REGION_DIR_MODE)
     temporary = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
-                 SETTINGS_FILE_MODE)
-    with os.fdopen(fd, "wb") as out:
-        os.fchmod(fd, SETTINGS_FILE_MODE)  # the umask narrowed the mode given to open()
-        out.write(text.encode())
-    os.replace(temporary, path)
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     SETTINGS_FILE_MODE)
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(fd, SETTINGS_FILE_MODE)  # the umask narrowed the mode given to open()
+            out.write(text.encode())
+            out.flush()
+            os.fsync(fd)
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def make_region_file(path: str) -> None:

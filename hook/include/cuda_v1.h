@@ -38,7 +38,7 @@ CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes);
 CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
 CUresult cuArrayCreate(CUarray *array, const struct array_v1 *desc);
 CUresult cuArray3DCreate(CUarray *array, const struct array3d_v1 *desc);
-/* CUDA 10.0 and 11.0 (same arguments), and CUDA 11.1. */
+/* CUDA 10.0 and 11.0 (same arguments), and CUDA 10.2. */
 CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node,
                             char *log, size_t log_size);
 CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node,

@@ -163,7 +163,7 @@ static const struct vgpu_hook hooks[] = {
     HOOK(cuGraphExecUpdate_v2, "cuGraphExecUpdate", 12000, 0),
     HOOK(cuGraphInstantiate, "cuGraphInstantiate", 10000, 0),
     HOOK(cuGraphInstantiate_v2, "cuGraphInstantiate", 11000, 0),
-    HOOK(cuGraphExecUpdate, "cuGraphExecUpdate", 11010, 0),
+    HOOK(cuGraphExecUpdate, "cuGraphExecUpdate", 10020, 0),
     HOOK(cuGraphExecDestroy, "cuGraphExecDestroy", 10000, 0),
     CALL_ONLY(cuCtxGetDevice), CALL_ONLY(cuDeviceGetCount), CALL_ONLY(cuDeviceGet),
     CALL_ONLY(cuDeviceGetUuid_v2), CALL_ONLY(cuGraphGetNodes), CALL_ONLY(cuGraphNodeGetType),

@@ -120,17 +120,25 @@ static void attach(void)
     const struct vgpu_settings *settings = vgpu_settings();
     if (settings == NULL)
         return; /* a settings file that cannot be used: logged by settings.c */
-    if (!settings->from_file && getauxval(AT_SECURE)) {
+    if (getauxval(AT_SECURE) &&
+        (!settings->from_file || (settings->owner_uid != 0 && settings->owner_uid != geteuid()))) {
         /* set-user-ID, set-group-ID or file capabilities: the environment that names the region
-         * and the limits belongs to whoever started the program (secure_getenv ignores it). The
-         * settings file does not, so it serves such a program. */
+         * and the limits belongs to whoever started the program (secure_getenv ignores it). A
+         * settings file root or the program's owner wrote does not, so it serves such a program. */
         vgpu_log(VGPU_LOG_ERROR, "secure-execution mode (a set-user-ID, set-group-ID or "
-                 "file-capability program) without %s: the shared region cannot be located from "
-                 "an untrusted environment; CUDA is refused in this process", vgpu_settings_path);
+                 "file-capability program) without a %s owned by root: the shared region cannot "
+                 "be located from untrusted input; CUDA is refused in this process",
+                 vgpu_settings_path);
         return;
     }
     struct vgpu_limits limits;
-    vgpu_limits_read(&limits, vgpu_setting);
+    if (vgpu_limits_read(&limits, vgpu_setting) != 0 && settings->from_file) {
+        /* The plugin writes only values the library accepts: a rejected one means the file is
+         * not what it wrote, and ignoring it would leave that limit off. */
+        vgpu_log(VGPU_LOG_ERROR, "settings file %s: a limit in it was rejected (above); CUDA is "
+                 "refused in this process", vgpu_settings_path);
+        return;
+    }
     const char *path = vgpu_setting("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     if (path == NULL || path[0] == '\0')
         path = default_path;

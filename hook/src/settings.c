@@ -18,11 +18,16 @@
 
 const char vgpu_settings_path[] = "/usr/local/vgpu/vgpu.env";
 
-/* The variables the file governs: with a file, these are never taken from the environment. */
-static const char *const governed_prefixes[] = {
-    "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-    "GPU_CORE_UTILIZATION_POLICY",
+/* The variables the file governs (each also with _<device> where marked): with a file, these are
+ * never taken from the environment. */
+static const struct {
+    const char *name;
+    int per_device;
+} governed_names[] = {
+    {"CUDA_DEVICE_MEMORY_LIMIT", 1}, {"CUDA_DEVICE_SM_LIMIT", 1},
+    {"CUDA_DEVICE_MEMORY_SHARED_CACHE", 0}, {"GPU_CORE_UTILIZATION_POLICY", 0},
 };
+static const char required_name[] = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 
 __attribute__((format(printf, 2, 3))) static int fail(struct vgpu_settings *s, const char *fmt, ...)
 {
@@ -125,11 +130,16 @@ int vgpu_settings_load(struct vgpu_settings *s, const char *path)
         }
     }
     close(fd);
+    s->from_file = 1; /* for the lookup below; undone on failure */
+    if (rc == 0 && vgpu_settings_lookup(s, required_name) == NULL)
+        rc = fail(s, "it does not set %s (the device plugin always writes it: the file is empty or "
+                  "cut short)", required_name);
     if (rc != 0) {
+        s->from_file = 0;
         s->count = 0;
         return -1;
     }
-    s->from_file = 1;
+    s->owner_uid = (unsigned)st.st_uid;
     return 0;
 }
 
@@ -143,11 +153,23 @@ const char *vgpu_settings_lookup(const struct vgpu_settings *s, const char *name
     return NULL;
 }
 
-static int governed(const char *entry)
+/* name (len bytes) is a governed variable: one of the names, or NAME_<digits> where marked. */
+static int governed(const char *name, size_t len)
 {
-    for (size_t i = 0; i < sizeof governed_prefixes / sizeof governed_prefixes[0]; i++)
-        if (strncmp(entry, governed_prefixes[i], strlen(governed_prefixes[i])) == 0)
+    for (size_t i = 0; i < sizeof governed_names / sizeof governed_names[0]; i++) {
+        size_t n = strlen(governed_names[i].name);
+        if (len < n || strncmp(name, governed_names[i].name, n) != 0)
+            continue;
+        if (len == n)
             return 1;
+        if (!governed_names[i].per_device || name[n] != '_' || len == n + 1)
+            continue;
+        size_t d = n + 1;
+        while (d < len && name[d] >= '0' && name[d] <= '9')
+            d++;
+        if (d == len)
+            return 1;
+    }
     return 0;
 }
 
@@ -157,7 +179,7 @@ static void warn_overridden(const struct vgpu_settings *s)
 {
     for (char **e = environ; e != NULL && *e != NULL; e++) {
         const char *eq = strchr(*e, '=');
-        if (eq == NULL || !governed(*e))
+        if (eq == NULL || !governed(*e, (size_t)(eq - *e)))
             continue;
         char name[128];
         snprintf(name, sizeof name, "%.*s", (int)(eq - *e), *e);

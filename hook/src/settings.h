@@ -18,6 +18,7 @@ extern const char vgpu_settings_path[];
 
 struct vgpu_settings {
     int from_file; /* 1: the file's entries and nothing else; 0: the environment */
+    unsigned owner_uid; /* the file's owner (from_file only) */
     int count;
     const char *names[VGPU_SETTINGS_MAX_ENTRIES];
     const char *values[VGPU_SETTINGS_MAX_ENTRIES];
@@ -27,8 +28,9 @@ struct vgpu_settings {
 
 /* Loads path into s: 0 (s->from_file = 1), 1 when there is no such file (s->from_file = 0), or
  * -1 with s->why naming the problem: not a regular file or a symbolic link, writable by group or
- * others, over VGPU_SETTINGS_MAX_BYTES, unreadable, or a line that is not NAME=VALUE (NAME
- * [A-Z_][A-Z0-9_]*, each at most once; blank lines and lines starting with # are skipped). */
+ * others, over VGPU_SETTINGS_MAX_BYTES, unreadable, a line that is not NAME=VALUE (NAME
+ * [A-Z_][A-Z0-9_]*, each at most once; blank lines and lines starting with # are skipped), or no
+ * CUDA_DEVICE_MEMORY_SHARED_CACHE (the plugin always writes it: an empty or cut-short file). */
 int vgpu_settings_load(struct vgpu_settings *s, const char *path);
 
 /* The value of name: the file's entry (NULL when it has none) when loaded from a file, else

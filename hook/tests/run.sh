@@ -152,8 +152,15 @@ if [ "${VGPU_SANITIZED:-0}" = 0 ] && command -v unshare >/dev/null && can_bind_m
         "settings file /usr/local/vgpu/vgpu.env: writable by group or others.*CUDA is refused"
     settings settings-malformed 644 "CUDA_DEVICE_MEMORY_LIMIT_0 3000m\n" \
         "settings file /usr/local/vgpu/vgpu.env: line 1 is not NAME=VALUE"
-    grep -q "CUDA start failed: CUDA_ERROR_NOT_PERMITTED" "$tmp/settings-malformed.log" ||
-        { echo "FAIL settings-malformed: CUDA was not refused"; failed=1; }
+    # A value the library rejects would leave that limit off: the file is refused instead.
+    settings settings-bad-value 644 \
+        "CUDA_DEVICE_MEMORY_LIMIT_0=3000mb\nCUDA_DEVICE_MEMORY_SHARED_CACHE=$tmp/settings-d.cache\n" \
+        "CUDA_DEVICE_MEMORY_LIMIT_0='3000mb' rejected"
+    settings settings-empty 644 "" "does not set CUDA_DEVICE_MEMORY_SHARED_CACHE"
+    for name in writable malformed bad-value empty; do
+        grep -q "CUDA start failed: CUDA_ERROR_NOT_PERMITTED" "$tmp/settings-$name.log" ||
+            { echo "FAIL settings-$name: CUDA was not refused"; failed=1; }
+    done
 else
     echo "SKIP settings-file (needs a private mount namespace to mount /usr/local/vgpu/vgpu.env)"
 fi

@@ -12,7 +12,7 @@
  *                                     its limit over the replay. ABI: how the graph was made executable:
  *                                     "flags" (cuGraphInstantiateWithFlags, the default), "v1"
  *                                     (CUDA 10's cuGraphInstantiate), "v2-update" (CUDA 11's
- *                                     cuGraphInstantiate_v2 of one kernel, then CUDA 11.1's
+ *                                     cuGraphInstantiate_v2 of one kernel, then CUDA 10.2's
  *                                     cuGraphExecUpdate to the ten)
  * What the other leaves: a tenant limited to L takes L; an unlimited one takes the rest; two
  * unlimited ones split the GPU. */

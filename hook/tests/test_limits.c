@@ -83,8 +83,9 @@ static void environment(void)
     env_table = env;
     struct vgpu_limits limits;
     capture_begin();
-    vgpu_limits_read(&limits, table_getenv);
+    int rejected = vgpu_limits_read(&limits, table_getenv);
     const char *log = capture_end();
+    check(rejected == 2, "two values rejected, and counted (%d)", rejected);
     check(limits.memory_bytes[0] == 4 * GiB, "global memory limit applies to device 0");
     check(limits.memory_bytes[1] == 1000 * MiB, "CUDA_DEVICE_MEMORY_LIMIT_1 overrides the global");
     check(limits.memory_bytes[2] == 4 * GiB, "an invalid per-device value falls back to global");
@@ -100,7 +101,7 @@ static void environment(void)
         "CUDA_DEVICE_SM_LIMIT", "30", "GPU_CORE_UTILIZATION_POLICY", "DISABLE", NULL,
     };
     env_table = disabled;
-    vgpu_limits_read(&limits, table_getenv);
+    check(vgpu_limits_read(&limits, table_getenv) == 0, "nothing rejected");
     check(limits.sm_percent[0] == 0, "GPU_CORE_UTILIZATION_POLICY=DISABLE turns the SM limit off");
     check(limits.memory_bytes[0] == 0, "no memory variable means no cap");
 

@@ -73,7 +73,7 @@ static const struct query {
     {"cuGraphInstantiate", 12000, 0, "cuGraphInstantiateWithFlags"},
     {"cuGraphInstantiateWithFlags", 11040, 0, "cuGraphInstantiateWithFlags"},
     {"cuGraphInstantiateWithParams", 12000, 0, "cuGraphInstantiateWithParams"},
-    {"cuGraphExecUpdate", 11010, 0, "cuGraphExecUpdate"},
+    {"cuGraphExecUpdate", 10020, 0, "cuGraphExecUpdate"},
     {"cuGraphExecUpdate", 12000, 0, "cuGraphExecUpdate_v2"},
     {"cuGraphExecDestroy", 10000, 0, "cuGraphExecDestroy"},
     {"cuDevicePrimaryCtxRetain", 7000, 0, "cuDevicePrimaryCtxRetain"},

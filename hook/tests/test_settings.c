@@ -102,25 +102,36 @@ static void refuses_bad_text(void)
 
     static char big[VGPU_SETTINGS_MAX_BYTES + 2];
     memset(big, '#', sizeof big);
+    static const char entry[] = "CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/vgpu/r.cache\n";
+    memcpy(big, entry, strlen(entry));
     write_file(big, sizeof big, 0644);
     check(vgpu_settings_load(&s, path) == -1 && strstr(s.why, "larger than 4096 bytes") != NULL,
           "a file over 4096 bytes is refused: %s", s.why);
     write_file(big, VGPU_SETTINGS_MAX_BYTES, 0644);
-    check(vgpu_settings_load(&s, path) == 0 && s.count == 0, "4096 bytes of comment are read");
+    check(vgpu_settings_load(&s, path) == 0 && s.count == 1, "4096 bytes are read (%s)", s.why);
+
+    /* What a crash between create and write, or a cut-short copy, leaves. */
+    static const char *const incomplete[] = {"", "# vgpu-device-plugin\n", "CUDA_DEVICE_SM_LIMIT=30\n"};
+    for (size_t i = 0; i < sizeof incomplete / sizeof incomplete[0]; i++)
+        check(load_text(&s, incomplete[i]) == -1 && !s.from_file &&
+                  strstr(s.why, "does not set CUDA_DEVICE_MEMORY_SHARED_CACHE") != NULL,
+              "an incomplete file ('%s') is refused: %s", incomplete[i], s.why);
 }
 
 /* A file someone other than its owner could have written, or that is not a file, is refused. */
 static void refuses_untrusted_files(void)
 {
     static struct vgpu_settings s;
-    write_file("CUDA_DEVICE_SM_LIMIT=30\n", 24, 0666);
+    static const char complete[] = "CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/vgpu/r.cache\n";
+    write_file(complete, strlen(complete), 0666);
     check(vgpu_settings_load(&s, path) == -1 && strstr(s.why, "writable by group or others") != NULL,
           "a world-writable file is refused: %s", s.why);
-    write_file("CUDA_DEVICE_SM_LIMIT=30\n", 24, 0664);
+    write_file(complete, strlen(complete), 0664);
     check(vgpu_settings_load(&s, path) == -1 && strstr(s.why, "writable by group or others") != NULL,
           "a group-writable file is refused: %s", s.why);
-    write_file("CUDA_DEVICE_SM_LIMIT=30\n", 24, 0400);
-    check(vgpu_settings_load(&s, path) == 0 && s.count == 1, "a read-only file is read");
+    write_file(complete, strlen(complete), 0400);
+    check(vgpu_settings_load(&s, path) == 0 && s.count == 1 && s.owner_uid == geteuid(),
+          "a read-only file is read, and its owner noted (%u)", s.owner_uid);
 
     char link[300];
     snprintf(link, sizeof link, "%s/link.env", dir);

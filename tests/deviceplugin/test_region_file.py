@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from vgpu_deviceplugin import main as entry
-from vgpu_deviceplugin.allocator import make_region_file
+from vgpu_deviceplugin.allocator import make_region_file, write_settings_file
 from vgpu_deviceplugin.cleanup import trim
 from vgpu_deviceplugin.monitor.region import FILE_SIZE as REGION_SIZE
 from vgpu_deviceplugin.monitor.scan import read_container, scan
@@ -54,6 +54,21 @@ def test_the_monitor_waits_for_the_header_without_a_warning(tmp_path: Path,
     with caplog.at_level(logging.WARNING):
         assert read_container(path.parent) is None
     assert caplog.text == ""
+
+
+def test_the_settings_file_is_replaced_whole_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    path = tmp_path / "uid-1_cuda" / "vgpu.env"
+    write_settings_file(str(path), "CUDA_DEVICE_SM_LIMIT=30\n")
+    write_settings_file(str(path), "CUDA_DEVICE_SM_LIMIT=50\n")
+    assert path.read_text() == "CUDA_DEVICE_SM_LIMIT=50\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # the hook refuses a group/other-writable one
+    assert os.listdir(path.parent) == ["vgpu.env"]
+    # A rename that fails (here: a folder in the way) leaves no temporary file.
+    blocked = tmp_path / "uid-2_cuda" / "vgpu.env"
+    blocked.mkdir(parents=True)
+    with pytest.raises(OSError):
+        write_settings_file(str(blocked), "CUDA_DEVICE_SM_LIMIT=30\n")
+    assert os.listdir(blocked.parent) == ["vgpu.env"] and blocked.is_dir()
 
 
 def test_trim_cuts_grown_region_files_back_to_the_region(tmp_path: Path) -> None:

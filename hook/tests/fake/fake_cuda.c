@@ -992,7 +992,7 @@ EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
     return result == CU_GRAPH_EXEC_UPDATE_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-/* The CUDA 11.1 ABI. */
+/* The CUDA 10.2 ABI. */
 EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
                                   CUgraphExecUpdateResult *result_out)
 {
@@ -1217,7 +1217,7 @@ static const struct proc procs[] = {
     P("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags, 11040, 0),
     P("cuGraphInstantiateWithParams", cuGraphInstantiateWithParams, 12000, 0),
     P("cuGraphExecDestroy", cuGraphExecDestroy, 10000, 0),
-    P("cuGraphExecUpdate", cuGraphExecUpdate, 11010, 0),
+    P("cuGraphExecUpdate", cuGraphExecUpdate, 10020, 0),
     P("cuGraphExecUpdate", cuGraphExecUpdate_v2, 12000, 0),
 };
 #undef P
