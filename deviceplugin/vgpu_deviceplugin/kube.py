@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -132,7 +131,6 @@ class ApiKubeClient:
 
     def __init__(self, connection: Connection, watch_retry: float = WATCH_RETRY_FIRST,
                  watch_retry_max: float = WATCH_RETRY_MAX) -> None:
-        self._conn = connection
         self._api = kubeapi.KubeApi(connection, timeout=CALL_TIMEOUT, limit=8)
         self._watch_retry, self._watch_retry_max = watch_retry, watch_retry_max
 
@@ -149,7 +147,7 @@ class ApiKubeClient:
         try:
             return await self._api.request(method, path, body, params, content_type or "application/json")
         except kubeapi.ApiException as exc:
-            raise KubeError(f"{what}: HTTP {exc.status} {_reason(exc.body.encode())}", exc.status) from exc
+            raise KubeError(f"{what}: HTTP {exc.status} {exc.message()[:300]}", exc.status) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise KubeError(f"{what}: {exc!r}") from exc
 
@@ -167,7 +165,7 @@ class ApiKubeClient:
                         raise WatchError(_status_text(status), status.get("code"))
                     yield event
             except kubeapi.ApiException as exc:
-                raise KubeError(f"watch {path}: HTTP {exc.status} {_reason(exc.body.encode())}",
+                raise KubeError(f"watch {path}: HTTP {exc.status} {exc.message()[:300]}",
                                 exc.status) from exc
 
     async def get_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
@@ -308,8 +306,3 @@ def _status_text(status: dict[str, Any]) -> str:
     head = " ".join(str(status[k]) for k in ("code", "reason") if status.get(k))
     return f"{head}: {status.get('message', '')}" if head else str(status.get("message") or status)
 
-
-def _reason(raw: bytes) -> str:
-    with contextlib.suppress(ValueError, AttributeError):
-        return str(json.loads(raw).get("message", ""))[:300]
-    return raw[:200].decode(errors="replace")

@@ -882,10 +882,12 @@ VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
 
 /* ---- graphs: what a launch costs is learnt when the graph is instantiated ------------------ */
 
-static void learn_graph(CUresult rc, CUgraphExec exec, CUgraph graph)
+/* After the driver made exec from graph, or updated exec to it (rc its answer): records what a
+ * launch of exec costs. Returns rc, for the wrappers to pass on. */
+static CUresult updated(CUresult rc, CUgraphExec exec, CUgraph graph)
 {
     if (rc != CUDA_SUCCESS || !vgpu_throttle_enabled)
-        return;
+        return rc;
     const struct vgpu_graph_api api = {
         .get_nodes = real.cuGraphGetNodes,
         .node_type = real.cuGraphNodeGetType,
@@ -893,6 +895,12 @@ static void learn_graph(CUresult rc, CUgraphExec exec, CUgraph graph)
         .child_graph = real.cuGraphChildGraphNodeGetGraph,
     };
     vgpu_graph_remember(exec, vgpu_graph_blocks(&api, graph));
+    return rc;
+}
+
+static CUresult instantiated(CUresult rc, const CUgraphExec *exec, CUgraph graph)
+{
+    return updated(rc, rc == CUDA_SUCCESS && exec != NULL ? *exec : NULL, graph);
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
@@ -900,9 +908,7 @@ VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph grap
 {
     if (!ready() || real.cuGraphInstantiateWithFlags == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real.cuGraphInstantiateWithFlags(exec, graph, flags);
-    learn_graph(rc, exec != NULL ? *exec : NULL, graph);
-    return rc;
+    return instantiated(real.cuGraphInstantiateWithFlags(exec, graph, flags), exec, graph);
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
@@ -910,9 +916,7 @@ VGPU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph gra
 {
     if (!ready() || real.cuGraphInstantiateWithParams == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real.cuGraphInstantiateWithParams(exec, graph, params);
-    learn_graph(rc, exec != NULL ? *exec : NULL, graph);
-    return rc;
+    return instantiated(real.cuGraphInstantiateWithParams(exec, graph, params), exec, graph);
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
@@ -920,9 +924,7 @@ VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgrap
 {
     if (!ready() || real.cuGraphInstantiateWithParams_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real.cuGraphInstantiateWithParams_ptsz(exec, graph, params);
-    learn_graph(rc, exec != NULL ? *exec : NULL, graph);
-    return rc;
+    return instantiated(real.cuGraphInstantiateWithParams_ptsz(exec, graph, params), exec, graph);
 }
 
 VGPU_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
@@ -930,9 +932,7 @@ VGPU_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
 {
     if (!ready() || real.cuGraphExecUpdate_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real.cuGraphExecUpdate_v2(exec, graph, info);
-    learn_graph(rc, exec, graph);
-    return rc;
+    return updated(real.cuGraphExecUpdate_v2(exec, graph, info), exec, graph);
 }
 
 /* The CUDA 10/11 ABI (cuda_v1.h), which CUDA 11 builds still call. */
@@ -941,9 +941,8 @@ VGPU_EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgrap
 {
     if (!ready() || real.cuGraphInstantiate == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real.cuGraphInstantiate(exec, graph, error_node, log, log_size);
-    learn_graph(rc, exec != NULL ? *exec : NULL, graph);
-    return rc;
+    return instantiated(real.cuGraphInstantiate(exec, graph, error_node, log, log_size), exec,
+                        graph);
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph,
@@ -951,9 +950,8 @@ VGPU_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph,
 {
     if (!ready() || real.cuGraphInstantiate_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real.cuGraphInstantiate_v2(exec, graph, error_node, log, log_size);
-    learn_graph(rc, exec != NULL ? *exec : NULL, graph);
-    return rc;
+    return instantiated(real.cuGraphInstantiate_v2(exec, graph, error_node, log, log_size), exec,
+                        graph);
 }
 
 VGPU_EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
@@ -961,9 +959,7 @@ VGPU_EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphN
 {
     if (!ready() || real.cuGraphExecUpdate == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real.cuGraphExecUpdate(exec, graph, error_node, result);
-    learn_graph(rc, exec, graph);
-    return rc;
+    return updated(real.cuGraphExecUpdate(exec, graph, error_node, result), exec, graph);
 }
 
 VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)

@@ -139,7 +139,7 @@ static void attach(void)
                  "refused in this process", vgpu_settings_path);
         return;
     }
-    const char *path = vgpu_setting("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    const char *path = vgpu_settings_lookup(settings, "CUDA_DEVICE_MEMORY_SHARED_CACHE");
     if (path == NULL || path[0] == '\0')
         path = default_path;
     const char *why = NULL;

@@ -50,6 +50,15 @@ static int valid_name(const char *name, size_t len)
     return 1;
 }
 
+/* The file's value of name, or NULL. */
+static const char *entry(const struct vgpu_settings *s, const char *name)
+{
+    for (int i = 0; i < s->count; i++)
+        if (strcmp(s->names[i], name) == 0)
+            return s->values[i];
+    return NULL;
+}
+
 /* Splits s->text (NUL-terminated, modified in place) into entries. */
 static int parse(struct vgpu_settings *s, size_t size)
 {
@@ -65,9 +74,8 @@ static int parse(struct vgpu_settings *s, size_t size)
             if (eq == NULL || !valid_name(p, (size_t)(eq - p)))
                 return fail(s, "line %d is not NAME=VALUE (NAME of A-Z, 0-9 and _)", line);
             *eq = '\0';
-            for (int i = 0; i < s->count; i++)
-                if (strcmp(s->names[i], p) == 0)
-                    return fail(s, "%s given twice (line %d)", p, line);
+            if (entry(s, p) != NULL)
+                return fail(s, "%s given twice (line %d)", p, line);
             if (s->count == VGPU_SETTINGS_MAX_ENTRIES)
                 return fail(s, "more than %d entries (line %d)", VGPU_SETTINGS_MAX_ENTRIES, line);
             s->names[s->count] = p;
@@ -130,27 +138,21 @@ int vgpu_settings_load(struct vgpu_settings *s, const char *path)
         }
     }
     close(fd);
-    s->from_file = 1; /* for the lookup below; undone on failure */
-    if (rc == 0 && vgpu_settings_lookup(s, required_name) == NULL)
+    if (rc == 0 && entry(s, required_name) == NULL)
         rc = fail(s, "it does not set %s (the device plugin always writes it: the file is empty or "
                   "cut short)", required_name);
     if (rc != 0) {
-        s->from_file = 0;
         s->count = 0;
         return -1;
     }
+    s->from_file = 1;
     s->owner_uid = (unsigned)st.st_uid;
     return 0;
 }
 
 const char *vgpu_settings_lookup(const struct vgpu_settings *s, const char *name)
 {
-    if (!s->from_file)
-        return secure_getenv(name);
-    for (int i = 0; i < s->count; i++)
-        if (strcmp(s->names[i], name) == 0)
-            return s->values[i];
-    return NULL;
+    return s->from_file ? entry(s, name) : secure_getenv(name);
 }
 
 /* name (len bytes) is a governed variable: one of the names, or NAME_<digits> where marked. */

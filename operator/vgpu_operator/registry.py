@@ -166,10 +166,10 @@ class RenderResult:
         return next((t for t in self.targets if t.slot == slot), None)
 
 
-def render_targets(view: ClusterView, targets: Iterable[TargetType] = TARGETS) -> RenderResult:
+def render_targets(view: ClusterView) -> RenderResult:
     """Render every target. Pure: reads only the view (the stored status included)."""
     rendered = []
-    for target in targets:
+    for target in TARGETS:
         result = target.render(view)
         result.slot = target.slot
         rendered.append(result)

@@ -242,7 +242,6 @@ DEFAULT_NAMES: dict[str, str] = {"count": dc.DEFAULT_COUNT_NAME, "memory": dc.DE
                                  "cores": dc.DEFAULT_CORE_NAME}
 # The v1.11 flag that names each resource kind; absent, the binary uses the hard-coded name.
 # Flags, keys and defaults come from the one field table, vgpu_formats.device_fields.
-LEGACY_NAME_FLAGS: dict[str, str] = {kind: f.flag_name for kind, f in device_fields.NAME_FIELDS.items()}
 SizingFlag = Literal["device-split-count", "gpu-memory-factor", "device-cores-scaling"]
 # Each sizing flag and the device-config key it stands for.
 SIZING_KEYS: dict[SizingFlag, str] = {flag: device_fields.SIZING_FIELDS[flag].key

@@ -14,7 +14,7 @@ from vgpu_operator import rules
 from vgpu_operator.api import KIND, VGPUPolicy, VGPUPolicyStatus
 from vgpu_operator.decide import Decision, decide
 from vgpu_operator.plan import TargetDecision
-from vgpu_operator.registry import RenderResult, load_observed_from_manifests
+from vgpu_operator.registry import BY_SLOT, PluginPods, RenderResult, load_observed_from_manifests
 from vgpu_operator.render.inputs import Problem
 from vgpu_operator.render.target import TargetRender
 from vgpu_operator.view import view_of
@@ -191,7 +191,7 @@ def _restarts(decision: Decision) -> dict[str, str]:
     shown: dict[str, str] = {}
     nodes = ", ".join(plan.recreate_plugin_pods_on)
     for d in plan.decisions:
-        if d.target.slot == "node_config" and nodes:
+        if isinstance(BY_SLOT[d.target.slot].restart, PluginPods) and nodes:
             shown[d.target.ref] = nodes
         elif any(r.target == d.target.ref for r in plan.restarts):
             shown[d.target.ref] = "rollout"

@@ -17,7 +17,7 @@ import asyncio
 from dataclasses import dataclass
 
 from vgpu_operator.metrics import Metrics
-from vgpu_operator.reconcile import Reconciler
+from vgpu_operator.reconcile import NODES_TIMEOUT_SECONDS, Reconciler
 from vgpu_operator.runtime.watching import BACKOFF_SECONDS, backoff_delay
 
 
@@ -28,7 +28,7 @@ class Tuning:
     resync_seconds: float = 60.0
     debounce_seconds: float = 0.02
     error_backoff_seconds: tuple[float, ...] = BACKOFF_SECONDS
-    nodes_timeout_seconds: float = 30.0  # how long a reconcile waits for the first node list
+    nodes_timeout_seconds: float = NODES_TIMEOUT_SECONDS  # how long a reconcile waits for the first node list
 
 
 class Worker:
