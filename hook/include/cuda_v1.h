@@ -1,6 +1,7 @@
 /* cuda_v1.h - the legacy exports, which drivers still export and cuda.h declares only for the
  * driver's own build: the CUDA 2.x ABI (32-bit device pointers and sizes) and the CUDA 10/11
- * graph ABI (instantiate with an error node and a log buffer, update with an error node).
+ * graph ABI (instantiate with an error node and a log buffer, update with an error node, a
+ * kernel node's parameters without the CUDA 12 fields).
  * Shared by libvgpu.so, which wraps them, the fake driver, which defines them, and the tests,
  * which call them by name. Include after cuda.h. */
 #ifndef VGPU_CUDA_V1_H
@@ -18,6 +19,7 @@
 #undef cuArray3DCreate
 #undef cuGraphInstantiate
 #undef cuGraphExecUpdate
+#undef cuGraphExecKernelNodeSetParams
 
 typedef unsigned int v1_ptr;
 struct array_v1 { /* CUDA_ARRAY_DESCRIPTOR_v1 */
@@ -45,5 +47,8 @@ CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *er
                                char *log, size_t log_size);
 CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
                            CUgraphExecUpdateResult *result);
+/* CUDA 10.1. */
+CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                        const CUDA_KERNEL_NODE_PARAMS_v1 *params);
 
 #endif

@@ -78,6 +78,13 @@ static struct {
     CUresult (*cuGraphInstantiate_v2)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
     CUresult (*cuGraphExecUpdate)(CUgraphExec, CUgraph, CUgraphNode *, CUgraphExecUpdateResult *);
     CUresult (*cuGraphExecDestroy)(CUgraphExec);
+    CUresult (*cuGraphExecKernelNodeSetParams)(CUgraphExec, CUgraphNode,
+                                               const CUDA_KERNEL_NODE_PARAMS_v1 *);
+    CUresult (*cuGraphExecKernelNodeSetParams_v2)(CUgraphExec, CUgraphNode,
+                                                  const CUDA_KERNEL_NODE_PARAMS *);
+    CUresult (*cuGraphExecChildGraphNodeSetParams)(CUgraphExec, CUgraphNode, CUgraph);
+    CUresult (*cuGraphExecNodeSetParams)(CUgraphExec, CUgraphNode, CUgraphNodeParams *);
+    CUresult (*cuGraphNodeSetEnabled)(CUgraphExec, CUgraphNode, unsigned int);
     /* called, not hooked */
     CUresult (*cuCtxGetDevice)(CUdevice *);
     CUresult (*cuDeviceGetCount)(int *);
@@ -165,6 +172,11 @@ static const struct vgpu_hook hooks[] = {
     HOOK(cuGraphInstantiate_v2, "cuGraphInstantiate", 11000, 0),
     HOOK(cuGraphExecUpdate, "cuGraphExecUpdate", 10020, 0),
     HOOK(cuGraphExecDestroy, "cuGraphExecDestroy", 10000, 0),
+    HOOK(cuGraphExecKernelNodeSetParams, "cuGraphExecKernelNodeSetParams", 10010, 0),
+    HOOK(cuGraphExecKernelNodeSetParams_v2, "cuGraphExecKernelNodeSetParams", 12000, 0),
+    HOOK(cuGraphExecChildGraphNodeSetParams, "cuGraphExecChildGraphNodeSetParams", 11010, 0),
+    HOOK(cuGraphExecNodeSetParams, "cuGraphExecNodeSetParams", 12020, 0),
+    HOOK(cuGraphNodeSetEnabled, "cuGraphNodeSetEnabled", 11060, 0),
     CALL_ONLY(cuCtxGetDevice), CALL_ONLY(cuDeviceGetCount), CALL_ONLY(cuDeviceGet),
     CALL_ONLY(cuDeviceGetUuid_v2), CALL_ONLY(cuGraphGetNodes), CALL_ONLY(cuGraphNodeGetType),
     CALL_ONLY(cuGraphKernelNodeGetParams_v2), CALL_ONLY(cuGraphChildGraphNodeGetGraph),
@@ -882,25 +894,45 @@ VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
 
 /* ---- graphs: what a launch costs is learnt when the graph is instantiated ------------------ */
 
-/* After the driver made exec from graph, or updated exec to it (rc its answer): records what a
- * launch of exec costs. Returns rc, for the wrappers to pass on. */
-static CUresult updated(CUresult rc, CUgraphExec exec, CUgraph graph)
+static struct vgpu_graph_api graph_api(void)
 {
-    if (rc != CUDA_SUCCESS || !vgpu_throttle_enabled)
-        return rc;
-    const struct vgpu_graph_api api = {
+    return (struct vgpu_graph_api){
         .get_nodes = real.cuGraphGetNodes,
         .node_type = real.cuGraphNodeGetType,
         .kernel_params = real.cuGraphKernelNodeGetParams_v2,
         .child_graph = real.cuGraphChildGraphNodeGetGraph,
     };
-    vgpu_graph_remember(exec, vgpu_graph_blocks(&api, graph));
-    return rc;
 }
 
-static CUresult instantiated(CUresult rc, const CUgraphExec *exec, CUgraph graph)
+/* Records what a launch of exec costs, now that it runs graph; -1: out of host memory. */
+static int learn(CUgraphExec exec, CUgraph graph)
 {
-    return updated(rc, rc == CUDA_SUCCESS && exec != NULL ? *exec : NULL, graph);
+    const struct vgpu_graph_api api = graph_api();
+    struct vgpu_graph_costs costs;
+    return vgpu_graph_costs(&api, graph, &costs) == 0 ? vgpu_graph_remember(exec, &costs) : -1;
+}
+
+/* After the driver updated exec to graph (rc its answer). Returns what the wrapper answers. */
+static CUresult updated(CUresult rc, CUgraphExec exec, CUgraph graph)
+{
+    if (rc != CUDA_SUCCESS || !vgpu_throttle_enabled || learn(exec, graph) == 0)
+        return rc;
+    vgpu_log(VGPU_LOG_ERROR, "out of host memory reading an updated CUDA graph: its launches "
+             "keep the cost of the graph it replaced");
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* After the driver made exec from graph. An executable graph whose cost is not known would run
+ * at one token a launch, so it is destroyed again. */
+static CUresult instantiated(CUresult rc, CUgraphExec *exec, CUgraph graph)
+{
+    if (rc != CUDA_SUCCESS || exec == NULL || !vgpu_throttle_enabled || learn(*exec, graph) == 0)
+        return rc;
+    if (real.cuGraphExecDestroy != NULL)
+        real.cuGraphExecDestroy(*exec);
+    *exec = NULL;
+    vgpu_log(VGPU_LOG_ERROR, "out of host memory reading a CUDA graph: not instantiated");
+    return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
@@ -969,6 +1001,83 @@ VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
     CUresult rc = real.cuGraphExecDestroy(exec);
     if (rc == CUDA_SUCCESS)
         vgpu_graph_forget(exec);
+    return rc;
+}
+
+/* ---- graphs changed after instantiation: each setter changes the cost of its node ---------- */
+
+static CUresult kernel_set(CUresult rc, CUgraphExec exec, CUgraphNode node, unsigned gx,
+                           unsigned gy, unsigned gz)
+{
+    if (rc == CUDA_SUCCESS && vgpu_throttle_enabled)
+        vgpu_graph_set_node(exec, node, grid(gx, gy, gz));
+    return rc;
+}
+
+static CUresult child_set(CUresult rc, CUgraphExec exec, CUgraphNode node, CUgraph child)
+{
+    const struct vgpu_graph_api api = graph_api();
+    if (rc == CUDA_SUCCESS && vgpu_throttle_enabled)
+        vgpu_graph_set_node(exec, node, vgpu_graph_blocks(&api, child));
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
+                                                       const CUDA_KERNEL_NODE_PARAMS *params)
+{
+    if (!ready() || real.cuGraphExecKernelNodeSetParams_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (params == NULL)
+        return real.cuGraphExecKernelNodeSetParams_v2(exec, node, params);
+    return kernel_set(real.cuGraphExecKernelNodeSetParams_v2(exec, node, params), exec, node,
+                      params->gridDimX, params->gridDimY, params->gridDimZ);
+}
+
+/* The CUDA 10.1 ABI (cuda_v1.h). */
+VGPU_EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                                    const CUDA_KERNEL_NODE_PARAMS_v1 *params)
+{
+    if (!ready() || real.cuGraphExecKernelNodeSetParams == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (params == NULL)
+        return real.cuGraphExecKernelNodeSetParams(exec, node, params);
+    return kernel_set(real.cuGraphExecKernelNodeSetParams(exec, node, params), exec, node,
+                      params->gridDimX, params->gridDimY, params->gridDimZ);
+}
+
+VGPU_EXPORT CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                                        CUgraph child)
+{
+    if (!ready() || real.cuGraphExecChildGraphNodeSetParams == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return child_set(real.cuGraphExecChildGraphNodeSetParams(exec, node, child), exec, node,
+                     child);
+}
+
+/* CUDA 12.2's setter of any node: kernels and child graphs change the cost. */
+VGPU_EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                              CUgraphNodeParams *params)
+{
+    if (!ready() || real.cuGraphExecNodeSetParams == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGraphExecNodeSetParams(exec, node, params);
+    if (params != NULL && params->type == CU_GRAPH_NODE_TYPE_KERNEL)
+        return kernel_set(rc, exec, node, params->kernel.gridDimX, params->kernel.gridDimY,
+                          params->kernel.gridDimZ);
+    if (params != NULL && params->type == CU_GRAPH_NODE_TYPE_GRAPH)
+        return child_set(rc, exec, node, params->graph.graph);
+    return rc;
+}
+
+/* A disabled node does not run: it costs nothing until it is enabled again. */
+VGPU_EXPORT CUresult cuGraphNodeSetEnabled(CUgraphExec exec, CUgraphNode node,
+                                           unsigned int enabled)
+{
+    if (!ready() || real.cuGraphNodeSetEnabled == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGraphNodeSetEnabled(exec, node, enabled);
+    if (rc == CUDA_SUCCESS && vgpu_throttle_enabled)
+        vgpu_graph_enable_node(exec, node, enabled != 0);
     return rc;
 }
 

@@ -1,102 +1,317 @@
 /* graphs.c - the cost of CUDA graph launches for the SM limiter. A graph replays many kernels
- * with one call; counted as one token it ran at 31 % under a 25 % limit on an H100. */
+ * with one call; counted as one token it ran at 31 % under a 25 % limit on an H100. The cost
+ * is kept per top-level node: a graph instantiated with one-block kernels and then set to
+ * 2000-block ones (cuGraphExecKernelNodeSetParams) must cost 2000 blocks a kernel, or it runs
+ * unthrottled. Executable graphs live in an open-addressing table that grows: a full table
+ * would let the next graph run at one token. */
+#ifndef _GNU_SOURCE /* the unit test defines it on the command line */
 #define _GNU_SOURCE
+#endif
 #include "graphs.h"
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum {
-    TABLE_SIZE = 4096, /* live executable graphs; beyond that, new ones cost 1 token */
-    MAX_DEPTH = 8,     /* child graphs nested deeper than this are not counted */
+    MAX_DEPTH = 8,       /* child graphs nested deeper than this are not counted */
+    FIRST_CAPACITY = 64, /* table slots at the first remembered graph; a power of two */
+};
+/* One node's cost is clamped here (a kernel of 2^40 blocks runs for minutes), so that the sum
+ * of a graph's nodes cannot wrap round to a small number. */
+static const uint64_t max_node_blocks = UINT64_C(1) << 40;
+
+struct entry {
+    CUgraphExec exec; /* NULL: never used; tombstone: removed */
+    uint64_t total;   /* the enabled nodes' blocks, saturating */
+    struct vgpu_graph_costs costs;
 };
 
 static struct {
-    CUgraphExec exec; /* NULL: free */
-    uint64_t blocks;
-} table[TABLE_SIZE];
+    struct entry *slots;
+    size_t capacity, used; /* used: live entries and tombstones */
+} table;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static char tombstone_byte;
-static const CUgraphExec tombstone = (CUgraphExec)(void *)&tombstone_byte; /* a removed entry */
+static const CUgraphExec tombstone = (CUgraphExec)(void *)&tombstone_byte;
 
-static size_t home(CUgraphExec exec)
+static uint64_t add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+static uint64_t clamp(uint64_t blocks) { return blocks < max_node_blocks ? blocks : max_node_blocks; }
+
+/* ---- reading a graph ------------------------------------------------------------------------ */
+
+static int readable(const struct vgpu_graph_api *api)
 {
-    return (size_t)(((uintptr_t)exec * UINT64_C(0x9e3779b97f4a7c15)) >> 52) & (TABLE_SIZE - 1);
+    return api->get_nodes != NULL && api->node_type != NULL && api->kernel_params != NULL &&
+           api->child_graph != NULL;
+}
+
+/* The graph's nodes (*count of them, calloc'ed; the caller frees); NULL with *count 0 when it
+ * has none or cannot be read, NULL with *count != 0 when out of memory. */
+static CUgraphNode *nodes_of(const struct vgpu_graph_api *api, CUgraph graph, size_t *count)
+{
+    *count = 0;
+    size_t asked = 0;
+    if (api->get_nodes(graph, NULL, &asked) != CUDA_SUCCESS || asked == 0)
+        return NULL;
+    CUgraphNode *nodes = calloc(asked, sizeof *nodes);
+    if (nodes == NULL) {
+        *count = asked;
+        return NULL;
+    }
+    size_t got = asked;
+    if (api->get_nodes(graph, nodes, &got) != CUDA_SUCCESS) {
+        free(nodes);
+        return NULL;
+    }
+    *count = got < asked ? got : asked; /* the driver writes at most what it was given room for */
+    return nodes;
+}
+
+static uint64_t blocks_of(const struct vgpu_graph_api *api, CUgraph graph, int depth);
+
+/* What one node costs; 0 for a node that launches no kernel. *costly: a kernel or child graph
+ * node (one a setter may change). */
+static uint64_t node_blocks(const struct vgpu_graph_api *api, CUgraphNode node, int depth,
+                            int *costly)
+{
+    CUgraphNodeType type;
+    CUDA_KERNEL_NODE_PARAMS params;
+    CUgraph child;
+    *costly = 0;
+    if (api->node_type(node, &type) != CUDA_SUCCESS)
+        return 0;
+    if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
+        *costly = 1;
+        if (api->kernel_params(node, &params) != CUDA_SUCCESS)
+            return 0;
+        return clamp((uint64_t)params.gridDimX * params.gridDimY * params.gridDimZ);
+    }
+    if (type == CU_GRAPH_NODE_TYPE_GRAPH) {
+        *costly = 1;
+        return api->child_graph(node, &child) == CUDA_SUCCESS ? blocks_of(api, child, depth + 1)
+                                                              : 0;
+    }
+    return 0;
 }
 
 static uint64_t blocks_of(const struct vgpu_graph_api *api, CUgraph graph, int depth)
 {
-    size_t count = 0;
-    if (depth > MAX_DEPTH || api->get_nodes(graph, NULL, &count) != CUDA_SUCCESS || count == 0)
+    size_t count;
+    if (depth > MAX_DEPTH)
         return 0;
-    CUgraphNode *nodes = calloc(count, sizeof *nodes);
-    if (nodes == NULL)
-        return 0;
+    CUgraphNode *nodes = nodes_of(api, graph, &count);
     uint64_t total = 0;
-    if (api->get_nodes(graph, nodes, &count) == CUDA_SUCCESS) {
-        for (size_t i = 0; i < count; i++) {
-            CUgraphNodeType type;
-            if (api->node_type(nodes[i], &type) != CUDA_SUCCESS)
-                continue;
-            CUDA_KERNEL_NODE_PARAMS params;
-            CUgraph child;
-            if (type == CU_GRAPH_NODE_TYPE_KERNEL &&
-                api->kernel_params(nodes[i], &params) == CUDA_SUCCESS)
-                total += (uint64_t)params.gridDimX * params.gridDimY * params.gridDimZ;
-            else if (type == CU_GRAPH_NODE_TYPE_GRAPH &&
-                     api->child_graph(nodes[i], &child) == CUDA_SUCCESS)
-                total += blocks_of(api, child, depth + 1);
-        }
-    }
+    int costly;
+    for (size_t i = 0; nodes != NULL && i < count; i++)
+        total = add(total, node_blocks(api, nodes[i], depth, &costly));
     free(nodes);
-    return total;
+    return clamp(total);
 }
 
 uint64_t vgpu_graph_blocks(const struct vgpu_graph_api *api, CUgraph graph)
 {
-    if (api->get_nodes == NULL || api->node_type == NULL || api->kernel_params == NULL ||
-        api->child_graph == NULL || graph == NULL)
-        return 0;
-    return blocks_of(api, graph, 0);
+    return readable(api) && graph != NULL ? blocks_of(api, graph, 0) : 0;
 }
 
-void vgpu_graph_remember(CUgraphExec exec, uint64_t blocks)
+static int by_node(const void *a, const void *b)
 {
-    if (exec == NULL || exec == tombstone)
-        return;
-    pthread_mutex_lock(&table_lock);
-    size_t free_at = TABLE_SIZE;
-    for (size_t n = 0, i = home(exec); n < TABLE_SIZE; n++, i = (i + 1) & (TABLE_SIZE - 1)) {
-        if (table[i].exec == exec) {
-            free_at = i;
-            break;
-        }
-        if (table[i].exec == tombstone && free_at == TABLE_SIZE)
-            free_at = i;
-        if (table[i].exec == NULL) {
-            if (free_at == TABLE_SIZE)
-                free_at = i;
-            break;
-        }
+    uintptr_t x = (uintptr_t)((const struct vgpu_node_cost *)a)->node;
+    uintptr_t y = (uintptr_t)((const struct vgpu_node_cost *)b)->node;
+    return (x > y) - (x < y);
+}
+
+int vgpu_graph_costs(const struct vgpu_graph_api *api, CUgraph graph,
+                     struct vgpu_graph_costs *costs)
+{
+    costs->nodes = NULL;
+    costs->count = 0;
+    if (!readable(api) || graph == NULL)
+        return 0;
+    size_t count;
+    CUgraphNode *nodes = nodes_of(api, graph, &count);
+    struct vgpu_node_cost *out = nodes != NULL ? calloc(count, sizeof *out) : NULL;
+    if (out == NULL) {
+        free(nodes);
+        return count != 0 ? -1 : 0;
     }
-    if (free_at != TABLE_SIZE) {
-        table[free_at].exec = exec;
-        table[free_at].blocks = blocks;
+    size_t kept = 0;
+    for (size_t i = 0; i < count; i++) {
+        int costly;
+        uint64_t blocks = node_blocks(api, nodes[i], 0, &costly);
+        if (costly)
+            out[kept++] = (struct vgpu_node_cost){.node = nodes[i], .blocks = blocks, .enabled = 1};
+    }
+    free(nodes);
+    qsort(out, kept, sizeof *out, by_node);
+    costs->nodes = out;
+    costs->count = kept;
+    return 0;
+}
+
+/* ---- the table of executable graphs (caller holds table_lock) ------------------------------ */
+
+static size_t home(CUgraphExec exec, size_t capacity)
+{
+    return (size_t)(((uintptr_t)exec * UINT64_C(0x9e3779b97f4a7c15)) >> 32) & (capacity - 1);
+}
+
+static struct entry *find(CUgraphExec exec)
+{
+    for (size_t n = 0, i = table.capacity ? home(exec, table.capacity) : 0;
+         n < table.capacity && table.slots[i].exec != NULL;
+         n++, i = (i + 1) & (table.capacity - 1))
+        if (table.slots[i].exec == exec)
+            return &table.slots[i];
+    return NULL;
+}
+
+static uint64_t total_of(const struct vgpu_graph_costs *costs)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < costs->count; i++)
+        if (costs->nodes[i].enabled)
+            total = add(total, costs->nodes[i].blocks);
+    return total;
+}
+
+/* Re-inserts the live entries into a table of `capacity` slots (tombstones dropped). */
+static int rehash(size_t capacity)
+{
+    struct entry *slots = calloc(capacity, sizeof *slots);
+    if (slots == NULL)
+        return -1;
+    size_t live = 0;
+    for (size_t i = 0; i < table.capacity; i++) {
+        struct entry *e = &table.slots[i];
+        if (e->exec == NULL || e->exec == tombstone)
+            continue;
+        size_t j = home(e->exec, capacity);
+        while (slots[j].exec != NULL)
+            j = (j + 1) & (capacity - 1);
+        slots[j] = *e;
+        live++;
+    }
+    free(table.slots);
+    table.slots = slots;
+    table.capacity = capacity;
+    table.used = live;
+    return 0;
+}
+
+/* A slot for a new exec, the table grown (or cleared of tombstones) to stay at most half used;
+ * NULL when out of memory. */
+static struct entry *new_slot(CUgraphExec exec)
+{
+    if (2 * (table.used + 1) > table.capacity) {
+        size_t live = 0;
+        for (size_t i = 0; i < table.capacity; i++)
+            live += table.slots[i].exec != NULL && table.slots[i].exec != tombstone;
+        size_t capacity = table.capacity ? table.capacity : FIRST_CAPACITY;
+        while (4 * (live + 1) > capacity)
+            capacity *= 2;
+        if (rehash(capacity) != 0)
+            return NULL;
+    }
+    size_t i = home(exec, table.capacity);
+    while (table.slots[i].exec != NULL && table.slots[i].exec != tombstone)
+        i = (i + 1) & (table.capacity - 1);
+    if (table.slots[i].exec == NULL)
+        table.used++;
+    return &table.slots[i];
+}
+
+/* ---- what the wrappers call ---------------------------------------------------------------- */
+
+int vgpu_graph_remember(CUgraphExec exec, struct vgpu_graph_costs *costs)
+{
+    int rc = 0;
+    if (exec == NULL || exec == tombstone) {
+        free(costs->nodes);
+    } else {
+        pthread_mutex_lock(&table_lock);
+        struct entry *e = find(exec);
+        if (e != NULL)
+            free(e->costs.nodes);
+        else
+            e = new_slot(exec);
+        if (e != NULL) {
+            *e = (struct entry){.exec = exec, .total = total_of(costs), .costs = *costs};
+        } else {
+            free(costs->nodes);
+            rc = -1;
+        }
+        pthread_mutex_unlock(&table_lock);
+    }
+    *costs = (struct vgpu_graph_costs){0};
+    return rc;
+}
+
+static struct vgpu_node_cost *node_cost(struct entry *e, CUgraphNode node)
+{
+    struct vgpu_node_cost key = {.node = node};
+    return bsearch(&key, e->costs.nodes, e->costs.count, sizeof key, by_node);
+}
+
+/* Adds a node the table did not know, kept sorted; out of memory, its cost joins the total
+ * alone (charged, never forgotten). */
+static void add_node(struct entry *e, CUgraphNode node, uint64_t blocks)
+{
+    struct vgpu_graph_costs *c = &e->costs;
+    struct vgpu_node_cost *grown = realloc(c->nodes, (c->count + 1) * sizeof *grown);
+    e->total = add(e->total, blocks);
+    if (grown == NULL)
+        return;
+    size_t at = 0;
+    while (at < c->count && (uintptr_t)grown[at].node < (uintptr_t)node)
+        at++;
+    memmove(&grown[at + 1], &grown[at], (c->count - at) * sizeof *grown);
+    grown[at] = (struct vgpu_node_cost){.node = node, .blocks = blocks, .enabled = 1};
+    c->nodes = grown;
+    c->count++;
+}
+
+/* A node's cost or state changed from `before` (its cost while enabled, 0 when disabled). A
+ * saturated total stays near saturation: more than it should be, never less. */
+static void retotal(struct entry *e, uint64_t before, uint64_t after)
+{
+    e->total = add(e->total - before, after);
+}
+
+void vgpu_graph_set_node(CUgraphExec exec, CUgraphNode node, uint64_t blocks)
+{
+    blocks = clamp(blocks);
+    pthread_mutex_lock(&table_lock);
+    struct entry *e = find(exec);
+    struct vgpu_node_cost *n = e != NULL ? node_cost(e, node) : NULL;
+    if (n != NULL) {
+        uint64_t before = n->enabled ? n->blocks : 0;
+        n->blocks = blocks;
+        retotal(e, before, n->enabled ? blocks : 0);
+    } else if (e != NULL) {
+        add_node(e, node, blocks);
+    }
+    pthread_mutex_unlock(&table_lock);
+}
+
+void vgpu_graph_enable_node(CUgraphExec exec, CUgraphNode node, int enabled)
+{
+    pthread_mutex_lock(&table_lock);
+    struct entry *e = find(exec);
+    struct vgpu_node_cost *n = e != NULL ? node_cost(e, node) : NULL;
+    if (n != NULL && n->enabled != (enabled != 0)) {
+        n->enabled = enabled != 0;
+        retotal(e, n->enabled ? 0 : n->blocks, n->enabled ? n->blocks : 0);
     }
     pthread_mutex_unlock(&table_lock);
 }
 
 uint64_t vgpu_graph_cost(CUgraphExec exec)
 {
-    uint64_t blocks = 0;
     pthread_mutex_lock(&table_lock);
-    for (size_t n = 0, i = home(exec); n < TABLE_SIZE && table[i].exec != NULL;
-         n++, i = (i + 1) & (TABLE_SIZE - 1)) {
-        if (table[i].exec == exec) {
-            blocks = table[i].blocks;
-            break;
-        }
-    }
+    const struct entry *e = find(exec);
+    uint64_t blocks = e != NULL ? e->total : 0;
     pthread_mutex_unlock(&table_lock);
     return blocks != 0 ? blocks : 1;
 }
@@ -104,11 +319,19 @@ uint64_t vgpu_graph_cost(CUgraphExec exec)
 void vgpu_graph_forget(CUgraphExec exec)
 {
     pthread_mutex_lock(&table_lock);
-    for (size_t n = 0, i = home(exec); n < TABLE_SIZE && table[i].exec != NULL;
-         n++, i = (i + 1) & (TABLE_SIZE - 1)) {
-        if (table[i].exec == exec) {
-            table[i].exec = tombstone;
-            break;
+    struct entry *e = find(exec);
+    if (e != NULL) {
+        free(e->costs.nodes);
+        *e = (struct entry){.exec = tombstone};
+        /* A tombstone just before an empty slot ends no probe chain: empty it, and those
+         * before it, so that lookups of unknown execs stop early. */
+        size_t mask = table.capacity - 1, i = (size_t)(e - table.slots);
+        if (table.slots[(i + 1) & mask].exec == NULL) {
+            for (size_t n = 0; n < table.capacity && table.slots[i].exec == tombstone;
+                 n++, i = (i - 1) & mask) {
+                table.slots[i].exec = NULL;
+                table.used--;
+            }
         }
     }
     pthread_mutex_unlock(&table_lock);

@@ -1,10 +1,13 @@
 /* graphs.h - what a CUDA graph launch costs the SM limiter: the grid blocks of every kernel
  * node of the graph it was instantiated from (child graphs included), learnt at instantiation,
- * since a CUgraphExec cannot be inspected. */
+ * since a CUgraphExec cannot be inspected, and kept per top-level node, so that the setters of
+ * an executable graph (a kernel's new grid, a new child graph, a node disabled) change the cost
+ * of the node they change. */
 #ifndef VGPU_GRAPHS_H
 #define VGPU_GRAPHS_H
 
 #include <cuda.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* The driver functions that inspect a graph (any of them NULL: nothing can be learnt). */
@@ -15,11 +18,37 @@ struct vgpu_graph_api {
     CUresult (*child_graph)(CUgraphNode, CUgraph *);
 };
 
-/* Grid blocks of all kernel nodes of graph; 0 when they cannot be read. */
+/* What each top-level node of a graph costs; nodes that cost nothing (copies, events) are left
+ * out. Made by vgpu_graph_costs, owned by the table once remembered. */
+struct vgpu_node_cost {
+    CUgraphNode node;
+    uint64_t blocks;
+    int enabled;
+};
+struct vgpu_graph_costs {
+    struct vgpu_node_cost *nodes; /* sorted by node handle */
+    size_t count;
+};
+
+/* Grid blocks of all kernel nodes of graph, child graphs included; 0 when they cannot be read. */
 uint64_t vgpu_graph_blocks(const struct vgpu_graph_api *api, CUgraph graph);
 
-/* Records what launching exec costs (after an instantiation or an update of it). */
-void vgpu_graph_remember(CUgraphExec exec, uint64_t blocks);
+/* The costs of graph's top-level nodes (empty when they cannot be read); 0, or -1 when out of
+ * memory (costs is then empty). */
+int vgpu_graph_costs(const struct vgpu_graph_api *api, CUgraph graph,
+                     struct vgpu_graph_costs *costs);
+
+/* Records what launching exec costs, after an instantiation or an update of it. Takes costs
+ * (left empty) in any case; -1 when the table could not grow (out of memory). */
+int vgpu_graph_remember(CUgraphExec exec, struct vgpu_graph_costs *costs);
+
+/* An executable graph's node now costs `blocks` (a setter changed it). A node the table does not
+ * know (its cost could not be read at instantiation) is added: never less than what runs. */
+void vgpu_graph_set_node(CUgraphExec exec, CUgraphNode node, uint64_t blocks);
+
+/* A node of an executable graph enabled or disabled (cuGraphNodeSetEnabled): a disabled node
+ * does not run, so it costs nothing until enabled again. */
+void vgpu_graph_enable_node(CUgraphExec exec, CUgraphNode node, int enabled);
 
 /* The recorded cost of exec; 1 for an exec instantiated where we could not see it. */
 uint64_t vgpu_graph_cost(CUgraphExec exec);

@@ -34,6 +34,7 @@ run limits "$units/test_limits"
 run settings "$units/test_settings"
 run control "$units/test_control"
 run ledger "$units/test_ledger"
+run graphs "$units/test_graphs"
 run alloc CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m "$build/tests/test_alloc"
 run alloc-uncapped "$build/tests/test_alloc" uncapped
 run alloc-wide-pitch CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_PITCH_ALIGN=2048 \
@@ -209,11 +210,14 @@ c2=$!
 # memory NVML lists (as on a GPU): the host pids are learnt.
 FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXT_MIB=100 contention 30-none-pidns 30 none &
 wait $c1 $c2 $!
-# Graphs made executable through the CUDA 10/11 exports, which CUDA 11 builds call.
-contention graph-25-v1 graph 25 v1 &
-c1=$!
-contention graph-25-v2-update graph 25 v2-update &
-wait $c1 $!
+# Graphs made executable through the CUDA 10/11 exports, which CUDA 11 builds call, and graphs
+# changed once executable (a kernel's grid, a child graph, nodes enabled): the cost follows.
+pids=
+for abi in v1 v2-update set-params set-params-v1 node-set child-set enable-half; do
+    contention "graph-25-$abi" graph 25 "$abi" &
+    pids="$pids $!"
+done
+wait $pids
 [ -e "$tmp/failed" ] && failed=1
 [ $failed = 0 ] && echo "hook tests: all passed" || echo "hook tests: FAILED"
 exit $failed

@@ -13,7 +13,14 @@
  *                                     "flags" (cuGraphInstantiateWithFlags, the default), "v1"
  *                                     (CUDA 10's cuGraphInstantiate), "v2-update" (CUDA 11's
  *                                     cuGraphInstantiate_v2 of one kernel, then CUDA 10.2's
- *                                     cuGraphExecUpdate to the ten)
+ *                                     cuGraphExecUpdate to the ten). Changed once executable:
+ *                                     "set-params", "set-params-v1", "node-set" (ten one-block
+ *                                     kernels set to full ones by cuGraphExecKernelNodeSetParams
+ *                                     _v2, its CUDA 10.1 ABI, CUDA 12.2's cuGraphExecNodeSetParams),
+ *                                     "child-set" (a child graph of one one-block kernel replaced
+ *                                     by the ten, cuGraphExecChildGraphNodeSetParams),
+ *                                     "enable-half" (twenty kernels all disabled, then ten
+ *                                     enabled again, by cuGraphNodeSetEnabled: the ten cost)
  * What the other leaves: a tenant limited to L takes L; an unlimited one takes the rest; two
  * unlimited ones split the GPU. */
 #include <cuda.h>
@@ -37,13 +44,17 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static CUgraph graph_of(int kernels)
+static const CUDA_KERNEL_NODE_PARAMS full = {.gridDimX = BLOCKS, .gridDimY = 1, .gridDimZ = 1,
+                                             .blockDimX = 128, .blockDimY = 1, .blockDimZ = 1};
+
+/* A chain of `kernels` kernel nodes of `blocks` blocks each; nodes (if not NULL) gets them. */
+static CUgraph graph_of(int kernels, unsigned blocks, CUgraphNode *nodes)
 {
     CUgraph graph;
     if (cuGraphCreate(&graph, 0) != CUDA_SUCCESS)
         return NULL;
-    CUDA_KERNEL_NODE_PARAMS params = {.gridDimX = BLOCKS, .gridDimY = 1, .gridDimZ = 1,
-                                      .blockDimX = 128, .blockDimY = 1, .blockDimZ = 1};
+    CUDA_KERNEL_NODE_PARAMS params = full;
+    params.gridDimX = blocks;
     CUgraphNode previous = NULL;
     for (int i = 0; i < kernels; i++) {
         CUgraphNode node;
@@ -51,30 +62,86 @@ static CUgraph graph_of(int kernels)
                                  &params) != CUDA_SUCCESS)
             return NULL;
         previous = node;
+        if (nodes != NULL)
+            nodes[i] = node;
     }
     return graph;
 }
 
-static CUgraphExec make_graph(const char *abi)
+/* Ten one-block kernels made executable, then set to full ones, node by node, by `abi`. */
+static int set_each(CUgraphExec *exec, const char *abi)
 {
-    CUgraph graph = graph_of(GRAPH_KERNELS);
-    CUgraphExec exec = NULL;
-    CUgraphNode error_node;
+    CUgraphNode nodes[GRAPH_KERNELS];
+    CUgraph graph = graph_of(GRAPH_KERNELS, 1, nodes);
+    if (graph == NULL || cuGraphInstantiateWithFlags(exec, graph, 0) != CUDA_SUCCESS)
+        return -1;
+    CUDA_KERNEL_NODE_PARAMS_v1 v1 = {.gridDimX = BLOCKS, .gridDimY = 1, .gridDimZ = 1};
+    CUgraphNodeParams any = {.type = CU_GRAPH_NODE_TYPE_KERNEL};
+    any.kernel.gridDimX = BLOCKS, any.kernel.gridDimY = 1, any.kernel.gridDimZ = 1;
+    for (int i = 0; i < GRAPH_KERNELS; i++) {
+        CUresult rc = strcmp(abi, "set-params") == 0
+            ? cuGraphExecKernelNodeSetParams_v2(*exec, nodes[i], &full)
+            : strcmp(abi, "set-params-v1") == 0
+            ? cuGraphExecKernelNodeSetParams(*exec, nodes[i], &v1)
+            : cuGraphExecNodeSetParams(*exec, nodes[i], &any);
+        if (rc != CUDA_SUCCESS)
+            return -1;
+    }
+    return 0;
+}
+
+static int make(CUgraphExec *exec, const char *abi)
+{
+    CUgraph graph = graph_of(GRAPH_KERNELS, BLOCKS, NULL);
+    CUgraphNode error_node, node, nodes[2 * GRAPH_KERNELS];
+    CUgraphExecUpdateResult result;
     char log[64];
     if (graph == NULL)
-        return NULL;
+        return -1;
     if (strcmp(abi, "flags") == 0)
-        return cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS ? exec : NULL;
+        return cuGraphInstantiateWithFlags(exec, graph, 0) == CUDA_SUCCESS ? 0 : -1;
     if (strcmp(abi, "v1") == 0)
-        return cuGraphInstantiate(&exec, graph, &error_node, log, sizeof log) == CUDA_SUCCESS
-                   ? exec : NULL;
-    CUgraph one = graph_of(1);
-    CUgraphExecUpdateResult result;
-    if (strcmp(abi, "v2-update") == 0 && one != NULL &&
-        cuGraphInstantiate_v2(&exec, one, &error_node, log, sizeof log) == CUDA_SUCCESS &&
-        cuGraphExecUpdate(exec, graph, &error_node, &result) == CUDA_SUCCESS)
-        return exec;
-    return NULL;
+        return cuGraphInstantiate(exec, graph, &error_node, log, sizeof log) == CUDA_SUCCESS
+                   ? 0 : -1;
+    if (strcmp(abi, "v2-update") == 0) {
+        CUgraph one = graph_of(1, BLOCKS, NULL);
+        return one != NULL &&
+               cuGraphInstantiate_v2(exec, one, &error_node, log, sizeof log) == CUDA_SUCCESS &&
+               cuGraphExecUpdate(*exec, graph, &error_node, &result) == CUDA_SUCCESS ? 0 : -1;
+    }
+    if (strncmp(abi, "set-params", 10) == 0 || strcmp(abi, "node-set") == 0)
+        return set_each(exec, abi);
+    if (strcmp(abi, "child-set") == 0) {
+        CUgraph outer, small = graph_of(1, 1, NULL);
+        return small != NULL && cuGraphCreate(&outer, 0) == CUDA_SUCCESS &&
+               cuGraphAddChildGraphNode(&node, outer, NULL, 0, small) == CUDA_SUCCESS &&
+               cuGraphInstantiateWithFlags(exec, outer, 0) == CUDA_SUCCESS &&
+               cuGraphExecChildGraphNodeSetParams(*exec, node, graph) == CUDA_SUCCESS ? 0 : -1;
+    }
+    if (strcmp(abi, "enable-half") == 0) {
+        CUgraph twice = graph_of(2 * GRAPH_KERNELS, BLOCKS, nodes);
+        if (twice == NULL || cuGraphInstantiateWithFlags(exec, twice, 0) != CUDA_SUCCESS)
+            return -1;
+        for (int i = 0; i < 2 * GRAPH_KERNELS; i++)
+            if (cuGraphNodeSetEnabled(*exec, nodes[i], 0) != CUDA_SUCCESS)
+                return -1;
+        for (int i = 0; i < GRAPH_KERNELS; i++)
+            if (cuGraphNodeSetEnabled(*exec, nodes[2 * i], 1) != CUDA_SUCCESS)
+                return -1;
+        return 0;
+    }
+    return -1;
+}
+
+/* An executable graph that runs ten full kernels, made by `abi`; NULL if the driver did not
+ * make exactly that (the fake's own count, so that a case cannot pass on a graph it never ran). */
+static CUgraphExec make_graph(const char *abi)
+{
+    CUgraphExec exec = NULL;
+    if (make(&exec, abi) != 0 ||
+        fake_cuda_graph_exec_blocks(exec) != (uint64_t)GRAPH_KERNELS * BLOCKS)
+        return NULL;
+    return exec;
 }
 
 /* One tenant: its own region and limit, set before its first CUDA call (the library reads them

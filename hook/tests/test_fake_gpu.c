@@ -343,6 +343,26 @@ static void graphs_and_contexts(void)
     check(cuGraphInstantiateWithParams(&exec2, g, &ip) == 0 &&
           ip.result_out == CUDA_GRAPH_INSTANTIATE_SUCCESS &&
           fake_cuda_graph_exec_blocks(exec2) == 2000, "cuGraphInstantiateWithParams");
+    /* exec2 runs g (n1 1000, n2 600, the child 400), whose nodes name its nodes. */
+    CUgraphNodeParams any = {.type = CU_GRAPH_NODE_TYPE_KERNEL};
+    any.kernel = (CUDA_KERNEL_NODE_PARAMS_v3){.gridDimX = 10, .gridDimY = 1, .gridDimZ = 1};
+    check(cuGraphExecKernelNodeSetParams_v2(exec2, n1, &k3) == 0 &&
+          fake_cuda_graph_exec_blocks(exec2) == 1400 &&
+          cuGraphExecNodeSetParams(exec2, n2, &any) == 0 &&
+          fake_cuda_graph_exec_blocks(exec2) == 810 &&
+          cuGraphKernelNodeGetParams_v2(n1, &got) == 0 && got.gridDimX == 1000,
+          "exec-level kernel setters change the executable's blocks, not the graph's");
+    check(cuGraphExecChildGraphNodeSetParams(exec2, nc, small) == 0 &&
+          fake_cuda_graph_exec_blocks(exec2) == 810 && cuGraphNodeSetEnabled(exec2, n1, 0) == 0 &&
+          fake_cuda_graph_exec_blocks(exec2) == 410 && cuGraphNodeSetEnabled(exec2, n1, 1) == 0 &&
+          fake_cuda_graph_exec_blocks(exec2) == 810,
+          "a child graph replaced, a node disabled and enabled");
+    check(cuGraphExecKernelNodeSetParams_v2(exec2, nc, &k1) == CUDA_ERROR_INVALID_VALUE &&
+          cuGraphExecChildGraphNodeSetParams(exec2, n1, small) == CUDA_ERROR_INVALID_VALUE &&
+          cuGraphExecKernelNodeSetParams_v2(exec2, ns, &k1) == CUDA_ERROR_INVALID_VALUE &&
+          cuGraphNodeSetEnabled(exec2, ns, 0) == CUDA_ERROR_INVALID_VALUE &&
+          fake_cuda_graph_exec_blocks(exec2) == 810,
+          "refused: a setter of the wrong node type, a node of another graph");
     check(cuGraphExecDestroy(exec) == 0 && cuGraphExecDestroy(exec2) == 0 &&
           cuGraphDestroy(g) == 0 && cuGraphDestroy(child) == 0 && cuGraphDestroy(small) == 0 &&
           cuGraphExecDestroy(exec) == CUDA_ERROR_INVALID_VALUE, "graphs destroyed");

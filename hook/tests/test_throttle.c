@@ -2,10 +2,13 @@
  * of 2000 blocks is 2 ms of "GPU time" (FAKE_CUDA_NS_PER_BLOCK=1000), and the loop keeps the
  * GPU busy when nothing holds it back. argv[1] is the limit the environment sets ("none" for
  * no limit); the measured busy share after a settling time must be within 5 points of it.
- * The loop rotates through every launch variant, so each one must be gated. */
+ * The loop rotates through every launch variant, so each one must be gated. First, a CUDA graph
+ * whose cost cannot be read for want of host memory: refused under a limit (it would run at one
+ * token a launch), left alone without one. */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <math.h>
+#include <stdint.h>
 #include <time.h>
 
 #include "check.h"
@@ -22,6 +25,59 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* calloc for the whole process, libvgpu's included, so that the one that lists a graph's
+ * nodes can be made to fail. malloc and memset keep each allocation with the allocator that
+ * frees it (the sanitizer's under make asan). */
+enum { ODD_NODES = 13 }; /* a node count nothing else in the process allocates for */
+static int fail_node_list;
+
+void *calloc(size_t n, size_t size)
+{
+    if (size != 0 && n > SIZE_MAX / size)
+        return NULL;
+    if (fail_node_list && n == ODD_NODES && size == sizeof(CUgraphNode)) {
+        fail_node_list = 0;
+        return NULL;
+    }
+    /* Through a volatile pointer: the compiler would turn malloc + memset into calloc. */
+    static void *(*volatile allocate)(size_t) = malloc;
+    void *p = allocate(n * size);
+    return p != NULL ? memset(p, 0, n * size) : NULL;
+}
+
+static void graph_without_memory(int limited)
+{
+    CUgraph g;
+    CUgraphNode node;
+    CUDA_KERNEL_NODE_PARAMS k = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 1,
+                                 .blockDimY = 1, .blockDimZ = 1};
+    int made = cuGraphCreate(&g, 0) == CUDA_SUCCESS;
+    for (int n = 0; made && n < ODD_NODES; n++)
+        made = cuGraphAddKernelNode(&node, g, NULL, 0, &k) == CUDA_SUCCESS;
+    uint64_t live = fake_cuda_stats.graph_execs;
+    CUgraphExec exec = (CUgraphExec)&g;
+    fail_node_list = 1;
+    CUresult rc = cuGraphInstantiateWithFlags(&exec, g, 0);
+    int tried = !fail_node_list;
+    fail_node_list = 0;
+    if (!limited) {
+        check(made && rc == CUDA_SUCCESS && exec != NULL && !tried,
+              "no limit: a graph's cost is not read, so nothing to fail");
+        return;
+    }
+    check(made && rc == CUDA_ERROR_OUT_OF_MEMORY && exec == NULL && tried &&
+              fake_cuda_stats.graph_execs == live,
+          "no host memory to read a graph's cost: not instantiated (the driver's exec destroyed)");
+    rc = cuGraphInstantiateWithFlags(&exec, g, 0);
+    fail_node_list = 1;
+    CUgraphExecUpdateResultInfo info;
+    CUresult update = cuGraphExecUpdate(exec, g, &info);
+    fail_node_list = 0;
+    check(rc == CUDA_SUCCESS && update == CUDA_ERROR_OUT_OF_MEMORY &&
+              fake_cuda_stats.graph_execs == live + 1 && cuGraphExecDestroy(exec) == CUDA_SUCCESS,
+          "... and an update of a graph then answers CUDA_ERROR_OUT_OF_MEMORY, the exec kept");
 }
 
 static launch_fn launch_ptsz;
@@ -68,6 +124,7 @@ int main(int argc, char **argv)
     cuInit(0);
     cuDevicePrimaryCtxRetain(&ctx, 0);
     cuCtxSetCurrent(ctx);
+    graph_without_memory(strcmp(limit_arg, "none") != 0);
     unsigned i = 0, launched = 0;
     run_for(2.0, &i, 1); /* settle */
     double util = run_for(2.0, &i, 1);

@@ -647,14 +647,17 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsign
 
 /* Graphs, nodes and executable graphs are this process's objects. A node keeps its kernel's
  * parameters (gridDim) or a copy of its child graph, as the driver does; an executable graph
- * keeps the total blocks of its kernel nodes, child graphs included, which is its cost. Graphs
- * and execs are listed so that an unknown handle is refused rather than read. */
+ * keeps a copy of the graph it runs, whose nodes the exec-level setters change (naming them by
+ * the nodes of the graph it was made from, as the driver does), and the total blocks of its
+ * enabled kernel nodes, child graphs included, which is its cost. Graphs and execs are listed
+ * so that an unknown handle is refused rather than read. */
 struct fake_graph;
 
 struct fake_node {
     CUgraphNodeType type;
     CUDA_KERNEL_NODE_PARAMS params;  /* CU_GRAPH_NODE_TYPE_KERNEL */
     struct fake_graph *child;        /* CU_GRAPH_NODE_TYPE_GRAPH: owned by the node */
+    int disabled;                    /* in an executable graph's copy: cuGraphNodeSetEnabled */
 };
 
 struct fake_graph {
@@ -665,6 +668,8 @@ struct fake_graph {
 
 struct fake_exec {
     struct fake_exec *next_exec;
+    const struct fake_graph *source; /* the graph it was made from or last updated to */
+    struct fake_graph *copy;         /* what it runs */
     uint64_t blocks;
 };
 
@@ -763,6 +768,8 @@ static uint64_t graph_blocks(const struct fake_graph *g)
     uint64_t blocks = 0;
     for (size_t i = 0; i < g->count; i++) {
         const struct fake_node *n = g->nodes[i];
+        if (n->disabled)
+            continue;
         if (n->type == CU_GRAPH_NODE_TYPE_KERNEL)
             blocks += (uint64_t)n->params.gridDimX * n->params.gridDimY * n->params.gridDimZ;
         else if (n->child != NULL)
@@ -903,9 +910,15 @@ static CUresult instantiate(CUgraphExec *out, CUgraph graph)
     pthread_mutex_lock(&graph_lock);
     if (graph_known((struct fake_graph *)graph)) {
         struct fake_exec *e = calloc(1, sizeof *e);
-        rc = e != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-        if (e != NULL) {
-            e->blocks = graph_blocks((struct fake_graph *)graph);
+        struct fake_graph *copy = e != NULL ? graph_clone((struct fake_graph *)graph) : NULL;
+        rc = copy != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+        if (copy == NULL) {
+            free(e);
+        } else {
+            e->source = (struct fake_graph *)graph;
+            e->copy = copy;
+            e->blocks = graph_blocks(copy);
+            fake_cuda_stats.graph_execs++;
             e->next_exec = execs;
             execs = e;
             *out = (CUgraphExec)e;
@@ -938,8 +951,11 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 {
     pthread_mutex_lock(&graph_lock);
     struct fake_exec **link = exec_link((struct fake_exec *)exec);
-    if (link != NULL)
+    if (link != NULL) {
         *link = ((struct fake_exec *)exec)->next_exec;
+        graph_free(((struct fake_exec *)exec)->copy);
+        fake_cuda_stats.graph_execs--;
+    }
     pthread_mutex_unlock(&graph_lock);
     if (link != NULL)
         free(exec);
@@ -975,9 +991,15 @@ static CUgraphExecUpdateResult update(CUgraphExec exec, CUgraph graph)
     pthread_mutex_lock(&graph_lock);
     struct fake_exec *e = (struct fake_exec *)exec;
     int known = exec_link(e) != NULL && graph_known((struct fake_graph *)graph);
-    if (known)
-        e->blocks = graph_blocks((struct fake_graph *)graph);
+    struct fake_graph *copy = known ? graph_clone((struct fake_graph *)graph) : NULL;
+    if (copy != NULL) {
+        graph_free(e->copy);
+        e->source = (struct fake_graph *)graph;
+        e->copy = copy;
+        e->blocks = graph_blocks(copy);
+    }
     pthread_mutex_unlock(&graph_lock);
+    known = copy != NULL;
     return known ? CU_GRAPH_EXEC_UPDATE_SUCCESS : CU_GRAPH_EXEC_UPDATE_ERROR;
 }
 
@@ -1002,6 +1024,101 @@ EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *
     if (result_out != NULL)
         *result_out = result;
     return result == CU_GRAPH_EXEC_UPDATE_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- executable graphs changed in place ---- */
+
+/* The node of e's copy that stands for `node` of the graph e was made from; NULL: none (also
+ * when that graph is gone, or the node was added to it after). Caller holds graph_lock. */
+static struct fake_node *exec_node(struct fake_exec *e, CUgraphNode node)
+{
+    if (exec_link(e) == NULL || !graph_known(e->source))
+        return NULL;
+    for (size_t i = 0; i < e->source->count && i < e->copy->count; i++)
+        if ((CUgraphNode)e->source->nodes[i] == node)
+            return e->copy->nodes[i];
+    return NULL;
+}
+
+/* Sets a kernel node's grid (child NULL) or a child graph node's graph in exec. */
+static CUresult exec_set(CUgraphExec exec, CUgraphNode node, const unsigned *grid,
+                         CUgraph child)
+{
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&graph_lock);
+    struct fake_exec *e = (struct fake_exec *)exec;
+    struct fake_node *n = exec_node(e, node);
+    if (n != NULL && grid != NULL && n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
+        n->params.gridDimX = grid[0];
+        n->params.gridDimY = grid[1];
+        n->params.gridDimZ = grid[2];
+        rc = CUDA_SUCCESS;
+    } else if (n != NULL && child != NULL && n->type == CU_GRAPH_NODE_TYPE_GRAPH &&
+               graph_known((struct fake_graph *)child)) {
+        struct fake_graph *copy = graph_clone((struct fake_graph *)child);
+        rc = copy != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+        if (copy != NULL) {
+            graph_free(n->child);
+            n->child = copy;
+        }
+    }
+    if (rc == CUDA_SUCCESS)
+        e->blocks = graph_blocks(e->copy);
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
+}
+
+EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
+                                                  const CUDA_KERNEL_NODE_PARAMS *params)
+{
+    if (params == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    const unsigned grid[3] = {params->gridDimX, params->gridDimY, params->gridDimZ};
+    return exec_set(exec, node, grid, NULL);
+}
+
+/* The CUDA 10.1 ABI. */
+EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                               const CUDA_KERNEL_NODE_PARAMS_v1 *params)
+{
+    if (params == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    const unsigned grid[3] = {params->gridDimX, params->gridDimY, params->gridDimZ};
+    return exec_set(exec, node, grid, NULL);
+}
+
+EXPORT CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                                   CUgraph child)
+{
+    return exec_set(exec, node, NULL, child);
+}
+
+EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                         CUgraphNodeParams *params)
+{
+    if (params == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (params->type == CU_GRAPH_NODE_TYPE_KERNEL) {
+        const unsigned grid[3] = {params->kernel.gridDimX, params->kernel.gridDimY,
+                                  params->kernel.gridDimZ};
+        return exec_set(exec, node, grid, NULL);
+    }
+    if (params->type == CU_GRAPH_NODE_TYPE_GRAPH)
+        return exec_set(exec, node, NULL, params->graph.graph);
+    return CUDA_ERROR_INVALID_VALUE; /* the fake's graphs hold kernels and child graphs only */
+}
+
+EXPORT CUresult cuGraphNodeSetEnabled(CUgraphExec exec, CUgraphNode node, unsigned int enabled)
+{
+    pthread_mutex_lock(&graph_lock);
+    struct fake_exec *e = (struct fake_exec *)exec;
+    struct fake_node *n = exec_node(e, node);
+    if (n != NULL) {
+        n->disabled = !enabled;
+        e->blocks = graph_blocks(e->copy);
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return n != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* Blocks of an executable graph; a NULL one is the old tests' stand-in for "some graph" and
@@ -1219,6 +1336,11 @@ static const struct proc procs[] = {
     P("cuGraphExecDestroy", cuGraphExecDestroy, 10000, 0),
     P("cuGraphExecUpdate", cuGraphExecUpdate, 10020, 0),
     P("cuGraphExecUpdate", cuGraphExecUpdate_v2, 12000, 0),
+    P("cuGraphExecKernelNodeSetParams", cuGraphExecKernelNodeSetParams, 10010, 0),
+    P("cuGraphExecKernelNodeSetParams", cuGraphExecKernelNodeSetParams_v2, 12000, 0),
+    P("cuGraphExecChildGraphNodeSetParams", cuGraphExecChildGraphNodeSetParams, 11010, 0),
+    P("cuGraphExecNodeSetParams", cuGraphExecNodeSetParams, 12020, 0),
+    P("cuGraphNodeSetEnabled", cuGraphNodeSetEnabled, 11060, 0),
 };
 #undef P
 

@@ -14,6 +14,7 @@ struct fake_cuda_stats {
     uint64_t launches[FAKE_LAUNCH_VARIANTS];
     uint64_t free_calls;    /* every free family, including refused ones */
     uint64_t async_ptsz_calls;
+    uint64_t graph_execs;   /* executable graphs alive */
 };
 
 extern struct fake_cuda_stats fake_cuda_stats;

@@ -1,0 +1,320 @@
+/* test_graphs.c - what a CUDA graph launch costs the SM limiter (src/graphs.c), over graphs of
+ * the test's own: a graph's top-level nodes costed (kernels, child graphs nested up to the
+ * limit, other nodes left out), each exec-level setter changing its node's cost (a kernel's grid,
+ * a child graph, a node unknown at instantiation, a node disabled and enabled), grids that would
+ * wrap a 64-bit sum, graphs that cannot be read, a table of more executable graphs than the old
+ * fixed one held, and running out of host memory at each allocation (calloc and realloc are
+ * wrapped by the linker: --wrap). */
+#include <stdint.h>
+
+#include "check.h"
+#include "graphs.h"
+
+/* ---- allocation failures on demand ---- */
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t size);
+void *__wrap_calloc(size_t n, size_t size);
+void *__wrap_realloc(void *p, size_t size);
+static int fail_in; /* the fail_in-th allocation from now fails; 0: none does */
+
+static int fails(void) { return fail_in > 0 && --fail_in == 0; }
+
+void *__wrap_calloc(size_t n, size_t size) { return fails() ? NULL : __real_calloc(n, size); }
+
+void *__wrap_realloc(void *p, size_t size) { return fails() ? NULL : __real_realloc(p, size); }
+
+/* ---- the test's graphs ---- */
+enum { MAX_NODES = 16 };
+struct tgraph;
+struct tnode {
+    CUgraphNodeType type;
+    unsigned grid[3];
+    struct tgraph *child;
+    int unreadable; /* its parameters cannot be read */
+};
+struct tgraph {
+    struct tnode *nodes[MAX_NODES];
+    size_t count;
+    int fails;     /* get_nodes fails */
+    size_t shrink; /* nodes gone between the count and the listing */
+};
+
+static CUresult get_nodes(CUgraph graph, CUgraphNode *nodes, size_t *count)
+{
+    struct tgraph *g = (struct tgraph *)graph;
+    if (g->fails)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (nodes == NULL) {
+        *count = g->count;
+        return CUDA_SUCCESS;
+    }
+    size_t n = g->count - g->shrink;
+    for (size_t i = 0; i < *count; i++)
+        nodes[i] = i < n ? (CUgraphNode)g->nodes[i] : NULL;
+    *count = n;
+    return CUDA_SUCCESS;
+}
+
+static CUresult node_type(CUgraphNode node, CUgraphNodeType *type)
+{
+    *type = ((struct tnode *)node)->type;
+    return CUDA_SUCCESS;
+}
+
+static CUresult kernel_params(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS *params)
+{
+    const struct tnode *n = (const struct tnode *)node;
+    if (n->type != CU_GRAPH_NODE_TYPE_KERNEL || n->unreadable)
+        return CUDA_ERROR_INVALID_VALUE;
+    *params = (CUDA_KERNEL_NODE_PARAMS){.gridDimX = n->grid[0], .gridDimY = n->grid[1],
+                                        .gridDimZ = n->grid[2]};
+    return CUDA_SUCCESS;
+}
+
+static CUresult child_graph(CUgraphNode node, CUgraph *graph)
+{
+    const struct tnode *n = (const struct tnode *)node;
+    if (n->type != CU_GRAPH_NODE_TYPE_GRAPH)
+        return CUDA_ERROR_INVALID_VALUE;
+    *graph = (CUgraph)n->child;
+    return CUDA_SUCCESS;
+}
+
+static const struct vgpu_graph_api api = {get_nodes, node_type, kernel_params, child_graph};
+
+static struct tnode nodes[64];
+static size_t used_nodes;
+
+static struct tnode *kernel(unsigned x, unsigned y, unsigned z)
+{
+    struct tnode *n = &nodes[used_nodes++];
+    *n = (struct tnode){.type = CU_GRAPH_NODE_TYPE_KERNEL, .grid = {x, y, z}};
+    return n;
+}
+
+static struct tnode *other(CUgraphNodeType type)
+{
+    struct tnode *n = &nodes[used_nodes++];
+    *n = (struct tnode){.type = type};
+    return n;
+}
+
+static struct tnode *child(struct tgraph *g)
+{
+    struct tnode *n = other(CU_GRAPH_NODE_TYPE_GRAPH);
+    n->child = g;
+    return n;
+}
+
+static void add(struct tgraph *g, struct tnode *n) { g->nodes[g->count++] = n; }
+
+static CUgraph handle(struct tgraph *g) { return (CUgraph)g; }
+
+/* An executable graph's handle: any distinct pointer does. */
+static char exec_bytes[20000];
+static CUgraphExec exec_at(size_t i) { return (CUgraphExec)(void *)&exec_bytes[i]; }
+
+static unsigned long long cost(CUgraphExec exec) { return vgpu_graph_cost(exec); }
+
+/* Instantiates: costs graph and remembers it for exec; 0 on success. */
+static int instantiate(CUgraphExec exec, struct tgraph *g)
+{
+    struct vgpu_graph_costs costs;
+    return vgpu_graph_costs(&api, handle(g), &costs) == 0 ? vgpu_graph_remember(exec, &costs) : -1;
+}
+
+static void setters(void)
+{
+    struct tgraph inner = {0}, g = {0};
+    add(&inner, kernel(5, 1, 1));
+    add(&inner, kernel(5, 1, 1));
+    struct tnode *k10 = kernel(10, 1, 1), *k20 = kernel(2, 5, 2), *copy = other(CU_GRAPH_NODE_TYPE_MEMCPY);
+    struct tnode *sub = child(&inner);
+    add(&g, k10);
+    add(&g, copy);
+    add(&g, sub);
+    add(&g, k20);
+    struct vgpu_graph_costs costs;
+    int rc = vgpu_graph_costs(&api, handle(&g), &costs);
+    check(rc == 0 && costs.count == 3,
+          "a graph's kernel and child graph nodes are costed, its copy node left out (%zu)",
+          costs.count);
+    int sorted = 1;
+    for (size_t i = 1; i < costs.count; i++)
+        sorted &= (uintptr_t)costs.nodes[i - 1].node < (uintptr_t)costs.nodes[i].node;
+    check(sorted, "the costs are sorted by node handle");
+    CUgraphExec e = exec_at(1);
+    check(vgpu_graph_remember(e, &costs) == 0 && costs.nodes == NULL && costs.count == 0,
+          "remembered: the table took the costs");
+    check(vgpu_graph_cost(e) == 40, "ten, twenty and a child graph of ten blocks cost 40: %llu",
+          cost(e));
+
+    vgpu_graph_set_node(e, (CUgraphNode)k10, 1000);
+    check(vgpu_graph_cost(e) == 1030, "a kernel set to 1000 blocks: 1030 (%llu)",
+          cost(e));
+    struct tgraph bigger = {0};
+    add(&bigger, kernel(7, 1, 1));
+    vgpu_graph_set_node(e, (CUgraphNode)sub, vgpu_graph_blocks(&api, handle(&bigger)));
+    check(vgpu_graph_cost(e) == 1027, "the child graph replaced by one of 7 blocks: 1027 (%llu)",
+          cost(e));
+    struct tnode *unknown = kernel(1, 1, 1);
+    vgpu_graph_set_node(e, (CUgraphNode)unknown, 50);
+    vgpu_graph_set_node(e, (CUgraphNode)unknown, 60);
+    check(vgpu_graph_cost(e) == 1087,
+          "a node unknown at instantiation set twice is counted once, at its last cost: 1087 "
+          "(%llu)", cost(e));
+
+    vgpu_graph_enable_node(e, (CUgraphNode)k20, 0);
+    check(vgpu_graph_cost(e) == 1067, "a disabled node costs nothing: 1067 (%llu)",
+          cost(e));
+    vgpu_graph_enable_node(e, (CUgraphNode)k20, 0);
+    vgpu_graph_set_node(e, (CUgraphNode)k20, 30);
+    check(vgpu_graph_cost(e) == 1067, "disabled twice, then set while disabled: still 1067");
+    vgpu_graph_enable_node(e, (CUgraphNode)k20, 1);
+    check(vgpu_graph_cost(e) == 1097, "enabled again, at the cost set meanwhile: 1097 (%llu)",
+          cost(e));
+    vgpu_graph_enable_node(e, (CUgraphNode)copy, 0);
+    check(vgpu_graph_cost(e) == 1097, "disabling a node that costs nothing changes nothing");
+
+    struct tgraph small = {0};
+    add(&small, kernel(3, 1, 1));
+    rc = instantiate(e, &small);
+    check(rc == 0 && vgpu_graph_cost(e) == 3,
+          "updated to another graph: its cost replaces the old one (%llu)",
+          cost(e));
+    vgpu_graph_forget(e);
+    check(vgpu_graph_cost(e) == 1, "destroyed: an unknown exec costs one token");
+    vgpu_graph_set_node(e, (CUgraphNode)k10, 1000);
+    vgpu_graph_enable_node(e, (CUgraphNode)k10, 1);
+    check(vgpu_graph_cost(e) == 1, "setters on an exec the table does not know change nothing");
+}
+
+static void odd_graphs(void)
+{
+    const uint64_t max_node = UINT64_C(1) << 40;
+    struct tgraph huge = {0};
+    add(&huge, kernel(2147483647u, 65535, 65535));
+    add(&huge, kernel(2147483647u, 65535, 65535));
+    add(&huge, kernel(2147483647u, 65535, 65535));
+    add(&huge, kernel(2147483647u, 65535, 65535));
+    CUgraphExec e = exec_at(2);
+    int rc = instantiate(e, &huge);
+    check(rc == 0 && vgpu_graph_cost(e) == 4 * max_node,
+          "four kernels of 2^63 blocks cost 4 x 2^40, not a sum wrapped round (%llu)",
+          cost(e));
+    vgpu_graph_set_node(e, (CUgraphNode)huge.nodes[0], UINT64_MAX);
+    check(vgpu_graph_cost(e) == 4 * max_node, "a setter's cost is clamped the same way");
+
+    struct tgraph unreadable = {0};
+    struct tnode *hidden = kernel(100, 1, 1);
+    hidden->unreadable = 1;
+    add(&unreadable, hidden);
+    add(&unreadable, kernel(10, 1, 1));
+    rc = instantiate(e, &unreadable);
+    check(rc == 0 && vgpu_graph_cost(e) == 10,
+          "a kernel whose parameters cannot be read costs nothing yet: 10 (%llu)",
+          cost(e));
+    vgpu_graph_set_node(e, (CUgraphNode)hidden, 100);
+    check(vgpu_graph_cost(e) == 110, "... and its cost once a setter gives it: 110");
+
+    struct tgraph failing = {.fails = 1};
+    add(&failing, kernel(100, 1, 1));
+    check(instantiate(e, &failing) == 0 && vgpu_graph_cost(e) == 1,
+          "a graph whose nodes cannot be listed costs one token");
+    struct tgraph shrinking = {.shrink = 1};
+    add(&shrinking, kernel(100, 1, 1));
+    add(&shrinking, kernel(200, 1, 1));
+    rc = instantiate(e, &shrinking);
+    check(rc == 0 && vgpu_graph_cost(e) == 100,
+          "nodes removed between counting and listing are not read: 100 (%llu)",
+          cost(e));
+    struct vgpu_graph_api blind = api;
+    blind.kernel_params = NULL;
+    struct vgpu_graph_costs costs;
+    check(vgpu_graph_costs(&blind, handle(&shrinking), &costs) == 0 && costs.count == 0 &&
+              vgpu_graph_blocks(&blind, handle(&shrinking)) == 0,
+          "without the driver's inspection functions nothing is learnt");
+
+    /* Nested ten deep, a kernel of one block at each level: the first nine levels (0..8) count. */
+    static struct tgraph levels[10];
+    for (int i = 9; i >= 0; i--) {
+        levels[i] = (struct tgraph){0};
+        add(&levels[i], kernel(1, 1, 1));
+        if (i < 9)
+            add(&levels[i], child(&levels[i + 1]));
+    }
+    unsigned long long nested = vgpu_graph_blocks(&api, handle(&levels[0]));
+    check(nested == 9, "child graphs are counted down to 8 levels: 9 blocks (%llu)", nested);
+    vgpu_graph_forget(e);
+}
+
+/* More executable graphs than the old fixed table of 4096 held (its 4097th cost one token). */
+static void many(void)
+{
+    struct tgraph g = {0};
+    add(&g, kernel(1, 1, 1));
+    enum { COUNT = 10000 };
+    int right = 1;
+    for (size_t i = 0; i < COUNT; i++) {
+        g.nodes[0]->grid[0] = (unsigned)i + 2;
+        right &= instantiate(exec_at(i), &g) == 0;
+    }
+    for (size_t i = 0; i < COUNT; i++)
+        right &= vgpu_graph_cost(exec_at(i)) == i + 2;
+    check(right, "%d executable graphs each keep their own cost", COUNT);
+    for (size_t i = 0; i < COUNT; i += 2)
+        vgpu_graph_forget(exec_at(i));
+    right = 1;
+    for (size_t i = 0; i < COUNT; i++)
+        right &= vgpu_graph_cost(exec_at(i)) == (i % 2 ? i + 2 : 1);
+    for (int round = 0; round < 20; round++)
+        for (size_t i = 0; i < COUNT; i += 2) {
+            g.nodes[0]->grid[0] = 7;
+            right &= instantiate(exec_at(i), &g) == 0;
+            vgpu_graph_forget(exec_at(i));
+        }
+    for (size_t i = 0; i < COUNT; i++)
+        right &= vgpu_graph_cost(exec_at(i)) == (i % 2 ? i + 2 : 1);
+    check(right, "half destroyed, then 20 rounds of instantiate and destroy: the rest keep "
+                 "their costs, the destroyed cost one token");
+    for (size_t i = 1; i < COUNT; i += 2)
+        vgpu_graph_forget(exec_at(i));
+}
+
+static void out_of_memory(void)
+{
+    struct tgraph g = {0};
+    add(&g, kernel(10, 1, 1));
+    struct vgpu_graph_costs costs;
+    fail_in = 1;
+    check(vgpu_graph_costs(&api, handle(&g), &costs) == -1 && costs.nodes == NULL,
+          "no memory for the node list: -1, nothing kept");
+    fail_in = 2;
+    check(vgpu_graph_costs(&api, handle(&g), &costs) == -1 && costs.nodes == NULL,
+          "no memory for the costs: -1, nothing kept");
+    fail_in = 0;
+
+    /* The table's first allocation (it has none yet) fails: the costs are freed and -1 returned. */
+    check(vgpu_graph_costs(&api, handle(&g), &costs) == 0, "costs read");
+    fail_in = 1;
+    check(vgpu_graph_remember(exec_at(3), &costs) == -1 && costs.nodes == NULL &&
+              vgpu_graph_cost(exec_at(3)) == 1,
+          "no memory for the table: -1, the exec unknown (the wrapper destroys it)");
+
+    check(instantiate(exec_at(3), &g) == 0 && vgpu_graph_cost(exec_at(3)) == 10, "remembered");
+    fail_in = 1;
+    vgpu_graph_set_node(exec_at(3), (CUgraphNode)kernel(1, 1, 1), 500);
+    check(vgpu_graph_cost(exec_at(3)) == 510,
+          "no memory to add an unknown node: its cost is charged all the same (%llu)",
+          cost(exec_at(3)));
+    vgpu_graph_forget(exec_at(3));
+}
+
+int main(void)
+{
+    out_of_memory(); /* first: the table's first allocation is tested there */
+    setters();
+    odd_graphs();
+    many();
+    return check_done("test_graphs");
+}
