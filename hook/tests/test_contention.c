@@ -20,7 +20,8 @@
  *                                     "child-set" (a child graph of one one-block kernel replaced
  *                                     by the ten, cuGraphExecChildGraphNodeSetParams),
  *                                     "enable-half" (twenty kernels all disabled, then ten
- *                                     enabled again, by cuGraphNodeSetEnabled: the ten cost)
+ *                                     enabled again, by cuGraphNodeSetEnabled: the ten cost).
+ *                                     "crowded": made after 5000 other executable graphs
  * What the other leaves: a tenant limited to L takes L; an unlimited one takes the rest; two
  * unlimited ones split the GPU. */
 #include <cuda.h>
@@ -34,7 +35,7 @@
 #include "cuda_v1.h" /* the CUDA 10/11 graph exports, called by name */
 #include "fake_state.h"
 
-enum { BLOCKS = 2000, GRAPH_KERNELS = 10 };
+enum { BLOCKS = 2000, GRAPH_KERNELS = 10, CROWD = 5000 };
 static const double settle_s = 3.0, measure_s = 3.0;
 
 static double now_s(void)
@@ -117,6 +118,14 @@ static int make(CUgraphExec *exec, const char *abi)
                cuGraphAddChildGraphNode(&node, outer, NULL, 0, small) == CUDA_SUCCESS &&
                cuGraphInstantiateWithFlags(exec, outer, 0) == CUDA_SUCCESS &&
                cuGraphExecChildGraphNodeSetParams(*exec, node, graph) == CUDA_SUCCESS ? 0 : -1;
+    }
+    if (strcmp(abi, "crowded") == 0) {
+        CUgraph one = graph_of(1, 1, NULL);
+        CUgraphExec other;
+        for (int i = 0; i < CROWD; i++)
+            if (one == NULL || cuGraphInstantiateWithFlags(&other, one, 0) != CUDA_SUCCESS)
+                return -1;
+        return cuGraphInstantiateWithFlags(exec, graph, 0) == CUDA_SUCCESS ? 0 : -1;
     }
     if (strcmp(abi, "enable-half") == 0) {
         CUgraph twice = graph_of(2 * GRAPH_KERNELS, BLOCKS, nodes);
