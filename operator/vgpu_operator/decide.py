@@ -59,15 +59,6 @@ def render_all(policy: api.VGPUPolicy | api.VGPUPolicySpec, observed: Observed) 
     return render_targets(view_of(observed, policy))
 
 
-def problems_of(policy: api.VGPUPolicy | api.VGPUPolicySpec, view: ClusterView,
-                render: RenderResult) -> list[Problem]:
-    """Every problem found in the render or the cluster, errors first, each once; any error blocks
-    every write (a partial apply is how the four places drift apart)."""
-    found = validate(policy, view, render)
-    found += [p for p in render.problems if p not in found]
-    return sorted(found, key=lambda p: p.severity != "error")
-
-
 def conflict(generation: int | None, active: str | None) -> Decision:
     """This policy is not the active one: it writes nothing and says which one is."""
     return Decision(generation, "conflict", conflict_with=active)
@@ -85,7 +76,9 @@ def decide(policy: api.VGPUPolicy, view: ClusterView, *, generation: int | None 
     a late failure must not restart them twice)."""
     spec = view.spec
     render = render_targets(view)
-    found = problems_of(policy, view, render)
+    # Any error blocks every write (a partial apply is how the four places drift apart); the
+    # renderers' own errors are among validate's, at the catalogue's severity.
+    found = validate(policy, view, render)
     problems = [str(p) for p in found if p.severity == "error"]
     warnings = [str(p) for p in found if p.severity != "error"]
     node_config = render.of("node_config")

@@ -141,11 +141,24 @@ def test_operator_and_doctor_agree(healthy: Objects, case: str) -> None:
     assert (rule, rule.severity) in _operator_rules(healthy)
 
 
-def test_the_resolved_disagreements() -> None:
-    """Decided in the catalogue, with the upstream fact beside each rule."""
-    assert rules.PREDICATES_MISSING.severity == "error"  # no device is ever allocated
-    assert rules.NAME_OUTSIDE_DOMAIN.severity == "error"  # the kubelet rejects volcano.sh/nvidia.com/gpu
-    assert rules.PLUGIN_MISSING.severity == "error"  # nothing registers vGPU resources
+# Where doctor and the operator once disagreed on severity, both now report an error, which
+# counts against doctor's exit code: with the upstream fact that makes each fatal.
+RESOLVED = {
+    "predicates missing": "no device is ever allocated",
+    "name outside volcano.sh/": "the kubelet rejects volcano.sh/nvidia.com/gpu",
+    "no device plugin": "nothing registers vGPU resources",
+}
+
+
+@pytest.mark.parametrize("case", RESOLVED)
+def test_the_resolved_disagreements(healthy: Objects, case: str) -> None:
+    breaker, rule = SHARED[case]
+    assert diagnose(gather(healthy)).problems == 0
+    breaker(healthy)
+    report = diagnose(gather(healthy))
+    assert [f.severity for f in report.findings if f.code == rule.code] == ["error"], RESOLVED[case]
+    assert report.problems >= 1
+    assert (rule, "error") in _operator_rules(healthy)
 
 
 # --- every code in the catalogue ------------------------------------------------------------
@@ -178,7 +191,10 @@ def test_every_code_reported_is_in_the_catalogue(healthy: Objects) -> None:
         breaker(objects)
         for finding in diagnose(gather(objects)).findings:
             assert finding.code in rules.BY_CODE
-        assert _operator_rules(objects) is not None  # raises KeyError on a reason not listed
+        policy = import_policy(gather(objects)).policy
+        reasons = [f.code.removeprefix("policy-") for f in policy_findings([*objects, policy])]
+        assert reasons
+        assert set(reasons) <= set(rules.BY_REASON), reasons
 
 
 # --- the field table ---------------------------------------------------------------------------
@@ -213,8 +229,16 @@ def test_field_table_covers_the_owned_keys() -> None:
     assert set(device_fields.BY_KEY) == keys - {"passDeviceSpecs"}
     given = parse_spec(ROUND_TRIP).model_dump(by_alias=True, mode="json")
     data = device_fields.to_nvidia(given)
-    assert yaml.safe_load(yaml.safe_dump(data)) == {f.key: device_fields.policy_value(given, f)
-                                                     for f in device_fields.FIELDS}
+    # Written out by hand from ROUND_TRIP: the nvidia section the scheduler reads.
+    assert yaml.safe_load(yaml.safe_dump(data)) == {
+        "resourceCountName": "volcano.sh/gpu-count", "resourceMemoryName": "volcano.sh/gpu-mem",
+        "resourceMemoryPercentageName": "volcano.sh/gpu-mem-pct",
+        "resourceCoreName": "volcano.sh/gpu-sm", "resourcePriorityName": "volcano.sh/gpu-priority",
+        "overwriteEnv": True, "defaultMemory": 1024, "defaultCores": 20, "defaultGPUNum": 2,
+        "deviceSplitCount": 4, "deviceMemoryScaling": 1.5, "deviceCoreScaling": 2.0,
+        "disableCoreLimit": True, "gpuMemoryFactor": 8,
+        "knownMigGeometries": ROUND_TRIP["device"]["knownMigGeometries"],
+    }
 
 
 def test_flags_parse_as_the_table_says() -> None:
