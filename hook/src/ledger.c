@@ -5,7 +5,7 @@
  * for as long as any process of the container lives (an issue-11 finding: 14 MiB after 12
  * kill -9 rounds of threads allocating). Here both change under one lock, after the holder has
  * written both old values to its journal; whoever takes the lock from a dead holder writes them
- * back. The lock word names the holder's slot, whose liveness is the slot's open-file-description
+ * back, and so does whoever takes it from a taker that died while writing them back. The lock word names the holder's slot, whose liveness is the slot's open-file-description
  * byte lock (F_OFD_*, which the kernel drops when the process dies or execs, and which no close()
  * of another descriptor to the file drops), and counts acquisitions (so that a
  * takeover compare-and-swap cannot succeed on a word that changed hands since it was read). */
@@ -52,22 +52,26 @@ static int holder_alive(const struct vgpu_ledger *l, uint32_t holder)
  * while holding the lock); -1: none. */
 static _Thread_local int64_t undone_slot = -1;
 
-/* The dead holder's change, if one was under way, is undone. Caller now holds the lock. */
-static void undo(const struct vgpu_ledger *l, uint32_t holder)
+/* The change under way when the lock's holder died is undone. Caller now holds the lock, taken
+ * from a dead holder. Only the holder changes anything, so an open journal is that change; it
+ * may be another slot's than the dead holder's: a taker that died while undoing left the journal
+ * it was applying open. Every open journal is applied and closed, so none is left to be applied
+ * again later, over changes made since; applying one twice in a row writes the same values. */
+static void undo(const struct vgpu_ledger *l)
 {
     struct vgpu_region *r = l->r;
-    if (holder >= VGPU_REGION_MAX_SLOTS)
-        return; /* not a slot (a damaged word): nothing to undo */
-    struct vgpu_region_slot *j = &r->slots[holder];
-    if (__atomic_load_n(&j->journal_state, __ATOMIC_ACQUIRE) != 1)
-        return;
-    uint32_t dev = j->journal_device, target = j->journal_slot;
-    if (dev < VGPU_REGION_MAX_DEVICES && target < VGPU_REGION_MAX_SLOTS) {
-        store64(&r->devices[dev].used_bytes, j->journal_device_used);
-        store64(&r->slots[target].used_bytes[dev], j->journal_ledger);
+    for (uint32_t slot = 0; slot < VGPU_REGION_MAX_SLOTS; slot++) {
+        struct vgpu_region_slot *j = &r->slots[slot];
+        if (__atomic_load_n(&j->journal_state, __ATOMIC_ACQUIRE) != 1)
+            continue;
+        uint32_t dev = j->journal_device, target = j->journal_slot;
+        if (dev < VGPU_REGION_MAX_DEVICES && target < VGPU_REGION_MAX_SLOTS) {
+            store64(&r->devices[dev].used_bytes, j->journal_device_used);
+            store64(&r->slots[target].used_bytes[dev], j->journal_ledger);
+        }
+        __atomic_store_n(&j->journal_state, 0, __ATOMIC_RELEASE);
+        undone_slot = slot;
     }
-    __atomic_store_n(&j->journal_state, 0, __ATOMIC_RELEASE);
-    undone_slot = holder;
 }
 
 static uint64_t taken_by(uint64_t seen, uint32_t self)
@@ -95,7 +99,7 @@ int vgpu_ledger_lock(const struct vgpu_ledger *l, unsigned patience_ms)
         if (spins % YIELDS_PER_LIVENESS_CHECK == 0 && !holder_alive(l, holder - 1) &&
             __atomic_compare_exchange_n(word, &seen, taken_by(seen, l->self), 0,
                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-            undo(l, holder - 1);
+            undo(l);
             return 0;
         }
         if (patience_ms != 0 && monotonic_ms() - started >= patience_ms)
@@ -128,7 +132,7 @@ void vgpu_ledger_forget_stale(const struct vgpu_ledger *l)
         return;
     if (__atomic_compare_exchange_n(word, &seen, taken_by(seen, l->self), 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE)) {
-        undo(l, l->self);
+        undo(l);
         vgpu_ledger_unlock(l);
     }
 }

@@ -99,6 +99,44 @@ static void dead_holder(struct vgpu_ledger *me)
     vgpu_ledger_unlock(me);
 }
 
+/* A taker that died while undoing: slot 7 died half-way through adding 300 MiB; slot 9 took the
+ * lock over, wrote the device total back and died before the ledger word and the journal. */
+static void dead_taker(struct vgpu_ledger *me)
+{
+    vgpu_ledger_lock(me, 0);
+    vgpu_ledger_add(me, 3, 0, 200 * MiB, 0);
+    vgpu_ledger_unlock(me);
+    forge_half_change(7, 300 * MiB);
+    r->slots[7].used_bytes[0] += 300 * MiB; /* 7 also changed its ledger word */
+    forge_holder(9);
+    r->devices[0].used_bytes = r->slots[7].journal_device_used; /* 9's undo, half done */
+    capture_begin();
+    int rc = vgpu_ledger_lock(me, 0);
+    check(rc == 0 && holder() == 4 && device_used() == 200 * MiB &&
+              r->slots[7].used_bytes[0] == 0 && r->slots[7].journal_state == 0,
+          "a taker that died while undoing: the next taker finishes the undo and closes slot 7's "
+          "journal (device %llu MiB, slot 7 %llu MiB)", (unsigned long long)(device_used() / MiB),
+          (unsigned long long)(r->slots[7].used_bytes[0] / MiB));
+    vgpu_ledger_unlock(me);
+    const char *log = capture_end();
+    check(strstr(log, "slot 7 died while changing") != NULL, "logged as slot 7's change: %s", log);
+
+    /* Later changes, then slot 7's next owner dies holding the lock before its first change:
+     * a journal left open would now write 0 MiB over the 200 + 50 MiB counted. */
+    vgpu_ledger_lock(me, 0);
+    vgpu_ledger_add(me, 3, 0, 50 * MiB, 0);
+    vgpu_ledger_unlock(me);
+    forge_holder(7);
+    capture_begin();
+    vgpu_ledger_lock(me, 0);
+    capture_end();
+    check(device_used() == 250 * MiB && r->slots[3].used_bytes[0] == 250 * MiB,
+          "a later takeover from slot 7 changes nothing: %llu MiB counted",
+          (unsigned long long)(device_used() / MiB));
+    vgpu_ledger_drain(me, 3);
+    vgpu_ledger_unlock(me);
+}
+
 static void live_holder(struct vgpu_ledger *me)
 {
     int ready[2];
@@ -186,6 +224,7 @@ int main(void)
     struct vgpu_ledger me = {.r = r, .fd = fd, .self = 3};
     exact(&me);
     dead_holder(&me);
+    dead_taker(&me);
     live_holder(&me);
     release_more_than_held();
     stale_word();
