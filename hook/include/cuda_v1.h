@@ -20,6 +20,7 @@
 #undef cuGraphInstantiate
 #undef cuGraphExecUpdate
 #undef cuGraphExecKernelNodeSetParams
+#undef cuGraphKernelNodeGetParams
 
 typedef unsigned int v1_ptr;
 struct array_v1 { /* CUDA_ARRAY_DESCRIPTOR_v1 */
@@ -47,7 +48,8 @@ CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *er
                                char *log, size_t log_size);
 CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
                            CUgraphExecUpdateResult *result);
-/* CUDA 10.1. */
+/* CUDA 10.0 and 10.1: kernel node parameters without the CUDA 12 fields. */
+CUresult cuGraphKernelNodeGetParams(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS_v1 *params);
 CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
                                         const CUDA_KERNEL_NODE_PARAMS_v1 *params);
 

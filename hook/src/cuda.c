@@ -93,6 +93,7 @@ static struct {
     CUresult (*cuGraphGetNodes)(CUgraph, CUgraphNode *, size_t *);
     CUresult (*cuGraphNodeGetType)(CUgraphNode, CUgraphNodeType *);
     CUresult (*cuGraphKernelNodeGetParams_v2)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS *);
+    CUresult (*cuGraphKernelNodeGetParams)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS_v1 *);
     CUresult (*cuGraphChildGraphNodeGetGraph)(CUgraphNode, CUgraph *);
 } real;
 
@@ -179,7 +180,8 @@ static const struct vgpu_hook hooks[] = {
     HOOK(cuGraphNodeSetEnabled, "cuGraphNodeSetEnabled", 11060, 0),
     CALL_ONLY(cuCtxGetDevice), CALL_ONLY(cuDeviceGetCount), CALL_ONLY(cuDeviceGet),
     CALL_ONLY(cuDeviceGetUuid_v2), CALL_ONLY(cuGraphGetNodes), CALL_ONLY(cuGraphNodeGetType),
-    CALL_ONLY(cuGraphKernelNodeGetParams_v2), CALL_ONLY(cuGraphChildGraphNodeGetGraph),
+    CALL_ONLY(cuGraphKernelNodeGetParams_v2), CALL_ONLY(cuGraphKernelNodeGetParams),
+    CALL_ONLY(cuGraphChildGraphNodeGetGraph),
 };
 _Static_assert(sizeof hooks / sizeof hooks[0] <= VGPU_MAX_HOOKS, "raise VGPU_MAX_HOOKS");
 #undef HOOK
@@ -900,126 +902,166 @@ static struct vgpu_graph_api graph_api(void)
         .get_nodes = real.cuGraphGetNodes,
         .node_type = real.cuGraphNodeGetType,
         .kernel_params = real.cuGraphKernelNodeGetParams_v2,
+        .kernel_params_v1 = real.cuGraphKernelNodeGetParams,
         .child_graph = real.cuGraphChildGraphNodeGetGraph,
     };
 }
 
-/* Records what a launch of exec costs, now that it runs graph; -1: out of host memory. */
-static int learn(CUgraphExec exec, CUgraph graph)
+/* What launching graph will cost, read before the driver is asked to use it: out of host memory
+ * (-1), the caller answers CUDA_ERROR_OUT_OF_MEMORY with nothing changed. */
+static int read_costs(CUgraph graph, struct vgpu_graph_costs *costs)
 {
     const struct vgpu_graph_api api = graph_api();
-    struct vgpu_graph_costs costs;
-    return vgpu_graph_costs(&api, graph, &costs) == 0 ? vgpu_graph_remember(exec, &costs) : -1;
+    *costs = (struct vgpu_graph_costs){0};
+    if (!vgpu_throttle_enabled || vgpu_graph_costs(&api, graph, costs) == 0)
+        return 0;
+    vgpu_log(VGPU_LOG_ERROR, "out of host memory reading a CUDA graph's kernels: refused");
+    return -1;
 }
 
-/* After the driver updated exec to graph (rc its answer). Returns what the wrapper answers. */
-static CUresult updated(CUresult rc, CUgraphExec exec, CUgraph graph)
+/* After the driver updated exec (rc its answer): exec now costs costs. */
+static CUresult updated(CUresult rc, CUgraphExec exec, struct vgpu_graph_costs *costs)
 {
-    if (rc != CUDA_SUCCESS || !vgpu_throttle_enabled || learn(exec, graph) == 0)
+    if (rc != CUDA_SUCCESS || !vgpu_throttle_enabled)
+        free(costs->nodes);
+    else if (vgpu_graph_remember(exec, costs) != 0) /* only for an exec not made through us */
+        vgpu_log(VGPU_LOG_ERROR, "out of host memory: an updated CUDA graph costs one token");
+    return rc;
+}
+
+/* After the driver made *exec (rc its answer). An executable graph whose cost cannot be kept
+ * (no host memory for the table) would run at one token a launch, so it is destroyed again. */
+static CUresult instantiated(CUresult rc, CUgraphExec *exec, struct vgpu_graph_costs *costs)
+{
+    if (rc != CUDA_SUCCESS || exec == NULL || !vgpu_throttle_enabled) {
+        free(costs->nodes);
         return rc;
-    vgpu_log(VGPU_LOG_ERROR, "out of host memory reading an updated CUDA graph: its launches "
-             "keep the cost of the graph it replaced");
-    return CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-/* After the driver made exec from graph. An executable graph whose cost is not known would run
- * at one token a launch, so it is destroyed again. */
-static CUresult instantiated(CUresult rc, CUgraphExec *exec, CUgraph graph)
-{
-    if (rc != CUDA_SUCCESS || exec == NULL || !vgpu_throttle_enabled || learn(*exec, graph) == 0)
+    }
+    if (vgpu_graph_remember(*exec, costs) == 0)
         return rc;
     if (real.cuGraphExecDestroy != NULL)
         real.cuGraphExecDestroy(*exec);
     *exec = NULL;
-    vgpu_log(VGPU_LOG_ERROR, "out of host memory reading a CUDA graph: not instantiated");
+    vgpu_log(VGPU_LOG_ERROR, "out of host memory: a CUDA graph was not instantiated");
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
                                                  unsigned long long flags)
 {
+    struct vgpu_graph_costs costs;
     if (!ready() || real.cuGraphInstantiateWithFlags == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return instantiated(real.cuGraphInstantiateWithFlags(exec, graph, flags), exec, graph);
+    if (read_costs(graph, &costs) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return instantiated(real.cuGraphInstantiateWithFlags(exec, graph, flags), exec, &costs);
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
                                                   CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
+    struct vgpu_graph_costs costs;
     if (!ready() || real.cuGraphInstantiateWithParams == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return instantiated(real.cuGraphInstantiateWithParams(exec, graph, params), exec, graph);
+    if (read_costs(graph, &costs) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return instantiated(real.cuGraphInstantiateWithParams(exec, graph, params), exec, &costs);
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
                                                        CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
+    struct vgpu_graph_costs costs;
     if (!ready() || real.cuGraphInstantiateWithParams_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return instantiated(real.cuGraphInstantiateWithParams_ptsz(exec, graph, params), exec, graph);
+    if (read_costs(graph, &costs) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return instantiated(real.cuGraphInstantiateWithParams_ptsz(exec, graph, params), exec,
+                        &costs);
 }
 
 VGPU_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
                                           CUgraphExecUpdateResultInfo *info)
 {
+    struct vgpu_graph_costs costs;
     if (!ready() || real.cuGraphExecUpdate_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return updated(real.cuGraphExecUpdate_v2(exec, graph, info), exec, graph);
+    if (read_costs(graph, &costs) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return updated(real.cuGraphExecUpdate_v2(exec, graph, info), exec, &costs);
 }
 
 /* The CUDA 10/11 ABI (cuda_v1.h), which CUDA 11 builds still call. */
 VGPU_EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node,
                                         char *log, size_t log_size)
 {
+    struct vgpu_graph_costs costs;
     if (!ready() || real.cuGraphInstantiate == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (read_costs(graph, &costs) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     return instantiated(real.cuGraphInstantiate(exec, graph, error_node, log, log_size), exec,
-                        graph);
+                        &costs);
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph,
                                            CUgraphNode *error_node, char *log, size_t log_size)
 {
+    struct vgpu_graph_costs costs;
     if (!ready() || real.cuGraphInstantiate_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (read_costs(graph, &costs) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     return instantiated(real.cuGraphInstantiate_v2(exec, graph, error_node, log, log_size), exec,
-                        graph);
+                        &costs);
 }
 
 VGPU_EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
                                        CUgraphExecUpdateResult *result)
 {
+    struct vgpu_graph_costs costs;
     if (!ready() || real.cuGraphExecUpdate == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return updated(real.cuGraphExecUpdate(exec, graph, error_node, result), exec, graph);
+    if (read_costs(graph, &costs) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return updated(real.cuGraphExecUpdate(exec, graph, error_node, result), exec, &costs);
 }
 
+/* The entry is taken before the driver destroys exec: once destroyed, its address may be another
+ * thread's new graph, whose entry a late removal would take. */
 VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 {
     if (!ready() || real.cuGraphExecDestroy == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    struct vgpu_graph_costs taken;
+    int known = vgpu_graph_take(exec, &taken) == 0;
     CUresult rc = real.cuGraphExecDestroy(exec);
-    if (rc == CUDA_SUCCESS)
-        vgpu_graph_forget(exec);
+    if (rc != CUDA_SUCCESS && known)
+        vgpu_graph_remember(exec, &taken);
+    else
+        free(taken.nodes);
     return rc;
 }
 
 /* ---- graphs changed after instantiation: each setter changes the cost of its node ---------- */
 
-static CUresult kernel_set(CUresult rc, CUgraphExec exec, CUgraphNode node, unsigned gx,
-                           unsigned gy, unsigned gz)
+static CUresult node_set(CUresult rc, CUgraphExec exec, CUgraphNode node, uint64_t blocks)
 {
     if (rc == CUDA_SUCCESS && vgpu_throttle_enabled)
-        vgpu_graph_set_node(exec, node, grid(gx, gy, gz));
+        vgpu_graph_set_node(exec, node, blocks);
     return rc;
 }
 
-static CUresult child_set(CUresult rc, CUgraphExec exec, CUgraphNode node, CUgraph child)
+/* What a child graph node running child will cost, read before the driver is asked: -1 when out
+ * of host memory (the caller answers CUDA_ERROR_OUT_OF_MEMORY with nothing changed). */
+static int child_cost(CUgraph child, uint64_t *blocks)
 {
     const struct vgpu_graph_api api = graph_api();
-    if (rc == CUDA_SUCCESS && vgpu_throttle_enabled)
-        vgpu_graph_set_node(exec, node, vgpu_graph_blocks(&api, child));
-    return rc;
+    *blocks = 0;
+    if (!vgpu_throttle_enabled || vgpu_graph_child_blocks(&api, child, blocks) == 0)
+        return 0;
+    vgpu_log(VGPU_LOG_ERROR, "out of host memory reading a CUDA child graph's kernels: refused");
+    return -1;
 }
 
 VGPU_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
@@ -1027,10 +1069,10 @@ VGPU_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraph
 {
     if (!ready() || real.cuGraphExecKernelNodeSetParams_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (params == NULL)
-        return real.cuGraphExecKernelNodeSetParams_v2(exec, node, params);
-    return kernel_set(real.cuGraphExecKernelNodeSetParams_v2(exec, node, params), exec, node,
-                      params->gridDimX, params->gridDimY, params->gridDimZ);
+    CUresult rc = real.cuGraphExecKernelNodeSetParams_v2(exec, node, params);
+    return params != NULL
+        ? node_set(rc, exec, node, grid(params->gridDimX, params->gridDimY, params->gridDimZ))
+        : rc;
 }
 
 /* The CUDA 10.1 ABI (cuda_v1.h). */
@@ -1039,33 +1081,40 @@ VGPU_EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNod
 {
     if (!ready() || real.cuGraphExecKernelNodeSetParams == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (params == NULL)
-        return real.cuGraphExecKernelNodeSetParams(exec, node, params);
-    return kernel_set(real.cuGraphExecKernelNodeSetParams(exec, node, params), exec, node,
-                      params->gridDimX, params->gridDimY, params->gridDimZ);
+    CUresult rc = real.cuGraphExecKernelNodeSetParams(exec, node, params);
+    return params != NULL
+        ? node_set(rc, exec, node, grid(params->gridDimX, params->gridDimY, params->gridDimZ))
+        : rc;
 }
 
 VGPU_EXPORT CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgraphNode node,
                                                         CUgraph child)
 {
+    uint64_t blocks;
     if (!ready() || real.cuGraphExecChildGraphNodeSetParams == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return child_set(real.cuGraphExecChildGraphNodeSetParams(exec, node, child), exec, node,
-                     child);
+    if (child_cost(child, &blocks) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return node_set(real.cuGraphExecChildGraphNodeSetParams(exec, node, child), exec, node,
+                    blocks);
 }
 
 /* CUDA 12.2's setter of any node: kernels and child graphs change the cost. */
 VGPU_EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node,
                                               CUgraphNodeParams *params)
 {
+    uint64_t blocks;
     if (!ready() || real.cuGraphExecNodeSetParams == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (params != NULL && params->type == CU_GRAPH_NODE_TYPE_GRAPH &&
+        child_cost(params->graph.graph, &blocks) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real.cuGraphExecNodeSetParams(exec, node, params);
     if (params != NULL && params->type == CU_GRAPH_NODE_TYPE_KERNEL)
-        return kernel_set(rc, exec, node, params->kernel.gridDimX, params->kernel.gridDimY,
-                          params->kernel.gridDimZ);
+        return node_set(rc, exec, node, grid(params->kernel.gridDimX, params->kernel.gridDimY,
+                                             params->kernel.gridDimZ));
     if (params != NULL && params->type == CU_GRAPH_NODE_TYPE_GRAPH)
-        return child_set(rc, exec, node, params->graph.graph);
+        return node_set(rc, exec, node, blocks);
     return rc;
 }
 

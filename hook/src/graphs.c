@@ -18,8 +18,10 @@ enum {
     FIRST_CAPACITY = 64, /* table slots at the first remembered graph; a power of two */
 };
 /* One node's cost is clamped here (a kernel of 2^40 blocks runs for minutes), so that the sum
- * of a graph's nodes cannot wrap round to a small number. */
+ * of a graph's nodes cannot wrap round to a small number; sums stop at INT64_MAX (the limiter's
+ * token count is signed). */
 static const uint64_t max_node_blocks = UINT64_C(1) << 40;
+static const uint64_t max_total = INT64_MAX;
 
 struct entry {
     CUgraphExec exec; /* NULL: never used; tombstone: removed */
@@ -27,15 +29,19 @@ struct entry {
     struct vgpu_graph_costs costs;
 };
 
-static struct {
+static struct graph_table {
     struct entry *slots;
     size_t capacity, used; /* used: live entries and tombstones */
 } table;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 static char tombstone_byte;
 static const CUgraphExec tombstone = (CUgraphExec)(void *)&tombstone_byte;
 
-static uint64_t add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+static uint64_t add(uint64_t a, uint64_t b)
+{
+    return a > max_total || b > max_total - a ? max_total : a + b;
+}
 
 static uint64_t clamp(uint64_t blocks) { return blocks < max_node_blocks ? blocks : max_node_blocks; }
 
@@ -43,8 +49,25 @@ static uint64_t clamp(uint64_t blocks) { return blocks < max_node_blocks ? block
 
 static int readable(const struct vgpu_graph_api *api)
 {
-    return api->get_nodes != NULL && api->node_type != NULL && api->kernel_params != NULL &&
+    return api->get_nodes != NULL && api->node_type != NULL &&
+           (api->kernel_params != NULL || api->kernel_params_v1 != NULL) &&
            api->child_graph != NULL;
+}
+
+static CUresult grid_of(const struct vgpu_graph_api *api, CUgraphNode node, unsigned grid[3])
+{
+    CUDA_KERNEL_NODE_PARAMS params;
+    CUDA_KERNEL_NODE_PARAMS_v1 v1;
+    CUresult rc = api->kernel_params != NULL ? api->kernel_params(node, &params)
+                                             : api->kernel_params_v1(node, &v1);
+    if (rc == CUDA_SUCCESS && api->kernel_params == NULL)
+        params.gridDimX = v1.gridDimX, params.gridDimY = v1.gridDimY, params.gridDimZ = v1.gridDimZ;
+    if (rc == CUDA_SUCCESS) {
+        grid[0] = params.gridDimX;
+        grid[1] = params.gridDimY;
+        grid[2] = params.gridDimZ;
+    }
+    return rc;
 }
 
 /* The graph's nodes (*count of them, calloc'ed; the caller frees); NULL with *count 0 when it
@@ -69,50 +92,65 @@ static CUgraphNode *nodes_of(const struct vgpu_graph_api *api, CUgraph graph, si
     return nodes;
 }
 
-static uint64_t blocks_of(const struct vgpu_graph_api *api, CUgraph graph, int depth);
+static int blocks_of(const struct vgpu_graph_api *api, CUgraph graph, int depth, uint64_t *total);
 
-/* What one node costs; 0 for a node that launches no kernel. *costly: a kernel or child graph
- * node (one a setter may change). */
-static uint64_t node_blocks(const struct vgpu_graph_api *api, CUgraphNode node, int depth,
-                            int *costly)
+/* What one node costs (*blocks; 0 for a node that launches no kernel). *costly: a kernel or
+ * child graph node (one a setter may change). -1: out of host memory in a child graph. */
+static int node_blocks(const struct vgpu_graph_api *api, CUgraphNode node, int depth,
+                       uint64_t *blocks, int *costly)
 {
     CUgraphNodeType type;
-    CUDA_KERNEL_NODE_PARAMS params;
+    unsigned grid[3];
     CUgraph child;
+    *blocks = 0;
     *costly = 0;
     if (api->node_type(node, &type) != CUDA_SUCCESS)
         return 0;
     if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
         *costly = 1;
-        if (api->kernel_params(node, &params) != CUDA_SUCCESS)
-            return 0;
-        return clamp((uint64_t)params.gridDimX * params.gridDimY * params.gridDimZ);
+        if (grid_of(api, node, grid) == CUDA_SUCCESS)
+            *blocks = clamp((uint64_t)grid[0] * grid[1] * grid[2]);
+        return 0;
     }
     if (type == CU_GRAPH_NODE_TYPE_GRAPH) {
         *costly = 1;
-        return api->child_graph(node, &child) == CUDA_SUCCESS ? blocks_of(api, child, depth + 1)
-                                                              : 0;
+        if (api->child_graph(node, &child) == CUDA_SUCCESS &&
+            blocks_of(api, child, depth + 1, blocks) != 0)
+            return -1;
+        *blocks = clamp(*blocks);
     }
     return 0;
 }
 
-static uint64_t blocks_of(const struct vgpu_graph_api *api, CUgraph graph, int depth)
+/* Adds the blocks of graph's kernel nodes, child graphs included, to *total. -1: out of host
+ * memory (a child graph costing nothing for it would run unthrottled). */
+static int blocks_of(const struct vgpu_graph_api *api, CUgraph graph, int depth, uint64_t *total)
 {
     size_t count;
     if (depth > MAX_DEPTH)
         return 0;
     CUgraphNode *nodes = nodes_of(api, graph, &count);
-    uint64_t total = 0;
-    int costly;
-    for (size_t i = 0; nodes != NULL && i < count; i++)
-        total = add(total, node_blocks(api, nodes[i], depth, &costly));
+    if (nodes == NULL)
+        return count != 0 ? -1 : 0;
+    int rc = 0;
+    for (size_t i = 0; i < count && rc == 0; i++) {
+        uint64_t blocks;
+        int costly;
+        rc = node_blocks(api, nodes[i], depth, &blocks, &costly);
+        *total = add(*total, blocks);
+    }
     free(nodes);
-    return clamp(total);
+    return rc;
 }
 
-uint64_t vgpu_graph_blocks(const struct vgpu_graph_api *api, CUgraph graph)
+int vgpu_graph_child_blocks(const struct vgpu_graph_api *api, CUgraph graph, uint64_t *blocks)
 {
-    return readable(api) && graph != NULL ? blocks_of(api, graph, 0) : 0;
+    *blocks = 0;
+    if (!readable(api) || graph == NULL)
+        return 0;
+    int rc = blocks_of(api, graph, 1, blocks); /* a child graph sits one level down */
+    *blocks = clamp(*blocks);
+    return rc;
 }
 
 static int by_node(const void *a, const void *b)
@@ -137,13 +175,19 @@ int vgpu_graph_costs(const struct vgpu_graph_api *api, CUgraph graph,
         return count != 0 ? -1 : 0;
     }
     size_t kept = 0;
-    for (size_t i = 0; i < count; i++) {
+    int rc = 0;
+    for (size_t i = 0; i < count && rc == 0; i++) {
+        uint64_t blocks;
         int costly;
-        uint64_t blocks = node_blocks(api, nodes[i], 0, &costly);
+        rc = node_blocks(api, nodes[i], 0, &blocks, &costly);
         if (costly)
             out[kept++] = (struct vgpu_node_cost){.node = nodes[i], .blocks = blocks, .enabled = 1};
     }
     free(nodes);
+    if (rc != 0) {
+        free(out);
+        return -1;
+    }
     qsort(out, kept, sizeof *out, by_node);
     costs->nodes = out;
     costs->count = kept;
@@ -222,6 +266,16 @@ static struct entry *new_slot(CUgraphExec exec)
     return &table.slots[i];
 }
 
+/* A fork while another thread held the lock (perhaps half-way through a rehash) must not wedge
+ * the child; the parent's executable graphs are not the child's (CUDA does not survive fork). */
+static void after_fork_child(void)
+{
+    pthread_mutex_init(&table_lock, NULL);
+    table = (struct graph_table){0};
+}
+
+static void register_fork_handler(void) { pthread_atfork(NULL, NULL, after_fork_child); }
+
 /* ---- what the wrappers call ---------------------------------------------------------------- */
 
 int vgpu_graph_remember(CUgraphExec exec, struct vgpu_graph_costs *costs)
@@ -230,6 +284,7 @@ int vgpu_graph_remember(CUgraphExec exec, struct vgpu_graph_costs *costs)
     if (exec == NULL || exec == tombstone) {
         free(costs->nodes);
     } else {
+        pthread_once(&fork_once, register_fork_handler);
         pthread_mutex_lock(&table_lock);
         struct entry *e = find(exec);
         if (e != NULL)
@@ -250,6 +305,8 @@ int vgpu_graph_remember(CUgraphExec exec, struct vgpu_graph_costs *costs)
 
 static struct vgpu_node_cost *node_cost(struct entry *e, CUgraphNode node)
 {
+    if (e->costs.count == 0)
+        return NULL; /* bsearch must not be given a NULL array */
     struct vgpu_node_cost key = {.node = node};
     return bsearch(&key, e->costs.nodes, e->costs.count, sizeof key, by_node);
 }
@@ -316,12 +373,13 @@ uint64_t vgpu_graph_cost(CUgraphExec exec)
     return blocks != 0 ? blocks : 1;
 }
 
-void vgpu_graph_forget(CUgraphExec exec)
+int vgpu_graph_take(CUgraphExec exec, struct vgpu_graph_costs *costs)
 {
+    *costs = (struct vgpu_graph_costs){0};
     pthread_mutex_lock(&table_lock);
     struct entry *e = find(exec);
     if (e != NULL) {
-        free(e->costs.nodes);
+        *costs = e->costs;
         *e = (struct entry){.exec = tombstone};
         /* A tombstone just before an empty slot ends no probe chain: empty it, and those
          * before it, so that lookups of unknown execs stop early. */
@@ -335,4 +393,12 @@ void vgpu_graph_forget(CUgraphExec exec)
         }
     }
     pthread_mutex_unlock(&table_lock);
+    return e != NULL ? 0 : -1;
+}
+
+void vgpu_graph_forget(CUgraphExec exec)
+{
+    struct vgpu_graph_costs costs;
+    vgpu_graph_take(exec, &costs);
+    free(costs.nodes);
 }

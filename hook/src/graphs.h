@@ -10,11 +10,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The driver functions that inspect a graph (any of them NULL: nothing can be learnt). */
+/* The driver functions that inspect a graph (any of them NULL: nothing can be learnt). A kernel
+ * node's parameters come from CUDA 12's call where the driver has it, else from the CUDA 10 one
+ * (a CUDA 11 driver, which an H100 can run on): their grid fields are at the same offsets. */
 struct vgpu_graph_api {
     CUresult (*get_nodes)(CUgraph, CUgraphNode *, size_t *);
     CUresult (*node_type)(CUgraphNode, CUgraphNodeType *);
     CUresult (*kernel_params)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS *);
+    CUresult (*kernel_params_v1)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS_v1 *);
     CUresult (*child_graph)(CUgraphNode, CUgraph *);
 };
 
@@ -30,13 +33,15 @@ struct vgpu_graph_costs {
     size_t count;
 };
 
-/* Grid blocks of all kernel nodes of graph, child graphs included; 0 when they cannot be read. */
-uint64_t vgpu_graph_blocks(const struct vgpu_graph_api *api, CUgraph graph);
-
 /* The costs of graph's top-level nodes (empty when they cannot be read); 0, or -1 when out of
- * memory (costs is then empty). */
+ * host memory anywhere in it (costs is then empty). Read before the driver is asked to use the
+ * graph, so that a failure here leaves everything as it was. */
 int vgpu_graph_costs(const struct vgpu_graph_api *api, CUgraph graph,
                      struct vgpu_graph_costs *costs);
+
+/* What a child graph node running graph costs: *blocks, the grid blocks of all its kernel nodes
+ * (0 when they cannot be read); -1 when out of host memory. */
+int vgpu_graph_child_blocks(const struct vgpu_graph_api *api, CUgraph graph, uint64_t *blocks);
 
 /* Records what launching exec costs, after an instantiation or an update of it. Takes costs
  * (left empty) in any case; -1 when the table could not grow (out of memory). */
@@ -50,9 +55,16 @@ void vgpu_graph_set_node(CUgraphExec exec, CUgraphNode node, uint64_t blocks);
  * does not run, so it costs nothing until enabled again. */
 void vgpu_graph_enable_node(CUgraphExec exec, CUgraphNode node, int enabled);
 
-/* The recorded cost of exec; 1 for an exec instantiated where we could not see it. */
+/* The recorded cost of exec (at most INT64_MAX); 1 for an exec instantiated where we could not
+ * see it. */
 uint64_t vgpu_graph_cost(CUgraphExec exec);
 
+/* Removes exec from the table and hands over its costs (empty when it was not there; the caller
+ * frees them or gives them back with vgpu_graph_remember). 0 when it was there, else -1. Taken
+ * before the driver destroys exec: once destroyed, its address can be another thread's new graph. */
+int vgpu_graph_take(CUgraphExec exec, struct vgpu_graph_costs *costs);
+
+/* Takes exec's costs and frees them. */
 void vgpu_graph_forget(CUgraphExec exec);
 
 #endif

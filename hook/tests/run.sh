@@ -212,9 +212,10 @@ FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXT_MIB=100 contention 30-none-pidns 3
 wait $c1 $c2 $!
 # Graphs made executable through the CUDA 10/11 exports, which CUDA 11 builds call, and graphs
 # changed once executable (a kernel's grid, a child graph, nodes enabled): the cost follows; and
-# a graph made after 5000 others (the old fixed table held 4096).
+# a graph made after 5000 others (the old fixed table held 4096), one whose destroy was refused.
 pids=
-for abi in v1 v2-update set-params set-params-v1 node-set child-set enable-half crowded; do
+for abi in v1 v2-update set-params set-params-v1 node-set child-set enable-half crowded \
+        destroy-refused; do
     contention "graph-25-$abi" graph 25 "$abi" &
     pids="$pids $!"
 done

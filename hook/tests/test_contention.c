@@ -21,7 +21,8 @@
  *                                     by the ten, cuGraphExecChildGraphNodeSetParams),
  *                                     "enable-half" (twenty kernels all disabled, then ten
  *                                     enabled again, by cuGraphNodeSetEnabled: the ten cost).
- *                                     "crowded": made after 5000 other executable graphs
+ *                                     "crowded": made after 5000 other executable graphs;
+ *                                     "destroy-refused": a destroy the driver refused
  * What the other leaves: a tenant limited to L takes L; an unlimited one takes the rest; two
  * unlimited ones split the GPU. */
 #include <cuda.h>
@@ -118,6 +119,12 @@ static int make(CUgraphExec *exec, const char *abi)
                cuGraphAddChildGraphNode(&node, outer, NULL, 0, small) == CUDA_SUCCESS &&
                cuGraphInstantiateWithFlags(exec, outer, 0) == CUDA_SUCCESS &&
                cuGraphExecChildGraphNodeSetParams(*exec, node, graph) == CUDA_SUCCESS ? 0 : -1;
+    }
+    if (strcmp(abi, "destroy-refused") == 0) {
+        if (cuGraphInstantiateWithFlags(exec, graph, 0) != CUDA_SUCCESS)
+            return -1;
+        snprintf(fake_cuda_fail_next, sizeof fake_cuda_fail_next, "cuGraphExecDestroy");
+        return cuGraphExecDestroy(*exec) == CUDA_ERROR_UNKNOWN ? 0 : -1;
     }
     if (strcmp(abi, "crowded") == 0) {
         CUgraph one = graph_of(1, 1, NULL);

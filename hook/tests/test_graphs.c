@@ -6,6 +6,7 @@
  * fixed one held, and running out of host memory at each allocation (calloc and realloc are
  * wrapped by the linker: --wrap). */
 #include <stdint.h>
+#include <string.h>
 
 #include "check.h"
 #include "graphs.h"
@@ -80,7 +81,19 @@ static CUresult child_graph(CUgraphNode node, CUgraph *graph)
     return CUDA_SUCCESS;
 }
 
-static const struct vgpu_graph_api api = {get_nodes, node_type, kernel_params, child_graph};
+/* The CUDA 10 ABI: the fields before the CUDA 12 ones. */
+static CUresult kernel_params_v1(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS_v1 *params)
+{
+    CUDA_KERNEL_NODE_PARAMS full;
+    CUresult rc = kernel_params(node, &full);
+    if (rc == CUDA_SUCCESS)
+        memcpy(params, &full, sizeof *params);
+    return rc;
+}
+
+static const struct vgpu_graph_api api = {.get_nodes = get_nodes, .node_type = node_type,
+                                          .kernel_params = kernel_params,
+                                          .child_graph = child_graph};
 
 static struct tnode nodes[64];
 static size_t used_nodes;
@@ -154,7 +167,9 @@ static void setters(void)
           cost(e));
     struct tgraph bigger = {0};
     add(&bigger, kernel(7, 1, 1));
-    vgpu_graph_set_node(e, (CUgraphNode)sub, vgpu_graph_blocks(&api, handle(&bigger)));
+    uint64_t child_blocks;
+    rc = vgpu_graph_child_blocks(&api, handle(&bigger), &child_blocks);
+    vgpu_graph_set_node(e, (CUgraphNode)sub, child_blocks);
     check(vgpu_graph_cost(e) == 1027, "the child graph replaced by one of 7 blocks: 1027 (%llu)",
           cost(e));
     struct tnode *unknown = kernel(1, 1, 1);
@@ -182,8 +197,15 @@ static void setters(void)
     check(rc == 0 && vgpu_graph_cost(e) == 3,
           "updated to another graph: its cost replaces the old one (%llu)",
           cost(e));
+    struct vgpu_graph_costs taken;
+    check(vgpu_graph_take(e, &taken) == 0 && taken.count == 1 && taken.nodes[0].blocks == 3 &&
+              vgpu_graph_cost(e) == 1,
+          "taken out of the table (before the driver destroys it): its costs handed over");
+    check(vgpu_graph_remember(e, &taken) == 0 && vgpu_graph_cost(e) == 3,
+          "given back (the driver refused to destroy it): 3 again");
     vgpu_graph_forget(e);
-    check(vgpu_graph_cost(e) == 1, "destroyed: an unknown exec costs one token");
+    check(vgpu_graph_cost(e) == 1 && vgpu_graph_take(e, &taken) == -1 && taken.count == 0,
+          "destroyed: an unknown exec costs one token, and there is nothing to take");
     vgpu_graph_set_node(e, (CUgraphNode)k10, 1000);
     vgpu_graph_enable_node(e, (CUgraphNode)k10, 1);
     check(vgpu_graph_cost(e) == 1, "setters on an exec the table does not know change nothing");
@@ -228,12 +250,32 @@ static void odd_graphs(void)
     check(rc == 0 && vgpu_graph_cost(e) == 100,
           "nodes removed between counting and listing are not read: 100 (%llu)",
           cost(e));
-    struct vgpu_graph_api blind = api;
-    blind.kernel_params = NULL;
+    struct vgpu_graph_api older = api;
+    older.kernel_params = NULL;
+    older.kernel_params_v1 = kernel_params_v1;
+    shrinking.shrink = 0;
+    rc = instantiate(e, &shrinking);
+    check(rc == 0 && vgpu_graph_cost(e) == 300, "over CUDA 12's kernel parameters: 300 (%llu)",
+          cost(e));
     struct vgpu_graph_costs costs;
+    rc = vgpu_graph_costs(&older, handle(&shrinking), &costs);
+    rc |= vgpu_graph_remember(e, &costs);
+    check(rc == 0 && vgpu_graph_cost(e) == 300,
+          "over a CUDA 11 driver's (CUDA 10 ABI) alone: the same 300 (%llu)", cost(e));
+    struct vgpu_graph_api blind = older;
+    blind.kernel_params_v1 = NULL;
+    uint64_t blocks = 1;
     check(vgpu_graph_costs(&blind, handle(&shrinking), &costs) == 0 && costs.count == 0 &&
-              vgpu_graph_blocks(&blind, handle(&shrinking)) == 0,
+              vgpu_graph_child_blocks(&blind, handle(&shrinking), &blocks) == 0 && blocks == 0,
           "without the driver's inspection functions nothing is learnt");
+
+    struct tgraph empty = {0};
+    rc = instantiate(e, &empty);
+    check(rc == 0 && vgpu_graph_cost(e) == 1, "an empty graph costs one token");
+    vgpu_graph_set_node(e, (CUgraphNode)hidden, 40);
+    check(vgpu_graph_cost(e) == 40, "a node set in it (no node list to search): 40");
+    vgpu_graph_enable_node(e, (CUgraphNode)hidden, 0);
+    check(vgpu_graph_cost(e) == 1, "that node disabled: one token again");
 
     /* Nested ten deep, a kernel of one block at each level: the first nine levels (0..8) count. */
     static struct tgraph levels[10];
@@ -243,8 +285,14 @@ static void odd_graphs(void)
         if (i < 9)
             add(&levels[i], child(&levels[i + 1]));
     }
-    unsigned long long nested = vgpu_graph_blocks(&api, handle(&levels[0]));
-    check(nested == 9, "child graphs are counted down to 8 levels: 9 blocks (%llu)", nested);
+    struct tgraph top = {0};
+    add(&top, child(&levels[0]));
+    rc = instantiate(e, &top);
+    check(rc == 0 && vgpu_graph_cost(e) == 8,
+          "child graphs are counted down to 8 levels below the top: 8 blocks (%llu)", cost(e));
+    rc = vgpu_graph_child_blocks(&api, handle(&levels[0]), &blocks);
+    check(rc == 0 && blocks == 8, "a child graph set by a setter counts the same: %llu",
+          (unsigned long long)blocks);
     vgpu_graph_forget(e);
 }
 
@@ -292,6 +340,17 @@ static void out_of_memory(void)
     fail_in = 2;
     check(vgpu_graph_costs(&api, handle(&g), &costs) == -1 && costs.nodes == NULL,
           "no memory for the costs: -1, nothing kept");
+    struct tgraph inner = {0}, outer = {0};
+    add(&inner, kernel(20, 1, 1));
+    add(&outer, kernel(10, 1, 1));
+    add(&outer, child(&inner));
+    fail_in = 3; /* the outer list, its costs, then the child graph's list */
+    check(vgpu_graph_costs(&api, handle(&outer), &costs) == -1 && costs.nodes == NULL,
+          "no memory for a child graph's node list: -1, nothing kept (it would cost nothing)");
+    uint64_t blocks = 1;
+    fail_in = 1;
+    check(vgpu_graph_child_blocks(&api, handle(&inner), &blocks) == -1,
+          "the same for a child graph a setter gives");
     fail_in = 0;
 
     /* The table's first allocation (it has none yet) fails: the costs are freed and -1 returned. */

@@ -27,18 +27,20 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* calloc for the whole process, libvgpu's included, so that the one that lists a graph's
- * nodes can be made to fail. malloc and memset keep each allocation with the allocator that
- * frees it (the sanitizer's under make asan). */
-enum { ODD_NODES = 13 }; /* a node count nothing else in the process allocates for */
-static int fail_node_list;
+/* calloc for the whole process, libvgpu's included, so that one of libvgpu's allocations can be
+ * made to fail: the list of a graph's nodes (ODD_NODES of them) or the first table of executable
+ * graphs (src/graphs.c: 64 entries of 32 bytes). Each check asserts that its failure fired.
+ * malloc and memset keep each allocation with the allocator that frees it (the sanitizer's under
+ * make asan). */
+enum { ODD_NODES = 13, FIRST_TABLE = 64, TABLE_ENTRY = 32 };
+static size_t fail_n, fail_size; /* the next calloc(fail_n, fail_size) fails; 0: none */
 
 void *calloc(size_t n, size_t size)
 {
     if (size != 0 && n > SIZE_MAX / size)
         return NULL;
-    if (fail_node_list && n == ODD_NODES && size == sizeof(CUgraphNode)) {
-        fail_node_list = 0;
+    if (fail_n != 0 && n == fail_n && size == fail_size) {
+        fail_n = 0;
         return NULL;
     }
     /* Through a volatile pointer: the compiler would turn malloc + memset into calloc. */
@@ -47,6 +49,16 @@ void *calloc(size_t n, size_t size)
     return p != NULL ? memset(p, 0, n * size) : NULL;
 }
 
+static void arm(size_t n, size_t size) { fail_n = n, fail_size = size; }
+
+static int fired(void)
+{
+    int yes = fail_n == 0;
+    fail_n = 0;
+    return yes;
+}
+
+/* Runs first: the table of executable graphs is made at the first graph remembered. */
 static void graph_without_memory(int limited)
 {
     CUgraph g;
@@ -57,27 +69,32 @@ static void graph_without_memory(int limited)
     for (int n = 0; made && n < ODD_NODES; n++)
         made = cuGraphAddKernelNode(&node, g, NULL, 0, &k) == CUDA_SUCCESS;
     uint64_t live = fake_cuda_stats.graph_execs;
-    CUgraphExec exec = (CUgraphExec)&g;
-    fail_node_list = 1;
+    CUgraphExec exec = NULL;
+    arm(ODD_NODES, sizeof(CUgraphNode));
     CUresult rc = cuGraphInstantiateWithFlags(&exec, g, 0);
-    int tried = !fail_node_list;
-    fail_node_list = 0;
+    int tried = fired();
     if (!limited) {
         check(made && rc == CUDA_SUCCESS && exec != NULL && !tried,
               "no limit: a graph's cost is not read, so nothing to fail");
         return;
     }
-    check(made && rc == CUDA_ERROR_OUT_OF_MEMORY && exec == NULL && tried &&
-              fake_cuda_stats.graph_execs == live,
-          "no host memory to read a graph's cost: not instantiated (the driver's exec destroyed)");
+    check(made && rc == CUDA_ERROR_OUT_OF_MEMORY && tried && fake_cuda_stats.graph_execs == live,
+          "no host memory to read a graph's kernels: not instantiated, the driver never asked");
+    arm(FIRST_TABLE, TABLE_ENTRY);
     rc = cuGraphInstantiateWithFlags(&exec, g, 0);
-    fail_node_list = 1;
+    tried = fired();
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && exec == NULL && tried &&
+              fake_cuda_stats.graph_execs == live,
+          "no host memory to keep its cost: the driver's executable graph destroyed again");
+    rc = cuGraphInstantiateWithFlags(&exec, g, 0);
     CUgraphExecUpdateResultInfo info;
+    arm(ODD_NODES, sizeof(CUgraphNode));
     CUresult update = cuGraphExecUpdate(exec, g, &info);
-    fail_node_list = 0;
-    check(rc == CUDA_SUCCESS && update == CUDA_ERROR_OUT_OF_MEMORY &&
+    tried = fired();
+    check(rc == CUDA_SUCCESS && update == CUDA_ERROR_OUT_OF_MEMORY && tried &&
+              fake_cuda_graph_exec_blocks(exec) == ODD_NODES &&
               fake_cuda_stats.graph_execs == live + 1 && cuGraphExecDestroy(exec) == CUDA_SUCCESS,
-          "... and an update of a graph then answers CUDA_ERROR_OUT_OF_MEMORY, the exec kept");
+          "... and an update answers CUDA_ERROR_OUT_OF_MEMORY, the driver never asked");
 }
 
 static launch_fn launch_ptsz;

@@ -893,6 +893,17 @@ EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE
     return CUDA_SUCCESS;
 }
 
+/* The CUDA 10 ABI, which a CUDA 11 driver has alone: the fields before the CUDA 12 ones. */
+EXPORT CUresult cuGraphKernelNodeGetParams(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS_v1 *params)
+{
+    CUDA_KERNEL_NODE_PARAMS full;
+    CUresult rc = params != NULL ? cuGraphKernelNodeGetParams_v2(node, &full)
+                                 : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        memcpy(params, &full, sizeof *params);
+    return rc;
+}
+
 EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph)
 {
     struct fake_node n;
@@ -949,6 +960,8 @@ EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
 
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 {
+    if (fail_now("cuGraphExecDestroy"))
+        return CUDA_ERROR_UNKNOWN;
     pthread_mutex_lock(&graph_lock);
     struct fake_exec **link = exec_link((struct fake_exec *)exec);
     if (link != NULL) {
@@ -1326,6 +1339,7 @@ static const struct proc procs[] = {
     P("cuGraphAddChildGraphNode", cuGraphAddChildGraphNode, 10000, 0),
     P("cuGraphGetNodes", cuGraphGetNodes, 10000, 0),
     P("cuGraphNodeGetType", cuGraphNodeGetType, 10000, 0),
+    P("cuGraphKernelNodeGetParams", cuGraphKernelNodeGetParams, 10000, 0),
     P("cuGraphKernelNodeGetParams", cuGraphKernelNodeGetParams_v2, 12000, 0),
     P("cuGraphChildGraphNodeGetGraph", cuGraphChildGraphNodeGetGraph, 10000, 0),
     P("cuGraphInstantiate", cuGraphInstantiate, 10000, 0),
