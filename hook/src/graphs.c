@@ -54,20 +54,17 @@ static int readable(const struct vgpu_graph_api *api)
            api->child_graph != NULL;
 }
 
-static CUresult grid_of(const struct vgpu_graph_api *api, CUgraphNode node, unsigned grid[3])
+/* A kernel node's grid blocks (0 when they cannot be read). */
+static uint64_t kernel_blocks(const struct vgpu_graph_api *api, CUgraphNode node)
 {
-    CUDA_KERNEL_NODE_PARAMS params;
-    CUDA_KERNEL_NODE_PARAMS_v1 v1;
-    CUresult rc = api->kernel_params != NULL ? api->kernel_params(node, &params)
-                                             : api->kernel_params_v1(node, &v1);
-    if (rc == CUDA_SUCCESS && api->kernel_params == NULL)
-        params.gridDimX = v1.gridDimX, params.gridDimY = v1.gridDimY, params.gridDimZ = v1.gridDimZ;
-    if (rc == CUDA_SUCCESS) {
-        grid[0] = params.gridDimX;
-        grid[1] = params.gridDimY;
-        grid[2] = params.gridDimZ;
+    if (api->kernel_params != NULL) {
+        CUDA_KERNEL_NODE_PARAMS p;
+        return api->kernel_params(node, &p) == CUDA_SUCCESS
+            ? (uint64_t)p.gridDimX * p.gridDimY * p.gridDimZ : 0;
     }
-    return rc;
+    CUDA_KERNEL_NODE_PARAMS_v1 p;
+    return api->kernel_params_v1(node, &p) == CUDA_SUCCESS
+        ? (uint64_t)p.gridDimX * p.gridDimY * p.gridDimZ : 0;
 }
 
 /* The graph's nodes (*count of them, calloc'ed; the caller frees); NULL with *count 0 when it
@@ -100,7 +97,6 @@ static int node_blocks(const struct vgpu_graph_api *api, CUgraphNode node, int d
                        uint64_t *blocks, int *costly)
 {
     CUgraphNodeType type;
-    unsigned grid[3];
     CUgraph child;
     *blocks = 0;
     *costly = 0;
@@ -108,8 +104,7 @@ static int node_blocks(const struct vgpu_graph_api *api, CUgraphNode node, int d
         return 0;
     if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
         *costly = 1;
-        if (grid_of(api, node, grid) == CUDA_SUCCESS)
-            *blocks = clamp((uint64_t)grid[0] * grid[1] * grid[2]);
+        *blocks = clamp(kernel_blocks(api, node));
         return 0;
     }
     if (type == CU_GRAPH_NODE_TYPE_GRAPH) {
