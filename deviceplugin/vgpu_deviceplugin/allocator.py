@@ -142,14 +142,22 @@ class Allocator:
             log.error("cannot release the node lock on %s: %s", node, exc)
 
 
+def _container_dir(path: str) -> str:
+    """The folder of a container's files (`path` is one of them), made and given its mode."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    # chmod, not makedirs' mode: the umask does not apply; also narrows a 1777 directory left by
+    # an older plugin.
+    os.chmod(directory, REGION_DIR_MODE)
+    return directory
+
+
 def write_settings_file(path: str, text: str) -> None:
     """The container's settings file, replaced whole and durably: written to a temporary file,
     synced, renamed over it, the folder synced. A reader (or a container restarted after a node
     crash, from the kubelet's saved answer) sees the old or the new file, never an empty or half
     one. 0644: libvgpu.so refuses one that group or others could write."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    os.chmod(directory, REGION_DIR_MODE)
+    directory = _container_dir(path)
     temporary = f"{path}.{os.getpid()}.tmp"
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
@@ -175,11 +183,7 @@ def make_region_file(path: str) -> None:
     """The container's region file, at the region's size and all zeros (sparse: no disk used until
     written). libvgpu.so fills in the header on first use (a zero magic means "not written yet"
     to it and to the monitor alike), exactly as for a file it created itself."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    # chmod, not makedirs' mode: the umask does not apply; also narrows a 1777 directory left by
-    # an older plugin.
-    os.chmod(directory, REGION_DIR_MODE)
+    _container_dir(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, REGION_FILE_MODE)
     try:
         if os.fstat(fd).st_size < REGION_SIZE:

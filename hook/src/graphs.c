@@ -390,10 +390,3 @@ int vgpu_graph_take(CUgraphExec exec, struct vgpu_graph_costs *costs)
     pthread_mutex_unlock(&table_lock);
     return e != NULL ? 0 : -1;
 }
-
-void vgpu_graph_forget(CUgraphExec exec)
-{
-    struct vgpu_graph_costs costs;
-    vgpu_graph_take(exec, &costs);
-    free(costs.nodes);
-}

@@ -64,7 +64,4 @@ uint64_t vgpu_graph_cost(CUgraphExec exec);
  * before the driver destroys exec: once destroyed, its address can be another thread's new graph. */
 int vgpu_graph_take(CUgraphExec exec, struct vgpu_graph_costs *costs);
 
-/* Takes exec's costs and frees them. */
-void vgpu_graph_forget(CUgraphExec exec);
-
 #endif

@@ -26,7 +26,8 @@ struct bucket {
     double rate;        /* tokens/s; 0 = not calibrated yet (watcher only) */
     double carry;       /* fraction of a token not added yet (watcher only) */
     uint64_t consumed_at_control;
-    uint64_t control_ns; /* CLOCK_MONOTONIC of the last measurement acted on */
+    uint64_t control_ns; /* CLOCK_MONOTONIC of the last measurement acted on (set when the
+                          * watcher starts) */
     uint32_t limit;
 };
 
@@ -153,7 +154,6 @@ static void after_fork_child(void)
         buckets[dev].rate = 0.0;
         buckets[dev].carry = 0.0;
         buckets[dev].tokens = uncalibrated_credit;
-        buckets[dev].control_ns = monotonic_ns();
     }
 }
 
@@ -187,7 +187,6 @@ void vgpu_throttle_init(void)
     for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
         buckets[dev].limit = vgpu_region_sm_limit(dev);
         buckets[dev].tokens = uncalibrated_credit;
-        buckets[dev].control_ns = monotonic_ns();
         any |= buckets[dev].limit != 0;
     }
     if (any) {

@@ -48,12 +48,15 @@ def _doctor_rules(objects: Objects) -> set[tuple[rules.Rule, str]]:
     return {(rules.BY_CODE[f.code], f.severity) for f in diagnose(gather(objects)).findings}
 
 
-def _operator_rules(objects: Objects) -> set[tuple[rules.Rule, str]]:
-    """The operator's validation of the policy `vgpuctl import` writes for this cluster (as doctor
-    runs it on a VGPUPolicy it finds)."""
+def _operator_findings(objects: Objects) -> list[tuple[str, str]]:
+    """(reason, severity) of each problem the operator's validation finds in the policy
+    `vgpuctl import` writes for this cluster (as doctor runs it on a VGPUPolicy it finds)."""
     policy = import_policy(gather(objects)).policy
-    found = policy_findings([*objects, policy])
-    return {(rules.BY_REASON[f.code.removeprefix("policy-")], f.severity) for f in found}
+    return [(f.code.removeprefix("policy-"), f.severity) for f in policy_findings([*objects, policy])]
+
+
+def _operator_rules(objects: Objects) -> set[tuple[rules.Rule, str]]:
+    return {(rules.BY_REASON[reason], severity) for reason, severity in _operator_findings(objects)}
 
 
 # --- one place broken at a time ----------------------------------------------------------------
@@ -191,8 +194,7 @@ def test_every_code_reported_is_in_the_catalogue(healthy: Objects) -> None:
         breaker(objects)
         for finding in diagnose(gather(objects)).findings:
             assert finding.code in rules.BY_CODE
-        policy = import_policy(gather(objects)).policy
-        reasons = [f.code.removeprefix("policy-") for f in policy_findings([*objects, policy])]
+        reasons = [reason for reason, _ in _operator_findings(objects)]
         assert reasons
         assert set(reasons) <= set(rules.BY_REASON), reasons
 

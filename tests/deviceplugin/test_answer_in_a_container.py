@@ -64,13 +64,19 @@ async def answer(hook_outputs: None, flags: Flags, kube: FakeKube,
     return response.container_responses[0]
 
 
-def run_in_container(answer: pb.ContainerAllocateResponse, tmp_path: Path, env: dict[str, str],
+@pytest.fixture(scope="module")
+def etc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of /etc to mount over it, so that the answer's /etc/ld.so.preload has a place to go
+    without touching the host's; made once for the module."""
+    copy = tmp_path_factory.mktemp("container") / "etc"
+    subprocess.run(["cp", "-a", "/etc", str(copy)], check=False, capture_output=True)
+    return copy
+
+
+def run_in_container(answer: pb.ContainerAllocateResponse, etc: Path, env: dict[str, str],
                      skip: str = "") -> str:
     """The demo in a mount namespace laid out by `answer` (without the mount at `skip`), with
-    exactly `env` as its environment; its output."""
-    etc = tmp_path / "etc"
-    if not etc.exists():
-        subprocess.run(["cp", "-a", "/etc", str(etc)], check=False, capture_output=True)
+    exactly `env` as its environment and `etc` over /etc; its output."""
     mounts = [m for m in answer.mounts if m.container_path != skip]
     lines = ["set -eu", "mount -t tmpfs -o mode=755 none /usr/local", f"mkdir {STAGE}",
              f"mkdir {STAGE}/build && mount --bind {shlex.quote(str(HOOK_BUILD))} {STAGE}/build"]
@@ -89,23 +95,23 @@ def run_in_container(answer: pb.ContainerAllocateResponse, tmp_path: Path, env: 
 
 
 def test_the_answer_caps_a_process_with_its_environment(answer: pb.ContainerAllocateResponse,
-                                                          tmp_path: Path) -> None:
+                                                          etc: Path) -> None:
     mounts = {m.container_path: m for m in answer.mounts}
     assert mounts[SETTINGS_CONTAINER_PATH].read_only
-    output = run_in_container(answer, tmp_path, dict(answer.envs))
+    output = run_in_container(answer, etc, dict(answer.envs))
     assert CAPPED in output, output
 
 
 def test_a_process_that_drops_its_environment_keeps_the_cap(answer: pb.ContainerAllocateResponse,
-                                                            tmp_path: Path) -> None:
-    output = run_in_container(answer, tmp_path, {})
+                                                            etc: Path) -> None:
+    output = run_in_container(answer, etc, {})
     assert CAPPED in output, output
 
 
-def test_the_pods_own_env_cannot_raise_the_cap(answer: pb.ContainerAllocateResponse, tmp_path: Path) -> None:
+def test_the_pods_own_env_cannot_raise_the_cap(answer: pb.ContainerAllocateResponse, etc: Path) -> None:
     # A pod's env names the same variables as the plugin's answer, with its own values.
     env = {**answer.envs, "CUDA_DEVICE_MEMORY_LIMIT_0": "80g", "CUDA_DEVICE_MEMORY_LIMIT": "80g"}
-    output = run_in_container(answer, tmp_path, env)
+    output = run_in_container(answer, etc, env)
     assert CAPPED in output, output
     ignored = ("CUDA_DEVICE_MEMORY_LIMIT_0=80g ignored: the device plugin's settings file "
                f"{SETTINGS_CONTAINER_PATH}")
@@ -113,8 +119,8 @@ def test_the_pods_own_env_cannot_raise_the_cap(answer: pb.ContainerAllocateRespo
 
 
 def test_without_the_settings_file_a_scrubbed_environment_is_uncapped(
-        answer: pb.ContainerAllocateResponse, tmp_path: Path) -> None:
+        answer: pb.ContainerAllocateResponse, etc: Path) -> None:
     # What the settings file closes (HAMi-core's contract alone): the same answer minus that
     # mount, and env -i runs on a default region with no cap.
-    output = run_in_container(answer, tmp_path, {}, skip=SETTINGS_CONTAINER_PATH)
+    output = run_in_container(answer, etc, {}, skip=SETTINGS_CONTAINER_PATH)
     assert "never refused: 5000 MiB held after 10 steps" in output, output

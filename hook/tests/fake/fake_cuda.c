@@ -68,21 +68,15 @@ static uint64_t next_address = UINT64_C(0x7f0000000000);
 static uint64_t next_low_address = UINT64_C(0x10000000); /* the v1 exports' 32-bit pointers */
 static const uint64_t tombstone = 1;
 
-static uint64_t env_u64(const char *name, uint64_t fallback)
-{
-    const char *v = getenv(name);
-    return v != NULL && v[0] != '\0' ? strtoull(v, NULL, 10) : fallback;
-}
-
 __attribute__((constructor)) static void fake_setup(void)
 {
-    ndevices = (int)env_u64("FAKE_CUDA_DEVICES", 2);
+    ndevices = (int)gpu_env("FAKE_CUDA_DEVICES", 2);
     if (ndevices < 1 || ndevices > MAX_DEVICES)
         ndevices = 2;
-    device_bytes = env_u64("FAKE_CUDA_MEM_MIB", 16384) << 20;
-    ns_per_block = env_u64("FAKE_CUDA_NS_PER_BLOCK", 1000);
-    pitch_align = env_u64("FAKE_CUDA_PITCH_ALIGN", 512);
-    private_answers = env_u64("FAKE_CUDA_GPA_PRIVATE", 0) != 0;
+    device_bytes = gpu_env("FAKE_CUDA_MEM_MIB", 16384) << 20;
+    ns_per_block = gpu_env("FAKE_CUDA_NS_PER_BLOCK", 1000);
+    pitch_align = gpu_env("FAKE_CUDA_PITCH_ALIGN", 512);
+    private_answers = gpu_env("FAKE_CUDA_GPA_PRIVATE", 0) != 0;
     if (pitch_align == 0 || (pitch_align & (pitch_align - 1)) != 0)
         pitch_align = 512;
     gpu_total_bytes = device_bytes;
@@ -1081,23 +1075,28 @@ static CUresult exec_set(CUgraphExec exec, CUgraphNode node, const unsigned *gri
     return rc;
 }
 
+static CUresult set_grid(CUgraphExec exec, CUgraphNode node, unsigned gx, unsigned gy,
+                         unsigned gz)
+{
+    const unsigned grid[3] = {gx, gy, gz};
+    return exec_set(exec, node, grid, NULL);
+}
+
 EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
                                                   const CUDA_KERNEL_NODE_PARAMS *params)
 {
-    if (params == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    const unsigned grid[3] = {params->gridDimX, params->gridDimY, params->gridDimZ};
-    return exec_set(exec, node, grid, NULL);
+    return params != NULL ? set_grid(exec, node, params->gridDimX, params->gridDimY,
+                                     params->gridDimZ)
+                          : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* The CUDA 10.1 ABI. */
 EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
                                                const CUDA_KERNEL_NODE_PARAMS_v1 *params)
 {
-    if (params == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    const unsigned grid[3] = {params->gridDimX, params->gridDimY, params->gridDimZ};
-    return exec_set(exec, node, grid, NULL);
+    return params != NULL ? set_grid(exec, node, params->gridDimX, params->gridDimY,
+                                     params->gridDimZ)
+                          : CUDA_ERROR_INVALID_VALUE;
 }
 
 EXPORT CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgraphNode node,
@@ -1111,11 +1110,9 @@ EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node,
 {
     if (params == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (params->type == CU_GRAPH_NODE_TYPE_KERNEL) {
-        const unsigned grid[3] = {params->kernel.gridDimX, params->kernel.gridDimY,
-                                  params->kernel.gridDimZ};
-        return exec_set(exec, node, grid, NULL);
-    }
+    if (params->type == CU_GRAPH_NODE_TYPE_KERNEL)
+        return set_grid(exec, node, params->kernel.gridDimX, params->kernel.gridDimY,
+                        params->kernel.gridDimZ);
     if (params->type == CU_GRAPH_NODE_TYPE_GRAPH)
         return exec_set(exec, node, NULL, params->graph.graph);
     return CUDA_ERROR_INVALID_VALUE; /* the fake's graphs hold kernels and child graphs only */
