@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "cuda_v1.h" /* cuGraphExecUpdate: the CUDA 10.2 ABI, called by name */
 #include "fake_state.h"
 
 #define MiB (UINT64_C(1) << 20)
@@ -337,9 +338,29 @@ static void graphs_and_contexts(void)
     CUDA_GRAPH_INSTANTIATE_PARAMS ip = {0};
     CUgraphExec exec2;
     check(cuGraphCreate(&small, 0) == 0 && cuGraphAddKernelNode_v2(&ns, small, NULL, 0, &k3) == 0 &&
-          cuGraphExecUpdate_v2(exec, small, &info) == 0 &&
-          info.result == CU_GRAPH_EXEC_UPDATE_SUCCESS && fake_cuda_graph_exec_blocks(exec) == 400,
-          "cuGraphExecUpdate: the executable takes the new graph's 400 blocks");
+          cuGraphExecUpdate_v2(exec, small, &info) == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE &&
+          info.result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED &&
+          fake_cuda_graph_exec_blocks(exec) == 2000,
+          "cuGraphExecUpdate refuses a graph of another node count, as the driver does");
+    /* g's topology (kernel, kernel, child graph of one kernel) with 400-block kernels; and one
+     * whose third node is a kernel. */
+    CUgraph alike, retyped;
+    CUgraphNode na;
+    CUgraphExecUpdateResult result;
+    fine = cuGraphCreate(&alike, 0) == 0 && cuGraphCreate(&retyped, 0) == 0;
+    for (int i = 0; i < 2; i++)
+        fine &= cuGraphAddKernelNode_v2(&na, alike, NULL, 0, &k3) == 0 &&
+                cuGraphAddKernelNode_v2(&na, retyped, NULL, 0, &k3) == 0;
+    fine &= cuGraphAddChildGraphNode(&na, alike, NULL, 0, small) == 0 &&
+            cuGraphAddKernelNode_v2(&na, retyped, NULL, 0, &k3) == 0;
+    check(fine && cuGraphExecUpdate(exec, retyped, &na, &result) ==
+                      CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE &&
+          result == CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED &&
+          fake_cuda_graph_exec_blocks(exec) == 2000,
+          "cuGraphExecUpdate (CUDA 10.2 ABI) refuses a node of another type");
+    check(cuGraphExecUpdate_v2(exec, alike, &info) == 0 &&
+          info.result == CU_GRAPH_EXEC_UPDATE_SUCCESS && fake_cuda_graph_exec_blocks(exec) == 1200,
+          "cuGraphExecUpdate: the executable takes a graph of the same topology, 1200 blocks");
     check(cuGraphInstantiateWithParams(&exec2, g, &ip) == 0 &&
           ip.result_out == CUDA_GRAPH_INSTANTIATE_SUCCESS &&
           fake_cuda_graph_exec_blocks(exec2) == 2000, "cuGraphInstantiateWithParams");
@@ -361,10 +382,13 @@ static void graphs_and_contexts(void)
           cuGraphExecChildGraphNodeSetParams(exec2, n1, small) == CUDA_ERROR_INVALID_VALUE &&
           cuGraphExecKernelNodeSetParams_v2(exec2, ns, &k1) == CUDA_ERROR_INVALID_VALUE &&
           cuGraphNodeSetEnabled(exec2, ns, 0) == CUDA_ERROR_INVALID_VALUE &&
+          cuGraphExecChildGraphNodeSetParams(exec2, nc, alike) == CUDA_ERROR_INVALID_VALUE &&
           fake_cuda_graph_exec_blocks(exec2) == 810,
-          "refused: a setter of the wrong node type, a node of another graph");
+          "refused: a setter of the wrong node type, a node of another graph, a child graph of "
+          "another topology");
     check(cuGraphExecDestroy(exec) == 0 && cuGraphExecDestroy(exec2) == 0 &&
           cuGraphDestroy(g) == 0 && cuGraphDestroy(child) == 0 && cuGraphDestroy(small) == 0 &&
+          cuGraphDestroy(alike) == 0 && cuGraphDestroy(retyped) == 0 &&
           cuGraphExecDestroy(exec) == CUDA_ERROR_INVALID_VALUE, "graphs destroyed");
     check(cuDevicePrimaryCtxRelease_v2(0) == 0 && fake_cuda_device_used(0) == footprint &&
           cuDevicePrimaryCtxRelease_v2(0) == 0 && fake_cuda_device_used(0) == 0 &&

@@ -577,6 +577,44 @@ EXPORT CUresult cuMemAdvise_v2(CUdeviceptr ptr, size_t count, CUmem_advise advic
     return location.type == CU_MEM_LOCATION_TYPE_DEVICE ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* ---- modules: a kernel is found by name in a PTX image; the fake never runs its code ---- */
+
+static int function_token; /* what every function handle points at */
+
+/* The module is a copy of the image (the caller may free its own, as with the driver). */
+EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    CUresult rc = need_ctx();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (module == NULL || image == NULL || strstr(image, ".entry") == NULL)
+        return CUDA_ERROR_INVALID_IMAGE;
+    char *copy = strdup(image);
+    *module = (CUmodule)(void *)copy;
+    return copy != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* The function's name must be an entry of the module's PTX, as the driver requires. */
+EXPORT CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name)
+{
+    if (function == NULL || module == NULL || name == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    char entry[256];
+    snprintf(entry, sizeof entry, ".entry %s(", name);
+    if (strstr((const char *)(void *)module, entry) == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    *function = (CUfunction)(void *)&function_token;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleUnload(CUmodule module)
+{
+    if (module == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(module);
+    return CUDA_SUCCESS;
+}
+
 /* ---- launches ----------------------------------------------------------------------------- */
 
 /* A kernel (or graph) of `blocks` blocks joins the caller's queue on its device. */
@@ -992,22 +1030,52 @@ EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphN
     return instantiate_v1(exec, graph, error_node, log, log_size);
 }
 
-/* The executable graph takes the new graph's work (the fake accepts every topology change). */
+/* Whether b can stand in for a in an executable graph: as the driver requires of an update or
+ * a child graph's replacement, the same number of nodes, of the same types, in the same order,
+ * child graphs alike (the fake keeps no edges, so a changed edge goes unnoticed). */
+static CUgraphExecUpdateResult topology_change(const struct fake_graph *a,
+                                               const struct fake_graph *b)
+{
+    if (a->count != b->count)
+        return CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+    for (size_t i = 0; i < a->count; i++) {
+        if (a->nodes[i]->type != b->nodes[i]->type)
+            return CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
+        CUgraphExecUpdateResult child = a->nodes[i]->child != NULL
+            ? topology_change(a->nodes[i]->child, b->nodes[i]->child)
+            : CU_GRAPH_EXEC_UPDATE_SUCCESS;
+        if (child != CU_GRAPH_EXEC_UPDATE_SUCCESS)
+            return child;
+    }
+    return CU_GRAPH_EXEC_UPDATE_SUCCESS;
+}
+
+/* The executable graph takes the work of a graph of the same topology (any other is refused,
+ * as the driver refuses it). */
 static CUgraphExecUpdateResult update(CUgraphExec exec, CUgraph graph)
 {
     pthread_mutex_lock(&graph_lock);
     struct fake_exec *e = (struct fake_exec *)exec;
-    int known = exec_link(e) != NULL && graph_known((struct fake_graph *)graph);
-    struct fake_graph *copy = known ? graph_clone((struct fake_graph *)graph) : NULL;
+    struct fake_graph *g = (struct fake_graph *)graph;
+    CUgraphExecUpdateResult result = exec_link(e) != NULL && graph_known(g)
+        ? topology_change(e->copy, g) : CU_GRAPH_EXEC_UPDATE_ERROR;
+    struct fake_graph *copy = result == CU_GRAPH_EXEC_UPDATE_SUCCESS ? graph_clone(g) : NULL;
     if (copy != NULL) {
         graph_free(e->copy);
-        e->source = (struct fake_graph *)graph;
+        e->source = g;
         e->copy = copy;
         e->blocks = graph_blocks(copy);
+    } else if (result == CU_GRAPH_EXEC_UPDATE_SUCCESS) {
+        result = CU_GRAPH_EXEC_UPDATE_ERROR; /* out of host memory */
     }
     pthread_mutex_unlock(&graph_lock);
-    known = copy != NULL;
-    return known ? CU_GRAPH_EXEC_UPDATE_SUCCESS : CU_GRAPH_EXEC_UPDATE_ERROR;
+    return result;
+}
+
+static CUresult update_answer(CUgraphExecUpdateResult result)
+{
+    return result == CU_GRAPH_EXEC_UPDATE_SUCCESS ? CUDA_SUCCESS
+                                                  : CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
 }
 
 EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
@@ -1018,7 +1086,7 @@ EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
         memset(info, 0, sizeof *info);
         info->result = result;
     }
-    return result == CU_GRAPH_EXEC_UPDATE_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return update_answer(result);
 }
 
 /* The CUDA 10.2 ABI. */
@@ -1030,7 +1098,7 @@ EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *
         *error_node = NULL;
     if (result_out != NULL)
         *result_out = result;
-    return result == CU_GRAPH_EXEC_UPDATE_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return update_answer(result);
 }
 
 /* ---- executable graphs changed in place ---- */
@@ -1047,7 +1115,8 @@ static struct fake_node *exec_node(struct fake_exec *e, CUgraphNode node)
     return NULL;
 }
 
-/* Sets a kernel node's grid (child NULL) or a child graph node's graph in exec. */
+/* Sets a kernel node's grid (child NULL) or a child graph node's graph in exec: one of the
+ * same topology, as the driver requires. */
 static CUresult exec_set(CUgraphExec exec, CUgraphNode node, const unsigned *grid,
                          CUgraph child)
 {
@@ -1061,7 +1130,9 @@ static CUresult exec_set(CUgraphExec exec, CUgraphNode node, const unsigned *gri
         n->params.gridDimZ = grid[2];
         rc = CUDA_SUCCESS;
     } else if (n != NULL && child != NULL && n->type == CU_GRAPH_NODE_TYPE_GRAPH &&
-               graph_known((struct fake_graph *)child)) {
+               graph_known((struct fake_graph *)child) &&
+               topology_change(n->child, (struct fake_graph *)child) ==
+                   CU_GRAPH_EXEC_UPDATE_SUCCESS) {
         struct fake_graph *copy = graph_clone((struct fake_graph *)child);
         rc = copy != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
         if (copy != NULL) {
