@@ -3,10 +3,12 @@
  * limit, other nodes left out), each exec-level setter changing its node's cost (a kernel's grid,
  * a child graph, a node unknown at instantiation, a node disabled and enabled), grids that would
  * wrap a 64-bit sum, graphs that cannot be read, a table of more executable graphs than the old
- * fixed one held, and running out of host memory at each allocation (calloc and realloc are
- * wrapped by the linker: --wrap). */
+ * fixed one held, running out of host memory at each allocation, and a fork while the table's
+ * lock is held (calloc and realloc are wrapped by the linker: --wrap). */
 #include <stdint.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "graphs.h"
@@ -20,7 +22,30 @@ static int fail_in; /* the fail_in-th allocation from now fails; 0: none does */
 
 static int fails(void) { return fail_in > 0 && --fail_in == 0; }
 
-void *__wrap_calloc(size_t n, size_t size) { return fails() ? NULL : __real_calloc(n, size); }
+/* A fork on demand: the fork_in-th calloc from now forks first; the child runs fork_child and
+ * never returns into the caller (as if the forking thread were another), the parent keeps the
+ * child's wait status in forked_status. */
+static int fork_in;
+static void (*fork_child)(void);
+static int forked_status = -1;
+
+static void fork_here(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        fork_child();
+        _exit(0);
+    }
+    if (pid < 0 || waitpid(pid, &forked_status, 0) != pid)
+        forked_status = -2;
+}
+
+void *__wrap_calloc(size_t n, size_t size)
+{
+    if (fork_in > 0 && --fork_in == 0)
+        fork_here();
+    return fails() ? NULL : __real_calloc(n, size);
+}
 
 void *__wrap_realloc(void *p, size_t size) { return fails() ? NULL : __real_realloc(p, size); }
 
@@ -377,11 +402,54 @@ static void out_of_memory(void)
     forget(exec_at(3));
 }
 
+/* The child of a fork made while the table's lock was held, half-way through a rehash: its
+ * table is empty (the parent's executable graphs are not its own) and its lock free. Exits 0
+ * when both hold; a lock left held would hang it until the alarm. */
+static CUgraphExec parents_exec;
+
+static void child_after_fork(void)
+{
+    alarm(10);
+    struct tgraph g = {0};
+    add(&g, kernel(10, 1, 1));
+    int unknown = vgpu_graph_cost(parents_exec) == 1;
+    int usable = instantiate(exec_at(19999), &g) == 0 && vgpu_graph_cost(exec_at(19999)) == 10;
+    _exit(unknown && usable ? 0 : 1 + !unknown);
+}
+
+static void fork_while_locked(void)
+{
+    struct tgraph g = {0};
+    add(&g, kernel(7, 1, 1));
+    parents_exec = exec_at(0);
+    int kept = instantiate(parents_exec, &g) == 0;
+    fork_child = child_after_fork;
+    /* New executable graphs until one makes the table grow: the only calloc of a remember is
+     * the rehash's, made holding the lock. */
+    size_t i = 1;
+    for (; forked_status == -1 && i < 1000; i++) {
+        struct vgpu_graph_costs costs;
+        kept &= vgpu_graph_costs(&api, handle(&g), &costs) == 0;
+        fork_in = 1;
+        kept &= vgpu_graph_remember(exec_at(i), &costs) == 0;
+        fork_in = 0;
+    }
+    check(WIFEXITED(forked_status) && WEXITSTATUS(forked_status) == 0,
+          "a fork while the table's lock is held mid-rehash: the child's table is empty and "
+          "usable (wait status %d)", forked_status);
+    for (size_t j = 0; j < i; j++)
+        kept &= vgpu_graph_cost(exec_at(j)) == 7;
+    check(kept, "... and the parent's %zu executable graphs keep their cost", i);
+    for (size_t j = 0; j < i; j++)
+        forget(exec_at(j));
+}
+
 int main(void)
 {
     out_of_memory(); /* first: the table's first allocation is tested there */
     setters();
     odd_graphs();
+    fork_while_locked(); /* before many(): the table is small, so it soon grows */
     many();
     return check_done("test_graphs");
 }
