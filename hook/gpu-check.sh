@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # gpu-check.sh - libvgpu.so on a real GPU: the acceptance suite of issue 11 (hook/README.md).
 # Needs: an NVIDIA GPU with at least 4 GiB, nvidia-smi, python3 with torch (CUDA build) and
-# pynvml, cc/make. Checks: (1) a 2 GiB cap under PyTorch: 1.5 GiB works, 3 GiB fails cleanly
-# with an OOM the program can catch, torch.cuda.mem_get_info and nvidia-smi show 2048 MiB;
+# pynvml, cc/make. Context memory is counted against the cap (about 0.5 GiB a process on an
+# H100), so the sizes below leave room for one per process. Checks: (1) a 2 GiB cap under
+# PyTorch: the context counted before any tensor, what mem_get_info leaves works, 3 GiB fails
+# cleanly with an OOM the program can catch, torch.cuda.mem_get_info and nvidia-smi show 2048 MiB;
 # (2) two processes sharing one cap; (3) an SM limit of 30 % on a compute-bound kernel;
 # (4) overhead figures; (5) what NVML shows a capped process holding (context included) stays
 # within the cap; (6) SM shares of two containers at once (30/60, 50/50, 30/none, 20/20);
@@ -36,15 +38,20 @@ echo "== 1. PyTorch under a 2 GiB cap"
 under_cap one.cache 2g python3 - <<'PY'
 import sys
 import torch
-GiB = 1 << 30
+MiB, GiB = 1 << 20, 1 << 30
 free, total = torch.cuda.mem_get_info()
 print(f"mem_get_info: free {free / GiB:.2f} GiB, total {total / GiB:.2f} GiB")
 ok = total == 2 * GiB
+# Nothing allocated yet: what is used is the CUDA context, counted against the cap.
+context = total - free
+print(f"counted before any tensor (the CUDA context): {context // MiB} MiB")
+ok &= 0 < context < total // 2
 props = torch.cuda.get_device_properties(0).total_memory
 print(f"get_device_properties.total_memory {props / GiB:.2f} GiB")
 ok &= props == 2 * GiB
-x = torch.empty(int(1.5 * GiB), dtype=torch.uint8, device="cuda")
-print("1.5 GiB tensor: allocated")
+size = (free - 256 * MiB) // MiB * MiB
+x = torch.empty(size, dtype=torch.uint8, device="cuda")
+print(f"{size // MiB} MiB tensor (what mem_get_info left, less 256 MiB): allocated")
 del x
 torch.cuda.empty_cache()
 try:
@@ -58,25 +65,27 @@ z = torch.ones(256 << 20, dtype=torch.uint8, device="cuda")  # still usable afte
 ok &= bool(z.all().item()) and z.numel() == 256 << 20
 sys.exit(0 if ok else 1)
 PY
-result $? "PyTorch: cap reported, 1.5 GiB works, 3 GiB is a clean OOM"
+result $? "PyTorch: cap reported, context counted, the rest works, 3 GiB is a clean OOM"
 shown=$(under_cap one.cache 2g nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
 echo "nvidia-smi under the hook: memory.total = ${shown} MiB"
 [ "${shown// /}" = 2048 ]; result $? "nvidia-smi shows the 2048 MiB cap"
 
-echo "== 2. two processes sharing one cap"
-under_cap two.cache 2g python3 -c '
+echo "== 2. two processes sharing one 4 GiB cap (a context each)"
+under_cap two.cache 4g python3 -c '
 import time, torch
 x = torch.empty(1200 << 20, dtype=torch.uint8, device="cuda")
 open("'"$work"'/holding", "w").close()
 time.sleep(20)' &
 holder=$!
 for _ in $(seq 100); do [ -e "$work/holding" ] && break; sleep 0.2; done
-under_cap two.cache 2g python3 - <<'PY'
+under_cap two.cache 4g python3 - <<'PY'
 import sys
 import torch
 try:
-    torch.empty(1200 << 20, dtype=torch.uint8, device="cuda")
-    sys.exit(1)  # 2 x 1200 MiB under a 2 GiB cap must not fit
+    # Alone, 3000 MiB and a context fit under 4 GiB; beside the holder's 1200 MiB and context,
+    # they must not.
+    torch.empty(3000 << 20, dtype=torch.uint8, device="cuda")
+    sys.exit(1)
 except torch.cuda.OutOfMemoryError:
     pass
 torch.cuda.empty_cache()
@@ -84,11 +93,11 @@ torch.empty(500 << 20, dtype=torch.uint8, device="cuda")
 free, total = torch.cuda.mem_get_info()
 print(f"second process: free {free >> 20} MiB of {total >> 20} MiB")
 PY
-result $? "second process: 1200 MiB refused, 500 MiB fits while the first holds 1200 MiB"
+result $? "second process: 3000 MiB refused, 500 MiB fits while the first holds 1200 MiB"
 kill -9 $holder 2>/dev/null; wait $holder 2>/dev/null
-under_cap two.cache 2g python3 -c '
-import torch; torch.empty(1800 << 20, dtype=torch.uint8, device="cuda")'
-result $? "after kill -9 of the holder, 1800 MiB fits again"
+under_cap two.cache 4g python3 -c '
+import torch; torch.empty(3000 << 20, dtype=torch.uint8, device="cuda")'
+result $? "after kill -9 of the holder, 3000 MiB fits again"
 
 echo "== 3. SM limit 30 % on a compute-bound kernel"
 cat > "$work/burn.py" <<'PY'
