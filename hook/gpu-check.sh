@@ -222,8 +222,9 @@ within "$gs" 25
 result $? "graph replay at limit 25: $gs %"
 
 echo "== 8. CUDA graphs made or changed through the driver API, under a 25 % limit"
-# Each case: an unlimited tenant, then one at 25 %, replaying ten 2000-block kernels of real PTX;
-# the second's kernels/s must be 20-30 % of the first's. destroy-refused needs the fake.
+# Each case: an unlimited tenant, then one at 25 %, replaying ten 2000-block kernels of real PTX
+# (each graph first shown, by a counter its kernels add to, to run all 20000 blocks); the
+# second's kernels/s must be 20-30 % of the first's. destroy-refused needs the fake.
 for abi in flags v1 v2-update update-refused set-params set-params-v1 node-set child-set \
         enable-half crowded; do
     mkdir -p "$work/graph-$abi"

@@ -31,11 +31,13 @@
  *                                     after 5000 other executable graphs; "destroy-refused"
  *                                     (the fake only): a destroy the driver refused
  *
- * The graph cases run on a real GPU too (gpu-check.sh): without the fake's exports (weak here)
- * the kernel is real PTX and only the measured rates are compared.
+ * The graph cases run on a real GPU too (gpu-check.sh): the kernel is real PTX, a counter on the
+ * device shows a graph runs its blocks (over the fake, the fake's own count), and the measured
+ * rates are compared.
  * What the other leaves: a tenant limited to L takes L; an unlimited one takes the rest; two
  * unlimited ones split the GPU. */
 #include <cuda.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -43,20 +45,36 @@
 #include <time.h>
 
 #include "check.h"
-#include "cuda_v1.h" /* the CUDA 10/11 graph exports, called by name */
-#include "fake_state.h"
-
-/* The fake's own exports, absent from a real driver: NULL there. */
-#pragma weak fake_cuda_busy_ns
-#pragma weak fake_cuda_graph_exec_blocks
-#pragma weak fake_cuda_fail_next
+#include "cuda_v1.h"    /* the CUDA 10/11 graph exports, called by name */
+#include "fake_state.h" /* its declarations only: the fake's exports are looked up */
 
 enum { BLOCKS = 2000, GRAPH_KERNELS = 10, CROWD = 5000 };
 /* Seconds of settling and of measuring; CONTENTION_SETTLE_S and CONTENTION_MEASURE_S change
  * them (a real GPU's NVML samples are coarser than the fake's). */
 static double settle_s = 3.0, measure_s = 3.0;
 
-static int on_fake(void) { return fake_cuda_busy_ns != NULL; }
+/* Looked up at run time, so that the binary, linked against the fake, runs on a real driver
+ * too: the fake's own exports (NULL on a GPU), and the copies only a GPU can do (NULL over the
+ * fake, which has no device memory). */
+static uint64_t (*fake_busy_ns)(int dev);             /* GPU ns the calling process got */
+static uint64_t (*fake_exec_blocks)(CUgraphExec exec); /* blocks an executable graph runs */
+static char *fake_fail_next;                           /* the next entry point to fail */
+static CUresult (*copy_to_device)(CUdeviceptr dst, const void *src, size_t bytes);
+static CUresult (*copy_from_device)(void *dst, CUdeviceptr src, size_t bytes);
+
+static void look_up(void)
+{
+    fake_busy_ns = (uint64_t(*)(int))dlsym(RTLD_DEFAULT, "fake_cuda_busy_ns");
+    fake_exec_blocks = (uint64_t(*)(CUgraphExec))dlsym(RTLD_DEFAULT,
+                                                       "fake_cuda_graph_exec_blocks");
+    fake_fail_next = (char *)dlsym(RTLD_DEFAULT, "fake_cuda_fail_next");
+    copy_to_device = (CUresult(*)(CUdeviceptr, const void *, size_t))dlsym(RTLD_DEFAULT,
+                                                                          "cuMemcpyHtoD_v2");
+    copy_from_device = (CUresult(*)(void *, CUdeviceptr, size_t))dlsym(RTLD_DEFAULT,
+                                                                      "cuMemcpyDtoH_v2");
+}
+
+static int on_fake(void) { return fake_busy_ns != NULL; }
 
 static double now_s(void)
 {
@@ -65,32 +83,55 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* Whether the driver did `what`; if not, says what it answered (a first run on a new driver
+ * must show which call it refused). */
+static int done(CUresult rc, const char *what)
+{
+    if (rc != CUDA_SUCCESS)
+        fprintf(stderr, "test_contention: %s answered CUresult %d\n", what, (int)rc);
+    return rc == CUDA_SUCCESS;
+}
+
 /* The kernel every tenant runs: each block waits vgpu_spin_ns on the GPU's clock, so on a GPU
- * a grid of BLOCKS (one wave of 128-thread blocks on an H100) takes about a millisecond. The
- * fake finds the entry but runs no code: it times a kernel by its blocks (2 ms). */
+ * a grid of BLOCKS (one wave of 128-thread blocks on an H100 SXM) takes about a millisecond;
+ * thread 0 of each block adds one to *vgpu_spin_count unless it is NULL, so that a GPU shows
+ * how many blocks a graph ran. The fake finds the entry but runs no code: it times a kernel by
+ * its blocks (2 ms) and counts a graph's blocks itself. */
 static const char spin_ptx[] =
     ".version 7.0\n.target sm_70\n.address_size 64\n"
-    ".visible .entry vgpu_spin(.param .u64 vgpu_spin_ns)\n{\n"
-    "    .reg .pred %p;\n    .reg .b64 %rd<4>;\n"
+    ".visible .entry vgpu_spin(.param .u64 vgpu_spin_ns, .param .u64 vgpu_spin_count)\n{\n"
+    "    .reg .pred %p<3>;\n    .reg .b32 %r<2>;\n    .reg .b64 %rd<6>;\n"
     "    ld.param.u64 %rd0, [vgpu_spin_ns];\n"
-    "    mov.u64 %rd1, %globaltimer;\n"
+    "    ld.param.u64 %rd4, [vgpu_spin_count];\n"
+    "    mov.u32 %r1, %tid.x;\n"
+    "    setp.eq.u32 %p1, %r1, 0;\n"
+    "    setp.ne.u64 %p2, %rd4, 0;\n"
+    "    and.pred %p1, %p1, %p2;\n"
+    "    @!%p1 bra START;\n"
+    "    cvta.to.global.u64 %rd5, %rd4;\n"
+    "    red.global.add.u64 [%rd5], 1;\n"
+    "START:\n    mov.u64 %rd1, %globaltimer;\n"
     "    add.u64 %rd2, %rd1, %rd0;\n"
     "WAIT:\n    mov.u64 %rd3, %globaltimer;\n"
-    "    setp.lt.u64 %p, %rd3, %rd2;\n"
-    "    @%p bra WAIT;\n    ret;\n}\n";
+    "    setp.lt.u64 %p0, %rd3, %rd2;\n"
+    "    @%p0 bra WAIT;\n    ret;\n}\n";
 static uint64_t spin_ns = 1000 * 1000;
-static void *spin_args[] = {&spin_ns};
+static CUdeviceptr counter, no_counter; /* counter: a device word, on a GPU only */
+static void *plain_args[] = {&spin_ns, &no_counter};
+static void *graph_args[] = {&spin_ns, &counter};
 
-/* A full kernel: BLOCKS blocks of vgpu_spin (func set by load_kernel). */
+/* A full kernel of a graph: BLOCKS blocks of vgpu_spin, counted (func set by load_kernel). */
 static CUDA_KERNEL_NODE_PARAMS full = {.gridDimX = BLOCKS, .gridDimY = 1, .gridDimZ = 1,
                                        .blockDimX = 128, .blockDimY = 1, .blockDimZ = 1,
-                                       .kernelParams = spin_args};
+                                       .kernelParams = graph_args};
 
 static int load_kernel(void)
 {
     CUmodule module;
-    return cuModuleLoadData(&module, spin_ptx) == CUDA_SUCCESS &&
-                   cuModuleGetFunction(&full.func, module, "vgpu_spin") == CUDA_SUCCESS
+    return done(cuModuleLoadData(&module, spin_ptx), "cuModuleLoadData (the PTX)") &&
+                   done(cuModuleGetFunction(&full.func, module, "vgpu_spin"),
+                        "cuModuleGetFunction") &&
+                   (on_fake() || done(cuMemAlloc_v2(&counter, sizeof(uint64_t)), "cuMemAlloc"))
                ? 0 : -1;
 }
 
@@ -113,15 +154,6 @@ static CUgraph graph_of(int kernels, unsigned blocks, CUgraphNode *nodes)
             nodes[i] = node;
     }
     return graph;
-}
-
-/* Whether the driver did `what`; if not, says what it answered (a first run on a new driver
- * must show which call it refused). */
-static int done(CUresult rc, const char *what)
-{
-    if (rc != CUDA_SUCCESS)
-        fprintf(stderr, "test_contention: %s answered CUresult %d\n", what, (int)rc);
-    return rc == CUDA_SUCCESS;
 }
 
 /* Ten one-block kernels made executable, then set to full ones, node by node, by `abi`. */
@@ -187,9 +219,9 @@ static int make(CUgraphExec *exec, const char *abi)
                done(cuGraphExecChildGraphNodeSetParams(*exec, node, graph), abi) ? 0 : -1;
     }
     if (strcmp(abi, "destroy-refused") == 0) {
-        if (fake_cuda_fail_next == NULL || cuGraphInstantiateWithFlags(exec, graph, 0) != 0)
+        if (fake_fail_next == NULL || cuGraphInstantiateWithFlags(exec, graph, 0) != 0)
             return -1;
-        snprintf(fake_cuda_fail_next, sizeof fake_cuda_fail_next, "cuGraphExecDestroy");
+        snprintf(fake_fail_next, sizeof fake_cuda_fail_next, "cuGraphExecDestroy");
         return cuGraphExecDestroy(*exec) == CUDA_ERROR_UNKNOWN ? 0 : -1;
     }
     if (strcmp(abi, "crowded") == 0) {
@@ -216,18 +248,33 @@ static int make(CUgraphExec *exec, const char *abi)
     return -1;
 }
 
+/* The blocks one launch of exec runs: over the fake, its own count; on a GPU, the kernels'
+ * count of one launch (a graph's blocks each add one to the counter). UINT64_MAX: unknown. */
+static uint64_t blocks_run(CUgraphExec exec)
+{
+    if (fake_exec_blocks != NULL)
+        return fake_exec_blocks(exec);
+    uint64_t zero = 0, blocks = UINT64_MAX;
+    if (copy_to_device == NULL || copy_from_device == NULL ||
+        !done(copy_to_device(counter, &zero, sizeof zero), "cuMemcpyHtoD") ||
+        !done(cuGraphLaunch(exec, NULL), "cuGraphLaunch") ||
+        !done(cuCtxSynchronize(), "cuCtxSynchronize") ||
+        !done(copy_from_device(&blocks, counter, sizeof blocks), "cuMemcpyDtoH"))
+        return UINT64_MAX;
+    return blocks;
+}
+
 /* An executable graph that runs ten full kernels, made by `abi`; NULL if the driver did not
- * make exactly that (over the fake, its own count, so that a case cannot pass on a graph it
- * never ran). */
+ * make exactly that (so that a case cannot pass on a graph that never ran them). */
 static CUgraphExec make_graph(const char *abi)
 {
     CUgraphExec exec = NULL;
     if (make(&exec, abi) != 0)
         return NULL;
-    uint64_t blocks = on_fake() ? fake_cuda_graph_exec_blocks(exec) : GRAPH_KERNELS * BLOCKS;
+    uint64_t blocks = blocks_run(exec);
     if (blocks != (uint64_t)GRAPH_KERNELS * BLOCKS) {
-        fprintf(stderr, "test_contention: the %s graph runs %llu blocks\n", abi,
-                (unsigned long long)blocks);
+        fprintf(stderr, "test_contention: the %s graph runs %llu blocks, not %d\n", abi,
+                (unsigned long long)blocks, GRAPH_KERNELS * BLOCKS);
         return NULL;
     }
     return exec;
@@ -247,41 +294,43 @@ static void tenant(int fd, const char *region, const char *limit, const char *gr
     setenv("CUDA_DEVICE_MEMORY_SHARED_CACHE", region, 1);
     if (strcmp(limit, "none") != 0)
         setenv("CUDA_DEVICE_SM_LIMIT", limit, 1);
+    else
+        unsetenv("CUDA_DEVICE_SM_LIMIT");
     CUcontext ctx;
     struct measured m = {-1, -1};
     CUgraphExec exec = NULL;
-    if (done(cuInit(0), "cuInit") && done(cuDevicePrimaryCtxRetain(&ctx, 0), "retain") &&
-        cuCtxSetCurrent(ctx) == CUDA_SUCCESS && load_kernel() == 0 &&
-        (!graph || (exec = make_graph(graph)) != NULL)) {
-        double start = now_s(), window = 0;
-        uint64_t busy0 = 0, kernels = 0;
-        for (unsigned i = 0;; i++) {
-            /* A graph tenant warms up with plain kernels, as PyTorch does before it captures a
-             * graph: the limiter's rate then suits kernels, and a graph that cost one token
-             * would run almost unthrottled until the rate caught up. */
-            int replaying = graph != NULL && window != 0;
-            if (replaying)
-                cuGraphLaunch(exec, NULL);
-            else
-                cuLaunchKernel(full.func, BLOCKS, 1, 1, 128, 1, 1, 0, NULL, spin_args, NULL);
-            if (window != 0)
-                kernels += replaying ? GRAPH_KERNELS : 1;
-            if (replaying || i % 4 == 3)
-                cuCtxSynchronize();
-            double t = now_s() - start;
-            if (window == 0 && t >= settle_s) {
-                cuCtxSynchronize();
-                window = now_s();
-                busy0 = on_fake() ? fake_cuda_busy_ns(0) : 0;
-            }
-            if (t >= settle_s + measure_s)
-                break;
+    int fine = done(cuInit(0), "cuInit") &&
+               done(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain") &&
+               done(cuCtxSetCurrent(ctx), "cuCtxSetCurrent") && load_kernel() == 0 &&
+               (!graph || (exec = make_graph(graph)) != NULL);
+    double start = now_s(), window = 0;
+    uint64_t busy0 = 0, kernels = 0;
+    for (unsigned i = 0; fine; i++) {
+        /* A graph tenant warms up with plain kernels, as PyTorch does before it captures a
+         * graph: the limiter's rate then suits kernels, and a graph that cost one token would
+         * run almost unthrottled until the rate caught up. */
+        int replaying = graph != NULL && window != 0;
+        fine = replaying ? done(cuGraphLaunch(exec, NULL), "cuGraphLaunch")
+                         : done(cuLaunchKernel(full.func, BLOCKS, 1, 1, 128, 1, 1, 0, NULL,
+                                               plain_args, NULL), "cuLaunchKernel");
+        if (window != 0)
+            kernels += replaying ? GRAPH_KERNELS : 1;
+        if (fine && (replaying || i % 4 == 3))
+            fine = done(cuCtxSynchronize(), "cuCtxSynchronize");
+        double t = now_s() - start;
+        if (fine && window == 0 && t >= settle_s) {
+            fine = done(cuCtxSynchronize(), "cuCtxSynchronize");
+            window = now_s();
+            busy0 = on_fake() ? fake_busy_ns(0) : 0;
         }
-        cuCtxSynchronize();
+        if (t >= settle_s + measure_s)
+            break;
+    }
+    if (fine && done(cuCtxSynchronize(), "cuCtxSynchronize")) {
         double seconds = now_s() - window;
         m.rate = (double)kernels / seconds;
         if (on_fake())
-            m.share = 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / (seconds * 1e9);
+            m.share = 100.0 * (double)(fake_busy_ns(0) - busy0) / (seconds * 1e9);
     }
     if (write(fd, &m, sizeof m) != sizeof m)
         _exit(2);
@@ -341,6 +390,8 @@ static int graph_case(const char *dir, const char *limit_arg, const char *abi)
 
 int main(int argc, char **argv)
 {
+    look_up();
+    printf("over %s\n", on_fake() ? "the fake driver" : "the real driver (libcuda.so.1)");
     const char *dir = getenv("CONTENTION_DIR");
     const char *settle = getenv("CONTENTION_SETTLE_S"), *measure = getenv("CONTENTION_MEASURE_S");
     settle_s = settle != NULL ? atof(settle) : settle_s;
