@@ -63,6 +63,7 @@ struct tgraph {
     size_t count;
     int fails;     /* get_nodes fails */
     size_t shrink; /* nodes gone between the count and the listing */
+    size_t repeat; /* not 0: lists its first node this many times (a graph too big to build) */
 };
 
 static CUresult get_nodes(CUgraph graph, CUgraphNode *nodes, size_t *count)
@@ -71,12 +72,12 @@ static CUresult get_nodes(CUgraph graph, CUgraphNode *nodes, size_t *count)
     if (g->fails)
         return CUDA_ERROR_INVALID_VALUE;
     if (nodes == NULL) {
-        *count = g->count;
+        *count = g->repeat ? g->repeat : g->count;
         return CUDA_SUCCESS;
     }
-    size_t n = g->count - g->shrink;
+    size_t n = (g->repeat ? g->repeat : g->count) - g->shrink;
     for (size_t i = 0; i < *count; i++)
-        nodes[i] = i < n ? (CUgraphNode)g->nodes[i] : NULL;
+        nodes[i] = i < n ? (CUgraphNode)g->nodes[g->repeat ? 0 : i] : NULL;
     *count = n;
     return CUDA_SUCCESS;
 }
@@ -259,6 +260,26 @@ static void odd_graphs(void)
           cost(e));
     vgpu_graph_set_node(e, (CUgraphNode)huge.nodes[0], UINT64_MAX);
     check(vgpu_graph_cost(e) == 4 * max_node, "a setter's cost is clamped the same way");
+    /* 2^23 nodes of 2^40 blocks make 2^63, one past INT64_MAX (the limiter's tokens are
+     * signed): the sum stops there; one node fewer is summed exactly. As a child graph, it is one
+     * node, clamped. */
+    struct tgraph many_huge = {.repeat = (size_t)1 << 23}, outer = {0};
+    add(&many_huge, kernel(2147483647u, 65535, 65535));
+    add(&outer, child(&many_huge));
+    add(&outer, kernel(1, 1, 1));
+    rc = instantiate(e, &many_huge);
+    check(rc == 0 && vgpu_graph_cost(e) == INT64_MAX,
+          "2^23 nodes of 2^40 blocks: the sum stops at INT64_MAX (%llu)", cost(e));
+    many_huge.repeat--;
+    rc = instantiate(e, &many_huge);
+    check(rc == 0 && vgpu_graph_cost(e) == (((uint64_t)1 << 23) - 1) * max_node,
+          "one node fewer: summed exactly (%llu)", cost(e));
+    many_huge.repeat++;
+    uint64_t sum = 0;
+    rc = vgpu_graph_child_blocks(&api, handle(&many_huge), &sum);
+    int child_rc = instantiate(e, &outer);
+    check(rc == 0 && sum == max_node && child_rc == 0 && vgpu_graph_cost(e) == max_node + 1,
+          "as a child graph, its node costs 2^40 like any other (%llu)", (unsigned long long)sum);
 
     struct tgraph unreadable = {0};
     struct tnode *hidden = kernel(100, 1, 1);
