@@ -10,7 +10,8 @@
 # within the cap; (6) SM shares of two containers at once (30/60, 50/50, 30/none, 20/20);
 # (7) CUDA graph replay under a 25 % limit; (8) CUDA graphs made or changed through each driver
 # export the library costs (tests/test_contention.c, the cases make test runs over the fake).
-# Exit 77 (skip) without a GPU, 1 on any failed check.
+# Usage: gpu-check.sh [SECTION...] (default: all eight; one device command may run 10 minutes,
+# so sections 1-7 and 8 fit two). Exit 77 (skip) without a GPU, 1 on any failed check.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -18,6 +19,8 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || {
     echo "gpu-check: python3 with a CUDA build of torch is needed"; exit 77; }
+python3 -c 'import pynvml' || {
+    echo "gpu-check: python3 with pynvml is needed (nvidia-ml-py, one pure-Python file)"; exit 77; }
 make -C "$here" all fakes build/vgpu-bench build/tests/test_contention >/dev/null || exit 1
 lib="$here/build/libvgpu.so"
 work=$(mktemp -d /tmp/vgpu-gpu-check.XXXXXX)
@@ -34,6 +37,39 @@ under_cap() { # under_cap REGION CAP COMMAND...: run with libvgpu preloaded and 
     "${run[@]}"
 }
 
+share_of() { sed -n 's/.*, \([0-9.]*\) %$/\1/p' "$work/$1.txt"; } # what share.py printed
+within() { awk -v got="$1" -v want="$2" 'BEGIN { exit !(got >= want - 5 && got <= want + 5) }'; }
+# share.py NAME SECONDS [BASELINE], for sections 6 and 7.
+cat > "$work/share.py" <<'PY'
+# share.py NAME SECONDS [BASELINE]: a compute-bound kernel back to back; prints its throughput
+# over the second half as a % of BASELINE (kernels/s of the same kernel alone, bare).
+import sys, time, torch
+name, seconds = sys.argv[1], float(sys.argv[2])
+baseline = float(sys.argv[3]) if len(sys.argv) > 3 else 0
+a = torch.randn(8192, 8192, device="cuda")
+graph = name.startswith("graph")
+if graph:
+    static = a.clone()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(3): static = (static @ static).clamp_(-1, 1)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        for _ in range(10): static = (static @ static).clamp_(-1, 1)
+start = time.time(); n = 0; n_half = None
+while time.time() - start < seconds:
+    if graph: g.replay(); n += 10
+    else: a = (a @ a).clamp_(-1, 1); n += 1
+    if n % 8 == 0 or graph: torch.cuda.synchronize()
+    if n_half is None and time.time() - start >= seconds / 2:
+        torch.cuda.synchronize(); n_half, t_half = n, time.time()
+torch.cuda.synchronize()
+rate = (n - n_half) / (time.time() - t_half)
+print(f"{name}: {rate:.1f} kernels/s" + (f", {100 * rate / baseline:.1f} %" if baseline else ""))
+PY
+
+section_1() {
 echo "== 1. PyTorch under a 2 GiB cap"
 under_cap one.cache 2g python3 - <<'PY'
 import sys
@@ -69,7 +105,9 @@ result $? "PyTorch: cap reported, context counted, the rest works, 3 GiB is a cl
 shown=$(under_cap one.cache 2g nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
 echo "nvidia-smi under the hook: memory.total = ${shown} MiB"
 [ "${shown// /}" = 2048 ]; result $? "nvidia-smi shows the 2048 MiB cap"
+}
 
+section_2() {
 echo "== 2. two processes sharing one 4 GiB cap (a context each)"
 under_cap two.cache 4g python3 -c '
 import time, torch
@@ -98,7 +136,9 @@ kill -9 $holder 2>/dev/null; wait $holder 2>/dev/null
 under_cap two.cache 4g python3 -c '
 import torch; torch.empty(3000 << 20, dtype=torch.uint8, device="cuda")'
 result $? "after kill -9 of the holder, 3000 MiB fits again"
+}
 
+section_3() {
 echo "== 3. SM limit 30 % on a compute-bound kernel"
 cat > "$work/burn.py" <<'PY'
 import threading, time, sys
@@ -125,7 +165,9 @@ CUDA_DEVICE_SM_LIMIT=30 under_cap three.cache 0 python3 "$work/burn.py" limit-30
 util=$(sed -n 's/.*utilisation \([0-9.]*\) %/\1/p' "$work/limited.txt")
 awk -v u="$util" 'BEGIN { exit !(u >= 25 && u <= 35) }'
 result $? "SM limit 30 %: measured ${util} %"
+}
 
+section_4() {
 echo "== 4. overhead"
 cat > "$work/launch.py" <<'PY'
 import time, torch
@@ -141,7 +183,9 @@ echo -n "without the hook: "; python3 "$work/launch.py"
 echo -n "with the hook, no limit: "; under_cap four.cache 0 python3 "$work/launch.py"
 echo -n "with the hook, SM limit 90: "; CUDA_DEVICE_SM_LIMIT=90 under_cap five.cache 0 python3 "$work/launch.py"
 make -C "$here" -s bench
+}
 
+section_5() {
 echo "== 5. what NVML shows a process holding under a 2 GiB cap (its context included)"
 under_cap six.cache 2g python3 - <<'PY'
 import os, sys
@@ -160,44 +204,16 @@ print(f"tensors {len(held) * 64} MiB; NVML shows the process holding {mine[0] //
 sys.exit(0 if mine and mine[0] <= 2048 * MiB else 1)
 PY
 result $? "NVML: the process holds <= 2048 MiB under a 2 GiB cap (context counted)"
+}
 
+section_6() {
 echo "== 6. SM shares of two containers at once"
-cat > "$work/share.py" <<'PY'
-# share.py NAME SECONDS [BASELINE]: a compute-bound kernel back to back; prints its throughput
-# over the second half as a % of BASELINE (kernels/s of the same kernel alone, bare).
-import sys, time, torch
-name, seconds = sys.argv[1], float(sys.argv[2])
-baseline = float(sys.argv[3]) if len(sys.argv) > 3 else 0
-a = torch.randn(8192, 8192, device="cuda")
-graph = name.startswith("graph")
-if graph:
-    static = a.clone()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for _ in range(3): static = (static @ static).clamp_(-1, 1)
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        for _ in range(10): static = (static @ static).clamp_(-1, 1)
-start = time.time(); n = 0; n_half = None
-while time.time() - start < seconds:
-    if graph: g.replay(); n += 10
-    else: a = (a @ a).clamp_(-1, 1); n += 1
-    if n % 8 == 0 or graph: torch.cuda.synchronize()
-    if n_half is None and time.time() - start >= seconds / 2:
-        torch.cuda.synchronize(); n_half, t_half = n, time.time()
-torch.cuda.synchronize()
-rate = (n - n_half) / (time.time() - t_half)
-print(f"{name}: {rate:.1f} kernels/s" + (f", {100 * rate / baseline:.1f} %" if baseline else ""))
-PY
 base=$(python3 "$work/share.py" bare 8 | sed -n 's/.*: \([0-9.]*\) kernels.*/\1/p')
 echo "bare: $base kernels/s"
 tenant() { # tenant NAME LIMIT: one container (its own region) with SM limit LIMIT ("none")
     local limit=$2; [ "$limit" = none ] && limit=0
     CUDA_DEVICE_SM_LIMIT=$limit under_cap "$1.cache" 0 python3 "$work/share.py" "$1" 20 "$base"
 }
-share_of() { sed -n 's/.*, \([0-9.]*\) %$/\1/p' "$work/$1.txt"; }
-within() { awk -v got="$1" -v want="$2" 'BEGIN { exit !(got >= want - 5 && got <= want + 5) }'; }
 for pair in "30 60" "50 50" "30 none" "20 20"; do
     set -- $pair
     tenant "a-$1-$2" "$1" >"$work/a.txt" & pa=$!
@@ -213,14 +229,18 @@ for pair in "30 60" "50 50" "30 none" "20 20"; do
         result $? "limits $1 / $2: the GPU busy $(awk -v a="$sa" -v b="$sb" 'BEGIN { print a + b }') % together (>= 95)"
     fi
 done
+}
 
+section_7() {
 echo "== 7. CUDA graph replay under a 25 % limit"
 gbase=$(python3 "$work/share.py" graph-bare 8 | sed -n 's/.*: \([0-9.]*\) kernels.*/\1/p')
 CUDA_DEVICE_SM_LIMIT=25 under_cap graph.cache 0 python3 "$work/share.py" graph-25 20 "$gbase" | tee "$work/g.txt"
 gs=$(share_of g)
 within "$gs" 25
 result $? "graph replay at limit 25: $gs %"
+}
 
+section_8() {
 echo "== 8. CUDA graphs made or changed through the driver API, under a 25 % limit"
 # Each case: an unlimited tenant, then one at 25 %, replaying ten 2000-block kernels of real PTX
 # (each graph first shown, by a counter its kernels add to, to run all 20000 blocks); the
@@ -234,5 +254,13 @@ for abi in flags v1 v2-update update-refused set-params set-params-v1 node-set c
     rc=$?
     grep -v '^ok - usage' "$work/graph-$abi.txt"
     result $rc "graph made by $abi at limit 25"
+done
+}
+
+sections=("$@")
+[ ${#sections[@]} -gt 0 ] || sections=(1 2 3 4 5 6 7 8)
+for section in "${sections[@]}"; do
+    declare -F "section_$section" >/dev/null || { echo "gpu-check: no section $section"; exit 2; }
+    "section_$section"
 done
 exit $failed
