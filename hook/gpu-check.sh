@@ -245,8 +245,8 @@ echo "== 8. CUDA graphs made or changed through the driver API, under a 25 % lim
 # Each case: an unlimited tenant, then one at 25 %, replaying ten 2000-block kernels of real PTX
 # (each graph first shown, by a counter its kernels add to, to run all 20000 blocks); the
 # second's kernels/s must be 20-30 % of the first's. destroy-refused needs the fake.
-for abi in flags v1 v2-update update-refused set-params set-params-v1 node-set child-set \
-        enable-half crowded; do
+for abi in flags v1 v2-update update-refused update-set update-enable set-params set-params-v1 \
+        node-set child-set enable-half crowded; do
     mkdir -p "$work/graph-$abi"
     CONTENTION_DIR="$work/graph-$abi" CONTENTION_SETTLE_S=5 CONTENTION_MEASURE_S=5 \
         LD_PRELOAD="$lib" "$here/build/tests/test_contention" graph 25 "$abi" \

@@ -919,12 +919,13 @@ static int read_costs(CUgraph graph, struct vgpu_graph_costs *costs)
     return -1;
 }
 
-/* After the driver updated exec (rc its answer): exec now costs costs. */
+/* After the driver updated exec (rc its answer): exec now costs costs, under the names of the
+ * nodes it was instantiated from. */
 static CUresult updated(CUresult rc, CUgraphExec exec, struct vgpu_graph_costs *costs)
 {
     if (rc != CUDA_SUCCESS || !vgpu_throttle_enabled)
         free(costs->nodes);
-    else if (vgpu_graph_remember(exec, costs) != 0) /* only for an exec not made through us */
+    else if (vgpu_graph_update(exec, costs) != 0) /* only for an exec not made through us */
         vgpu_log(VGPU_LOG_ERROR, "out of host memory: an updated CUDA graph costs one token");
     return rc;
 }

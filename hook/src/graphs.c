@@ -155,6 +155,13 @@ static int by_node(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+static int by_position(const void *a, const void *b)
+{
+    size_t x = ((const struct vgpu_node_cost *)a)->position;
+    size_t y = ((const struct vgpu_node_cost *)b)->position;
+    return (x > y) - (x < y);
+}
+
 int vgpu_graph_costs(const struct vgpu_graph_api *api, CUgraph graph,
                      struct vgpu_graph_costs *costs)
 {
@@ -176,7 +183,8 @@ int vgpu_graph_costs(const struct vgpu_graph_api *api, CUgraph graph,
         int costly;
         rc = node_blocks(api, nodes[i], 0, &blocks, &costly);
         if (costly)
-            out[kept++] = (struct vgpu_node_cost){.node = nodes[i], .blocks = blocks, .enabled = 1};
+            out[kept++] = (struct vgpu_node_cost){.node = nodes[i], .blocks = blocks,
+                                                  .position = i, .enabled = 1};
     }
     free(nodes);
     if (rc != 0) {
@@ -298,6 +306,36 @@ int vgpu_graph_remember(CUgraphExec exec, struct vgpu_graph_costs *costs)
     return rc;
 }
 
+int vgpu_graph_update(CUgraphExec exec, struct vgpu_graph_costs *costs)
+{
+    pthread_mutex_lock(&table_lock);
+    struct entry *e = find(exec);
+    if (e != NULL) {
+        /* Both lists in node-list order, walked together: a new cost takes the name of the
+         * old node at its place (nodes added by setters, at SIZE_MAX, pair with none). */
+        struct vgpu_node_cost *old = e->costs.nodes, *now = costs->nodes;
+        size_t nold = e->costs.count, nnow = costs->count;
+        if (nold > 0)
+            qsort(old, nold, sizeof *old, by_position);
+        if (nnow > 0)
+            qsort(now, nnow, sizeof *now, by_position);
+        for (size_t i = 0, j = 0; i < nnow; i++) {
+            while (j < nold && old[j].position < now[i].position)
+                j++;
+            if (j < nold && old[j].position == now[i].position)
+                now[i].node = old[j].node;
+        }
+        if (nnow > 0)
+            qsort(now, nnow, sizeof *now, by_node);
+        free(old);
+        e->costs = *costs;
+        e->total = total_of(costs);
+        *costs = (struct vgpu_graph_costs){0};
+    }
+    pthread_mutex_unlock(&table_lock);
+    return e != NULL ? 0 : vgpu_graph_remember(exec, costs);
+}
+
 static struct vgpu_node_cost *node_cost(struct entry *e, CUgraphNode node)
 {
     if (e->costs.count == 0)
@@ -319,7 +357,8 @@ static void add_node(struct entry *e, CUgraphNode node, uint64_t blocks)
     while (at < c->count && (uintptr_t)grown[at].node < (uintptr_t)node)
         at++;
     memmove(&grown[at + 1], &grown[at], (c->count - at) * sizeof *grown);
-    grown[at] = (struct vgpu_node_cost){.node = node, .blocks = blocks, .enabled = 1};
+    grown[at] = (struct vgpu_node_cost){.node = node, .blocks = blocks, .position = SIZE_MAX,
+                                        .enabled = 1};
     c->nodes = grown;
     c->count++;
 }

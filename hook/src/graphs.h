@@ -26,6 +26,7 @@ struct vgpu_graph_api {
 struct vgpu_node_cost {
     CUgraphNode node;
     uint64_t blocks;
+    size_t position; /* its place in the graph's node list; SIZE_MAX: added by a setter */
     int enabled;
 };
 struct vgpu_graph_costs {
@@ -46,6 +47,13 @@ int vgpu_graph_child_blocks(const struct vgpu_graph_api *api, CUgraph graph, uin
 /* Records what launching exec costs, after an instantiation or an update of it. Takes costs
  * (left empty) in any case; -1 when the table could not grow (out of memory). */
 int vgpu_graph_remember(CUgraphExec exec, struct vgpu_graph_costs *costs);
+
+/* After exec was updated to a graph of the same topology (cuGraphExecUpdate): exec now costs
+ * costs, read from that graph, but its nodes keep the names of the graph it was instantiated
+ * from, which the setters are given; the two graphs' nodes are paired by their place in the
+ * node lists. Every node counts as enabled again (never less than what runs). Takes costs;
+ * -1 when the table could not grow (exec was not known: out of memory). */
+int vgpu_graph_update(CUgraphExec exec, struct vgpu_graph_costs *costs);
 
 /* An executable graph's node now costs `blocks` (a setter changed it). A node the table does not
  * know (its cost could not be read at instantiation) is added: never less than what runs. */

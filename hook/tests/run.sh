@@ -212,11 +212,12 @@ FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXT_MIB=100 contention 30-none-pidns 3
 wait $c1 $c2 $!
 # Graphs made executable through the CUDA 10/11 exports, which CUDA 11 builds call, and graphs
 # changed once executable (a kernel's grid, a child graph, nodes enabled): the cost follows; an
-# update the driver refused: it does not; a graph made after 5000 others (the old fixed table
+# update the driver refused: it does not; setters after an update, naming the nodes the graph
+# was instantiated from; a graph made after 5000 others (the old fixed table
 # held 4096), one whose destroy was refused. gpu-check.sh runs the same cases on a GPU.
 pids=
-for abi in v1 v2-update update-refused set-params set-params-v1 node-set child-set enable-half \
-        crowded destroy-refused; do
+for abi in v1 v2-update update-refused update-set update-enable set-params set-params-v1 \
+        node-set child-set enable-half crowded destroy-refused; do
     contention "graph-25-$abi" graph 25 "$abi" &
     pids="$pids $!"
 done

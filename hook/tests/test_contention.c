@@ -19,7 +19,10 @@
  *                                     cuGraphInstantiate_v2 of ten one-block kernels, then CUDA
  *                                     10.2's cuGraphExecUpdate to ten full ones),
  *                                     "update-refused" (ten full kernels, then an update to one
- *                                     one-block kernel, which the driver refuses). Changed once
+ *                                     one-block kernel, which the driver refuses),
+ *                                     "update-set" and "update-enable" (updated, then changed
+ *                                     by the setters, naming the nodes of the graph it was
+ *                                     instantiated from: see update_then). Changed once
  *                                     executable: "set-params", "set-params-v1", "node-set" (ten
  *                                     one-block kernels set to full ones by
  *                                     cuGraphExecKernelNodeSetParams_v2, its CUDA 10.1 ABI,
@@ -179,6 +182,34 @@ static int set_each(CUgraphExec *exec, const char *abi)
     return 0;
 }
 
+/* Updated, then changed node by node: the setters name the nodes of the graph the executable
+ * was instantiated from, not of the one it was updated to (destroyed here, as programs do).
+ * "update-set": ten full kernels, each set to a full kernel again; "update-enable": twenty,
+ * all disabled, then ten enabled again. */
+static int update_then(CUgraphExec *exec, const char *abi)
+{
+    int enable = strcmp(abi, "update-enable") == 0, count = enable ? 2 * GRAPH_KERNELS
+                                                                    : GRAPH_KERNELS;
+    CUgraphNode nodes[2 * GRAPH_KERNELS];
+    CUgraph graph = graph_of(count, BLOCKS, nodes), same = graph_of(count, BLOCKS, NULL);
+    CUgraphExecUpdateResultInfo info;
+    if (graph == NULL || same == NULL ||
+        !done(cuGraphInstantiateWithFlags(exec, graph, 0), "instantiate") ||
+        !done(cuGraphExecUpdate_v2(*exec, same, &info), "cuGraphExecUpdate_v2") ||
+        !done(cuGraphDestroy(same), "cuGraphDestroy"))
+        return -1;
+    for (int i = 0; i < count; i++) {
+        CUresult rc = enable ? cuGraphNodeSetEnabled(*exec, nodes[i], 0)
+                             : cuGraphExecKernelNodeSetParams_v2(*exec, nodes[i], &full);
+        if (!done(rc, abi))
+            return -1;
+    }
+    for (int i = 0; enable && i < GRAPH_KERNELS; i++)
+        if (!done(cuGraphNodeSetEnabled(*exec, nodes[2 * i], 1), abi))
+            return -1;
+    return 0;
+}
+
 static int make(CUgraphExec *exec, const char *abi)
 {
     CUgraph graph = graph_of(GRAPH_KERNELS, BLOCKS, NULL);
@@ -208,6 +239,8 @@ static int make(CUgraphExec *exec, const char *abi)
                cuGraphExecUpdate_v2(*exec, one, &info) == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
                    ? 0 : -1;
     }
+    if (strcmp(abi, "update-set") == 0 || strcmp(abi, "update-enable") == 0)
+        return update_then(exec, abi);
     if (strncmp(abi, "set-params", 10) == 0 || strcmp(abi, "node-set") == 0)
         return set_each(exec, abi);
     if (strcmp(abi, "child-set") == 0) {

@@ -361,6 +361,15 @@ static void graphs_and_contexts(void)
     check(cuGraphExecUpdate_v2(exec, alike, &info) == 0 &&
           info.result == CU_GRAPH_EXEC_UPDATE_SUCCESS && fake_cuda_graph_exec_blocks(exec) == 1200,
           "cuGraphExecUpdate: the executable takes a graph of the same topology, 1200 blocks");
+    CUgraphNode alike_nodes[3];
+    size_t alike_count = 3;
+    check(cuGraphExecKernelNodeSetParams_v2(exec, n1, &k1) == 0 &&
+              fake_cuda_graph_exec_blocks(exec) == 1800 &&
+              cuGraphGetNodes(alike, alike_nodes, &alike_count) == 0 &&
+              cuGraphExecKernelNodeSetParams_v2(exec, alike_nodes[0], &k1) ==
+                  CUDA_ERROR_INVALID_VALUE,
+          "after the update its nodes are still named by the graph it was instantiated from "
+          "(a setter of n1: 1800 blocks), not by the update's");
     check(cuGraphInstantiateWithParams(&exec2, g, &ip) == 0 &&
           ip.result_out == CUDA_GRAPH_INSTANTIATE_SUCCESS &&
           fake_cuda_graph_exec_blocks(exec2) == 2000, "cuGraphInstantiateWithParams");
@@ -383,9 +392,10 @@ static void graphs_and_contexts(void)
           cuGraphExecKernelNodeSetParams_v2(exec2, ns, &k1) == CUDA_ERROR_INVALID_VALUE &&
           cuGraphNodeSetEnabled(exec2, ns, 0) == CUDA_ERROR_INVALID_VALUE &&
           cuGraphExecChildGraphNodeSetParams(exec2, nc, alike) == CUDA_ERROR_INVALID_VALUE &&
+          cuGraphNodeSetEnabled(exec2, nc, 0) == CUDA_ERROR_INVALID_VALUE &&
           fake_cuda_graph_exec_blocks(exec2) == 810,
           "refused: a setter of the wrong node type, a node of another graph, a child graph of "
-          "another topology");
+          "another topology, a child graph node disabled (kernels, memsets and copies only)");
     check(cuGraphExecDestroy(exec) == 0 && cuGraphExecDestroy(exec2) == 0 &&
           cuGraphDestroy(g) == 0 && cuGraphDestroy(child) == 0 && cuGraphDestroy(small) == 0 &&
           cuGraphDestroy(alike) == 0 && cuGraphDestroy(retyped) == 0 &&

@@ -1,10 +1,11 @@
 /* test_graphs.c - what a CUDA graph launch costs the SM limiter (src/graphs.c), over graphs of
  * the test's own: a graph's top-level nodes costed (kernels, child graphs nested up to the
  * limit, other nodes left out), each exec-level setter changing its node's cost (a kernel's grid,
- * a child graph, a node unknown at instantiation, a node disabled and enabled), grids that would
- * wrap a 64-bit sum, graphs that cannot be read, a table of more executable graphs than the old
- * fixed one held, running out of host memory at each allocation, and a fork while the table's
- * lock is held (calloc and realloc are wrapped by the linker: --wrap). */
+ * a child graph, a node unknown at instantiation, a node disabled and enabled), an update (costs
+ * from the new graph, nodes named by the first), grids that would wrap a 64-bit sum, graphs
+ * that cannot be read, a table of more executable graphs than the old fixed one held, running
+ * out of host memory at each allocation, and a fork while the table's lock is held (calloc and
+ * realloc are wrapped by the linker: --wrap). */
 #include <stdint.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -121,19 +122,27 @@ static const struct vgpu_graph_api api = {.get_nodes = get_nodes, .node_type = n
                                           .kernel_params = kernel_params,
                                           .child_graph = child_graph};
 
-static struct tnode nodes[64];
+enum { POOL = 128 };
+static struct tnode nodes[POOL];
 static size_t used_nodes;
+
+static struct tnode *fresh(void)
+{
+    if (used_nodes == POOL)
+        abort(); /* the test's own pool: make POOL larger */
+    return &nodes[used_nodes++];
+}
 
 static struct tnode *kernel(unsigned x, unsigned y, unsigned z)
 {
-    struct tnode *n = &nodes[used_nodes++];
+    struct tnode *n = fresh();
     *n = (struct tnode){.type = CU_GRAPH_NODE_TYPE_KERNEL, .grid = {x, y, z}};
     return n;
 }
 
 static struct tnode *other(CUgraphNodeType type)
 {
-    struct tnode *n = &nodes[used_nodes++];
+    struct tnode *n = fresh();
     *n = (struct tnode){.type = type};
     return n;
 }
@@ -350,6 +359,50 @@ static void odd_graphs(void)
     forget(e);
 }
 
+/* cuGraphExecUpdate: the executable takes the update graph's costs, but its setters go on
+ * naming the nodes of the graph it was instantiated from (the driver's rule), paired by place. */
+static void updates(void)
+{
+    struct tgraph inner = {0}, first = {0}, inner2 = {0}, second = {0};
+    add(&inner, kernel(5, 1, 1));
+    add(&inner2, kernel(50, 1, 1));
+    struct tnode *a0 = kernel(10, 1, 1), *a1 = kernel(20, 1, 1), *a2 = child(&inner);
+    add(&first, a0);
+    add(&first, other(CU_GRAPH_NODE_TYPE_MEMCPY));
+    add(&first, a1);
+    add(&first, a2);
+    struct tnode *b0 = kernel(100, 1, 1);
+    add(&second, b0);
+    add(&second, other(CU_GRAPH_NODE_TYPE_MEMCPY));
+    add(&second, kernel(200, 1, 1));
+    add(&second, child(&inner2));
+    CUgraphExec e = exec_at(5);
+    check(instantiate(e, &first) == 0 && vgpu_graph_cost(e) == 35, "instantiated: 35 blocks");
+    vgpu_graph_set_node(e, (CUgraphNode)kernel(1, 1, 1), 7); /* unknown at instantiation */
+    struct vgpu_graph_costs costs;
+    int rc = vgpu_graph_costs(&api, handle(&second), &costs);
+    rc |= vgpu_graph_update(e, &costs);
+    check(rc == 0 && costs.nodes == NULL && vgpu_graph_cost(e) == 350,
+          "updated to a graph of the same topology: its 350 blocks (%llu)", cost(e));
+    vgpu_graph_set_node(e, (CUgraphNode)a0, 1000);
+    check(vgpu_graph_cost(e) == 1250,
+          "a setter naming the first graph's node changes that node: 1250, not 1350 (%llu)",
+          cost(e));
+    vgpu_graph_enable_node(e, (CUgraphNode)a1, 0);
+    vgpu_graph_set_node(e, (CUgraphNode)a2, 8);
+    check(vgpu_graph_cost(e) == 1008,
+          "... and disabling one, replacing its child graph: 1008 (%llu)", cost(e));
+    CUgraphExec unknown = exec_at(6);
+    rc = vgpu_graph_costs(&api, handle(&second), &costs);
+    rc |= vgpu_graph_update(unknown, &costs);
+    vgpu_graph_set_node(unknown, (CUgraphNode)b0, 1);
+    check(rc == 0 && vgpu_graph_cost(unknown) == 251,
+          "an update of an executable not seen before is remembered under its own nodes: 251 "
+          "(%llu)", cost(unknown));
+    forget(e);
+    forget(unknown);
+}
+
 /* More executable graphs than the old fixed table of 4096 held (its 4097th cost one token). */
 static void many(void)
 {
@@ -469,6 +522,7 @@ int main(void)
 {
     out_of_memory(); /* first: the table's first allocation is tested there */
     setters();
+    updates();
     odd_graphs();
     fork_while_locked(); /* before many(): the table is small, so it soon grows */
     many();

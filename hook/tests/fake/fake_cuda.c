@@ -700,7 +700,7 @@ struct fake_graph {
 
 struct fake_exec {
     struct fake_exec *next_exec;
-    const struct fake_graph *source; /* the graph it was made from or last updated to */
+    const struct fake_graph *source; /* the graph it was instantiated from (names its nodes) */
     struct fake_graph *copy;         /* what it runs */
     uint64_t blocks;
 };
@@ -1051,7 +1051,8 @@ static CUgraphExecUpdateResult topology_change(const struct fake_graph *a,
 }
 
 /* The executable graph takes the work of a graph of the same topology (any other is refused,
- * as the driver refuses it). */
+ * as the driver refuses it). Its nodes are still named by the graph it was instantiated from,
+ * as the setters' "hNode" is, paired by place. */
 static CUgraphExecUpdateResult update(CUgraphExec exec, CUgraph graph)
 {
     pthread_mutex_lock(&graph_lock);
@@ -1062,7 +1063,6 @@ static CUgraphExecUpdateResult update(CUgraphExec exec, CUgraph graph)
     struct fake_graph *copy = result == CU_GRAPH_EXEC_UPDATE_SUCCESS ? graph_clone(g) : NULL;
     if (copy != NULL) {
         graph_free(e->copy);
-        e->source = g;
         e->copy = copy;
         e->blocks = graph_blocks(copy);
     } else if (result == CU_GRAPH_EXEC_UPDATE_SUCCESS) {
@@ -1189,11 +1189,15 @@ EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node,
     return CUDA_ERROR_INVALID_VALUE; /* the fake's graphs hold kernels and child graphs only */
 }
 
+/* Kernel nodes only: the driver also takes memset and memcpy nodes, which the fake's graphs do
+ * not hold, and refuses the rest (child graphs among them). */
 EXPORT CUresult cuGraphNodeSetEnabled(CUgraphExec exec, CUgraphNode node, unsigned int enabled)
 {
     pthread_mutex_lock(&graph_lock);
     struct fake_exec *e = (struct fake_exec *)exec;
     struct fake_node *n = exec_node(e, node);
+    if (n != NULL && n->type != CU_GRAPH_NODE_TYPE_KERNEL)
+        n = NULL;
     if (n != NULL) {
         n->disabled = !enabled;
         e->blocks = graph_blocks(e->copy);
