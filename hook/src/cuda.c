@@ -87,6 +87,10 @@ static struct {
     CUresult (*cuGraphNodeSetEnabled)(CUgraphExec, CUgraphNode, unsigned int);
     /* called, not hooked */
     CUresult (*cuCtxGetDevice)(CUdevice *);
+    CUresult (*cuStreamGetDevice)(CUstream, CUdevice *);
+    CUresult (*cuStreamGetCtx)(CUstream, CUcontext *);
+    CUresult (*cuCtxPushCurrent_v2)(CUcontext);
+    CUresult (*cuCtxPopCurrent_v2)(CUcontext *);
     CUresult (*cuDeviceGetCount)(int *);
     CUresult (*cuDeviceGet)(CUdevice *, int);
     CUresult (*cuDeviceGetUuid_v2)(CUuuid *, CUdevice);
@@ -181,7 +185,8 @@ static const struct vgpu_hook hooks[] = {
     CALL_ONLY(cuCtxGetDevice), CALL_ONLY(cuDeviceGetCount), CALL_ONLY(cuDeviceGet),
     CALL_ONLY(cuDeviceGetUuid_v2), CALL_ONLY(cuGraphGetNodes), CALL_ONLY(cuGraphNodeGetType),
     CALL_ONLY(cuGraphKernelNodeGetParams_v2), CALL_ONLY(cuGraphKernelNodeGetParams),
-    CALL_ONLY(cuGraphChildGraphNodeGetGraph),
+    CALL_ONLY(cuGraphChildGraphNodeGetGraph), CALL_ONLY(cuStreamGetDevice),
+    CALL_ONLY(cuStreamGetCtx), CALL_ONLY(cuCtxPushCurrent_v2), CALL_ONLY(cuCtxPopCurrent_v2),
 };
 _Static_assert(sizeof hooks / sizeof hooks[0] <= VGPU_MAX_HOOKS, "raise VGPU_MAX_HOOKS");
 #undef HOOK
@@ -243,6 +248,32 @@ static int current_device(void)
     if (real.cuCtxGetDevice == NULL || real.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
         return -1;
     return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES ? (int)dev : -1;
+}
+
+/* The device a stream-ordered allocation on stream draws on. A stream named explicitly may be
+ * another context's, on another device, and needs no current context at all: its own device
+ * (CUDA 12.8's cuStreamGetDevice, else its context's, made current for the question). A
+ * default stream is the current context's. -1: none can be told. */
+static int default_stream(CUstream stream)
+{
+    return stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+}
+
+static int stream_device(CUstream stream)
+{
+    if (default_stream(stream))
+        return current_device();
+    CUdevice dev;
+    if (real.cuStreamGetDevice != NULL && real.cuStreamGetDevice(stream, &dev) == CUDA_SUCCESS)
+        return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES ? (int)dev : -1;
+    CUcontext ctx, popped;
+    if (real.cuStreamGetCtx == NULL || real.cuCtxPushCurrent_v2 == NULL ||
+        real.cuCtxPopCurrent_v2 == NULL || real.cuStreamGetCtx(stream, &ctx) != CUDA_SUCCESS ||
+        real.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
+        return -1;
+    int found = current_device();
+    real.cuCtxPopCurrent_v2(&popped);
+    return found;
 }
 
 static void record_uuids(void)
@@ -435,14 +466,19 @@ static CUresult call_driver(const struct pointer_request *r, CUdeviceptr *ptr)
     }
 }
 
-/* Reserve on the current device, ask the driver, keep the reservation under the returned
- * pointer. Managed memory is counted too (conservative: it may live on the GPU); stream-ordered
- * allocations count from the alloc call to the free call, not the pool's reserve. */
+/* Reserve on the device the memory comes from, ask the driver, keep the reservation under the
+ * returned pointer. Managed memory is counted too (conservative: it may live on the GPU);
+ * stream-ordered allocations count from the alloc call to the free call, not the pool's
+ * reserve, on the stream's device. One on an explicit stream whose device cannot be told is
+ * refused: the driver could serve it with no current context, and so uncounted. */
 static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr)
 {
     if (!ready() || *pointer_apis[r->api].real == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    int dev = current_device();
+    int ordered = r->api != PLAIN && r->api != PLAIN_V1 && r->api != MANAGED;
+    int dev = ordered ? stream_device(r->stream) : current_device();
+    if (ordered && dev < 0 && !default_stream(r->stream))
+        return CUDA_ERROR_INVALID_CONTEXT;
     if (!admit(dev, r->bytes, pointer_apis[r->api].name))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUdeviceptr ptr = 0;

@@ -36,6 +36,9 @@ run control "$units/test_control"
 run ledger "$units/test_ledger"
 run graphs "$units/test_graphs"
 run alloc CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m "$build/tests/test_alloc"
+# A driver before CUDA 12.8 (no cuStreamGetDevice): a stream's device through its context.
+run alloc-old-driver CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m \
+    FAKE_CUDA_NO_STREAM_DEVICE=1 "$build/tests/test_alloc"
 run alloc-uncapped "$build/tests/test_alloc" uncapped
 run alloc-wide-pitch CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_PITCH_ALIGN=2048 \
     "$build/tests/test_alloc" wide-pitch

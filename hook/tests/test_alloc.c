@@ -122,9 +122,11 @@ static void families(void)
     check(cuMemAllocAsync(&p, 64 * MiB, NULL) == CUDA_SUCCESS && container_used() == 64 * MiB,
           "stream-ordered allocation counted");
     check(cuMemFreeAsync(p, NULL) == CUDA_SUCCESS && container_used() == 0, "async free");
-    check(cuMemAllocFromPoolAsync(&p, 2048 * MiB, NULL, NULL) == CUDA_ERROR_OUT_OF_MEMORY,
+    CUmemoryPool pool = NULL;
+    check(cuDeviceGetDefaultMemPool(&pool, 0) == CUDA_SUCCESS &&
+              cuMemAllocFromPoolAsync(&p, 2048 * MiB, pool, NULL) == CUDA_ERROR_OUT_OF_MEMORY,
           "pool allocation over the cap refused");
-    check(cuMemAllocFromPoolAsync(&p, 32 * MiB, NULL, NULL) == CUDA_SUCCESS &&
+    check(cuMemAllocFromPoolAsync(&p, 32 * MiB, pool, NULL) == CUDA_SUCCESS &&
           container_used() == 32 * MiB, "pool allocation counted");
     check(cuMemFree_v2(p) == CUDA_SUCCESS && container_used() == 0,
           "a pool allocation freed synchronously is released too");
@@ -184,6 +186,56 @@ static void vmm(void)
     check(cuMemCreate(&h, MiB, &prop, 0) == CUDA_ERROR_INVALID_DEVICE,
           "an invalid location id is the driver's to refuse");
     use_device(0);
+}
+
+/* Stream-ordered allocations come from the stream's device, whatever context is current, and
+ * on a stream named explicitly need no current context at all: each counted on the stream's
+ * device (the library before counted them on the current context's device, or not at all). */
+static void streams(void)
+{
+    CUstream s0 = NULL, s1 = NULL;
+    CUmemoryPool pool1 = NULL;
+    CUdeviceptr p = 0, q = 0;
+    use_device(0);
+    int made = cuStreamCreate(&s0, 0) == CUDA_SUCCESS;
+    use_device(1);
+    made &= cuStreamCreate(&s1, 0) == CUDA_SUCCESS &&
+            cuDeviceGetDefaultMemPool(&pool1, 1) == CUDA_SUCCESS;
+    check(made, "a stream on each device, device 1's pool");
+    cuCtxSetCurrent(NULL);
+    check(cuMemAllocAsync(&p, 2048 * MiB, s0) == CUDA_ERROR_OUT_OF_MEMORY &&
+              fake_cuda_device_used(0) == 0,
+          "no current context: 2 GiB on device 0's stream refused under its 1 GiB cap");
+    check(cuMemAllocAsync(&p, 600 * MiB, s0) == CUDA_SUCCESS &&
+              fake_cuda_device_used(0) == 600 * MiB,
+          "... and 600 MiB allowed, on device 0");
+    use_device(0);
+    check(container_used() == 600 * MiB, "counted on device 0 (%llu MiB)",
+          (unsigned long long)(container_used() / MiB));
+    check(cuMemAllocAsync(&q, 600 * MiB, s1) == CUDA_ERROR_OUT_OF_MEMORY &&
+              fake_cuda_device_used(1) == 0,
+          "device 0 current: 600 MiB on device 1's stream refused under device 1's 512 MiB cap");
+    check(cuMemAllocFromPoolAsync(&q, 600 * MiB, pool1, s1) == CUDA_ERROR_OUT_OF_MEMORY,
+          "... from device 1's pool too");
+    check(cuMemAllocAsync(&q, 300 * MiB, s1) == CUDA_SUCCESS &&
+              fake_cuda_device_used(1) == 300 * MiB && container_used() == 600 * MiB,
+          "300 MiB on device 1's stream fit, device 0's count unchanged");
+    use_device(1);
+    check(container_used() == 300 * MiB, "counted on device 1 (%llu MiB)",
+          (unsigned long long)(container_used() / MiB));
+    cuCtxSetCurrent(NULL);
+    check(cuMemFreeAsync(p, s0) == CUDA_SUCCESS && cuMemFreeAsync(q, s1) == CUDA_SUCCESS &&
+              fake_cuda_device_used(0) == 0 && fake_cuda_device_used(1) == 0,
+          "both freed with no current context");
+    static char not_a_stream[64];
+    check(cuMemAllocAsync(&p, MiB, (CUstream)(void *)not_a_stream) == CUDA_ERROR_INVALID_CONTEXT,
+          "a stream whose device cannot be told is refused, not left uncounted");
+    use_device(1);
+    check(container_used() == 0, "device 1 back to 0");
+    use_device(0);
+    check(container_used() == 0 && cuStreamDestroy_v2(s0) == CUDA_SUCCESS &&
+              cuStreamDestroy_v2(s1) == CUDA_SUCCESS,
+          "device 0 back to 0, streams destroyed");
 }
 
 static void *no_context_thread(void *arg)
@@ -427,6 +479,7 @@ int main(int argc, char **argv)
     refusal_log_rate();
     device_totals();
     families();
+    streams();
     vmm();
     errors();
     nvml(1024 * MiB, 512 * MiB);

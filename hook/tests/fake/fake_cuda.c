@@ -50,6 +50,7 @@ static int ndevices = 2;
 static uint64_t device_bytes = UINT64_C(16) << 30;
 static uint64_t ns_per_block = 1000;
 static uint64_t pitch_align = 512;
+static int no_stream_device; /* FAKE_CUDA_NO_STREAM_DEVICE=1: see cuStreamGetDevice */
 static int private_answers; /* FAKE_CUDA_GPA_PRIVATE=1: cuGetProcAddress answers with internal
                              * entry points, not the dlsym exports, for a few functions */
 static int initialised;
@@ -77,6 +78,7 @@ __attribute__((constructor)) static void fake_setup(void)
     ns_per_block = gpu_env("FAKE_CUDA_NS_PER_BLOCK", 1000);
     pitch_align = gpu_env("FAKE_CUDA_PITCH_ALIGN", 512);
     private_answers = gpu_env("FAKE_CUDA_GPA_PRIVATE", 0) != 0;
+    no_stream_device = gpu_env("FAKE_CUDA_NO_STREAM_DEVICE", 0) != 0;
     if (pitch_align == 0 || (pitch_align & (pitch_align - 1)) != 0)
         pitch_align = 512;
     gpu_total_bytes = device_bytes;
@@ -333,6 +335,108 @@ EXPORT CUresult cuStreamSynchronize(CUstream stream)
     return wait_idle();
 }
 
+/* The context stack of cuCtxPushCurrent/cuCtxPopCurrent: `current` is its top. */
+enum { CTX_STACK = 16 };
+static __thread struct fake_ctx *ctx_stack[CTX_STACK];
+static __thread int ctx_depth;
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    if (ctx == NULL || ctx_depth == CTX_STACK)
+        return CUDA_ERROR_INVALID_VALUE;
+    ctx_stack[ctx_depth++] = current;
+    current = (struct fake_ctx *)ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
+{
+    if (current == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx != NULL)
+        *ctx = (CUcontext)current;
+    current = ctx_depth > 0 ? ctx_stack[--ctx_depth] : NULL;
+    return CUDA_SUCCESS;
+}
+
+/* A stream belongs to the context current where it was made, and so to its device: work and
+ * stream-ordered allocations on it go there whatever context is current when they are issued
+ * (none at all, for a stream named explicitly). NULL, CU_STREAM_LEGACY and
+ * CU_STREAM_PER_THREAD stand for the current context's default stream. */
+enum { STREAM_MAGIC = 0x5354524d };
+struct fake_stream {
+    int magic;
+    int dev;
+    struct fake_ctx *ctx;
+};
+
+static int default_stream(CUstream stream)
+{
+    return stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
+{
+    (void)flags;
+    CUresult rc = need_ctx();
+    if (rc != CUDA_SUCCESS || stream == NULL)
+        return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_INVALID_VALUE;
+    struct fake_stream *st = malloc(sizeof *st);
+    if (st == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *st = (struct fake_stream){.magic = STREAM_MAGIC, .dev = current->dev, .ctx = current};
+    *stream = (CUstream)(void *)st;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
+{
+    struct fake_stream *st = (struct fake_stream *)(void *)stream;
+    if (default_stream(stream) || st->magic != STREAM_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    st->magic = 0;
+    free(st);
+    return CUDA_SUCCESS;
+}
+
+/* The stream's context; a default stream's is the current one (none: INVALID_CONTEXT). */
+static CUresult stream_ctx(CUstream stream, struct fake_ctx **ctx)
+{
+    if (!initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (default_stream(stream)) {
+        *ctx = current;
+        return current != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    }
+    const struct fake_stream *st = (const struct fake_stream *)(const void *)stream;
+    if (st->magic != STREAM_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *ctx = st->ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamGetCtx(CUstream stream, CUcontext *ctx)
+{
+    struct fake_ctx *c = NULL;
+    CUresult rc = ctx != NULL ? stream_ctx(stream, &c) : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *ctx = (CUcontext)c;
+    return rc;
+}
+
+/* CUDA 12.8's. FAKE_CUDA_NO_STREAM_DEVICE=1: it answers CUDA_ERROR_NOT_SUPPORTED, so that the
+ * library finds the device as on an older driver, through the stream's context. */
+EXPORT CUresult cuStreamGetDevice(CUstream stream, CUdevice *dev)
+{
+    if (no_stream_device)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    struct fake_ctx *c = NULL;
+    CUresult rc = dev != NULL ? stream_ctx(stream, &c) : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *dev = c->dev;
+    return rc;
+}
+
 /* ---- memory ------------------------------------------------------------------------------- */
 
 static CUresult alloc_on(int dev, CUdeviceptr *dptr, size_t bytes, const char *name)
@@ -431,35 +535,63 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return fake_free(handle); }
 
-/* The fake never calls its own exports: under libvgpu those calls would reach the wrappers. */
+/* Each device's default pool (the fake has no others): a handle names its device. */
+static int pools[MAX_DEVICES];
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    CUresult rc = need_device(dev);
+    if (rc == CUDA_SUCCESS && pool == NULL)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *pool = (CUmemoryPool)(void *)&pools[dev];
+    return rc;
+}
+
+/* From the stream's device's pool (pool NULL), or from pool, on its own device, as the driver
+ * does; the stream must be valid (a default one needs a current context). The fake never calls
+ * its own exports: under libvgpu those calls would reach the wrappers. */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream,
+                            const char *name)
+{
+    struct fake_ctx *ctx;
+    CUresult rc = stream_ctx(stream, &ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    int dev = ctx->dev;
+    if (pool != NULL) {
+        int *p = (int *)(void *)pool;
+        if (p < pools || p >= pools + ndevices)
+            return CUDA_ERROR_INVALID_VALUE;
+        dev = (int)(p - pools);
+    }
+    return alloc_on(dev, dptr, bytes, name);
+}
+
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream)
 {
-    (void)stream;
-    return alloc_current(dptr, bytes, "cuMemAllocAsync");
+    return alloc_async(dptr, bytes, NULL, stream, "cuMemAllocAsync");
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream)
 {
-    (void)stream;
     __atomic_add_fetch(&fake_cuda_stats.async_ptsz_calls, 1, __ATOMIC_RELAXED);
-    return alloc_current(dptr, bytes, "cuMemAllocAsync");
+    return alloc_async(dptr, bytes, NULL, stream, "cuMemAllocAsync");
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
                                         CUstream stream)
 {
-    (void)pool;
-    (void)stream;
-    return alloc_current(dptr, bytes, "cuMemAllocFromPoolAsync");
+    return pool != NULL ? alloc_async(dptr, bytes, pool, stream, "cuMemAllocFromPoolAsync")
+                        : CUDA_ERROR_INVALID_VALUE;
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
                                              CUstream stream)
 {
-    (void)pool;
-    (void)stream;
     __atomic_add_fetch(&fake_cuda_stats.async_ptsz_calls, 1, __ATOMIC_RELAXED);
-    return alloc_current(dptr, bytes, "cuMemAllocFromPoolAsync");
+    return pool != NULL ? alloc_async(dptr, bytes, pool, stream, "cuMemAllocFromPoolAsync")
+                        : CUDA_ERROR_INVALID_VALUE;
 }
 
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
@@ -1372,6 +1504,16 @@ static const struct proc procs[] = {
     P("cuCtxGetDevice", cuCtxGetDevice, 2000, 0),
     P("cuCtxSynchronize", cuCtxSynchronize, 2000, 0),
     P("cuStreamSynchronize", cuStreamSynchronize, 2000, 0),
+    P("cuCtxPushCurrent", cuCtxPushCurrent_v2, 4000, 0),
+    P("cuCtxPopCurrent", cuCtxPopCurrent_v2, 4000, 0),
+    P("cuStreamCreate", cuStreamCreate, 2000, 0),
+    P("cuStreamDestroy", cuStreamDestroy_v2, 4000, 0),
+    P("cuStreamGetCtx", cuStreamGetCtx, 9020, 0),
+    P("cuStreamGetDevice", cuStreamGetDevice, 12080, 0),
+    P("cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool, 11020, 0),
+    P("cuModuleLoadData", cuModuleLoadData, 2000, 0),
+    P("cuModuleGetFunction", cuModuleGetFunction, 2000, 0),
+    P("cuModuleUnload", cuModuleUnload, 2000, 0),
     P("cuMemAlloc", cuMemAlloc, 2000, 0),
     P("cuMemFree", cuMemFree, 2000, 0),
     P("cuMemAllocPitch", cuMemAllocPitch, 2000, 0),
