@@ -10,8 +10,8 @@
 # within the cap; (6) SM shares of two containers at once (30/60, 50/50, 30/none, 20/20);
 # (7) CUDA graph replay under a 25 % limit; (8) CUDA graphs made or changed through each driver
 # export the library costs (tests/test_contention.c, the cases make test runs over the fake).
-# Usage: gpu-check.sh [SECTION...] (default: all eight; one device command may run 10 minutes,
-# so sections 1-7 and 8 fit two). Exit 77 (skip) without a GPU, 1 on any failed check.
+# Usage: gpu-check.sh [SECTION...] (default: all eight, about 9 minutes; sections can be run
+# separately, e.g. 1-7 then 8). Exit 77 (skip) without a GPU, 1 on any failed check.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then

@@ -91,6 +91,7 @@ static struct {
     CUresult (*cuStreamGetCtx)(CUstream, CUcontext *);
     CUresult (*cuCtxPushCurrent_v2)(CUcontext);
     CUresult (*cuCtxPopCurrent_v2)(CUcontext *);
+    CUresult (*cuPointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
     CUresult (*cuDeviceGetCount)(int *);
     CUresult (*cuDeviceGet)(CUdevice *, int);
     CUresult (*cuDeviceGetUuid_v2)(CUuuid *, CUdevice);
@@ -187,6 +188,7 @@ static const struct vgpu_hook hooks[] = {
     CALL_ONLY(cuGraphKernelNodeGetParams_v2), CALL_ONLY(cuGraphKernelNodeGetParams),
     CALL_ONLY(cuGraphChildGraphNodeGetGraph), CALL_ONLY(cuStreamGetDevice),
     CALL_ONLY(cuStreamGetCtx), CALL_ONLY(cuCtxPushCurrent_v2), CALL_ONLY(cuCtxPopCurrent_v2),
+    CALL_ONLY(cuPointerGetAttribute),
 };
 _Static_assert(sizeof hooks / sizeof hooks[0] <= VGPU_MAX_HOOKS, "raise VGPU_MAX_HOOKS");
 #undef HOOK
@@ -250,15 +252,19 @@ static int current_device(void)
     return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES ? (int)dev : -1;
 }
 
-/* The device a stream-ordered allocation on stream draws on. A stream named explicitly may be
- * another context's, on another device, and needs no current context at all: its own device
- * (CUDA 12.8's cuStreamGetDevice, else its context's, made current for the question). A
- * default stream is the current context's. -1: none can be told. */
+/* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: the current context's default stream. */
 static int default_stream(CUstream stream)
 {
     return stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
 }
 
+enum { DEVICE_UNKNOWN = -2 };
+
+/* The device a stream-ordered allocation on stream draws on. A stream named explicitly may be
+ * another context's, on another device, and needs no current context at all: its own device
+ * (CUDA 12.8's cuStreamGetDevice, else its context's, made current for the question). A
+ * default stream is the current context's. -1 as current_device(); DEVICE_UNKNOWN: the
+ * driver could not say (the caller refuses: the memory would go uncounted). */
 static int stream_device(CUstream stream)
 {
     if (default_stream(stream))
@@ -266,14 +272,26 @@ static int stream_device(CUstream stream)
     CUdevice dev;
     if (real.cuStreamGetDevice != NULL && real.cuStreamGetDevice(stream, &dev) == CUDA_SUCCESS)
         return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES ? (int)dev : -1;
-    CUcontext ctx, popped;
+    CUcontext ctx, popped = NULL;
     if (real.cuStreamGetCtx == NULL || real.cuCtxPushCurrent_v2 == NULL ||
         real.cuCtxPopCurrent_v2 == NULL || real.cuStreamGetCtx(stream, &ctx) != CUDA_SUCCESS ||
         real.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
-        return -1;
+        return DEVICE_UNKNOWN;
     int found = current_device();
-    real.cuCtxPopCurrent_v2(&popped);
+    if (real.cuCtxPopCurrent_v2(&popped) != CUDA_SUCCESS || popped != ctx)
+        vgpu_log(VGPU_LOG_ERROR, "the context pushed to learn a stream's device did not pop "
+                 "back; this thread's current context may have changed");
     return found;
+}
+
+/* The device of the allocation at ptr (-1: the driver cannot say). */
+static int pointer_device(CUdeviceptr ptr)
+{
+    int dev = -1;
+    if (real.cuPointerGetAttribute == NULL ||
+        real.cuPointerGetAttribute(&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) != 0)
+        return -1;
+    return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES ? dev : -1;
 }
 
 static void record_uuids(void)
@@ -466,23 +484,49 @@ static CUresult call_driver(const struct pointer_request *r, CUdeviceptr *ptr)
     }
 }
 
+/* A pool may be another device's than the stream's, and its memory lives there: the
+ * reservation made on the stream's device *dev moves to the pool's (the allocation is given
+ * back, and OUT_OF_MEMORY answered, when it does not fit there). */
+static CUresult move_to_pool_device(const struct pointer_request *r, CUdeviceptr ptr, int *dev)
+{
+    CUresult (*give_back)(CUdeviceptr, CUstream) =
+        r->api == POOL_PTSZ ? real.cuMemFreeAsync_ptsz : real.cuMemFreeAsync;
+    int actual = pointer_device(ptr);
+    if (actual < 0 || *dev < 0 || actual == *dev || give_back == NULL)
+        return CUDA_SUCCESS;
+    vgpu_footprint_refresh(actual);
+    if (vgpu_mem_reserve(actual, r->bytes, pointer_apis[r->api].name) != 0) {
+        give_back(ptr, r->stream);
+        return CUDA_ERROR_OUT_OF_MEMORY; /* settle gives back the first reservation */
+    }
+    vgpu_mem_unreserve(*dev, r->bytes);
+    *dev = actual;
+    return CUDA_SUCCESS;
+}
+
 /* Reserve on the device the memory comes from, ask the driver, keep the reservation under the
  * returned pointer. Managed memory is counted too (conservative: it may live on the GPU);
  * stream-ordered allocations count from the alloc call to the free call, not the pool's
- * reserve, on the stream's device. One on an explicit stream whose device cannot be told is
- * refused: the driver could serve it with no current context, and so uncounted. */
+ * reserve, on the stream's device (a pool's, on the pool's). One on an explicit stream whose
+ * device cannot be told is refused: the driver could serve it with no current context, and so
+ * uncounted. */
 static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr)
 {
     if (!ready() || *pointer_apis[r->api].real == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     int ordered = r->api != PLAIN && r->api != PLAIN_V1 && r->api != MANAGED;
     int dev = ordered ? stream_device(r->stream) : current_device();
-    if (ordered && dev < 0 && !default_stream(r->stream))
+    if (dev == DEVICE_UNKNOWN) {
+        vgpu_log(VGPU_LOG_ERROR, "%s: the device of its stream cannot be told; refused",
+                 pointer_apis[r->api].name);
         return CUDA_ERROR_INVALID_CONTEXT;
+    }
     if (!admit(dev, r->bytes, pointer_apis[r->api].name))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUdeviceptr ptr = 0;
     CUresult rc = call_driver(r, &ptr);
+    if (rc == CUDA_SUCCESS && (r->api == POOL || r->api == POOL_PTSZ))
+        rc = move_to_pool_device(r, ptr, &dev);
     rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, r->bytes);
     if (rc == CUDA_SUCCESS && dptr != NULL)
         *dptr = ptr;

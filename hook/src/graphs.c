@@ -184,7 +184,9 @@ int vgpu_graph_costs(const struct vgpu_graph_api *api, CUgraph graph,
         rc = node_blocks(api, nodes[i], 0, &blocks, &costly);
         if (costly)
             out[kept++] = (struct vgpu_node_cost){.node = nodes[i], .blocks = blocks,
-                                                  .position = i, .enabled = 1};
+                                                  .position = i < UINT32_MAX ? (uint32_t)i
+                                                                             : UINT32_MAX,
+                                                  .enabled = 1};
     }
     free(nodes);
     if (rc != 0) {
@@ -312,7 +314,7 @@ int vgpu_graph_update(CUgraphExec exec, struct vgpu_graph_costs *costs)
     struct entry *e = find(exec);
     if (e != NULL) {
         /* Both lists in node-list order, walked together: a new cost takes the name of the
-         * old node at its place (nodes added by setters, at SIZE_MAX, pair with none). */
+         * old node at its place (nodes added by setters, at UINT32_MAX, pair with none). */
         struct vgpu_node_cost *old = e->costs.nodes, *now = costs->nodes;
         size_t nold = e->costs.count, nnow = costs->count;
         if (nold > 0)
@@ -357,7 +359,7 @@ static void add_node(struct entry *e, CUgraphNode node, uint64_t blocks)
     while (at < c->count && (uintptr_t)grown[at].node < (uintptr_t)node)
         at++;
     memmove(&grown[at + 1], &grown[at], (c->count - at) * sizeof *grown);
-    grown[at] = (struct vgpu_node_cost){.node = node, .blocks = blocks, .position = SIZE_MAX,
+    grown[at] = (struct vgpu_node_cost){.node = node, .blocks = blocks, .position = UINT32_MAX,
                                         .enabled = 1};
     c->nodes = grown;
     c->count++;

@@ -26,7 +26,7 @@ struct vgpu_graph_api {
 struct vgpu_node_cost {
     CUgraphNode node;
     uint64_t blocks;
-    size_t position; /* its place in the graph's node list; SIZE_MAX: added by a setter */
+    uint32_t position; /* its place in the graph's node list; UINT32_MAX: added by a setter */
     int enabled;
 };
 struct vgpu_graph_costs {
@@ -50,9 +50,12 @@ int vgpu_graph_remember(CUgraphExec exec, struct vgpu_graph_costs *costs);
 
 /* After exec was updated to a graph of the same topology (cuGraphExecUpdate): exec now costs
  * costs, read from that graph, but its nodes keep the names of the graph it was instantiated
- * from, which the setters are given; the two graphs' nodes are paired by their place in the
- * node lists. Every node counts as enabled again (never less than what runs). Takes costs;
- * -1 when the table could not grow (exec was not known: out of memory). */
+ * from, which the setters are given. The two graphs' nodes are paired by their place in the
+ * node lists; the driver pairs them by topology, which agrees for graphs built in the same
+ * order (where it does not, a node's cost is misplaced until a setter names it, and the NVML
+ * feedback holds the rate meanwhile). Every node counts as enabled again, and nodes added by
+ * setters are dropped (a setter naming one adds it again): never less than what runs. Takes
+ * costs; -1 when the table could not grow (exec was not known: out of memory). */
 int vgpu_graph_update(CUgraphExec exec, struct vgpu_graph_costs *costs);
 
 /* An executable graph's node now costs `blocks` (a setter changed it). A node the table does not

@@ -216,7 +216,8 @@ wait $c1 $c2 $!
 # Graphs made executable through the CUDA 10/11 exports, which CUDA 11 builds call, and graphs
 # changed once executable (a kernel's grid, a child graph, nodes enabled): the cost follows; an
 # update the driver refused: it does not; setters after an update, naming the nodes the graph
-# was instantiated from; a graph made after 5000 others (the old fixed table
+# was instantiated from (that the fake, and on a GPU the driver, takes them; their cost is
+# test_graphs'); a graph made after 5000 others (the old fixed table
 # held 4096), one whose destroy was refused. gpu-check.sh runs the same cases on a GPU.
 pids=
 for abi in v1 v2-update update-refused update-set update-enable set-params set-params-v1 \

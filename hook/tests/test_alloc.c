@@ -203,12 +203,13 @@ static void streams(void)
             cuDeviceGetDefaultMemPool(&pool1, 1) == CUDA_SUCCESS;
     check(made, "a stream on each device, device 1's pool");
     cuCtxSetCurrent(NULL);
+    CUcontext now = ctx[1];
     check(cuMemAllocAsync(&p, 2048 * MiB, s0) == CUDA_ERROR_OUT_OF_MEMORY &&
               fake_cuda_device_used(0) == 0,
           "no current context: 2 GiB on device 0's stream refused under its 1 GiB cap");
     check(cuMemAllocAsync(&p, 600 * MiB, s0) == CUDA_SUCCESS &&
-              fake_cuda_device_used(0) == 600 * MiB,
-          "... and 600 MiB allowed, on device 0");
+              fake_cuda_device_used(0) == 600 * MiB && cuCtxGetCurrent(&now) == 0 && now == NULL,
+          "... and 600 MiB allowed, on device 0; still no current context");
     use_device(0);
     check(container_used() == 600 * MiB, "counted on device 0 (%llu MiB)",
           (unsigned long long)(container_used() / MiB));
@@ -218,8 +219,18 @@ static void streams(void)
     check(cuMemAllocFromPoolAsync(&q, 600 * MiB, pool1, s1) == CUDA_ERROR_OUT_OF_MEMORY,
           "... from device 1's pool too");
     check(cuMemAllocAsync(&q, 300 * MiB, s1) == CUDA_SUCCESS &&
+              fake_cuda_device_used(1) == 300 * MiB && container_used() == 600 * MiB &&
+              cuCtxGetCurrent(&now) == 0 && now == ctx[0],
+          "300 MiB on device 1's stream fit, device 0's count unchanged, device 0 still current");
+    CUdeviceptr r = 0;
+    check(cuMemAllocFromPoolAsync(&r, 300 * MiB, pool1, s0) == CUDA_ERROR_OUT_OF_MEMORY &&
               fake_cuda_device_used(1) == 300 * MiB && container_used() == 600 * MiB,
-          "300 MiB on device 1's stream fit, device 0's count unchanged");
+          "device 1's pool on device 0's stream: counted on device 1, so 300 MiB more is "
+          "refused there and given back");
+    check(cuMemAllocFromPoolAsync(&r, 200 * MiB, pool1, s0) == CUDA_SUCCESS &&
+              fake_cuda_device_used(1) == 500 * MiB && container_used() == 600 * MiB,
+          "... and 200 MiB fit, on device 1, device 0's count unchanged");
+    check(cuMemFreeAsync(r, s0) == CUDA_SUCCESS, "freed");
     use_device(1);
     check(container_used() == 300 * MiB, "counted on device 1 (%llu MiB)",
           (unsigned long long)(container_used() / MiB));

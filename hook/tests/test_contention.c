@@ -22,7 +22,10 @@
  *                                     one-block kernel, which the driver refuses),
  *                                     "update-set" and "update-enable" (updated, then changed
  *                                     by the setters, naming the nodes of the graph it was
- *                                     instantiated from: see update_then). Changed once
+ *                                     instantiated from: see update_then; on a GPU they show the
+ *                                     driver takes those names, and its counter that the graph
+ *                                     runs its blocks; the NVML feedback would hide a cost
+ *                                     miscounted here, which test_graphs checks). Changed once
  *                                     executable: "set-params", "set-params-v1", "node-set" (ten
  *                                     one-block kernels set to full ones by
  *                                     cuGraphExecKernelNodeSetParams_v2, its CUDA 10.1 ABI,

@@ -144,6 +144,32 @@ static CUresult fake_free(uint64_t key)
     return CUDA_SUCCESS;
 }
 
+/* The device of a live allocation at exactly key (cuPointerGetAttribute's DEVICE_ORDINAL; the
+ * fake answers for allocation starts only); -1: none. */
+static int device_of(uint64_t key)
+{
+    int dev = -1;
+    pthread_mutex_lock(&table_lock);
+    size_t i = slot_of(key);
+    while (key > tombstone && table[i].key != 0 && table[i].key != key)
+        i = (i + 1) & (TABLE_SIZE - 1);
+    if (key > tombstone && table[i].key == key)
+        dev = table[i].dev;
+    pthread_mutex_unlock(&table_lock);
+    return dev;
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    if (attribute != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+        return CUDA_ERROR_NOT_SUPPORTED; /* the fake knows this one only */
+    int dev = device_of(ptr);
+    if (data == NULL || dev < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *(int *)data = dev;
+    return CUDA_SUCCESS;
+}
+
 static CUresult need_ctx(void)
 {
     if (!initialised)
@@ -1184,7 +1210,9 @@ static CUgraphExecUpdateResult topology_change(const struct fake_graph *a,
 
 /* The executable graph takes the work of a graph of the same topology (any other is refused,
  * as the driver refuses it). Its nodes are still named by the graph it was instantiated from,
- * as the setters' "hNode" is, paired by place. */
+ * as the setters' "hNode" is, paired by place (the driver pairs by topology; the same for
+ * graphs built in the same order). Nodes disabled before come back enabled: an assumption,
+ * cuda.h does not say. */
 static CUgraphExecUpdateResult update(CUgraphExec exec, CUgraph graph)
 {
     pthread_mutex_lock(&graph_lock);
@@ -1204,9 +1232,12 @@ static CUgraphExecUpdateResult update(CUgraphExec exec, CUgraph graph)
     return result;
 }
 
+/* CU_GRAPH_EXEC_UPDATE_ERROR: an unknown handle (or no host memory), which the driver answers
+ * as an invalid value; the rest are the update's own failures. */
 static CUresult update_answer(CUgraphExecUpdateResult result)
 {
     return result == CU_GRAPH_EXEC_UPDATE_SUCCESS ? CUDA_SUCCESS
+           : result == CU_GRAPH_EXEC_UPDATE_ERROR ? CUDA_ERROR_INVALID_VALUE
                                                   : CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
 }
 
@@ -1511,6 +1542,7 @@ static const struct proc procs[] = {
     P("cuStreamGetCtx", cuStreamGetCtx, 9020, 0),
     P("cuStreamGetDevice", cuStreamGetDevice, 12080, 0),
     P("cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool, 11020, 0),
+    P("cuPointerGetAttribute", cuPointerGetAttribute, 4000, 0),
     P("cuModuleLoadData", cuModuleLoadData, 2000, 0),
     P("cuModuleGetFunction", cuModuleGetFunction, 2000, 0),
     P("cuModuleUnload", cuModuleUnload, 2000, 0),
