@@ -92,6 +92,8 @@ static struct {
     CUresult (*cuCtxPushCurrent_v2)(CUcontext);
     CUresult (*cuCtxPopCurrent_v2)(CUcontext *);
     CUresult (*cuPointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
+    CUresult (*cuDeviceGetMemPool)(CUmemoryPool *, CUdevice);
+    CUresult (*cuMemPoolTrimTo)(CUmemoryPool, size_t);
     CUresult (*cuDeviceGetCount)(int *);
     CUresult (*cuDeviceGet)(CUdevice *, int);
     CUresult (*cuDeviceGetUuid_v2)(CUuuid *, CUdevice);
@@ -188,7 +190,7 @@ static const struct vgpu_hook hooks[] = {
     CALL_ONLY(cuGraphKernelNodeGetParams_v2), CALL_ONLY(cuGraphKernelNodeGetParams),
     CALL_ONLY(cuGraphChildGraphNodeGetGraph), CALL_ONLY(cuStreamGetDevice),
     CALL_ONLY(cuStreamGetCtx), CALL_ONLY(cuCtxPushCurrent_v2), CALL_ONLY(cuCtxPopCurrent_v2),
-    CALL_ONLY(cuPointerGetAttribute),
+    CALL_ONLY(cuPointerGetAttribute), CALL_ONLY(cuDeviceGetMemPool), CALL_ONLY(cuMemPoolTrimTo),
 };
 _Static_assert(sizeof hooks / sizeof hooks[0] <= VGPU_MAX_HOOKS, "raise VGPU_MAX_HOOKS");
 #undef HOOK
@@ -484,6 +486,28 @@ static CUresult call_driver(const struct pointer_request *r, CUdeviceptr *ptr)
     }
 }
 
+/* A pool keeps the memory stream-ordered frees give back (PyTorch's cudaMallocAsync backend
+ * sets its release threshold to the maximum, so it keeps all of it). NVML shows that memory, so
+ * it is counted as the process's footprint, and an allocation the pool would serve from it
+ * would be counted twice. Before a stream-ordered allocation on dev is refused, the pool gives
+ * back what no allocation uses (no synchronisation: that could break a stream capture) and the
+ * footprint is measured again. */
+static void release_pool_cache(const struct pointer_request *r, int dev)
+{
+    uint64_t limit = vgpu_region_limit(dev);
+    if (limit == 0 || real.cuMemPoolTrimTo == NULL)
+        return;
+    vgpu_footprint_refresh(dev); /* what admit() would see */
+    if (vgpu_region_used(dev) + r->bytes <= limit)
+        return;
+    CUmemoryPool pool = r->pool;
+    if (pool == NULL && (real.cuDeviceGetMemPool == NULL ||
+                         real.cuDeviceGetMemPool(&pool, (CUdevice)dev) != CUDA_SUCCESS))
+        return;
+    if (real.cuMemPoolTrimTo(pool, 0) == CUDA_SUCCESS)
+        vgpu_footprint_remeasure(dev);
+}
+
 /* A pool may be another device's than the stream's, and its memory lives there: the
  * reservation made on the stream's device *dev moves to the pool's (the allocation is given
  * back, and OUT_OF_MEMORY answered, when it does not fit there). */
@@ -521,6 +545,8 @@ static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr
                  pointer_apis[r->api].name);
         return CUDA_ERROR_INVALID_CONTEXT;
     }
+    if (ordered && dev >= 0)
+        release_pool_cache(r, dev);
     if (!admit(dev, r->bytes, pointer_apis[r->api].name))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUdeviceptr ptr = 0;

@@ -270,6 +270,8 @@ void vgpu_footprint_refresh(int dev) { refresh(dev, REFRESH_NS); }
 
 void vgpu_footprint_before_refusal(int dev) { refresh(dev, REFUSAL_REFRESH_NS); }
 
+void vgpu_footprint_remeasure(int dev) { refresh(dev, 0); }
+
 void vgpu_footprint_context_gone(int dev)
 {
     if (inside)

@@ -42,4 +42,7 @@ void vgpu_footprint_refresh(int dev);
  * process gave back to the driver since is not held against it. */
 void vgpu_footprint_before_refusal(int dev);
 
+/* Re-measures dev now (after a pool gave its cached memory back). */
+void vgpu_footprint_remeasure(int dev);
+
 #endif

@@ -178,6 +178,8 @@ run footprint CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint.shm" \
 run footprint-pidns CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-pidns.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_LAZY_MIB=100 FAKE_NVML_PID_OFFSET=100000 \
     "$build/tests/test_footprint"
+run footprint-pool-cache CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-pool.shm" \
+    FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" pool-cache
 run footprint-nvml-na CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-na.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_LAZY_MIB=100 FAKE_NVML_MEMORY_NA=1 \
     "$build/tests/test_footprint" na

@@ -7,7 +7,9 @@
  *
  *   test_footprint na   with FAKE_NVML_MEMORY_NA=1 (NVML lists the processes, their memory
  *                       NVML_VALUE_NOT_AVAILABLE): nothing is counted for the context (never
- *                       the all-ones value), and the cap still holds for the allocations. */
+ *                       the all-ones value), and the cap still holds for the allocations.
+ *   test_footprint pool-cache
+ *                       a pool keeping freed memory: what it could serve is not refused. */
 #include <cuda.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -123,10 +125,44 @@ static int memory_not_available(void)
     return check_done("test_footprint na");
 }
 
+/* A pool that keeps what stream-ordered frees give back (release threshold the maximum, as
+ * PyTorch's cudaMallocAsync backend sets it): NVML shows the cached memory, so the footprint
+ * counts it; an allocation the pool could serve from it must not be refused for it. */
+static int pool_cache(void)
+{
+    CUcontext ctx;
+    CUmemoryPool pool;
+    cuuint64_t keep_all = UINT64_MAX;
+    CUdeviceptr a = 0, b = 0;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cuDeviceGetMemPool(&pool, 0) == 0 &&
+              cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all) == 0,
+          "a 300 MiB context; the device's pool keeps what is freed");
+    if (!check(open_region(), "region readable"))
+        return check_done("test_footprint pool-cache");
+    int freed = cuMemAllocAsync(&a, 600 * MiB, NULL) == CUDA_SUCCESS &&
+                cuMemFreeAsync(a, NULL) == CUDA_SUCCESS && cuCtxSynchronize() == CUDA_SUCCESS;
+    uint64_t held = fake_cuda_device_used(0);
+    check(freed && held == 900 * MiB, "600 MiB allocated and freed: the pool keeps it (%llu MiB "
+          "held)", (unsigned long long)(held / MiB));
+    sleep_s(1.1); /* the next allocation re-measures: the 600 MiB cached count as footprint */
+    check(cuMemAllocAsync(&b, 600 * MiB, NULL) == CUDA_SUCCESS,
+          "600 MiB again fit: the pool gave its cache back rather than have it counted twice");
+    held = fake_cuda_device_used(0);
+    uint64_t counted = used();
+    check(held == 900 * MiB && counted == 900 * MiB, "held %llu MiB, counted %llu MiB",
+          (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
+    check(cuMemAlloc(&a, 200 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
+          "200 MiB more is refused: the cap holds");
+    return check_done("test_footprint pool-cache");
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "na") == 0)
         return memory_not_available();
+    if (argc == 2 && strcmp(argv[1], "pool-cache") == 0)
+        return pool_cache();
     const uint64_t context = 300 * MiB, lazy = 100 * MiB, cap = 1024 * MiB;
     CUcontext ctx;
     check(cuInit(0) == CUDA_SUCCESS, "cuInit");

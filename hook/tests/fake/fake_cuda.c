@@ -62,12 +62,26 @@ struct alloc {
     uint64_t bytes;
     int dev;
     int32_t pid;
+    int pooled; /* from a pool: its free goes back to the pool's cache */
 };
 static struct alloc *table;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t next_address = UINT64_C(0x7f0000000000);
 static uint64_t next_low_address = UINT64_C(0x10000000); /* the v1 exports' 32-bit pointers */
 static const uint64_t tombstone = 1;
+
+/* Each device's default pool, this process's: what it holds and what it caches. A stream-
+ * ordered free keeps the memory in the pool (NVML still shows it), a later allocation is served
+ * from the cache without new device memory, and a synchronisation gives back what the cache
+ * holds above the release threshold (0 by default: all of it); cuMemPoolTrimTo gives it back
+ * at once. Under table_lock. */
+struct pool {
+    uint64_t used, cached, threshold;
+};
+static struct pool pools[MAX_DEVICES];
+
+/* A fork child holds none of its parent's pooled memory. */
+static void forget_pools(void) { memset(pools, 0, sizeof pools); }
 
 __attribute__((constructor)) static void fake_setup(void)
 {
@@ -85,6 +99,7 @@ __attribute__((constructor)) static void fake_setup(void)
     for (int i = 0; i < MAX_DEVICES; i++)
         primary[i].dev = i;
     table = calloc(TABLE_SIZE, sizeof *table);
+    pthread_atfork(NULL, NULL, forget_pools);
 }
 
 static int fail_now(const char *name)
@@ -97,29 +112,47 @@ static int fail_now(const char *name)
 
 static size_t slot_of(uint64_t key) { return (size_t)((key * UINT64_C(0x9e3779b97f4a7c15)) >> 44); }
 
+
 /* Records a new allocation of bytes on dev at *next (then moved past it) unless the device is
- * full or the addresses would pass limit; returns its key or 0. */
-static uint64_t fake_alloc_at(int dev, uint64_t bytes, uint64_t *next, uint64_t limit)
+ * full or the addresses would pass limit; returns its key or 0. A pooled one is served from its
+ * pool's cache when that holds enough. */
+static uint64_t fake_alloc_at(int dev, uint64_t bytes, uint64_t *next, uint64_t limit,
+                              int pooled)
 {
     int32_t pid = (int32_t)getpid();
     pthread_mutex_lock(&table_lock);
     uint64_t key = *next, step = ((bytes + 0xfff) & ~UINT64_C(0xfff)) + (bytes == 0 ? 0x1000 : 0);
-    if (step > limit - key || !gpu_alloc(dev, pid, bytes)) {
+    int cached = pooled && pools[dev].cached >= bytes;
+    if (step > limit - key || (!cached && !gpu_alloc(dev, pid, bytes))) {
         pthread_mutex_unlock(&table_lock);
         return 0;
     }
+    if (cached)
+        pools[dev].cached -= bytes;
+    if (pooled)
+        pools[dev].used += bytes;
     *next += step;
     size_t i = slot_of(key);
     while (table[i].key > tombstone)
         i = (i + 1) & (TABLE_SIZE - 1);
-    table[i] = (struct alloc){.key = key, .bytes = bytes, .dev = dev, .pid = pid};
+    table[i] = (struct alloc){.key = key, .bytes = bytes, .dev = dev, .pid = pid,
+                              .pooled = pooled};
     pthread_mutex_unlock(&table_lock);
     return key;
 }
 
+/* Gives back what dev's pool caches beyond keep. Caller holds table_lock. */
+static void pool_release(int dev, uint64_t keep)
+{
+    if (pools[dev].cached <= keep)
+        return;
+    gpu_free(dev, (int32_t)getpid(), pools[dev].cached - keep);
+    pools[dev].cached = keep;
+}
+
 static uint64_t fake_alloc(int dev, uint64_t bytes)
 {
-    return fake_alloc_at(dev, bytes, &next_address, UINT64_MAX);
+    return fake_alloc_at(dev, bytes, &next_address, UINT64_MAX, 0);
 }
 
 static CUresult fake_free(uint64_t key)
@@ -139,8 +172,13 @@ static CUresult fake_free(uint64_t key)
     }
     struct alloc a = table[i];
     table[i].key = tombstone;
+    if (a.pooled) {
+        pools[a.dev].used -= a.bytes;
+        pools[a.dev].cached += a.bytes;
+    }
     pthread_mutex_unlock(&table_lock);
-    gpu_free(a.dev, a.pid, a.bytes);
+    if (!a.pooled)
+        gpu_free(a.dev, a.pid, a.bytes);
     return CUDA_SUCCESS;
 }
 
@@ -343,22 +381,35 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
     return rc;
 }
 
-/* Until the caller's own work has run (other processes' work shares the GPU meanwhile). */
+/* Until the caller's own work has run (other processes' work shares the GPU meanwhile); then
+ * the device's pool gives back what it caches above its release threshold. */
+static void sync_device(int dev)
+{
+    gpu_wait_pending(dev, 0);
+    pthread_mutex_lock(&table_lock);
+    pool_release(dev, pools[dev].threshold);
+    pthread_mutex_unlock(&table_lock);
+}
+
 static CUresult wait_idle(void)
 {
     CUresult rc = need_ctx();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    gpu_wait_pending(current->dev, 0);
-    return CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS)
+        sync_device(current->dev);
+    return rc;
 }
 
 EXPORT CUresult cuCtxSynchronize(void) { return wait_idle(); }
 
+static CUresult stream_ctx(CUstream stream, struct fake_ctx **ctx);
+
 EXPORT CUresult cuStreamSynchronize(CUstream stream)
 {
-    (void)stream;
-    return wait_idle();
+    struct fake_ctx *ctx;
+    CUresult rc = stream_ctx(stream, &ctx);
+    if (rc == CUDA_SUCCESS)
+        sync_device(ctx->dev);
+    return rc;
 }
 
 /* The context stack of cuCtxPushCurrent/cuCtxPopCurrent: `current` is its top. */
@@ -561,8 +612,9 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return fake_free(handle); }
 
-/* Each device's default pool (the fake has no others): a handle names its device. */
-static int pools[MAX_DEVICES];
+/* Each device's default pool, which is also its current one (the fake has no others): a handle
+ * names its device. */
+static int pool_handles[MAX_DEVICES];
 
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 {
@@ -570,8 +622,46 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
     if (rc == CUDA_SUCCESS && pool == NULL)
         rc = CUDA_ERROR_INVALID_VALUE;
     if (rc == CUDA_SUCCESS)
-        *pool = (CUmemoryPool)(void *)&pools[dev];
+        *pool = (CUmemoryPool)(void *)&pool_handles[dev];
     return rc;
+}
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    return cuDeviceGetDefaultMemPool(pool, dev);
+}
+
+/* The device of a pool handle; -1: not one. */
+static int pool_device(CUmemoryPool pool)
+{
+    int *p = (int *)(void *)pool;
+    return p >= pool_handles && p < pool_handles + ndevices ? (int)(p - pool_handles) : -1;
+}
+
+/* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD only. */
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    int dev = pool_device(pool);
+    if (dev < 0 || value == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&table_lock);
+    pools[dev].threshold = *(const cuuint64_t *)value;
+    pthread_mutex_unlock(&table_lock);
+    return CUDA_SUCCESS;
+}
+
+/* Gives back cached memory until the pool holds (in use and cached) at most keep bytes. */
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    int dev = pool_device(pool);
+    if (dev < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&table_lock);
+    pool_release(dev, keep > pools[dev].used ? keep - pools[dev].used : 0);
+    pthread_mutex_unlock(&table_lock);
+    return CUDA_SUCCESS;
 }
 
 /* From the stream's device's pool (pool NULL), or from pool, on its own device, as the driver
@@ -584,14 +674,16 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, 
     CUresult rc = stream_ctx(stream, &ctx);
     if (rc != CUDA_SUCCESS)
         return rc;
-    int dev = ctx->dev;
-    if (pool != NULL) {
-        int *p = (int *)(void *)pool;
-        if (p < pools || p >= pools + ndevices)
-            return CUDA_ERROR_INVALID_VALUE;
-        dev = (int)(p - pools);
-    }
-    return alloc_on(dev, dptr, bytes, name);
+    int dev = pool != NULL ? pool_device(pool) : ctx->dev;
+    if (dev < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (fail_now(name))
+        return CUDA_ERROR_UNKNOWN;
+    uint64_t key = fake_alloc_at(dev, bytes, &next_address, UINT64_MAX, 1);
+    if (key == 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *dptr = (CUdeviceptr)key;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream)
@@ -655,7 +747,7 @@ static CUresult alloc_v1(v1_ptr *dptr, uint64_t bytes, const char *name)
         return rc;
     if (fail_now(name))
         return CUDA_ERROR_UNKNOWN;
-    uint64_t key = fake_alloc_at(current->dev, bytes, &next_low_address, UINT32_MAX);
+    uint64_t key = fake_alloc_at(current->dev, bytes, &next_low_address, UINT32_MAX, 0);
     if (key == 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *dptr = (v1_ptr)key;
@@ -1542,6 +1634,9 @@ static const struct proc procs[] = {
     P("cuStreamGetCtx", cuStreamGetCtx, 9020, 0),
     P("cuStreamGetDevice", cuStreamGetDevice, 12080, 0),
     P("cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool, 11020, 0),
+    P("cuDeviceGetMemPool", cuDeviceGetMemPool, 11020, 0),
+    P("cuMemPoolSetAttribute", cuMemPoolSetAttribute, 11020, 0),
+    P("cuMemPoolTrimTo", cuMemPoolTrimTo, 11020, 0),
     P("cuPointerGetAttribute", cuPointerGetAttribute, 4000, 0),
     P("cuModuleLoadData", cuModuleLoadData, 2000, 0),
     P("cuModuleGetFunction", cuModuleGetFunction, 2000, 0),
