@@ -9,9 +9,11 @@
 # (4) overhead figures; (5) what NVML shows a capped process holding (context included) stays
 # within the cap; (6) SM shares of two containers at once (30/60, 50/50, 30/none, 20/20);
 # (7) CUDA graph replay under a 25 % limit; (8) CUDA graphs made or changed through each driver
-# export the library costs (tests/test_contention.c, the cases make test runs over the fake).
-# Usage: gpu-check.sh [SECTION...] (default: all eight, about 9 minutes; sections can be run
-# separately, e.g. 1-7 then 8). Exit 77 (skip) without a GPU, 1 on any failed check.
+# export the library costs (tests/test_contention.c, the cases make test runs over the fake);
+# (9) memory freed with a context (cudaDeviceReset, cuCtxDestroy) given back to the cap, and a
+# cudaMallocAsync pool's cache not counted twice.
+# Usage: gpu-check.sh [SECTION...] (default: all nine, about 9 minutes; sections can be run
+# separately, e.g. 1-7 and 9, then 8). Exit 77 (skip) without a GPU, 1 on any failed check.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -257,8 +259,56 @@ for abi in flags v1 v2-update update-refused update-set update-enable set-params
 done
 }
 
+section_9() {
+echo "== 9. memory the driver frees or keeps without a free call, under a 2 GiB cap"
+# Driver API through ctypes (its dlsym resolves to libvgpu's): what mem_get_info leaves less
+# 256 MiB, three times over: before cudaDeviceReset (cuDevicePrimaryCtxReset), after it, and
+# in a created context that is then destroyed. The reset and the destroy must give it back.
+under_cap nine.cache 2g python3 - <<'PY'
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+MiB = 1 << 20
+def call(what, *args):
+    rc = getattr(cuda, what)(*args)
+    if rc != 0:
+        print(f"{what}: CUresult {rc}"); sys.exit(1)
+def fill(label):
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    call("cuMemGetInfo_v2", ctypes.byref(free), ctypes.byref(total))
+    size, ptr = free.value - 256 * MiB, ctypes.c_uint64()
+    call("cuMemAlloc_v2", ctypes.byref(ptr), ctypes.c_size_t(size))
+    print(f"{label}: {size // MiB} MiB of a {total.value // MiB} MiB cap allocated")
+    return size
+dev, ctx, made = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p()
+call("cuInit", 0); call("cuDeviceGet", ctypes.byref(dev), 0)
+call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev); call("cuCtxSetCurrent", ctx)
+first = fill("primary context")
+call("cuDevicePrimaryCtxReset_v2", dev)
+call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev); call("cuCtxSetCurrent", ctx)
+again = fill("after cudaDeviceReset")
+call("cuDevicePrimaryCtxReset_v2", dev)
+call("cuCtxCreate_v2", ctypes.byref(made), 0, dev)
+fill("created context")
+call("cuCtxDestroy_v2", made)
+call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev); call("cuCtxSetCurrent", ctx)
+last = fill("after cuCtxDestroy")
+sys.exit(0 if again >= first - 64 * MiB and last >= first - 64 * MiB else 1)
+PY
+result $? "cudaDeviceReset and cuCtxDestroy give their allocations back to the cap"
+# PyTorch's cudaMallocAsync backend keeps freed memory in the pool (release threshold the
+# maximum): 1 GiB freed, then 1 GiB again must fit beside the context under 2 GiB.
+PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync under_cap ten.cache 2g python3 - <<'PY'
+import time, torch
+x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda"); del x
+torch.cuda.synchronize(); time.sleep(1.5)  # the next allocation measures the pool's cache
+y = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+print(f"1 GiB again: allocated; mem_get_info {[v >> 20 for v in torch.cuda.mem_get_info()]} MiB")
+PY
+result $? "cudaMallocAsync backend: the pool's cache is not counted twice"
+}
+
 sections=("$@")
-[ ${#sections[@]} -gt 0 ] || sections=(1 2 3 4 5 6 7 8)
+[ ${#sections[@]} -gt 0 ] || sections=(1 2 3 4 5 6 7 8 9)
 for section in "${sections[@]}"; do
     declare -F "section_$section" >/dev/null || { echo "gpu-check: no section $section"; exit 2; }
     "section_$section"

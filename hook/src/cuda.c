@@ -94,6 +94,7 @@ static struct {
     CUresult (*cuPointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
     CUresult (*cuDeviceGetMemPool)(CUmemoryPool *, CUdevice);
     CUresult (*cuMemPoolTrimTo)(CUmemoryPool, size_t);
+    CUresult (*cuDevicePrimaryCtxGetState)(CUdevice, unsigned int *, int *);
     CUresult (*cuDeviceGetCount)(int *);
     CUresult (*cuDeviceGet)(CUdevice *, int);
     CUresult (*cuDeviceGetUuid_v2)(CUuuid *, CUdevice);
@@ -191,6 +192,7 @@ static const struct vgpu_hook hooks[] = {
     CALL_ONLY(cuGraphChildGraphNodeGetGraph), CALL_ONLY(cuStreamGetDevice),
     CALL_ONLY(cuStreamGetCtx), CALL_ONLY(cuCtxPushCurrent_v2), CALL_ONLY(cuCtxPopCurrent_v2),
     CALL_ONLY(cuPointerGetAttribute), CALL_ONLY(cuDeviceGetMemPool), CALL_ONLY(cuMemPoolTrimTo),
+    CALL_ONLY(cuDevicePrimaryCtxGetState),
 };
 _Static_assert(sizeof hooks / sizeof hooks[0] <= VGPU_MAX_HOOKS, "raise VGPU_MAX_HOOKS");
 #undef HOOK
@@ -1239,6 +1241,28 @@ VGPU_EXPORT CUresult cuGraphNodeSetEnabled(CUgraphExec exec, CUgraphNode node,
 
 /* ---- contexts: what a context holds on a capped device is counted (footprint.c) ---------- */
 
+/* A destroyed context's memory is freed by the driver without a free call (cudaDeviceReset,
+ * the last release of a primary context, cuCtxDestroy): the pointers the driver no longer knows
+ * are given back, or the cap would shrink by them for the rest of the process. Only pointers
+ * are asked about: the driver answers for any address, while a destroyed array or handle may
+ * not be passed to it again (those stay counted until their value is handed out again). */
+static int pointer_still_held(uint64_t key)
+{
+    int ordinal;
+    return real.cuPointerGetAttribute == NULL ||
+           real.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                      (CUdeviceptr)key) != CUDA_ERROR_INVALID_VALUE;
+}
+
+static void context_gone(int dev)
+{
+    uint64_t bytes = vgpu_mem_forget_gone(VGPU_KIND_POINTER, dev, pointer_still_held);
+    if (bytes != 0)
+        vgpu_log(VGPU_LOG_INFO, "a destroyed context freed %llu bytes of counted allocations",
+                 (unsigned long long)bytes);
+    vgpu_footprint_context_gone(dev);
+}
+
 /* The driver retains the primary context by reference: a retain while this process holds it
  * makes nothing new (footprint.c neither measures nor refuses then). */
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
@@ -1265,8 +1289,17 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real.cuDevicePrimaryCtxReset_v2(dev);
     if (rc == CUDA_SUCCESS)
-        vgpu_footprint_context_gone((int)dev);
+        context_gone((int)dev);
     return rc;
+}
+
+/* The last release resets the primary context (cuda.h); an earlier one frees nothing. */
+static int primary_active(CUdevice dev)
+{
+    unsigned int flags;
+    int active = 0;
+    return real.cuDevicePrimaryCtxGetState == NULL ||
+           real.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || active;
 }
 
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
@@ -1274,7 +1307,9 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     if (!ready() || real.cuDevicePrimaryCtxRelease_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real.cuDevicePrimaryCtxRelease_v2(dev);
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS && !primary_active(dev))
+        context_gone((int)dev);
+    else if (rc == CUDA_SUCCESS)
         vgpu_footprint_context_gone((int)dev);
     return rc;
 }
@@ -1331,7 +1366,7 @@ VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real.cuCtxDestroy_v2(ctx);
     if (rc == CUDA_SUCCESS)
-        vgpu_footprint_context_gone(-1);
+        context_gone(-1);
     return rc;
 }
 

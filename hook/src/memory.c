@@ -86,12 +86,54 @@ static int grow(struct shard *s)
     return 0;
 }
 
+/* Unlinks the entry for key from its bucket; NULL when there is none. Caller holds s->lock. */
+static struct entry *unlink_entry(struct shard *s, uint64_t h, enum vgpu_alloc_kind kind,
+                                  uint64_t key)
+{
+    if (s->nbuckets == 0)
+        return NULL;
+    struct entry **link = &s->buckets[(size_t)(h >> 6) & (s->nbuckets - 1)];
+    for (struct entry *e = *link; e != NULL; link = &e->next, e = e->next) {
+        if (e->key == key && e->kind == (int)kind) {
+            *link = e->next;
+            s->count--;
+            return e;
+        }
+    }
+    return NULL;
+}
+
+static void untracked(int dev, uint64_t bytes)
+{
+    if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES)
+        __atomic_sub_fetch(&tracked[dev], bytes, __ATOMIC_ACQ_REL);
+}
+
+/* The driver never hands out a live pointer or handle twice: an entry already under key is
+ * one the driver freed without a free call (its context was destroyed), and its bytes go back
+ * to the ledger. */
+static void forget_stale(const struct entry *stale, enum vgpu_alloc_kind kind)
+{
+    untracked(stale->dev, stale->bytes);
+    vgpu_region_release(stale->dev, stale->bytes);
+    vgpu_log(VGPU_LOG_INFO, "0x%llx (kind %d) handed out again while still counted: its %llu "
+             "bytes on device %d given back (freed with its context)",
+             (unsigned long long)stale->key, (int)kind, (unsigned long long)stale->bytes,
+             stale->dev);
+}
+
 void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes)
 {
     pthread_once(&table_once, table_init);
     uint64_t h = mix(key, (int)kind);
     struct shard *s = &shards[h & (SHARDS - 1)];
     pthread_mutex_lock(&s->lock);
+    struct entry *stale = unlink_entry(s, h, kind, key), old;
+    if (stale != NULL) {
+        old = *stale;
+        stale->next = s->spare;
+        s->spare = stale;
+    }
     struct entry *e = s->spare;
     if (e != NULL)
         s->spare = e->next;
@@ -100,6 +142,8 @@ void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t b
     if (e == NULL || (s->count >= s->nbuckets && grow(s) != 0 && s->nbuckets == 0)) {
         pthread_mutex_unlock(&s->lock);
         free(e);
+        if (stale != NULL)
+            forget_stale(&old, kind);
         vgpu_log(VGPU_LOG_ERROR, "out of host memory while recording an allocation; its %llu "
                  "bytes stay counted until the process exits", (unsigned long long)bytes);
         return;
@@ -112,6 +156,8 @@ void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t b
     pthread_mutex_unlock(&s->lock);
     if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES)
         __atomic_add_fetch(&tracked[dev], bytes, __ATOMIC_ACQ_REL);
+    if (stale != NULL)
+        forget_stale(&old, kind);
 }
 
 int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t *bytes)
@@ -119,27 +165,89 @@ int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t
     pthread_once(&table_once, table_init);
     uint64_t h = mix(key, (int)kind);
     struct shard *s = &shards[h & (SHARDS - 1)];
-    int found = 0;
     pthread_mutex_lock(&s->lock);
-    if (s->nbuckets != 0) {
-        struct entry **link = &s->buckets[(size_t)(h >> 6) & (s->nbuckets - 1)];
-        for (struct entry *e = *link; e != NULL; link = &e->next, e = e->next) {
-            if (e->key == key && e->kind == (int)kind) {
-                *link = e->next;
-                *dev = e->dev;
-                *bytes = e->bytes;
-                e->next = s->spare;
-                s->spare = e;
-                s->count--;
-                found = 1;
-                break;
-            }
-        }
+    struct entry *e = unlink_entry(s, h, kind, key);
+    if (e != NULL) {
+        *dev = e->dev;
+        *bytes = e->bytes;
+        e->next = s->spare;
+        s->spare = e;
     }
     pthread_mutex_unlock(&s->lock);
-    if (found && *dev >= 0 && *dev < VGPU_REGION_MAX_DEVICES)
-        __atomic_sub_fetch(&tracked[*dev], *bytes, __ATOMIC_ACQ_REL);
-    return found;
+    if (e != NULL)
+        untracked(*dev, *bytes);
+    return e != NULL;
+}
+
+/* Removes key only while it still names dev and bytes: a racing allocation that took the same
+ * key since the question was asked stays (an identical one may go in its place: the same
+ * bytes on the same device, so the count is right either way). */
+static int untrack_exact(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes)
+{
+    uint64_t h = mix(key, (int)kind);
+    struct shard *s = &shards[h & (SHARDS - 1)];
+    pthread_mutex_lock(&s->lock);
+    struct entry *e = unlink_entry(s, h, kind, key);
+    if (e != NULL && (e->dev != dev || e->bytes != bytes)) {
+        size_t at = (size_t)(h >> 6) & (s->nbuckets - 1);
+        e->next = s->buckets[at];
+        s->buckets[at] = e;
+        s->count++;
+        e = NULL;
+    } else if (e != NULL) {
+        e->next = s->spare;
+        s->spare = e;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (e != NULL)
+        untracked(dev, bytes);
+    return e != NULL;
+}
+
+uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev, int (*still_held)(uint64_t))
+{
+    pthread_once(&table_once, table_init);
+    struct entry *list = NULL;
+    size_t n = 0, cap = 0;
+    int short_of_memory = 0;
+    /* Copied out first: the driver is asked without a shard lock held. */
+    for (int i = 0; i < SHARDS; i++) {
+        struct shard *s = &shards[i];
+        pthread_mutex_lock(&s->lock);
+        for (size_t b = 0; b < s->nbuckets && !short_of_memory; b++) {
+            for (const struct entry *e = s->buckets[b]; e != NULL; e = e->next) {
+                if (e->kind != (int)kind || (dev >= 0 && e->dev != dev))
+                    continue;
+                if (n == cap) {
+                    size_t more = cap != 0 ? cap * 2 : 64;
+                    struct entry *grown = realloc(list, more * sizeof *list);
+                    if (grown == NULL) {
+                        short_of_memory = 1;
+                        break;
+                    }
+                    list = grown;
+                    cap = more;
+                }
+                list[n++] = *e;
+            }
+        }
+        pthread_mutex_unlock(&s->lock);
+    }
+    if (short_of_memory)
+        vgpu_log(VGPU_LOG_ERROR, "out of host memory while checking allocations after a context "
+                 "was destroyed: some it held stay counted");
+    uint64_t dropped = 0;
+    vgpu_mem_op_begin();
+    for (size_t i = 0; i < n; i++) {
+        if (still_held(list[i].key) || !untrack_exact(kind, list[i].key, list[i].dev,
+                                                      list[i].bytes))
+            continue;
+        vgpu_region_release(list[i].dev, list[i].bytes);
+        dropped += list[i].bytes;
+    }
+    vgpu_mem_op_end();
+    free(list);
+    return dropped;
 }
 
 uint64_t vgpu_mem_tracked(int dev) { return __atomic_load_n(&tracked[dev], __ATOMIC_ACQUIRE); }

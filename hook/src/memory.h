@@ -24,6 +24,11 @@ void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t b
 /* Removes key and returns 1 with its device and size, or 0 if this process never counted it. */
 int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t *bytes);
 
+/* After a context was destroyed (the driver frees what it held without a free call): the
+ * entries of kind on dev (every device for dev < 0) still_held says the driver no longer has
+ * are removed and their bytes given back. Returns the bytes given back. */
+uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev, int (*still_held)(uint64_t key));
+
 /* Bytes of the allocations this process counts on dev (the table's, not the ledger's). */
 uint64_t vgpu_mem_tracked(int dev);
 

@@ -472,6 +472,88 @@ static void wide_pitch(void)
     cuMemFree_v2(big);
 }
 
+/* A destroyed context's memory is freed by the driver with no free call (cudaDeviceReset, the
+ * last release of a primary context, cuCtxDestroy): the cap must get it back. Run alone
+ * ("teardown"), so the table holds only what is allocated here. */
+static void teardown(void)
+{
+    CUdeviceptr a = 0, m = 0, p = 0, kept = 0, again = 0, mine = 0, x = 0, y = 0;
+    CUcontext created;
+    use_device(0);
+    int made = cuMemAlloc_v2(&a, 600 * MiB) == CUDA_SUCCESS &&
+               cuMemAllocManaged(&m, 100 * MiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS &&
+               cuMemAllocAsync(&p, 100 * MiB, NULL) == CUDA_SUCCESS;
+    use_device(1);
+    made = made && cuMemAlloc_v2(&kept, 300 * MiB) == CUDA_SUCCESS;
+    use_device(0);
+    check(made && container_used() == 800 * MiB, "800 MiB in device 0's primary context "
+          "(plain, managed, stream-ordered), 300 MiB on device 1");
+    CUresult rc = cuDevicePrimaryCtxReset_v2(0);
+    uint64_t dev0 = container_used();
+    check(rc == CUDA_SUCCESS && dev0 == 0, "cudaDeviceReset gave device 0's cap back (%llu MiB "
+          "still counted)", (unsigned long long)(dev0 / MiB));
+    use_device(1);
+    uint64_t dev1 = container_used();
+    check(dev1 == 300 * MiB, "device 1's allocation stays counted (%llu MiB)",
+          (unsigned long long)(dev1 / MiB));
+    rc = cuDevicePrimaryCtxRetain(&ctx[0], 0);
+    use_device(0);
+    check(rc == CUDA_SUCCESS && cuMemAlloc_v2(&again, 1000 * MiB) == CUDA_SUCCESS,
+          "after the reset 1000 MiB fit under the 1 GiB cap");
+    rc = cuMemFree_v2(a);
+    dev0 = container_used();
+    check(rc != CUDA_SUCCESS && dev0 == 1000 * MiB, "freeing a pointer the reset freed changes "
+          "nothing (rc %d, %llu MiB counted)", rc, (unsigned long long)(dev0 / MiB));
+    cuMemFree_v2(again);
+
+    made = cuMemAlloc_v2(&mine, 200 * MiB) == CUDA_SUCCESS &&
+           cuCtxCreate_v2(&created, 0, 0) == CUDA_SUCCESS &&
+           cuMemAlloc_v2(&x, 500 * MiB) == CUDA_SUCCESS;
+    rc = cuCtxDestroy_v2(created);
+    use_device(0);
+    dev0 = container_used();
+    check(made && rc == CUDA_SUCCESS && dev0 == 200 * MiB, "a destroyed context's 500 MiB given "
+          "back, the primary context's 200 MiB kept (%llu MiB)", (unsigned long long)(dev0 / MiB));
+
+    CUcontext again1;
+    use_device(1);
+    made = cuDevicePrimaryCtxRetain(&again1, 1) == CUDA_SUCCESS &&
+           cuDevicePrimaryCtxRelease_v2(1) == CUDA_SUCCESS;
+    dev1 = container_used();
+    check(made && dev1 == 300 * MiB, "a release that leaves the primary context retained frees "
+          "nothing (%llu MiB)", (unsigned long long)(dev1 / MiB));
+    rc = cuDevicePrimaryCtxRelease_v2(1);
+    cuDevicePrimaryCtxRetain(&ctx[1], 1);
+    dev1 = container_used();
+    check(rc == CUDA_SUCCESS && dev1 == 0, "the last release gave device 1's 300 MiB back (%llu "
+          "MiB)", (unsigned long long)(dev1 / MiB));
+
+    /* The driver cannot say whether the pointer is still there (the only one counted, so the
+     * one question fails): it stays counted, until the driver hands its address out again. */
+    use_device(0);
+    cuMemFree_v2(mine);
+    made = cuCtxCreate_v2(&created, 0, 0) == CUDA_SUCCESS &&
+           cuMemAlloc_v2(&x, 400 * MiB) == CUDA_SUCCESS;
+    strcpy(fake_cuda_fail_next, "cuPointerGetAttribute");
+    rc = cuCtxDestroy_v2(created);
+    use_device(0);
+    dev0 = container_used();
+    check(made && rc == CUDA_SUCCESS && dev0 == 400 * MiB, "a pointer the driver does not answer "
+          "for stays counted (%llu MiB)", (unsigned long long)(dev0 / MiB));
+    capture_begin();
+    made = cuMemAlloc_v2(&y, 400 * MiB) == CUDA_SUCCESS;
+    const char *log = capture_end();
+    dev0 = container_used();
+    check(made && y == x && dev0 == 400 * MiB, "its address handed out again: the stale entry "
+          "given back (%llu MiB counted)", (unsigned long long)(dev0 / MiB));
+    check(strstr(log, "handed out again while still counted") != NULL, "and logged: %s", log);
+    rc = cuMemFree_v2(y);
+    dev0 = container_used();
+    check(rc == CUDA_SUCCESS && dev0 == 0, "its free gives back the new allocation only (%llu "
+          "MiB)", (unsigned long long)(dev0 / MiB));
+    (void)m, (void)p;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 2 && strcmp(argv[1], "refused") == 0) {
@@ -485,6 +567,10 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "wide-pitch") == 0) {
         wide_pitch();
         return check_done("test_alloc wide-pitch");
+    }
+    if (argc > 1 && strcmp(argv[1], "teardown") == 0) {
+        teardown();
+        return check_done("test_alloc teardown");
     }
     if (argc > 1 && strcmp(argv[1], "uncapped") == 0) {
         uncapped();

@@ -63,6 +63,7 @@ struct alloc {
     int dev;
     int32_t pid;
     int pooled; /* from a pool: its free goes back to the pool's cache */
+    const struct fake_ctx *owner; /* freed with this context (NULL: a cuMemCreate handle) */
 };
 static struct alloc *table;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -80,8 +81,20 @@ struct pool {
 };
 static struct pool pools[MAX_DEVICES];
 
-/* A fork child holds none of its parent's pooled memory. */
-static void forget_pools(void) { memset(pools, 0, sizeof pools); }
+/* This process's references to each primary context (the last release resets it). */
+static int primary_refs[MAX_DEVICES];
+
+/* An address freed with its context, handed out again by the next allocation that fits in it,
+ * as a driver reuses its address space (under table_lock). */
+static uint64_t reuse_key, reuse_step;
+
+/* A fork child holds none of its parent's pooled memory or contexts. */
+static void forget_pools(void)
+{
+    memset(pools, 0, sizeof pools);
+    memset(primary_refs, 0, sizeof primary_refs);
+    reuse_key = reuse_step = 0;
+}
 
 __attribute__((constructor)) static void fake_setup(void)
 {
@@ -117,13 +130,16 @@ static size_t slot_of(uint64_t key) { return (size_t)((key * UINT64_C(0x9e3779b9
  * full or the addresses would pass limit; returns its key or 0. A pooled one is served from its
  * pool's cache when that holds enough. */
 static uint64_t fake_alloc_at(int dev, uint64_t bytes, uint64_t *next, uint64_t limit,
-                              int pooled)
+                              int pooled, const struct fake_ctx *owner)
 {
     int32_t pid = (int32_t)getpid();
     pthread_mutex_lock(&table_lock);
     uint64_t key = *next, step = ((bytes + 0xfff) & ~UINT64_C(0xfff)) + (bytes == 0 ? 0x1000 : 0);
+    int reused = next == &next_address && reuse_key != 0 && step <= reuse_step;
+    if (reused)
+        key = reuse_key;
     int cached = pooled && pools[dev].cached >= bytes;
-    if (step > limit - key || (!cached && !gpu_alloc(dev, pid, bytes))) {
+    if ((!reused && step > limit - key) || (!cached && !gpu_alloc(dev, pid, bytes))) {
         pthread_mutex_unlock(&table_lock);
         return 0;
     }
@@ -131,12 +147,15 @@ static uint64_t fake_alloc_at(int dev, uint64_t bytes, uint64_t *next, uint64_t 
         pools[dev].cached -= bytes;
     if (pooled)
         pools[dev].used += bytes;
-    *next += step;
+    if (reused)
+        reuse_key = reuse_step = 0;
+    else
+        *next += step;
     size_t i = slot_of(key);
     while (table[i].key > tombstone)
         i = (i + 1) & (TABLE_SIZE - 1);
     table[i] = (struct alloc){.key = key, .bytes = bytes, .dev = dev, .pid = pid,
-                              .pooled = pooled};
+                              .pooled = pooled, .owner = owner};
     pthread_mutex_unlock(&table_lock);
     return key;
 }
@@ -150,9 +169,33 @@ static void pool_release(int dev, uint64_t keep)
     pools[dev].cached = keep;
 }
 
-static uint64_t fake_alloc(int dev, uint64_t bytes)
+static uint64_t fake_alloc(int dev, uint64_t bytes, const struct fake_ctx *owner)
 {
-    return fake_alloc_at(dev, bytes, &next_address, UINT64_MAX, 0);
+    return fake_alloc_at(dev, bytes, &next_address, UINT64_MAX, 0, owner);
+}
+
+/* A destroyed context takes this process's allocations in it along, with no free call; the
+ * address of the largest is handed out again next. */
+static void free_owned(const struct fake_ctx *owner)
+{
+    int32_t pid = (int32_t)getpid();
+    uint64_t largest = 0;
+    pthread_mutex_lock(&table_lock);
+    for (size_t i = 0; i < TABLE_SIZE; i++) {
+        struct alloc a = table[i];
+        if (a.key <= tombstone || a.owner != owner || a.pid != pid)
+            continue;
+        table[i].key = tombstone;
+        if (a.pooled)
+            pools[a.dev].used -= a.bytes;
+        gpu_free(a.dev, pid, a.bytes);
+        if (a.key >= UINT64_C(0x7f0000000000) && a.bytes >= largest) {
+            largest = a.bytes;
+            reuse_key = a.key;
+            reuse_step = (a.bytes + 0xfff) & ~UINT64_C(0xfff);
+        }
+    }
+    pthread_mutex_unlock(&table_lock);
 }
 
 static CUresult fake_free(uint64_t key)
@@ -199,6 +242,8 @@ static int device_of(uint64_t key)
 
 EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
 {
+    if (fail_now("cuPointerGetAttribute"))
+        return CUDA_ERROR_UNKNOWN;
     if (attribute != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
         return CUDA_ERROR_NOT_SUPPORTED; /* the fake knows this one only */
     int dev = device_of(ptr);
@@ -292,16 +337,59 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
         return rc;
     if (!gpu_ctx_ref(dev, 1))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    __atomic_add_fetch(&primary_refs[dev], 1, __ATOMIC_ACQ_REL);
     *ctx = (CUcontext)&primary[dev];
     return CUDA_SUCCESS;
 }
 
+/* The primary context and what it holds are gone (its pool's cache too); the next retain
+ * makes it again. */
+static void primary_reset(CUdevice dev)
+{
+    free_owned(&primary[dev]);
+    pthread_mutex_lock(&table_lock);
+    pool_release(dev, 0);
+    pthread_mutex_unlock(&table_lock);
+}
+
+/* The last release resets the primary context (cuda.h). */
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     CUresult rc = need_device(dev);
     if (rc != CUDA_SUCCESS)
         return rc;
-    return gpu_ctx_unref(dev, 1) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    if (!gpu_ctx_unref(dev, 1))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (__atomic_sub_fetch(&primary_refs[dev], 1, __ATOMIC_ACQ_REL) <= 0) {
+        primary_refs[dev] = 0;
+        primary_reset(dev);
+    }
+    return CUDA_SUCCESS;
+}
+
+/* cudaDeviceReset: every reference dropped at once. */
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    CUresult rc = need_device(dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    while (__atomic_load_n(&primary_refs[dev], __ATOMIC_ACQUIRE) > 0 && gpu_ctx_unref(dev, 1))
+        __atomic_sub_fetch(&primary_refs[dev], 1, __ATOMIC_ACQ_REL);
+    primary_refs[dev] = 0;
+    primary_reset(dev);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    CUresult rc = need_device(dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (flags == NULL || active == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = 0;
+    *active = __atomic_load_n(&primary_refs[dev], __ATOMIC_ACQUIRE) > 0;
+    return CUDA_SUCCESS;
 }
 
 /* A created context is a new one, made current on the calling thread as the driver does. */
@@ -353,6 +441,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     /* Primary contexts are released, not destroyed. */
     if (c == NULL || (c >= primary && c < primary + MAX_DEVICES) || c->magic != CTX_MAGIC)
         return CUDA_ERROR_INVALID_CONTEXT;
+    free_owned(c);
     gpu_ctx_unref(c->dev, 0); /* a fork child's copy was never charged to the child */
     if (current == c)
         current = NULL;
@@ -516,11 +605,12 @@ EXPORT CUresult cuStreamGetDevice(CUstream stream, CUdevice *dev)
 
 /* ---- memory ------------------------------------------------------------------------------- */
 
-static CUresult alloc_on(int dev, CUdeviceptr *dptr, size_t bytes, const char *name)
+static CUresult alloc_on(int dev, CUdeviceptr *dptr, size_t bytes, const char *name,
+                         const struct fake_ctx *owner)
 {
     if (fail_now(name))
         return CUDA_ERROR_UNKNOWN;
-    uint64_t key = fake_alloc(dev, bytes);
+    uint64_t key = fake_alloc(dev, bytes, owner);
     if (key == 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *dptr = (CUdeviceptr)key;
@@ -530,7 +620,7 @@ static CUresult alloc_on(int dev, CUdeviceptr *dptr, size_t bytes, const char *n
 static CUresult alloc_current(CUdeviceptr *dptr, size_t bytes, const char *name)
 {
     CUresult rc = need_ctx();
-    return rc != CUDA_SUCCESS ? rc : alloc_on(current->dev, dptr, bytes, name);
+    return rc != CUDA_SUCCESS ? rc : alloc_on(current->dev, dptr, bytes, name, current);
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
@@ -604,7 +694,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
         prop->location.id < 0 || prop->location.id >= ndevices)
         return CUDA_ERROR_INVALID_DEVICE;
     CUdeviceptr key;
-    CUresult rc = alloc_on(prop->location.id, &key, bytes, "cuMemCreate");
+    CUresult rc = alloc_on(prop->location.id, &key, bytes, "cuMemCreate", NULL);
     if (rc == CUDA_SUCCESS)
         *handle = key;
     return rc;
@@ -679,7 +769,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, 
         return CUDA_ERROR_INVALID_VALUE;
     if (fail_now(name))
         return CUDA_ERROR_UNKNOWN;
-    uint64_t key = fake_alloc_at(dev, bytes, &next_address, UINT64_MAX, 1);
+    uint64_t key = fake_alloc_at(dev, bytes, &next_address, UINT64_MAX, 1, ctx);
     if (key == 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *dptr = (CUdeviceptr)key;
@@ -747,7 +837,7 @@ static CUresult alloc_v1(v1_ptr *dptr, uint64_t bytes, const char *name)
         return rc;
     if (fail_now(name))
         return CUDA_ERROR_UNKNOWN;
-    uint64_t key = fake_alloc_at(current->dev, bytes, &next_low_address, UINT32_MAX, 0);
+    uint64_t key = fake_alloc_at(current->dev, bytes, &next_low_address, UINT32_MAX, 0, current);
     if (key == 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *dptr = (v1_ptr)key;
@@ -1618,6 +1708,8 @@ static const struct proc procs[] = {
     P("cuDeviceTotalMem", cuDeviceTotalMem_v2, 3020, 0),
     P("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain, 7000, 0),
     P("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2, 11000, 0),
+    P("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2, 11000, 0),
+    P("cuDevicePrimaryCtxGetState", cuDevicePrimaryCtxGetState, 7000, 0),
     P("cuCtxCreate", cuCtxCreate_v2, 3020, 0),
     P("cuCtxCreate", cuCtxCreate_v3, 11040, 0),
     P("cuCtxCreate", cuCtxCreate_v4, 12050, 0),
