@@ -95,6 +95,9 @@ static struct {
     CUresult (*cuDeviceGetMemPool)(CUmemoryPool *, CUdevice);
     CUresult (*cuMemPoolTrimTo)(CUmemoryPool, size_t);
     CUresult (*cuDevicePrimaryCtxGetState)(CUdevice, unsigned int *, int *);
+    CUresult (*cuMemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
+    CUresult (*cuStreamIsCapturing_ptsz)(CUstream, CUstreamCaptureStatus *);
     CUresult (*cuDeviceGetCount)(int *);
     CUresult (*cuDeviceGet)(CUdevice *, int);
     CUresult (*cuDeviceGetUuid_v2)(CUuuid *, CUdevice);
@@ -192,7 +195,8 @@ static const struct vgpu_hook hooks[] = {
     CALL_ONLY(cuGraphChildGraphNodeGetGraph), CALL_ONLY(cuStreamGetDevice),
     CALL_ONLY(cuStreamGetCtx), CALL_ONLY(cuCtxPushCurrent_v2), CALL_ONLY(cuCtxPopCurrent_v2),
     CALL_ONLY(cuPointerGetAttribute), CALL_ONLY(cuDeviceGetMemPool), CALL_ONLY(cuMemPoolTrimTo),
-    CALL_ONLY(cuDevicePrimaryCtxGetState),
+    CALL_ONLY(cuDevicePrimaryCtxGetState), CALL_ONLY(cuMemPoolGetAttribute),
+    CALL_ONLY(cuStreamIsCapturing), CALL_ONLY(cuStreamIsCapturing_ptsz),
 };
 _Static_assert(sizeof hooks / sizeof hooks[0] <= VGPU_MAX_HOOKS, "raise VGPU_MAX_HOOKS");
 #undef HOOK
@@ -436,7 +440,7 @@ static CUresult release_counted(enum free_api api, uint64_t key, CUstream stream
     if (known && rc == CUDA_SUCCESS)
         vgpu_mem_unreserve(dev, bytes);
     else if (known)
-        vgpu_mem_track(kind, key, dev, bytes);
+        vgpu_mem_track_again(kind, key, dev, bytes);
     vgpu_mem_op_end();
     return rc;
 }
@@ -488,31 +492,64 @@ static CUresult call_driver(const struct pointer_request *r, CUdeviceptr *ptr)
     }
 }
 
+/* What pool holds beyond what its allocations use (0 when the driver cannot say). */
+static uint64_t pool_cached(CUmemoryPool pool)
+{
+    cuuint64_t reserved = 0, used = 0;
+    if (real.cuMemPoolGetAttribute == NULL ||
+        real.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) !=
+            CUDA_SUCCESS ||
+        real.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) != CUDA_SUCCESS)
+        return 0;
+    return reserved > used ? reserved - used : 0;
+}
+
+/* Gives back what pool caches; returns 1 when that was something. */
+static int trim_pool(CUmemoryPool pool)
+{
+    uint64_t cached = pool_cached(pool);
+    return cached != 0 && real.cuMemPoolTrimTo != NULL && real.cuMemPoolTrimTo(pool, 0) ==
+           CUDA_SUCCESS && pool_cached(pool) < cached;
+}
+
+/* Whether r's stream may be in a capture: a pool changed under a capture could invalidate it. */
+static int maybe_capturing(const struct pointer_request *r)
+{
+    CUresult (*ask)(CUstream, CUstreamCaptureStatus *) =
+        r->api == ASYNC_PTSZ || r->api == POOL_PTSZ ? real.cuStreamIsCapturing_ptsz
+                                                    : real.cuStreamIsCapturing;
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return ask == NULL || ask(r->stream, &status) != CUDA_SUCCESS ||
+           status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 /* A pool keeps the memory stream-ordered frees give back (PyTorch's cudaMallocAsync backend
  * sets its release threshold to the maximum, so it keeps all of it). NVML shows that memory, so
  * it is counted as the process's footprint, and an allocation the pool would serve from it
- * would be counted twice. Before a stream-ordered allocation on dev is refused, the pool gives
- * back what no allocation uses (no synchronisation: that could break a stream capture) and the
- * footprint is measured again. */
+ * would be counted twice. Before a stream-ordered allocation on dev is refused, the pool it
+ * comes from gives back what no allocation uses (no synchronisation, and not while its stream
+ * is captured: either could break a capture) and the footprint is measured again. */
 static void release_pool_cache(const struct pointer_request *r, int dev)
 {
     uint64_t limit = vgpu_region_limit(dev);
-    if (limit == 0 || real.cuMemPoolTrimTo == NULL)
+    if (limit == 0)
         return;
     vgpu_footprint_refresh(dev); /* what admit() would see */
-    if (vgpu_region_used(dev) + r->bytes <= limit)
+    if (vgpu_region_used(dev) + r->bytes <= limit || maybe_capturing(r))
         return;
     CUmemoryPool pool = r->pool;
     if (pool == NULL && (real.cuDeviceGetMemPool == NULL ||
                          real.cuDeviceGetMemPool(&pool, (CUdevice)dev) != CUDA_SUCCESS))
         return;
-    if (real.cuMemPoolTrimTo(pool, 0) == CUDA_SUCCESS)
+    if (trim_pool(pool))
         vgpu_footprint_remeasure(dev);
 }
 
 /* A pool may be another device's than the stream's, and its memory lives there: the
  * reservation made on the stream's device *dev moves to the pool's (the allocation is given
- * back, and OUT_OF_MEMORY answered, when it does not fit there). */
+ * back, and OUT_OF_MEMORY answered, when it does not fit there). Only the stream's device was
+ * measured before the call (a pool's device is known from a pointer only), so a cache the
+ * pool keeps there is not given back first. */
 static CUresult move_to_pool_device(const struct pointer_request *r, CUdeviceptr ptr, int *dev)
 {
     CUresult (*give_back)(CUdeviceptr, CUstream) =
@@ -522,7 +559,10 @@ static CUresult move_to_pool_device(const struct pointer_request *r, CUdeviceptr
         return CUDA_SUCCESS;
     vgpu_footprint_refresh(actual);
     if (vgpu_mem_reserve(actual, r->bytes, pointer_apis[r->api].name) != 0) {
+        /* Not kept in the pool's cache, where it would count against the next allocation. */
         give_back(ptr, r->stream);
+        if (!maybe_capturing(r))
+            trim_pool(r->pool);
         return CUDA_ERROR_OUT_OF_MEMORY; /* settle gives back the first reservation */
     }
     vgpu_mem_unreserve(*dev, r->bytes);
@@ -1243,23 +1283,33 @@ VGPU_EXPORT CUresult cuGraphNodeSetEnabled(CUgraphExec exec, CUgraphNode node,
 
 /* A destroyed context's memory is freed by the driver without a free call (cudaDeviceReset,
  * the last release of a primary context, cuCtxDestroy): the pointers the driver no longer knows
- * are given back, or the cap would shrink by them for the rest of the process. Only pointers
- * are asked about: the driver answers for any address, while a destroyed array or handle may
- * not be passed to it again (those stay counted until their value is handed out again). */
-static int pointer_still_held(uint64_t key)
+ * are given back, or the cap would shrink by them for the rest of the process (stream-ordered
+ * and cuMemCreate memory is no context's, cuda.h says: it stays, and the driver says so). Only
+ * pointers are asked about: the driver answers for any address, while a destroyed array or
+ * handle may not be passed to it again (those stay counted until their value comes back). */
+static enum vgpu_held pointer_held(uint64_t key)
 {
-    int ordinal;
-    return real.cuPointerGetAttribute == NULL ||
-           real.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                      (CUdeviceptr)key) != CUDA_ERROR_INVALID_VALUE;
+    unsigned int type;
+    CUresult rc = real.cuPointerGetAttribute == NULL
+                      ? CUDA_ERROR_NOT_SUPPORTED
+                      : real.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                                   (CUdeviceptr)key);
+    /* cuda.h: INVALID_VALUE when ptr was not allocated by (or registered with) a context. */
+    if (rc == CUDA_SUCCESS)
+        return VGPU_HELD_YES;
+    return rc == CUDA_ERROR_INVALID_VALUE ? VGPU_HELD_GONE : VGPU_HELD_UNKNOWN;
 }
 
 static void context_gone(int dev)
 {
-    uint64_t bytes = vgpu_mem_forget_gone(VGPU_KIND_POINTER, dev, pointer_still_held);
+    size_t unanswered;
+    uint64_t bytes = vgpu_mem_forget_gone(VGPU_KIND_POINTER, dev, pointer_held, &unanswered);
     if (bytes != 0)
         vgpu_log(VGPU_LOG_INFO, "a destroyed context freed %llu bytes of counted allocations",
                  (unsigned long long)bytes);
+    if (unanswered != 0)
+        vgpu_log(VGPU_LOG_WARN, "after a context was destroyed the driver could not say whether "
+                 "%zu counted allocations still exist: they stay counted", unanswered);
     vgpu_footprint_context_gone(dev);
 }
 

@@ -17,6 +17,7 @@ enum { SHARDS = 64, INITIAL_BUCKETS = 64 };
 struct entry {
     uint64_t key;
     uint64_t bytes;
+    uint64_t serial; /* which recording of key this is (a key comes back once freed) */
     struct entry *next;
     int dev;
     int kind;
@@ -34,6 +35,7 @@ static struct shard shards[SHARDS];
 static pthread_once_t table_once = PTHREAD_ONCE_INIT;
 static uint64_t tracked[VGPU_REGION_MAX_DEVICES]; /* atomic: bytes of the table, per device */
 static uint64_t ops_started, ops_done;            /* atomic: allocations and frees under way */
+static uint64_t serials;                          /* atomic: the last entry's serial */
 
 static uint64_t mix(uint64_t key, int kind)
 {
@@ -109,26 +111,39 @@ static void untracked(int dev, uint64_t bytes)
         __atomic_sub_fetch(&tracked[dev], bytes, __ATOMIC_ACQ_REL);
 }
 
-/* The driver never hands out a live pointer or handle twice: an entry already under key is
- * one the driver freed without a free call (its context was destroyed), and its bytes go back
- * to the ledger. */
-static void forget_stale(const struct entry *stale, enum vgpu_alloc_kind kind)
+/* An entry's bytes that no allocation holds any more go back to the ledger (the caller has
+ * taken them out of the table's sum). */
+static void give_back(const struct entry *stale, enum vgpu_alloc_kind kind, const char *why)
 {
-    untracked(stale->dev, stale->bytes);
     vgpu_region_release(stale->dev, stale->bytes);
-    vgpu_log(VGPU_LOG_INFO, "0x%llx (kind %d) handed out again while still counted: its %llu "
-             "bytes on device %d given back (freed with its context)",
+    vgpu_log(VGPU_LOG_INFO, "0x%llx (kind %d): its %llu bytes on device %d given back (%s)",
              (unsigned long long)stale->key, (int)kind, (unsigned long long)stale->bytes,
-             stale->dev);
+             stale->dev, why);
 }
 
-void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes)
+/* The driver never hands out a live pointer or handle twice: when key is in the table already,
+ * one of the two entries is an allocation the driver freed without a free call (with its
+ * context). A new allocation replaces the old entry; an entry put back after a failed free
+ * (keep_existing) is the stale one when another thread has since been given its key. */
+static void insert(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes,
+                   int keep_existing)
 {
     pthread_once(&table_once, table_init);
     uint64_t h = mix(key, (int)kind);
     struct shard *s = &shards[h & (SHARDS - 1)];
+    struct entry mine = {.key = key, .bytes = bytes, .dev = dev, .kind = (int)kind};
     pthread_mutex_lock(&s->lock);
     struct entry *stale = unlink_entry(s, h, kind, key), old;
+    if (stale != NULL && keep_existing) {
+        size_t at = (size_t)(h >> 6) & (s->nbuckets - 1);
+        stale->next = s->buckets[at];
+        s->buckets[at] = stale;
+        s->count++;
+        pthread_mutex_unlock(&s->lock);
+        give_back(&mine, kind, "its free failed and the driver has handed the address out "
+                  "again: freed with its context");
+        return;
+    }
     if (stale != NULL) {
         old = *stale;
         stale->next = s->spare;
@@ -142,13 +157,17 @@ void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t b
     if (e == NULL || (s->count >= s->nbuckets && grow(s) != 0 && s->nbuckets == 0)) {
         pthread_mutex_unlock(&s->lock);
         free(e);
-        if (stale != NULL)
-            forget_stale(&old, kind);
+        if (stale != NULL) {
+            untracked(old.dev, old.bytes);
+            give_back(&old, kind, "handed out again while still counted: freed with its "
+                      "context");
+        }
         vgpu_log(VGPU_LOG_ERROR, "out of host memory while recording an allocation; its %llu "
                  "bytes stay counted until the process exits", (unsigned long long)bytes);
         return;
     }
-    *e = (struct entry){.key = key, .bytes = bytes, .dev = dev, .kind = (int)kind};
+    *e = mine;
+    e->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
     size_t at = (size_t)(h >> 6) & (s->nbuckets - 1);
     e->next = s->buckets[at];
     s->buckets[at] = e;
@@ -156,8 +175,20 @@ void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t b
     pthread_mutex_unlock(&s->lock);
     if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES)
         __atomic_add_fetch(&tracked[dev], bytes, __ATOMIC_ACQ_REL);
-    if (stale != NULL)
-        forget_stale(&old, kind);
+    if (stale != NULL) {
+        untracked(old.dev, old.bytes);
+        give_back(&old, kind, "handed out again while still counted: freed with its context");
+    }
+}
+
+void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes)
+{
+    insert(kind, key, dev, bytes, 0);
+}
+
+void vgpu_mem_track_again(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes)
+{
+    insert(kind, key, dev, bytes, 1);
 }
 
 int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t *bytes)
@@ -179,16 +210,15 @@ int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t
     return e != NULL;
 }
 
-/* Removes key only while it still names dev and bytes: a racing allocation that took the same
- * key since the question was asked stays (an identical one may go in its place: the same
- * bytes on the same device, so the count is right either way). */
-static int untrack_exact(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes)
+/* Removes key only while it is still the recording the question was asked about: an
+ * allocation that took the same key since (the driver reuses addresses) stays. */
+static int untrack_exact(const struct entry *asked)
 {
-    uint64_t h = mix(key, (int)kind);
+    uint64_t h = mix(asked->key, asked->kind);
     struct shard *s = &shards[h & (SHARDS - 1)];
     pthread_mutex_lock(&s->lock);
-    struct entry *e = unlink_entry(s, h, kind, key);
-    if (e != NULL && (e->dev != dev || e->bytes != bytes)) {
+    struct entry *e = unlink_entry(s, h, (enum vgpu_alloc_kind)asked->kind, asked->key);
+    if (e != NULL && e->serial != asked->serial) {
         size_t at = (size_t)(h >> 6) & (s->nbuckets - 1);
         e->next = s->buckets[at];
         s->buckets[at] = e;
@@ -200,16 +230,18 @@ static int untrack_exact(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint6
     }
     pthread_mutex_unlock(&s->lock);
     if (e != NULL)
-        untracked(dev, bytes);
+        untracked(asked->dev, asked->bytes);
     return e != NULL;
 }
 
-uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev, int (*still_held)(uint64_t))
+uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev,
+                              enum vgpu_held (*ask)(uint64_t key), size_t *unanswered)
 {
     pthread_once(&table_once, table_init);
     struct entry *list = NULL;
     size_t n = 0, cap = 0;
     int short_of_memory = 0;
+    *unanswered = 0;
     /* Copied out first: the driver is asked without a shard lock held. */
     for (int i = 0; i < SHARDS; i++) {
         struct shard *s = &shards[i];
@@ -239,8 +271,10 @@ uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev, int (*still_he
     uint64_t dropped = 0;
     vgpu_mem_op_begin();
     for (size_t i = 0; i < n; i++) {
-        if (still_held(list[i].key) || !untrack_exact(kind, list[i].key, list[i].dev,
-                                                      list[i].bytes))
+        enum vgpu_held answer = ask(list[i].key);
+        if (answer == VGPU_HELD_UNKNOWN)
+            ++*unanswered;
+        if (answer != VGPU_HELD_GONE || !untrack_exact(&list[i]))
             continue;
         vgpu_region_release(list[i].dev, list[i].bytes);
         dropped += list[i].bytes;

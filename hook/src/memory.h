@@ -3,6 +3,7 @@
 #ifndef VGPU_MEMORY_H
 #define VGPU_MEMORY_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 enum vgpu_alloc_kind {
@@ -24,10 +25,18 @@ void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t b
 /* Removes key and returns 1 with its device and size, or 0 if this process never counted it. */
 int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t *bytes);
 
+/* Puts key back after the driver refused its free. If the driver has meanwhile handed key out
+ * to another allocation, this one was freed already (with its context): its bytes go back. */
+void vgpu_mem_track_again(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes);
+
+/* The driver's answer about a recorded key: still allocated, freed, or it cannot say. */
+enum vgpu_held { VGPU_HELD_YES, VGPU_HELD_GONE, VGPU_HELD_UNKNOWN };
+
 /* After a context was destroyed (the driver frees what it held without a free call): the
- * entries of kind on dev (every device for dev < 0) still_held says the driver no longer has
- * are removed and their bytes given back. Returns the bytes given back. */
-uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev, int (*still_held)(uint64_t key));
+ * entries of kind on dev (every device for dev < 0) that ask says are gone are removed and
+ * their bytes given back; returns those bytes, and in *unanswered how many ask could not tell. */
+uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev,
+                              enum vgpu_held (*ask)(uint64_t key), size_t *unanswered);
 
 /* Bytes of the allocations this process counts on dev (the table's, not the ledger's). */
 uint64_t vgpu_mem_tracked(int dev);

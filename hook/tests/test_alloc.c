@@ -228,8 +228,9 @@ static void streams(void)
               container_used() == 600 * MiB,
           "device 1's pool on device 0's stream: counted on device 1, so 300 MiB more is "
           "refused there");
-    check(cuStreamSynchronize(s1) == CUDA_SUCCESS && fake_cuda_device_used(1) == 300 * MiB,
-          "... and given back to the pool, which gives it back at the next synchronisation");
+    check(fake_cuda_device_used(1) == 300 * MiB, "... and given back, not left in the pool's "
+          "cache (%llu MiB held on device 1)",
+          (unsigned long long)(fake_cuda_device_used(1) / MiB));
     check(cuMemAllocFromPoolAsync(&r, 200 * MiB, pool1, s0) == CUDA_SUCCESS &&
               fake_cuda_device_used(1) == 500 * MiB && container_used() == 600 * MiB,
           "... and 200 MiB fit, on device 1, device 0's count unchanged");
@@ -472,9 +473,29 @@ static void wide_pitch(void)
     cuMemFree_v2(big);
 }
 
+static CUdeviceptr meanwhile;
+static size_t meanwhile_bytes;
+
+/* Another thread's allocation, landing while a call is inside the driver. */
+static void allocate_meanwhile(void)
+{
+    CUcontext was = NULL;
+    cuCtxGetCurrent(&was);
+    cuCtxSetCurrent(ctx[0]); /* that thread's context */
+    cuMemAlloc_v2(&meanwhile, meanwhile_bytes);
+    cuCtxSetCurrent(was);
+}
+
+static void inside_next(const char *name, size_t bytes)
+{
+    meanwhile_bytes = bytes;
+    strcpy(fake_cuda_inside, name);
+    fake_cuda_inside_fn = allocate_meanwhile;
+}
+
 /* A destroyed context's memory is freed by the driver with no free call (cudaDeviceReset, the
- * last release of a primary context, cuCtxDestroy): the cap must get it back. Run alone
- * ("teardown"), so the table holds only what is allocated here. */
+ * last release of a primary context, cuCtxDestroy): the cap must get it back, and only it.
+ * Run alone ("teardown"), so the table holds only what is allocated here. */
 static void teardown(void)
 {
     CUdeviceptr a = 0, m = 0, p = 0, kept = 0, again = 0, mine = 0, x = 0, y = 0;
@@ -486,20 +507,23 @@ static void teardown(void)
     use_device(1);
     made = made && cuMemAlloc_v2(&kept, 300 * MiB) == CUDA_SUCCESS;
     use_device(0);
-    check(made && container_used() == 800 * MiB, "800 MiB in device 0's primary context "
-          "(plain, managed, stream-ordered), 300 MiB on device 1");
+    check(made && container_used() == 800 * MiB, "800 MiB on device 0 (plain, managed, "
+          "stream-ordered), 300 MiB on device 1");
     CUresult rc = cuDevicePrimaryCtxReset_v2(0);
     uint64_t dev0 = container_used();
-    check(rc == CUDA_SUCCESS && dev0 == 0, "cudaDeviceReset gave device 0's cap back (%llu MiB "
-          "still counted)", (unsigned long long)(dev0 / MiB));
+    check(rc == CUDA_SUCCESS && dev0 == 100 * MiB, "cudaDeviceReset gave the primary context's "
+          "700 MiB back; the stream-ordered 100 MiB, no context's (cuda.h), stays counted (%llu "
+          "MiB)", (unsigned long long)(dev0 / MiB));
     use_device(1);
     uint64_t dev1 = container_used();
     check(dev1 == 300 * MiB, "device 1's allocation stays counted (%llu MiB)",
           (unsigned long long)(dev1 / MiB));
     rc = cuDevicePrimaryCtxRetain(&ctx[0], 0);
     use_device(0);
-    check(rc == CUDA_SUCCESS && cuMemAlloc_v2(&again, 1000 * MiB) == CUDA_SUCCESS,
-          "after the reset 1000 MiB fit under the 1 GiB cap");
+    check(rc == CUDA_SUCCESS && cuMemFreeAsync(p, NULL) == CUDA_SUCCESS &&
+              cuCtxSynchronize() == CUDA_SUCCESS &&
+              cuMemAlloc_v2(&again, 1000 * MiB) == CUDA_SUCCESS,
+          "the stream-ordered one freed, 1000 MiB fit under the 1 GiB cap");
     rc = cuMemFree_v2(a);
     dev0 = container_used();
     check(rc != CUDA_SUCCESS && dev0 == 1000 * MiB, "freeing a pointer the reset freed changes "
@@ -508,12 +532,16 @@ static void teardown(void)
 
     made = cuMemAlloc_v2(&mine, 200 * MiB) == CUDA_SUCCESS &&
            cuCtxCreate_v2(&created, 0, 0) == CUDA_SUCCESS &&
-           cuMemAlloc_v2(&x, 500 * MiB) == CUDA_SUCCESS;
+           cuMemAlloc_v2(&x, 500 * MiB) == CUDA_SUCCESS &&
+           cuMemAllocAsync(&p, 100 * MiB, NULL) == CUDA_SUCCESS;
     rc = cuCtxDestroy_v2(created);
     use_device(0);
     dev0 = container_used();
-    check(made && rc == CUDA_SUCCESS && dev0 == 200 * MiB, "a destroyed context's 500 MiB given "
-          "back, the primary context's 200 MiB kept (%llu MiB)", (unsigned long long)(dev0 / MiB));
+    check(made && rc == CUDA_SUCCESS && dev0 == 300 * MiB, "a destroyed context's 500 MiB given "
+          "back; its stream-ordered 100 MiB and the primary context's 200 MiB kept (%llu MiB)",
+          (unsigned long long)(dev0 / MiB));
+    cuMemFreeAsync(p, NULL);
+    cuCtxSynchronize(); /* the pool gives it back (else NVML shows it, as context memory) */
 
     CUcontext again1;
     use_device(1);
@@ -535,14 +563,18 @@ static void teardown(void)
     made = cuCtxCreate_v2(&created, 0, 0) == CUDA_SUCCESS &&
            cuMemAlloc_v2(&x, 400 * MiB) == CUDA_SUCCESS;
     strcpy(fake_cuda_fail_next, "cuPointerGetAttribute");
+    capture_begin();
     rc = cuCtxDestroy_v2(created);
+    const char *log = capture_end();
     use_device(0);
     dev0 = container_used();
     check(made && rc == CUDA_SUCCESS && dev0 == 400 * MiB, "a pointer the driver does not answer "
           "for stays counted (%llu MiB)", (unsigned long long)(dev0 / MiB));
+    check(strstr(log, "could not say whether 1 counted allocations still exist") != NULL,
+          "and that is logged: %s", log);
     capture_begin();
     made = cuMemAlloc_v2(&y, 400 * MiB) == CUDA_SUCCESS;
-    const char *log = capture_end();
+    log = capture_end();
     dev0 = container_used();
     check(made && y == x && dev0 == 400 * MiB, "its address handed out again: the stale entry "
           "given back (%llu MiB counted)", (unsigned long long)(dev0 / MiB));
@@ -551,7 +583,47 @@ static void teardown(void)
     dev0 = container_used();
     check(rc == CUDA_SUCCESS && dev0 == 0, "its free gives back the new allocation only (%llu "
           "MiB)", (unsigned long long)(dev0 / MiB));
-    (void)m, (void)p;
+
+    /* A free refused while another thread is given the same address: the entry put back is
+     * the stale one (its context took it), the new allocation's stays. */
+    made = cuCtxCreate_v2(&created, 0, 0) == CUDA_SUCCESS &&
+           cuMemAlloc_v2(&x, 400 * MiB) == CUDA_SUCCESS;
+    strcpy(fake_cuda_fail_next, "cuPointerGetAttribute");
+    rc = cuCtxDestroy_v2(created);
+    use_device(0);
+    inside_next("cuMemFree_v2", 300 * MiB);
+    strcpy(fake_cuda_fail_next, "cuMemFree_v2");
+    capture_begin();
+    CUresult freed = cuMemFree_v2(x);
+    log = capture_end();
+    dev0 = container_used();
+    check(made && rc == CUDA_SUCCESS && freed != CUDA_SUCCESS && meanwhile == x &&
+              dev0 == 300 * MiB, "a refused free of a stale pointer whose address went to "
+          "another allocation meanwhile: the other's 300 MiB counted (%llu MiB)",
+          (unsigned long long)(dev0 / MiB));
+    check(strstr(log, "its free failed and the driver has handed the address out again") != NULL,
+          "and logged: %s", log);
+    rc = cuMemFree_v2(meanwhile);
+    dev0 = container_used();
+    check(rc == CUDA_SUCCESS && dev0 == 0, "that one's free gives back its own (%llu MiB)",
+          (unsigned long long)(dev0 / MiB));
+
+    /* An allocation given the address after the driver said it was gone, before the entry is
+     * taken out: the new allocation's entry stays. */
+    made = cuCtxCreate_v2(&created, 0, 0) == CUDA_SUCCESS &&
+           cuMemAlloc_v2(&x, 400 * MiB) == CUDA_SUCCESS;
+    inside_next("cuPointerGetAttribute", 350 * MiB);
+    rc = cuCtxDestroy_v2(created);
+    use_device(0);
+    dev0 = container_used();
+    check(made && rc == CUDA_SUCCESS && meanwhile == x && dev0 == 350 * MiB, "an allocation "
+          "given the address while the driver was asked about it stays counted (%llu MiB)",
+          (unsigned long long)(dev0 / MiB));
+    rc = cuMemFree_v2(meanwhile);
+    dev0 = container_used();
+    check(rc == CUDA_SUCCESS && dev0 == 0, "and its free gives it back (%llu MiB)",
+          (unsigned long long)(dev0 / MiB));
+    (void)m;
 }
 
 int main(int argc, char **argv)

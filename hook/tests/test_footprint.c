@@ -146,6 +146,13 @@ static int pool_cache(void)
     check(freed && held == 900 * MiB, "600 MiB allocated and freed: the pool keeps it (%llu MiB "
           "held)", (unsigned long long)(held / MiB));
     sleep_s(1.1); /* the next allocation re-measures: the 600 MiB cached count as footprint */
+    fake_cuda_capturing = 1;
+    uint64_t trims = fake_cuda_stats.pool_trims;
+    CUresult rc = cuMemAllocAsync(&b, 600 * MiB, NULL);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && fake_cuda_stats.pool_trims == trims,
+          "while the stream is captured the pool is not trimmed (a capture could break): "
+          "600 MiB refused (rc %d)", rc);
+    fake_cuda_capturing = 0;
     check(cuMemAllocAsync(&b, 600 * MiB, NULL) == CUDA_SUCCESS,
           "600 MiB again fit: the pool gave its cache back rather than have it counted twice");
     held = fake_cuda_device_used(0);
@@ -154,6 +161,10 @@ static int pool_cache(void)
           (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
     check(cuMemAlloc(&a, 200 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
           "200 MiB more is refused: the cap holds");
+    trims = fake_cuda_stats.pool_trims;
+    check(cuMemAllocAsync(&a, 200 * MiB, NULL) == CUDA_ERROR_OUT_OF_MEMORY &&
+              fake_cuda_stats.pool_trims == trims,
+          "on the stream too, and with nothing cached the pool is not asked to trim");
     return check_done("test_footprint pool-cache");
 }
 

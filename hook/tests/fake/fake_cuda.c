@@ -24,6 +24,7 @@
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, CUstream);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
+CUresult cuStreamIsCapturing_ptsz(CUstream, CUstreamCaptureStatus *);
 CUresult cuMemAdvise(CUdeviceptr, size_t, CUmem_advise, CUdevice);
 CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void **, void **);
@@ -63,7 +64,8 @@ struct alloc {
     int dev;
     int32_t pid;
     int pooled; /* from a pool: its free goes back to the pool's cache */
-    const struct fake_ctx *owner; /* freed with this context (NULL: a cuMemCreate handle) */
+    const struct fake_ctx *owner; /* freed with this context (NULL: a cuMemCreate handle or a
+                                   * stream-ordered allocation, no context's) */
 };
 static struct alloc *table;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -81,8 +83,10 @@ struct pool {
 };
 static struct pool pools[MAX_DEVICES];
 
-/* This process's references to each primary context (the last release resets it). */
-static int primary_refs[MAX_DEVICES];
+/* This process's references to each primary context, and whether it exists now (a reset
+ * destroys it and keeps the references). Under primary_lock. */
+static int primary_refs[MAX_DEVICES], primary_active[MAX_DEVICES];
+static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* An address freed with its context, handed out again by the next allocation that fits in it,
  * as a driver reuses its address space (under table_lock). */
@@ -93,6 +97,8 @@ static void forget_pools(void)
 {
     memset(pools, 0, sizeof pools);
     memset(primary_refs, 0, sizeof primary_refs);
+    memset(primary_active, 0, sizeof primary_active);
+    pthread_mutex_init(&primary_lock, NULL);
     reuse_key = reuse_step = 0;
 }
 
@@ -113,6 +119,21 @@ __attribute__((constructor)) static void fake_setup(void)
         primary[i].dev = i;
     table = calloc(TABLE_SIZE, sizeof *table);
     pthread_atfork(NULL, NULL, forget_pools);
+}
+
+/* fake_cuda_inside_fn runs once inside the next call of the entry point fake_cuda_inside names:
+ * a test's way to have another thread's call land while one is inside the driver. */
+EXPORT char fake_cuda_inside[64];
+EXPORT void (*fake_cuda_inside_fn)(void);
+
+static void run_inside(const char *name)
+{
+    if (fake_cuda_inside[0] == '\0' || strcmp(fake_cuda_inside, name) != 0)
+        return;
+    fake_cuda_inside[0] = '\0';
+    void (*fn)(void) = __atomic_exchange_n(&fake_cuda_inside_fn, NULL, __ATOMIC_ACQ_REL);
+    if (fn != NULL)
+        fn();
 }
 
 static int fail_now(const char *name)
@@ -244,12 +265,17 @@ EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
 {
     if (fail_now("cuPointerGetAttribute"))
         return CUDA_ERROR_UNKNOWN;
-    if (attribute != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
-        return CUDA_ERROR_NOT_SUPPORTED; /* the fake knows this one only */
+    if (attribute != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL &&
+        attribute != CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+        return CUDA_ERROR_NOT_SUPPORTED; /* the fake knows these only */
     int dev = device_of(ptr);
+    run_inside("cuPointerGetAttribute"); /* after the answer is known */
     if (data == NULL || dev < 0)
         return CUDA_ERROR_INVALID_VALUE;
-    *(int *)data = dev;
+    if (attribute == CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+        *(unsigned int *)data = CU_MEMORYTYPE_DEVICE;
+    else
+        *(int *)data = dev;
     return CUDA_SUCCESS;
 }
 
@@ -329,27 +355,35 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-/* The first context of a process on a device costs FAKE_CUDA_CONTEXT_MIB (0 by default). */
+/* The first context of a process on a device costs FAKE_CUDA_CONTEXT_MIB (0 by default). The
+ * primary context is made by the first retain after none was active, and charged once. */
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
     CUresult rc = need_device(dev);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!gpu_ctx_ref(dev, 1))
+    pthread_mutex_lock(&primary_lock);
+    int ok = primary_active[dev] || gpu_ctx_ref(dev, 1);
+    if (ok) {
+        primary_active[dev] = 1;
+        primary_refs[dev]++;
+    }
+    pthread_mutex_unlock(&primary_lock);
+    if (!ok)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    __atomic_add_fetch(&primary_refs[dev], 1, __ATOMIC_ACQ_REL);
     *ctx = (CUcontext)&primary[dev];
     return CUDA_SUCCESS;
 }
 
-/* The primary context and what it holds are gone (its pool's cache too); the next retain
- * makes it again. */
-static void primary_reset(CUdevice dev)
+/* The primary context and what it holds are gone (stream-ordered allocations are no
+ * context's, as cuda.h says, and stay). Caller holds primary_lock. */
+static void primary_destroy(CUdevice dev)
 {
+    if (!primary_active[dev])
+        return;
     free_owned(&primary[dev]);
-    pthread_mutex_lock(&table_lock);
-    pool_release(dev, 0);
-    pthread_mutex_unlock(&table_lock);
+    gpu_ctx_unref(dev, 1);
+    primary_active[dev] = 0;
 }
 
 /* The last release resets the primary context (cuda.h). */
@@ -358,25 +392,24 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     CUresult rc = need_device(dev);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!gpu_ctx_unref(dev, 1))
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (__atomic_sub_fetch(&primary_refs[dev], 1, __ATOMIC_ACQ_REL) <= 0) {
-        primary_refs[dev] = 0;
-        primary_reset(dev);
-    }
-    return CUDA_SUCCESS;
+    pthread_mutex_lock(&primary_lock);
+    rc = primary_refs[dev] > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    if (rc == CUDA_SUCCESS && --primary_refs[dev] == 0)
+        primary_destroy(dev);
+    pthread_mutex_unlock(&primary_lock);
+    return rc;
 }
 
-/* cudaDeviceReset: every reference dropped at once. */
+/* cudaDeviceReset: the context is destroyed but not released (cuda.h): the references stay,
+ * and the next retain makes it again. */
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     CUresult rc = need_device(dev);
     if (rc != CUDA_SUCCESS)
         return rc;
-    while (__atomic_load_n(&primary_refs[dev], __ATOMIC_ACQUIRE) > 0 && gpu_ctx_unref(dev, 1))
-        __atomic_sub_fetch(&primary_refs[dev], 1, __ATOMIC_ACQ_REL);
-    primary_refs[dev] = 0;
-    primary_reset(dev);
+    pthread_mutex_lock(&primary_lock);
+    primary_destroy(dev);
+    pthread_mutex_unlock(&primary_lock);
     return CUDA_SUCCESS;
 }
 
@@ -387,8 +420,10 @@ EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, in
         return rc;
     if (flags == NULL || active == NULL)
         return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&primary_lock);
     *flags = 0;
-    *active = __atomic_load_n(&primary_refs[dev], __ATOMIC_ACQUIRE) > 0;
+    *active = primary_active[dev];
+    pthread_mutex_unlock(&primary_lock);
     return CUDA_SUCCESS;
 }
 
@@ -499,6 +534,30 @@ EXPORT CUresult cuStreamSynchronize(CUstream stream)
     if (rc == CUDA_SUCCESS)
         sync_device(ctx->dev);
     return rc;
+}
+
+/* Whether a stream is being captured: fake_cuda_capturing (set by a test) says every stream
+ * is. */
+EXPORT int fake_cuda_capturing;
+
+static CUresult is_capturing(CUstream stream, CUstreamCaptureStatus *status)
+{
+    struct fake_ctx *ctx;
+    CUresult rc = status != NULL ? stream_ctx(stream, &ctx) : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *status = fake_cuda_capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                                      : CU_STREAM_CAPTURE_STATUS_NONE;
+    return rc;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *status)
+{
+    return is_capturing(stream, status);
+}
+
+EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus *status)
+{
+    return is_capturing(stream, status);
 }
 
 /* The context stack of cuCtxPushCurrent/cuCtxPopCurrent: `current` is its top. */
@@ -630,6 +689,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
+    run_inside("cuMemFree_v2");
     if (fail_now("cuMemFree_v2")) {
         __atomic_add_fetch(&fake_cuda_stats.free_calls, 1, __ATOMIC_RELAXED);
         return CUDA_ERROR_UNKNOWN;
@@ -742,12 +802,34 @@ EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute att
     return CUDA_SUCCESS;
 }
 
+/* What the pool holds (in use and cached), what is in use, and its release threshold. */
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    int dev = pool_device(pool);
+    if (dev < 0 || value == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (fail_now("cuMemPoolGetAttribute"))
+        return CUDA_ERROR_UNKNOWN;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&table_lock);
+    struct pool p = pools[dev];
+    pthread_mutex_unlock(&table_lock);
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = p.used + p.cached; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = p.used; break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = p.threshold; break;
+    default: rc = CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return rc;
+}
+
 /* Gives back cached memory until the pool holds (in use and cached) at most keep bytes. */
 EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
     int dev = pool_device(pool);
     if (dev < 0)
         return CUDA_ERROR_INVALID_VALUE;
+    __atomic_add_fetch(&fake_cuda_stats.pool_trims, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&table_lock);
     pool_release(dev, keep > pools[dev].used ? keep - pools[dev].used : 0);
     pthread_mutex_unlock(&table_lock);
@@ -769,7 +851,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, 
         return CUDA_ERROR_INVALID_VALUE;
     if (fail_now(name))
         return CUDA_ERROR_UNKNOWN;
-    uint64_t key = fake_alloc_at(dev, bytes, &next_address, UINT64_MAX, 1, ctx);
+    uint64_t key = fake_alloc_at(dev, bytes, &next_address, UINT64_MAX, 1, NULL);
     if (key == 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *dptr = (CUdeviceptr)key;
@@ -1729,6 +1811,9 @@ static const struct proc procs[] = {
     P("cuDeviceGetMemPool", cuDeviceGetMemPool, 11020, 0),
     P("cuMemPoolSetAttribute", cuMemPoolSetAttribute, 11020, 0),
     P("cuMemPoolTrimTo", cuMemPoolTrimTo, 11020, 0),
+    P("cuMemPoolGetAttribute", cuMemPoolGetAttribute, 11020, 0),
+    P("cuStreamIsCapturing", cuStreamIsCapturing, 10000, 0),
+    P("cuStreamIsCapturing", cuStreamIsCapturing_ptsz, 10000, 1),
     P("cuPointerGetAttribute", cuPointerGetAttribute, 4000, 0),
     P("cuModuleLoadData", cuModuleLoadData, 2000, 0),
     P("cuModuleGetFunction", cuModuleGetFunction, 2000, 0),

@@ -15,11 +15,18 @@ struct fake_cuda_stats {
     uint64_t free_calls;    /* every free family, including refused ones */
     uint64_t async_ptsz_calls;
     uint64_t graph_execs;   /* executable graphs alive */
+    uint64_t pool_trims;    /* cuMemPoolTrimTo calls */
 };
 
 extern struct fake_cuda_stats fake_cuda_stats;
 /* Name of the entry point whose next call fails with CUDA_ERROR_UNKNOWN ("" = none). */
 extern char fake_cuda_fail_next[64];
+/* Non-zero: cuStreamIsCapturing says every stream is being captured. */
+extern int fake_cuda_capturing;
+/* fake_cuda_inside_fn runs once inside the next call of the entry point fake_cuda_inside names
+ * (cuMemFree_v2: before it frees; cuPointerGetAttribute: after its answer is known). */
+extern char fake_cuda_inside[64];
+extern void (*fake_cuda_inside_fn)(void);
 
 /* Physical bytes held by the calling process on dev: its allocations + its context and lazy
  * module bytes (FAKE_CUDA_CONTEXT_MIB, FAKE_CUDA_LAZY_MIB; both 0 by default). */
