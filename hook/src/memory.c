@@ -29,13 +29,13 @@ struct shard {
     struct entry *spare; /* freed entries, reused before malloc */
     size_t nbuckets;
     size_t count;
+    uint64_t serials; /* the last entry's serial (a key always lands in the same shard) */
 };
 
 static struct shard shards[SHARDS];
 static pthread_once_t table_once = PTHREAD_ONCE_INIT;
 static uint64_t tracked[VGPU_REGION_MAX_DEVICES]; /* atomic: bytes of the table, per device */
 static uint64_t ops_started, ops_done;            /* atomic: allocations and frees under way */
-static uint64_t serials;                          /* atomic: the last entry's serial */
 
 static uint64_t mix(uint64_t key, int kind)
 {
@@ -167,7 +167,7 @@ static void insert(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t by
         return;
     }
     *e = mine;
-    e->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
+    e->serial = ++s->serials;
     size_t at = (size_t)(h >> 6) & (s->nbuckets - 1);
     e->next = s->buckets[at];
     s->buckets[at] = e;
