@@ -98,6 +98,8 @@ static struct {
     CUresult (*cuMemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
     CUresult (*cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
     CUresult (*cuStreamIsCapturing_ptsz)(CUstream, CUstreamCaptureStatus *);
+    CUresult (*cuCtxGetCurrent)(CUcontext *);
+    CUresult (*cuCtxSetCurrent)(CUcontext);
     CUresult (*cuDeviceGetCount)(int *);
     CUresult (*cuDeviceGet)(CUdevice *, int);
     CUresult (*cuDeviceGetUuid_v2)(CUuuid *, CUdevice);
@@ -197,6 +199,7 @@ static const struct vgpu_hook hooks[] = {
     CALL_ONLY(cuPointerGetAttribute), CALL_ONLY(cuDeviceGetMemPool), CALL_ONLY(cuMemPoolTrimTo),
     CALL_ONLY(cuDevicePrimaryCtxGetState), CALL_ONLY(cuMemPoolGetAttribute),
     CALL_ONLY(cuStreamIsCapturing), CALL_ONLY(cuStreamIsCapturing_ptsz),
+    CALL_ONLY(cuCtxGetCurrent), CALL_ONLY(cuCtxSetCurrent),
 };
 _Static_assert(sizeof hooks / sizeof hooks[0] <= VGPU_MAX_HOOKS, "raise VGPU_MAX_HOOKS");
 #undef HOOK
@@ -1300,10 +1303,24 @@ static enum vgpu_held pointer_held(uint64_t key)
     return rc == CUDA_ERROR_INVALID_VALUE ? VGPU_HELD_GONE : VGPU_HELD_UNKNOWN;
 }
 
+/* After cudaDeviceReset the calling thread's current context is a primary context not made
+ * again yet, and calls that need one answer CUDA_ERROR_CONTEXT_IS_DESTROYED (cuda.h): the
+ * pointers are asked about with no current context (a UVA pointer needs none), and the
+ * thread's context is put back after. */
 static void context_gone(int dev)
 {
+    CUdevice any;
+    CUcontext destroyed = NULL;
+    int swapped = real.cuCtxGetDevice != NULL && real.cuCtxGetCurrent != NULL &&
+                  real.cuCtxSetCurrent != NULL &&
+                  real.cuCtxGetDevice(&any) == CUDA_ERROR_CONTEXT_IS_DESTROYED &&
+                  real.cuCtxGetCurrent(&destroyed) == CUDA_SUCCESS &&
+                  real.cuCtxSetCurrent(NULL) == CUDA_SUCCESS;
     size_t unanswered;
     uint64_t bytes = vgpu_mem_forget_gone(VGPU_KIND_POINTER, dev, pointer_held, &unanswered);
+    if (swapped && real.cuCtxSetCurrent(destroyed) != CUDA_SUCCESS)
+        vgpu_log(VGPU_LOG_ERROR, "could not make the destroyed context current again after "
+                 "checking allocations; this thread now has no current context");
     if (bytes != 0)
         vgpu_log(VGPU_LOG_INFO, "a destroyed context freed %llu bytes of counted allocations",
                  (unsigned long long)bytes);

@@ -510,17 +510,25 @@ static void teardown(void)
     check(made && container_used() == 800 * MiB, "800 MiB on device 0 (plain, managed, "
           "stream-ordered), 300 MiB on device 1");
     CUresult rc = cuDevicePrimaryCtxReset_v2(0);
+    CUcontext now = NULL;
+    CUdevice d;
+    CUresult gone = cuCtxGetDevice(&d);
+    check(rc == CUDA_SUCCESS && gone == CUDA_ERROR_CONTEXT_IS_DESTROYED &&
+              cuCtxGetCurrent(&now) == CUDA_SUCCESS && now == ctx[0],
+          "after the reset the thread's context is the destroyed primary one, as before (rc %d)",
+          gone);
+    rc = cuDevicePrimaryCtxRetain(&ctx[0], 0);
+    use_device(0);
     uint64_t dev0 = container_used();
     check(rc == CUDA_SUCCESS && dev0 == 100 * MiB, "cudaDeviceReset gave the primary context's "
-          "700 MiB back; the stream-ordered 100 MiB, no context's (cuda.h), stays counted (%llu "
-          "MiB)", (unsigned long long)(dev0 / MiB));
+          "700 MiB back (asked with no current context); the stream-ordered 100 MiB, no "
+          "context's (cuda.h), stays counted (%llu MiB)", (unsigned long long)(dev0 / MiB));
     use_device(1);
     uint64_t dev1 = container_used();
     check(dev1 == 300 * MiB, "device 1's allocation stays counted (%llu MiB)",
           (unsigned long long)(dev1 / MiB));
-    rc = cuDevicePrimaryCtxRetain(&ctx[0], 0);
     use_device(0);
-    check(rc == CUDA_SUCCESS && cuMemFreeAsync(p, NULL) == CUDA_SUCCESS &&
+    check(cuMemFreeAsync(p, NULL) == CUDA_SUCCESS &&
               cuCtxSynchronize() == CUDA_SUCCESS &&
               cuMemAlloc_v2(&again, 1000 * MiB) == CUDA_SUCCESS,
           "the stream-ordered one freed, 1000 MiB fit under the 1 GiB cap");

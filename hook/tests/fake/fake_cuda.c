@@ -86,6 +86,10 @@ static struct pool pools[MAX_DEVICES];
 /* This process's references to each primary context, and whether it exists now (a reset
  * destroys it and keeps the references). Under primary_lock. */
 static int primary_refs[MAX_DEVICES], primary_active[MAX_DEVICES];
+/* Destroyed (reset, or released for the last time) and not retained since: a thread it is
+ * still current to gets CUDA_ERROR_CONTEXT_IS_DESTROYED ("a primary context which has not yet
+ * been initialized", cuda.h). */
+static int primary_gone[MAX_DEVICES];
 static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* An address freed with its context, handed out again by the next allocation that fits in it,
@@ -98,6 +102,7 @@ static void forget_pools(void)
     memset(pools, 0, sizeof pools);
     memset(primary_refs, 0, sizeof primary_refs);
     memset(primary_active, 0, sizeof primary_active);
+    memset(primary_gone, 0, sizeof primary_gone);
     pthread_mutex_init(&primary_lock, NULL);
     reuse_key = reuse_step = 0;
 }
@@ -261,6 +266,8 @@ static int device_of(uint64_t key)
     return dev;
 }
 
+static CUresult need_ctx(void);
+
 EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
 {
     if (fail_now("cuPointerGetAttribute"))
@@ -268,6 +275,9 @@ EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
     if (attribute != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL &&
         attribute != CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
         return CUDA_ERROR_NOT_SUPPORTED; /* the fake knows these only */
+    /* A current context is not needed (UVA), but a destroyed one is refused. */
+    if (current != NULL && need_ctx() == CUDA_ERROR_CONTEXT_IS_DESTROYED)
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     int dev = device_of(ptr);
     run_inside("cuPointerGetAttribute"); /* after the answer is known */
     if (data == NULL || dev < 0)
@@ -283,7 +293,11 @@ static CUresult need_ctx(void)
 {
     if (!initialised)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return current != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    if (current == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    int gone = current >= primary && current < primary + MAX_DEVICES &&
+               __atomic_load_n(&primary_gone[current - primary], __ATOMIC_ACQUIRE);
+    return gone ? CUDA_ERROR_CONTEXT_IS_DESTROYED : CUDA_SUCCESS;
 }
 
 /* ---- init, devices, contexts -------------------------------------------------------------- */
@@ -366,6 +380,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     int ok = primary_active[dev] || gpu_ctx_ref(dev, 1);
     if (ok) {
         primary_active[dev] = 1;
+        primary_gone[dev] = 0;
         primary_refs[dev]++;
     }
     pthread_mutex_unlock(&primary_lock);
@@ -384,6 +399,7 @@ static void primary_destroy(CUdevice dev)
     free_owned(&primary[dev]);
     gpu_ctx_unref(dev, 1);
     primary_active[dev] = 0;
+    primary_gone[dev] = 1;
 }
 
 /* The last release resets the primary context (cuda.h). */
