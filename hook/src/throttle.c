@@ -20,9 +20,12 @@ enum {
 static const double burst_seconds = 0.02; /* bucket capacity, in seconds of rate */
 static const double min_rate = 1.0;      /* tokens/s: progress is always possible */
 
+/* Launches only take tokens and only the watcher adds them, so what launches took is counted
+ * by the watcher from the value it last wrote (one atomic per launch, not two). */
 struct bucket {
     int64_t tokens;     /* atomic; may go negative (debt) after a large launch */
-    uint64_t consumed;  /* atomic: tokens taken so far */
+    int64_t written;    /* watcher: the value it last wrote to tokens */
+    uint64_t taken;     /* watcher: tokens launches took before that write */
     double rate;        /* tokens/s; 0 = not calibrated yet (watcher only) */
     double carry;       /* fraction of a token not added yet (watcher only) */
     uint64_t consumed_at_control;
@@ -37,6 +40,25 @@ static int watcher_running; /* atomic; reset in a forked child (threads do not s
 static pthread_mutex_t watcher_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const int64_t uncalibrated_credit = INT64_C(1) << 60;
+
+/* Tokens launches have taken so far (the watcher's view; exact at the moment of the call). */
+static uint64_t consumed(const struct bucket *b)
+{
+    return b->taken + (uint64_t)(b->written - __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE));
+}
+
+/* The watcher writes tokens: `was` is what the write replaced. */
+static void wrote(struct bucket *b, int64_t was, int64_t now)
+{
+    b->taken += (uint64_t)(b->written - was);
+    b->written = now;
+}
+
+static void start_full(struct bucket *b)
+{
+    b->tokens = b->written = uncalibrated_credit;
+    b->taken = 0;
+}
 
 /* Adds rate * seconds tokens, keeping the fraction for the next tick: at a low rate (a CUDA
  * graph is many blocks) rounding each tick would add nothing at all. */
@@ -57,6 +79,7 @@ static void refill(struct bucket *b, double seconds)
         }
     } while (!__atomic_compare_exchange_n(&b->tokens, &now, next, 1, __ATOMIC_ACQ_REL,
                                           __ATOMIC_ACQUIRE));
+    wrote(b, now, next);
 }
 
 /* Logged once per process: the limit cannot tell this container from the others. */
@@ -100,13 +123,13 @@ static double measure(int dev, double demand)
 
 static void control(int dev, struct bucket *b, uint64_t now)
 {
-    uint64_t consumed = __atomic_load_n(&b->consumed, __ATOMIC_ACQUIRE);
+    uint64_t taken = consumed(b);
     double seconds = (double)(now - b->control_ns) / 1e9;
-    double demand = seconds > 0 ? (double)(consumed - b->consumed_at_control) / seconds : 0.0;
+    double demand = seconds > 0 ? (double)(taken - b->consumed_at_control) / seconds : 0.0;
     double util = measure(dev, demand);
     if (util < 0 || (demand == 0.0 && b->rate > 0.0))
         return; /* no measurement, or no launches to learn from: keep the current rate */
-    b->consumed_at_control = consumed;
+    b->consumed_at_control = taken;
     b->control_ns = now;
     if (b->rate == 0.0) {
         /* First period ran free: start from what the application used, scaled to the limit. */
@@ -114,7 +137,7 @@ static void control(int dev, struct bucket *b, uint64_t now)
         b->rate = demand * (scale > 1.0 ? 1.0 : scale);
         if (b->rate < min_rate)
             b->rate = min_rate;
-        __atomic_store_n(&b->tokens, 0, __ATOMIC_RELEASE);
+        wrote(b, __atomic_exchange_n(&b->tokens, 0, __ATOMIC_ACQ_REL), 0);
         return;
     }
     b->rate = vgpu_control_next_rate(b->rate, (double)b->limit, util, demand, min_rate);
@@ -153,7 +176,7 @@ static void after_fork_child(void)
     for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
         buckets[dev].rate = 0.0;
         buckets[dev].carry = 0.0;
-        buckets[dev].tokens = uncalibrated_credit;
+        start_full(&buckets[dev]);
     }
 }
 
@@ -168,8 +191,7 @@ static void start_watcher(void)
         /* The first control period starts now, not when the library loaded. */
         for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
             buckets[dev].control_ns = monotonic_ns();
-            buckets[dev].consumed_at_control = __atomic_load_n(&buckets[dev].consumed,
-                                                               __ATOMIC_ACQUIRE);
+            buckets[dev].consumed_at_control = consumed(&buckets[dev]);
         }
         if (pthread_create(&thread, &attr, watch, NULL) == 0)
             __atomic_store_n(&watcher_running, 1, __ATOMIC_RELEASE);
@@ -186,7 +208,7 @@ void vgpu_throttle_init(void)
     int any = 0;
     for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
         buckets[dev].limit = vgpu_region_sm_limit(dev);
-        buckets[dev].tokens = uncalibrated_credit;
+        start_full(&buckets[dev]);
         any |= buckets[dev].limit != 0;
     }
     if (any) {
@@ -208,5 +230,4 @@ void vgpu_throttle_launch(int dev, uint64_t cost)
     while (__atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) <= 0)
         sleep_ns(WAIT_NS);
     __atomic_sub_fetch(&b->tokens, (int64_t)cost, __ATOMIC_ACQ_REL);
-    __atomic_add_fetch(&b->consumed, cost, __ATOMIC_RELAXED);
 }
