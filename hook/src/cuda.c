@@ -594,8 +594,12 @@ static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr
         release_pool_cache(r, dev);
     if (!admit(dev, r->bytes, pointer_apis[r->api].name))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    struct vgpu_learn_probe learn;
+    int learning = vgpu_footprint_learn_before(dev, r->bytes, &learn);
     CUdeviceptr ptr = 0;
     CUresult rc = call_driver(r, &ptr);
+    if (learning)
+        vgpu_footprint_learn_after(&learn, r->bytes, rc == CUDA_SUCCESS);
     if (rc == CUDA_SUCCESS && (r->api == POOL || r->api == POOL_PTSZ))
         rc = move_to_pool_device(r, ptr, &dev);
     rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, r->bytes);

@@ -24,6 +24,9 @@ enum {
     HYSTERESIS = 2 << 20,                   /* NVML counts in 2 MiB pages */
     DISCOVERY_PATIENCE_MS = 30 * 1000,      /* processes starting together take turns */
     MEASURE_TRIES = 5,                      /* an allocation of another thread under way */
+    LEARN_MIN_BYTES = 4 << 20,              /* an allocation NVML's 2 MiB pages show */
+    LEARN_SLACK = 4 << 20,                  /* rounding to pages, a pool's granularity */
+    LEARN_EVERY_NS = 1000 * 1000 * 1000,    /* an allocation tried at most once a second */
 };
 
 /* Per device: one measurement at a time. Never held by a thread that is inside the driver for
@@ -34,6 +37,7 @@ static int has_context[VGPU_REGION_MAX_DEVICES];      /* atomic: a context made 
 static uint64_t measured_at[VGPU_REGION_MAX_DEVICES]; /* atomic: CLOCK_MONOTONIC ns */
 static __thread int inside;
 static int unmeasured_warned;
+static uint64_t learn_tried_at; /* atomic: CLOCK_MONOTONIC ns of the last try from an allocation */
 
 static void reset(void)
 {
@@ -44,6 +48,7 @@ static void reset(void)
         counted[d] = measured_at[d] = 0;
         has_context[d] = 0;
     }
+    learn_tried_at = 0;
 }
 
 void vgpu_footprint_init(void)
@@ -94,6 +99,48 @@ static void learn_host_pid(const struct vgpu_gpu_process *before, int nbefore,
         vgpu_region_set_host_pid(found);
         vgpu_log(VGPU_LOG_INFO, "host pid %d (NVML's name for this process)", (int)found);
     }
+}
+
+/* A host pid left unknown at the context (another container made one at the same moment, so
+ * two pids were new) is learnt from an allocation instead: the one pid, not claimed by another
+ * process of the container, that NVML shows grown by the allocation's size across it. */
+int vgpu_footprint_learn_before(int dev, uint64_t bytes, struct vgpu_learn_probe *p)
+{
+    if (bytes < LEARN_MIN_BYTES || vgpu_region_host_pid() != 0 || dev < 0 ||
+        dev >= VGPU_REGION_MAX_DEVICES || !__atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE))
+        return 0;
+    uint64_t now = monotonic_ns(), last = __atomic_load_n(&learn_tried_at, __ATOMIC_RELAXED);
+    if ((last != 0 && now - last < LEARN_EVERY_NS) ||
+        !__atomic_compare_exchange_n(&learn_tried_at, &last, now, 0, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED))
+        return 0;
+    p->dev = dev;
+    p->nbefore = vgpu_nvml_processes(dev, p->before, VGPU_NVML_MAX_PROCESSES);
+    return p->nbefore >= 0;
+}
+
+void vgpu_footprint_learn_after(const struct vgpu_learn_probe *p, uint64_t bytes, int allocated)
+{
+    struct vgpu_gpu_process after[VGPU_NVML_MAX_PROCESSES];
+    int nafter = allocated ? vgpu_nvml_processes(p->dev, after, VGPU_NVML_MAX_PROCESSES) : -1;
+    int32_t found = 0;
+    for (int i = 0; i < nafter; i++) {
+        const struct vgpu_gpu_process *was = find(p->before, p->nbefore, after[i].pid);
+        if (was == NULL || was->bytes == VGPU_NVML_BYTES_UNKNOWN ||
+            after[i].bytes == VGPU_NVML_BYTES_UNKNOWN || after[i].bytes < was->bytes + bytes ||
+            after[i].bytes > was->bytes + bytes + LEARN_SLACK ||
+            vgpu_region_host_pid_taken(after[i].pid))
+            continue;
+        if (found != 0)
+            return; /* two grew alike: tried again at a later allocation */
+        found = after[i].pid;
+    }
+    if (found == 0 || vgpu_region_host_pid() != 0)
+        return;
+    vgpu_region_set_host_pid(found);
+    __atomic_store_n(&measured_at[p->dev], 0, __ATOMIC_RELAXED); /* measure at the next call */
+    vgpu_log(VGPU_LOG_INFO, "host pid %d (NVML's name for this process, learnt from an "
+             "allocation)", (int)found);
 }
 
 enum { HELD_UNKNOWN = -1, HELD_NOT_LISTED = -2 };

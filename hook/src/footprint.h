@@ -19,6 +19,16 @@ struct vgpu_context_probe {
     struct vgpu_gpu_process before[VGPU_NVML_MAX_PROCESSES];
 };
 
+/* Around an allocation on dev while this process's host pid is unknown (learn_before answers 1
+ * when this one is tried; at most once a second, for allocations NVML can show). */
+struct vgpu_learn_probe {
+    int dev;
+    int nbefore;
+    struct vgpu_gpu_process before[VGPU_NVML_MAX_PROCESSES];
+};
+int vgpu_footprint_learn_before(int dev, uint64_t bytes, struct vgpu_learn_probe *p);
+void vgpu_footprint_learn_after(const struct vgpu_learn_probe *p, uint64_t bytes, int allocated);
+
 /* Once, when the driver is loaded (also resets the state in a forked child). */
 void vgpu_footprint_init(void);
 

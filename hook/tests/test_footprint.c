@@ -9,7 +9,12 @@
  *                       NVML_VALUE_NOT_AVAILABLE): nothing is counted for the context (never
  *                       the all-ones value), and the cap still holds for the allocations.
  *   test_footprint pool-cache
- *                       a pool keeping freed memory: what it could serve is not refused. */
+ *                       a pool keeping freed memory: what it could serve is not refused.
+ *   test_footprint together
+ *                       with FAKE_CUDA_CONTEXTS_TOGETHER=2 and FAKE_NVML_PID_OFFSET: this
+ *                       process and a peer of another container (its own region) make their
+ *                       contexts at the same moment, so neither learns its host pid then;
+ *                       each learns it from its first allocation. */
 #include <cuda.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -168,8 +173,78 @@ static int pool_cache(void)
     return check_done("test_footprint pool-cache");
 }
 
+/* The peer container's process: its host pid not learnt at the context (nor from 1 MiB),
+ * learnt from a 96 MiB allocation once the test says go. Exit 0, or 2 (learnt at the context), 3 (not learnt from
+ * the allocation), 4 (a call failed). */
+static int together_peer(int go_fd)
+{
+    CUcontext ctx;
+    CUdeviceptr p = 0, small = 0;
+    char c;
+    int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET"));
+    if (cuInit(0) != 0 || cuDevicePrimaryCtxRetain(&ctx, 0) != 0 || cuCtxSetCurrent(ctx) != 0 ||
+        cuMemAlloc(&small, 1 * MiB) != 0 || !open_region())
+        return 4;
+    int self = slot_of(getpid());
+    if (self < 0 || region->slots[self].host_pid != 0)
+        return 2;
+    if (read(go_fd, &c, 1) != 1 || cuMemAlloc(&p, 96 * MiB) != CUDA_SUCCESS)
+        return 4;
+    return region->slots[self].host_pid == getpid() + offset ? 0 : 3;
+}
+
+static int together(const char *program)
+{
+    int go[2];
+    if (pipe(go) != 0)
+        return 1;
+    char peer_region[256];
+    snprintf(peer_region, sizeof peer_region, "%s.peer", getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE"));
+    pid_t peer = fork();
+    if (peer == 0) {
+        close(go[1]);
+        char fd[16];
+        snprintf(fd, sizeof fd, "%d", go[0]);
+        setenv("CUDA_DEVICE_MEMORY_SHARED_CACHE", peer_region, 1);
+        execl(program, program, "together-peer", fd, (char *)NULL);
+        _exit(5);
+    }
+    close(go[0]);
+    CUcontext ctx;
+    CUdeviceptr a = 0, b = 0;
+    int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET"));
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(ctx) == CUDA_SUCCESS,
+          "a context made at the same moment as another container's");
+    if (!check(open_region(), "region readable"))
+        return check_done("test_footprint together");
+    int made = cuMemAlloc(&b, 1 * MiB) == CUDA_SUCCESS, self = slot_of(getpid());
+    check(made && self >= 0 && region->slots[self].host_pid == 0, "two pids new in NVML's list: "
+          "the host pid is not learnt at the context, nor from a 1 MiB allocation (too small "
+          "for NVML's pages) (%d)", self >= 0 ? region->slots[self].host_pid : -1);
+    made = cuMemAlloc(&a, 64 * MiB) == CUDA_SUCCESS;
+    int32_t learnt = self >= 0 ? region->slots[self].host_pid : -1;
+    check(made && learnt == getpid() + offset, "a 64 MiB allocation: the one pid grown by 64 MiB "
+          "is ours (%d, pid %d)", learnt, (int)getpid());
+    cuMemFree(b);
+    uint64_t counted = cuMemAlloc(&b, 1 * MiB) == CUDA_SUCCESS ? used() : 0;
+    check(counted == 300 * MiB + 65 * MiB, "from the next allocation on the context's 300 MiB are "
+          "counted (%llu MiB)", (unsigned long long)(counted / MiB));
+    int status = -1;
+    ssize_t sent = write(go[1], "g", 1);
+    pid_t waited = waitpid(peer, &status, 0);
+    check(sent == 1 && waited == peer && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "the other container's process learnt its host pid the same way (sent %zd, waited "
+          "%d, status 0x%x)", sent, (int)waited, status);
+    return check_done("test_footprint together");
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "together-peer") == 0)
+        return together_peer(atoi(argv[2]));
+    if (argc == 2 && strcmp(argv[1], "together") == 0)
+        return together(argv[0]);
     if (argc == 2 && strcmp(argv[1], "na") == 0)
         return memory_not_available();
     if (argc == 2 && strcmp(argv[1], "pool-cache") == 0)

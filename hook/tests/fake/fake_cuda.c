@@ -52,6 +52,7 @@ static uint64_t device_bytes = UINT64_C(16) << 30;
 static uint64_t ns_per_block = 1000;
 static uint64_t pitch_align = 512;
 static int no_stream_device; /* FAKE_CUDA_NO_STREAM_DEVICE=1: see cuStreamGetDevice */
+static int contexts_together; /* FAKE_CUDA_CONTEXTS_TOGETHER: see cuDevicePrimaryCtxRetain */
 static int private_answers; /* FAKE_CUDA_GPA_PRIVATE=1: cuGetProcAddress answers with internal
                              * entry points, not the dlsym exports, for a few functions */
 static int initialised;
@@ -117,6 +118,7 @@ __attribute__((constructor)) static void fake_setup(void)
     pitch_align = gpu_env("FAKE_CUDA_PITCH_ALIGN", 512);
     private_answers = gpu_env("FAKE_CUDA_GPA_PRIVATE", 0) != 0;
     no_stream_device = gpu_env("FAKE_CUDA_NO_STREAM_DEVICE", 0) != 0;
+    contexts_together = (int)gpu_env("FAKE_CUDA_CONTEXTS_TOGETHER", 0);
     if (pitch_align == 0 || (pitch_align & (pitch_align - 1)) != 0)
         pitch_align = 512;
     gpu_total_bytes = device_bytes;
@@ -376,6 +378,15 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     CUresult rc = need_device(dev);
     if (rc != CUDA_SUCCESS)
         return rc;
+    /* FAKE_CUDA_CONTEXTS_TOGETHER=N (containers starting at the same moment): the first
+     * retains of N processes all begin before any makes its context, and return once all have
+     * (10 s at most each way). */
+    if (contexts_together > 0 && !primary_active[dev]) {
+        gpu_arrive(dev, 1);
+        for (int waited = 0; waited < 1000 && gpu_arrive(dev, 0) < (uint64_t)contexts_together;
+             waited++)
+            gpu_sleep_ns(10 * 1000 * 1000);
+    }
     pthread_mutex_lock(&primary_lock);
     int ok = primary_active[dev] || gpu_ctx_ref(dev, 1);
     if (ok) {
@@ -386,6 +397,8 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     pthread_mutex_unlock(&primary_lock);
     if (!ok)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    for (int waited = 0; waited < 1000 && gpu_contexts(dev) < contexts_together; waited++)
+        gpu_sleep_ns(10 * 1000 * 1000);
     *ctx = (CUcontext)&primary[dev];
     return CUDA_SUCCESS;
 }

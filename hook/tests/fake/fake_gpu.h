@@ -54,6 +54,7 @@ struct gpu_device {
     uint64_t last_busy_ns;   /* ... in the latest completed one */
     uint64_t last_end_ns;    /* end of the latest completed period (0: none yet) */
     uint64_t used;           /* sum of the entries' footprints */
+    uint64_t arrivals;       /* cuDevicePrimaryCtxRetain calls begun, ever */
     struct gpu_proc procs[GPU_MAX_PROCS];
 };
 
@@ -427,6 +428,26 @@ static int gpu_ctx_ref(int dev, int primary)
         *(primary ? &p->primary_refs : &p->created_ctxs) += 1;
     gpu_unlock(d);
     return ok;
+}
+
+/* One more retain begun on dev; returns how many have begun. */
+static uint64_t gpu_arrive(int dev, int count)
+{
+    struct gpu_device *d = gpu_enter(dev);
+    uint64_t n = d->arrivals += (uint64_t)count;
+    gpu_unlock(d);
+    return n;
+}
+
+/* How many processes hold a context on dev. */
+static int gpu_contexts(int dev)
+{
+    struct gpu_device *d = gpu_enter(dev);
+    int n = 0;
+    for (int i = 0; i < GPU_MAX_PROCS; i++)
+        n += d->procs[i].pid != 0 && d->procs[i].primary_refs + d->procs[i].created_ctxs > 0;
+    gpu_unlock(d);
+    return n;
 }
 
 /* One context fewer; the last one takes the context and module memory with it. Returns 0 when
