@@ -397,7 +397,8 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     pthread_mutex_unlock(&primary_lock);
     if (!ok)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    for (int waited = 0; waited < 1000 && gpu_contexts(dev) < contexts_together; waited++)
+    for (int waited = 0; contexts_together > 0 && waited < 1000 &&
+                         gpu_contexts(dev) < contexts_together; waited++)
         gpu_sleep_ns(10 * 1000 * 1000);
     *ctx = (CUcontext)&primary[dev];
     return CUDA_SUCCESS;
