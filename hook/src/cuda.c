@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "footprint.h"
 #include "graphs.h"
@@ -12,6 +13,7 @@
 #include "memory.h"
 #include "region.h"
 #include "throttle.h"
+#include "util.h"
 
 #undef cuGetProcAddress /* cuda.h renames it to _v2; the v1 ABI is a separate export */
 #include "cuda_v1.h" /* the legacy v1 exports (CUDA 2.x ABI), wrapped here too */
@@ -839,8 +841,12 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t by
         dev = prop->location.id;
     if (!admit(dev, bytes, "cuMemCreate"))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    struct vgpu_learn_probe learn; /* PyTorch's expandable segments allocate this way */
+    int learning = vgpu_footprint_learn_before(dev, bytes, &learn);
     CUmemGenericAllocationHandle h = 0;
     CUresult rc = real.cuMemCreate(&h, bytes, prop, flags);
+    if (learning)
+        vgpu_footprint_learn_after(&learn, bytes, rc == CUDA_SUCCESS);
     rc = settle(rc, VGPU_KIND_HANDLE, h, dev, bytes);
     if (rc == CUDA_SUCCESS && handle != NULL)
         *handle = h;
@@ -1334,6 +1340,43 @@ static void context_gone(int dev)
     vgpu_footprint_context_gone(dev);
 }
 
+/* A context made at the same moment as another container's leaves the host pid unknown (two
+ * new pids in NVML's list). It is then asked at once with an allocation of the library's own,
+ * made and freed in the new context, of a size few others will have at that moment (4-60 MiB
+ * in 2 MiB steps, from the pid and the clock); the application's allocations are tried too,
+ * once a second (alloc_pointer, cuMemCreate). */
+static void probe_host_pid(CUcontext ctx, int dev)
+{
+    if (vgpu_region_host_pid() != 0 || real.cuCtxPushCurrent_v2 == NULL ||
+        real.cuCtxPopCurrent_v2 == NULL || real.cuMemAlloc_v2 == NULL ||
+        real.cuMemFree_v2 == NULL)
+        return;
+    uint64_t spread = ((uint64_t)getpid() * UINT64_C(2654435761)) ^ (monotonic_ns() >> 10);
+    uint64_t bytes = (2 + spread % 29) << 21;
+    struct vgpu_learn_probe learn;
+    if (!vgpu_footprint_learn_before(dev, bytes, &learn))
+        return;
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    CUcontext popped;
+    CUdeviceptr ptr = 0;
+    /* Counted while it lives, like any allocation; no room under the cap: not tried. */
+    if (vgpu_region_reserve(dev, bytes) == 0) {
+        vgpu_mem_op_begin();
+        if (real.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
+            rc = real.cuMemAlloc_v2(&ptr, bytes);
+            if (rc == CUDA_SUCCESS) {
+                vgpu_footprint_learn_after(&learn, bytes, 1);
+                real.cuMemFree_v2(ptr);
+            }
+            real.cuCtxPopCurrent_v2(&popped);
+        }
+        vgpu_mem_op_end();
+        vgpu_region_release(dev, bytes);
+    }
+    if (rc != CUDA_SUCCESS)
+        vgpu_footprint_learn_after(&learn, bytes, 0);
+}
+
 /* The driver retains the primary context by reference: a retain while this process holds it
  * makes nothing new (footprint.c neither measures nor refuses then). */
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
@@ -1350,6 +1393,8 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
         vgpu_footprint_context_gone((int)dev);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    if (rc == CUDA_SUCCESS && probe.active)
+        probe_host_pid(*ctx, (int)dev);
     return rc;
 }
 
@@ -1390,8 +1435,11 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, CUcontext *ctx,
                              CUdevice dev)
 {
-    if (vgpu_footprint_after_context(probe, rc == CUDA_SUCCESS) == 0)
+    if (vgpu_footprint_after_context(probe, rc == CUDA_SUCCESS) == 0) {
+        if (rc == CUDA_SUCCESS && probe->active)
+            probe_host_pid(*ctx, (int)dev);
         return rc;
+    }
     if (real.cuCtxDestroy_v2 != NULL)
         real.cuCtxDestroy_v2(*ctx);
     vgpu_footprint_context_gone((int)dev);

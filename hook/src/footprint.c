@@ -121,8 +121,13 @@ int vgpu_footprint_learn_before(int dev, uint64_t bytes, struct vgpu_learn_probe
 
 void vgpu_footprint_learn_after(const struct vgpu_learn_probe *p, uint64_t bytes, int allocated)
 {
+    if (!allocated) {
+        /* Nothing was allocated, so nothing was learnt: the next allocation may try. */
+        __atomic_store_n(&learn_tried_at, 0, __ATOMIC_RELAXED);
+        return;
+    }
     struct vgpu_gpu_process after[VGPU_NVML_MAX_PROCESSES];
-    int nafter = allocated ? vgpu_nvml_processes(p->dev, after, VGPU_NVML_MAX_PROCESSES) : -1;
+    int nafter = vgpu_nvml_processes(p->dev, after, VGPU_NVML_MAX_PROCESSES);
     int32_t found = 0;
     for (int i = 0; i < nafter; i++) {
         const struct vgpu_gpu_process *was = find(p->before, p->nbefore, after[i].pid);

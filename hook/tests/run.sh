@@ -182,7 +182,7 @@ run footprint-pidns CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-
     "$build/tests/test_footprint"
 run footprint-together CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-together.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXTS_TOGETHER=2 \
-    "$build/tests/test_footprint" together
+    LIBCUDA_LOG_LEVEL=3 "$build/tests/test_footprint" together
 run footprint-pool-cache CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-pool.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" pool-cache
 run footprint-nvml-na CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-na.shm" \
@@ -221,7 +221,7 @@ c2=$!
 FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXT_MIB=100 contention 30-none-pidns 30 none &
 wait $c1 $c2 $!
 # ... and both contexts made at the same moment (pods started together): neither host pid can
-# be told from the context; each is learnt from the tenant's first allocation.
+# be told from the context; each is learnt by an allocation (the library's probe).
 FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXT_MIB=100 FAKE_CUDA_CONTEXTS_TOGETHER=2 \
     contention 30-60-together 30 60
 # Graphs made executable through the CUDA 10/11 exports, which CUDA 11 builds call, and graphs
