@@ -101,6 +101,7 @@ static struct {
     CUresult (*cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
     CUresult (*cuStreamIsCapturing_ptsz)(CUstream, CUstreamCaptureStatus *);
     CUresult (*cuCtxGetCurrent)(CUcontext *);
+    CUresult (*cuThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
     CUresult (*cuCtxSetCurrent)(CUcontext);
     CUresult (*cuDeviceGetCount)(int *);
     CUresult (*cuDeviceGet)(CUdevice *, int);
@@ -202,6 +203,7 @@ static const struct vgpu_hook hooks[] = {
     CALL_ONLY(cuDevicePrimaryCtxGetState), CALL_ONLY(cuMemPoolGetAttribute),
     CALL_ONLY(cuStreamIsCapturing), CALL_ONLY(cuStreamIsCapturing_ptsz),
     CALL_ONLY(cuCtxGetCurrent), CALL_ONLY(cuCtxSetCurrent),
+    CALL_ONLY(cuThreadExchangeStreamCaptureMode),
 };
 _Static_assert(sizeof hooks / sizeof hooks[0] <= VGPU_MAX_HOOKS, "raise VGPU_MAX_HOOKS");
 #undef HOOK
@@ -596,12 +598,14 @@ static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr
         release_pool_cache(r, dev);
     if (!admit(dev, r->bytes, pointer_apis[r->api].name))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    /* Plain allocations only: managed pages and a pool's cache may not grow what NVML shows,
+     * and another process growing alike must not be taken for us. */
     struct vgpu_learn_probe learn;
-    int learning = vgpu_footprint_learn_before(dev, r->bytes, &learn);
+    int learning = r->api == PLAIN && vgpu_footprint_learn_before(dev, r->bytes, &learn);
     CUdeviceptr ptr = 0;
     CUresult rc = call_driver(r, &ptr);
-    if (learning)
-        vgpu_footprint_learn_after(&learn, r->bytes, rc == CUDA_SUCCESS);
+    if (learning && rc == CUDA_SUCCESS)
+        vgpu_footprint_learn_after(&learn, r->bytes);
     if (rc == CUDA_SUCCESS && (r->api == POOL || r->api == POOL_PTSZ))
         rc = move_to_pool_device(r, ptr, &dev);
     rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, r->bytes);
@@ -845,8 +849,8 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t by
     int learning = vgpu_footprint_learn_before(dev, bytes, &learn);
     CUmemGenericAllocationHandle h = 0;
     CUresult rc = real.cuMemCreate(&h, bytes, prop, flags);
-    if (learning)
-        vgpu_footprint_learn_after(&learn, bytes, rc == CUDA_SUCCESS);
+    if (learning && rc == CUDA_SUCCESS)
+        vgpu_footprint_learn_after(&learn, bytes);
     rc = settle(rc, VGPU_KIND_HANDLE, h, dev, bytes);
     if (rc == CUDA_SUCCESS && handle != NULL)
         *handle = h;
@@ -1342,39 +1346,46 @@ static void context_gone(int dev)
 
 /* A context made at the same moment as another container's leaves the host pid unknown (two
  * new pids in NVML's list). It is then asked at once with an allocation of the library's own,
- * made and freed in the new context, of a size few others will have at that moment (4-60 MiB
- * in 2 MiB steps, from the pid and the clock); the application's allocations are tried too,
- * once a second (alloc_pointer, cuMemCreate). */
+ * made and freed in the new context (no work in it yet), of a size two processes rarely pick
+ * at the same moment (4-60 MiB in 2 MiB steps, from the clock and the pid), in relaxed capture
+ * mode so that another thread's stream capture is not broken; the application's plain and
+ * cuMemCreate allocations are tried too (alloc_pointer, cuMemCreate). */
 static void probe_host_pid(CUcontext ctx, int dev)
 {
     if (vgpu_region_host_pid() != 0 || real.cuCtxPushCurrent_v2 == NULL ||
         real.cuCtxPopCurrent_v2 == NULL || real.cuMemAlloc_v2 == NULL ||
-        real.cuMemFree_v2 == NULL)
+        real.cuMemFree_v2 == NULL || real.cuThreadExchangeStreamCaptureMode == NULL)
         return;
-    uint64_t spread = ((uint64_t)getpid() * UINT64_C(2654435761)) ^ (monotonic_ns() >> 10);
+    uint64_t spread = (monotonic_ns() >> 10) ^ ((uint64_t)getpid() * UINT64_C(2654435761));
     uint64_t bytes = (2 + spread % 29) << 21;
     struct vgpu_learn_probe learn;
     if (!vgpu_footprint_learn_before(dev, bytes, &learn))
         return;
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     CUcontext popped;
     CUdeviceptr ptr = 0;
     /* Counted while it lives, like any allocation; no room under the cap: not tried. */
     if (vgpu_region_reserve(dev, bytes) == 0) {
         vgpu_mem_op_begin();
-        if (real.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
-            rc = real.cuMemAlloc_v2(&ptr, bytes);
-            if (rc == CUDA_SUCCESS) {
-                vgpu_footprint_learn_after(&learn, bytes, 1);
-                real.cuMemFree_v2(ptr);
+        if (real.cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS) {
+            if (real.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
+                rc = real.cuMemAlloc_v2(&ptr, bytes);
+                if (rc == CUDA_SUCCESS) {
+                    vgpu_footprint_learn_after(&learn, bytes);
+                    if (real.cuMemFree_v2(ptr) != CUDA_SUCCESS)
+                        vgpu_log(VGPU_LOG_ERROR, "could not free the %llu bytes allocated to "
+                                 "learn the host pid", (unsigned long long)bytes);
+                }
+                real.cuCtxPopCurrent_v2(&popped);
             }
-            real.cuCtxPopCurrent_v2(&popped);
+            real.cuThreadExchangeStreamCaptureMode(&mode);
         }
         vgpu_mem_op_end();
         vgpu_region_release(dev, bytes);
     }
     if (rc != CUDA_SUCCESS)
-        vgpu_footprint_learn_after(&learn, bytes, 0);
+        vgpu_footprint_learn_abandon(&learn);
 }
 
 /* The driver retains the primary context by reference: a retain while this process holds it
@@ -1393,7 +1404,7 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
         vgpu_footprint_context_gone((int)dev);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (rc == CUDA_SUCCESS && probe.active)
+    if (rc == CUDA_SUCCESS && probe.active && probe.first)
         probe_host_pid(*ctx, (int)dev);
     return rc;
 }
@@ -1436,7 +1447,7 @@ static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, CUco
                              CUdevice dev)
 {
     if (vgpu_footprint_after_context(probe, rc == CUDA_SUCCESS) == 0) {
-        if (rc == CUDA_SUCCESS && probe->active)
+        if (rc == CUDA_SUCCESS && probe->active && probe->first)
             probe_host_pid(*ctx, (int)dev);
         return rc;
     }

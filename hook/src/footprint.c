@@ -26,8 +26,10 @@ enum {
     MEASURE_TRIES = 5,                      /* an allocation of another thread under way */
     LEARN_MIN_BYTES = 4 << 20,              /* an allocation NVML's 2 MiB pages show */
     LEARN_SLACK = 4 << 20,                  /* rounding to pages, a pool's granularity */
-    LEARN_EVERY_NS = 1000 * 1000 * 1000,    /* an allocation tried at most once a second */
+    LEARN_CANDIDATES = 8,                   /* pids new at once, at most, to tell apart */
 };
+static const uint64_t LEARN_EVERY_NS = 1000 * 1000 * 1000;       /* the first wait between tries */
+static const uint64_t LEARN_PATIENCE_NS = 64ull * 1000 * 1000 * 1000; /* the longest */
 
 /* Per device: one measurement at a time. Never held by a thread that is inside the driver for
  * another device; a thread re-entering (a driver callback that makes a context) skips. */
@@ -38,6 +40,11 @@ static uint64_t measured_at[VGPU_REGION_MAX_DEVICES]; /* atomic: CLOCK_MONOTONIC
 static __thread int inside;
 static int unmeasured_warned;
 static uint64_t learn_tried_at; /* atomic: CLOCK_MONOTONIC ns of the last try from an allocation */
+static uint64_t learn_every_ns; /* atomic: the wait before the next try */
+/* The pids that were new when this process's context was made and could not be told apart:
+ * ours is one of them, and only one of them may be learnt later. */
+static int32_t candidates[LEARN_CANDIDATES];
+static int ncandidates; /* atomic: written under the footprint lock, before it is read */
 
 static void reset(void)
 {
@@ -49,6 +56,8 @@ static void reset(void)
         has_context[d] = 0;
     }
     learn_tried_at = 0;
+    learn_every_ns = LEARN_EVERY_NS;
+    ncandidates = 0;
 }
 
 void vgpu_footprint_init(void)
@@ -80,69 +89,96 @@ static const struct vgpu_gpu_process *find(const struct vgpu_gpu_process *list, 
 }
 
 /* Our host pid from the lists NVML gave before and after this process made a context on dev:
- * the one pid new in the second that no other process of the container has claimed (our own
- * pid, when there is no pid namespace). Two candidates (another container made a context at the
- * same moment): left unknown, and tried again at the next context. */
+ * the one pid new in the second that no other process of the container has claimed, or our
+ * own pid among the new ones (no pid namespace). Two candidates (another container made a
+ * context at the same moment): remembered, and told apart by an allocation (below). */
 static void learn_host_pid(const struct vgpu_gpu_process *before, int nbefore,
                            const struct vgpu_gpu_process *after, int nafter)
 {
-    int32_t found = 0;
+    int32_t fresh[LEARN_CANDIDATES];
+    int n = 0;
     for (int i = 0; i < nafter; i++) {
         if (find(before, nbefore, after[i].pid) != NULL ||
             vgpu_region_host_pid_taken(after[i].pid))
             continue;
-        if (found != 0)
-            return;
-        found = after[i].pid;
+        if (after[i].pid == (int32_t)getpid()) {
+            n = 1;
+            fresh[0] = after[i].pid;
+            break;
+        }
+        if (n < LEARN_CANDIDATES)
+            fresh[n] = after[i].pid;
+        n++;
     }
-    if (found != 0) {
-        vgpu_region_set_host_pid(found);
-        vgpu_log(VGPU_LOG_INFO, "host pid %d (NVML's name for this process)", (int)found);
+    if (n == 1) {
+        vgpu_region_set_host_pid(fresh[0]);
+        vgpu_log(VGPU_LOG_INFO, "host pid %d (NVML's name for this process)", (int)fresh[0]);
+    } else if (n > 1 && n <= LEARN_CANDIDATES) {
+        for (int i = 0; i < n; i++)
+            candidates[i] = fresh[i];
+        __atomic_store_n(&ncandidates, n, __ATOMIC_RELEASE);
     }
 }
 
-/* A host pid left unknown at the context (another container made one at the same moment, so
- * two pids were new) is learnt from an allocation instead: the one pid, not claimed by another
- * process of the container, that NVML shows grown by the allocation's size across it. */
+static int candidate(int32_t pid)
+{
+    int n = __atomic_load_n(&ncandidates, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < n; i++)
+        if (candidates[i] == pid)
+            return 1;
+    return n == 0; /* none remembered (the lists failed): any unclaimed pid */
+}
+
+/* A host pid left unknown at the context is learnt from an allocation: the one candidate, not
+ * claimed by another process of the container, that NVML shows grown by the allocation's size
+ * across it. Tries back off from 1 s to a minute while nothing is learnt. */
 int vgpu_footprint_learn_before(int dev, uint64_t bytes, struct vgpu_learn_probe *p)
 {
     if (bytes < LEARN_MIN_BYTES || vgpu_region_host_pid() != 0 || dev < 0 ||
         dev >= VGPU_REGION_MAX_DEVICES || !__atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE))
         return 0;
     uint64_t now = monotonic_ns(), last = __atomic_load_n(&learn_tried_at, __ATOMIC_RELAXED);
-    if ((last != 0 && now - last < LEARN_EVERY_NS) ||
+    uint64_t wait = __atomic_load_n(&learn_every_ns, __ATOMIC_RELAXED);
+    if ((last != 0 && now - last < wait) ||
         !__atomic_compare_exchange_n(&learn_tried_at, &last, now, 0, __ATOMIC_RELAXED,
                                      __ATOMIC_RELAXED))
         return 0;
     p->dev = dev;
+    p->tried_at = now;
+    p->last_tried_at = last;
     p->nbefore = vgpu_nvml_processes(dev, p->before, VGPU_NVML_MAX_PROCESSES);
     return p->nbefore >= 0;
 }
 
-void vgpu_footprint_learn_after(const struct vgpu_learn_probe *p, uint64_t bytes, int allocated)
+void vgpu_footprint_learn_abandon(const struct vgpu_learn_probe *p)
 {
-    if (!allocated) {
-        /* Nothing was allocated, so nothing was learnt: the next allocation may try. */
-        __atomic_store_n(&learn_tried_at, 0, __ATOMIC_RELAXED);
-        return;
-    }
+    uint64_t mine = p->tried_at; /* a later try of another thread stays */
+    __atomic_compare_exchange_n(&learn_tried_at, &mine, p->last_tried_at, 0, __ATOMIC_RELAXED,
+                                __ATOMIC_RELAXED);
+}
+
+void vgpu_footprint_learn_after(const struct vgpu_learn_probe *p, uint64_t bytes)
+{
     struct vgpu_gpu_process after[VGPU_NVML_MAX_PROCESSES];
     int nafter = vgpu_nvml_processes(p->dev, after, VGPU_NVML_MAX_PROCESSES);
     int32_t found = 0;
+    int alike = 0;
     for (int i = 0; i < nafter; i++) {
         const struct vgpu_gpu_process *was = find(p->before, p->nbefore, after[i].pid);
         if (was == NULL || was->bytes == VGPU_NVML_BYTES_UNKNOWN ||
             after[i].bytes == VGPU_NVML_BYTES_UNKNOWN || after[i].bytes < was->bytes + bytes ||
-            after[i].bytes > was->bytes + bytes + LEARN_SLACK ||
+            after[i].bytes > was->bytes + bytes + LEARN_SLACK || !candidate(after[i].pid) ||
             vgpu_region_host_pid_taken(after[i].pid))
             continue;
-        if (found != 0)
-            return; /* two grew alike: tried again at a later allocation */
+        alike++;
         found = after[i].pid;
     }
-    if (found == 0 || vgpu_region_host_pid() != 0)
+    if (alike != 1 || !vgpu_region_claim_host_pid(found)) {
+        uint64_t wait = __atomic_load_n(&learn_every_ns, __ATOMIC_RELAXED);
+        __atomic_store_n(&learn_every_ns, wait < LEARN_PATIENCE_NS ? wait * 2 : wait,
+                         __ATOMIC_RELAXED);
         return;
-    vgpu_region_set_host_pid(found);
+    }
     __atomic_store_n(&measured_at[p->dev], 0, __ATOMIC_RELAXED); /* measure at the next call */
     vgpu_log(VGPU_LOG_INFO, "host pid %d (NVML's name for this process, learnt from an "
              "allocation)", (int)found);
@@ -190,7 +226,10 @@ static void settle_to(int dev, uint64_t now_bytes)
     if (now_bytes < before)
         vgpu_region_release(dev, before - now_bytes);
     __atomic_store_n(&counted[dev], now_bytes, __ATOMIC_RELEASE);
-    vgpu_region_note_context(dev, 0, counted_everywhere());
+    /* A context that could not be measured when it was made (its host pid learnt later) sets
+     * the estimate the container's next first context reserves. */
+    uint64_t estimate = vgpu_region_context_estimate(dev) == 0 ? now_bytes : 0;
+    vgpu_region_note_context(dev, estimate, counted_everywhere());
 }
 
 static void warn_unmeasured(int dev)

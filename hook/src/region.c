@@ -465,6 +465,16 @@ void vgpu_region_set_host_pid(int32_t pid)
         __atomic_store_n(&r->slots[slot].host_pid, pid, __ATOMIC_RELEASE);
 }
 
+int vgpu_region_claim_host_pid(int32_t pid)
+{
+    struct vgpu_region *r = vgpu_region_get();
+    int slot = r != NULL && intact(r) ? ensure_slot(r) : -1;
+    int32_t none = 0;
+    return slot >= 0 && pid != 0 &&
+           __atomic_compare_exchange_n(&r->slots[slot].host_pid, &none, pid, 0, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE);
+}
+
 int vgpu_region_host_pids_known(void)
 {
     struct vgpu_region *r = vgpu_region_get();

@@ -16,7 +16,11 @@
  *                       contexts at the same moment, so neither can tell its host pid from
  *                       the context: this one learns it by the library's own probe
  *                       allocation, the peer (whose probe the driver refuses) from its first
- *                       allocation big enough for NVML to show. */
+ *                       allocation big enough for NVML to show.
+ *   test_footprint bystander
+ *                       the same, with this process's probe refused and a process of a third
+ *                       container (its context made earlier) growing by the same 64 MiB while
+ *                       this one allocates: it is not taken for this process. */
 #include <cuda.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -236,8 +240,11 @@ static int together(const char *program)
     check(fake_cuda_device_used(0) == 300 * MiB, "that allocation is freed again (%llu MiB held)",
           (unsigned long long)(fake_cuda_device_used(0) / MiB));
     uint64_t counted = cuMemAlloc(&b, 1 * MiB) == CUDA_SUCCESS ? used() : 0;
-    check(counted == 301 * MiB, "from the next allocation on the context's 300 MiB are counted "
-          "(%llu MiB)", (unsigned long long)(counted / MiB));
+    check(counted == 301 * MiB && region->devices[0].context_bytes == 300 * MiB,
+          "from the next allocation on the context's 300 MiB are counted (%llu MiB), and kept as "
+          "the size the container's next first context reserves (%llu MiB)",
+          (unsigned long long)(counted / MiB),
+          (unsigned long long)(region->devices[0].context_bytes / MiB));
     int status = -1;
     ssize_t sent = write(go[1], "g", 1);
     pid_t waited = waitpid(peer, &status, 0);
@@ -247,8 +254,115 @@ static int together(const char *program)
     return check_done("test_footprint together");
 }
 
+/* Runs `program mode fd...` with its own region (the test's path + suffix), in the background. */
+static pid_t spawn(const char *program, const char *mode, const char *suffix, const char *together,
+                   int fd_a, int fd_b)
+{
+    char region_path[256], a[16], b[16];
+    snprintf(region_path, sizeof region_path, "%s.%s", getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE"),
+             suffix);
+    snprintf(a, sizeof a, "%d", fd_a);
+    snprintf(b, sizeof b, "%d", fd_b);
+    pid_t pid = fork();
+    if (pid == 0) {
+        for (int fd = 3; fd < 256; fd++) /* the other pipes' ends: their readers see EOF */
+            if (fd != fd_a && fd != fd_b)
+                close(fd);
+        setenv("CUDA_DEVICE_MEMORY_SHARED_CACHE", region_path, 1);
+        setenv("FAKE_CUDA_CONTEXTS_TOGETHER", together, 1);
+        execl(program, program, mode, a, b, (char *)NULL);
+        _exit(5);
+    }
+    return pid;
+}
+
+/* A process of a third container, its context made before the others': says "ready", then
+ * allocates 64 MiB each time it is told to and answers. */
+static int bystander_child(int cmd_fd, int ack_fd)
+{
+    CUcontext ctx;
+    CUdeviceptr p = 0;
+    char c;
+    if (cuInit(0) != 0 || cuDevicePrimaryCtxRetain(&ctx, 0) != 0 || cuCtxSetCurrent(ctx) != 0 ||
+        write(ack_fd, "r", 1) != 1)
+        return 4;
+    while (read(cmd_fd, &c, 1) == 1 && c == 'g')
+        if (cuMemAlloc(&p, 64 * MiB) != CUDA_SUCCESS || write(ack_fd, "a", 1) != 1)
+            return 4;
+    return 0;
+}
+
+/* A peer whose context is made at the same moment as the test's; idles until its pipe closes. */
+static int idle_child(int cmd_fd)
+{
+    CUcontext ctx;
+    char c;
+    if (cuInit(0) != 0 || cuDevicePrimaryCtxRetain(&ctx, 0) != 0)
+        return 4;
+    while (read(cmd_fd, &c, 1) == 1)
+        ;
+    return 0;
+}
+
+static int bystander_cmd = -1, bystander_ack = -1;
+
+/* Inside this process's allocation: the bystander grows by the same 64 MiB. */
+static void bystander_grows(void)
+{
+    char c;
+    if (write(bystander_cmd, "g", 1) != 1 || read(bystander_ack, &c, 1) != 1)
+        fprintf(stderr, "the bystander did not answer\n");
+}
+
+static int bystander(const char *program)
+{
+    int cmd[2], ack[2], idle[2];
+    if (pipe(cmd) != 0 || pipe(ack) != 0 || pipe(idle) != 0)
+        return 1;
+    char c = 0;
+    pid_t third = spawn(program, "bystander-child", "third", "0", cmd[0], ack[1]);
+    close(cmd[0]);
+    close(ack[1]);
+    bystander_cmd = cmd[1];
+    bystander_ack = ack[0];
+    check(read(bystander_ack, &c, 1) == 1 && c == 'r', "a third container's process holds a "
+          "context");
+    pid_t peer = spawn(program, "idle-child", "peer", "2", idle[0], -1);
+    close(idle[0]);
+    CUcontext ctx;
+    CUdeviceptr small = 0, big = 0;
+    int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET"));
+    strcpy(fake_cuda_fail_next, "cuMemAlloc_v2"); /* the library's probe */
+    int made = cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+               cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cuMemAlloc(&small, 1 * MiB) == 0 &&
+               open_region();
+    int self = made ? slot_of(getpid()) : -1;
+    check(self >= 0 && region->slots[self].host_pid == 0, "a context made at the same moment as "
+          "the peer's, the probe refused: the host pid is not known yet");
+    strcpy(fake_cuda_inside, "cuMemAlloc_v2");
+    fake_cuda_inside_fn = bystander_grows;
+    made = cuMemAlloc(&big, 64 * MiB) == CUDA_SUCCESS;
+    int32_t learnt = self >= 0 ? region->slots[self].host_pid : -1;
+    check(made && learnt == getpid() + offset, "64 MiB allocated while the third container's "
+          "process grew by 64 MiB too: that one was no candidate (its context came before), "
+          "ours is learnt (%d, pid %d)", learnt, (int)getpid());
+    close(bystander_cmd);
+    close(idle[1]);
+    int s1 = -1, s2 = -1;
+    waitpid(third, &s1, 0);
+    waitpid(peer, &s2, 0);
+    check(s1 == 0 && s2 == 0, "the other processes did their part (status 0x%x, 0x%x)", s1, s2);
+    return check_done("test_footprint bystander");
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 4 && strcmp(argv[1], "bystander-child") == 0)
+        return bystander_child(atoi(argv[2]), atoi(argv[3]));
+    if (argc == 4 && strcmp(argv[1], "idle-child") == 0)
+        return idle_child(atoi(argv[2]));
+    if (argc == 2 && strcmp(argv[1], "bystander") == 0)
+        return bystander(argv[0]);
     if (argc == 3 && strcmp(argv[1], "together-peer") == 0)
         return together_peer(atoi(argv[2]));
     if (argc == 2 && strcmp(argv[1], "together") == 0)

@@ -580,6 +580,17 @@ static CUresult is_capturing(CUstream stream, CUstreamCaptureStatus *status)
     return rc;
 }
 
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    static __thread CUstreamCaptureMode now = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    if (mode == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureMode was = now;
+    now = *mode;
+    *mode = was;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *status)
 {
     return is_capturing(stream, status);
@@ -709,7 +720,10 @@ static CUresult alloc_on(int dev, CUdeviceptr *dptr, size_t bytes, const char *n
 static CUresult alloc_current(CUdeviceptr *dptr, size_t bytes, const char *name)
 {
     CUresult rc = need_ctx();
-    return rc != CUDA_SUCCESS ? rc : alloc_on(current->dev, dptr, bytes, name, current);
+    rc = rc != CUDA_SUCCESS ? rc : alloc_on(current->dev, dptr, bytes, name, current);
+    if (rc == CUDA_SUCCESS)
+        run_inside(name); /* after the memory is taken */
+    return rc;
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
@@ -1843,6 +1857,7 @@ static const struct proc procs[] = {
     P("cuMemPoolTrimTo", cuMemPoolTrimTo, 11020, 0),
     P("cuMemPoolGetAttribute", cuMemPoolGetAttribute, 11020, 0),
     P("cuStreamIsCapturing", cuStreamIsCapturing, 10000, 0),
+    P("cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode, 10010, 0),
     P("cuStreamIsCapturing", cuStreamIsCapturing_ptsz, 10000, 1),
     P("cuPointerGetAttribute", cuPointerGetAttribute, 4000, 0),
     P("cuModuleLoadData", cuModuleLoadData, 2000, 0),

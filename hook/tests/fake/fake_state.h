@@ -24,7 +24,8 @@ extern char fake_cuda_fail_next[64];
 /* Non-zero: cuStreamIsCapturing says every stream is being captured. */
 extern int fake_cuda_capturing;
 /* fake_cuda_inside_fn runs once inside the next call of the entry point fake_cuda_inside names
- * (cuMemFree_v2: before it frees; cuPointerGetAttribute: after its answer is known). */
+ * (cuMemFree_v2: before it frees; cuPointerGetAttribute: after its answer is known;
+ * cuMemAlloc_v2 and the other current-context allocations: after the memory is taken). */
 extern char fake_cuda_inside[64];
 extern void (*fake_cuda_inside_fn)(void);
 
