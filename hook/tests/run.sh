@@ -18,11 +18,13 @@ fi
 export LD_LIBRARY_PATH="$build/fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 failed=0
 
-# run NAME ENV... -- COMMAND...: one test with its own region file, env and preload.
+# run NAME ENV... -- COMMAND...: one test with its own region file, env and preload. A test
+# that hangs (a limiter that never refills waits forever) fails after VGPU_TEST_TIMEOUT s.
 run() {
     name=$1; shift
     start=$(date +%s)
-    if env CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/$name.cache" LD_PRELOAD="$preload" "$@" \
+    if timeout -k 5 "${VGPU_TEST_TIMEOUT:-300}" \
+        env CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/$name.cache" LD_PRELOAD="$preload" "$@" \
         >"$tmp/$name.log" 2>&1; then
         echo "PASS $name ($(( $(date +%s) - start )) s, $(grep -c '^ok' "$tmp/$name.log") checks)"
     else
