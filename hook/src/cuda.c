@@ -530,6 +530,19 @@ static int maybe_capturing(const struct pointer_request *r)
            status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+/* call_driver, with the host pid learnt around it (footprint.c); apart, so that the NVML list
+ * it keeps (4 KiB) is on the stack only while the host pid is unknown. */
+static __attribute__((noinline)) CUresult call_learning(const struct pointer_request *r, int dev,
+                                                         CUdeviceptr *ptr)
+{
+    struct vgpu_learn_probe learn;
+    int learning = vgpu_footprint_learn_before(dev, r->bytes, &learn);
+    CUresult rc = call_driver(r, ptr);
+    if (learning && rc == CUDA_SUCCESS)
+        vgpu_footprint_learn_after(&learn, r->bytes);
+    return rc;
+}
+
 /* A pool keeps the memory stream-ordered frees give back (PyTorch's cudaMallocAsync backend
  * sets its release threshold to the maximum, so it keeps all of it). NVML shows that memory, so
  * it is counted as the process's footprint, and an allocation the pool would serve from it
@@ -600,12 +613,9 @@ static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr
         return CUDA_ERROR_OUT_OF_MEMORY;
     /* Plain allocations only: managed pages and a pool's cache may not grow what NVML shows,
      * and another process growing alike must not be taken for us. */
-    struct vgpu_learn_probe learn;
-    int learning = r->api == PLAIN && vgpu_footprint_learn_before(dev, r->bytes, &learn);
     CUdeviceptr ptr = 0;
-    CUresult rc = call_driver(r, &ptr);
-    if (learning && rc == CUDA_SUCCESS)
-        vgpu_footprint_learn_after(&learn, r->bytes);
+    CUresult rc = r->api == PLAIN && vgpu_region_host_pid() == 0 ? call_learning(r, dev, &ptr)
+                                                                  : call_driver(r, &ptr);
     if (rc == CUDA_SUCCESS && (r->api == POOL || r->api == POOL_PTSZ))
         rc = move_to_pool_device(r, ptr, &dev);
     rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, r->bytes);
@@ -832,6 +842,20 @@ VGPU_EXPORT CUresult cuArrayDestroy(CUarray array)
     return release_counted(ARRAY_DESTROY, (uint64_t)(uintptr_t)array, NULL);
 }
 
+/* cuMemCreate with the host pid learnt around it (as call_learning). */
+static __attribute__((noinline)) CUresult create_learning(CUmemGenericAllocationHandle *h,
+                                                          size_t bytes,
+                                                          const CUmemAllocationProp *prop,
+                                                          unsigned long long flags, int dev)
+{
+    struct vgpu_learn_probe learn;
+    int learning = vgpu_footprint_learn_before(dev, bytes, &learn);
+    CUresult rc = real.cuMemCreate(h, bytes, prop, flags);
+    if (learning && rc == CUDA_SUCCESS)
+        vgpu_footprint_learn_after(&learn, bytes);
+    return rc;
+}
+
 VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -845,12 +869,10 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t by
         dev = prop->location.id;
     if (!admit(dev, bytes, "cuMemCreate"))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    struct vgpu_learn_probe learn; /* PyTorch's expandable segments allocate this way */
-    int learning = vgpu_footprint_learn_before(dev, bytes, &learn);
     CUmemGenericAllocationHandle h = 0;
-    CUresult rc = real.cuMemCreate(&h, bytes, prop, flags);
-    if (learning && rc == CUDA_SUCCESS)
-        vgpu_footprint_learn_after(&learn, bytes);
+    /* PyTorch's expandable segments allocate this way: the host pid is learnt here too. */
+    CUresult rc = vgpu_region_host_pid() == 0 ? create_learning(&h, bytes, prop, flags, dev)
+                                              : real.cuMemCreate(&h, bytes, prop, flags);
     rc = settle(rc, VGPU_KIND_HANDLE, h, dev, bytes);
     if (rc == CUDA_SUCCESS && handle != NULL)
         *handle = h;
