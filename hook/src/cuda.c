@@ -530,19 +530,6 @@ static int maybe_capturing(const struct pointer_request *r)
            status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-/* call_driver, with the host pid learnt around it (footprint.c); apart, so that the NVML list
- * it keeps (4 KiB) is on the stack only while the host pid is unknown. */
-static __attribute__((noinline)) CUresult call_learning(const struct pointer_request *r, int dev,
-                                                         CUdeviceptr *ptr)
-{
-    struct vgpu_learn_probe learn;
-    int learning = vgpu_footprint_learn_before(dev, r->bytes, &learn);
-    CUresult rc = call_driver(r, ptr);
-    if (learning && rc == CUDA_SUCCESS)
-        vgpu_footprint_learn_after(&learn, r->bytes);
-    return rc;
-}
-
 /* A pool keeps the memory stream-ordered frees give back (PyTorch's cudaMallocAsync backend
  * sets its release threshold to the maximum, so it keeps all of it). NVML shows that memory, so
  * it is counted as the process's footprint, and an allocation the pool would serve from it
@@ -611,11 +598,13 @@ static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr
         release_pool_cache(r, dev);
     if (!admit(dev, r->bytes, pointer_apis[r->api].name))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    /* Plain allocations only: managed pages and a pool's cache may not grow what NVML shows,
-     * and another process growing alike must not be taken for us. */
+    /* The host pid is learnt from plain allocations only: managed pages and a pool's cache may
+     * not grow what NVML shows, and another process growing alike must not be taken for us. */
+    int learning = r->api == PLAIN && vgpu_footprint_learn_before(dev, r->bytes);
     CUdeviceptr ptr = 0;
-    CUresult rc = r->api == PLAIN && vgpu_region_host_pid() == 0 ? call_learning(r, dev, &ptr)
-                                                                  : call_driver(r, &ptr);
+    CUresult rc = call_driver(r, &ptr);
+    if (learning)
+        vgpu_footprint_learn_after(rc == CUDA_SUCCESS ? r->bytes : 0, 0);
     if (rc == CUDA_SUCCESS && (r->api == POOL || r->api == POOL_PTSZ))
         rc = move_to_pool_device(r, ptr, &dev);
     rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, r->bytes);
@@ -842,20 +831,6 @@ VGPU_EXPORT CUresult cuArrayDestroy(CUarray array)
     return release_counted(ARRAY_DESTROY, (uint64_t)(uintptr_t)array, NULL);
 }
 
-/* cuMemCreate with the host pid learnt around it (as call_learning). */
-static __attribute__((noinline)) CUresult create_learning(CUmemGenericAllocationHandle *h,
-                                                          size_t bytes,
-                                                          const CUmemAllocationProp *prop,
-                                                          unsigned long long flags, int dev)
-{
-    struct vgpu_learn_probe learn;
-    int learning = vgpu_footprint_learn_before(dev, bytes, &learn);
-    CUresult rc = real.cuMemCreate(h, bytes, prop, flags);
-    if (learning && rc == CUDA_SUCCESS)
-        vgpu_footprint_learn_after(&learn, bytes);
-    return rc;
-}
-
 VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -871,8 +846,10 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t by
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUmemGenericAllocationHandle h = 0;
     /* PyTorch's expandable segments allocate this way: the host pid is learnt here too. */
-    CUresult rc = vgpu_region_host_pid() == 0 ? create_learning(&h, bytes, prop, flags, dev)
-                                              : real.cuMemCreate(&h, bytes, prop, flags);
+    int learning = vgpu_footprint_learn_before(dev, bytes);
+    CUresult rc = real.cuMemCreate(&h, bytes, prop, flags);
+    if (learning)
+        vgpu_footprint_learn_after(rc == CUDA_SUCCESS ? bytes : 0, 0);
     rc = settle(rc, VGPU_KIND_HANDLE, h, dev, bytes);
     if (rc == CUDA_SUCCESS && handle != NULL)
         *handle = h;
@@ -1380,8 +1357,7 @@ static void probe_host_pid(CUcontext ctx, int dev)
         return;
     uint64_t spread = (monotonic_ns() >> 10) ^ ((uint64_t)getpid() * UINT64_C(2654435761));
     uint64_t bytes = (2 + spread % 29) << 21;
-    struct vgpu_learn_probe learn;
-    if (!vgpu_footprint_learn_before(dev, bytes, &learn))
+    if (!vgpu_footprint_learn_before(dev, bytes))
         return;
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -1394,7 +1370,7 @@ static void probe_host_pid(CUcontext ctx, int dev)
             if (real.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
                 rc = real.cuMemAlloc_v2(&ptr, bytes);
                 if (rc == CUDA_SUCCESS) {
-                    vgpu_footprint_learn_after(&learn, bytes);
+                    vgpu_footprint_learn_after(bytes, 0);
                     if (real.cuMemFree_v2(ptr) != CUDA_SUCCESS)
                         vgpu_log(VGPU_LOG_ERROR, "could not free the %llu bytes allocated to "
                                  "learn the host pid", (unsigned long long)bytes);
@@ -1406,8 +1382,8 @@ static void probe_host_pid(CUcontext ctx, int dev)
         vgpu_mem_op_end();
         vgpu_region_release(dev, bytes);
     }
-    if (rc != CUDA_SUCCESS)
-        vgpu_footprint_learn_abandon(&learn);
+    if (rc != CUDA_SUCCESS) /* the application's next allocation may try at once */
+        vgpu_footprint_learn_after(0, 1);
 }
 
 /* The driver retains the primary context by reference: a retain while this process holds it

@@ -39,8 +39,13 @@ static int has_context[VGPU_REGION_MAX_DEVICES];      /* atomic: a context made 
 static uint64_t measured_at[VGPU_REGION_MAX_DEVICES]; /* atomic: CLOCK_MONOTONIC ns */
 static __thread int inside;
 static int unmeasured_warned;
-static uint64_t learn_tried_at; /* atomic: CLOCK_MONOTONIC ns of the last try from an allocation */
-static uint64_t learn_every_ns; /* atomic: the wait before the next try */
+/* One try at a time to learn the host pid from an allocation (learn_busy, atomic); the rest is
+ * the trying thread's while it holds that. */
+static int learn_busy;
+static uint64_t learn_tried_at, learn_tried_before; /* CLOCK_MONOTONIC ns of this try, the last */
+static uint64_t learn_every_ns;                     /* the wait before the next try */
+static int learn_dev, learn_nbefore;
+static struct vgpu_gpu_process learn_list[VGPU_NVML_MAX_PROCESSES]; /* NVML's, before */
 /* The pids that were new when this process's context was made and could not be told apart:
  * ours is one of them, and only one of them may be learnt later. */
 static int32_t candidates[LEARN_CANDIDATES];
@@ -55,6 +60,7 @@ static void reset(void)
         counted[d] = measured_at[d] = 0;
         has_context[d] = 0;
     }
+    learn_busy = 0;
     learn_tried_at = 0;
     learn_every_ns = LEARN_EVERY_NS;
     ncandidates = 0;
@@ -111,8 +117,8 @@ static void learn_host_pid(const struct vgpu_gpu_process *before, int nbefore,
         n++;
     }
     if (n == 1) {
-        vgpu_region_set_host_pid(fresh[0]);
-        vgpu_log(VGPU_LOG_INFO, "host pid %d (NVML's name for this process)", (int)fresh[0]);
+        if (vgpu_region_claim_host_pid(fresh[0]))
+            vgpu_log(VGPU_LOG_INFO, "host pid %d (NVML's name for this process)", (int)fresh[0]);
     } else if (n > 1 && n <= LEARN_CANDIDATES) {
         for (int i = 0; i < n; i++)
             candidates[i] = fresh[i];
@@ -132,39 +138,38 @@ static int candidate(int32_t pid)
 /* A host pid left unknown at the context is learnt from an allocation: the one candidate, not
  * claimed by another process of the container, that NVML shows grown by the allocation's size
  * across it. Tries back off from 1 s to a minute while nothing is learnt. */
-int vgpu_footprint_learn_before(int dev, uint64_t bytes, struct vgpu_learn_probe *p)
+int vgpu_footprint_learn_before(int dev, uint64_t bytes)
 {
     if (bytes < LEARN_MIN_BYTES || vgpu_region_host_pid() != 0 || dev < 0 ||
         dev >= VGPU_REGION_MAX_DEVICES || !__atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE))
         return 0;
-    uint64_t now = monotonic_ns(), last = __atomic_load_n(&learn_tried_at, __ATOMIC_RELAXED);
-    uint64_t wait = __atomic_load_n(&learn_every_ns, __ATOMIC_RELAXED);
-    if ((last != 0 && now - last < wait) ||
-        !__atomic_compare_exchange_n(&learn_tried_at, &last, now, 0, __ATOMIC_RELAXED,
+    int idle = 0;
+    if (!__atomic_compare_exchange_n(&learn_busy, &idle, 1, 0, __ATOMIC_ACQUIRE,
                                      __ATOMIC_RELAXED))
         return 0;
-    p->dev = dev;
-    p->tried_at = now;
-    p->last_tried_at = last;
-    p->nbefore = vgpu_nvml_processes(dev, p->before, VGPU_NVML_MAX_PROCESSES);
-    return p->nbefore >= 0;
+    uint64_t now = monotonic_ns();
+    if (learn_tried_at != 0 && now - learn_tried_at < learn_every_ns) {
+        __atomic_store_n(&learn_busy, 0, __ATOMIC_RELEASE);
+        return 0;
+    }
+    learn_tried_before = learn_tried_at;
+    learn_tried_at = now;
+    learn_dev = dev;
+    learn_nbefore = vgpu_nvml_processes(dev, learn_list, VGPU_NVML_MAX_PROCESSES);
+    if (learn_nbefore < 0)
+        __atomic_store_n(&learn_busy, 0, __ATOMIC_RELEASE);
+    return learn_nbefore >= 0;
 }
 
-void vgpu_footprint_learn_abandon(const struct vgpu_learn_probe *p)
+/* The one candidate that grew by bytes since learn_before's list, claimed; 0 when none or two. */
+static int32_t grown_by(uint64_t bytes)
 {
-    uint64_t mine = p->tried_at; /* a later try of another thread stays */
-    __atomic_compare_exchange_n(&learn_tried_at, &mine, p->last_tried_at, 0, __ATOMIC_RELAXED,
-                                __ATOMIC_RELAXED);
-}
-
-void vgpu_footprint_learn_after(const struct vgpu_learn_probe *p, uint64_t bytes)
-{
-    struct vgpu_gpu_process after[VGPU_NVML_MAX_PROCESSES];
-    int nafter = vgpu_nvml_processes(p->dev, after, VGPU_NVML_MAX_PROCESSES);
+    static struct vgpu_gpu_process after[VGPU_NVML_MAX_PROCESSES]; /* under learn_busy */
+    int nafter = vgpu_nvml_processes(learn_dev, after, VGPU_NVML_MAX_PROCESSES);
     int32_t found = 0;
     int alike = 0;
     for (int i = 0; i < nafter; i++) {
-        const struct vgpu_gpu_process *was = find(p->before, p->nbefore, after[i].pid);
+        const struct vgpu_gpu_process *was = find(learn_list, learn_nbefore, after[i].pid);
         if (was == NULL || was->bytes == VGPU_NVML_BYTES_UNKNOWN ||
             after[i].bytes == VGPU_NVML_BYTES_UNKNOWN || after[i].bytes < was->bytes + bytes ||
             after[i].bytes > was->bytes + bytes + LEARN_SLACK || !candidate(after[i].pid) ||
@@ -173,15 +178,22 @@ void vgpu_footprint_learn_after(const struct vgpu_learn_probe *p, uint64_t bytes
         alike++;
         found = after[i].pid;
     }
-    if (alike != 1 || !vgpu_region_claim_host_pid(found)) {
-        uint64_t wait = __atomic_load_n(&learn_every_ns, __ATOMIC_RELAXED);
-        __atomic_store_n(&learn_every_ns, wait < LEARN_PATIENCE_NS ? wait * 2 : wait,
-                         __ATOMIC_RELAXED);
-        return;
+    return alike == 1 && vgpu_region_claim_host_pid(found) ? found : 0;
+}
+
+void vgpu_footprint_learn_after(uint64_t allocated, int retry_soon)
+{
+    int32_t found = allocated != 0 ? grown_by(allocated) : 0;
+    if (found != 0) {
+        __atomic_store_n(&measured_at[learn_dev], 0, __ATOMIC_RELAXED); /* measure next call */
+        vgpu_log(VGPU_LOG_INFO, "host pid %d (NVML's name for this process, learnt from an "
+                 "allocation)", (int)found);
+    } else if (allocated == 0 && retry_soon) {
+        learn_tried_at = learn_tried_before; /* this one does not count as a try */
+    } else if (allocated != 0) {
+        learn_every_ns = learn_every_ns < LEARN_PATIENCE_NS ? learn_every_ns * 2 : learn_every_ns;
     }
-    __atomic_store_n(&measured_at[p->dev], 0, __ATOMIC_RELAXED); /* measure at the next call */
-    vgpu_log(VGPU_LOG_INFO, "host pid %d (NVML's name for this process, learnt from an "
-             "allocation)", (int)found);
+    __atomic_store_n(&learn_busy, 0, __ATOMIC_RELEASE);
 }
 
 enum { HELD_UNKNOWN = -1, HELD_NOT_LISTED = -2 };

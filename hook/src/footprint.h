@@ -20,17 +20,11 @@ struct vgpu_context_probe {
 };
 
 /* Around an allocation on dev while this process's host pid is unknown: learn_before answers 1
- * when this one is tried (NVML listed; tries back off from once a second); then learn_after
- * once the driver allocated, or learn_abandon when it did not (the next may try at once). */
-struct vgpu_learn_probe {
-    int dev;
-    int nbefore;
-    uint64_t tried_at, last_tried_at;
-    struct vgpu_gpu_process before[VGPU_NVML_MAX_PROCESSES];
-};
-int vgpu_footprint_learn_before(int dev, uint64_t bytes, struct vgpu_learn_probe *p);
-void vgpu_footprint_learn_after(const struct vgpu_learn_probe *p, uint64_t bytes);
-void vgpu_footprint_learn_abandon(const struct vgpu_learn_probe *p);
+ * when this one is tried (one at a time, NVML listed; tries back off from once a second), and
+ * learn_after then takes the bytes allocated, or 0 when the driver allocated nothing (with
+ * retry_soon, that does not count as a try). */
+int vgpu_footprint_learn_before(int dev, uint64_t bytes);
+void vgpu_footprint_learn_after(uint64_t allocated, int retry_soon);
 
 /* Once, when the driver is loaded (also resets the state in a forked child). */
 void vgpu_footprint_init(void);

@@ -105,6 +105,22 @@ static struct entry *unlink_entry(struct shard *s, uint64_t h, enum vgpu_alloc_k
     return NULL;
 }
 
+/* Puts e at the head of its bucket. Caller holds s->lock. */
+static void link_entry(struct shard *s, uint64_t h, struct entry *e)
+{
+    size_t at = (size_t)(h >> 6) & (s->nbuckets - 1);
+    e->next = s->buckets[at];
+    s->buckets[at] = e;
+    s->count++;
+}
+
+/* Keeps an unlinked entry for reuse. Caller holds s->lock. */
+static void recycle(struct shard *s, struct entry *e)
+{
+    e->next = s->spare;
+    s->spare = e;
+}
+
 static void untracked(int dev, uint64_t bytes)
 {
     if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES)
@@ -135,10 +151,7 @@ static void insert(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t by
     pthread_mutex_lock(&s->lock);
     struct entry *stale = unlink_entry(s, h, kind, key), old;
     if (stale != NULL && keep_existing) {
-        size_t at = (size_t)(h >> 6) & (s->nbuckets - 1);
-        stale->next = s->buckets[at];
-        s->buckets[at] = stale;
-        s->count++;
+        link_entry(s, h, stale);
         pthread_mutex_unlock(&s->lock);
         give_back(&mine, kind, "its free failed and the driver has handed the address out "
                   "again: freed with its context");
@@ -146,32 +159,24 @@ static void insert(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t by
     }
     if (stale != NULL) {
         old = *stale;
-        stale->next = s->spare;
-        s->spare = stale;
+        recycle(s, stale);
     }
     struct entry *e = s->spare;
     if (e != NULL)
         s->spare = e->next;
     else
         e = malloc(sizeof *e);
+    /* (With a stale entry there is a spare and a table: this cannot fail.) */
     if (e == NULL || (s->count >= s->nbuckets && grow(s) != 0 && s->nbuckets == 0)) {
         pthread_mutex_unlock(&s->lock);
         free(e);
-        if (stale != NULL) {
-            untracked(old.dev, old.bytes);
-            give_back(&old, kind, "handed out again while still counted: freed with its "
-                      "context");
-        }
         vgpu_log(VGPU_LOG_ERROR, "out of host memory while recording an allocation; its %llu "
                  "bytes stay counted until the process exits", (unsigned long long)bytes);
         return;
     }
     *e = mine;
     e->serial = ++s->serials;
-    size_t at = (size_t)(h >> 6) & (s->nbuckets - 1);
-    e->next = s->buckets[at];
-    s->buckets[at] = e;
-    s->count++;
+    link_entry(s, h, e);
     pthread_mutex_unlock(&s->lock);
     if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES)
         __atomic_add_fetch(&tracked[dev], bytes, __ATOMIC_ACQ_REL);
@@ -201,8 +206,7 @@ int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t
     if (e != NULL) {
         *dev = e->dev;
         *bytes = e->bytes;
-        e->next = s->spare;
-        s->spare = e;
+        recycle(s, e);
     }
     pthread_mutex_unlock(&s->lock);
     if (e != NULL)
@@ -219,14 +223,10 @@ static int untrack_exact(const struct entry *asked)
     pthread_mutex_lock(&s->lock);
     struct entry *e = unlink_entry(s, h, (enum vgpu_alloc_kind)asked->kind, asked->key);
     if (e != NULL && e->serial != asked->serial) {
-        size_t at = (size_t)(h >> 6) & (s->nbuckets - 1);
-        e->next = s->buckets[at];
-        s->buckets[at] = e;
-        s->count++;
+        link_entry(s, h, e);
         e = NULL;
     } else if (e != NULL) {
-        e->next = s->spare;
-        s->spare = e;
+        recycle(s, e);
     }
     pthread_mutex_unlock(&s->lock);
     if (e != NULL)

@@ -457,14 +457,6 @@ int32_t vgpu_region_host_pid(void)
     return slot >= 0 ? __atomic_load_n(&region->slots[slot].host_pid, __ATOMIC_ACQUIRE) : 0;
 }
 
-void vgpu_region_set_host_pid(int32_t pid)
-{
-    struct vgpu_region *r = vgpu_region_get();
-    int slot = r != NULL && intact(r) ? ensure_slot(r) : -1;
-    if (slot >= 0)
-        __atomic_store_n(&r->slots[slot].host_pid, pid, __ATOMIC_RELEASE);
-}
-
 int vgpu_region_claim_host_pid(int32_t pid)
 {
     struct vgpu_region *r = vgpu_region_get();

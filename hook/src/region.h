@@ -54,8 +54,7 @@ int vgpu_region_pids(int32_t *pids, int max);
 
 /* This process's pid in the host's namespace (what NVML lists), 0 while unknown. */
 int32_t vgpu_region_host_pid(void);
-void vgpu_region_set_host_pid(int32_t pid);
-/* Sets it only while none is set; 1 when this call set it. */
+/* Sets it only while none is set (two threads may learn it at once); 1 when this call did. */
 int vgpu_region_claim_host_pid(int32_t pid);
 
 /* 1 when this process has a slot and every slot with an owner has its host pid learnt. */

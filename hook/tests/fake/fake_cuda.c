@@ -632,8 +632,7 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
 enum { STREAM_MAGIC = 0x5354524d };
 struct fake_stream {
     int magic;
-    int dev;
-    struct fake_ctx *ctx;
+    struct fake_ctx *ctx; /* and so its device */
 };
 
 static int default_stream(CUstream stream)
@@ -650,7 +649,7 @@ EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
     struct fake_stream *st = malloc(sizeof *st);
     if (st == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *st = (struct fake_stream){.magic = STREAM_MAGIC, .dev = current->dev, .ctx = current};
+    *st = (struct fake_stream){.magic = STREAM_MAGIC, .ctx = current};
     *stream = (CUstream)(void *)st;
     return CUDA_SUCCESS;
 }
