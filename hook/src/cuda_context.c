@@ -1,0 +1,212 @@
+/* cuda_context.c - contexts made and destroyed: a new context's memory is counted (footprint.c),
+ * a destroyed one's allocations are given back. */
+#define _GNU_SOURCE
+#include <unistd.h>
+
+#include "cuda_driver.h"
+#include "footprint.h"
+#include "log.h"
+#include "memory.h"
+#include "region.h"
+#include "util.h"
+
+/* A destroyed context's memory is freed by the driver without a free call (cudaDeviceReset,
+ * the last release of a primary context, cuCtxDestroy): the pointers the driver no longer knows
+ * are given back, or the cap would shrink by them for the rest of the process (stream-ordered
+ * and cuMemCreate memory is no context's, cuda.h says: it stays, and the driver says so). Only
+ * pointers are asked about: the driver answers for any address, while a destroyed array or
+ * handle may not be passed to it again (those stay counted until their value comes back). */
+static enum vgpu_held pointer_held(uint64_t key)
+{
+    unsigned int type;
+    CUresult rc = real.cuPointerGetAttribute == NULL
+                      ? CUDA_ERROR_NOT_SUPPORTED
+                      : real.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                                   (CUdeviceptr)key);
+    /* cuda.h: INVALID_VALUE when ptr was not allocated by (or registered with) a context. */
+    if (rc == CUDA_SUCCESS)
+        return VGPU_HELD_YES;
+    return rc == CUDA_ERROR_INVALID_VALUE ? VGPU_HELD_GONE : VGPU_HELD_UNKNOWN;
+}
+
+/* After cudaDeviceReset the calling thread's current context is a primary context not made
+ * again yet, and calls that need one answer CUDA_ERROR_CONTEXT_IS_DESTROYED (cuda.h): the
+ * pointers are asked about with no current context (a UVA pointer needs none), and the
+ * thread's context is put back after. */
+static void context_gone(int dev)
+{
+    CUdevice any;
+    CUcontext destroyed = NULL;
+    int swapped = real.cuCtxGetDevice != NULL && real.cuCtxGetCurrent != NULL &&
+                  real.cuCtxSetCurrent != NULL &&
+                  real.cuCtxGetDevice(&any) == CUDA_ERROR_CONTEXT_IS_DESTROYED &&
+                  real.cuCtxGetCurrent(&destroyed) == CUDA_SUCCESS &&
+                  real.cuCtxSetCurrent(NULL) == CUDA_SUCCESS;
+    size_t unanswered;
+    uint64_t bytes = vgpu_mem_forget_gone(VGPU_KIND_POINTER, dev, pointer_held, &unanswered);
+    if (swapped && real.cuCtxSetCurrent(destroyed) != CUDA_SUCCESS)
+        vgpu_log(VGPU_LOG_ERROR, "could not make the destroyed context current again after "
+                 "checking allocations; this thread now has no current context");
+    if (bytes != 0)
+        vgpu_log(VGPU_LOG_INFO, "a destroyed context freed %llu bytes of counted allocations",
+                 (unsigned long long)bytes);
+    if (unanswered != 0)
+        vgpu_log(VGPU_LOG_WARN, "after a context was destroyed the driver could not say whether "
+                 "%zu counted allocations still exist: they stay counted", unanswered);
+    vgpu_footprint_context_gone(dev);
+}
+
+/* A context made at the same moment as another container's leaves the host pid unknown (two
+ * new pids in NVML's list). It is then asked at once with an allocation of the library's own,
+ * made and freed in the new context (no work in it yet), of a size two processes rarely pick
+ * at the same moment (4-60 MiB in 2 MiB steps, from the clock and the pid), in relaxed capture
+ * mode so that another thread's stream capture is not broken; the application's plain and
+ * cuMemCreate allocations are tried too (alloc_pointer, cuMemCreate). */
+static void probe_host_pid(CUcontext ctx, int dev)
+{
+    if (vgpu_region_host_pid() != 0 || real.cuCtxPushCurrent_v2 == NULL ||
+        real.cuCtxPopCurrent_v2 == NULL || real.cuMemAlloc_v2 == NULL ||
+        real.cuMemFree_v2 == NULL || real.cuThreadExchangeStreamCaptureMode == NULL)
+        return;
+    uint64_t spread = (monotonic_ns() >> 10) ^ ((uint64_t)getpid() * UINT64_C(2654435761));
+    uint64_t bytes = (2 + spread % 29) << 21;
+    if (!vgpu_footprint_learn_before(dev, bytes))
+        return;
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CUcontext popped;
+    CUdeviceptr ptr = 0;
+    /* Counted while it lives, like any allocation; no room under the cap: not tried. */
+    if (vgpu_region_reserve(dev, bytes) == 0) {
+        vgpu_mem_op_begin();
+        if (real.cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS) {
+            if (real.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
+                rc = real.cuMemAlloc_v2(&ptr, bytes);
+                if (rc == CUDA_SUCCESS) {
+                    vgpu_footprint_learn_after(bytes, 0);
+                    if (real.cuMemFree_v2(ptr) != CUDA_SUCCESS)
+                        vgpu_log(VGPU_LOG_ERROR, "could not free the %llu bytes allocated to "
+                                 "learn the host pid", (unsigned long long)bytes);
+                }
+                real.cuCtxPopCurrent_v2(&popped);
+            }
+            real.cuThreadExchangeStreamCaptureMode(&mode);
+        }
+        vgpu_mem_op_end();
+        vgpu_region_release(dev, bytes);
+    }
+    if (rc != CUDA_SUCCESS) /* the application's next allocation may try at once */
+        vgpu_footprint_learn_after(0, 1);
+}
+
+/* The driver retains the primary context by reference: a retain while this process holds it
+ * makes nothing new (footprint.c neither measures nor refuses then). */
+VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
+{
+    if (!ready() || real.cuDevicePrimaryCtxRetain == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct vgpu_context_probe probe;
+    if (vgpu_footprint_before_context((int)dev, 1, &probe) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real.cuDevicePrimaryCtxRetain(ctx, dev);
+    if (vgpu_footprint_after_context(&probe, rc == CUDA_SUCCESS) != 0) {
+        if (real.cuDevicePrimaryCtxRelease_v2 != NULL)
+            real.cuDevicePrimaryCtxRelease_v2(dev);
+        vgpu_footprint_context_gone((int)dev);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (rc == CUDA_SUCCESS && probe.active && probe.first)
+        probe_host_pid(*ctx, (int)dev);
+    return rc;
+}
+
+/* cudaDeviceReset: the primary context and everything in it are gone. */
+VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    if (!ready() || real.cuDevicePrimaryCtxReset_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuDevicePrimaryCtxReset_v2(dev);
+    if (rc == CUDA_SUCCESS)
+        context_gone((int)dev);
+    return rc;
+}
+
+/* The last release resets the primary context (cuda.h); an earlier one frees nothing. */
+static int primary_active(CUdevice dev)
+{
+    unsigned int flags;
+    int active = 0;
+    return real.cuDevicePrimaryCtxGetState == NULL ||
+           real.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || active;
+}
+
+VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    if (!ready() || real.cuDevicePrimaryCtxRelease_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuDevicePrimaryCtxRelease_v2(dev);
+    if (rc == CUDA_SUCCESS && !primary_active(dev))
+        context_gone((int)dev);
+    else if (rc == CUDA_SUCCESS)
+        vgpu_footprint_context_gone((int)dev);
+    return rc;
+}
+
+/* After the driver made (or failed to make) a context on dev: a context that does not fit is
+ * destroyed again and the caller gets CUDA_ERROR_OUT_OF_MEMORY. */
+static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, CUcontext *ctx,
+                             CUdevice dev)
+{
+    if (vgpu_footprint_after_context(probe, rc == CUDA_SUCCESS) == 0) {
+        if (rc == CUDA_SUCCESS && probe->active && probe->first)
+            probe_host_pid(*ctx, (int)dev);
+        return rc;
+    }
+    if (real.cuCtxDestroy_v2 != NULL)
+        real.cuCtxDestroy_v2(*ctx);
+    vgpu_footprint_context_gone((int)dev);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev)
+{
+    if (!ready() || real.cuCtxCreate_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct vgpu_context_probe probe;
+    if (vgpu_footprint_before_context((int)dev, 0, &probe) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return keep_context(&probe, real.cuCtxCreate_v2(ctx, flags, dev), ctx, dev);
+}
+
+VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, CUexecAffinityParam *params, int count,
+                                    unsigned int flags, CUdevice dev)
+{
+    if (!ready() || real.cuCtxCreate_v3 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct vgpu_context_probe probe;
+    if (vgpu_footprint_before_context((int)dev, 0, &probe) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return keep_context(&probe, real.cuCtxCreate_v3(ctx, params, count, flags, dev), ctx, dev);
+}
+
+VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, unsigned int flags,
+                                    CUdevice dev)
+{
+    if (!ready() || real.cuCtxCreate_v4 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct vgpu_context_probe probe;
+    if (vgpu_footprint_before_context((int)dev, 0, &probe) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return keep_context(&probe, real.cuCtxCreate_v4(ctx, params, flags, dev), ctx, dev);
+}
+
+/* The destroyed context's device is not known here: every capped device is measured again. */
+VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    if (!ready() || real.cuCtxDestroy_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuCtxDestroy_v2(ctx);
+    if (rc == CUDA_SUCCESS)
+        context_gone(-1);
+    return rc;
+}

@@ -1,0 +1,162 @@
+/* cuda_driver.h - what the CUDA driver wrappers share: the real driver's functions (the
+ * loader fills them in at the first call) and the questions every wrapper asks of it.
+ * The wrappers, one file per concern: cuda.c (loading, cuInit, cuGetProcAddress),
+ * cuda_memory.c (allocations and frees), cuda_report.c (what the container is told it has),
+ * cuda_launch.c (the SM limiter's gate), cuda_graph.c (what a graph launch costs),
+ * cuda_context.c (contexts made and destroyed). Each forwards to the real driver; only the
+ * accounting around the call is ours. */
+#ifndef VGPU_CUDA_DRIVER_H
+#define VGPU_CUDA_DRIVER_H
+
+#include <cuda.h>
+#include <stdint.h>
+
+#include "loader.h"
+#include "vgpu_region.h"
+
+#undef cuGetProcAddress /* cuda.h renames it to _v2; the v1 ABI is a separate export */
+#include "cuda_v1.h" /* the legacy v1 exports (CUDA 2.x ABI), wrapped here too */
+
+#define VGPU_EXPORT __attribute__((visibility("default")))
+
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, unsigned, CUstream, void **, void **);
+typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef CUresult (*coop_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            unsigned, unsigned, CUstream, void **);
+typedef CUresult (*graph_launch_fn)(CUgraphExec, CUstream);
+typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t,
+                              CUdriverProcAddressQueryResult *);
+
+/* The real driver's functions: those hooked, and those only called. */
+struct vgpu_cuda_real {
+    CUresult (*cuInit)(unsigned int);
+    gpa_v1_fn cuGetProcAddress;
+    gpa_v2_fn cuGetProcAddress_v2;
+    CUresult (*cuMemAlloc_v2)(CUdeviceptr *, size_t);
+    CUresult (*cuMemFree_v2)(CUdeviceptr);
+    CUresult (*cuMemAllocPitch_v2)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+    CUresult (*cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned int);
+    CUresult (*cuArrayCreate_v2)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+    CUresult (*cuArray3DCreate_v2)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+    CUresult (*cuArrayDestroy)(CUarray);
+    CUresult (*cuMemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                            unsigned long long);
+    CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+    CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*cuMemAllocAsync_ptsz)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*cuMemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUresult (*cuMemAllocFromPoolAsync_ptsz)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
+    CUresult (*cuMemFreeAsync_ptsz)(CUdeviceptr, CUstream);
+    CUresult (*cuMemGetInfo_v2)(size_t *, size_t *);
+    CUresult (*cuDeviceTotalMem_v2)(size_t *, CUdevice);
+    CUresult (*cuMemAlloc)(v1_ptr *, unsigned int);
+    CUresult (*cuMemAllocPitch)(v1_ptr *, unsigned int *, unsigned int, unsigned int, unsigned int);
+    CUresult (*cuMemFree)(v1_ptr);
+    CUresult (*cuMemGetInfo)(unsigned int *, unsigned int *);
+    CUresult (*cuDeviceTotalMem)(unsigned int *, CUdevice);
+    CUresult (*cuArrayCreate)(CUarray *, const struct array_v1 *);
+    CUresult (*cuArray3DCreate)(CUarray *, const struct array3d_v1 *);
+    launch_fn cuLaunchKernel, cuLaunchKernel_ptsz;
+    launch_ex_fn cuLaunchKernelEx, cuLaunchKernelEx_ptsz;
+    coop_fn cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz;
+    graph_launch_fn cuGraphLaunch, cuGraphLaunch_ptsz;
+    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice);
+    CUresult (*cuDevicePrimaryCtxReset_v2)(CUdevice);
+    CUresult (*cuCtxCreate_v2)(CUcontext *, unsigned int, CUdevice);
+    CUresult (*cuCtxCreate_v3)(CUcontext *, CUexecAffinityParam *, int, unsigned int, CUdevice);
+    CUresult (*cuCtxCreate_v4)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
+    CUresult (*cuCtxDestroy_v2)(CUcontext);
+    CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec *, CUgraph, unsigned long long);
+    CUresult (*cuGraphInstantiateWithParams)(CUgraphExec *, CUgraph,
+                                             CUDA_GRAPH_INSTANTIATE_PARAMS *);
+    CUresult (*cuGraphInstantiateWithParams_ptsz)(CUgraphExec *, CUgraph,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *);
+    CUresult (*cuGraphExecUpdate_v2)(CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *);
+    CUresult (*cuGraphInstantiate)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
+    CUresult (*cuGraphInstantiate_v2)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
+    CUresult (*cuGraphExecUpdate)(CUgraphExec, CUgraph, CUgraphNode *, CUgraphExecUpdateResult *);
+    CUresult (*cuGraphExecDestroy)(CUgraphExec);
+    CUresult (*cuGraphExecKernelNodeSetParams)(CUgraphExec, CUgraphNode,
+                                               const CUDA_KERNEL_NODE_PARAMS_v1 *);
+    CUresult (*cuGraphExecKernelNodeSetParams_v2)(CUgraphExec, CUgraphNode,
+                                                  const CUDA_KERNEL_NODE_PARAMS *);
+    CUresult (*cuGraphExecChildGraphNodeSetParams)(CUgraphExec, CUgraphNode, CUgraph);
+    CUresult (*cuGraphExecNodeSetParams)(CUgraphExec, CUgraphNode, CUgraphNodeParams *);
+    CUresult (*cuGraphNodeSetEnabled)(CUgraphExec, CUgraphNode, unsigned int);
+    /* called, not hooked */
+    CUresult (*cuCtxGetDevice)(CUdevice *);
+    CUresult (*cuStreamGetDevice)(CUstream, CUdevice *);
+    CUresult (*cuStreamGetCtx)(CUstream, CUcontext *);
+    CUresult (*cuCtxPushCurrent_v2)(CUcontext);
+    CUresult (*cuCtxPopCurrent_v2)(CUcontext *);
+    CUresult (*cuPointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
+    CUresult (*cuDeviceGetMemPool)(CUmemoryPool *, CUdevice);
+    CUresult (*cuMemPoolTrimTo)(CUmemoryPool, size_t);
+    CUresult (*cuDevicePrimaryCtxGetState)(CUdevice, unsigned int *, int *);
+    CUresult (*cuMemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
+    CUresult (*cuStreamIsCapturing_ptsz)(CUstream, CUstreamCaptureStatus *);
+    CUresult (*cuCtxGetCurrent)(CUcontext *);
+    CUresult (*cuThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
+    CUresult (*cuCtxSetCurrent)(CUcontext);
+    CUresult (*cuDeviceGetCount)(int *);
+    CUresult (*cuDeviceGet)(CUdevice *, int);
+    CUresult (*cuDeviceGetUuid_v2)(CUuuid *, CUdevice);
+    CUresult (*cuGraphGetNodes)(CUgraph, CUgraphNode *, size_t *);
+    CUresult (*cuGraphNodeGetType)(CUgraphNode, CUgraphNodeType *);
+    CUresult (*cuGraphKernelNodeGetParams_v2)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS *);
+    CUresult (*cuGraphKernelNodeGetParams)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS_v1 *);
+    CUresult (*cuGraphChildGraphNodeGetGraph)(CUgraphNode, CUgraph *);
+};
+
+/* Defined in cuda.c; filled in by the loader at the first call (loader.c). */
+extern struct vgpu_cuda_real real;
+
+/* Exports that cuda.h does not declare in this configuration. */
+VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                      cuuint64_t flags);
+VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream);
+VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
+                                                  CUmemoryPool pool, CUstream stream);
+VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
+VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                         unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                                         CUstream stream, void **params, void **extra);
+VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+                                           void **params, void **extra);
+VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
+                                                    unsigned gz, unsigned bx, unsigned by,
+                                                    unsigned bz, unsigned shmem, CUstream stream,
+                                                    void **params);
+VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
+                                                       CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+
+/* Every wrapper starts with ready() || real.fn == NULL: the real driver is loaded first, and a
+ * function it lacks is answered with an error, never called through NULL. */
+static inline int ready(void)
+{
+    vgpu_lib_ensure(&vgpu_cuda_lib);
+    return 1;
+}
+
+/* The device of the calling thread's current context, or -1 (no context, out of range). */
+static inline int current_device(void)
+{
+    CUdevice dev;
+    if (real.cuCtxGetDevice == NULL || real.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+        return -1;
+    return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES ? (int)dev : -1;
+}
+
+/* The blocks a launch of this grid runs: what the SM limiter charges for it. */
+static inline uint64_t grid(unsigned gx, unsigned gy, unsigned gz)
+{
+    return (uint64_t)gx * gy * gz;
+}
+
+#endif

@@ -1,0 +1,246 @@
+/* cuda_graph.c - what a graph launch costs: learnt when a graph is instantiated or updated, and
+ * changed by the setters of its nodes (the table is graphs.c's). */
+#define _GNU_SOURCE
+#include <stdlib.h>
+
+#include "cuda_driver.h"
+#include "graphs.h"
+#include "log.h"
+#include "throttle.h"
+
+/* ---- graphs: what a launch costs is learnt when the graph is instantiated ------------------ */
+
+static struct vgpu_graph_api graph_api(void)
+{
+    return (struct vgpu_graph_api){
+        .get_nodes = real.cuGraphGetNodes,
+        .node_type = real.cuGraphNodeGetType,
+        .kernel_params = real.cuGraphKernelNodeGetParams_v2,
+        .kernel_params_v1 = real.cuGraphKernelNodeGetParams,
+        .child_graph = real.cuGraphChildGraphNodeGetGraph,
+    };
+}
+
+/* What launching graph will cost, read before the driver is asked to use it: out of host memory
+ * (-1), the caller answers CUDA_ERROR_OUT_OF_MEMORY with nothing changed. */
+static int read_costs(CUgraph graph, struct vgpu_graph_costs *costs)
+{
+    const struct vgpu_graph_api api = graph_api();
+    *costs = (struct vgpu_graph_costs){0};
+    if (!vgpu_throttle_enabled || vgpu_graph_costs(&api, graph, costs) == 0)
+        return 0;
+    vgpu_log(VGPU_LOG_ERROR, "out of host memory reading a CUDA graph's kernels: refused");
+    return -1;
+}
+
+/* After the driver updated exec (rc its answer): exec now costs costs, under the names of the
+ * nodes it was instantiated from. */
+static CUresult updated(CUresult rc, CUgraphExec exec, struct vgpu_graph_costs *costs)
+{
+    if (rc != CUDA_SUCCESS || !vgpu_throttle_enabled)
+        free(costs->nodes);
+    else if (vgpu_graph_update(exec, costs) != 0) /* only for an exec not made through us */
+        vgpu_log(VGPU_LOG_ERROR, "out of host memory: an updated CUDA graph costs one token");
+    return rc;
+}
+
+/* After the driver made *exec (rc its answer). An executable graph whose cost cannot be kept
+ * (no host memory for the table) would run at one token a launch, so it is destroyed again. */
+static CUresult instantiated(CUresult rc, CUgraphExec *exec, struct vgpu_graph_costs *costs)
+{
+    if (rc != CUDA_SUCCESS || exec == NULL || !vgpu_throttle_enabled) {
+        free(costs->nodes);
+        return rc;
+    }
+    if (vgpu_graph_remember(*exec, costs) == 0)
+        return rc;
+    if (real.cuGraphExecDestroy != NULL)
+        real.cuGraphExecDestroy(*exec);
+    *exec = NULL;
+    vgpu_log(VGPU_LOG_ERROR, "out of host memory: a CUDA graph was not instantiated");
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
+                                                 unsigned long long flags)
+{
+    struct vgpu_graph_costs costs;
+    if (!ready() || real.cuGraphInstantiateWithFlags == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (read_costs(graph, &costs) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return instantiated(real.cuGraphInstantiateWithFlags(exec, graph, flags), exec, &costs);
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    struct vgpu_graph_costs costs;
+    if (!ready() || real.cuGraphInstantiateWithParams == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (read_costs(graph, &costs) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return instantiated(real.cuGraphInstantiateWithParams(exec, graph, params), exec, &costs);
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
+                                                       CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    struct vgpu_graph_costs costs;
+    if (!ready() || real.cuGraphInstantiateWithParams_ptsz == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (read_costs(graph, &costs) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return instantiated(real.cuGraphInstantiateWithParams_ptsz(exec, graph, params), exec,
+                        &costs);
+}
+
+VGPU_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
+                                          CUgraphExecUpdateResultInfo *info)
+{
+    struct vgpu_graph_costs costs;
+    if (!ready() || real.cuGraphExecUpdate_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (read_costs(graph, &costs) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return updated(real.cuGraphExecUpdate_v2(exec, graph, info), exec, &costs);
+}
+
+/* The CUDA 10/11 ABI (cuda_v1.h), which CUDA 11 builds still call. */
+VGPU_EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node,
+                                        char *log, size_t log_size)
+{
+    struct vgpu_graph_costs costs;
+    if (!ready() || real.cuGraphInstantiate == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (read_costs(graph, &costs) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return instantiated(real.cuGraphInstantiate(exec, graph, error_node, log, log_size), exec,
+                        &costs);
+}
+
+VGPU_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph,
+                                           CUgraphNode *error_node, char *log, size_t log_size)
+{
+    struct vgpu_graph_costs costs;
+    if (!ready() || real.cuGraphInstantiate_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (read_costs(graph, &costs) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return instantiated(real.cuGraphInstantiate_v2(exec, graph, error_node, log, log_size), exec,
+                        &costs);
+}
+
+VGPU_EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
+                                       CUgraphExecUpdateResult *result)
+{
+    struct vgpu_graph_costs costs;
+    if (!ready() || real.cuGraphExecUpdate == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (read_costs(graph, &costs) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return updated(real.cuGraphExecUpdate(exec, graph, error_node, result), exec, &costs);
+}
+
+/* The entry is taken before the driver destroys exec: once destroyed, its address may be another
+ * thread's new graph, whose entry a late removal would take. */
+VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
+{
+    if (!ready() || real.cuGraphExecDestroy == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct vgpu_graph_costs taken;
+    int known = vgpu_graph_take(exec, &taken) == 0;
+    CUresult rc = real.cuGraphExecDestroy(exec);
+    if (rc != CUDA_SUCCESS && known)
+        vgpu_graph_remember(exec, &taken);
+    else
+        free(taken.nodes);
+    return rc;
+}
+
+/* ---- graphs changed after instantiation: each setter changes the cost of its node ---------- */
+
+static CUresult node_set(CUresult rc, CUgraphExec exec, CUgraphNode node, uint64_t blocks)
+{
+    if (rc == CUDA_SUCCESS && vgpu_throttle_enabled)
+        vgpu_graph_set_node(exec, node, blocks);
+    return rc;
+}
+
+/* What a child graph node running child will cost, read before the driver is asked: -1 when out
+ * of host memory (the caller answers CUDA_ERROR_OUT_OF_MEMORY with nothing changed). */
+static int child_cost(CUgraph child, uint64_t *blocks)
+{
+    const struct vgpu_graph_api api = graph_api();
+    *blocks = 0;
+    if (!vgpu_throttle_enabled || vgpu_graph_child_blocks(&api, child, blocks) == 0)
+        return 0;
+    vgpu_log(VGPU_LOG_ERROR, "out of host memory reading a CUDA child graph's kernels: refused");
+    return -1;
+}
+
+VGPU_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
+                                                       const CUDA_KERNEL_NODE_PARAMS *params)
+{
+    if (!ready() || real.cuGraphExecKernelNodeSetParams_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGraphExecKernelNodeSetParams_v2(exec, node, params);
+    return params != NULL
+        ? node_set(rc, exec, node, grid(params->gridDimX, params->gridDimY, params->gridDimZ))
+        : rc;
+}
+
+/* The CUDA 10.1 ABI (cuda_v1.h). */
+VGPU_EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                                    const CUDA_KERNEL_NODE_PARAMS_v1 *params)
+{
+    if (!ready() || real.cuGraphExecKernelNodeSetParams == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGraphExecKernelNodeSetParams(exec, node, params);
+    return params != NULL
+        ? node_set(rc, exec, node, grid(params->gridDimX, params->gridDimY, params->gridDimZ))
+        : rc;
+}
+
+VGPU_EXPORT CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                                        CUgraph child)
+{
+    uint64_t blocks;
+    if (!ready() || real.cuGraphExecChildGraphNodeSetParams == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (child_cost(child, &blocks) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return node_set(real.cuGraphExecChildGraphNodeSetParams(exec, node, child), exec, node,
+                    blocks);
+}
+
+/* CUDA 12.2's setter of any node: kernels and child graphs change the cost. */
+VGPU_EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                              CUgraphNodeParams *params)
+{
+    uint64_t blocks;
+    if (!ready() || real.cuGraphExecNodeSetParams == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (params != NULL && params->type == CU_GRAPH_NODE_TYPE_GRAPH &&
+        child_cost(params->graph.graph, &blocks) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real.cuGraphExecNodeSetParams(exec, node, params);
+    if (params != NULL && params->type == CU_GRAPH_NODE_TYPE_KERNEL)
+        return node_set(rc, exec, node, grid(params->kernel.gridDimX, params->kernel.gridDimY,
+                                             params->kernel.gridDimZ));
+    if (params != NULL && params->type == CU_GRAPH_NODE_TYPE_GRAPH)
+        return node_set(rc, exec, node, blocks);
+    return rc;
+}
+
+/* A disabled node does not run: it costs nothing until it is enabled again. */
+VGPU_EXPORT CUresult cuGraphNodeSetEnabled(CUgraphExec exec, CUgraphNode node,
+                                           unsigned int enabled)
+{
+    if (!ready() || real.cuGraphNodeSetEnabled == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGraphNodeSetEnabled(exec, node, enabled);
+    if (rc == CUDA_SUCCESS && vgpu_throttle_enabled)
+        vgpu_graph_enable_node(exec, node, enabled != 0);
+    return rc;
+}

@@ -1,0 +1,98 @@
+/* cuda_launch.c - every kernel launch variant passes the SM limiter's gate (throttle.c). */
+#define _GNU_SOURCE
+#include "cuda_driver.h"
+#include "graphs.h"
+#include "region.h"
+#include "throttle.h"
+
+/* Every 1024th launch of a thread (and its first) stamps the slot's last_launch_unix_ns for
+ * the node monitor: a clock read per launch would cost more than the rest of the wrapper. */
+static __thread __attribute__((tls_model("initial-exec"))) unsigned launches_here;
+
+/* The SM limiter's gate; with no limit this is one predictable branch. */
+static void gate(uint64_t blocks)
+{
+    if (__builtin_expect((launches_here++ & 1023) == 0, 0))
+        vgpu_region_note_launch();
+    if (__builtin_expect(vgpu_throttle_enabled, 0))
+        vgpu_throttle_launch(current_device(), blocks ? blocks : 1);
+}
+
+VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                    unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                                    CUstream stream, void **params, void **extra)
+{
+    if (!ready() || real.cuLaunchKernel == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    gate(grid(gx, gy, gz));
+    return real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+}
+
+VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                         unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                                         CUstream stream, void **params, void **extra)
+{
+    if (!ready() || real.cuLaunchKernel_ptsz == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    gate(grid(gx, gy, gz));
+    return real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+}
+
+VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
+                                      void **extra)
+{
+    if (!ready() || real.cuLaunchKernelEx == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (config != NULL)
+        gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ));
+    return real.cuLaunchKernelEx(config, f, params, extra);
+}
+
+VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+                                           void **params, void **extra)
+{
+    if (!ready() || real.cuLaunchKernelEx_ptsz == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (config != NULL)
+        gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ));
+    return real.cuLaunchKernelEx_ptsz(config, f, params, extra);
+}
+
+VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy,
+                                               unsigned gz, unsigned bx, unsigned by,
+                                               unsigned bz, unsigned shmem, CUstream stream,
+                                               void **params)
+{
+    if (!ready() || real.cuLaunchCooperativeKernel == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    gate(grid(gx, gy, gz));
+    return real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
+}
+
+VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
+                                                    unsigned gz, unsigned bx, unsigned by,
+                                                    unsigned bz, unsigned shmem, CUstream stream,
+                                                    void **params)
+{
+    if (!ready() || real.cuLaunchCooperativeKernel_ptsz == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    gate(grid(gx, gy, gz));
+    return real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
+}
+
+/* A graph costs the blocks of all its kernels (learnt when it was instantiated, below). */
+VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
+{
+    if (!ready() || real.cuGraphLaunch == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1);
+    return real.cuGraphLaunch(exec, stream);
+}
+
+VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
+{
+    if (!ready() || real.cuGraphLaunch_ptsz == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1);
+    return real.cuGraphLaunch_ptsz(exec, stream);
+}

@@ -1,0 +1,545 @@
+/* cuda_memory.c - every driver call that allocates device memory reserves it under the cap
+ * first and keeps the reservation under the returned key; every call that frees gives it back. */
+#define _GNU_SOURCE
+#include "cuda_driver.h"
+#include "footprint.h"
+#include "log.h"
+#include "memory.h"
+#include "region.h"
+
+/* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: the current context's default stream. */
+static int default_stream(CUstream stream)
+{
+    return stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+}
+
+enum { DEVICE_UNKNOWN = -2 };
+
+/* The device a stream-ordered allocation on stream draws on. A stream named explicitly may be
+ * another context's, on another device, and needs no current context at all: its own device
+ * (CUDA 12.8's cuStreamGetDevice, else its context's, made current for the question). A
+ * default stream is the current context's. -1 as current_device(); DEVICE_UNKNOWN: the
+ * driver could not say (the caller refuses: the memory would go uncounted). */
+static int stream_device(CUstream stream)
+{
+    if (default_stream(stream))
+        return current_device();
+    CUdevice dev;
+    if (real.cuStreamGetDevice != NULL && real.cuStreamGetDevice(stream, &dev) == CUDA_SUCCESS)
+        return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES ? (int)dev : -1;
+    CUcontext ctx, popped = NULL;
+    if (real.cuStreamGetCtx == NULL || real.cuCtxPushCurrent_v2 == NULL ||
+        real.cuCtxPopCurrent_v2 == NULL || real.cuStreamGetCtx(stream, &ctx) != CUDA_SUCCESS ||
+        real.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
+        return DEVICE_UNKNOWN;
+    int found = current_device();
+    if (real.cuCtxPopCurrent_v2(&popped) != CUDA_SUCCESS || popped != ctx)
+        vgpu_log(VGPU_LOG_ERROR, "the context pushed to learn a stream's device did not pop "
+                 "back; this thread's current context may have changed");
+    return found;
+}
+
+/* The device of the allocation at ptr (-1: the driver cannot say). */
+static int pointer_device(CUdeviceptr ptr)
+{
+    int dev = -1;
+    if (real.cuPointerGetAttribute == NULL ||
+        real.cuPointerGetAttribute(&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) != 0)
+        return -1;
+    return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES ? dev : -1;
+}
+
+/* Reserve on dev, or answer OOM. dev < 0 (no context): nothing to reserve, the driver decides. */
+static int admit(int dev, uint64_t bytes, const char *api)
+{
+    if (dev < 0)
+        return 1;
+    vgpu_footprint_refresh(dev);
+    if (vgpu_mem_reserve(dev, bytes, api) != 0)
+        return 0;
+    /* From the driver call until the table has it, NVML may show memory the table does not. */
+    vgpu_mem_op_begin();
+    return 1;
+}
+
+/* After the driver call: keep the reservation under key on success, give it back otherwise. */
+static CUresult settle(CUresult rc, enum vgpu_alloc_kind kind, uint64_t key, int dev,
+                       uint64_t bytes)
+{
+    if (dev < 0)
+        return rc;
+    if (rc == CUDA_SUCCESS)
+        vgpu_mem_track(kind, key, dev, bytes);
+    else
+        vgpu_mem_unreserve(dev, bytes);
+    vgpu_mem_op_end();
+    return rc;
+}
+
+/* The driver calls that give memory back, all handled the same way. */
+enum free_api { FREE, FREE_V1, FREE_ASYNC, FREE_ASYNC_PTSZ, ARRAY_DESTROY, HANDLE_RELEASE };
+
+/* Per free_api: where its real function is (NULL: this driver lacks it) and what it frees. */
+static const struct {
+    void *const *real;
+    enum vgpu_alloc_kind kind;
+} free_apis[] = {
+    [FREE] = {(void *const *)&real.cuMemFree_v2, VGPU_KIND_POINTER},
+    [FREE_V1] = {(void *const *)&real.cuMemFree, VGPU_KIND_POINTER},
+    [FREE_ASYNC] = {(void *const *)&real.cuMemFreeAsync, VGPU_KIND_POINTER},
+    [FREE_ASYNC_PTSZ] = {(void *const *)&real.cuMemFreeAsync_ptsz, VGPU_KIND_POINTER},
+    [ARRAY_DESTROY] = {(void *const *)&real.cuArrayDestroy, VGPU_KIND_ARRAY},
+    [HANDLE_RELEASE] = {(void *const *)&real.cuMemRelease, VGPU_KIND_HANDLE},
+};
+
+static CUresult call_free(enum free_api api, uint64_t key, CUstream stream)
+{
+    switch (api) {
+    case FREE: return real.cuMemFree_v2((CUdeviceptr)key);
+    case FREE_V1: return real.cuMemFree((v1_ptr)key);
+    case FREE_ASYNC: return real.cuMemFreeAsync((CUdeviceptr)key, stream);
+    case FREE_ASYNC_PTSZ: return real.cuMemFreeAsync_ptsz((CUdeviceptr)key, stream);
+    case ARRAY_DESTROY: return real.cuArrayDestroy((CUarray)(uintptr_t)key);
+    default: return real.cuMemRelease((CUmemGenericAllocationHandle)key);
+    }
+}
+
+/* Takes key out of the table before freeing (so a racing allocation that reuses the address
+ * cannot be confused with it), puts it back if the driver refuses the free. Keys this process
+ * never counted are still freed by the driver, which gives its own answer. */
+static CUresult release_counted(enum free_api api, uint64_t key, CUstream stream)
+{
+    if (!ready() || *free_apis[api].real == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    enum vgpu_alloc_kind kind = free_apis[api].kind;
+    int dev;
+    uint64_t bytes;
+    vgpu_mem_op_begin();
+    int known = vgpu_mem_untrack(kind, key, &dev, &bytes);
+    CUresult rc = call_free(api, key, stream);
+    if (known && rc == CUDA_SUCCESS)
+        vgpu_mem_unreserve(dev, bytes);
+    else if (known)
+        vgpu_mem_track_again(kind, key, dev, bytes);
+    vgpu_mem_op_end();
+    return rc;
+}
+
+/* The driver calls that return a device pointer, all counted the same way. */
+enum pointer_api { PLAIN, PLAIN_V1, MANAGED, ASYNC, ASYNC_PTSZ, POOL, POOL_PTSZ };
+
+struct pointer_request {
+    enum pointer_api api;
+    size_t bytes;
+    unsigned int flags;  /* MANAGED */
+    CUmemoryPool pool;   /* POOL, POOL_PTSZ */
+    CUstream stream;     /* ASYNC*, POOL* */
+};
+
+/* Per counted API: where its real function is (NULL: this driver lacks it), and its name for
+ * the refusal log line. */
+struct counted_api {
+    void *const *real;
+    const char *name;
+};
+
+static const struct counted_api pointer_apis[] = {
+    [PLAIN] = {(void *const *)&real.cuMemAlloc_v2, "cuMemAlloc"},
+    [PLAIN_V1] = {(void *const *)&real.cuMemAlloc, "cuMemAlloc (v1)"},
+    [MANAGED] = {(void *const *)&real.cuMemAllocManaged, "cuMemAllocManaged"},
+    [ASYNC] = {(void *const *)&real.cuMemAllocAsync, "cuMemAllocAsync"},
+    [ASYNC_PTSZ] = {(void *const *)&real.cuMemAllocAsync_ptsz, "cuMemAllocAsync_ptsz"},
+    [POOL] = {(void *const *)&real.cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync"},
+    [POOL_PTSZ] = {(void *const *)&real.cuMemAllocFromPoolAsync_ptsz,
+                   "cuMemAllocFromPoolAsync_ptsz"},
+};
+
+static CUresult call_driver(const struct pointer_request *r, CUdeviceptr *ptr)
+{
+    switch (r->api) {
+    case PLAIN: return real.cuMemAlloc_v2(ptr, r->bytes);
+    case PLAIN_V1: {
+        v1_ptr p32 = 0;
+        CUresult rc = real.cuMemAlloc(&p32, (unsigned int)r->bytes);
+        *ptr = p32;
+        return rc;
+    }
+    case MANAGED: return real.cuMemAllocManaged(ptr, r->bytes, r->flags);
+    case ASYNC: return real.cuMemAllocAsync(ptr, r->bytes, r->stream);
+    case ASYNC_PTSZ: return real.cuMemAllocAsync_ptsz(ptr, r->bytes, r->stream);
+    case POOL: return real.cuMemAllocFromPoolAsync(ptr, r->bytes, r->pool, r->stream);
+    default: return real.cuMemAllocFromPoolAsync_ptsz(ptr, r->bytes, r->pool, r->stream);
+    }
+}
+
+/* What pool holds beyond what its allocations use (0 when the driver cannot say). */
+static uint64_t pool_cached(CUmemoryPool pool)
+{
+    cuuint64_t reserved = 0, used = 0;
+    if (real.cuMemPoolGetAttribute == NULL ||
+        real.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) !=
+            CUDA_SUCCESS ||
+        real.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) != CUDA_SUCCESS)
+        return 0;
+    return reserved > used ? reserved - used : 0;
+}
+
+/* Gives back what pool caches; returns 1 when that was something. */
+static int trim_pool(CUmemoryPool pool)
+{
+    uint64_t cached = pool_cached(pool);
+    return cached != 0 && real.cuMemPoolTrimTo != NULL && real.cuMemPoolTrimTo(pool, 0) ==
+           CUDA_SUCCESS && pool_cached(pool) < cached;
+}
+
+/* Whether r's stream may be in a capture: a pool changed under a capture could invalidate it. */
+static int maybe_capturing(const struct pointer_request *r)
+{
+    CUresult (*ask)(CUstream, CUstreamCaptureStatus *) =
+        r->api == ASYNC_PTSZ || r->api == POOL_PTSZ ? real.cuStreamIsCapturing_ptsz
+                                                    : real.cuStreamIsCapturing;
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return ask == NULL || ask(r->stream, &status) != CUDA_SUCCESS ||
+           status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* A pool keeps the memory stream-ordered frees give back (PyTorch's cudaMallocAsync backend
+ * sets its release threshold to the maximum, so it keeps all of it). NVML shows that memory, so
+ * it is counted as the process's footprint, and an allocation the pool would serve from it
+ * would be counted twice. Before a stream-ordered allocation on dev is refused, the pool it
+ * comes from gives back what no allocation uses (no synchronisation, and not while its stream
+ * is captured: either could break a capture) and the footprint is measured again. */
+static void release_pool_cache(const struct pointer_request *r, int dev)
+{
+    uint64_t limit = vgpu_region_limit(dev);
+    if (limit == 0)
+        return;
+    vgpu_footprint_refresh(dev); /* what admit() would see */
+    if (vgpu_region_used(dev) + r->bytes <= limit || maybe_capturing(r))
+        return;
+    CUmemoryPool pool = r->pool;
+    if (pool == NULL && (real.cuDeviceGetMemPool == NULL ||
+                         real.cuDeviceGetMemPool(&pool, (CUdevice)dev) != CUDA_SUCCESS))
+        return;
+    if (trim_pool(pool))
+        vgpu_footprint_remeasure(dev);
+}
+
+/* A pool may be another device's than the stream's, and its memory lives there: the
+ * reservation made on the stream's device *dev moves to the pool's (the allocation is given
+ * back, and OUT_OF_MEMORY answered, when it does not fit there). Only the stream's device was
+ * measured before the call (a pool's device is known from a pointer only), so a cache the
+ * pool keeps there is not given back first. */
+static CUresult move_to_pool_device(const struct pointer_request *r, CUdeviceptr ptr, int *dev)
+{
+    CUresult (*give_back)(CUdeviceptr, CUstream) =
+        r->api == POOL_PTSZ ? real.cuMemFreeAsync_ptsz : real.cuMemFreeAsync;
+    int actual = pointer_device(ptr);
+    if (actual < 0 || *dev < 0 || actual == *dev || give_back == NULL)
+        return CUDA_SUCCESS;
+    vgpu_footprint_refresh(actual);
+    if (vgpu_mem_reserve(actual, r->bytes, pointer_apis[r->api].name) != 0) {
+        /* Not kept in the pool's cache, where it would count against the next allocation. */
+        give_back(ptr, r->stream);
+        if (!maybe_capturing(r))
+            trim_pool(r->pool);
+        return CUDA_ERROR_OUT_OF_MEMORY; /* settle gives back the first reservation */
+    }
+    vgpu_mem_unreserve(*dev, r->bytes);
+    *dev = actual;
+    return CUDA_SUCCESS;
+}
+
+/* Reserve on the device the memory comes from, ask the driver, keep the reservation under the
+ * returned pointer. Managed memory is counted too (conservative: it may live on the GPU);
+ * stream-ordered allocations count from the alloc call to the free call, not the pool's
+ * reserve, on the stream's device (a pool's, on the pool's). One on an explicit stream whose
+ * device cannot be told is refused: the driver could serve it with no current context, and so
+ * uncounted. */
+static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr)
+{
+    if (!ready() || *pointer_apis[r->api].real == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int ordered = r->api != PLAIN && r->api != PLAIN_V1 && r->api != MANAGED;
+    int dev = ordered ? stream_device(r->stream) : current_device();
+    if (dev == DEVICE_UNKNOWN) {
+        vgpu_log(VGPU_LOG_ERROR, "%s: the device of its stream cannot be told; refused",
+                 pointer_apis[r->api].name);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    if (ordered && dev >= 0)
+        release_pool_cache(r, dev);
+    if (!admit(dev, r->bytes, pointer_apis[r->api].name))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    /* The host pid is learnt from plain allocations only: managed pages and a pool's cache may
+     * not grow what NVML shows, and another process growing alike must not be taken for us. */
+    int learning = r->api == PLAIN && vgpu_footprint_learn_before(dev, r->bytes);
+    CUdeviceptr ptr = 0;
+    CUresult rc = call_driver(r, &ptr);
+    if (learning)
+        vgpu_footprint_learn_after(rc == CUDA_SUCCESS ? r->bytes : 0, 0);
+    if (rc == CUDA_SUCCESS && (r->api == POOL || r->api == POOL_PTSZ))
+        rc = move_to_pool_device(r, ptr, &dev);
+    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, r->bytes);
+    if (rc == CUDA_SUCCESS && dptr != NULL)
+        *dptr = ptr;
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
+{
+    return alloc_pointer(&(struct pointer_request){.api = PLAIN, .bytes = bytes}, dptr);
+}
+
+VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags)
+{
+    return alloc_pointer(&(struct pointer_request){.api = MANAGED, .bytes = bytes,
+                                                   .flags = flags}, dptr);
+}
+
+VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream)
+{
+    return alloc_pointer(&(struct pointer_request){.api = ASYNC, .bytes = bytes,
+                                                   .stream = stream}, dptr);
+}
+
+VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream)
+{
+    return alloc_pointer(&(struct pointer_request){.api = ASYNC_PTSZ, .bytes = bytes,
+                                                   .stream = stream}, dptr);
+}
+
+VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                             CUstream stream)
+{
+    return alloc_pointer(&(struct pointer_request){.api = POOL, .bytes = bytes, .pool = pool,
+                                                   .stream = stream}, dptr);
+}
+
+VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
+                                                  CUmemoryPool pool, CUstream stream)
+{
+    return alloc_pointer(&(struct pointer_request){.api = POOL_PTSZ, .bytes = bytes,
+                                                   .pool = pool, .stream = stream}, dptr);
+}
+
+VGPU_EXPORT CUresult cuMemAlloc(v1_ptr *dptr, unsigned int bytes)
+{
+    CUdeviceptr ptr = 0;
+    CUresult rc = alloc_pointer(&(struct pointer_request){.api = PLAIN_V1, .bytes = bytes}, &ptr);
+    if (rc == CUDA_SUCCESS && dptr != NULL)
+        *dptr = (v1_ptr)ptr;
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { return release_counted(FREE, dptr, NULL); }
+
+VGPU_EXPORT CUresult cuMemFree(v1_ptr dptr) { return release_counted(FREE_V1, dptr, NULL); }
+
+/* The driver's pitch allocation, in either ABI; frees with the matching cuMemFree. */
+static CUresult call_pitch(int v1, CUdeviceptr *ptr, size_t *pitch, size_t width, size_t height,
+                           unsigned int elem)
+{
+    if (!v1)
+        return real.cuMemAllocPitch_v2(ptr, pitch, width, height, elem);
+    v1_ptr p32 = 0;
+    unsigned int pitch32 = 0;
+    CUresult rc = real.cuMemAllocPitch(&p32, &pitch32, (unsigned int)width, (unsigned int)height,
+                                       elem);
+    *ptr = p32;
+    *pitch = pitch32;
+    return rc;
+}
+
+static void free_pitch(int v1, CUdeviceptr ptr)
+{
+    if (v1)
+        real.cuMemFree((v1_ptr)ptr);
+    else
+        real.cuMemFree_v2(ptr);
+}
+
+static CUresult alloc_pitch(int v1, CUdeviceptr *dptr, size_t *pitch, size_t width,
+                            size_t height, unsigned int elem)
+{
+    if (!ready() || (v1 ? real.cuMemAllocPitch == NULL || real.cuMemFree == NULL
+                        : real.cuMemAllocPitch_v2 == NULL))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int dev = current_device();
+    uint64_t estimate = (uint64_t)((width + 511) & ~(size_t)511) * height;
+    if (!admit(dev, estimate, "cuMemAllocPitch"))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUdeviceptr ptr = 0;
+    size_t got_pitch = 0;
+    CUresult rc = call_pitch(v1, &ptr, &got_pitch, width, height, elem);
+    uint64_t actual = (uint64_t)got_pitch * height;
+    if (rc == CUDA_SUCCESS && dev >= 0 && actual != estimate) {
+        /* Count what the driver really used (its pitch), not our estimate. */
+        if (actual > estimate && vgpu_mem_reserve(dev, actual - estimate, "cuMemAllocPitch") != 0) {
+            free_pitch(v1, ptr);
+            vgpu_mem_unreserve(dev, estimate);
+            vgpu_mem_op_end();
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        if (actual < estimate)
+            vgpu_mem_unreserve(dev, estimate - actual);
+        estimate = actual;
+    }
+    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, estimate);
+    if (rc == CUDA_SUCCESS) {
+        if (dptr != NULL)
+            *dptr = ptr;
+        if (pitch != NULL)
+            *pitch = got_pitch;
+    }
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+                                        size_t height, unsigned int elem)
+{
+    return alloc_pitch(0, dptr, pitch, width, height, elem);
+}
+
+VGPU_EXPORT CUresult cuMemAllocPitch(v1_ptr *dptr, unsigned int *pitch, unsigned int width,
+                                     unsigned int height, unsigned int elem)
+{
+    CUdeviceptr ptr = 0;
+    size_t got_pitch = 0;
+    CUresult rc = alloc_pitch(1, &ptr, &got_pitch, width, height, elem);
+    if (rc == CUDA_SUCCESS) {
+        if (dptr != NULL)
+            *dptr = (v1_ptr)ptr;
+        if (pitch != NULL)
+            *pitch = (unsigned int)got_pitch;
+    }
+    return rc;
+}
+
+static uint64_t format_bytes(CUarray_format format)
+{
+    switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF:
+        return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT:
+        return 4;
+    default: return 16; /* block-compressed and wide formats: an upper bound */
+    }
+}
+
+static uint64_t array_bytes(size_t w, size_t h, size_t d, unsigned channels, CUarray_format fmt)
+{
+    return (uint64_t)w * (h ? h : 1) * (d ? d : 1) * (channels ? channels : 1) * format_bytes(fmt);
+}
+
+/* 2D and 3D arrays, in either ABI: counted by an estimate from the descriptor (its sizes
+ * passed here), keyed by the array handle. */
+enum array_api { ARRAY_2D, ARRAY_3D, ARRAY_2D_V1, ARRAY_3D_V1 };
+
+static const struct counted_api array_apis[] = {
+    [ARRAY_2D] = {(void *const *)&real.cuArrayCreate_v2, "cuArrayCreate"},
+    [ARRAY_3D] = {(void *const *)&real.cuArray3DCreate_v2, "cuArray3DCreate"},
+    [ARRAY_2D_V1] = {(void *const *)&real.cuArrayCreate, "cuArrayCreate (v1)"},
+    [ARRAY_3D_V1] = {(void *const *)&real.cuArray3DCreate, "cuArray3DCreate (v1)"},
+};
+
+static CUresult call_array(enum array_api api, CUarray *array, const void *desc)
+{
+    switch (api) {
+    case ARRAY_2D: return real.cuArrayCreate_v2(array, desc);
+    case ARRAY_3D: return real.cuArray3DCreate_v2(array, desc);
+    case ARRAY_2D_V1: return real.cuArrayCreate(array, desc);
+    default: return real.cuArray3DCreate(array, desc);
+    }
+}
+
+/* desc NULL: the driver answers; bytes is the estimate (0 without a descriptor). */
+static CUresult create_array(enum array_api api, CUarray *handle, const void *desc,
+                             uint64_t bytes)
+{
+    if (!ready() || *array_apis[api].real == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int dev = desc != NULL ? current_device() : -1;
+    if (!admit(dev, bytes, array_apis[api].name))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUarray array = NULL;
+    CUresult rc = call_array(api, &array, desc);
+    rc = settle(rc, VGPU_KIND_ARRAY, (uint64_t)(uintptr_t)array, dev, bytes);
+    if (rc == CUDA_SUCCESS && handle != NULL)
+        *handle = array;
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+    return create_array(ARRAY_2D, handle, desc, desc == NULL ? 0
+                        : array_bytes(desc->Width, desc->Height, 1, desc->NumChannels,
+                                      desc->Format));
+}
+
+VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *handle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+    return create_array(ARRAY_3D, handle, desc, desc == NULL ? 0
+                        : array_bytes(desc->Width, desc->Height, desc->Depth, desc->NumChannels,
+                                      desc->Format));
+}
+
+VGPU_EXPORT CUresult cuArrayCreate(CUarray *handle, const struct array_v1 *desc)
+{
+    return create_array(ARRAY_2D_V1, handle, desc, desc == NULL ? 0
+                        : array_bytes(desc->Width, desc->Height, 1, desc->NumChannels,
+                                      desc->Format));
+}
+
+VGPU_EXPORT CUresult cuArray3DCreate(CUarray *handle, const struct array3d_v1 *desc)
+{
+    return create_array(ARRAY_3D_V1, handle, desc, desc == NULL ? 0
+                        : array_bytes(desc->Width, desc->Height, desc->Depth, desc->NumChannels,
+                                      desc->Format));
+}
+
+VGPU_EXPORT CUresult cuArrayDestroy(CUarray array)
+{
+    return release_counted(ARRAY_DESTROY, (uint64_t)(uintptr_t)array, NULL);
+}
+
+VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
+                                 const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    if (!ready() || real.cuMemCreate == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    /* The device is the one the properties name, never the current context's (threads that
+     * create VMM memory often have none). Host and invalid locations are not counted. */
+    int dev = -1;
+    if (prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+        prop->location.id >= 0 && prop->location.id < VGPU_REGION_MAX_DEVICES)
+        dev = prop->location.id;
+    if (!admit(dev, bytes, "cuMemCreate"))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUmemGenericAllocationHandle h = 0;
+    /* PyTorch's expandable segments allocate this way: the host pid is learnt here too. */
+    int learning = vgpu_footprint_learn_before(dev, bytes);
+    CUresult rc = real.cuMemCreate(&h, bytes, prop, flags);
+    if (learning)
+        vgpu_footprint_learn_after(rc == CUDA_SUCCESS ? bytes : 0, 0);
+    rc = settle(rc, VGPU_KIND_HANDLE, h, dev, bytes);
+    if (rc == CUDA_SUCCESS && handle != NULL)
+        *handle = h;
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    return release_counted(HANDLE_RELEASE, handle, NULL);
+}
+
+VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
+{
+    return release_counted(FREE_ASYNC, dptr, stream);
+}
+
+VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
+{
+    return release_counted(FREE_ASYNC_PTSZ, dptr, stream);
+}
