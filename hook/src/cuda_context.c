@@ -99,6 +99,17 @@ static void probe_host_pid(CUcontext ctx, int dev)
         vgpu_footprint_learn_after(0, 1);
 }
 
+/* Whether dev's primary context is active: a retain then makes nothing, and a release that
+ * leaves it active frees nothing (the last one resets it, cuda.h). Active when the driver
+ * cannot say. */
+static int primary_active(CUdevice dev)
+{
+    unsigned int flags;
+    int active = 0;
+    return real.cuDevicePrimaryCtxGetState == NULL ||
+           real.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || active;
+}
+
 /* The driver retains the primary context by reference: a retain while this process holds it
  * makes nothing new (footprint.c neither measures nor refuses then). */
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
@@ -106,7 +117,7 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     if (!ready() || real.cuDevicePrimaryCtxRetain == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    if (vgpu_footprint_before_context((int)dev, 1, &probe) != 0)
+    if (vgpu_footprint_before_context((int)dev, !primary_active(dev), &probe) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real.cuDevicePrimaryCtxRetain(ctx, dev);
     if (vgpu_footprint_after_context(&probe, rc == CUDA_SUCCESS) != 0) {
@@ -129,15 +140,6 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     if (rc == CUDA_SUCCESS)
         context_gone((int)dev);
     return rc;
-}
-
-/* The last release resets the primary context (cuda.h); an earlier one frees nothing. */
-static int primary_active(CUdevice dev)
-{
-    unsigned int flags;
-    int active = 0;
-    return real.cuDevicePrimaryCtxGetState == NULL ||
-           real.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || active;
 }
 
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
@@ -173,7 +175,7 @@ VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice
     if (!ready() || real.cuCtxCreate_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    if (vgpu_footprint_before_context((int)dev, 0, &probe) != 0)
+    if (vgpu_footprint_before_context((int)dev, 1, &probe) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     return keep_context(&probe, real.cuCtxCreate_v2(ctx, flags, dev), ctx, dev);
 }
@@ -184,7 +186,7 @@ VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, CUexecAffinityParam *params,
     if (!ready() || real.cuCtxCreate_v3 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    if (vgpu_footprint_before_context((int)dev, 0, &probe) != 0)
+    if (vgpu_footprint_before_context((int)dev, 1, &probe) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     return keep_context(&probe, real.cuCtxCreate_v3(ctx, params, count, flags, dev), ctx, dev);
 }
@@ -195,7 +197,7 @@ VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, u
     if (!ready() || real.cuCtxCreate_v4 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    if (vgpu_footprint_before_context((int)dev, 0, &probe) != 0)
+    if (vgpu_footprint_before_context((int)dev, 1, &probe) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     return keep_context(&probe, real.cuCtxCreate_v4(ctx, params, flags, dev), ctx, dev);
 }

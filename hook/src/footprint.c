@@ -94,6 +94,15 @@ static const struct vgpu_gpu_process *find(const struct vgpu_gpu_process *list, 
     return NULL;
 }
 
+static int candidate(int32_t pid)
+{
+    int n = __atomic_load_n(&ncandidates, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < n; i++)
+        if (candidates[i] == pid)
+            return 1;
+    return n == 0; /* none remembered (the lists failed): any unclaimed pid */
+}
+
 /* Our host pid from the lists NVML gave before and after this process made a context on dev:
  * the one pid new in the second that no other process of the container has claimed, or our
  * own pid among the new ones (no pid namespace). Two candidates (another container made a
@@ -104,8 +113,9 @@ static void learn_host_pid(const struct vgpu_gpu_process *before, int nbefore,
     int32_t fresh[LEARN_CANDIDATES];
     int n = 0;
     for (int i = 0; i < nafter; i++) {
+        /* Candidates remembered from a first context on another device: ours is among them. */
         if (find(before, nbefore, after[i].pid) != NULL ||
-            vgpu_region_host_pid_taken(after[i].pid))
+            vgpu_region_host_pid_taken(after[i].pid) || !candidate(after[i].pid))
             continue;
         if (after[i].pid == (int32_t)getpid()) {
             n = 1;
@@ -124,15 +134,6 @@ static void learn_host_pid(const struct vgpu_gpu_process *before, int nbefore,
             candidates[i] = fresh[i];
         __atomic_store_n(&ncandidates, n, __ATOMIC_RELEASE);
     }
-}
-
-static int candidate(int32_t pid)
-{
-    int n = __atomic_load_n(&ncandidates, __ATOMIC_ACQUIRE);
-    for (int i = 0; i < n; i++)
-        if (candidates[i] == pid)
-            return 1;
-    return n == 0; /* none remembered (the lists failed): any unclaimed pid */
 }
 
 /* A host pid left unknown at the context is learnt from an allocation: the one candidate, not
@@ -253,7 +254,7 @@ static void warn_unmeasured(int dev)
                  (unsigned long long)load64(&counted[dev]));
 }
 
-int vgpu_footprint_before_context(int dev, int primary, struct vgpu_context_probe *p)
+int vgpu_footprint_before_context(int dev, int fresh, struct vgpu_context_probe *p)
 {
     p->dev = dev;
     p->active = 0;
@@ -262,17 +263,19 @@ int vgpu_footprint_before_context(int dev, int primary, struct vgpu_context_prob
     if ((!capped(dev) && !discover) || inside)
         return 0;
     /* A primary context retained again while we hold it: the driver hands out the same one. */
-    if (primary && __atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE) && !discover &&
-        vgpu_region_host_pid() != 0)
+    if (!fresh && __atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE))
         return 0;
     inside = 1;
     pthread_mutex_lock(&locks[dev]);
     p->active = 1;
     p->ledger = capped(dev);
     p->first = !__atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE);
+    p->fresh = fresh || p->first;
     p->estimate = 0;
     p->discovering = 0;
-    if (vgpu_region_host_pid() == 0) {
+    /* Only a first context on dev can tell: with one already, this process is in the list
+     * before, and a pid new after it is another process's (one starting meanwhile). */
+    if (vgpu_region_host_pid() == 0 && p->first) {
         if (vgpu_region_lock_discovery(dev, DISCOVERY_PATIENCE_MS) == 0) {
             p->discovering = 1;
             p->nbefore = vgpu_nvml_processes(dev, p->before, VGPU_NVML_MAX_PROCESSES);
@@ -308,9 +311,11 @@ static int charge_context(struct vgpu_context_probe *p)
     __atomic_store_n(&measured_at[dev], monotonic_ns(), __ATOMIC_RELAXED);
     uint64_t before = load64(&counted[dev]);
     if ((uint64_t)held > before) {
-        /* Only a new context may be refused; a retain makes nothing, so growth found then
-         * (modules loaded since) is charged like any refresh. */
-        if (!p->first)
+        /* A context made now, the process's first on dev or another, is refused when it does
+         * not fit (before, every context after the first was charged past the cap); a retain
+         * makes nothing, so growth found then (modules loaded since) is charged like any
+         * refresh. */
+        if (!p->fresh)
             vgpu_region_charge(dev, (uint64_t)held - before);
         else if (vgpu_mem_reserve(dev, (uint64_t)held - before, "a new CUDA context") != 0)
             return -1;

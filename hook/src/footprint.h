@@ -13,6 +13,7 @@ struct vgpu_context_probe {
     int active;       /* the device's footprint lock is held between the two calls */
     int ledger;       /* dev is capped: what the context holds is charged */
     int first;        /* this process had no context on dev yet */
+    int fresh;        /* the driver makes a context now (not a retain of one held) */
     int discovering;  /* host pid unknown: the discovery lock is held, before[] is filled */
     int nbefore;
     uint64_t estimate;
@@ -29,12 +30,14 @@ void vgpu_footprint_learn_after(uint64_t allocated, int retry_soon);
 /* Once, when the driver is loaded (also resets the state in a forked child). */
 void vgpu_footprint_init(void);
 
-/* Before the driver makes (primary: retains) a context on dev. -1: the container's last measured context size
- * does not fit under the cap (logged); the caller answers CUDA_ERROR_OUT_OF_MEMORY. */
-int vgpu_footprint_before_context(int dev, int primary, struct vgpu_context_probe *p);
+/* Before the driver makes a context on dev, or retains the primary one (fresh: whether the
+ * driver makes one now; a retain of a primary context already active does not). -1: the
+ * container's last measured context size does not fit under the cap (logged); the caller
+ * answers CUDA_ERROR_OUT_OF_MEMORY. */
+int vgpu_footprint_before_context(int dev, int fresh, struct vgpu_context_probe *p);
 
-/* After it (created: whether the driver made it). -1: the new context does not fit under the
- * cap (logged); the caller destroys it and answers CUDA_ERROR_OUT_OF_MEMORY. */
+/* After it (created: whether the driver made it). -1: a context made now does not fit under
+ * the cap (logged); the caller destroys it and answers CUDA_ERROR_OUT_OF_MEMORY. */
 int vgpu_footprint_after_context(struct vgpu_context_probe *p, int created);
 
 /* After a context on dev (-1: a device not known) was released or destroyed: counts what is

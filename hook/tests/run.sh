@@ -188,6 +188,13 @@ run footprint-together CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footpri
 run footprint-bystander CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-by.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXTS_TOGETHER=2 \
     "$build/tests/test_footprint" bystander
+run footprint-created-contexts CUDA_DEVICE_MEMORY_LIMIT=1g \
+    FAKE_GPU_SHARED="$tmp/footprint-created.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    FAKE_CUDA_CREATED_CONTEXT_MIB=200 "$build/tests/test_footprint" created-contexts
+run footprint-second-context CUDA_DEVICE_MEMORY_LIMIT=1g \
+    FAKE_GPU_SHARED="$tmp/footprint-second.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXTS_TOGETHER=2 \
+    "$build/tests/test_footprint" second-context
 run footprint-pool-cache CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-pool.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" pool-cache
 run footprint-nvml-na CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-na.shm" \

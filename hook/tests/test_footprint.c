@@ -20,7 +20,14 @@
  *   test_footprint bystander
  *                       the same, with this process's probe refused and a process of a third
  *                       container (its context made earlier) growing by the same 64 MiB while
- *                       this one allocates: it is not taken for this process. */
+ *                       this one allocates: it is not taken for this process.
+ *   test_footprint created-contexts
+ *                       with FAKE_CUDA_CREATED_CONTEXT_MIB=200: each cuCtxCreate context holds
+ *                       200 MiB more; one that does not fit under the cap is refused.
+ *   test_footprint second-context
+ *                       the host pid left unknown the same way, this process makes a second
+ *                       context while a third container's process makes its first: the one
+ *                       new pid then is that process's, and is not taken for this one. */
 #include <cuda.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -355,8 +362,119 @@ static int bystander(const char *program)
     return check_done("test_footprint bystander");
 }
 
+/* A process of a third container that makes its first context when told to, says so, and
+ * holds it until its pipe closes. */
+static int late_child(int cmd_fd, int ack_fd)
+{
+    CUcontext ctx;
+    char c;
+    if (read(cmd_fd, &c, 1) != 1 || cuInit(0) != 0 || cuDevicePrimaryCtxRetain(&ctx, 0) != 0 ||
+        write(ack_fd, "a", 1) != 1)
+        return 4;
+    while (read(cmd_fd, &c, 1) == 1)
+        ;
+    return 0;
+}
+
+static int late_cmd = -1, late_ack = -1;
+
+/* Inside this process's second cuCtxCreate: the third container's process makes its first. */
+static void late_makes_context(void)
+{
+    char c;
+    if (write(late_cmd, "g", 1) != 1 || read(late_ack, &c, 1) != 1)
+        fprintf(stderr, "the third container's process did not answer\n");
+}
+
+static int second_context(const char *program)
+{
+    int cmd[2], ack[2], idle[2];
+    if (pipe(cmd) != 0 || pipe(ack) != 0 || pipe(idle) != 0)
+        return 1;
+    pid_t third = spawn(program, "late-child", "third", "0", cmd[0], ack[1]);
+    close(cmd[0]);
+    close(ack[1]);
+    late_cmd = cmd[1];
+    late_ack = ack[0];
+    pid_t peer = spawn(program, "idle-child", "peer", "2", idle[0], -1);
+    close(idle[0]);
+    CUcontext ctx, second = NULL;
+    CUdeviceptr small = 0, big = 0;
+    int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET"));
+    strcpy(fake_cuda_fail_next, "cuMemAlloc_v2"); /* the library's probe */
+    int made = cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+               cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cuMemAlloc(&small, 1 * MiB) == 0 &&
+               open_region();
+    int self = made ? slot_of(getpid()) : -1;
+    check(self >= 0 && region->slots[self].host_pid == 0, "a context made at the same moment as "
+          "the peer's, the probe refused: the host pid is not known yet");
+    strcpy(fake_cuda_inside, "cuCtxCreate");
+    fake_cuda_inside_fn = late_makes_context;
+    CUresult rc = cuCtxCreate_v2(&second, 0, 0);
+    int32_t learnt = self >= 0 ? region->slots[self].host_pid : -1;
+    check(rc == CUDA_SUCCESS && learnt == 0, "a second context made while a third container's "
+          "process made its first (NVML pid %d): that pid, the only new one, is not taken for "
+          "this process (host pid %d, rc %d)", (int)third + offset, learnt, rc);
+    made = cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cuMemAlloc(&big, 64 * MiB) == CUDA_SUCCESS;
+    learnt = self >= 0 ? region->slots[self].host_pid : -1;
+    check(made && learnt == getpid() + offset, "the next 64 MiB allocation still learns this "
+          "process's own (%d, pid %d)", learnt, (int)getpid());
+    close(late_cmd);
+    close(idle[1]);
+    int s1 = -1, s2 = -1;
+    waitpid(third, &s1, 0);
+    waitpid(peer, &s2, 0);
+    check(s1 == 0 && s2 == 0, "the other processes did their part (status 0x%x, 0x%x)", s1, s2);
+    return check_done("test_footprint second-context");
+}
+
+/* Contexts past the first hold memory too (a created context's own, 200 MiB here): one that
+ * does not fit is refused like an allocation, not charged past the cap. */
+static int created_contexts(void)
+{
+    const uint64_t cap = 1024 * MiB;
+    CUcontext primary, made[4] = {NULL};
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(primary) == CUDA_SUCCESS,
+          "the primary context (300 MiB)");
+    if (!check(open_region(), "region readable"))
+        return check_done("test_footprint created-contexts");
+    int fitted = 0;
+    for (int i = 0; i < 3; i++)
+        fitted += cuCtxCreate_v2(&made[i], 0, 0) == CUDA_SUCCESS;
+    check(fitted == 3 && used() == 900 * MiB, "three created contexts fit beside it (counted "
+          "%llu MiB)", (unsigned long long)(used() / MiB));
+    CUresult rc = cuCtxCreate_v2(&made[3], 0, 0);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY, "a fourth (1100 MiB) is refused: rc %d", rc);
+    check(fake_cuda_device_used(0) == 900 * MiB && used() == 900 * MiB,
+          "and destroyed again: the process holds %llu MiB, counted %llu MiB, on the %llu MiB cap",
+          (unsigned long long)(fake_cuda_device_used(0) / MiB), (unsigned long long)(used() / MiB),
+          (unsigned long long)(cap / MiB));
+    CUcontext current = NULL;
+    check(cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != made[3] &&
+              cuCtxSetCurrent(primary) == CUDA_SUCCESS,
+          "the refused context is not the thread's current one");
+    uint64_t counted = cuCtxDestroy_v2(made[0]) == CUDA_SUCCESS ? used() : 0;
+    check(counted == 700 * MiB, "a destroyed one gives its 200 MiB back (counted %llu MiB)",
+          (unsigned long long)(counted / MiB));
+    counted = cuCtxCreate_v2(&made[0], 0, 0) == CUDA_SUCCESS ? used() : 0;
+    check(counted == 900 * MiB, "and another fits in its place (counted %llu MiB)",
+          (unsigned long long)(counted / MiB));
+    CUcontext again;
+    check(cuDevicePrimaryCtxRetain(&again, 0) == CUDA_SUCCESS && again == primary &&
+              used() == 900 * MiB,
+          "a retain of the active primary context makes and counts nothing");
+    return check_done("test_footprint created-contexts");
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "created-contexts") == 0)
+        return created_contexts();
+    if (argc == 4 && strcmp(argv[1], "late-child") == 0)
+        return late_child(atoi(argv[2]), atoi(argv[3]));
+    if (argc == 2 && strcmp(argv[1], "second-context") == 0)
+        return second_context(argv[0]);
     if (argc == 4 && strcmp(argv[1], "bystander-child") == 0)
         return bystander_child(atoi(argv[2]), atoi(argv[3]));
     if (argc == 4 && strcmp(argv[1], "idle-child") == 0)

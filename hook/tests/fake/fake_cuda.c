@@ -474,6 +474,7 @@ static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
     }
     *ctx = (struct fake_ctx){.dev = dev, .magic = CTX_MAGIC};
     current = ctx;
+    run_inside("cuCtxCreate"); /* the context made, not yet returned */
     *pctx = (CUcontext)ctx;
     return CUDA_SUCCESS;
 }

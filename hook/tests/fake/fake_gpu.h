@@ -71,6 +71,7 @@ static struct gpu_shared *gpu;
 static int gpu_is_shared;
 static uint64_t gpu_queue_ns;            /* FAKE_CUDA_QUEUE_NS: the push buffer */
 static uint64_t gpu_ctx_bytes;           /* FAKE_CUDA_CONTEXT_MIB */
+static uint64_t gpu_created_ctx_bytes;   /* FAKE_CUDA_CREATED_CONTEXT_MIB */
 static uint64_t gpu_lazy_bytes;          /* FAKE_CUDA_LAZY_MIB */
 static uint64_t gpu_total_bytes;         /* set by fake_cuda.c (FAKE_CUDA_MEM_MIB) */
 static pthread_once_t gpu_once = PTHREAD_ONCE_INIT;
@@ -195,6 +196,7 @@ static void gpu_setup(void)
     const char *path = getenv("FAKE_GPU_SHARED");
     gpu_queue_ns = gpu_env("FAKE_CUDA_QUEUE_NS", 200000000u);
     gpu_ctx_bytes = gpu_env("FAKE_CUDA_CONTEXT_MIB", 0) << 20;
+    gpu_created_ctx_bytes = gpu_env("FAKE_CUDA_CREATED_CONTEXT_MIB", 0) << 20;
     gpu_lazy_bytes = gpu_env("FAKE_CUDA_LAZY_MIB", 0) << 20;
     if (path != NULL && path[0] != '\0') {
         gpu = gpu_open_shared(path);
@@ -417,13 +419,19 @@ static int gpu_submit(int dev, uint64_t work)
     return p != NULL ? 0 : -1;
 }
 
-/* One more context of the caller on dev (primary or created); its first is charged. */
+/* One more context of the caller on dev (primary or created); its first is charged, and each
+ * created one holds memory of its own too. */
 static int gpu_ctx_ref(int dev, int primary)
 {
     struct gpu_device *d = gpu_enter(dev);
     struct gpu_proc *p = gpu_entry(d, (int32_t)getpid());
-    int ok = p != NULL && (p->primary_refs + p->created_ctxs > 0 ||
-                           gpu_charge(d, &p->ctx_bytes, gpu_ctx_bytes));
+    int first = p != NULL && p->primary_refs + p->created_ctxs == 0;
+    int ok = p != NULL && (!first || gpu_charge(d, &p->ctx_bytes, gpu_ctx_bytes));
+    if (ok && !primary && !gpu_charge(d, &p->ctx_bytes, gpu_created_ctx_bytes)) {
+        if (first)
+            gpu_uncharge(d, &p->ctx_bytes, gpu_ctx_bytes);
+        ok = 0;
+    }
     if (ok)
         *(primary ? &p->primary_refs : &p->created_ctxs) += 1;
     gpu_unlock(d);
@@ -458,6 +466,8 @@ static int gpu_ctx_unref(int dev, int primary)
     struct gpu_proc *p = gpu_find(d, (int32_t)getpid());
     uint32_t *count = p == NULL ? NULL : primary ? &p->primary_refs : &p->created_ctxs;
     int ok = count != NULL && *count > 0;
+    if (ok && !primary)
+        gpu_uncharge(d, &p->ctx_bytes, gpu_created_ctx_bytes);
     if (ok && --*count == 0 && p->primary_refs + p->created_ctxs == 0) {
         gpu_uncharge(d, &p->ctx_bytes, p->ctx_bytes);
         gpu_uncharge(d, &p->lazy_bytes, p->lazy_bytes);

@@ -25,12 +25,14 @@ extern char fake_cuda_fail_next[64];
 extern int fake_cuda_capturing;
 /* fake_cuda_inside_fn runs once inside the next call of the entry point fake_cuda_inside names
  * (cuMemFree_v2: before it frees; cuPointerGetAttribute: after its answer is known;
- * cuMemAlloc_v2 and the other current-context allocations: after the memory is taken). */
+ * cuMemAlloc_v2 and the other current-context allocations: after the memory is taken;
+ * "cuCtxCreate", any version: once the context is made). */
 extern char fake_cuda_inside[64];
 extern void (*fake_cuda_inside_fn)(void);
 
 /* Physical bytes held by the calling process on dev: its allocations + its context and lazy
- * module bytes (FAKE_CUDA_CONTEXT_MIB, FAKE_CUDA_LAZY_MIB; both 0 by default). */
+ * module bytes (FAKE_CUDA_CONTEXT_MIB for its first context, FAKE_CUDA_CREATED_CONTEXT_MIB more
+ * for each cuCtxCreate context, FAKE_CUDA_LAZY_MIB; all 0 by default). */
 uint64_t fake_cuda_device_used(int dev);
 uint64_t fake_cuda_device_physical_used(int dev); /* the same, every live process together */
 uint64_t fake_cuda_device_total(int dev);
