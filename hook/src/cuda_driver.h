@@ -44,6 +44,10 @@ struct vgpu_cuda_real {
     CUresult (*cuMemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
                             unsigned long long);
     CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+    CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                         unsigned long long);
+    CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
+    CUresult (*cuMemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
     CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
     CUresult (*cuMemAllocAsync_ptsz)(CUdeviceptr *, size_t, CUstream);
     CUresult (*cuMemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);

@@ -1,11 +1,14 @@
 /* cuda_memory.c - every driver call that allocates device memory reserves it under the cap
  * first and keeps the reservation under the returned key; every call that frees gives it back. */
 #define _GNU_SOURCE
+#include <stdlib.h>
+
 #include "cuda_driver.h"
 #include "footprint.h"
 #include "log.h"
 #include "memory.h"
 #include "region.h"
+#include "vmm.h"
 
 /* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: the current context's default stream. */
 static int default_stream(CUstream stream)
@@ -76,8 +79,9 @@ static CUresult settle(CUresult rc, enum vgpu_alloc_kind kind, uint64_t key, int
     return rc;
 }
 
-/* The driver calls that give memory back, all handled the same way. */
-enum free_api { FREE, FREE_V1, FREE_ASYNC, FREE_ASYNC_PTSZ, ARRAY_DESTROY, HANDLE_RELEASE };
+/* The driver calls that give memory back at once, all handled the same way (cuMemRelease, whose
+ * memory may stay mapped, is below). */
+enum free_api { FREE, FREE_V1, FREE_ASYNC, FREE_ASYNC_PTSZ, ARRAY_DESTROY };
 
 /* Per free_api: where its real function is (NULL: this driver lacks it) and what it frees. */
 static const struct {
@@ -89,7 +93,6 @@ static const struct {
     [FREE_ASYNC] = {(void *const *)&real.cuMemFreeAsync, VGPU_KIND_POINTER},
     [FREE_ASYNC_PTSZ] = {(void *const *)&real.cuMemFreeAsync_ptsz, VGPU_KIND_POINTER},
     [ARRAY_DESTROY] = {(void *const *)&real.cuArrayDestroy, VGPU_KIND_ARRAY},
-    [HANDLE_RELEASE] = {(void *const *)&real.cuMemRelease, VGPU_KIND_HANDLE},
 };
 
 static CUresult call_free(enum free_api api, uint64_t key, CUstream stream)
@@ -99,8 +102,7 @@ static CUresult call_free(enum free_api api, uint64_t key, CUstream stream)
     case FREE_V1: return real.cuMemFree((v1_ptr)key);
     case FREE_ASYNC: return real.cuMemFreeAsync((CUdeviceptr)key, stream);
     case FREE_ASYNC_PTSZ: return real.cuMemFreeAsync_ptsz((CUdeviceptr)key, stream);
-    case ARRAY_DESTROY: return real.cuArrayDestroy((CUarray)(uintptr_t)key);
-    default: return real.cuMemRelease((CUmemGenericAllocationHandle)key);
+    default: return real.cuArrayDestroy((CUarray)(uintptr_t)key);
     }
 }
 
@@ -529,9 +531,96 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t by
     return rc;
 }
 
+/* ---- a cuMemCreate allocation lives while referenced or mapped (vmm.h) ------------------- */
+
+/* The memory of a handle was freed by the driver call just made: its recording, copied before
+ * that call (serial 0: not counted), is removed and its bytes given back, unless the driver
+ * has handed the handle out anew meanwhile (then insert() gave them back already). */
+static void give_back_handle(const struct vgpu_mem_record *before)
+{
+    if (before->serial != 0 && vgpu_mem_untrack_exact(before))
+        vgpu_mem_unreserve(before->dev, before->bytes);
+}
+
 VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    return release_counted(HANDLE_RELEASE, handle, NULL);
+    if (!ready() || real.cuMemRelease == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct vgpu_mem_record before = {0};
+    vgpu_mem_find(VGPU_KIND_HANDLE, handle, &before);
+    vgpu_mem_op_begin();
+    CUresult rc = real.cuMemRelease(handle);
+    if (rc == CUDA_SUCCESS && vgpu_vmm_released(handle))
+        give_back_handle(&before);
+    vgpu_mem_op_end();
+    return rc;
+}
+
+/* A mapping that cannot be recorded is undone and refused: unrecorded, it would not keep the
+ * memory counted once the handle is released. */
+VGPU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                              CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    if (!ready() || real.cuMemMap == NULL || real.cuMemUnmap == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuMemMap(ptr, size, offset, handle, flags);
+    if (rc != CUDA_SUCCESS || vgpu_vmm_mapped(ptr, size, handle) == 0)
+        return rc;
+    real.cuMemUnmap(ptr, size);
+    vgpu_log(VGPU_LOG_ERROR, "out of host memory recording a memory mapping: refused");
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
+                                                 void *addr)
+{
+    if (!ready() || real.cuMemRetainAllocationHandle == NULL || real.cuMemRelease == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuMemRetainAllocationHandle(handle, addr);
+    if (rc != CUDA_SUCCESS || handle == NULL || vgpu_vmm_retained(*handle) == 0)
+        return rc;
+    real.cuMemRelease(*handle);
+    vgpu_log(VGPU_LOG_ERROR, "out of host memory recording a handle's reference: refused");
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* The mappings cuMemUnmap takes may be the last hold on their memory: the handles' recordings
+ * are copied before the call, and those vmm says the unmap freed are given back after it. */
+VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    if (!ready() || real.cuMemUnmap == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    size_t n = vgpu_vmm_handles_in(ptr, size, NULL, 0);
+    uint64_t *handles = n != 0 ? calloc(2 * n, sizeof *handles) : NULL; /* and those freed */
+    struct vgpu_mem_record *before = n != 0 ? calloc(n, sizeof *before) : NULL;
+    if (n != 0 && (handles == NULL || before == NULL)) {
+        free(handles);
+        free(before);
+        vgpu_log(VGPU_LOG_ERROR, "out of host memory before unmapping memory: refused");
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    size_t room = n;
+    n = vgpu_vmm_handles_in(ptr, size, handles, room);
+    n = n < room ? n : room;
+    for (size_t i = 0; i < n; i++)
+        vgpu_mem_find(VGPU_KIND_HANDLE, handles[i], &before[i]);
+    vgpu_mem_op_begin();
+    CUresult rc = real.cuMemUnmap(ptr, size);
+    if (rc == CUDA_SUCCESS && n != 0) {
+        uint64_t *freed = handles + room;
+        size_t nfreed = vgpu_vmm_unmapped(ptr, size, freed, room);
+        for (size_t f = 0; f < nfreed; f++)
+            for (size_t i = 0; i < n; i++)
+                if (handles[i] == freed[f] && before[i].serial != 0) {
+                    give_back_handle(&before[i]);
+                    before[i].serial = 0;
+                    break;
+                }
+    }
+    vgpu_mem_op_end();
+    free(handles);
+    free(before);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)

@@ -214,10 +214,34 @@ int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t
     return e != NULL;
 }
 
+static struct vgpu_mem_record record_of(const struct entry *e)
+{
+    return (struct vgpu_mem_record){.key = e->key, .bytes = e->bytes, .serial = e->serial,
+                                    .dev = e->dev, .kind = e->kind};
+}
+
+int vgpu_mem_find(enum vgpu_alloc_kind kind, uint64_t key, struct vgpu_mem_record *out)
+{
+    pthread_once(&table_once, table_init);
+    uint64_t h = mix(key, (int)kind);
+    struct shard *s = &shards[h & (SHARDS - 1)];
+    pthread_mutex_lock(&s->lock);
+    const struct entry *e = NULL;
+    if (s->nbuckets != 0)
+        for (e = s->buckets[(size_t)(h >> 6) & (s->nbuckets - 1)]; e != NULL; e = e->next)
+            if (e->key == key && e->kind == (int)kind)
+                break;
+    if (e != NULL)
+        *out = record_of(e);
+    pthread_mutex_unlock(&s->lock);
+    return e != NULL;
+}
+
 /* Removes key only while it is still the recording the question was asked about: an
  * allocation that took the same key since (the driver reuses addresses) stays. */
-static int untrack_exact(const struct entry *asked)
+int vgpu_mem_untrack_exact(const struct vgpu_mem_record *asked)
 {
+    pthread_once(&table_once, table_init);
     uint64_t h = mix(asked->key, asked->kind);
     struct shard *s = &shards[h & (SHARDS - 1)];
     pthread_mutex_lock(&s->lock);
@@ -238,7 +262,7 @@ uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev,
                               enum vgpu_held (*ask)(uint64_t key), size_t *unanswered)
 {
     pthread_once(&table_once, table_init);
-    struct entry *list = NULL;
+    struct vgpu_mem_record *list = NULL;
     size_t n = 0, cap = 0;
     int short_of_memory = 0;
     *unanswered = 0;
@@ -252,7 +276,7 @@ uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev,
                     continue;
                 if (n == cap) {
                     size_t more = cap != 0 ? cap * 2 : 64;
-                    struct entry *grown = realloc(list, more * sizeof *list);
+                    struct vgpu_mem_record *grown = realloc(list, more * sizeof *list);
                     if (grown == NULL) {
                         short_of_memory = 1;
                         break;
@@ -260,7 +284,7 @@ uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev,
                     list = grown;
                     cap = more;
                 }
-                list[n++] = *e;
+                list[n++] = record_of(e);
             }
         }
         pthread_mutex_unlock(&s->lock);
@@ -274,7 +298,7 @@ uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev,
         enum vgpu_held answer = ask(list[i].key);
         if (answer == VGPU_HELD_UNKNOWN)
             ++*unanswered;
-        if (answer != VGPU_HELD_GONE || !untrack_exact(&list[i]))
+        if (answer != VGPU_HELD_GONE || !vgpu_mem_untrack_exact(&list[i]))
             continue;
         vgpu_region_release(list[i].dev, list[i].bytes);
         dropped += list[i].bytes;

@@ -29,6 +29,21 @@ int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t
  * to another allocation, this one was freed already (with its context): its bytes go back. */
 void vgpu_mem_track_again(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes);
 
+/* One recording of an allocation, as the table held it (serial: which recording of key, from
+ * 1; a record vgpu_mem_find did not fill keeps the 0 it was initialised with). */
+struct vgpu_mem_record {
+    uint64_t key, bytes, serial;
+    int dev, kind;
+};
+
+/* Copies key's recording into *out; 0 when this process does not count key. */
+int vgpu_mem_find(enum vgpu_alloc_kind kind, uint64_t key, struct vgpu_mem_record *out);
+
+/* Removes asked's key while it still is that recording, and returns 1 (the caller gives its
+ * bytes back); 0 when it is gone or was recorded again since (the driver freed it and handed
+ * the key out anew: insert gave the old bytes back then). */
+int vgpu_mem_untrack_exact(const struct vgpu_mem_record *asked);
+
 /* The driver's answer about a recorded key: still allocated, freed, or it cannot say. */
 enum vgpu_held { VGPU_HELD_YES, VGPU_HELD_GONE, VGPU_HELD_UNKNOWN };
 

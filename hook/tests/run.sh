@@ -37,6 +37,7 @@ run settings "$units/test_settings"
 run control "$units/test_control"
 run ledger "$units/test_ledger"
 run graphs "$units/test_graphs"
+run vmm "$units/test_vmm"
 run alloc CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m "$build/tests/test_alloc"
 # A driver before CUDA 12.8 (no cuStreamGetDevice): a stream's device through its context.
 run alloc-old-driver CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m \

@@ -188,6 +188,70 @@ static void vmm(void)
     use_device(0);
 }
 
+/* A cuMemCreate allocation lives while its handle is referenced or mapped (cuda.h, cuMemRelease):
+ * its bytes stay counted until both are gone. Releasing the handle right after mapping it is
+ * the usual idiom; the library before gave the bytes back at that release, so a loop of
+ * create, map, release held any amount under the cap. */
+static void vmm_mapped(void)
+{
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    CUmemGenericAllocationHandle h = 0, h2 = 0, again = 0;
+    CUdeviceptr va = 0, va2 = 0;
+    use_device(0);
+    int mapped = cuMemCreate(&h, 512 * MiB, &prop, 0) == CUDA_SUCCESS &&
+                 cuMemAddressReserve(&va, 1024 * MiB, 0, 0, 0) == CUDA_SUCCESS &&
+                 cuMemMap(va, 512 * MiB, 0, h, 0) == CUDA_SUCCESS &&
+                 cuMemRelease(h) == CUDA_SUCCESS;
+    uint64_t counted = container_used(), held = fake_cuda_device_used(0);
+    check(mapped && counted == 512 * MiB && held == 512 * MiB, "512 MiB created, mapped and "
+          "released: still mapped, still counted (%llu MiB; the driver holds %llu MiB)",
+          (unsigned long long)(counted / MiB), (unsigned long long)(held / MiB));
+    CUresult rc = cuMemCreate(&h2, 600 * MiB, &prop, 0);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY, "600 MiB more is refused under the 1 GiB cap (rc %d)",
+          rc);
+    counted = cuMemUnmap(va, 512 * MiB) == CUDA_SUCCESS ? container_used() : 1;
+    check(counted == 0 && fake_cuda_device_used(0) == 0,
+          "unmapped: freed and given back (%llu MiB counted)", (unsigned long long)(counted / MiB));
+
+    /* NCCL frees this way: retain the handle from the address, release it, unmap, release. */
+    mapped = cuMemCreate(&h, 256 * MiB, &prop, 0) == CUDA_SUCCESS &&
+             cuMemMap(va, 256 * MiB, 0, h, 0) == CUDA_SUCCESS &&
+             cuMemRetainAllocationHandle(&again, (void *)(uintptr_t)(va + MiB)) == CUDA_SUCCESS &&
+             again == h && cuMemRelease(again) == CUDA_SUCCESS;
+    counted = container_used();
+    int unmapped = cuMemUnmap(va, 256 * MiB) == CUDA_SUCCESS;
+    uint64_t counted_unmapped = container_used();
+    int released = cuMemRelease(h) == CUDA_SUCCESS;
+    check(mapped && unmapped && released && counted == 256 * MiB &&
+              counted_unmapped == 256 * MiB && container_used() == 0,
+          "retained, released, unmapped: counted (%llu, %llu MiB) until the last reference goes "
+          "(%llu MiB)", (unsigned long long)(counted / MiB),
+          (unsigned long long)(counted_unmapped / MiB),
+          (unsigned long long)(container_used() / MiB));
+
+    /* One handle at two addresses, and one cuMemUnmap over two adjacent mappings. */
+    mapped = cuMemCreate(&h, 128 * MiB, &prop, 0) == CUDA_SUCCESS &&
+             cuMemCreate(&h2, 128 * MiB, &prop, 0) == CUDA_SUCCESS &&
+             cuMemAddressReserve(&va2, 512 * MiB, 0, 0, 0) == CUDA_SUCCESS &&
+             cuMemMap(va, 128 * MiB, 0, h, 0) == CUDA_SUCCESS &&
+             cuMemMap(va + 128 * MiB, 128 * MiB, 0, h2, 0) == CUDA_SUCCESS &&
+             cuMemMap(va2, 128 * MiB, 0, h, 0) == CUDA_SUCCESS &&
+             cuMemRelease(h) == CUDA_SUCCESS && cuMemRelease(h2) == CUDA_SUCCESS;
+    counted = cuMemUnmap(va, 256 * MiB) == CUDA_SUCCESS ? container_used() : 0;
+    check(mapped && counted == 128 * MiB, "two handles released, one also mapped elsewhere: one "
+          "unmap of both adjacent mappings gives back only the other (%llu MiB left)",
+          (unsigned long long)(counted / MiB));
+    counted = cuMemUnmap(va2, 128 * MiB) == CUDA_SUCCESS ? container_used() : 1;
+    check(counted == 0 && fake_cuda_device_used(0) == 0, "its last mapping gone: 0 MiB");
+    check(cuMemUnmap(va2, 128 * MiB) == CUDA_ERROR_INVALID_VALUE && container_used() == 0,
+          "an unmap the driver refuses changes nothing");
+    check(cuMemRelease(h) == CUDA_ERROR_INVALID_VALUE && container_used() == 0,
+          "nor does a release of a handle already freed");
+    cuMemAddressFree(va, 1024 * MiB);
+    cuMemAddressFree(va2, 512 * MiB);
+}
+
 /* Stream-ordered allocations come from the stream's device, whatever context is current, and
  * on a stream named explicitly need no current context at all: each counted on the stream's
  * device (the library before counted them on the current context's device, or not at all). */
@@ -662,6 +726,7 @@ int main(int argc, char **argv)
     families();
     streams();
     vmm();
+    vmm_mapped();
     errors();
     nvml(1024 * MiB, 512 * MiB);
     legacy_v1();

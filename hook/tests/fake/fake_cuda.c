@@ -65,6 +65,7 @@ struct alloc {
     int dev;
     int32_t pid;
     int pooled; /* from a pool: its free goes back to the pool's cache */
+    uint32_t refs, maps; /* a cuMemCreate handle's references and mappings (cuMemRelease) */
     const struct fake_ctx *owner; /* freed with this context (NULL: a cuMemCreate handle or a
                                    * stream-ordered allocation, no context's) */
 };
@@ -788,6 +789,15 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR
 
 EXPORT CUresult cuArrayDestroy(CUarray array) { return fake_free((uint64_t)(uintptr_t)array); }
 
+/* The live allocation at exactly key, or NULL. Caller holds table_lock. */
+static struct alloc *find_alloc(uint64_t key)
+{
+    size_t i = slot_of(key);
+    while (key > tombstone && table[i].key != 0 && table[i].key != key)
+        i = (i + 1) & (TABLE_SIZE - 1);
+    return key > tombstone && table[i].key == key ? &table[i] : NULL;
+}
+
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
                             const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -799,12 +809,136 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
         return CUDA_ERROR_INVALID_DEVICE;
     CUdeviceptr key;
     CUresult rc = alloc_on(prop->location.id, &key, bytes, "cuMemCreate", NULL);
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS) {
+        pthread_mutex_lock(&table_lock);
+        find_alloc(key)->refs = 1;
+        pthread_mutex_unlock(&table_lock);
         *handle = key;
+    }
     return rc;
 }
 
-EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return fake_free(handle); }
+/* Virtual memory management as cuda.h says (cuMemRelease): a cuMemCreate allocation "will be
+ * freed when all outstanding mappings to the memory are unmapped and when all outstanding
+ * references to the handle are also released". Addresses are reserved from a range of their
+ * own; a mapping covers one handle from its start (offset 0, as cuMemMap requires). */
+enum { MAX_MAPPINGS = 256 };
+static struct mapping {
+    uint64_t va, size, handle;
+} mappings[MAX_MAPPINGS];
+static uint64_t next_reserved = UINT64_C(0x600000000000);
+
+/* Frees a handle nothing holds any more. Caller holds table_lock. */
+static void free_if_unheld(struct alloc *a)
+{
+    if (a->refs != 0 || a->maps != 0)
+        return;
+    struct alloc gone = *a;
+    a->key = tombstone;
+    gpu_free(gone.dev, gone.pid, gone.bytes);
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    __atomic_add_fetch(&fake_cuda_stats.free_calls, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&table_lock);
+    struct alloc *a = find_alloc(handle);
+    CUresult rc = a == NULL || a->refs == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS) {
+        a->refs--;
+        free_if_unheld(a);
+    }
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                    CUdeviceptr addr, unsigned long long flags)
+{
+    (void)alignment, (void)addr, (void)flags;
+    if (ptr == NULL || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&table_lock);
+    *ptr = next_reserved;
+    next_reserved += (size + 0x1fffff) & ~UINT64_C(0x1fffff);
+    pthread_mutex_unlock(&table_lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    (void)ptr, (void)size;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    (void)flags;
+    pthread_mutex_lock(&table_lock);
+    struct alloc *a = find_alloc(handle);
+    struct mapping *slot = NULL;
+    int overlaps = 0;
+    for (int i = 0; i < MAX_MAPPINGS; i++) {
+        if (mappings[i].size == 0 && slot == NULL)
+            slot = &mappings[i];
+        overlaps |= mappings[i].size != 0 && ptr < mappings[i].va + mappings[i].size &&
+                    mappings[i].va < ptr + size;
+    }
+    CUresult rc = a == NULL || a->refs == 0 || offset != 0 || size == 0 || size > a->bytes ||
+                  overlaps ? CUDA_ERROR_INVALID_VALUE
+                  : slot == NULL ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS) {
+        *slot = (struct mapping){.va = ptr, .size = size, .handle = handle};
+        a->maps++;
+    }
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+/* Unmaps the mappings from ptr on, each starting where the one before ended, up to ptr + size
+ * (the range must be whole mappings). */
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&table_lock);
+    for (uint64_t at = ptr; at - ptr < size;) {
+        struct mapping *m = NULL;
+        for (int i = 0; i < MAX_MAPPINGS && m == NULL; i++)
+            if (mappings[i].size != 0 && mappings[i].va == at)
+                m = &mappings[i];
+        if (m == NULL)
+            break;
+        at += m->size;
+        struct alloc *a = find_alloc(m->handle);
+        *m = (struct mapping){0};
+        if (a != NULL) {
+            a->maps--;
+            free_if_unheld(a);
+        }
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    uint64_t at = (uint64_t)(uintptr_t)addr;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; i < MAX_MAPPINGS && rc != CUDA_SUCCESS; i++) {
+        struct alloc *a = mappings[i].size != 0 && at - mappings[i].va < mappings[i].size
+                              ? find_alloc(mappings[i].handle) : NULL;
+        if (a != NULL && handle != NULL) {
+            a->refs++;
+            *handle = a->key;
+            rc = CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
 
 /* Each device's default pool, which is also its current one (the fake has no others): a handle
  * names its device. */
@@ -1879,6 +2013,11 @@ static const struct proc procs[] = {
     P("cuArrayDestroy", cuArrayDestroy, 2000, 0),
     P("cuMemCreate", cuMemCreate, 10020, 0),
     P("cuMemRelease", cuMemRelease, 10020, 0),
+    P("cuMemMap", cuMemMap, 10020, 0),
+    P("cuMemUnmap", cuMemUnmap, 10020, 0),
+    P("cuMemAddressReserve", cuMemAddressReserve, 10020, 0),
+    P("cuMemAddressFree", cuMemAddressFree, 10020, 0),
+    P("cuMemRetainAllocationHandle", cuMemRetainAllocationHandle, 11000, 0),
     P("cuMemAllocAsync", cuMemAllocAsync, 11020, 0),
     P("cuMemAllocAsync", cuMemAllocAsync_ptsz, 11020, 1),
     P("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync, 11020, 0),

@@ -1,0 +1,205 @@
+/* vmm.c - the references and mappings of cuMemCreate allocations (vmm.h), in two small hash
+ * tables under one lock: virtual memory management calls are few next to allocations, and
+ * each costs the driver far more than this. A handle with no record has the one reference
+ * cuMemCreate gave it and no mapping. */
+#include "vmm.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+/* A mapping (key: its address; a: its size, b: its handle) or a handle (key: the handle;
+ * a: its references, b: its mappings). */
+struct node {
+    uint64_t key, a, b;
+    struct node *next;
+};
+
+struct table {
+    struct node **buckets;
+    size_t nbuckets, count;
+};
+
+enum { INITIAL_BUCKETS = 64 };
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t fork_handler_once = PTHREAD_ONCE_INIT;
+static struct table mappings, handles;
+
+static void forget_after_fork(void)
+{
+    /* The parent's mappings are not the child's: a CUDA context does not survive fork. The
+     * tables are leaked on purpose: the child may not touch what another thread was changing. */
+    pthread_mutex_init(&lock, NULL);
+    mappings = (struct table){0};
+    handles = (struct table){0};
+}
+
+static void register_fork_handler(void) { pthread_atfork(NULL, NULL, forget_after_fork); }
+
+static void take_lock(void)
+{
+    pthread_once(&fork_handler_once, register_fork_handler);
+    pthread_mutex_lock(&lock);
+}
+
+static size_t bucket_of(const struct table *t, uint64_t key)
+{
+    uint64_t h = key ^ (key >> 33);
+    h *= UINT64_C(0xff51afd7ed558ccd);
+    return (size_t)(h ^ (h >> 33)) & (t->nbuckets - 1);
+}
+
+static struct node *find(const struct table *t, uint64_t key)
+{
+    if (t->nbuckets == 0)
+        return NULL;
+    for (struct node *n = t->buckets[bucket_of(t, key)]; n != NULL; n = n->next)
+        if (n->key == key)
+            return n;
+    return NULL;
+}
+
+/* Doubles the buckets once there are as many nodes; -1 when out of memory with none yet. */
+static int grow(struct table *t)
+{
+    if (t->count < t->nbuckets)
+        return 0;
+    size_t n = t->nbuckets != 0 ? t->nbuckets * 2 : INITIAL_BUCKETS;
+    struct node **b = calloc(n, sizeof *b);
+    if (b == NULL)
+        return t->nbuckets != 0 ? 0 : -1; /* longer chains, still correct */
+    struct table bigger = {.buckets = b, .nbuckets = n, .count = t->count};
+    for (size_t i = 0; i < t->nbuckets; i++) {
+        for (struct node *e = t->buckets[i], *next; e != NULL; e = next) {
+            next = e->next;
+            size_t at = bucket_of(&bigger, e->key);
+            e->next = b[at];
+            b[at] = e;
+        }
+    }
+    free(t->buckets);
+    *t = bigger;
+    return 0;
+}
+
+/* A new node for key (a, b as given); NULL when out of memory. */
+static struct node *add(struct table *t, uint64_t key, uint64_t a, uint64_t b)
+{
+    struct node *n = malloc(sizeof *n);
+    if (n == NULL || grow(t) != 0) {
+        free(n);
+        return NULL;
+    }
+    size_t at = bucket_of(t, key);
+    *n = (struct node){.key = key, .a = a, .b = b, .next = t->buckets[at]};
+    t->buckets[at] = n;
+    t->count++;
+    return n;
+}
+
+static void drop(struct table *t, uint64_t key)
+{
+    if (t->nbuckets == 0)
+        return;
+    for (struct node **link = &t->buckets[bucket_of(t, key)]; *link != NULL;
+         link = &(*link)->next) {
+        if ((*link)->key == key) {
+            struct node *n = *link;
+            *link = n->next;
+            t->count--;
+            free(n);
+            return;
+        }
+    }
+}
+
+/* The record of handle, made (one reference, no mapping) if it has none; NULL: out of memory. */
+static struct node *handle_record(uint64_t handle)
+{
+    struct node *h = find(&handles, handle);
+    return h != NULL ? h : add(&handles, handle, 1, 0);
+}
+
+/* Drops handle's record once it is back to what no record means; 1 when nothing holds it. */
+static int settle(struct node *h)
+{
+    uint64_t refs = h->a, maps = h->b;
+    if ((refs == 1 && maps == 0) || (refs == 0 && maps == 0))
+        drop(&handles, h->key);
+    return refs == 0 && maps == 0;
+}
+
+int vgpu_vmm_mapped(uint64_t va, uint64_t size, uint64_t handle)
+{
+    take_lock();
+    struct node *h = handle_record(handle);
+    int ok = h != NULL && add(&mappings, va, size, handle) != NULL;
+    if (ok)
+        h->b++;
+    else if (h != NULL)
+        settle(h); /* a record just made for this is dropped again */
+    pthread_mutex_unlock(&lock);
+    return ok ? 0 : -1;
+}
+
+int vgpu_vmm_retained(uint64_t handle)
+{
+    take_lock();
+    struct node *h = handle_record(handle);
+    if (h != NULL)
+        h->a++;
+    pthread_mutex_unlock(&lock);
+    return h != NULL ? 0 : -1;
+}
+
+int vgpu_vmm_released(uint64_t handle)
+{
+    take_lock();
+    struct node *h = find(&handles, handle);
+    int freed = h == NULL; /* its one reference, no mapping */
+    if (h != NULL) {
+        h->a -= h->a != 0;
+        freed = settle(h);
+    }
+    pthread_mutex_unlock(&lock);
+    return freed;
+}
+
+size_t vgpu_vmm_handles_in(uint64_t va, uint64_t size, uint64_t *out, size_t max)
+{
+    size_t n = 0;
+    take_lock();
+    for (uint64_t at = va; at - va < size;) {
+        const struct node *m = find(&mappings, at);
+        if (m == NULL || m->a == 0)
+            break;
+        if (n < max)
+            out[n] = m->b;
+        n++;
+        at += m->a;
+    }
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+size_t vgpu_vmm_unmapped(uint64_t va, uint64_t size, uint64_t *freed, size_t max)
+{
+    size_t n = 0;
+    take_lock();
+    for (uint64_t at = va; at - va < size;) {
+        const struct node *m = find(&mappings, at);
+        if (m == NULL || m->a == 0)
+            break;
+        uint64_t handle = m->b, next = at + m->a;
+        drop(&mappings, at);
+        struct node *h = find(&handles, handle);
+        if (h != NULL) {
+            h->b -= h->b != 0;
+            if (settle(h) && n < max)
+                freed[n++] = handle;
+        }
+        at = next;
+    }
+    pthread_mutex_unlock(&lock);
+    return n;
+}
