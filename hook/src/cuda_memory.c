@@ -52,12 +52,27 @@ static int pointer_device(CUdeviceptr ptr)
     return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES ? dev : -1;
 }
 
+static uint64_t pool_cached(CUmemoryPool pool);
+
+/* What stream-ordered frees left counted as cached (vgpu_footprint_pool_kept) is bounded by
+ * what dev's pool caches now, as the pool itself says: a synchronisation releases what passes
+ * its release threshold (0 by default), and NVML may not be able to tell. */
+void vgpu_cuda_check_pool_cache(int dev)
+{
+    CUmemoryPool pool;
+    if (vgpu_footprint_pooled(dev) != 0 && real.cuDeviceGetMemPool != NULL &&
+        real.cuDeviceGetMemPool(&pool, (CUdevice)dev) == CUDA_SUCCESS)
+        vgpu_footprint_pool_holds(dev, pool_cached(pool));
+}
+
 /* Reserve on dev, or answer OOM. dev < 0 (no context): nothing to reserve, the driver decides. */
 static int admit(int dev, uint64_t bytes, const char *api)
 {
     if (dev < 0)
         return 1;
     vgpu_footprint_refresh(dev);
+    if (vgpu_region_used(dev) + bytes > vgpu_region_limit(dev)) /* before it is refused */
+        vgpu_cuda_check_pool_cache(dev);
     if (vgpu_mem_reserve(dev, bytes, api) != 0)
         return 0;
     /* From the driver call until the table has it, NVML may show memory the table does not. */
@@ -119,9 +134,11 @@ static CUresult release_counted(enum free_api api, uint64_t key, CUstream stream
     vgpu_mem_op_begin();
     int known = vgpu_mem_untrack(kind, key, &dev, &bytes);
     CUresult rc = call_free(api, key, stream);
-    if (known && rc == CUDA_SUCCESS)
+    /* What a stream-ordered free gives back may stay in its pool's cache: counted still. */
+    int ordered = api == FREE_ASYNC || api == FREE_ASYNC_PTSZ;
+    if (known && rc == CUDA_SUCCESS && !(ordered && vgpu_footprint_pool_kept(dev, bytes)))
         vgpu_mem_unreserve(dev, bytes);
-    else if (known)
+    else if (known && rc != CUDA_SUCCESS)
         vgpu_mem_track_again(kind, key, dev, bytes);
     vgpu_mem_op_end();
     return rc;
@@ -223,8 +240,77 @@ static void release_pool_cache(const struct pointer_request *r, int dev)
     if (pool == NULL && (real.cuDeviceGetMemPool == NULL ||
                          real.cuDeviceGetMemPool(&pool, (CUdevice)dev) != CUDA_SUCCESS))
         return;
-    if (trim_pool(pool))
+    if (trim_pool(pool)) {
+        vgpu_cuda_check_pool_cache(dev);
         vgpu_footprint_remeasure(dev);
+    }
+}
+
+/* A stream-ordered allocation from its device's current pool, which caches at least its size:
+ * what it took over from what earlier frees left counted there (vgpu_footprint_pool_kept),
+ * and the pool's reserve before the driver call. */
+struct cache_take {
+    CUmemoryPool pool;
+    uint64_t taken;
+    cuuint64_t reserved_before;
+    int trim; /* the allocation was given back: trim the pool once the cache's count is back */
+};
+
+/* Such an allocation may be served from the cache rather than new memory, so it takes over
+ * the bytes frees left counted (up to its size) rather than being counted a second time: only
+ * the rest is reserved. Nothing taken (.taken 0): another pool (whose memory may be another
+ * device's), a cache smaller than the request, or the rest did not fit (they went back). */
+static struct cache_take admit_from_cache(const struct pointer_request *r, int dev)
+{
+    struct cache_take t = {0};
+    cuuint64_t used = 0;
+    if (vgpu_footprint_pooled(dev) == 0 || real.cuDeviceGetMemPool == NULL ||
+        real.cuMemPoolGetAttribute == NULL ||
+        real.cuDeviceGetMemPool(&t.pool, (CUdevice)dev) != CUDA_SUCCESS ||
+        (r->pool != NULL && r->pool != t.pool) ||
+        real.cuMemPoolGetAttribute(t.pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                                   &t.reserved_before) != CUDA_SUCCESS ||
+        real.cuMemPoolGetAttribute(t.pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) !=
+            CUDA_SUCCESS ||
+        t.reserved_before < used || t.reserved_before - used < r->bytes)
+        return (struct cache_take){0};
+    vgpu_footprint_refresh(dev); /* before the take, so that it measures none taken over */
+    t.taken = vgpu_footprint_pool_take(dev, r->bytes, r->bytes);
+    if (t.taken != 0 && !admit(dev, r->bytes - t.taken, pointer_apis[r->api].name)) {
+        vgpu_footprint_pool_put_back(dev, t.taken);
+        t.taken = 0;
+    }
+    return t;
+}
+
+/* After the driver served such an allocation: what the pool's reserve grew by is new memory,
+ * not the cache's (fragmented, the cache may not hold a block that size). Beyond what was
+ * reserved for it, that is reserved now, the bytes taken over going back to the cache's count;
+ * or, past the cap, the allocation is given back and refused (t->trim: so that its memory is
+ * not left cached uncounted). */
+static CUresult cover_growth(const struct pointer_request *r, CUdeviceptr ptr, int dev,
+                             struct cache_take *t)
+{
+    CUresult (*give_back)(CUdeviceptr, CUstream) =
+        r->api == ASYNC_PTSZ || r->api == POOL_PTSZ ? real.cuMemFreeAsync_ptsz
+                                                    : real.cuMemFreeAsync;
+    cuuint64_t after = 0;
+    uint64_t grown = real.cuMemPoolGetAttribute(t->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                                                &after) != CUDA_SUCCESS ? r->bytes
+                     : after > t->reserved_before ? after - t->reserved_before : 0;
+    uint64_t fresh = r->bytes - t->taken;
+    if (grown <= fresh)
+        return CUDA_SUCCESS;
+    uint64_t missing = grown - fresh < t->taken ? grown - fresh : t->taken;
+    if (vgpu_mem_reserve(dev, missing, pointer_apis[r->api].name) == 0) {
+        vgpu_footprint_pool_put_back(dev, missing);
+        t->taken -= missing;
+        return CUDA_SUCCESS;
+    }
+    if (give_back != NULL)
+        give_back(ptr, r->stream);
+    t->trim = 1;
+    return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 /* A pool may be another device's than the stream's, and its memory lives there: the
@@ -269,9 +355,11 @@ static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr
                  pointer_apis[r->api].name);
         return CUDA_ERROR_INVALID_CONTEXT;
     }
-    if (ordered && dev >= 0)
+    struct cache_take cache = ordered && dev >= 0 ? admit_from_cache(r, dev)
+                                                  : (struct cache_take){0};
+    if (cache.taken == 0 && ordered && dev >= 0)
         release_pool_cache(r, dev);
-    if (!admit(dev, r->bytes, pointer_apis[r->api].name))
+    if (cache.taken == 0 && !admit(dev, r->bytes, pointer_apis[r->api].name))
         return CUDA_ERROR_OUT_OF_MEMORY;
     /* The host pid is learnt from plain allocations only: managed pages and a pool's cache may
      * not grow what NVML shows, and another process growing alike must not be taken for us. */
@@ -280,9 +368,16 @@ static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr
     CUresult rc = call_driver(r, &ptr);
     if (learning)
         vgpu_footprint_learn_after(rc == CUDA_SUCCESS ? r->bytes : 0, 0);
-    if (rc == CUDA_SUCCESS && (r->api == POOL || r->api == POOL_PTSZ))
+    if (rc == CUDA_SUCCESS && cache.taken != 0)
+        rc = cover_growth(r, ptr, dev, &cache);
+    else if (rc == CUDA_SUCCESS && (r->api == POOL || r->api == POOL_PTSZ))
         rc = move_to_pool_device(r, ptr, &dev);
-    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, r->bytes);
+    if (rc != CUDA_SUCCESS && cache.taken != 0) /* still in the pool's cache */
+        vgpu_footprint_pool_put_back(dev, cache.taken);
+    if (cache.trim && !maybe_capturing(r) && trim_pool(cache.pool))
+        vgpu_cuda_check_pool_cache(dev);
+    uint64_t reserved = rc == CUDA_SUCCESS ? r->bytes : r->bytes - cache.taken;
+    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, reserved);
     if (rc == CUDA_SUCCESS && dptr != NULL)
         *dptr = ptr;
     return rc;

@@ -12,6 +12,7 @@ static CUresult cap_info(size_t *phys_free, size_t *phys_total)
     int dev = current_device();
     uint64_t cap = dev >= 0 ? vgpu_region_limit(dev) : 0;
     if (cap != 0) {
+        vgpu_cuda_check_pool_cache(dev);
         uint64_t total = cap < *phys_total ? cap : *phys_total;
         uint64_t used = vgpu_region_used(dev);
         uint64_t left = used < total ? total - used : 0;

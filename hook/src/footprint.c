@@ -35,6 +35,10 @@ static const uint64_t LEARN_PATIENCE_NS = 64ull * 1000 * 1000 * 1000; /* the lon
  * another device; a thread re-entering (a driver callback that makes a context) skips. */
 static pthread_mutex_t locks[VGPU_REGION_MAX_DEVICES];
 static uint64_t counted[VGPU_REGION_MAX_DEVICES];     /* atomic: context memory in our ledger */
+/* atomic: the part of counted[] that stream-ordered frees left in a pool since it was measured
+ * (at most counted[]), and whether a measurement of the device ever succeeded */
+static uint64_t pooled[VGPU_REGION_MAX_DEVICES];
+static int measurable[VGPU_REGION_MAX_DEVICES];
 static int has_context[VGPU_REGION_MAX_DEVICES];      /* atomic: a context made on the device */
 static uint64_t measured_at[VGPU_REGION_MAX_DEVICES]; /* atomic: CLOCK_MONOTONIC ns */
 static __thread int inside;
@@ -57,8 +61,8 @@ static void reset(void)
      * of its own, whose host pid it learns when it makes its own context). */
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
         pthread_mutex_init(&locks[d], NULL);
-        counted[d] = measured_at[d] = 0;
-        has_context[d] = 0;
+        counted[d] = measured_at[d] = pooled[d] = 0;
+        has_context[d] = measurable[d] = 0;
     }
     learn_busy = 0;
     learn_tried_at = 0;
@@ -226,7 +230,18 @@ static int64_t measure(int dev, int tries)
         usleep(1000);
         held = measure_once(dev);
     }
+    if (held >= 0)
+        __atomic_store_n(&measurable[dev], 1, __ATOMIC_RELAXED);
     return held;
+}
+
+/* counted[dev] becomes bytes (a measurement, or memory moved to or from a pool's cache); what
+ * frees left in a pool is part of it. Caller holds locks[dev]. */
+static void set_counted(int dev, uint64_t bytes)
+{
+    __atomic_store_n(&counted[dev], bytes, __ATOMIC_RELEASE);
+    if (load64(&pooled[dev]) > bytes)
+        __atomic_store_n(&pooled[dev], bytes, __ATOMIC_RELEASE);
 }
 
 /* Moves the ledger to the measurement: growth is charged even past the cap (the memory is held
@@ -238,7 +253,7 @@ static void settle_to(int dev, uint64_t now_bytes)
         return;
     if (now_bytes < before)
         vgpu_region_release(dev, before - now_bytes);
-    __atomic_store_n(&counted[dev], now_bytes, __ATOMIC_RELEASE);
+    set_counted(dev, now_bytes);
     /* A context that could not be measured when it was made (its host pid learnt later) sets
      * the estimate the container's next first context reserves. */
     uint64_t estimate = vgpu_region_context_estimate(dev) == 0 ? now_bytes : 0;
@@ -322,7 +337,7 @@ static int charge_context(struct vgpu_context_probe *p)
     } else if ((uint64_t)held < before) {
         vgpu_region_release(dev, before - (uint64_t)held);
     }
-    __atomic_store_n(&counted[dev], (uint64_t)held, __ATOMIC_RELEASE);
+    set_counted(dev, (uint64_t)held);
     /* The container's first context on dev sets the estimate its next ones reserve. */
     vgpu_region_note_context(dev, p->first ? (uint64_t)held : 0, counted_everywhere());
     return 0;
@@ -398,4 +413,65 @@ void vgpu_footprint_context_gone(int dev)
         }
         pthread_mutex_unlock(&locks[d]);
     }
+}
+
+/* Moves bytes into counted[dev] as cached by a pool. Caller holds locks[dev]. */
+static void keep_pooled(int dev, uint64_t bytes)
+{
+    __atomic_add_fetch(&pooled[dev], bytes, __ATOMIC_ACQ_REL);
+    set_counted(dev, load64(&counted[dev]) + bytes);
+    vgpu_region_note_context(dev, 0, counted_everywhere());
+}
+
+int vgpu_footprint_pool_kept(int dev, uint64_t bytes)
+{
+    if (!capped(dev) || !__atomic_load_n(&measurable[dev], __ATOMIC_RELAXED) || inside ||
+        pthread_mutex_trylock(&locks[dev]) != 0)
+        return 0;
+    keep_pooled(dev, bytes);
+    pthread_mutex_unlock(&locks[dev]);
+    return 1;
+}
+
+uint64_t vgpu_footprint_pooled(int dev) { return load64(&pooled[dev]); }
+
+uint64_t vgpu_footprint_pool_take(int dev, uint64_t bytes, uint64_t cached)
+{
+    if (inside)
+        return 0;
+    pthread_mutex_lock(&locks[dev]);
+    uint64_t take = load64(&pooled[dev]);
+    take = take < bytes ? take : bytes;
+    take = take < cached ? take : cached;
+    if (take != 0) {
+        __atomic_sub_fetch(&pooled[dev], take, __ATOMIC_ACQ_REL);
+        set_counted(dev, load64(&counted[dev]) - take);
+        vgpu_region_note_context(dev, 0, counted_everywhere());
+    }
+    pthread_mutex_unlock(&locks[dev]);
+    return take;
+}
+
+void vgpu_footprint_pool_put_back(int dev, uint64_t bytes)
+{
+    if (bytes == 0)
+        return;
+    pthread_mutex_lock(&locks[dev]);
+    keep_pooled(dev, bytes);
+    pthread_mutex_unlock(&locks[dev]);
+}
+
+void vgpu_footprint_pool_holds(int dev, uint64_t cached)
+{
+    if (inside)
+        return;
+    pthread_mutex_lock(&locks[dev]);
+    uint64_t kept = load64(&pooled[dev]);
+    if (kept > cached) {
+        __atomic_store_n(&pooled[dev], cached, __ATOMIC_RELEASE);
+        set_counted(dev, load64(&counted[dev]) - (kept - cached));
+        vgpu_region_release(dev, kept - cached);
+        vgpu_region_note_context(dev, 0, counted_everywhere());
+    }
+    pthread_mutex_unlock(&locks[dev]);
 }

@@ -55,4 +55,26 @@ void vgpu_footprint_before_refusal(int dev);
 /* Re-measures dev now (after a pool gave its cached memory back). */
 void vgpu_footprint_remeasure(int dev);
 
+/* A pool keeps what stream-ordered frees give back (up to its release threshold, until a
+ * synchronisation; PyTorch's cudaMallocAsync backend keeps all of it), and NVML shows it. At
+ * such a free of bytes on dev they stay in the ledger, as memory the process holds beyond its
+ * allocations, until a measurement says otherwise: 1. 0 (dev never measured, or a measurement
+ * under way): the caller gives them back. */
+int vgpu_footprint_pool_kept(int dev, uint64_t bytes);
+
+/* What stream-ordered frees left counted on dev (0: nothing to take). */
+uint64_t vgpu_footprint_pooled(int dev);
+
+/* Before a stream-ordered allocation of bytes on dev that its pool may serve from the cached
+ * bytes it holds: moves up to that much of what frees left counted over to the allocation and
+ * returns it (the caller reserves only the rest). */
+uint64_t vgpu_footprint_pool_take(int dev, uint64_t bytes, uint64_t cached);
+
+/* What vgpu_footprint_pool_take moved goes back (the driver refused the allocation). */
+void vgpu_footprint_pool_put_back(int dev, uint64_t bytes);
+
+/* dev's pool caches no more than cached now (a synchronisation released what passed its
+ * release threshold, or it was trimmed): what frees left counted beyond that is given back. */
+void vgpu_footprint_pool_holds(int dev, uint64_t cached);
+
 #endif

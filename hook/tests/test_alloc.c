@@ -121,7 +121,10 @@ static void families(void)
 
     check(cuMemAllocAsync(&p, 64 * MiB, NULL) == CUDA_SUCCESS && container_used() == 64 * MiB,
           "stream-ordered allocation counted");
-    check(cuMemFreeAsync(p, NULL) == CUDA_SUCCESS && container_used() == 0, "async free");
+    uint64_t cached = cuMemFreeAsync(p, NULL) == CUDA_SUCCESS ? container_used() : 0;
+    check(cached == 64 * MiB && cuCtxSynchronize() == CUDA_SUCCESS && container_used() == 0,
+          "async free: the pool holds the memory until a synchronisation (%llu MiB counted), "
+          "then gives it back (its release threshold 0)", (unsigned long long)(cached / MiB));
     CUmemoryPool pool = NULL;
     check(cuDeviceGetDefaultMemPool(&pool, 0) == CUDA_SUCCESS &&
               cuMemAllocFromPoolAsync(&p, 2048 * MiB, pool, NULL) == CUDA_ERROR_OUT_OF_MEMORY,
@@ -138,7 +141,8 @@ static void families(void)
     uint64_t before = fake_cuda_stats.async_ptsz_calls;
     check(alloc_ptsz != NULL && alloc_ptsz(&p, 8 * MiB, NULL) == CUDA_SUCCESS &&
           container_used() == 8 * MiB, "per-thread-stream async allocation counted");
-    check(free_ptsz != NULL && free_ptsz(p, NULL) == CUDA_SUCCESS && container_used() == 0,
+    check(free_ptsz != NULL && free_ptsz(p, NULL) == CUDA_SUCCESS &&
+              cuCtxSynchronize() == CUDA_SUCCESS && container_used() == 0,
           "per-thread-stream async free");
     check(fake_cuda_stats.async_ptsz_calls == before + 2,
           "the _ptsz wrappers call the driver's _ptsz entry points");

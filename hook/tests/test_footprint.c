@@ -9,7 +9,9 @@
  *                       NVML_VALUE_NOT_AVAILABLE): nothing is counted for the context (never
  *                       the all-ones value), and the cap still holds for the allocations.
  *   test_footprint pool-cache
- *                       a pool keeping freed memory: what it could serve is not refused.
+ *                       a pool keeping freed memory: counted from the free on, what it can
+ *                       serve from it not counted twice, its room not given to a plain
+ *                       allocation.
  *   test_footprint together
  *                       with FAKE_CUDA_CONTEXTS_TOGETHER=2 and FAKE_NVML_PID_OFFSET: this
  *                       process and a peer of another container (its own region) make their
@@ -144,8 +146,9 @@ static int memory_not_available(void)
 }
 
 /* A pool that keeps what stream-ordered frees give back (release threshold the maximum, as
- * PyTorch's cudaMallocAsync backend sets it): NVML shows the cached memory, so the footprint
- * counts it; an allocation the pool could serve from it must not be refused for it. */
+ * PyTorch's cudaMallocAsync backend sets it): NVML shows the cached memory, so it stays counted
+ * from the free on; a stream-ordered allocation the pool serves from it is not counted twice,
+ * and a plain one cannot have its room. */
 static int pool_cache(void)
 {
     CUcontext ctx;
@@ -160,22 +163,37 @@ static int pool_cache(void)
         return check_done("test_footprint pool-cache");
     int freed = cuMemAllocAsync(&a, 600 * MiB, NULL) == CUDA_SUCCESS &&
                 cuMemFreeAsync(a, NULL) == CUDA_SUCCESS && cuCtxSynchronize() == CUDA_SUCCESS;
-    uint64_t held = fake_cuda_device_used(0);
-    check(freed && held == 900 * MiB, "600 MiB allocated and freed: the pool keeps it (%llu MiB "
-          "held)", (unsigned long long)(held / MiB));
-    sleep_s(1.1); /* the next allocation re-measures: the 600 MiB cached count as footprint */
+    uint64_t held = fake_cuda_device_used(0), counted = used();
+    check(freed && held == 900 * MiB && counted == 900 * MiB, "600 MiB allocated and freed: the "
+          "pool keeps it (%llu MiB held), and it stays counted (%llu MiB) with no wait for a "
+          "measurement", (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
+    CUresult rc = cuMemAlloc(&b, 600 * MiB);
+    held = fake_cuda_device_used(0);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held == 900 * MiB, "a plain 600 MiB allocation is "
+          "refused: the pool's cache holds that room (the library before let it through, and "
+          "the process held 1500 MiB on the 1 GiB cap): rc %d, %llu MiB held", rc,
+          (unsigned long long)(held / MiB));
     fake_cuda_capturing = 1;
     uint64_t trims = fake_cuda_stats.pool_trims;
-    CUresult rc = cuMemAllocAsync(&b, 600 * MiB, NULL);
-    check(rc == CUDA_ERROR_OUT_OF_MEMORY && fake_cuda_stats.pool_trims == trims,
-          "while the stream is captured the pool is not trimmed (a capture could break): "
-          "600 MiB refused (rc %d)", rc);
-    fake_cuda_capturing = 0;
-    check(cuMemAllocAsync(&b, 600 * MiB, NULL) == CUDA_SUCCESS,
-          "600 MiB again fit: the pool gave its cache back rather than have it counted twice");
+    rc = cuMemAllocAsync(&b, 600 * MiB, NULL);
     held = fake_cuda_device_used(0);
-    uint64_t counted = used();
-    check(held == 900 * MiB && counted == 900 * MiB, "held %llu MiB, counted %llu MiB",
+    counted = used();
+    check(rc == CUDA_SUCCESS && fake_cuda_stats.pool_trims == trims && held == 900 * MiB &&
+              counted == 900 * MiB,
+          "600 MiB on the stream fit, while it is captured too: the pool serves them from its "
+          "cache, untrimmed, and they are counted once (held %llu MiB, counted %llu MiB)",
+          (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
+    rc = cuMemFreeAsync(b, NULL) == CUDA_SUCCESS ? cuMemAllocAsync(&b, 800 * MiB, NULL) : 99;
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && fake_cuda_stats.pool_trims == trims,
+          "800 MiB, more than the cache holds, refused while the stream is captured, the pool "
+          "left alone (a trim could break the capture): rc %d", rc);
+    fake_cuda_capturing = 0;
+    rc = cuMemAllocAsync(&b, 700 * MiB, NULL);
+    held = fake_cuda_device_used(0);
+    counted = used();
+    check(rc == CUDA_SUCCESS && held == 1000 * MiB && counted == 1000 * MiB,
+          "700 MiB, more than the cache holds, fit once the pool gave its 600 MiB cache back "
+          "(held %llu MiB, counted %llu MiB)",
           (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
     check(cuMemAlloc(&a, 200 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
           "200 MiB more is refused: the cap holds");
@@ -183,6 +201,37 @@ static int pool_cache(void)
     check(cuMemAllocAsync(&a, 200 * MiB, NULL) == CUDA_ERROR_OUT_OF_MEMORY &&
               fake_cuda_stats.pool_trims == trims,
           "on the stream too, and with nothing cached the pool is not asked to trim");
+    rc = cuMemFreeAsync(b, NULL) == CUDA_SUCCESS ? cuMemAllocAsync(&b, 900 * MiB, NULL) : 99;
+    held = fake_cuda_device_used(0);
+    counted = used();
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && fake_cuda_stats.pool_trims == trims + 1 &&
+              held == 300 * MiB && counted == 300 * MiB,
+          "900 MiB would pass the cap even with the pool's 700 MiB cache given back, which it "
+          "was before the refusal (rc %d, held %llu MiB, counted %llu MiB)", rc,
+          (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
+
+    /* A pool whose cache is too fragmented to serve a request grows instead: the growth is
+     * counted (the pool's reserve tells), and refused past the cap. */
+    freed = cuMemAllocAsync(&a, 200 * MiB, NULL) == CUDA_SUCCESS &&
+            cuMemFreeAsync(a, NULL) == CUDA_SUCCESS && cuCtxSynchronize() == CUDA_SUCCESS;
+    fake_cuda_pool_fragmented = 1;
+    rc = freed ? cuMemAllocAsync(&b, 200 * MiB, NULL) : 99;
+    held = fake_cuda_device_used(0);
+    counted = used();
+    check(rc == CUDA_SUCCESS && held == 700 * MiB && counted == 700 * MiB,
+          "200 MiB beside a 200 MiB cache that cannot serve them: the pool grew, and the growth "
+          "is counted (held %llu MiB, counted %llu MiB)", (unsigned long long)(held / MiB),
+          (unsigned long long)(counted / MiB));
+    CUdeviceptr plain = 0;
+    rc = cuMemAlloc(&plain, 300 * MiB) == CUDA_SUCCESS ? cuMemAllocAsync(&a, 200 * MiB, NULL)
+                                                        : 99;
+    held = fake_cuda_device_used(0);
+    counted = used();
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held == 800 * MiB && counted == 800 * MiB,
+          "with 300 MiB more allocated, 200 MiB more that the pool would grow by again are "
+          "refused, and the pool trimmed (rc %d, held %llu MiB, counted %llu MiB)", rc,
+          (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
+    fake_cuda_pool_fragmented = 0;
     return check_done("test_footprint pool-cache");
 }
 

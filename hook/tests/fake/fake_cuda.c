@@ -70,6 +70,9 @@ struct alloc {
                                    * stream-ordered allocation, no context's) */
 };
 static struct alloc *table;
+/* Set by a test: a pool serves nothing from its cache, as if what it holds were in blocks too
+ * small for any request. */
+EXPORT int fake_cuda_pool_fragmented;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t next_address = UINT64_C(0x7f0000000000);
 static uint64_t next_low_address = UINT64_C(0x10000000); /* the v1 exports' 32-bit pointers */
@@ -167,7 +170,7 @@ static uint64_t fake_alloc_at(int dev, uint64_t bytes, uint64_t *next, uint64_t 
     int reused = next == &next_address && reuse_key != 0 && step <= reuse_step;
     if (reused)
         key = reuse_key;
-    int cached = pooled && pools[dev].cached >= bytes;
+    int cached = pooled && pools[dev].cached >= bytes && !fake_cuda_pool_fragmented;
     if ((!reused && step > limit - key) || (!cached && !gpu_alloc(dev, pid, bytes))) {
         pthread_mutex_unlock(&table_lock);
         return 0;

@@ -23,6 +23,8 @@ extern struct fake_cuda_stats fake_cuda_stats;
 extern char fake_cuda_fail_next[64];
 /* Non-zero: cuStreamIsCapturing says every stream is being captured. */
 extern int fake_cuda_capturing;
+/* Set by a test: a pool serves nothing from its cache (as if fragmented); it grows instead. */
+extern int fake_cuda_pool_fragmented;
 /* fake_cuda_inside_fn runs once inside the next call of the entry point fake_cuda_inside names
  * (cuMemFree_v2: before it frees; cuPointerGetAttribute: after its answer is known;
  * cuMemAlloc_v2 and the other current-context allocations: after the memory is taken;
