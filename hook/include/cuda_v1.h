@@ -1,5 +1,5 @@
 /* cuda_v1.h - the legacy exports, which drivers still export and cuda.h declares only for the
- * driver's own build: the CUDA 2.x ABI (32-bit device pointers and sizes) and the CUDA 10/11
+ * driver's own build: the CUDA 2.x ABI (32-bit device pointers and sizes, contexts) and the CUDA 10/11
  * graph ABI (instantiate with an error node and a log buffer, update with an error node, a
  * kernel node's parameters without the CUDA 12 fields).
  * Shared by libvgpu.so, which wraps them, the fake driver, which defines them, and the tests,
@@ -21,6 +21,10 @@
 #undef cuGraphExecUpdate
 #undef cuGraphExecKernelNodeSetParams
 #undef cuGraphKernelNodeGetParams
+#undef cuCtxCreate
+#undef cuCtxDestroy
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
 
 typedef unsigned int v1_ptr;
 struct array_v1 { /* CUDA_ARRAY_DESCRIPTOR_v1 */
@@ -41,6 +45,12 @@ CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes);
 CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
 CUresult cuArrayCreate(CUarray *array, const struct array_v1 *desc);
 CUresult cuArray3DCreate(CUarray *array, const struct array3d_v1 *desc);
+/* Contexts: CUDA 2.0 (create, destroy) and 7.0 (the primary context's release and reset),
+ * the same arguments as their _v2. */
+CUresult cuCtxCreate(CUcontext *ctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxDestroy(CUcontext ctx);
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult cuDevicePrimaryCtxReset(CUdevice dev);
 /* CUDA 10.0 and 11.0 (same arguments), and CUDA 10.2. */
 CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node,
                             char *log, size_t log_size);

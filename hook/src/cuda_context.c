@@ -132,26 +132,47 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 }
 
 /* cudaDeviceReset: the primary context and everything in it are gone. */
-VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+static CUresult reset_primary(CUresult (*const *reset)(CUdevice), CUdevice dev)
 {
-    if (!ready() || real.cuDevicePrimaryCtxReset_v2 == NULL)
+    if (!ready() || *reset == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real.cuDevicePrimaryCtxReset_v2(dev);
+    CUresult rc = (*reset)(dev);
     if (rc == CUDA_SUCCESS)
         context_gone((int)dev);
     return rc;
 }
 
-VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    if (!ready() || real.cuDevicePrimaryCtxRelease_v2 == NULL)
+    return reset_primary(&real.cuDevicePrimaryCtxReset_v2, dev);
+}
+
+/* CUDA 7.0's export (cuda_v1.h), the same arguments. */
+VGPU_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    return reset_primary(&real.cuDevicePrimaryCtxReset, dev);
+}
+
+static CUresult release_primary(CUresult (*const *release)(CUdevice), CUdevice dev)
+{
+    if (!ready() || *release == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real.cuDevicePrimaryCtxRelease_v2(dev);
+    CUresult rc = (*release)(dev);
     if (rc == CUDA_SUCCESS && !primary_active(dev))
         context_gone((int)dev);
     else if (rc == CUDA_SUCCESS)
         vgpu_footprint_context_gone((int)dev);
     return rc;
+}
+
+VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    return release_primary(&real.cuDevicePrimaryCtxRelease_v2, dev);
+}
+
+VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    return release_primary(&real.cuDevicePrimaryCtxRelease, dev);
 }
 
 /* After the driver made (or failed to make) a context on dev: a context that does not fit is
@@ -170,14 +191,26 @@ static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, CUco
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev)
+static CUresult create_context(CUresult (*const *create)(CUcontext *, unsigned int, CUdevice),
+                               CUcontext *ctx, unsigned int flags, CUdevice dev)
 {
-    if (!ready() || real.cuCtxCreate_v2 == NULL)
+    if (!ready() || *create == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
     if (vgpu_footprint_before_context((int)dev, 1, &probe) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    return keep_context(&probe, real.cuCtxCreate_v2(ctx, flags, dev), ctx, dev);
+    return keep_context(&probe, (*create)(ctx, flags, dev), ctx, dev);
+}
+
+VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev)
+{
+    return create_context(&real.cuCtxCreate_v2, ctx, flags, dev);
+}
+
+/* CUDA 2.0's export (cuda_v1.h), the same arguments. */
+VGPU_EXPORT CUresult cuCtxCreate(CUcontext *ctx, unsigned int flags, CUdevice dev)
+{
+    return create_context(&real.cuCtxCreate, ctx, flags, dev);
 }
 
 VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, CUexecAffinityParam *params, int count,
@@ -203,12 +236,19 @@ VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, u
 }
 
 /* The destroyed context's device is not known here: every capped device is measured again. */
-VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+static CUresult destroy_context(CUresult (*const *destroy)(CUcontext), CUcontext ctx)
 {
-    if (!ready() || real.cuCtxDestroy_v2 == NULL)
+    if (!ready() || *destroy == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real.cuCtxDestroy_v2(ctx);
+    CUresult rc = (*destroy)(ctx);
     if (rc == CUDA_SUCCESS)
         context_gone(-1);
     return rc;
 }
+
+VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    return destroy_context(&real.cuCtxDestroy_v2, ctx);
+}
+
+VGPU_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return destroy_context(&real.cuCtxDestroy, ctx); }

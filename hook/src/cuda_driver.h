@@ -74,6 +74,10 @@ struct vgpu_cuda_real {
     CUresult (*cuCtxCreate_v3)(CUcontext *, CUexecAffinityParam *, int, unsigned int, CUdevice);
     CUresult (*cuCtxCreate_v4)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
     CUresult (*cuCtxDestroy_v2)(CUcontext);
+    CUresult (*cuCtxCreate)(CUcontext *, unsigned int, CUdevice);
+    CUresult (*cuCtxDestroy)(CUcontext);
+    CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
+    CUresult (*cuDevicePrimaryCtxReset)(CUdevice);
     CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec *, CUgraph, unsigned long long);
     CUresult (*cuGraphInstantiateWithParams)(CUgraphExec *, CUgraph,
                                              CUDA_GRAPH_INSTANTIATE_PARAMS *);

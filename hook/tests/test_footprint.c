@@ -43,6 +43,13 @@
 #include "fake_state.h"
 #include "vgpu_region.h"
 
+/* CUDA 2.0's exports, called by name below (cuda.h maps the names to _v2; cuda_v1.h would map
+ * cuMemAlloc and the rest to the 32-bit ABI as well). */
+#undef cuCtxCreate
+#undef cuCtxDestroy
+CUresult cuCtxCreate(CUcontext *ctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxDestroy(CUcontext ctx);
+
 static const uint64_t MiB = UINT64_C(1) << 20;
 static const struct vgpu_region *region;
 
@@ -494,7 +501,9 @@ static int created_contexts(void)
     check(fitted == 3 && used() == 900 * MiB, "three created contexts fit beside it (counted "
           "%llu MiB)", (unsigned long long)(used() / MiB));
     CUresult rc = cuCtxCreate_v2(&made[3], 0, 0);
-    check(rc == CUDA_ERROR_OUT_OF_MEMORY, "a fourth (1100 MiB) is refused: rc %d", rc);
+    CUresult rc_v1 = cuCtxCreate(&made[3], 0, 0);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && rc_v1 == CUDA_ERROR_OUT_OF_MEMORY,
+          "a fourth (1100 MiB) is refused, also through CUDA 2.0's export: rc %d, %d", rc, rc_v1);
     check(fake_cuda_device_used(0) == 900 * MiB && used() == 900 * MiB,
           "and destroyed again: the process holds %llu MiB, counted %llu MiB, on the %llu MiB cap",
           (unsigned long long)(fake_cuda_device_used(0) / MiB), (unsigned long long)(used() / MiB),
@@ -503,9 +512,9 @@ static int created_contexts(void)
     check(cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != made[3] &&
               cuCtxSetCurrent(primary) == CUDA_SUCCESS,
           "the refused context is not the thread's current one");
-    uint64_t counted = cuCtxDestroy_v2(made[0]) == CUDA_SUCCESS ? used() : 0;
-    check(counted == 700 * MiB, "a destroyed one gives its 200 MiB back (counted %llu MiB)",
-          (unsigned long long)(counted / MiB));
+    uint64_t counted = cuCtxDestroy(made[0]) == CUDA_SUCCESS ? used() : 0;
+    check(counted == 700 * MiB, "a destroyed one (CUDA 2.0's cuCtxDestroy) gives its 200 MiB "
+          "back (counted %llu MiB)", (unsigned long long)(counted / MiB));
     counted = cuCtxCreate_v2(&made[0], 0, 0) == CUDA_SUCCESS ? used() : 0;
     check(counted == 900 * MiB, "and another fits in its place (counted %llu MiB)",
           (unsigned long long)(counted / MiB));

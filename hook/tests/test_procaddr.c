@@ -90,6 +90,10 @@ static const struct query {
     {"cuCtxCreate", 11040, 0, "cuCtxCreate_v3"},
     {"cuCtxCreate", 12050, 0, "cuCtxCreate_v4"},
     {"cuCtxDestroy", 4000, 0, "cuCtxDestroy_v2"},
+    {"cuCtxCreate", 2000, 0, "cuCtxCreate"},
+    {"cuCtxDestroy", 2000, 0, "cuCtxDestroy"},
+    {"cuDevicePrimaryCtxRelease", 7000, 0, "cuDevicePrimaryCtxRelease"},
+    {"cuDevicePrimaryCtxReset", 7000, 0, "cuDevicePrimaryCtxReset"},
 };
 
 static void proc_address_v2(gpa_v2_fn gpa)

@@ -503,6 +503,18 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
     return ctx_create(pctx, dev);
 }
 
+/* The CUDA 2.0 and 7.0 exports (cuda_v1.h): the same as their _v2. */
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
+
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
+
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     struct fake_ctx *c = (struct fake_ctx *)ctx;
@@ -1973,6 +1985,10 @@ static const struct proc procs[] = {
     P("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2, 11000, 0),
     P("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2, 11000, 0),
     P("cuDevicePrimaryCtxGetState", cuDevicePrimaryCtxGetState, 7000, 0),
+    P("cuCtxCreate", cuCtxCreate, 2000, 0),
+    P("cuCtxDestroy", cuCtxDestroy, 2000, 0),
+    P("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease, 7000, 0),
+    P("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset, 7000, 0),
     P("cuCtxCreate", cuCtxCreate_v2, 3020, 0),
     P("cuCtxCreate", cuCtxCreate_v3, 11040, 0),
     P("cuCtxCreate", cuCtxCreate_v4, 12050, 0),
