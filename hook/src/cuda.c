@@ -36,6 +36,8 @@ static const struct vgpu_hook hooks[] = {
     HOOK(cuArrayCreate_v2, "cuArrayCreate", 3020, 0),
     HOOK(cuArray3DCreate_v2, "cuArray3DCreate", 3020, 0),
     HOOK(cuArrayDestroy, "cuArrayDestroy", 2000, 0),
+    HOOK(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 5000, 0),
+    HOOK(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 5000, 0),
     HOOK(cuMemCreate, "cuMemCreate", 10020, 0),
     HOOK(cuMemRelease, "cuMemRelease", 10020, 0),
     HOOK(cuMemMap, "cuMemMap", 10020, 0),

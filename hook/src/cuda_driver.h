@@ -41,6 +41,9 @@ struct vgpu_cuda_real {
     CUresult (*cuArrayCreate_v2)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
     CUresult (*cuArray3DCreate_v2)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
     CUresult (*cuArrayDestroy)(CUarray);
+    CUresult (*cuMipmappedArrayCreate)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *,
+                                       unsigned int);
+    CUresult (*cuMipmappedArrayDestroy)(CUmipmappedArray);
     CUresult (*cuMemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
                             unsigned long long);
     CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);

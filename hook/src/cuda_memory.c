@@ -96,7 +96,7 @@ static CUresult settle(CUresult rc, enum vgpu_alloc_kind kind, uint64_t key, int
 
 /* The driver calls that give memory back at once, all handled the same way (cuMemRelease, whose
  * memory may stay mapped, is below). */
-enum free_api { FREE, FREE_V1, FREE_ASYNC, FREE_ASYNC_PTSZ, ARRAY_DESTROY };
+enum free_api { FREE, FREE_V1, FREE_ASYNC, FREE_ASYNC_PTSZ, ARRAY_DESTROY, MIPMAP_DESTROY };
 
 /* Per free_api: where its real function is (NULL: this driver lacks it) and what it frees. */
 static const struct {
@@ -108,6 +108,7 @@ static const struct {
     [FREE_ASYNC] = {(void *const *)&real.cuMemFreeAsync, VGPU_KIND_POINTER},
     [FREE_ASYNC_PTSZ] = {(void *const *)&real.cuMemFreeAsync_ptsz, VGPU_KIND_POINTER},
     [ARRAY_DESTROY] = {(void *const *)&real.cuArrayDestroy, VGPU_KIND_ARRAY},
+    [MIPMAP_DESTROY] = {(void *const *)&real.cuMipmappedArrayDestroy, VGPU_KIND_ARRAY},
 };
 
 static CUresult call_free(enum free_api api, uint64_t key, CUstream stream)
@@ -117,7 +118,8 @@ static CUresult call_free(enum free_api api, uint64_t key, CUstream stream)
     case FREE_V1: return real.cuMemFree((v1_ptr)key);
     case FREE_ASYNC: return real.cuMemFreeAsync((CUdeviceptr)key, stream);
     case FREE_ASYNC_PTSZ: return real.cuMemFreeAsync_ptsz((CUdeviceptr)key, stream);
-    default: return real.cuArrayDestroy((CUarray)(uintptr_t)key);
+    case ARRAY_DESTROY: return real.cuArrayDestroy((CUarray)(uintptr_t)key);
+    default: return real.cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)key);
     }
 }
 
@@ -599,6 +601,42 @@ VGPU_EXPORT CUresult cuArray3DCreate(CUarray *handle, const struct array3d_v1 *d
 VGPU_EXPORT CUresult cuArrayDestroy(CUarray array)
 {
     return release_counted(ARRAY_DESTROY, (uint64_t)(uintptr_t)array, NULL);
+}
+
+/* Every level of a mipmapped array, each half the one before in every dimension (at least 1). */
+static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+    uint64_t sum = 0;
+    for (unsigned int l = 0; l < levels && l < 64; l++) {
+        size_t w = d->Width >> l, h = d->Height >> l, z = d->Depth >> l;
+        sum += array_bytes(w ? w : 1, h ? h : (d->Height != 0), z ? z : (d->Depth != 0),
+                           d->NumChannels, d->Format);
+    }
+    return sum;
+}
+
+/* Counted like arrays, by the sum of its levels, keyed by its handle. */
+VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *handle,
+                                            const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                            unsigned int levels)
+{
+    if (!ready() || real.cuMipmappedArrayCreate == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t bytes = desc != NULL ? mipmap_bytes(desc, levels) : 0;
+    int dev = desc != NULL ? current_device() : -1;
+    if (!admit(dev, bytes, "cuMipmappedArrayCreate"))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUmipmappedArray made = NULL;
+    CUresult rc = real.cuMipmappedArrayCreate(&made, desc, levels);
+    rc = settle(rc, VGPU_KIND_ARRAY, (uint64_t)(uintptr_t)made, dev, bytes);
+    if (rc == CUDA_SUCCESS && handle != NULL)
+        *handle = made;
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array)
+{
+    return release_counted(MIPMAP_DESTROY, (uint64_t)(uintptr_t)array, NULL);
 }
 
 VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,

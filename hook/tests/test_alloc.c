@@ -118,6 +118,19 @@ static void families(void)
     check(cuArray3DCreate_v2(&arr, &d3) == CUDA_SUCCESS && container_used() == 256 * MiB,
           "3D array counted");
     cuArrayDestroy(arr);
+    /* A mipmapped array: 512 MiB at level 0, then 64, 8 and 1 MiB. */
+    CUmipmappedArray mip = NULL;
+    CUDA_ARRAY3D_DESCRIPTOR dm = {.Width = 1024, .Height = 1024, .Depth = 512,
+                                  .Format = CU_AD_FORMAT_UNSIGNED_INT8, .NumChannels = 1};
+    uint64_t mip_used = cuMipmappedArrayCreate(&mip, &dm, 4) == CUDA_SUCCESS ? container_used()
+                                                                             : 0;
+    check(mip_used == 585 * MiB, "a mipmapped array counted by all its levels (%llu MiB)",
+          (unsigned long long)(mip_used / MiB));
+    CUmipmappedArray second = NULL;
+    check(cuMipmappedArrayCreate(&second, &dm, 4) == CUDA_ERROR_OUT_OF_MEMORY && second == NULL,
+          "a second one does not fit under the 1 GiB cap");
+    check(cuMipmappedArrayDestroy(mip) == CUDA_SUCCESS && container_used() == 0,
+          "mipmapped array destroyed");
 
     check(cuMemAllocAsync(&p, 64 * MiB, NULL) == CUDA_SUCCESS && container_used() == 64 * MiB,
           "stream-ordered allocation counted");

@@ -48,6 +48,8 @@ static const struct query {
     {"cuArrayCreate", 3020, 0, "cuArrayCreate_v2"},
     {"cuArray3DCreate", 3020, 0, "cuArray3DCreate_v2"},
     {"cuArrayDestroy", 2000, 0, "cuArrayDestroy"},
+    {"cuMipmappedArrayCreate", 5000, 0, "cuMipmappedArrayCreate"},
+    {"cuMipmappedArrayDestroy", 5000, 0, "cuMipmappedArrayDestroy"},
     {"cuMemCreate", 10020, 0, "cuMemCreate"},
     {"cuMemRelease", 10020, 0, "cuMemRelease"},
     {"cuMemMap", 10020, 0, "cuMemMap"},

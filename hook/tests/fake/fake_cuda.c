@@ -804,6 +804,30 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR
 
 EXPORT CUresult cuArrayDestroy(CUarray array) { return fake_free((uint64_t)(uintptr_t)array); }
 
+/* Every level, each half the one before in every dimension (at least 1). */
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *handle,
+                                       const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)
+{
+    if (handle == NULL || desc == NULL || levels == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t bytes = 0;
+    for (unsigned int l = 0; l < levels; l++) {
+        size_t w = desc->Width >> l, h = desc->Height >> l, d = desc->Depth >> l;
+        bytes += array_size(w ? w : 1, h ? h : (desc->Height != 0), d ? d : (desc->Depth != 0),
+                            desc->NumChannels, desc->Format);
+    }
+    CUdeviceptr key;
+    CUresult rc = alloc_current(&key, bytes, "cuMipmappedArrayCreate");
+    if (rc == CUDA_SUCCESS)
+        *handle = (CUmipmappedArray)(uintptr_t)key;
+    return rc;
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array)
+{
+    return fake_free((uint64_t)(uintptr_t)array);
+}
+
 /* The live allocation at exactly key, or NULL. Caller holds table_lock. */
 static struct alloc *find_alloc(uint64_t key)
 {
@@ -2030,6 +2054,8 @@ static const struct proc procs[] = {
     P("cuArrayCreate", cuArrayCreate_v2, 3020, 0),
     P("cuArray3DCreate", cuArray3DCreate_v2, 3020, 0),
     P("cuArrayDestroy", cuArrayDestroy, 2000, 0),
+    P("cuMipmappedArrayCreate", cuMipmappedArrayCreate, 5000, 0),
+    P("cuMipmappedArrayDestroy", cuMipmappedArrayDestroy, 5000, 0),
     P("cuMemCreate", cuMemCreate, 10020, 0),
     P("cuMemRelease", cuMemRelease, 10020, 0),
     P("cuMemMap", cuMemMap, 10020, 0),
