@@ -136,7 +136,7 @@ static void after_load(void)
     learn_proc_addresses();
     vgpu_region_get();
     vgpu_throttle_init();
-    vgpu_footprint_init();
+    vgpu_footprint_init(vgpu_cuda_pool_cache);
 }
 
 static void record_uuids(void)

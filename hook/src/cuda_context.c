@@ -128,6 +128,8 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     }
     if (rc == CUDA_SUCCESS && probe.active && probe.first)
         probe_host_pid(*ctx, (int)dev);
+    else if (rc == CUDA_SUCCESS && !probe.active)
+        vgpu_footprint_context_unseen((int)dev);
     return rc;
 }
 

@@ -147,8 +147,8 @@ VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
 VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
                                                        CUDA_GRAPH_INSTANTIATE_PARAMS *params);
 
-/* Called by the reporting wrappers too (cuda_memory.c). */
-void vgpu_cuda_check_pool_cache(int dev);
+/* What a stream-ordered pool caches now (cuda_memory.c; vgpu_footprint_init's cache_of). */
+uint64_t vgpu_cuda_pool_cache(uintptr_t pool);
 
 /* Every wrapper starts with ready() || real.fn == NULL: the real driver is loaded first, and a
  * function it lacks is answered with an error, never called through NULL. */

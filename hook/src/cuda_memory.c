@@ -52,27 +52,15 @@ static int pointer_device(CUdeviceptr ptr)
     return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES ? dev : -1;
 }
 
-static uint64_t pool_cached(CUmemoryPool pool);
-
-/* What stream-ordered frees left counted as cached (vgpu_footprint_pool_kept) is bounded by
- * what dev's pool caches now, as the pool itself says: a synchronisation releases what passes
- * its release threshold (0 by default), and NVML may not be able to tell. */
-void vgpu_cuda_check_pool_cache(int dev)
-{
-    CUmemoryPool pool;
-    if (vgpu_footprint_pooled(dev) != 0 && real.cuDeviceGetMemPool != NULL &&
-        real.cuDeviceGetMemPool(&pool, (CUdevice)dev) == CUDA_SUCCESS)
-        vgpu_footprint_pool_holds(dev, pool_cached(pool));
-}
-
 /* Reserve on dev, or answer OOM. dev < 0 (no context): nothing to reserve, the driver decides. */
 static int admit(int dev, uint64_t bytes, const char *api)
 {
     if (dev < 0)
         return 1;
     vgpu_footprint_refresh(dev);
-    if (vgpu_region_used(dev) + bytes > vgpu_region_limit(dev)) /* before it is refused */
-        vgpu_cuda_check_pool_cache(dev);
+    /* Before it is refused: a pool may have given back what frees left counted in it. */
+    if (vgpu_region_used(dev) + bytes > vgpu_region_limit(dev))
+        vgpu_footprint_pools_check(dev);
     if (vgpu_mem_reserve(dev, bytes, api) != 0)
         return 0;
     /* From the driver call until the table has it, NVML may show memory the table does not. */
@@ -123,6 +111,17 @@ static CUresult call_free(enum free_api api, uint64_t key, CUstream stream)
     }
 }
 
+/* The pool a stream-ordered allocation came from (NULL: none, or the driver cannot say). */
+static CUmemoryPool pool_of(CUdeviceptr ptr)
+{
+    CUmemoryPool pool = NULL;
+    if (real.cuPointerGetAttribute == NULL ||
+        real.cuPointerGetAttribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, ptr) !=
+            CUDA_SUCCESS)
+        return NULL;
+    return pool;
+}
+
 /* Takes key out of the table before freeing (so a racing allocation that reuses the address
  * cannot be confused with it), puts it back if the driver refuses the free. Keys this process
  * never counted are still freed by the driver, which gives its own answer. */
@@ -135,10 +134,12 @@ static CUresult release_counted(enum free_api api, uint64_t key, CUstream stream
     uint64_t bytes;
     vgpu_mem_op_begin();
     int known = vgpu_mem_untrack(kind, key, &dev, &bytes);
-    CUresult rc = call_free(api, key, stream);
     /* What a stream-ordered free gives back may stay in its pool's cache: counted still. */
-    int ordered = api == FREE_ASYNC || api == FREE_ASYNC_PTSZ;
-    if (known && rc == CUDA_SUCCESS && !(ordered && vgpu_footprint_pool_kept(dev, bytes)))
+    CUmemoryPool pool = known && (api == FREE_ASYNC || api == FREE_ASYNC_PTSZ)
+                            ? pool_of((CUdeviceptr)key) : NULL;
+    CUresult rc = call_free(api, key, stream);
+    if (known && rc == CUDA_SUCCESS &&
+        !(pool != NULL && vgpu_footprint_pool_kept(dev, (uintptr_t)pool, bytes)))
         vgpu_mem_unreserve(dev, bytes);
     else if (known && rc != CUDA_SUCCESS)
         vgpu_mem_track_again(kind, key, dev, bytes);
@@ -243,14 +244,14 @@ static void release_pool_cache(const struct pointer_request *r, int dev)
                          real.cuDeviceGetMemPool(&pool, (CUdevice)dev) != CUDA_SUCCESS))
         return;
     if (trim_pool(pool)) {
-        vgpu_cuda_check_pool_cache(dev);
+        vgpu_footprint_pools_check(dev);
         vgpu_footprint_remeasure(dev);
     }
 }
 
-/* A stream-ordered allocation from its device's current pool, which caches at least its size:
- * what it took over from what earlier frees left counted there (vgpu_footprint_pool_kept),
- * and the pool's reserve before the driver call. */
+/* A stream-ordered allocation from a pool that caches at least its size: what it took over
+ * from what earlier frees left counted for that pool (vgpu_footprint_pool_kept), and the
+ * pool's reserve before the driver call. */
 struct cache_take {
     CUmemoryPool pool;
     uint64_t taken;
@@ -259,17 +260,17 @@ struct cache_take {
 };
 
 /* Such an allocation may be served from the cache rather than new memory, so it takes over
- * the bytes frees left counted (up to its size) rather than being counted a second time: only
- * the rest is reserved. Nothing taken (.taken 0): another pool (whose memory may be another
- * device's), a cache smaller than the request, or the rest did not fit (they went back). */
+ * the bytes frees left counted for its pool (up to its size; frees are counted on the pool's
+ * device, so a pool of another device has none here) rather than being counted a second time:
+ * only the rest is reserved. Nothing taken (.taken 0): none counted, a cache smaller than the
+ * request, or the rest did not fit (they went back). */
 static struct cache_take admit_from_cache(const struct pointer_request *r, int dev)
 {
-    struct cache_take t = {0};
+    struct cache_take t = {.pool = r->pool};
     cuuint64_t used = 0;
     if (vgpu_footprint_pooled(dev) == 0 || real.cuDeviceGetMemPool == NULL ||
         real.cuMemPoolGetAttribute == NULL ||
-        real.cuDeviceGetMemPool(&t.pool, (CUdevice)dev) != CUDA_SUCCESS ||
-        (r->pool != NULL && r->pool != t.pool) ||
+        (t.pool == NULL && real.cuDeviceGetMemPool(&t.pool, (CUdevice)dev) != CUDA_SUCCESS) ||
         real.cuMemPoolGetAttribute(t.pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
                                    &t.reserved_before) != CUDA_SUCCESS ||
         real.cuMemPoolGetAttribute(t.pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) !=
@@ -277,9 +278,13 @@ static struct cache_take admit_from_cache(const struct pointer_request *r, int d
         t.reserved_before < used || t.reserved_before - used < r->bytes)
         return (struct cache_take){0};
     vgpu_footprint_refresh(dev); /* before the take, so that it measures none taken over */
-    t.taken = vgpu_footprint_pool_take(dev, r->bytes, r->bytes);
-    if (t.taken != 0 && !admit(dev, r->bytes - t.taken, pointer_apis[r->api].name)) {
-        vgpu_footprint_pool_put_back(dev, t.taken);
+    /* From the take until the table has the allocation, a measurement could count it twice. */
+    vgpu_mem_op_begin();
+    t.taken = vgpu_footprint_pool_take(dev, (uintptr_t)t.pool, r->bytes);
+    int admitted = t.taken != 0 && admit(dev, r->bytes - t.taken, pointer_apis[r->api].name);
+    vgpu_mem_op_end(); /* admit's own begin lasts until settle */
+    if (t.taken != 0 && !admitted) {
+        vgpu_footprint_pool_put_back(dev, (uintptr_t)t.pool, t.taken);
         t.taken = 0;
     }
     return t;
@@ -305,7 +310,7 @@ static CUresult cover_growth(const struct pointer_request *r, CUdeviceptr ptr, i
         return CUDA_SUCCESS;
     uint64_t missing = grown - fresh < t->taken ? grown - fresh : t->taken;
     if (vgpu_mem_reserve(dev, missing, pointer_apis[r->api].name) == 0) {
-        vgpu_footprint_pool_put_back(dev, missing);
+        vgpu_footprint_pool_put_back(dev, (uintptr_t)t->pool, missing);
         t->taken -= missing;
         return CUDA_SUCCESS;
     }
@@ -375,9 +380,9 @@ static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr
     else if (rc == CUDA_SUCCESS && (r->api == POOL || r->api == POOL_PTSZ))
         rc = move_to_pool_device(r, ptr, &dev);
     if (rc != CUDA_SUCCESS && cache.taken != 0) /* still in the pool's cache */
-        vgpu_footprint_pool_put_back(dev, cache.taken);
+        vgpu_footprint_pool_put_back(dev, (uintptr_t)cache.pool, cache.taken);
     if (cache.trim && !maybe_capturing(r) && trim_pool(cache.pool))
-        vgpu_cuda_check_pool_cache(dev);
+        vgpu_footprint_pools_check(dev);
     uint64_t reserved = rc == CUDA_SUCCESS ? r->bytes : r->bytes - cache.taken;
     rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, reserved);
     if (rc == CUDA_SUCCESS && dptr != NULL)
@@ -682,9 +687,11 @@ VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     struct vgpu_mem_record before = {0};
     vgpu_mem_find(VGPU_KIND_HANDLE, handle, &before);
     vgpu_mem_op_begin();
+    vgpu_vmm_hold();
     CUresult rc = real.cuMemRelease(handle);
     if (rc == CUDA_SUCCESS && vgpu_vmm_released(handle))
         give_back_handle(&before);
+    vgpu_vmm_let_go();
     vgpu_mem_op_end();
     return rc;
 }
@@ -738,6 +745,7 @@ VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     for (size_t i = 0; i < n; i++)
         vgpu_mem_find(VGPU_KIND_HANDLE, handles[i], &before[i]);
     vgpu_mem_op_begin();
+    vgpu_vmm_hold();
     CUresult rc = real.cuMemUnmap(ptr, size);
     if (rc == CUDA_SUCCESS && n != 0) {
         uint64_t *freed = handles + room;
@@ -750,6 +758,7 @@ VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
                     break;
                 }
     }
+    vgpu_vmm_let_go();
     vgpu_mem_op_end();
     free(handles);
     free(before);
@@ -765,3 +774,5 @@ VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 {
     return release_counted(FREE_ASYNC_PTSZ, dptr, stream);
 }
+
+uint64_t vgpu_cuda_pool_cache(uintptr_t pool) { return pool_cached((CUmemoryPool)pool); }

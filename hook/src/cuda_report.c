@@ -2,6 +2,7 @@
  * with the cap and the container's usage. */
 #define _GNU_SOURCE
 #include "cuda_driver.h"
+#include "footprint.h"
 #include "region.h"
 
 /* The driver's figures, capped: total = min(cap, physical), free = min(total - container usage,
@@ -12,7 +13,7 @@ static CUresult cap_info(size_t *phys_free, size_t *phys_total)
     int dev = current_device();
     uint64_t cap = dev >= 0 ? vgpu_region_limit(dev) : 0;
     if (cap != 0) {
-        vgpu_cuda_check_pool_cache(dev);
+        vgpu_footprint_pools_check(dev); /* a pool may have given back what it kept */
         uint64_t total = cap < *phys_total ? cap : *phys_total;
         uint64_t used = vgpu_region_used(dev);
         uint64_t left = used < total ? total - used : 0;

@@ -35,10 +35,17 @@ static const uint64_t LEARN_PATIENCE_NS = 64ull * 1000 * 1000 * 1000; /* the lon
  * another device; a thread re-entering (a driver callback that makes a context) skips. */
 static pthread_mutex_t locks[VGPU_REGION_MAX_DEVICES];
 static uint64_t counted[VGPU_REGION_MAX_DEVICES];     /* atomic: context memory in our ledger */
-/* atomic: the part of counted[] that stream-ordered frees left in a pool since it was measured
- * (at most counted[]), and whether a measurement of the device ever succeeded */
+static int measurable[VGPU_REGION_MAX_DEVICES]; /* atomic: a measurement of it succeeded */
+/* The part of counted[] that stream-ordered frees left in pools, per pool (under locks[dev]),
+ * each at most what its pool caches when last asked (pool_cache_of); pooled[] is their sum
+ * (atomic, for a lock-free "none"). */
+enum { KEPT_POOLS = 4 };
+static struct kept {
+    uintptr_t pool;
+    uint64_t bytes;
+} kept[VGPU_REGION_MAX_DEVICES][KEPT_POOLS];
 static uint64_t pooled[VGPU_REGION_MAX_DEVICES];
-static int measurable[VGPU_REGION_MAX_DEVICES];
+static uint64_t (*pool_cache_of)(uintptr_t pool);
 static int has_context[VGPU_REGION_MAX_DEVICES];      /* atomic: a context made on the device */
 static uint64_t measured_at[VGPU_REGION_MAX_DEVICES]; /* atomic: CLOCK_MONOTONIC ns */
 static __thread int inside;
@@ -63,6 +70,8 @@ static void reset(void)
         pthread_mutex_init(&locks[d], NULL);
         counted[d] = measured_at[d] = pooled[d] = 0;
         has_context[d] = measurable[d] = 0;
+        for (int k = 0; k < KEPT_POOLS; k++)
+            kept[d][k] = (struct kept){0};
     }
     learn_busy = 0;
     learn_tried_at = 0;
@@ -70,8 +79,9 @@ static void reset(void)
     ncandidates = 0;
 }
 
-void vgpu_footprint_init(void)
+void vgpu_footprint_init(uint64_t (*cache_of)(uintptr_t pool))
 {
+    pool_cache_of = cache_of;
     reset();
     pthread_atfork(NULL, NULL, reset);
 }
@@ -235,13 +245,33 @@ static int64_t measure(int dev, int tries)
     return held;
 }
 
-/* counted[dev] becomes bytes (a measurement, or memory moved to or from a pool's cache); what
- * frees left in a pool is part of it. Caller holds locks[dev]. */
-static void set_counted(int dev, uint64_t bytes)
+/* Each pool's kept bytes down to what the pool caches now, and their sum to at most limit;
+ * returns how much that took off. Caller holds locks[dev]. */
+static uint64_t bound_kept(int dev, uint64_t limit)
+{
+    uint64_t dropped = 0, sum = 0;
+    for (int k = 0; k < KEPT_POOLS; k++) {
+        struct kept *e = &kept[dev][k];
+        if (e->bytes == 0)
+            continue;
+        uint64_t cached = pool_cache_of != NULL ? pool_cache_of(e->pool) : 0;
+        uint64_t keep = e->bytes < cached ? e->bytes : cached;
+        keep = keep < limit - sum ? keep : limit - sum;
+        dropped += e->bytes - keep;
+        sum += keep;
+        e->bytes = keep;
+    }
+    __atomic_sub_fetch(&pooled[dev], dropped, __ATOMIC_ACQ_REL);
+    return dropped;
+}
+
+/* counted[dev] becomes a measurement, which shows what pools cache as it is now (a pool may have
+ * given back, at a synchronisation, what frees left in it). Caller holds locks[dev]. */
+static void set_measured(int dev, uint64_t bytes)
 {
     __atomic_store_n(&counted[dev], bytes, __ATOMIC_RELEASE);
-    if (load64(&pooled[dev]) > bytes)
-        __atomic_store_n(&pooled[dev], bytes, __ATOMIC_RELEASE);
+    if (load64(&pooled[dev]) != 0)
+        bound_kept(dev, bytes);
 }
 
 /* Moves the ledger to the measurement: growth is charged even past the cap (the memory is held
@@ -253,7 +283,7 @@ static void settle_to(int dev, uint64_t now_bytes)
         return;
     if (now_bytes < before)
         vgpu_region_release(dev, before - now_bytes);
-    set_counted(dev, now_bytes);
+    set_measured(dev, now_bytes);
     /* A context that could not be measured when it was made (its host pid learnt later) sets
      * the estimate the container's next first context reserves. */
     uint64_t estimate = vgpu_region_context_estimate(dev) == 0 ? now_bytes : 0;
@@ -285,7 +315,6 @@ int vgpu_footprint_before_context(int dev, int fresh, struct vgpu_context_probe 
     p->active = 1;
     p->ledger = capped(dev);
     p->first = !__atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE);
-    p->fresh = fresh || p->first;
     p->estimate = 0;
     p->discovering = 0;
     /* Only a first context on dev can tell: with one already, this process is in the list
@@ -299,9 +328,11 @@ int vgpu_footprint_before_context(int dev, int fresh, struct vgpu_context_probe 
                      "container to learn its host pid", dev, DISCOVERY_PATIENCE_MS / 1000);
         }
     }
-    /* The first context on dev: reserve what the container's first context took last time, so
-     * a context that cannot fit is refused before the driver makes it. */
-    if (p->ledger && p->first && load64(&counted[dev]) == 0) {
+    /* A context the driver makes now: reserve what the container's first context took last
+     * time, so that one which cannot fit is refused before the driver makes it, and one that
+     * cannot be measured once made stays counted (before, a context after the first was
+     * neither: another thread's allocations under way leave a measurement unanswered). */
+    if (p->ledger) {
         uint64_t estimate = vgpu_region_context_estimate(dev);
         /* Refused like an allocation: reaped dead processes first, logged, counted. */
         if (estimate != 0 && vgpu_mem_reserve(dev, estimate, "a new CUDA context") != 0) {
@@ -309,7 +340,7 @@ int vgpu_footprint_before_context(int dev, int fresh, struct vgpu_context_probe 
             return -1;
         }
         p->estimate = estimate;
-        __atomic_store_n(&counted[dev], estimate, __ATOMIC_RELEASE);
+        __atomic_add_fetch(&counted[dev], estimate, __ATOMIC_ACQ_REL);
     }
     return 0;
 }
@@ -326,18 +357,15 @@ static int charge_context(struct vgpu_context_probe *p)
     __atomic_store_n(&measured_at[dev], monotonic_ns(), __ATOMIC_RELAXED);
     uint64_t before = load64(&counted[dev]);
     if ((uint64_t)held > before) {
-        /* A context made now, the process's first on dev or another, is refused when it does
-         * not fit (before, every context after the first was charged past the cap); a retain
-         * makes nothing, so growth found then (modules loaded since) is charged like any
-         * refresh. */
-        if (!p->fresh)
-            vgpu_region_charge(dev, (uint64_t)held - before);
-        else if (vgpu_mem_reserve(dev, (uint64_t)held - before, "a new CUDA context") != 0)
+        /* Every context measured here is one the driver made now, the process's first on dev
+         * or another: refused when it does not fit (before, every context after the first was
+         * charged past the cap). */
+        if (vgpu_mem_reserve(dev, (uint64_t)held - before, "a new CUDA context") != 0)
             return -1;
     } else if ((uint64_t)held < before) {
         vgpu_region_release(dev, before - (uint64_t)held);
     }
-    set_counted(dev, (uint64_t)held);
+    set_measured(dev, (uint64_t)held);
     /* The container's first context on dev sets the estimate its next ones reserve. */
     vgpu_region_note_context(dev, p->first ? (uint64_t)held : 0, counted_everywhere());
     return 0;
@@ -415,63 +443,95 @@ void vgpu_footprint_context_gone(int dev)
     }
 }
 
-/* Moves bytes into counted[dev] as cached by a pool. Caller holds locks[dev]. */
-static void keep_pooled(int dev, uint64_t bytes)
+/* ---- what stream-ordered frees leave in a pool (footprint.h) ------------------------------ */
+
+/* pool's entry on dev, made if make (NULL: none, or all KEPT_POOLS taken). Caller holds
+ * locks[dev]. */
+static struct kept *kept_entry(int dev, uintptr_t pool, int make)
 {
-    __atomic_add_fetch(&pooled[dev], bytes, __ATOMIC_ACQ_REL);
-    set_counted(dev, load64(&counted[dev]) + bytes);
-    vgpu_region_note_context(dev, 0, counted_everywhere());
+    struct kept *spare = NULL;
+    for (int k = 0; k < KEPT_POOLS; k++) {
+        if (kept[dev][k].bytes != 0 && kept[dev][k].pool == pool)
+            return &kept[dev][k];
+        if (kept[dev][k].bytes == 0 && spare == NULL)
+            spare = &kept[dev][k];
+    }
+    if (!make || spare == NULL)
+        return NULL;
+    spare->pool = pool;
+    return spare;
 }
 
-int vgpu_footprint_pool_kept(int dev, uint64_t bytes)
+/* bytes counted as pool's cache on dev, from the ledger's allocations (moved: no ledger
+ * change); 0 when there is no entry for it. Caller holds locks[dev]. */
+static int keep(int dev, uintptr_t pool, uint64_t bytes)
 {
+    struct kept *e = kept_entry(dev, pool, 1);
+    if (e == NULL)
+        return 0;
+    e->bytes += bytes;
+    __atomic_add_fetch(&pooled[dev], bytes, __ATOMIC_ACQ_REL);
+    __atomic_add_fetch(&counted[dev], bytes, __ATOMIC_ACQ_REL);
+    vgpu_region_note_context(dev, 0, counted_everywhere());
+    return 1;
+}
+
+int vgpu_footprint_pool_kept(int dev, uintptr_t pool, uint64_t bytes)
+{
+    /* Never waits: the lock may be held across a context creation (seconds). */
     if (!capped(dev) || !__atomic_load_n(&measurable[dev], __ATOMIC_RELAXED) || inside ||
         pthread_mutex_trylock(&locks[dev]) != 0)
         return 0;
-    keep_pooled(dev, bytes);
+    int kept_it = keep(dev, pool, bytes);
     pthread_mutex_unlock(&locks[dev]);
-    return 1;
+    return kept_it;
 }
 
 uint64_t vgpu_footprint_pooled(int dev) { return load64(&pooled[dev]); }
 
-uint64_t vgpu_footprint_pool_take(int dev, uint64_t bytes, uint64_t cached)
+uint64_t vgpu_footprint_pool_take(int dev, uintptr_t pool, uint64_t bytes)
 {
-    if (inside)
+    if (inside || pthread_mutex_trylock(&locks[dev]) != 0)
         return 0;
-    pthread_mutex_lock(&locks[dev]);
-    uint64_t take = load64(&pooled[dev]);
-    take = take < bytes ? take : bytes;
-    take = take < cached ? take : cached;
+    struct kept *e = kept_entry(dev, pool, 0);
+    uint64_t take = e == NULL ? 0 : e->bytes < bytes ? e->bytes : bytes;
     if (take != 0) {
+        e->bytes -= take;
         __atomic_sub_fetch(&pooled[dev], take, __ATOMIC_ACQ_REL);
-        set_counted(dev, load64(&counted[dev]) - take);
+        __atomic_sub_fetch(&counted[dev], take, __ATOMIC_ACQ_REL);
         vgpu_region_note_context(dev, 0, counted_everywhere());
     }
     pthread_mutex_unlock(&locks[dev]);
     return take;
 }
 
-void vgpu_footprint_pool_put_back(int dev, uint64_t bytes)
+void vgpu_footprint_pool_put_back(int dev, uintptr_t pool, uint64_t bytes)
 {
     if (bytes == 0)
         return;
     pthread_mutex_lock(&locks[dev]);
-    keep_pooled(dev, bytes);
+    if (!keep(dev, pool, bytes)) /* no entry free: counted as other memory, until measured */
+        __atomic_add_fetch(&counted[dev], bytes, __ATOMIC_ACQ_REL);
     pthread_mutex_unlock(&locks[dev]);
 }
 
-void vgpu_footprint_pool_holds(int dev, uint64_t cached)
+void vgpu_footprint_pools_check(int dev)
 {
-    if (inside)
+    if (inside || load64(&pooled[dev]) == 0 || pthread_mutex_trylock(&locks[dev]) != 0)
         return;
-    pthread_mutex_lock(&locks[dev]);
-    uint64_t kept = load64(&pooled[dev]);
-    if (kept > cached) {
-        __atomic_store_n(&pooled[dev], cached, __ATOMIC_RELEASE);
-        set_counted(dev, load64(&counted[dev]) - (kept - cached));
-        vgpu_region_release(dev, kept - cached);
+    uint64_t dropped = bound_kept(dev, UINT64_MAX);
+    if (dropped != 0) {
+        __atomic_sub_fetch(&counted[dev], dropped, __ATOMIC_ACQ_REL);
+        vgpu_region_release(dev, dropped);
         vgpu_region_note_context(dev, 0, counted_everywhere());
     }
     pthread_mutex_unlock(&locks[dev]);
+}
+
+void vgpu_footprint_context_unseen(int dev)
+{
+    if (!capped(dev) || inside || __atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE))
+        return;
+    __atomic_store_n(&has_context[dev], 1, __ATOMIC_RELEASE);
+    refresh(dev, 0);
 }

@@ -13,7 +13,6 @@ struct vgpu_context_probe {
     int active;       /* the device's footprint lock is held between the two calls */
     int ledger;       /* dev is capped: what the context holds is charged */
     int first;        /* this process had no context on dev yet */
-    int fresh;        /* the driver makes a context now (not a retain of one held) */
     int discovering;  /* host pid unknown: the discovery lock is held, before[] is filled */
     int nbefore;
     uint64_t estimate;
@@ -27,8 +26,9 @@ struct vgpu_context_probe {
 int vgpu_footprint_learn_before(int dev, uint64_t bytes);
 void vgpu_footprint_learn_after(uint64_t allocated, int retry_soon);
 
-/* Once, when the driver is loaded (also resets the state in a forked child). */
-void vgpu_footprint_init(void);
+/* Once, when the driver is loaded (also resets the state in a forked child). cache_of: what a
+ * stream-ordered pool caches now (its reserved memory less its used memory; 0 when unknown). */
+void vgpu_footprint_init(uint64_t (*cache_of)(uintptr_t pool));
 
 /* Before the driver makes a context on dev, or retains the primary one (fresh: whether the
  * driver makes one now; a retain of a primary context already active does not). -1: the
@@ -39,6 +39,11 @@ int vgpu_footprint_before_context(int dev, int fresh, struct vgpu_context_probe 
 /* After it (created: whether the driver made it). -1: a context made now does not fit under
  * the cap (logged); the caller destroys it and answers CUDA_ERROR_OUT_OF_MEMORY. */
 int vgpu_footprint_after_context(struct vgpu_context_probe *p, int created);
+
+/* After a retain that vgpu_footprint_before_context let through as making nothing, when the
+ * process has no context on dev after all (the last release ran meanwhile, and the retain made
+ * the primary context anew): counted from now on, as measured. */
+void vgpu_footprint_context_unseen(int dev);
 
 /* After a context on dev (-1: a device not known) was released or destroyed: counts what is
  * left. */
@@ -57,24 +62,26 @@ void vgpu_footprint_remeasure(int dev);
 
 /* A pool keeps what stream-ordered frees give back (up to its release threshold, until a
  * synchronisation; PyTorch's cudaMallocAsync backend keeps all of it), and NVML shows it. At
- * such a free of bytes on dev they stay in the ledger, as memory the process holds beyond its
- * allocations, until a measurement says otherwise: 1. 0 (dev never measured, or a measurement
- * under way): the caller gives them back. */
-int vgpu_footprint_pool_kept(int dev, uint64_t bytes);
+ * such a free of bytes from pool on dev they stay in the ledger, as that pool's cache, until
+ * the pool or a measurement says otherwise: 1. 0 (dev never measured, a measurement or a
+ * context creation under way, or KEPT_POOLS other pools' caches counted): the caller gives
+ * them back. */
+int vgpu_footprint_pool_kept(int dev, uintptr_t pool, uint64_t bytes);
 
-/* What stream-ordered frees left counted on dev (0: nothing to take). */
+/* What stream-ordered frees left counted on dev, all pools (0: nothing to take or check). */
 uint64_t vgpu_footprint_pooled(int dev);
 
-/* Before a stream-ordered allocation of bytes on dev that its pool may serve from the cached
- * bytes it holds: moves up to that much of what frees left counted over to the allocation and
- * returns it (the caller reserves only the rest). */
-uint64_t vgpu_footprint_pool_take(int dev, uint64_t bytes, uint64_t cached);
+/* Before a stream-ordered allocation of bytes on dev that pool can serve from its cache: moves
+ * up to that much of what frees left counted for pool over to the allocation, and returns it
+ * (the caller reserves only the rest). */
+uint64_t vgpu_footprint_pool_take(int dev, uintptr_t pool, uint64_t bytes);
 
-/* What vgpu_footprint_pool_take moved goes back (the driver refused the allocation). */
-void vgpu_footprint_pool_put_back(int dev, uint64_t bytes);
+/* What vgpu_footprint_pool_take moved goes back (the driver refused the allocation, or served
+ * it from new memory). */
+void vgpu_footprint_pool_put_back(int dev, uintptr_t pool, uint64_t bytes);
 
-/* dev's pool caches no more than cached now (a synchronisation released what passed its
- * release threshold, or it was trimmed): what frees left counted beyond that is given back. */
-void vgpu_footprint_pool_holds(int dev, uint64_t cached);
+/* What each pool's count on dev holds beyond what that pool caches now (a synchronisation
+ * released it, or a trim) is given back. */
+void vgpu_footprint_pools_check(int dev);
 
 #endif

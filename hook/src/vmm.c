@@ -2,6 +2,9 @@
  * tables under one lock: virtual memory management calls are few next to allocations, and
  * each costs the driver far more than this. A handle with no record has the one reference
  * cuMemCreate gave it and no mapping. */
+#ifndef _GNU_SOURCE /* the unit test defines it on the command line */
+#define _GNU_SOURCE /* PTHREAD_MUTEX_RECURSIVE */
+#endif
 #include "vmm.h"
 
 #include <pthread.h>
@@ -21,26 +24,44 @@ struct table {
 
 enum { INITIAL_BUCKETS = 64 };
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t fork_handler_once = PTHREAD_ONCE_INIT;
+/* Recursive: vgpu_vmm_hold keeps it across a driver call and the bookkeeping after it. */
+static pthread_mutex_t lock;
+static pthread_once_t lock_once = PTHREAD_ONCE_INIT;
 static struct table mappings, handles;
+
+static void make_lock(void)
+{
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&lock, &attr);
+    pthread_mutexattr_destroy(&attr);
+}
 
 static void forget_after_fork(void)
 {
     /* The parent's mappings are not the child's: a CUDA context does not survive fork. The
      * tables are leaked on purpose: the child may not touch what another thread was changing. */
-    pthread_mutex_init(&lock, NULL);
+    make_lock();
     mappings = (struct table){0};
     handles = (struct table){0};
 }
 
-static void register_fork_handler(void) { pthread_atfork(NULL, NULL, forget_after_fork); }
+static void first_use(void)
+{
+    make_lock();
+    pthread_atfork(NULL, NULL, forget_after_fork);
+}
 
 static void take_lock(void)
 {
-    pthread_once(&fork_handler_once, register_fork_handler);
+    pthread_once(&lock_once, first_use);
     pthread_mutex_lock(&lock);
 }
+
+void vgpu_vmm_hold(void) { take_lock(); }
+
+void vgpu_vmm_let_go(void) { pthread_mutex_unlock(&lock); }
 
 static size_t bucket_of(const struct table *t, uint64_t key)
 {

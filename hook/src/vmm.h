@@ -28,4 +28,10 @@ size_t vgpu_vmm_handles_in(uint64_t va, uint64_t size, uint64_t *out, size_t max
  * freed (no reference and no mapping left) go into freed, as many as fit; returns how many. */
 size_t vgpu_vmm_unmapped(uint64_t va, uint64_t size, uint64_t *freed, size_t max);
 
+/* Around a driver call that may free memory (cuMemRelease, cuMemUnmap) and the bookkeeping
+ * after it: the driver may hand the freed handle's value out again at once, and another
+ * thread's mapping of the new handle must not be counted against the old one. */
+void vgpu_vmm_hold(void);
+void vgpu_vmm_let_go(void);
+
 #endif

@@ -198,6 +198,13 @@ run footprint-second-context CUDA_DEVICE_MEMORY_LIMIT=1g \
     "$build/tests/test_footprint" second-context
 run footprint-pool-cache CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-pool.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" pool-cache
+run footprint-pool-bounds CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-bounds.shm" \
+    FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" pool-bounds
+run footprint-unmeasured-contexts CUDA_DEVICE_MEMORY_LIMIT=1g \
+    FAKE_GPU_SHARED="$tmp/footprint-unmeasured.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    FAKE_CUDA_CREATED_CONTEXT_MIB=200 "$build/tests/test_footprint" unmeasured-contexts
+run footprint-retain-race CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-race.shm" \
+    FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" retain-race
 run footprint-nvml-na CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-na.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_LAZY_MIB=100 FAKE_NVML_MEMORY_NA=1 \
     "$build/tests/test_footprint" na

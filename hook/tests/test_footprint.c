@@ -26,6 +26,16 @@
  *   test_footprint created-contexts
  *                       with FAKE_CUDA_CREATED_CONTEXT_MIB=200: each cuCtxCreate context holds
  *                       200 MiB more; one that does not fit under the cap is refused.
+ *   test_footprint pool-bounds
+ *                       what frees left counted in a pool is bounded by what that pool caches
+ *                       (a synchronisation gave it back: the context stays counted), and kept
+ *                       per pool (one that is not the device's current one).
+ *   test_footprint unmeasured-contexts
+ *                       created contexts NVML cannot measure keep the container's context
+ *                       size counted.
+ *   test_footprint retain-race
+ *                       a retain of the held primary context while the last release runs:
+ *                       the context the driver makes anew is counted.
  *   test_footprint second-context
  *                       the host pid left unknown the same way, this process makes a second
  *                       context while a third container's process makes its first: the one
@@ -240,6 +250,115 @@ static int pool_cache(void)
           (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
     fake_cuda_pool_fragmented = 0;
     return check_done("test_footprint pool-cache");
+}
+
+/* What frees left counted in a pool is bounded by what that pool caches: a synchronisation
+ * that gave it back (release threshold 0) leaves the context's memory counted, all of it; and
+ * a pool other than the device's current one keeps its own count. */
+static int pool_bounds(void)
+{
+    CUcontext ctx;
+    CUdeviceptr a = 0, b = 0;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(ctx) == CUDA_SUCCESS,
+          "a 300 MiB context; the device's pool gives back what it caches at a synchronisation");
+    if (!check(open_region(), "region readable"))
+        return check_done("test_footprint pool-bounds");
+    int freed = cuMemAllocAsync(&a, 500 * MiB, NULL) == CUDA_SUCCESS &&
+                cuMemFreeAsync(a, NULL) == CUDA_SUCCESS && cuCtxSynchronize() == CUDA_SUCCESS;
+    sleep_s(1.1); /* the next allocation measures: NVML shows the context alone */
+    int measured = cuMemAlloc(&a, 8 * MiB) == CUDA_SUCCESS;
+    uint64_t reported = free_reported();
+    CUresult rc = cuMemAlloc(&b, 1000 * MiB);
+    uint64_t held = fake_cuda_device_used(0), counted = used();
+    check(freed && measured && reported == (1024 - 308) * MiB && rc == CUDA_ERROR_OUT_OF_MEMORY &&
+              held == 308 * MiB && counted == 308 * MiB,
+          "500 MiB freed on the stream and given back at a synchronisation, then measured: "
+          "cuMemGetInfo leaves %llu MiB, 1000 MiB more are refused (rc %d), the context still "
+          "counted (held %llu MiB, counted %llu MiB)", (unsigned long long)(reported / MiB), rc,
+          (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
+    cuMemFree(a);
+
+    CUmemoryPool pool;
+    cuuint64_t keep_all = UINT64_MAX;
+    fake_cuda_current_pool_other = 1; /* the default pool is no longer the current one */
+    freed = cuDeviceGetDefaultMemPool(&pool, 0) == CUDA_SUCCESS &&
+            cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all) == 0 &&
+            cuMemAllocFromPoolAsync(&a, 600 * MiB, pool, NULL) == CUDA_SUCCESS &&
+            cuMemFreeAsync(a, NULL) == CUDA_SUCCESS && cuCtxSynchronize() == CUDA_SUCCESS;
+    reported = free_reported();
+    rc = cuMemAlloc(&b, 600 * MiB);
+    sleep_s(1.1);
+    CUresult later = cuMemAlloc(&b, 200 * MiB);
+    held = fake_cuda_device_used(0);
+    counted = used();
+    check(freed && reported == 124 * MiB && rc == CUDA_ERROR_OUT_OF_MEMORY &&
+              later == CUDA_ERROR_OUT_OF_MEMORY && held == 900 * MiB && counted == 900 * MiB,
+          "600 MiB kept by a pool that is not the device's current one stay counted as its "
+          "cache: cuMemGetInfo leaves %llu MiB, a plain 600 MiB is refused (rc %d), and 200 MiB "
+          "a second later (rc %d; held %llu MiB, counted %llu MiB)",
+          (unsigned long long)(reported / MiB), rc, later, (unsigned long long)(held / MiB),
+          (unsigned long long)(counted / MiB));
+    fake_cuda_current_pool_other = 0;
+    return check_done("test_footprint pool-bounds");
+}
+
+/* Inside a retain, before the driver looks at the primary context: another thread's last
+ * release destroys it. */
+static void last_release(void)
+{
+    if (cuDevicePrimaryCtxRelease(0) != CUDA_SUCCESS)
+        fprintf(stderr, "the release inside the retain failed\n");
+}
+
+/* A retain of a primary context the process holds makes nothing, so it is neither measured
+ * nor refused; when the last release ran meanwhile, the driver made it anew, and it is counted
+ * all the same. */
+static int retain_race(void)
+{
+    CUcontext ctx, again = NULL;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(ctx) == CUDA_SUCCESS,
+          "the primary context (300 MiB)");
+    if (!check(open_region(), "region readable"))
+        return check_done("test_footprint retain-race");
+    strcpy(fake_cuda_inside, "cuDevicePrimaryCtxRetain");
+    fake_cuda_inside_fn = last_release;
+    CUresult rc = cuDevicePrimaryCtxRetain(&again, 0);
+    uint64_t held = fake_cuda_device_used(0), counted = used();
+    check(rc == CUDA_SUCCESS && held == 300 * MiB && counted == 300 * MiB,
+          "a retain that raced the last release made the context anew: counted (rc %d, held "
+          "%llu MiB, counted %llu MiB)", rc, (unsigned long long)(held / MiB),
+          (unsigned long long)(counted / MiB));
+    return check_done("test_footprint retain-race");
+}
+
+/* A context the driver makes that cannot be measured (NVML stops saying what processes hold;
+ * also another thread's allocations under way): the container's context size, reserved before
+ * it was made, stays counted for it, so the next one that would not fit is refused. */
+static int unmeasured_contexts(void)
+{
+    CUcontext primary, made[3] = {NULL};
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(primary) == CUDA_SUCCESS,
+          "the primary context (300 MiB, measured: the container's context size)");
+    if (!check(open_region(), "region readable"))
+        return check_done("test_footprint unmeasured-contexts");
+    setenv("FAKE_NVML_MEMORY_NA", "1", 1);
+    int fitted = cuCtxCreate_v2(&made[0], 0, 0) == CUDA_SUCCESS &&
+                 cuCtxCreate_v2(&made[1], 0, 0) == CUDA_SUCCESS;
+    uint64_t held = fake_cuda_device_used(0), counted = used();
+    check(fitted && held == 700 * MiB && counted == 900 * MiB,
+          "two created contexts NVML cannot measure (200 MiB each): 300 MiB each stay counted "
+          "(held %llu MiB, counted %llu MiB)", (unsigned long long)(held / MiB),
+          (unsigned long long)(counted / MiB));
+    CUresult rc = cuCtxCreate_v2(&made[2], 0, 0);
+    held = fake_cuda_device_used(0);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held == 700 * MiB,
+          "a third is refused before the driver makes it (rc %d, held %llu MiB)", rc,
+          (unsigned long long)(held / MiB));
+    unsetenv("FAKE_NVML_MEMORY_NA");
+    return check_done("test_footprint unmeasured-contexts");
 }
 
 /* The peer container's process: the driver refuses its probe allocation, so its host pid is
@@ -547,6 +666,12 @@ int main(int argc, char **argv)
         return memory_not_available();
     if (argc == 2 && strcmp(argv[1], "pool-cache") == 0)
         return pool_cache();
+    if (argc == 2 && strcmp(argv[1], "pool-bounds") == 0)
+        return pool_bounds();
+    if (argc == 2 && strcmp(argv[1], "retain-race") == 0)
+        return retain_race();
+    if (argc == 2 && strcmp(argv[1], "unmeasured-contexts") == 0)
+        return unmeasured_contexts();
     const uint64_t context = 300 * MiB, lazy = 100 * MiB, cap = 1024 * MiB;
     CUcontext ctx;
     check(cuInit(0) == CUDA_SUCCESS, "cuInit");

@@ -110,6 +110,18 @@ static void out_of_memory(void)
           "no memory to grow the buckets: recorded all the same (200 mappings)");
 }
 
+/* cuMemRelease and cuMemUnmap run under the lock with the bookkeeping after them (the
+ * handle's value may be handed out again the moment the driver frees it). */
+static void held(void)
+{
+    vgpu_vmm_hold();
+    int ok = vgpu_vmm_mapped(0x6000 * MiB, 2 * MiB, 0xc0) == 0 && vgpu_vmm_released(0xc0) == 0;
+    uint64_t freed[1] = {0};
+    ok = ok && vgpu_vmm_unmapped(0x6000 * MiB, 2 * MiB, freed, 1) == 1 && freed[0] == 0xc0;
+    vgpu_vmm_let_go();
+    check(ok, "the lock held across a call: the bookkeeping inside takes it again");
+}
+
 static void fork_child(void)
 {
     check(vgpu_vmm_mapped(0x5000 * MiB, 2 * MiB, 0xb0) == 0, "mapped before a fork");
@@ -129,6 +141,7 @@ int main(void)
     lifetimes();
     ranges();
     out_of_memory();
+    held();
     fork_child();
     return check_done("test_vmm");
 }

@@ -273,11 +273,31 @@ static int device_of(uint64_t key)
 }
 
 static CUresult need_ctx(void);
+static int pool_handles[MAX_DEVICES];
+
+/* CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: the pool of a stream-ordered allocation (the fake's are
+ * all its device's default pool), NULL for any other. */
+static CUresult pool_of_pointer(void *data, CUdeviceptr ptr)
+{
+    pthread_mutex_lock(&table_lock);
+    size_t i = slot_of(ptr);
+    while (ptr > tombstone && table[i].key != 0 && table[i].key != ptr)
+        i = (i + 1) & (TABLE_SIZE - 1);
+    int found = ptr > tombstone && table[i].key == ptr;
+    struct alloc a = found ? table[i] : (struct alloc){0};
+    pthread_mutex_unlock(&table_lock);
+    if (data == NULL || !found)
+        return CUDA_ERROR_INVALID_VALUE;
+    *(CUmemoryPool *)data = a.pooled ? (CUmemoryPool)(void *)&pool_handles[a.dev] : NULL;
+    return CUDA_SUCCESS;
+}
 
 EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
 {
     if (fail_now("cuPointerGetAttribute"))
         return CUDA_ERROR_UNKNOWN;
+    if (attribute == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)
+        return pool_of_pointer(data, ptr);
     if (attribute != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL &&
         attribute != CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
         return CUDA_ERROR_NOT_SUPPORTED; /* the fake knows these only */
@@ -382,6 +402,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     CUresult rc = need_device(dev);
     if (rc != CUDA_SUCCESS)
         return rc;
+    run_inside("cuDevicePrimaryCtxRetain"); /* before it looks at the context */
     /* FAKE_CUDA_CONTEXTS_TOGETHER=N (containers starting at the same moment): the first
      * retains of N processes all begin before any makes its context, and return once all have
      * (10 s at most each way). */
@@ -981,7 +1002,6 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle
 
 /* Each device's default pool, which is also its current one (the fake has no others): a handle
  * names its device. */
-static int pool_handles[MAX_DEVICES];
 
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 {
@@ -993,9 +1013,18 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
     return rc;
 }
 
+/* Set by a test: cuDeviceGetMemPool answers another pool than the default one (an empty pool
+ * the fake knows nothing of, as after cuDeviceSetMemPool), while allocations still come from
+ * the default pool (cuMemAllocFromPoolAsync with it). */
+EXPORT int fake_cuda_current_pool_other;
+static int other_pool;
+
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
-    return cuDeviceGetDefaultMemPool(pool, dev);
+    CUresult rc = cuDeviceGetDefaultMemPool(pool, dev);
+    if (rc == CUDA_SUCCESS && fake_cuda_current_pool_other)
+        *pool = (CUmemoryPool)(void *)&other_pool;
+    return rc;
 }
 
 /* The device of a pool handle; -1: not one. */

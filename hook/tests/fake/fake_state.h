@@ -25,10 +25,14 @@ extern char fake_cuda_fail_next[64];
 extern int fake_cuda_capturing;
 /* Set by a test: a pool serves nothing from its cache (as if fragmented); it grows instead. */
 extern int fake_cuda_pool_fragmented;
+/* Set by a test: cuDeviceGetMemPool answers another (empty, unknown) pool than the default one
+ * that stream-ordered allocations on the default stream still come from. */
+extern int fake_cuda_current_pool_other;
 /* fake_cuda_inside_fn runs once inside the next call of the entry point fake_cuda_inside names
  * (cuMemFree_v2: before it frees; cuPointerGetAttribute: after its answer is known;
  * cuMemAlloc_v2 and the other current-context allocations: after the memory is taken;
- * "cuCtxCreate", any version: once the context is made). */
+ * "cuCtxCreate", any version: once the context is made; cuDevicePrimaryCtxRetain: before it
+ * looks at the primary context). */
 extern char fake_cuda_inside[64];
 extern void (*fake_cuda_inside_fn)(void);
 
