@@ -133,48 +133,39 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     return rc;
 }
 
-/* cudaDeviceReset: the primary context and everything in it are gone. */
-static CUresult reset_primary(CUresult (*const *reset)(CUdevice), CUdevice dev)
+/* The primary context ends with a reset (cudaDeviceReset) and with its last release (cuda.h);
+ * an earlier release frees nothing, but what the process holds there is measured again. */
+static CUresult end_primary(CUresult (*const *call)(CUdevice), CUdevice dev, int reset)
 {
-    if (!ready() || *reset == NULL)
+    if (!ready() || *call == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = (*reset)(dev);
-    if (rc == CUDA_SUCCESS)
-        context_gone((int)dev);
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
-{
-    return reset_primary(&real.cuDevicePrimaryCtxReset_v2, dev);
-}
-
-/* CUDA 7.0's export (cuda_v1.h), the same arguments. */
-VGPU_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
-{
-    return reset_primary(&real.cuDevicePrimaryCtxReset, dev);
-}
-
-static CUresult release_primary(CUresult (*const *release)(CUdevice), CUdevice dev)
-{
-    if (!ready() || *release == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = (*release)(dev);
-    if (rc == CUDA_SUCCESS && !primary_active(dev))
+    CUresult rc = (*call)(dev);
+    if (rc == CUDA_SUCCESS && (reset || !primary_active(dev)))
         context_gone((int)dev);
     else if (rc == CUDA_SUCCESS)
         vgpu_footprint_context_gone((int)dev);
     return rc;
 }
 
+VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    return end_primary(&real.cuDevicePrimaryCtxReset_v2, dev, 1);
+}
+
+/* CUDA 7.0's exports (cuda_v1.h), the same arguments. */
+VGPU_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    return end_primary(&real.cuDevicePrimaryCtxReset, dev, 1);
+}
+
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    return release_primary(&real.cuDevicePrimaryCtxRelease_v2, dev);
+    return end_primary(&real.cuDevicePrimaryCtxRelease_v2, dev, 0);
 }
 
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 {
-    return release_primary(&real.cuDevicePrimaryCtxRelease, dev);
+    return end_primary(&real.cuDevicePrimaryCtxRelease, dev, 0);
 }
 
 /* After the driver made (or failed to make) a context on dev: a context that does not fit is

@@ -186,19 +186,26 @@ int vgpu_vmm_released(uint64_t handle)
     return freed;
 }
 
+/* The mapping at *at, if *at is still within [va, va + size), and *at moved past it; NULL at
+ * the end of the range or at a gap (a range is whole mappings, each starting where the one
+ * before ended). Caller holds the lock. */
+static const struct node *next_mapping(uint64_t va, uint64_t size, uint64_t *at)
+{
+    const struct node *m = *at - va < size ? find(&mappings, *at) : NULL;
+    if (m == NULL || m->a == 0)
+        return NULL;
+    *at += m->a;
+    return m;
+}
+
 size_t vgpu_vmm_handles_in(uint64_t va, uint64_t size, uint64_t *out, size_t max)
 {
     size_t n = 0;
     take_lock();
-    for (uint64_t at = va; at - va < size;) {
-        const struct node *m = find(&mappings, at);
-        if (m == NULL || m->a == 0)
-            break;
+    uint64_t at = va;
+    for (const struct node *m; (m = next_mapping(va, size, &at)) != NULL; n++)
         if (n < max)
             out[n] = m->b;
-        n++;
-        at += m->a;
-    }
     pthread_mutex_unlock(&lock);
     return n;
 }
@@ -207,19 +214,16 @@ size_t vgpu_vmm_unmapped(uint64_t va, uint64_t size, uint64_t *freed, size_t max
 {
     size_t n = 0;
     take_lock();
-    for (uint64_t at = va; at - va < size;) {
-        const struct node *m = find(&mappings, at);
-        if (m == NULL || m->a == 0)
-            break;
-        uint64_t handle = m->b, next = at + m->a;
-        drop(&mappings, at);
+    uint64_t at = va;
+    for (const struct node *m; (m = next_mapping(va, size, &at)) != NULL;) {
+        uint64_t handle = m->b;
+        drop(&mappings, m->key);
         struct node *h = find(&handles, handle);
         if (h != NULL) {
             h->b -= h->b != 0;
             if (settle(h) && n < max)
                 freed[n++] = handle;
         }
-        at = next;
     }
     pthread_mutex_unlock(&lock);
     return n;

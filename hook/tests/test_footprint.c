@@ -486,54 +486,83 @@ static int idle_child(int cmd_fd)
     return 0;
 }
 
-static int bystander_cmd = -1, bystander_ack = -1;
+/* A third container's process (commanded through third_cmd, answering on third_ack) and a
+ * peer whose context is made at the same moment as this process's, whose probe the driver
+ * refuses: this process's host pid is not known after its context. */
+struct others {
+    pid_t third, peer;
+    int idle_w; /* the peer idles until this closes */
+    CUcontext ctx;
+    int self;   /* this process's slot */
+};
+static int third_cmd = -1, third_ack = -1;
 
-/* Inside this process's allocation: the bystander grows by the same 64 MiB. */
-static void bystander_grows(void)
+/* Inside this process's driver call: the third container's process acts (grows by 64 MiB, or
+ * makes its first context) and answers. */
+static void third_acts(void)
 {
     char c;
-    if (write(bystander_cmd, "g", 1) != 1 || read(bystander_ack, &c, 1) != 1)
-        fprintf(stderr, "the bystander did not answer\n");
+    if (write(third_cmd, "g", 1) != 1 || read(third_ack, &c, 1) != 1)
+        fprintf(stderr, "the third container's process did not answer\n");
+}
+
+static int ambiguous_start(const char *program, const char *third_mode, struct others *o)
+{
+    int cmd[2], ack[2], idle[2];
+    if (pipe(cmd) != 0 || pipe(ack) != 0 || pipe(idle) != 0)
+        return 0;
+    o->third = spawn(program, third_mode, "third", "0", cmd[0], ack[1]);
+    close(cmd[0]);
+    close(ack[1]);
+    third_cmd = cmd[1];
+    third_ack = ack[0];
+    char c = 0;
+    if (strcmp(third_mode, "bystander-child") == 0)
+        check(read(third_ack, &c, 1) == 1 && c == 'r', "a third container's process holds a "
+              "context");
+    o->peer = spawn(program, "idle-child", "peer", "2", idle[0], -1);
+    close(idle[0]);
+    o->idle_w = idle[1];
+    CUdeviceptr small = 0;
+    strcpy(fake_cuda_fail_next, "cuMemAlloc_v2"); /* the library's probe */
+    int made = cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&o->ctx, 0) == CUDA_SUCCESS &&
+               cuCtxSetCurrent(o->ctx) == CUDA_SUCCESS && cuMemAlloc(&small, 1 * MiB) == 0 &&
+               open_region();
+    o->self = made ? slot_of(getpid()) : -1;
+    return check(o->self >= 0 && region->slots[o->self].host_pid == 0, "a context made at the "
+                 "same moment as the peer's, the probe refused: the host pid is not known yet");
+}
+
+static void others_done(const struct others *o)
+{
+    close(third_cmd);
+    close(o->idle_w);
+    int s1 = -1, s2 = -1;
+    waitpid(o->third, &s1, 0);
+    waitpid(o->peer, &s2, 0);
+    check(s1 == 0 && s2 == 0, "the other processes did their part (status 0x%x, 0x%x)", s1, s2);
+}
+
+static int32_t host_pid_now(const struct others *o)
+{
+    return o->self >= 0 ? region->slots[o->self].host_pid : -1;
 }
 
 static int bystander(const char *program)
 {
-    int cmd[2], ack[2], idle[2];
-    if (pipe(cmd) != 0 || pipe(ack) != 0 || pipe(idle) != 0)
-        return 1;
-    char c = 0;
-    pid_t third = spawn(program, "bystander-child", "third", "0", cmd[0], ack[1]);
-    close(cmd[0]);
-    close(ack[1]);
-    bystander_cmd = cmd[1];
-    bystander_ack = ack[0];
-    check(read(bystander_ack, &c, 1) == 1 && c == 'r', "a third container's process holds a "
-          "context");
-    pid_t peer = spawn(program, "idle-child", "peer", "2", idle[0], -1);
-    close(idle[0]);
-    CUcontext ctx;
-    CUdeviceptr small = 0, big = 0;
+    struct others o;
+    if (!ambiguous_start(program, "bystander-child", &o))
+        return check_done("test_footprint bystander");
     int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET"));
-    strcpy(fake_cuda_fail_next, "cuMemAlloc_v2"); /* the library's probe */
-    int made = cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
-               cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cuMemAlloc(&small, 1 * MiB) == 0 &&
-               open_region();
-    int self = made ? slot_of(getpid()) : -1;
-    check(self >= 0 && region->slots[self].host_pid == 0, "a context made at the same moment as "
-          "the peer's, the probe refused: the host pid is not known yet");
+    CUdeviceptr big = 0;
     strcpy(fake_cuda_inside, "cuMemAlloc_v2");
-    fake_cuda_inside_fn = bystander_grows;
-    made = cuMemAlloc(&big, 64 * MiB) == CUDA_SUCCESS;
-    int32_t learnt = self >= 0 ? region->slots[self].host_pid : -1;
+    fake_cuda_inside_fn = third_acts;
+    int made = cuMemAlloc(&big, 64 * MiB) == CUDA_SUCCESS;
+    int32_t learnt = host_pid_now(&o);
     check(made && learnt == getpid() + offset, "64 MiB allocated while the third container's "
           "process grew by 64 MiB too: that one was no candidate (its context came before), "
           "ours is learnt (%d, pid %d)", learnt, (int)getpid());
-    close(bystander_cmd);
-    close(idle[1]);
-    int s1 = -1, s2 = -1;
-    waitpid(third, &s1, 0);
-    waitpid(peer, &s2, 0);
-    check(s1 == 0 && s2 == 0, "the other processes did their part (status 0x%x, 0x%x)", s1, s2);
+    others_done(&o);
     return check_done("test_footprint bystander");
 }
 
@@ -551,55 +580,26 @@ static int late_child(int cmd_fd, int ack_fd)
     return 0;
 }
 
-static int late_cmd = -1, late_ack = -1;
-
-/* Inside this process's second cuCtxCreate: the third container's process makes its first. */
-static void late_makes_context(void)
-{
-    char c;
-    if (write(late_cmd, "g", 1) != 1 || read(late_ack, &c, 1) != 1)
-        fprintf(stderr, "the third container's process did not answer\n");
-}
-
 static int second_context(const char *program)
 {
-    int cmd[2], ack[2], idle[2];
-    if (pipe(cmd) != 0 || pipe(ack) != 0 || pipe(idle) != 0)
-        return 1;
-    pid_t third = spawn(program, "late-child", "third", "0", cmd[0], ack[1]);
-    close(cmd[0]);
-    close(ack[1]);
-    late_cmd = cmd[1];
-    late_ack = ack[0];
-    pid_t peer = spawn(program, "idle-child", "peer", "2", idle[0], -1);
-    close(idle[0]);
-    CUcontext ctx, second = NULL;
-    CUdeviceptr small = 0, big = 0;
+    struct others o;
+    if (!ambiguous_start(program, "late-child", &o))
+        return check_done("test_footprint second-context");
     int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET"));
-    strcpy(fake_cuda_fail_next, "cuMemAlloc_v2"); /* the library's probe */
-    int made = cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
-               cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cuMemAlloc(&small, 1 * MiB) == 0 &&
-               open_region();
-    int self = made ? slot_of(getpid()) : -1;
-    check(self >= 0 && region->slots[self].host_pid == 0, "a context made at the same moment as "
-          "the peer's, the probe refused: the host pid is not known yet");
+    CUcontext second = NULL;
+    CUdeviceptr big = 0;
     strcpy(fake_cuda_inside, "cuCtxCreate");
-    fake_cuda_inside_fn = late_makes_context;
+    fake_cuda_inside_fn = third_acts;
     CUresult rc = cuCtxCreate_v2(&second, 0, 0);
-    int32_t learnt = self >= 0 ? region->slots[self].host_pid : -1;
+    int32_t learnt = host_pid_now(&o);
     check(rc == CUDA_SUCCESS && learnt == 0, "a second context made while a third container's "
           "process made its first (NVML pid %d): that pid, the only new one, is not taken for "
-          "this process (host pid %d, rc %d)", (int)third + offset, learnt, rc);
-    made = cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cuMemAlloc(&big, 64 * MiB) == CUDA_SUCCESS;
-    learnt = self >= 0 ? region->slots[self].host_pid : -1;
+          "this process (host pid %d, rc %d)", (int)o.third + offset, learnt, rc);
+    int made = cuCtxSetCurrent(o.ctx) == CUDA_SUCCESS && cuMemAlloc(&big, 64 * MiB) == 0;
+    learnt = host_pid_now(&o);
     check(made && learnt == getpid() + offset, "the next 64 MiB allocation still learns this "
           "process's own (%d, pid %d)", learnt, (int)getpid());
-    close(late_cmd);
-    close(idle[1]);
-    int s1 = -1, s2 = -1;
-    waitpid(third, &s1, 0);
-    waitpid(peer, &s2, 0);
-    check(s1 == 0 && s2 == 0, "the other processes did their part (status 0x%x, 0x%x)", s1, s2);
+    others_done(&o);
     return check_done("test_footprint second-context");
 }
 
