@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""gpu_held.py - memory held without an allocation to show for it, under a 2 GiB cap: gpu-check.sh
+section 10 on a GPU, and `held-over-fake` in tests/run.sh over the fake driver (where each
+created context holds FAKE_CUDA_CREATED_CONTEXT_MIB). Driver API and NVML through ctypes, with
+libvgpu.so preloaded: (a) 512 MiB created, mapped and released stay counted until unmapped;
+(b) cuCtxCreate until refused: NVML's figure for the process stays within the cap; (c) 512 MiB
+freed with cuMemFreeAsync into a pool that keeps it stay counted: a plain allocation of what the
+cap has left beside them fits, 64 MiB more does not. Exit 0, or 1 on a failed check."""
+import ctypes, os, sys
+cuda, nvml = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL("libnvidia-ml.so.1")
+MiB, CAP = 1 << 20, 2048 << 20
+ok = True
+def call(what, *args, want=0):
+    rc = getattr(cuda, what)(*args)
+    if rc != want:
+        print(f"{what}: CUresult {rc}, not {want}"); sys.exit(1)
+def free_now():
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    call("cuMemGetInfo_v2", ctypes.byref(free), ctypes.byref(total))
+    return free.value
+class Process(ctypes.Structure):   # nvmlProcessInfo_t (v3 list)
+    _fields_ = [("pid", ctypes.c_uint), ("used", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+def nvml_held():
+    handle, count, procs = ctypes.c_void_p(), ctypes.c_uint(64), (Process * 64)()
+    if (nvml.nvmlInit_v2() != 0 or nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))
+            or nvml.nvmlDeviceGetComputeRunningProcesses_v3(handle, ctypes.byref(count), procs)):
+        return -1
+    mine = [p.used for p in procs[:count.value] if p.pid == os.getpid()]
+    return mine[0] if mine and mine[0] < 2**63 else -1
+def expect(good, text):
+    global ok
+    print(("ok - " if good else "FAIL - ") + text)
+    ok = ok and good
+class Location(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+class Prop(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("handleTypes", ctypes.c_int), ("location", Location),
+                ("win32", ctypes.c_void_p), ("flags", ctypes.c_ubyte * 8)]
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+call("cuInit", 0); call("cuDeviceGet", ctypes.byref(dev), 0)
+call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev); call("cuCtxSetCurrent", ctx)
+ptr = ctypes.c_uint64()
+call("cuMemAlloc_v2", ctypes.byref(ptr), ctypes.c_size_t(4 * MiB)); call("cuMemFree_v2", ptr)
+
+# (a)
+prop = Prop(type=1, location=Location(type=1, id=0))   # pinned, on device 0
+handle, va = ctypes.c_uint64(), ctypes.c_uint64()
+before = free_now()
+call("cuMemCreate", ctypes.byref(handle), ctypes.c_size_t(512 * MiB), ctypes.byref(prop),
+     ctypes.c_ulonglong(0))
+call("cuMemAddressReserve", ctypes.byref(va), ctypes.c_size_t(512 * MiB), ctypes.c_size_t(0),
+     ctypes.c_uint64(0), ctypes.c_ulonglong(0))
+call("cuMemMap", va, ctypes.c_size_t(512 * MiB), ctypes.c_size_t(0), handle,
+     ctypes.c_ulonglong(0))
+call("cuMemRelease", handle)
+mapped = free_now()
+call("cuMemUnmap", va, ctypes.c_size_t(512 * MiB))
+unmapped = free_now()
+call("cuMemAddressFree", va, ctypes.c_size_t(512 * MiB))
+expect(before - mapped >= 500 * MiB and abs(unmapped - before) <= 16 * MiB,
+       f"created, mapped, released: {(before - mapped) // MiB} MiB still counted; "
+       f"unmapped: {(before - unmapped) // MiB} MiB")
+
+# (b)
+made, rc = [], 0
+while len(made) < 16:
+    c = ctypes.c_void_p()
+    rc = cuda.cuCtxCreate_v2(ctypes.byref(c), 0, dev)
+    if rc != 0:
+        break
+    made.append(c)
+held = nvml_held()
+print(f"{len(made)} contexts created, then CUresult {rc}; NVML: {held // MiB} MiB held")
+expect(rc == 2 and 0 < held <= CAP + 4 * MiB,
+       "cuCtxCreate refused (out of memory) before NVML's figure passed the cap")
+for c in made:
+    call("cuCtxDestroy_v2", c)
+call("cuCtxSetCurrent", ctx)
+
+# (c)
+pool, keep = ctypes.c_void_p(), ctypes.c_uint64(2**64 - 1)
+call("cuDeviceGetMemPool", ctypes.byref(pool), dev)
+call("cuMemPoolSetAttribute", pool, 4, ctypes.byref(keep))   # RELEASE_THRESHOLD: keep all
+call("cuMemAllocAsync", ctypes.byref(ptr), ctypes.c_size_t(512 * MiB), ctypes.c_void_p(None))
+call("cuMemFreeAsync", ptr, ctypes.c_void_p(None)); call("cuCtxSynchronize")
+left = free_now()
+plain = ctypes.c_uint64()
+fits = cuda.cuMemAlloc_v2(ctypes.byref(plain), ctypes.c_size_t(left - 16 * MiB))
+more = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(64 * MiB))
+held = nvml_held()
+print(f"pool keeps 512 MiB; {left // MiB} MiB left: rc {fits}, 64 MiB more: rc {more}; "
+      f"NVML: {held // MiB} MiB held")
+expect(fits == 0 and more == 2 and 0 < held <= CAP + 4 * MiB,
+       "a pool's cache stays counted: the rest of the cap fits, no more, within the cap")
+sys.exit(0 if ok else 1)
