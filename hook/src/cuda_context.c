@@ -110,6 +110,9 @@ static int primary_active(CUdevice dev)
            real.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || active;
 }
 
+/* A retain makes the primary context only while it is inactive. */
+static int primary_inactive(int dev) { return !primary_active((CUdevice)dev); }
+
 /* The driver retains the primary context by reference: a retain while this process holds it
  * makes nothing new (footprint.c neither measures nor refuses then). */
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
@@ -117,7 +120,7 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     if (!ready() || real.cuDevicePrimaryCtxRetain == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    if (vgpu_footprint_before_context((int)dev, !primary_active(dev), &probe) != 0)
+    if (vgpu_footprint_before_context((int)dev, primary_inactive, &probe) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real.cuDevicePrimaryCtxRetain(ctx, dev);
     if (vgpu_footprint_after_context(&probe, rc == CUDA_SUCCESS) != 0) {
@@ -190,7 +193,7 @@ static CUresult create_context(CUresult (*const *create)(CUcontext *, unsigned i
     if (!ready() || *create == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    if (vgpu_footprint_before_context((int)dev, 1, &probe) != 0)
+    if (vgpu_footprint_before_context((int)dev, NULL, &probe) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     return keep_context(&probe, (*create)(ctx, flags, dev), ctx, dev);
 }
@@ -212,7 +215,7 @@ VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, CUexecAffinityParam *params,
     if (!ready() || real.cuCtxCreate_v3 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    if (vgpu_footprint_before_context((int)dev, 1, &probe) != 0)
+    if (vgpu_footprint_before_context((int)dev, NULL, &probe) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     return keep_context(&probe, real.cuCtxCreate_v3(ctx, params, count, flags, dev), ctx, dev);
 }
@@ -223,7 +226,7 @@ VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, u
     if (!ready() || real.cuCtxCreate_v4 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    if (vgpu_footprint_before_context((int)dev, 1, &probe) != 0)
+    if (vgpu_footprint_before_context((int)dev, NULL, &probe) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     return keep_context(&probe, real.cuCtxCreate_v4(ctx, params, flags, dev), ctx, dev);
 }

@@ -282,11 +282,11 @@ static struct cache_take admit_from_cache(const struct pointer_request *r, int d
     vgpu_mem_op_begin();
     t.taken = vgpu_footprint_pool_take(dev, (uintptr_t)t.pool, r->bytes);
     int admitted = t.taken != 0 && admit(dev, r->bytes - t.taken, pointer_apis[r->api].name);
-    vgpu_mem_op_end(); /* admit's own begin lasts until settle */
     if (t.taken != 0 && !admitted) {
         vgpu_footprint_pool_put_back(dev, (uintptr_t)t.pool, t.taken);
         t.taken = 0;
     }
+    vgpu_mem_op_end(); /* admit's own begin lasts until settle */
     return t;
 }
 

@@ -254,7 +254,8 @@ static uint64_t bound_kept(int dev, uint64_t limit)
         struct kept *e = &kept[dev][k];
         if (e->bytes == 0)
             continue;
-        uint64_t cached = pool_cache_of != NULL ? pool_cache_of(e->pool) : 0;
+        /* (With no room left, the pool is not asked: it may be one destroyed since.) */
+        uint64_t cached = pool_cache_of != NULL && sum < limit ? pool_cache_of(e->pool) : 0;
         uint64_t keep = e->bytes < cached ? e->bytes : cached;
         keep = keep < limit - sum ? keep : limit - sum;
         dropped += e->bytes - keep;
@@ -299,19 +300,30 @@ static void warn_unmeasured(int dev)
                  (unsigned long long)load64(&counted[dev]));
 }
 
-int vgpu_footprint_before_context(int dev, int fresh, struct vgpu_context_probe *p)
+/* A primary context retained again while we hold one: the driver hands out the same one. */
+static int makes_nothing(int dev, int (*makes_one)(int dev))
+{
+    return makes_one != NULL && __atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE) &&
+           !makes_one(dev);
+}
+
+int vgpu_footprint_before_context(int dev, int (*makes_one)(int dev),
+                                  struct vgpu_context_probe *p)
 {
     p->dev = dev;
     p->active = 0;
     int discover = vgpu_region_host_pid() == 0 && dev >= 0 && dev < VGPU_REGION_MAX_DEVICES &&
                    vgpu_throttle_enabled;
-    if ((!capped(dev) && !discover) || inside)
-        return 0;
-    /* A primary context retained again while we hold it: the driver hands out the same one. */
-    if (!fresh && __atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE))
+    if ((!capped(dev) && !discover) || inside || makes_nothing(dev, makes_one))
         return 0;
     inside = 1;
     pthread_mutex_lock(&locks[dev]);
+    /* Asked again: another thread's retain may have made it while this one waited. */
+    if (makes_nothing(dev, makes_one)) {
+        pthread_mutex_unlock(&locks[dev]);
+        inside = 0;
+        return 0;
+    }
     p->active = 1;
     p->ledger = capped(dev);
     p->first = !__atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE);
@@ -464,16 +476,16 @@ static struct kept *kept_entry(int dev, uintptr_t pool, int make)
 
 /* bytes counted as pool's cache on dev, from the ledger's allocations (moved: no ledger
  * change); 0 when there is no entry for it. Caller holds locks[dev]. */
-static int keep(int dev, uintptr_t pool, uint64_t bytes)
+static void keep(int dev, uintptr_t pool, uint64_t bytes)
 {
     struct kept *e = kept_entry(dev, pool, 1);
-    if (e == NULL)
-        return 0;
-    e->bytes += bytes;
-    __atomic_add_fetch(&pooled[dev], bytes, __ATOMIC_ACQ_REL);
+    /* Past KEPT_POOLS pools: counted as other memory, until a measurement says otherwise. */
+    if (e != NULL) {
+        e->bytes += bytes;
+        __atomic_add_fetch(&pooled[dev], bytes, __ATOMIC_ACQ_REL);
+    }
     __atomic_add_fetch(&counted[dev], bytes, __ATOMIC_ACQ_REL);
     vgpu_region_note_context(dev, 0, counted_everywhere());
-    return 1;
 }
 
 int vgpu_footprint_pool_kept(int dev, uintptr_t pool, uint64_t bytes)
@@ -482,9 +494,9 @@ int vgpu_footprint_pool_kept(int dev, uintptr_t pool, uint64_t bytes)
     if (!capped(dev) || !__atomic_load_n(&measurable[dev], __ATOMIC_RELAXED) || inside ||
         pthread_mutex_trylock(&locks[dev]) != 0)
         return 0;
-    int kept_it = keep(dev, pool, bytes);
+    keep(dev, pool, bytes);
     pthread_mutex_unlock(&locks[dev]);
-    return kept_it;
+    return 1;
 }
 
 uint64_t vgpu_footprint_pooled(int dev) { return load64(&pooled[dev]); }
@@ -510,8 +522,7 @@ void vgpu_footprint_pool_put_back(int dev, uintptr_t pool, uint64_t bytes)
     if (bytes == 0)
         return;
     pthread_mutex_lock(&locks[dev]);
-    if (!keep(dev, pool, bytes)) /* no entry free: counted as other memory, until measured */
-        __atomic_add_fetch(&counted[dev], bytes, __ATOMIC_ACQ_REL);
+    keep(dev, pool, bytes);
     pthread_mutex_unlock(&locks[dev]);
 }
 
@@ -532,6 +543,19 @@ void vgpu_footprint_context_unseen(int dev)
 {
     if (!capped(dev) || inside || __atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE))
         return;
-    __atomic_store_n(&has_context[dev], 1, __ATOMIC_RELEASE);
-    refresh(dev, 0);
+    pthread_mutex_lock(&locks[dev]);
+    if (!__atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE)) {
+        __atomic_store_n(&has_context[dev], 1, __ATOMIC_RELEASE);
+        /* As for any context made: the container's context size, until it is measured (past
+         * the cap: the context exists already; further allocations are refused). */
+        uint64_t estimate = vgpu_region_context_estimate(dev);
+        if (estimate != 0 && vgpu_region_charge(dev, estimate) == 0)
+            __atomic_add_fetch(&counted[dev], estimate, __ATOMIC_ACQ_REL);
+        int64_t held = measure(dev, MEASURE_TRIES);
+        if (held >= 0) {
+            __atomic_store_n(&measured_at[dev], monotonic_ns(), __ATOMIC_RELAXED);
+            settle_to(dev, (uint64_t)held);
+        }
+    }
+    pthread_mutex_unlock(&locks[dev]);
 }

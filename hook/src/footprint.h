@@ -30,11 +30,13 @@ void vgpu_footprint_learn_after(uint64_t allocated, int retry_soon);
  * stream-ordered pool caches now (its reserved memory less its used memory; 0 when unknown). */
 void vgpu_footprint_init(uint64_t (*cache_of)(uintptr_t pool));
 
-/* Before the driver makes a context on dev, or retains the primary one (fresh: whether the
- * driver makes one now; a retain of a primary context already active does not). -1: the
- * container's last measured context size does not fit under the cap (logged); the caller
- * answers CUDA_ERROR_OUT_OF_MEMORY. */
-int vgpu_footprint_before_context(int dev, int fresh, struct vgpu_context_probe *p);
+/* Before the driver makes a context on dev, or retains the primary one. makes_one: NULL when
+ * the driver always makes one (cuCtxCreate); else asked, when the process holds a context on
+ * dev already, whether it makes one now (a retain of an active primary context does not),
+ * before and again under the device's lock. -1: the container's last measured context size
+ * does not fit under the cap (logged); the caller answers CUDA_ERROR_OUT_OF_MEMORY. */
+int vgpu_footprint_before_context(int dev, int (*makes_one)(int dev),
+                                  struct vgpu_context_probe *p);
 
 /* After it (created: whether the driver made it). -1: a context made now does not fit under
  * the cap (logged); the caller destroys it and answers CUDA_ERROR_OUT_OF_MEMORY. */

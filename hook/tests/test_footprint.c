@@ -42,6 +42,7 @@
  *                       new pid then is that process's, and is not taken for this one. */
 #include <cuda.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <sys/mman.h>
@@ -304,32 +305,74 @@ static int pool_bounds(void)
 }
 
 /* Inside a retain, before the driver looks at the primary context: another thread's last
- * release destroys it. */
+ * release destroys it (and, in the second round, NVML stops saying what processes hold). */
+static int release_rounds;
 static void last_release(void)
 {
     if (cuDevicePrimaryCtxRelease(0) != CUDA_SUCCESS)
         fprintf(stderr, "the release inside the retain failed\n");
+    if (++release_rounds == 2)
+        setenv("FAKE_NVML_MEMORY_NA", "1", 1);
+}
+
+static CUresult other_rc = CUDA_ERROR_UNKNOWN;
+static void *other_retain(void *arg)
+{
+    CUcontext ctx;
+    (void)arg;
+    other_rc = cuDevicePrimaryCtxRetain(&ctx, 0);
+    return NULL;
+}
+
+/* Inside this thread's first retain: another thread retains too, and has found the primary
+ * context inactive and waits for this one's (0.2 s) by the time this one goes on. */
+static pthread_t other;
+static void start_other_retain(void)
+{
+    pthread_create(&other, NULL, other_retain, NULL);
+    sleep_s(0.2);
 }
 
 /* A retain of a primary context the process holds makes nothing, so it is neither measured
- * nor refused; when the last release ran meanwhile, the driver made it anew, and it is counted
- * all the same. */
+ * nor refused: also one that waited while another thread's retain made it; and when the last
+ * release ran meanwhile, the driver made it anew, and it is counted all the same, measured or
+ * not. */
 static int retain_race(void)
 {
     CUcontext ctx, again = NULL;
-    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
-              cuCtxSetCurrent(ctx) == CUDA_SUCCESS,
-          "the primary context (300 MiB)");
-    if (!check(open_region(), "region readable"))
+    CUdeviceptr big = 0;
+    check(cuInit(0) == CUDA_SUCCESS, "cuInit");
+    strcpy(fake_cuda_inside, "cuDevicePrimaryCtxRetain");
+    fake_cuda_inside_fn = start_other_retain;
+    CUresult rc = cuDevicePrimaryCtxRetain(&ctx, 0);
+    pthread_join(other, NULL);
+    int ready = cuCtxSetCurrent(ctx) == CUDA_SUCCESS && open_region();
+    uint64_t counted = ready ? used() : 0;
+    check(rc == CUDA_SUCCESS && other_rc == CUDA_SUCCESS && counted == 300 * MiB,
+          "two threads' first retains at once under a 512 MiB cap: the primary context (300 MiB) "
+          "counted once, neither refused (%llu MiB; rc %d, %d)", (unsigned long long)(counted / MiB), rc, other_rc);
+    if (!ready)
         return check_done("test_footprint retain-race");
+    cuDevicePrimaryCtxRelease(0); /* one reference left */
     strcpy(fake_cuda_inside, "cuDevicePrimaryCtxRetain");
     fake_cuda_inside_fn = last_release;
-    CUresult rc = cuDevicePrimaryCtxRetain(&again, 0);
-    uint64_t held = fake_cuda_device_used(0), counted = used();
+    rc = cuDevicePrimaryCtxRetain(&again, 0);
+    uint64_t held = fake_cuda_device_used(0);
+    counted = used();
     check(rc == CUDA_SUCCESS && held == 300 * MiB && counted == 300 * MiB,
           "a retain that raced the last release made the context anew: counted (rc %d, held "
           "%llu MiB, counted %llu MiB)", rc, (unsigned long long)(held / MiB),
           (unsigned long long)(counted / MiB));
+    strcpy(fake_cuda_inside, "cuDevicePrimaryCtxRetain");
+    fake_cuda_inside_fn = last_release;
+    rc = cuDevicePrimaryCtxRetain(&again, 0);
+    CUresult more = cuCtxSetCurrent(again) == CUDA_SUCCESS ? cuMemAlloc(&big, 300 * MiB) : 99;
+    held = fake_cuda_device_used(0);
+    check(rc == CUDA_SUCCESS && more == CUDA_ERROR_OUT_OF_MEMORY && held == 300 * MiB,
+          "so again, with NVML unable to say: the container's context size counted for it, "
+          "and 300 MiB more refused under the 512 MiB cap (rc %d, held %llu MiB)", more,
+          (unsigned long long)(held / MiB));
+    unsetenv("FAKE_NVML_MEMORY_NA");
     return check_done("test_footprint retain-race");
 }
 
@@ -509,7 +552,7 @@ static void third_acts(void)
 static int ambiguous_start(const char *program, const char *third_mode, struct others *o)
 {
     int cmd[2], ack[2], idle[2];
-    if (pipe(cmd) != 0 || pipe(ack) != 0 || pipe(idle) != 0)
+    if (!check(pipe(cmd) == 0 && pipe(ack) == 0 && pipe(idle) == 0, "pipes to the others"))
         return 0;
     o->third = spawn(program, third_mode, "third", "0", cmd[0], ack[1]);
     close(cmd[0]);
