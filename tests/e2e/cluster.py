@@ -9,6 +9,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,6 +52,22 @@ class Cluster:
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.run(self.helm_bin, *args, check=check)
+
+    def wait_established(self, crd_name: str, patience_s: float = 60) -> None:
+        """Until the server serves crd_name. Polled rather than `kubectl wait
+        --for=condition=Established`: that fails at once, instead of waiting, while the server has
+        not written `.status.conditions` yet (`accessor error: <nil> is of the type <nil>`, seen
+        in CI against the oldest release)."""
+        established = '{.status.conditions[?(@.type=="Established")].status}'
+        deadline = time.monotonic() + patience_s
+        while True:
+            got = self.kubectl("get", f"crd/{crd_name}", "-o", f"jsonpath={established}", check=False)
+            if got.returncode == 0 and got.stdout.strip() == "True":
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"crd/{crd_name} not Established after {patience_s} s: "
+                                     f"{got.stdout.strip()!r} {got.stderr.strip()}")
+            time.sleep(0.2)
 
     def api(self, session: aiohttp.ClientSession) -> Api:
         """The raw JSON API as the admin (for what kubectl cannot time or stream)."""

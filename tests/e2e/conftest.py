@@ -41,7 +41,7 @@ def cluster(control_plane: controlplane.State) -> Cluster:
 def _with_crd(cluster: Cluster) -> Cluster:
     """`kubectl apply -f crds/`, as the README tells users, and wait until it is served."""
     cluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/vgpupolicies.vgpu.io", "--timeout=60s")
+    cluster.wait_established("vgpupolicies.vgpu.io")
     return cluster
 
 

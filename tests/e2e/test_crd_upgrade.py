@@ -81,7 +81,7 @@ def older_release(crd_installed: Cluster, tmp_path: pathlib.Path) -> Iterator[tu
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
         cluster.kubectl("delete", "vgpupolicies", "--all", "--wait=false", check=False)
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd.CRD_PATH))
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd.CRD_NAME}", "--timeout=60s")
+        cluster.wait_established(crd.CRD_NAME)
 
 
 def test_the_documented_commands_upgrade_a_crd_helm_installed(older_release: tuple[Cluster, str]) -> None:
