@@ -200,6 +200,8 @@ run footprint-pool-cache CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footp
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" pool-cache
 run footprint-pool-bounds CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-bounds.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" pool-bounds
+run footprint-pool-many CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-many.shm" \
+    FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" pool-many
 run footprint-unmeasured-contexts CUDA_DEVICE_MEMORY_LIMIT=1g \
     FAKE_GPU_SHARED="$tmp/footprint-unmeasured.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     FAKE_CUDA_CREATED_CONTEXT_MIB=200 "$build/tests/test_footprint" unmeasured-contexts

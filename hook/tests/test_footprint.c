@@ -33,6 +33,9 @@
  *   test_footprint unmeasured-contexts
  *                       created contexts NVML cannot measure keep the container's context
  *                       size counted.
+ *   test_footprint pool-many
+ *                       frees into 8 pools (fake_cuda_pool_aliases): those past the 4 counted
+ *                       each stay counted as other memory.
  *   test_footprint retain-race
  *                       a retain of the held primary context while the last release runs:
  *                       the context the driver makes anew is counted.
@@ -302,6 +305,37 @@ static int pool_bounds(void)
           (unsigned long long)(counted / MiB));
     fake_cuda_current_pool_other = 0;
     return check_done("test_footprint pool-bounds");
+}
+
+/* Frees into more pools than the library keeps a count for each (4 a device): the rest stay
+ * counted as other memory until a measurement, not given back while cached. */
+static int pool_many(void)
+{
+    CUcontext ctx;
+    CUmemoryPool pool;
+    cuuint64_t keep_all = UINT64_MAX;
+    CUdeviceptr p[8] = {0}, plain = 0;
+    fake_cuda_pool_aliases = 8;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cuDeviceGetMemPool(&pool, 0) == 0 &&
+              cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all) == 0,
+          "a 300 MiB context; stream-ordered allocations name 8 pools in turn");
+    if (!check(open_region(), "region readable"))
+        return check_done("test_footprint pool-many");
+    int freed = 1;
+    for (int i = 0; i < 8; i++)
+        freed &= cuMemAllocAsync(&p[i], 80 * MiB, NULL) == CUDA_SUCCESS;
+    for (int i = 0; i < 8; i++)
+        freed &= cuMemFreeAsync(p[i], NULL) == CUDA_SUCCESS;
+    uint64_t counted = used();
+    CUresult rc = cuMemAlloc(&plain, 400 * MiB);
+    uint64_t held = fake_cuda_device_used(0);
+    check(freed && counted == 940 * MiB && rc == CUDA_ERROR_OUT_OF_MEMORY && held == 940 * MiB,
+          "8 x 80 MiB freed into 8 pools that keep them: all counted (%llu MiB), so a plain "
+          "400 MiB allocation is refused (rc %d, held %llu MiB)", (unsigned long long)(counted / MiB),
+          rc, (unsigned long long)(held / MiB));
+    fake_cuda_pool_aliases = 0;
+    return check_done("test_footprint pool-many");
 }
 
 /* Inside a retain, before the driver looks at the primary context: another thread's last
@@ -711,6 +745,8 @@ int main(int argc, char **argv)
         return pool_cache();
     if (argc == 2 && strcmp(argv[1], "pool-bounds") == 0)
         return pool_bounds();
+    if (argc == 2 && strcmp(argv[1], "pool-many") == 0)
+        return pool_many();
     if (argc == 2 && strcmp(argv[1], "retain-race") == 0)
         return retain_race();
     if (argc == 2 && strcmp(argv[1], "unmeasured-contexts") == 0)

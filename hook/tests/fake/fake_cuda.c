@@ -65,6 +65,7 @@ struct alloc {
     int dev;
     int32_t pid;
     int pooled; /* from a pool: its free goes back to the pool's cache */
+    int alias;  /* which of fake_cuda_pool_aliases names its pool (0: the pool itself) */
     uint32_t refs, maps; /* a cuMemCreate handle's references and mappings (cuMemRelease) */
     const struct fake_ctx *owner; /* freed with this context (NULL: a cuMemCreate handle or a
                                    * stream-ordered allocation, no context's) */
@@ -73,6 +74,12 @@ static struct alloc *table;
 /* Set by a test: a pool serves nothing from its cache, as if what it holds were in blocks too
  * small for any request. */
 EXPORT int fake_cuda_pool_fragmented;
+/* Set by a test (at most MAX_ALIASES): stream-ordered allocations name that many pools in turn
+ * (CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE), all the device's one pool underneath: each answers
+ * for the pool's cache as a whole. */
+enum { MAX_ALIASES = 16 };
+EXPORT int fake_cuda_pool_aliases;
+static int pool_aliases[MAX_DEVICES][MAX_ALIASES];
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t next_address = UINT64_C(0x7f0000000000);
 static uint64_t next_low_address = UINT64_C(0x10000000); /* the v1 exports' 32-bit pointers */
@@ -186,7 +193,10 @@ static uint64_t fake_alloc_at(int dev, uint64_t bytes, uint64_t *next, uint64_t 
     size_t i = slot_of(key);
     while (table[i].key > tombstone)
         i = (i + 1) & (TABLE_SIZE - 1);
-    table[i] = (struct alloc){.key = key, .bytes = bytes, .dev = dev, .pid = pid,
+    static unsigned aliased;
+    int alias = pooled && fake_cuda_pool_aliases > 1
+                    ? (int)(aliased++ % (unsigned)fake_cuda_pool_aliases) : 0;
+    table[i] = (struct alloc){.key = key, .bytes = bytes, .dev = dev, .pid = pid, .alias = alias,
                               .pooled = pooled, .owner = owner};
     pthread_mutex_unlock(&table_lock);
     return key;
@@ -288,7 +298,9 @@ static CUresult pool_of_pointer(void *data, CUdeviceptr ptr)
     pthread_mutex_unlock(&table_lock);
     if (data == NULL || !found)
         return CUDA_ERROR_INVALID_VALUE;
-    *(CUmemoryPool *)data = a.pooled ? (CUmemoryPool)(void *)&pool_handles[a.dev] : NULL;
+    *(CUmemoryPool *)data = !a.pooled ? NULL
+                            : a.alias != 0 ? (CUmemoryPool)(void *)&pool_aliases[a.dev][a.alias]
+                                           : (CUmemoryPool)(void *)&pool_handles[a.dev];
     return CUDA_SUCCESS;
 }
 
@@ -1031,6 +1043,8 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 static int pool_device(CUmemoryPool pool)
 {
     int *p = (int *)(void *)pool;
+    if (p >= &pool_aliases[0][0] && p < &pool_aliases[0][0] + ndevices * MAX_ALIASES)
+        return (int)(p - &pool_aliases[0][0]) / MAX_ALIASES;
     return p >= pool_handles && p < pool_handles + ndevices ? (int)(p - pool_handles) : -1;
 }
 

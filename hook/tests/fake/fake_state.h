@@ -28,6 +28,9 @@ extern int fake_cuda_pool_fragmented;
 /* Set by a test: cuDeviceGetMemPool answers another (empty, unknown) pool than the default one
  * that stream-ordered allocations on the default stream still come from. */
 extern int fake_cuda_current_pool_other;
+/* Set by a test (2-16): stream-ordered allocations name that many pools in turn, all the
+ * device's one pool underneath (each answers for its whole cache). */
+extern int fake_cuda_pool_aliases;
 /* fake_cuda_inside_fn runs once inside the next call of the entry point fake_cuda_inside names
  * (cuMemFree_v2: before it frees; cuPointerGetAttribute: after its answer is known;
  * cuMemAlloc_v2 and the other current-context allocations: after the memory is taken;
