@@ -113,6 +113,27 @@ static int primary_active(CUdevice dev)
 /* A retain makes the primary context only while it is inactive. */
 static int primary_inactive(int dev) { return !primary_active((CUdevice)dev); }
 
+/* After the driver made (or failed to make) a context on dev, or retained the primary one: a
+ * context that does not fit is undone (destroyed, or the retain released) and the caller gets
+ * CUDA_ERROR_OUT_OF_MEMORY. */
+static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, CUcontext *ctx,
+                             CUdevice dev, int retain)
+{
+    if (vgpu_footprint_after_context(probe, rc == CUDA_SUCCESS) != 0) {
+        if (retain && real.cuDevicePrimaryCtxRelease_v2 != NULL)
+            real.cuDevicePrimaryCtxRelease_v2(dev);
+        else if (!retain && real.cuCtxDestroy_v2 != NULL)
+            real.cuCtxDestroy_v2(*ctx);
+        vgpu_footprint_context_gone((int)dev);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (rc == CUDA_SUCCESS && probe->active && probe->first)
+        probe_host_pid(*ctx, (int)dev);
+    else if (rc == CUDA_SUCCESS && retain && !probe->active) /* raced the last release? */
+        vgpu_footprint_context_unseen((int)dev);
+    return rc;
+}
+
 /* The driver retains the primary context by reference: a retain while this process holds it
  * makes nothing new (footprint.c neither measures nor refuses then). */
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
@@ -122,18 +143,7 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     struct vgpu_context_probe probe;
     if (vgpu_footprint_before_context((int)dev, primary_inactive, &probe) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = real.cuDevicePrimaryCtxRetain(ctx, dev);
-    if (vgpu_footprint_after_context(&probe, rc == CUDA_SUCCESS) != 0) {
-        if (real.cuDevicePrimaryCtxRelease_v2 != NULL)
-            real.cuDevicePrimaryCtxRelease_v2(dev);
-        vgpu_footprint_context_gone((int)dev);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    if (rc == CUDA_SUCCESS && probe.active && probe.first)
-        probe_host_pid(*ctx, (int)dev);
-    else if (rc == CUDA_SUCCESS && !probe.active)
-        vgpu_footprint_context_unseen((int)dev);
-    return rc;
+    return keep_context(&probe, real.cuDevicePrimaryCtxRetain(ctx, dev), ctx, dev, 1);
 }
 
 /* The primary context ends with a reset (cudaDeviceReset) and with its last release (cuda.h);
@@ -171,22 +181,6 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
     return end_primary(&real.cuDevicePrimaryCtxRelease, dev, 0);
 }
 
-/* After the driver made (or failed to make) a context on dev: a context that does not fit is
- * destroyed again and the caller gets CUDA_ERROR_OUT_OF_MEMORY. */
-static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, CUcontext *ctx,
-                             CUdevice dev)
-{
-    if (vgpu_footprint_after_context(probe, rc == CUDA_SUCCESS) == 0) {
-        if (rc == CUDA_SUCCESS && probe->active && probe->first)
-            probe_host_pid(*ctx, (int)dev);
-        return rc;
-    }
-    if (real.cuCtxDestroy_v2 != NULL)
-        real.cuCtxDestroy_v2(*ctx);
-    vgpu_footprint_context_gone((int)dev);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-}
-
 static CUresult create_context(CUresult (*const *create)(CUcontext *, unsigned int, CUdevice),
                                CUcontext *ctx, unsigned int flags, CUdevice dev)
 {
@@ -195,7 +189,7 @@ static CUresult create_context(CUresult (*const *create)(CUcontext *, unsigned i
     struct vgpu_context_probe probe;
     if (vgpu_footprint_before_context((int)dev, NULL, &probe) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    return keep_context(&probe, (*create)(ctx, flags, dev), ctx, dev);
+    return keep_context(&probe, (*create)(ctx, flags, dev), ctx, dev, 0);
 }
 
 VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev)
@@ -217,7 +211,8 @@ VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, CUexecAffinityParam *params,
     struct vgpu_context_probe probe;
     if (vgpu_footprint_before_context((int)dev, NULL, &probe) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    return keep_context(&probe, real.cuCtxCreate_v3(ctx, params, count, flags, dev), ctx, dev);
+    return keep_context(&probe, real.cuCtxCreate_v3(ctx, params, count, flags, dev), ctx, dev,
+                        0);
 }
 
 VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, unsigned int flags,
@@ -228,7 +223,7 @@ VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, u
     struct vgpu_context_probe probe;
     if (vgpu_footprint_before_context((int)dev, NULL, &probe) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    return keep_context(&probe, real.cuCtxCreate_v4(ctx, params, flags, dev), ctx, dev);
+    return keep_context(&probe, real.cuCtxCreate_v4(ctx, params, flags, dev), ctx, dev, 0);
 }
 
 /* The destroyed context's device is not known here: every capped device is measured again. */
@@ -247,4 +242,7 @@ VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     return destroy_context(&real.cuCtxDestroy_v2, ctx);
 }
 
-VGPU_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return destroy_context(&real.cuCtxDestroy, ctx); }
+VGPU_EXPORT CUresult cuCtxDestroy(CUcontext ctx)
+{
+    return destroy_context(&real.cuCtxDestroy, ctx);
+}

@@ -58,9 +58,6 @@ static int admit(int dev, uint64_t bytes, const char *api)
     if (dev < 0)
         return 1;
     vgpu_footprint_refresh(dev);
-    /* Before it is refused: a pool may have given back what frees left counted in it. */
-    if (vgpu_region_used(dev) + bytes > vgpu_region_limit(dev))
-        vgpu_footprint_pools_check(dev);
     if (vgpu_mem_reserve(dev, bytes, api) != 0)
         return 0;
     /* From the driver call until the table has it, NVML may show memory the table does not. */
@@ -194,16 +191,40 @@ static CUresult call_driver(const struct pointer_request *r, CUdeviceptr *ptr)
     }
 }
 
+/* What pool has reserved from the device, and what its allocations use of that; -1 when the
+ * driver cannot say. */
+static int pool_figures(CUmemoryPool pool, cuuint64_t *reserved, cuuint64_t *used)
+{
+    return real.cuMemPoolGetAttribute != NULL &&
+           real.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, reserved) ==
+               CUDA_SUCCESS &&
+           real.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, used) ==
+               CUDA_SUCCESS ? 0 : -1;
+}
+
 /* What pool holds beyond what its allocations use (0 when the driver cannot say). */
 static uint64_t pool_cached(CUmemoryPool pool)
 {
     cuuint64_t reserved = 0, used = 0;
-    if (real.cuMemPoolGetAttribute == NULL ||
-        real.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) !=
-            CUDA_SUCCESS ||
-        real.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) != CUDA_SUCCESS)
-        return 0;
-    return reserved > used ? reserved - used : 0;
+    return pool_figures(pool, &reserved, &used) == 0 && reserved > used ? reserved - used : 0;
+}
+
+/* The pool r draws on: the one it names, else its device's current pool (NULL: the driver
+ * cannot say). */
+static CUmemoryPool drawn_pool(const struct pointer_request *r, int dev)
+{
+    CUmemoryPool pool = r->pool;
+    if (pool == NULL && (real.cuDeviceGetMemPool == NULL ||
+                         real.cuDeviceGetMemPool(&pool, (CUdevice)dev) != CUDA_SUCCESS))
+        return NULL;
+    return pool;
+}
+
+/* The stream-ordered free of r's flavour (per-thread default stream or legacy). */
+static CUresult (*ordered_free(const struct pointer_request *r))(CUdeviceptr, CUstream)
+{
+    return r->api == ASYNC_PTSZ || r->api == POOL_PTSZ ? real.cuMemFreeAsync_ptsz
+                                                       : real.cuMemFreeAsync;
 }
 
 /* Gives back what pool caches; returns 1 when that was something. */
@@ -225,6 +246,15 @@ static int maybe_capturing(const struct pointer_request *r)
            status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+/* An allocation given back into its pool stays in the pool's cache, where it would count
+ * against the next one: the pool is trimmed (not while the stream is captured: that could
+ * break the capture) and what is counted of its cache checked. */
+static void trim_given_back(const struct pointer_request *r, CUmemoryPool pool, int dev)
+{
+    if (!maybe_capturing(r) && trim_pool(pool))
+        vgpu_footprint_pools_check(dev);
+}
+
 /* A pool keeps the memory stream-ordered frees give back (PyTorch's cudaMallocAsync backend
  * sets its release threshold to the maximum, so it keeps all of it). NVML shows that memory, so
  * it is counted as the process's footprint, and an allocation the pool would serve from it
@@ -239,11 +269,8 @@ static void release_pool_cache(const struct pointer_request *r, int dev)
     vgpu_footprint_refresh(dev); /* what admit() would see */
     if (vgpu_region_used(dev) + r->bytes <= limit || maybe_capturing(r))
         return;
-    CUmemoryPool pool = r->pool;
-    if (pool == NULL && (real.cuDeviceGetMemPool == NULL ||
-                         real.cuDeviceGetMemPool(&pool, (CUdevice)dev) != CUDA_SUCCESS))
-        return;
-    if (trim_pool(pool)) {
+    CUmemoryPool pool = drawn_pool(r, dev);
+    if (pool != NULL && trim_pool(pool)) {
         vgpu_footprint_pools_check(dev);
         vgpu_footprint_remeasure(dev);
     }
@@ -266,15 +293,10 @@ struct cache_take {
  * request, or the rest did not fit (they went back). */
 static struct cache_take admit_from_cache(const struct pointer_request *r, int dev)
 {
-    struct cache_take t = {.pool = r->pool};
+    struct cache_take t = {0};
     cuuint64_t used = 0;
-    if (vgpu_footprint_pooled(dev) == 0 || real.cuDeviceGetMemPool == NULL ||
-        real.cuMemPoolGetAttribute == NULL ||
-        (t.pool == NULL && real.cuDeviceGetMemPool(&t.pool, (CUdevice)dev) != CUDA_SUCCESS) ||
-        real.cuMemPoolGetAttribute(t.pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-                                   &t.reserved_before) != CUDA_SUCCESS ||
-        real.cuMemPoolGetAttribute(t.pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) !=
-            CUDA_SUCCESS ||
+    if (vgpu_footprint_pooled(dev) == 0 || (t.pool = drawn_pool(r, dev)) == NULL ||
+        pool_figures(t.pool, &t.reserved_before, &used) != 0 ||
         t.reserved_before < used || t.reserved_before - used < r->bytes)
         return (struct cache_take){0};
     vgpu_footprint_refresh(dev); /* before the take, so that it measures none taken over */
@@ -298,9 +320,7 @@ static struct cache_take admit_from_cache(const struct pointer_request *r, int d
 static CUresult cover_growth(const struct pointer_request *r, CUdeviceptr ptr, int dev,
                              struct cache_take *t)
 {
-    CUresult (*give_back)(CUdeviceptr, CUstream) =
-        r->api == ASYNC_PTSZ || r->api == POOL_PTSZ ? real.cuMemFreeAsync_ptsz
-                                                    : real.cuMemFreeAsync;
+    CUresult (*give_back)(CUdeviceptr, CUstream) = ordered_free(r);
     cuuint64_t after = 0;
     uint64_t grown = real.cuMemPoolGetAttribute(t->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
                                                 &after) != CUDA_SUCCESS ? r->bytes
@@ -327,17 +347,14 @@ static CUresult cover_growth(const struct pointer_request *r, CUdeviceptr ptr, i
  * pool keeps there is not given back first. */
 static CUresult move_to_pool_device(const struct pointer_request *r, CUdeviceptr ptr, int *dev)
 {
-    CUresult (*give_back)(CUdeviceptr, CUstream) =
-        r->api == POOL_PTSZ ? real.cuMemFreeAsync_ptsz : real.cuMemFreeAsync;
+    CUresult (*give_back)(CUdeviceptr, CUstream) = ordered_free(r);
     int actual = pointer_device(ptr);
     if (actual < 0 || *dev < 0 || actual == *dev || give_back == NULL)
         return CUDA_SUCCESS;
     vgpu_footprint_refresh(actual);
     if (vgpu_mem_reserve(actual, r->bytes, pointer_apis[r->api].name) != 0) {
-        /* Not kept in the pool's cache, where it would count against the next allocation. */
         give_back(ptr, r->stream);
-        if (!maybe_capturing(r))
-            trim_pool(r->pool);
+        trim_given_back(r, r->pool, actual);
         return CUDA_ERROR_OUT_OF_MEMORY; /* settle gives back the first reservation */
     }
     vgpu_mem_unreserve(*dev, r->bytes);
@@ -381,8 +398,8 @@ static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr
         rc = move_to_pool_device(r, ptr, &dev);
     if (rc != CUDA_SUCCESS && cache.taken != 0) /* still in the pool's cache */
         vgpu_footprint_pool_put_back(dev, (uintptr_t)cache.pool, cache.taken);
-    if (cache.trim && !maybe_capturing(r) && trim_pool(cache.pool))
-        vgpu_footprint_pools_check(dev);
+    if (cache.trim)
+        trim_given_back(r, cache.pool, dev);
     uint64_t reserved = rc == CUDA_SUCCESS ? r->bytes : r->bytes - cache.taken;
     rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, reserved);
     if (rc == CUDA_SUCCESS && dptr != NULL)
@@ -730,26 +747,24 @@ VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     if (!ready() || real.cuMemUnmap == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    vgpu_mem_op_begin();
+    vgpu_vmm_hold(); /* the range's mappings stay as read here until the bookkeeping after */
     size_t n = vgpu_vmm_handles_in(ptr, size, NULL, 0);
     uint64_t *handles = n != 0 ? calloc(2 * n, sizeof *handles) : NULL; /* and those freed */
     struct vgpu_mem_record *before = n != 0 ? calloc(n, sizeof *before) : NULL;
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
     if (n != 0 && (handles == NULL || before == NULL)) {
-        free(handles);
-        free(before);
         vgpu_log(VGPU_LOG_ERROR, "out of host memory before unmapping memory: refused");
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        n = 0;
+    } else {
+        vgpu_vmm_handles_in(ptr, size, handles, n);
+        for (size_t i = 0; i < n; i++)
+            vgpu_mem_find(VGPU_KIND_HANDLE, handles[i], &before[i]);
+        rc = real.cuMemUnmap(ptr, size);
     }
-    size_t room = n;
-    n = vgpu_vmm_handles_in(ptr, size, handles, room);
-    n = n < room ? n : room;
-    for (size_t i = 0; i < n; i++)
-        vgpu_mem_find(VGPU_KIND_HANDLE, handles[i], &before[i]);
-    vgpu_mem_op_begin();
-    vgpu_vmm_hold();
-    CUresult rc = real.cuMemUnmap(ptr, size);
     if (rc == CUDA_SUCCESS && n != 0) {
-        uint64_t *freed = handles + room;
-        size_t nfreed = vgpu_vmm_unmapped(ptr, size, freed, room);
+        uint64_t *freed = handles + n;
+        size_t nfreed = vgpu_vmm_unmapped(ptr, size, freed, n);
         for (size_t f = 0; f < nfreed; f++)
             for (size_t i = 0; i < n; i++)
                 if (handles[i] == freed[f] && before[i].serial != 0) {

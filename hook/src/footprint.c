@@ -275,18 +275,29 @@ static void set_measured(int dev, uint64_t bytes)
         bound_kept(dev, bytes);
 }
 
-/* Moves the ledger to the measurement: growth is charged even past the cap (the memory is held
- * already; further allocations are refused), shrinking gives back. Caller holds locks[dev]. */
-static void settle_to(int dev, uint64_t now_bytes)
+/* Moves the ledger to a measurement; shrinking gives back. Growth is reserved, and -1 answered
+ * with nothing changed when it does not fit, for a context made now (refusable); otherwise it
+ * is charged even past the cap (the memory is held already; further allocations are refused).
+ * Caller holds locks[dev]. */
+static int move_to(int dev, uint64_t now_bytes, int refusable)
 {
     uint64_t before = load64(&counted[dev]);
-    if (now_bytes > before && vgpu_region_charge(dev, now_bytes - before) != 0)
-        return;
+    if (now_bytes > before &&
+        (refusable ? vgpu_mem_reserve(dev, now_bytes - before, "a new CUDA context")
+                   : vgpu_region_charge(dev, now_bytes - before)) != 0)
+        return -1;
     if (now_bytes < before)
         vgpu_region_release(dev, before - now_bytes);
     set_measured(dev, now_bytes);
-    /* A context that could not be measured when it was made (its host pid learnt later) sets
-     * the estimate the container's next first context reserves. */
+    return 0;
+}
+
+/* A measurement of memory already held. A context that could not be measured when it was made
+ * (its host pid learnt later) sets the estimate the container's next first context reserves. */
+static void settle_to(int dev, uint64_t now_bytes)
+{
+    if (move_to(dev, now_bytes, 0) != 0)
+        return;
     uint64_t estimate = vgpu_region_context_estimate(dev) == 0 ? now_bytes : 0;
     vgpu_region_note_context(dev, estimate, counted_everywhere());
 }
@@ -367,17 +378,11 @@ static int charge_context(struct vgpu_context_probe *p)
         return 0; /* the estimate stays counted; refresh() tries again */
     }
     __atomic_store_n(&measured_at[dev], monotonic_ns(), __ATOMIC_RELAXED);
-    uint64_t before = load64(&counted[dev]);
-    if ((uint64_t)held > before) {
-        /* Every context measured here is one the driver made now, the process's first on dev
-         * or another: refused when it does not fit (before, every context after the first was
-         * charged past the cap). */
-        if (vgpu_mem_reserve(dev, (uint64_t)held - before, "a new CUDA context") != 0)
-            return -1;
-    } else if ((uint64_t)held < before) {
-        vgpu_region_release(dev, before - (uint64_t)held);
-    }
-    set_measured(dev, (uint64_t)held);
+    /* Every context measured here is one the driver made now, the process's first on dev or
+     * another: refused when it does not fit (before, every context after the first was charged
+     * past the cap). */
+    if (move_to(dev, (uint64_t)held, 1) != 0)
+        return -1;
     /* The container's first context on dev sets the estimate its next ones reserve. */
     vgpu_region_note_context(dev, p->first ? (uint64_t)held : 0, counted_everywhere());
     return 0;
@@ -431,7 +436,12 @@ static void refresh(int dev, uint64_t period_ns)
 
 void vgpu_footprint_refresh(int dev) { refresh(dev, REFRESH_NS); }
 
-void vgpu_footprint_before_refusal(int dev) { refresh(dev, REFUSAL_REFRESH_NS); }
+/* A pool may have given back what frees left counted in it, and memory NVML showed may be gone. */
+void vgpu_footprint_before_refusal(int dev)
+{
+    vgpu_footprint_pools_check(dev);
+    refresh(dev, REFUSAL_REFRESH_NS);
+}
 
 void vgpu_footprint_remeasure(int dev) { refresh(dev, 0); }
 
@@ -474,18 +484,24 @@ static struct kept *kept_entry(int dev, uintptr_t pool, int make)
     return spare;
 }
 
-/* bytes counted as pool's cache on dev, from the ledger's allocations (moved: no ledger
- * change); 0 when there is no entry for it. Caller holds locks[dev]. */
+/* counted[dev] up by plus and down by minus, shown in the region. Caller holds locks[dev]. */
+static void recount(int dev, uint64_t plus, uint64_t minus)
+{
+    __atomic_add_fetch(&counted[dev], plus - minus, __ATOMIC_ACQ_REL); /* modulo 2^64 */
+    vgpu_region_note_context(dev, 0, counted_everywhere());
+}
+
+/* bytes counted as pool's cache on dev, moved from the ledger's allocations (no ledger
+ * change); past KEPT_POOLS pools, as other memory until a measurement says otherwise. Caller
+ * holds locks[dev]. */
 static void keep(int dev, uintptr_t pool, uint64_t bytes)
 {
     struct kept *e = kept_entry(dev, pool, 1);
-    /* Past KEPT_POOLS pools: counted as other memory, until a measurement says otherwise. */
     if (e != NULL) {
         e->bytes += bytes;
         __atomic_add_fetch(&pooled[dev], bytes, __ATOMIC_ACQ_REL);
     }
-    __atomic_add_fetch(&counted[dev], bytes, __ATOMIC_ACQ_REL);
-    vgpu_region_note_context(dev, 0, counted_everywhere());
+    recount(dev, bytes, 0);
 }
 
 int vgpu_footprint_pool_kept(int dev, uintptr_t pool, uint64_t bytes)
@@ -510,8 +526,7 @@ uint64_t vgpu_footprint_pool_take(int dev, uintptr_t pool, uint64_t bytes)
     if (take != 0) {
         e->bytes -= take;
         __atomic_sub_fetch(&pooled[dev], take, __ATOMIC_ACQ_REL);
-        __atomic_sub_fetch(&counted[dev], take, __ATOMIC_ACQ_REL);
-        vgpu_region_note_context(dev, 0, counted_everywhere());
+        recount(dev, 0, take);
     }
     pthread_mutex_unlock(&locks[dev]);
     return take;
@@ -532,9 +547,8 @@ void vgpu_footprint_pools_check(int dev)
         return;
     uint64_t dropped = bound_kept(dev, UINT64_MAX);
     if (dropped != 0) {
-        __atomic_sub_fetch(&counted[dev], dropped, __ATOMIC_ACQ_REL);
         vgpu_region_release(dev, dropped);
-        vgpu_region_note_context(dev, 0, counted_everywhere());
+        recount(dev, 0, dropped);
     }
     pthread_mutex_unlock(&locks[dev]);
 }
@@ -550,7 +564,7 @@ void vgpu_footprint_context_unseen(int dev)
          * the cap: the context exists already; further allocations are refused). */
         uint64_t estimate = vgpu_region_context_estimate(dev);
         if (estimate != 0 && vgpu_region_charge(dev, estimate) == 0)
-            __atomic_add_fetch(&counted[dev], estimate, __ATOMIC_ACQ_REL);
+            recount(dev, estimate, 0);
         int64_t held = measure(dev, MEASURE_TRIES);
         if (held >= 0) {
             __atomic_store_n(&measured_at[dev], monotonic_ns(), __ATOMIC_RELAXED);

@@ -55,8 +55,9 @@ void vgpu_footprint_context_gone(int dev);
  * load lazily, libraries allocate through paths that are not counted). */
 void vgpu_footprint_refresh(int dev);
 
-/* Before refusing an allocation on dev: re-measures (at most every 100 ms), so memory the
- * process gave back to the driver since is not held against it. */
+/* Before refusing an allocation on dev: what pools cache is checked (vgpu_footprint_pools_check)
+ * and dev re-measured (at most every 100 ms), so memory the process gave back to the driver
+ * since is not held against it. */
 void vgpu_footprint_before_refusal(int dev);
 
 /* Re-measures dev now (after a pool gave its cached memory back). */

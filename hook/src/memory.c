@@ -88,21 +88,29 @@ static int grow(struct shard *s)
     return 0;
 }
 
-/* Unlinks the entry for key from its bucket; NULL when there is none. Caller holds s->lock. */
-static struct entry *unlink_entry(struct shard *s, uint64_t h, enum vgpu_alloc_kind kind,
-                                  uint64_t key)
+/* The link that points at the entry for key (*link NULL: none); NULL when the shard has no
+ * table yet. Caller holds s->lock. */
+static struct entry **link_to(struct shard *s, uint64_t h, enum vgpu_alloc_kind kind,
+                              uint64_t key)
 {
     if (s->nbuckets == 0)
         return NULL;
     struct entry **link = &s->buckets[(size_t)(h >> 6) & (s->nbuckets - 1)];
-    for (struct entry *e = *link; e != NULL; link = &e->next, e = e->next) {
-        if (e->key == key && e->kind == (int)kind) {
-            *link = e->next;
-            s->count--;
-            return e;
-        }
+    while (*link != NULL && ((*link)->key != key || (*link)->kind != (int)kind))
+        link = &(*link)->next;
+    return link;
+}
+
+/* Unlinks the entry for key from its bucket; NULL when there is none. Caller holds s->lock. */
+static struct entry *unlink_entry(struct shard *s, uint64_t h, enum vgpu_alloc_kind kind,
+                                  uint64_t key)
+{
+    struct entry **link = link_to(s, h, kind, key), *e = link != NULL ? *link : NULL;
+    if (e != NULL) {
+        *link = e->next;
+        s->count--;
     }
-    return NULL;
+    return e;
 }
 
 /* Puts e at the head of its bucket. Caller holds s->lock. */
@@ -226,11 +234,8 @@ int vgpu_mem_find(enum vgpu_alloc_kind kind, uint64_t key, struct vgpu_mem_recor
     uint64_t h = mix(key, (int)kind);
     struct shard *s = &shards[h & (SHARDS - 1)];
     pthread_mutex_lock(&s->lock);
-    const struct entry *e = NULL;
-    if (s->nbuckets != 0)
-        for (e = s->buckets[(size_t)(h >> 6) & (s->nbuckets - 1)]; e != NULL; e = e->next)
-            if (e->key == key && e->kind == (int)kind)
-                break;
+    struct entry **link = link_to(s, h, kind, key);
+    const struct entry *e = link != NULL ? *link : NULL;
     if (e != NULL)
         *out = record_of(e);
     pthread_mutex_unlock(&s->lock);
