@@ -11,8 +11,8 @@
 # (7) CUDA graph replay under a 25 % limit; (8) CUDA graphs made or changed through each driver
 # export the library costs (tests/test_contention.c, the cases make test runs over the fake);
 # (9) memory freed with a context (cudaDeviceReset, cuCtxDestroy) given back to the cap, and a
-# cudaMallocAsync pool's cache not counted twice; (10) a VMM mapping, created contexts and a
-# pool's cache held within the cap.
+# cudaMallocAsync pool's cache not counted twice; (10) a VMM mapping, created contexts, a
+# pool's cache and a graph's allocation nodes held within the cap.
 # Usage: gpu-check.sh [SECTION...] (default: all ten, about 9 minutes; sections can be run
 # separately, e.g. 1-7, 9 and 10, then 8). Exit 77 (skip) without a GPU, 1 on any failed check.
 set -uo pipefail
@@ -350,9 +350,10 @@ echo "== 10. memory held without an allocation to show for it, under a 2 GiB cap
 # mapped and released stay counted until unmapped (cuda.h: freed when unmapped and released);
 # (b) cuCtxCreate until refused: NVML's figure for the process stays within the cap;
 # (c) 512 MiB freed with cuMemFreeAsync into a pool that keeps it stay counted: a plain
-# allocation of what the cap has left beside them fits, 64 MiB more does not.
+# allocation of what the cap has left beside them fits, 64 MiB more does not; (d) a graph
+# allocating 1 GiB is counted when it runs, and a trim after it is destroyed gives it back.
 LIBCUDA_LOG_LEVEL=3 under_cap eleven.cache 2g python3 "$here/tests/gpu_held.py"
-result $? "VMM mappings, created contexts and a pool's cache held within the cap"
+result $? "VMM mappings, created contexts, a pool's cache and graph memory held within the cap"
 }
 
 sections=("$@")

@@ -1,6 +1,7 @@
 /* bench.c - per-call overhead of libvgpu against the fake driver, interposed vs direct, in the
  * same process and run (run it with libvgpu.so preloaded; bench/run.sh does).
- *   bench calls        launch, alloc+free pair, cuMemGetInfo: direct vs interposed
+ *   bench calls        launch, alloc+free pair, cuMemGetInfo, a stream-ordered alloc+free
+ *                      pair, a graph launch: direct vs interposed
  *   bench scale N      N processes sharing one region, each timing alloc+free pairs
  * Direct calls go to the fake's own functions (fake_cuda_entry); interposed ones to the
  * exported wrappers. Each figure is the median of several alternating rounds. */
@@ -22,6 +23,9 @@ typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*free_fn)(CUdeviceptr);
 typedef CUresult (*info_fn)(size_t *, size_t *);
+typedef CUresult (*async_fn)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*async_free_fn)(CUdeviceptr, CUstream);
+typedef CUresult (*graph_launch_fn)(CUgraphExec, CUstream);
 
 enum { ROUNDS = 7 };
 
@@ -30,9 +34,14 @@ struct api {
     alloc_fn alloc;
     free_fn release;
     info_fn info;
+    async_fn alloc_async;
+    async_free_fn free_async;
+    graph_launch_fn graph_launch;
 };
 
 static struct api direct, hooked;
+static CUstream stream;  /* an explicit stream, as frameworks use */
+static CUgraphExec exec; /* one kernel node, no allocation node */
 
 static double cpu_ns(void)
 {
@@ -64,6 +73,25 @@ static double time_pair(const struct api *a, long n)
         if (a->alloc(&p, 4096) == CUDA_SUCCESS)
             a->release(p);
     }
+    return (cpu_ns() - t0) / (double)n;
+}
+
+static double time_async_pair(const struct api *a, long n)
+{
+    double t0 = cpu_ns();
+    for (long i = 0; i < n; i++) {
+        CUdeviceptr p;
+        if (a->alloc_async(&p, 4096, stream) == CUDA_SUCCESS)
+            a->free_async(p, stream);
+    }
+    return (cpu_ns() - t0) / (double)n;
+}
+
+static double time_graph_launch(const struct api *a, long n)
+{
+    double t0 = cpu_ns();
+    for (long i = 0; i < n; i++)
+        a->graph_launch(exec, stream);
     return (cpu_ns() - t0) / (double)n;
 }
 
@@ -107,6 +135,12 @@ static void setup(void)
     hooked.alloc = (alloc_fn)dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
     hooked.release = (free_fn)dlsym(RTLD_DEFAULT, "cuMemFree_v2");
     hooked.info = (info_fn)dlsym(RTLD_DEFAULT, "cuMemGetInfo_v2");
+    direct.alloc_async = (async_fn)fake_cuda_entry("cuMemAllocAsync");
+    direct.free_async = (async_free_fn)fake_cuda_entry("cuMemFreeAsync");
+    direct.graph_launch = (graph_launch_fn)fake_cuda_entry("cuGraphLaunch");
+    hooked.alloc_async = (async_fn)dlsym(RTLD_DEFAULT, "cuMemAllocAsync");
+    hooked.free_async = (async_free_fn)dlsym(RTLD_DEFAULT, "cuMemFreeAsync");
+    hooked.graph_launch = (graph_launch_fn)dlsym(RTLD_DEFAULT, "cuGraphLaunch");
     if (hooked.launch == direct.launch) {
         fprintf(stderr, "bench: libvgpu.so is not preloaded\n");
         exit(2);
@@ -115,6 +149,16 @@ static void setup(void)
     cuInit(0);
     cuDevicePrimaryCtxRetain(&ctx, 0);
     cuCtxSetCurrent(ctx);
+    CUgraph graph;
+    CUgraphNode node;
+    CUDA_KERNEL_NODE_PARAMS k = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32,
+                                 .blockDimY = 1, .blockDimZ = 1};
+    if (cuStreamCreate(&stream, 0) != CUDA_SUCCESS || cuGraphCreate(&graph, 0) != CUDA_SUCCESS ||
+        cuGraphAddKernelNode(&node, graph, NULL, 0, &k) != CUDA_SUCCESS ||
+        cuGraphInstantiateWithFlags(&exec, graph, 0) != CUDA_SUCCESS) {
+        fprintf(stderr, "bench: cannot make a stream and a graph\n");
+        exit(2);
+    }
 }
 
 static int scale(int procs, long n)
@@ -158,6 +202,8 @@ int main(int argc, char **argv)
     if (limit == NULL) {
         compare("cuMemAlloc_v2 + cuMemFree_v2 (4 KiB)", time_pair, 300000);
         compare("cuMemGetInfo_v2", time_info, 1000000);
+        compare("cuMemAllocAsync + cuMemFreeAsync", time_async_pair, 300000);
     }
+    compare("cuGraphLaunch (1 kernel node)", time_graph_launch, 1000000);
     return 0;
 }

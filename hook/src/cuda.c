@@ -83,6 +83,9 @@ static const struct vgpu_hook hooks[] = {
     HOOK(cuGraphExecChildGraphNodeSetParams, "cuGraphExecChildGraphNodeSetParams", 11010, 0),
     HOOK(cuGraphExecNodeSetParams, "cuGraphExecNodeSetParams", 12020, 0),
     HOOK(cuGraphNodeSetEnabled, "cuGraphNodeSetEnabled", 11060, 0),
+    HOOK(cuGraphUpload, "cuGraphUpload", 11010, 0),
+    HOOK(cuGraphUpload_ptsz, "cuGraphUpload", 11010, 1),
+    HOOK(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, 0),
     CALL_ONLY(cuCtxGetDevice), CALL_ONLY(cuDeviceGetCount), CALL_ONLY(cuDeviceGet),
     CALL_ONLY(cuDeviceGetUuid_v2), CALL_ONLY(cuGraphGetNodes), CALL_ONLY(cuGraphNodeGetType),
     CALL_ONLY(cuGraphKernelNodeGetParams_v2), CALL_ONLY(cuGraphKernelNodeGetParams),
@@ -92,7 +95,8 @@ static const struct vgpu_hook hooks[] = {
     CALL_ONLY(cuDevicePrimaryCtxGetState), CALL_ONLY(cuMemPoolGetAttribute),
     CALL_ONLY(cuStreamIsCapturing), CALL_ONLY(cuStreamIsCapturing_ptsz),
     CALL_ONLY(cuCtxGetCurrent), CALL_ONLY(cuCtxSetCurrent),
-    CALL_ONLY(cuThreadExchangeStreamCaptureMode),
+    CALL_ONLY(cuThreadExchangeStreamCaptureMode), CALL_ONLY(cuGraphMemAllocNodeGetParams),
+    CALL_ONLY(cuDeviceGetGraphMemAttribute),
 };
 _Static_assert(sizeof hooks / sizeof hooks[0] <= VGPU_MAX_HOOKS, "raise VGPU_MAX_HOOKS");
 #undef HOOK

@@ -3,7 +3,8 @@
  * The wrappers, one file per concern: cuda.c (loading, cuInit, cuGetProcAddress),
  * cuda_memory.c (allocations and frees), cuda_report.c (what the container is told it has),
  * cuda_launch.c (the SM limiter's gate), cuda_graph.c (what a graph launch costs),
- * cuda_context.c (contexts made and destroyed). Each forwards to the real driver; only the
+ * cuda_graph_memory.c (what a graph's allocation nodes take), cuda_context.c (contexts made and
+ * destroyed). Each forwards to the real driver; only the
  * accounting around the call is ours. */
 #ifndef VGPU_CUDA_DRIVER_H
 #define VGPU_CUDA_DRIVER_H
@@ -11,6 +12,7 @@
 #include <cuda.h>
 #include <stdint.h>
 
+#include "graphs.h"
 #include "loader.h"
 #include "vgpu_region.h"
 
@@ -98,6 +100,8 @@ struct vgpu_cuda_real {
     CUresult (*cuGraphExecChildGraphNodeSetParams)(CUgraphExec, CUgraphNode, CUgraph);
     CUresult (*cuGraphExecNodeSetParams)(CUgraphExec, CUgraphNode, CUgraphNodeParams *);
     CUresult (*cuGraphNodeSetEnabled)(CUgraphExec, CUgraphNode, unsigned int);
+    graph_launch_fn cuGraphUpload, cuGraphUpload_ptsz;
+    CUresult (*cuDeviceGraphMemTrim)(CUdevice);
     /* called, not hooked */
     CUresult (*cuCtxGetDevice)(CUdevice *);
     CUresult (*cuStreamGetDevice)(CUstream, CUdevice *);
@@ -122,6 +126,8 @@ struct vgpu_cuda_real {
     CUresult (*cuGraphKernelNodeGetParams_v2)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS *);
     CUresult (*cuGraphKernelNodeGetParams)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS_v1 *);
     CUresult (*cuGraphChildGraphNodeGetGraph)(CUgraphNode, CUgraph *);
+    CUresult (*cuGraphMemAllocNodeGetParams)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *);
+    CUresult (*cuDeviceGetGraphMemAttribute)(CUdevice, CUgraphMem_attribute, void *);
 };
 
 /* Defined in cuda.c; filled in by the loader at the first call (loader.c). */
@@ -144,11 +150,49 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
                                                     unsigned bz, unsigned shmem, CUstream stream,
                                                     void **params);
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+VGPU_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream stream);
 VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
                                                        CUDA_GRAPH_INSTANTIATE_PARAMS *params);
 
 /* What a stream-ordered pool caches now (cuda_memory.c; vgpu_footprint_init's cache_of). */
 uint64_t vgpu_cuda_pool_cache(uintptr_t pool);
+
+/* ---- what a graph's allocation nodes take (cuda_graph_memory.c) ---- */
+
+/* Whether any device has a memory cap (then graphs are read for their allocation nodes). */
+int vgpu_graph_memory_counted(void);
+
+/* One launch's (or upload's) graph memory, from vgpu_graph_mapping_begin to _end. */
+struct vgpu_graph_mapped {
+    int dev;
+    int known;               /* the pool's reserve could be asked before the call */
+    uint64_t reserved;       /* what was reserved for what the call may add to it */
+    cuuint64_t pool_before;  /* the pool's reserve before the call */
+};
+struct vgpu_graph_mapping {
+    CUgraphExec exec;
+    CUstream stream;
+    int ndevs;
+    struct vgpu_graph_mapped devs[VGPU_GRAPH_DEVICES];
+};
+
+/* Before the driver launches or uploads exec (NULL: one instantiated with an upload) on stream,
+ * whose allocation nodes take memory: reserves, on each capped device, what the call may add to
+ * its graph memory pool, and holds the device until _end. -1: it does not fit (logged as api's
+ * refusal); the caller answers CUDA_ERROR_OUT_OF_MEMORY without calling the driver. */
+int vgpu_graph_mapping_begin(const struct vgpu_graph_memory *memory, CUgraphExec exec,
+                             CUstream stream, const char *api, struct vgpu_graph_mapping *m);
+
+/* After the call (exec: the graph it launched; NULL when it failed): what each pool grew by
+ * stays counted, the rest of the reservation goes back. */
+void vgpu_graph_mapping_end(struct vgpu_graph_mapping *m, CUgraphExec exec);
+
+/* exec is about to be destroyed: a new graph at its address has nothing mapped. */
+void vgpu_graph_mapping_forget(CUgraphExec exec);
+
+/* launch(exec, stream), a launch or an upload, with exec's graph memory counted. */
+CUresult vgpu_graph_launch(graph_launch_fn launch, CUgraphExec exec, CUstream stream,
+                           const char *api);
 
 /* Every wrapper starts with ready() || real.fn == NULL: the real driver is loaded first, and a
  * function it lacks is answered with an error, never called through NULL. */

@@ -1,5 +1,6 @@
 /* cuda_graph.c - what a graph launch costs: learnt when a graph is instantiated or updated, and
- * changed by the setters of its nodes (the table is graphs.c's). */
+ * changed by the setters of its nodes (the table is graphs.c's); what its allocation nodes
+ * take is counted when it runs (cuda_graph_memory.c). */
 #define _GNU_SOURCE
 #include <stdlib.h>
 
@@ -18,42 +19,55 @@ static struct vgpu_graph_api graph_api(void)
         .kernel_params = real.cuGraphKernelNodeGetParams_v2,
         .kernel_params_v1 = real.cuGraphKernelNodeGetParams,
         .child_graph = real.cuGraphChildGraphNodeGetGraph,
+        .alloc_params = real.cuGraphMemAllocNodeGetParams,
     };
 }
 
-/* What launching graph will cost, read before the driver is asked to use it: out of host memory
- * (-1), the caller answers CUDA_ERROR_OUT_OF_MEMORY with nothing changed. */
+/* What launching graph will cost, read before the driver is asked to use it: its kernels' blocks
+ * under an SM limit, what its allocation nodes take under a memory cap. -1: that cannot be
+ * told (logged); the caller answers CUDA_ERROR_OUT_OF_MEMORY with nothing changed. */
 static int read_costs(CUgraph graph, struct vgpu_graph_costs *costs)
 {
     const struct vgpu_graph_api api = graph_api();
     *costs = (struct vgpu_graph_costs){0};
-    if (!vgpu_throttle_enabled || vgpu_graph_costs(&api, graph, costs) == 0)
-        return 0;
-    vgpu_log(VGPU_LOG_ERROR, "out of host memory reading a CUDA graph's kernels: refused");
-    return -1;
+    if (vgpu_throttle_enabled && vgpu_graph_costs(&api, graph, costs) != 0) {
+        vgpu_log(VGPU_LOG_ERROR, "out of host memory reading a CUDA graph's kernels: refused");
+        return -1;
+    }
+    if (vgpu_graph_memory_counted() &&
+        vgpu_graph_memory_read(&api, graph, costs) != 0) {
+        vgpu_graph_costs_free(costs);
+        vgpu_log(VGPU_LOG_ERROR, "a CUDA graph's allocation nodes cannot be read (out of host "
+                 "memory, a node the driver does not describe, or child graphs nested too "
+                 "deep): refused, its memory would go uncounted");
+        return -1;
+    }
+    return 0;
 }
 
 /* After the driver updated exec (rc its answer): exec now costs costs, under the names of the
  * nodes it was instantiated from. */
 static CUresult updated(CUresult rc, CUgraphExec exec, struct vgpu_graph_costs *costs)
 {
-    if (rc != CUDA_SUCCESS || !vgpu_throttle_enabled)
-        free(costs->nodes);
+    if (rc != CUDA_SUCCESS || (!vgpu_throttle_enabled && costs->memory == NULL))
+        vgpu_graph_costs_free(costs);
     else if (vgpu_graph_update(exec, costs) != 0) /* only for an exec not made through us */
         vgpu_log(VGPU_LOG_ERROR, "out of host memory: an updated CUDA graph costs one token");
     return rc;
 }
 
 /* After the driver made *exec (rc its answer). An executable graph whose cost cannot be kept
- * (no host memory for the table) would run at one token a launch, so it is destroyed again. */
+ * (no host memory for the table) would run at one token a launch, or its allocations
+ * uncounted, so it is destroyed again. */
 static CUresult instantiated(CUresult rc, CUgraphExec *exec, struct vgpu_graph_costs *costs)
 {
-    if (rc != CUDA_SUCCESS || exec == NULL || !vgpu_throttle_enabled) {
-        free(costs->nodes);
+    if (rc != CUDA_SUCCESS || exec == NULL || (!vgpu_throttle_enabled && costs->memory == NULL)) {
+        vgpu_graph_costs_free(costs);
         return rc;
     }
     if (vgpu_graph_remember(*exec, costs) == 0)
         return rc;
+    vgpu_graph_mapping_forget(*exec);
     if (real.cuGraphExecDestroy != NULL)
         real.cuGraphExecDestroy(*exec);
     *exec = NULL;
@@ -72,27 +86,44 @@ VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph grap
     return instantiated(real.cuGraphInstantiateWithFlags(exec, graph, flags), exec, &costs);
 }
 
+typedef CUresult (*instantiate_params_fn)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
+
+/* CUDA 12's instantiation may upload the graph too (CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD), which
+ * maps its allocations as a launch would. */
+static CUresult instantiate_with_params(instantiate_params_fn instantiate, CUgraphExec *exec,
+                                        CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    struct vgpu_graph_costs costs;
+    struct vgpu_graph_mapping m;
+    if (read_costs(graph, &costs) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    int upload = params != NULL && (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0 &&
+                 costs.memory != NULL;
+    if (upload && vgpu_graph_mapping_begin(costs.memory, NULL, params->hUploadStream,
+                                           "cuGraphInstantiateWithParams", &m) != 0) {
+        vgpu_graph_costs_free(&costs);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult rc = instantiate(exec, graph, params);
+    if (upload)
+        vgpu_graph_mapping_end(&m, rc == CUDA_SUCCESS && exec != NULL ? *exec : NULL);
+    return instantiated(rc, exec, &costs);
+}
+
 VGPU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
                                                   CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
-    struct vgpu_graph_costs costs;
     if (!ready() || real.cuGraphInstantiateWithParams == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (read_costs(graph, &costs) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    return instantiated(real.cuGraphInstantiateWithParams(exec, graph, params), exec, &costs);
+    return instantiate_with_params(real.cuGraphInstantiateWithParams, exec, graph, params);
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
                                                        CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
-    struct vgpu_graph_costs costs;
     if (!ready() || real.cuGraphInstantiateWithParams_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (read_costs(graph, &costs) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    return instantiated(real.cuGraphInstantiateWithParams_ptsz(exec, graph, params), exec,
-                        &costs);
+    return instantiate_with_params(real.cuGraphInstantiateWithParams_ptsz, exec, graph, params);
 }
 
 VGPU_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
@@ -143,18 +174,20 @@ VGPU_EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphN
 }
 
 /* The entry is taken before the driver destroys exec: once destroyed, its address may be another
- * thread's new graph, whose entry a late removal would take. */
+ * thread's new graph, whose entry a late removal would take (or whose memory a remembered last
+ * launch would take for mapped). */
 VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 {
     if (!ready() || real.cuGraphExecDestroy == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_graph_costs taken;
     int known = vgpu_graph_take(exec, &taken) == 0;
+    vgpu_graph_mapping_forget(exec);
     CUresult rc = real.cuGraphExecDestroy(exec);
     if (rc != CUDA_SUCCESS && known)
         vgpu_graph_remember(exec, &taken);
     else
-        free(taken.nodes);
+        vgpu_graph_costs_free(&taken);
     return rc;
 }
 

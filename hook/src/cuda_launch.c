@@ -80,13 +80,14 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
     return real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
 }
 
-/* A graph costs the blocks of all its kernels (learnt when it was instantiated, below). */
+/* A graph costs the blocks of all its kernels (learnt when it was instantiated, cuda_graph.c),
+ * and its allocation nodes take memory when it runs (cuda_graph_memory.c). */
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
 {
     if (!ready() || real.cuGraphLaunch == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1);
-    return real.cuGraphLaunch(exec, stream);
+    return vgpu_graph_launch(real.cuGraphLaunch, exec, stream, "cuGraphLaunch");
 }
 
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
@@ -94,5 +95,5 @@ VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
     if (!ready() || real.cuGraphLaunch_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1);
-    return real.cuGraphLaunch_ptsz(exec, stream);
+    return vgpu_graph_launch(real.cuGraphLaunch_ptsz, exec, stream, "cuGraphLaunch");
 }

@@ -235,15 +235,30 @@ static int trim_pool(CUmemoryPool pool)
            CUDA_SUCCESS && pool_cached(pool) < cached;
 }
 
-/* Whether r's stream may be in a capture: a pool changed under a capture could invalidate it. */
-static int maybe_capturing(const struct pointer_request *r)
+/* What the driver says of the capture of r's stream; -1 when it cannot say. */
+static int capture_status(const struct pointer_request *r, CUstreamCaptureStatus *status)
 {
     CUresult (*ask)(CUstream, CUstreamCaptureStatus *) =
         r->api == ASYNC_PTSZ || r->api == POOL_PTSZ ? real.cuStreamIsCapturing_ptsz
                                                     : real.cuStreamIsCapturing;
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    return ask == NULL || ask(r->stream, &status) != CUDA_SUCCESS ||
-           status != CU_STREAM_CAPTURE_STATUS_NONE;
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return ask != NULL && ask(r->stream, status) == CUDA_SUCCESS ? 0 : -1;
+}
+
+/* Whether r's stream may be in a capture: a pool changed under a capture could invalidate it. */
+static int maybe_capturing(const struct pointer_request *r)
+{
+    CUstreamCaptureStatus status;
+    return capture_status(r, &status) != 0 || status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* Whether r's stream is being captured: r then becomes a graph's allocation node, which takes
+ * no memory until the graph runs, and is counted then (cuda_graph_memory.c); counted here too,
+ * an allocation the graph keeps after it ends would count twice. */
+static int captured(const struct pointer_request *r)
+{
+    CUstreamCaptureStatus status;
+    return capture_status(r, &status) == 0 && status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
 }
 
 /* An allocation given back into its pool stays in the pool's cache, where it would count
@@ -373,6 +388,8 @@ static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr
     if (!ready() || *pointer_apis[r->api].real == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     int ordered = r->api != PLAIN && r->api != PLAIN_V1 && r->api != MANAGED;
+    if (ordered && captured(r))
+        return call_driver(r, dptr);
     int dev = ordered ? stream_device(r->stream) : current_device();
     if (dev == DEVICE_UNKNOWN) {
         vgpu_log(VGPU_LOG_ERROR, "%s: the device of its stream cannot be told; refused",

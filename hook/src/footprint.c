@@ -573,3 +573,17 @@ void vgpu_footprint_context_unseen(int dev)
     }
     pthread_mutex_unlock(&locks[dev]);
 }
+
+/* ---- what graph launches add to the graph memory pool (footprint.h) ----------------------- */
+
+void vgpu_footprint_graph_grew(int dev, uint64_t reserved, uint64_t grew)
+{
+    pthread_mutex_lock(&locks[dev]);
+    if (grew > reserved)
+        vgpu_region_charge(dev, grew - reserved);
+    else
+        vgpu_region_release(dev, reserved - grew);
+    if (grew != 0)
+        recount(dev, grew, 0);
+    pthread_mutex_unlock(&locks[dev]);
+}

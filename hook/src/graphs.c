@@ -14,7 +14,8 @@
 #include <string.h>
 
 enum {
-    MAX_DEPTH = 8,       /* child graphs nested deeper than this are not counted */
+    MAX_DEPTH = 8,         /* child graphs nested deeper than this are not counted */
+    MAX_MEMORY_DEPTH = 64, /* for memory, deeper ones refuse the graph */
     FIRST_CAPACITY = 64, /* table slots at the first remembered graph; a power of two */
 };
 /* One node's cost is clamped here (a kernel of 2^40 blocks runs for minutes), so that the sum
@@ -33,6 +34,7 @@ static struct graph_table {
     struct entry *slots;
     size_t capacity, used; /* used: live entries and tombstones */
 } table;
+static size_t allocating; /* atomic: live entries with memory (none: launches skip the table) */
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 static char tombstone_byte;
@@ -148,6 +150,69 @@ int vgpu_graph_child_blocks(const struct vgpu_graph_api *api, CUgraph graph, uin
     return rc;
 }
 
+/* Adds what graph's allocation nodes take, child graphs included, to *m. -1: cannot be told. */
+static int memory_of(const struct vgpu_graph_api *api, CUgraph graph, int depth,
+                     struct vgpu_graph_memory *m)
+{
+    size_t count;
+    if (depth > MAX_MEMORY_DEPTH)
+        return -1;
+    CUgraphNode *nodes = nodes_of(api, graph, &count);
+    if (nodes == NULL)
+        return count != 0 ? -1 : 0;
+    int rc = 0;
+    for (size_t i = 0; i < count && rc == 0; i++) {
+        CUgraphNodeType type;
+        CUgraph child;
+        CUDA_MEM_ALLOC_NODE_PARAMS p;
+        if (api->node_type(nodes[i], &type) != CUDA_SUCCESS)
+            continue;
+        if (type == CU_GRAPH_NODE_TYPE_GRAPH && api->child_graph(nodes[i], &child) == CUDA_SUCCESS)
+            rc = memory_of(api, child, depth + 1, m);
+        if (type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+            continue;
+        /* Graph allocations live on a device (cuda.h: the pool's location); anything else is
+         * a node this library cannot account for. */
+        if (api->alloc_params == NULL || api->alloc_params(nodes[i], &p) != CUDA_SUCCESS ||
+            p.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+            p.poolProps.location.id < 0 || p.poolProps.location.id >= VGPU_GRAPH_DEVICES)
+            rc = -1;
+        else
+            m->bytes[p.poolProps.location.id] = add(m->bytes[p.poolProps.location.id], p.bytesize);
+    }
+    free(nodes);
+    return rc;
+}
+
+int vgpu_graph_memory_read(const struct vgpu_graph_api *api, CUgraph graph,
+                           struct vgpu_graph_costs *costs)
+{
+    costs->memory = NULL;
+    if (api->get_nodes == NULL || api->node_type == NULL || api->child_graph == NULL ||
+        graph == NULL)
+        return 0;
+    struct vgpu_graph_memory m = {{0}};
+    if (memory_of(api, graph, 0, &m) != 0)
+        return -1;
+    for (int d = 0; d < VGPU_GRAPH_DEVICES; d++) {
+        if (m.bytes[d] == 0)
+            continue;
+        costs->memory = calloc(1, sizeof m);
+        if (costs->memory == NULL)
+            return -1;
+        *costs->memory = m;
+        break;
+    }
+    return 0;
+}
+
+void vgpu_graph_costs_free(struct vgpu_graph_costs *costs)
+{
+    free(costs->nodes);
+    free(costs->memory);
+    *costs = (struct vgpu_graph_costs){0};
+}
+
 static int by_node(const void *a, const void *b)
 {
     uintptr_t x = (uintptr_t)((const struct vgpu_node_cost *)a)->node;
@@ -165,8 +230,7 @@ static int by_position(const void *a, const void *b)
 int vgpu_graph_costs(const struct vgpu_graph_api *api, CUgraph graph,
                      struct vgpu_graph_costs *costs)
 {
-    costs->nodes = NULL;
-    costs->count = 0;
+    *costs = (struct vgpu_graph_costs){0};
     if (!readable(api) || graph == NULL)
         return 0;
     size_t count;
@@ -277,35 +341,63 @@ static void after_fork_child(void)
 {
     pthread_mutex_init(&table_lock, NULL);
     table = (struct graph_table){0};
+    allocating = 0;
 }
 
 static void register_fork_handler(void) { pthread_atfork(NULL, NULL, after_fork_child); }
 
 /* ---- what the wrappers call ---------------------------------------------------------------- */
 
+/* Frees an entry's costs (caller holds table_lock). */
+static void drop_costs(struct entry *e)
+{
+    if (e->costs.memory != NULL)
+        __atomic_sub_fetch(&allocating, 1, __ATOMIC_RELEASE);
+    vgpu_graph_costs_free(&e->costs);
+}
+
 int vgpu_graph_remember(CUgraphExec exec, struct vgpu_graph_costs *costs)
 {
     int rc = 0;
     if (exec == NULL || exec == tombstone) {
-        free(costs->nodes);
+        vgpu_graph_costs_free(costs);
     } else {
         pthread_once(&fork_once, register_fork_handler);
         pthread_mutex_lock(&table_lock);
         struct entry *e = find(exec);
         if (e != NULL)
-            free(e->costs.nodes);
+            drop_costs(e);
         else
             e = new_slot(exec);
         if (e != NULL) {
             *e = (struct entry){.exec = exec, .total = total_of(costs), .costs = *costs};
+            if (costs->memory != NULL)
+                __atomic_add_fetch(&allocating, 1, __ATOMIC_RELEASE);
         } else {
-            free(costs->nodes);
+            vgpu_graph_costs_free(costs);
             rc = -1;
         }
         pthread_mutex_unlock(&table_lock);
     }
     *costs = (struct vgpu_graph_costs){0};
     return rc;
+}
+
+/* costs->memory becomes the larger of the entry's and its own, per device: an update that
+ * could change what the allocation nodes take never makes it less than what may run. Caller
+ * holds table_lock. */
+static void keep_larger_memory(struct entry *e, struct vgpu_graph_costs *costs)
+{
+    struct vgpu_graph_memory *was = e->costs.memory, *now = costs->memory;
+    if (was == NULL) {
+        if (now != NULL)
+            __atomic_add_fetch(&allocating, 1, __ATOMIC_RELEASE);
+        return;
+    }
+    for (int d = 0; now != NULL && d < VGPU_GRAPH_DEVICES; d++)
+        was->bytes[d] = was->bytes[d] > now->bytes[d] ? was->bytes[d] : now->bytes[d];
+    free(now);
+    costs->memory = was;
 }
 
 int vgpu_graph_update(CUgraphExec exec, struct vgpu_graph_costs *costs)
@@ -330,6 +422,7 @@ int vgpu_graph_update(CUgraphExec exec, struct vgpu_graph_costs *costs)
         if (nnow > 0)
             qsort(now, nnow, sizeof *now, by_node);
         free(old);
+        keep_larger_memory(e, costs);
         e->costs = *costs;
         e->total = total_of(costs);
         *costs = (struct vgpu_graph_costs){0};
@@ -409,6 +502,19 @@ uint64_t vgpu_graph_cost(CUgraphExec exec)
     return blocks != 0 ? blocks : 1;
 }
 
+int vgpu_graph_memory_of(CUgraphExec exec, struct vgpu_graph_memory *memory)
+{
+    if (__atomic_load_n(&allocating, __ATOMIC_ACQUIRE) == 0)
+        return 0;
+    pthread_mutex_lock(&table_lock);
+    const struct entry *e = find(exec);
+    int any = e != NULL && e->costs.memory != NULL;
+    if (any)
+        *memory = *e->costs.memory;
+    pthread_mutex_unlock(&table_lock);
+    return any;
+}
+
 int vgpu_graph_take(CUgraphExec exec, struct vgpu_graph_costs *costs)
 {
     *costs = (struct vgpu_graph_costs){0};
@@ -416,6 +522,8 @@ int vgpu_graph_take(CUgraphExec exec, struct vgpu_graph_costs *costs)
     struct entry *e = find(exec);
     if (e != NULL) {
         *costs = e->costs;
+        if (costs->memory != NULL)
+            __atomic_sub_fetch(&allocating, 1, __ATOMIC_RELEASE);
         *e = (struct entry){.exec = tombstone};
         /* A tombstone just before an empty slot ends no probe chain: empty it, and those
          * before it, so that lookups of unknown execs stop early. */

@@ -1,8 +1,9 @@
-/* graphs.h - what a CUDA graph launch costs the SM limiter: the grid blocks of every kernel
- * node of the graph it was instantiated from (child graphs included), learnt at instantiation,
- * since a CUgraphExec cannot be inspected, and kept per top-level node, so that the setters of
- * an executable graph (a kernel's new grid, a new child graph, a node disabled) change the cost
- * of the node they change. */
+/* graphs.h - what a CUDA graph launch costs: for the SM limiter, the grid blocks of every kernel
+ * node of the graph it was instantiated from (child graphs included), kept per top-level node,
+ * so that the setters of an executable graph (a kernel's new grid, a new child graph, a node
+ * disabled) change the cost of the node they change; for the memory cap, what its allocation
+ * nodes take from each device. Both are learnt at instantiation, since a CUgraphExec cannot be
+ * inspected. */
 #ifndef VGPU_GRAPHS_H
 #define VGPU_GRAPHS_H
 
@@ -19,6 +20,15 @@ struct vgpu_graph_api {
     CUresult (*kernel_params)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS *);
     CUresult (*kernel_params_v1)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS_v1 *);
     CUresult (*child_graph)(CUgraphNode, CUgraph *);
+    CUresult (*alloc_params)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *); /* NULL: none can exist */
+};
+
+enum { VGPU_GRAPH_DEVICES = 16 }; /* device ordinals told apart: the region's */
+
+/* What a graph's allocation nodes take from each device's graph memory pool when it runs:
+ * bytes[d] on device ordinal d, child graphs included (saturating). */
+struct vgpu_graph_memory {
+    uint64_t bytes[VGPU_GRAPH_DEVICES];
 };
 
 /* What each top-level node of a graph costs; nodes that cost nothing (copies, events) are left
@@ -32,13 +42,24 @@ struct vgpu_node_cost {
 struct vgpu_graph_costs {
     struct vgpu_node_cost *nodes; /* sorted by node handle */
     size_t count;
+    struct vgpu_graph_memory *memory; /* NULL: the graph allocates nothing */
 };
+
+/* Frees what costs holds (and leaves it empty). */
+void vgpu_graph_costs_free(struct vgpu_graph_costs *costs);
 
 /* The costs of graph's top-level nodes (empty when they cannot be read); 0, or -1 when out of
  * host memory anywhere in it (costs is then empty). Read before the driver is asked to use the
  * graph, so that a failure here leaves everything as it was. */
 int vgpu_graph_costs(const struct vgpu_graph_api *api, CUgraph graph,
                      struct vgpu_graph_costs *costs);
+
+/* What graph's allocation nodes take when it runs, into costs->memory (NULL when nothing); 0,
+ * or -1 when that cannot be told (out of host memory, an allocation node the driver does not
+ * describe, child graphs nested past 64 levels): the caller refuses the graph, whose memory
+ * would go uncounted. */
+int vgpu_graph_memory_read(const struct vgpu_graph_api *api, CUgraph graph,
+                           struct vgpu_graph_costs *costs);
 
 /* What a child graph node running graph costs: *blocks, the grid blocks of all its kernel nodes
  * (0 when they cannot be read); -1 when out of host memory. */
@@ -54,8 +75,9 @@ int vgpu_graph_remember(CUgraphExec exec, struct vgpu_graph_costs *costs);
  * node lists; the driver pairs them by topology, which agrees for graphs built in the same
  * order (where it does not, a node's cost is misplaced until a setter names it, and the NVML
  * feedback holds the rate meanwhile). Every node counts as enabled again, and nodes added by
- * setters are dropped (a setter naming one adds it again): never less than what runs. Takes
- * costs; -1 when the table could not grow (exec was not known: out of memory). */
+ * setters are dropped (a setter naming one adds it again): never less than what runs. What its
+ * allocation nodes take becomes, on each device, the larger of before and costs->memory's.
+ * Takes costs; -1 when the table could not grow (exec was not known: out of memory). */
 int vgpu_graph_update(CUgraphExec exec, struct vgpu_graph_costs *costs);
 
 /* An executable graph's node now costs `blocks` (a setter changed it). A node the table does not
@@ -69,6 +91,9 @@ void vgpu_graph_enable_node(CUgraphExec exec, CUgraphNode node, int enabled);
 /* The recorded cost of exec (at most INT64_MAX); 1 for an exec instantiated where we could not
  * see it. */
 uint64_t vgpu_graph_cost(CUgraphExec exec);
+
+/* What exec's allocation nodes take, copied into *memory; 0 when nothing (or exec unknown). */
+int vgpu_graph_memory_of(CUgraphExec exec, struct vgpu_graph_memory *memory);
 
 /* Removes exec from the table and hands over its costs (empty when it was not there; the caller
  * frees them or gives them back with vgpu_graph_remember). 0 when it was there, else -1. Taken

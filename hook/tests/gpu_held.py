@@ -5,7 +5,10 @@ created context holds FAKE_CUDA_CREATED_CONTEXT_MIB). Driver API and NVML throug
 libvgpu.so preloaded: (a) 512 MiB created, mapped and released stay counted until unmapped;
 (b) cuCtxCreate until refused: NVML's figure for the process stays within the cap; (c) 512 MiB
 freed with cuMemFreeAsync into a pool that keeps it stay counted: a plain allocation of what the
-cap has left beside them fits, 64 MiB more does not. Exit 0, or 1 on a failed check."""
+cap has left beside them fits, 64 MiB more does not; (d) a graph allocating 1 GiB is counted when
+it runs: the rest of the cap fits beside it, 64 MiB more or a second such graph does not, and a
+trim after it is destroyed gives the room back (a second such graph is refused too, though a
+driver may share the first's memory with it on the same stream). Exit 0, or 1 on a failed check."""
 import ctypes, os, sys
 cuda, nvml = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL("libnvidia-ml.so.1")
 MiB, CAP = 1 << 20, 2048 << 20
@@ -93,4 +96,46 @@ print(f"pool keeps 512 MiB; {left // MiB} MiB left: rc {fits}, 64 MiB more: rc {
       f"NVML: {held // MiB} MiB held")
 expect(fits == 0 and more == 2 and 0 < held <= CAP + 4 * MiB,
        "a pool's cache stays counted: the rest of the cap fits, no more, within the cap")
+
+# (d)
+class PoolProps(ctypes.Structure):   # CUmemPoolProps
+    _fields_ = [("allocType", ctypes.c_int), ("handleTypes", ctypes.c_int),
+                ("location", Location), ("win32", ctypes.c_void_p), ("maxSize", ctypes.c_size_t),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 54)]
+class AllocNode(ctypes.Structure):   # CUDA_MEM_ALLOC_NODE_PARAMS
+    _fields_ = [("poolProps", PoolProps), ("accessDescs", ctypes.c_void_p),
+                ("accessDescCount", ctypes.c_size_t), ("bytesize", ctypes.c_size_t),
+                ("dptr", ctypes.c_uint64)]
+def allocating_graph(mib):
+    graph, alloc, release, exe = (ctypes.c_void_p() for _ in range(4))
+    params = AllocNode(poolProps=PoolProps(allocType=1, location=Location(type=1, id=0)),
+                       bytesize=mib * MiB)
+    call("cuGraphCreate", ctypes.byref(graph), 0)
+    call("cuGraphAddMemAllocNode", ctypes.byref(alloc), graph, None, ctypes.c_size_t(0),
+         ctypes.byref(params))
+    call("cuGraphAddMemFreeNode", ctypes.byref(release), graph, ctypes.byref(alloc),
+         ctypes.c_size_t(1), ctypes.c_uint64(params.dptr))
+    call("cuGraphInstantiateWithFlags", ctypes.byref(exe), graph, ctypes.c_ulonglong(0))
+    call("cuGraphDestroy", graph)
+    return exe
+call("cuMemFree_v2", plain); call("cuMemPoolTrimTo", pool, ctypes.c_size_t(0))
+first, second = allocating_graph(1024), allocating_graph(1024)
+before = free_now()
+call("cuGraphLaunch", first, ctypes.c_void_p(None)); call("cuCtxSynchronize")
+left = free_now()
+fits = cuda.cuMemAlloc_v2(ctypes.byref(plain), ctypes.c_size_t(left - 16 * MiB))
+more = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(64 * MiB))
+other = cuda.cuGraphLaunch(second, ctypes.c_void_p(None))
+held = nvml_held()
+print(f"graph allocating 1024 MiB launched: {(before - left) // MiB} MiB counted; rest of the cap: "
+      f"rc {fits}, 64 MiB more: rc {more}, a second such graph: rc {other}; NVML: {held // MiB} MiB")
+expect(before - left >= 1000 * MiB and fits == 0 and more == 2 and 0 < held <= CAP + 4 * MiB,
+       "a graph's allocations are counted when it runs, within the cap")
+if fits == 0:
+    call("cuMemFree_v2", plain)
+call("cuCtxSynchronize"); call("cuGraphExecDestroy", first); call("cuDeviceGraphMemTrim", dev)
+after = free_now()
+expect(abs(after - before) <= 16 * MiB,
+       f"destroyed and trimmed: {(before - after) // MiB} MiB still counted")
+call("cuGraphExecDestroy", second)
 sys.exit(0 if ok else 1)

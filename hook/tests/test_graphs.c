@@ -5,7 +5,8 @@
  * from the new graph, nodes named by the first), grids that would wrap a 64-bit sum, graphs
  * that cannot be read, a table of more executable graphs than the old fixed one held, running
  * out of host memory at each allocation, and a fork while the table's lock is held (calloc and
- * realloc are wrapped by the linker: --wrap). */
+ * realloc are wrapped by the linker: --wrap); and what a graph's allocation nodes take on each
+ * device, kept per executable graph. */
 #include <stdint.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -58,6 +59,8 @@ struct tnode {
     unsigned grid[3];
     struct tgraph *child;
     int unreadable; /* its parameters cannot be read */
+    uint64_t bytes; /* CU_GRAPH_NODE_TYPE_MEM_ALLOC: its size, on device dev */
+    int dev;
 };
 struct tgraph {
     struct tnode *nodes[MAX_NODES];
@@ -108,6 +111,17 @@ static CUresult child_graph(CUgraphNode node, CUgraph *graph)
     return CUDA_SUCCESS;
 }
 
+static CUresult alloc_params(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    const struct tnode *n = (const struct tnode *)node;
+    if (n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->unreadable)
+        return CUDA_ERROR_INVALID_VALUE;
+    *params = (CUDA_MEM_ALLOC_NODE_PARAMS){.bytesize = n->bytes};
+    params->poolProps.location = (CUmemLocation){.type = CU_MEM_LOCATION_TYPE_DEVICE,
+                                                 .id = n->dev};
+    return CUDA_SUCCESS;
+}
+
 /* The CUDA 10 ABI: the fields before the CUDA 12 ones. */
 static CUresult kernel_params_v1(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS_v1 *params)
 {
@@ -120,9 +134,10 @@ static CUresult kernel_params_v1(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS_v1 *p
 
 static const struct vgpu_graph_api api = {.get_nodes = get_nodes, .node_type = node_type,
                                           .kernel_params = kernel_params,
-                                          .child_graph = child_graph};
+                                          .child_graph = child_graph,
+                                          .alloc_params = alloc_params};
 
-enum { POOL = 128 };
+enum { POOL = 256 };
 static struct tnode nodes[POOL];
 static size_t used_nodes;
 
@@ -151,6 +166,14 @@ static struct tnode *child(struct tgraph *g)
 {
     struct tnode *n = other(CU_GRAPH_NODE_TYPE_GRAPH);
     n->child = g;
+    return n;
+}
+
+static struct tnode *allocation(uint64_t bytes, int dev)
+{
+    struct tnode *n = other(CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+    n->bytes = bytes;
+    n->dev = dev;
     return n;
 }
 
@@ -518,6 +541,101 @@ static void fork_while_locked(void)
         forget(exec_at(j));
 }
 
+/* What the allocation nodes of g take on device 0 and 1 once remembered for e (-1, -1 when g
+ * cannot be read, 0, 0 when it allocates nothing). */
+static void memory_of(CUgraphExec e, struct tgraph *g, long long *dev0, long long *dev1)
+{
+    struct vgpu_graph_costs costs = {0};
+    struct vgpu_graph_memory m;
+    *dev0 = *dev1 = -1;
+    if (vgpu_graph_memory_read(&api, handle(g), &costs) != 0)
+        return;
+    int none = costs.memory == NULL;
+    vgpu_graph_remember(e, &costs);
+    *dev0 = *dev1 = 0;
+    if (!none && vgpu_graph_memory_of(e, &m)) {
+        *dev0 = (long long)m.bytes[0];
+        *dev1 = (long long)m.bytes[1];
+    }
+}
+
+static void memory_nodes(void)
+{
+    CUgraphExec e = exec_at(7);
+    long long d0, d1;
+    struct tgraph inner = {0}, g = {0};
+    add(&inner, allocation(50, 1));
+    add(&inner, allocation(25, 0));
+    add(&g, kernel(10, 1, 1));
+    add(&g, allocation(100, 0));
+    add(&g, child(&inner));
+    memory_of(e, &g, &d0, &d1);
+    check(d0 == 125 && d1 == 50, "allocation nodes summed per device, child graphs included: "
+          "%lld on device 0, %lld on device 1", d0, d1);
+    struct tgraph plain = {0};
+    add(&plain, kernel(10, 1, 1));
+    memory_of(exec_at(8), &plain, &d0, &d1);
+    struct vgpu_graph_memory m;
+    check(d0 == 0 && d1 == 0 && !vgpu_graph_memory_of(exec_at(8), &m),
+          "a graph without allocation nodes takes nothing, and its exec says so");
+
+    struct tgraph smaller = {0}, larger = {0};
+    add(&smaller, allocation(10, 0));
+    add(&smaller, allocation(90, 1));
+    struct vgpu_graph_costs costs = {0};
+    int rc = vgpu_graph_memory_read(&api, handle(&smaller), &costs);
+    rc |= vgpu_graph_update(e, &costs);
+    rc |= !vgpu_graph_memory_of(e, &m);
+    check(rc == 0 && m.bytes[0] == 125 && m.bytes[1] == 90,
+          "updated to a graph that takes less on device 0 and more on device 1: the larger of "
+          "each (%llu, %llu)", (unsigned long long)m.bytes[0], (unsigned long long)m.bytes[1]);
+    add(&larger, allocation(UINT64_MAX, 0));
+    add(&larger, allocation(5, 0));
+    rc = vgpu_graph_memory_read(&api, handle(&larger), &costs);
+    rc |= vgpu_graph_update(e, &costs);
+    rc |= !vgpu_graph_memory_of(e, &m);
+    check(rc == 0 && m.bytes[0] == INT64_MAX,
+          "sizes that would wrap a 64-bit sum stop at INT64_MAX (%llu)",
+          (unsigned long long)m.bytes[0]);
+    check(vgpu_graph_take(e, &costs) == 0 && costs.memory != NULL &&
+              !vgpu_graph_memory_of(e, &m),
+          "taken out of the table: its memory handed over, the exec unknown");
+    vgpu_graph_costs_free(&costs);
+
+    struct tgraph hidden = {0}, elsewhere = {0}, deep[66];
+    struct tnode *unread = allocation(10, 0);
+    unread->unreadable = 1;
+    add(&hidden, unread);
+    memory_of(e, &hidden, &d0, &d1);
+    check(d0 == -1, "an allocation node whose parameters cannot be read: -1 (refused)");
+    add(&elsewhere, allocation(10, VGPU_GRAPH_DEVICES));
+    memory_of(e, &elsewhere, &d0, &d1);
+    check(d0 == -1, "one on a device past the %d told apart: -1", VGPU_GRAPH_DEVICES);
+    struct vgpu_graph_api older = api;
+    older.alloc_params = NULL;
+    add(&plain, allocation(10, 0));
+    check(vgpu_graph_memory_read(&older, handle(&plain), &costs) == -1,
+          "one on a driver that cannot describe them: -1");
+    memset(deep, 0, sizeof deep);
+    for (int i = 0; i < 65; i++)
+        add(&deep[i], child(&deep[i + 1]));
+    add(&deep[65], allocation(10, 0));
+    memory_of(e, &deep[0], &d0, &d1);
+    check(d0 == -1, "one nested 65 child graphs deep: -1");
+    memory_of(e, &deep[1], &d0, &d1);
+    check(d0 == 10, "64 deep: counted (%lld)", d0);
+    fail_in = 1;
+    check(vgpu_graph_memory_read(&api, handle(&g), &costs) == -1 && costs.memory == NULL,
+          "no host memory to list the nodes: -1, nothing kept");
+    fail_in = 3; /* the top list, the child's list, then the record */
+    check(vgpu_graph_memory_read(&api, handle(&g), &costs) == -1 && costs.memory == NULL &&
+              fail_in == 0,
+          "no host memory for the record: -1, nothing kept");
+    fail_in = 0;
+    check(vgpu_graph_take(e, &costs) == 0, "cleaned up");
+    vgpu_graph_costs_free(&costs);
+}
+
 int main(void)
 {
     out_of_memory(); /* first: the table's first allocation is tested there */
@@ -526,5 +644,6 @@ int main(void)
     odd_graphs();
     fork_while_locked(); /* before many(): the table is small, so it soon grows */
     many();
+    memory_nodes();
     return check_done("test_graphs");
 }

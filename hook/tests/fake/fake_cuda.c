@@ -32,6 +32,7 @@ CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *, CUfunction, void **, void
 CUresult cuLaunchCooperativeKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned,
                                         unsigned, unsigned, unsigned, CUstream, void **);
 CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
+CUresult cuGraphUpload_ptsz(CUgraphExec, CUstream);
 
 enum { MAX_DEVICES = 8, TABLE_SIZE = 1 << 20 };
 
@@ -240,11 +241,25 @@ static void free_owned(const struct fake_ctx *owner)
     pthread_mutex_unlock(&table_lock);
 }
 
+/* Graph allocations get addresses of their own, fixed at the node's creation (no memory). */
+static const uint64_t graph_va_base = UINT64_C(0x500000000000), graph_va_end = UINT64_C(0x600000000000);
+static uint64_t next_graph_va = UINT64_C(0x500000000000);
+
+static int graph_address(uint64_t key) { return key >= graph_va_base && key < graph_va_end; }
+
+static uint64_t new_graph_address(uint64_t bytes)
+{
+    return __atomic_fetch_add(&next_graph_va, (bytes + 0x1fffff) & ~UINT64_C(0x1fffff),
+                              __ATOMIC_RELAXED);
+}
+
 static CUresult fake_free(uint64_t key)
 {
     __atomic_add_fetch(&fake_cuda_stats.free_calls, 1, __ATOMIC_RELAXED);
     if (key <= tombstone)
         return CUDA_ERROR_INVALID_VALUE;
+    if (graph_address(key)) /* a graph allocation's memory stays in the graph memory pool */
+        return CUDA_SUCCESS;
     pthread_mutex_lock(&table_lock);
     size_t i = slot_of(key);
     while (table[i].key != 0 && table[i].key != key)
@@ -1111,6 +1126,10 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, 
         return CUDA_ERROR_INVALID_VALUE;
     if (fail_now(name))
         return CUDA_ERROR_UNKNOWN;
+    if (fake_cuda_capturing) { /* an allocation node of the graph captured: no memory yet */
+        *dptr = (CUdeviceptr)new_graph_address(bytes);
+        return CUDA_SUCCESS;
+    }
     uint64_t key = fake_alloc_at(dev, bytes, &next_address, UINT64_MAX, 1, NULL);
     if (key == 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1371,6 +1390,7 @@ struct fake_node {
     CUgraphNodeType type;
     CUDA_KERNEL_NODE_PARAMS params;  /* CU_GRAPH_NODE_TYPE_KERNEL */
     struct fake_graph *child;        /* CU_GRAPH_NODE_TYPE_GRAPH: owned by the node */
+    CUDA_MEM_ALLOC_NODE_PARAMS alloc; /* CU_GRAPH_NODE_TYPE_MEM_ALLOC (dptr: its address) */
     int disabled;                    /* in an executable graph's copy: cuGraphNodeSetEnabled */
 };
 
@@ -1385,7 +1405,18 @@ struct fake_exec {
     const struct fake_graph *source; /* the graph it was instantiated from (names its nodes) */
     struct fake_graph *copy;         /* what it runs */
     uint64_t blocks;
+    uint64_t alloc[GPU_MAX_DEVICES]; /* what its allocation nodes take on each device */
+    int mapped;                      /* that memory is mapped for it (launched or uploaded) */
 };
+
+/* Each device's graph memory pool (this process's): what it holds from the device, and what
+ * executable graphs map of it. A graph's allocations are mapped at its first launch or upload,
+ * from what no graph maps first, and kept mapped for it until it is destroyed; what the pool
+ * holds stays held until cuDeviceGraphMemTrim. Under graph_lock. */
+static struct {
+    uint64_t reserved, mapped;
+} graph_pools[GPU_MAX_DEVICES];
+EXPORT int fake_cuda_graph_pool_wasteful;
 
 static struct fake_graph *graphs;
 static struct fake_exec *execs;
@@ -1466,6 +1497,7 @@ static struct fake_graph *graph_clone(const struct fake_graph *src)
         struct fake_node *n = graph_add(g, src->nodes[i]->type);
         if (n != NULL) {
             n->params = src->nodes[i]->params;
+            n->alloc = src->nodes[i]->alloc;
             if (src->nodes[i]->child != NULL)
                 n->child = graph_clone(src->nodes[i]->child);
         }
@@ -1490,6 +1522,18 @@ static uint64_t graph_blocks(const struct fake_graph *g)
             blocks += graph_blocks(n->child);
     }
     return blocks;
+}
+
+/* Adds what g's allocation nodes take, child graphs included, to alloc[]. */
+static void graph_allocations(const struct fake_graph *g, uint64_t *alloc)
+{
+    for (size_t i = 0; i < g->count; i++) {
+        const struct fake_node *n = g->nodes[i];
+        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+            alloc[n->alloc.poolProps.location.id] += n->alloc.bytesize;
+        else if (n->child != NULL)
+            graph_allocations(n->child, alloc);
+    }
 }
 
 EXPORT CUresult cuGraphCreate(CUgraph *graph, unsigned int flags)
@@ -1557,6 +1601,35 @@ EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, const
     return add_node(node, graph, CU_GRAPH_NODE_TYPE_GRAPH, NULL, child);
 }
 
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                       size_t ndeps, CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    (void)deps, (void)ndeps;
+    if (params == NULL || params->bytesize == 0 ||
+        params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        params->poolProps.location.id < 0 || params->poolProps.location.id >= ndevices)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = add_node(node, graph, CU_GRAPH_NODE_TYPE_MEM_ALLOC, NULL, NULL);
+    if (rc == CUDA_SUCCESS) {
+        params->dptr = (CUdeviceptr)new_graph_address(params->bytesize);
+        pthread_mutex_lock(&graph_lock);
+        ((struct fake_node *)*node)->alloc = *params;
+        pthread_mutex_unlock(&graph_lock);
+    }
+    return rc;
+}
+
+/* A free node ends a graph allocation's life within the graph (its memory stays mapped for the
+ * graph, so the fake keeps nothing for it). */
+EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                      size_t ndeps, CUdeviceptr dptr)
+{
+    (void)deps, (void)ndeps;
+    if (!graph_address(dptr))
+        return CUDA_ERROR_INVALID_VALUE;
+    return add_node(node, graph, CU_GRAPH_NODE_TYPE_MEM_FREE, NULL, NULL);
+}
+
 /* nodes NULL: *count = how many; else up to *count handles (NULLs past the end), *count = how
  * many were written. */
 EXPORT CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count)
@@ -1618,6 +1691,17 @@ EXPORT CUresult cuGraphKernelNodeGetParams(CUgraphNode node, CUDA_KERNEL_NODE_PA
     return rc;
 }
 
+EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    struct fake_node n;
+    if (params == NULL || read_node(node, CU_GRAPH_NODE_TYPE_MEM_ALLOC, &n) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (fail_now("cuGraphMemAllocNodeGetParams"))
+        return CUDA_ERROR_UNKNOWN;
+    *params = n.alloc;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph)
 {
     struct fake_node n;
@@ -1625,6 +1709,41 @@ EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph)
         return CUDA_ERROR_INVALID_VALUE;
     *graph = (CUgraph)n.child;
     return CUDA_SUCCESS;
+}
+
+/* Maps e's allocations unless they are: from what the pool holds unmapped first (all of it
+ * new with fake_cuda_graph_pool_wasteful), the rest taken from the device. Caller holds
+ * graph_lock. */
+static CUresult map_exec(struct fake_exec *e)
+{
+    if (e->mapped)
+        return CUDA_SUCCESS;
+    uint64_t grown[GPU_MAX_DEVICES] = {0};
+    for (int d = 0; d < GPU_MAX_DEVICES; d++) {
+        uint64_t spare = graph_pools[d].reserved - graph_pools[d].mapped;
+        uint64_t grow = fake_cuda_graph_pool_wasteful ? e->alloc[d]
+                        : e->alloc[d] > spare ? e->alloc[d] - spare : 0;
+        if (grow != 0 && !gpu_alloc(d, (int32_t)getpid(), grow)) {
+            for (int u = 0; u < d; u++) {
+                gpu_free(u, (int32_t)getpid(), grown[u]);
+                graph_pools[u].reserved -= grown[u];
+                graph_pools[u].mapped -= e->alloc[u];
+            }
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        grown[d] = grow;
+        graph_pools[d].reserved += grow;
+        graph_pools[d].mapped += e->alloc[d];
+    }
+    e->mapped = 1;
+    return CUDA_SUCCESS;
+}
+
+static void unmap_exec(struct fake_exec *e)
+{
+    for (int d = 0; e->mapped && d < GPU_MAX_DEVICES; d++)
+        graph_pools[d].mapped -= e->alloc[d];
+    e->mapped = 0;
 }
 
 static CUresult instantiate(CUgraphExec *out, CUgraph graph)
@@ -1643,6 +1762,7 @@ static CUresult instantiate(CUgraphExec *out, CUgraph graph)
             e->source = (struct fake_graph *)graph;
             e->copy = copy;
             e->blocks = graph_blocks(copy);
+            graph_allocations(copy, e->alloc);
             fake_cuda_stats.graph_execs++;
             e->next_exec = execs;
             execs = e;
@@ -1664,6 +1784,12 @@ EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
                                              CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
     CUresult rc = instantiate(exec, graph);
+    if (rc == CUDA_SUCCESS && params != NULL &&
+        (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0) {
+        pthread_mutex_lock(&graph_lock);
+        rc = map_exec((struct fake_exec *)*exec);
+        pthread_mutex_unlock(&graph_lock);
+    }
     if (params != NULL) {
         params->hErrNode_out = NULL;
         params->result_out = rc == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS
@@ -1680,6 +1806,7 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
     struct fake_exec **link = exec_link((struct fake_exec *)exec);
     if (link != NULL) {
         *link = ((struct fake_exec *)exec)->next_exec;
+        unmap_exec((struct fake_exec *)exec);
         graph_free(((struct fake_exec *)exec)->copy);
         fake_cuda_stats.graph_execs--;
     }
@@ -1906,12 +2033,65 @@ static uint64_t exec_blocks(CUgraphExec exec)
     return blocks;
 }
 
+/* Maps exec's allocations (NULL: the old tests' stand-in, which has none). */
+static CUresult graph_map(CUgraphExec exec)
+{
+    if (exec == NULL)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&graph_lock);
+    struct fake_exec *e = (struct fake_exec *)exec;
+    CUresult rc = exec_link(e) != NULL ? map_exec(e) : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
+}
+
 static CUresult graph_launch(enum fake_launch_variant variant, CUgraphExec exec)
 {
     uint64_t blocks = exec_blocks(exec);
     if (blocks == UINT64_MAX)
         return initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
-    return launch(variant, blocks);
+    CUresult rc = graph_map(exec);
+    return rc == CUDA_SUCCESS ? launch(variant, blocks) : rc;
+}
+
+EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream stream)
+{
+    (void)stream;
+    return exec != NULL ? graph_map(exec) : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream stream)
+{
+    return cuGraphUpload(exec, stream);
+}
+
+/* Gives back what the pool holds that no graph maps. */
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    if (dev < 0 || dev >= ndevices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&graph_lock);
+    gpu_free(dev, (int32_t)getpid(), graph_pools[dev].reserved - graph_pools[dev].mapped);
+    graph_pools[dev].reserved = graph_pools[dev].mapped;
+    pthread_mutex_unlock(&graph_lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value)
+{
+    if (dev < 0 || dev >= ndevices || value == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (fail_now("cuDeviceGetGraphMemAttribute"))
+        return CUDA_ERROR_UNKNOWN;
+    pthread_mutex_lock(&graph_lock);
+    CUresult rc = CUDA_SUCCESS;
+    switch (attr) {
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = graph_pools[dev].reserved; break;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = graph_pools[dev].mapped; break;
+    default: rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
 }
 
 EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
@@ -2077,6 +2257,12 @@ static const struct proc procs[] = {
     P("cuMemPoolTrimTo", cuMemPoolTrimTo, 11020, 0),
     P("cuMemPoolGetAttribute", cuMemPoolGetAttribute, 11020, 0),
     P("cuStreamIsCapturing", cuStreamIsCapturing, 10000, 0),
+    P("cuGraphUpload", cuGraphUpload, 11010, 0),
+    P("cuGraphUpload", cuGraphUpload_ptsz, 11010, 1),
+    P("cuDeviceGraphMemTrim", cuDeviceGraphMemTrim, 11040, 0),
+    P("cuDeviceGetGraphMemAttribute", cuDeviceGetGraphMemAttribute, 11040, 0),
+    P("cuGraphAddMemAllocNode", cuGraphAddMemAllocNode, 11040, 0),
+    P("cuGraphMemAllocNodeGetParams", cuGraphMemAllocNodeGetParams, 11040, 0),
     P("cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode, 10010, 0),
     P("cuStreamIsCapturing", cuStreamIsCapturing_ptsz, 10000, 1),
     P("cuPointerGetAttribute", cuPointerGetAttribute, 4000, 0),

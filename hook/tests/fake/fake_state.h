@@ -21,7 +21,8 @@ struct fake_cuda_stats {
 extern struct fake_cuda_stats fake_cuda_stats;
 /* Name of the entry point whose next call fails with CUDA_ERROR_UNKNOWN ("" = none). */
 extern char fake_cuda_fail_next[64];
-/* Non-zero: cuStreamIsCapturing says every stream is being captured. */
+/* Non-zero: cuStreamIsCapturing says every stream is being captured, and stream-ordered
+ * allocations become graph allocations (an address, no memory; their frees free nothing). */
 extern int fake_cuda_capturing;
 /* Set by a test: a pool serves nothing from its cache (as if fragmented); it grows instead. */
 extern int fake_cuda_pool_fragmented;
@@ -31,6 +32,9 @@ extern int fake_cuda_current_pool_other;
 /* Set by a test (2-16): stream-ordered allocations name that many pools in turn, all the
  * device's one pool underneath (each answers for its whole cache). */
 extern int fake_cuda_pool_aliases;
+/* Set by a test: a graph's first launch takes all its allocations from the device anew, even
+ * where its graph memory pool holds memory no graph maps. */
+extern int fake_cuda_graph_pool_wasteful;
 /* fake_cuda_inside_fn runs once inside the next call of the entry point fake_cuda_inside names
  * (cuMemFree_v2: before it frees; cuPointerGetAttribute: after its answer is known;
  * cuMemAlloc_v2 and the other current-context allocations: after the memory is taken;

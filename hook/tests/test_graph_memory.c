@@ -1,0 +1,191 @@
+/* test_graph_memory.c - what a CUDA graph's allocation nodes take is counted against the cap
+ * (1 GiB; the fake gives the context FAKE_CUDA_CONTEXT_MIB=300). The fake driver maps a graph's
+ * allocations from the device's graph memory pool at its first launch or upload, from what no
+ * graph maps first, keeps them mapped for the graph until it is destroyed, and keeps the pool's
+ * memory until cuDeviceGraphMemTrim, as cuda.h describes the driver; NVML shows the pool. What
+ * the process holds must stay within the cap: before, a graph launch took any amount uncounted
+ * until the next measurement, and a plain allocation could then take the same room again. */
+#include <cuda.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "fake_state.h"
+#include "vgpu_region.h"
+
+static const uint64_t MiB = UINT64_C(1) << 20;
+static const struct vgpu_region *region;
+
+static int open_region(void)
+{
+    int fd = open(getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE"), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    void *m = mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return 0;
+    region = m;
+    return region->header.magic == VGPU_REGION_MAGIC;
+}
+
+static unsigned long long held_mib(void) { return fake_cuda_device_used(0) / MiB; }
+
+static unsigned long long counted_mib(void)
+{
+    return __atomic_load_n(&region->devices[0].used_bytes, __ATOMIC_ACQUIRE) / MiB;
+}
+
+/* A graph that allocates `mib` on device 0, runs a kernel on it, and frees it: the common
+ * shape of a graph's scratch memory. NULL when it cannot be built. */
+static CUgraph allocating_graph(uint64_t mib)
+{
+    CUgraph g;
+    CUgraphNode alloc, kernel, release;
+    CUDA_MEM_ALLOC_NODE_PARAMS a = {.bytesize = mib * MiB};
+    a.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    a.poolProps.location = (CUmemLocation){.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0};
+    CUDA_KERNEL_NODE_PARAMS k = {.gridDimX = 8, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32,
+                                 .blockDimY = 1, .blockDimZ = 1};
+    if (cuGraphCreate(&g, 0) != CUDA_SUCCESS ||
+        cuGraphAddMemAllocNode(&alloc, g, NULL, 0, &a) != CUDA_SUCCESS ||
+        cuGraphAddKernelNode(&kernel, g, &alloc, 1, &k) != CUDA_SUCCESS ||
+        cuGraphAddMemFreeNode(&release, g, &kernel, 1, a.dptr) != CUDA_SUCCESS)
+        return NULL;
+    return g;
+}
+
+static CUgraphExec instantiated(uint64_t mib)
+{
+    CUgraph g = allocating_graph(mib);
+    CUgraphExec e = NULL;
+    if (g == NULL || cuGraphInstantiateWithFlags(&e, g, 0) != CUDA_SUCCESS)
+        e = NULL;
+    if (g != NULL)
+        cuGraphDestroy(g);
+    return e;
+}
+
+int main(void)
+{
+    CUcontext ctx;
+    CUstream s1, s2;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cuStreamCreate(&s1, 0) == CUDA_SUCCESS &&
+              cuStreamCreate(&s2, 0) == CUDA_SUCCESS,
+          "a 300 MiB context, two streams");
+    if (!check(open_region(), "region readable"))
+        return check_done("test_graph_memory");
+
+    /* A graph's memory is taken at its first launch, and counted then. */
+    CUgraphExec big = instantiated(600);
+    unsigned long long before = held_mib();
+    CUresult rc = big != NULL ? cuGraphLaunch(big, s1) : CUDA_ERROR_UNKNOWN;
+    check(big != NULL && before == 300 && rc == CUDA_SUCCESS && held_mib() == 900 &&
+              counted_mib() == 900,
+          "a graph allocating 600 MiB: instantiated with nothing taken (%llu MiB held), then "
+          "launched, its memory counted at once (held %llu MiB, counted %llu MiB)", before,
+          held_mib(), counted_mib());
+    CUdeviceptr plain = 0;
+    rc = cuMemAlloc(&plain, 200 * MiB);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held_mib() == 900,
+          "a plain 200 MiB beside it is refused (rc %d; before, nothing was counted for the "
+          "graph until a measurement, and the process held 1100 MiB on the 1 GiB cap)", rc);
+    int relaunched = 1;
+    for (int i = 0; i < 3; i++)
+        relaunched = relaunched && cuGraphLaunch(big, s1) == CUDA_SUCCESS;
+    check(relaunched && held_mib() == 900 && counted_mib() == 900,
+          "relaunched three times on its stream: the driver keeps its mappings, nothing more is "
+          "reserved or refused (held %llu MiB, counted %llu MiB)", held_mib(), counted_mib());
+
+    /* Another graph needs memory of its own while the first keeps its mappings. */
+    CUgraphExec small = instantiated(300);
+    rc = small != NULL ? cuGraphLaunch(small, s1) : CUDA_ERROR_UNKNOWN;
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held_mib() == 900 && counted_mib() == 900,
+          "a second graph allocating 300 MiB is refused at its launch (rc %d; before, it ran: "
+          "1200 MiB held)", rc);
+    rc = cuGraphExecDestroy(big) == CUDA_SUCCESS ? cuGraphLaunch(small, s1) : CUDA_ERROR_UNKNOWN;
+    check(rc == CUDA_SUCCESS && held_mib() == 900 && counted_mib() == 900,
+          "with the first graph destroyed, its 600 MiB stay in the pool, unmapped: the second "
+          "runs from them (rc %d, held %llu MiB, counted %llu MiB)", rc, held_mib(),
+          counted_mib());
+    rc = cuDeviceGraphMemTrim(0);
+    check(rc == CUDA_SUCCESS && held_mib() == 600 && counted_mib() == 600,
+          "cuDeviceGraphMemTrim gives back the 300 MiB no graph maps, and the count follows at "
+          "once (held %llu MiB, counted %llu MiB)", held_mib(), counted_mib());
+    check(cuMemAlloc(&plain, 400 * MiB) == CUDA_SUCCESS && held_mib() == 1000,
+          "a plain 400 MiB fits in the room the trim made");
+
+    /* An upload maps what a launch would. */
+    CUgraphExec third = instantiated(100);
+    rc = third != NULL ? cuGraphUpload(third, s1) : CUDA_ERROR_UNKNOWN;
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held_mib() == 1000,
+          "uploading a graph allocating 100 MiB beside 1000 MiB is refused (rc %d)", rc);
+    rc = cuMemFree(plain) == CUDA_SUCCESS ? cuGraphUpload(third, s1) : CUDA_ERROR_UNKNOWN;
+    CUresult launched = cuGraphLaunch(third, s1);
+    check(rc == CUDA_SUCCESS && launched == CUDA_SUCCESS && held_mib() == 700 &&
+              counted_mib() == 700,
+          "after a free it is uploaded, counted, and its launch takes nothing more (held %llu "
+          "MiB, counted %llu MiB)", held_mib(), counted_mib());
+
+    /* The same, from the instantiation (CUDA 12: CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD). */
+    CUgraph g = allocating_graph(400);
+    CUDA_GRAPH_INSTANTIATE_PARAMS params = {.flags = CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD,
+                                            .hUploadStream = s1};
+    CUgraphExec uploaded = NULL, later = NULL;
+    uint64_t execs = fake_cuda_stats.graph_execs;
+    rc = g != NULL ? cuGraphInstantiateWithParams(&uploaded, g, &params) : CUDA_ERROR_UNKNOWN;
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && fake_cuda_stats.graph_execs == execs &&
+              held_mib() == 700,
+          "a graph allocating 400 MiB, instantiated with an upload beside 700 MiB: refused, the "
+          "driver never asked (rc %d)", rc);
+    rc = cuGraphInstantiateWithFlags(&later, g, 0);
+    launched = rc == CUDA_SUCCESS ? cuGraphLaunch(later, s1) : CUDA_ERROR_UNKNOWN;
+    check(rc == CUDA_SUCCESS && launched == CUDA_ERROR_OUT_OF_MEMORY && held_mib() == 700,
+          "instantiated without one it is made, and refused at its launch (rc %d)", launched);
+
+    /* A stream-ordered allocation captured into a graph is an allocation node: no memory. */
+    fake_cuda_capturing = 1;
+    CUdeviceptr node = 0;
+    rc = cuMemAllocAsync(&node, 500 * MiB, s2);
+    CUresult freed = cuMemFreeAsync(node, s2);
+    fake_cuda_capturing = 0;
+    check(rc == CUDA_SUCCESS && freed == CUDA_SUCCESS && held_mib() == 700 && counted_mib() == 700,
+          "500 MiB allocated and freed on a stream being captured: graph nodes, not counted "
+          "(the graph's launch counts them; counted at the capture too, memory a graph keeps "
+          "after it ends would count twice): held %llu MiB, counted %llu MiB", held_mib(),
+          counted_mib());
+
+    /* The pool cannot be asked: all of a launch's allocations must fit. */
+    cuGraphExecDestroy(small); /* 300 MiB unmapped in the pool */
+    strcpy(fake_cuda_fail_next, "cuDeviceGetGraphMemAttribute");
+    rc = cuGraphLaunch(later, s1);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held_mib() == 700,
+          "with the pool's figures unanswered, a graph allocating 400 MiB beside 700 MiB is "
+          "refused, though the pool holds 300 MiB unmapped (rc %d)", rc);
+
+    /* A driver that takes more than was reserved: counted as it grew, and refused against. */
+    fake_cuda_graph_pool_wasteful = 1;
+    CUgraphExec wasteful = instantiated(300);
+    rc = wasteful != NULL ? cuGraphLaunch(wasteful, s1) : CUDA_ERROR_UNKNOWN;
+    fake_cuda_graph_pool_wasteful = 0;
+    check(rc == CUDA_SUCCESS && held_mib() == 1000 && counted_mib() == 1000,
+          "a graph allocating 300 MiB, with 300 MiB unmapped in the pool, reserves nothing; a "
+          "driver that maps them anew anyway is counted as it grew (held %llu MiB, counted %llu "
+          "MiB)", held_mib(), counted_mib());
+    check(cuMemAlloc(&plain, 100 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
+          "and 100 MiB more are refused");
+
+    /* A graph whose allocations cannot be read is not instantiated. */
+    execs = fake_cuda_stats.graph_execs;
+    strcpy(fake_cuda_fail_next, "cuGraphMemAllocNodeGetParams");
+    CUgraphExec unread = NULL;
+    rc = cuGraphInstantiateWithFlags(&unread, g, 0);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && unread == NULL && fake_cuda_stats.graph_execs == execs,
+          "an allocation node the driver does not describe: instantiation refused, the driver "
+          "never asked (rc %d)", rc);
+    return check_done("test_graph_memory");
+}
