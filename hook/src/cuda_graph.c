@@ -56,22 +56,44 @@ static CUresult updated(CUresult rc, CUgraphExec exec, struct vgpu_graph_costs *
     return rc;
 }
 
-/* After the driver made *exec (rc its answer). An executable graph whose cost cannot be kept
- * (no host memory for the table) would run at one token a launch, or its allocations
- * uncounted, so it is destroyed again. */
-static CUresult instantiated(CUresult rc, CUgraphExec *exec, struct vgpu_graph_costs *costs)
+/* Reads graph's allocation nodes again once the driver has instantiated it: another thread may
+ * have added some between the first read and the instantiation, and none can be removed from
+ * a graph that has one, nor changed (cuda.h), so the larger figures of the two reads bound
+ * what the executable graph takes. -1: they cannot be read now. */
+static int read_again(CUgraph graph, struct vgpu_graph_costs *costs)
 {
-    if (rc != CUDA_SUCCESS || exec == NULL || (!vgpu_throttle_enabled && costs->memory == NULL)) {
+    const struct vgpu_graph_api api = graph_api();
+    struct vgpu_graph_costs now = {0};
+    if (!vgpu_graph_memory_counted())
+        return 0;
+    if (vgpu_graph_memory_read(&api, graph, &now) != 0)
+        return -1;
+    vgpu_graph_memory_merge(costs, &now);
+    return 0;
+}
+
+/* After the driver made *exec from graph (rc its answer). An executable graph whose cost cannot
+ * be kept (no host memory for the table) would run at one token a launch, or its allocations
+ * uncounted, so it is destroyed again. */
+static CUresult instantiated(CUresult rc, CUgraphExec *exec, CUgraph graph,
+                             struct vgpu_graph_costs *costs)
+{
+    if (rc != CUDA_SUCCESS || exec == NULL) {
         vgpu_graph_costs_free(costs);
         return rc;
     }
-    if (vgpu_graph_remember(*exec, costs) == 0)
+    int read = read_again(graph, costs);
+    if (read == 0 && !vgpu_throttle_enabled && costs->memory == NULL)
         return rc;
+    if (read == 0 && vgpu_graph_remember(*exec, costs) == 0)
+        return rc;
+    vgpu_graph_costs_free(costs);
     vgpu_graph_mapping_forget(*exec);
     if (real.cuGraphExecDestroy != NULL)
         real.cuGraphExecDestroy(*exec);
     *exec = NULL;
-    vgpu_log(VGPU_LOG_ERROR, "out of host memory: a CUDA graph was not instantiated");
+    vgpu_log(VGPU_LOG_ERROR, "out of host memory, or a graph's allocation nodes unreadable: a "
+             "CUDA graph was not instantiated");
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -83,7 +105,8 @@ VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph grap
         return CUDA_ERROR_NOT_INITIALIZED;
     if (read_costs(graph, &costs) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    return instantiated(real.cuGraphInstantiateWithFlags(exec, graph, flags), exec, &costs);
+    return instantiated(real.cuGraphInstantiateWithFlags(exec, graph, flags), exec, graph,
+                        &costs);
 }
 
 typedef CUresult (*instantiate_params_fn)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
@@ -107,7 +130,7 @@ static CUresult instantiate_with_params(instantiate_params_fn instantiate, CUgra
     CUresult rc = instantiate(exec, graph, params);
     if (upload)
         vgpu_graph_mapping_end(&m, rc == CUDA_SUCCESS && exec != NULL ? *exec : NULL);
-    return instantiated(rc, exec, &costs);
+    return instantiated(rc, exec, graph, &costs);
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
@@ -147,7 +170,7 @@ VGPU_EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgrap
     if (read_costs(graph, &costs) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     return instantiated(real.cuGraphInstantiate(exec, graph, error_node, log, log_size), exec,
-                        &costs);
+                        graph, &costs);
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph,
@@ -159,7 +182,7 @@ VGPU_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph,
     if (read_costs(graph, &costs) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     return instantiated(real.cuGraphInstantiate_v2(exec, graph, error_node, log, log_size), exec,
-                        &costs);
+                        graph, &costs);
 }
 
 VGPU_EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,

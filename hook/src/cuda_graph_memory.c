@@ -15,8 +15,8 @@
 #include "memory.h"
 #include "region.h"
 
-_Static_assert((int)VGPU_GRAPH_DEVICES == (int)VGPU_REGION_MAX_DEVICES, "graphs.h tells devices apart "
-               "by the region's ordinals");
+_Static_assert((int)VGPU_GRAPH_DEVICES == (int)VGPU_REGION_MAX_DEVICES,
+               "graphs.h tells devices apart by the region's ordinals");
 
 /* Per device: one launch with graph memory at a time, so that what the pool grew by across it
  * is that launch's (a trim waits too); and the last such launch, whose mappings the driver

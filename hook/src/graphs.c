@@ -383,21 +383,34 @@ int vgpu_graph_remember(CUgraphExec exec, struct vgpu_graph_costs *costs)
     return rc;
 }
 
+/* *into becomes the larger of the two records, per device; *from is taken (left NULL). */
+static void larger_memory(struct vgpu_graph_memory **into, struct vgpu_graph_memory **from)
+{
+    struct vgpu_graph_memory *a = *into, *b = *from;
+    *from = NULL;
+    if (a == NULL) {
+        *into = b;
+        return;
+    }
+    for (int d = 0; b != NULL && d < VGPU_GRAPH_DEVICES; d++)
+        a->bytes[d] = a->bytes[d] > b->bytes[d] ? a->bytes[d] : b->bytes[d];
+    free(b);
+}
+
+void vgpu_graph_memory_merge(struct vgpu_graph_costs *into, struct vgpu_graph_costs *from)
+{
+    larger_memory(&into->memory, &from->memory);
+}
+
 /* costs->memory becomes the larger of the entry's and its own, per device: an update that
  * could change what the allocation nodes take never makes it less than what may run. Caller
  * holds table_lock. */
 static void keep_larger_memory(struct entry *e, struct vgpu_graph_costs *costs)
 {
-    struct vgpu_graph_memory *was = e->costs.memory, *now = costs->memory;
-    if (was == NULL) {
-        if (now != NULL)
-            __atomic_add_fetch(&allocating, 1, __ATOMIC_RELEASE);
-        return;
-    }
-    for (int d = 0; now != NULL && d < VGPU_GRAPH_DEVICES; d++)
-        was->bytes[d] = was->bytes[d] > now->bytes[d] ? was->bytes[d] : now->bytes[d];
-    free(now);
-    costs->memory = was;
+    if (e->costs.memory == NULL && costs->memory != NULL)
+        __atomic_add_fetch(&allocating, 1, __ATOMIC_RELEASE);
+    larger_memory(&e->costs.memory, &costs->memory);
+    costs->memory = e->costs.memory;
 }
 
 int vgpu_graph_update(CUgraphExec exec, struct vgpu_graph_costs *costs)

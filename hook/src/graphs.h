@@ -61,6 +61,9 @@ int vgpu_graph_costs(const struct vgpu_graph_api *api, CUgraph graph,
 int vgpu_graph_memory_read(const struct vgpu_graph_api *api, CUgraph graph,
                            struct vgpu_graph_costs *costs);
 
+/* into->memory becomes the larger, on each device, of its own and from->memory (taken). */
+void vgpu_graph_memory_merge(struct vgpu_graph_costs *into, struct vgpu_graph_costs *from);
+
 /* What a child graph node running graph costs: *blocks, the grid blocks of all its kernel nodes
  * (0 when they cannot be read); -1 when out of host memory. */
 int vgpu_graph_child_blocks(const struct vgpu_graph_api *api, CUgraph graph, uint64_t *blocks);

@@ -39,6 +39,17 @@ static unsigned long long counted_mib(void)
     return __atomic_load_n(&region->devices[0].used_bytes, __ATOMIC_ACQUIRE) / MiB;
 }
 
+/* Another thread's allocation node, added to `racing` while the driver instantiates it. */
+static CUgraph racing;
+static void add_allocation(void)
+{
+    CUgraphNode node;
+    CUDA_MEM_ALLOC_NODE_PARAMS a = {.bytesize = 600 * MiB};
+    a.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    a.poolProps.location = (CUmemLocation){.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0};
+    cuGraphAddMemAllocNode(&node, racing, NULL, 0, &a);
+}
+
 /* A graph that allocates `mib` on device 0, runs a kernel on it, and frees it: the common
  * shape of a graph's scratch memory. NULL when it cannot be built. */
 static CUgraph allocating_graph(uint64_t mib)
@@ -187,5 +198,29 @@ int main(void)
     check(rc == CUDA_ERROR_OUT_OF_MEMORY && unread == NULL && fake_cuda_stats.graph_execs == execs,
           "an allocation node the driver does not describe: instantiation refused, the driver "
           "never asked (rc %d)", rc);
+
+    /* A node added by another thread after the library read the graph, before the driver
+     * instantiated it: read again once the graph is made. */
+    cuGraphExecDestroy(wasteful);
+    cuGraphExecDestroy(third);
+    cuDeviceGraphMemTrim(0);
+    CUgraphNode kernel;
+    CUDA_KERNEL_NODE_PARAMS k = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 1,
+                                 .blockDimY = 1, .blockDimZ = 1};
+    CUgraphExec raced = NULL;
+    rc = cuGraphCreate(&racing, 0) == CUDA_SUCCESS &&
+                 cuGraphAddKernelNode(&kernel, racing, NULL, 0, &k) == CUDA_SUCCESS
+             ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
+    fake_cuda_inside_fn = add_allocation;
+    strcpy(fake_cuda_inside, "cuGraphInstantiate");
+    rc = rc == CUDA_SUCCESS ? cuGraphInstantiateWithFlags(&raced, racing, 0) : rc;
+    before = held_mib();
+    launched = rc == CUDA_SUCCESS ? cuGraphLaunch(raced, s1) : CUDA_ERROR_UNKNOWN;
+    check(before == 300 && launched == CUDA_SUCCESS && held_mib() == 900 && counted_mib() == 900,
+          "a 600 MiB allocation node another thread added while the driver instantiated the "
+          "graph is counted at its launch (held %llu MiB, counted %llu MiB)", held_mib(),
+          counted_mib());
+    check(cuMemAlloc(&plain, 200 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
+          "and a plain 200 MiB beside it refused");
     return check_done("test_graph_memory");
 }

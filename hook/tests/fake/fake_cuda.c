@@ -1748,6 +1748,7 @@ static void unmap_exec(struct fake_exec *e)
 
 static CUresult instantiate(CUgraphExec *out, CUgraph graph)
 {
+    run_inside("cuGraphInstantiate"); /* any version, before it reads the graph */
     if (out == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = CUDA_ERROR_INVALID_VALUE;

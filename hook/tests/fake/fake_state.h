@@ -39,7 +39,8 @@ extern int fake_cuda_graph_pool_wasteful;
  * (cuMemFree_v2: before it frees; cuPointerGetAttribute: after its answer is known;
  * cuMemAlloc_v2 and the other current-context allocations: after the memory is taken;
  * "cuCtxCreate", any version: once the context is made; cuDevicePrimaryCtxRetain: before it
- * looks at the primary context). */
+ * looks at the primary context; "cuGraphInstantiate", any version: before it reads the
+ * graph). */
 extern char fake_cuda_inside[64];
 extern void (*fake_cuda_inside_fn)(void);
 
