@@ -127,6 +127,10 @@ struct vgpu_cuda_real {
     CUresult (*cuGraphKernelNodeGetParams)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS_v1 *);
     CUresult (*cuGraphChildGraphNodeGetGraph)(CUgraphNode, CUgraph *);
     CUresult (*cuGraphMemAllocNodeGetParams)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *);
+    CUresult (*cuStreamGetCaptureInfo_v2)(CUstream, CUstreamCaptureStatus *, cuuint64_t *,
+                                          CUgraph *, const CUgraphNode **, size_t *);
+    CUresult (*cuStreamGetCaptureInfo_v2_ptsz)(CUstream, CUstreamCaptureStatus *, cuuint64_t *,
+                                               CUgraph *, const CUgraphNode **, size_t *);
     CUresult (*cuDeviceGetGraphMemAttribute)(CUdevice, CUgraphMem_attribute, void *);
 };
 
@@ -171,24 +175,27 @@ struct vgpu_graph_mapped {
 };
 struct vgpu_graph_mapping {
     CUgraphExec exec;
+    uint64_t serial; /* exec's recording (graphs.h) */
     CUstream stream;
     int ndevs;
     struct vgpu_graph_mapped devs[VGPU_GRAPH_DEVICES];
 };
 
-/* Before the driver launches or uploads exec (NULL: one instantiated with an upload) on stream,
- * whose allocation nodes take memory: reserves, on each capped device, what the call may add to
- * its graph memory pool, and holds the device until _end. -1: it does not fit (logged as api's
- * refusal); the caller answers CUDA_ERROR_OUT_OF_MEMORY without calling the driver. */
+/* Before the driver launches or uploads exec, recording serial (NULL, 0: one instantiated with
+ * an upload) on stream, whose allocation nodes take memory: reserves, on each capped device,
+ * what the call may add to its graph memory pool, and holds the device until _end. -1: it does
+ * not fit (logged as api's refusal); the caller answers CUDA_ERROR_OUT_OF_MEMORY without
+ * calling the driver. */
 int vgpu_graph_mapping_begin(const struct vgpu_graph_memory *memory, CUgraphExec exec,
-                             CUstream stream, const char *api, struct vgpu_graph_mapping *m);
+                             uint64_t serial, CUstream stream, const char *api,
+                             struct vgpu_graph_mapping *m);
 
-/* After the call (exec: the graph it launched; NULL when it failed): what each pool grew by
- * stays counted, the rest of the reservation goes back. */
-void vgpu_graph_mapping_end(struct vgpu_graph_mapping *m, CUgraphExec exec);
+/* After the call (exec, serial: the graph it launched or made; NULL when it failed): what each
+ * pool grew by stays counted, the rest of the reservation goes back. */
+void vgpu_graph_mapping_end(struct vgpu_graph_mapping *m, CUgraphExec exec, uint64_t serial);
 
-/* exec is about to be destroyed: a new graph at its address has nothing mapped. */
-void vgpu_graph_mapping_forget(CUgraphExec exec);
+/* exec (that recording) was destroyed: its mappings are gone. */
+void vgpu_graph_mapping_forget(CUgraphExec exec, uint64_t serial);
 
 /* launch(exec, stream), a launch or an upload, with exec's graph memory counted. */
 CUresult vgpu_graph_launch(graph_launch_fn launch, CUgraphExec exec, CUstream stream,

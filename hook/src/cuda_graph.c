@@ -88,7 +88,6 @@ static CUresult instantiated(CUresult rc, CUgraphExec *exec, CUgraph graph,
     if (read == 0 && vgpu_graph_remember(*exec, costs) == 0)
         return rc;
     vgpu_graph_costs_free(costs);
-    vgpu_graph_mapping_forget(*exec);
     if (real.cuGraphExecDestroy != NULL)
         real.cuGraphExecDestroy(*exec);
     *exec = NULL;
@@ -112,25 +111,34 @@ VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph grap
 typedef CUresult (*instantiate_params_fn)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
 
 /* CUDA 12's instantiation may upload the graph too (CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD), which
- * maps its allocations as a launch would. */
-static CUresult instantiate_with_params(instantiate_params_fn instantiate, CUgraphExec *exec,
-                                        CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+ * maps its allocations as a launch would. The driver is asked to instantiate only, and the
+ * upload goes through cuGraphUpload's accounting once the graph is read and recorded; refused,
+ * the graph is destroyed again, as an instantiation that fails leaves none. */
+static CUresult instantiate_with_params(instantiate_params_fn instantiate, graph_launch_fn upload,
+                                        CUgraphExec *exec, CUgraph graph,
+                                        CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
     struct vgpu_graph_costs costs;
-    struct vgpu_graph_mapping m;
     if (read_costs(graph, &costs) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    int upload = params != NULL && (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0 &&
-                 costs.memory != NULL;
-    if (upload && vgpu_graph_mapping_begin(costs.memory, NULL, params->hUploadStream,
-                                           "cuGraphInstantiateWithParams", &m) != 0) {
-        vgpu_graph_costs_free(&costs);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    int uploading = params != NULL && (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0 &&
+                    vgpu_graph_memory_counted() && upload != NULL;
+    CUDA_GRAPH_INSTANTIATE_PARAMS asked = uploading ? *params : (CUDA_GRAPH_INSTANTIATE_PARAMS){0};
+    asked.flags &= ~(cuuint64_t)CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
+    CUresult rc = instantiated(instantiate(exec, graph, uploading ? &asked : params), exec, graph,
+                               &costs);
+    if (uploading) {
+        params->hErrNode_out = asked.hErrNode_out;
+        params->result_out = asked.result_out;
     }
-    CUresult rc = instantiate(exec, graph, params);
-    if (upload)
-        vgpu_graph_mapping_end(&m, rc == CUDA_SUCCESS && exec != NULL ? *exec : NULL);
-    return instantiated(rc, exec, graph, &costs);
+    if (!uploading || rc != CUDA_SUCCESS)
+        return rc;
+    rc = vgpu_graph_launch(upload, *exec, params->hUploadStream, "cuGraphInstantiateWithParams");
+    if (rc != CUDA_SUCCESS) {
+        cuGraphExecDestroy(*exec);
+        *exec = NULL;
+    }
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
@@ -138,7 +146,8 @@ VGPU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph gra
 {
     if (!ready() || real.cuGraphInstantiateWithParams == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return instantiate_with_params(real.cuGraphInstantiateWithParams, exec, graph, params);
+    return instantiate_with_params(real.cuGraphInstantiateWithParams, real.cuGraphUpload, exec,
+                                   graph, params);
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
@@ -146,7 +155,8 @@ VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgrap
 {
     if (!ready() || real.cuGraphInstantiateWithParams_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return instantiate_with_params(real.cuGraphInstantiateWithParams_ptsz, exec, graph, params);
+    return instantiate_with_params(real.cuGraphInstantiateWithParams_ptsz,
+                                   real.cuGraphUpload_ptsz, exec, graph, params);
 }
 
 VGPU_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
@@ -196,21 +206,19 @@ VGPU_EXPORT CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphN
     return updated(real.cuGraphExecUpdate(exec, graph, error_node, result), exec, &costs);
 }
 
-/* The entry is taken before the driver destroys exec: once destroyed, its address may be another
- * thread's new graph, whose entry a late removal would take (or whose memory a remembered last
- * launch would take for mapped). */
+/* The entry stays until the driver has destroyed exec, so that a launch racing the destroy is
+ * still counted; it is removed then only if it is still that recording: once destroyed,
+ * exec's address may be another thread's new graph, recorded under a new serial. */
 VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 {
     if (!ready() || real.cuGraphExecDestroy == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    struct vgpu_graph_costs taken;
-    int known = vgpu_graph_take(exec, &taken) == 0;
-    vgpu_graph_mapping_forget(exec);
+    uint64_t serial = vgpu_graph_serial(exec);
     CUresult rc = real.cuGraphExecDestroy(exec);
-    if (rc != CUDA_SUCCESS && known)
-        vgpu_graph_remember(exec, &taken);
-    else
-        vgpu_graph_costs_free(&taken);
+    if (rc == CUDA_SUCCESS && serial != 0) {
+        vgpu_graph_forget(exec, serial);
+        vgpu_graph_mapping_forget(exec, serial);
+    }
     return rc;
 }
 

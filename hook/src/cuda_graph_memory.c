@@ -18,16 +18,27 @@
 _Static_assert((int)VGPU_GRAPH_DEVICES == (int)VGPU_REGION_MAX_DEVICES,
                "graphs.h tells devices apart by the region's ordinals");
 
-/* Per device: one launch with graph memory at a time, so that what the pool grew by across it
- * is that launch's (a trim waits too); and the last such launch, whose mappings the driver
- * keeps for it. */
-struct last_launch {
-    CUgraphExec exec; /* atomic; NULL: none known */
+/* A graph whose mappings the driver keeps for its next launch on the same stream (cuda.h:
+ * "physical mappings for a graph are retained between launches"), as of an epoch. */
+struct kept_graph {
+    CUgraphExec exec;
+    uint64_t serial; /* 0: a free slot */
     CUstream stream;
-    cuuint64_t pool; /* the pool's reserve after it */
+    uint64_t epoch;
 };
-static pthread_mutex_t locks[VGPU_GRAPH_DEVICES];
-static struct last_launch last[VGPU_GRAPH_DEVICES];
+enum { KEPT_GRAPHS = 16 }; /* per device; past that the oldest must fit again */
+
+/* Per device, under lock: one launch with graph memory at a time, so that what the pool grew
+ * by across it is that launch's (a trim waits too). The epoch moves on when the pool shrank (a
+ * trim): the driver maps every graph anew after one. */
+struct device_graphs {
+    pthread_mutex_t lock;
+    uint64_t epoch;
+    cuuint64_t pool; /* the pool's reserve after the last call */
+    struct kept_graph kept[KEPT_GRAPHS];
+    unsigned next; /* the slot taken next when none is free */
+};
+static struct device_graphs devices[VGPU_GRAPH_DEVICES];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int overgrowth_warned;
 
@@ -35,8 +46,8 @@ static void reset(void)
 {
     /* Graphs do not survive fork, and a lock held by a thread of the parent must not wedge. */
     for (int d = 0; d < VGPU_GRAPH_DEVICES; d++) {
-        pthread_mutex_init(&locks[d], NULL);
-        last[d] = (struct last_launch){0};
+        devices[d] = (struct device_graphs){.epoch = 1};
+        pthread_mutex_init(&devices[d].lock, NULL);
     }
 }
 
@@ -64,23 +75,58 @@ static int pool_figures(int dev, cuuint64_t *reserved, cuuint64_t *mapped)
            ask((CUdevice)dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, mapped) == CUDA_SUCCESS ? 0 : -1;
 }
 
-/* What a launch of exec (NULL: one being instantiated) on stream may add to a pool holding
- * `reserved` bytes, `mapped` of them by graphs, for allocations of `bytes`: nothing when exec
- * was the last graph with allocations launched on the device, on the same stream, and the pool
- * has not shrunk since (the driver keeps a graph's mappings for its next launch; on another
- * stream, or after another graph, it may map anew); else the allocations less what the pool
- * holds that no graph maps, which the driver maps first. All of them when the pool cannot be
- * asked. */
-static uint64_t may_add(uint64_t bytes, CUgraphExec exec, CUstream stream,
-                        const struct last_launch *l, int known, cuuint64_t reserved,
+/* The slot of exec (that recording) on d; NULL when none. */
+static struct kept_graph *kept_slot(struct device_graphs *d, CUgraphExec exec, uint64_t serial)
+{
+    for (int i = 0; i < KEPT_GRAPHS; i++)
+        if (d->kept[i].serial == serial && d->kept[i].exec == exec)
+            return &d->kept[i];
+    return NULL;
+}
+
+/* What a launch of exec on stream may add to d's pool, holding `reserved` bytes, `mapped` of
+ * them by graphs, for allocations of `bytes`: nothing when the driver keeps exec's mappings
+ * (launched on this stream in this epoch); else the allocations less what the pool holds that
+ * no graph maps, which the driver maps first. All of them when the pool cannot be asked. */
+static uint64_t may_add(struct device_graphs *d, uint64_t bytes, CUgraphExec exec,
+                        uint64_t serial, CUstream stream, int known, cuuint64_t reserved,
                         cuuint64_t mapped)
 {
     if (!known)
         return bytes;
-    if (exec != NULL && l->exec == exec && l->stream == stream && reserved >= l->pool)
+    const struct kept_graph *k = kept_slot(d, exec, serial);
+    if (k != NULL && k->stream == stream && k->epoch == d->epoch)
         return 0;
     uint64_t spare = reserved > mapped ? reserved - mapped : 0;
     return bytes > spare ? bytes - spare : 0;
+}
+
+/* After a launch of m's graph on d (exec NULL: it failed): the driver keeps its mappings for
+ * the next one on the same stream. (Another graph's allocation that outlives its launch may
+ * take memory a kept graph mapped, which then maps anew: what the pool grows by then is
+ * counted after that launch, past the cap if need be.) */
+static void note_launch(struct device_graphs *d, const struct vgpu_graph_mapping *m,
+                        CUgraphExec exec, uint64_t serial, int known, cuuint64_t after)
+{
+    if (known && after < d->pool)
+        d->epoch++; /* the pool shrank: a trim */
+    if (known)
+        d->pool = after;
+    struct kept_graph *k = kept_slot(d, exec, serial);
+    if (!known || exec == NULL) {
+        if (k != NULL)
+            k->serial = 0;
+        return;
+    }
+    if (k == NULL) {
+        for (int i = 0; i < KEPT_GRAPHS && k == NULL; i++)
+            if (d->kept[i].serial == 0)
+                k = &d->kept[i];
+        if (k == NULL)
+            k = &d->kept[d->next++ % KEPT_GRAPHS];
+    }
+    *k = (struct kept_graph){.exec = exec, .serial = serial, .stream = m->stream,
+                             .epoch = d->epoch};
 }
 
 /* Gives back what begin reserved on the first n devices of m, and their locks. */
@@ -88,29 +134,33 @@ static void undo(struct vgpu_graph_mapping *m, int n)
 {
     for (int i = 0; i < n; i++) {
         vgpu_mem_unreserve(m->devs[i].dev, m->devs[i].reserved);
-        pthread_mutex_unlock(&locks[m->devs[i].dev]);
+        pthread_mutex_unlock(&devices[m->devs[i].dev].lock);
     }
 }
 
 int vgpu_graph_mapping_begin(const struct vgpu_graph_memory *memory, CUgraphExec exec,
-                             CUstream stream, const char *api, struct vgpu_graph_mapping *m)
+                             uint64_t serial, CUstream stream, const char *api,
+                             struct vgpu_graph_mapping *m)
 {
     pthread_once(&once, init);
-    *m = (struct vgpu_graph_mapping){.exec = exec, .stream = stream};
+    *m = (struct vgpu_graph_mapping){.exec = exec, .serial = serial, .stream = stream};
     /* Devices in ascending order: two launches never wait on each other's locks. */
-    for (int d = 0; d < VGPU_GRAPH_DEVICES; d++) {
-        if (memory->bytes[d] == 0 || vgpu_region_limit(d) == 0)
+    for (int dev = 0; dev < VGPU_GRAPH_DEVICES; dev++) {
+        if (memory->bytes[dev] == 0 || vgpu_region_limit(dev) == 0)
             continue;
+        struct device_graphs *d = &devices[dev];
         struct vgpu_graph_mapped *md = &m->devs[m->ndevs];
         cuuint64_t mapped = 0;
-        pthread_mutex_lock(&locks[d]);
-        md->dev = d;
-        md->known = pool_figures(d, &md->pool_before, &mapped) == 0;
-        uint64_t need = may_add(memory->bytes[d], exec, stream, &last[d], md->known,
+        pthread_mutex_lock(&d->lock);
+        md->dev = dev;
+        md->known = pool_figures(dev, &md->pool_before, &mapped) == 0;
+        if (md->known && md->pool_before < d->pool)
+            d->epoch++; /* the pool shrank since: a trim */
+        uint64_t need = may_add(d, memory->bytes[dev], exec, serial, stream, md->known,
                                 md->pool_before, mapped);
-        vgpu_footprint_refresh(d); /* what an allocation would see */
-        if (need != 0 && vgpu_mem_reserve(d, need, api) != 0) {
-            pthread_mutex_unlock(&locks[d]);
+        vgpu_footprint_refresh(dev); /* what an allocation would see */
+        if (need != 0 && vgpu_mem_reserve(dev, need, api) != 0) {
+            pthread_mutex_unlock(&d->lock);
             undo(m, m->ndevs);
             m->ndevs = 0;
             return -1;
@@ -123,10 +173,11 @@ int vgpu_graph_mapping_begin(const struct vgpu_graph_memory *memory, CUgraphExec
     return 0;
 }
 
-void vgpu_graph_mapping_end(struct vgpu_graph_mapping *m, CUgraphExec exec)
+void vgpu_graph_mapping_end(struct vgpu_graph_mapping *m, CUgraphExec exec, uint64_t serial)
 {
     for (int i = 0; i < m->ndevs; i++) {
         struct vgpu_graph_mapped *md = &m->devs[i];
+        struct device_graphs *d = &devices[md->dev];
         cuuint64_t after = 0, mapped = 0;
         int known = md->known && pool_figures(md->dev, &after, &mapped) == 0;
         uint64_t grew = !known ? md->reserved : after > md->pool_before ? after - md->pool_before
@@ -137,27 +188,23 @@ void vgpu_graph_mapping_end(struct vgpu_graph_mapping *m, CUgraphExec exec)
                      "allocations are refused while past the cap)", md->dev,
                      (unsigned long long)grew, (unsigned long long)(grew - md->reserved));
         vgpu_footprint_graph_grew(md->dev, md->reserved, grew);
-        last[md->dev].stream = m->stream;
-        last[md->dev].pool = after;
-        __atomic_store_n(&last[md->dev].exec, exec != NULL && known ? exec : NULL,
-                         __ATOMIC_RELEASE);
-        pthread_mutex_unlock(&locks[md->dev]);
+        note_launch(d, m, exec, serial, known, after);
+        pthread_mutex_unlock(&d->lock);
     }
     if (m->ndevs != 0)
         vgpu_mem_op_end();
 }
 
-void vgpu_graph_mapping_forget(CUgraphExec exec)
+void vgpu_graph_mapping_forget(CUgraphExec exec, uint64_t serial)
 {
     pthread_once(&once, init);
-    for (int d = 0; d < VGPU_GRAPH_DEVICES; d++) {
-        if (exec == NULL || __atomic_load_n(&last[d].exec, __ATOMIC_ACQUIRE) != exec)
-            continue;
-        /* Its address may be a new graph's soon: that one's memory is not mapped. */
-        pthread_mutex_lock(&locks[d]);
-        if (last[d].exec == exec)
-            __atomic_store_n(&last[d].exec, NULL, __ATOMIC_RELEASE);
-        pthread_mutex_unlock(&locks[d]);
+    for (int dev = 0; dev < VGPU_GRAPH_DEVICES; dev++) {
+        struct device_graphs *d = &devices[dev];
+        pthread_mutex_lock(&d->lock);
+        struct kept_graph *k = kept_slot(d, exec, serial);
+        if (k != NULL)
+            k->serial = 0;
+        pthread_mutex_unlock(&d->lock);
     }
 }
 
@@ -166,12 +213,13 @@ CUresult vgpu_graph_launch(graph_launch_fn launch, CUgraphExec exec, CUstream st
 {
     struct vgpu_graph_memory memory;
     struct vgpu_graph_mapping m;
-    if (!vgpu_graph_memory_of(exec, &memory))
+    uint64_t serial = vgpu_graph_memory_of(exec, &memory);
+    if (serial == 0)
         return launch(exec, stream);
-    if (vgpu_graph_mapping_begin(&memory, exec, stream, api, &m) != 0)
+    if (vgpu_graph_mapping_begin(&memory, exec, serial, stream, api, &m) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = launch(exec, stream);
-    vgpu_graph_mapping_end(&m, rc == CUDA_SUCCESS ? exec : NULL);
+    vgpu_graph_mapping_end(&m, rc == CUDA_SUCCESS ? exec : NULL, serial);
     return rc;
 }
 
@@ -198,10 +246,12 @@ VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device)
     int dev = device >= 0 && device < VGPU_GRAPH_DEVICES ? (int)device : -1;
     pthread_once(&once, init);
     if (dev >= 0)
-        pthread_mutex_lock(&locks[dev]);
+        pthread_mutex_lock(&devices[dev].lock);
     CUresult rc = real.cuDeviceGraphMemTrim(device);
-    if (dev >= 0)
-        pthread_mutex_unlock(&locks[dev]);
+    if (dev >= 0) {
+        devices[dev].epoch++; /* graphs map anew after a trim (cuda.h) */
+        pthread_mutex_unlock(&devices[dev].lock);
+    }
     if (rc == CUDA_SUCCESS && dev >= 0)
         vgpu_footprint_remeasure(dev);
     return rc;

@@ -252,15 +252,6 @@ static int maybe_capturing(const struct pointer_request *r)
     return capture_status(r, &status) != 0 || status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-/* Whether r's stream is being captured: r then becomes a graph's allocation node, which takes
- * no memory until the graph runs, and is counted then (cuda_graph_memory.c); counted here too,
- * an allocation the graph keeps after it ends would count twice. */
-static int captured(const struct pointer_request *r)
-{
-    CUstreamCaptureStatus status;
-    return capture_status(r, &status) == 0 && status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
-}
-
 /* An allocation given back into its pool stays in the pool's cache, where it would count
  * against the next one: the pool is trimmed (not while the stream is captured: that could
  * break the capture) and what is counted of its cache checked. */
@@ -268,6 +259,46 @@ static void trim_given_back(const struct pointer_request *r, CUmemoryPool pool, 
 {
     if (!maybe_capturing(r) && trim_pool(pool))
         vgpu_footprint_pools_check(dev);
+}
+
+/* The capture r's stream is in (its id), or 0: none, or the driver cannot say. */
+static cuuint64_t capture_of(const struct pointer_request *r)
+{
+    CUresult (*ask)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
+                    const CUgraphNode **, size_t *) =
+        r->api == ASYNC_PTSZ || r->api == POOL_PTSZ ? real.cuStreamGetCaptureInfo_v2_ptsz
+                                                    : real.cuStreamGetCaptureInfo_v2;
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t id = 0;
+    if (ask == NULL || ask(r->stream, &status, &id, NULL, NULL, NULL) != CUDA_SUCCESS ||
+        status != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        return 0;
+    return id != 0 ? id : 1;
+}
+
+/* On a stream being captured, r becomes a graph's allocation node, which takes no memory until
+ * the graph runs and is counted then (cuda_graph_memory.c); counted here too, an allocation
+ * the graph keeps after it ends would count twice. Unless the same capture was under way before
+ * and after the call (another thread may end it, or end it and begin another, in between),
+ * the driver may have allocated for real: counted then, or given back and refused. */
+static CUresult alloc_captured(const struct pointer_request *r, cuuint64_t capture,
+                               CUdeviceptr *dptr)
+{
+    CUdeviceptr ptr = 0;
+    CUresult rc = call_driver(r, &ptr);
+    if (rc == CUDA_SUCCESS && capture_of(r) != capture) {
+        int dev = stream_device(r->stream);
+        if (dev == DEVICE_UNKNOWN || !admit(dev, r->bytes, pointer_apis[r->api].name)) {
+            ordered_free(r)(ptr, r->stream);
+            if (dev >= 0) /* not left in the pool's cache, uncounted */
+                trim_given_back(r, drawn_pool(r, dev), dev);
+            return dev == DEVICE_UNKNOWN ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, r->bytes);
+    }
+    if (rc == CUDA_SUCCESS && dptr != NULL)
+        *dptr = ptr;
+    return rc;
 }
 
 /* A pool keeps the memory stream-ordered frees give back (PyTorch's cudaMallocAsync backend
@@ -383,13 +414,8 @@ static CUresult move_to_pool_device(const struct pointer_request *r, CUdeviceptr
  * reserve, on the stream's device (a pool's, on the pool's). One on an explicit stream whose
  * device cannot be told is refused: the driver could serve it with no current context, and so
  * uncounted. */
-static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr)
+static CUresult alloc_counted(const struct pointer_request *r, int ordered, CUdeviceptr *dptr)
 {
-    if (!ready() || *pointer_apis[r->api].real == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    int ordered = r->api != PLAIN && r->api != PLAIN_V1 && r->api != MANAGED;
-    if (ordered && captured(r))
-        return call_driver(r, dptr);
     int dev = ordered ? stream_device(r->stream) : current_device();
     if (dev == DEVICE_UNKNOWN) {
         vgpu_log(VGPU_LOG_ERROR, "%s: the device of its stream cannot be told; refused",
@@ -422,6 +448,15 @@ static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr
     if (rc == CUDA_SUCCESS && dptr != NULL)
         *dptr = ptr;
     return rc;
+}
+
+static CUresult alloc_pointer(const struct pointer_request *r, CUdeviceptr *dptr)
+{
+    if (!ready() || *pointer_apis[r->api].real == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int ordered = r->api != PLAIN && r->api != PLAIN_V1 && r->api != MANAGED;
+    cuuint64_t capture = ordered ? capture_of(r) : 0;
+    return capture != 0 ? alloc_captured(r, capture, dptr) : alloc_counted(r, ordered, dptr);
 }
 
 VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)

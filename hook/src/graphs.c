@@ -26,6 +26,7 @@ static const uint64_t max_total = INT64_MAX;
 
 struct entry {
     CUgraphExec exec; /* NULL: never used; tombstone: removed */
+    uint64_t serial;  /* which recording of exec (a destroyed graph's address comes back) */
     uint64_t total;   /* the enabled nodes' blocks, saturating */
     struct vgpu_graph_costs costs;
 };
@@ -35,6 +36,7 @@ static struct graph_table {
     size_t capacity, used; /* used: live entries and tombstones */
 } table;
 static size_t allocating; /* atomic: live entries with memory (none: launches skip the table) */
+static uint64_t last_serial; /* under table_lock */
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 static char tombstone_byte;
@@ -370,7 +372,8 @@ int vgpu_graph_remember(CUgraphExec exec, struct vgpu_graph_costs *costs)
         else
             e = new_slot(exec);
         if (e != NULL) {
-            *e = (struct entry){.exec = exec, .total = total_of(costs), .costs = *costs};
+            *e = (struct entry){.exec = exec, .serial = ++last_serial, .total = total_of(costs),
+                                .costs = *costs};
             if (costs->memory != NULL)
                 __atomic_add_fetch(&allocating, 1, __ATOMIC_RELEASE);
         } else {
@@ -515,28 +518,36 @@ uint64_t vgpu_graph_cost(CUgraphExec exec)
     return blocks != 0 ? blocks : 1;
 }
 
-int vgpu_graph_memory_of(CUgraphExec exec, struct vgpu_graph_memory *memory)
+uint64_t vgpu_graph_memory_of(CUgraphExec exec, struct vgpu_graph_memory *memory)
 {
     if (__atomic_load_n(&allocating, __ATOMIC_ACQUIRE) == 0)
         return 0;
     pthread_mutex_lock(&table_lock);
     const struct entry *e = find(exec);
-    int any = e != NULL && e->costs.memory != NULL;
-    if (any)
+    uint64_t serial = e != NULL && e->costs.memory != NULL ? e->serial : 0;
+    if (serial != 0)
         *memory = *e->costs.memory;
     pthread_mutex_unlock(&table_lock);
-    return any;
+    return serial;
 }
 
-int vgpu_graph_take(CUgraphExec exec, struct vgpu_graph_costs *costs)
+uint64_t vgpu_graph_serial(CUgraphExec exec)
 {
-    *costs = (struct vgpu_graph_costs){0};
+    pthread_mutex_lock(&table_lock);
+    const struct entry *e = find(exec);
+    uint64_t serial = e != NULL ? e->serial : 0;
+    pthread_mutex_unlock(&table_lock);
+    return serial;
+}
+
+int vgpu_graph_forget(CUgraphExec exec, uint64_t serial)
+{
     pthread_mutex_lock(&table_lock);
     struct entry *e = find(exec);
+    if (e != NULL && e->serial != serial)
+        e = NULL; /* recorded anew since: another graph's now */
     if (e != NULL) {
-        *costs = e->costs;
-        if (costs->memory != NULL)
-            __atomic_sub_fetch(&allocating, 1, __ATOMIC_RELEASE);
+        drop_costs(e);
         *e = (struct entry){.exec = tombstone};
         /* A tombstone just before an empty slot ends no probe chain: empty it, and those
          * before it, so that lookups of unknown execs stop early. */

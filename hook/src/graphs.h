@@ -95,12 +95,17 @@ void vgpu_graph_enable_node(CUgraphExec exec, CUgraphNode node, int enabled);
  * see it. */
 uint64_t vgpu_graph_cost(CUgraphExec exec);
 
-/* What exec's allocation nodes take, copied into *memory; 0 when nothing (or exec unknown). */
-int vgpu_graph_memory_of(CUgraphExec exec, struct vgpu_graph_memory *memory);
+/* What exec's allocation nodes take, copied into *memory; returns the serial of exec's
+ * recording (below), or 0 when it takes nothing (or is unknown). */
+uint64_t vgpu_graph_memory_of(CUgraphExec exec, struct vgpu_graph_memory *memory);
 
-/* Removes exec from the table and hands over its costs (empty when it was not there; the caller
- * frees them or gives them back with vgpu_graph_remember). 0 when it was there, else -1. Taken
- * before the driver destroys exec: once destroyed, its address can be another thread's new graph. */
-int vgpu_graph_take(CUgraphExec exec, struct vgpu_graph_costs *costs);
+/* Which recording of exec the table holds: a serial, new at each vgpu_graph_remember (the
+ * driver hands a destroyed graph's address out again); 0 when exec is unknown. */
+uint64_t vgpu_graph_serial(CUgraphExec exec);
+
+/* Removes exec from the table once the driver has destroyed it, if it is still the recording
+ * `serial` (else it is another thread's new graph at the same address, and stays); 0 when
+ * removed, else -1. Kept until the destroy returns, so that a launch racing it is counted. */
+int vgpu_graph_forget(CUgraphExec exec, uint64_t serial);
 
 #endif

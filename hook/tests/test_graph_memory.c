@@ -50,6 +50,16 @@ static void add_allocation(void)
     cuGraphAddMemAllocNode(&node, racing, NULL, 0, &a);
 }
 
+/* Another thread's launch of `dying` while the driver destroys it. */
+static CUgraphExec dying;
+static CUstream dying_stream;
+static CUresult dying_launched = CUDA_ERROR_UNKNOWN;
+static void launch_dying(void) { dying_launched = cuGraphLaunch(dying, dying_stream); }
+
+/* Another thread ends the capture (or ends it and begins another) while an allocation asks. */
+static void end_capture(void) { fake_cuda_capturing = 0; }
+static void next_capture(void) { fake_cuda_capture_id++; }
+
 /* A graph that allocates `mib` on device 0, runs a kernel on it, and frees it: the common
  * shape of a graph's scratch memory. NULL when it cannot be built. */
 static CUgraph allocating_graph(uint64_t mib)
@@ -222,5 +232,69 @@ int main(void)
           counted_mib());
     check(cuMemAlloc(&plain, 200 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
           "and a plain 200 MiB beside it refused");
+
+    /* Graphs launched in turn on one stream keep their mappings (cuda.h): none is charged
+     * again. */
+    cuGraphExecDestroy(raced);
+    cuDeviceGraphMemTrim(0);
+    CUgraphExec ga = instantiated(300), gb = instantiated(300);
+    int ok = 0;
+    for (int i = 0; i < 20; i++)
+        ok += cuGraphLaunch(i % 2 ? gb : ga, s1) == CUDA_SUCCESS;
+    check(ok == 20 && held_mib() == 900 && counted_mib() == 900,
+          "two graphs of 300 MiB launched in turn on one stream, 20 times: all %d run (the "
+          "library of c1342c8 remembered only the last graph and refused 9), held %llu MiB, "
+          "counted %llu MiB", ok, held_mib(), counted_mib());
+    rc = cuGraphLaunch(ga, s2);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held_mib() == 900,
+          "on another stream the driver may map anew: the first must fit again (rc %d)", rc);
+    cuGraphExecDestroy(ga);
+    cuGraphExecDestroy(gb);
+    cuDeviceGraphMemTrim(0);
+
+    /* A launch from another thread while the driver destroys the graph is still counted. */
+    dying = instantiated(600);
+    dying_stream = s1;
+    fake_cuda_inside_fn = launch_dying;
+    strcpy(fake_cuda_inside, "cuGraphExecDestroy");
+    rc = dying != NULL ? cuGraphExecDestroy(dying) : CUDA_ERROR_UNKNOWN;
+    check(rc == CUDA_SUCCESS && dying_launched == CUDA_SUCCESS && held_mib() == 900 &&
+              counted_mib() == 900,
+          "a graph of 600 MiB launched while it is destroyed: counted (held %llu MiB, counted "
+          "%llu MiB; c1342c8 counted 300)", held_mib(), counted_mib());
+    check(cuMemAlloc(&plain, 600 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
+          "and a plain 600 MiB beside it refused");
+    cuDeviceGraphMemTrim(0);
+
+    /* A capture that ends while an allocation on its stream is under way. */
+    CUdeviceptr raced_ptr = 0, more = 0;
+    fake_cuda_capturing = 1;
+    fake_cuda_inside_fn = end_capture;
+    strcpy(fake_cuda_inside, "cuStreamGetCaptureInfo");
+    rc = cuMemAllocAsync(&raced_ptr, 600 * MiB, s2);
+    check(rc == CUDA_SUCCESS && held_mib() == 900 && counted_mib() == 900,
+          "600 MiB asked on a captured stream whose capture ends meanwhile: the driver took "
+          "them for real, and they are counted (held %llu MiB, counted %llu MiB; c1342c8 "
+          "counted none of them)", held_mib(), counted_mib());
+    fake_cuda_capturing = 1;
+    fake_cuda_inside_fn = end_capture;
+    strcpy(fake_cuda_inside, "cuStreamGetCaptureInfo");
+    rc = cuMemAllocAsync(&more, 200 * MiB, s2);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held_mib() == 900 && counted_mib() == 900,
+          "200 MiB more the same way do not fit: given back and refused (rc %d, held %llu MiB)",
+          rc, held_mib());
+    fake_cuda_capturing = 1;
+    fake_cuda_inside_fn = next_capture;
+    strcpy(fake_cuda_inside, "cuStreamGetCaptureInfo");
+    rc = cuMemAllocAsync(&more, 100 * MiB, s2);
+    unsigned long long counted_then = counted_mib();
+    freed = cuMemFreeAsync(more, s2);
+    fake_cuda_capturing = 0;
+    check(rc == CUDA_SUCCESS && counted_then == 1000 && freed == CUDA_SUCCESS &&
+              counted_mib() == 900 && held_mib() == 900,
+          "100 MiB asked while one capture ends and another begins: a node, counted all the "
+          "same until its free (the two captures cannot be told apart from a real allocation: "
+          "%llu MiB counted, then %llu)", counted_then, counted_mib());
+    cuMemFreeAsync(raced_ptr, s2);
     return check_done("test_graph_memory");
 }

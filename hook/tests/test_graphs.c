@@ -188,9 +188,7 @@ static CUgraphExec exec_at(size_t i) { return (CUgraphExec)(void *)&exec_bytes[i
 /* What cuGraphExecDestroy does when the driver destroys exec. */
 static void forget(CUgraphExec exec)
 {
-    struct vgpu_graph_costs costs;
-    vgpu_graph_take(exec, &costs);
-    free(costs.nodes);
+    vgpu_graph_forget(exec, vgpu_graph_serial(exec));
 }
 
 static unsigned long long cost(CUgraphExec exec) { return vgpu_graph_cost(exec); }
@@ -263,15 +261,15 @@ static void setters(void)
     check(rc == 0 && vgpu_graph_cost(e) == 3,
           "updated to another graph: its cost replaces the old one (%llu)",
           cost(e));
-    struct vgpu_graph_costs taken;
-    check(vgpu_graph_take(e, &taken) == 0 && taken.count == 1 && taken.nodes[0].blocks == 3 &&
-              vgpu_graph_cost(e) == 1,
-          "taken out of the table (before the driver destroys it): its costs handed over");
-    check(vgpu_graph_remember(e, &taken) == 0 && vgpu_graph_cost(e) == 3,
-          "given back (the driver refused to destroy it): 3 again");
-    forget(e);
-    check(vgpu_graph_cost(e) == 1 && vgpu_graph_take(e, &taken) == -1 && taken.count == 0,
-          "destroyed: an unknown exec costs one token, and there is nothing to take");
+    uint64_t serial = vgpu_graph_serial(e);
+    check(serial != 0, "recorded under a serial (%llu)", (unsigned long long)serial);
+    rc = instantiate(e, &small); /* the driver handed e's address to a new graph meanwhile */
+    check(rc == 0 && vgpu_graph_forget(e, serial) == -1 && vgpu_graph_cost(e) == 3,
+          "the old recording's removal, after the driver destroyed it, leaves a new graph at "
+          "the same address alone");
+    check(vgpu_graph_forget(e, vgpu_graph_serial(e)) == 0 && vgpu_graph_cost(e) == 1 &&
+              vgpu_graph_serial(e) == 0 && vgpu_graph_forget(e, serial) == -1,
+          "removed once destroyed: an unknown exec costs one token, and has no serial");
     vgpu_graph_set_node(e, (CUgraphNode)k10, 1000);
     vgpu_graph_enable_node(e, (CUgraphNode)k10, 1);
     check(vgpu_graph_cost(e) == 1, "setters on an exec the table does not know change nothing");
@@ -597,10 +595,8 @@ static void memory_nodes(void)
     check(rc == 0 && m.bytes[0] == INT64_MAX,
           "sizes that would wrap a 64-bit sum stop at INT64_MAX (%llu)",
           (unsigned long long)m.bytes[0]);
-    check(vgpu_graph_take(e, &costs) == 0 && costs.memory != NULL &&
-              !vgpu_graph_memory_of(e, &m),
-          "taken out of the table: its memory handed over, the exec unknown");
-    vgpu_graph_costs_free(&costs);
+    check(vgpu_graph_forget(e, vgpu_graph_serial(e)) == 0 && !vgpu_graph_memory_of(e, &m),
+          "removed from the table: the exec takes nothing known");
 
     struct tgraph hidden = {0}, elsewhere = {0}, deep[66];
     struct tnode *unread = allocation(10, 0);
@@ -632,8 +628,7 @@ static void memory_nodes(void)
               fail_in == 0,
           "no host memory for the record: -1, nothing kept");
     fail_in = 0;
-    check(vgpu_graph_take(e, &costs) == 0, "cleaned up");
-    vgpu_graph_costs_free(&costs);
+    check(vgpu_graph_forget(e, vgpu_graph_serial(e)) == 0, "cleaned up");
 }
 
 int main(void)

@@ -29,10 +29,10 @@ static double now_s(void)
 
 /* calloc for the whole process, libvgpu's included, so that one of libvgpu's allocations can be
  * made to fail: the list of a graph's nodes (ODD_NODES of them) or the first table of executable
- * graphs (src/graphs.c: 64 entries of 40 bytes). Each check asserts that its failure fired.
+ * graphs (src/graphs.c: 64 entries of 48 bytes). Each check asserts that its failure fired.
  * malloc and memset keep each allocation with the allocator that frees it (the sanitizer's under
  * make asan). */
-enum { ODD_NODES = 13, FIRST_TABLE = 64, TABLE_ENTRY = 40 };
+enum { ODD_NODES = 13, FIRST_TABLE = 64, TABLE_ENTRY = 48 };
 static size_t fail_n, fail_size; /* the next calloc(fail_n, fail_size) fails; 0: none */
 
 void *calloc(size_t n, size_t size)

@@ -33,6 +33,8 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction, unsigned, unsigned, unsigned
                                         unsigned, unsigned, unsigned, CUstream, void **);
 CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
 CUresult cuGraphUpload_ptsz(CUgraphExec, CUstream);
+CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
+                                        const CUgraphNode **, size_t *);
 
 enum { MAX_DEVICES = 8, TABLE_SIZE = 1 << 20 };
 
@@ -642,6 +644,7 @@ static CUresult is_capturing(CUstream stream, CUstreamCaptureStatus *status)
     if (rc == CUDA_SUCCESS)
         *status = fake_cuda_capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE
                                       : CU_STREAM_CAPTURE_STATUS_NONE;
+    run_inside("cuStreamGetCaptureInfo"); /* after its answer (cuStreamIsCapturing's too) */
     return rc;
 }
 
@@ -654,6 +657,40 @@ EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
     now = *mode;
     *mode = was;
     return CUDA_SUCCESS;
+}
+
+/* Which capture the streams are in while fake_cuda_capturing (a test moves it on to say that a
+ * capture ended and another began). */
+EXPORT uint64_t fake_cuda_capture_id = 1;
+
+static CUresult capture_info(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id,
+                             CUgraph *graph, const CUgraphNode **deps, size_t *ndeps)
+{
+    uint64_t capture = fake_cuda_capture_id;
+    CUresult rc = is_capturing(stream, status);
+    if (rc == CUDA_SUCCESS && id != NULL && *status == CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        *id = capture;
+    if (graph != NULL)
+        *graph = NULL;
+    if (deps != NULL)
+        *deps = NULL;
+    if (ndeps != NULL)
+        *ndeps = 0;
+    return rc;
+}
+
+EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream stream, CUstreamCaptureStatus *status,
+                                          cuuint64_t *id, CUgraph *graph,
+                                          const CUgraphNode **deps, size_t *ndeps)
+{
+    return capture_info(stream, status, id, graph, deps, ndeps);
+}
+
+EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream stream, CUstreamCaptureStatus *status,
+                                               cuuint64_t *id, CUgraph *graph,
+                                               const CUgraphNode **deps, size_t *ndeps)
+{
+    return capture_info(stream, status, id, graph, deps, ndeps);
 }
 
 EXPORT CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *status)
@@ -1801,6 +1838,7 @@ EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
 
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 {
+    run_inside("cuGraphExecDestroy"); /* before it destroys */
     if (fail_now("cuGraphExecDestroy"))
         return CUDA_ERROR_UNKNOWN;
     pthread_mutex_lock(&graph_lock);
@@ -2258,6 +2296,8 @@ static const struct proc procs[] = {
     P("cuMemPoolTrimTo", cuMemPoolTrimTo, 11020, 0),
     P("cuMemPoolGetAttribute", cuMemPoolGetAttribute, 11020, 0),
     P("cuStreamIsCapturing", cuStreamIsCapturing, 10000, 0),
+    P("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v2, 11030, 0),
+    P("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v2_ptsz, 11030, 1),
     P("cuGraphUpload", cuGraphUpload, 11010, 0),
     P("cuGraphUpload", cuGraphUpload_ptsz, 11010, 1),
     P("cuDeviceGraphMemTrim", cuDeviceGraphMemTrim, 11040, 0),

@@ -32,6 +32,8 @@ extern int fake_cuda_current_pool_other;
 /* Set by a test (2-16): stream-ordered allocations name that many pools in turn, all the
  * device's one pool underneath (each answers for its whole cache). */
 extern int fake_cuda_pool_aliases;
+/* The capture id cuStreamGetCaptureInfo gives while fake_cuda_capturing (1 at first). */
+extern uint64_t fake_cuda_capture_id;
 /* Set by a test: a graph's first launch takes all its allocations from the device anew, even
  * where its graph memory pool holds memory no graph maps. */
 extern int fake_cuda_graph_pool_wasteful;
@@ -40,7 +42,8 @@ extern int fake_cuda_graph_pool_wasteful;
  * cuMemAlloc_v2 and the other current-context allocations: after the memory is taken;
  * "cuCtxCreate", any version: once the context is made; cuDevicePrimaryCtxRetain: before it
  * looks at the primary context; "cuGraphInstantiate", any version: before it reads the
- * graph). */
+ * graph; "cuStreamGetCaptureInfo": after its answer, or cuStreamIsCapturing's;
+ * cuGraphExecDestroy: before it destroys). */
 extern char fake_cuda_inside[64];
 extern void (*fake_cuda_inside_fn)(void);
 
