@@ -49,10 +49,15 @@ static int read_costs(CUgraph graph, struct vgpu_graph_costs *costs)
  * nodes it was instantiated from. */
 static CUresult updated(CUresult rc, CUgraphExec exec, struct vgpu_graph_costs *costs)
 {
+    struct vgpu_graph_memory before;
     if (rc != CUDA_SUCCESS || (!vgpu_throttle_enabled && costs->memory == NULL))
         vgpu_graph_costs_free(costs);
     else if (vgpu_graph_update(exec, costs) != 0) /* only for an exec not made through us */
         vgpu_log(VGPU_LOG_ERROR, "out of host memory: an updated CUDA graph costs one token");
+    /* Its allocations may have changed: mapped anew at its next launch. */
+    uint64_t serial = rc == CUDA_SUCCESS ? vgpu_graph_memory_of(exec, &before) : 0;
+    if (serial != 0)
+        vgpu_graph_mapping_forget(exec, serial);
     return rc;
 }
 
@@ -231,16 +236,35 @@ static CUresult node_set(CUresult rc, CUgraphExec exec, CUgraphNode node, uint64
     return rc;
 }
 
-/* What a child graph node running child will cost, read before the driver is asked: -1 when out
- * of host memory (the caller answers CUDA_ERROR_OUT_OF_MEMORY with nothing changed). */
-static int child_cost(CUgraph child, uint64_t *blocks)
+/* What a child graph node running child will cost, and what its allocation nodes take (in
+ * memory->memory, under a memory cap), read before the driver is asked: -1 when that cannot
+ * be told (the caller answers CUDA_ERROR_OUT_OF_MEMORY with nothing changed). */
+static int child_cost(CUgraph child, uint64_t *blocks, struct vgpu_graph_costs *memory)
 {
     const struct vgpu_graph_api api = graph_api();
     *blocks = 0;
-    if (!vgpu_throttle_enabled || vgpu_graph_child_blocks(&api, child, blocks) == 0)
-        return 0;
-    vgpu_log(VGPU_LOG_ERROR, "out of host memory reading a CUDA child graph's kernels: refused");
-    return -1;
+    *memory = (struct vgpu_graph_costs){0};
+    if (vgpu_throttle_enabled && vgpu_graph_child_blocks(&api, child, blocks) != 0) {
+        vgpu_log(VGPU_LOG_ERROR, "out of host memory reading a CUDA child graph's kernels: "
+                 "refused");
+        return -1;
+    }
+    if (vgpu_graph_memory_counted() && vgpu_graph_memory_read(&api, child, memory) != 0) {
+        vgpu_log(VGPU_LOG_ERROR, "a CUDA child graph's allocation nodes cannot be read: "
+                 "refused");
+        return -1;
+    }
+    return 0;
+}
+
+/* After a setter gave exec a child graph (rc the driver's answer) whose allocation nodes take
+ * memory: exec takes at least that, and is mapped anew at its next launch. */
+static CUresult child_set(CUresult rc, CUgraphExec exec, struct vgpu_graph_costs *memory)
+{
+    if (rc == CUDA_SUCCESS && memory->memory != NULL)
+        vgpu_graph_mapping_forget(exec, vgpu_graph_more_memory(exec, memory));
+    vgpu_graph_costs_free(memory);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
@@ -270,12 +294,13 @@ VGPU_EXPORT CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgrap
                                                         CUgraph child)
 {
     uint64_t blocks;
+    struct vgpu_graph_costs memory;
     if (!ready() || real.cuGraphExecChildGraphNodeSetParams == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (child_cost(child, &blocks) != 0)
+    if (child_cost(child, &blocks, &memory) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    return node_set(real.cuGraphExecChildGraphNodeSetParams(exec, node, child), exec, node,
-                    blocks);
+    CUresult rc = real.cuGraphExecChildGraphNodeSetParams(exec, node, child);
+    return child_set(node_set(rc, exec, node, blocks), exec, &memory);
 }
 
 /* CUDA 12.2's setter of any node: kernels and child graphs change the cost. */
@@ -283,17 +308,18 @@ VGPU_EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node
                                               CUgraphNodeParams *params)
 {
     uint64_t blocks;
+    struct vgpu_graph_costs memory;
     if (!ready() || real.cuGraphExecNodeSetParams == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (params != NULL && params->type == CU_GRAPH_NODE_TYPE_GRAPH &&
-        child_cost(params->graph.graph, &blocks) != 0)
+        child_cost(params->graph.graph, &blocks, &memory) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real.cuGraphExecNodeSetParams(exec, node, params);
     if (params != NULL && params->type == CU_GRAPH_NODE_TYPE_KERNEL)
         return node_set(rc, exec, node, grid(params->kernel.gridDimX, params->kernel.gridDimY,
                                              params->kernel.gridDimZ));
     if (params != NULL && params->type == CU_GRAPH_NODE_TYPE_GRAPH)
-        return node_set(rc, exec, node, blocks);
+        return child_set(node_set(rc, exec, node, blocks), exec, &memory);
     return rc;
 }
 

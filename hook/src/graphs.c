@@ -447,6 +447,24 @@ int vgpu_graph_update(CUgraphExec exec, struct vgpu_graph_costs *costs)
     return e != NULL ? 0 : vgpu_graph_remember(exec, costs);
 }
 
+uint64_t vgpu_graph_more_memory(CUgraphExec exec, struct vgpu_graph_costs *costs)
+{
+    pthread_mutex_lock(&table_lock);
+    struct entry *e = find(exec);
+    uint64_t serial = e != NULL ? e->serial : 0;
+    if (e != NULL) {
+        if (e->costs.memory == NULL && costs->memory != NULL)
+            __atomic_add_fetch(&allocating, 1, __ATOMIC_RELEASE);
+        larger_memory(&e->costs.memory, &costs->memory);
+    }
+    pthread_mutex_unlock(&table_lock);
+    if (e != NULL || costs->memory == NULL) {
+        vgpu_graph_costs_free(costs);
+        return serial;
+    }
+    return vgpu_graph_remember(exec, costs) == 0 ? vgpu_graph_serial(exec) : 0;
+}
+
 static struct vgpu_node_cost *node_cost(struct entry *e, CUgraphNode node)
 {
     if (e->costs.count == 0)

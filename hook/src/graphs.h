@@ -83,6 +83,11 @@ int vgpu_graph_remember(CUgraphExec exec, struct vgpu_graph_costs *costs);
  * Takes costs; -1 when the table could not grow (exec was not known: out of memory). */
 int vgpu_graph_update(CUgraphExec exec, struct vgpu_graph_costs *costs);
 
+/* A setter gave exec's node a child graph whose allocation nodes take costs->memory (taken):
+ * what exec takes becomes the larger, on each device (never less than what may run). Returns
+ * exec's serial (0: it could not be recorded). */
+uint64_t vgpu_graph_more_memory(CUgraphExec exec, struct vgpu_graph_costs *costs);
+
 /* An executable graph's node now costs `blocks` (a setter changed it). A node the table does not
  * know (its cost could not be read at instantiation) is added: never less than what runs. */
 void vgpu_graph_set_node(CUgraphExec exec, CUgraphNode node, uint64_t blocks);

@@ -219,6 +219,8 @@ fi
 # A graph's allocation nodes take memory when it is launched or uploaded: counted then.
 run graph-memory CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/graph-memory.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_graph_memory"
+run graph-memory-setters CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/graph-setters.shm" \
+    FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_graph_memory" setters
 run footprint-nvml-na CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-na.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_LAZY_MIB=100 FAKE_NVML_MEMORY_NA=1 \
     "$build/tests/test_footprint" na

@@ -90,10 +90,41 @@ static CUgraphExec instantiated(uint64_t mib)
     return e;
 }
 
-int main(void)
+/* A child graph node set to a graph that allocates more (cuGraphExecChildGraphNodeSetParams):
+ * the executable graph takes that much at its next launch. (The driver takes a child graph
+ * with memory nodes only when its ownership moves to the parent, through cuGraphAddNode; the
+ * fake does not check.) */
+static int setters(void)
+{
+    CUgraph small_child = allocating_graph(100), big_child = allocating_graph(800), parent;
+    CUgraphNode node;
+    CUgraphExec e = NULL;
+    CUresult rc = cuGraphCreate(&parent, 0) == CUDA_SUCCESS && small_child != NULL &&
+                          big_child != NULL &&
+                          cuGraphAddChildGraphNode(&node, parent, NULL, 0, small_child) == 0 &&
+                          cuGraphInstantiateWithFlags(&e, parent, 0) == CUDA_SUCCESS
+                      ? cuGraphLaunch(e, NULL) : CUDA_ERROR_UNKNOWN;
+    if (!check(open_region(), "region readable"))
+        return check_done("test_graph_memory setters");
+    check(rc == CUDA_SUCCESS && held_mib() == 400 && counted_mib() == 400,
+          "a graph whose child graph allocates 100 MiB: counted at its launch (held %llu MiB, "
+          "counted %llu MiB)", held_mib(), counted_mib());
+    rc = cuGraphExecChildGraphNodeSetParams(e, node, big_child);
+    CUresult launched = rc == CUDA_SUCCESS ? cuGraphLaunch(e, NULL) : CUDA_ERROR_UNKNOWN;
+    check(rc == CUDA_SUCCESS && launched == CUDA_ERROR_OUT_OF_MEMORY && held_mib() == 400,
+          "its child set to one allocating 800 MiB: the next launch, which would map 700 MiB "
+          "more, is refused (rc %d, held %llu MiB)", launched, held_mib());
+    return check_done("test_graph_memory setters");
+}
+
+int main(int argc, char **argv)
 {
     CUcontext ctx;
     CUstream s1, s2;
+    if (argc == 2 && strcmp(argv[1], "setters") == 0)
+        return cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+                       cuCtxSetCurrent(ctx) == CUDA_SUCCESS
+                   ? setters() : 1;
     check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
               cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cuStreamCreate(&s1, 0) == CUDA_SUCCESS &&
               cuStreamCreate(&s2, 0) == CUDA_SUCCESS,

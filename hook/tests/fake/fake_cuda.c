@@ -1991,6 +1991,10 @@ static CUresult exec_set(CUgraphExec exec, CUgraphNode node, const unsigned *gri
         if (copy != NULL) {
             graph_free(n->child);
             n->child = copy;
+            /* Its allocations may differ: mapped anew at the next launch. */
+            unmap_exec(e);
+            memset(e->alloc, 0, sizeof e->alloc);
+            graph_allocations(e->copy, e->alloc);
         }
     }
     if (rc == CUDA_SUCCESS)
