@@ -86,6 +86,7 @@ static const struct vgpu_hook hooks[] = {
     HOOK(cuGraphUpload, "cuGraphUpload", 11010, 0),
     HOOK(cuGraphUpload_ptsz, "cuGraphUpload", 11010, 1),
     HOOK(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, 0),
+    HOOK(cuCtxSetLimit, "cuCtxSetLimit", 3010, 0),
     CALL_ONLY(cuCtxGetDevice), CALL_ONLY(cuDeviceGetCount), CALL_ONLY(cuDeviceGet),
     CALL_ONLY(cuDeviceGetUuid_v2), CALL_ONLY(cuGraphGetNodes), CALL_ONLY(cuGraphNodeGetType),
     CALL_ONLY(cuGraphKernelNodeGetParams_v2), CALL_ONLY(cuGraphKernelNodeGetParams),
@@ -96,7 +97,8 @@ static const struct vgpu_hook hooks[] = {
     CALL_ONLY(cuStreamIsCapturing), CALL_ONLY(cuStreamIsCapturing_ptsz),
     CALL_ONLY(cuCtxGetCurrent), CALL_ONLY(cuCtxSetCurrent),
     CALL_ONLY(cuThreadExchangeStreamCaptureMode), CALL_ONLY(cuGraphMemAllocNodeGetParams),
-    CALL_ONLY(cuDeviceGetGraphMemAttribute),
+    CALL_ONLY(cuDeviceGetGraphMemAttribute), CALL_ONLY(cuCtxGetLimit),
+    CALL_ONLY(cuDeviceGetAttribute),
     CALL_ONLY(cuStreamGetCaptureInfo_v2), CALL_ONLY(cuStreamGetCaptureInfo_v2_ptsz),
 };
 _Static_assert(sizeof hooks / sizeof hooks[0] <= VGPU_MAX_HOOKS, "raise VGPU_MAX_HOOKS");

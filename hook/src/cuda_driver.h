@@ -4,7 +4,7 @@
  * cuda_memory.c (allocations and frees), cuda_report.c (what the container is told it has),
  * cuda_launch.c (the SM limiter's gate), cuda_graph.c (what a graph launch costs),
  * cuda_graph_memory.c (what a graph's allocation nodes take), cuda_context.c (contexts made and
- * destroyed). Each forwards to the real driver; only the
+ * destroyed), cuda_limits.c (context limits that reserve memory). Each forwards to the real driver; only the
  * accounting around the call is ours. */
 #ifndef VGPU_CUDA_DRIVER_H
 #define VGPU_CUDA_DRIVER_H
@@ -101,6 +101,7 @@ struct vgpu_cuda_real {
     CUresult (*cuGraphExecNodeSetParams)(CUgraphExec, CUgraphNode, CUgraphNodeParams *);
     CUresult (*cuGraphNodeSetEnabled)(CUgraphExec, CUgraphNode, unsigned int);
     graph_launch_fn cuGraphUpload, cuGraphUpload_ptsz;
+    CUresult (*cuCtxSetLimit)(CUlimit, size_t);
     CUresult (*cuDeviceGraphMemTrim)(CUdevice);
     /* called, not hooked */
     CUresult (*cuCtxGetDevice)(CUdevice *);
@@ -132,6 +133,8 @@ struct vgpu_cuda_real {
     CUresult (*cuStreamGetCaptureInfo_v2_ptsz)(CUstream, CUstreamCaptureStatus *, cuuint64_t *,
                                                CUgraph *, const CUgraphNode **, size_t *);
     CUresult (*cuDeviceGetGraphMemAttribute)(CUdevice, CUgraphMem_attribute, void *);
+    CUresult (*cuCtxGetLimit)(size_t *, CUlimit);
+    CUresult (*cuDeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
 };
 
 /* Defined in cuda.c; filled in by the loader at the first call (loader.c). */

@@ -187,7 +187,7 @@ void vgpu_graph_mapping_end(struct vgpu_graph_mapping *m, CUgraphExec exec, uint
                      "%llu bytes, %llu more than was reserved for it; counted (further "
                      "allocations are refused while past the cap)", md->dev,
                      (unsigned long long)grew, (unsigned long long)(grew - md->reserved));
-        vgpu_footprint_graph_grew(md->dev, md->reserved, grew);
+        vgpu_footprint_grew(md->dev, md->reserved, grew);
         note_launch(d, m, exec, serial, known, after);
         pthread_mutex_unlock(&d->lock);
     }

@@ -574,9 +574,9 @@ void vgpu_footprint_context_unseen(int dev)
     pthread_mutex_unlock(&locks[dev]);
 }
 
-/* ---- what graph launches add to the graph memory pool (footprint.h) ----------------------- */
+/* ---- what other driver calls make the driver hold (footprint.h) -------------------------- */
 
-void vgpu_footprint_graph_grew(int dev, uint64_t reserved, uint64_t grew)
+void vgpu_footprint_grew(int dev, uint64_t reserved, uint64_t grew)
 {
     pthread_mutex_lock(&locks[dev]);
     if (grew > reserved)

@@ -87,11 +87,12 @@ void vgpu_footprint_pool_put_back(int dev, uintptr_t pool, uint64_t bytes);
  * released it, or a trim) is given back. */
 void vgpu_footprint_pools_check(int dev);
 
-/* After a graph launch or upload on dev, for which `reserved` bytes were reserved: the graph
- * memory pool grew by `grew`. Those stay counted as the process's footprint (measurements
- * settle it from then on, a trim included); the rest of the reservation goes back, and growth
- * past it is charged past the cap (the memory is held already; further allocations are
- * refused). */
-void vgpu_footprint_graph_grew(int dev, uint64_t reserved, uint64_t grew);
+/* After a driver call on dev that makes the driver hold memory no allocation shows (a graph
+ * launch mapping its allocations, a raised context limit), for which `reserved` bytes were
+ * reserved: it grew what the process holds by `grew`. Those stay counted as the process's
+ * footprint (measurements settle it from then on, a trim included); the rest of the
+ * reservation goes back, and growth past it is charged past the cap (the memory is held
+ * already; further allocations are refused). */
+void vgpu_footprint_grew(int dev, uint64_t reserved, uint64_t grew);
 
 #endif

@@ -205,6 +205,8 @@ run footprint-pool-many CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footpr
 run footprint-unmeasured-contexts CUDA_DEVICE_MEMORY_LIMIT=1g \
     FAKE_GPU_SHARED="$tmp/footprint-unmeasured.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     FAKE_CUDA_CREATED_CONTEXT_MIB=200 "$build/tests/test_footprint" unmeasured-contexts
+run footprint-limits CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-limits.shm" \
+    FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" limits
 run footprint-retain-race CUDA_DEVICE_MEMORY_LIMIT=512m FAKE_GPU_SHARED="$tmp/footprint-race.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" retain-race
 # gpu-check.sh section 10's script over the fake: it tells this library from one that lets that

@@ -39,6 +39,10 @@
  *   test_footprint retain-race
  *                       a retain of the held primary context while the last release runs:
  *                       the context the driver makes anew is counted.
+ *   test_footprint limits
+ *                       context limits that reserve memory (cuCtxSetLimit: the stack for
+ *                       every resident thread, the malloc heap): a raise counted at once, one
+ *                       that does not fit refused.
  *   test_footprint second-context
  *                       the host pid left unknown the same way, this process makes a second
  *                       context while a third container's process makes its first: the one
@@ -726,6 +730,54 @@ static int created_contexts(void)
     return check_done("test_footprint created-contexts");
 }
 
+/* Context limits that make the driver reserve memory: the fake reserves the stack for 132 x
+ * 2048 resident threads (an H100's), so 1 KiB more a thread is 264 MiB. */
+static int limits(void)
+{
+    CUcontext ctx;
+    CUdeviceptr a = 0;
+    size_t stack = 0;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "a 300 MiB context");
+    if (!check(open_region(), "region readable"))
+        return check_done("test_footprint limits");
+    CUresult rc = cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 2048);
+    uint64_t held = fake_cuda_device_used(0), counted = used();
+    check(rc == CUDA_SUCCESS && held == 564 * MiB && counted == 564 * MiB,
+          "a 2 KiB stack, 1 KiB more a thread: the driver holds 264 MiB more, counted at once "
+          "(held %llu MiB, counted %llu MiB)", (unsigned long long)(held / MiB),
+          (unsigned long long)(counted / MiB));
+    rc = cuMemAlloc(&a, 600 * MiB);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && fake_cuda_device_used(0) == 564 * MiB,
+          "a plain 600 MiB beside it is refused (rc %d; before, the stack went uncounted until "
+          "a measurement, and 1164 MiB were held on the 1 GiB cap)", rc);
+    rc = cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 4096);
+    int kept = cuCtxGetLimit(&stack, CU_LIMIT_STACK_SIZE) == CUDA_SUCCESS && stack == 2048;
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && kept && fake_cuda_device_used(0) == 564 * MiB,
+          "a 4 KiB stack, 528 MiB more, does not fit: refused before the driver is asked, the "
+          "stack left at %zu bytes (rc %d)", stack, rc);
+    rc = cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, (8 + 300) * MiB);
+    held = fake_cuda_device_used(0);
+    counted = used();
+    check(rc == CUDA_SUCCESS && held == 864 * MiB && counted == 864 * MiB,
+          "a malloc heap 300 MiB larger: counted too (held %llu MiB, counted %llu MiB)",
+          (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
+    rc = cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 1024);
+    sleep_s(1.1); /* the next allocation measures */
+    CUresult fits = cuMemAlloc(&a, 400 * MiB);
+    held = fake_cuda_device_used(0);
+    counted = used();
+    check(rc == CUDA_SUCCESS && fits == CUDA_SUCCESS && held == 1000 * MiB &&
+              counted == 1000 * MiB,
+          "the stack cut back: the 264 MiB the driver gave back are seen at the next "
+          "measurement, and 400 MiB fit (held %llu MiB, counted %llu MiB)",
+          (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
+    check(cuCtxSetLimit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 1 << 20) == CUDA_SUCCESS &&
+              used() == 1000 * MiB,
+          "a limit that reserves no device memory passes through");
+    return check_done("test_footprint limits");
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "created-contexts") == 0)
@@ -756,6 +808,8 @@ int main(int argc, char **argv)
         return retain_race();
     if (argc == 2 && strcmp(argv[1], "unmeasured-contexts") == 0)
         return unmeasured_contexts();
+    if (argc == 2 && strcmp(argv[1], "limits") == 0)
+        return limits();
     const uint64_t context = 300 * MiB, lazy = 100 * MiB, cap = 1024 * MiB;
     CUcontext ctx;
     check(cuInit(0) == CUDA_SUCCESS, "cuInit");

@@ -602,6 +602,57 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
     return rc;
 }
 
+/* Context limits (this process's, whatever its context): the stack is reserved for every
+ * thread the device holds at once (an H100's 132 SMs x 2048 threads), the printf FIFO and the
+ * malloc heap for their size; a raise is charged to the process's context memory at once, a
+ * cut given back. The device runtime's and the L2's limits reserve nothing here. */
+enum { FAKE_SMS = 132, FAKE_THREADS_PER_SM = 2048 };
+static size_t limits_now[3] = {[CU_LIMIT_STACK_SIZE] = 1024,
+                               [CU_LIMIT_PRINTF_FIFO_SIZE] = 1 << 20,
+                               [CU_LIMIT_MALLOC_HEAP_SIZE] = 8 << 20};
+
+static uint64_t limit_bytes(CUlimit limit, size_t value)
+{
+    return limit == CU_LIMIT_STACK_SIZE ? (uint64_t)value * FAKE_SMS * FAKE_THREADS_PER_SM
+                                        : value;
+}
+
+EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    CUresult rc = need_ctx();
+    if (rc != CUDA_SUCCESS || (unsigned)limit > CU_LIMIT_PERSISTING_L2_CACHE_SIZE)
+        return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_INVALID_VALUE;
+    if ((unsigned)limit > CU_LIMIT_MALLOC_HEAP_SIZE)
+        return CUDA_SUCCESS;
+    if (!gpu_ctx_resize(current->dev, limit_bytes(limit, limits_now[limit]),
+                        limit_bytes(limit, value)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    limits_now[limit] = value;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetLimit(size_t *value, CUlimit limit)
+{
+    CUresult rc = need_ctx();
+    if (rc != CUDA_SUCCESS || value == NULL || (unsigned)limit > CU_LIMIT_PERSISTING_L2_CACHE_SIZE)
+        return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_INVALID_VALUE;
+    *value = (unsigned)limit <= CU_LIMIT_MALLOC_HEAP_SIZE ? limits_now[limit] : 0;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attr, CUdevice dev)
+{
+    if (value == NULL || dev < 0 || dev >= ndevices)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (attr == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        *value = FAKE_SMS;
+    else if (attr == CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)
+        *value = FAKE_THREADS_PER_SM;
+    else
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
 /* Until the caller's own work has run (other processes' work shares the GPU meanwhile); then
  * the device's pool gives back what it caches above its release threshold. */
 static void sync_device(int dev)
@@ -2300,6 +2351,9 @@ static const struct proc procs[] = {
     P("cuMemPoolTrimTo", cuMemPoolTrimTo, 11020, 0),
     P("cuMemPoolGetAttribute", cuMemPoolGetAttribute, 11020, 0),
     P("cuStreamIsCapturing", cuStreamIsCapturing, 10000, 0),
+    P("cuCtxSetLimit", cuCtxSetLimit, 3010, 0),
+    P("cuCtxGetLimit", cuCtxGetLimit, 3010, 0),
+    P("cuDeviceGetAttribute", cuDeviceGetAttribute, 2000, 0),
     P("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v2, 11030, 0),
     P("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v2_ptsz, 11030, 1),
     P("cuGraphUpload", cuGraphUpload, 11010, 0),

@@ -477,6 +477,19 @@ static int gpu_ctx_unref(int dev, int primary)
     return ok;
 }
 
+/* The caller's context memory on dev goes from holding `was` to `now` bytes more (a context
+ * limit changed); 0 when the device cannot hold it. */
+static int gpu_ctx_resize(int dev, uint64_t was, uint64_t now)
+{
+    struct gpu_device *d = gpu_enter(dev);
+    struct gpu_proc *p = gpu_entry(d, (int32_t)getpid());
+    int ok = p != NULL && (now > was ? gpu_charge(d, &p->ctx_bytes, now - was) : 1);
+    if (p != NULL && now < was)
+        gpu_uncharge(d, &p->ctx_bytes, was - now);
+    gpu_unlock(d);
+    return ok;
+}
+
 static int gpu_alloc(int dev, int32_t pid, uint64_t bytes)
 {
     struct gpu_device *d = gpu_enter(dev);
