@@ -12,7 +12,7 @@
 # export the library costs (tests/test_contention.c, the cases make test runs over the fake);
 # (9) memory freed with a context (cudaDeviceReset, cuCtxDestroy) given back to the cap, and a
 # cudaMallocAsync pool's cache not counted twice; (10) a VMM mapping, created contexts, a
-# pool's cache and a graph's allocation nodes held within the cap.
+# pool's cache, a graph's allocation nodes and a raised stack limit held within the cap.
 # Usage: gpu-check.sh [SECTION...] (default: all ten, about 9 minutes; sections can be run
 # separately, e.g. 1-7, 9 and 10, then 8). Exit 77 (skip) without a GPU, 1 on any failed check.
 set -uo pipefail
@@ -351,9 +351,10 @@ echo "== 10. memory held without an allocation to show for it, under a 2 GiB cap
 # (b) cuCtxCreate until refused: NVML's figure for the process stays within the cap;
 # (c) 512 MiB freed with cuMemFreeAsync into a pool that keeps it stay counted: a plain
 # allocation of what the cap has left beside them fits, 64 MiB more does not; (d) a graph
-# allocating 1 GiB is counted when it runs, and a trim after it is destroyed gives it back.
+# allocating 1 GiB is counted when it runs, and a trim after it is destroyed gives it back;
+# (e) a 4 KiB stack a thread is counted at once, an 8 KiB one refused.
 LIBCUDA_LOG_LEVEL=3 under_cap eleven.cache 2g python3 "$here/tests/gpu_held.py"
-result $? "VMM mappings, created contexts, a pool's cache and graph memory held within the cap"
+result $? "VMM mappings, created contexts, a pool's cache, graph memory and a raised stack held within the cap"
 }
 
 sections=("$@")

@@ -8,7 +8,9 @@ freed with cuMemFreeAsync into a pool that keeps it stay counted: a plain alloca
 cap has left beside them fits, 64 MiB more does not; (d) a graph allocating 1 GiB is counted when
 it runs: the rest of the cap fits beside it, 64 MiB more or a second such graph does not, and a
 trim after it is destroyed gives the room back (a second such graph is refused too, though a
-driver may share the first's memory with it on the same stream). Exit 0, or 1 on a failed check."""
+driver may share the first's memory with it on the same stream); (e) a 4 KiB stack a thread is
+counted at once, an 8 KiB one refused, NVML's figure within the cap. Exit 0, or 1 on a failed
+check."""
 import ctypes, os, sys
 cuda, nvml = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL("libnvidia-ml.so.1")
 MiB, CAP = 1 << 20, 2048 << 20
@@ -138,4 +140,17 @@ after = free_now()
 expect(abs(after - before) <= 16 * MiB,
        f"destroyed and trimmed: {(before - after) // MiB} MiB still counted")
 call("cuGraphExecDestroy", second)
+
+# (e)
+STACK = 0   # CU_LIMIT_STACK_SIZE
+before = free_now()
+call("cuCtxSetLimit", STACK, ctypes.c_size_t(4096))
+raised = free_now()
+bigger = cuda.cuCtxSetLimit(STACK, ctypes.c_size_t(8192))
+held = nvml_held()
+print(f"4 KiB stacks: {(before - raised) // MiB} MiB counted; 8 KiB: rc {bigger}; "
+      f"NVML: {held // MiB} MiB")
+expect(before - raised >= 256 * MiB and bigger == 2 and 0 < held <= CAP + 4 * MiB,
+       "a raised stack is counted at once, one past the cap refused, within the cap")
+call("cuCtxSetLimit", STACK, ctypes.c_size_t(1024))
 sys.exit(0 if ok else 1)
