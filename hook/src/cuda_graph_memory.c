@@ -1,11 +1,11 @@
 /* cuda_graph_memory.c - the memory a graph's allocation nodes take. The driver does not map it
  * at instantiation (the stream is not known yet) but when the graph is launched or uploaded,
  * from the device's graph memory pool, which keeps it for the next launch until
- * cuDeviceGraphMemTrim. So before such a launch, what it may add to the pool is reserved under
- * the cap (or the launch refused), and after it what the pool really grew by stays counted as
- * the process's footprint, which measurements settle from then on (footprint.h). A stream-ordered
- * allocation captured into a graph is such a node too: it takes nothing until the graph runs,
- * so cuda_memory.c does not count it. */
+ * cuDeviceGraphMemTrim. So before such a launch what it may add to the pool is reserved under
+ * the cap (after a trim of what no running graph uses, or the launch is refused), and after
+ * it what the pool really grew by stays counted as the process's footprint, which measurements
+ * settle from then on (footprint.h). A stream-ordered allocation captured into a graph is such
+ * a node too: it takes nothing until the graph runs, so cuda_memory.c does not count it. */
 #define _GNU_SOURCE
 #include <pthread.h>
 
@@ -65,14 +65,13 @@ int vgpu_graph_memory_counted(void)
     return 0;
 }
 
-/* What dev's graph memory pool holds from the device, and what graphs map of it now; -1 when
- * the driver cannot say. */
-static int pool_figures(int dev, cuuint64_t *reserved, cuuint64_t *mapped)
+/* What dev's graph memory pool holds from the device now; -1 when the driver cannot say. */
+static int pool_reserve(int dev, cuuint64_t *reserved)
 {
     CUresult (*ask)(CUdevice, CUgraphMem_attribute, void *) = real.cuDeviceGetGraphMemAttribute;
     return ask != NULL &&
-           ask((CUdevice)dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, reserved) == CUDA_SUCCESS &&
-           ask((CUdevice)dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, mapped) == CUDA_SUCCESS ? 0 : -1;
+           ask((CUdevice)dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, reserved) == CUDA_SUCCESS
+               ? 0 : -1;
 }
 
 /* The slot of exec (that recording) on d; NULL when none. */
@@ -84,21 +83,20 @@ static struct kept_graph *kept_slot(struct device_graphs *d, CUgraphExec exec, u
     return NULL;
 }
 
-/* What a launch of exec on stream may add to d's pool, holding `reserved` bytes, `mapped` of
- * them by graphs, for allocations of `bytes`: nothing when the driver keeps exec's mappings
- * (launched on this stream in this epoch); else the allocations less what the pool holds that
- * no graph maps, which the driver maps first. All of them when the pool cannot be asked. */
-static uint64_t may_add(struct device_graphs *d, uint64_t bytes, CUgraphExec exec,
-                        uint64_t serial, CUstream stream, int known, cuuint64_t reserved,
-                        cuuint64_t mapped)
+/* What a launch of exec on stream on dev may add to its pool, for allocations of `bytes`:
+ * nothing when the driver keeps exec's mappings (launched on this stream in this epoch, the
+ * pool's figures known, and the container within its cap: past it, something grew beyond what
+ * was reserved, and no launch is taken on trust); else all of them. (What the pool holds that
+ * no graph maps could serve them, but the driver's figure for what graphs map does not say
+ * which graphs may run at once: a refusal trims that memory first instead.) */
+static uint64_t may_add(struct device_graphs *d, int dev, uint64_t bytes, CUgraphExec exec,
+                        uint64_t serial, CUstream stream, int known)
 {
-    if (!known)
-        return bytes;
     const struct kept_graph *k = kept_slot(d, exec, serial);
-    if (k != NULL && k->stream == stream && k->epoch == d->epoch)
+    if (known && k != NULL && k->stream == stream && k->epoch == d->epoch &&
+        vgpu_region_used(dev) <= vgpu_region_limit(dev))
         return 0;
-    uint64_t spare = reserved > mapped ? reserved - mapped : 0;
-    return bytes > spare ? bytes - spare : 0;
+    return bytes;
 }
 
 /* After a launch of m's graph on d (exec NULL: it failed): the driver keeps its mappings for
@@ -112,7 +110,7 @@ static void note_launch(struct device_graphs *d, const struct vgpu_graph_mapping
         d->epoch++; /* the pool shrank: a trim */
     if (known)
         d->pool = after;
-    struct kept_graph *k = kept_slot(d, exec, serial);
+    struct kept_graph *k = kept_slot(d, m->exec, serial);
     if (!known || exec == NULL) {
         if (k != NULL)
             k->serial = 0;
@@ -127,6 +125,20 @@ static void note_launch(struct device_graphs *d, const struct vgpu_graph_mapping
     }
     *k = (struct kept_graph){.exec = exec, .serial = serial, .stream = m->stream,
                              .epoch = d->epoch};
+}
+
+/* Before a launch is refused on dev: the pool gives back what no running graph uses
+ * (cuDeviceGraphMemTrim; graphs not running map anew at their next launch), and the footprint
+ * is measured again, so that memory the pool held for graphs gone or idle is not held against
+ * it. Caller holds d's lock; *pool_before is read anew. */
+static void trim_unused(struct device_graphs *d, int dev, cuuint64_t *pool_before, int *known)
+{
+    if (real.cuDeviceGraphMemTrim == NULL || real.cuDeviceGraphMemTrim((CUdevice)dev) !=
+        CUDA_SUCCESS)
+        return;
+    d->epoch++;
+    vgpu_footprint_remeasure(dev);
+    *known = pool_reserve(dev, pool_before) == 0;
 }
 
 /* Gives back what begin reserved on the first n devices of m, and their locks. */
@@ -150,16 +162,16 @@ int vgpu_graph_mapping_begin(const struct vgpu_graph_memory *memory, CUgraphExec
             continue;
         struct device_graphs *d = &devices[dev];
         struct vgpu_graph_mapped *md = &m->devs[m->ndevs];
-        cuuint64_t mapped = 0;
         pthread_mutex_lock(&d->lock);
         md->dev = dev;
-        md->known = pool_figures(dev, &md->pool_before, &mapped) == 0;
+        md->known = pool_reserve(dev, &md->pool_before) == 0;
         if (md->known && md->pool_before < d->pool)
             d->epoch++; /* the pool shrank since: a trim */
-        uint64_t need = may_add(d, memory->bytes[dev], exec, serial, stream, md->known,
-                                md->pool_before, mapped);
         vgpu_footprint_refresh(dev); /* what an allocation would see */
-        if (need != 0 && vgpu_mem_reserve(dev, need, api) != 0) {
+        uint64_t need = may_add(d, dev, memory->bytes[dev], exec, serial, stream, md->known);
+        if (need != 0 && vgpu_region_reserve(dev, need) != 0 &&
+            (trim_unused(d, dev, &md->pool_before, &md->known),
+             vgpu_mem_reserve(dev, need, api) != 0)) {
             pthread_mutex_unlock(&d->lock);
             undo(m, m->ndevs);
             m->ndevs = 0;
@@ -178,8 +190,8 @@ void vgpu_graph_mapping_end(struct vgpu_graph_mapping *m, CUgraphExec exec, uint
     for (int i = 0; i < m->ndevs; i++) {
         struct vgpu_graph_mapped *md = &m->devs[i];
         struct device_graphs *d = &devices[md->dev];
-        cuuint64_t after = 0, mapped = 0;
-        int known = md->known && pool_figures(md->dev, &after, &mapped) == 0;
+        cuuint64_t after = 0;
+        int known = md->known && pool_reserve(md->dev, &after) == 0;
         uint64_t grew = !known ? md->reserved : after > md->pool_before ? after - md->pool_before
                                                                          : 0;
         if (grew > md->reserved && !__atomic_exchange_n(&overgrowth_warned, 1, __ATOMIC_RELAXED))

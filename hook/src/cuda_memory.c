@@ -276,6 +276,26 @@ static cuuint64_t capture_of(const struct pointer_request *r)
     return id != 0 ? id : 1;
 }
 
+/* Frees ptr, allocated on r's stream outside a capture: on that stream, unless a capture has
+ * begun there since (the free would become a graph's node, and the driver refuses a node for
+ * memory no graph allocated); then synchronously, in relaxed capture mode for this thread so
+ * that the capture is not broken. */
+static void give_back_uncaptured(const struct pointer_request *r, CUdeviceptr ptr)
+{
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (capture_of(r) == 0 || real.cuThreadExchangeStreamCaptureMode == NULL ||
+        real.cuMemFree_v2 == NULL) {
+        ordered_free(r)(ptr, r->stream);
+        return;
+    }
+    int relaxed = real.cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
+    if (real.cuMemFree_v2(ptr) != CUDA_SUCCESS)
+        vgpu_log(VGPU_LOG_ERROR, "could not give back %zu bytes allocated outside a capture "
+                 "and refused", r->bytes);
+    if (relaxed)
+        real.cuThreadExchangeStreamCaptureMode(&mode);
+}
+
 /* On a stream being captured, r becomes a graph's allocation node, which takes no memory until
  * the graph runs and is counted then (cuda_graph_memory.c); counted here too, an allocation
  * the graph keeps after it ends would count twice. Unless the same capture was under way before
@@ -289,7 +309,7 @@ static CUresult alloc_captured(const struct pointer_request *r, cuuint64_t captu
     if (rc == CUDA_SUCCESS && capture_of(r) != capture) {
         int dev = stream_device(r->stream);
         if (dev == DEVICE_UNKNOWN || !admit(dev, r->bytes, pointer_apis[r->api].name)) {
-            ordered_free(r)(ptr, r->stream);
+            give_back_uncaptured(r, ptr);
             if (dev >= 0) /* not left in the pool's cache, uncounted */
                 trim_given_back(r, drawn_pool(r, dev), dev);
             return dev == DEVICE_UNKNOWN ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_OUT_OF_MEMORY;

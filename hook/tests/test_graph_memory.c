@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -30,6 +31,12 @@ static int open_region(void)
         return 0;
     region = m;
     return region->header.magic == VGPU_REGION_MAGIC;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
 }
 
 static unsigned long long held_mib(void) { return fake_cuda_device_used(0) / MiB; }
@@ -111,9 +118,11 @@ static int setters(void)
           "counted %llu MiB)", held_mib(), counted_mib());
     rc = cuGraphExecChildGraphNodeSetParams(e, node, big_child);
     CUresult launched = rc == CUDA_SUCCESS ? cuGraphLaunch(e, NULL) : CUDA_ERROR_UNKNOWN;
-    check(rc == CUDA_SUCCESS && launched == CUDA_ERROR_OUT_OF_MEMORY && held_mib() == 400,
-          "its child set to one allocating 800 MiB: the next launch, which would map 700 MiB "
-          "more, is refused (rc %d, held %llu MiB)", launched, held_mib());
+    check(rc == CUDA_SUCCESS && launched == CUDA_ERROR_OUT_OF_MEMORY && held_mib() == 300 &&
+              counted_mib() == 300,
+          "its child set to one allocating 800 MiB: the next launch, which would map 800 MiB, "
+          "is refused, the pool trimmed first of the 100 MiB it no longer maps (rc %d, held "
+          "%llu MiB, counted %llu MiB)", launched, held_mib(), counted_mib());
     return check_done("test_graph_memory setters");
 }
 
@@ -159,17 +168,18 @@ int main(int argc, char **argv)
     check(rc == CUDA_ERROR_OUT_OF_MEMORY && held_mib() == 900 && counted_mib() == 900,
           "a second graph allocating 300 MiB is refused at its launch (rc %d; before, it ran: "
           "1200 MiB held)", rc);
-    rc = cuGraphExecDestroy(big) == CUDA_SUCCESS ? cuGraphLaunch(small, s1) : CUDA_ERROR_UNKNOWN;
+    rc = cuGraphExecDestroy(big);
     check(rc == CUDA_SUCCESS && held_mib() == 900 && counted_mib() == 900,
-          "with the first graph destroyed, its 600 MiB stay in the pool, unmapped: the second "
-          "runs from them (rc %d, held %llu MiB, counted %llu MiB)", rc, held_mib(),
-          counted_mib());
+          "the first graph destroyed: the pool keeps its 600 MiB, counted (held %llu MiB, "
+          "counted %llu MiB)", held_mib(), counted_mib());
     rc = cuDeviceGraphMemTrim(0);
-    check(rc == CUDA_SUCCESS && held_mib() == 600 && counted_mib() == 600,
-          "cuDeviceGraphMemTrim gives back the 300 MiB no graph maps, and the count follows at "
-          "once (held %llu MiB, counted %llu MiB)", held_mib(), counted_mib());
-    check(cuMemAlloc(&plain, 400 * MiB) == CUDA_SUCCESS && held_mib() == 1000,
-          "a plain 400 MiB fits in the room the trim made");
+    check(rc == CUDA_SUCCESS && held_mib() == 300 && counted_mib() == 300,
+          "cuDeviceGraphMemTrim gives back what no graph maps, and the count follows at once "
+          "(held %llu MiB, counted %llu MiB)", held_mib(), counted_mib());
+    rc = cuGraphLaunch(small, s1);
+    check(rc == CUDA_SUCCESS && held_mib() == 600 && counted_mib() == 600 &&
+              cuMemAlloc(&plain, 400 * MiB) == CUDA_SUCCESS && held_mib() == 1000,
+          "the second graph runs now (held 600 MiB), and a plain 400 MiB fits beside it");
 
     /* An upload maps what a launch would. */
     CUgraphExec third = instantiated(100);
@@ -190,10 +200,10 @@ int main(int argc, char **argv)
     CUgraphExec uploaded = NULL, later = NULL;
     uint64_t execs = fake_cuda_stats.graph_execs;
     rc = g != NULL ? cuGraphInstantiateWithParams(&uploaded, g, &params) : CUDA_ERROR_UNKNOWN;
-    check(rc == CUDA_ERROR_OUT_OF_MEMORY && fake_cuda_stats.graph_execs == execs &&
-              held_mib() == 700,
-          "a graph allocating 400 MiB, instantiated with an upload beside 700 MiB: refused, the "
-          "driver never asked (rc %d)", rc);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && uploaded == NULL &&
+              fake_cuda_stats.graph_execs == execs && held_mib() == 700,
+          "a graph allocating 400 MiB, instantiated with an upload beside 700 MiB: the upload "
+          "refused, and the graph destroyed again (rc %d)", rc);
     rc = cuGraphInstantiateWithFlags(&later, g, 0);
     launched = rc == CUDA_SUCCESS ? cuGraphLaunch(later, s1) : CUDA_ERROR_UNKNOWN;
     check(rc == CUDA_SUCCESS && launched == CUDA_ERROR_OUT_OF_MEMORY && held_mib() == 700,
@@ -211,23 +221,34 @@ int main(int argc, char **argv)
           "after it ends would count twice): held %llu MiB, counted %llu MiB", held_mib(),
           counted_mib());
 
-    /* The pool cannot be asked: all of a launch's allocations must fit. */
-    cuGraphExecDestroy(small); /* 300 MiB unmapped in the pool */
+    /* With the pool's figures unanswered, a graph whose mappings are kept is not taken on
+     * trust: its allocations are counted again until a measurement. */
     strcpy(fake_cuda_fail_next, "cuDeviceGetGraphMemAttribute");
-    rc = cuGraphLaunch(later, s1);
-    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held_mib() == 700,
-          "with the pool's figures unanswered, a graph allocating 400 MiB beside 700 MiB is "
-          "refused, though the pool holds 300 MiB unmapped (rc %d)", rc);
+    rc = cuGraphLaunch(third, s1);
+    unsigned long long counted_then = counted_mib();
+    sleep_s(1.1); /* the next allocation measures */
+    CUdeviceptr small_plain = 0, near = 0;
+    CUresult measured = cuMemAlloc(&small_plain, 4 * MiB);
+    check(rc == CUDA_SUCCESS && counted_then == 800 && measured == CUDA_SUCCESS &&
+              held_mib() == 704 && counted_mib() == 704,
+          "with the pool's figures unanswered, the relaunch of a kept graph counts its 100 MiB "
+          "again (%llu MiB counted), until a measurement (held %llu MiB, counted %llu MiB)",
+          counted_then, held_mib(), counted_mib());
 
-    /* A driver that takes more than was reserved: counted as it grew, and refused against. */
-    fake_cuda_graph_pool_wasteful = 1;
-    CUgraphExec wasteful = instantiated(300);
-    rc = wasteful != NULL ? cuGraphLaunch(wasteful, s1) : CUDA_ERROR_UNKNOWN;
-    fake_cuda_graph_pool_wasteful = 0;
-    check(rc == CUDA_SUCCESS && held_mib() == 1000 && counted_mib() == 1000,
-          "a graph allocating 300 MiB, with 300 MiB unmapped in the pool, reserves nothing; a "
-          "driver that maps them anew anyway is counted as it grew (held %llu MiB, counted %llu "
-          "MiB)", held_mib(), counted_mib());
+    /* The driver maps a kept graph anew (another graph's allocation took its memory): counted
+     * as the pool grew, past the cap; past it, no launch is taken on trust. */
+    rc = cuGraphLaunch(third, s1) == CUDA_SUCCESS ? cuMemAlloc(&near, 300 * MiB)
+                                                  : CUDA_ERROR_UNKNOWN;
+    fake_cuda_graph_remap = 1;
+    launched = rc == CUDA_SUCCESS ? cuGraphLaunch(third, s1) : CUDA_ERROR_UNKNOWN;
+    check(launched == CUDA_SUCCESS && held_mib() == 1104 && counted_mib() == 1104,
+          "a kept graph the driver maps anew beside 1004 MiB: its 100 MiB counted as they "
+          "came, past the cap (held %llu MiB, counted %llu MiB)", held_mib(), counted_mib());
+    rc = cuGraphLaunch(third, s1);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held_mib() == 1004 && counted_mib() == 1004,
+          "its next launch must fit again: the pool trimmed of the 100 MiB left unmapped, and "
+          "still refused (rc %d, held %llu MiB, counted %llu MiB)", rc, held_mib(),
+          counted_mib());
     check(cuMemAlloc(&plain, 100 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
           "and 100 MiB more are refused");
 
@@ -242,7 +263,9 @@ int main(int argc, char **argv)
 
     /* A node added by another thread after the library read the graph, before the driver
      * instantiated it: read again once the graph is made. */
-    cuGraphExecDestroy(wasteful);
+    cuMemFree(small_plain);
+    cuMemFree(near);
+    cuGraphExecDestroy(small);
     cuGraphExecDestroy(third);
     cuDeviceGraphMemTrim(0);
     CUgraphNode kernel;
@@ -318,7 +341,7 @@ int main(int argc, char **argv)
     fake_cuda_inside_fn = next_capture;
     strcpy(fake_cuda_inside, "cuStreamGetCaptureInfo");
     rc = cuMemAllocAsync(&more, 100 * MiB, s2);
-    unsigned long long counted_then = counted_mib();
+    counted_then = counted_mib();
     freed = cuMemFreeAsync(more, s2);
     fake_cuda_capturing = 0;
     check(rc == CUDA_SUCCESS && counted_then == 1000 && freed == CUDA_SUCCESS &&

@@ -1504,7 +1504,7 @@ struct fake_exec {
 static struct {
     uint64_t reserved, mapped;
 } graph_pools[GPU_MAX_DEVICES];
-EXPORT int fake_cuda_graph_pool_wasteful;
+EXPORT int fake_cuda_graph_remap;
 
 static struct fake_graph *graphs;
 static struct fake_exec *execs;
@@ -1799,18 +1799,24 @@ EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph)
     return CUDA_SUCCESS;
 }
 
-/* Maps e's allocations unless they are: from what the pool holds unmapped first (all of it
- * new with fake_cuda_graph_pool_wasteful), the rest taken from the device. Caller holds
- * graph_lock. */
+static void unmap_exec(struct fake_exec *e);
+
+/* Maps e's allocations unless they are: from what the pool holds unmapped first, the rest taken
+ * from the device; with fake_cuda_graph_remap, a mapped graph's anew, all of it from the device
+ * (its old mapping left unmapped in the pool). Caller holds graph_lock. */
 static CUresult map_exec(struct fake_exec *e)
 {
-    if (e->mapped)
+    if (e->mapped && !fake_cuda_graph_remap)
         return CUDA_SUCCESS;
+    int anew = e->mapped;
+    if (anew) {
+        unmap_exec(e);
+        fake_cuda_graph_remap = 0;
+    }
     uint64_t grown[GPU_MAX_DEVICES] = {0};
     for (int d = 0; d < GPU_MAX_DEVICES; d++) {
         uint64_t spare = graph_pools[d].reserved - graph_pools[d].mapped;
-        uint64_t grow = fake_cuda_graph_pool_wasteful ? e->alloc[d]
-                        : e->alloc[d] > spare ? e->alloc[d] - spare : 0;
+        uint64_t grow = anew ? e->alloc[d] : e->alloc[d] > spare ? e->alloc[d] - spare : 0;
         if (grow != 0 && !gpu_alloc(d, (int32_t)getpid(), grow)) {
             for (int u = 0; u < d; u++) {
                 gpu_free(u, (int32_t)getpid(), grown[u]);

@@ -34,9 +34,10 @@ extern int fake_cuda_current_pool_other;
 extern int fake_cuda_pool_aliases;
 /* The capture id cuStreamGetCaptureInfo gives while fake_cuda_capturing (1 at first). */
 extern uint64_t fake_cuda_capture_id;
-/* Set by a test: a graph's first launch takes all its allocations from the device anew, even
- * where its graph memory pool holds memory no graph maps. */
-extern int fake_cuda_graph_pool_wasteful;
+/* Set by a test: the next launch of a graph whose allocations are mapped maps them anew, from
+ * new memory (as the driver does when another graph's live allocation took them); cleared by
+ * that launch. */
+extern int fake_cuda_graph_remap;
 /* fake_cuda_inside_fn runs once inside the next call of the entry point fake_cuda_inside names
  * (cuMemFree_v2: before it frees; cuPointerGetAttribute: after its answer is known;
  * cuMemAlloc_v2 and the other current-context allocations: after the memory is taken;
