@@ -66,6 +66,18 @@ static void launch_dying(void) { dying_launched = cuGraphLaunch(dying, dying_str
 /* Another thread ends the capture (or ends it and begins another) while an allocation asks. */
 static void end_capture(void) { fake_cuda_capturing = 0; }
 static void next_capture(void) { fake_cuda_capture_id++; }
+static void begin_capture(void)
+{
+    fake_cuda_capturing = 1;
+    fake_cuda_capture_id++;
+}
+/* Ends the capture; once the driver has allocated, another begins. */
+static void end_then_begin(void)
+{
+    fake_cuda_capturing = 0;
+    fake_cuda_inside_fn = begin_capture;
+    strcpy(fake_cuda_inside, "cuMemAllocAsync");
+}
 
 /* A graph that allocates `mib` on device 0, runs a kernel on it, and frees it: the common
  * shape of a graph's scratch memory. NULL when it cannot be built. */
@@ -337,6 +349,18 @@ int main(int argc, char **argv)
     check(rc == CUDA_ERROR_OUT_OF_MEMORY && held_mib() == 900 && counted_mib() == 900,
           "200 MiB more the same way do not fit: given back and refused (rc %d, held %llu MiB)",
           rc, held_mib());
+    fake_cuda_capturing = 1;
+    fake_cuda_inside_fn = end_then_begin;
+    strcpy(fake_cuda_inside, "cuStreamGetCaptureInfo");
+    rc = cuMemAllocAsync(&more, 200 * MiB, s2);
+    fake_cuda_capturing = 0;
+    CUresult synced = cuCtxSynchronize();
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && synced == CUDA_SUCCESS && held_mib() == 900 &&
+              counted_mib() == 900,
+          "200 MiB the same way, with another capture begun before the library looks again: "
+          "refused, and freed outside the capture (a free on the stream would be a node the "
+          "driver refuses): held %llu MiB once synchronised, counted %llu MiB", held_mib(),
+          counted_mib());
     fake_cuda_capturing = 1;
     fake_cuda_inside_fn = next_capture;
     strcpy(fake_cuda_inside, "cuStreamGetCaptureInfo");

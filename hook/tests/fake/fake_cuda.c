@@ -1222,6 +1222,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, 
     if (key == 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *dptr = (CUdeviceptr)key;
+    run_inside("cuMemAllocAsync"); /* any flavour, after the memory is taken */
     return CUDA_SUCCESS;
 }
 
@@ -1251,17 +1252,19 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CU
                         : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* During a capture the free becomes a graph's free node, which must name a graph allocation
+ * (cuda.h, cuMemFreeAsync). */
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
     (void)stream;
-    return fake_free(dptr);
+    return fake_cuda_capturing && !graph_address(dptr) ? CUDA_ERROR_INVALID_VALUE
+                                                        : fake_free(dptr);
 }
 
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 {
-    (void)stream;
     __atomic_add_fetch(&fake_cuda_stats.async_ptsz_calls, 1, __ATOMIC_RELAXED);
-    return fake_free(dptr);
+    return cuMemFreeAsync(dptr, stream);
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)

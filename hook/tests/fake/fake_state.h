@@ -22,7 +22,8 @@ extern struct fake_cuda_stats fake_cuda_stats;
 /* Name of the entry point whose next call fails with CUDA_ERROR_UNKNOWN ("" = none). */
 extern char fake_cuda_fail_next[64];
 /* Non-zero: cuStreamIsCapturing says every stream is being captured, and stream-ordered
- * allocations become graph allocations (an address, no memory; their frees free nothing). */
+ * allocations become graph allocations (an address, no memory; their frees free nothing; a
+ * stream-ordered free of other memory is refused). */
 extern int fake_cuda_capturing;
 /* Set by a test: a pool serves nothing from its cache (as if fragmented); it grows instead. */
 extern int fake_cuda_pool_fragmented;
@@ -44,7 +45,8 @@ extern int fake_cuda_graph_remap;
  * "cuCtxCreate", any version: once the context is made; cuDevicePrimaryCtxRetain: before it
  * looks at the primary context; "cuGraphInstantiate", any version: before it reads the
  * graph; "cuStreamGetCaptureInfo": after its answer, or cuStreamIsCapturing's;
- * cuGraphExecDestroy: before it destroys). */
+ * cuGraphExecDestroy: before it destroys; "cuMemAllocAsync", any flavour: after the memory is
+ * taken). */
 extern char fake_cuda_inside[64];
 extern void (*fake_cuda_inside_fn)(void);
 
