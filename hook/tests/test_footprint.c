@@ -59,6 +59,7 @@
 
 #include "check.h"
 #include "fake_state.h"
+#include "region_view.h"
 #include "vgpu_region.h"
 
 /* CUDA 2.0's exports, called by name below (cuda.h maps the names to _v2; cuda_v1.h would map
@@ -71,18 +72,7 @@ CUresult cuCtxDestroy(CUcontext ctx);
 static const uint64_t MiB = UINT64_C(1) << 20;
 static const struct vgpu_region *region;
 
-static int open_region(void)
-{
-    int fd = open(getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE"), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    void *m = mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED)
-        return 0;
-    region = m;
-    return region->header.magic == VGPU_REGION_MAGIC;
-}
+static int open_region(void) { return (region = region_view()) != NULL; }
 
 static uint64_t used(void) { return __atomic_load_n(&region->devices[0].used_bytes, __ATOMIC_ACQUIRE); }
 

@@ -15,23 +15,13 @@
 
 #include "check.h"
 #include "fake_state.h"
+#include "region_view.h"
 #include "vgpu_region.h"
 
 static const uint64_t MiB = UINT64_C(1) << 20;
 static const struct vgpu_region *region;
 
-static int open_region(void)
-{
-    int fd = open(getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE"), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    void *m = mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED)
-        return 0;
-    region = m;
-    return region->header.magic == VGPU_REGION_MAGIC;
-}
+static int open_region(void) { return (region = region_view()) != NULL; }
 
 static void sleep_s(double s)
 {
