@@ -57,11 +57,14 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+static char kernel_code; /* a kernel handle the fake takes (it runs no code) */
+
 static double time_launch(const struct api *a, long n)
 {
+    CUfunction f = (CUfunction)(void *)&kernel_code;
     double t0 = cpu_ns();
     for (long i = 0; i < n; i++)
-        a->launch(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+        a->launch(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
     return (cpu_ns() - t0) / (double)n;
 }
 

@@ -135,6 +135,7 @@ struct vgpu_cuda_real {
     CUresult (*cuDeviceGetGraphMemAttribute)(CUdevice, CUgraphMem_attribute, void *);
     CUresult (*cuCtxGetLimit)(size_t *, CUlimit);
     CUresult (*cuDeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
+    CUresult (*cuFuncGetAttribute)(int *, CUfunction_attribute, CUfunction);
 };
 
 /* Defined in cuda.c; filled in by the loader at the first call (loader.c). */
@@ -203,6 +204,11 @@ void vgpu_graph_mapping_forget(CUgraphExec exec, uint64_t serial);
 /* launch(exec, stream), a launch or an upload, with exec's graph memory counted. */
 CUresult vgpu_graph_launch(graph_launch_fn launch, CUgraphExec exec, CUstream stream,
                            const char *api);
+
+/* Before a launch of f (cuda_limits.c): the stack the driver will raise for it, if its threads
+ * need more local memory than the device's stack holds, reserved; -1: it does not fit (logged;
+ * the caller answers CUDA_ERROR_OUT_OF_MEMORY without launching). */
+int vgpu_stack_before_launch(CUfunction f);
 
 /* Every wrapper starts with ready() || real.fn == NULL: the real driver is loaded first, and a
  * function it lacks is answered with an error, never called through NULL. */

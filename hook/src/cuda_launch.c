@@ -1,4 +1,5 @@
-/* cuda_launch.c - every kernel launch variant passes the SM limiter's gate (throttle.c). */
+/* cuda_launch.c - every kernel launch variant passes the SM limiter's gate (throttle.c), and a
+ * kernel whose threads need a larger stack has it reserved first (cuda_limits.c). */
 #define _GNU_SOURCE
 #include "cuda_driver.h"
 #include "graphs.h"
@@ -24,6 +25,8 @@ VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsi
 {
     if (!ready() || real.cuLaunchKernel == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vgpu_stack_before_launch(f) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gate(grid(gx, gy, gz));
     return real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
 }
@@ -34,6 +37,8 @@ VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
 {
     if (!ready() || real.cuLaunchKernel_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vgpu_stack_before_launch(f) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gate(grid(gx, gy, gz));
     return real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
 }
@@ -43,6 +48,8 @@ VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f
 {
     if (!ready() || real.cuLaunchKernelEx == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vgpu_stack_before_launch(f) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     if (config != NULL)
         gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ));
     return real.cuLaunchKernelEx(config, f, params, extra);
@@ -53,6 +60,8 @@ VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunct
 {
     if (!ready() || real.cuLaunchKernelEx_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vgpu_stack_before_launch(f) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     if (config != NULL)
         gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ));
     return real.cuLaunchKernelEx_ptsz(config, f, params, extra);
@@ -65,6 +74,8 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsign
 {
     if (!ready() || real.cuLaunchCooperativeKernel == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vgpu_stack_before_launch(f) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gate(grid(gx, gy, gz));
     return real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
 }
@@ -76,6 +87,8 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
 {
     if (!ready() || real.cuLaunchCooperativeKernel_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vgpu_stack_before_launch(f) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     gate(grid(gx, gy, gz));
     return real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
 }

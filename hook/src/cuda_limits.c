@@ -3,12 +3,34 @@
  * (on an H100, 132 SMs x 2048 threads: 16 KiB stacks take 4.1 GiB), the malloc heap and the
  * printf FIFO for their size. What a raise may add is reserved under the cap before the driver
  * is asked (refused with CUDA_ERROR_OUT_OF_MEMORY, as the driver refuses what the device cannot
- * hold), and stays counted as the process's footprint until a measurement settles it. */
+ * hold), and stays counted as the process's footprint until a measurement settles it. The
+ * driver also raises the stack itself, at the launch of a kernel whose threads need more local
+ * memory than it holds, and keeps it raised (cuda.h, CU_LIMIT_STACK_SIZE): that raise is
+ * reserved before such a launch the same way. */
 #define _GNU_SOURCE
+#include <pthread.h>
+
 #include "cuda_driver.h"
 #include "footprint.h"
+#include "log.h"
 #include "memory.h"
 #include "region.h"
+
+enum { DEFAULT_STACK = 1024, FUNCTIONS = 1024 };
+
+/* The per-thread stack counted on each device (0: not asked yet), under stack_lock; reads
+ * outside it are atomic. floor: no device's is below it (the driver's default, or less after a
+ * cut), so a kernel needing no more launches with no question asked. */
+static uint64_t stack_of[VGPU_REGION_MAX_DEVICES];
+static uint64_t floor_stack = DEFAULT_STACK;
+static pthread_mutex_t stack_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Kernels' local memory per thread, direct-mapped by handle: written under stack_lock, read
+ * without it (the handle read before and after the size must be the one asked about). */
+static struct known_function {
+    CUfunction f;
+    uint64_t local;
+} functions[FUNCTIONS];
 
 /* How many threads dev holds at once (0: the driver cannot say). */
 static uint64_t resident_threads(int dev)
@@ -48,20 +70,119 @@ static uint64_t may_add(CUlimit limit, size_t value, int dev)
     return times(raise, threads != 0 ? threads : UINT64_C(1) << 20);
 }
 
+/* Reserves `more` on dev for api's call, which then runs; counted after it if it worked. */
+static CUresult reserved_call(int dev, uint64_t more, const char *api, CUresult (*call)(void *),
+                              void *arg)
+{
+    vgpu_footprint_refresh(dev); /* what an allocation would see */
+    if (vgpu_mem_reserve(dev, more, api) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    vgpu_mem_op_begin(); /* until counted, NVML may show memory the ledger does not */
+    CUresult rc = call(arg);
+    vgpu_footprint_grew(dev, more, rc == CUDA_SUCCESS ? more : 0);
+    vgpu_mem_op_end();
+    return rc;
+}
+
+struct set_limit {
+    CUlimit limit;
+    size_t value;
+};
+
+static CUresult set_limit(void *arg)
+{
+    const struct set_limit *a = arg;
+    return real.cuCtxSetLimit(a->limit, a->value);
+}
+
+/* After the stack on dev was set to value: what it counts from now on. */
+static void stack_now(int dev, uint64_t value)
+{
+    pthread_mutex_lock(&stack_lock);
+    __atomic_store_n(&stack_of[dev], value, __ATOMIC_RELEASE);
+    if (value < __atomic_load_n(&floor_stack, __ATOMIC_RELAXED))
+        __atomic_store_n(&floor_stack, value, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&stack_lock);
+}
+
 VGPU_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
 {
     if (!ready() || real.cuCtxSetLimit == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     int dev = current_device();
     uint64_t more = dev >= 0 && vgpu_region_limit(dev) != 0 ? may_add(limit, value, dev) : 0;
-    if (more == 0)
-        return real.cuCtxSetLimit(limit, value);
-    vgpu_footprint_refresh(dev); /* what an allocation would see */
-    if (vgpu_mem_reserve(dev, more, "cuCtxSetLimit") != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    vgpu_mem_op_begin(); /* until counted, NVML may show memory the ledger does not */
-    CUresult rc = real.cuCtxSetLimit(limit, value);
-    vgpu_footprint_grew(dev, more, rc == CUDA_SUCCESS ? more : 0);
-    vgpu_mem_op_end();
+    struct set_limit arg = {limit, value};
+    CUresult rc = more == 0 ? set_limit(&arg)
+                            : reserved_call(dev, more, "cuCtxSetLimit", set_limit, &arg);
+    if (rc == CUDA_SUCCESS && limit == CU_LIMIT_STACK_SIZE && dev >= 0)
+        stack_now(dev, value);
+    return rc;
+}
+
+/* ---- the stack a kernel needs, which the driver raises at its launch ---------------------- */
+
+static size_t slot(CUfunction f) { return ((uintptr_t)f >> 4) * 0x9e3779b97f4a7c15u >> 54; }
+
+/* f's local memory per thread; -1 when the driver cannot say. */
+static int local_bytes(CUfunction f, uint64_t *local)
+{
+    struct known_function *k = &functions[slot(f) % FUNCTIONS];
+    CUfunction before = __atomic_load_n(&k->f, __ATOMIC_ACQUIRE);
+    uint64_t known = __atomic_load_n(&k->local, __ATOMIC_ACQUIRE);
+    if (before == f && __atomic_load_n(&k->f, __ATOMIC_ACQUIRE) == f) {
+        *local = known;
+        return 0;
+    }
+    int bytes = -1;
+    if (real.cuFuncGetAttribute == NULL ||
+        real.cuFuncGetAttribute(&bytes, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) != CUDA_SUCCESS ||
+        bytes < 0)
+        return -1;
+    pthread_mutex_lock(&stack_lock);
+    __atomic_store_n(&k->f, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&k->local, (uint64_t)bytes, __ATOMIC_RELEASE);
+    __atomic_store_n(&k->f, f, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&stack_lock);
+    *local = (uint64_t)bytes;
+    return 0;
+}
+
+static CUresult no_call(void *arg)
+{
+    (void)arg;
+    return CUDA_SUCCESS;
+}
+
+int vgpu_stack_before_launch(CUfunction f)
+{
+    static int counted_here = -1; /* atomic: any device capped (the caps do not change) */
+    int any = __atomic_load_n(&counted_here, __ATOMIC_RELAXED);
+    if (any < 0)
+        __atomic_store_n(&counted_here, any = vgpu_graph_memory_counted(), __ATOMIC_RELAXED);
+    uint64_t local;
+    if (!any || f == NULL || local_bytes(f, &local) != 0 ||
+        local <= __atomic_load_n(&floor_stack, __ATOMIC_ACQUIRE))
+        return 0;
+    int dev = current_device();
+    if (dev < 0 || vgpu_region_limit(dev) == 0 ||
+        local <= __atomic_load_n(&stack_of[dev], __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&stack_lock);
+    size_t now = DEFAULT_STACK;
+    uint64_t counted = stack_of[dev];
+    if (counted == 0 && real.cuCtxGetLimit != NULL &&
+        real.cuCtxGetLimit(&now, CU_LIMIT_STACK_SIZE) == CUDA_SUCCESS)
+        counted = now;
+    counted = counted != 0 ? counted : DEFAULT_STACK;
+    int rc = 0;
+    if (local > counted) {
+        uint64_t threads = resident_threads(dev);
+        uint64_t more = times(local - counted, threads != 0 ? threads : UINT64_C(1) << 20);
+        rc = reserved_call(dev, more, "a kernel launch (its stack)", no_call, NULL) ==
+                     CUDA_SUCCESS ? 0 : -1;
+    }
+    if (rc == 0)
+        __atomic_store_n(&stack_of[dev], local > counted ? local : counted, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&stack_lock);
     return rc;
 }

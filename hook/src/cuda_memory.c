@@ -276,24 +276,24 @@ static cuuint64_t capture_of(const struct pointer_request *r)
     return id != 0 ? id : 1;
 }
 
-/* Frees ptr, allocated on r's stream outside a capture: on that stream, unless a capture has
- * begun there since (the free would become a graph's node, and the driver refuses a node for
- * memory no graph allocated); then synchronously, in relaxed capture mode for this thread so
- * that the capture is not broken. */
-static void give_back_uncaptured(const struct pointer_request *r, CUdeviceptr ptr)
+/* Frees ptr, allocated on r's stream outside a capture and refused: synchronously, in relaxed
+ * capture mode for this thread (a free on the stream could become a node of a capture begun
+ * there meanwhile, which the driver refuses for memory no graph allocated), else on the
+ * stream. Should both fail, the memory is held: charged to dev (past the cap) under ptr. */
+static void give_back_uncaptured(const struct pointer_request *r, CUdeviceptr ptr, int dev)
 {
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    if (capture_of(r) == 0 || real.cuThreadExchangeStreamCaptureMode == NULL ||
-        real.cuMemFree_v2 == NULL) {
-        ordered_free(r)(ptr, r->stream);
-        return;
-    }
-    int relaxed = real.cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
-    if (real.cuMemFree_v2(ptr) != CUDA_SUCCESS)
-        vgpu_log(VGPU_LOG_ERROR, "could not give back %zu bytes allocated outside a capture "
-                 "and refused", r->bytes);
+    int relaxed = real.cuThreadExchangeStreamCaptureMode != NULL &&
+                  real.cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
+    CUresult rc = real.cuMemFree_v2 != NULL ? real.cuMemFree_v2(ptr) : CUDA_ERROR_NOT_SUPPORTED;
     if (relaxed)
         real.cuThreadExchangeStreamCaptureMode(&mode);
+    if (rc == CUDA_SUCCESS || ordered_free(r)(ptr, r->stream) == CUDA_SUCCESS || dev < 0)
+        return;
+    vgpu_log(VGPU_LOG_ERROR, "%zu bytes allocated outside a capture and refused could not be "
+             "given back: counted past the cap", r->bytes);
+    vgpu_region_charge(dev, r->bytes);
+    vgpu_mem_track(VGPU_KIND_POINTER, ptr, dev, r->bytes);
 }
 
 /* On a stream being captured, r becomes a graph's allocation node, which takes no memory until
@@ -309,7 +309,7 @@ static CUresult alloc_captured(const struct pointer_request *r, cuuint64_t captu
     if (rc == CUDA_SUCCESS && capture_of(r) != capture) {
         int dev = stream_device(r->stream);
         if (dev == DEVICE_UNKNOWN || !admit(dev, r->bytes, pointer_apis[r->api].name)) {
-            give_back_uncaptured(r, ptr);
+            give_back_uncaptured(r, ptr, dev);
             if (dev >= 0) /* not left in the pool's cache, uncounted */
                 trim_given_back(r, drawn_pool(r, dev), dev);
             return dev == DEVICE_UNKNOWN ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_OUT_OF_MEMORY;

@@ -41,8 +41,9 @@
  *                       the context the driver makes anew is counted.
  *   test_footprint limits
  *                       context limits that reserve memory (cuCtxSetLimit: the stack for
- *                       every resident thread, the malloc heap): a raise counted at once, one
- *                       that does not fit refused.
+ *                       every resident thread, the malloc heap; the stack the driver raises
+ *                       for a kernel that needs it): a raise counted at once, one that does
+ *                       not fit refused.
  *   test_footprint second-context
  *                       the host pid left unknown the same way, this process makes a second
  *                       context while a third container's process makes its first: the one
@@ -765,6 +766,30 @@ static int limits(void)
     check(cuCtxSetLimit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 1 << 20) == CUDA_SUCCESS &&
               used() == 1000 * MiB,
           "a limit that reserves no device memory passes through");
+
+    /* The driver raises the stack itself for a kernel whose threads need more (cuda.h). */
+    static char kernel_code;
+    CUfunction kernel = (CUfunction)(void *)&kernel_code;
+    fake_cuda_local_bytes = 2048;
+    rc = cuMemFree(a) == CUDA_SUCCESS
+             ? cuLaunchKernel(kernel, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) : CUDA_ERROR_UNKNOWN;
+    held = fake_cuda_device_used(0);
+    counted = used();
+    check(rc == CUDA_SUCCESS && held == 864 * MiB && counted == 864 * MiB,
+          "a kernel needing 2 KiB of local memory a thread: the 264 MiB the driver raises the "
+          "stack by are reserved before its launch (held %llu MiB, counted %llu MiB; the "
+          "library of 1a5d0a2 counted 600)", (unsigned long long)(held / MiB),
+          (unsigned long long)(counted / MiB));
+    rc = cuLaunchKernel(kernel, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    check(rc == CUDA_SUCCESS && used() == 864 * MiB, "launched again: nothing more");
+    static char bigger_code; /* a kernel's local memory never changes: another kernel */
+    fake_cuda_local_bytes = 4096;
+    rc = cuLaunchKernel((CUfunction)(void *)&bigger_code, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    kept = cuCtxGetLimit(&stack, CU_LIMIT_STACK_SIZE) == CUDA_SUCCESS && stack == 2048;
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && kept && fake_cuda_device_used(0) == 864 * MiB,
+          "one needing 4 KiB, 528 MiB more, is refused before the launch, the stack left at "
+          "%zu bytes (rc %d)", stack, rc);
+    fake_cuda_local_bytes = 0;
     return check_done("test_footprint limits");
 }
 

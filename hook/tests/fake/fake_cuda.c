@@ -1410,11 +1410,31 @@ EXPORT CUresult cuModuleUnload(CUmodule module)
 /* ---- launches ----------------------------------------------------------------------------- */
 
 /* A kernel (or graph) of `blocks` blocks joins the caller's queue on its device. */
-static CUresult launch(enum fake_launch_variant variant, uint64_t blocks)
+/* The local memory each thread of any kernel needs (cuFuncGetAttribute), set by a test. */
+EXPORT uint64_t fake_cuda_local_bytes;
+
+EXPORT CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attr, CUfunction f)
+{
+    if (value == NULL || f == NULL || attr != CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+        return CUDA_ERROR_INVALID_VALUE;
+    *value = (int)fake_cuda_local_bytes;
+    return CUDA_SUCCESS;
+}
+
+/* A launch of f (NULL: the old tests' stand-in, or a graph) of `blocks` blocks. The driver
+ * raises the stack for a kernel whose threads need more than it holds, and keeps it (cuda.h). */
+static CUresult launch(enum fake_launch_variant variant, CUfunction f, uint64_t blocks)
 {
     CUresult rc = need_ctx();
     if (rc != CUDA_SUCCESS)
         return rc;
+    if (f != NULL && fake_cuda_local_bytes > limits_now[CU_LIMIT_STACK_SIZE]) {
+        if (!gpu_ctx_resize(current->dev, limit_bytes(CU_LIMIT_STACK_SIZE,
+                                                      limits_now[CU_LIMIT_STACK_SIZE]),
+                            limit_bytes(CU_LIMIT_STACK_SIZE, fake_cuda_local_bytes)))
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        limits_now[CU_LIMIT_STACK_SIZE] = fake_cuda_local_bytes;
+    }
     __atomic_add_fetch(&fake_cuda_stats.launches[variant], 1, __ATOMIC_RELAXED);
     gpu_get();
     if (ns_per_block == 0 && gpu_lazy_bytes == 0) /* the benchmark: no model, no lock */
@@ -1428,7 +1448,7 @@ EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned 
                                void **params, void **extra)
 {
     (void)f, (void)bx, (void)by, (void)bz, (void)shmem, (void)stream, (void)params, (void)extra;
-    return launch(FAKE_LAUNCH, (uint64_t)gx * gy * gz);
+    return launch(FAKE_LAUNCH, f, (uint64_t)gx * gy * gz);
 }
 
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
@@ -1436,19 +1456,19 @@ EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsi
                                     CUstream stream, void **params, void **extra)
 {
     (void)f, (void)bx, (void)by, (void)bz, (void)shmem, (void)stream, (void)params, (void)extra;
-    return launch(FAKE_LAUNCH_PTSZ, (uint64_t)gx * gy * gz);
+    return launch(FAKE_LAUNCH_PTSZ, f, (uint64_t)gx * gy * gz);
 }
 
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e)
 {
     (void)f, (void)p, (void)e;
-    return launch(FAKE_LAUNCH_EX, (uint64_t)c->gridDimX * c->gridDimY * c->gridDimZ);
+    return launch(FAKE_LAUNCH_EX, f, (uint64_t)c->gridDimX * c->gridDimY * c->gridDimZ);
 }
 
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **e)
 {
     (void)f, (void)p, (void)e;
-    return launch(FAKE_LAUNCH_EX_PTSZ, (uint64_t)c->gridDimX * c->gridDimY * c->gridDimZ);
+    return launch(FAKE_LAUNCH_EX_PTSZ, f, (uint64_t)c->gridDimX * c->gridDimY * c->gridDimZ);
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
@@ -1456,7 +1476,7 @@ EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy
                                           CUstream stream, void **params)
 {
     (void)f, (void)bx, (void)by, (void)bz, (void)shmem, (void)stream, (void)params;
-    return launch(FAKE_LAUNCH_COOP, (uint64_t)gx * gy * gz);
+    return launch(FAKE_LAUNCH_COOP, f, (uint64_t)gx * gy * gz);
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
@@ -1464,7 +1484,7 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsign
                                                unsigned shmem, CUstream stream, void **params)
 {
     (void)f, (void)bx, (void)by, (void)bz, (void)shmem, (void)stream, (void)params;
-    return launch(FAKE_LAUNCH_COOP_PTSZ, (uint64_t)gx * gy * gz);
+    return launch(FAKE_LAUNCH_COOP_PTSZ, f, (uint64_t)gx * gy * gz);
 }
 
 /* ---- graphs ------------------------------------------------------------------------------- */
@@ -2154,7 +2174,7 @@ static CUresult graph_launch(enum fake_launch_variant variant, CUgraphExec exec)
     if (blocks == UINT64_MAX)
         return initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = graph_map(exec);
-    return rc == CUDA_SUCCESS ? launch(variant, blocks) : rc;
+    return rc == CUDA_SUCCESS ? launch(variant, NULL, blocks) : rc;
 }
 
 EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream stream)
@@ -2363,6 +2383,7 @@ static const struct proc procs[] = {
     P("cuCtxSetLimit", cuCtxSetLimit, 3010, 0),
     P("cuCtxGetLimit", cuCtxGetLimit, 3010, 0),
     P("cuDeviceGetAttribute", cuDeviceGetAttribute, 2000, 0),
+    P("cuFuncGetAttribute", cuFuncGetAttribute, 2020, 0),
     P("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v2, 11030, 0),
     P("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v2_ptsz, 11030, 1),
     P("cuGraphUpload", cuGraphUpload, 11010, 0),
@@ -2453,7 +2474,7 @@ static CUresult private_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned 
                                             CUstream stream, void **params, void **extra)
 {
     (void)f, (void)bx, (void)by, (void)bz, (void)shmem, (void)stream, (void)params, (void)extra;
-    return launch(FAKE_LAUNCH_PTSZ, (uint64_t)gx * gy * gz);
+    return launch(FAKE_LAUNCH_PTSZ, f, (uint64_t)gx * gy * gz);
 }
 
 static CUresult get_proc(const char *symbol, void **pfn, int version, cuuint64_t flags,

@@ -33,6 +33,9 @@ extern int fake_cuda_current_pool_other;
 /* Set by a test (2-16): stream-ordered allocations name that many pools in turn, all the
  * device's one pool underneath (each answers for its whole cache). */
 extern int fake_cuda_pool_aliases;
+/* The local memory per thread cuFuncGetAttribute gives for any kernel (0 at first): a launch
+ * of one that needs more than the stack holds raises the stack for every resident thread. */
+extern uint64_t fake_cuda_local_bytes;
 /* The capture id cuStreamGetCaptureInfo gives while fake_cuda_capturing (1 at first). */
 extern uint64_t fake_cuda_capture_id;
 /* Set by a test: the next launch of a graph whose allocations are mapped maps them anew, from
