@@ -87,6 +87,8 @@ static const struct vgpu_hook hooks[] = {
     HOOK(cuGraphUpload_ptsz, "cuGraphUpload", 11010, 1),
     HOOK(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, 0),
     HOOK(cuCtxSetLimit, "cuCtxSetLimit", 3010, 0),
+    HOOK(cuModuleUnload, "cuModuleUnload", 2000, 0),
+    HOOK(cuLibraryUnload, "cuLibraryUnload", 12000, 0),
     CALL_ONLY(cuCtxGetDevice), CALL_ONLY(cuDeviceGetCount), CALL_ONLY(cuDeviceGet),
     CALL_ONLY(cuDeviceGetUuid_v2), CALL_ONLY(cuGraphGetNodes), CALL_ONLY(cuGraphNodeGetType),
     CALL_ONLY(cuGraphKernelNodeGetParams_v2), CALL_ONLY(cuGraphKernelNodeGetParams),

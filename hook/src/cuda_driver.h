@@ -102,6 +102,8 @@ struct vgpu_cuda_real {
     CUresult (*cuGraphNodeSetEnabled)(CUgraphExec, CUgraphNode, unsigned int);
     graph_launch_fn cuGraphUpload, cuGraphUpload_ptsz;
     CUresult (*cuCtxSetLimit)(CUlimit, size_t);
+    CUresult (*cuModuleUnload)(CUmodule);
+    CUresult (*cuLibraryUnload)(CUlibrary);
     CUresult (*cuDeviceGraphMemTrim)(CUdevice);
     /* called, not hooked */
     CUresult (*cuCtxGetDevice)(CUdevice *);

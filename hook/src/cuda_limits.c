@@ -16,7 +16,7 @@
 #include "memory.h"
 #include "region.h"
 
-enum { DEFAULT_STACK = 1024, FUNCTIONS = 1024 };
+enum { DEFAULT_STACK = 1024, FUNCTIONS = 4096 }; /* FUNCTIONS: a power of two */
 
 /* The per-thread stack counted on each device (0: not asked yet), under stack_lock; reads
  * outside it are atomic. floor: no device's is below it (the driver's default, or less after a
@@ -121,30 +121,31 @@ VGPU_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
 
 /* ---- the stack a kernel needs, which the driver raises at its launch ---------------------- */
 
-static size_t slot(CUfunction f) { return ((uintptr_t)f >> 4) * 0x9e3779b97f4a7c15u >> 54; }
-
-/* f's local memory per thread; -1 when the driver cannot say. */
-static int local_bytes(CUfunction f, uint64_t *local)
+static size_t slot(CUfunction f)
 {
-    struct known_function *k = &functions[slot(f) % FUNCTIONS];
+    return (size_t)(((uintptr_t)f >> 4) * UINT64_C(0x9e3779b97f4a7c15) >> 32) & (FUNCTIONS - 1);
+}
+
+/* f's local memory per thread (0, kept as such, when the driver cannot say: it is asked once
+ * a kernel, not at every launch). */
+static uint64_t local_bytes(CUfunction f)
+{
+    struct known_function *k = &functions[slot(f)];
     CUfunction before = __atomic_load_n(&k->f, __ATOMIC_ACQUIRE);
     uint64_t known = __atomic_load_n(&k->local, __ATOMIC_ACQUIRE);
-    if (before == f && __atomic_load_n(&k->f, __ATOMIC_ACQUIRE) == f) {
-        *local = known;
-        return 0;
-    }
-    int bytes = -1;
+    if (before == f && __atomic_load_n(&k->f, __ATOMIC_ACQUIRE) == f)
+        return known;
+    int bytes = 0;
     if (real.cuFuncGetAttribute == NULL ||
         real.cuFuncGetAttribute(&bytes, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) != CUDA_SUCCESS ||
         bytes < 0)
-        return -1;
+        bytes = 0;
     pthread_mutex_lock(&stack_lock);
     __atomic_store_n(&k->f, NULL, __ATOMIC_RELEASE);
     __atomic_store_n(&k->local, (uint64_t)bytes, __ATOMIC_RELEASE);
     __atomic_store_n(&k->f, f, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&stack_lock);
-    *local = (uint64_t)bytes;
-    return 0;
+    return (uint64_t)bytes;
 }
 
 static CUresult no_call(void *arg)
@@ -159,9 +160,8 @@ int vgpu_stack_before_launch(CUfunction f)
     int any = __atomic_load_n(&counted_here, __ATOMIC_RELAXED);
     if (any < 0)
         __atomic_store_n(&counted_here, any = vgpu_graph_memory_counted(), __ATOMIC_RELAXED);
-    uint64_t local;
-    if (!any || f == NULL || local_bytes(f, &local) != 0 ||
-        local <= __atomic_load_n(&floor_stack, __ATOMIC_ACQUIRE))
+    uint64_t local = any && f != NULL ? local_bytes(f) : 0;
+    if (local <= __atomic_load_n(&floor_stack, __ATOMIC_ACQUIRE))
         return 0;
     int dev = current_device();
     if (dev < 0 || vgpu_region_limit(dev) == 0 ||
@@ -185,4 +185,31 @@ int vgpu_stack_before_launch(CUfunction f)
         __atomic_store_n(&stack_of[dev], local > counted ? local : counted, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&stack_lock);
     return rc;
+}
+
+/* A module or library unloaded: its kernels' handles may be another kernel's next, whose local
+ * memory is asked anew. */
+static CUresult forget_functions(CUresult rc)
+{
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&stack_lock);
+    for (size_t i = 0; i < FUNCTIONS; i++)
+        __atomic_store_n(&functions[i].f, NULL, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&stack_lock);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuModuleUnload(CUmodule module)
+{
+    if (!ready() || real.cuModuleUnload == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return forget_functions(real.cuModuleUnload(module));
+}
+
+VGPU_EXPORT CUresult cuLibraryUnload(CUlibrary library)
+{
+    if (!ready() || real.cuLibraryUnload == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return forget_functions(real.cuLibraryUnload(library));
 }

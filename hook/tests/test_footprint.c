@@ -768,8 +768,8 @@ static int limits(void)
           "a limit that reserves no device memory passes through");
 
     /* The driver raises the stack itself for a kernel whose threads need more (cuda.h). */
-    static char kernel_code;
-    CUfunction kernel = (CUfunction)(void *)&kernel_code;
+    static char kernels[2][256]; /* two kernel handles (the fake takes any) */
+    CUfunction kernel = (CUfunction)(void *)kernels[0];
     fake_cuda_local_bytes = 2048;
     rc = cuMemFree(a) == CUDA_SUCCESS
              ? cuLaunchKernel(kernel, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) : CUDA_ERROR_UNKNOWN;
@@ -782,13 +782,20 @@ static int limits(void)
           (unsigned long long)(counted / MiB));
     rc = cuLaunchKernel(kernel, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
     check(rc == CUDA_SUCCESS && used() == 864 * MiB, "launched again: nothing more");
-    static char bigger_code; /* a kernel's local memory never changes: another kernel */
-    fake_cuda_local_bytes = 4096;
-    rc = cuLaunchKernel((CUfunction)(void *)&bigger_code, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    fake_cuda_local_bytes = 4096; /* a kernel's local memory never changes: another kernel */
+    rc = cuLaunchKernel((CUfunction)(void *)kernels[1], 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
     kept = cuCtxGetLimit(&stack, CU_LIMIT_STACK_SIZE) == CUDA_SUCCESS && stack == 2048;
     check(rc == CUDA_ERROR_OUT_OF_MEMORY && kept && fake_cuda_device_used(0) == 864 * MiB,
           "one needing 4 KiB, 528 MiB more, is refused before the launch, the stack left at "
           "%zu bytes (rc %d)", stack, rc);
+    CUmodule module;
+    rc = cuModuleLoadData(&module, ".visible .entry k()\n{\n ret;\n}\n") == CUDA_SUCCESS &&
+                 cuModuleUnload(module) == CUDA_SUCCESS
+             ? cuLaunchKernel(kernel, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL)
+             : CUDA_ERROR_UNKNOWN;
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && fake_cuda_device_used(0) == 864 * MiB,
+          "after a module is unloaded a kernel handle may name another kernel: the first "
+          "handle's local memory is asked anew (4 KiB now) and its launch refused (rc %d)", rc);
     fake_cuda_local_bytes = 0;
     return check_done("test_footprint limits");
 }
