@@ -53,6 +53,7 @@ static void context_gone(int dev)
     if (unanswered != 0)
         vgpu_log(VGPU_LOG_WARN, "after a context was destroyed the driver could not say whether "
                  "%zu counted allocations still exist: they stay counted", unanswered);
+    vgpu_stack_context_gone(dev);
     vgpu_footprint_context_gone(dev);
 }
 

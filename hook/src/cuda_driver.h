@@ -208,9 +208,15 @@ CUresult vgpu_graph_launch(graph_launch_fn launch, CUgraphExec exec, CUstream st
                            const char *api);
 
 /* Before a launch of f (cuda_limits.c): the stack the driver will raise for it, if its threads
- * need more local memory than the device's stack holds, reserved; -1: it does not fit (logged;
- * the caller answers CUDA_ERROR_OUT_OF_MEMORY without launching). */
+ * need more local memory than the device's stack holds, reserved and counted; -1: it does not
+ * fit (logged; the caller answers CUDA_ERROR_OUT_OF_MEMORY without launching); 1: counted, and
+ * vgpu_stack_after_launch is called with it once the driver has launched; 0: nothing to do. */
 int vgpu_stack_before_launch(CUfunction f);
+void vgpu_stack_after_launch(int reserved);
+
+/* A context on dev (-1: any) was destroyed or reset: its modules are unloaded (kernel handles
+ * may name other kernels next) and the next context starts at the driver's default stack. */
+void vgpu_stack_context_gone(int dev);
 
 /* Every wrapper starts with ready() || real.fn == NULL: the real driver is loaded first, and a
  * function it lacks is answered with an error, never called through NULL. */

@@ -25,10 +25,13 @@ VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsi
 {
     if (!ready() || real.cuLaunchKernel == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vgpu_stack_before_launch(f) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
     gate(grid(gx, gy, gz));
-    return real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+    int stack = vgpu_stack_before_launch(f);
+    if (stack < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+    vgpu_stack_after_launch(stack);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
@@ -37,10 +40,13 @@ VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
 {
     if (!ready() || real.cuLaunchKernel_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vgpu_stack_before_launch(f) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
     gate(grid(gx, gy, gz));
-    return real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+    int stack = vgpu_stack_before_launch(f);
+    if (stack < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+    vgpu_stack_after_launch(stack);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
@@ -48,11 +54,14 @@ VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f
 {
     if (!ready() || real.cuLaunchKernelEx == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vgpu_stack_before_launch(f) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
     if (config != NULL)
         gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ));
-    return real.cuLaunchKernelEx(config, f, params, extra);
+    int stack = vgpu_stack_before_launch(f);
+    if (stack < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real.cuLaunchKernelEx(config, f, params, extra);
+    vgpu_stack_after_launch(stack);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
@@ -60,11 +69,14 @@ VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunct
 {
     if (!ready() || real.cuLaunchKernelEx_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vgpu_stack_before_launch(f) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
     if (config != NULL)
         gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ));
-    return real.cuLaunchKernelEx_ptsz(config, f, params, extra);
+    int stack = vgpu_stack_before_launch(f);
+    if (stack < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real.cuLaunchKernelEx_ptsz(config, f, params, extra);
+    vgpu_stack_after_launch(stack);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy,
@@ -74,10 +86,13 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsign
 {
     if (!ready() || real.cuLaunchCooperativeKernel == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vgpu_stack_before_launch(f) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
     gate(grid(gx, gy, gz));
-    return real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
+    int stack = vgpu_stack_before_launch(f);
+    if (stack < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
+    vgpu_stack_after_launch(stack);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
@@ -87,10 +102,13 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
 {
     if (!ready() || real.cuLaunchCooperativeKernel_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vgpu_stack_before_launch(f) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
     gate(grid(gx, gy, gz));
-    return real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
+    int stack = vgpu_stack_before_launch(f);
+    if (stack < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
+    vgpu_stack_after_launch(stack);
+    return rc;
 }
 
 /* A graph costs the blocks of all its kernels (learnt when it was instantiated, cuda_graph.c),

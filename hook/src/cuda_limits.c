@@ -148,12 +148,6 @@ static uint64_t local_bytes(CUfunction f)
     return (uint64_t)bytes;
 }
 
-static CUresult no_call(void *arg)
-{
-    (void)arg;
-    return CUDA_SUCCESS;
-}
-
 int vgpu_stack_before_launch(CUfunction f)
 {
     static int counted_here = -1; /* atomic: any device capped (the caps do not change) */
@@ -178,13 +172,36 @@ int vgpu_stack_before_launch(CUfunction f)
     if (local > counted) {
         uint64_t threads = resident_threads(dev);
         uint64_t more = times(local - counted, threads != 0 ? threads : UINT64_C(1) << 20);
-        rc = reserved_call(dev, more, "a kernel launch (its stack)", no_call, NULL) ==
-                     CUDA_SUCCESS ? 0 : -1;
+        vgpu_footprint_refresh(dev); /* what an allocation would see */
+        rc = vgpu_mem_reserve(dev, more, "a kernel launch (its stack)") == 0 ? 1 : -1;
+        if (rc > 0) {
+            /* Counted now; until the launch is made, a measurement would not see the raise
+             * in NVML and settle the count away: the operation stays open until then. */
+            vgpu_mem_op_begin();
+            vgpu_footprint_grew(dev, more, more);
+        }
     }
-    if (rc == 0)
+    if (rc >= 0)
         __atomic_store_n(&stack_of[dev], local > counted ? local : counted, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&stack_lock);
     return rc;
+}
+
+void vgpu_stack_after_launch(int reserved)
+{
+    if (reserved > 0)
+        vgpu_mem_op_end();
+}
+
+void vgpu_stack_context_gone(int dev)
+{
+    pthread_mutex_lock(&stack_lock);
+    for (size_t i = 0; i < FUNCTIONS; i++)
+        __atomic_store_n(&functions[i].f, NULL, __ATOMIC_RELEASE);
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
+        if (d == dev || dev < 0)
+            __atomic_store_n(&stack_of[d], 0, __ATOMIC_RELEASE); /* asked anew */
+    pthread_mutex_unlock(&stack_lock);
 }
 
 /* A module or library unloaded: its kernels' handles may be another kernel's next, whose local

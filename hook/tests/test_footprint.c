@@ -721,6 +721,15 @@ static int created_contexts(void)
     return check_done("test_footprint created-contexts");
 }
 
+/* Another thread's 1 MiB allocation a second on, inside a launch: it measures. */
+static CUresult inside_rc = CUDA_ERROR_UNKNOWN;
+static void measure_inside(void)
+{
+    CUdeviceptr p;
+    sleep_s(1.1);
+    inside_rc = cuMemAlloc(&p, 1 << 20);
+}
+
 /* Context limits that make the driver reserve memory: the fake reserves the stack for 132 x
  * 2048 resident threads (an H100's), so 1 KiB more a thread is 264 MiB. */
 static int limits(void)
@@ -768,7 +777,7 @@ static int limits(void)
           "a limit that reserves no device memory passes through");
 
     /* The driver raises the stack itself for a kernel whose threads need more (cuda.h). */
-    static char kernels[2][256]; /* two kernel handles (the fake takes any) */
+    static char kernels[3][256]; /* kernel handles (the fake takes any) */
     CUfunction kernel = (CUfunction)(void *)kernels[0];
     fake_cuda_local_bytes = 2048;
     rc = cuMemFree(a) == CUDA_SUCCESS
@@ -796,6 +805,37 @@ static int limits(void)
     check(rc == CUDA_ERROR_OUT_OF_MEMORY && fake_cuda_device_used(0) == 864 * MiB,
           "after a module is unloaded a kernel handle may name another kernel: the first "
           "handle's local memory is asked anew (4 KiB now) and its launch refused (rc %d)", rc);
+
+    /* A reset unloads the context's modules (a handle may name another kernel next) and the
+     * new context starts at the driver's default stack. */
+    CUfunction third = (CUfunction)(void *)kernels[2];
+    fake_cuda_local_bytes = 0;
+    rc = cuLaunchKernel(third, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    int again = rc == CUDA_SUCCESS && cuDevicePrimaryCtxReset(0) == CUDA_SUCCESS &&
+                cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+                cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
+    fake_cuda_local_bytes = 2048;
+    rc = again ? cuLaunchKernel(third, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL)
+               : CUDA_ERROR_UNKNOWN;
+    held = fake_cuda_device_used(0);
+    counted = used();
+    check(rc == CUDA_SUCCESS && held == 564 * MiB && counted == 564 * MiB,
+          "after a reset, a handle that now names a kernel needing 2 KiB: its stack raise from "
+          "the default is reserved (held %llu MiB, counted %llu MiB)",
+          (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
+
+    /* A measurement between the reservation and the driver's raise does not settle it away. */
+    fake_cuda_local_bytes = 3072;
+    fake_cuda_inside_fn = measure_inside;
+    strcpy(fake_cuda_inside, "cuLaunchKernel");
+    rc = cuLaunchKernel((CUfunction)(void *)kernels[1], 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    held = fake_cuda_device_used(0);
+    counted = used();
+    check(rc == CUDA_SUCCESS && inside_rc == CUDA_SUCCESS && held == 829 * MiB &&
+              counted == 829 * MiB,
+          "a kernel needing 3 KiB, with another thread's allocation measuring while the launch "
+          "is under way: the raise stays counted (held %llu MiB, counted %llu MiB)",
+          (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
     fake_cuda_local_bytes = 0;
     return check_done("test_footprint limits");
 }

@@ -460,12 +460,15 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 
 /* The primary context and what it holds are gone (stream-ordered allocations are no
  * context's, as cuda.h says, and stay). Caller holds primary_lock. */
+static void limits_reset(void);
+
 static void primary_destroy(CUdevice dev)
 {
     if (!primary_active[dev])
         return;
     free_owned(&primary[dev]);
     gpu_ctx_unref(dev, 1);
+    limits_reset(); /* a new context starts at the driver's defaults */
     primary_active[dev] = 0;
     primary_gone[dev] = 1;
 }
@@ -610,6 +613,13 @@ enum { FAKE_SMS = 132, FAKE_THREADS_PER_SM = 2048 };
 static size_t limits_now[3] = {[CU_LIMIT_STACK_SIZE] = 1024,
                                [CU_LIMIT_PRINTF_FIFO_SIZE] = 1 << 20,
                                [CU_LIMIT_MALLOC_HEAP_SIZE] = 8 << 20};
+
+static void limits_reset(void)
+{
+    limits_now[CU_LIMIT_STACK_SIZE] = 1024;
+    limits_now[CU_LIMIT_PRINTF_FIFO_SIZE] = 1 << 20;
+    limits_now[CU_LIMIT_MALLOC_HEAP_SIZE] = 8 << 20;
+}
 
 static uint64_t limit_bytes(CUlimit limit, size_t value)
 {
@@ -1428,6 +1438,7 @@ static CUresult launch(enum fake_launch_variant variant, CUfunction f, uint64_t 
     CUresult rc = need_ctx();
     if (rc != CUDA_SUCCESS)
         return rc;
+    run_inside("cuLaunchKernel"); /* any launch, before the driver raises the stack */
     if (f != NULL && fake_cuda_local_bytes > limits_now[CU_LIMIT_STACK_SIZE]) {
         if (!gpu_ctx_resize(current->dev, limit_bytes(CU_LIMIT_STACK_SIZE,
                                                       limits_now[CU_LIMIT_STACK_SIZE]),

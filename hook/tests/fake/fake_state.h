@@ -49,7 +49,7 @@ extern int fake_cuda_graph_remap;
  * looks at the primary context; "cuGraphInstantiate", any version: before it reads the
  * graph; "cuStreamGetCaptureInfo": after its answer, or cuStreamIsCapturing's;
  * cuGraphExecDestroy: before it destroys; "cuMemAllocAsync", any flavour: after the memory is
- * taken). */
+ * taken; "cuLaunchKernel", any launch: before the driver raises the stack). */
 extern char fake_cuda_inside[64];
 extern void (*fake_cuda_inside_fn)(void);
 
