@@ -19,6 +19,13 @@ static void gate(uint64_t blocks)
         vgpu_throttle_launch(current_device(), blocks ? blocks : 1);
 }
 
+/* After the driver launched (rc its answer) a kernel whose stack check gave `stack`. */
+static CUresult launched(int stack, CUresult rc)
+{
+    vgpu_stack_after_launch(stack);
+    return rc;
+}
+
 VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                     unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                     CUstream stream, void **params, void **extra)
@@ -27,11 +34,9 @@ VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsi
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz));
     int stack = vgpu_stack_before_launch(f);
-    if (stack < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
-    vgpu_stack_after_launch(stack);
-    return rc;
+    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+                     : launched(stack, real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream,
+                                                           params, extra));
 }
 
 VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
@@ -42,11 +47,9 @@ VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz));
     int stack = vgpu_stack_before_launch(f);
-    if (stack < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
-    vgpu_stack_after_launch(stack);
-    return rc;
+    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+                     : launched(stack, real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem,
+                                                                stream, params, extra));
 }
 
 VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
@@ -57,11 +60,8 @@ VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f
     if (config != NULL)
         gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ));
     int stack = vgpu_stack_before_launch(f);
-    if (stack < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = real.cuLaunchKernelEx(config, f, params, extra);
-    vgpu_stack_after_launch(stack);
-    return rc;
+    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+                     : launched(stack, real.cuLaunchKernelEx(config, f, params, extra));
 }
 
 VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
@@ -72,11 +72,8 @@ VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunct
     if (config != NULL)
         gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ));
     int stack = vgpu_stack_before_launch(f);
-    if (stack < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = real.cuLaunchKernelEx_ptsz(config, f, params, extra);
-    vgpu_stack_after_launch(stack);
-    return rc;
+    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+                     : launched(stack, real.cuLaunchKernelEx_ptsz(config, f, params, extra));
 }
 
 VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy,
@@ -88,11 +85,9 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsign
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz));
     int stack = vgpu_stack_before_launch(f);
-    if (stack < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
-    vgpu_stack_after_launch(stack);
-    return rc;
+    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+                     : launched(stack, real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz,
+                                                                      shmem, stream, params));
 }
 
 VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
@@ -104,11 +99,10 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz));
     int stack = vgpu_stack_before_launch(f);
-    if (stack < 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params);
-    vgpu_stack_after_launch(stack);
-    return rc;
+    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+                     : launched(stack, real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by,
+                                                                           bz, shmem, stream,
+                                                                           params));
 }
 
 /* A graph costs the blocks of all its kernels (learnt when it was instantiated, cuda_graph.c),
