@@ -212,7 +212,11 @@ CUresult vgpu_graph_launch(graph_launch_fn launch, CUgraphExec exec, CUstream st
  * fit (logged; the caller answers CUDA_ERROR_OUT_OF_MEMORY without launching); 1: counted, and
  * vgpu_stack_after_launch is called with it once the driver has launched; 0: nothing to do. */
 int vgpu_stack_before_launch(CUfunction f);
+/* The same for a launch whose kernels need `local` bytes a thread at most (a graph's). */
+int vgpu_stack_before_needs(uint64_t local);
 void vgpu_stack_after_launch(int reserved);
+/* A kernel's local memory a thread (0: none, or the driver cannot say). */
+uint64_t vgpu_kernel_local_bytes(CUfunction f);
 
 /* A context on dev (-1: any) was destroyed or reset: its modules are unloaded (kernel handles
  * may name other kernels next) and the next context starts at the driver's default stack. */

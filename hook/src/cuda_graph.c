@@ -20,6 +20,7 @@ static struct vgpu_graph_api graph_api(void)
         .kernel_params_v1 = real.cuGraphKernelNodeGetParams,
         .child_graph = real.cuGraphChildGraphNodeGetGraph,
         .alloc_params = real.cuGraphMemAllocNodeGetParams,
+        .local_bytes = vgpu_kernel_local_bytes,
     };
 }
 

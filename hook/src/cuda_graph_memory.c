@@ -228,10 +228,16 @@ CUresult vgpu_graph_launch(graph_launch_fn launch, CUgraphExec exec, CUstream st
     uint64_t serial = vgpu_graph_memory_of(exec, &memory);
     if (serial == 0)
         return launch(exec, stream);
-    if (vgpu_graph_mapping_begin(&memory, exec, serial, stream, api, &m) != 0)
+    /* Its kernels may need a larger stack, which the driver raises at the launch. */
+    int stack = vgpu_stack_before_needs(memory.stack);
+    if (stack < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = launch(exec, stream);
-    vgpu_graph_mapping_end(&m, rc == CUDA_SUCCESS ? exec : NULL, serial);
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (vgpu_graph_mapping_begin(&memory, exec, serial, stream, api, &m) == 0) {
+        rc = launch(exec, stream);
+        vgpu_graph_mapping_end(&m, rc == CUDA_SUCCESS ? exec : NULL, serial);
+    }
+    vgpu_stack_after_launch(stack);
     return rc;
 }
 

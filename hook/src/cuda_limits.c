@@ -130,6 +130,8 @@ static size_t slot(CUfunction f)
  * a kernel, not at every launch). */
 static uint64_t local_bytes(CUfunction f)
 {
+    if (f == NULL)
+        return 0;
     struct known_function *k = &functions[slot(f)];
     CUfunction before = __atomic_load_n(&k->f, __ATOMIC_ACQUIRE);
     uint64_t known = __atomic_load_n(&k->local, __ATOMIC_ACQUIRE);
@@ -148,13 +150,19 @@ static uint64_t local_bytes(CUfunction f)
     return (uint64_t)bytes;
 }
 
+uint64_t vgpu_kernel_local_bytes(CUfunction f) { return local_bytes(f); }
+
 int vgpu_stack_before_launch(CUfunction f)
 {
     static int counted_here = -1; /* atomic: any device capped (the caps do not change) */
     int any = __atomic_load_n(&counted_here, __ATOMIC_RELAXED);
     if (any < 0)
         __atomic_store_n(&counted_here, any = vgpu_graph_memory_counted(), __ATOMIC_RELAXED);
-    uint64_t local = any && f != NULL ? local_bytes(f) : 0;
+    return vgpu_stack_before_needs(any && f != NULL ? local_bytes(f) : 0);
+}
+
+int vgpu_stack_before_needs(uint64_t local)
+{
     if (local <= __atomic_load_n(&floor_stack, __ATOMIC_ACQUIRE))
         return 0;
     int dev = current_device();

@@ -71,6 +71,18 @@ static uint64_t kernel_blocks(const struct vgpu_graph_api *api, CUgraphNode node
         ? (uint64_t)p.gridDimX * p.gridDimY * p.gridDimZ : 0;
 }
 
+/* A kernel node's function (NULL when it cannot be read). */
+static CUfunction kernel_function(const struct vgpu_graph_api *api, CUgraphNode node)
+{
+    if (api->kernel_params != NULL) {
+        CUDA_KERNEL_NODE_PARAMS p;
+        return api->kernel_params(node, &p) == CUDA_SUCCESS ? p.func : NULL;
+    }
+    CUDA_KERNEL_NODE_PARAMS_v1 p;
+    return api->kernel_params_v1 != NULL && api->kernel_params_v1(node, &p) == CUDA_SUCCESS
+               ? p.func : NULL;
+}
+
 /* The graph's nodes (*count of them, calloc'ed; the caller frees); NULL with *count 0 when it
  * has none or cannot be read, NULL with *count != 0 when out of memory. */
 static CUgraphNode *nodes_of(const struct vgpu_graph_api *api, CUgraph graph, size_t *count)
@@ -171,6 +183,10 @@ static int memory_of(const struct vgpu_graph_api *api, CUgraph graph, int depth,
             continue;
         if (type == CU_GRAPH_NODE_TYPE_GRAPH && api->child_graph(nodes[i], &child) == CUDA_SUCCESS)
             rc = memory_of(api, child, depth + 1, m);
+        if (type == CU_GRAPH_NODE_TYPE_KERNEL && api->local_bytes != NULL) {
+            uint64_t local = api->local_bytes(kernel_function(api, nodes[i]));
+            m->stack = local > m->stack ? local : m->stack;
+        }
         if (type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
             continue;
         /* Graph allocations live on a device (cuda.h: the pool's location); anything else is
@@ -193,11 +209,11 @@ int vgpu_graph_memory_read(const struct vgpu_graph_api *api, CUgraph graph,
     if (api->get_nodes == NULL || api->node_type == NULL || api->child_graph == NULL ||
         graph == NULL)
         return 0;
-    struct vgpu_graph_memory m = {{0}};
+    struct vgpu_graph_memory m = {{0}, 0};
     if (memory_of(api, graph, 0, &m) != 0)
         return -1;
-    for (int d = 0; d < VGPU_GRAPH_DEVICES; d++) {
-        if (m.bytes[d] == 0)
+    for (int d = 0; d <= VGPU_GRAPH_DEVICES; d++) {
+        if (d < VGPU_GRAPH_DEVICES ? m.bytes[d] == 0 : m.stack == 0)
             continue;
         costs->memory = calloc(1, sizeof m);
         if (costs->memory == NULL)
@@ -397,6 +413,7 @@ static void larger_memory(struct vgpu_graph_memory **into, struct vgpu_graph_mem
     }
     for (int d = 0; b != NULL && d < VGPU_GRAPH_DEVICES; d++)
         a->bytes[d] = a->bytes[d] > b->bytes[d] ? a->bytes[d] : b->bytes[d];
+    a->stack = b != NULL && b->stack > a->stack ? b->stack : a->stack;
     free(b);
 }
 

@@ -21,14 +21,17 @@ struct vgpu_graph_api {
     CUresult (*kernel_params_v1)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS_v1 *);
     CUresult (*child_graph)(CUgraphNode, CUgraph *);
     CUresult (*alloc_params)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *); /* NULL: none can exist */
+    uint64_t (*local_bytes)(CUfunction); /* a kernel's local memory a thread; NULL: not asked */
 };
 
 enum { VGPU_GRAPH_DEVICES = 16 }; /* device ordinals told apart: the region's */
 
 /* What a graph's allocation nodes take from each device's graph memory pool when it runs:
- * bytes[d] on device ordinal d, child graphs included (saturating). */
+ * bytes[d] on device ordinal d, child graphs included (saturating); and the most local memory
+ * a thread of its kernels needs (stack: the driver raises the stack for it at the launch). */
 struct vgpu_graph_memory {
     uint64_t bytes[VGPU_GRAPH_DEVICES];
+    uint64_t stack;
 };
 
 /* What each top-level node of a graph costs; nodes that cost nothing (copies, events) are left

@@ -836,6 +836,24 @@ static int limits(void)
           "a kernel needing 3 KiB, with another thread's allocation measuring while the launch "
           "is under way: the raise stays counted (held %llu MiB, counted %llu MiB)",
           (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
+
+    /* A graph's kernels raise the stack at its launch the same way. */
+    static char graph_kernel;
+    CUgraph graph;
+    CUgraphNode node;
+    CUgraphExec exec = NULL;
+    CUDA_KERNEL_NODE_PARAMS k = {.func = (CUfunction)(void *)&graph_kernel, .gridDimX = 1,
+                                 .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1,
+                                 .blockDimZ = 1};
+    fake_cuda_local_bytes = 4096;
+    rc = cuGraphCreate(&graph, 0) == CUDA_SUCCESS &&
+                 cuGraphAddKernelNode(&node, graph, NULL, 0, &k) == CUDA_SUCCESS &&
+                 cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS
+             ? cuGraphLaunch(exec, NULL) : CUDA_ERROR_UNKNOWN;
+    held = fake_cuda_device_used(0);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held == 829 * MiB,
+          "a graph whose kernel needs 4 KiB a thread, 264 MiB more stack: refused at its launch "
+          "(rc %d, held %llu MiB)", rc, (unsigned long long)(held / MiB));
     fake_cuda_local_bytes = 0;
     return check_done("test_footprint limits");
 }

@@ -59,7 +59,7 @@ struct tnode {
     unsigned grid[3];
     struct tgraph *child;
     int unreadable; /* its parameters cannot be read */
-    uint64_t bytes; /* CU_GRAPH_NODE_TYPE_MEM_ALLOC: its size, on device dev */
+    uint64_t bytes; /* MEM_ALLOC: its size, on device dev; KERNEL: local memory a thread */
     int dev;
 };
 struct tgraph {
@@ -97,8 +97,8 @@ static CUresult kernel_params(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS *params)
     const struct tnode *n = (const struct tnode *)node;
     if (n->type != CU_GRAPH_NODE_TYPE_KERNEL || n->unreadable)
         return CUDA_ERROR_INVALID_VALUE;
-    *params = (CUDA_KERNEL_NODE_PARAMS){.gridDimX = n->grid[0], .gridDimY = n->grid[1],
-                                        .gridDimZ = n->grid[2]};
+    *params = (CUDA_KERNEL_NODE_PARAMS){.func = (CUfunction)(void *)n, .gridDimX = n->grid[0],
+                                        .gridDimY = n->grid[1], .gridDimZ = n->grid[2]};
     return CUDA_SUCCESS;
 }
 
@@ -120,6 +120,11 @@ static CUresult alloc_params(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *param
     params->poolProps.location = (CUmemLocation){.type = CU_MEM_LOCATION_TYPE_DEVICE,
                                                  .id = n->dev};
     return CUDA_SUCCESS;
+}
+
+static uint64_t kernel_local(CUfunction f)
+{
+    return f != NULL ? ((const struct tnode *)(const void *)f)->bytes : 0;
 }
 
 /* The CUDA 10 ABI: the fields before the CUDA 12 ones. */
@@ -629,6 +634,26 @@ static void memory_nodes(void)
           "no host memory for the record: -1, nothing kept");
     fail_in = 0;
     check(vgpu_graph_forget(e, vgpu_graph_serial(e)) == 0, "cleaned up");
+
+    /* The most local memory a thread of its kernels needs (the driver raises the stack). */
+    struct vgpu_graph_api asking = api;
+    asking.local_bytes = kernel_local;
+    struct tgraph stacked = {0}, nested = {0}, light = {0};
+    struct tnode *small = kernel(1, 1, 1), *big = kernel(1, 1, 1);
+    small->bytes = 2048;
+    big->bytes = 4096;
+    add(&nested, big);
+    add(&stacked, small);
+    add(&stacked, child(&nested));
+    add(&light, kernel(1, 1, 1));
+    int read = vgpu_graph_memory_read(&asking, handle(&stacked), &costs);
+    check(read == 0 && costs.memory != NULL && costs.memory->stack == 4096 &&
+              costs.memory->bytes[0] == 0,
+          "kernels needing 2 and 4 KiB a thread, one in a child graph: the graph needs 4096 "
+          "bytes of stack, and allocates nothing");
+    vgpu_graph_costs_free(&costs);
+    check(vgpu_graph_memory_read(&asking, handle(&light), &costs) == 0 && costs.memory == NULL,
+          "kernels needing no local memory: nothing to record");
 }
 
 int main(void)

@@ -2185,7 +2185,10 @@ static CUresult graph_launch(enum fake_launch_variant variant, CUgraphExec exec)
     if (blocks == UINT64_MAX)
         return initialised ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = graph_map(exec);
-    return rc == CUDA_SUCCESS ? launch(variant, NULL, blocks) : rc;
+    /* Its kernels (any with blocks) raise the stack as a kernel launched alone would. */
+    static char some_kernel;
+    CUfunction kernels = exec != NULL && blocks > 0 ? (CUfunction)(void *)&some_kernel : NULL;
+    return rc == CUDA_SUCCESS ? launch(variant, kernels, blocks) : rc;
 }
 
 EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream stream)
