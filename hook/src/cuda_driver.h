@@ -4,15 +4,14 @@
  * cuda_memory.c (allocations and frees), cuda_report.c (what the container is told it has),
  * cuda_launch.c (the SM limiter's gate), cuda_graph.c (what a graph launch costs),
  * cuda_graph_memory.c (what a graph's allocation nodes take), cuda_context.c (contexts made and
- * destroyed), cuda_limits.c (context limits that reserve memory). Each forwards to the real driver; only the
- * accounting around the call is ours. */
+ * destroyed), cuda_limits.c (context limits that reserve memory). Each forwards to the real
+ * driver; only the accounting around the call is ours. */
 #ifndef VGPU_CUDA_DRIVER_H
 #define VGPU_CUDA_DRIVER_H
 
 #include <cuda.h>
 #include <stdint.h>
 
-#include "graphs.h"
 #include "loader.h"
 #include "vgpu_region.h"
 
@@ -168,37 +167,6 @@ VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgrap
 uint64_t vgpu_cuda_pool_cache(uintptr_t pool);
 
 /* ---- what a graph's allocation nodes take (cuda_graph_memory.c) ---- */
-
-/* Whether any device has a memory cap (then graphs are read for their allocation nodes). */
-int vgpu_graph_memory_counted(void);
-
-/* One launch's (or upload's) graph memory, from vgpu_graph_mapping_begin to _end. */
-struct vgpu_graph_mapped {
-    int dev;
-    int known;               /* the pool's reserve could be asked before the call */
-    uint64_t reserved;       /* what was reserved for what the call may add to it */
-    cuuint64_t pool_before;  /* the pool's reserve before the call */
-};
-struct vgpu_graph_mapping {
-    CUgraphExec exec;
-    uint64_t serial; /* exec's recording (graphs.h) */
-    CUstream stream;
-    int ndevs;
-    struct vgpu_graph_mapped devs[VGPU_GRAPH_DEVICES];
-};
-
-/* Before the driver launches or uploads exec, recording serial (NULL, 0: one instantiated with
- * an upload) on stream, whose allocation nodes take memory: reserves, on each capped device,
- * what the call may add to its graph memory pool, and holds the device until _end. -1: it does
- * not fit (logged as api's refusal); the caller answers CUDA_ERROR_OUT_OF_MEMORY without
- * calling the driver. */
-int vgpu_graph_mapping_begin(const struct vgpu_graph_memory *memory, CUgraphExec exec,
-                             uint64_t serial, CUstream stream, const char *api,
-                             struct vgpu_graph_mapping *m);
-
-/* After the call (exec, serial: the graph it launched or made; NULL when it failed): what each
- * pool grew by stays counted, the rest of the reservation goes back. */
-void vgpu_graph_mapping_end(struct vgpu_graph_mapping *m, CUgraphExec exec, uint64_t serial);
 
 /* exec (that recording) was destroyed: its mappings are gone. */
 void vgpu_graph_mapping_forget(CUgraphExec exec, uint64_t serial);

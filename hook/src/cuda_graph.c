@@ -7,6 +7,7 @@
 #include "cuda_driver.h"
 #include "graphs.h"
 #include "log.h"
+#include "region.h"
 #include "throttle.h"
 
 /* ---- graphs: what a launch costs is learnt when the graph is instantiated ------------------ */
@@ -35,7 +36,7 @@ static int read_costs(CUgraph graph, struct vgpu_graph_costs *costs)
         vgpu_log(VGPU_LOG_ERROR, "out of host memory reading a CUDA graph's kernels: refused");
         return -1;
     }
-    if (vgpu_graph_memory_counted() &&
+    if (vgpu_region_any_limit() &&
         vgpu_graph_memory_read(&api, graph, costs) != 0) {
         vgpu_graph_costs_free(costs);
         vgpu_log(VGPU_LOG_ERROR, "a CUDA graph's allocation nodes cannot be read (out of host "
@@ -70,7 +71,7 @@ static int read_again(CUgraph graph, struct vgpu_graph_costs *costs)
 {
     const struct vgpu_graph_api api = graph_api();
     struct vgpu_graph_costs now = {0};
-    if (!vgpu_graph_memory_counted())
+    if (!vgpu_region_any_limit())
         return 0;
     if (vgpu_graph_memory_read(&api, graph, &now) != 0)
         return -1;
@@ -128,7 +129,7 @@ static CUresult instantiate_with_params(instantiate_params_fn instantiate, graph
     if (read_costs(graph, &costs) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     int uploading = params != NULL && (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0 &&
-                    vgpu_graph_memory_counted() && upload != NULL;
+                    vgpu_region_any_limit() && upload != NULL;
     CUDA_GRAPH_INSTANTIATE_PARAMS asked = uploading ? *params : (CUDA_GRAPH_INSTANTIATE_PARAMS){0};
     asked.flags &= ~(cuuint64_t)CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
     CUresult rc = instantiated(instantiate(exec, graph, uploading ? &asked : params), exec, graph,
@@ -250,7 +251,7 @@ static int child_cost(CUgraph child, uint64_t *blocks, struct vgpu_graph_costs *
                  "refused");
         return -1;
     }
-    if (vgpu_graph_memory_counted() && vgpu_graph_memory_read(&api, child, memory) != 0) {
+    if (vgpu_region_any_limit() && vgpu_graph_memory_read(&api, child, memory) != 0) {
         vgpu_log(VGPU_LOG_ERROR, "a CUDA child graph's allocation nodes cannot be read: "
                  "refused");
         return -1;

@@ -11,12 +11,29 @@
 
 #include "cuda_driver.h"
 #include "footprint.h"
+#include "graphs.h"
 #include "log.h"
 #include "memory.h"
 #include "region.h"
 
 _Static_assert((int)VGPU_GRAPH_DEVICES == (int)VGPU_REGION_MAX_DEVICES,
                "graphs.h tells devices apart by the region's ordinals");
+
+/* One launch's (or upload's) graph memory on each capped device it allocates on, from
+ * mapping_begin to mapping_end. */
+struct graph_mapped {
+    int dev;
+    int known;              /* the pool's reserve could be asked before the call */
+    uint64_t reserved;      /* what was reserved for what the call may add to it */
+    cuuint64_t pool_before; /* the pool's reserve before the call */
+};
+struct graph_mapping {
+    CUgraphExec exec;
+    uint64_t serial; /* exec's recording (graphs.h) */
+    CUstream stream;
+    int ndevs;
+    struct graph_mapped devs[VGPU_GRAPH_DEVICES];
+};
 
 /* A graph whose mappings the driver keeps for its next launch on the same stream (cuda.h:
  * "physical mappings for a graph are retained between launches"), as of an epoch. */
@@ -57,14 +74,6 @@ static void init(void)
     pthread_atfork(NULL, NULL, reset);
 }
 
-int vgpu_graph_memory_counted(void)
-{
-    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
-        if (vgpu_region_limit(d) != 0)
-            return 1;
-    return 0;
-}
-
 /* What dev's graph memory pool holds from the device now; -1 when the driver cannot say. */
 static int pool_reserve(int dev, cuuint64_t *reserved)
 {
@@ -99,19 +108,19 @@ static uint64_t may_add(struct device_graphs *d, int dev, uint64_t bytes, CUgrap
     return bytes;
 }
 
-/* After a launch of m's graph on d (exec NULL: it failed): the driver keeps its mappings for
- * the next one on the same stream. (Another graph's allocation that outlives its launch may
- * take memory a kept graph mapped, which then maps anew: what the pool grows by then is
- * counted after that launch, past the cap if need be.) */
-static void note_launch(struct device_graphs *d, const struct vgpu_graph_mapping *m,
-                        CUgraphExec exec, uint64_t serial, int known, cuuint64_t after)
+/* After a launch of m's graph on d (launched: the driver took it): the driver keeps its
+ * mappings for the next one on the same stream. (Another graph's allocation that outlives its
+ * launch may take memory a kept graph mapped, which then maps anew: what the pool grows by
+ * then is counted after that launch, past the cap if need be.) */
+static void note_launch(struct device_graphs *d, const struct graph_mapping *m, int launched,
+                        int known, cuuint64_t after)
 {
     if (known && after < d->pool)
         d->epoch++; /* the pool shrank: a trim */
     if (known)
         d->pool = after;
-    struct kept_graph *k = kept_slot(d, m->exec, serial);
-    if (!known || exec == NULL) {
+    struct kept_graph *k = kept_slot(d, m->exec, m->serial);
+    if (!known || !launched) {
         if (k != NULL)
             k->serial = 0;
         return;
@@ -123,7 +132,7 @@ static void note_launch(struct device_graphs *d, const struct vgpu_graph_mapping
         if (k == NULL)
             k = &d->kept[d->next++ % KEPT_GRAPHS];
     }
-    *k = (struct kept_graph){.exec = exec, .serial = serial, .stream = m->stream,
+    *k = (struct kept_graph){.exec = m->exec, .serial = m->serial, .stream = m->stream,
                              .epoch = d->epoch};
 }
 
@@ -142,7 +151,7 @@ static void trim_unused(struct device_graphs *d, int dev, cuuint64_t *pool_befor
 }
 
 /* Gives back what begin reserved on the first n devices of m, and their locks. */
-static void undo(struct vgpu_graph_mapping *m, int n)
+static void undo(struct graph_mapping *m, int n)
 {
     for (int i = 0; i < n; i++) {
         vgpu_mem_unreserve(m->devs[i].dev, m->devs[i].reserved);
@@ -150,18 +159,22 @@ static void undo(struct vgpu_graph_mapping *m, int n)
     }
 }
 
-int vgpu_graph_mapping_begin(const struct vgpu_graph_memory *memory, CUgraphExec exec,
-                             uint64_t serial, CUstream stream, const char *api,
-                             struct vgpu_graph_mapping *m)
+/* Before the driver launches or uploads exec, recording serial, on stream: reserves, on each
+ * capped device its allocation nodes take memory on, what the call may add to its graph memory
+ * pool, and holds the device until mapping_end. -1: it does not fit (logged as api's refusal);
+ * the caller answers CUDA_ERROR_OUT_OF_MEMORY without calling the driver. */
+static int mapping_begin(const struct vgpu_graph_memory *memory, CUgraphExec exec,
+                         uint64_t serial, CUstream stream, const char *api,
+                         struct graph_mapping *m)
 {
     pthread_once(&once, init);
-    *m = (struct vgpu_graph_mapping){.exec = exec, .serial = serial, .stream = stream};
+    *m = (struct graph_mapping){.exec = exec, .serial = serial, .stream = stream};
     /* Devices in ascending order: two launches never wait on each other's locks. */
     for (int dev = 0; dev < VGPU_GRAPH_DEVICES; dev++) {
         if (memory->bytes[dev] == 0 || vgpu_region_limit(dev) == 0)
             continue;
         struct device_graphs *d = &devices[dev];
-        struct vgpu_graph_mapped *md = &m->devs[m->ndevs];
+        struct graph_mapped *md = &m->devs[m->ndevs];
         pthread_mutex_lock(&d->lock);
         md->dev = dev;
         md->known = pool_reserve(dev, &md->pool_before) == 0;
@@ -185,10 +198,12 @@ int vgpu_graph_mapping_begin(const struct vgpu_graph_memory *memory, CUgraphExec
     return 0;
 }
 
-void vgpu_graph_mapping_end(struct vgpu_graph_mapping *m, CUgraphExec exec, uint64_t serial)
+/* After the call (launched: the driver took it): what each pool grew by stays counted, the
+ * rest of the reservation goes back. */
+static void mapping_end(struct graph_mapping *m, int launched)
 {
     for (int i = 0; i < m->ndevs; i++) {
-        struct vgpu_graph_mapped *md = &m->devs[i];
+        struct graph_mapped *md = &m->devs[i];
         struct device_graphs *d = &devices[md->dev];
         cuuint64_t after = 0;
         int known = md->known && pool_reserve(md->dev, &after) == 0;
@@ -200,7 +215,7 @@ void vgpu_graph_mapping_end(struct vgpu_graph_mapping *m, CUgraphExec exec, uint
                      "allocations are refused while past the cap)", md->dev,
                      (unsigned long long)grew, (unsigned long long)(grew - md->reserved));
         vgpu_footprint_grew(md->dev, md->reserved, grew);
-        note_launch(d, m, exec, serial, known, after);
+        note_launch(d, m, launched, known, after);
         pthread_mutex_unlock(&d->lock);
     }
     if (m->ndevs != 0)
@@ -224,7 +239,7 @@ CUresult vgpu_graph_launch(graph_launch_fn launch, CUgraphExec exec, CUstream st
                            const char *api)
 {
     struct vgpu_graph_memory memory;
-    struct vgpu_graph_mapping m;
+    struct graph_mapping m;
     uint64_t serial = vgpu_graph_memory_of(exec, &memory);
     if (serial == 0)
         return launch(exec, stream);
@@ -233,9 +248,9 @@ CUresult vgpu_graph_launch(graph_launch_fn launch, CUgraphExec exec, CUstream st
     if (stack < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
-    if (vgpu_graph_mapping_begin(&memory, exec, serial, stream, api, &m) == 0) {
+    if (mapping_begin(&memory, exec, serial, stream, api, &m) == 0) {
         rc = launch(exec, stream);
-        vgpu_graph_mapping_end(&m, rc == CUDA_SUCCESS ? exec : NULL, serial);
+        mapping_end(&m, rc == CUDA_SUCCESS);
     }
     vgpu_stack_after_launch(stack);
     return rc;

@@ -70,29 +70,16 @@ static uint64_t may_add(CUlimit limit, size_t value, int dev)
     return times(raise, threads != 0 ? threads : UINT64_C(1) << 20);
 }
 
-/* Reserves `more` on dev for api's call, which then runs; counted after it if it worked. */
-static CUresult reserved_call(int dev, uint64_t more, const char *api, CUresult (*call)(void *),
-                              void *arg)
+/* Reserves `more` on dev for a raise the driver makes in api's call; -1: it does not fit
+ * (logged). The operation stays open (vgpu_mem_op_end) until the raise is counted after the
+ * driver made it: until then, a measurement would not see it in NVML and settle it away. */
+static int reserve_raise(int dev, uint64_t more, const char *api)
 {
     vgpu_footprint_refresh(dev); /* what an allocation would see */
     if (vgpu_mem_reserve(dev, more, api) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    vgpu_mem_op_begin(); /* until counted, NVML may show memory the ledger does not */
-    CUresult rc = call(arg);
-    vgpu_footprint_grew(dev, more, rc == CUDA_SUCCESS ? more : 0);
-    vgpu_mem_op_end();
-    return rc;
-}
-
-struct set_limit {
-    CUlimit limit;
-    size_t value;
-};
-
-static CUresult set_limit(void *arg)
-{
-    const struct set_limit *a = arg;
-    return real.cuCtxSetLimit(a->limit, a->value);
+        return -1;
+    vgpu_mem_op_begin();
+    return 0;
 }
 
 /* After the stack on dev was set to value: what it counts from now on. */
@@ -111,9 +98,13 @@ VGPU_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
         return CUDA_ERROR_NOT_INITIALIZED;
     int dev = current_device();
     uint64_t more = dev >= 0 && vgpu_region_limit(dev) != 0 ? may_add(limit, value, dev) : 0;
-    struct set_limit arg = {limit, value};
-    CUresult rc = more == 0 ? set_limit(&arg)
-                            : reserved_call(dev, more, "cuCtxSetLimit", set_limit, &arg);
+    if (more != 0 && reserve_raise(dev, more, "cuCtxSetLimit") != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real.cuCtxSetLimit(limit, value);
+    if (more != 0) {
+        vgpu_footprint_grew(dev, more, rc == CUDA_SUCCESS ? more : 0);
+        vgpu_mem_op_end();
+    }
     if (rc == CUDA_SUCCESS && limit == CU_LIMIT_STACK_SIZE && dev >= 0)
         stack_now(dev, value);
     return rc;
@@ -127,8 +118,8 @@ static size_t slot(CUfunction f)
 }
 
 /* f's local memory per thread (0, kept as such, when the driver cannot say: it is asked once
- * a kernel, not at every launch). */
-static uint64_t local_bytes(CUfunction f)
+ * a kernel, not at every launch). A table by handle (above). */
+uint64_t vgpu_kernel_local_bytes(CUfunction f)
 {
     if (f == NULL)
         return 0;
@@ -150,15 +141,13 @@ static uint64_t local_bytes(CUfunction f)
     return (uint64_t)bytes;
 }
 
-uint64_t vgpu_kernel_local_bytes(CUfunction f) { return local_bytes(f); }
-
 int vgpu_stack_before_launch(CUfunction f)
 {
     static int counted_here = -1; /* atomic: any device capped (the caps do not change) */
     int any = __atomic_load_n(&counted_here, __ATOMIC_RELAXED);
     if (any < 0)
-        __atomic_store_n(&counted_here, any = vgpu_graph_memory_counted(), __ATOMIC_RELAXED);
-    return vgpu_stack_before_needs(any && f != NULL ? local_bytes(f) : 0);
+        __atomic_store_n(&counted_here, any = vgpu_region_any_limit(), __ATOMIC_RELAXED);
+    return vgpu_stack_before_needs(any && f != NULL ? vgpu_kernel_local_bytes(f) : 0);
 }
 
 int vgpu_stack_before_needs(uint64_t local)
@@ -180,14 +169,9 @@ int vgpu_stack_before_needs(uint64_t local)
     if (local > counted) {
         uint64_t threads = resident_threads(dev);
         uint64_t more = times(local - counted, threads != 0 ? threads : UINT64_C(1) << 20);
-        vgpu_footprint_refresh(dev); /* what an allocation would see */
-        rc = vgpu_mem_reserve(dev, more, "a kernel launch (its stack)") == 0 ? 1 : -1;
-        if (rc > 0) {
-            /* Counted now; until the launch is made, a measurement would not see the raise
-             * in NVML and settle the count away: the operation stays open until then. */
-            vgpu_mem_op_begin();
+        rc = reserve_raise(dev, more, "a kernel launch (its stack)") == 0 ? 1 : -1;
+        if (rc > 0) /* counted now: the operation stays open until the launch is made */
             vgpu_footprint_grew(dev, more, more);
-        }
     }
     if (rc >= 0)
         __atomic_store_n(&stack_of[dev], local > counted ? local : counted, __ATOMIC_RELEASE);
@@ -201,26 +185,32 @@ void vgpu_stack_after_launch(int reserved)
         vgpu_mem_op_end();
 }
 
+/* Every kernel's local memory is asked anew (a handle may name another kernel next). Caller
+ * holds stack_lock. */
+static void clear_functions(void)
+{
+    for (size_t i = 0; i < FUNCTIONS; i++)
+        __atomic_store_n(&functions[i].f, NULL, __ATOMIC_RELEASE);
+}
+
 void vgpu_stack_context_gone(int dev)
 {
     pthread_mutex_lock(&stack_lock);
-    for (size_t i = 0; i < FUNCTIONS; i++)
-        __atomic_store_n(&functions[i].f, NULL, __ATOMIC_RELEASE);
+    clear_functions();
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
         if (d == dev || dev < 0)
             __atomic_store_n(&stack_of[d], 0, __ATOMIC_RELEASE); /* asked anew */
     pthread_mutex_unlock(&stack_lock);
 }
 
-/* A module or library unloaded: its kernels' handles may be another kernel's next, whose local
- * memory is asked anew. */
+/* After a module or library was unloaded (rc the driver's answer): its kernels' handles may
+ * be another kernel's next. */
 static CUresult forget_functions(CUresult rc)
 {
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&stack_lock);
-    for (size_t i = 0; i < FUNCTIONS; i++)
-        __atomic_store_n(&functions[i].f, NULL, __ATOMIC_RELEASE);
+    clear_functions();
     pthread_mutex_unlock(&stack_lock);
     return rc;
 }

@@ -220,11 +220,16 @@ static CUmemoryPool drawn_pool(const struct pointer_request *r, int dev)
     return pool;
 }
 
+/* Whether r is of the per-thread default stream flavour (the _ptsz exports). */
+static int per_thread(const struct pointer_request *r)
+{
+    return r->api == ASYNC_PTSZ || r->api == POOL_PTSZ;
+}
+
 /* The stream-ordered free of r's flavour (per-thread default stream or legacy). */
 static CUresult (*ordered_free(const struct pointer_request *r))(CUdeviceptr, CUstream)
 {
-    return r->api == ASYNC_PTSZ || r->api == POOL_PTSZ ? real.cuMemFreeAsync_ptsz
-                                                       : real.cuMemFreeAsync;
+    return per_thread(r) ? real.cuMemFreeAsync_ptsz : real.cuMemFreeAsync;
 }
 
 /* Gives back what pool caches; returns 1 when that was something. */
@@ -239,8 +244,7 @@ static int trim_pool(CUmemoryPool pool)
 static int capture_status(const struct pointer_request *r, CUstreamCaptureStatus *status)
 {
     CUresult (*ask)(CUstream, CUstreamCaptureStatus *) =
-        r->api == ASYNC_PTSZ || r->api == POOL_PTSZ ? real.cuStreamIsCapturing_ptsz
-                                                    : real.cuStreamIsCapturing;
+        per_thread(r) ? real.cuStreamIsCapturing_ptsz : real.cuStreamIsCapturing;
     *status = CU_STREAM_CAPTURE_STATUS_NONE;
     return ask != NULL && ask(r->stream, status) == CUDA_SUCCESS ? 0 : -1;
 }
@@ -266,8 +270,7 @@ static cuuint64_t capture_of(const struct pointer_request *r)
 {
     CUresult (*ask)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
                     const CUgraphNode **, size_t *) =
-        r->api == ASYNC_PTSZ || r->api == POOL_PTSZ ? real.cuStreamGetCaptureInfo_v2_ptsz
-                                                    : real.cuStreamGetCaptureInfo_v2;
+        per_thread(r) ? real.cuStreamGetCaptureInfo_v2_ptsz : real.cuStreamGetCaptureInfo_v2;
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     cuuint64_t id = 0;
     if (ask == NULL || ask(r->stream, &status, &id, NULL, NULL, NULL) != CUDA_SUCCESS ||

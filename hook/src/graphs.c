@@ -422,14 +422,21 @@ void vgpu_graph_memory_merge(struct vgpu_graph_costs *into, struct vgpu_graph_co
     larger_memory(&into->memory, &from->memory);
 }
 
+/* The entry's memory becomes the larger of its own and *memory (taken), per device. Caller
+ * holds table_lock. */
+static void absorb_memory(struct entry *e, struct vgpu_graph_memory **memory)
+{
+    if (e->costs.memory == NULL && *memory != NULL)
+        __atomic_add_fetch(&allocating, 1, __ATOMIC_RELEASE);
+    larger_memory(&e->costs.memory, memory);
+}
+
 /* costs->memory becomes the larger of the entry's and its own, per device: an update that
  * could change what the allocation nodes take never makes it less than what may run. Caller
  * holds table_lock. */
 static void keep_larger_memory(struct entry *e, struct vgpu_graph_costs *costs)
 {
-    if (e->costs.memory == NULL && costs->memory != NULL)
-        __atomic_add_fetch(&allocating, 1, __ATOMIC_RELEASE);
-    larger_memory(&e->costs.memory, &costs->memory);
+    absorb_memory(e, &costs->memory);
     costs->memory = e->costs.memory;
 }
 
@@ -469,11 +476,8 @@ uint64_t vgpu_graph_more_memory(CUgraphExec exec, struct vgpu_graph_costs *costs
     pthread_mutex_lock(&table_lock);
     struct entry *e = find(exec);
     uint64_t serial = e != NULL ? e->serial : 0;
-    if (e != NULL) {
-        if (e->costs.memory == NULL && costs->memory != NULL)
-            __atomic_add_fetch(&allocating, 1, __ATOMIC_RELEASE);
-        larger_memory(&e->costs.memory, &costs->memory);
-    }
+    if (e != NULL)
+        absorb_memory(e, &costs->memory);
     pthread_mutex_unlock(&table_lock);
     if (e != NULL || costs->memory == NULL) {
         vgpu_graph_costs_free(costs);

@@ -383,6 +383,14 @@ int vgpu_region_reap_dead(void)
 
 uint64_t vgpu_region_limit(int dev) { return vgpu_region_get() != NULL ? limit_bytes[dev] : 0; }
 
+int vgpu_region_any_limit(void)
+{
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
+        if (vgpu_region_limit(d) != 0)
+            return 1;
+    return 0;
+}
+
 uint64_t vgpu_region_used(int dev)
 {
     struct vgpu_region *r = vgpu_region_get();

@@ -33,6 +33,7 @@ int vgpu_region_reap_dead(void);
 
 /* The limits are the region's, read once at attach (0 when not attached). */
 uint64_t vgpu_region_limit(int dev);
+int vgpu_region_any_limit(void); /* any device has a memory cap */
 uint64_t vgpu_region_used(int dev);
 uint32_t vgpu_region_sm_limit(int dev);
 
