@@ -181,11 +181,14 @@ static const char *still_linked(int fd, int dir_fd, const char *name)
     return NULL;
 }
 
-/* Opens name (creating it when that is safe); returns the descriptor or -1 with *why. */
+/* Opens name (creating it when that is safe); returns the descriptor or -1 with *why.
+ * A guard held while the name is missing is either a removed region still in use or, when
+ * processes start together, a peer's new one: it was linked before anyone could attach to it
+ * and take the guard, so one more open tells the two apart. */
 static int open_file(int dir_fd, const char *name, off_t guard, const struct vgpu_limits *limits,
                      const char **why)
 {
-    for (int created = 0;; created = 1) {
+    for (int created = 0, guarded = 0;;) {
         int fd = openat(dir_fd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
         if (fd >= 0)
             return fd;
@@ -198,14 +201,22 @@ static int open_file(int dir_fd, const char *name, off_t guard, const struct vgp
             return -1;
         }
         int busy = guard_in_use(dir_fd, guard);
-        if (busy != 0) {
-            *why = busy > 0 ? in_use : because("cannot check its folder's guard lock", errno);
+        if (busy < 0) {
+            *why = because("cannot check its folder's guard lock", errno);
             return -1;
         }
+        if (busy > 0 && guarded) {
+            *why = in_use;
+            return -1;
+        }
+        guarded = busy;
+        if (busy > 0)
+            continue;
         if (create_region(dir_fd, name, limits) != 0) {
             *why = because("cannot create it", errno);
             return -1;
         }
+        created = 1;
     }
 }
 

@@ -94,6 +94,9 @@ run deleted CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" deleted
 run truncated CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" truncated
 run kill-threads CUDA_DEVICE_MEMORY_LIMIT=1g LIBCUDA_LOG_LEVEL=0 \
     "$build/tests/test_multiproc" kill-threads
+# Processes of one container starting together where there is no region file yet all share the
+# one a peer creates (a guard held while the file is missing is not always a removed region).
+run together CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_CONTEXT_MIB=20 "$build/tests/test_multiproc" together
 # The demo vgpuctl runs: a 3000 MiB cap refuses the 7th 500 MiB step.
 run demo CUDA_DEVICE_MEMORY_LIMIT_0=3000m sh -c \
     "$build/vgpu-demo-alloc | tee /dev/stderr | grep -q '^refused at step 7 with 3000 MiB held$'"

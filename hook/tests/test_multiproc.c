@@ -12,7 +12,11 @@
  *                of dying of SIGBUS, and new processes refuse CUDA (also once it is zero-extended)
  *   kill-threads kill -9 of processes whose threads allocate and free: nothing leaks while
  *                another process lives
- *   refused-child, uids-child: run after exec by the modes above. */
+ *   together     (contexts of 20 MiB) a process that finds no region file while a peer creates one
+ *                uses the peer's region (the window held open by late_open.so); then
+ *                TOGETHER_ROUNDS rounds of 16 processes starting at once where there is no region
+ *                file yet: every one gets CUDA, and all share one region
+ *   refused-child, uids-child, together-child: run after exec by the modes above. */
 #include <cuda.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -737,6 +741,165 @@ static void hammer(void)
     check(used(0) == 0, "and the region is back to 0 (%llu)", (unsigned long long)used(0));
 }
 
+/* ---- together ------------------------------------------------------------------------------ */
+
+enum { TOGETHER = 16 };
+
+/* Says it is ready on fd 3, starts CUDA when fd 4 closes, allocates 10 MiB, says how that went on
+ * fd 3, and holds the memory until fd 5 closes. */
+static int together_child(void)
+{
+    char byte = 'r';
+    if (write(3, &byte, 1) != 1 || read(4, &byte, 1) != 0)
+        return 2;
+    capture_begin();
+    CUresult init = cuInit(0);
+    const char *log = capture_end();
+    CUdeviceptr p = 0;
+    if (init == CUDA_SUCCESS) {
+        cuda_start();
+        init = cuMemAlloc_v2(&p, 10 * MiB);
+    }
+    byte = init == CUDA_SUCCESS ? 'y' : 'n';
+    if (init != CUDA_SUCCESS)
+        fprintf(stderr, "pid %d: CUDA %d: %s", (int)getpid(), init, log);
+    if (write(3, &byte, 1) != 1)
+        return 2;
+    read(5, &byte, 1);
+    return 0;
+}
+
+/* One round at path: returns how many of the processes got CUDA and 10 MiB, and sets *shared_mib
+ * to what the region at path counts while they hold it. */
+static int together_round(const char *path, uint64_t *shared_mib)
+{
+    int ready[2], go[2], release[2];
+    if (pipe(ready) != 0 || pipe(go) != 0 || pipe(release) != 0)
+        return -1;
+    setenv("CUDA_DEVICE_MEMORY_SHARED_CACHE", path, 1);
+    pid_t kids[TOGETHER];
+    for (int i = 0; i < TOGETHER; i++) {
+        kids[i] = fork();
+        if (kids[i] == 0) {
+            if (dup2(ready[1], 3) != 3 || dup2(go[0], 4) != 4 || dup2(release[0], 5) != 5)
+                _exit(3);
+            close(go[1]);
+            close(release[1]);
+            execl(self_path, self_path, "together-child", (char *)NULL);
+            _exit(4);
+        }
+    }
+    close(ready[1]);
+    close(go[0]);
+    close(release[0]);
+    char byte;
+    int fine = 0;
+    for (int i = 0; i < TOGETHER && read(ready[0], &byte, 1) == 1; i++) {
+    }
+    close(go[1]); /* all at once */
+    for (int i = 0; i < TOGETHER && read(ready[0], &byte, 1) == 1; i++)
+        fine += byte == 'y';
+    *shared_mib = open_region() ? used(0) / MiB : 0;
+    if (region != NULL)
+        munmap((void *)region, VGPU_REGION_FILE_SIZE);
+    close(region_fd);
+    region = NULL;
+    close(release[1]);
+    for (int i = 0; i < TOGETHER; i++) {
+        int status = wait_status(kids[i]);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            fprintf(stderr, "child %d: status %d\n", (int)kids[i], status);
+    }
+    close(ready[0]);
+    return fine;
+}
+
+/* The window itself, held open: a process finds no region file, and before it checks the guard
+ * a peer creates the region and attaches (this process, here). It must then use that region. */
+static void peer_created(void)
+{
+    char path[4200], lib[4200], preload[8600];
+    snprintf(path, sizeof path, "%s.peer", region_path());
+    const char *slash = strrchr(self_path, '/');
+    snprintf(lib, sizeof lib, "%.*slate_open.so", slash != NULL ? (int)(slash + 1 - self_path) : 0,
+             self_path);
+    const char *before = getenv("LD_PRELOAD");
+    snprintf(preload, sizeof preload, "%s %s", before != NULL ? before : "", lib);
+    int said[2], go[2], ready[2], start[2], release[2];
+    if (pipe(said) != 0 || pipe(go) != 0 || pipe(ready) != 0 || pipe(start) != 0 ||
+        pipe(release) != 0) {
+        check(0, "pipes: %s", strerror(errno));
+        return;
+    }
+    pid_t kid = fork();
+    if (kid == 0) {
+        /* fds 3-5 are together-child's; the window's two go above them */
+        if (dup2(said[1], 20) != 20 || dup2(go[0], 21) != 21)
+            _exit(3);
+        const char *fd_text = "20", *go_text = "21";
+        const char *slash_name = strrchr(path, '/');
+        setenv("LATE_OPEN_NAME", slash_name != NULL ? slash_name + 1 : path, 1);
+        setenv("LATE_OPEN_FD", fd_text, 1);
+        setenv("LATE_OPEN_GO", go_text, 1);
+        setenv("LD_PRELOAD", preload, 1);
+        setenv("CUDA_DEVICE_MEMORY_SHARED_CACHE", path, 1);
+        if (dup2(ready[1], 3) != 3 || dup2(start[0], 4) != 4 || dup2(release[0], 5) != 5)
+            _exit(3);
+        close(go[1]); /* each pipe's far end is the parent's alone, or its close says nothing */
+        close(start[1]);
+        close(release[1]);
+        execl(self_path, self_path, "together-child", (char *)NULL);
+        _exit(4);
+    }
+    close(said[1]);
+    close(go[0]);
+    close(ready[1]);
+    close(start[0]);
+    close(release[0]);
+    char byte = 0;
+    int in_window = read(ready[0], &byte, 1) == 1 && (close(start[1]), 1) &&
+                    read(said[0], &byte, 1) == 1;
+    check(in_window, "a process found no region file at %s and waits before its guard check", path);
+    setenv("CUDA_DEVICE_MEMORY_SHARED_CACHE", path, 1);
+    cuda_start(); /* creates the region and takes its guard */
+    check(open_region() && used(0) > 0, "meanwhile a peer created the region and attached");
+    close(go[1]);
+    check(read(ready[0], &byte, 1) == 1 && byte == 'y',
+          "the process then uses the peer's region: CUDA and 10 MiB (not 'still in use')");
+    uint64_t mine = used(0);
+    close(release[1]);
+    check(exited_ok(kid), "it exits cleanly");
+    check(mine == 50 * MiB, "one region counts both: %llu MiB (two 20 MiB contexts and 10 MiB)",
+          (unsigned long long)(mine / MiB));
+    munmap((void *)region, VGPU_REGION_FILE_SIZE);
+    close(region_fd);
+    region = NULL;
+    unlink(path);
+}
+
+static void together(void)
+{
+    peer_created();
+    int rounds = getenv("TOGETHER_ROUNDS") ? atoi(getenv("TOGETHER_ROUNDS")) : 20;
+    char base[4096], path[4200];
+    snprintf(base, sizeof base, "%s", region_path());
+    int all = 1;
+    for (int r = 0; r < rounds && all; r++) {
+        snprintf(path, sizeof path, "%s.together.%d", base, r);
+        uint64_t mib = 0;
+        int fine = together_round(path, &mib);
+        all = fine == TOGETHER && mib == 30 * TOGETHER;
+        if (!all)
+            check(0, "round %d: %d of %d processes got CUDA; the region counts %llu MiB", r, fine,
+                  TOGETHER, (unsigned long long)mib);
+        unlink(path);
+    }
+    if (all)
+        check(1, "%d rounds of %d processes starting together without a region file: every one "
+                 "got CUDA and 10 MiB, and the region counted %d MiB (20 MiB contexts)",
+              rounds, TOGETHER, 30 * TOGETHER);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -747,6 +910,12 @@ int main(int argc, char **argv)
         return uids_child();
     if (strcmp(mode, "refused-child") == 0)
         return refused_child();
+    if (strcmp(mode, "together-child") == 0)
+        return together_child();
+    if (strcmp(mode, "together") == 0) { /* each round makes its own region */
+        together();
+        return check_done("test_multiproc together");
+    }
     if (strcmp(mode, "truncated") == 0) { /* never maps the region itself (see truncated()) */
         truncated();
         return check_done("test_multiproc truncated");
