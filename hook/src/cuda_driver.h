@@ -137,6 +137,7 @@ struct vgpu_cuda_real {
     CUresult (*cuCtxGetLimit)(size_t *, CUlimit);
     CUresult (*cuDeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
     CUresult (*cuFuncGetAttribute)(int *, CUfunction_attribute, CUfunction);
+    CUresult (*cuKernelGetAttribute)(int *, CUfunction_attribute, CUkernel, CUdevice);
 };
 
 /* Defined in cuda.c; filled in by the loader at the first call (loader.c). */

@@ -117,6 +117,24 @@ static size_t slot(CUfunction f)
     return (size_t)(((uintptr_t)f >> 4) * UINT64_C(0x9e3779b97f4a7c15) >> 32) & (FUNCTIONS - 1);
 }
 
+/* What the driver says f's threads need, asked as a CUfunction and else as a CUkernel (cast to
+ * CUfunction, as cuLaunchKernel allows; cuda.h documents cuFuncGetAttribute for CUfunction
+ * alone) on the current device; 0 when neither answers. */
+static int ask_local_bytes(CUfunction f)
+{
+    int bytes = 0;
+    if (real.cuFuncGetAttribute != NULL &&
+        real.cuFuncGetAttribute(&bytes, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) == CUDA_SUCCESS)
+        return bytes > 0 ? bytes : 0;
+    int dev = current_device();
+    bytes = 0;
+    if (dev >= 0 && real.cuKernelGetAttribute != NULL &&
+        real.cuKernelGetAttribute(&bytes, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, (CUkernel)(void *)f,
+                                  (CUdevice)dev) == CUDA_SUCCESS)
+        return bytes > 0 ? bytes : 0;
+    return 0;
+}
+
 /* f's local memory per thread (0, kept as such, when the driver cannot say: it is asked once
  * a kernel, not at every launch). A table by handle (above). */
 uint64_t vgpu_kernel_local_bytes(CUfunction f)
@@ -128,11 +146,7 @@ uint64_t vgpu_kernel_local_bytes(CUfunction f)
     uint64_t known = __atomic_load_n(&k->local, __ATOMIC_ACQUIRE);
     if (before == f && __atomic_load_n(&k->f, __ATOMIC_ACQUIRE) == f)
         return known;
-    int bytes = 0;
-    if (real.cuFuncGetAttribute == NULL ||
-        real.cuFuncGetAttribute(&bytes, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) != CUDA_SUCCESS ||
-        bytes < 0)
-        bytes = 0;
+    int bytes = ask_local_bytes(f);
     pthread_mutex_lock(&stack_lock);
     __atomic_store_n(&k->f, NULL, __ATOMIC_RELEASE);
     __atomic_store_n(&k->local, (uint64_t)bytes, __ATOMIC_RELEASE);

@@ -71,12 +71,15 @@ static uint64_t kernel_blocks(const struct vgpu_graph_api *api, CUgraphNode node
         ? (uint64_t)p.gridDimX * p.gridDimY * p.gridDimZ : 0;
 }
 
-/* A kernel node's function (NULL when it cannot be read). */
+/* A kernel node's function, or its CUkernel where it names none (cast, as launches take it);
+ * NULL when it cannot be read. */
 static CUfunction kernel_function(const struct vgpu_graph_api *api, CUgraphNode node)
 {
     if (api->kernel_params != NULL) {
         CUDA_KERNEL_NODE_PARAMS p;
-        return api->kernel_params(node, &p) == CUDA_SUCCESS ? p.func : NULL;
+        if (api->kernel_params(node, &p) != CUDA_SUCCESS)
+            return NULL;
+        return p.func != NULL ? p.func : (CUfunction)(void *)p.kern;
     }
     CUDA_KERNEL_NODE_PARAMS_v1 p;
     return api->kernel_params_v1 != NULL && api->kernel_params_v1(node, &p) == CUDA_SUCCESS

@@ -854,6 +854,35 @@ static int limits(void)
     check(rc == CUDA_ERROR_OUT_OF_MEMORY && held == 829 * MiB,
           "a graph whose kernel needs 4 KiB a thread, 264 MiB more stack: refused at its launch "
           "(rc %d, held %llu MiB)", rc, (unsigned long long)(held / MiB));
+
+    /* A library's kernel (CUDA 12) is launched as a CUkernel cast to CUfunction; the driver's
+     * cuFuncGetAttribute is documented for a CUfunction alone (the fake refuses a CUkernel). */
+    CUlibrary library;
+    CUkernel library_kernel = NULL;
+    rc = cuLibraryLoadData(&library, ".visible .entry lk()\n{\n ret;\n}\n", NULL, NULL, 0, NULL,
+                           NULL, 0) == CUDA_SUCCESS &&
+                 cuLibraryGetKernel(&library_kernel, library, "lk") == CUDA_SUCCESS
+             ? cuLaunchKernel((CUfunction)(void *)library_kernel, 1, 1, 1, 32, 1, 1, 0, NULL, NULL,
+                              NULL)
+             : CUDA_ERROR_UNKNOWN;
+    held = fake_cuda_device_used(0);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held == 829 * MiB,
+          "a library's kernel (a CUkernel) needing 4 KiB a thread: asked through "
+          "cuKernelGetAttribute and refused before its launch (rc %d, held %llu MiB)", rc,
+          (unsigned long long)(held / MiB));
+    CUDA_KERNEL_NODE_PARAMS by_kernel = k;
+    by_kernel.func = NULL; /* the node names the CUkernel alone */
+    by_kernel.kern = library_kernel;
+    exec = NULL;
+    rc = cuGraphCreate(&graph, 0) == CUDA_SUCCESS &&
+                 cuGraphAddKernelNode(&node, graph, NULL, 0, &by_kernel) == CUDA_SUCCESS &&
+                 cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS
+             ? cuGraphLaunch(exec, NULL) : CUDA_ERROR_UNKNOWN;
+    held = fake_cuda_device_used(0);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held == 829 * MiB,
+          "a graph whose kernel node names only that CUkernel: refused at its launch (rc %d, "
+          "held %llu MiB)", rc, (unsigned long long)(held / MiB));
+    check(cuLibraryUnload(library) == CUDA_SUCCESS, "the library unloads");
     fake_cuda_local_bytes = 0;
     return check_done("test_footprint limits");
 }

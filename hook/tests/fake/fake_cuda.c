@@ -1417,14 +1417,64 @@ EXPORT CUresult cuModuleUnload(CUmodule module)
     return CUDA_SUCCESS;
 }
 
-/* ---- launches ----------------------------------------------------------------------------- */
+/* ---- libraries (CUDA 12): context-less kernels, launched by casting a CUkernel to CUfunction.
+ * cuFuncGetAttribute is documented for CUfunction alone, so the fake refuses a CUkernel there;
+ * cuKernelGetAttribute answers for it (per device). ---------------------------------------- */
 
-/* A kernel (or graph) of `blocks` blocks joins the caller's queue on its device. */
+static int kernel_token; /* what every kernel handle points at */
+
+EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jit_options,
+                                  void **jit_values, unsigned jit_count,
+                                  CUlibraryOption *options, void **values, unsigned count)
+{
+    (void)jit_options, (void)jit_values, (void)jit_count, (void)options, (void)values, (void)count;
+    if (library == NULL || code == NULL || strstr(code, ".entry") == NULL)
+        return CUDA_ERROR_INVALID_IMAGE;
+    char *copy = strdup(code);
+    *library = (CUlibrary)(void *)copy;
+    return copy != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *name)
+{
+    if (kernel == NULL || library == NULL || name == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    char entry[256];
+    snprintf(entry, sizeof entry, ".entry %s(", name);
+    if (strstr((const char *)(void *)library, entry) == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    *kernel = (CUkernel)(void *)&kernel_token;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLibraryUnload(CUlibrary library)
+{
+    if (library == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(library);
+    return CUDA_SUCCESS;
+}
+
 /* The local memory each thread of any kernel needs (cuFuncGetAttribute), set by a test. */
 EXPORT uint64_t fake_cuda_local_bytes;
 
+EXPORT CUresult cuKernelGetAttribute(int *value, CUfunction_attribute attr, CUkernel kernel,
+                                     CUdevice dev)
+{
+    if (value == NULL || kernel != (CUkernel)(void *)&kernel_token || dev < 0 ||
+        dev >= ndevices || attr != CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+        return CUDA_ERROR_INVALID_VALUE;
+    *value = (int)fake_cuda_local_bytes;
+    return CUDA_SUCCESS;
+}
+
+/* ---- launches ----------------------------------------------------------------------------- */
+
+/* A kernel (or graph) of `blocks` blocks joins the caller's queue on its device. */
 EXPORT CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attr, CUfunction f)
 {
+    if (f == (CUfunction)(void *)&kernel_token)
+        return CUDA_ERROR_INVALID_HANDLE;
     if (value == NULL || f == NULL || attr != CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
         return CUDA_ERROR_INVALID_VALUE;
     *value = (int)fake_cuda_local_bytes;
@@ -2398,6 +2448,10 @@ static const struct proc procs[] = {
     P("cuCtxGetLimit", cuCtxGetLimit, 3010, 0),
     P("cuDeviceGetAttribute", cuDeviceGetAttribute, 2000, 0),
     P("cuFuncGetAttribute", cuFuncGetAttribute, 2020, 0),
+    P("cuKernelGetAttribute", cuKernelGetAttribute, 12000, 0),
+    P("cuLibraryLoadData", cuLibraryLoadData, 12000, 0),
+    P("cuLibraryGetKernel", cuLibraryGetKernel, 12000, 0),
+    P("cuLibraryUnload", cuLibraryUnload, 12000, 0),
     P("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v2, 11030, 0),
     P("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v2_ptsz, 11030, 1),
     P("cuGraphUpload", cuGraphUpload, 11010, 0),
