@@ -15,7 +15,11 @@ the count or the memory resource in its limits, in order. The kubelet calls Allo
 container (init containers first) that has the count resource. An init container has no part:
 it gets the devices of the first pending part without consuming them (init containers finish
 before app containers start, so the scheduler's accounting still holds); the plugin counts the
-init calls it has answered per pod.
+init calls it has answered per pod. Two init containers break that accounting and are refused,
+naming the pod and the container: one that asks for more GPUs than the first part holds, and a
+sidecar (`restartPolicy: Always`), which runs beside the app containers on the same share.
+A pod the kubelet has already ended (phase Failed or Succeeded, say rejected by an admission
+check before Allocate) is never a candidate: its part would go to the next pod in line.
 """
 
 from __future__ import annotations
@@ -71,10 +75,12 @@ class Call:
     is_init: bool
     part: int  # index into devices-to-allocate
     devices: tuple[ann.ContainerDevice, ...]
+    asked: int | None = None  # what the container asks, where it differs from len(devices)
+    refusal: str = ""  # why this call cannot be answered (plan() refuses it, naming the pod)
 
     @property
     def amount(self) -> int:
-        return len(self.devices)
+        return len(self.devices) if self.asked is None else self.asked
 
 
 @dataclass(frozen=True)
@@ -145,8 +151,20 @@ def pending_calls(pod: Pod, names: ResourceNames, init_served: int = 0) -> list[
         first = app_calls[0]
         for c in init_with_gpu[init_served:]:
             wanted = _int_limit(_limits(c).get(names.count))
-            init_calls.append(Call(str(c.get("name")), True, first.part, first.devices[:wanted]))
+            init_calls.append(Call(str(c.get("name")), True, first.part, first.devices[:wanted],
+                                   wanted, _init_refusal(c, wanted, len(first.devices), names)))
     return init_calls + app_calls
+
+
+def _init_refusal(container: Mapping[str, Any], wanted: int, first: int, names: ResourceNames) -> str:
+    """Why an init container cannot borrow the first GPU container's share, or "" if it can."""
+    if container.get("restartPolicy") == "Always":
+        return ("is a sidecar (restartPolicy: Always): it runs beside the app containers, and "
+                "the scheduler accounts no share for it; take the GPU request off the sidecar")
+    if wanted > first:
+        return (f"asks for {wanted} {names.count} but the first GPU container's share has "
+                f"{first}: an init container runs on that share; ask for at most {first}")
+    return ""
 
 
 def _int_limit(value: Any) -> int:
@@ -154,6 +172,10 @@ def _int_limit(value: Any) -> int:
         return int(str(value))
     except ValueError:
         return 0
+
+
+# A pod in one of these will never be admitted: the kubelet rejected it (or it ran) already.
+ENDED_PHASES = frozenset({"Failed", "Succeeded"})
 
 
 def select(
@@ -167,7 +189,8 @@ def select(
         if (annotations.get(ann.VGPU_NODE) != node
                 or (pod.get("spec") or {}).get("nodeName") != node
                 or annotations.get(ann.BIND_PHASE) != ann.BIND_PHASE_ALLOCATING
-                or meta.get("deletionTimestamp")):
+                or meta.get("deletionTimestamp")
+                or (pod.get("status") or {}).get("phase") in ENDED_PHASES):
             continue
         ref = pod_ref(pod)
         cand = _Candidate(pod, ref, ann.decode_vgpu_time(annotations.get(ann.VGPU_TIME)))
@@ -200,22 +223,34 @@ def plan(
     ref: PodRef,
     call: Call,
     settings: Settings,
-    gpu_uuids: frozenset[str],
+    gpus: Mapping[str, int],
     hook_path: str,
     cache_root: str,
     cache_id: str,
 ) -> Plan:
-    """Build the response and the annotation update for `call`. Raises AllocateError (pod set)."""
+    """Build the response and the annotation update for `call`. `gpus`: this node's healthy GPUs
+    and their memory in MiB. Raises AllocateError (pod set)."""
+    if call.refusal:
+        raise AllocateError(f"pod {ref}: init container {call.container} {call.refusal}", ref)
+    seen: set[str] = set()
     for dev in call.devices:
         if "[" in dev.uuid:
             raise AllocateError(
                 f"pod {ref}: device {dev.uuid} asks for dynamic MIG, which this plugin does not "
                 "implement; set the node's operatingmode to hami-core", ref)
-        if dev.uuid not in gpu_uuids:
+        if dev.uuid not in gpus:
             raise AllocateError(
-                f"pod {ref}: GPU {dev.uuid} from {ann.DEVICES_TO_ALLOCATE} is not on node "
-                f"{settings.node_name} (healthy GPUs here: {', '.join(sorted(gpu_uuids)) or 'none'})", ref)
-        problem = _no_limit_problem(dev)
+                f"pod {ref}: GPU {dev.uuid} from {ann.DEVICES_TO_ALLOCATE} is not a healthy GPU "
+                f"of node {settings.node_name} (healthy GPUs here: {', '.join(sorted(gpus)) or 'none'})",
+                ref)
+        if dev.uuid in seen:
+            # Visible devices are deduplicated, limits are not: the limits would shift onto
+            # the wrong CUDA ordinals.
+            raise AllocateError(
+                f"pod {ref}: annotation {ann.DEVICES_TO_ALLOCATE} names GPU {dev.uuid} twice for "
+                f"container {call.container}; each GPU may appear once in a container's part", ref)
+        seen.add(dev.uuid)
+        problem = _no_limit_problem(dev) or _beyond_gpu_problem(dev, settings, gpus[dev.uuid])
         if problem:
             raise AllocateError(
                 f"pod {ref}: annotation {ann.DEVICES_TO_ALLOCATE} gives GPU {dev.uuid} {problem}; "
@@ -270,6 +305,15 @@ def _no_limit_problem(dev: ann.ContainerDevice) -> str:
         return f"usedmem {dev.usedmem} (a 0 MiB limit is read as no memory cap)"
     if not 0 <= dev.usedcores <= 100:
         return f"usedcores {dev.usedcores} (not a percentage 0-100: no SM limit would apply)"
+    return ""
+
+
+def _beyond_gpu_problem(dev: ann.ContainerDevice, settings: Settings, memory_mib: int) -> str:
+    """A memory share larger than the GPU (the scheduler never assigns one: the node annotation
+    registers the GPU's own memory) is no cap at all; "" when it fits."""
+    limit = dev.usedmem * settings.memory_factor
+    if limit > memory_mib:
+        return f"usedmem {dev.usedmem} ({limit} MiB, more than the GPU's {memory_mib} MiB: no cap)"
     return ""
 
 

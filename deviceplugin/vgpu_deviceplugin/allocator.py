@@ -59,6 +59,13 @@ class Allocator:
                     await self._mark_failed(exc.pod)
                 await self._release_node_lock()
                 raise
+            except Exception as exc:
+                # A bug or a value no check foresaw must not leave the node locked for every
+                # later pod: report it as this call's error and release the lock.
+                log.exception("Allocate of %d device(s) failed unexpectedly", amount)
+                await self._release_node_lock()
+                raise AllocateError(f"unexpected error while allocating {amount} device(s): "
+                                    f"{exc!r}; see the device plugin's log") from exc
             if result.done:
                 await self._release_node_lock()
             return result
@@ -87,7 +94,7 @@ class Allocator:
         state, flags = self._state, self._flags
         node = state.settings.node_name
         ref, pod, call = allocate.select(pods, node, amount, state.settings.names, state.init_served)
-        result = allocate.plan(pod, ref, call, state.settings, state.gpu_uuids, flags.hook_path,
+        result = allocate.plan(pod, ref, call, state.settings, state.healthy_memory, flags.hook_path,
                                flags.cache_root, self._cache_id())
         # The upstream flags that change the answer's form (plan() checked every uuid is here).
         gpus = {g.uuid: g for g in state.gpus}

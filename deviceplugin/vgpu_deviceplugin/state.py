@@ -27,6 +27,11 @@ class PluginState:
     def gpu_uuids(self) -> frozenset[str]:
         return frozenset(g.uuid for g in self.gpus)
 
+    @property
+    def healthy_memory(self) -> dict[str, int]:
+        """The GPUs Allocate may hand out (an Xid needs a human first), and their memory in MiB."""
+        return {g.uuid: g.memory_mib for g in self.gpus if self.health.get(g.uuid, True)}
+
     async def mark_unhealthy(self, gpu_uuid: str) -> None:
         """Health never recovers without a restart (as upstream): an Xid needs a human."""
         visible = self.gpu_uuids

@@ -229,7 +229,8 @@ def decode_pod_devices(text: str, annotation: str = DEVICES_TO_ALLOCATE) -> PodD
 
 def decode_vgpu_time(text: str | None) -> int:
     """`volcano.sh/vgpu-time` as upstream orders pods: missing or unparseable sorts last."""
-    if text is None or not text.isdigit() or len(text) > 20:
+    # isascii: str.isdigit() also accepts digits int() refuses ("²").
+    if text is None or not text.isascii() or not text.isdigit() or len(text) > 20:
         return MAX_UINT64
     return min(int(text), MAX_UINT64)
 

@@ -14,8 +14,8 @@ from vgpu_formats import annotations as ann
 from tests.deviceplugin.kit import FIXTURE_NODE, fixture_node, fixture_pod
 
 SETTINGS = resolve_settings(Flags(node_name=FIXTURE_NODE), None, None)
-NODE_GPUS = frozenset(d.uuid for d in ann.decode_node_register(
-    fixture_node()["metadata"]["annotations"][ann.NODE_REGISTER]))
+NODE_GPUS = {d.uuid: d.devmem for d in ann.decode_node_register(
+    fixture_node()["metadata"]["annotations"][ann.NODE_REGISTER])}
 GPU_A = "GPU-bc94e532-1820-8ee8-ceaa-704166369c7c"
 GPU_B = "GPU-5beec879-79c9-6252-3aaa-9f5e146ba220"
 GPU_C = "GPU-3c8ce108-117a-aeae-a3e8-1c0c5dafebe7"
@@ -192,7 +192,7 @@ def test_garbage_on_one_pod_does_not_stop_a_good_one() -> None:
 
 def test_gpu_not_on_this_node_fails_the_pod() -> None:
     pod = gpu_pod("wrong", [ctr("a")], "GPU-00000000-0000-0000-0000-000000000000,NVIDIA,1,1:")
-    with pytest.raises(AllocateError, match="is not on node dev-app-2-150-master-1") as err:
+    with pytest.raises(AllocateError, match="is not a healthy GPU of node dev-app-2-150-master-1") as err:
         plan_for([pod], 1)
     assert err.value.pod is not None
 
@@ -222,3 +222,92 @@ def test_select_does_not_modify_its_input() -> None:
     before = copy.deepcopy(pod)
     plan_for([pod], 2)
     assert pod == before
+
+
+def test_a_pod_the_kubelet_already_rejected_never_takes_the_next_pods_share() -> None:
+    # An admission check before Allocate (a forbidden sysctl, say) ends a pod as Failed while
+    # its bind-phase stays allocating; it must not be served the next Allocate of that count.
+    rejected = gpu_pod("rejected", [ctr("a")], f"{GPU_A},NVIDIA,20000,100:", vgpu_time="1")
+    rejected["status"] = {"phase": "Failed", "reason": "SysctlForbidden"}
+    small = gpu_pod("small", [ctr("a")], f"{GPU_B},NVIDIA,1000,10:", vgpu_time="2")
+    result = plan_for([rejected, small], 1)
+    assert result.pod.name == "small"
+    assert result.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
+    assert result.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+    rejected["status"] = {"phase": "Succeeded"}
+    assert plan_for([rejected, small], 1).pod.name == "small"
+
+
+def test_an_init_container_asking_more_than_the_first_share_is_refused_not_given_another_pod() -> None:
+    pod = gpu_pod("greedy", [ctr("app", 1)], f"{GPU_A},NVIDIA,3000,50:", vgpu_time="1",
+                  init=[ctr("prepare", 2)])
+    other = gpu_pod("other", [ctr("app", 2)], f"{GPU_B},NVIDIA,1000,10:{GPU_C},NVIDIA,1000,10:",
+                    vgpu_time="2")
+    with pytest.raises(AllocateError, match=r"init container prepare asks for 2 .* has 1") as err:
+        plan_for([pod, other], 2)
+    assert err.value.pod is not None and err.value.pod.name == "greedy"
+
+
+def test_a_sidecar_init_container_with_a_gpu_is_refused() -> None:
+    sidecar = ctr("proxy", 1)
+    sidecar["restartPolicy"] = "Always"
+    pod = gpu_pod("sidecar", [ctr("app", 1)], f"{GPU_A},NVIDIA,3000,50:", init=[sidecar])
+    with pytest.raises(AllocateError, match="pod default/sidecar: init container proxy is a sidecar"):
+        plan_for([pod], 1)
+
+
+def test_a_gpu_named_twice_in_a_part_is_refused() -> None:
+    # NVIDIA_VISIBLE_DEVICES drops the repeat but the limits would not: B would get A's 20000m.
+    devices = f"{GPU_A},NVIDIA,20000,10:{GPU_A},NVIDIA,20000,10:{GPU_B},NVIDIA,100,10:"
+    pod = gpu_pod("twice", [ctr("app", 3)], devices)
+    with pytest.raises(AllocateError, match=f"names GPU {GPU_A} twice for container app"):
+        plan_for([pod], 3)
+
+
+def test_a_memory_share_larger_than_the_gpu_is_refused() -> None:
+    memory = NODE_GPUS[GPU_A]
+    assert plan_for([gpu_pod("whole", [ctr("app")], f"{GPU_A},NVIDIA,{memory},10:")], 1).done
+    pod = gpu_pod("huge", [ctr("app")], f"{GPU_A},NVIDIA,4294967295,10:")
+    with pytest.raises(AllocateError, match=f"more than the GPU's {memory} MiB: no cap"):
+        plan_for([pod], 1)
+
+
+def test_an_unhealthy_gpu_is_not_handed_out() -> None:
+    pod = gpu_pod("xid", [ctr("app")], f"{GPU_A},NVIDIA,1000,10:")
+    ref, found, call = allocate.select([pod], FIXTURE_NODE, 1, NAMES, {})
+    healthy = {u: m for u, m in NODE_GPUS.items() if u != GPU_A}
+    with pytest.raises(AllocateError, match=f"GPU {GPU_A} .* is not a healthy GPU"):
+        allocate.plan(found, ref, call, SETTINGS, healthy, "/usr/local/vgpu", "/tmp/vgpu", "id")
+
+
+def test_a_vgpu_time_of_non_ascii_digits_sorts_last_instead_of_failing_every_allocate() -> None:
+    hostile = gpu_pod("hostile", [ctr("a")], f"{GPU_A},NVIDIA,1000,10:", vgpu_time="²")
+    victim = gpu_pod("victim", [ctr("a")], f"{GPU_B},NVIDIA,1000,10:", vgpu_time="5")
+    assert plan_for([hostile, victim], 1).pod.name == "victim"
+    assert ann.decode_vgpu_time("²") == ann.decode_vgpu_time(None)
+
+
+async def test_an_unexpected_error_is_this_calls_error_and_releases_the_node_lock(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A value no check foresaw must not leave the node locked for every later pod.
+    from vgpu_deviceplugin.allocator import Allocator
+    from vgpu_deviceplugin.state import PluginState
+
+    class Kube:
+        patched: list[tuple[str, dict[str, Any]]] = []
+
+        async def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
+            return [fixture_pod()]
+
+        async def patch_node(self, node: str, patch: dict[str, Any]) -> None:
+            self.patched.append((node, patch))
+
+    def broken(*args: Any) -> Any:
+        raise ValueError("a value nobody foresaw")
+
+    monkeypatch.setattr(allocate, "select", broken)
+    kube = Kube()
+    allocator = Allocator(kube, PluginState(SETTINGS, []), Flags(node_name=FIXTURE_NODE))  # type: ignore[arg-type]
+    with pytest.raises(AllocateError, match=r"unexpected error while allocating 2 device.*nobody foresaw"):
+        await allocator.allocate(2)
+    assert kube.patched == [(FIXTURE_NODE, allocate.release_lock_patch())]

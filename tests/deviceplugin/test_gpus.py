@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from vgpu_deviceplugin.gpus import GpuError, MockBackend, backend_for, parse_mock_spec
+from vgpu_deviceplugin.gpus.base import ALL_GPUS
 from vgpu_deviceplugin.gpus.nvml import NvmlBackend
 
 
@@ -91,6 +92,36 @@ async def test_nvml_xid_events_mark_only_real_faults() -> None:
     await backend.watch_health(seen.append, stop)
     await asyncio.sleep(0)
     assert seen == ["GPU-a"]
+
+
+async def test_nvml_xid_of_a_gpu_that_lost_its_uuid_marks_all_and_the_watcher_lives_on() -> None:
+    # Xid 79: the GPU fell off the bus, and NVML cannot name it any more (GPU_IS_LOST).
+    events = [SimpleNamespace(eventType=8, eventData=79, device="lost"),
+              SimpleNamespace(eventType=8, eventData=48, device="h0")]
+    stop = asyncio.Event()
+    seen: list[str] = []
+
+    def wait(_set: object, _ms: int) -> object:
+        if events:
+            return events.pop(0)
+        stop.set()
+        raise FakeNvmlError(10)
+
+    def uuid_of(handle: str) -> str | bytes:
+        if handle == "lost":
+            raise FakeNvmlError(15)
+        return {"h0": b"GPU-b", "h1": "GPU-a"}[handle]
+
+    nvml = fake_nvml(nvmlEventSetCreate=lambda: "set", nvmlEventSetFree=lambda s: None,
+                     nvmlDeviceGetHandleByUUID=lambda u: {"GPU-b": "h0", "GPU-a": "h1"}[u],
+                     nvmlDeviceGetSupportedEventTypes=lambda h: 0xFF,
+                     nvmlDeviceRegisterEvents=lambda h, mask, s: None, nvmlEventSetWait=wait)
+    backend = NvmlBackend(nvml)  # type: ignore[arg-type]
+    backend.discover()
+    nvml.nvmlDeviceGetUUID = uuid_of
+    await backend.watch_health(seen.append, stop)
+    await asyncio.sleep(0)
+    assert seen == [ALL_GPUS, "GPU-b"]
 
 
 async def test_mock_health_events_reach_the_callback() -> None:

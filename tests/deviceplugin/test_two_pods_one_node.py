@@ -42,7 +42,7 @@ def bound_pod(name: str) -> dict[str, Any]:
 def test_each_allocate_gets_the_pod_asking_that_many_gpus(order: tuple[int, int]) -> None:
     settings = resolve_settings(Flags(node_name=FIXTURE_NODE), None, None)
     pods = {name: bound_pod(name) for name in PODS}
-    gpus = frozenset({GPU_A, GPU_B, GPU_C})
+    gpus = {GPU_A: 81920, GPU_B: 81920, GPU_C: 81920}
     for amount in order:
         ref, pod, call = allocate.select(list(pods.values()), FIXTURE_NODE, amount, settings.names, {})
         plan = allocate.plan(pod, ref, call, settings, gpus, "/usr/local/vgpu", "/tmp/vgpu", "id")

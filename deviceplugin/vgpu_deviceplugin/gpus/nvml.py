@@ -103,7 +103,12 @@ class NvmlBackend:
                     continue
                 if int(event.eventData) in ignored:
                     continue
-                report(_text(nvml.nvmlDeviceGetUUID(event.device)))
+                try:
+                    report(_text(nvml.nvmlDeviceGetUUID(event.device)))
+                except nvml.NVMLError:
+                    # Xid 79 and the like: the GPU fell off the bus and has no UUID to give. The
+                    # watcher must live on, and which GPU it was is unknown: all are marked.
+                    report(ALL_GPUS)
         finally:
             nvml.nvmlEventSetFree(event_set)
 
