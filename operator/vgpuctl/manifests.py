@@ -90,7 +90,68 @@ def _expand(doc: Any, path: Path) -> Iterator[dict[str, Any]]:
         return
     if "kind" not in doc:
         raise ManifestError(f"{path}: an object has no `kind` (is this a Kubernetes manifest?)")
+    problem = shape_problem(doc)
+    if problem:
+        raise ManifestError(f"{path}: {doc.get('kind')} {_name_of(doc)}: {problem}")
     yield doc
+
+
+# The kinds whose pod template the commands read, and where it sits.
+_POD_TEMPLATE_KINDS = frozenset({"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"})
+
+
+def shape_problem(obj: Mapping[str, Any]) -> str | None:
+    """Where `obj` is not shaped as the API server would have it, in the fields the commands
+    read (a file can hold anything; the API server's objects always pass), naming the field."""
+    checks: list[tuple[str, Any, type]] = [("metadata", obj.get("metadata"), dict)]
+    if obj.get("kind") == "ConfigMap":
+        data = obj.get("data")
+        checks.append(("data", data, dict))
+        if isinstance(data, dict):
+            checks += [(f"data.{key}", value, str) for key, value in data.items()]
+    spec = obj.get("spec")
+    if obj.get("kind") in _POD_TEMPLATE_KINDS or obj.get("kind") == "Pod":
+        checks.append(("spec", spec, dict))
+    if obj.get("kind") in _POD_TEMPLATE_KINDS and isinstance(spec, dict):
+        template = spec.get("template")
+        checks.append(("spec.template", template, dict))
+        pod_spec = template.get("spec") if isinstance(template, dict) else None
+        checks.append(("spec.template.spec", pod_spec, dict))
+        where, spec = "spec.template.spec", pod_spec
+    else:
+        where = "spec"
+    if isinstance(spec, dict) and (obj.get("kind") in _POD_TEMPLATE_KINDS or obj.get("kind") == "Pod"):
+        for field in ("containers", "initContainers"):
+            containers = spec.get(field)
+            checks.append((f"{where}.{field}", containers, list))
+            for i, container in enumerate(containers if isinstance(containers, list) else []):
+                checks.append((f"{where}.{field}[{i}]", container, dict))
+                if isinstance(container, dict):
+                    checks += [(f"{where}.{field}[{i}].{key}", container.get(key), list)
+                               for key in ("args", "command", "env")]
+    for field, value, expected in checks:
+        if value is not None and not isinstance(value, expected):
+            return f"`{field}` is {_a(value)}, expected {_TYPE_NAMES[expected]}; fix the manifest"
+    return None
+
+
+_TYPE_NAMES: dict[type, str] = {dict: "a mapping", list: "a list", str: "a string"}
+
+
+def _a(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return _TYPE_NAMES.get(type(value), f"a {type(value).__name__}")
+
+
+def _name_of(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return "(no name)"
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name"))
 
 
 # A line that is exactly `---` separates documents (the YAML spec forbids it inside any scalar).

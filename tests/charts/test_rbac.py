@@ -73,6 +73,9 @@ def operator_contract(*, scheduler_ns: str, targets_ns: str, plugin_ns: str, dae
         # `default`: the only namespace the API server takes Events about cluster-scoped objects in
         | expand("default", "", ("events",), ("create",))
     )
+    if targets_ns == "volcano-system":
+        # an upstream plugin reads kube-system's copy first: read to check none shadows the target
+        want |= expand("kube-system", "", ("configmaps",), ("get",), ("volcano-vgpu-device-config",))
     if ha:
         for ns in watched:
             want |= expand(ns, "kopf.dev", ("kopfpeerings",), ("list", "watch"))
@@ -118,6 +121,19 @@ def test_one_namespace_playing_every_part_gets_the_union() -> None:
         scheduler_ns="kube-system", targets_ns="kube-system", plugin_ns="kube-system",
         daemonset="volcano-device-plugin", ha=False)
     assert len([o for o in objs if o["kind"] == "Role" and o["metadata"]["namespace"] == "kube-system"]) == 1
+
+
+def test_device_config_in_volcano_system_may_read_the_kube_system_copy_that_shadows_it() -> None:
+    # Adopting an upstream install whose device-config lives in volcano-system: the plugin reads
+    # kube-system's copy first, so the operator must be able to see it (rule device-config-split).
+    objs = chart.render({"devicePlugin": {"enabled": False}, "targets": {"namespace": "volcano-system"}})
+    assert grants_of(objs, OPERATOR_SA) == operator_contract(
+        scheduler_ns="volcano-system", targets_ns="volcano-system", plugin_ns="kube-system",
+        daemonset="volcano-device-plugin", ha=False)
+    objs = chart.render({"targets": {"namespace": "volcano-system"}})
+    assert grants_of(objs, OPERATOR_SA) == operator_contract(
+        scheduler_ns="volcano-system", targets_ns="volcano-system", plugin_ns=chart.NAMESPACE,
+        daemonset=OURS, ha=False)
 
 
 def test_operator_without_crd_management_only_reads_its_crd(renders: Renders) -> None:

@@ -53,6 +53,12 @@ def test_every_value_is_documented_in_the_readme() -> None:
     ({"policy": {"spec": {"device": {"deviceSplitCount": 0}}}}, "at '/policy/spec/device/deviceSplitCount'"),
     ({"devicePlugin": {"tolerations": [{"key": "a", "operator": "Exist"}]}},
      "at '/devicePlugin/tolerations/0/operator'"),
+    # values the API server would refuse on every object, or on the DaemonSet
+    ({"devicePlugin": {"maxUnavailable": "0%"}}, "at '/devicePlugin/maxUnavailable'"),
+    ({"commonLabels": {"team": "a b"}}, "at '/commonLabels/team'"),
+    ({"commonLabels": {"bad key!": "a"}}, "invalid propertyName 'bad key!'"),
+    ({"nameOverride": "X.Y"}, "at '/nameOverride'"),
+    ({"fullnameOverride": "Vgpu"}, "at '/fullnameOverride'"),
 ])
 def test_a_typo_fails_install_and_names_the_field(values: dict[str, Any], message: str) -> None:
     with pytest.raises(chart.HelmError) as err:
@@ -149,6 +155,34 @@ def test_a_service_monitor_without_the_service_is_refused_with_the_fix() -> None
         chart.template({"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}})
     message = str(err.value)
     assert "metrics.serviceMonitor.enabled" in message and "set metrics.service.enabled=true" in message
+
+
+def test_the_same_port_for_liveness_and_metrics_is_refused_with_the_fix() -> None:
+    """The operator would exit at start: address already in use."""
+    with pytest.raises(chart.HelmError) as err:
+        chart.template({"operator": {"livenessPort": 19090, "metricsPort": 19090}})
+    assert "operator.livenessPort and operator.metricsPort are both 19090" in str(err.value)
+    assert "give them different ports" in str(err.value)
+
+
+def test_the_longest_names_helm_accepts_give_valid_object_names() -> None:
+    # Service names are DNS labels (63; other names may have 253); the plugin's monitor Service
+    # has the longest suffix.
+    longest = ({"fullnameOverride": "f" * 63},
+               {"fullnameOverride": "gpu-platform-vgpu-operator-prod-eu-west-1"})
+    for values in longest:
+        objs = chart.render(values)
+        services = [o["metadata"]["name"] for o in chart.of_kind(objs, "Service")]
+        assert [name for name in services if len(name) > 63] == []
+        assert any(name.endswith("-device-plugin-monitor") for name in services)
+        assert [o["metadata"]["name"] for o in objs if len(o["metadata"]["name"]) > 253] == []
+
+
+def test_a_mock_gpu_spec_is_one_quoted_argument() -> None:
+    spec = "2x NVIDIA A100: 40960"
+    daemonset = chart.one(chart.render({"devicePlugin": {"mockGpus": spec}}), "DaemonSet")
+    args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--mock-gpus={spec}" in args
 
 
 def test_values_of_an_older_chart_fail_with_the_upgrade_fix(tmp_path: Path) -> None:

@@ -136,3 +136,27 @@ def test_a_policy_file_taken_from_f_is_named_when_the_cluster_cannot_be_read(cap
     assert err.startswith("vgpuctl diff: no kubeconfig: pass --kubeconfig PATH or set $KUBECONFIG")
     assert f"({policy} holds only a VGPUPolicy, taken as --policy; or read manifests instead of a cluster " \
            "with -f PATH)" in err
+
+
+@pytest.mark.parametrize(("command", "text", "problem"), [
+    ("doctor", "kind: ConfigMap\n"
+     "metadata: {name: volcano-vgpu-device-config, namespace: kube-system}\ndata: 5\n",
+     "ConfigMap kube-system/volcano-vgpu-device-config: `data` is a number, expected a mapping"),
+    ("doctor", "kind: ConfigMap\nmetadata: {name: c, namespace: kube-system}\ndata: {a: [1]}\n",
+     "ConfigMap kube-system/c: `data.a` is a list, expected a string"),
+    ("import", "kind: DaemonSet\nmetadata: {name: p, namespace: kube-system}\n"
+     "spec: {template: {spec: {containers: 5}}}\n",
+     "DaemonSet kube-system/p: `spec.template.spec.containers` is a number, expected a list"),
+    ("diff", "kind: Deployment\nmetadata: {name: s}\n"
+     "spec: {template: {spec: {containers: [{name: a, args: x}]}}}\n",
+     "Deployment s: `spec.template.spec.containers[0].args` is a string, expected a list"),
+    ("doctor", "kind: Node\nmetadata: [1]\n", "Node (no name): `metadata` is a list, expected a mapping"),
+])
+def test_a_malformed_object_in_a_manifest_is_named_not_a_traceback(
+        capsys, tmp_path, command, text, problem):
+    manifest = tmp_path / "bad.yaml"
+    manifest.write_text(text)
+    assert main([command, "-f", str(manifest)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"vgpuctl {command}: {manifest}: {problem}; fix the manifest")
+    assert "Traceback" not in err

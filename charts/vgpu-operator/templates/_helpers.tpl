@@ -17,7 +17,8 @@
 {{- end -}}
 
 {{- define "vgpu.operator.name" -}}{{ include "vgpu.fullname" . | trunc 54 | trimSuffix "-" }}{{- end -}}
-{{- define "vgpu.plugin.name" -}}{{ printf "%s-device-plugin" (include "vgpu.fullname" . | trunc 48 | trimSuffix "-") }}{{- end -}}
+{{- /* 41 + "-device-plugin" + "-monitor" (its Service) = 63, the most a Service name may have. */ -}}
+{{- define "vgpu.plugin.name" -}}{{ printf "%s-device-plugin" (include "vgpu.fullname" . | trunc 41 | trimSuffix "-") }}{{- end -}}
 
 {{/* Standard labels on every object; component-specific ones are added by the callers. */}}
 {{- define "vgpu.labels" -}}
