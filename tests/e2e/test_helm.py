@@ -17,7 +17,7 @@ from vgpuctl import chain
 from tests.support.waiting import eventually, eventually_sync
 
 from .cluster import Cluster, service_account_user
-from .release import PLUGIN_SA, SCHEDULER_NS, Release, condition, installed
+from .release import CHART, PLUGIN_SA, SCHEDULER_NS, Release, condition, installed
 
 PLUGIN = PLUGIN_SA  # the chart's plugin DaemonSet and its ServiceAccount share the name
 NODE = chain.DEMO_NODE
@@ -122,3 +122,21 @@ async def test_the_charts_plugin_runs_under_its_own_service_account(default_inst
     assert audited, "the plugin's requests are in the audit log"
     assert [(a["verb"], a["requestURI"], a["responseStatus"]["code"]) for a in audited
             if a["responseStatus"]["code"] in (401, 403, 422)] == []
+
+
+def test_the_longest_names_the_chart_takes_are_accepted_by_a_real_server(crd_installed: Cluster) -> None:
+    """Service names are DNS labels of at most 63 characters; the chart names its objects from
+    the release name (or fullnameOverride), which helm lets run to 53 (63 with the override)."""
+    namespace = "vgpu-e2e-longest-names"
+    crd_installed.ensure_namespace(namespace)
+    crd_installed.ensure_namespace(SCHEDULER_NS)
+    try:
+        for release, values in (("gpu-platform-vgpu-operator-production-eu-west", []),
+                                ("x", ["--set", "fullnameOverride=" + "f" * 63])):
+            manifest = crd_installed.helm("template", release, str(CHART), "-n", namespace, *values).stdout
+            applied = crd_installed.kubectl("apply", "--dry-run=server", "-f", "-",
+                                            stdin=manifest, check=False)
+            assert applied.returncode == 0, applied.stderr
+            assert "-device-plugin-monitor" in applied.stdout
+    finally:
+        crd_installed.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
