@@ -287,10 +287,14 @@ def plan(
 
 def settings_text(envs: Mapping[str, str], ref: PodRef, container: str) -> str:
     """The settings file: the variables of `envs` libvgpu.so reads, one NAME=VALUE per line (the
-    same values as the environment, so the two agree wherever the environment is intact)."""
+    same values as the environment, so the two agree wherever the environment is intact), and
+    the GPUs assigned (NVIDIA_VISIBLE_DEVICES, which the library ignores): the node monitor
+    reports limits and GPUs from this file, which the container cannot write, rather than from
+    the region, which it can."""
     lines = [f"# vgpu-device-plugin: pod {ref} container {container}; read by libvgpu.so, which "
              "ignores the environment's limits while this file is there"]
     lines += [f"{name}={value}" for name, value in envs.items() if name in HOOK_SETTINGS
+              or name == "NVIDIA_VISIBLE_DEVICES"
               or name.startswith(("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_"))]
     return "\n".join(lines) + "\n"
 

@@ -74,6 +74,7 @@ def test_fixture_pod_gets_exactly_the_upstream_answer() -> None:
     assert result.cache_dir == cache and result.cache_file == f"{cache}/cache-id.cache"
     assert result.settings_file == f"{cache}/vgpu.env"
     assert result.settings_text.splitlines()[1:] == [
+        f"NVIDIA_VISIBLE_DEVICES={GPU_A},{GPU_B}",
         "CUDA_DEVICE_MEMORY_LIMIT_0=3000m",
         "CUDA_DEVICE_MEMORY_LIMIT_1=3000m",
         "CUDA_DEVICE_SM_LIMIT=50",

@@ -101,6 +101,33 @@ def test_scan_and_metrics_name_the_container_and_sum_per_gpu(tmp_path: Path) -> 
     assert families["vgpu_container_last_kernel_age_seconds"].samples == []
 
 
+def test_limits_and_gpus_come_from_the_plugins_settings_not_the_containers_region(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The container can write its region: a cap shown as 0 ("none") and its usage added to a GPU
+    # another tenant owns. The plugin's settings file (0644, read-only in the container) says
+    # what was assigned.
+    forged = [(GPU_A, 0, 1000 * MIB), (GPU_B, 80000 * MIB, 70000 * MIB)]
+    folder = write_container(tmp_path, "cuda-app", region_bytes(forged, [])).parent
+    settings = folder / "vgpu.env"
+    settings.write_text("# vgpu-device-plugin: pod default/vgpu-test container cuda-app\n"
+                        f"NVIDIA_VISIBLE_DEVICES={GPU_A}\nCUDA_DEVICE_MEMORY_LIMIT_0=3000m\n"
+                        "CUDA_DEVICE_SM_LIMIT=25\n")
+    settings.chmod(0o644)
+    with caplog.at_level(logging.WARNING):
+        families = {m.name: m for m in metrics(scan(str(tmp_path)), {}, now_ns=0)}
+    limits = {s.labels["deviceuuid"]: s.value for s in families["vgpu_container_memory_limit_bytes"].samples}
+    assert limits == {GPU_A: 3000 * MIB}
+    assert [s.value for s in families["vgpu_container_sm_limit_percent"].samples] == [25]
+    per_gpu = {s.labels["deviceuuid"]: s.value for s in families["vgpu_gpu_memory_used_bytes"].samples}
+    assert per_gpu == {GPU_A: 1000 * MIB}
+    assert f"names GPU '{GPU_B}', which the device plugin did not assign" in caplog.text
+    # A settings file the container could have written is not trusted: the region's figures stay.
+    settings.chmod(0o666)
+    limits = {s.labels["deviceuuid"]: s.value
+              for s in metrics(scan(str(tmp_path)), {}, now_ns=0)[1].samples}
+    assert limits == {GPU_A: 0, GPU_B: 80000 * MIB}
+
+
 def test_folder_removed_during_a_scan_is_skipped(tmp_path: Path) -> None:
     # The plugin's cleanup may remove a gone pod's folder between the listing and the read.
     assert read_container(tmp_path / f"{POD_UID}_gone") is None

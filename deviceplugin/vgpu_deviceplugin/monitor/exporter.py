@@ -11,10 +11,15 @@ which Prometheus sets on every target and would rename to `exported_*`.
 
 Per-GPU `vgpu_gpu_*` figures are sums over the containers' regions (what the vGPU layer has handed
 out and what is in use through it); `vgpu_host_gpu_*` is NVML's view of the whole card.
+
+A container can write its region file: where the plugin's settings file is there, limits come
+from it, and a device record of a GPU the plugin did not assign that container is left out (it
+would add the container's figures to another tenant's GPU).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -30,6 +35,7 @@ CONTAINER_LABELS = ["zone", "poduid", "podnamespace", "podname", "ctrname", "vde
 GPU_LABELS = ["zone", "deviceuuid"]
 HOST_LABELS = ["zone", "deviceidx", "deviceuuid", "devicetype"]  # HAMi's (upstream: all but devicetype)
 ZONE = "vGPU"
+log = logging.getLogger(__name__)
 
 # snake_case name -> upstream's name for the same series. Only these may fail `promtool check
 # metrics` (camelCase), and only because dashboards built for upstream query them.
@@ -91,18 +97,24 @@ def metrics(
         live = [s for s in c.region.slots if s.slot in c.live_slots]
         context.add_metric(base, sum(s.context_bytes for s in live))
         for dev in c.region.devices:
+            assigned = c.assigned
+            if assigned is not None and dev.uuid not in assigned.gpus:
+                log.warning("%s: device %d names GPU %r, which the device plugin did not assign "
+                            "this container; not reported", c.path, dev.index, dev.uuid)
+                continue
+            capped = assigned.memory_limit(dev.index) if assigned else dev.limit_bytes
             labels = [*base, str(dev.index), dev.uuid]
             usage.add_metric(labels, dev.used_bytes)
-            limit.add_metric(labels, dev.limit_bytes)
+            limit.add_metric(labels, capped)
             peak.add_metric(labels, dev.peak_bytes)
-            sm.add_metric(labels, dev.sm_limit_percent)
+            sm.add_metric(labels, assigned.sm_limit_of(dev.index) if assigned else dev.sm_limit_percent)
             oom.add_metric(labels, dev.oom_refusals)
             launched = max((s.last_launch_unix_ns for s in live if s.used_bytes[dev.index] > 0), default=0)
             if launched > 0:
                 last_kernel.add_metric(labels, max(0.0, (now_ns - launched) / 1e9))
             sums = per_gpu.setdefault(dev.uuid, [0, 0])
             sums[0] += dev.used_bytes
-            sums[1] += dev.limit_bytes
+            sums[1] += capped
     for gpu_uuid, (used, capped) in sorted(per_gpu.items()):
         gpu_used.add_metric([ZONE, gpu_uuid], used)
         gpu_limit.add_metric([ZONE, gpu_uuid], capped)

@@ -1,7 +1,8 @@
 """Find the containers' region files and read them (I/O: files and fcntl only).
 
-Layout on the host: <containers-dir>/<pod-uid>_<container>/<something>.cache, the directory the
-device plugin mounts at /tmp/vgpu in each container.
+Layout on the host: <containers-dir>/<pod-uid>_<container>/<something>.cache, the region file the
+device plugin mounts at /tmp/vgpu in each container, and vgpu.env beside it, the settings file
+the plugin wrote (what it assigned; see assigned.py).
 """
 
 from __future__ import annotations
@@ -9,10 +10,12 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from vgpu_deviceplugin.monitor.assigned import Assigned, parse_assigned
 from vgpu_deviceplugin.monitor.region import (
     Region,
     RegionError,
@@ -32,6 +35,29 @@ class ContainerRegion:
     path: str
     region: Region
     live_slots: frozenset[int]
+    assigned: Assigned | None = None  # None: no settings file naming GPUs (an older plugin's)
+
+
+SETTINGS_NAME = "vgpu.env"  # allocate.SETTINGS_FILE_NAME
+SETTINGS_MAX_BYTES = 4096  # what libvgpu.so reads of it (hook/src/settings.h)
+
+
+def read_assigned(directory: Path) -> Assigned | None:
+    """The plugin's settings file in `directory`, if it is one: a regular file (never followed),
+    writable by its owner alone, as the plugin writes it and libvgpu.so requires."""
+    try:
+        fd = os.open(directory / SETTINGS_NAME, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o022:
+            return None
+        return parse_assigned(os.pread(fd, SETTINGS_MAX_BYTES, 0).decode("utf-8", errors="replace"))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def split_dir_name(name: str) -> tuple[str, str] | None:
@@ -69,7 +95,8 @@ def read_container(directory: Path) -> ContainerRegion | None:
         return None
     try:
         region = parse_region(os.pread(fd, 1 << 20, 0))
-        return ContainerRegion(names[0], names[1], str(path), region, live_slots(fd, region))
+        return ContainerRegion(names[0], names[1], str(path), region, live_slots(fd, region),
+                               read_assigned(directory))
     except RegionNotReady:
         return None
     except RegionError as exc:
