@@ -70,21 +70,50 @@ class Reconciler:
 
     async def release(self, name: str, body: dict[str, Any]) -> None:
         """The policy is going away: keep every rendered setting (the cluster keeps working) and
-        drop only the managed-by label we put on ConfigMaps we created."""
+        drop only the managed-by label we put on ConfigMaps we created.
+
+        What can never succeed does not hold the deletion up: a spec that does not validate names
+        no targets, and a target the operator may not read or patch (403) or that is gone (404)
+        keeps its label, said in a Warning Event. Other errors (timeouts, 5xx) are raised for the
+        caller to retry."""
         async with self._lock:
-            policy = api.VGPUPolicy.model_validate({**body, "status": None})
+            log = logs.PolicyLogger(body, logger)
+            try:
+                policy = api.VGPUPolicy.model_validate({**body, "status": None})
+            except pydantic.ValidationError as exc:
+                log.warning("policy deleted with a spec that does not validate (%d problems): no "
+                            "target released", len(exc.errors()))
+                await self.kube.post_event(body, "Warning", "Released", "policy deleted with an invalid "
+                                           "spec: rendered configuration left in place, labels not removed")
+                self.policies.update(body, deleted=True)
+                return
+            kept: list[str] = []
             for target in (t for t in TARGETS if t.owned):
                 kind, namespace, cm_name = target.key(policy.spec)
-                live = await self.kube.get(kind, namespace, cm_name)
-                labels = ((live or {}).get("metadata") or {}).get("labels") or {}
-                if labels.get(MANAGED_BY_LABEL) == MANAGED_BY:
-                    unlabel = {"metadata": {"labels": {MANAGED_BY_LABEL: None}}}
-                    await self.kube.patch(kind, namespace, cm_name, unlabel)
-                    logs.action(logs.PolicyLogger(body, logger), "released", kind, namespace, cm_name,
-                                "policy-deleted", f"{MANAGED_BY_LABEL} label removed, data left in place")
-            await self.kube.post_event(body, "Normal", "Released", "policy deleted: rendered configuration "
-                                       "left in place, ownership labels removed")
+                try:
+                    await self._unlabel(log, kind, namespace, cm_name)
+                except ApiException as exc:
+                    if exc.status not in (403, 404):
+                        raise
+                    why = describe_error(exc)
+                    log.warning("%s %s/%s: label not removed: %s", kind, namespace, cm_name, why)
+                    kept.append(f"{kind} {namespace}/{cm_name} ({why})")
+            if kept:
+                await self.kube.post_event(body, "Warning", "Released", "policy deleted: rendered "
+                                           "configuration left in place; label not removed from "
+                                           + "; ".join(kept))
+            else:
+                await self.kube.post_event(body, "Normal", "Released", "policy deleted: rendered "
+                                           "configuration left in place, ownership labels removed")
             self.policies.update(body, deleted=True)
+
+    async def _unlabel(self, log: logs.PolicyLogger, kind: str, namespace: str, name: str) -> None:
+        live = await self.kube.get(kind, namespace, name)
+        labels = ((live or {}).get("metadata") or {}).get("labels") or {}
+        if labels.get(MANAGED_BY_LABEL) == MANAGED_BY:
+            await self.kube.patch(kind, namespace, name, {"metadata": {"labels": {MANAGED_BY_LABEL: None}}})
+            logs.action(log, "released", kind, namespace, name, "policy-deleted",
+                        f"{MANAGED_BY_LABEL} label removed, data left in place")
 
     # ----- the reconcile -----
 

@@ -192,8 +192,13 @@ def build_status(outcome: Outcome, previous: api.VGPUPolicyStatus | None, now: s
     conditions = [_condition(type_, status, reason, message, previous, now, outcome.generation)
                   for type_, status, reason, message in _conditions(outcome, summary)]
     conditions.sort(key=lambda c: _CONDITION_ORDER[c.type])
+    # A write that may have failed keeps the hash last applied: the desired one would make the next
+    # round take the unfinished change for a hand edit (and, under Report, leave it undone).
+    applied_before = {(t.kind, t.namespace, t.name): t.hash for t in previous.targets} if previous else {}
     targets = previous.targets if previous and outcome.plan is None else [
-        api.TargetStatus(kind=d.target.kind, namespace=d.target.namespace, name=d.target.name, hash=d.hash,
+        api.TargetStatus(kind=d.target.kind, namespace=d.target.namespace, name=d.target.name,
+                         hash=(applied_before.get((d.target.kind, d.target.namespace, d.target.name), "")
+                               if outcome.apply_error and d.write else d.hash),
                          state="Error" if outcome.apply_error and d.write else d.state, message=d.message)
         for d in (outcome.plan.decisions if outcome.plan else [])
     ]

@@ -147,3 +147,26 @@ async def test_deleting_the_policy_leaves_the_configuration_in_place(cluster: Cl
         for name, key in [(DEVICE_CONFIG, KEY), ("volcano-vgpu-node-config", "config.json")]
     } == rendered
     assert cluster.events("Released")
+
+
+async def test_deleting_a_policy_whose_target_is_forbidden_is_not_held_up(cluster: Cluster) -> None:
+    # A 403 will not go away by retrying: the label stays (said in a Warning Event), the
+    # finalizer goes. Before, kopf retried the release every 0.2 s for ever.
+    cluster.create_policy()
+    await cluster.ready()
+    await cluster.settle()
+    cluster.emulator.fail_next("GET", "configmaps/volcano-vgpu-node-config", status=403, times=100000)
+    await cluster.delete("/apis/vgpu.io/v1alpha1/vgpupolicies/default")
+    await eventually(lambda: cluster.get("VGPUPolicy", None, "default") is None, what="policy gone")
+    warnings = [e for e in cluster.events("Released") if e["type"] == "Warning"]
+    assert warnings and "volcano-vgpu-node-config" in warnings[0]["message"]
+    assert "label not removed" in warnings[0]["message"]
+
+
+async def test_deleting_a_policy_with_an_invalid_spec_is_not_held_up(cluster: Cluster) -> None:
+    # The model refuses three equal resource names (a CRD served without its CEL rules lets it in).
+    cluster.create_policy(spec={"resources": {"count": "a/b", "memory": "a/b", "cores": "a/b"}})
+    await eventually(lambda: cluster.condition("Valid").get("status") == "False" or None, what="invalid")
+    await cluster.delete("/apis/vgpu.io/v1alpha1/vgpupolicies/default")
+    await eventually(lambda: cluster.get("VGPUPolicy", None, "default") is None, what="policy gone")
+    assert any("invalid spec" in e["message"] for e in cluster.events("Released"))

@@ -208,3 +208,26 @@ async def test_a_hung_node_list_holds_the_first_reconcile_back_until_it_is_answe
             assert condition(emulator, "Ready").get("status") != "True"
             hang.release()
             await cluster.ready()
+
+
+@pytest.mark.parametrize("failing", ["configmaps/volcano-vgpu-device-config",
+                                     "daemonsets/volcano-device-plugin"])
+async def test_a_write_that_failed_is_finished_later_not_taken_for_a_hand_edit(failing: str) -> None:
+    # Under Report a hand edit is left alone; the operator's own unfinished change is not one.
+    # Before, the failed round stored the desired hash, and the next round saw "changed by hand"
+    # (the DaemonSet never rolled, and Ready came back True).
+    async with scenario({"device": {"overwriteEnv": True}, "driftPolicy": "Report"}) as running, \
+            solo(running) as op:
+        em = running.emulator
+        em.fail_next("PATCH", failing, status=403, times=1)
+        assert not await op.reconcile()
+        for _ in range(3):
+            assert await op.reconcile()
+        targets = {t["name"]: (t["state"], t.get("message")) for t in status(em)["targets"]}
+        assert all(state in ("InSync", "Updated") for state, _ in targets.values()), targets
+        config = em.get_object("ConfigMap", "kube-system", "volcano-vgpu-device-config")
+        assert "overwriteEnv: true" in config["data"]["device-config.yaml"]
+        assert "vgpu.io/plugin-config-hash" in template_annotations(em, "DaemonSet", PLUGIN_NS,
+                                                                    "volcano-device-plugin")
+        assert not [e for e in em.list_objects("Event") if e.get("reason") == "DriftDetected"]
+        assert condition(em, "Ready").get("status") == "True"

@@ -29,6 +29,11 @@ from vgpu_operator.reconcile import Reconciler
 from vgpu_operator.runtime.worker import Worker
 
 
+def release_delay(retry: int) -> float:
+    """Seconds before the release's next try: 0.2 s doubling per retry, at most a minute."""
+    return min(60.0, 0.2 * 2 ** min(retry, 10))
+
+
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, worker: Worker) -> None:
     """Register every handler of the operator on `registry`."""
     policies = (api.GROUP, api.VERSION, api.PLURAL)
@@ -50,13 +55,19 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, worker: Wo
         index.update(body)
         worker.trigger(body.metadata.name)
 
-    @kopf.on.delete(*policies, registry=registry, backoff=0.2, id="policy_deleted")
-    async def policy_deleted(name: str, body: kopf.Body, **_: Any) -> None:
+    @kopf.on.delete(*policies, registry=registry, id="policy_deleted")
+    async def policy_deleted(name: str, body: kopf.Body, retry: int, **_: Any) -> None:
         index.update(body)
         if index.active(including_deleted=True) != name:
             index.update(body, deleted=True)
             return  # a conflicting policy never wrote anything
-        await reconciler.release(name, dict(body))  # kopf retries this one: it holds the finalizer
+        try:
+            await reconciler.release(name, dict(body))
+        except Exception as exc:
+            # kopf retries this one (it holds the finalizer): after 0.2 s, doubling up to a minute,
+            # so a passing outage is ridden out quickly and a lasting one does not spin.
+            raise kopf.TemporaryError(f"releasing the policy's targets failed: {exc}",
+                                      delay=release_delay(retry)) from exc
         worker.trigger()  # an older-but-conflicting policy may take over now
 
     @kopf.daemon(*policies, registry=registry, cancellation_timeout=5.0, id="policy_worked_on")
