@@ -66,6 +66,8 @@ class TargetWrite(Protocol):
 
     def patch(self) -> dict[str, Any]: ...
 
+    def written_part(self, obj: dict[str, Any] | None) -> Any: ...
+
 
 @dataclass(frozen=True)
 class Retry:
@@ -273,8 +275,23 @@ class Kube:
             try:
                 return await self._call("PATCH", path, patch, content_type=MERGE_PATCH)
             except ApiException as exc:
+                if exc.status == 409 and target.live is not None:
+                    return await again_if_untouched(exc)
                 if exc.status != 404:
                     raise
+            return await create()
+
+        async def again_if_untouched(conflict: ApiException) -> dict[str, Any]:
+            # The version changed since the read: a workload controller writes status all the
+            # time. Write again over the new version only if what we replace is as we read it.
+            fresh = await self._call("GET", path)
+            if target.written_part(fresh) != target.written_part(target.live):
+                raise conflict  # a concurrent edit of our part: the next reconcile decides anew
+            version = (fresh.get("metadata") or {}).get("resourceVersion")
+            again = {**patch, "metadata": {**(patch.get("metadata") or {}), "resourceVersion": version}}
+            return await self._call("PATCH", path, again, content_type=MERGE_PATCH)
+
+        async def create() -> dict[str, Any]:
             where = f"{target.kind} {target.namespace}/{target.name}"
             if target.live is not None:
                 raise TargetMissing(f"{where} was deleted while the operator was writing it; not recreated")

@@ -3,6 +3,7 @@ deleted under it (issue 15 items 4, 8 and 9, and the API deadline)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -231,3 +232,38 @@ async def test_a_write_that_failed_is_finished_later_not_taken_for_a_hand_edit(f
                                                                     "volcano-device-plugin")
         assert not [e for e in em.list_objects("Event") if e.get("reason") == "DriftDetected"]
         assert condition(em, "Ready").get("status") == "True"
+
+
+@pytest.mark.parametrize("edit", ["status", "template"])
+async def test_a_workload_written_meanwhile_is_patched_unless_its_template_changed(edit: str) -> None:
+    # The DaemonSet controller writes status all the time, which moves the resourceVersion the
+    # patch carries: that must not fail the rollout (before: 409 on every retry, ApplyFailed).
+    # An edit of the pod template, which the patch replaces, still must not be overwritten.
+    async with scenario(ROLL) as running, solo(running) as op:
+        em = running.emulator
+        call = op.kube._call
+        edited = False
+
+        async def meanwhile(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+            nonlocal edited
+            if method == "PATCH" and path.endswith("daemonsets/volcano-device-plugin") and not edited:
+                edited = True
+                ds = copy.deepcopy(em.get_object(*PLUGIN))
+                if edit == "status":
+                    ds.setdefault("status", {})["numberReady"] = 1
+                else:
+                    ds["spec"]["template"]["metadata"].setdefault("labels", {})["edited"] = "by-hand"
+                em.apply(ds)
+            return await call(method, path, *args, **kwargs)
+
+        op.kube._call = meanwhile  # type: ignore[method-assign]
+        written = await op.reconcile()
+        patches = [s.status for s in em.served if s.method == "PATCH" and s.path.endswith(
+            "daemonsets/volcano-device-plugin")]
+        if edit == "status":
+            assert written and condition(em, "Applied").get("status") == "True"
+            assert patches == [409, 200]
+        else:
+            assert not written and "409" in condition(em, "Applied").get("message", "")
+            labels = em.get_object(*PLUGIN)["spec"]["template"]["metadata"]["labels"]
+            assert labels["edited"] == "by-hand"

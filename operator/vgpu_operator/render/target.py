@@ -46,6 +46,16 @@ class TargetRender:
     def ref(self) -> str:
         return describe(self.kind, self.namespace, self.name)
 
+    def written_part(self, obj: dict[str, Any] | None) -> Any:
+        """What a write of this target replaces in `obj`: `data.<key>` of a ConfigMap, the pod
+        template of a workload. Another change to the object (a controller's status write, another
+        key) does not conflict with the write."""
+        if obj is None:
+            return None
+        if self.kind == "ConfigMap":
+            return (obj.get("data") or {}).get(self.key or "")
+        return pod_template(obj)
+
     def patch(self) -> dict[str, Any]:
         """A JSON merge patch (RFC 7386) from live to desired; {} when nothing changed.
 
@@ -53,7 +63,8 @@ class TargetRender:
         Deployment/DaemonSet: pod-template annotations we own and, when args changed, the whole
         `containers` list (a merge patch replaces lists wholesale, so the list is sent complete:
         every other container, env and volume as read). `metadata.resourceVersion` is included,
-        so the write fails with 409 Conflict instead of overwriting a concurrent edit.
+        so the write fails with 409 Conflict instead of overwriting a concurrent edit (`Kube.apply`
+        writes again over a newer version whose `written_part` did not change).
         """
         if not self.changed or self.desired is None:
             return {}
