@@ -1,6 +1,9 @@
 """The one list-then-watch loop for what the operator follows itself (Nodes, a policy's targets):
 list, watch from the list's version, list again when the version expired (410) or the stream
-failed in a way a retry cannot mend; back off after each failure, never give up unless told."""
+failed in a way a retry cannot mend; back off after each failure, never give up unless told.
+
+A stream that ends in an ERROR event, or at once without a single event, is a failure too: a
+server (or proxy) answering every watch that way must not get a list and a watch per loop turn."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from vgpu_operator.k8s import Kube, is_transient
 logger = logging.getLogger(__name__)
 
 BACKOFF_SECONDS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)  # after the 1st, 2nd, ... failure in a row
+QUICK_END_SECONDS = 1.0  # a stream that ends sooner with no event did not really watch
 
 
 def backoff_delay(failures: int, backoff: tuple[float, ...] = BACKOFF_SECONDS) -> float:
@@ -37,21 +41,30 @@ async def list_and_watch(kube: Kube, kind: str, what: str, relist: Callable[[], 
     the 410 ERROR event stay here). `give_up(exc)`: a failure that ends the loop for good."""
     failures = 0
     version = ""  # where the watch resumes; "" = list first
+    loop = asyncio.get_running_loop()
     while stop is None or not stop.is_set():
         try:
             if not version:
                 version = await relist()
+            started, delivered, error = loop.time(), False, None
             async with contextlib.aclosing(  # type: ignore[type-var]
                     kube.watch(kind, version, namespace=namespace, fields=fields)) as events:
                 async for event in events:
                     type_, obj = event.get("type"), event.get("object") or {}
-                    if type_ == "ERROR":  # 410 Gone: our version is too old, list again
-                        version = ""
+                    if type_ == "ERROR":  # 410 Gone (our version is too old), or a server error
+                        version, error = "", obj.get("message") or obj.get("code") or "no detail"
                         break
+                    delivered = True
                     version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                     if type_ != "BOOKMARK":
                         on_event(str(type_), obj)
-            failures = 0
+            if error is None and (delivered or loop.time() - started >= QUICK_END_SECONDS):
+                failures = 0
+                continue
+            failures += 1
+            logger.debug("watching %s: %s", what, f"ERROR event ({error}); listing again"
+                         if error is not None else "the stream ended at once; watching again")
+            await asyncio.sleep(backoff_delay(failures, backoff))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
