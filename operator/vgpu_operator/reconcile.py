@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pydantic
+from vgpu_formats.device_config import error_path
 from vgpu_formats.kubeapi import ApiException
 
 from vgpu_operator import api, decide, logs
@@ -149,7 +150,10 @@ class Reconciler:
         try:
             policy = api.VGPUPolicy.from_object(body)
         except pydantic.ValidationError as exc:
-            problems = [f"spec.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in exc.errors()]
+            # The locations start at the object (`spec...`); pydantic prefixes a validator's own
+            # message with "Value error, ", which says nothing to a user.
+            problems = [f"{error_path(err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+                        for err in exc.errors()]
             await self._report(body, previous, decide.rejected(generation, problems).outcome())
             return "invalid"
         # Never render node-config from a partial node list: that would drop the entries of the

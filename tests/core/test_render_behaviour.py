@@ -438,3 +438,19 @@ def test_a_v1_12_switch_loses_its_separate_value(cluster_docs: list[dict[str, An
                                        "--pass-device-specs", "extra"]
     assert _rendered_plugin({}, docs)["args"] == ["--fail-on-init-error", "--kubelet-socket", "/k.sock",
                                                   "--pass-device-specs", "extra"]
+
+
+def test_adopting_a_scheduler_conf_with_a_quoted_true_restarts_nothing(
+        cluster_docs: list[dict[str, Any]]) -> None:
+    # Volcano's GetBool reads "true" as true: the scheduler already runs with vGPU on.
+    docs = _converged({}, cluster_docs)
+    conf = next(d for d in docs
+                if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "volcano-scheduler-configmap")
+    text = conf["data"]["volcano-scheduler.conf"]
+    assert "deviceshare.VGPUEnable: true" in text
+    conf["data"]["volcano-scheduler.conf"] = text.replace("deviceshare.VGPUEnable: true",
+                                                          'deviceshare.VGPUEnable: "true"')
+    workload(docs, "Deployment")["spec"]["template"]["metadata"].pop("annotations", None)
+    result = _render({}, docs)
+    assert result.target("Deployment", "volcano-scheduler").changed is False
+    assert result.target("Deployment", "volcano-scheduler").restart_hash is None

@@ -38,6 +38,7 @@ async def test_invalid_policy_writes_nothing_and_says_why(cluster: Cluster) -> N
     await asyncio.sleep(4 * RESYNC)  # more resyncs: still nothing written, no second event
 
     assert "spec.device.gpuMemoryFactor" in valid["message"] and "Use at most" in valid["message"]
+    assert "spec.spec." not in valid["message"] and "Value error" not in valid["message"]
     assert cluster.condition("Applied")["status"] == "False"
     assert _snapshot(cluster) == before
     assert len(cluster.events("Rejected")) == 1
@@ -45,6 +46,14 @@ async def test_invalid_policy_writes_nothing_and_says_why(cluster: Cluster) -> N
 
     cluster.set_spec("default", lambda spec: spec.update(device={"gpuMemoryFactor": 1}))
     await cluster.ready(generation=2)
+
+
+async def test_a_spec_the_model_refuses_names_the_field_once(cluster: Cluster) -> None:
+    # A CRD served without its CEL rules lets three equal resource names in; the model refuses.
+    cluster.create_policy(spec={"resources": {"count": "a/b", "memory": "a/b", "cores": "a/b"}})
+    valid = await _rejected(cluster)
+    assert valid["message"].startswith(
+        "spec.resources: count, memory and cores must be three different resource names"), valid
 
 
 def _scheduler_conf(text: str) -> Callable[[dict[str, Any]], None]:
