@@ -46,12 +46,13 @@ class Decision:
     paused: bool = False
     rolled: Sequence[Restart] = field(default_factory=list)  # rollouts an interrupted reconcile made
 
-    def outcome(self, apply_error: str | None = None, restarts: Sequence[Restart] = ()) -> Outcome:
-        """What status says once the plan was executed: `apply_error` if a write failed, the
-        `restarts` that did happen."""
+    def outcome(self, apply_error: str | None = None, restarts: Sequence[Restart] = (),
+                written: frozenset[str] = frozenset()) -> Outcome:
+        """What status says once the plan was executed: `apply_error` if a write failed (and the
+        targets `written` before it), the `restarts` that did happen."""
         return Outcome(self.generation, problems=self.problems, warnings=self.warnings,
                        conflict_with=self.conflict_with, plan=self.plan, apply_error=apply_error,
-                       nodes=self.nodes, paused=self.paused, restarts=restarts)
+                       written=written, nodes=self.nodes, paused=self.paused, restarts=restarts)
 
 
 def render_all(policy: api.VGPUPolicy | api.VGPUPolicySpec, observed: Observed) -> RenderResult:

@@ -112,6 +112,11 @@ class TargetMissing(Exception):
     again from the copy read before: the next reconcile reads the cluster anew and decides."""
 
 
+class TargetChanged(Exception):
+    """What a write replaces changed since the operator read the target (409 on the version read):
+    not retried with the same patch; the next reconcile reads the cluster anew and decides."""
+
+
 async def new_api_client(kubeconfig: str | None) -> kubeapi.KubeApi:
     """A client from an explicit kubeconfig path, else the in-cluster service account.
 
@@ -284,9 +289,17 @@ class Kube:
         async def again_if_untouched(conflict: ApiException) -> dict[str, Any]:
             # The version changed since the read: a workload controller writes status all the
             # time. Write again over the new version only if what we replace is as we read it.
-            fresh = await self._call("GET", path)
+            where = f"{target.kind} {target.namespace}/{target.name}"
+            try:
+                fresh = await self._call("GET", path)
+            except ApiException as exc:
+                if exc.status == 404:
+                    raise TargetMissing(f"{where} was deleted while the operator was writing it; "
+                                        "not recreated") from exc
+                raise
             if target.written_part(fresh) != target.written_part(target.live):
-                raise conflict  # a concurrent edit of our part: the next reconcile decides anew
+                raise TargetChanged(f"{where} was changed while the operator was writing it "
+                                    f"({conflict.status}); decided again at the next reconcile") from conflict
             version = (fresh.get("metadata") or {}).get("resourceVersion")
             again = {**patch, "metadata": {**(patch.get("metadata") or {}), "resourceVersion": version}}
             return await self._call("PATCH", path, again, content_type=MERGE_PATCH)

@@ -176,14 +176,15 @@ class Reconciler:
         plan = decision.plan
         apply_error: str | None = None
         restarted: list[Restart] = []
+        written: frozenset[str] = frozenset()
         if not decision.paused:
-            apply_error, restarted = await self._execute(plan, view, body)
+            apply_error, restarted, written = await self._execute(plan, view, body)
         # Rollouts an interrupted reconcile did make: in status once (it may have written them).
         restarted = self._unreported + restarted
         recorded = {(r.target, r.hash) for r in previous.restarts} if previous else set()
         recorded |= {(r.target, r.hash) for r in restarted}
         self._unreported = [r for r in decision.rolled if (r.target, r.hash) not in recorded] + restarted
-        await self._report(body, previous, decision.outcome(apply_error, self._unreported))
+        await self._report(body, previous, decision.outcome(apply_error, self._unreported, written))
         self._unreported = []
         if apply_error:
             return "error"
@@ -194,9 +195,10 @@ class Reconciler:
         return "ok"
 
     async def _execute(self, plan: Plan, view: ClusterView,
-                       body: dict[str, Any]) -> tuple[str | None, list[Restart]]:
-        """Write the planned targets, then recreate plugin pods. Returns the error text on failure,
-        else the restarts that really happened (reported in status, events and metrics).
+                       body: dict[str, Any]) -> tuple[str | None, list[Restart], frozenset[str]]:
+        """Write the planned targets, then recreate plugin pods. Returns the error text on failure
+        (else None), the restarts that really happened (reported in status, events and metrics)
+        and the targets written.
 
         Each ConfigMap write carries every restart still to do (`pending`, plus this plan's) in
         the same request: a crash before they are done cannot lose them (`_settle_pending`)."""
@@ -239,7 +241,7 @@ class Reconciler:
         self.metrics.record_restarts(restarted)
         for event in [*(plan.events if error is None else []), *restart_events(restarted)]:
             await self.kube.post_event(body, event.type, event.reason, event.message)
-        return error, restarted
+        return error, restarted, frozenset(written)
 
     async def _settle_pending(self, plan: Plan, announced: bool, log: logs.PolicyLogger) -> None:
         """Every announced restart is done (and in status): remove the announcements, from the

@@ -16,7 +16,7 @@ from vgpu_formats.errors import FormatError
 from vgpu_formats.quantity import quantity_or_zero
 
 from vgpu_operator import api
-from vgpu_operator.plan import Plan, PlannedEvent, Restart
+from vgpu_operator.plan import Plan, PlannedEvent, Restart, TargetDecision, describe
 
 MAX_MISMATCHED = 50
 MAX_RESTARTS = 20
@@ -47,6 +47,7 @@ class Outcome:
     conflict_with: str | None = None  # the active policy, when this one is not it
     plan: Plan | None = None
     apply_error: str | None = None  # what failed while writing, if anything
+    written: frozenset[str] = frozenset()  # with apply_error: the targets written before it
     nodes: Sequence[NodeReport] = ()
     paused: bool = False
     restarts: Sequence[Restart] = ()
@@ -192,14 +193,19 @@ def build_status(outcome: Outcome, previous: api.VGPUPolicyStatus | None, now: s
     conditions = [_condition(type_, status, reason, message, previous, now, outcome.generation)
                   for type_, status, reason, message in _conditions(outcome, summary)]
     conditions.sort(key=lambda c: _CONDITION_ORDER[c.type])
-    # A write that may have failed keeps the hash last applied: the desired one would make the next
-    # round take the unfinished change for a hand edit (and, under Report, leave it undone).
+    # A write the failure cut off keeps the hash last applied: the desired one would make the next
+    # round take the unfinished change for a hand edit (and, under Report, leave it undone). Its
+    # state Error also tells the next round to roll a workload (ClusterView.running).
     applied_before = {(t.kind, t.namespace, t.name): t.hash for t in previous.targets} if previous else {}
+
+    def cut_off(d: TargetDecision) -> bool:
+        return bool(outcome.apply_error) and d.write and describe(d.target) not in outcome.written
+
     targets = previous.targets if previous and outcome.plan is None else [
         api.TargetStatus(kind=d.target.kind, namespace=d.target.namespace, name=d.target.name,
                          hash=(applied_before.get((d.target.kind, d.target.namespace, d.target.name), "")
-                               if outcome.apply_error and d.write else d.hash),
-                         state="Error" if outcome.apply_error and d.write else d.state, message=d.message)
+                               if cut_off(d) else d.hash),
+                         state="Error" if cut_off(d) else d.state, message=d.message)
         for d in (outcome.plan.decisions if outcome.plan else [])
     ]
     restarts = list(previous.restarts) if previous else []

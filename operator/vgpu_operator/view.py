@@ -113,7 +113,7 @@ class ClusterView(Observed):
         after writing its inputs, so its pods run with something else than the live inputs say."""
         recorded: dict[str, str | None] = {}
         for t in self.previous.targets if self.previous else []:
-            if t.kind in ROLLOUTS and t.hash and t.state in ("InSync", "Updated", "Error"):
+            if t.kind in ROLLOUTS and (t.state == "Error" or (t.hash and t.state in ("InSync", "Updated"))):
                 recorded[describe(t.kind, t.namespace, t.name)] = None if t.state == "Error" else t.hash
         recorded.update(dict.fromkeys(self.to_roll))
         return recorded

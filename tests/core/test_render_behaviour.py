@@ -440,9 +440,10 @@ def test_a_v1_12_switch_loses_its_separate_value(cluster_docs: list[dict[str, An
                                                   "--pass-device-specs", "extra"]
 
 
-def test_adopting_a_scheduler_conf_with_a_quoted_true_restarts_nothing(
-        cluster_docs: list[dict[str, Any]]) -> None:
-    # Volcano's GetBool reads "true" as true: the scheduler already runs with vGPU on.
+def test_a_quoted_vgpu_enable_rolls_the_scheduler_once(cluster_docs: list[dict[str, Any]]) -> None:
+    # Volcano before 1.15 reads only a YAML bool there (its GetBool): with "true" the scheduler
+    # runs with vGPU off, and registers devices only at start. The real `true` the conf gets
+    # must come with a rollout.
     docs = _converged({}, cluster_docs)
     conf = next(d for d in docs
                 if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "volcano-scheduler-configmap")
@@ -451,6 +452,4 @@ def test_adopting_a_scheduler_conf_with_a_quoted_true_restarts_nothing(
     conf["data"]["volcano-scheduler.conf"] = text.replace("deviceshare.VGPUEnable: true",
                                                           'deviceshare.VGPUEnable: "true"')
     workload(docs, "Deployment")["spec"]["template"]["metadata"].pop("annotations", None)
-    result = _render({}, docs)
-    assert result.target("Deployment", "volcano-scheduler").changed is False
-    assert result.target("Deployment", "volcano-scheduler").restart_hash is None
+    assert _restarts({}, docs) == {"volcano-scheduler"}

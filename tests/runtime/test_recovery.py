@@ -8,11 +8,14 @@ from typing import Any
 
 import pytest
 from vgpu_emulator import Emulator
+from vgpu_operator import api
+from vgpu_operator.plan import PENDING_ANNOTATION
 
 from tests.support.waiting import eventually
 
 from .conftest import NODES, PLUGIN_NS, operator_on
 from .solo import (
+    CONFIGMAPS,
     NAME,
     PODS,
     ROLL,
@@ -264,6 +267,46 @@ async def test_a_workload_written_meanwhile_is_patched_unless_its_template_chang
             assert written and condition(em, "Applied").get("status") == "True"
             assert patches == [409, 200]
         else:
-            assert not written and "409" in condition(em, "Applied").get("message", "")
+            assert not written and "changed while the operator was writing it" in condition(
+                em, "Applied").get("message", "")
+            assert patches == [409]  # not retried with the same stale patch
             labels = em.get_object(*PLUGIN)["spec"]["template"]["metadata"]["labels"]
             assert labels["edited"] == "by-hand"
+
+
+async def test_a_first_write_that_failed_still_rolls_the_plugin_later() -> None:
+    # No earlier status row, so no hash to keep: the Error state alone must tell the next round
+    # that the pods never rolled, even with the pending-restarts marker gone.
+    async with scenario(ROLL) as running, solo(running) as op:
+        em = running.emulator
+        em.fail_next("PATCH", "daemonsets/volcano-device-plugin", status=403, times=1)
+        assert not await op.reconcile()
+        for namespace, name in CONFIGMAPS:
+            cm = em.get_object("ConfigMap", namespace, name)
+            if cm and PENDING_ANNOTATION in (cm["metadata"].get("annotations") or {}):
+                del cm["metadata"]["annotations"][PENDING_ANNOTATION]
+                em.apply(cm)
+        for _ in range(2):
+            assert await op.reconcile()
+        assert "vgpu.io/plugin-config-hash" in template_annotations(em, *PLUGIN)
+
+
+async def test_a_target_written_before_another_failed_keeps_its_hand_edit_under_report() -> None:
+    async with scenario({"device": {"overwriteEnv": True}, "driftPolicy": "Report"}) as running, \
+            solo(running) as op:
+        em = running.emulator
+        await op.converge()
+        policy = copy.deepcopy(em.get_object(api.KIND, None, NAME))
+        policy["spec"]["device"]["overwriteEnv"] = False
+        em.apply(policy)
+        em.fail_next("PATCH", "daemonsets/volcano-device-plugin", status=403, times=1)
+        assert not await op.reconcile()  # device-config was written, the DaemonSet was not
+        key = "device-config.yaml"
+        cm = copy.deepcopy(em.get_object("ConfigMap", PLUGIN_NS, "volcano-vgpu-device-config"))
+        assert "overwriteEnv: false" in cm["data"][key]
+        cm["data"][key] = cm["data"][key].replace("overwriteEnv: false", "overwriteEnv: true")
+        em.apply(cm)  # a hand edit after our write
+        await op.reconcile()
+        live = em.get_object("ConfigMap", PLUGIN_NS, "volcano-vgpu-device-config")["data"][key]
+        assert "overwriteEnv: true" in live
+        assert [e for e in em.list_objects("Event") if e.get("reason") == "DriftDetected"]

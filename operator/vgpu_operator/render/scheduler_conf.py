@@ -76,11 +76,11 @@ def is_enabled(arguments: dict[str, Any] | None, key: str) -> bool:
 
 
 def restart_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
-    """The arguments the scheduler reads only at start, as the scheduler reads them: absent ones
-    as it defaults them, VGPUEnable as its GetBool does (a quoted "true" is true: no rollout)."""
-    read = {key: arguments.get(key, UPSTREAM_DEFAULTS[key]) for key in RESTART_ARGUMENTS}
-    read[VGPU_ENABLE] = is_enabled(arguments, VGPU_ENABLE)
-    return read
+    """The arguments the scheduler reads only at start, absent ones as the scheduler defaults them.
+    Compared as written: a quoted VGPUEnable "true" rolls the scheduler once when the conf gets a
+    real `true`, since Volcano before 1.15 reads only a YAML bool there (its GetBool) and would
+    otherwise keep vGPU off until some other restart."""
+    return {key: arguments.get(key, UPSTREAM_DEFAULTS[key]) for key in RESTART_ARGUMENTS}
 
 
 # Absent arguments that mean their default without a word. An absent KnownGeometriesCMNamespace
