@@ -59,6 +59,10 @@ class Allocator:
                     await self._mark_failed(exc.pod)
                 await self._release_node_lock()
                 raise
+            except asyncio.CancelledError:
+                # The kubelet went away mid-call (gRPC cancels the handler): the lock still goes.
+                await asyncio.shield(self._release_node_lock())
+                raise
             except Exception as exc:
                 # A bug or a value no check foresaw must not leave the node locked for every
                 # later pod: report it as this call's error and release the lock.
@@ -116,9 +120,13 @@ class Allocator:
         else:
             assert result.devices_to_allocate is not None
             old = pod["metadata"]["annotations"][DEVICES_TO_ALLOCATE]
+            # The phase read must hold too: the pod cache may not show yet that the kubelet
+            # rejected the pod (its status is written asynchronously), and a stale 422 decides
+            # again on a fresh list, where the pod is no candidate.
+            phase = (pod.get("status") or {}).get("phase")
             try:
                 updated = await self._kube.consume_devices(ref.namespace, ref.name, old,
-                                                           result.devices_to_allocate)
+                                                           result.devices_to_allocate, phase)
             except KubeError as exc:
                 raise AllocateError(f"pod {ref}: cannot update its annotations: {exc}", ref) from exc
             if self._cache is not None:

@@ -90,9 +90,11 @@ class KubeClient(Protocol):
 
     async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None: ...
 
-    async def consume_devices(self, namespace: str, name: str, old: str, new: str) -> dict[str, Any]:
-        """Set devices-to-allocate to `new` only if it is still `old`; the updated pod.
-        Raises KubeError (status 422) when it changed, (404) when the pod is gone."""
+    async def consume_devices(self, namespace: str, name: str, old: str, new: str,
+                              phase: str | None = None) -> dict[str, Any]:
+        """Set devices-to-allocate to `new` only if it is still `old` (and, given `phase`, the pod
+        is still in that phase: a pod the kubelet rejected meanwhile is not served); the updated
+        pod. Raises KubeError (status 422) when either changed, (404) when the pod is gone."""
         ...
 
     async def patch_node(self, name: str, patch: dict[str, Any]) -> None: ...
@@ -270,9 +272,12 @@ class ApiKubeClient:
         await self._call("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", f"Pod {namespace}/{name}",
                          body=patch, content_type=MERGE_PATCH)
 
-    async def consume_devices(self, namespace: str, name: str, old: str, new: str) -> dict[str, Any]:
+    async def consume_devices(self, namespace: str, name: str, old: str, new: str,
+                              phase: str | None = None) -> dict[str, Any]:
         path = "/metadata/annotations/" + DEVICES_TO_ALLOCATE.replace("~", "~0").replace("/", "~1")
         ops = [{"op": "test", "path": path, "value": old}, {"op": "replace", "path": path, "value": new}]
+        if phase:  # a test reads the whole stored object, status included
+            ops.insert(0, {"op": "test", "path": "/status/phase", "value": phase})
         return dict(await self._call("PATCH", f"/api/v1/namespaces/{namespace}/pods/{quote(name)}",
                                      f"Pod {namespace}/{name}", body=ops, content_type=JSON_PATCH))
 

@@ -109,12 +109,14 @@ class FakeKube:
         self.writes.append(("pod", f"{namespace}/{name}", patch))
         self._pod_event("MODIFIED", self.pods[key])
 
-    async def consume_devices(self, namespace: str, name: str, old: str, new: str) -> dict[str, Any]:
+    async def consume_devices(self, namespace: str, name: str, old: str, new: str,
+                              phase: str | None = None) -> dict[str, Any]:
         self._check("consume_devices")
         key = (namespace, name)
         if key not in self.pods:
             raise KubeError(f"Pod {namespace}/{name}: HTTP 404 Not Found", 404)
-        if self.pods[key]["metadata"]["annotations"].get(ann.DEVICES_TO_ALLOCATE) != old:
+        if self.pods[key]["metadata"]["annotations"].get(ann.DEVICES_TO_ALLOCATE) != old or (
+                phase and (self.pods[key].get("status") or {}).get("phase") != phase):
             raise KubeError(f"Pod {namespace}/{name}: HTTP 422 test failed", 422)
         await self.patch_pod(namespace, name, {"metadata": {"annotations": {ann.DEVICES_TO_ALLOCATE: new}}})
         return copy.deepcopy(self.pods[key])

@@ -312,3 +312,52 @@ async def test_an_unexpected_error_is_this_calls_error_and_releases_the_node_loc
     with pytest.raises(AllocateError, match=r"unexpected error while allocating 2 device.*nobody foresaw"):
         await allocator.allocate(2)
     assert kube.patched == [(FIXTURE_NODE, allocate.release_lock_patch())]
+
+
+def _allocator(kube: Any, cache_root: Any, cache: Any = None, unhealthy: str | None = None) -> Any:
+    from vgpu_deviceplugin.allocator import Allocator
+    from vgpu_deviceplugin.gpus import GpuDevice
+    from vgpu_deviceplugin.state import PluginState
+
+    gpus = [GpuDevice(i, uuid, "NVIDIA A10", memory, i) for i, (uuid, memory) in enumerate(NODE_GPUS.items())]
+    state = PluginState(SETTINGS, gpus)
+    if unhealthy is not None:
+        state.health[unhealthy] = False
+    return Allocator(kube, state, Flags(node_name=FIXTURE_NODE, cache_root=str(cache_root)), cache=cache,
+                     cache_id=lambda: "id")
+
+
+async def test_a_pod_rejected_since_the_cache_saw_it_is_not_served(tmp_path: Any) -> None:
+    # The kubelet writes a rejected pod's Failed status asynchronously: the plugin's cache may
+    # still show it Pending. Its share must not go to the next pod all the same.
+    from vgpu_deviceplugin.pod_cache import PodCache
+
+    from tests.deviceplugin.kit import FakeKube
+
+    rejected = gpu_pod("rejected", [ctr("a")], f"{GPU_A},NVIDIA,20000,100:", vgpu_time="1")
+    small = gpu_pod("small", [ctr("a")], f"{GPU_B},NVIDIA,1000,10:", vgpu_time="2")
+    for pod in (rejected, small):
+        pod["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_ALLOCATING
+        pod["status"] = {"phase": "Pending"}
+    kube, cache = FakeKube(), PodCache()
+    for pod in (rejected, small):
+        kube.add_pod(copy.deepcopy(pod))
+        cache.apply("ADDED", copy.deepcopy(pod))
+    cache.apply("SYNCED", {})
+    kube.pods[("default", "rejected")]["status"] = {"phase": "Failed", "reason": "SysctlForbidden"}
+    plan = await _allocator(kube, tmp_path, cache).allocate(1)
+    assert plan.pod.name == "small" and plan.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+    assert kube.pods[("default", "rejected")]["metadata"]["annotations"][ann.DEVICES_TO_ALLOCATE] == \
+        f"{GPU_A},NVIDIA,20000,100:"
+
+
+async def test_a_gpu_marked_unhealthy_is_refused_by_the_allocator(tmp_path: Any) -> None:
+    from tests.deviceplugin.kit import FakeKube
+
+    pod = gpu_pod("xid", [ctr("a")], f"{GPU_A},NVIDIA,1000,10:")
+    pod["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_ALLOCATING
+    kube = FakeKube()
+    kube.add_pod(pod)
+    with pytest.raises(AllocateError, match=f"GPU {GPU_A} .* is not a healthy GPU"):
+        await _allocator(kube, tmp_path, unhealthy=GPU_A).allocate(1)
+    assert kube.pods[("default", "xid")]["metadata"]["annotations"][ann.BIND_PHASE] == ann.BIND_PHASE_FAILED

@@ -101,31 +101,63 @@ def test_scan_and_metrics_name_the_container_and_sum_per_gpu(tmp_path: Path) -> 
     assert families["vgpu_container_last_kernel_age_seconds"].samples == []
 
 
-def test_limits_and_gpus_come_from_the_plugins_settings_not_the_containers_region(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # The container can write its region: a cap shown as 0 ("none") and its usage added to a GPU
-    # another tenant owns. The plugin's settings file (0644, read-only in the container) says
-    # what was assigned.
-    forged = [(GPU_A, 0, 1000 * MIB), (GPU_B, 80000 * MIB, 70000 * MIB)]
-    folder = write_container(tmp_path, "cuda-app", region_bytes(forged, [])).parent
-    settings = folder / "vgpu.env"
-    settings.write_text("# vgpu-device-plugin: pod default/vgpu-test container cuda-app\n"
-                        f"NVIDIA_VISIBLE_DEVICES={GPU_A}\nCUDA_DEVICE_MEMORY_LIMIT_0=3000m\n"
-                        "CUDA_DEVICE_SM_LIMIT=25\n")
-    settings.chmod(0o644)
-    with caplog.at_level(logging.WARNING):
-        families = {m.name: m for m in metrics(scan(str(tmp_path)), {}, now_ns=0)}
-    limits = {s.labels["deviceuuid"]: s.value for s in families["vgpu_container_memory_limit_bytes"].samples}
-    assert limits == {GPU_A: 3000 * MIB}
-    assert [s.value for s in families["vgpu_container_sm_limit_percent"].samples] == [25]
-    per_gpu = {s.labels["deviceuuid"]: s.value for s in families["vgpu_gpu_memory_used_bytes"].samples}
-    assert per_gpu == {GPU_A: 1000 * MIB}
-    assert f"names GPU '{GPU_B}', which the device plugin did not assign" in caplog.text
+def _assigned_container(root: Path, devices: list[tuple[str, int, int]], settings: str) -> Path:
+    folder = write_container(root, "cuda-app", region_bytes(devices, [])).parent
+    path = folder / "vgpu.env"
+    path.write_text("# vgpu-device-plugin: pod default/vgpu-test container cuda-app\n" + settings)
+    path.chmod(0o644)
+    return path
+
+
+def _by_gpu(families: dict[str, Any], name: str) -> dict[str, float]:
+    return {s.labels["deviceuuid"]: s.value for s in families[name].samples}
+
+
+def test_limits_come_from_the_plugins_settings_not_the_containers_region(tmp_path: Path) -> None:
+    # The container can write its region: a cap shown as 0 ("none"). The plugin's settings file
+    # (0644, read-only in the container) says what was assigned, as libvgpu.so applies it.
+    settings = _assigned_container(tmp_path, [(GPU_A, 0, 1000 * MIB), (GPU_B, 0, 10 * MIB)],
+                                   f"NVIDIA_VISIBLE_DEVICES={GPU_A},{GPU_B}\nCUDA_DEVICE_MEMORY_LIMIT_0=3000m\n"
+                                   "CUDA_DEVICE_MEMORY_LIMIT_1=1g\nCUDA_DEVICE_SM_LIMIT=25\n")
+    families = {m.name: m for m in metrics(scan(str(tmp_path)), {}, now_ns=0)}
+    assert _by_gpu(families, "vgpu_container_memory_limit_bytes") == {GPU_A: 3000 * MIB, GPU_B: 1024 * MIB}
+    assert _by_gpu(families, "vgpu_container_sm_limit_percent") == {GPU_A: 25, GPU_B: 25}
+    assert _by_gpu(families, "vgpu_gpu_memory_used_bytes") == {GPU_A: 1000 * MIB, GPU_B: 10 * MIB}
     # A settings file the container could have written is not trusted: the region's figures stay.
     settings.chmod(0o666)
-    limits = {s.labels["deviceuuid"]: s.value
-              for s in metrics(scan(str(tmp_path)), {}, now_ns=0)[1].samples}
-    assert limits == {GPU_A: 0, GPU_B: 80000 * MIB}
+    families = {m.name: m for m in metrics(scan(str(tmp_path)), {}, now_ns=0)}
+    assert _by_gpu(families, "vgpu_container_memory_limit_bytes") == {GPU_A: 0, GPU_B: 0}
+
+
+@pytest.mark.parametrize("settings", [
+    f"NVIDIA_VISIBLE_DEVICES={GPU_A}\nCUDA_DEVICE_MEMORY_LIMIT_0=3000m\nCUDA_DEVICE_SM_LIMIT=100\n",
+    f"NVIDIA_VISIBLE_DEVICES={GPU_A}\nCUDA_DEVICE_MEMORY_LIMIT_0=3000m\nCUDA_DEVICE_SM_LIMIT=30\n"
+    "GPU_CORE_UTILIZATION_POLICY=DISABLE\n",
+])
+def test_an_sm_limit_the_library_does_not_apply_is_reported_as_none(tmp_path: Path, settings: str) -> None:
+    # libvgpu.so applies no SM limit at 100 or more, nor with the utilization policy disabled.
+    _assigned_container(tmp_path, [(GPU_A, 0, 0)], settings)
+    families = {m.name: m for m in metrics(scan(str(tmp_path)), {}, now_ns=0)}
+    assert _by_gpu(families, "vgpu_container_sm_limit_percent") == {GPU_A: 0}
+
+
+@pytest.mark.parametrize(("devices", "why"), [
+    ([(GPU_A, 0, 1000 * MIB), (GPU_B, 0, 70000 * MIB)],
+     f"names GPU '{GPU_B}', which the device plugin did not"),
+    ([(GPU_A, 0, 1000 * MIB), (GPU_A, 0, 1000 * MIB)], f"GPU '{GPU_A}' has 2 device records"),
+])
+def test_device_records_that_cannot_be_the_libraries_are_not_reported(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, devices: list[tuple[str, int, int]],
+        why: str) -> None:
+    # A container adding its usage to another tenant's GPU, or counting one GPU twice.
+    _assigned_container(tmp_path, devices,
+                        f"NVIDIA_VISIBLE_DEVICES={GPU_A}\nCUDA_DEVICE_MEMORY_LIMIT_0=3000m\n")
+    with caplog.at_level(logging.WARNING):
+        families = {m.name: m for m in metrics(scan(str(tmp_path)), {}, now_ns=0)}
+        metrics(scan(str(tmp_path)), {}, now_ns=0)
+    assert families["vgpu_gpu_memory_used_bytes"].samples == []
+    assert families["vgpu_container_memory_used_bytes"].samples == []
+    assert caplog.text.count(why) == 1  # once, not at every scrape
 
 
 def test_folder_removed_during_a_scan_is_skipped(tmp_path: Path) -> None:

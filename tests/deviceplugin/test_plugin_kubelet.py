@@ -103,13 +103,14 @@ async def test_allocate_fixture_pod_through_grpc(flags: Flags, kube: FakeKube) -
         with open(cache_host, "rb") as region_file:
             assert region_file.read() == bytes(REGION_SIZE)
         # libvgpu.so's settings, read-only in the container, 0644 on the host (the hook refuses
-        # a file group or others could write), with the same values as the environment.
+        # a file group or others could write), with the same values as the environment (the GPUs
+        # included: the node monitor reports limits and GPUs from this file, not the region).
         settings_host, read_only = mounts["/usr/local/vgpu/vgpu.env"]
         assert read_only and settings_host == f"{folder}/vgpu.env"
         assert stat.S_IMODE(os.stat(settings_host).st_mode) == 0o644
         with open(settings_host) as settings_file:
             entries = dict(line.split("=", 1) for line in settings_file.read().splitlines()[1:])
-        assert entries == {k: v for k, v in envs.items() if k != "NVIDIA_VISIBLE_DEVICES"}
+        assert entries == envs
         assert sorted(os.listdir(folder)) == sorted([os.path.basename(region), "vgpu.env"])
         # Memory and cores answer empty responses, as upstream.
         empty = await sim.allocate(MEMORY, sim.free_ids(MEMORY, 3000))

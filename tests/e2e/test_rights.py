@@ -119,10 +119,14 @@ async def test_the_plugin_writes_what_it_needs_on_its_own_node(world: World) -> 
                                                       ann.NODE_HANDSHAKE: "Reported 2026.01.01 00:00:00"}}}
         assert await _call(api, "PATCH", f"/api/v1/nodes/{HERE}", node_register) == (200, "")
         assert await _call(api, "PATCH", f"/api/v1/nodes/{HERE}", allocate.release_lock_patch()) == (200, "")
-        # Allocate: devices consumed by compare-and-swap, then bind-phase success.
+        # Allocate: devices consumed by compare-and-swap (the phase read included: a JSON patch's
+        # test reads the stored pod, status too), then bind-phase success.
         key = "/metadata/annotations/" + ann.DEVICES_TO_ALLOCATE.replace("/", "~1")
-        swap = [{"op": "test", "path": key, "value": "GPU-0,NVIDIA,1000,30:;"},
+        swap = [{"op": "test", "path": "/status/phase", "value": "Pending"},
+                {"op": "test", "path": key, "value": "GPU-0,NVIDIA,1000,30:;"},
                 {"op": "replace", "path": key, "value": ";"}]
+        stale = [{**swap[0], "value": "Failed"}, *swap[1:]]
+        assert (await _call(api, "PATCH", world.pod_path("gpu-here"), stale, JSON_PATCH))[0] == 422
         assert await _call(api, "PATCH", world.pod_path("gpu-here"), swap, JSON_PATCH) == (200, "")
         assert await _call(api, "PATCH", world.pod_path("gpu-here"), allocate.success_patch()) == (200, "")
         # Reads: the pods of its node, the two ConfigMaps by name.

@@ -3,8 +3,8 @@ mounted read-only). Pure.
 
 The region file is the container's to write (its processes keep their counts there), so its
 limits and GPU UUIDs are whatever the container left in it. The monitor reports the limits the
-plugin set, and only device records of GPUs the plugin assigned; usage figures can only come
-from the region.
+plugin set, and a container's device records only when they are believable (`records_fit`);
+usage figures can only come from the region.
 """
 
 from __future__ import annotations
@@ -18,16 +18,23 @@ _SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 @dataclass(frozen=True)
 class Assigned:
-    gpus: frozenset[str]  # the UUIDs of NVIDIA_VISIBLE_DEVICES
+    """Limits as libvgpu.so applies them (hook/src/limits.c): per CUDA ordinal, else the
+    all-device value; an SM limit of 100 or more, or GPU_CORE_UTILIZATION_POLICY=disable, is none
+    (0)."""
+
+    gpus: tuple[str, ...]  # the UUIDs of NVIDIA_VISIBLE_DEVICES
     memory_limits: dict[int, int] = field(default_factory=dict)  # CUDA ordinal -> bytes
     sm_limits: dict[int, int] = field(default_factory=dict)  # CUDA ordinal -> percent
-    sm_limit: int | None = None  # CUDA_DEVICE_SM_LIMIT, for the ordinals without their own
+    memory_all: int = 0  # CUDA_DEVICE_MEMORY_LIMIT
+    sm_all: int = 0  # CUDA_DEVICE_SM_LIMIT
+    sm_disabled: bool = False  # GPU_CORE_UTILIZATION_POLICY=disable
 
     def memory_limit(self, index: int) -> int:
-        return self.memory_limits.get(index, 0)
+        return self.memory_limits.get(index, self.memory_all)
 
     def sm_limit_of(self, index: int) -> int:
-        return self.sm_limits.get(index, self.sm_limit or 0)
+        percent = self.sm_limits.get(index, self.sm_all)
+        return 0 if self.sm_disabled or percent >= 100 else percent
 
 
 def parse_size(text: str) -> int | None:
@@ -44,7 +51,7 @@ def parse_assigned(text: str) -> Assigned | None:
         if line and not line.startswith("#") and "=" in line:
             name, _, value = line.partition("=")
             values[name.strip()] = value.strip()
-    gpus = frozenset(u for u in values.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u)
+    gpus = tuple(u for u in values.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u)
     if not gpus:
         return None
     memory: dict[int, int] = {}
@@ -56,8 +63,25 @@ def parse_assigned(text: str) -> Assigned | None:
                 size = parse_size(value) if into is memory else _percent(value)
                 if size is not None:
                     into[int(index)] = size
-    return Assigned(gpus, memory, cores, _percent(values.get("CUDA_DEVICE_SM_LIMIT", "")))
+    return Assigned(gpus, memory, cores, parse_size(values.get("CUDA_DEVICE_MEMORY_LIMIT", "")) or 0,
+                    _percent(values.get("CUDA_DEVICE_SM_LIMIT", "")) or 0,
+                    values.get("GPU_CORE_UTILIZATION_POLICY", "").lower() == "disable")
 
 
 def _percent(text: str) -> int | None:
     return int(text) if text.isascii() and text.isdigit() else None
+
+
+def records_fit(assigned: Assigned, records: list[tuple[int, str]]) -> str:
+    """Why a container's device records (CUDA ordinal, GPU UUID) cannot be what libvgpu.so wrote
+    for this assignment, or "": each names an assigned GPU, once, at an ordinal the container
+    has (fewer than the GPUs assigned)."""
+    uuids = [uuid for _, uuid in records]
+    for index, uuid in records:
+        if uuid not in assigned.gpus:
+            return f"device {index} names GPU {uuid!r}, which the device plugin did not assign"
+        if index >= len(assigned.gpus):
+            return f"device {index} is past the {len(assigned.gpus)} GPU(s) assigned"
+        if uuids.count(uuid) > 1:
+            return f"GPU {uuid!r} has {uuids.count(uuid)} device records"
+    return ""

@@ -13,8 +13,9 @@ Per-GPU `vgpu_gpu_*` figures are sums over the containers' regions (what the vGP
 out and what is in use through it); `vgpu_host_gpu_*` is NVML's view of the whole card.
 
 A container can write its region file: where the plugin's settings file is there, limits come
-from it, and a device record of a GPU the plugin did not assign that container is left out (it
-would add the container's figures to another tenant's GPU).
+from it, and a container whose device records cannot be what libvgpu.so wrote for what was
+assigned (a GPU not assigned, one GPU twice, an ordinal past the GPUs assigned) has none reported
+(they would add its figures to another tenant's GPU); logged once per container.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from prometheus_client.registry import Collector
 from vgpu_formats.annotations import device_type
 from vgpu_formats.cli import version
 
+from vgpu_deviceplugin.monitor.assigned import records_fit
 from vgpu_deviceplugin.monitor.host import HostGpu, HostGpuSource, NvmlHostGpus
 from vgpu_deviceplugin.monitor.scan import ContainerRegion, scan
 
@@ -96,12 +98,11 @@ def metrics(
         processes.add_metric(base, len(c.live_slots))
         live = [s for s in c.region.slots if s.slot in c.live_slots]
         context.add_metric(base, sum(s.context_bytes for s in live))
-        for dev in c.region.devices:
-            assigned = c.assigned
-            if assigned is not None and dev.uuid not in assigned.gpus:
-                log.warning("%s: device %d names GPU %r, which the device plugin did not assign "
-                            "this container; not reported", c.path, dev.index, dev.uuid)
-                continue
+        assigned = c.assigned
+        unfit = records_fit(assigned, [(d.index, d.uuid) for d in c.region.devices]) if assigned else ""
+        if unfit:
+            _warn_once(c.path, f"{c.path}: {unfit}; its device figures are not reported")
+        for dev in () if unfit else c.region.devices:
             capped = assigned.memory_limit(dev.index) if assigned else dev.limit_bytes
             labels = [*base, str(dev.index), dev.uuid]
             usage.add_metric(labels, dev.used_bytes)
@@ -129,6 +130,17 @@ def metrics(
     if legacy:
         families += [_renamed(f, LEGACY_NAMES[f.name]) for f in families if f.name in LEGACY_NAMES]
     return families
+
+
+_warned: set[str] = set()  # (a scrape every few seconds must not repeat a line per container)
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        if len(_warned) >= 10_000:  # containers come and go: bounded
+            _warned.clear()
+        _warned.add(key)
+        log.warning("%s", message)
 
 
 def _renamed(family: Metric, name: str) -> Metric:
