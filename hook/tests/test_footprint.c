@@ -732,6 +732,19 @@ static void measure_inside(void)
 
 /* Context limits that make the driver reserve memory: the fake reserves the stack for 132 x
  * 2048 resident threads (an H100's), so 1 KiB more a thread is 264 MiB. */
+/* A graph of one kernel node, instantiated and launched: what the launch answers. */
+static CUresult launch_graph_of(const CUDA_KERNEL_NODE_PARAMS *kernel)
+{
+    CUgraph graph;
+    CUgraphNode node;
+    CUgraphExec exec = NULL;
+    return cuGraphCreate(&graph, 0) == CUDA_SUCCESS &&
+                   cuGraphAddKernelNode(&node, graph, NULL, 0, kernel) == CUDA_SUCCESS &&
+                   cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS
+               ? cuGraphLaunch(exec, NULL)
+               : CUDA_ERROR_UNKNOWN;
+}
+
 static int limits(void)
 {
     CUcontext ctx;
@@ -839,17 +852,11 @@ static int limits(void)
 
     /* A graph's kernels raise the stack at its launch the same way. */
     static char graph_kernel;
-    CUgraph graph;
-    CUgraphNode node;
-    CUgraphExec exec = NULL;
     CUDA_KERNEL_NODE_PARAMS k = {.func = (CUfunction)(void *)&graph_kernel, .gridDimX = 1,
                                  .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1,
                                  .blockDimZ = 1};
     fake_cuda_local_bytes = 4096;
-    rc = cuGraphCreate(&graph, 0) == CUDA_SUCCESS &&
-                 cuGraphAddKernelNode(&node, graph, NULL, 0, &k) == CUDA_SUCCESS &&
-                 cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS
-             ? cuGraphLaunch(exec, NULL) : CUDA_ERROR_UNKNOWN;
+    rc = launch_graph_of(&k);
     held = fake_cuda_device_used(0);
     check(rc == CUDA_ERROR_OUT_OF_MEMORY && held == 829 * MiB,
           "a graph whose kernel needs 4 KiB a thread, 264 MiB more stack: refused at its launch "
@@ -873,11 +880,7 @@ static int limits(void)
     CUDA_KERNEL_NODE_PARAMS by_kernel = k;
     by_kernel.func = NULL; /* the node names the CUkernel alone */
     by_kernel.kern = library_kernel;
-    exec = NULL;
-    rc = cuGraphCreate(&graph, 0) == CUDA_SUCCESS &&
-                 cuGraphAddKernelNode(&node, graph, NULL, 0, &by_kernel) == CUDA_SUCCESS &&
-                 cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS
-             ? cuGraphLaunch(exec, NULL) : CUDA_ERROR_UNKNOWN;
+    rc = launch_graph_of(&by_kernel);
     held = fake_cuda_device_used(0);
     check(rc == CUDA_ERROR_OUT_OF_MEMORY && held == 829 * MiB,
           "a graph whose kernel node names only that CUkernel: refused at its launch (rc %d, "

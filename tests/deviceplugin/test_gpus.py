@@ -70,10 +70,8 @@ def test_nvml_failure_is_a_clear_error() -> None:
         NvmlBackend(fake_nvml(nvmlInit=broken)).discover()  # type: ignore[arg-type]
 
 
-async def test_nvml_xid_events_mark_only_real_faults() -> None:
-    events = [SimpleNamespace(eventType=8, eventData=43, device="h0"),  # application fault: ignored
-              SimpleNamespace(eventType=1, eventData=0, device="h0"),  # not an Xid: ignored
-              SimpleNamespace(eventType=8, eventData=79, device="h1")]  # fell off the bus
+async def _reported(events: list[SimpleNamespace], **nvml_overrides: Any) -> list[str]:
+    """What the NVML health watcher reports for `events` (then the event set times out)."""
     stop = asyncio.Event()
     seen: list[str] = []
 
@@ -89,39 +87,31 @@ async def test_nvml_xid_events_mark_only_real_faults() -> None:
                      nvmlDeviceRegisterEvents=lambda h, mask, s: None, nvmlEventSetWait=wait)
     backend = NvmlBackend(nvml)  # type: ignore[arg-type]
     backend.discover()
+    for name, value in nvml_overrides.items():  # after discovery, which reads the real names
+        setattr(nvml, name, value)
     await backend.watch_health(seen.append, stop)
     await asyncio.sleep(0)
-    assert seen == ["GPU-a"]
+    return seen
+
+
+async def test_nvml_xid_events_mark_only_real_faults() -> None:
+    events = [SimpleNamespace(eventType=8, eventData=43, device="h0"),  # application fault: ignored
+              SimpleNamespace(eventType=1, eventData=0, device="h0"),  # not an Xid: ignored
+              SimpleNamespace(eventType=8, eventData=79, device="h1")]  # fell off the bus
+    assert await _reported(events) == ["GPU-a"]
 
 
 async def test_nvml_xid_of_a_gpu_that_lost_its_uuid_marks_all_and_the_watcher_lives_on() -> None:
     # Xid 79: the GPU fell off the bus, and NVML cannot name it any more (GPU_IS_LOST).
     events = [SimpleNamespace(eventType=8, eventData=79, device="lost"),
               SimpleNamespace(eventType=8, eventData=48, device="h0")]
-    stop = asyncio.Event()
-    seen: list[str] = []
-
-    def wait(_set: object, _ms: int) -> object:
-        if events:
-            return events.pop(0)
-        stop.set()
-        raise FakeNvmlError(10)
 
     def uuid_of(handle: str) -> str | bytes:
         if handle == "lost":
             raise FakeNvmlError(15)
         return {"h0": b"GPU-b", "h1": "GPU-a"}[handle]
 
-    nvml = fake_nvml(nvmlEventSetCreate=lambda: "set", nvmlEventSetFree=lambda s: None,
-                     nvmlDeviceGetHandleByUUID=lambda u: {"GPU-b": "h0", "GPU-a": "h1"}[u],
-                     nvmlDeviceGetSupportedEventTypes=lambda h: 0xFF,
-                     nvmlDeviceRegisterEvents=lambda h, mask, s: None, nvmlEventSetWait=wait)
-    backend = NvmlBackend(nvml)  # type: ignore[arg-type]
-    backend.discover()
-    nvml.nvmlDeviceGetUUID = uuid_of
-    await backend.watch_health(seen.append, stop)
-    await asyncio.sleep(0)
-    assert seen == [ALL_GPUS, "GPU-b"]
+    assert await _reported(events, nvmlDeviceGetUUID=uuid_of) == [ALL_GPUS, "GPU-b"]
 
 
 async def test_mock_health_events_reach_the_callback() -> None:

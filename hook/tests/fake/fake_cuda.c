@@ -1383,38 +1383,59 @@ EXPORT CUresult cuMemAdvise_v2(CUdeviceptr ptr, size_t count, CUmem_advise advic
 
 static int function_token; /* what every function handle points at */
 
-/* The module is a copy of the image (the caller may free its own, as with the driver). */
+/* A loaded image (module or library) is a copy of its PTX (the caller may free its own, as with
+ * the driver); NULL with *rc set when it is not PTX with an entry. */
+static char *load_image(const void *image, CUresult *rc)
+{
+    if (image == NULL || strstr(image, ".entry") == NULL) {
+        *rc = CUDA_ERROR_INVALID_IMAGE;
+        return NULL;
+    }
+    char *copy = strdup(image);
+    *rc = copy != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    return copy;
+}
+
+/* A kernel's name must be an entry of the loaded PTX, as the driver requires. */
+static CUresult find_entry(const void *loaded, const char *name)
+{
+    if (loaded == NULL || name == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    char entry[256];
+    snprintf(entry, sizeof entry, ".entry %s(", name);
+    return strstr(loaded, entry) != NULL ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult unload_image(void *loaded)
+{
+    if (loaded == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(loaded);
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
     CUresult rc = need_ctx();
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (module == NULL || image == NULL || strstr(image, ".entry") == NULL)
-        return CUDA_ERROR_INVALID_IMAGE;
-    char *copy = strdup(image);
-    *module = (CUmodule)(void *)copy;
-    return copy != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (module == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *module = (CUmodule)(void *)load_image(image, &rc);
+    return rc;
 }
 
-/* The function's name must be an entry of the module's PTX, as the driver requires. */
 EXPORT CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name)
 {
-    if (function == NULL || module == NULL || name == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    char entry[256];
-    snprintf(entry, sizeof entry, ".entry %s(", name);
-    if (strstr((const char *)(void *)module, entry) == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    *function = (CUfunction)(void *)&function_token;
-    return CUDA_SUCCESS;
+    CUresult rc = function != NULL ? find_entry(module, name) : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *function = (CUfunction)(void *)&function_token;
+    return rc;
 }
 
 EXPORT CUresult cuModuleUnload(CUmodule module)
 {
-    if (module == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    free(module);
-    return CUDA_SUCCESS;
+    return unload_image(module);
 }
 
 /* ---- libraries (CUDA 12): context-less kernels, launched by casting a CUkernel to CUfunction.
@@ -1428,31 +1449,24 @@ EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_op
                                   CUlibraryOption *options, void **values, unsigned count)
 {
     (void)jit_options, (void)jit_values, (void)jit_count, (void)options, (void)values, (void)count;
-    if (library == NULL || code == NULL || strstr(code, ".entry") == NULL)
-        return CUDA_ERROR_INVALID_IMAGE;
-    char *copy = strdup(code);
-    *library = (CUlibrary)(void *)copy;
-    return copy != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (library == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc;
+    *library = (CUlibrary)(void *)load_image(code, &rc);
+    return rc;
 }
 
 EXPORT CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary library, const char *name)
 {
-    if (kernel == NULL || library == NULL || name == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    char entry[256];
-    snprintf(entry, sizeof entry, ".entry %s(", name);
-    if (strstr((const char *)(void *)library, entry) == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    *kernel = (CUkernel)(void *)&kernel_token;
-    return CUDA_SUCCESS;
+    CUresult rc = kernel != NULL ? find_entry(library, name) : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        *kernel = (CUkernel)(void *)&kernel_token;
+    return rc;
 }
 
 EXPORT CUresult cuLibraryUnload(CUlibrary library)
 {
-    if (library == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    free(library);
-    return CUDA_SUCCESS;
+    return unload_image(library);
 }
 
 /* The local memory each thread of any kernel needs (cuFuncGetAttribute), set by a test. */
