@@ -175,7 +175,11 @@ NODE_NOT_FOUND = _operator("NodeNotFound", "warning", "spec.nodeOverrides[].node
 OVERRIDE_MATCHES_NO_NODES = _operator("OverrideMatchesNoNodes", "warning",
                                       "spec.nodeOverrides[].nodeSelector", "check the labels")
 OVERLAPPING_NODE_OVERRIDES = _operator("OverlappingNodeOverrides", "error", "spec.nodeOverrides[]",
-                                       "narrow the selectors or remove the name")
+                                       "remove the name from one of the two")
+# A selector overlap comes from node labels, which others change at any time: it must not stop the
+# policy (every write) until someone edits it; the first override applies, as rendered.
+OVERLAPPING_NODE_SELECTORS = _operator("OverlappingNodeSelectors", "warning", "spec.nodeOverrides[]",
+                                       "narrow the selectors")
 MIG_WITHOUT_GEOMETRIES = _operator("MigWithoutGeometries", "warning", "spec.nodeOverrides[].operatingMode",
                                    "set spec.device.knownMigGeometries")
 MIG_STRATEGY_UNUSED = _operator("MigStrategyUnused", "warning", "spec.nodeOverrides[].migStrategy",

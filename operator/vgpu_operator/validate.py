@@ -350,18 +350,29 @@ def _shadowed(spec: VGPUPolicySpec, observed: ClusterView, shadow_text: str) -> 
 
 
 def check_node_overrides(spec: VGPUPolicySpec, observed: ClusterView) -> Iterable[Problem]:
-    """A node may match at most one override: upstream applies one entry per node."""
+    """A node may match at most one override: upstream applies one entry per node. Two overrides
+    naming one node is an error in the spec; an overlap through a selector comes from the node's
+    labels, a warning (the first override applies)."""
     owner: dict[str, int] = {}
     targets = override_nodes(spec.node_overrides, observed.nodes)
     for index, names in enumerate(targets):
         for name in names:
-            if name in owner:
+            if name not in owner:
+                owner[name] = index
+                continue
+            first = owner[name]
+            if spec.node_overrides[index].node_selector is None and \
+                    spec.node_overrides[first].node_selector is None:
                 yield _problem(rules.OVERLAPPING_NODE_OVERRIDES, f"spec.nodeOverrides[{index}]",
-                               f"node {name!r} is also matched by spec.nodeOverrides[{owner[name]}]; a node "
-                               "may match one override only. Narrow the selectors or remove the name",
+                               f"node {name!r} is also named by spec.nodeOverrides[{first}]; a node may "
+                               "match one override only. Remove the name from one of the two",
                                f"Node {name}")
             else:
-                owner[name] = index
+                yield _problem(rules.OVERLAPPING_NODE_SELECTORS, f"spec.nodeOverrides[{index}]",
+                               f"node {name!r} (by its labels) is also matched by "
+                               f"spec.nodeOverrides[{first}], which applies to it; this override does not. "
+                               "Narrow the selectors",
+                               f"Node {name}")
     known = {node_name(n) for n in observed.nodes}
     for index, (override, names) in enumerate(zip(spec.node_overrides, targets, strict=True)):
         if override.node_selector is not None and not names:

@@ -99,13 +99,22 @@ def test_predicates_missing_is_an_error(cluster_docs: list[dict[str, Any]]) -> N
 
 
 def test_overlapping_overrides(cluster_docs: list[dict[str, Any]]) -> None:
+    # Through a selector the overlap comes from node labels, which others change: a warning (the
+    # first override applies), never an error that would stop every write of the policy.
     spec = {"nodeOverrides": [
         {"nodeSelector": {"matchLabels": {"gpu": "on"}}, "deviceSplitCount": 4},
         {"nodeNames": ["test-app-64-46-msxf"], "operatingMode": "mig"},
     ]}
-    found = [p for p in errors(_problems(spec, cluster_docs)) if p.reason == "OverlappingNodeOverrides"]
-    assert [p.field for p in found] == ["spec.nodeOverrides[1]"]
+    problems = _problems(spec, cluster_docs)
+    assert errors(problems) == []
+    found = [p for p in problems if p.reason == "OverlappingNodeSelectors"]
+    assert [(p.field, p.severity) for p in found] == [("spec.nodeOverrides[1]", "warning")]
     assert "test-app-64-46-msxf" in found[0].message and "spec.nodeOverrides[0]" in found[0].message
+    # Two overrides naming one node: the spec itself says two things, an error.
+    named = {"nodeOverrides": [{"nodeNames": ["a", "b"], "deviceSplitCount": 2},
+                               {"nodeNames": ["b"], "deviceSplitCount": 3}]}
+    found = [p for p in errors(_problems(named, cluster_docs)) if p.reason == "OverlappingNodeOverrides"]
+    assert [p.field for p in found] == ["spec.nodeOverrides[1]"] and "'b'" in found[0].message
     disjoint = {"nodeOverrides": [{"nodeNames": ["a"], "deviceSplitCount": 2},
                                   {"nodeNames": ["b"], "deviceSplitCount": 3}]}
     assert "OverlappingNodeOverrides" not in _reasons(_problems(disjoint, cluster_docs))

@@ -4,12 +4,14 @@ deleted under it (issue 15 items 4, 8 and 9, and the API deadline)."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 from vgpu_emulator import Emulator
 from vgpu_operator import api
 from vgpu_operator.plan import PENDING_ANNOTATION
+from vgpu_operator.runtime import nodes
 
 from tests.support.waiting import eventually
 
@@ -310,3 +312,38 @@ async def test_a_target_written_before_another_failed_keeps_its_hand_edit_under_
         live = em.get_object("ConfigMap", PLUGIN_NS, "volcano-vgpu-device-config")["data"][key]
         assert "overwriteEnv: true" in live
         assert [e for e in em.list_objects("Event") if e.get("reason") == "DriftDetected"]
+
+
+async def test_a_relabelled_node_that_makes_two_selectors_overlap_does_not_stop_the_policy() -> None:
+    # Someone labels a node so that two disjoint selector overrides both match it: a warning, the
+    # first override applies to it, and the policy's other changes are still written.
+    spec = {"nodeOverrides": [
+        {"nodeSelector": {"matchLabels": {"pool": "a"}}, "deviceSplitCount": 4},
+        {"nodeSelector": {"matchLabels": {"team": "x"}}, "deviceSplitCount": 6},
+    ]}
+    async with scenario(spec) as running, solo(running) as op:
+        em = running.emulator
+        first, second = NODES[0], NODES[1]
+        for node, labels in ((first, {"pool": "a"}), (second, {"team": "x"})):
+            obj = copy.deepcopy(em.get_object("Node", None, node))
+            obj["metadata"].setdefault("labels", {}).update(labels)
+            em.apply(obj)
+        await nodes.relist(op.kube, op.reconciler.nodes)
+        await op.converge()
+        obj = copy.deepcopy(em.get_object("Node", None, first))
+        obj["metadata"]["labels"]["team"] = "x"
+        em.apply(obj)
+        policy = copy.deepcopy(em.get_object(api.KIND, None, NAME))
+        policy["spec"]["device"] = {"overwriteEnv": True}
+        em.apply(policy)
+        await nodes.relist(op.kube, op.reconciler.nodes)
+        assert await op.reconcile()
+        config = em.get_object("ConfigMap", PLUGIN_NS, "volcano-vgpu-device-config")
+        assert "overwriteEnv: true" in config["data"]["device-config.yaml"]
+        valid = condition(em, "Valid")
+        assert valid.get("status") == "True", valid
+        assert "OverlappingNodeSelectors" in json.dumps(status(em)["conditions"])
+        node_config = json.loads(em.get_object("ConfigMap", PLUGIN_NS, "volcano-vgpu-node-config")
+                                 ["data"]["config.json"])
+        splits = {entry["name"]: entry.get("devicesplitcount") for entry in node_config["nodeconfig"]}
+        assert splits[first] == 4 and splits[second] == 6  # the first override applies to both-matched

@@ -4,7 +4,8 @@ Upstream matches entries by exact node name only, so each selector override beco
 node it matches now; the operator re-renders when nodes come, go or change labels. We own the
 whole `config.json` key (other data keys, labels and annotations are kept), except the keys
 upstream does not know, which someone else wrote for their own reader. When two overrides
-match one node, the first wins here; validation reports the overlap as an error.
+match one node, the first wins here; validation reports the overlap (an error when both name
+the node, a warning when a selector matches it through its labels).
 """
 
 from __future__ import annotations
