@@ -83,7 +83,8 @@ def decide(policy: api.VGPUPolicy, view: ClusterView, *, generation: int | None 
     problems = [str(p) for p in found if p.severity == "error"]
     warnings = [str(p) for p in found if p.severity != "error"]
     node_config = render.of("node_config")
-    nodes = report_nodes(view.nodes, spec, node_config.node_splits if node_config else {})
+    nodes = report_nodes(view.nodes, spec, node_config.node_splits if node_config else {},
+                         view.device_plugin)
     if problems:
         return Decision(generation, "invalid", problems, warnings, found, nodes, render)
     pending = view.pending

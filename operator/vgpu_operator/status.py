@@ -56,8 +56,12 @@ class Outcome:
 # ----- nodes -----------------------------------------------------------------------------------
 
 
-def report_node(node: Mapping[str, Any], spec: api.VGPUPolicySpec, split: int) -> NodeReport:
-    """Is this a GPU node, did its plugin register, does it advertise what the policy says?"""
+def report_node(node: Mapping[str, Any], spec: api.VGPUPolicySpec, split: int,
+                plugin_expected: bool = True) -> NodeReport:
+    """Is this a GPU node, did its plugin register, does it advertise what the policy says?
+    `plugin_expected`: the device plugin DaemonSet selects the node; a node it does not select
+    counts only once a plugin registered there (a pool of whole GPUs under NVIDIA's own plugin is
+    none of the policy's nodes)."""
     meta = node.get("metadata") or {}
     name = str(meta.get("name", ""))
     allocatable = (node.get("status") or {}).get("allocatable") or {}
@@ -66,7 +70,7 @@ def report_node(node: Mapping[str, Any], spec: api.VGPUPolicySpec, split: int) -
     advertised = sorted(res for res in (wanted, "volcano.sh/vgpu-number", "nvidia.com/gpu")
                         if quantity_or_zero(allocatable.get(res)) > 0)
     if text is None:
-        if not advertised:
+        if not advertised or not plugin_expected:
             return NodeReport(name, gpu=False, registered=False, converged=False)
         return NodeReport(name, True, False, False, "no volcano.sh/node-vgpu-register annotation: the "
                           "device plugin has not registered",
@@ -90,15 +94,26 @@ def report_node(node: Mapping[str, Any], spec: api.VGPUPolicySpec, split: int) -
 
 
 def report_nodes(nodes: Sequence[Mapping[str, Any]], spec: api.VGPUPolicySpec,
-                 splits: Mapping[str, int]) -> list[NodeReport]:
+                 splits: Mapping[str, int], plugin: Mapping[str, Any] | None = None) -> list[NodeReport]:
     """`splits`: node name -> the split count its node-config entry sets (the rendered target's
-    `node_splits`); other nodes use the policy's default."""
+    `node_splits`); other nodes use the policy's default. `plugin`: the device plugin DaemonSet,
+    whose nodeSelector says where a plugin is expected to register (None: everywhere)."""
     default = spec.device.device_split_count
+    wanted = plugin_node_selector(plugin)
     reports = []
     for node in nodes:
-        name = str((node.get("metadata") or {}).get("name", ""))
-        reports.append(report_node(node, spec, splits.get(name) or default))
+        meta = node.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        expected = all(labels.get(key) == value for key, value in wanted.items())
+        reports.append(report_node(node, spec, splits.get(str(meta.get("name", ""))) or default, expected))
     return [report for report in reports if report.gpu]
+
+
+def plugin_node_selector(daemonset: Mapping[str, Any] | None) -> dict[str, str]:
+    """The labels a node needs for the DaemonSet's pods to run there ({}: any node)."""
+    spec = (((daemonset or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+    selector = spec.get("nodeSelector")
+    return {str(k): str(v) for k, v in selector.items()} if isinstance(selector, dict) else {}
 
 
 def node_summary(reports: Sequence[NodeReport]) -> api.NodeSummary:

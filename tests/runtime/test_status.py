@@ -46,6 +46,22 @@ def test_cpu_nodes_are_not_counted() -> None:
     assert report_nodes([_node("cpu", None, cpu="8")], SPEC, {}) == []
 
 
+def test_a_whole_gpu_pool_the_plugin_does_not_run_on_is_none_of_the_policys_nodes() -> None:
+    # A training pool under NVIDIA's own plugin (nvidia.com/gpu, no register annotation) that the
+    # vGPU plugin's DaemonSet does not select: before, READY stayed False for ever (NODES 1/2).
+    plugin = {"spec": {"template": {"spec": {"nodeSelector": {"volcano.sh/vgpu.enabled": "true"}}}}}
+    vgpu = _node("vgpu", _register(1, 10), **{"volcano.sh/vgpu-number": "10"})
+    vgpu["metadata"]["labels"] = {"volcano.sh/vgpu.enabled": "true"}
+    train = _node("train-1", None, **{"nvidia.com/gpu": "8"})
+    reports = report_nodes([vgpu, train], SPEC, {}, plugin)
+    assert [(r.name, r.converged) for r in reports] == [("vgpu", True)]
+    # Where the plugin should run and has not registered, the node is still reported.
+    train["metadata"]["labels"] = {"volcano.sh/vgpu.enabled": "true"}
+    reports = report_nodes([vgpu, train], SPEC, {}, plugin)
+    assert [(r.name, r.converged) for r in reports] == [("vgpu", True), ("train-1", False)]
+    assert "has not registered" in reports[1].reason
+
+
 def test_split_comes_from_the_node_config_entry() -> None:
     node_config = {"a": 4}  # the rendered node-config target's node_splits
     nodes = [_node("a", _register(1, 4), **{"volcano.sh/vgpu-number": "4"}),
