@@ -34,6 +34,11 @@ class Metrics:
             registry=self.registry)
         self.policy_ready = Gauge(
             "vgpu_operator_policy_ready", "1 when the active VGPUPolicy is Ready.", registry=self.registry)
+        # Without it, "not Ready" and "no policy at all" (chart installed with policy.create=false,
+        # the policy deleted) would read the same 0.
+        self.policy_present = Gauge(
+            "vgpu_operator_policy_present", "1 while a VGPUPolicy is active (the policy gauges "
+            "describe it); 0 when there is none.", registry=self.registry)
         self.active = Gauge(
             "vgpu_operator_active", "1 while this replica is the one reconciling (with peering, "
             "exactly one is); the others export 0 for every policy gauge.", registry=self.registry)
@@ -56,8 +61,13 @@ class Metrics:
         reads the one that works."""
         self.active.set(1 if active else 0)
         if not active:
-            self.policy_ready.set(0)
-            self.nodes_converged.set(0)
+            self.no_policy()
+
+    def no_policy(self) -> None:
+        """No active policy here (none exists, or this replica is paused): the policy gauges read 0."""
+        self.policy_present.set(0)
+        self.policy_ready.set(0)
+        self.nodes_converged.set(0)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> WSGIServer:
         """Expose /metrics on a port (a daemon thread, as prometheus-client does it); the server is

@@ -86,7 +86,7 @@ class Reconciler:
                             "target released", len(exc.errors()))
                 await self.kube.post_event(body, "Warning", "Released", "policy deleted with an invalid "
                                            "spec: rendered configuration left in place, labels not removed")
-                self.policies.update(body, deleted=True)
+                self._forget(body)
                 return
             kept: list[str] = []
             for target in (t for t in TARGETS if t.owned):
@@ -106,7 +106,13 @@ class Reconciler:
             else:
                 await self.kube.post_event(body, "Normal", "Released", "policy deleted: rendered "
                                            "configuration left in place, ownership labels removed")
-            self.policies.update(body, deleted=True)
+            self._forget(body)
+
+    def _forget(self, body: dict[str, Any]) -> None:
+        """The policy is gone; with no other active one, the policy gauges say there is none."""
+        self.policies.update(body, deleted=True)
+        if self.policies.active() is None and not self.paused:
+            self.metrics.no_policy()
 
     async def _unlabel(self, log: logs.PolicyLogger, kind: str, namespace: str, name: str) -> None:
         live = await self.kube.get(kind, namespace, name)
@@ -290,6 +296,7 @@ class Reconciler:
         now = now_rfc3339()
         status = build_status(outcome, previous, now)
         if outcome.conflict_with is None and not self.paused:
+            self.metrics.policy_present.set(1)
             self.metrics.nodes_converged.set(status.nodes.converged)
             ready = status.condition("Ready")
             self.metrics.policy_ready.set(1 if ready is not None and ready.status == "True" else 0)

@@ -138,9 +138,15 @@ async def test_deleting_the_policy_leaves_the_configuration_in_place(cluster: Cl
 
     finalizers = (cluster.get("VGPUPolicy", None, "default") or {})["metadata"].get("finalizers") or []
     assert finalizers == ["vgpu.io/finalizer"], "the operator holds the deletion until it lets go"
+    assert cluster.metrics.policy_present._value.get() == 1
+    assert cluster.metrics.policy_ready._value.get() == 1
 
     await cluster.delete("/apis/vgpu.io/v1alpha1/vgpupolicies/default")
     await eventually(lambda: cluster.get("VGPUPolicy", None, "default") is None, what="policy gone")
+    # No policy now: the gauges say so, and VGPUPolicyNotReady (which needs a present one) stays
+    # quiet rather than reading a stale value for ever.
+    assert cluster.metrics.policy_present._value.get() == 0
+    assert cluster.metrics.policy_ready._value.get() == 0
 
     assert {
         name: cluster.data(name, key)
