@@ -258,12 +258,14 @@ class SchedulerConf:
     deviceshare: Mapping[str, Any] | None  # None: the plugin is absent
 
 
-def check_scheduler_conf(conf: SchedulerConf, vgpu_enabled: bool) -> list[Hit]:
+def check_scheduler_conf(conf: SchedulerConf, vgpu_enabled: bool, version: Any | None) -> list[Hit]:
     """gpushare arguments that crash-loop the scheduler next to VGPUEnable (`vgpu_enabled`: it is
-    or will be on), and a missing predicates plugin."""
+    or will be on), as that Volcano `version` reads them (None: not known), and a missing
+    predicates plugin."""
     arguments = dict(conf.deviceshare or {})
     hits = [Hit(GPUSHARE_CONFLICT, key) for key in scheduler_conf.GPUSHARE_ARGUMENTS
-            if vgpu_enabled and scheduler_conf.is_enabled(arguments, key)]
+            # not known: a crash-loop is worse than a needless refusal
+            if vgpu_enabled and scheduler_conf.reads_true(arguments, key, version, if_unknown=True)]
     if "predicates" not in conf.plugins:
         hits.append(Hit(PREDICATES_MISSING, "predicates"))
     return hits

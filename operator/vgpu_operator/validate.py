@@ -278,7 +278,8 @@ def check_scheduler_conf(spec: VGPUPolicySpec, observed: ClusterView) -> Iterabl
         return
     where = describe("ConfigMap", spec.scheduler.namespace, spec.scheduler.config_map)
     # The operator turns VGPUEnable on: a gpushare argument conflicts whatever VGPUEnable says now.
-    for hit in rules.check_scheduler_conf(scheduler_conf_facts(conf), vgpu_enabled=True):
+    for hit in rules.check_scheduler_conf(scheduler_conf_facts(conf), vgpu_enabled=True,
+                                          version=observed.volcano.version):
         if hit.rule is rules.GPUSHARE_CONFLICT:
             key = hit.subject
             message = (f"{where} sets {key}: true; together with deviceshare.VGPUEnable the scheduler "

@@ -26,6 +26,7 @@ from vgpu_operator.decide import decide
 from vgpu_operator.plan import Plan
 from vgpu_operator.registry import load_observed_from_manifests
 from vgpu_operator.render import device_plugin as dp
+from vgpu_operator.render import scheduler_conf
 from vgpu_operator.view import view_of
 
 from vgpuctl.facts import (
@@ -116,12 +117,14 @@ def check_scheduler(facts: ClusterFacts) -> list[Finding]:
                            "plain extended resources and writes no device annotations"))
         return out
     if not s.vgpu_enable:
+        quoted = f" ({_quoted_bool(s.deviceshare.get(scheduler_conf.VGPU_ENABLE), s.version)})" \
+            if s.vgpu_enable_quoted else ""
         out.append(finding(rules.VGPU_DISABLED, place, "deviceshare.VGPUEnable",
-                           "deviceshare.VGPUEnable is not true: vGPU pods get no device annotations and fail "
-                           "at the kubelet with 'device request not found'"))
+                           f"deviceshare.VGPUEnable is not true{quoted}: vGPU pods get no device annotations "
+                           "and fail at the kubelet with 'device request not found'"))
     # The checks the operator runs too (vgpu_operator.rules), on the conf as it is.
     conf = rules.SchedulerConf(tuple(s.plugins), s.deviceshare)
-    for hit in rules.check_scheduler_conf(conf, s.vgpu_enable):
+    for hit in rules.check_scheduler_conf(conf, s.vgpu_enable, s.version):
         if hit.rule is rules.GPUSHARE_CONFLICT:
             out.append(finding(hit.rule, place, hit.subject, f"{hit.subject} together with VGPUEnable makes "
                                "the scheduler exit (klog.Fatal)", argument=hit.subject))
@@ -136,6 +139,15 @@ def check_scheduler(facts: ClusterFacts) -> list[Finding]:
                            f"two can read different copies",
                            namespace=facts.scheduler_config.place.namespace))
     return out
+
+
+def _quoted_bool(value: object, version: object) -> str:
+    """Why a string VGPUEnable reads as false, and the fix."""
+    if version is not None and (getattr(version, "major", 0), getattr(version, "minor", 0)) >= \
+            scheduler_conf.STRING_BOOLS_SINCE:
+        return f"it is the string {value!r}, which Go's ParseBool does not take as true: write true"
+    return (f"it is the string {value!r}; Volcano {version or 'of an unknown version'} reads only a "
+            "YAML bool there before v1.15: write true without quotes")
 
 
 # --- device-config ------------------------------------------------------------------------

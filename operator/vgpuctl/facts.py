@@ -81,7 +81,12 @@ class SchedulerFacts:
 
     @property
     def vgpu_enable(self) -> bool:
-        return sc.is_enabled(self.deviceshare, sc.VGPU_ENABLE)
+        return sc.reads_true(self.deviceshare, sc.VGPU_ENABLE, self.version)
+
+    @property
+    def vgpu_enable_quoted(self) -> bool:
+        """VGPUEnable is a string (say "true"), which Volcano before 1.15 does not read."""
+        return isinstance((self.deviceshare or {}).get(sc.VGPU_ENABLE), str)
 
     @property
     def predicates(self) -> bool:

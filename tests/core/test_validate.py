@@ -73,19 +73,27 @@ def test_gpushare_arguments_conflict(cluster_docs: list[dict[str, Any]]) -> None
 
 # How Volcano's GetBool reads a YAML value: a bool, or a string strconv.ParseBool takes; an
 # integer is not a bool to it (yaml.v2, like PyYAML, reads `yes` as a YAML 1.1 bool).
-GETBOOL = [("true", True), ('"true"', True), ('"1"', True), ("yes", True), ("1", False),
-           ('"yes"', False), ("false", False)]
+# (spelling, read as true by Volcano v1.13, by v1.15): GetBool takes a YAML bool (`yes` is one in
+# YAML 1.1); from v1.15 it also parses a string with Go's strconv.ParseBool
+# (pkg/scheduler/framework/arguments.go of each tag).
+GETBOOL = [("true", True, True), ('"true"', False, True), ('"1"', False, True), ("yes", True, True),
+           ("1", False, False), ('"yes"', False, False), ("false", False, False)]
+VOLCANO_1_15 = "docker.io/volcanosh/vc-scheduler:v1.15.0"
 
 
-@pytest.mark.parametrize(("spelling", "conflicts"), GETBOOL)
+@pytest.mark.parametrize(("spelling", "before_1_15", "since_1_15"), GETBOOL)
 def test_gpushare_switch_is_read_as_volcano_reads_it(cluster_docs: list[dict[str, Any]], spelling: str,
-                                                      conflicts: bool) -> None:
+                                                      before_1_15: bool, since_1_15: bool) -> None:
     conf = ("actions: enqueue\ntiers:\n- plugins:\n  - name: deviceshare\n    arguments:\n"
             f"      deviceshare.GPUNumberEnable: {spelling}\n  - name: predicates\n")
     docs = copy.deepcopy(cluster_docs)
     next(d for d in docs if d["metadata"]["name"] == "volcano-scheduler-configmap")["data"][
         "volcano-scheduler.conf"] = conf
-    assert ("ConflictingDeviceShareArguments" in _reasons(_problems({}, docs))) == conflicts
+    assert ("ConflictingDeviceShareArguments" in _reasons(_problems({}, docs))) == before_1_15  # v1.13.0
+    scheduler = next(d for d in docs
+                     if d["kind"] == "Deployment" and d["metadata"]["name"] == "volcano-scheduler")
+    scheduler["spec"]["template"]["spec"]["containers"][0]["image"] = VOLCANO_1_15
+    assert ("ConflictingDeviceShareArguments" in _reasons(_problems({}, docs))) == since_1_15
 
 
 def test_predicates_missing_is_an_error(cluster_docs: list[dict[str, Any]]) -> None:

@@ -11,7 +11,7 @@ from vgpuctl.facts import gather
 from vgpuctl.main import main
 from vgpuctl.manifests import load_objects
 
-from tests.core.test_validate import GETBOOL
+from tests.core.test_validate import GETBOOL, VOLCANO_1_15
 
 from .conftest import CLUSTER, SEED001, find
 
@@ -176,15 +176,24 @@ def test_each_broken_place_is_named(healthy, case):
         assert finding.place and finding.message and finding.fix
 
 
-@pytest.mark.parametrize(("spelling", "enabled"), GETBOOL)
-def test_scheduler_switches_are_read_as_volcano_reads_them(healthy, spelling, enabled):
-    """doctor and the operator's validation agree with Volcano's GetBool on every spelling."""
+@pytest.mark.parametrize(("spelling", "before_1_15", "since_1_15"), GETBOOL)
+def test_scheduler_switches_are_read_as_volcano_reads_them(healthy, spelling, before_1_15, since_1_15):
+    """doctor and the operator's validation agree with Volcano's GetBool on every spelling, in
+    the version that runs (v1.13.0 in the fixture; strings are read from v1.15)."""
     conf = _scheduler_conf(healthy)
     conf["volcano-scheduler.conf"] = conf["volcano-scheduler.conf"].replace(
         "VGPUEnable: true", f"VGPUEnable: {spelling}\n      deviceshare.GPUSharingEnable: true")
-    codes = _codes(_doctor(healthy))
-    assert ("vgpu-disabled" in codes) == (not enabled)
-    assert ("gpushare-conflict" in codes) == enabled
+    for version, enabled in ((None, before_1_15), (VOLCANO_1_15, since_1_15)):
+        if version is not None:
+            find(healthy, "Deployment", "volcano-scheduler")["spec"]["template"]["spec"]["containers"][0][
+                "image"] = version
+        report = _doctor(healthy)
+        codes = _codes(report)
+        assert ("vgpu-disabled" in codes) == (not enabled), (version, codes)
+        assert ("gpushare-conflict" in codes) == enabled
+        if spelling == '"true"' and not enabled:
+            (finding,) = [f for f in report.findings if f.code == "vgpu-disabled"]
+            assert "reads only a YAML bool there before v1.15: write true without quotes" in finding.message
 
 
 def test_split_count_mismatch_names_node_and_setting(healthy):

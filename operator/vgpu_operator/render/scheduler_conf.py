@@ -75,6 +75,24 @@ def is_enabled(arguments: dict[str, Any] | None, key: str) -> bool:
     return isinstance(value, str) and value in ann.GO_TRUE
 
 
+# The first Volcano whose GetBool also parses strings (strconv.ParseBool); before it, only a YAML
+# bool is read and a quoted "true" leaves the default, false.
+STRING_BOOLS_SINCE = (1, 15)
+
+
+def reads_true(arguments: dict[str, Any] | None, key: str, version: Any | None,
+               if_unknown: bool = False) -> bool:
+    """A bool argument as the given Volcano (a versions.Version) reads it: a YAML bool, or from
+    1.15 a string ParseBool takes as true. With the version not known, a string ParseBool takes as
+    true counts as `if_unknown` (the caller picks the safe side)."""
+    value = (arguments or {}).get(key)
+    if isinstance(value, bool):
+        return value
+    if version is None:
+        return if_unknown and is_enabled(arguments, key)
+    return (version.major, version.minor) >= STRING_BOOLS_SINCE and is_enabled(arguments, key)
+
+
 def restart_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
     """The arguments the scheduler reads only at start, absent ones as the scheduler defaults them.
     Compared as written: a quoted VGPUEnable "true" rolls the scheduler once when the conf gets a
