@@ -82,10 +82,20 @@ def test_restart_matrix(cluster_docs: list[dict[str, Any]]) -> None:
     assert _restarts({"device": {"deviceSplitCount": 4}}, docs) == {"volcano-device-plugin"}
     # Hot-reloaded deviceshare arguments restart nothing.
     assert _restarts({"scheduler": {"schedulePolicy": "binpack", "scheduleWeight": 10}}, docs) == set()
-    # Node overrides: only the node-config entries change (per-node pod recreation).
+    # Node overrides: only the node-config entries change (per-node pod recreation), and only
+    # where the plugin acts on what changed: the fixture's legacy plugin (v1.11) takes its split
+    # count from its flag alone, so a per-node split restarts no pod and sets nothing its node
+    # reports; a current plugin (v1.12) reads it.
     spec = {"nodeOverrides": [{"nodeNames": ["test-app-64-46-msxf"], "deviceSplitCount": 4}]}
     assert _restarts(spec, docs) == set()
     result = _render(spec, docs)
+    assert result.target("ConfigMap", "volcano-vgpu-node-config").changed_nodes == []
+    assert result.target("ConfigMap", "volcano-vgpu-node-config").node_splits == {}
+    mig = {"nodeOverrides": [{"nodeNames": ["test-app-64-46-msxf"], "operatingMode": "mig"}]}
+    assert _render(mig, docs).target("ConfigMap", "volcano-vgpu-node-config").changed_nodes == [
+        "test-app-64-46-msxf"]
+    current = {**spec, "devicePlugin": {"generation": "current"}}
+    result = _render(current, docs)
     assert result.target("ConfigMap", "volcano-vgpu-node-config").changed_nodes == ["test-app-64-46-msxf"]
     # What status compares that node's registration with.
     assert result.target("ConfigMap", "volcano-vgpu-node-config").node_splits == {"test-app-64-46-msxf": 4}
@@ -199,7 +209,8 @@ def test_equivalent_live_text_is_not_rewritten(cluster_docs: list[dict[str, Any]
 
 def test_selector_expansion_follows_node_labels(cluster_docs: list[dict[str, Any]]) -> None:
     spec = {"nodeOverrides": [{"nodeSelector": {"matchExpressions": [
-        {"key": "pool", "operator": "In", "values": ["inference"]}]}, "deviceSplitCount": 2}]}
+        {"key": "pool", "operator": "In", "values": ["inference"]}]}, "deviceSplitCount": 2}],
+            "devicePlugin": {"generation": "current"}}  # one that reads a node's split count
     docs = _converged(spec, cluster_docs)
     assert _render(spec, docs).target("ConfigMap", "volcano-vgpu-node-config").changed is False
     node = next(d for d in docs if d["kind"] == "Node")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from vgpu_formats import node_config as fmt
 from vgpu_formats.errors import FormatError
 
+from vgpu_operator import versions
 from vgpu_operator.api import NodeOverride, VGPUPolicySpec
 from vgpu_operator.render.inputs import short_hash
 from vgpu_operator.render.selectors import override_nodes
@@ -57,6 +58,26 @@ def _entries_by_name(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def read_fields(generation: versions.Generation | None) -> frozenset[str]:
+    """The entry fields the plugin generation acts on: a change of another one (a legacy plugin
+    takes its split count from its flag only; no plugin applies devicememoryscaling; foreign keys
+    are someone else's) restarts no plugin pod and sets nothing the node reports."""
+    traits = versions.plugin_traits(generation)
+    fields = {"operatingmode", "migstrategy"}
+    if traits.applies_node_split_and_filters:
+        fields |= {"devicesplitcount", "filterdevices"}
+    if traits.applies_memory_scaling:
+        fields.add("devicememoryscaling")
+    if traits.applies_core_scaling:
+        fields.add("devicecorescaling")
+    return frozenset(fields)
+
+
+def _as_read(entry: dict[str, Any] | None, fields: frozenset[str]) -> dict[str, Any]:
+    """What the plugin acts on of a node's entry ({}: no entry, or nothing it reads)."""
+    return {k: v for k, v in (entry or {}).items() if k in fields and v is not None}
+
+
 def with_foreign_keys(desired: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:
     """`desired` keeping the keys of `live` upstream does not know (HAMi and other tools add
     some): top-level ones, and those of each live entry for a node `desired` still has."""
@@ -82,6 +103,10 @@ def render_node_config_target(view: ClusterView) -> TargetRender:
                               None if live == desired else text, short_hash(text))
     before = _entries_by_name(live) if live is not None else {}
     after = _entries_by_name(desired)
-    target.changed_nodes = sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
-    target.node_splits = {name: entry.get("devicesplitcount") or 0 for name, entry in after.items()}
+    fields = read_fields(view.generation)
+    target.changed_nodes = sorted(n for n in before.keys() | after.keys()
+                                  if _as_read(before.get(n), fields) != _as_read(after.get(n), fields))
+    applies_split = "devicesplitcount" in fields
+    target.node_splits = {name: entry.get("devicesplitcount") or 0
+                          for name, entry in after.items() if applies_split}
     return target
