@@ -174,7 +174,9 @@ def _restarts(decisions: Sequence[TargetDecision], builtin_plugin: bool,
                 why = ("scheduler config changed" if rule.kind == "scheduler"
                        else "device plugin config changed")
                 restarts.append(Restart(rule.kind, describe(target), why, after))
-        elif isinstance(rule, PluginPods):
+        elif isinstance(rule, PluginPods) and not decision.repair:
+            # A repair writes back what was applied last, which pods that started before the
+            # hand edit (or deletion) already run: as for device-config, nothing restarts.
             node_changes = list(target.changed_nodes)
     if pending_nodes:
         node_changes = sorted(set(node_changes) | set(pending_nodes))
