@@ -26,8 +26,10 @@ the announced nodes are recreated (`make_plan(pending_nodes=...)`).
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import zlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -42,9 +44,14 @@ from vgpu_operator.render.target import TargetRender
 logger = logging.getLogger(__name__)
 
 PENDING_ANNOTATION = "vgpu.io/pending-restarts"
-# Node names beyond this many characters are announced as "every node": an object's annotations
-# share 256 KiB, and node-config itself may be most of a ConfigMap's 1 MiB.
+# Node names beyond this many characters are announced compressed (zlib, base64: node names share
+# long prefixes, so thousands fit), and beyond MAX_PENDING_COMPRESSED_CHARS of that as "every
+# node": an object's annotations share 256 KiB, and node-config itself may be most of a
+# ConfigMap's 1 MiB. "Every node" would restart pods the change never touched if the reconcile
+# that announced them failed half-way.
 MAX_PENDING_NODE_CHARS = 32 * 1024
+MAX_PENDING_COMPRESSED_CHARS = 64 * 1024
+MAX_PENDING_INFLATED_BYTES = 16 * 1024 * 1024  # what a compressed list may inflate to
 
 
 def key_of(target: TargetRender) -> Key:
@@ -233,26 +240,42 @@ class Pending:
         try:
             data = json.loads(text)
             workloads = {str(ref): str(value) for ref, value in dict(data.get("workloads") or {}).items()}
-            nodes = data.get("nodes") or []
+            nodes = _inflate(str(data["nodesZ"])) if "nodesZ" in data else data.get("nodes") or []
             if nodes == "*":
                 return cls(workloads, frozenset(), True)
             return cls(workloads, frozenset(str(node) for node in nodes))
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError, AttributeError, zlib.error):
             logger.warning("unreadable %s annotation %r: recreating every plugin pod",
                            PENDING_ANNOTATION, text)
             return cls(all_nodes=True)
 
     def text(self) -> str:
-        nodes: list[str] | str = sorted(self.nodes)
-        if self.all_nodes or sum(len(node) + 3 for node in nodes) > MAX_PENDING_NODE_CHARS:
-            nodes = "*"
-        return json.dumps({"workloads": dict(sorted(self.workloads.items())), "nodes": nodes},
-                          separators=(",", ":"))
+        names = sorted(self.nodes)
+        body: dict[str, Any] = {"workloads": dict(sorted(self.workloads.items())), "nodes": names}
+        if self.all_nodes:
+            body["nodes"] = "*"
+        elif sum(len(node) + 3 for node in names) > MAX_PENDING_NODE_CHARS:
+            packed = base64.b64encode(zlib.compress(json.dumps(names).encode(), 9)).decode()
+            del body["nodes"]
+            body.update({"nodesZ": packed} if len(packed) <= MAX_PENDING_COMPRESSED_CHARS else {"nodes": "*"})
+        return json.dumps(body, separators=(",", ":"))
 
     def merged(self, other: Pending) -> Pending:
         """Both announcements; where both name a workload, `other`'s (newer) hash."""
         return Pending({**self.workloads, **other.workloads}, self.nodes | other.nodes,
                        self.all_nodes or other.all_nodes)
+
+
+def _inflate(packed: str) -> list[str]:
+    """The node names of a compressed announcement (ValueError or zlib.error if it is not one)."""
+    inflater = zlib.decompressobj()
+    raw = inflater.decompress(base64.b64decode(packed, validate=True), MAX_PENDING_INFLATED_BYTES)
+    if inflater.unconsumed_tail:
+        raise ValueError("the compressed node list inflates past its bound")
+    names = json.loads(raw)
+    if not isinstance(names, list):
+        raise ValueError("the compressed node list is not a list")
+    return [str(name) for name in names]
 
 
 def pending_of(configmaps: Iterable[Mapping[str, Any] | None]) -> Pending:

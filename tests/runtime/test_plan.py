@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
+import zlib
 from typing import Any
 
 from vgpu_operator import api
@@ -129,9 +133,17 @@ def test_pending_restarts_survive_the_annotation_round_trip() -> None:
     assert pending == Pending({"Deployment v/s": "h1"}, frozenset({"n1", "n2"}))
     assert Pending.parse(pending.text()) == pending
     assert not Pending.parse(None) and not Pending.parse(Pending().text())
-    many = Pending(nodes=frozenset(f"node-{i:05d}" for i in range(5000)))
-    assert Pending.parse(many.text()) == Pending(all_nodes=True), "too many names: every node, kept small"
-    assert len(many.text()) < 100
+    # Thousands of node names are announced compressed, each still by name: a reconcile that
+    # fails half-way restarts only the nodes the change touched, not every node of the cluster.
+    many = Pending(nodes=frozenset(f"gpu-pool-a-worker-{i:05d}.eu-west-1.compute.internal"
+                                   for i in range(5000)))
+    assert Pending.parse(many.text()) == many
+    assert len(many.text()) < 64 * 1024
+    unique = Pending(nodes=frozenset(hashlib.sha256(str(i).encode()).hexdigest() for i in range(5000)))
+    assert Pending.parse(unique.text()) == Pending(all_nodes=True), "beyond that: every node, kept small"
+    assert len(unique.text()) < 100
+    bomb = base64.b64encode(zlib.compress(b"[" + b" " * (64 << 20) + b"]", 9)).decode()
+    assert Pending.parse(json.dumps({"nodesZ": bomb})) == Pending(all_nodes=True), "bounded inflation"
     assert Pending.parse("{not json") == Pending(all_nodes=True), "unreadable: err on the side of a restart"
     newer = Pending({"Deployment v/s": "h2"}, frozenset({"n3"}))
     assert pending.merged(newer) == Pending({"Deployment v/s": "h2"}, frozenset({"n1", "n2", "n3"}))
