@@ -51,7 +51,8 @@ PENDING_ANNOTATION = "vgpu.io/pending-restarts"
 # that announced them failed half-way.
 MAX_PENDING_NODE_CHARS = 32 * 1024
 MAX_PENDING_COMPRESSED_CHARS = 64 * 1024
-MAX_PENDING_INFLATED_BYTES = 16 * 1024 * 1024  # what a compressed list may inflate to
+MAX_PENDING_INFLATED_BYTES = 1024 * 1024  # what a compressed list may inflate to (5,000 long names: 330 KB)
+MAX_PENDING_NODES = 100_000
 
 
 def key_of(target: TargetRender) -> Key:
@@ -181,9 +182,10 @@ def _restarts(decisions: Sequence[TargetDecision], builtin_plugin: bool,
                 why = ("scheduler config changed" if rule.kind == "scheduler"
                        else "device plugin config changed")
                 restarts.append(Restart(rule.kind, describe(target), why, after))
-        elif isinstance(rule, PluginPods) and not decision.repair:
-            # A repair writes back what was applied last, which pods that started before the
-            # hand edit (or deletion) already run: as for device-config, nothing restarts.
+        elif isinstance(rule, PluginPods):
+            # A repair restarts the nodes whose entry was edited too: a pod may have restarted
+            # on the edit, or a restart still owed may have gone with a deleted ConfigMap's
+            # pending-restarts annotation (once too often, never a restart lost).
             node_changes = list(target.changed_nodes)
     if pending_nodes:
         node_changes = sorted(set(node_changes) | set(pending_nodes))
@@ -241,23 +243,29 @@ class Pending:
             data = json.loads(text)
             workloads = {str(ref): str(value) for ref, value in dict(data.get("workloads") or {}).items()}
             nodes = _inflate(str(data["nodesZ"])) if "nodesZ" in data else data.get("nodes") or []
+            if len(nodes) > MAX_PENDING_NODES:
+                raise ValueError(f"more than {MAX_PENDING_NODES} node names")
             if nodes == "*":
                 return cls(workloads, frozenset(), True)
             return cls(workloads, frozenset(str(node) for node in nodes))
-        except (ValueError, TypeError, AttributeError, zlib.error):
-            logger.warning("unreadable %s annotation %r: recreating every plugin pod",
-                           PENDING_ANNOTATION, text)
+        except (ValueError, TypeError, AttributeError, RecursionError, zlib.error):
+            logger.warning("unreadable %s annotation (%d characters, %r...): recreating every plugin pod",
+                           PENDING_ANNOTATION, len(text), text[:120])
             return cls(all_nodes=True)
 
     def text(self) -> str:
         names = sorted(self.nodes)
+        size = sum(len(node) + 3 for node in names)
         body: dict[str, Any] = {"workloads": dict(sorted(self.workloads.items())), "nodes": names}
-        if self.all_nodes:
+        if self.all_nodes or size > MAX_PENDING_INFLATED_BYTES or len(names) > MAX_PENDING_NODES:
             body["nodes"] = "*"
-        elif sum(len(node) + 3 for node in names) > MAX_PENDING_NODE_CHARS:
+        elif size > MAX_PENDING_NODE_CHARS:
             packed = base64.b64encode(zlib.compress(json.dumps(names).encode(), 9)).decode()
-            del body["nodes"]
-            body.update({"nodesZ": packed} if len(packed) <= MAX_PENDING_COMPRESSED_CHARS else {"nodes": "*"})
+            # "nodes": "*" beside it: an operator of the version before reads that (every node)
+            # rather than no node at all.
+            body["nodes"] = "*"
+            if len(packed) <= MAX_PENDING_COMPRESSED_CHARS:
+                body["nodesZ"] = packed
         return json.dumps(body, separators=(",", ":"))
 
     def merged(self, other: Pending) -> Pending:
@@ -268,6 +276,8 @@ class Pending:
 
 def _inflate(packed: str) -> list[str]:
     """The node names of a compressed announcement (ValueError or zlib.error if it is not one)."""
+    if len(packed) > MAX_PENDING_COMPRESSED_CHARS:
+        raise ValueError("the compressed node list is longer than any this operator writes")
     inflater = zlib.decompressobj()
     raw = inflater.decompress(base64.b64decode(packed, validate=True), MAX_PENDING_INFLATED_BYTES)
     if inflater.unconsumed_tail:

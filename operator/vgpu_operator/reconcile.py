@@ -280,6 +280,7 @@ class Reconciler:
         previous = parse_status(body.get("status"))
         now = now_rfc3339()
         if not self.paused:
+            self.metrics.policy_present.set(1)  # active, just not reconciled: NotReady must fire
             self.metrics.policy_ready.set(0)
         try:
             before = previous.condition("Ready") if previous else None

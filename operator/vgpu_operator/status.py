@@ -97,14 +97,16 @@ def report_nodes(nodes: Sequence[Mapping[str, Any]], spec: api.VGPUPolicySpec,
                  splits: Mapping[str, int], plugin: Mapping[str, Any] | None = None) -> list[NodeReport]:
     """`splits`: node name -> the split count its node-config entry sets (the rendered target's
     `node_splits`); other nodes use the policy's default. `plugin`: the device plugin DaemonSet,
-    whose nodeSelector says where a plugin is expected to register (None: everywhere)."""
+    whose nodeSelector says where a plugin is expected to register (None: everywhere); a node an
+    override names is expected all the same (the policy means it)."""
     default = spec.device.device_split_count
     wanted = plugin_node_selector(plugin)
+    named = {name for override in spec.node_overrides for name in override.node_names or []}
     reports = []
     for node in nodes:
         meta = node.get("metadata") or {}
         labels = meta.get("labels") or {}
-        expected = all(labels.get(key) == value for key, value in wanted.items())
+        expected = meta.get("name") in named or all(labels.get(k) == v for k, v in wanted.items())
         reports.append(report_node(node, spec, splits.get(str(meta.get("name", ""))) or default, expected))
     return [report for report in reports if report.gpu]
 

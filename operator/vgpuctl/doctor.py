@@ -124,7 +124,11 @@ def check_scheduler(facts: ClusterFacts) -> list[Finding]:
                            "and fail at the kubelet with 'device request not found'"))
     # The checks the operator runs too (vgpu_operator.rules), on the conf as it is.
     conf = rules.SchedulerConf(tuple(s.plugins), s.deviceshare)
-    for hit in rules.check_scheduler_conf(conf, s.vgpu_enable, s.version):
+    # With the version unknown a quoted "true" may be on (v1.15+): a gpushare conflict next to it
+    # would make the scheduler exit, so it is checked as if it were.
+    maybe_on = s.vgpu_enable or (s.version is None and scheduler_conf.reads_true(
+        s.deviceshare, scheduler_conf.VGPU_ENABLE, None, if_unknown=True))
+    for hit in rules.check_scheduler_conf(conf, maybe_on, s.version):
         if hit.rule is rules.GPUSHARE_CONFLICT:
             out.append(finding(hit.rule, place, hit.subject, f"{hit.subject} together with VGPUEnable makes "
                                "the scheduler exit (klog.Fatal)", argument=hit.subject))
@@ -143,8 +147,7 @@ def check_scheduler(facts: ClusterFacts) -> list[Finding]:
 
 def _quoted_bool(value: object, version: object) -> str:
     """Why a string VGPUEnable reads as false, and the fix."""
-    if version is not None and (getattr(version, "major", 0), getattr(version, "minor", 0)) >= \
-            scheduler_conf.STRING_BOOLS_SINCE:
+    if version is not None and scheduler_conf.reads_strings(version):
         return f"it is the string {value!r}, which Go's ParseBool does not take as true: write true"
     return (f"it is the string {value!r}; Volcano {version or 'of an unknown version'} reads only a "
             "YAML bool there before v1.15: write true without quotes")

@@ -142,8 +142,14 @@ def test_pending_restarts_survive_the_annotation_round_trip() -> None:
     unique = Pending(nodes=frozenset(hashlib.sha256(str(i).encode()).hexdigest() for i in range(5000)))
     assert Pending.parse(unique.text()) == Pending(all_nodes=True), "beyond that: every node, kept small"
     assert len(unique.text()) < 100
-    bomb = base64.b64encode(zlib.compress(b"[" + b" " * (64 << 20) + b"]", 9)).decode()
+    bomb = base64.b64encode(zlib.compress(b"[" + b'"10",' * (3 << 20) + b'"1"]', 9)).decode()
+    assert len(bomb) < 64 * 1024
     assert Pending.parse(json.dumps({"nodesZ": bomb})) == Pending(all_nodes=True), "bounded inflation"
+    deep = base64.b64encode(zlib.compress(b"[" * 200_000, 9)).decode()
+    for hostile in ("[" * 100_000, json.dumps({"nodesZ": deep})):
+        assert Pending.parse(hostile) == Pending(all_nodes=True), "unreadable: every node, never a crash"
+    # The operator of the version before reads only "nodes": it must see every node, not none.
+    assert json.loads(many.text())["nodes"] == "*"
     assert Pending.parse("{not json") == Pending(all_nodes=True), "unreadable: err on the side of a restart"
     newer = Pending({"Deployment v/s": "h2"}, frozenset({"n3"}))
     assert pending.merged(newer) == Pending({"Deployment v/s": "h2"}, frozenset({"n1", "n2", "n3"}))

@@ -348,22 +348,3 @@ async def test_a_relabelled_node_that_makes_two_selectors_overlap_does_not_stop_
         splits = {entry["name"]: entry.get("devicesplitcount") for entry in node_config["nodeconfig"]}
         assert splits[first] == 4 and splits[second] == 6  # the first override applies to both-matched
 
-
-async def test_repairing_a_hand_edit_of_node_config_restarts_no_plugin_pod() -> None:
-    # The repair writes back what was applied last, which the running plugin pods already read
-    # (as for device-config). Before, the edited node's plugin pod was deleted.
-    spec = {"devicePlugin": {"generation": "current"},
-            "nodeOverrides": [{"nodeNames": list(NODES), "deviceSplitCount": 4}]}
-    async with scenario(spec) as running, solo(running) as op:
-        em = running.emulator
-        await op.converge()
-        deletes = len([s for s in em.served if s.method == "DELETE" and "/pods/" in s.path])
-        cm = copy.deepcopy(em.get_object("ConfigMap", PLUGIN_NS, "volcano-vgpu-node-config"))
-        cm["data"]["config.json"] = cm["data"]["config.json"].replace(
-            '"devicesplitcount": 4', '"devicesplitcount": 7', 1)
-        em.apply(cm)
-        await op.converge()
-        repaired = em.get_object("ConfigMap", PLUGIN_NS, "volcano-vgpu-node-config")["data"]["config.json"]
-        assert '"devicesplitcount": 7' not in repaired
-        assert [e for e in em.list_objects("Event") if e.get("reason") == "DriftRepaired"]
-        assert len([s for s in em.served if s.method == "DELETE" and "/pods/" in s.path]) == deletes

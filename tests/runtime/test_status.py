@@ -60,6 +60,12 @@ def test_a_whole_gpu_pool_the_plugin_does_not_run_on_is_none_of_the_policys_node
     reports = report_nodes([vgpu, train], SPEC, {}, plugin)
     assert [(r.name, r.converged) for r in reports] == [("vgpu", True), ("train-1", False)]
     assert "has not registered" in reports[1].reason
+    # A node an override names is the policy's whatever the DaemonSet selects.
+    train["metadata"]["labels"] = {}
+    named = api.VGPUPolicySpec.model_validate(
+        {"nodeOverrides": [{"nodeNames": ["train-1"], "deviceSplitCount": 4}]})
+    reports = report_nodes([vgpu, train], named, {}, plugin)
+    assert [(r.name, r.converged) for r in reports] == [("vgpu", True), ("train-1", False)]
 
 
 def test_split_comes_from_the_node_config_entry() -> None:

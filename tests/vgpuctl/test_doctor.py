@@ -378,3 +378,26 @@ def test_a_negative_v1_12_split_flag_makes_it_exit(healthy):
     (finding,) = [f for f in _doctor(healthy).findings if f.code == "sizing-flag-rejected"]
     assert finding.severity == "error" and "exits 1" in finding.message and "-4" in finding.message
     assert gather(healthy).expected_split("dev-app-2-150-master-1")[0] is None
+
+
+def test_a_quoted_vgpu_enable_on_an_unknown_volcano_still_reports_a_gpushare_conflict(healthy):
+    # v1.15+ would read "true" as on, and with GPUSharingEnable the scheduler exits: checked as if
+    # it were on, while the quoted value itself is named.
+    conf = _scheduler_conf(healthy)
+    conf["volcano-scheduler.conf"] = conf["volcano-scheduler.conf"].replace(
+        "VGPUEnable: true", 'VGPUEnable: "true"\n      deviceshare.GPUSharingEnable: true')
+    find(healthy, "Deployment", "volcano-scheduler")["spec"]["template"]["spec"]["containers"][0][
+        "image"] = "docker.io/volcanosh/vc-scheduler:latest"
+    report = _doctor(healthy)
+    assert "gpushare-conflict" in _codes(report)
+    (finding,) = [f for f in report.findings if f.code == "vgpu-disabled"]
+    assert "Volcano of an unknown version reads only a YAML bool there before v1.15" in finding.message
+
+
+def test_only_a_volcano_release_from_v1_15_reads_string_bools():
+    from vgpu_operator.render.scheduler_conf import reads_strings
+    from vgpu_operator.versions import parse_version
+
+    versions = {tag: reads_strings(parse_version(tag)) for tag in
+                ("v1.14.4", "v1.15.0-alpha.0", "v1.15.0", "v1.16.0-alpha.1")}
+    assert versions == {"v1.14.4": False, "v1.15.0-alpha.0": False, "v1.15.0": True, "v1.16.0-alpha.1": True}

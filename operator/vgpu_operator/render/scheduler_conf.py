@@ -75,9 +75,10 @@ def is_enabled(arguments: dict[str, Any] | None, key: str) -> bool:
     return isinstance(value, str) and value in ann.GO_TRUE
 
 
-# The first Volcano whose GetBool also parses strings (strconv.ParseBool); before it, only a YAML
-# bool is read and a quoted "true" leaves the default, false.
-STRING_BOOLS_SINCE = (1, 15)
+# The first Volcano whose GetBool also parses strings (strconv.ParseBool): v1.15.0, its release
+# (v1.15.0-alpha.0 has none); before it, only a YAML bool is read and a quoted "true" leaves the
+# default, false. (major, minor, patch, release: versions.Version's order.)
+STRING_BOOLS_SINCE = (1, 15, 0, 1)
 
 
 def reads_true(arguments: dict[str, Any] | None, key: str, version: Any | None,
@@ -90,7 +91,12 @@ def reads_true(arguments: dict[str, Any] | None, key: str, version: Any | None,
         return value
     if version is None:
         return if_unknown and is_enabled(arguments, key)
-    return (version.major, version.minor) >= STRING_BOOLS_SINCE and is_enabled(arguments, key)
+    return reads_strings(version) and is_enabled(arguments, key)
+
+
+def reads_strings(version: Any) -> bool:
+    """Whether this Volcano (a versions.Version) parses a string bool argument."""
+    return (version.major, version.minor, version.patch, version.release) >= STRING_BOOLS_SINCE
 
 
 def restart_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
