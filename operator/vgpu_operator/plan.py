@@ -255,12 +255,12 @@ class Pending:
 
     def text(self) -> str:
         names = sorted(self.nodes)
-        size = sum(len(node) + 3 for node in names)
+        raw = json.dumps(names, separators=(",", ":")).encode()  # what the reader inflates
         body: dict[str, Any] = {"workloads": dict(sorted(self.workloads.items())), "nodes": names}
-        if self.all_nodes or size > MAX_PENDING_INFLATED_BYTES or len(names) > MAX_PENDING_NODES:
+        if self.all_nodes or len(raw) > MAX_PENDING_INFLATED_BYTES or len(names) > MAX_PENDING_NODES:
             body["nodes"] = "*"
-        elif size > MAX_PENDING_NODE_CHARS:
-            packed = base64.b64encode(zlib.compress(json.dumps(names).encode(), 9)).decode()
+        elif len(raw) > MAX_PENDING_NODE_CHARS:
+            packed = base64.b64encode(zlib.compress(raw, 9)).decode()
             # "nodes": "*" beside it: an operator of the version before reads that (every node)
             # rather than no node at all.
             body["nodes"] = "*"
@@ -280,8 +280,8 @@ def _inflate(packed: str) -> list[str]:
         raise ValueError("the compressed node list is longer than any this operator writes")
     inflater = zlib.decompressobj()
     raw = inflater.decompress(base64.b64decode(packed, validate=True), MAX_PENDING_INFLATED_BYTES)
-    if inflater.unconsumed_tail:
-        raise ValueError("the compressed node list inflates past its bound")
+    if inflater.unconsumed_tail or not inflater.eof:
+        raise ValueError("the compressed node list inflates past its bound, or is cut short")
     names = json.loads(raw)
     if not isinstance(names, list):
         raise ValueError("the compressed node list is not a list")

@@ -130,8 +130,11 @@ def check_scheduler(facts: ClusterFacts) -> list[Finding]:
         s.deviceshare, scheduler_conf.VGPU_ENABLE, None, if_unknown=True))
     for hit in rules.check_scheduler_conf(conf, maybe_on, s.version):
         if hit.rule is rules.GPUSHARE_CONFLICT:
-            out.append(finding(hit.rule, place, hit.subject, f"{hit.subject} together with VGPUEnable makes "
-                               "the scheduler exit (klog.Fatal)", argument=hit.subject))
+            when = "" if s.vgpu_enable else (
+                "if this Volcano is v1.15 or later (its version is unknown), the quoted VGPUEnable is on "
+                "and then ")
+            out.append(finding(hit.rule, place, hit.subject, f"{when}{hit.subject} together with VGPUEnable "
+                               "makes the scheduler exit (klog.Fatal)", argument=hit.subject))
         else:
             out.append(finding(hit.rule, place, "tiers[].plugins",
                                "the predicates plugin is not enabled: only it performs the device Allocate, "

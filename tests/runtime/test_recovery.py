@@ -348,3 +348,36 @@ async def test_a_relabelled_node_that_makes_two_selectors_overlap_does_not_stop_
         splits = {entry["name"]: entry.get("devicesplitcount") for entry in node_config["nodeconfig"]}
         assert splits[first] == 4 and splits[second] == 6  # the first override applies to both-matched
 
+
+
+async def test_repairing_a_hand_edit_of_node_config_restarts_the_edited_nodes_plugin_pod() -> None:
+    # Nothing records what each plugin pod read, and a restart still owed may have gone with a
+    # deleted ConfigMap's pending-restarts annotation: a repair restarts the edited node's pod
+    # (once too often, never a restart lost), and only that node's.
+    spec = {"devicePlugin": {"generation": "current"},
+            "nodeOverrides": [{"nodeNames": list(NODES), "deviceSplitCount": 4}]}
+    async with scenario(spec) as running, solo(running) as op:
+        em = running.emulator
+        await op.converge()
+        served = len(em.served)
+        cm = copy.deepcopy(em.get_object("ConfigMap", PLUGIN_NS, "volcano-vgpu-node-config"))
+        entries = json.loads(cm["data"]["config.json"])
+        edited = entries["nodeconfig"][0]["name"]
+        entries["nodeconfig"][0]["devicesplitcount"] = 7
+        cm["data"]["config.json"] = json.dumps(entries)
+        em.apply(cm)
+        await op.converge()
+        deleted = [s.path for s in list(em.served)[served:] if s.method == "DELETE" and "/pods/" in s.path]
+        assert len(deleted) == 1 and deleted[0].endswith(edited), deleted
+        assert [e for e in em.list_objects("Event") if e.get("reason") == "DriftRepaired"]
+
+
+async def test_an_active_policy_whose_reconciles_fail_reads_present_and_not_ready() -> None:
+    # VGPUPolicyNotReady needs policy_present 1: a policy that cannot be reconciled at all (its
+    # reads fail from the start) must still count as present.
+    async with scenario({}) as running, solo(running) as op:
+        running.emulator.fail_next("GET", "configmaps/volcano-vgpu-node-config", status=500, times=100)
+        assert not await op.reconcile()
+        metrics = op.reconciler.metrics
+        assert metrics.policy_present._value.get() == 1
+        assert metrics.policy_ready._value.get() == 0

@@ -389,7 +389,8 @@ def test_a_quoted_vgpu_enable_on_an_unknown_volcano_still_reports_a_gpushare_con
     find(healthy, "Deployment", "volcano-scheduler")["spec"]["template"]["spec"]["containers"][0][
         "image"] = "docker.io/volcanosh/vc-scheduler:latest"
     report = _doctor(healthy)
-    assert "gpushare-conflict" in _codes(report)
+    (conflict,) = [f for f in report.findings if f.code == "gpushare-conflict"]
+    assert conflict.message.startswith("if this Volcano is v1.15 or later (its version is unknown)")
     (finding,) = [f for f in report.findings if f.code == "vgpu-disabled"]
     assert "Volcano of an unknown version reads only a YAML bool there before v1.15" in finding.message
 
