@@ -64,6 +64,8 @@ GUESSED = "generation guessed"  # the plugin generation is guessed from flags, n
 MISSING = "missing"  # the object is not there at all (vs there and unusable)
 DEFAULT_NAMES = "default names"  # the policy keeps the hard-coded volcano.sh/vgpu-* names
 SWITCH_ONLY = "switch only"  # builtin/legacy: a shell script hides flags the plugin accepts anyway
+IGNORED = "ignored"  # the Volcano version in use logs it and goes on
+UNKNOWN_VERSION = "version unknown"  # cannot tell what the version in use does
 
 # --- the scheduler conf ----------------------------------------------------------------------
 SCHEDULER_CONF_MISSING = Rule("scheduler-conf-missing", "error", "spec.scheduler.configMap",
@@ -83,6 +85,13 @@ GPUSHARE_CONFLICT = Rule("gpushare-conflict", "error", "spec.scheduler", "remove
 # vGPU lived in predicates itself). Was a warning in validate, an error in doctor: an error.
 PREDICATES_MISSING = Rule("predicates-missing", "error", "spec.scheduler",
                           "add `- name: predicates` to a tier", "PredicatesPluginMissing")
+# An action name Volcano does not register: v1.12 and v1.13 log it and skip it, every other version
+# rejects the whole file and keeps its previous configuration (at start, one without deviceshare).
+# pkg/scheduler/util.go and pkg/scheduler/actions/factory.go of each tag.
+UNKNOWN_ACTION = Rule("unknown-scheduler-action", "error", "actions", "fix or remove {argument}; {apply}",
+                      "SchedulerActionUnknown", ((IGNORED, "warning"), (UNKNOWN_VERSION, "warning")))
+VOLCANO_ACTIONS = frozenset({"enqueue", "allocate", "backfill", "preempt", "reclaim", "shuffle"})
+VOLCANO_ACTIONS_SINCE_1_15 = frozenset({"gangpreempt", "gangreclaim"})
 CM_NAMESPACE_UNSET = Rule("cm-namespace-unset", "warning", "deviceshare.KnownGeometriesCMNamespace",
                           "set deviceshare.KnownGeometriesCMNamespace: {namespace} explicitly; {apply}")
 SCHEDULE_WEIGHT_ZERO = _operator("ScheduleWeightZero", "warning", "spec.scheduler.scheduleWeight",
@@ -256,6 +265,7 @@ class SchedulerConf:
 
     plugins: tuple[str, ...]
     deviceshare: Mapping[str, Any] | None  # None: the plugin is absent
+    actions: str = ""  # the `actions` line, comma-separated names
 
 
 def check_scheduler_conf(conf: SchedulerConf, vgpu_enabled: bool, version: Any | None) -> list[Hit]:
@@ -268,7 +278,23 @@ def check_scheduler_conf(conf: SchedulerConf, vgpu_enabled: bool, version: Any |
             if vgpu_enabled and scheduler_conf.reads_true(arguments, key, version, if_unknown=True)]
     if "predicates" not in conf.plugins:
         hits.append(Hit(PREDICATES_MISSING, "predicates"))
+    hits += [Hit(UNKNOWN_ACTION, name, _unknown_action_case(version)) for name in
+             unknown_actions(conf.actions, version)]
     return hits
+
+
+def unknown_actions(actions: str, version: Any | None) -> list[str]:
+    """The names of `actions` that Volcano `version` (None: not known, every name some version
+    has passes) does not register."""
+    known = VOLCANO_ACTIONS | (VOLCANO_ACTIONS_SINCE_1_15 if version is None or
+                               (version.major, version.minor) >= (1, 15) else frozenset())
+    return [name.strip() for name in actions.split(",") if name.strip() and name.strip() not in known]
+
+
+def _unknown_action_case(version: Any | None) -> str:
+    if version is None:
+        return UNKNOWN_VERSION
+    return IGNORED if (version.major, version.minor) in ((1, 12), (1, 13)) else ""
 
 
 # How custom names fail, by version (versions.py): the hard-coded names only (< v1.13), or nodes

@@ -268,8 +268,20 @@ def scheduler_conf_facts(conf: dict[str, Any]) -> rules.SchedulerConf:
     arguments, which Volcano uses)."""
     plugin = find_plugin(conf, scheduler_conf.PLUGIN)
     arguments = plugin.get("arguments") if plugin is not None else None
+    actions = conf.get("actions")
     return rules.SchedulerConf(tuple(str(p.get("name", "")) for p in tier_plugins(conf)),
-                               None if plugin is None else arguments if isinstance(arguments, dict) else {})
+                               None if plugin is None else arguments if isinstance(arguments, dict) else {},
+                               actions if isinstance(actions, str) else "")
+
+
+def unknown_action_effect(case: str) -> str:
+    """What the scheduler does with an action it does not have (rules.UNKNOWN_ACTION's cases)."""
+    if case == rules.IGNORED:
+        return "this version logs it and runs the other actions"
+    if case == rules.UNKNOWN_VERSION:
+        return ("Volcano v1.12 and v1.13 skip it, every other version rejects the whole file and keeps "
+                "its previous configuration (at start one without deviceshare)")
+    return "it rejects the whole file and keeps its previous configuration (at start one without deviceshare)"
 
 
 def check_scheduler_conf(spec: VGPUPolicySpec, observed: ClusterView) -> Iterable[Problem]:
@@ -285,6 +297,12 @@ def check_scheduler_conf(spec: VGPUPolicySpec, observed: ClusterView) -> Iterabl
             message = (f"{where} sets {key}: true; together with deviceshare.VGPUEnable the scheduler "
                        f"exits (klog.Fatal) and crash-loops. Remove {key} from the deviceshare arguments "
                        "(gpushare and vGPU cannot run together)")
+        elif hit.rule is rules.UNKNOWN_ACTION:
+            yield _problem(hit.rule, "spec.scheduler", f"{where} lists action {hit.subject!r}, which "
+                           f"Volcano {observed.volcano.version or '(version unknown)'} does not have; "
+                           + unknown_action_effect(hit.case) + f". Fix or remove {hit.subject!r}",
+                           where, case=hit.case)
+            continue
         else:
             message = (f"{where} does not enable the predicates plugin; only predicates performs device "
                        "Allocate, so vGPU pods would bind without devices. Add `- name: predicates` to a "

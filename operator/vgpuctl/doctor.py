@@ -27,6 +27,7 @@ from vgpu_operator.plan import Plan
 from vgpu_operator.registry import load_observed_from_manifests
 from vgpu_operator.render import device_plugin as dp
 from vgpu_operator.render import scheduler_conf
+from vgpu_operator.validate import unknown_action_effect
 from vgpu_operator.view import view_of
 
 from vgpuctl.facts import (
@@ -123,7 +124,7 @@ def check_scheduler(facts: ClusterFacts) -> list[Finding]:
                            f"deviceshare.VGPUEnable is not true{quoted}: vGPU pods get no device annotations "
                            "and fail at the kubelet with 'device request not found'"))
     # The checks the operator runs too (vgpu_operator.rules), on the conf as it is.
-    conf = rules.SchedulerConf(tuple(s.plugins), s.deviceshare)
+    conf = rules.SchedulerConf(tuple(s.plugins), s.deviceshare, s.actions)
     # With the version unknown a quoted "true" may be on (v1.15+): a gpushare conflict next to it
     # would make the scheduler exit, so it is checked as if it were.
     maybe_on = s.vgpu_enable or (s.version is None and scheduler_conf.reads_true(
@@ -135,6 +136,10 @@ def check_scheduler(facts: ClusterFacts) -> list[Finding]:
                 "and then ")
             out.append(finding(hit.rule, place, hit.subject, f"{when}{hit.subject} together with VGPUEnable "
                                "makes the scheduler exit (klog.Fatal)", argument=hit.subject))
+        elif hit.rule is rules.UNKNOWN_ACTION:
+            out.append(finding(hit.rule, place, "actions", f"action {hit.subject!r} is not one Volcano "
+                               f"{s.version or '(version unknown)'} has: {unknown_action_effect(hit.case)}",
+                               hit.case, argument=repr(hit.subject)))
         else:
             out.append(finding(hit.rule, place, "tiers[].plugins",
                                "the predicates plugin is not enabled: only it performs the device Allocate, "

@@ -75,6 +75,7 @@ class SchedulerFacts:
     conf_error: str = ""
     plugins: list[str] = field(default_factory=list)  # every plugin name in every tier
     deviceshare: dict[str, Any] | None = None  # its arguments, None when the plugin is absent
+    actions: str = ""  # the `actions` line
     deployment: Place | None = None
     image: str = ""
     version: Version | None = None
@@ -313,6 +314,8 @@ def _read_scheduler_conf(facts: SchedulerFacts, text: str) -> None:
     if not isinstance(conf, dict):
         facts.conf_error = "not a mapping; the scheduler keeps its previous configuration"
         return
+    actions = conf.get("actions")
+    facts.actions = actions if isinstance(actions, str) else ""
     duplicated = duplicated_plugin(conf, sc.PLUGIN)
     if duplicated:
         facts.conf_error = duplicated

@@ -81,6 +81,25 @@ GETBOOL = [("true", True, True), ('"true"', False, True), ('"1"', False, True), 
 VOLCANO_1_15 = "docker.io/volcanosh/vc-scheduler:v1.15.0"
 
 
+@pytest.mark.parametrize(("image", "severity"), [("v1.13.0", "warning"), ("v1.14.4", "error"),
+                                                  ("v1.15.0", "error")])
+def test_an_unknown_scheduler_action_is_an_error_where_volcano_rejects_the_file(
+        cluster_docs: list[dict[str, Any]], image: str, severity: str) -> None:
+    docs = copy.deepcopy(cluster_docs)
+    conf = next(d for d in docs if d["metadata"]["name"] == "volcano-scheduler-configmap")["data"]
+    conf["volcano-scheduler.conf"] = conf["volcano-scheduler.conf"].replace(
+        '"enqueue, allocate, backfill"', '"enqueue, allocate, gangpreempt"')
+    scheduler = next(d for d in docs
+                     if d["kind"] == "Deployment" and d["metadata"]["name"] == "volcano-scheduler")
+    container = scheduler["spec"]["template"]["spec"]["containers"][0]
+    container["image"] = f"docker.io/volcanosh/vc-scheduler:{image}"
+    found = [p for p in _problems({}, docs) if p.reason == "SchedulerActionUnknown"]
+    if image == "v1.15.0":  # gangpreempt exists from v1.15
+        assert found == []
+        return
+    assert [(p.severity, "'gangpreempt'" in p.message) for p in found] == [(severity, True)]
+
+
 @pytest.mark.parametrize(("spelling", "before_1_15", "since_1_15"), GETBOOL)
 def test_gpushare_switch_is_read_as_volcano_reads_it(cluster_docs: list[dict[str, Any]], spelling: str,
                                                       before_1_15: bool, since_1_15: bool) -> None:

@@ -402,3 +402,20 @@ def test_only_a_volcano_release_from_v1_15_reads_string_bools():
     versions = {tag: reads_strings(parse_version(tag)) for tag in
                 ("v1.14.4", "v1.15.0-alpha.0", "v1.15.0", "v1.16.0-alpha.1")}
     assert versions == {"v1.14.4": False, "v1.15.0-alpha.0": False, "v1.15.0": True, "v1.16.0-alpha.1": True}
+
+
+@pytest.mark.parametrize(("image", "severity"), [
+    ("docker.io/volcanosh/vc-scheduler:v1.13.0", "warning"),  # logged and skipped
+    ("docker.io/volcanosh/vc-scheduler:v1.14.4", "error"),  # the whole file rejected
+    ("docker.io/volcanosh/vc-scheduler:latest", "warning"),  # cannot tell
+])
+def test_an_action_volcano_does_not_have_is_named_as_that_version_treats_it(healthy, image, severity):
+    conf = _scheduler_conf(healthy)
+    text = conf["volcano-scheduler.conf"]
+    actions = next(line for line in text.splitlines() if line.startswith("actions:"))
+    conf["volcano-scheduler.conf"] = text.replace(actions, actions.rstrip('"') + ', backfil"'
+                                                  if actions.endswith('"') else actions + ", backfil")
+    scheduler = find(healthy, "Deployment", "volcano-scheduler")
+    scheduler["spec"]["template"]["spec"]["containers"][0]["image"] = image
+    (found,) = [f for f in _doctor(healthy).findings if f.code == "unknown-scheduler-action"]
+    assert found.severity == severity and "'backfil'" in found.message and "'backfil'" in found.fix
