@@ -312,10 +312,15 @@ def _no_limit_problem(dev: ann.ContainerDevice) -> str:
     return ""
 
 
+def limit_mib(dev: ann.ContainerDevice, settings: Settings) -> int:
+    """The memory cap of a share in MiB, as the answer writes it and the checks test it."""
+    return dev.usedmem * settings.memory_factor
+
+
 def _beyond_gpu_problem(dev: ann.ContainerDevice, settings: Settings, memory_mib: int) -> str:
     """A memory share larger than the GPU (the scheduler never assigns one: the node annotation
     registers the GPU's own memory) is no cap at all; "" when it fits."""
-    limit = dev.usedmem * settings.memory_factor
+    limit = limit_mib(dev, settings)
     if limit > memory_mib:
         return f"usedmem {dev.usedmem} ({limit} MiB, more than the GPU's {memory_mib} MiB: no cap)"
     return ""
@@ -340,7 +345,7 @@ def hami_core_env(
     """The environment libvgpu.so reads (upstream names, units and suffixes)."""
     envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(dict.fromkeys(d.uuid for d in devices))}
     for i, dev in enumerate(devices):
-        envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{dev.usedmem * settings.memory_factor}m"
+        envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{limit_mib(dev, settings)}m"
     if devices:
         envs["CUDA_DEVICE_SM_LIMIT"] = str(devices[0].usedcores)
     envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{CACHE_CONTAINER_DIR}/{cache_id}.cache"  # mounted there

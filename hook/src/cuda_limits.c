@@ -51,6 +51,14 @@ static uint64_t times(uint64_t a, uint64_t b)
     return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
 }
 
+/* The device memory a stack of `per_thread` bytes more takes on dev: every resident thread's
+ * (2^20 threads, a device of this size's most, when the driver cannot say how many). */
+static uint64_t stack_bytes(int dev, uint64_t per_thread)
+{
+    uint64_t threads = resident_threads(dev);
+    return times(per_thread, threads != 0 ? threads : UINT64_C(1) << 20);
+}
+
 /* What setting limit to value on dev may add to what the driver reserves there: the raise,
  * per resident thread for the stack; all of value when the current one cannot be asked (and
  * every thread a device of this size could hold, 2^20, when the driver cannot say how many).
@@ -64,10 +72,7 @@ static uint64_t may_add(CUlimit limit, size_t value, int dev)
     if (real.cuCtxGetLimit == NULL || real.cuCtxGetLimit(&now, limit) != CUDA_SUCCESS)
         now = 0;
     uint64_t raise = value > now ? value - now : 0;
-    if (limit != CU_LIMIT_STACK_SIZE)
-        return raise;
-    uint64_t threads = resident_threads(dev);
-    return times(raise, threads != 0 ? threads : UINT64_C(1) << 20);
+    return limit != CU_LIMIT_STACK_SIZE ? raise : stack_bytes(dev, raise);
 }
 
 /* Reserves `more` on dev for a raise the driver makes in api's call; -1: it does not fit
@@ -157,11 +162,8 @@ uint64_t vgpu_kernel_local_bytes(CUfunction f)
 
 int vgpu_stack_before_launch(CUfunction f)
 {
-    static int counted_here = -1; /* atomic: any device capped (the caps do not change) */
-    int any = __atomic_load_n(&counted_here, __ATOMIC_RELAXED);
-    if (any < 0)
-        __atomic_store_n(&counted_here, any = vgpu_region_any_limit(), __ATOMIC_RELAXED);
-    return vgpu_stack_before_needs(any && f != NULL ? vgpu_kernel_local_bytes(f) : 0);
+    return vgpu_stack_before_needs(f != NULL && vgpu_region_any_limit() ? vgpu_kernel_local_bytes(f)
+                                                                        : 0);
 }
 
 int vgpu_stack_before_needs(uint64_t local)
@@ -173,7 +175,7 @@ int vgpu_stack_before_needs(uint64_t local)
         local <= __atomic_load_n(&stack_of[dev], __ATOMIC_ACQUIRE))
         return 0;
     pthread_mutex_lock(&stack_lock);
-    size_t now = DEFAULT_STACK;
+    size_t now;
     uint64_t counted = stack_of[dev];
     if (counted == 0 && real.cuCtxGetLimit != NULL &&
         real.cuCtxGetLimit(&now, CU_LIMIT_STACK_SIZE) == CUDA_SUCCESS)
@@ -181,8 +183,7 @@ int vgpu_stack_before_needs(uint64_t local)
     counted = counted != 0 ? counted : DEFAULT_STACK;
     int rc = 0;
     if (local > counted) {
-        uint64_t threads = resident_threads(dev);
-        uint64_t more = times(local - counted, threads != 0 ? threads : UINT64_C(1) << 20);
+        uint64_t more = stack_bytes(dev, local - counted);
         rc = reserve_raise(dev, more, "a kernel launch (its stack)") == 0 ? 1 : -1;
         if (rc > 0) /* counted now: the operation stays open until the launch is made */
             vgpu_footprint_grew(dev, more, more);

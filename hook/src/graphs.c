@@ -10,6 +10,7 @@
 #include "graphs.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,32 +59,38 @@ static int readable(const struct vgpu_graph_api *api)
            api->child_graph != NULL;
 }
 
+/* A kernel node's parameters, through the CUDA 12 call or else the CUDA 10 one, whose struct is
+ * the start of the CUDA 12 one (kern and ctx left NULL); -1 when they cannot be read. */
+static int kernel_node(const struct vgpu_graph_api *api, CUgraphNode node, CUDA_KERNEL_NODE_PARAMS *p)
+{
+    _Static_assert(offsetof(CUDA_KERNEL_NODE_PARAMS, extra) ==
+                       offsetof(CUDA_KERNEL_NODE_PARAMS_v1, extra),
+                   "CUDA 10's kernel node parameters are the start of CUDA 12's");
+    memset(p, 0, sizeof *p);
+    if (api->kernel_params != NULL)
+        return api->kernel_params(node, p) == CUDA_SUCCESS ? 0 : -1;
+    CUDA_KERNEL_NODE_PARAMS_v1 v1;
+    if (api->kernel_params_v1 == NULL || api->kernel_params_v1(node, &v1) != CUDA_SUCCESS)
+        return -1;
+    memcpy(p, &v1, sizeof v1);
+    return 0;
+}
+
 /* A kernel node's grid blocks (0 when they cannot be read). */
 static uint64_t kernel_blocks(const struct vgpu_graph_api *api, CUgraphNode node)
 {
-    if (api->kernel_params != NULL) {
-        CUDA_KERNEL_NODE_PARAMS p;
-        return api->kernel_params(node, &p) == CUDA_SUCCESS
-            ? (uint64_t)p.gridDimX * p.gridDimY * p.gridDimZ : 0;
-    }
-    CUDA_KERNEL_NODE_PARAMS_v1 p;
-    return api->kernel_params_v1(node, &p) == CUDA_SUCCESS
-        ? (uint64_t)p.gridDimX * p.gridDimY * p.gridDimZ : 0;
+    CUDA_KERNEL_NODE_PARAMS p;
+    return kernel_node(api, node, &p) == 0 ? (uint64_t)p.gridDimX * p.gridDimY * p.gridDimZ : 0;
 }
 
 /* A kernel node's function, or its CUkernel where it names none (cast, as launches take it);
  * NULL when it cannot be read. */
 static CUfunction kernel_function(const struct vgpu_graph_api *api, CUgraphNode node)
 {
-    if (api->kernel_params != NULL) {
-        CUDA_KERNEL_NODE_PARAMS p;
-        if (api->kernel_params(node, &p) != CUDA_SUCCESS)
-            return NULL;
-        return p.func != NULL ? p.func : (CUfunction)(void *)p.kern;
-    }
-    CUDA_KERNEL_NODE_PARAMS_v1 p;
-    return api->kernel_params_v1 != NULL && api->kernel_params_v1(node, &p) == CUDA_SUCCESS
-               ? p.func : NULL;
+    CUDA_KERNEL_NODE_PARAMS p;
+    if (kernel_node(api, node, &p) != 0)
+        return NULL;
+    return p.func != NULL ? p.func : (CUfunction)(void *)p.kern;
 }
 
 /* The graph's nodes (*count of them, calloc'ed; the caller frees); NULL with *count 0 when it

@@ -29,6 +29,7 @@ static struct vgpu_region *region;     /* set once (release) by attach; NULL: re
 static struct vgpu_region_file file = {.fd = -1, .dir_fd = -1};
 static uint64_t limit_bytes[VGPU_REGION_MAX_DEVICES];  /* chosen once at attach */
 static uint32_t sm_percent[VGPU_REGION_MAX_DEVICES];
+static int any_limit; /* some device has a memory cap (chosen with limit_bytes) */
 static int my_slot = -1;               /* -1: none claimed yet in this process */
 static int slot_unavailable;           /* all slots taken: this process cannot allocate */
 static int detached;                   /* exit: the ledger was handed back already */
@@ -153,6 +154,7 @@ static void attach(void)
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
         limit_bytes[d] = limits.memory_bytes[d];
         sm_percent[d] = limits.sm_percent[d];
+        any_limit |= limit_bytes[d] != 0;
     }
     if (vgpu_truncation_guard(r, VGPU_REGION_FILE_SIZE) != 0)
         vgpu_log(VGPU_LOG_WARN, "cannot install the SIGBUS handler: a truncated region file will "
@@ -383,13 +385,7 @@ int vgpu_region_reap_dead(void)
 
 uint64_t vgpu_region_limit(int dev) { return vgpu_region_get() != NULL ? limit_bytes[dev] : 0; }
 
-int vgpu_region_any_limit(void)
-{
-    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
-        if (vgpu_region_limit(d) != 0)
-            return 1;
-    return 0;
-}
+int vgpu_region_any_limit(void) { return vgpu_region_get() != NULL && any_limit; }
 
 uint64_t vgpu_region_used(int dev)
 {

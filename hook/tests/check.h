@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static int check_failed, check_passed;
@@ -31,6 +32,12 @@ __attribute__((unused)) static int check_done(const char *suite)
 {
     printf("%s: %d passed, %d failed\n", suite, check_passed, check_failed);
     return check_failed == 0 ? 0 : 1;
+}
+
+__attribute__((unused)) static void sleep_s(double s)
+{
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
 }
 
 /* Captures what the code under test writes to stderr between begin and end. */

@@ -92,12 +92,6 @@ static uint64_t free_reported(void)
     return free_bytes;
 }
 
-static void sleep_s(double s)
-{
-    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (time_t)s) * 1e9)};
-    nanosleep(&ts, NULL);
-}
-
 /* A second process of the container: makes its context and reports how it went (0 made, 3
  * refused with CUDA_ERROR_OUT_OF_MEMORY, 4 other error), then holds on until killed. */
 static pid_t second_process(int *ready_fd)
@@ -730,8 +724,6 @@ static void measure_inside(void)
     inside_rc = cuMemAlloc(&p, 1 << 20);
 }
 
-/* Context limits that make the driver reserve memory: the fake reserves the stack for 132 x
- * 2048 resident threads (an H100's), so 1 KiB more a thread is 264 MiB. */
 /* A graph of one kernel node, instantiated and launched: what the launch answers. */
 static CUresult launch_graph_of(const CUDA_KERNEL_NODE_PARAMS *kernel)
 {
@@ -745,6 +737,8 @@ static CUresult launch_graph_of(const CUDA_KERNEL_NODE_PARAMS *kernel)
                : CUDA_ERROR_UNKNOWN;
 }
 
+/* Context limits that make the driver reserve memory: the fake reserves the stack for 132 x
+ * 2048 resident threads (an H100's), so 1 KiB more a thread is 264 MiB. */
 static int limits(void)
 {
     CUcontext ctx;

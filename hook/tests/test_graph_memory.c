@@ -23,12 +23,6 @@ static const struct vgpu_region *region;
 
 static int open_region(void) { return (region = region_view()) != NULL; }
 
-static void sleep_s(double s)
-{
-    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&ts, NULL);
-}
-
 static unsigned long long held_mib(void) { return fake_cuda_device_used(0) / MiB; }
 
 static unsigned long long counted_mib(void)

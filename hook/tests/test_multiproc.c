@@ -769,6 +769,15 @@ static int together_child(void)
     return 0;
 }
 
+/* In a forked child: runs together_child with its three pipe ends as fds 3, 4 and 5. */
+static void exec_together_child(int ready, int go, int release)
+{
+    if (dup2(ready, 3) != 3 || dup2(go, 4) != 4 || dup2(release, 5) != 5)
+        _exit(3);
+    execl(self_path, self_path, "together-child", (char *)NULL);
+    _exit(4);
+}
+
 /* One round at path: returns how many of the processes got CUDA and 10 MiB, and sets *shared_mib
  * to what the region at path counts while they hold it. */
 static int together_round(const char *path, uint64_t *shared_mib)
@@ -781,12 +790,9 @@ static int together_round(const char *path, uint64_t *shared_mib)
     for (int i = 0; i < TOGETHER; i++) {
         kids[i] = fork();
         if (kids[i] == 0) {
-            if (dup2(ready[1], 3) != 3 || dup2(go[0], 4) != 4 || dup2(release[0], 5) != 5)
-                _exit(3);
             close(go[1]);
             close(release[1]);
-            execl(self_path, self_path, "together-child", (char *)NULL);
-            _exit(4);
+            exec_together_child(ready[1], go[0], release[0]);
         }
     }
     close(ready[1]);
@@ -843,13 +849,10 @@ static void peer_created(void)
         setenv("LATE_OPEN_GO", go_text, 1);
         setenv("LD_PRELOAD", preload, 1);
         setenv("CUDA_DEVICE_MEMORY_SHARED_CACHE", path, 1);
-        if (dup2(ready[1], 3) != 3 || dup2(start[0], 4) != 4 || dup2(release[0], 5) != 5)
-            _exit(3);
         close(go[1]); /* each pipe's far end is the parent's alone, or its close says nothing */
         close(start[1]);
         close(release[1]);
-        execl(self_path, self_path, "together-child", (char *)NULL);
-        _exit(4);
+        exec_together_child(ready[1], start[0], release[0]);
     }
     close(said[1]);
     close(go[0]);
@@ -883,21 +886,17 @@ static void together(void)
     int rounds = getenv("TOGETHER_ROUNDS") ? atoi(getenv("TOGETHER_ROUNDS")) : 20;
     char base[4096], path[4200];
     snprintf(base, sizeof base, "%s", region_path());
-    int all = 1;
-    for (int r = 0; r < rounds && all; r++) {
+    int r = 0, fine = TOGETHER;
+    uint64_t mib = 30 * TOGETHER;
+    for (; r < rounds && fine == TOGETHER && mib == 30 * TOGETHER; r++) {
         snprintf(path, sizeof path, "%s.together.%d", base, r);
-        uint64_t mib = 0;
-        int fine = together_round(path, &mib);
-        all = fine == TOGETHER && mib == 30 * TOGETHER;
-        if (!all)
-            check(0, "round %d: %d of %d processes got CUDA; the region counts %llu MiB", r, fine,
-                  TOGETHER, (unsigned long long)mib);
+        fine = together_round(path, &mib);
         unlink(path);
     }
-    if (all)
-        check(1, "%d rounds of %d processes starting together without a region file: every one "
-                 "got CUDA and 10 MiB, and the region counted %d MiB (20 MiB contexts)",
-              rounds, TOGETHER, 30 * TOGETHER);
+    check(fine == TOGETHER && mib == 30 * TOGETHER,
+          "%d of %d rounds of %d processes starting together without a region file: in the last, "
+          "%d got CUDA and 10 MiB, and the region counted %llu MiB (30 expected each, 20 MiB contexts)",
+          r, rounds, TOGETHER, fine, (unsigned long long)mib);
 }
 
 int main(int argc, char **argv)

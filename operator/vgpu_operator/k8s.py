@@ -271,6 +271,7 @@ class Kube:
         would POST the stale copy read before, someone else's Deployment or DaemonSet or
         ConfigMap resurrected from memory. Only an object rendered from nothing is created."""
         path = path_of(target.kind, target.namespace, target.name)
+        where = f"{target.kind} {target.namespace}/{target.name}"
         patch = target.patch()
         if annotations:
             meta = patch.setdefault("metadata", {})
@@ -289,13 +290,11 @@ class Kube:
         async def again_if_untouched(conflict: ApiException) -> dict[str, Any]:
             # The version changed since the read: a workload controller writes status all the
             # time. Write again over the new version only if what we replace is as we read it.
-            where = f"{target.kind} {target.namespace}/{target.name}"
             try:
                 fresh = await self._call("GET", path)
             except ApiException as exc:
                 if exc.status == 404:
-                    raise TargetMissing(f"{where} was deleted while the operator was writing it; "
-                                        "not recreated") from exc
+                    return await create()  # gone since the read: TargetMissing
                 raise
             if target.written_part(fresh) != target.written_part(target.live):
                 raise TargetChanged(f"{where} was changed while the operator was writing it "
@@ -305,7 +304,6 @@ class Kube:
             return await self._call("PATCH", path, again, content_type=MERGE_PATCH)
 
         async def create() -> dict[str, Any]:
-            where = f"{target.kind} {target.namespace}/{target.name}"
             if target.live is not None:
                 raise TargetMissing(f"{where} was deleted while the operator was writing it; not recreated")
             if target.desired is None:

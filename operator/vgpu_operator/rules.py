@@ -286,15 +286,15 @@ def check_scheduler_conf(conf: SchedulerConf, vgpu_enabled: bool, version: Any |
 def unknown_actions(actions: str, version: Any | None) -> list[str]:
     """The names of `actions` that Volcano `version` (None: not known, every name some version
     has passes) does not register."""
-    known = VOLCANO_ACTIONS | (VOLCANO_ACTIONS_SINCE_1_15 if version is None or
-                               (version.major, version.minor) >= (1, 15) else frozenset())
+    gang = version is None or versions.has_gang_actions(version)
+    known = VOLCANO_ACTIONS | (VOLCANO_ACTIONS_SINCE_1_15 if gang else frozenset())
     return [name.strip() for name in actions.split(",") if name.strip() and name.strip() not in known]
 
 
 def _unknown_action_case(version: Any | None) -> str:
     if version is None:
         return UNKNOWN_VERSION
-    return IGNORED if (version.major, version.minor) in ((1, 12), (1, 13)) else ""
+    return IGNORED if versions.skips_unknown_actions(version) else ""
 
 
 # How custom names fail, by version (versions.py): the hard-coded names only (< v1.13), or nodes

@@ -17,6 +17,8 @@ from vgpu_formats.quantity import quantity_or_zero
 
 from vgpu_operator import api
 from vgpu_operator.plan import Plan, PlannedEvent, Restart, TargetDecision, describe
+from vgpu_operator.render.inputs import pod_template
+from vgpu_operator.render.selectors import node_name
 
 MAX_MISMATCHED = 50
 MAX_RESTARTS = 20
@@ -104,16 +106,16 @@ def report_nodes(nodes: Sequence[Mapping[str, Any]], spec: api.VGPUPolicySpec,
     named = {name for override in spec.node_overrides for name in override.node_names or []}
     reports = []
     for node in nodes:
-        meta = node.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        expected = meta.get("name") in named or all(labels.get(k) == v for k, v in wanted.items())
-        reports.append(report_node(node, spec, splits.get(str(meta.get("name", ""))) or default, expected))
+        name = node_name(dict(node))
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        expected = name in named or all(labels.get(k) == v for k, v in wanted.items())
+        reports.append(report_node(node, spec, splits.get(name) or default, expected))
     return [report for report in reports if report.gpu]
 
 
 def plugin_node_selector(daemonset: Mapping[str, Any] | None) -> dict[str, str]:
     """The labels a node needs for the DaemonSet's pods to run there ({}: any node)."""
-    spec = (((daemonset or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+    spec = pod_template(dict(daemonset or {})).get("spec") or {}
     selector = spec.get("nodeSelector")
     return {str(k): str(v) for k, v in selector.items()} if isinstance(selector, dict) else {}
 

@@ -268,10 +268,9 @@ def scheduler_conf_facts(conf: dict[str, Any]) -> rules.SchedulerConf:
     arguments, which Volcano uses)."""
     plugin = find_plugin(conf, scheduler_conf.PLUGIN)
     arguments = plugin.get("arguments") if plugin is not None else None
-    actions = conf.get("actions")
     return rules.SchedulerConf(tuple(str(p.get("name", "")) for p in tier_plugins(conf)),
                                None if plugin is None else arguments if isinstance(arguments, dict) else {},
-                               actions if isinstance(actions, str) else "")
+                               scheduler_conf.actions_of(conf))
 
 
 def unknown_action_effect(case: str) -> str:

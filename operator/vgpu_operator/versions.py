@@ -185,6 +185,23 @@ def needs_handshake(version: Version) -> bool:
     return (1, 9, 0) <= key < (1, 14, 3) or key == (1, 15, 0)
 
 
+def reads_string_bools(version: Version) -> bool:
+    """Does the scheduler's GetBool also parse a string (strconv.ParseBool)? From v1.15.0, its
+    release: v1.15.0-alpha.0 does not (pkg/scheduler/framework/arguments.go of each tag)."""
+    return version >= Version(1, 15, 0)
+
+
+def has_gang_actions(version: Version) -> bool:
+    """The gangpreempt and gangreclaim actions exist from v1.15 (pkg/scheduler/actions/factory.go)."""
+    return (version.major, version.minor) >= (1, 15)
+
+
+def skips_unknown_actions(version: Version) -> bool:
+    """v1.12 and v1.13 log an unknown action name and skip it; every other version rejects the
+    whole scheduler conf (pkg/scheduler/util.go of each tag)."""
+    return (version.major, version.minor) in ((1, 12), (1, 13))
+
+
 def needs_six_field_register(version: Version) -> bool:
     """Does the scheduler reject 5-field register records (v1.12.0+, the mode field)?"""
     return version >= Version(1, 12, 0)

@@ -118,8 +118,8 @@ def check_scheduler(facts: ClusterFacts) -> list[Finding]:
                            "plain extended resources and writes no device annotations"))
         return out
     if not s.vgpu_enable:
-        quoted = f" ({_quoted_bool(s.deviceshare.get(scheduler_conf.VGPU_ENABLE), s.version)})" \
-            if s.vgpu_enable_quoted else ""
+        value = s.deviceshare.get(scheduler_conf.VGPU_ENABLE)
+        quoted = f" ({_quoted_bool(value, s.version)})" if isinstance(value, str) else ""
         out.append(finding(rules.VGPU_DISABLED, place, "deviceshare.VGPUEnable",
                            f"deviceshare.VGPUEnable is not true{quoted}: vGPU pods get no device annotations "
                            "and fail at the kubelet with 'device request not found'"))
@@ -127,8 +127,8 @@ def check_scheduler(facts: ClusterFacts) -> list[Finding]:
     conf = rules.SchedulerConf(tuple(s.plugins), s.deviceshare, s.actions)
     # With the version unknown a quoted "true" may be on (v1.15+): a gpushare conflict next to it
     # would make the scheduler exit, so it is checked as if it were.
-    maybe_on = s.vgpu_enable or (s.version is None and scheduler_conf.reads_true(
-        s.deviceshare, scheduler_conf.VGPU_ENABLE, None, if_unknown=True))
+    maybe_on = scheduler_conf.reads_true(s.deviceshare, scheduler_conf.VGPU_ENABLE, s.version,
+                                         if_unknown=True)
     for hit in rules.check_scheduler_conf(conf, maybe_on, s.version):
         if hit.rule is rules.GPUSHARE_CONFLICT:
             when = "" if s.vgpu_enable else (
@@ -153,9 +153,9 @@ def check_scheduler(facts: ClusterFacts) -> list[Finding]:
     return out
 
 
-def _quoted_bool(value: object, version: object) -> str:
+def _quoted_bool(value: object, version: versions.Version | None) -> str:
     """Why a string VGPUEnable reads as false, and the fix."""
-    if version is not None and scheduler_conf.reads_strings(version):
+    if version is not None and versions.reads_string_bools(version):
         return f"it is the string {value!r}, which Go's ParseBool does not take as true: write true"
     return (f"it is the string {value!r}; Volcano {version or 'of an unknown version'} reads only a "
             "YAML bool there before v1.15: write true without quotes")

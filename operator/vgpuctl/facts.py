@@ -85,11 +85,6 @@ class SchedulerFacts:
         return sc.reads_true(self.deviceshare, sc.VGPU_ENABLE, self.version)
 
     @property
-    def vgpu_enable_quoted(self) -> bool:
-        """VGPUEnable is a string (say "true"), which Volcano before 1.15 does not read."""
-        return isinstance((self.deviceshare or {}).get(sc.VGPU_ENABLE), str)
-
-    @property
     def predicates(self) -> bool:
         return "predicates" in self.plugins
 
@@ -314,8 +309,7 @@ def _read_scheduler_conf(facts: SchedulerFacts, text: str) -> None:
     if not isinstance(conf, dict):
         facts.conf_error = "not a mapping; the scheduler keeps its previous configuration"
         return
-    actions = conf.get("actions")
-    facts.actions = actions if isinstance(actions, str) else ""
+    facts.actions = sc.actions_of(conf)
     duplicated = duplicated_plugin(conf, sc.PLUGIN)
     if duplicated:
         facts.conf_error = duplicated

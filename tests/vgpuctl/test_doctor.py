@@ -396,8 +396,8 @@ def test_a_quoted_vgpu_enable_on_an_unknown_volcano_still_reports_a_gpushare_con
 
 
 def test_only_a_volcano_release_from_v1_15_reads_string_bools():
-    from vgpu_operator.render.scheduler_conf import reads_strings
     from vgpu_operator.versions import parse_version
+    from vgpu_operator.versions import reads_string_bools as reads_strings
 
     versions = {tag: reads_strings(parse_version(tag)) for tag in
                 ("v1.14.4", "v1.15.0-alpha.0", "v1.15.0", "v1.16.0-alpha.1")}

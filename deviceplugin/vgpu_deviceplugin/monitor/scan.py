@@ -15,6 +15,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from vgpu_deviceplugin.allocate import SETTINGS_FILE_NAME
 from vgpu_deviceplugin.monitor.assigned import Assigned, parse_assigned
 from vgpu_deviceplugin.monitor.region import (
     Region,
@@ -38,7 +39,6 @@ class ContainerRegion:
     assigned: Assigned | None = None  # None: no settings file naming GPUs (an older plugin's)
 
 
-SETTINGS_NAME = "vgpu.env"  # allocate.SETTINGS_FILE_NAME
 SETTINGS_MAX_BYTES = 4096  # what libvgpu.so reads of it (hook/src/settings.h)
 
 
@@ -46,7 +46,8 @@ def read_assigned(directory: Path) -> Assigned | None:
     """The plugin's settings file in `directory`, if it is one: a regular file (never followed),
     writable by its owner alone, as the plugin writes it and libvgpu.so requires."""
     try:
-        fd = os.open(directory / SETTINGS_NAME, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(directory / SETTINGS_FILE_NAME,
+                     os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:

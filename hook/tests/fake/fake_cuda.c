@@ -610,21 +610,32 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
  * malloc heap for their size; a raise is charged to the process's context memory at once, a
  * cut given back. The device runtime's and the L2's limits reserve nothing here. */
 enum { FAKE_SMS = 132, FAKE_THREADS_PER_SM = 2048 };
+static const size_t default_limits[3] = {[CU_LIMIT_STACK_SIZE] = 1024,
+                                         [CU_LIMIT_PRINTF_FIFO_SIZE] = 1 << 20,
+                                         [CU_LIMIT_MALLOC_HEAP_SIZE] = 8 << 20};
 static size_t limits_now[3] = {[CU_LIMIT_STACK_SIZE] = 1024,
                                [CU_LIMIT_PRINTF_FIFO_SIZE] = 1 << 20,
                                [CU_LIMIT_MALLOC_HEAP_SIZE] = 8 << 20};
 
 static void limits_reset(void)
 {
-    limits_now[CU_LIMIT_STACK_SIZE] = 1024;
-    limits_now[CU_LIMIT_PRINTF_FIFO_SIZE] = 1 << 20;
-    limits_now[CU_LIMIT_MALLOC_HEAP_SIZE] = 8 << 20;
+    memcpy(limits_now, default_limits, sizeof limits_now);
 }
 
 static uint64_t limit_bytes(CUlimit limit, size_t value)
 {
     return limit == CU_LIMIT_STACK_SIZE ? (uint64_t)value * FAKE_SMS * FAKE_THREADS_PER_SM
                                         : value;
+}
+
+/* Sets a limit that reserves memory (stack, printf FIFO, heap): charged or given back at once. */
+static CUresult set_limit(CUlimit limit, size_t value)
+{
+    if (!gpu_ctx_resize(current->dev, limit_bytes(limit, limits_now[limit]),
+                        limit_bytes(limit, value)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    limits_now[limit] = value;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
@@ -634,11 +645,7 @@ EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
         return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_INVALID_VALUE;
     if ((unsigned)limit > CU_LIMIT_MALLOC_HEAP_SIZE)
         return CUDA_SUCCESS;
-    if (!gpu_ctx_resize(current->dev, limit_bytes(limit, limits_now[limit]),
-                        limit_bytes(limit, value)))
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    limits_now[limit] = value;
-    return CUDA_SUCCESS;
+    return set_limit(limit, value);
 }
 
 EXPORT CUresult cuCtxGetLimit(size_t *value, CUlimit limit)
@@ -1484,7 +1491,6 @@ EXPORT CUresult cuKernelGetAttribute(int *value, CUfunction_attribute attr, CUke
 
 /* ---- launches ----------------------------------------------------------------------------- */
 
-/* A kernel (or graph) of `blocks` blocks joins the caller's queue on its device. */
 EXPORT CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attr, CUfunction f)
 {
     if (f == (CUfunction)(void *)&kernel_token)
@@ -1503,13 +1509,9 @@ static CUresult launch(enum fake_launch_variant variant, CUfunction f, uint64_t 
     if (rc != CUDA_SUCCESS)
         return rc;
     run_inside("cuLaunchKernel"); /* any launch, before the driver raises the stack */
-    if (f != NULL && fake_cuda_local_bytes > limits_now[CU_LIMIT_STACK_SIZE]) {
-        if (!gpu_ctx_resize(current->dev, limit_bytes(CU_LIMIT_STACK_SIZE,
-                                                      limits_now[CU_LIMIT_STACK_SIZE]),
-                            limit_bytes(CU_LIMIT_STACK_SIZE, fake_cuda_local_bytes)))
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        limits_now[CU_LIMIT_STACK_SIZE] = fake_cuda_local_bytes;
-    }
+    if (f != NULL && fake_cuda_local_bytes > limits_now[CU_LIMIT_STACK_SIZE] &&
+        set_limit(CU_LIMIT_STACK_SIZE, fake_cuda_local_bytes) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     __atomic_add_fetch(&fake_cuda_stats.launches[variant], 1, __ATOMIC_RELAXED);
     gpu_get();
     if (ns_per_block == 0 && gpu_lazy_bytes == 0) /* the benchmark: no model, no lock */

@@ -106,7 +106,6 @@ def render_node_config_target(view: ClusterView) -> TargetRender:
     fields = read_fields(view.generation)
     target.changed_nodes = sorted(n for n in before.keys() | after.keys()
                                   if _as_read(before.get(n), fields) != _as_read(after.get(n), fields))
-    applies_split = "devicesplitcount" in fields
     target.node_splits = {name: entry.get("devicesplitcount") or 0
-                          for name, entry in after.items() if applies_split}
+                          for name, entry in after.items()} if "devicesplitcount" in fields else {}
     return target

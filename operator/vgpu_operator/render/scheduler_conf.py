@@ -20,6 +20,7 @@ from vgpu_formats import annotations as ann
 from vgpu_formats import device_config as dc_fmt
 from vgpu_formats.rewrite import rewrite
 
+from vgpu_operator import versions
 from vgpu_operator.api import VGPUPolicySpec
 from vgpu_operator.render.inputs import (
     DEVICESHARE,
@@ -75,10 +76,10 @@ def is_enabled(arguments: dict[str, Any] | None, key: str) -> bool:
     return isinstance(value, str) and value in ann.GO_TRUE
 
 
-# The first Volcano whose GetBool also parses strings (strconv.ParseBool): v1.15.0, its release
-# (v1.15.0-alpha.0 has none); before it, only a YAML bool is read and a quoted "true" leaves the
-# default, false. (major, minor, patch, release: versions.Version's order.)
-STRING_BOOLS_SINCE = (1, 15, 0, 1)
+def actions_of(conf: dict[str, Any]) -> str:
+    """The conf's `actions` line ("" when absent or not a string, as Volcano would not read it)."""
+    actions = conf.get("actions")
+    return actions if isinstance(actions, str) else ""
 
 
 def reads_true(arguments: dict[str, Any] | None, key: str, version: Any | None,
@@ -91,12 +92,7 @@ def reads_true(arguments: dict[str, Any] | None, key: str, version: Any | None,
         return value
     if version is None:
         return if_unknown and is_enabled(arguments, key)
-    return reads_strings(version) and is_enabled(arguments, key)
-
-
-def reads_strings(version: Any) -> bool:
-    """Whether this Volcano (a versions.Version) parses a string bool argument."""
-    return (version.major, version.minor, version.patch, version.release) >= STRING_BOOLS_SINCE
+    return versions.reads_string_bools(version) and is_enabled(arguments, key)
 
 
 def restart_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
