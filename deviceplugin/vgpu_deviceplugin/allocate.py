@@ -245,7 +245,7 @@ def plan(
                 ref)
         if dev.uuid in seen:
             # Visible devices are deduplicated, limits are not: the limits would shift onto
-            # the wrong CUDA ordinals.
+            # the wrong GPUs.
             raise AllocateError(
                 f"pod {ref}: annotation {ann.DEVICES_TO_ALLOCATE} names GPU {dev.uuid} twice for "
                 f"container {call.container}; each GPU may appear once in a container's part", ref)
@@ -287,10 +287,11 @@ def plan(
 
 def settings_text(envs: Mapping[str, str], ref: PodRef, container: str) -> str:
     """The settings file: the variables of `envs` libvgpu.so reads, one NAME=VALUE per line (the
-    same values as the environment, so the two agree wherever the environment is intact), and
-    the GPUs assigned (NVIDIA_VISIBLE_DEVICES, which the library ignores): the node monitor
-    reports limits and GPUs from this file, which the container cannot write, rather than from
-    the region, which it can."""
+    same values as the environment, so the two agree wherever the environment is intact),
+    including the GPUs assigned (NVIDIA_VISIBLE_DEVICES, UUIDs in the limits' order: the library
+    matches each CUDA device to its limits by UUID). The node monitor reports limits and GPUs
+    from this file, which the container cannot write, rather than from the region, which it
+    can."""
     lines = [f"# vgpu-device-plugin: pod {ref} container {container}; read by libvgpu.so, which "
              "ignores the environment's limits while this file is there"]
     lines += [f"{name}={value}" for name, value in envs.items() if name in HOOK_SETTINGS

@@ -65,7 +65,10 @@ struct vgpu_region_device {
     uint64_t peak_bytes;       /*  16 atomic: highest used_bytes seen */
     uint32_t sm_limit_percent; /*  24 SM cap in percent; 0 = no cap. Fixed at creation */
     uint32_t uuid_state;       /*  28 VGPU_UUID_*: uuid is valid only when SET (acquire) */
-    char uuid[VGPU_REGION_UUID_BYTES]; /* 32 "GPU-xxxxxxxx-...", NUL-terminated, CUDA order */
+    char uuid[VGPU_REGION_UUID_BYTES]; /* 32 "GPU-xxxxxxxx-...", NUL-terminated: the GPU these
+                                        *    limits are for (the settings file's
+                                        *    NVIDIA_VISIBLE_DEVICES at this position, else
+                                        *    the first process to meet it took the record) */
     uint64_t oom_refusals;     /*  96 atomic: allocations refused because of the cap */
     uint64_t context_bytes;    /* 104 atomic: the context and driver memory NVML last showed for
                                 *     one process of the container on this device beyond its

@@ -2,9 +2,11 @@
  * functions, cuInit, and the cuGetProcAddress path (the runtime resolves everything through it
  * since CUDA 11.3). The wrappers themselves are in cuda_*.c (cuda_driver.h lists them). */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdio.h>
 
 #include "cuda_driver.h"
+#include "devices.h"
 #include "footprint.h"
 #include "log.h"
 #include "region.h"
@@ -144,29 +146,30 @@ static void after_load(void)
 {
     learn_proc_addresses();
     vgpu_region_get();
-    vgpu_throttle_init();
     vgpu_footprint_init(vgpu_cuda_pool_cache);
 }
 
-static void record_uuids(void)
+/* Once the driver is up: which GPU each ordinal is (devices.h), then the SM limits of those. */
+static void learn_devices(void)
 {
+    static char uuids[VGPU_REGION_MAX_DEVICES][VGPU_REGION_UUID_BYTES];
     int count = 0;
-    if (real.cuDeviceGetCount == NULL || real.cuDeviceGetUuid_v2 == NULL ||
-        real.cuDeviceGetCount(&count) != CUDA_SUCCESS)
-        return;
+    if (real.cuDeviceGetCount == NULL || real.cuDeviceGetCount(&count) != CUDA_SUCCESS)
+        count = 0;
     for (int i = 0; i < count && i < VGPU_REGION_MAX_DEVICES; i++) {
         CUdevice dev;
         CUuuid id;
-        if (real.cuDeviceGet(&dev, i) != CUDA_SUCCESS || real.cuDeviceGetUuid_v2(&id, dev) != 0)
+        if (real.cuDeviceGetUuid_v2 == NULL || real.cuDeviceGet(&dev, i) != CUDA_SUCCESS ||
+            real.cuDeviceGetUuid_v2(&id, dev) != CUDA_SUCCESS)
             continue;
         const unsigned char *b = (const unsigned char *)id.bytes;
-        char text[VGPU_REGION_UUID_BYTES];
-        snprintf(text, sizeof text,
+        snprintf(uuids[i], sizeof uuids[i],
                  "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
                  b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
                  b[13], b[14], b[15]);
-        vgpu_region_set_uuid(i, text);
     }
+    vgpu_devices_learn(count, (const char(*)[VGPU_REGION_UUID_BYTES])uuids);
+    vgpu_throttle_init();
 }
 
 /* No usable region (logged when it was attached): the driver is not initialised at all. */
@@ -177,8 +180,9 @@ VGPU_EXPORT CUresult cuInit(unsigned int flags)
     if (!vgpu_region_usable())
         return CUDA_ERROR_NOT_PERMITTED;
     CUresult rc = real.cuInit(flags);
+    static pthread_once_t learnt = PTHREAD_ONCE_INIT;
     if (rc == CUDA_SUCCESS)
-        record_uuids();
+        pthread_once(&learnt, learn_devices);
     return rc;
 }
 

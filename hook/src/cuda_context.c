@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "cuda_driver.h"
+#include "devices.h"
 #include "footprint.h"
 #include "log.h"
 #include "memory.h"
@@ -135,6 +136,18 @@ static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, CUco
     return rc;
 }
 
+/* Before the driver makes a context on dev (or may, for a retain: makes_one): none on a GPU not
+ * assigned to the container (devices.h), and none that does not fit (footprint.c). */
+static CUresult begin_context(CUdevice dev, int (*makes_one)(int dev),
+                              struct vgpu_context_probe *probe)
+{
+    if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES &&
+        vgpu_device_record((int)dev) == VGPU_DEVICE_NOT_ASSIGNED)
+        return CUDA_ERROR_NOT_PERMITTED;
+    return vgpu_footprint_before_context((int)dev, makes_one, probe) == 0
+               ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
 /* The driver retains the primary context by reference: a retain while this process holds it
  * makes nothing new (footprint.c neither measures nor refuses then). */
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
@@ -142,8 +155,9 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     if (!ready() || real.cuDevicePrimaryCtxRetain == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    if (vgpu_footprint_before_context((int)dev, primary_inactive, &probe) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult begun = begin_context(dev, primary_inactive, &probe);
+    if (begun != CUDA_SUCCESS)
+        return begun;
     return keep_context(&probe, real.cuDevicePrimaryCtxRetain(ctx, dev), ctx, dev, 1);
 }
 
@@ -188,8 +202,9 @@ static CUresult create_context(CUresult (*const *create)(CUcontext *, unsigned i
     if (!ready() || *create == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    if (vgpu_footprint_before_context((int)dev, NULL, &probe) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult begun = begin_context(dev, NULL, &probe);
+    if (begun != CUDA_SUCCESS)
+        return begun;
     return keep_context(&probe, (*create)(ctx, flags, dev), ctx, dev, 0);
 }
 
@@ -210,8 +225,9 @@ VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, CUexecAffinityParam *params,
     if (!ready() || real.cuCtxCreate_v3 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    if (vgpu_footprint_before_context((int)dev, NULL, &probe) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult begun = begin_context(dev, NULL, &probe);
+    if (begun != CUDA_SUCCESS)
+        return begun;
     return keep_context(&probe, real.cuCtxCreate_v3(ctx, params, count, flags, dev), ctx, dev,
                         0);
 }
@@ -222,8 +238,9 @@ VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, u
     if (!ready() || real.cuCtxCreate_v4 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    if (vgpu_footprint_before_context((int)dev, NULL, &probe) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult begun = begin_context(dev, NULL, &probe);
+    if (begun != CUDA_SUCCESS)
+        return begun;
     return keep_context(&probe, real.cuCtxCreate_v4(ctx, params, flags, dev), ctx, dev, 0);
 }
 

@@ -355,9 +355,8 @@ int vgpu_mem_reserve(int dev, uint64_t bytes, const char *api)
     }
     if (rc == 0)
         return 0;
-    struct vgpu_region *r = vgpu_region_get();
-    if (rc == -1 && r != NULL)
-        __atomic_add_fetch(&r->devices[dev].oom_refusals, 1, __ATOMIC_RELAXED);
+    if (rc == -1)
+        vgpu_region_count_refusal(dev);
     uint64_t suppressed = 0;
     if (refusal_log_due(&suppressed)) {
         char more[64] = "";

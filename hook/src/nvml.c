@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "devices.h"
 #include "loader.h"
 #include "log.h"
 #include "region.h"
@@ -57,14 +58,14 @@ struct vgpu_hook_lib vgpu_nvml_lib = {
     .count = sizeof hooks / sizeof hooks[0],
 };
 
-/* The CUDA ordinal of an NVML device: by the UUID CUDA recorded, else NVML's own index. */
-static int cuda_index(nvmlDevice_t device)
+/* The region record of an NVML device: by its UUID (devices.h), else NVML's own index. */
+static int record_of(nvmlDevice_t device)
 {
     char uuid[96];
     if (real.GetUUID != NULL && real.GetUUID(device, uuid, sizeof uuid) == NVML_SUCCESS) {
-        int dev = vgpu_region_find_uuid(uuid);
-        if (dev >= 0)
-            return dev;
+        int record = vgpu_device_record_of_uuid(uuid);
+        if (record >= 0)
+            return record;
     }
     unsigned int index;
     if (real.GetIndex != NULL && real.GetIndex(device, &index) == NVML_SUCCESS &&
@@ -81,13 +82,13 @@ static int apply_cap(nvmlDevice_t device, unsigned long long *total, unsigned lo
 {
     if (!vgpu_region_usable())
         return -1;
-    int dev = cuda_index(device);
-    uint64_t cap = dev >= 0 ? vgpu_region_limit(dev) : 0;
+    int record = record_of(device);
+    uint64_t cap = vgpu_region_record_limit(record);
     if (cap == 0)
         return 0;
     if (cap < *total)
         *total = cap;
-    uint64_t container = vgpu_region_used(dev);
+    uint64_t container = vgpu_region_record_used(record);
     *used = container < *total ? container : *total;
     *free_bytes = *total - *used;
     return 1;

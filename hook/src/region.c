@@ -10,12 +10,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/auxv.h>
 #include <unistd.h>
 
+#include "devices.h"
 #include "ledger.h"
 #include "log.h"
 #include "region_file.h"
@@ -352,15 +355,27 @@ static int add_to_ledger(int dev, uint64_t bytes, uint64_t limit)
     return rc;
 }
 
-int vgpu_region_reserve(int dev, uint64_t bytes) { return add_to_ledger(dev, bytes, limit_bytes[dev]); }
+/* The functions below that take a dev take a CUDA ordinal of this process, and count it in its
+ * GPU's record (devices.c); a GPU not assigned to the container has none: nothing fits there. */
 
-int vgpu_region_charge(int dev, uint64_t bytes) { return add_to_ledger(dev, bytes, 0); }
+int vgpu_region_reserve(int dev, uint64_t bytes)
+{
+    int record = vgpu_device_record(dev);
+    return record < 0 ? -1 : add_to_ledger(record, bytes, limit_bytes[record]);
+}
+
+int vgpu_region_charge(int dev, uint64_t bytes)
+{
+    int record = vgpu_device_record(dev);
+    return record < 0 ? -2 : add_to_ledger(record, bytes, 0);
+}
 
 void vgpu_region_release(int dev, uint64_t bytes)
 {
     struct vgpu_region *r = vgpu_region_get();
     int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
-    if (r == NULL || slot < 0)
+    dev = vgpu_device_record(dev);
+    if (r == NULL || slot < 0 || dev < 0)
         return;
     struct vgpu_ledger l = ledger_of(r, (uint32_t)slot);
     vgpu_ledger_lock(&l, 0);
@@ -383,47 +398,116 @@ int vgpu_region_reap_dead(void)
     return reaped;
 }
 
-uint64_t vgpu_region_limit(int dev) { return vgpu_region_get() != NULL ? limit_bytes[dev] : 0; }
+uint64_t vgpu_region_record_limit(int record)
+{
+    return vgpu_region_get() != NULL && record >= 0 ? limit_bytes[record] : 0;
+}
+
+uint64_t vgpu_region_record_used(int record)
+{
+    struct vgpu_region *r = vgpu_region_get();
+    return r != NULL && record >= 0 ? load64(&r->devices[record].used_bytes) : 0;
+}
+
+uint64_t vgpu_region_limit(int dev)
+{
+    int record = vgpu_device_record(dev);
+    return record < 0 ? VGPU_REGION_NOTHING_FITS : vgpu_region_record_limit(record);
+}
 
 int vgpu_region_any_limit(void) { return vgpu_region_get() != NULL && any_limit; }
 
-uint64_t vgpu_region_used(int dev)
+uint64_t vgpu_region_used(int dev) { return vgpu_region_record_used(vgpu_device_record(dev)); }
+
+uint32_t vgpu_region_sm_limit(int dev)
 {
-    struct vgpu_region *r = vgpu_region_get();
-    return r != NULL ? load64(&r->devices[dev].used_bytes) : 0;
+    int record = vgpu_device_record(dev);
+    return vgpu_region_get() != NULL && record >= 0 ? sm_percent[record] : 0;
 }
 
-uint32_t vgpu_region_sm_limit(int dev) { return vgpu_region_get() != NULL ? sm_percent[dev] : 0; }
-
-void vgpu_region_set_uuid(int dev, const char *uuid)
+void vgpu_region_count_refusal(int dev)
 {
     struct vgpu_region *r = vgpu_region_get();
-    if (r == NULL)
-        return;
-    struct vgpu_region_device *d = &r->devices[dev];
+    int record = vgpu_device_record(dev);
+    if (r != NULL && record >= 0)
+        __atomic_add_fetch(&r->devices[record].oom_refusals, 1, __ATOMIC_RELAXED);
+}
+
+/* A record's UUID state once another process's write of it (a few stores) is over; WRITING
+ * still when the writer died in between (then no GPU's, for good). */
+static uint32_t uuid_state(struct vgpu_region_device *d)
+{
+    uint32_t state;
+    for (int spins = 0; spins < 10000; spins++) {
+        state = __atomic_load_n(&d->uuid_state, __ATOMIC_ACQUIRE);
+        if (state != VGPU_UUID_WRITING)
+            return state;
+        sched_yield();
+    }
+    return VGPU_UUID_WRITING;
+}
+
+/* Writes uuid into an UNSET record: 1, or 0 when another process set it first. */
+static int take_record(struct vgpu_region_device *d, const char *uuid)
+{
     uint32_t expected = VGPU_UUID_UNSET;
     if (!__atomic_compare_exchange_n(&d->uuid_state, &expected, VGPU_UUID_WRITING, 0,
                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-        return;
+        return 0;
     strncpy(d->uuid, uuid, sizeof d->uuid - 1);
     d->uuid[sizeof d->uuid - 1] = '\0';
     __atomic_store_n(&d->uuid_state, VGPU_UUID_SET, __ATOMIC_RELEASE);
+    return 1;
+}
+
+static int names(struct vgpu_region_device *d, const char *uuid)
+{
+    return uuid_state(d) == VGPU_UUID_SET && strncasecmp(d->uuid, uuid, sizeof d->uuid) == 0;
+}
+
+int vgpu_region_set_uuid(int record, const char *uuid)
+{
+    struct vgpu_region *r = vgpu_region_get();
+    if (r == NULL)
+        return 0;
+    struct vgpu_region_device *d = &r->devices[record];
+    return take_record(d, uuid) || names(d, uuid) ? 0 : -1;
 }
 
 int vgpu_region_find_uuid(const char *uuid)
 {
     struct vgpu_region *r = vgpu_region_get();
     for (int d = 0; r != NULL && d < VGPU_REGION_MAX_DEVICES; d++)
-        if (__atomic_load_n(&r->devices[d].uuid_state, __ATOMIC_ACQUIRE) == VGPU_UUID_SET &&
-            strncmp(r->devices[d].uuid, uuid, sizeof r->devices[d].uuid) == 0)
+        if (names(&r->devices[d], uuid))
             return d;
+    return -1;
+}
+
+int vgpu_region_claim_record(const char *uuid, int preferred)
+{
+    struct vgpu_region *r = vgpu_region_get();
+    if (r == NULL)
+        return -1;
+    /* Every failed take is another process taking a record: at most one round per record. */
+    for (int round = 0; round <= VGPU_REGION_MAX_DEVICES; round++) {
+        int found = vgpu_region_find_uuid(uuid);
+        if (found >= 0)
+            return found;
+        if (preferred >= 0 && preferred < VGPU_REGION_MAX_DEVICES &&
+            take_record(&r->devices[preferred], uuid))
+            return preferred;
+        for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
+            if (uuid_state(&r->devices[d]) == VGPU_UUID_UNSET && take_record(&r->devices[d], uuid))
+                return d;
+    }
     return -1;
 }
 
 int vgpu_region_uuid(int dev, char *out, size_t size)
 {
     struct vgpu_region *r = vgpu_region_get();
-    if (r == NULL || size == 0 ||
+    dev = vgpu_device_record(dev);
+    if (r == NULL || size == 0 || dev < 0 ||
         __atomic_load_n(&r->devices[dev].uuid_state, __ATOMIC_ACQUIRE) != VGPU_UUID_SET)
         return -1;
     strncpy(out, r->devices[dev].uuid, size - 1);
@@ -501,16 +585,18 @@ int vgpu_region_host_pid_taken(int32_t pid)
 uint64_t vgpu_region_context_estimate(int dev)
 {
     struct vgpu_region *r = vgpu_region_get();
-    return r != NULL && intact(r) ? load64(&r->devices[dev].context_bytes) : 0;
+    dev = vgpu_device_record(dev);
+    return r != NULL && dev >= 0 && intact(r) ? load64(&r->devices[dev].context_bytes) : 0;
 }
 
 void vgpu_region_note_context(int dev, uint64_t measured, uint64_t all_devices)
 {
     struct vgpu_region *r = vgpu_region_get();
     int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
+    dev = vgpu_device_record(dev);
     if (r == NULL || !intact(r))
         return;
-    if (measured != 0)
+    if (measured != 0 && dev >= 0)
         store64(&r->devices[dev].context_bytes, measured);
     if (slot >= 0)
         store64(&r->slots[slot].context_bytes, all_devices);
@@ -518,7 +604,8 @@ void vgpu_region_note_context(int dev, uint64_t measured, uint64_t all_devices)
 
 int vgpu_region_lock_discovery(int dev, unsigned patience_ms)
 {
-    if (vgpu_region_get() == NULL)
+    dev = vgpu_device_record(dev);
+    if (vgpu_region_get() == NULL || dev < 0)
         return -1;
     for (unsigned waited = 0;; waited++) {
         if (byte_lock(F_OFD_SETLK, F_WRLCK, VGPU_REGION_DISCOVERY_LOCK_OFFSET + (uint64_t)dev) == 0)
@@ -531,7 +618,9 @@ int vgpu_region_lock_discovery(int dev, unsigned patience_ms)
 
 void vgpu_region_unlock_discovery(int dev)
 {
-    byte_lock(F_OFD_SETLK, F_UNLCK, VGPU_REGION_DISCOVERY_LOCK_OFFSET + (uint64_t)dev);
+    dev = vgpu_device_record(dev);
+    if (dev >= 0)
+        byte_lock(F_OFD_SETLK, F_UNLCK, VGPU_REGION_DISCOVERY_LOCK_OFFSET + (uint64_t)dev);
 }
 
 void vgpu_region_detach(void)

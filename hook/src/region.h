@@ -31,17 +31,33 @@ void vgpu_region_release(int dev, uint64_t bytes);
 /* Returns dead processes' memory to the container; returns how many slots were reaped. */
 int vgpu_region_reap_dead(void);
 
+/* The cap of a GPU not assigned to the container (devices.h): no allocation fits under it. */
+#define VGPU_REGION_NOTHING_FITS UINT64_C(1)
+
 /* The limits are the region's, read once at attach (0 when not attached). */
 uint64_t vgpu_region_limit(int dev);
 int vgpu_region_any_limit(void); /* any device has a memory cap */
 uint64_t vgpu_region_used(int dev);
 uint32_t vgpu_region_sm_limit(int dev);
 
-/* Records the UUID of CUDA device dev (first writer wins). */
-void vgpu_region_set_uuid(int dev, const char *uuid);
+/* Where a process of the container refused an allocation for want of room on dev. */
+void vgpu_region_count_refusal(int dev);
 
-/* Returns the CUDA ordinal whose recorded UUID equals uuid, or -1. */
+/* Every function above and below that takes a dev takes a CUDA ordinal of this process and
+ * acts on its GPU's record (devices.h). These take the record itself: */
+uint64_t vgpu_region_record_limit(int record);
+uint64_t vgpu_region_record_used(int record);
+
+/* Records uuid as record's GPU unless a process did first: 0, or -1 when the record names
+ * another GPU. */
+int vgpu_region_set_uuid(int record, const char *uuid);
+
+/* The record that names uuid, or -1. */
 int vgpu_region_find_uuid(const char *uuid);
+
+/* The record that names uuid, else preferred when no GPU's yet, else the first that is no GPU's
+ * (the region's first-come table); -1 when every record names another GPU. */
+int vgpu_region_claim_record(const char *uuid, int preferred);
 
 /* Copies the UUID recorded for CUDA device dev; returns 0, or -1 when none is recorded. */
 int vgpu_region_uuid(int dev, char *out, size_t size);

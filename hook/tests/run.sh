@@ -138,6 +138,17 @@ settings() {
         echo "FAIL $name (expected: $expect)"; cat "$tmp/$name.log"; failed=1
     fi
 }
+# with_settings NAME FILE-TEXT COMMAND...: `run NAME COMMAND...` where FILE-TEXT is the settings
+# file (mounted read-only, as above).
+with_settings() {
+    name=$1 text=$2; shift 2
+    printf '%b' "$text" >"$tmp/$name.env"
+    run "$name" unshare -m sh -c "mount -t tmpfs -o mode=755 none /usr/local &&
+        mkdir /usr/local/vgpu && cp '$tmp/$name.env' /usr/local/vgpu/vgpu.env &&
+        chmod 644 /usr/local/vgpu/vgpu.env &&
+        mount --bind -o ro /usr/local/vgpu/vgpu.env /usr/local/vgpu/vgpu.env && exec \"\$@\"" \
+        sh "$@"
+}
 if [ "${VGPU_SANITIZED:-0}" = 0 ] && command -v unshare >/dev/null && can_bind_mount; then
     capped='^refused at step 7 with 3000 MiB held$'
     settings settings-env-i 644 \
@@ -173,9 +184,22 @@ if [ "${VGPU_SANITIZED:-0}" = 0 ] && command -v unshare >/dev/null && can_bind_m
         grep -q "CUDA start failed: CUDA_ERROR_NOT_PERMITTED" "$tmp/settings-$name.log" ||
             { echo "FAIL settings-$name: CUDA was not refused"; failed=1; }
     done
+    # Each GPU's cap follows the file's NVIDIA_VISIBLE_DEVICES order, not CUDA's; a GPU the file
+    # does not name gets nothing (the fake's GPUs A and B: see tests/test_devices.c).
+    gpu_a=GPU-10111213-1415-1617-1819-1a1b1c1d1e1f gpu_b=GPU-20212223-2425-2627-2829-2a2b2c2d2e2f
+    with_settings devices-listed "NVIDIA_VISIBLE_DEVICES=$gpu_b,$gpu_a\nCUDA_DEVICE_MEMORY_LIMIT_0=2g\nCUDA_DEVICE_MEMORY_LIMIT_1=1g\nCUDA_DEVICE_MEMORY_SHARED_CACHE=$tmp/devices-listed.cache\n" \
+        "$build/tests/test_devices" listed
+    with_settings devices-unassigned "NVIDIA_VISIBLE_DEVICES=$gpu_a\nCUDA_DEVICE_MEMORY_LIMIT_0=1g\nCUDA_DEVICE_MEMORY_SHARED_CACHE=$tmp/devices-unassigned.cache\n" \
+        "$build/tests/test_devices" unassigned
+    grep -q "CUDA device 1 is $gpu_b, which the device plugin did not assign" \
+        "$tmp/devices-unassigned.log" ||
+        { echo "FAIL devices-unassigned: the unassigned GPU was not named in the log"; failed=1; }
 else
     echo "SKIP settings-file (needs a private mount namespace to mount /usr/local/vgpu/vgpu.env)"
 fi
+# A process that reorders the GPUs (CUDA_VISIBLE_DEVICES) keeps each GPU's cap.
+run devices-swapped CUDA_DEVICE_MEMORY_LIMIT_0=1g CUDA_DEVICE_MEMORY_LIMIT_1=2g \
+    FAKE_GPU_SHARED="$tmp/devices-swapped.shm" "$build/tests/test_devices" swapped
 # The fake GPU shared by processes (FAKE_GPU_SHARED): sharing, NVML, memory, kill -9, graphs.
 run fake-gpu FAKE_GPU_SHARED="$tmp/fake-gpu.shm" FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_LAZY_MIB=100 \
     "$build/tests/test_fake_gpu"

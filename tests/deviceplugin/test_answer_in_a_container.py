@@ -74,9 +74,12 @@ def etc(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_in_container(answer: pb.ContainerAllocateResponse, etc: Path, env: dict[str, str],
-                     skip: str = "") -> str:
+                     skip: str = "", gpus: str = "") -> str:
     """The demo in a mount namespace laid out by `answer` (without the mount at `skip`), with
-    exactly `env` as its environment and `etc` over /etc; its output."""
+    exactly `env` as its environment and `etc` over /etc; its output. The fake driver shows the
+    GPUs the answer's NVIDIA_VISIBLE_DEVICES names, as the container runtime exposes them, or
+    `gpus` (UUIDs) instead."""
+    env = {**env, "FAKE_CUDA_UUIDS": gpus or answer.envs["NVIDIA_VISIBLE_DEVICES"]}
     mounts = [m for m in answer.mounts if m.container_path != skip]
     lines = ["set -eu", "mount -t tmpfs -o mode=755 none /usr/local", f"mkdir {STAGE}",
              f"mkdir {STAGE}/build && mount --bind {shlex.quote(str(HOOK_BUILD))} {STAGE}/build"]
@@ -124,3 +127,13 @@ def test_without_the_settings_file_a_scrubbed_environment_is_uncapped(
     # mount, and env -i runs on a default region with no cap.
     output = run_in_container(answer, etc, {}, skip=SETTINGS_CONTAINER_PATH)
     assert "never refused: 5000 MiB held after 10 steps" in output, output
+
+
+def test_a_gpu_the_plugin_did_not_assign_gets_nothing(answer: pb.ContainerAllocateResponse,
+                                                      etc: Path) -> None:
+    # A runtime that also exposes another of the node's GPUs (a pod's own
+    # NVIDIA_VISIBLE_DEVICES=all honoured): the library makes nothing on it.
+    other = "GPU-0f0e0d0c-0b0a-0908-0706-050403020100"
+    output = run_in_container(answer, etc, {}, gpus=f"{other},{answer.envs['NVIDIA_VISIBLE_DEVICES']}")
+    assert f"CUDA device 0 is {other}, which the device plugin did not assign" in output, output
+    assert "CUDA start failed: CUDA_ERROR_NOT_PERMITTED" in output, output

@@ -141,17 +141,20 @@ def test_an_sm_limit_the_library_does_not_apply_is_reported_as_none(tmp_path: Pa
     assert _by_gpu(families, "vgpu_container_sm_limit_percent") == {GPU_A: 0}
 
 
-@pytest.mark.parametrize(("devices", "why"), [
-    ([(GPU_A, 0, 1000 * MIB), (GPU_B, 0, 70000 * MIB)],
+@pytest.mark.parametrize(("assigned", "devices", "why"), [
+    (GPU_A, [(GPU_A, 0, 1000 * MIB), (GPU_B, 0, 70000 * MIB)],
      f"names GPU '{GPU_B}', which the device plugin did not"),
-    ([(GPU_A, 0, 1000 * MIB), (GPU_A, 0, 1000 * MIB)], f"GPU '{GPU_A}' has 2 device records"),
+    (GPU_A, [(GPU_A, 0, 1000 * MIB), (GPU_A, 0, 1000 * MIB)], "device 1 is past the 1 GPU(s) assigned"),
+    (f"{GPU_A},{GPU_B}", [(GPU_B, 0, 1000 * MIB), (GPU_A, 0, 1000 * MIB)],
+     f"device 0 names GPU '{GPU_B}', but the device plugin assigned '{GPU_A}' there"),
 ])
 def test_device_records_that_cannot_be_the_libraries_are_not_reported(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture, devices: list[tuple[str, int, int]],
-        why: str) -> None:
-    # A container adding its usage to another tenant's GPU, or counting one GPU twice.
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, assigned: str,
+        devices: list[tuple[str, int, int]], why: str) -> None:
+    # A container adding its usage to another tenant's GPU, counting one GPU twice, or under
+    # another GPU's limits (libvgpu.so keeps the plugin's order: hook/src/devices.c).
     _assigned_container(tmp_path, devices,
-                        f"NVIDIA_VISIBLE_DEVICES={GPU_A}\nCUDA_DEVICE_MEMORY_LIMIT_0=3000m\n")
+                        f"NVIDIA_VISIBLE_DEVICES={assigned}\nCUDA_DEVICE_MEMORY_LIMIT_0=3000m\n")
     with caplog.at_level(logging.WARNING):
         families = {m.name: m for m in metrics(scan(str(tmp_path)), {}, now_ns=0)}
         metrics(scan(str(tmp_path)), {}, now_ns=0)

@@ -6,11 +6,12 @@ import asyncio
 import os
 import signal
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from vgpu_deviceplugin import main as entry
 from vgpu_deviceplugin import runner
-from vgpu_deviceplugin.allocate import CONTROL_DEVICES, device_specs
+from vgpu_deviceplugin.allocate import CONTROL_DEVICES, SETTINGS_CONTAINER_PATH, device_specs
 from vgpu_deviceplugin.config import Flags
 from vgpu_deviceplugin.gpus import MockBackend
 from vgpu_deviceplugin.main import flags_from, install_signals, parser, refused
@@ -105,6 +106,9 @@ async def test_pass_device_specs_and_index_strategy_through_grpc(flags: Flags, k
     async with running(flags, kube, backend) as sim:
         answer = (await sim.allocate(COUNT, sim.free_ids(COUNT, 2))).container_responses[0]
     assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(str(gpus[u].index) for u in wanted)
+    # The settings file names the GPUs by UUID all the same: libvgpu.so matches limits to GPUs by it.
+    settings = next(m.host_path for m in answer.mounts if m.container_path == SETTINGS_CONTAINER_PATH)
+    assert f"\nNVIDIA_VISIBLE_DEVICES={','.join(wanted)}\n" in Path(settings).read_text()
     specs = [(d.container_path, d.host_path, d.permissions) for d in answer.devices]
     gpu_nodes = [f"/dev/nvidia{gpus[u].minor}" for u in wanted]
     assert specs[:2] == [(p, p, "rw") for p in gpu_nodes]

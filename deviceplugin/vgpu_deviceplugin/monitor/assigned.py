@@ -18,13 +18,13 @@ _SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 @dataclass(frozen=True)
 class Assigned:
-    """Limits as libvgpu.so applies them (hook/src/limits.c): per CUDA ordinal, else the
+    """Limits as libvgpu.so applies them (hook/src/limits.c): per GPU (its index in gpus), else the
     all-device value; an SM limit of 100 or more, or GPU_CORE_UTILIZATION_POLICY=disable, is none
     (0)."""
 
     gpus: tuple[str, ...]  # the UUIDs of NVIDIA_VISIBLE_DEVICES
-    memory_limits: dict[int, int] = field(default_factory=dict)  # CUDA ordinal -> bytes
-    sm_limits: dict[int, int] = field(default_factory=dict)  # CUDA ordinal -> percent
+    memory_limits: dict[int, int] = field(default_factory=dict)  # GPU index -> bytes
+    sm_limits: dict[int, int] = field(default_factory=dict)  # GPU index -> percent
     memory_all: int = 0  # CUDA_DEVICE_MEMORY_LIMIT
     sm_all: int = 0  # CUDA_DEVICE_SM_LIMIT
     sm_disabled: bool = False  # GPU_CORE_UTILIZATION_POLICY=disable
@@ -73,15 +73,16 @@ def _percent(text: str) -> int | None:
 
 
 def records_fit(assigned: Assigned, records: list[tuple[int, str]]) -> str:
-    """Why a container's device records (CUDA ordinal, GPU UUID) cannot be what libvgpu.so wrote
-    for this assignment, or "": each names an assigned GPU, once, at an ordinal the container
-    has (fewer than the GPUs assigned)."""
-    uuids = [uuid for _, uuid in records]
+    """Why a container's device records (index, GPU UUID) cannot be what libvgpu.so wrote for
+    this assignment, or "": record i names the i-th GPU assigned (hook/src/devices.c keeps the
+    settings file's order whatever order CUDA gives the GPUs)."""
+    gpus = [gpu.lower() for gpu in assigned.gpus]
     for index, uuid in records:
-        if uuid not in assigned.gpus:
+        if uuid.lower() not in gpus:
             return f"device {index} names GPU {uuid!r}, which the device plugin did not assign"
-        if index >= len(assigned.gpus):
-            return f"device {index} is past the {len(assigned.gpus)} GPU(s) assigned"
-        if uuids.count(uuid) > 1:
-            return f"GPU {uuid!r} has {uuids.count(uuid)} device records"
+        if index >= len(gpus):
+            return f"device {index} is past the {len(gpus)} GPU(s) assigned"
+        if uuid.lower() != gpus[index]:
+            return (f"device {index} names GPU {uuid!r}, but the device plugin assigned "
+                    f"{assigned.gpus[index]!r} there")
     return ""

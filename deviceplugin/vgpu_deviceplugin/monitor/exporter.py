@@ -14,8 +14,8 @@ out and what is in use through it); `vgpu_host_gpu_*` is NVML's view of the whol
 
 A container can write its region file: where the plugin's settings file is there, limits come
 from it, and a container whose device records cannot be what libvgpu.so wrote for what was
-assigned (a GPU not assigned, one GPU twice, an ordinal past the GPUs assigned) has none reported
-(they would add its figures to another tenant's GPU); logged once per container.
+assigned (a GPU not assigned, one past the GPUs assigned, one out of the plugin's order) has none
+reported (they would add its figures to another tenant's GPU); logged once per container.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ class RegionNotReady(RegionError):
 
 @dataclass(frozen=True)
 class DeviceUsage:
-    index: int  # CUDA ordinal inside the container (the <i> of CUDA_DEVICE_MEMORY_LIMIT_<i>)
+    index: int  # the container's i-th GPU (the <i> of CUDA_DEVICE_MEMORY_LIMIT_<i>)
     uuid: str
     limit_bytes: int
     used_bytes: int

@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -50,7 +51,9 @@ EXPORT char fake_cuda_fail_next[64];
 
 static struct fake_ctx primary[MAX_DEVICES];
 static __thread struct fake_ctx *current;
-static int ndevices = 2;
+static int ndevices = 2;  /* CUDA's devices: those CUDA_VISIBLE_DEVICES leaves visible */
+static int nphysical = 2; /* the GPUs (NVML's): FAKE_CUDA_DEVICES, or one per FAKE_CUDA_UUIDS */
+static unsigned char uuids[MAX_DEVICES][16]; /* of each GPU */
 static uint64_t device_bytes = UINT64_C(16) << 30;
 static uint64_t ns_per_block = 1000;
 static uint64_t pitch_align = 512;
@@ -122,11 +125,97 @@ static void forget_pools(void)
     reuse_key = reuse_step = 0;
 }
 
+static void format_uuid(const unsigned char b[16], char out[48])
+{
+    snprintf(out, 48, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+             b[13], b[14], b[15]);
+}
+
+/* FAKE_CUDA_UUIDS=GPU-...,GPU-...: the GPUs' UUIDs (as a container runtime would expose the
+ * ones NVIDIA_VISIBLE_DEVICES names); else FAKE_CUDA_DEVICES GPUs with made-up UUIDs. */
+static void set_up_gpus(void)
+{
+    nphysical = (int)gpu_env("FAKE_CUDA_DEVICES", 2);
+    if (nphysical < 1 || nphysical > MAX_DEVICES)
+        nphysical = 2;
+    for (int d = 0; d < MAX_DEVICES; d++)
+        for (int i = 0; i < 16; i++)
+            uuids[d][i] = (unsigned char)(0x10 * (d + 1) + i);
+    const char *list = getenv("FAKE_CUDA_UUIDS");
+    if (list == NULL || list[0] == '\0')
+        return;
+    int n = 0;
+    for (const char *at = list; n < MAX_DEVICES && *at != '\0'; n++) {
+        unsigned int b[16];
+        if (sscanf(at, "GPU-%2x%2x%2x%2x-%2x%2x-%2x%2x-%2x%2x-%2x%2x%2x%2x%2x%2x", &b[0], &b[1],
+                   &b[2], &b[3], &b[4], &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &b[11], &b[12],
+                   &b[13], &b[14], &b[15]) != 16) {
+            fprintf(stderr, "fake libcuda: FAKE_CUDA_UUIDS: not a GPU UUID at '%s'\n", at);
+            abort();
+        }
+        for (int i = 0; i < 16; i++)
+            uuids[n][i] = (unsigned char)b[i];
+        const char *comma = strchr(at, ',');
+        at = comma != NULL ? comma + 1 : at + strlen(at);
+    }
+    nphysical = n;
+}
+
+/* The GPU a CUDA_VISIBLE_DEVICES entry names (an index, or a GPU UUID or a prefix of one that
+ * only one GPU has), or -1. */
+static int named_gpu(const char *entry, size_t len)
+{
+    if (len > 4 && strncmp(entry, "GPU-", 4) == 0) {
+        int found = -1;
+        for (int d = 0; d < nphysical; d++) {
+            char text[48];
+            format_uuid(uuids[d], text);
+            if (strncmp(text, entry, len) == 0) {
+                if (found >= 0)
+                    return -1;
+                found = d;
+            }
+        }
+        return found;
+    }
+    int index = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (entry[i] < '0' || entry[i] > '9' || index > MAX_DEVICES)
+            return -1;
+        index = index * 10 + (entry[i] - '0');
+    }
+    return len > 0 && index < nphysical ? index : -1;
+}
+
+/* CUDA_VISIBLE_DEVICES as the driver reads it: the GPUs named, in that order, up to the first
+ * entry that names none or one named already. Unset: every GPU in order. */
+static void set_up_ordinals(void)
+{
+    const char *list = getenv("CUDA_VISIBLE_DEVICES");
+    ndevices = 0;
+    if (list == NULL) {
+        for (; ndevices < nphysical; ndevices++)
+            gpu_physical[ndevices] = ndevices;
+        return;
+    }
+    for (const char *at = list; *at != '\0' && ndevices < nphysical;) {
+        size_t len = strcspn(at, ",");
+        int found = named_gpu(at, len);
+        for (int i = 0; found >= 0 && i < ndevices; i++)
+            if (gpu_physical[i] == found)
+                found = -1;
+        if (found < 0)
+            break;
+        gpu_physical[ndevices++] = found;
+        at += len + (at[len] == ',');
+    }
+}
+
 __attribute__((constructor)) static void fake_setup(void)
 {
-    ndevices = (int)gpu_env("FAKE_CUDA_DEVICES", 2);
-    if (ndevices < 1 || ndevices > MAX_DEVICES)
-        ndevices = 2;
+    set_up_gpus();
+    set_up_ordinals();
     device_bytes = gpu_env("FAKE_CUDA_MEM_MIB", 16384) << 20;
     ns_per_block = gpu_env("FAKE_CUDA_NS_PER_BLOCK", 1000);
     pitch_align = gpu_env("FAKE_CUDA_PITCH_ALIGN", 512);
@@ -361,6 +450,8 @@ EXPORT CUresult cuInit(unsigned int flags)
 {
     if (flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if (ndevices == 0)
+        return CUDA_ERROR_NO_DEVICE;
     initialised = 1;
     return CUDA_SUCCESS;
 }
@@ -402,17 +493,13 @@ EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
     return rc;
 }
 
-EXPORT void fake_cuda_uuid(int dev, unsigned char out[16])
-{
-    for (int i = 0; i < 16; i++)
-        out[i] = (unsigned char)(0x10 * (dev + 1) + i);
-}
+EXPORT void fake_cuda_uuid(int nvml_index, unsigned char out[16]) { memcpy(out, uuids[nvml_index], 16); }
 
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
     if (dev < 0 || dev >= ndevices)
         return CUDA_ERROR_INVALID_DEVICE;
-    fake_cuda_uuid(dev, (unsigned char *)uuid->bytes);
+    fake_cuda_uuid(gpu_physical[dev], (unsigned char *)uuid->bytes);
     return CUDA_SUCCESS;
 }
 
@@ -2320,9 +2407,9 @@ EXPORT uint64_t fake_cuda_device_used(int dev)
     return used;
 }
 
-EXPORT uint64_t fake_cuda_device_physical_used(int dev)
+EXPORT uint64_t fake_cuda_device_physical_used(int nvml_index)
 {
-    struct gpu_device *d = gpu_enter(dev);
+    struct gpu_device *d = gpu_enter_physical(nvml_index);
     uint64_t used = d->used;
     gpu_unlock(d);
     return used;
@@ -2334,7 +2421,7 @@ EXPORT uint64_t fake_cuda_device_total(int dev)
     return device_bytes;
 }
 
-EXPORT int fake_cuda_device_count(void) { return ndevices; }
+EXPORT int fake_cuda_device_count(void) { return nphysical; }
 
 EXPORT uint64_t fake_cuda_busy_ns(int dev)
 {
@@ -2367,10 +2454,10 @@ EXPORT uint64_t fake_cuda_graph_exec_blocks(void *exec)
     return exec_blocks((CUgraphExec)exec);
 }
 
-EXPORT int fake_gpu_period(int dev, uint64_t *end_us, unsigned int *device_pct,
+EXPORT int fake_gpu_period(int nvml_index, uint64_t *end_us, unsigned int *device_pct,
                            struct fake_gpu_sample *out, int max)
 {
-    struct gpu_device *d = gpu_enter(dev);
+    struct gpu_device *d = gpu_enter_physical(nvml_index);
     const double period = (double)gpu->period_ns;
     int n = 0;
     *end_us = d->last_end_ns == 0 ? 0
@@ -2390,9 +2477,9 @@ EXPORT int fake_gpu_period(int dev, uint64_t *end_us, unsigned int *device_pct,
     return n;
 }
 
-EXPORT int fake_gpu_processes(int dev, struct fake_gpu_process *out, int max)
+EXPORT int fake_gpu_processes(int nvml_index, struct fake_gpu_process *out, int max)
 {
-    struct gpu_device *d = gpu_enter(dev);
+    struct gpu_device *d = gpu_enter_physical(nvml_index);
     int n = 0;
     for (int i = 0; i < GPU_MAX_PROCS; i++) {
         const struct gpu_proc *p = &d->procs[i];

@@ -219,9 +219,14 @@ static struct gpu_shared *gpu_get(void)
     return gpu;
 }
 
-static struct gpu_device *gpu_lock(int dev)
+/* CUDA_VISIBLE_DEVICES: the GPU (its NVML index, the shared state's device) behind each CUDA
+ * ordinal of this process; set by fake_cuda.c before any call. */
+static int gpu_physical[GPU_MAX_DEVICES] = {0, 1, 2, 3, 4, 5, 6, 7};
+
+/* The locked GPU `physical`. */
+static struct gpu_device *gpu_lock(int physical)
 {
-    struct gpu_device *d = &gpu_get()->dev[dev];
+    struct gpu_device *d = &gpu_get()->dev[physical];
     if (pthread_mutex_lock(&d->lock) == EOWNERDEAD)
         pthread_mutex_consistent(&d->lock); /* the holder died: its half-step is tolerable */
     return d;
@@ -310,13 +315,16 @@ static void gpu_advance(struct gpu_device *d, uint64_t now)
     }
 }
 
-/* The locked device, advanced to now. */
-static struct gpu_device *gpu_enter(int dev)
+/* The locked GPU `physical`, advanced to now. */
+static struct gpu_device *gpu_enter_physical(int physical)
 {
-    struct gpu_device *d = gpu_lock(dev);
+    struct gpu_device *d = gpu_lock(physical);
     gpu_advance(d, gpu_now());
     return d;
 }
+
+/* The same for the GPU behind CUDA ordinal dev. */
+static struct gpu_device *gpu_enter(int dev) { return gpu_enter_physical(gpu_physical[dev]); }
 
 static struct gpu_proc *gpu_find(struct gpu_device *d, int32_t pid)
 {

@@ -53,20 +53,22 @@ extern int fake_cuda_graph_remap;
 extern char fake_cuda_inside[64];
 extern void (*fake_cuda_inside_fn)(void);
 
-/* Physical bytes held by the calling process on dev: its allocations + its context and lazy
+/* A dev is a CUDA ordinal of the calling process; an nvml_index is a GPU's NVML index (CUDA_VISIBLE_DEVICES
+ * picks and orders the GPUs behind the ordinals; FAKE_CUDA_UUIDS names them).
+ * Physical bytes held by the calling process on dev: its allocations + its context and lazy
  * module bytes (FAKE_CUDA_CONTEXT_MIB for its first context, FAKE_CUDA_CREATED_CONTEXT_MIB more
  * for each cuCtxCreate context, FAKE_CUDA_LAZY_MIB; all 0 by default). */
 uint64_t fake_cuda_device_used(int dev);
-uint64_t fake_cuda_device_physical_used(int dev); /* the same, every live process together */
+uint64_t fake_cuda_device_physical_used(int nvml_index); /* on that GPU, every live process together */
 uint64_t fake_cuda_device_total(int dev);
 uint64_t fake_cuda_busy_ns(int dev);            /* GPU ns the calling process got so far */
 uint64_t fake_cuda_device_busy_ns(int dev);     /* GPU ns during which any work ran, so far */
 uint64_t fake_cuda_pending_ns(int dev, int pid); /* work pid has queued and not yet run */
 /* Blocks an executable graph costs per launch (NULL: 100; unknown: UINT64_MAX). */
 uint64_t fake_cuda_graph_exec_blocks(void *exec);
-int fake_cuda_device_count(void);
+int fake_cuda_device_count(void);              /* GPUs, whatever CUDA_VISIBLE_DEVICES says */
 
-/* The latest completed NVML sample period of dev (FAKE_NVML_SAMPLE_MS, default 166 ms): its end
+/* The latest completed NVML sample period of GPU nvml_index (FAKE_NVML_SAMPLE_MS, default 166 ms): its end
  * as CLOCK_REALTIME microseconds (0: none yet), the percent of it during which any work ran,
  * and the processes that got GPU time in it (up to max written; returns how many there are). */
 struct fake_gpu_sample {
@@ -74,15 +76,15 @@ struct fake_gpu_sample {
     unsigned int sm_util;   /* round(100 * busy_ns / period) */
     uint64_t busy_ns;
 };
-int fake_gpu_period(int dev, uint64_t *end_us, unsigned int *device_pct,
+int fake_gpu_period(int nvml_index, uint64_t *end_us, unsigned int *device_pct,
                     struct fake_gpu_sample *out, int max);
-/* The live processes with memory on dev (up to max written; returns how many there are). */
+/* The live processes with memory on GPU nvml_index (up to max written; returns how many there are). */
 struct fake_gpu_process {
     int pid;
     uint64_t bytes;         /* context + lazy module + allocation bytes */
 };
-int fake_gpu_processes(int dev, struct fake_gpu_process *out, int max);
-void fake_cuda_uuid(int dev, unsigned char out[16]);
+int fake_gpu_processes(int nvml_index, struct fake_gpu_process *out, int max);
+void fake_cuda_uuid(int nvml_index, unsigned char out[16]);
 void *fake_cuda_entry(const char *name);        /* the fake's own function, never a wrapper */
 
 #endif

@@ -1,0 +1,111 @@
+/* devices.c - which of the container's GPUs each CUDA device of this process is (devices.h). */
+#define _GNU_SOURCE
+#include "devices.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <strings.h>
+
+#include "log.h"
+#include "region.h"
+#include "settings.h"
+
+static int records[VGPU_REGION_MAX_DEVICES]; /* of each CUDA ordinal, once learnt */
+static int learnt;                           /* atomic: records is set (release) */
+static pthread_mutex_t learn_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int is_gpu_uuid(const char *text, size_t len)
+{
+    return len > 4 && len < VGPU_REGION_UUID_BYTES && strncmp(text, "GPU-", 4) == 0;
+}
+
+int vgpu_assigned_position(const char *assigned, const char *uuid)
+{
+    if (assigned == NULL || assigned[0] == '\0')
+        return VGPU_DEVICE_NO_LIST;
+    int position = VGPU_DEVICE_NOT_ASSIGNED, index = 0;
+    size_t uuid_len = strlen(uuid);
+    for (const char *at = assigned;; index++) {
+        size_t len = strcspn(at, ",");
+        if (!is_gpu_uuid(at, len) || index == VGPU_REGION_MAX_DEVICES)
+            return VGPU_DEVICE_NO_LIST;
+        if (position < 0 && len == uuid_len && strncasecmp(at, uuid, len) == 0)
+            position = index;
+        if (at[len] == '\0')
+            return position;
+        at += len + 1;
+    }
+}
+
+/* The settings file's list of the assigned GPUs; NULL where the settings are the environment's
+ * (HAMi-core's contract), which any process of the container may change. */
+static const char *assigned_list(void)
+{
+    const struct vgpu_settings *s = vgpu_settings();
+    return s != NULL && s->from_file ? vgpu_settings_lookup(s, "NVIDIA_VISIBLE_DEVICES") : NULL;
+}
+
+/* Whether assigned names the GPUs by UUID (no UUID is empty, so none is found). */
+static int names_gpus(const char *assigned)
+{
+    return vgpu_assigned_position(assigned, "") != VGPU_DEVICE_NO_LIST;
+}
+
+static int record_from_list(const char *assigned, int dev, const char *uuid)
+{
+    int position = vgpu_assigned_position(assigned, uuid);
+    if (position == VGPU_DEVICE_NOT_ASSIGNED)
+        vgpu_log(VGPU_LOG_ERROR, "CUDA device %d is %s, which the device plugin did not assign to "
+                 "this container (%s names %s): nothing may be made or allocated on it. Give the "
+                 "pod no NVIDIA_VISIBLE_DEVICES of its own and run it unprivileged",
+                 dev, uuid, vgpu_settings_path, assigned);
+    else if (vgpu_region_set_uuid(position, uuid) != 0)
+        vgpu_log(VGPU_LOG_WARN, "the shared region names another GPU than %s for device record "
+                 "%d; the settings file's list is kept", uuid, position);
+    return position;
+}
+
+static int record_from_region(int dev, const char *uuid)
+{
+    int record = vgpu_region_claim_record(uuid, dev);
+    if (record < 0)
+        vgpu_log(VGPU_LOG_ERROR, "CUDA device %d (%s): every device record of the shared region "
+                 "names another GPU; nothing may be made or allocated on it", dev, uuid);
+    return record < 0 ? VGPU_DEVICE_NOT_ASSIGNED : record;
+}
+
+void vgpu_devices_learn(int count, const char uuids[][VGPU_REGION_UUID_BYTES])
+{
+    pthread_mutex_lock(&learn_lock);
+    if (!__atomic_load_n(&learnt, __ATOMIC_ACQUIRE)) {
+        const char *assigned = assigned_list();
+        int listed = names_gpus(assigned);
+        if (assigned != NULL && !listed)
+            vgpu_log(VGPU_LOG_WARN, "%s: NVIDIA_VISIBLE_DEVICES=%s does not name the GPUs by UUID; "
+                     "devices are matched to limits in the order processes meet them",
+                     vgpu_settings_path, assigned);
+        for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
+            const char *uuid = dev < count ? uuids[dev] : "";
+            if (uuid[0] == '\0')
+                records[dev] = dev; /* unreadable (or no such device): as before any map */
+            else
+                records[dev] = listed ? record_from_list(assigned, dev, uuid)
+                                      : record_from_region(dev, uuid);
+        }
+        __atomic_store_n(&learnt, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&learn_lock);
+}
+
+int vgpu_device_record(int dev)
+{
+    if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES)
+        return VGPU_DEVICE_NOT_ASSIGNED;
+    return __atomic_load_n(&learnt, __ATOMIC_ACQUIRE) ? records[dev] : dev;
+}
+
+int vgpu_device_record_of_uuid(const char *uuid)
+{
+    int position = vgpu_assigned_position(assigned_list(), uuid);
+    return position != VGPU_DEVICE_NO_LIST ? position : vgpu_region_find_uuid(uuid);
+}

@@ -1,0 +1,214 @@
+/* test_devices.c - each GPU keeps its own cap whatever CUDA ordinal a process gives it
+ * (src/devices.c). Over the fake driver with two GPUs, A (ordinal 0 by default) and B:
+ *
+ *   swapped     limits from the environment: a process that swaps the GPUs with
+ *               CUDA_VISIBLE_DEVICES=1,0 still finds A full and B under B's cap;
+ *   listed      the settings file assigns B then A (NVIDIA_VISIBLE_DEVICES): the limits follow
+ *               that order, not CUDA's;
+ *   unassigned  the settings file assigns A only: nothing is made or allocated on B.
+ *
+ * tests/run.sh runs swapped with CUDA_DEVICE_MEMORY_LIMIT_0=1g and _1=2g, and the other two under
+ * a settings file (listed: _0=2g for B, _1=1g for A; unassigned: _0=1g). */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <nvml.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "region_view.h"
+
+static const uint64_t MiB = UINT64_C(1) << 20;
+static const char gpu_a[] = "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f"; /* the fake's GPU 0 */
+static const char gpu_b[] = "GPU-20212223-2425-2627-2829-2a2b2c2d2e2f"; /* and GPU 1 */
+static const char *self_path;
+
+/* Makes ordinal dev's primary context current; its rc. */
+static CUresult use_device(int dev)
+{
+    CUcontext ctx;
+    CUresult rc = cuDevicePrimaryCtxRetain(&ctx, dev);
+    return rc == CUDA_SUCCESS ? cuCtxSetCurrent(ctx) : rc;
+}
+
+/* The cap the current context's device shows (cuMemGetInfo's total), in MiB; 0 on error. */
+static uint64_t total_mib(void)
+{
+    size_t free_b, total_b;
+    return cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS ? total_b / MiB : 0;
+}
+
+/* NVML's total and used for the GPU NVML numbers index (the hook's view), in MiB. */
+static int nvml_memory(unsigned int index, uint64_t *total, uint64_t *used)
+{
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    nvmlReturn_t (*init)(void) = lib ? (nvmlReturn_t(*)(void))dlsym(lib, "nvmlInit_v2") : NULL;
+    nvmlReturn_t (*by_index)(unsigned int, nvmlDevice_t *) =
+        lib ? (nvmlReturn_t(*)(unsigned int, nvmlDevice_t *))dlsym(lib, "nvmlDeviceGetHandleByIndex_v2")
+            : NULL;
+    nvmlReturn_t (*memory)(nvmlDevice_t, nvmlMemory_t *) =
+        lib ? (nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_t *))dlsym(lib, "nvmlDeviceGetMemoryInfo")
+            : NULL;
+    nvmlDevice_t device;
+    nvmlMemory_t m;
+    if (init == NULL || by_index == NULL || memory == NULL || init() != NVML_SUCCESS ||
+        by_index(index, &device) != NVML_SUCCESS || memory(device, &m) != NVML_SUCCESS)
+        return -1;
+    *total = m.total / MiB;
+    *used = m.used / MiB;
+    return 0;
+}
+
+/* Runs this program as `mode` with CUDA_VISIBLE_DEVICES=visible; 1 when it exited 0. */
+static int child_passes(const char *mode, const char *visible)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("CUDA_VISIBLE_DEVICES", visible, 1);
+        execl(self_path, self_path, mode, (char *)NULL);
+        _exit(4);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+static int record_names(const struct vgpu_region *r, int record, const char *uuid)
+{
+    return r != NULL && r->devices[record].uuid_state == VGPU_UUID_SET &&
+           strcmp(r->devices[record].uuid, uuid) == 0;
+}
+
+/* ---- swapped ------------------------------------------------------------------------------ */
+
+/* CUDA_VISIBLE_DEVICES=1,0: ordinal 0 is B, ordinal 1 is A (which the parent filled). */
+static int swapped_child(void)
+{
+    CUdeviceptr p;
+    check(cuInit(0) == CUDA_SUCCESS && use_device(1) == CUDA_SUCCESS, "[1,0] CUDA on ordinal 1");
+    uint64_t shown = total_mib();
+    check(shown == 1024 && cuMemAlloc_v2(&p, 64 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
+          "[1,0] ordinal 1 is GPU A: its 1 GiB cap (%llu MiB shown), full (the parent holds "
+          "it), 64 MiB refused", (unsigned long long)shown);
+    CUresult rc = use_device(0);
+    shown = total_mib();
+    check(rc == CUDA_SUCCESS && shown == 2048 && cuMemAlloc_v2(&p, 1536 * MiB) == CUDA_SUCCESS,
+          "[1,0] ordinal 0 is GPU B: its 2 GiB cap (%llu MiB shown), 1.5 GiB allocated",
+          (unsigned long long)shown);
+    uint64_t total = 0, used = 0;
+    int nvml_rc = nvml_memory(0, &total, &used);
+    check(nvml_rc == 0 && total == 1024 && used == 1024,
+          "[1,0] NVML's GPU 0 (A): 1 GiB cap, 1 GiB used (%llu / %llu MiB)",
+          (unsigned long long)used, (unsigned long long)total);
+    return check_done("test_devices swapped-child");
+}
+
+/* CUDA_VISIBLE_DEVICES=<B's UUID>: the process sees B alone, as ordinal 0. */
+static int only_b_child(void)
+{
+    CUresult rc = cuInit(0) == CUDA_SUCCESS ? use_device(0) : CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t shown = total_mib();
+    check(rc == CUDA_SUCCESS && shown == 2048, "[B] its only device shows B's 2 GiB cap (%llu MiB)",
+          (unsigned long long)shown);
+    return check_done("test_devices only-b-child");
+}
+
+static int swapped(void)
+{
+    CUdeviceptr p;
+    check(cuInit(0) == CUDA_SUCCESS && use_device(0) == CUDA_SUCCESS &&
+          cuMemAlloc_v2(&p, 1024 * MiB) == CUDA_SUCCESS,
+          "default order: GPU A (ordinal 0) filled to its 1 GiB cap");
+    check(child_passes("swapped-child", "1,0"), "a process that swaps the GPUs keeps both caps");
+    check(child_passes("only-b-child", gpu_b), "a process that sees B alone has B's cap");
+    const struct vgpu_region *r = region_view();
+    check(record_names(r, 0, gpu_a) && record_names(r, 1, gpu_b),
+          "the region's records name A then B, as the first process met them");
+    check(r != NULL && r->devices[0].used_bytes == 1024 * MiB && r->devices[1].used_bytes == 0,
+          "A's record holds the parent's 1 GiB, B's nothing once the children are gone");
+    return check_done("test_devices swapped");
+}
+
+/* ---- listed ------------------------------------------------------------------------------- */
+
+static int listed_child(void)
+{
+    CUresult rc = cuInit(0) == CUDA_SUCCESS ? use_device(0) : CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t shown = total_mib();
+    check(rc == CUDA_SUCCESS && shown == 2048,
+          "[1,0] ordinal 0 is B: the file's first cap, 2 GiB (%llu MiB)", (unsigned long long)shown);
+    return check_done("test_devices listed-child");
+}
+
+static int listed(void)
+{
+    CUresult rc = cuInit(0) == CUDA_SUCCESS ? use_device(0) : CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t shown = total_mib();
+    check(rc == CUDA_SUCCESS && shown == 1024,
+          "ordinal 0 is A, the file's second GPU: its 1 GiB cap (%llu MiB)",
+          (unsigned long long)shown);
+    rc = use_device(1);
+    shown = total_mib();
+    check(rc == CUDA_SUCCESS && shown == 2048,
+          "ordinal 1 is B, the file's first GPU: its 2 GiB cap (%llu MiB)",
+          (unsigned long long)shown);
+    uint64_t total = 0, used = 0;
+    int nvml_rc = nvml_memory(0, &total, &used);
+    check(nvml_rc == 0 && total == 1024,
+          "NVML's GPU 0 (A) shows A's cap (%llu MiB)", (unsigned long long)total);
+    check(child_passes("listed-child", "1,0"), "so does a process that swaps them");
+    const struct vgpu_region *r = region_view();
+    check(record_names(r, 0, gpu_b) && record_names(r, 1, gpu_a),
+          "the region's records name B then A, the file's order");
+    return check_done("test_devices listed");
+}
+
+/* ---- unassigned --------------------------------------------------------------------------- */
+
+static int unassigned(void)
+{
+    CUcontext ctx;
+    CUdeviceptr p;
+    check(cuInit(0) == CUDA_SUCCESS, "cuInit");
+    check(cuDevicePrimaryCtxRetain(&ctx, 1) == CUDA_ERROR_NOT_PERMITTED &&
+          cuCtxCreate_v2(&ctx, 0, 1) == CUDA_ERROR_NOT_PERMITTED,
+          "GPU B, which the file does not assign: no context on it, primary or created");
+    CUresult rc = use_device(0);
+    uint64_t shown = total_mib();
+    check(rc == CUDA_SUCCESS && shown == 1024 && cuMemAlloc_v2(&p, 512 * MiB) == CUDA_SUCCESS,
+          "GPU A, assigned: its 1 GiB cap (%llu MiB), 512 MiB allocated",
+          (unsigned long long)shown);
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1}};
+    CUmemGenericAllocationHandle handle;
+    check(cuMemCreate(&handle, 2 * MiB, &prop, 0) == CUDA_ERROR_OUT_OF_MEMORY,
+          "cuMemCreate on B from A's context: refused");
+    return check_done("test_devices unassigned");
+}
+
+int main(int argc, char **argv)
+{
+    self_path = argv[0];
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (strcmp(mode, "swapped") == 0)
+        return swapped();
+    if (strcmp(mode, "swapped-child") == 0)
+        return swapped_child();
+    if (strcmp(mode, "only-b-child") == 0)
+        return only_b_child();
+    if (strcmp(mode, "listed") == 0)
+        return listed();
+    if (strcmp(mode, "listed-child") == 0)
+        return listed_child();
+    if (strcmp(mode, "unassigned") == 0)
+        return unassigned();
+    fprintf(stderr, "usage: %s swapped|listed|unassigned\n", argv[0]);
+    return 2;
+}
