@@ -216,7 +216,3 @@ VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver
     swap_for_wrapper(rc, pfn);
     return rc;
 }
-
-
-/* Normal exit: give this process's memory back now rather than at the next reap. */
-__attribute__((destructor)) static void on_exit_release(void) { vgpu_region_detach(); }

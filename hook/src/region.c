@@ -35,7 +35,6 @@ static uint32_t sm_percent[VGPU_REGION_MAX_DEVICES];
 static int any_limit; /* some device has a memory cap (chosen with limit_bytes) */
 static int my_slot = -1;               /* -1: none claimed yet in this process */
 static int slot_unavailable;           /* all slots taken: this process cannot allocate */
-static int detached;                   /* exit: the ledger was handed back already */
 static int fork_reopen_failed;         /* a forked child could not get its own description */
 static pthread_once_t attach_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER; /* claim and reap, in-process */
@@ -340,15 +339,14 @@ static int ensure_slot(struct vgpu_region *r)
 static int add_to_ledger(int dev, uint64_t bytes, uint64_t limit)
 {
     struct vgpu_region *r = vgpu_region_get();
-    if (r == NULL || !intact(r) || __atomic_load_n(&detached, __ATOMIC_ACQUIRE))
+    if (r == NULL || !intact(r))
         return -2;
     int slot = ensure_slot(r);
     if (slot < 0)
         return -2;
     struct vgpu_ledger l = ledger_of(r, (uint32_t)slot);
     vgpu_ledger_lock(&l, 0);
-    int rc = __atomic_load_n(&detached, __ATOMIC_ACQUIRE) || !intact(r)
-           ? -2 : vgpu_ledger_add(&l, (uint32_t)slot, dev, bytes, limit);
+    int rc = !intact(r) ? -2 : vgpu_ledger_add(&l, (uint32_t)slot, dev, bytes, limit);
     if (rc == 0 && !intact(r))
         rc = -2; /* truncated during the change: it went to the private zeros, refuse */
     vgpu_ledger_unlock(&l);
@@ -379,9 +377,7 @@ void vgpu_region_release(int dev, uint64_t bytes)
         return;
     struct vgpu_ledger l = ledger_of(r, (uint32_t)slot);
     vgpu_ledger_lock(&l, 0);
-    if (!__atomic_load_n(&detached, __ATOMIC_ACQUIRE)) /* a late free during exit: detach
-                                                          returned everything already */
-        vgpu_ledger_sub(&l, (uint32_t)slot, dev, bytes);
+    vgpu_ledger_sub(&l, (uint32_t)slot, dev, bytes);
     vgpu_ledger_unlock(&l);
 }
 
@@ -621,26 +617,4 @@ void vgpu_region_unlock_discovery(int dev)
     dev = vgpu_device_record(dev);
     if (dev >= 0)
         byte_lock(F_OFD_SETLK, F_UNLCK, VGPU_REGION_DISCOVERY_LOCK_OFFSET + (uint64_t)dev);
-}
-
-void vgpu_region_detach(void)
-{
-    struct vgpu_region *r = __atomic_load_n(&region, __ATOMIC_ACQUIRE);
-    if (r == NULL || my_slot < 0)
-        return;
-    /* At exit another thread may be inside a claim or a reap (even blocked on another process's
-     * lock): never wait for it here. Skipping is safe, the slot is reaped once we are gone. */
-    if (pthread_mutex_trylock(&slot_lock) != 0)
-        return;
-    uint32_t slot = (uint32_t)my_slot;
-    struct vgpu_ledger l = ledger_of(r, slot);
-    if (vgpu_ledger_lock(&l, 200) == 0) {
-        vgpu_ledger_drain(&l, slot);
-        set_owner(&r->slots[slot], 0);
-        __atomic_store_n(&detached, 1, __ATOMIC_RELEASE);
-        vgpu_ledger_unlock(&l);
-        disown(slot);
-        my_slot = -1;
-    }
-    pthread_mutex_unlock(&slot_lock);
 }

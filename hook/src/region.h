@@ -92,7 +92,4 @@ void vgpu_region_note_context(int dev, uint64_t measured, uint64_t all_devices);
 int vgpu_region_lock_discovery(int dev, unsigned patience_ms);
 void vgpu_region_unlock_discovery(int dev);
 
-/* Gives this process's ledger back and frees its slot (normal exit). */
-void vgpu_region_detach(void);
-
 #endif

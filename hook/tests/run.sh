@@ -91,6 +91,7 @@ chmod 711 "$tmp" && mkdir -m 755 "$tmp/shared"
 run uids CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/shared/uids.cache" CUDA_DEVICE_MEMORY_LIMIT=1g \
     "$build/tests/test_multiproc" uids
 run deleted CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" deleted
+run lingering-exit CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" lingering-exit
 run truncated CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" truncated
 run kill-threads CUDA_DEVICE_MEMORY_LIMIT=1g LIBCUDA_LOG_LEVEL=0 \
     "$build/tests/test_multiproc" kill-threads

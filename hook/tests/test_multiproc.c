@@ -16,7 +16,9 @@
  *                uses the peer's region (the window held open by late_open.so); then
  *                TOGETHER_ROUNDS rounds of 16 processes starting at once where there is no region
  *                file yet: every one gets CUDA, and all share one region
- *   refused-child, uids-child, together-child: run after exec by the modes above. */
+ *   lingering-exit  a process that returns from main without freeing, held alive by a library
+ *                destructor that runs after libvgpu's (linger.so): its memory stays counted
+ *   refused-child, uids-child, together-child, linger-child: run after exec by the modes above. */
 #include <cuda.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -129,6 +131,20 @@ static int exited_ok(pid_t pid)
     return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
+/* A process of the container that allocates and frees 2 MiB: its slot claim reaps the dead
+ * (the only way a process's memory comes back once it is gone). */
+static void reap_by_a_new_process(void)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        cuda_start();
+        CUdeviceptr p;
+        _exit(cuMemAlloc_v2(&p, 2 * MiB) == CUDA_SUCCESS && cuMemFree_v2(p) == CUDA_SUCCESS ? 0 : 1);
+    }
+    wait_status(pid);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -231,12 +247,16 @@ static void kill_holder(void)
         cuda_start();
         CUdeviceptr p;
         int fine = cuMemAlloc_v2(&p, 900 * MiB) == CUDA_SUCCESS && seen_used() == 900 * MiB;
-        exit(fine ? 0 : 1); /* exit, not _exit: the library gives the memory back at exit */
+        exit(fine ? 0 : 1); /* a normal exit, without freeing */
     }
     check(exited_ok(next), "a new process gets 900 MiB: the killed process's 800 MiB came back");
     check(region->header.reaped_slots >= 1, "reaped_slots counts it (%llu)",
           (unsigned long long)region->header.reaped_slots);
-    check(used(0) == 0, "after a normal exit the region is back to 0 (%llu)",
+    check(used(0) == 900 * MiB && find_slot(next) >= 0 && slot_holder((uint32_t)find_slot(next)) == 0,
+          "after a normal exit its 900 MiB stay counted, its slot dead, until reaped (%llu MiB)",
+          (unsigned long long)(used(0) / MiB));
+    reap_by_a_new_process();
+    check(used(0) == 0, "a new process's first allocation reaps it: the region is back to 0 (%llu)",
           (unsigned long long)used(0));
 }
 
@@ -302,7 +322,8 @@ static void fork_and_exec(const char *self)
     }
     check(exited_ok(child), "fork: the child sees the parent's slot live and its 300 MiB, adds "
           "200 in its own slot, and cannot release the parent's");
-    check(used(0) == 300 * MiB, "after the child exits: 300 MiB (%llu MiB)",
+    reap_by_a_new_process();
+    check(used(0) == 300 * MiB, "once the child is gone and reaped: 300 MiB (%llu MiB)",
           (unsigned long long)(used(0) / MiB));
 
     child = fork();
@@ -312,13 +333,14 @@ static void fork_and_exec(const char *self)
         _exit(3);
     }
     check(exited_ok(child), "exec: a new image allocates 100 MiB against the same region (400)");
-    check(used(0) == 300 * MiB, "after it exits: 300 MiB");
+    reap_by_a_new_process();
+    check(used(0) == 300 * MiB, "once it is gone and reaped: 300 MiB");
 
     child = fork();
     if (child == 0) {
         CUdeviceptr p;
         cuMemAlloc_v2(&p, 200 * MiB);
-        _exit(0); /* no destructors: only reaping can give this back */
+        _exit(0); /* no destructors: as with exit, only reaping gives this back */
     }
     wait_status(child);
     check(used(0) == 500 * MiB, "_exit without cleanup leaves 200 MiB counted for now");
@@ -738,7 +760,9 @@ static void hammer(void)
         exit(cuMemAlloc_v2(&p, cap_bytes) == CUDA_SUCCESS ? 0 : 1);
     }
     check(exited_ok(last), "afterwards a new process gets the whole cap (killed ones reaped)");
-    check(used(0) == 0, "and the region is back to 0 (%llu)", (unsigned long long)used(0));
+    reap_by_a_new_process();
+    check(used(0) == 0, "and the region is back to 0 once that one is reaped (%llu)",
+          (unsigned long long)used(0));
 }
 
 /* ---- together ------------------------------------------------------------------------------ */
@@ -899,6 +923,63 @@ static void together(void)
           r, rounds, TOGETHER, fine, (unsigned long long)mib);
 }
 
+/* ---- lingering exit ------------------------------------------------------------------------ */
+
+/* Allocates 800 MiB and returns from main without freeing (linger.so keeps it alive after). */
+static int linger_child(void)
+{
+    cuda_start();
+    CUdeviceptr p;
+    return cuMemAlloc_v2(&p, 800 * MiB) == CUDA_SUCCESS ? 0 : 1;
+}
+
+/* Memory handed back at exit, before the process let go of it, was another process's to take
+ * while a later destructor kept it alive (or the driver took its time): a cap of 1 GiB held
+ * 3.2 GiB with four such processes. It stays counted until the process is gone. */
+static void lingering_exit(void)
+{
+    char lib[4200], preload[8600];
+    const char *slash = strrchr(self_path, '/');
+    snprintf(lib, sizeof lib, "%.*slinger.so", slash != NULL ? (int)(slash + 1 - self_path) : 0,
+             self_path);
+    const char *before = getenv("LD_PRELOAD");
+    snprintf(preload, sizeof preload, "%s %s", before != NULL ? before : "", lib);
+    int said[2], go[2];
+    if (pipe(said) != 0 || pipe(go) != 0) {
+        check(0, "pipes: %s", strerror(errno));
+        return;
+    }
+    fflush(stdout);
+    pid_t kid = fork();
+    if (kid == 0) {
+        if (dup2(said[1], 20) != 20 || dup2(go[0], 21) != 21)
+            _exit(3);
+        setenv("LINGER_FD", "20", 1);
+        setenv("LINGER_GO", "21", 1);
+        setenv("LD_PRELOAD", preload, 1);
+        close(said[0]);
+        close(go[1]);
+        execl(self_path, self_path, "linger-child", (char *)NULL);
+        _exit(4);
+    }
+    close(said[1]);
+    close(go[0]);
+    char byte = 0;
+    check(read(said[0], &byte, 1) == 1 && byte == 'l',
+          "a process allocated 800 MiB, returned from main, and lingers in a later destructor");
+    check(used(0) == 800 * MiB, "its 800 MiB are still counted (%llu MiB)",
+          (unsigned long long)(used(0) / MiB));
+    cuda_start();
+    CUdeviceptr p;
+    check(cuMemAlloc_v2(&p, 800 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
+          "so another process is refused 800 MiB under the 1 GiB cap");
+    close(go[1]);
+    check(exited_ok(kid), "the lingering process then exits");
+    check(cuMemAlloc_v2(&p, 800 * MiB) == CUDA_SUCCESS,
+          "once it is gone, its 800 MiB are reaped and the other process gets them");
+    close(said[0]);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -911,6 +992,8 @@ int main(int argc, char **argv)
         return refused_child();
     if (strcmp(mode, "together-child") == 0)
         return together_child();
+    if (strcmp(mode, "linger-child") == 0)
+        return linger_child();
     if (strcmp(mode, "together") == 0) { /* each round makes its own region */
         together();
         return check_done("test_multiproc together");
@@ -935,6 +1018,10 @@ int main(int argc, char **argv)
     if (strcmp(mode, "deleted") == 0) {
         deleted();
         return check_done("test_multiproc deleted");
+    }
+    if (strcmp(mode, "lingering-exit") == 0) {
+        lingering_exit();
+        return check_done("test_multiproc lingering-exit");
     }
     if (strcmp(mode, "kill-threads") == 0) {
         kill_threads();

@@ -77,7 +77,7 @@ def test_parse_rejects_what_it_does_not_know(data: bytes, error: type[Exception]
 
 def test_scan_and_metrics_name_the_container_and_sum_per_gpu(tmp_path: Path) -> None:
     devices = [(GPU_A, 3000 * MIB, 1000 * MIB), (GPU_B, 3000 * MIB, 200 * MIB)]
-    write_container(tmp_path, "cuda-app", region_bytes(devices, [(41, [1000 * MIB, 200 * MIB], 5)]))
+    write_container(tmp_path, "cuda-app", region_bytes(devices, []))
     write_container(tmp_path, "other", region_bytes([(GPU_A, 2000 * MIB, 500 * MIB)], []))
     (tmp_path / f"{POD_UID}_empty").mkdir()  # no CUDA process yet
     write_container(tmp_path, "garbage", b"\x01" * 300)  # logged and skipped
@@ -96,7 +96,17 @@ def test_scan_and_metrics_name_the_container_and_sum_per_gpu(tmp_path: Path) -> 
     assert per_gpu == {GPU_A: 1500 * MIB, GPU_B: 200 * MIB}
     limits = {s.labels["deviceuuid"]: s.value for s in families["vgpu_gpu_memory_limit_bytes"].samples}
     assert limits == {GPU_A: 5000 * MIB, GPU_B: 3000 * MIB}
-    # The slot's owner is not alive (nobody holds its lock byte): no process, no last-kernel age.
+    assert {s.value for s in families["vgpu_container_processes"].samples} == {0}
+
+
+def test_a_dead_process_is_counted_against_the_cap_not_reported_in_use(tmp_path: Path) -> None:
+    # Its slot's owner is not alive (nobody holds its lock byte): libvgpu keeps its 1000 MiB in
+    # the device total until a process of the container reaps the slot; nothing uses them.
+    devices = [(GPU_A, 3000 * MIB, 1200 * MIB)]
+    write_container(tmp_path, "cuda-app", region_bytes(devices, [(41, [1000 * MIB], 5)]))
+    families = {m.name: m for m in metrics(scan(str(tmp_path)), {}, now_ns=0)}
+    assert [s.value for s in families["vgpu_container_memory_used_bytes"].samples] == [200 * MIB]
+    assert _by_gpu(families, "vgpu_gpu_memory_used_bytes") == {GPU_A: 200 * MIB}
     assert {s.value for s in families["vgpu_container_processes"].samples} == {0}
     assert families["vgpu_container_last_kernel_age_seconds"].samples == []
 

@@ -252,14 +252,19 @@ def test_the_monitor_reads_what_libvgpu_wrote(container: Container) -> None:
                     assert exported[legacy, labels] == exported[name, labels]
         assert exported["vgpu_container_processes", _labels()] == 2
 
-        # B exits: its 50 MiB go back and its slot is no longer live (freed, or dead until reaped).
+        # B exits: its slot is no longer live. Its 50 MiB stay counted against the cap until a
+        # process of the container reaps the slot (libvgpu gives nothing back while a process may
+        # still hold it), and are no longer reported in use.
         container.stop(second)
         found = container.scanned()
         assert [(d.index, d.used_bytes, d.peak_bytes) for d in found.region.devices] == [
-            (0, 300 * MIB, 500 * MIB), (1, 100 * MIB, 100 * MIB)]
+            (0, 350 * MIB, 500 * MIB), (1, 100 * MIB, 100 * MIB)]
         assert found.live_slots == {0}
         assert [s.pid for s in found.region.slots if s.slot in found.live_slots] == [first.pid]
-        assert _exported(found, now)["vgpu_container_processes", _labels()] == 1
+        exported = _exported(found, now)
+        assert exported["vgpu_container_processes", _labels()] == 1
+        assert exported["vgpu_container_memory_used_bytes", _labels(0)] == 300 * MIB
+        assert exported["vgpu_gpu_memory_used_bytes", (("deviceuuid", UUIDS[0]), ("zone", "vGPU"))] == 300 * MIB
 
 
 def test_the_monitor_shows_the_counted_context_memory(container: Container, tmp_path: Path) -> None:

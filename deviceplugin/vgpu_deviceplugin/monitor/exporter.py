@@ -97,6 +97,9 @@ def metrics(
         base = [ZONE, c.pod_uid, namespace, name, c.container]
         processes.add_metric(base, len(c.live_slots))
         live = [s for s in c.region.slots if s.slot in c.live_slots]
+        # A dead process's ledger stays in the device total until a process of the container
+        # reaps it (hook/README.md "Live or dead"): counted against the cap, no longer in use.
+        dead = [s for s in c.region.slots if s.slot not in c.live_slots]
         context.add_metric(base, sum(s.context_bytes for s in live))
         assigned = c.assigned
         unfit = records_fit(assigned, [(d.index, d.uuid) for d in c.region.devices]) if assigned else ""
@@ -105,7 +108,8 @@ def metrics(
         for dev in () if unfit else c.region.devices:
             capped = assigned.memory_limit(dev.index) if assigned else dev.limit_bytes
             labels = [*base, str(dev.index), dev.uuid]
-            usage.add_metric(labels, dev.used_bytes)
+            in_use = max(0, dev.used_bytes - sum(s.used_bytes[dev.index] for s in dead))
+            usage.add_metric(labels, in_use)
             limit.add_metric(labels, capped)
             peak.add_metric(labels, dev.peak_bytes)
             sm.add_metric(labels, assigned.sm_limit_of(dev.index) if assigned else dev.sm_limit_percent)
@@ -114,7 +118,7 @@ def metrics(
             if launched > 0:
                 last_kernel.add_metric(labels, max(0.0, (now_ns - launched) / 1e9))
             sums = per_gpu.setdefault(dev.uuid, [0, 0])
-            sums[0] += dev.used_bytes
+            sums[0] += in_use
             sums[1] += capped
     for gpu_uuid, (used, capped) in sorted(per_gpu.items()):
         gpu_used.add_metric([ZONE, gpu_uuid], used)
