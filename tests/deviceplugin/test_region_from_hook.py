@@ -264,7 +264,8 @@ def test_the_monitor_reads_what_libvgpu_wrote(container: Container) -> None:
         exported = _exported(found, now)
         assert exported["vgpu_container_processes", _labels()] == 1
         assert exported["vgpu_container_memory_used_bytes", _labels(0)] == 300 * MIB
-        assert exported["vgpu_gpu_memory_used_bytes", (("deviceuuid", UUIDS[0]), ("zone", "vGPU"))] == 300 * MIB
+        gpu_0 = (("deviceuuid", UUIDS[0]), ("zone", "vGPU"))
+        assert exported["vgpu_gpu_memory_used_bytes", gpu_0] == 300 * MIB
 
 
 def test_the_monitor_shows_the_counted_context_memory(container: Container, tmp_path: Path) -> None:
