@@ -149,7 +149,8 @@ static void after_load(void)
     vgpu_footprint_init(vgpu_cuda_pool_cache);
 }
 
-/* Once the driver is up: which GPU each ordinal is (devices.h), then the SM limits of those. */
+/* Once the driver is up (the devices lock held): which GPU each ordinal is (devices.h), then
+ * the SM limits of those. */
 static void learn_devices(void)
 {
     static char uuids[VGPU_REGION_MAX_DEVICES][VGPU_REGION_UUID_BYTES];
@@ -179,10 +180,14 @@ VGPU_EXPORT CUresult cuInit(unsigned int flags)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!vgpu_region_usable())
         return CUDA_ERROR_NOT_PERMITTED;
+    static int learnt; /* under the devices lock */
+    vgpu_devices_lock();
     CUresult rc = real.cuInit(flags);
-    static pthread_once_t learnt = PTHREAD_ONCE_INIT;
-    if (rc == CUDA_SUCCESS)
-        pthread_once(&learnt, learn_devices);
+    if (rc == CUDA_SUCCESS && !learnt) {
+        learn_devices();
+        learnt = 1;
+    }
+    vgpu_devices_unlock();
     return rc;
 }
 

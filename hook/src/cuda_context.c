@@ -141,8 +141,7 @@ static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, CUco
 static CUresult begin_context(CUdevice dev, int (*makes_one)(int dev),
                               struct vgpu_context_probe *probe)
 {
-    if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES &&
-        vgpu_device_record((int)dev) == VGPU_DEVICE_NOT_ASSIGNED)
+    if (!vgpu_device_usable((int)dev))
         return CUDA_ERROR_NOT_PERMITTED;
     return vgpu_footprint_before_context((int)dev, makes_one, probe) == 0
                ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;

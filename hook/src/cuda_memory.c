@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "cuda_driver.h"
+#include "devices.h"
 #include "footprint.h"
 #include "log.h"
 #include "memory.h"
@@ -747,7 +748,10 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t by
     if (prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
         prop->location.id >= 0 && prop->location.id < VGPU_REGION_MAX_DEVICES)
         dev = prop->location.id;
-    if (!admit(dev, bytes, "cuMemCreate"))
+    /* An ordinal past the region's records is never one of the settings file's GPUs. */
+    int beyond = prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+                 prop->location.id >= VGPU_REGION_MAX_DEVICES;
+    if ((beyond && !vgpu_device_usable(prop->location.id)) || !admit(dev, bytes, "cuMemCreate"))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUmemGenericAllocationHandle h = 0;
     /* PyTorch's expandable segments allocate this way: the host pid is learnt here too. */

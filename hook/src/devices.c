@@ -3,6 +3,7 @@
 #include "devices.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -12,7 +13,28 @@
 
 static int records[VGPU_REGION_MAX_DEVICES]; /* of each CUDA ordinal, once learnt */
 static int learnt;                           /* atomic: records is set (release) */
+static int listed;                           /* the settings file names the GPUs (once learnt) */
 static pthread_mutex_t learn_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread int learning;                /* this thread holds learn_lock */
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+/* A fork child of a process whose other thread was learning: the lock is not its to wait for. */
+static void after_fork_child(void) { pthread_mutex_init(&learn_lock, NULL); }
+
+static void install_atfork(void) { pthread_atfork(NULL, NULL, after_fork_child); }
+
+void vgpu_devices_lock(void)
+{
+    pthread_once(&atfork_once, install_atfork);
+    pthread_mutex_lock(&learn_lock);
+    learning = 1;
+}
+
+void vgpu_devices_unlock(void)
+{
+    learning = 0;
+    pthread_mutex_unlock(&learn_lock);
+}
 
 static int is_gpu_uuid(const char *text, size_t len)
 {
@@ -65,9 +87,13 @@ static int record_from_list(const char *assigned, int dev, const char *uuid)
     return position;
 }
 
+/* The first-come table. The record a GPU takes first is its place in the environment's
+ * NVIDIA_VISIBLE_DEVICES (HAMi-core's plugin orders the limits so) where that names it, else its
+ * ordinal's: only a hint, since whichever process comes first fixes each GPU's record for all. */
 static int record_from_region(int dev, const char *uuid)
 {
-    int record = vgpu_region_claim_record(uuid, dev);
+    int hint = vgpu_assigned_position(secure_getenv("NVIDIA_VISIBLE_DEVICES"), uuid);
+    int record = vgpu_region_claim_record(uuid, hint >= 0 ? hint : dev);
     if (record < 0)
         vgpu_log(VGPU_LOG_ERROR, "CUDA device %d (%s): every device record of the shared region "
                  "names another GPU; nothing may be made or allocated on it", dev, uuid);
@@ -76,10 +102,9 @@ static int record_from_region(int dev, const char *uuid)
 
 void vgpu_devices_learn(int count, const char uuids[][VGPU_REGION_UUID_BYTES])
 {
-    pthread_mutex_lock(&learn_lock);
     if (!__atomic_load_n(&learnt, __ATOMIC_ACQUIRE)) {
         const char *assigned = assigned_list();
-        int listed = names_gpus(assigned);
+        listed = names_gpus(assigned);
         if (assigned != NULL && !listed)
             vgpu_log(VGPU_LOG_WARN, "%s: NVIDIA_VISIBLE_DEVICES=%s does not name the GPUs by UUID; "
                      "devices are matched to limits in the order processes meet them",
@@ -94,18 +119,40 @@ void vgpu_devices_learn(int count, const char uuids[][VGPU_REGION_UUID_BYTES])
         }
         __atomic_store_n(&learnt, 1, __ATOMIC_RELEASE);
     }
-    pthread_mutex_unlock(&learn_lock);
+}
+
+/* Whether the map is learnt; while another thread's cuInit is learning it (the driver is up for
+ * this thread already), waits for that to end. */
+static int map_learnt(void)
+{
+    if (!__atomic_load_n(&learnt, __ATOMIC_ACQUIRE) && !learning) {
+        pthread_mutex_lock(&learn_lock);
+        pthread_mutex_unlock(&learn_lock);
+    }
+    return __atomic_load_n(&learnt, __ATOMIC_ACQUIRE);
 }
 
 int vgpu_device_record(int dev)
 {
     if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES)
         return VGPU_DEVICE_NOT_ASSIGNED;
-    return __atomic_load_n(&learnt, __ATOMIC_ACQUIRE) ? records[dev] : dev;
+    return map_learnt() ? records[dev] : dev;
+}
+
+int vgpu_device_usable(int dev)
+{
+    if (dev < 0 || !map_learnt())
+        return 1; /* the driver answers for it */
+    if (dev >= VGPU_REGION_MAX_DEVICES)
+        return !listed; /* never one of the file's GPUs; past the region's records otherwise */
+    return records[dev] != VGPU_DEVICE_NOT_ASSIGNED;
 }
 
 int vgpu_device_record_of_uuid(const char *uuid)
 {
     int position = vgpu_assigned_position(assigned_list(), uuid);
-    return position != VGPU_DEVICE_NO_LIST ? position : vgpu_region_find_uuid(uuid);
+    if (position != VGPU_DEVICE_NO_LIST)
+        return position;
+    int record = vgpu_region_find_uuid(uuid);
+    return record >= 0 ? record : VGPU_DEVICE_NO_LIST;
 }

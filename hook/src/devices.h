@@ -21,22 +21,33 @@ enum {
  * empty entry, more than VGPU_REGION_MAX_DEVICES entries). UUIDs compare without regard to case. */
 int vgpu_assigned_position(const char *assigned, const char *uuid);
 
-/* Maps this process's count CUDA devices (uuids[i]: ordinal i's UUID, "" when unreadable) to
+/* cuInit's driver call and the learning of the map run under this lock: the driver is up for
+ * the process's other threads before the map is, and they wait for it (vgpu_device_record). */
+void vgpu_devices_lock(void);
+void vgpu_devices_unlock(void);
+
+/* With the lock held, maps this process's count CUDA devices (uuids[i]: ordinal i's UUID, "" when unreadable) to
  * records, once per process (later calls keep the first map):
  * - where the settings file names the assigned GPUs (vgpu_assigned_position), a GPU's record
  *   is its position there, and a GPU not listed gets none: nothing may be made or allocated on
  *   it (logged). The environment's list is not used: any process may change it;
  * - otherwise the record a process of the container first took for that UUID, else a free one
- *   (ordinal i's own when free): the region's first-come table.
+ *   (its place in the environment's NVIDIA_VISIBLE_DEVICES, else ordinal i's, when free): the
+ *   region's first-come table.
  * An ordinal whose UUID is unreadable keeps its own number as record. */
 void vgpu_devices_learn(int count, const char uuids[][VGPU_REGION_UUID_BYTES]);
 
 /* The record of CUDA device dev: as learnt, VGPU_DEVICE_NOT_ASSIGNED for a GPU not assigned or
- * a dev out of range; dev itself before anything is learnt. */
+ * a dev out of range; dev itself while no cuInit has succeeded (the driver is not up). */
 int vgpu_device_record(int dev);
 
+/* Whether anything may be made on CUDA device dev: not on a GPU not assigned, nor, where the
+ * settings file names the GPUs, on an ordinal past the region's records. */
+int vgpu_device_usable(int dev);
+
 /* The record of the GPU with this UUID (an NVML device, which may have no CUDA ordinal in this
- * process): its position in the settings file's list, else the region's table; -1 if none. */
+ * process): its position in the settings file's list (VGPU_DEVICE_NOT_ASSIGNED when not
+ * there), else the region's table (VGPU_DEVICE_NO_LIST when no process recorded it). */
 int vgpu_device_record_of_uuid(const char *uuid);
 
 #endif

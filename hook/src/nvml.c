@@ -58,13 +58,14 @@ struct vgpu_hook_lib vgpu_nvml_lib = {
     .count = sizeof hooks / sizeof hooks[0],
 };
 
-/* The region record of an NVML device: by its UUID (devices.h), else NVML's own index. */
+/* The region record of an NVML device: by its UUID (devices.h); a GPU the settings file does
+ * not name has none (its figures are the driver's); else NVML's own index. */
 static int record_of(nvmlDevice_t device)
 {
     char uuid[96];
     if (real.GetUUID != NULL && real.GetUUID(device, uuid, sizeof uuid) == NVML_SUCCESS) {
         int record = vgpu_device_record_of_uuid(uuid);
-        if (record >= 0)
+        if (record != VGPU_DEVICE_NO_LIST)
             return record;
     }
     unsigned int index;

@@ -429,31 +429,30 @@ void vgpu_region_count_refusal(int dev)
         __atomic_add_fetch(&r->devices[record].oom_refusals, 1, __ATOMIC_RELAXED);
 }
 
-/* A record's UUID state once another process's write of it (a few stores) is over; WRITING
- * still when the writer died in between (then no GPU's, for good). */
-static uint32_t uuid_state(struct vgpu_region_device *d)
+/* Records are written only under the records lock (header byte 104), held for a few stores: a
+ * reader that meets one being written waits a moment. A record still WRITING when the lock is
+ * ours was left by a writer that died in between: it is no GPU's and may be taken. */
+static int lock_records(void)
 {
-    uint32_t state;
-    for (int spins = 0; spins < 10000; spins++) {
-        state = __atomic_load_n(&d->uuid_state, __ATOMIC_ACQUIRE);
-        if (state != VGPU_UUID_WRITING)
-            return state;
-        sched_yield();
+    for (unsigned waited = 0;; waited++) {
+        if (byte_lock(F_OFD_SETLK, F_WRLCK, VGPU_REGION_RECORDS_LOCK_OFFSET) == 0)
+            return 0;
+        if ((errno != EAGAIN && errno != EACCES && errno != EINTR) || waited >= 2000)
+            return -1; /* 2 s: a holder stopped (SIGSTOP) or the lock unusable */
+        usleep(1000);
     }
-    return VGPU_UUID_WRITING;
 }
 
-/* Writes uuid into an UNSET record: 1, or 0 when another process set it first. */
-static int take_record(struct vgpu_region_device *d, const char *uuid)
+static void unlock_records(void) { byte_lock(F_OFD_SETLK, F_UNLCK, VGPU_REGION_RECORDS_LOCK_OFFSET); }
+
+static uint32_t uuid_state(struct vgpu_region_device *d)
 {
-    uint32_t expected = VGPU_UUID_UNSET;
-    if (!__atomic_compare_exchange_n(&d->uuid_state, &expected, VGPU_UUID_WRITING, 0,
-                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-        return 0;
-    strncpy(d->uuid, uuid, sizeof d->uuid - 1);
-    d->uuid[sizeof d->uuid - 1] = '\0';
-    __atomic_store_n(&d->uuid_state, VGPU_UUID_SET, __ATOMIC_RELEASE);
-    return 1;
+    uint32_t state = __atomic_load_n(&d->uuid_state, __ATOMIC_ACQUIRE);
+    for (int spins = 0; state == VGPU_UUID_WRITING && spins < 1000; spins++) {
+        sched_yield();
+        state = __atomic_load_n(&d->uuid_state, __ATOMIC_ACQUIRE);
+    }
+    return state;
 }
 
 static int names(struct vgpu_region_device *d, const char *uuid)
@@ -461,13 +460,33 @@ static int names(struct vgpu_region_device *d, const char *uuid)
     return uuid_state(d) == VGPU_UUID_SET && strncasecmp(d->uuid, uuid, sizeof d->uuid) == 0;
 }
 
+/* Writes uuid into d; the records lock is held, so no other writer is live. */
+static void write_record(struct vgpu_region_device *d, const char *uuid)
+{
+    __atomic_store_n(&d->uuid_state, VGPU_UUID_WRITING, __ATOMIC_RELEASE);
+    strncpy(d->uuid, uuid, sizeof d->uuid - 1);
+    d->uuid[sizeof d->uuid - 1] = '\0';
+    __atomic_store_n(&d->uuid_state, VGPU_UUID_SET, __ATOMIC_RELEASE);
+}
+
+static int free_record(const struct vgpu_region_device *d)
+{
+    return __atomic_load_n(&d->uuid_state, __ATOMIC_ACQUIRE) != VGPU_UUID_SET;
+}
+
 int vgpu_region_set_uuid(int record, const char *uuid)
 {
     struct vgpu_region *r = vgpu_region_get();
-    if (r == NULL)
+    if (r == NULL || record < 0 || record >= VGPU_REGION_MAX_DEVICES || lock_records() != 0)
         return 0;
     struct vgpu_region_device *d = &r->devices[record];
-    return take_record(d, uuid) || names(d, uuid) ? 0 : -1;
+    int rc = 0;
+    if (free_record(d))
+        write_record(d, uuid);
+    else if (!names(d, uuid))
+        rc = -1;
+    unlock_records();
+    return rc;
 }
 
 int vgpu_region_find_uuid(const char *uuid)
@@ -482,21 +501,19 @@ int vgpu_region_find_uuid(const char *uuid)
 int vgpu_region_claim_record(const char *uuid, int preferred)
 {
     struct vgpu_region *r = vgpu_region_get();
-    if (r == NULL)
+    if (r == NULL || lock_records() != 0)
         return -1;
-    /* Every failed take is another process taking a record: at most one round per record. */
-    for (int round = 0; round <= VGPU_REGION_MAX_DEVICES; round++) {
-        int found = vgpu_region_find_uuid(uuid);
-        if (found >= 0)
-            return found;
-        if (preferred >= 0 && preferred < VGPU_REGION_MAX_DEVICES &&
-            take_record(&r->devices[preferred], uuid))
-            return preferred;
-        for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
-            if (uuid_state(&r->devices[d]) == VGPU_UUID_UNSET && take_record(&r->devices[d], uuid))
-                return d;
-    }
-    return -1;
+    int record = vgpu_region_find_uuid(uuid);
+    if (record < 0 && preferred >= 0 && preferred < VGPU_REGION_MAX_DEVICES &&
+        free_record(&r->devices[preferred]))
+        record = preferred;
+    for (int d = 0; record < 0 && d < VGPU_REGION_MAX_DEVICES; d++)
+        if (free_record(&r->devices[d]))
+            record = d;
+    if (record >= 0 && free_record(&r->devices[record]))
+        write_record(&r->devices[record], uuid);
+    unlock_records();
+    return record;
 }
 
 int vgpu_region_uuid(int dev, char *out, size_t size)

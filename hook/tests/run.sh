@@ -201,6 +201,11 @@ fi
 # A process that reorders the GPUs (CUDA_VISIBLE_DEVICES) keeps each GPU's cap.
 run devices-swapped CUDA_DEVICE_MEMORY_LIMIT_0=1g CUDA_DEVICE_MEMORY_LIMIT_1=2g \
     FAKE_GPU_SHARED="$tmp/devices-swapped.shm" "$build/tests/test_devices" swapped
+run devices-hinted CUDA_DEVICE_MEMORY_LIMIT_0=1g CUDA_DEVICE_MEMORY_LIMIT_1=2g \
+    NVIDIA_VISIBLE_DEVICES=GPU-10111213-1415-1617-1819-1a1b1c1d1e1f,GPU-20212223-2425-2627-2829-2a2b2c2d2e2f \
+    "$build/tests/test_devices" hinted
+run devices-claim-wait CUDA_DEVICE_MEMORY_LIMIT_0=1g CUDA_DEVICE_MEMORY_LIMIT_1=2g \
+    "$build/tests/test_devices" claim-wait
 # The fake GPU shared by processes (FAKE_GPU_SHARED): sharing, NVML, memory, kill -9, graphs.
 run fake-gpu FAKE_GPU_SHARED="$tmp/fake-gpu.shm" FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_LAZY_MIB=100 \
     "$build/tests/test_fake_gpu"

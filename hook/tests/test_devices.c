@@ -5,22 +5,32 @@
  *               CUDA_VISIBLE_DEVICES=1,0 still finds A full and B under B's cap;
  *   listed      the settings file assigns B then A (NVIDIA_VISIBLE_DEVICES): the limits follow
  *               that order, not CUDA's;
- *   unassigned  the settings file assigns A only: nothing is made or allocated on B.
+ *   hinted      limits from the environment, a first process that sees B alone: B takes its
+ *               place in the environment's NVIDIA_VISIBLE_DEVICES (A,B), not ordinal 0's record;
+ *   claim-wait  a process meets the GPUs while another is halfway through writing a record:
+ *               it waits, and each GPU keeps one record (a second would be a cap of its own);
+ *   unassigned  the settings file assigns A only: nothing is made or allocated on B, not even by
+ *               a thread that asks while another thread's cuInit is still mapping the GPUs.
  *
- * tests/run.sh runs swapped with CUDA_DEVICE_MEMORY_LIMIT_0=1g and _1=2g, and the other two under
- * a settings file (listed: _0=2g for B, _1=1g for A; unassigned: _0=1g). */
+ * tests/run.sh runs swapped, hinted and claim-wait with CUDA_DEVICE_MEMORY_LIMIT_0=1g and _1=2g,
+ * and the other two under a settings file (listed: _0=2g for B, _1=1g for A; unassigned:
+ * _0=1g). */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <nvml.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "fake_state.h"
 #include "region_view.h"
 
 static const uint64_t MiB = UINT64_C(1) << 20;
@@ -170,13 +180,108 @@ static int listed(void)
     return check_done("test_devices listed");
 }
 
+/* ---- hinted ------------------------------------------------------------------------------- */
+
+static int hinted_child(void)
+{
+    CUresult rc = cuInit(0) == CUDA_SUCCESS ? use_device(0) : CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t shown = total_mib();
+    check(rc == CUDA_SUCCESS && shown == 2048,
+          "[B first] B's cap, as its place in NVIDIA_VISIBLE_DEVICES says (%llu MiB)",
+          (unsigned long long)shown);
+    return check_done("test_devices hinted-child");
+}
+
+static int hinted(void)
+{
+    check(child_passes("hinted-child", gpu_b), "a first process that sees B alone");
+    CUresult rc = cuInit(0) == CUDA_SUCCESS ? use_device(0) : CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t shown = total_mib();
+    check(rc == CUDA_SUCCESS && shown == 1024, "then A, met second, still gets A's cap (%llu MiB)",
+          (unsigned long long)shown);
+    const struct vgpu_region *r = region_view();
+    check(record_names(r, 0, gpu_a) && record_names(r, 1, gpu_b), "records: A then B");
+    return check_done("test_devices hinted");
+}
+
+/* ---- claim-wait --------------------------------------------------------------------------- */
+
+static int claim_child(void) { return cuInit(0) == CUDA_SUCCESS ? 0 : 1; }
+
+/* Another process stopped halfway through writing record 0 (records lock held, the record
+ * WRITING): a process meeting the GPUs waits for it, then finds A there. Without the wait it took
+ * another record for A, and the half-written one became A's too: A with two caps. */
+static int claim_wait(void)
+{
+    cuMemGetInfo_v2(NULL, NULL); /* creates the region, as every process does */
+    int fd = open(getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE"), O_RDWR | O_CLOEXEC);
+    struct vgpu_region *r = fd >= 0 ? mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ | PROT_WRITE,
+                                           MAP_SHARED, fd, 0) : MAP_FAILED;
+    struct flock lock = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
+                         .l_start = VGPU_REGION_RECORDS_LOCK_OFFSET, .l_len = 1};
+    if (r == MAP_FAILED || fcntl(fd, F_OFD_SETLK, &lock) != 0)
+        return check(0, "region mapped and its records lock taken"), check_done("claim-wait");
+    __atomic_store_n(&r->devices[0].uuid_state, VGPU_UUID_WRITING, __ATOMIC_RELEASE);
+    fflush(stdout);
+    pid_t kid = fork();
+    if (kid == 0) {
+        execl(self_path, self_path, "claim-child", (char *)NULL);
+        _exit(4);
+    }
+    sleep_s(0.3);
+    strcpy(r->devices[0].uuid, gpu_a);
+    __atomic_store_n(&r->devices[0].uuid_state, VGPU_UUID_SET, __ATOMIC_RELEASE);
+    lock.l_type = F_UNLCK;
+    fcntl(fd, F_OFD_SETLK, &lock);
+    int status = 0;
+    while (waitpid(kid, &status, 0) < 0 && errno == EINTR) {
+    }
+    int records = 0;
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
+        records += r->devices[d].uuid_state == VGPU_UUID_SET;
+    check(WIFEXITED(status) && WEXITSTATUS(status) == 0 && records == 2 &&
+          record_names(r, 0, gpu_a) && record_names(r, 1, gpu_b),
+          "a process meeting the GPUs while another wrote record 0 waited for it: A's record 0, "
+          "B's 1, no other (%d records)", records);
+    return check_done("test_devices claim-wait");
+}
+
 /* ---- unassigned --------------------------------------------------------------------------- */
+
+static CUresult early_rc = CUDA_SUCCESS;
+static int early_done;
+
+/* Another thread, once the driver is up and before cuInit has mapped the GPUs. */
+static void *early_thread(void *arg)
+{
+    (void)arg;
+    CUcontext ctx;
+    __atomic_store_n(&early_rc, cuDevicePrimaryCtxRetain(&ctx, 1), __ATOMIC_RELEASE);
+    __atomic_store_n(&early_done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static pthread_t early;
+
+/* Inside cuInit: gives the thread up to 300 ms to finish before cuInit goes on. */
+static void start_early_thread(void)
+{
+    pthread_create(&early, NULL, early_thread, NULL);
+    for (int i = 0; i < 30 && !__atomic_load_n(&early_done, __ATOMIC_ACQUIRE); i++)
+        sleep_s(0.01);
+}
 
 static int unassigned(void)
 {
     CUcontext ctx;
     CUdeviceptr p;
+    strcpy(fake_cuda_inside, "cuInit");
+    fake_cuda_inside_fn = start_early_thread;
     check(cuInit(0) == CUDA_SUCCESS, "cuInit");
+    pthread_join(early, NULL);
+    check(early_rc == CUDA_ERROR_NOT_PERMITTED,
+          "a thread asking for a context on B while cuInit was still mapping the GPUs waited, "
+          "and was refused (rc %d)", early_rc);
     check(cuDevicePrimaryCtxRetain(&ctx, 1) == CUDA_ERROR_NOT_PERMITTED &&
           cuCtxCreate_v2(&ctx, 0, 1) == CUDA_ERROR_NOT_PERMITTED,
           "GPU B, which the file does not assign: no context on it, primary or created");
@@ -190,6 +295,14 @@ static int unassigned(void)
     CUmemGenericAllocationHandle handle;
     check(cuMemCreate(&handle, 2 * MiB, &prop, 0) == CUDA_ERROR_OUT_OF_MEMORY,
           "cuMemCreate on B from A's context: refused");
+    prop.location.id = 16;
+    check(cuMemCreate(&handle, 2 * MiB, &prop, 0) == CUDA_ERROR_OUT_OF_MEMORY,
+          "cuMemCreate on an ordinal past the region's records: refused");
+    uint64_t total = 0, used = 0;
+    int nvml_rc = nvml_memory(1, &total, &used);
+    check(nvml_rc == 0 && total == fake_cuda_device_total(1) / MiB,
+          "NVML's GPU 1 (B, not assigned): the driver's figures, not A's cap (%llu MiB)",
+          (unsigned long long)total);
     return check_done("test_devices unassigned");
 }
 
@@ -209,6 +322,14 @@ int main(int argc, char **argv)
         return listed_child();
     if (strcmp(mode, "unassigned") == 0)
         return unassigned();
-    fprintf(stderr, "usage: %s swapped|listed|unassigned\n", argv[0]);
+    if (strcmp(mode, "hinted") == 0)
+        return hinted();
+    if (strcmp(mode, "hinted-child") == 0)
+        return hinted_child();
+    if (strcmp(mode, "claim-wait") == 0)
+        return claim_wait();
+    if (strcmp(mode, "claim-child") == 0)
+        return claim_child();
+    fprintf(stderr, "usage: %s swapped|listed|hinted|claim-wait|unassigned\n", argv[0]);
     return 2;
 }

@@ -453,6 +453,7 @@ EXPORT CUresult cuInit(unsigned int flags)
     if (ndevices == 0)
         return CUDA_ERROR_NO_DEVICE;
     initialised = 1;
+    run_inside("cuInit");
     return CUDA_SUCCESS;
 }
 

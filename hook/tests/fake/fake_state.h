@@ -49,12 +49,14 @@ extern int fake_cuda_graph_remap;
  * looks at the primary context; "cuGraphInstantiate", any version: before it reads the
  * graph; "cuStreamGetCaptureInfo": after its answer, or cuStreamIsCapturing's;
  * cuGraphExecDestroy: before it destroys; "cuMemAllocAsync", any flavour: after the memory is
- * taken; "cuLaunchKernel", any launch: before the driver raises the stack). */
+ * taken; "cuLaunchKernel", any launch: before the driver raises the stack; cuInit: once the
+ * driver is up, before it returns). */
 extern char fake_cuda_inside[64];
 extern void (*fake_cuda_inside_fn)(void);
 
-/* A dev is a CUDA ordinal of the calling process; an nvml_index is a GPU's NVML index (CUDA_VISIBLE_DEVICES
- * picks and orders the GPUs behind the ordinals; FAKE_CUDA_UUIDS names them).
+/* A dev is a CUDA ordinal of the calling process; an nvml_index is a GPU's NVML index
+ * (CUDA_VISIBLE_DEVICES picks and orders the GPUs behind the ordinals; FAKE_CUDA_UUIDS names
+ * them).
  * Physical bytes held by the calling process on dev: its allocations + its context and lazy
  * module bytes (FAKE_CUDA_CONTEXT_MIB for its first context, FAKE_CUDA_CREATED_CONTEXT_MIB more
  * for each cuCtxCreate context, FAKE_CUDA_LAZY_MIB; all 0 by default). */
