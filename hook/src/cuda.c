@@ -20,6 +20,10 @@ static void after_load(void);
 /* HOOK(export, base name, a CUDA version with this export's ABI, per-thread flavour) */
 #define HOOK(name, base, version, pt) {#name, (void *)name, (void **)&real.name, base, version, pt}
 #define CALL_ONLY(name) {#name, NULL, (void **)&real.name, NULL, 0, 0}
+/* cuLaunch, cuLaunchGrid, cuLaunchGridAsync and cuLaunchCooperativeKernelMultiDevice are
+ * deprecated in cuda.h and still exported by the driver: launches the limiter must see. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 static const struct vgpu_hook hooks[] = {
     HOOK(cuInit, "cuInit", 2000, 0),
     HOOK(cuGetProcAddress, "cuGetProcAddress", 11030, 0),
@@ -59,6 +63,10 @@ static const struct vgpu_hook hooks[] = {
     HOOK(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, 1),
     HOOK(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, 0),
     HOOK(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1),
+    HOOK(cuLaunch, "cuLaunch", 2000, 0),
+    HOOK(cuLaunchGrid, "cuLaunchGrid", 2000, 0),
+    HOOK(cuLaunchGridAsync, "cuLaunchGridAsync", 2000, 0),
+    HOOK(cuLaunchCooperativeKernelMultiDevice, "cuLaunchCooperativeKernelMultiDevice", 9000, 0),
     HOOK(cuGraphLaunch, "cuGraphLaunch", 10000, 0),
     HOOK(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1),
     HOOK(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0),
@@ -105,6 +113,7 @@ static const struct vgpu_hook hooks[] = {
     CALL_ONLY(cuDeviceGetAttribute), CALL_ONLY(cuFuncGetAttribute), CALL_ONLY(cuKernelGetAttribute),
     CALL_ONLY(cuStreamGetCaptureInfo_v2), CALL_ONLY(cuStreamGetCaptureInfo_v2_ptsz),
 };
+#pragma GCC diagnostic pop
 _Static_assert(sizeof hooks / sizeof hooks[0] <= VGPU_MAX_HOOKS, "raise VGPU_MAX_HOOKS");
 #undef HOOK
 #undef CALL_ONLY

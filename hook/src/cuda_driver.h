@@ -70,6 +70,11 @@ struct vgpu_cuda_real {
     launch_fn cuLaunchKernel, cuLaunchKernel_ptsz;
     launch_ex_fn cuLaunchKernelEx, cuLaunchKernelEx_ptsz;
     coop_fn cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz;
+    CUresult (*cuLaunch)(CUfunction);
+    CUresult (*cuLaunchGrid)(CUfunction, int, int);
+    CUresult (*cuLaunchGridAsync)(CUfunction, int, int, CUstream);
+    CUresult (*cuLaunchCooperativeKernelMultiDevice)(CUDA_LAUNCH_PARAMS *, unsigned int,
+                                                     unsigned int);
     graph_launch_fn cuGraphLaunch, cuGraphLaunch_ptsz;
     CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice);

@@ -105,6 +105,63 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
                                                                            params));
 }
 
+/* CUDA 2.0's launches, deprecated and still exported (cuda.h): the grid is the arguments' (one
+ * block for cuLaunch), the block shape and parameters were set beforehand. */
+static uint64_t legacy_grid(int width, int height)
+{
+    return width > 0 && height > 0 ? (uint64_t)width * (uint64_t)height : 1;
+}
+
+VGPU_EXPORT CUresult cuLaunch(CUfunction f)
+{
+    if (!ready() || real.cuLaunch == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    gate(1);
+    int stack = vgpu_stack_before_launch(f);
+    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY : launched(stack, real.cuLaunch(f));
+}
+
+VGPU_EXPORT CUresult cuLaunchGrid(CUfunction f, int width, int height)
+{
+    if (!ready() || real.cuLaunchGrid == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    gate(legacy_grid(width, height));
+    int stack = vgpu_stack_before_launch(f);
+    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+                     : launched(stack, real.cuLaunchGrid(f, width, height));
+}
+
+VGPU_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int width, int height, CUstream stream)
+{
+    if (!ready() || real.cuLaunchGridAsync == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    gate(legacy_grid(width, height));
+    int stack = vgpu_stack_before_launch(f);
+    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+                     : launched(stack, real.cuLaunchGridAsync(f, width, height, stream));
+}
+
+/* CUDA 9's launch of one kernel per device, deprecated (cuda.h): the blocks of all of them are
+ * charged to the current device, and the stack is checked for the kernel that needs most. */
+VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list,
+                                                          unsigned int count, unsigned int flags)
+{
+    if (!ready() || real.cuLaunchCooperativeKernelMultiDevice == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t blocks = 0, local = 0;
+    for (unsigned int i = 0; list != NULL && i < count; i++) {
+        uint64_t more = grid(list[i].gridDimX, list[i].gridDimY, list[i].gridDimZ);
+        blocks = blocks > UINT64_MAX - more ? UINT64_MAX : blocks + more;
+        uint64_t needs = vgpu_kernel_local_bytes(list[i].function);
+        local = needs > local ? needs : local;
+    }
+    gate(blocks);
+    int stack = vgpu_stack_before_needs(local);
+    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+                     : launched(stack, real.cuLaunchCooperativeKernelMultiDevice(list, count,
+                                                                                 flags));
+}
+
 /* A graph costs the blocks of all its kernels (learnt when it was instantiated, cuda_graph.c),
  * and its allocation nodes take memory when it runs (cuda_graph_memory.c). */
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)

@@ -49,6 +49,7 @@
  *                       context while a third container's process makes its first: the one
  *                       new pid then is that process's, and is not taken for this one. */
 #include <cuda.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -804,6 +805,12 @@ static int limits(void)
     check(rc == CUDA_ERROR_OUT_OF_MEMORY && kept && fake_cuda_device_used(0) == 864 * MiB,
           "one needing 4 KiB, 528 MiB more, is refused before the launch, the stack left at "
           "%zu bytes (rc %d)", stack, rc);
+    CUresult (*launch_grid)(CUfunction, int, int) =
+        (CUresult(*)(CUfunction, int, int))dlsym(RTLD_DEFAULT, "cuLaunchGrid"); /* deprecated */
+    rc = launch_grid != NULL ? launch_grid((CUfunction)(void *)kernels[1], 1, 1)
+                             : CUDA_ERROR_UNKNOWN;
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && fake_cuda_device_used(0) == 864 * MiB,
+          "so is its launch through CUDA 2's cuLaunchGrid (rc %d)", rc);
     CUmodule module;
     rc = cuModuleLoadData(&module, ".visible .entry k()\n{\n ret;\n}\n") == CUDA_SUCCESS &&
                  cuModuleUnload(module) == CUDA_SUCCESS

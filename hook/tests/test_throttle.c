@@ -101,24 +101,35 @@ static launch_fn launch_ptsz;
 static coop_fn coop_ptsz;
 static launch_ex_fn ex_ptsz;
 
-/* One kernel of 2000 blocks through variant i % 6, then wait for the GPU like a training step. */
+static CUresult (*launch_grid)(CUfunction, int, int);
+static CUresult (*launch_grid_async)(CUfunction, int, int, CUstream);
+static CUresult (*launch_multi_device)(CUDA_LAUNCH_PARAMS *, unsigned int, unsigned int);
+enum { VARIANTS = 9 };
+
+/* One kernel of 2000 blocks through variant i % VARIANTS, then wait for the GPU like a training
+ * step. */
 static void step(unsigned i)
 {
     CUlaunchConfig config = {.gridDimX = 2000, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 128,
                              .blockDimY = 1, .blockDimZ = 1};
-    switch (i % 6) {
+    CUDA_LAUNCH_PARAMS multi = {.gridDimX = 1000, .gridDimY = 2, .gridDimZ = 1, .blockDimX = 128,
+                                .blockDimY = 1, .blockDimZ = 1};
+    switch (i % VARIANTS) {
     case 0: cuLaunchKernel(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL); break;
     case 1: launch_ptsz(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL); break;
     case 2: cuLaunchKernelEx(&config, NULL, NULL, NULL); break;
     case 3: ex_ptsz(&config, NULL, NULL, NULL); break;
     case 4: cuLaunchCooperativeKernel(NULL, 200, 10, 1, 128, 1, 1, 0, NULL, NULL); break;
-    default: coop_ptsz(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL); break;
+    case 5: coop_ptsz(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL); break;
+    case 6: launch_grid(NULL, 2000, 1); break;
+    case 7: launch_grid_async(NULL, 1000, 2, NULL); break;
+    default: launch_multi_device(&multi, 1, 0); break;
     }
     cuCtxSynchronize();
 }
 
 /* Busy share of device 0 over `seconds` of the loop, in percent. stride 1 rotates through the
- * variants; stride 6 repeats the variant *i % 6. */
+ * variants; stride VARIANTS repeats the variant *i % VARIANTS. */
 static double run_for(double seconds, unsigned *i, unsigned stride)
 {
     uint64_t busy0 = fake_cuda_busy_ns(0);
@@ -135,7 +146,15 @@ int main(int argc, char **argv)
     launch_ptsz = (launch_fn)dlsym(RTLD_DEFAULT, "cuLaunchKernel_ptsz");
     coop_ptsz = (coop_fn)dlsym(RTLD_DEFAULT, "cuLaunchCooperativeKernel_ptsz");
     ex_ptsz = (launch_ex_fn)dlsym(RTLD_DEFAULT, "cuLaunchKernelEx_ptsz");
-    if (!check(launch_ptsz && coop_ptsz && ex_ptsz, "per-thread launch wrappers found"))
+    /* CUDA 2's and 9's launches, deprecated in cuda.h: named through dlsym as old code would. */
+    launch_grid = (CUresult(*)(CUfunction, int, int))dlsym(RTLD_DEFAULT, "cuLaunchGrid");
+    launch_grid_async =
+        (CUresult(*)(CUfunction, int, int, CUstream))dlsym(RTLD_DEFAULT, "cuLaunchGridAsync");
+    launch_multi_device = (CUresult(*)(CUDA_LAUNCH_PARAMS *, unsigned int, unsigned int))dlsym(
+        RTLD_DEFAULT, "cuLaunchCooperativeKernelMultiDevice");
+    if (!check(launch_ptsz && coop_ptsz && ex_ptsz && launch_grid && launch_grid_async &&
+                   launch_multi_device,
+               "per-thread and deprecated launch entry points found"))
         return check_done("test_throttle");
     CUcontext ctx;
     cuInit(0);
@@ -152,14 +171,14 @@ int main(int argc, char **argv)
         double limit = atof(limit_arg);
         check(fabs(util - limit) <= 5.0, "limit %.0f%%: measured %.1f%% after 2 s", limit, util);
         /* Alone, an ungated variant would run at the unlimited ~90%. */
-        static const char *const names[] = {"cuLaunchKernel", "cuLaunchKernel_ptsz",
-                                            "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
-                                            "cuLaunchCooperativeKernel",
-                                            "cuLaunchCooperativeKernel_ptsz"};
-        for (unsigned v = 0; v < 6; v++) {
+        static const char *const names[VARIANTS] = {
+            "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
+            "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz", "cuLaunchGrid",
+            "cuLaunchGridAsync", "cuLaunchCooperativeKernelMultiDevice"};
+        for (unsigned v = 0; v < VARIANTS; v++) {
             unsigned j = v, before = j;
-            double alone = run_for(0.4, &j, 6);
-            launched += (j - before) / 6;
+            double alone = run_for(0.4, &j, VARIANTS);
+            launched += (j - before) / VARIANTS;
             check(alone <= limit + 10.0, "%s alone is gated: %.1f%%", names[v], alone);
         }
     }

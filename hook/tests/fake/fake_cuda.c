@@ -1652,6 +1652,37 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsign
     return launch(FAKE_LAUNCH_COOP_PTSZ, f, (uint64_t)gx * gy * gz);
 }
 
+/* The deprecated launches (cuda.h): the block shape and parameters were set beforehand. */
+EXPORT CUresult cuLaunch(CUfunction f) { return launch(FAKE_LAUNCH_V1, f, 1); }
+
+EXPORT CUresult cuLaunchGrid(CUfunction f, int width, int height)
+{
+    if (width <= 0 || height <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return launch(FAKE_LAUNCH_GRID, f, (uint64_t)width * (uint64_t)height);
+}
+
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int width, int height, CUstream stream)
+{
+    (void)stream;
+    if (width <= 0 || height <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return launch(FAKE_LAUNCH_GRID_ASYNC, f, (uint64_t)width * (uint64_t)height);
+}
+
+/* One launch for the whole list, on the current context's device (the fake's simplification). */
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned int count,
+                                                     unsigned int flags)
+{
+    (void)flags;
+    if (list == NULL || count == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t blocks = 0;
+    for (unsigned int i = 0; i < count; i++)
+        blocks += (uint64_t)list[i].gridDimX * list[i].gridDimY * list[i].gridDimZ;
+    return launch(FAKE_LAUNCH_MULTI_DEVICE, list[0].function, blocks);
+}
+
 /* ---- graphs ------------------------------------------------------------------------------- */
 
 /* Graphs, nodes and executable graphs are this process's objects. A node keeps its kernel's
@@ -2509,6 +2540,9 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
                                     cuuint64_t flags, CUdriverProcAddressQueryResult *status);
 
 #define P(base, export, since, pt) {base, #export, since, pt, (void *)export}
+/* The CUDA 2/9 launches are deprecated in cuda.h; the driver still answers for them. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 static const struct proc procs[] = {
     P("cuInit", cuInit, 2000, 0),
     P("cuDriverGetVersion", cuDriverGetVersion, 2020, 0),
@@ -2608,6 +2642,10 @@ static const struct proc procs[] = {
     P("cuLaunchKernelEx", cuLaunchKernelEx_ptsz, 11060, 1),
     P("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel, 9000, 0),
     P("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel_ptsz, 9000, 1),
+    P("cuLaunch", cuLaunch, 2000, 0),
+    P("cuLaunchGrid", cuLaunchGrid, 2000, 0),
+    P("cuLaunchGridAsync", cuLaunchGridAsync, 2000, 0),
+    P("cuLaunchCooperativeKernelMultiDevice", cuLaunchCooperativeKernelMultiDevice, 9000, 0),
     P("cuGraphLaunch", cuGraphLaunch, 10000, 0),
     P("cuGraphLaunch", cuGraphLaunch_ptsz, 10000, 1),
     P("cuGraphCreate", cuGraphCreate, 10000, 0),
@@ -2633,6 +2671,7 @@ static const struct proc procs[] = {
     P("cuGraphExecNodeSetParams", cuGraphExecNodeSetParams, 12020, 0),
     P("cuGraphNodeSetEnabled", cuGraphNodeSetEnabled, 11060, 0),
 };
+#pragma GCC diagnostic pop
 #undef P
 
 /* Internal entry points with the same ABI as the exports (FAKE_CUDA_GPA_PRIVATE=1). */
