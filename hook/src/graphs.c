@@ -117,6 +117,15 @@ static CUgraphNode *nodes_of(const struct vgpu_graph_api *api, CUgraph graph, si
 
 static int blocks_of(const struct vgpu_graph_api *api, CUgraph graph, int depth, uint64_t *total);
 
+/* A conditional node (CU_GRAPH_NODE_TYPE_CONDITIONAL, 13 in cuda.h from CUDA 12.3) runs a body
+ * that cuda.h 12 gives no way to read, a WHILE body any number of times a launch. Charged as one
+ * block, such a graph could launch at least once a second (the limiter's least rate) and keep the
+ * GPU busy all that second. It is charged as this many blocks instead (about a second of work):
+ * the limiter's feedback, which measures what the container really used, then sets how often it
+ * may launch, down to once in 12 days. */
+enum { NODE_TYPE_CONDITIONAL = 13 };
+static const uint64_t conditional_blocks = UINT64_C(1) << 20;
+
 /* What one node costs (*blocks; 0 for a node that launches no kernel). *costly: a kernel or
  * child graph node (one a setter may change). -1: out of host memory in a child graph. */
 static int node_blocks(const struct vgpu_graph_api *api, CUgraphNode node, int depth,
@@ -139,6 +148,10 @@ static int node_blocks(const struct vgpu_graph_api *api, CUgraphNode node, int d
             blocks_of(api, child, depth + 1, blocks) != 0)
             return -1;
         *blocks = clamp(*blocks);
+    }
+    if ((int)type == NODE_TYPE_CONDITIONAL) {
+        *costly = 1;
+        *blocks = conditional_blocks;
     }
     return 0;
 }

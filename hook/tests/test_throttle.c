@@ -4,7 +4,8 @@
  * no limit); the measured busy share after a settling time must be within 5 points of it.
  * The loop rotates through every launch variant, so each one must be gated. First, a CUDA graph
  * whose cost cannot be read for want of host memory: refused under a limit (it would run at one
- * token a launch), left alone without one. */
+ * token a launch), left alone without one. With "while" after the limit: graphs with a
+ * conditional WHILE node instead (while_graphs). */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -140,9 +141,75 @@ static double run_for(double seconds, unsigned *i, unsigned stride)
     return 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - t0) * 1e9);
 }
 
+/* An executable graph whose WHILE node runs a 2000-block kernel (2 ms of the fake GPU) `loops`
+ * times a launch; NULL when it cannot be made. */
+static CUgraphExec while_exec(unsigned loops)
+{
+    CUgraph graph;
+    CUgraphNode node, kernel;
+    CUgraphExec exec;
+    CUgraphNodeParams params = {.type = CU_GRAPH_NODE_TYPE_CONDITIONAL};
+    CUDA_KERNEL_NODE_PARAMS k = {.gridDimX = 2000, .gridDimY = 1, .gridDimZ = 1,
+                                 .blockDimX = 128, .blockDimY = 1, .blockDimZ = 1};
+    params.conditional.type = CU_GRAPH_COND_TYPE_WHILE;
+    params.conditional.size = 1;
+    fake_cuda_while_loops = loops; /* the fake reads it when the graph is instantiated */
+    int built =
+        cuGraphCreate(&graph, 0) == CUDA_SUCCESS &&
+        cuGraphConditionalHandleCreate(&params.conditional.handle, graph, NULL, 1, 0) ==
+            CUDA_SUCCESS &&
+        cuGraphAddNode(&node, graph, NULL, 0, &params) == CUDA_SUCCESS &&
+        cuGraphAddKernelNode(&kernel, params.conditional.phGraph_out[0], NULL, 0, &k) ==
+            CUDA_SUCCESS &&
+        cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS;
+    return built ? exec : NULL;
+}
+
+/* Busy share of device 0, in percent, over the last `measure` of `seconds` s of launching exec
+ * and waiting for it. */
+static double while_share(CUgraphExec exec, double seconds, double measure)
+{
+    uint64_t busy0 = fake_cuda_busy_ns(0);
+    double t0 = now_s(), from = 0;
+    while (now_s() - t0 < seconds) {
+        cuGraphLaunch(exec, NULL);
+        cuCtxSynchronize();
+        if (from == 0 && now_s() - t0 >= seconds - measure) {
+            busy0 = fake_cuda_busy_ns(0);
+            from = now_s();
+        }
+    }
+    return 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - from) * 1e9);
+}
+
+/* Graphs with a WHILE node, whose body cuda.h gives no way to read. Charged one block a launch,
+ * one that runs 0.5 s a launch ran at least once a second: 50% busy under a limit of 20. A
+ * short one (20 ms a launch) must get its share, a long one stay near it (the share is coarse at
+ * half a second a launch). */
+static void while_graphs(double limit)
+{
+    CUgraphExec shorter = while_exec(10), longer = while_exec(250);
+    if (!check(shorter != NULL && longer != NULL, "graphs with a WHILE node instantiated"))
+        return;
+    double util = while_share(shorter, 6.0, 3.0);
+    check(fabs(util - limit) <= 5.0, "limit %.0f%%: a WHILE graph of 20 ms a launch keeps the GPU "
+          "%.1f%% busy", limit, util);
+    util = while_share(longer, 12.0, 8.0);
+    check(util <= limit + 12.0, "limit %.0f%%: one of 0.5 s a launch, %.1f%% over 8 s", limit,
+          util);
+}
+
 int main(int argc, char **argv)
 {
     const char *limit_arg = argc > 1 ? argv[1] : "none";
+    if (argc > 2 && strcmp(argv[2], "while") == 0) {
+        CUcontext ctx;
+        cuInit(0);
+        cuDevicePrimaryCtxRetain(&ctx, 0);
+        cuCtxSetCurrent(ctx);
+        while_graphs(atof(limit_arg));
+        return check_done("test_throttle while");
+    }
     launch_ptsz = (launch_fn)dlsym(RTLD_DEFAULT, "cuLaunchKernel_ptsz");
     coop_ptsz = (coop_fn)dlsym(RTLD_DEFAULT, "cuLaunchCooperativeKernel_ptsz");
     ex_ptsz = (launch_ex_fn)dlsym(RTLD_DEFAULT, "cuLaunchKernelEx_ptsz");

@@ -1699,6 +1699,8 @@ struct fake_node {
     struct fake_graph *child;        /* CU_GRAPH_NODE_TYPE_GRAPH: owned by the node */
     CUDA_MEM_ALLOC_NODE_PARAMS alloc; /* CU_GRAPH_NODE_TYPE_MEM_ALLOC (dptr: its address) */
     int disabled;                    /* in an executable graph's copy: cuGraphNodeSetEnabled */
+    CUgraphConditionalNodeType cond; /* CU_GRAPH_NODE_TYPE_CONDITIONAL: its body is child */
+    CUgraph bodies[1];               /* what cuGraphAddNode's phGraph_out points to */
 };
 
 struct fake_graph {
@@ -1797,6 +1799,9 @@ static struct fake_node *graph_add(struct fake_graph *g, CUgraphNodeType type)
 }
 
 /* A deep copy: a child graph node embeds a clone of the graph it was given. */
+/* How often a WHILE node's body runs at each launch of its graph (a test sets it). */
+EXPORT unsigned fake_cuda_while_loops = 1;
+
 static struct fake_graph *graph_clone(const struct fake_graph *src)
 {
     struct fake_graph *g = graph_new();
@@ -1805,6 +1810,7 @@ static struct fake_graph *graph_clone(const struct fake_graph *src)
         if (n != NULL) {
             n->params = src->nodes[i]->params;
             n->alloc = src->nodes[i]->alloc;
+            n->cond = src->nodes[i]->cond;
             if (src->nodes[i]->child != NULL)
                 n->child = graph_clone(src->nodes[i]->child);
         }
@@ -1825,8 +1831,10 @@ static uint64_t graph_blocks(const struct fake_graph *g)
             continue;
         if (n->type == CU_GRAPH_NODE_TYPE_KERNEL)
             blocks += (uint64_t)n->params.gridDimX * n->params.gridDimY * n->params.gridDimZ;
+        else if (n->type == CU_GRAPH_NODE_TYPE_CONDITIONAL && n->cond == CU_GRAPH_COND_TYPE_WHILE)
+            blocks += graph_blocks(n->child) * fake_cuda_while_loops;
         else if (n->child != NULL)
-            blocks += graph_blocks(n->child);
+            blocks += graph_blocks(n->child); /* a child graph; an IF's body (its condition set) */
     }
     return blocks;
 }
@@ -1906,6 +1914,48 @@ EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, const
     if (child == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     return add_node(node, graph, CU_GRAPH_NODE_TYPE_GRAPH, NULL, child);
+}
+
+static unsigned long long conditional_handles;
+
+EXPORT CUresult cuGraphConditionalHandleCreate(CUgraphConditionalHandle *handle, CUgraph graph,
+                                               CUcontext ctx, unsigned int value,
+                                               unsigned int flags)
+{
+    (void)ctx, (void)value, (void)flags;
+    pthread_mutex_lock(&graph_lock);
+    int known = graph_known((struct fake_graph *)graph);
+    pthread_mutex_unlock(&graph_lock);
+    if (handle == NULL || !known)
+        return CUDA_ERROR_INVALID_VALUE;
+    *handle = __atomic_add_fetch(&conditional_handles, 1, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 12's generic node creation; the fake makes conditional nodes of one body only (an IF's
+ * body runs once a launch, a WHILE's fake_cuda_while_loops times). The body graph is the
+ * driver's (phGraph_out), filled by the caller afterwards. */
+EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                               size_t ndeps, CUgraphNodeParams *params)
+{
+    (void)deps, (void)ndeps;
+    if (node == NULL || params == NULL || params->type != CU_GRAPH_NODE_TYPE_CONDITIONAL)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (params->conditional.size != 1 || params->conditional.handle == 0 ||
+        (params->conditional.type != CU_GRAPH_COND_TYPE_IF &&
+         params->conditional.type != CU_GRAPH_COND_TYPE_WHILE))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = add_node(node, graph, CU_GRAPH_NODE_TYPE_CONDITIONAL, NULL, NULL);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&graph_lock);
+    struct fake_node *n = (struct fake_node *)*node;
+    n->cond = params->conditional.type;
+    n->child = graph_new();
+    n->bodies[0] = (CUgraph)n->child;
+    params->conditional.phGraph_out = n->bodies;
+    pthread_mutex_unlock(&graph_lock);
+    return n->child != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,

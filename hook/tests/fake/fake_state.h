@@ -38,6 +38,8 @@ extern int fake_cuda_pool_aliases;
 /* The local memory per thread cuFuncGetAttribute gives for any kernel (0 at first): a launch
  * of one that needs more than the stack holds raises the stack for every resident thread. */
 extern uint64_t fake_cuda_local_bytes;
+/* How often a conditional WHILE node's body runs at each launch of its graph (1 at first). */
+extern unsigned fake_cuda_while_loops;
 /* The capture id cuStreamGetCaptureInfo gives while fake_cuda_capturing (1 at first). */
 extern uint64_t fake_cuda_capture_id;
 /* Set by a test: the next launch of a graph whose allocations are mapped maps them anew, from
