@@ -49,6 +49,7 @@ static const struct vgpu_hook hooks[] = {
     HOOK(cuMemMap, "cuMemMap", 10020, 0),
     HOOK(cuMemUnmap, "cuMemUnmap", 10020, 0),
     HOOK(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, 0),
+    HOOK(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020, 0),
     HOOK(cuMemAllocAsync, "cuMemAllocAsync", 11020, 0),
     HOOK(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, 1),
     HOOK(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, 0),

@@ -52,6 +52,8 @@ struct vgpu_cuda_real {
                          unsigned long long);
     CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
     CUresult (*cuMemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
+    CUresult (*cuMemExportToShareableHandle)(void *, CUmemGenericAllocationHandle,
+                                             CUmemAllocationHandleType, unsigned long long);
     CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
     CUresult (*cuMemAllocAsync_ptsz)(CUdeviceptr *, size_t, CUstream);
     CUresult (*cuMemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);

@@ -2,6 +2,7 @@
  * first and keeps the reservation under the returned key; every call that frees gives it back. */
 #define _GNU_SOURCE
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "cuda_driver.h"
 #include "devices.h"
@@ -817,6 +818,27 @@ VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h
         return rc;
     real.cuMemRelease(*handle);
     vgpu_log(VGPU_LOG_ERROR, "out of host memory recording a handle's reference: refused");
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* An exported handle may be imported, by this process or another of the container, and cuda.h
+ * keeps the memory until every reference is released, the import's too, which this process
+ * never sees go: the export counts as a reference never released, and the bytes stay counted
+ * for the process's life. Before, create, export, import, release the handle and map the import
+ * held any amount under the cap (helper review: 3.2 GiB on a 1 GiB cap). */
+VGPU_EXPORT CUresult cuMemExportToShareableHandle(void *shareable,
+                                                  CUmemGenericAllocationHandle handle,
+                                                  CUmemAllocationHandleType type,
+                                                  unsigned long long flags)
+{
+    if (!ready() || real.cuMemExportToShareableHandle == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuMemExportToShareableHandle(shareable, handle, type, flags);
+    if (rc != CUDA_SUCCESS || vgpu_vmm_retained(handle) == 0)
+        return rc;
+    if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && shareable != NULL)
+        close(*(int *)shareable); /* the export undone, as far as it can be */
+    vgpu_log(VGPU_LOG_ERROR, "out of host memory recording an exported handle: refused");
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 

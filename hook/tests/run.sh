@@ -43,6 +43,7 @@ run alloc CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m "$build/te
 run alloc-old-driver CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m \
     FAKE_CUDA_NO_STREAM_DEVICE=1 "$build/tests/test_alloc"
 run alloc-uncapped "$build/tests/test_alloc" uncapped
+run alloc-exported CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_alloc" exported
 run alloc-teardown CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m LIBCUDA_LOG_LEVEL=3 \
     "$build/tests/test_alloc" teardown
 run alloc-wide-pitch CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_PITCH_ALIGN=2048 \

@@ -6,6 +6,7 @@
  * overrides dlsym and would hand back its wrappers). */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1127,6 +1128,59 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     if (rc == CUDA_SUCCESS) {
         a->refs--;
         free_if_unheld(a);
+    }
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+/* Shareable handles (POSIX file descriptors only): an import is one more reference to the same
+ * allocation (cuda.h: the memory lives until every reference is released), under the same
+ * handle value here, as cuMemRetainAllocationHandle gives. */
+enum { MAX_EXPORTS = 64 };
+static struct {
+    int fd;
+    uint64_t handle;
+} exports[MAX_EXPORTS];
+
+EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle,
+                                             CUmemAllocationHandleType type,
+                                             unsigned long long flags)
+{
+    (void)flags;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || shareable == NULL)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&table_lock);
+    struct alloc *a = find_alloc(handle);
+    int slot = -1;
+    for (int i = 0; a != NULL && a->refs != 0 && i < MAX_EXPORTS && slot < 0; i++)
+        if (exports[i].handle == 0)
+            slot = i;
+    int fd = slot >= 0 ? open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
+    if (fd >= 0)
+        exports[slot].fd = fd, exports[slot].handle = handle;
+    pthread_mutex_unlock(&table_lock);
+    if (fd < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *(int *)shareable = fd;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                               void *shareable, CUmemAllocationHandleType type)
+{
+    int fd = (int)(intptr_t)shareable;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || handle == NULL)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; i < MAX_EXPORTS && rc != CUDA_SUCCESS; i++) {
+        struct alloc *a = exports[i].handle != 0 && exports[i].fd == fd
+                              ? find_alloc(exports[i].handle) : NULL;
+        if (a != NULL) {
+            a->refs++;
+            *handle = a->key;
+            rc = CUDA_SUCCESS;
+        }
     }
     pthread_mutex_unlock(&table_lock);
     return rc;
