@@ -821,11 +821,12 @@ VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-/* An exported handle may be imported, by this process or another of the container, and cuda.h
- * keeps the memory until every reference is released, the import's too, which this process
- * never sees go: the export counts as a reference never released, and the bytes stay counted
- * for the process's life. Before, create, export, import, release the handle and map the import
- * held any amount under the cap (helper review: 3.2 GiB on a 1 GiB cap). */
+/* An exported handle may be imported, by this process or another of the container, any number
+ * of times, and cuda.h keeps the memory until every reference is released, the imports' too,
+ * which this process never sees: its memory is never taken as freed (vmm.h), and the bytes stay
+ * counted for the process's life. Before, create, export, import, release the handle and map
+ * the import held any amount under the cap (helper review: 3.2 GiB on a 1 GiB cap; a single
+ * extra reference for the export still let two imports through). */
 VGPU_EXPORT CUresult cuMemExportToShareableHandle(void *shareable,
                                                   CUmemGenericAllocationHandle handle,
                                                   CUmemAllocationHandleType type,
@@ -834,7 +835,7 @@ VGPU_EXPORT CUresult cuMemExportToShareableHandle(void *shareable,
     if (!ready() || real.cuMemExportToShareableHandle == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real.cuMemExportToShareableHandle(shareable, handle, type, flags);
-    if (rc != CUDA_SUCCESS || vgpu_vmm_retained(handle) == 0)
+    if (rc != CUDA_SUCCESS || vgpu_vmm_exported(handle) == 0)
         return rc;
     if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && shareable != NULL)
         close(*(int *)shareable); /* the export undone, as far as it can be */

@@ -163,12 +163,26 @@ int vgpu_vmm_mapped(uint64_t va, uint64_t size, uint64_t handle)
     return ok ? 0 : -1;
 }
 
+/* The references of an exported handle: its imports hold references this library never sees
+ * taken or released, so it is never taken as freed. */
+static const uint64_t exported_refs = UINT64_MAX;
+
 int vgpu_vmm_retained(uint64_t handle)
 {
     take_lock();
     struct node *h = handle_record(handle);
-    if (h != NULL)
+    if (h != NULL && h->a != exported_refs)
         h->a++;
+    pthread_mutex_unlock(&lock);
+    return h != NULL ? 0 : -1;
+}
+
+int vgpu_vmm_exported(uint64_t handle)
+{
+    take_lock();
+    struct node *h = handle_record(handle);
+    if (h != NULL)
+        h->a = exported_refs;
     pthread_mutex_unlock(&lock);
     return h != NULL ? 0 : -1;
 }
@@ -179,7 +193,7 @@ int vgpu_vmm_released(uint64_t handle)
     struct node *h = find(&handles, handle);
     int freed = h == NULL; /* its one reference, no mapping */
     if (h != NULL) {
-        h->a -= h->a != 0;
+        h->a -= h->a != 0 && h->a != exported_refs;
         freed = settle(h);
     }
     pthread_mutex_unlock(&lock);

@@ -17,6 +17,11 @@ int vgpu_vmm_mapped(uint64_t va, uint64_t size, uint64_t handle);
 /* One more reference to handle. 0, or -1 out of host memory (nothing recorded). */
 int vgpu_vmm_retained(uint64_t handle);
 
+/* handle was exported: imports (in this process or another) take references this library
+ * never sees, so its memory is never taken as freed (its bytes stay counted for the process's
+ * life). 0, or -1 out of host memory (nothing recorded). */
+int vgpu_vmm_exported(uint64_t handle);
+
 /* One reference fewer; 1 when that freed the memory (no reference and no mapping left). */
 int vgpu_vmm_released(uint64_t handle);
 

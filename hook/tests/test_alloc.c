@@ -279,7 +279,7 @@ static void vmm_exported(void)
     CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
                                 .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
                                 .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR};
-    CUmemGenericAllocationHandle h = 0, imported = 0, more = 0;
+    CUmemGenericAllocationHandle h = 0, imported = 0, twice = 0, more = 0;
     CUdeviceptr va = 0;
     int fd = -1;
     int done = cuMemCreate(&h, 800 * MiB, &prop, 0) == CUDA_SUCCESS &&
@@ -288,13 +288,16 @@ static void vmm_exported(void)
                cuMemImportFromShareableHandle(&imported, (void *)(intptr_t)fd,
                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
                    CUDA_SUCCESS &&
-               cuMemRelease(h) == CUDA_SUCCESS &&
+               cuMemImportFromShareableHandle(&twice, (void *)(intptr_t)fd,
+                                              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+                   CUDA_SUCCESS &&
+               cuMemRelease(h) == CUDA_SUCCESS && cuMemRelease(twice) == CUDA_SUCCESS &&
                cuMemAddressReserve(&va, 800 * MiB, 0, 0, 0) == CUDA_SUCCESS &&
                cuMemMap(va, 800 * MiB, 0, imported, 0) == CUDA_SUCCESS;
     uint64_t counted = container_used(), held = fake_cuda_device_used(0);
     check(done && counted == 800 * MiB && held == 800 * MiB,
-          "800 MiB created, exported, imported, its handle released, the import mapped: still "
-          "counted (%llu MiB; the driver holds %llu MiB)", (unsigned long long)(counted / MiB),
+          "800 MiB created, exported, imported twice, its handle and one import released, the "
+          "other mapped: still counted (%llu MiB; the driver holds %llu MiB)", (unsigned long long)(counted / MiB),
           (unsigned long long)(held / MiB));
     CUresult rc = cuMemCreate(&more, 800 * MiB, &prop, 0);
     check(rc == CUDA_ERROR_OUT_OF_MEMORY, "800 MiB more is refused under the 1 GiB cap (rc %d)",

@@ -46,6 +46,13 @@ static void lifetimes(void)
               vgpu_vmm_unmapped(0x2000 * MiB, 2 * MiB, freed, 4) == 0 &&
               vgpu_vmm_released(0x40) == 1,
           "unmapped while referenced: freed at the release");
+
+    int kept = vgpu_vmm_mapped(0x3800 * MiB, 2 * MiB, 0x58) == 0 &&
+               vgpu_vmm_exported(0x58) == 0 && vgpu_vmm_retained(0x58) == 0;
+    for (int i = 0; i < 4; i++)
+        kept &= vgpu_vmm_released(0x58) == 0;
+    check(kept && vgpu_vmm_unmapped(0x3800 * MiB, 2 * MiB, freed, 4) == 0,
+          "exported: no number of releases nor its unmap frees it (imports hold it unseen)");
 }
 
 static void ranges(void)
@@ -100,6 +107,9 @@ static void out_of_memory(void)
     fail_in = 1;
     check(vgpu_vmm_retained(0xa0) == -1 && vgpu_vmm_released(0xa0) == 1,
           "no memory to record a reference: refused, nothing recorded");
+    fail_in = 1;
+    check(vgpu_vmm_exported(0xb0) == -1 && vgpu_vmm_released(0xb0) == 1,
+          "no memory to record an export: refused, nothing recorded");
     /* Growing the buckets (every 64 nodes from 64 on) may fail: the chains grow longer. */
     int all = 1;
     calloc_fails = 1;

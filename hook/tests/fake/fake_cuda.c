@@ -2746,6 +2746,8 @@ static const struct proc procs[] = {
     P("cuLaunchKernelEx", cuLaunchKernelEx_ptsz, 11060, 1),
     P("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel, 9000, 0),
     P("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel_ptsz, 9000, 1),
+    P("cuMemExportToShareableHandle", cuMemExportToShareableHandle, 10020, 0),
+    P("cuMemImportFromShareableHandle", cuMemImportFromShareableHandle, 10020, 0),
     P("cuLaunch", cuLaunch, 2000, 0),
     P("cuLaunchGrid", cuLaunchGrid, 2000, 0),
     P("cuLaunchGridAsync", cuLaunchGridAsync, 2000, 0),
