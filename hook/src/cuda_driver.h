@@ -215,6 +215,12 @@ static inline int current_device(void)
     return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES ? (int)dev : -1;
 }
 
+enum { VGPU_DEVICE_UNKNOWN = -2 };
+
+/* The device work on stream runs on (cuda_memory.c): a default stream's is the current
+ * context's (-1 as current_device()); VGPU_DEVICE_UNKNOWN when the driver cannot say. */
+int vgpu_stream_device(CUstream stream);
+
 /* The blocks a launch of this grid runs: what the SM limiter charges for it. */
 static inline uint64_t grid(unsigned gx, unsigned gy, unsigned gz)
 {

@@ -141,21 +141,25 @@ VGPU_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int width, int height, CUst
                      : launched(stack, real.cuLaunchGridAsync(f, width, height, stream));
 }
 
-/* CUDA 9's launch of one kernel per device, deprecated (cuda.h): the blocks of all of them are
- * charged to the current device, and the stack is checked for the kernel that needs most. */
+/* CUDA 9's launch of one kernel per device, deprecated (cuda.h): each kernel is charged to its
+ * stream's device (one the driver cannot name: the current context's), and the stack is checked
+ * on the current device for the kernel that needs most. */
 VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list,
                                                           unsigned int count, unsigned int flags)
 {
     if (!ready() || real.cuLaunchCooperativeKernelMultiDevice == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    uint64_t blocks = 0, local = 0;
+    uint64_t local = 0;
+    vgpu_region_note_launch();
     for (unsigned int i = 0; list != NULL && i < count; i++) {
-        uint64_t more = grid(list[i].gridDimX, list[i].gridDimY, list[i].gridDimZ);
-        blocks = blocks > UINT64_MAX - more ? UINT64_MAX : blocks + more;
+        if (vgpu_throttle_enabled) {
+            int dev = vgpu_stream_device(list[i].hStream);
+            vgpu_throttle_launch(dev >= 0 ? dev : current_device(),
+                                 grid(list[i].gridDimX, list[i].gridDimY, list[i].gridDimZ));
+        }
         uint64_t needs = vgpu_kernel_local_bytes(list[i].function);
         local = needs > local ? needs : local;
     }
-    gate(blocks);
     int stack = vgpu_stack_before_needs(local);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchCooperativeKernelMultiDevice(list, count,

@@ -18,14 +18,12 @@ static int default_stream(CUstream stream)
     return stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
 }
 
-enum { DEVICE_UNKNOWN = -2 };
-
 /* The device a stream-ordered allocation on stream draws on. A stream named explicitly may be
  * another context's, on another device, and needs no current context at all: its own device
  * (CUDA 12.8's cuStreamGetDevice, else its context's, made current for the question). A
- * default stream is the current context's. -1 as current_device(); DEVICE_UNKNOWN: the
+ * default stream is the current context's. -1 as current_device(); VGPU_DEVICE_UNKNOWN: the
  * driver could not say (the caller refuses: the memory would go uncounted). */
-static int stream_device(CUstream stream)
+int vgpu_stream_device(CUstream stream)
 {
     if (default_stream(stream))
         return current_device();
@@ -36,7 +34,7 @@ static int stream_device(CUstream stream)
     if (real.cuStreamGetCtx == NULL || real.cuCtxPushCurrent_v2 == NULL ||
         real.cuCtxPopCurrent_v2 == NULL || real.cuStreamGetCtx(stream, &ctx) != CUDA_SUCCESS ||
         real.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
-        return DEVICE_UNKNOWN;
+        return VGPU_DEVICE_UNKNOWN;
     int found = current_device();
     if (real.cuCtxPopCurrent_v2(&popped) != CUDA_SUCCESS || popped != ctx)
         vgpu_log(VGPU_LOG_ERROR, "the context pushed to learn a stream's device did not pop "
@@ -312,12 +310,13 @@ static CUresult alloc_captured(const struct pointer_request *r, cuuint64_t captu
     CUdeviceptr ptr = 0;
     CUresult rc = call_driver(r, &ptr);
     if (rc == CUDA_SUCCESS && capture_of(r) != capture) {
-        int dev = stream_device(r->stream);
-        if (dev == DEVICE_UNKNOWN || !admit(dev, r->bytes, pointer_apis[r->api].name)) {
+        int dev = vgpu_stream_device(r->stream);
+        if (dev == VGPU_DEVICE_UNKNOWN || !admit(dev, r->bytes, pointer_apis[r->api].name)) {
             give_back_uncaptured(r, ptr, dev);
             if (dev >= 0) /* not left in the pool's cache, uncounted */
                 trim_given_back(r, drawn_pool(r, dev), dev);
-            return dev == DEVICE_UNKNOWN ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_OUT_OF_MEMORY;
+            return dev == VGPU_DEVICE_UNKNOWN ? CUDA_ERROR_INVALID_CONTEXT
+                                              : CUDA_ERROR_OUT_OF_MEMORY;
         }
         rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, r->bytes);
     }
@@ -441,8 +440,8 @@ static CUresult move_to_pool_device(const struct pointer_request *r, CUdeviceptr
  * uncounted. */
 static CUresult alloc_counted(const struct pointer_request *r, int ordered, CUdeviceptr *dptr)
 {
-    int dev = ordered ? stream_device(r->stream) : current_device();
-    if (dev == DEVICE_UNKNOWN) {
+    int dev = ordered ? vgpu_stream_device(r->stream) : current_device();
+    if (dev == VGPU_DEVICE_UNKNOWN) {
         vgpu_log(VGPU_LOG_ERROR, "%s: the device of its stream cannot be told; refused",
                  pointer_apis[r->api].name);
         return CUDA_ERROR_INVALID_CONTEXT;

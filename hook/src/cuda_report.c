@@ -13,6 +13,7 @@ static CUresult cap_info(size_t *phys_free, size_t *phys_total)
     int dev = current_device();
     uint64_t cap = dev >= 0 ? vgpu_region_limit(dev) : 0;
     if (cap != 0) {
+        vgpu_region_reap_soon();
         vgpu_footprint_pools_check(dev); /* a pool may have given back what it kept */
         uint64_t total = cap < *phys_total ? cap : *phys_total;
         uint64_t used = vgpu_region_used(dev);

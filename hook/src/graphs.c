@@ -15,7 +15,7 @@
 #include <string.h>
 
 enum {
-    MAX_DEPTH = 8,         /* child graphs nested deeper than this are not counted */
+    MAX_DEPTH = 8,         /* child graphs nested deeper than this are not read */
     MAX_MEMORY_DEPTH = 64, /* for memory, deeper ones refuse the graph */
     FIRST_CAPACITY = 64, /* table slots at the first remembered graph; a power of two */
 };
@@ -117,14 +117,17 @@ static CUgraphNode *nodes_of(const struct vgpu_graph_api *api, CUgraph graph, si
 
 static int blocks_of(const struct vgpu_graph_api *api, CUgraph graph, int depth, uint64_t *total);
 
-/* A conditional node (CU_GRAPH_NODE_TYPE_CONDITIONAL, 13 in cuda.h from CUDA 12.3) runs a body
- * that cuda.h 12 gives no way to read, a WHILE body any number of times a launch. Charged as one
- * block, such a graph could launch at least once a second (the limiter's least rate) and keep the
- * GPU busy all that second. It is charged as this many blocks instead (about a second of work):
- * the limiter's feedback, which measures what the container really used, then sets how often it
- * may launch, down to once in 12 days. */
+/* Work the limiter cannot read: a conditional node (CU_GRAPH_NODE_TYPE_CONDITIONAL, 13 in cuda.h
+ * from CUDA 12.3), whose body cuda.h 12 gives no way to read and whose WHILE body runs any number
+ * of times a launch, and child graphs nested past MAX_DEPTH. Charged nothing (one token a
+ * launch), such a graph could launch at least once a second, the limiter's least rate, and keep
+ * the GPU busy all that second. It is charged as this many blocks instead (about a millisecond
+ * of work): the limiter's feedback, which measures what the container really used, then sets how
+ * often it may launch, down to once in 17 minutes. A larger charge (2^20 was tried) left a
+ * process that had launched little waiting minutes behind one trivial conditional graph, since
+ * its rate is kept while it waits (throttle.c). */
 enum { NODE_TYPE_CONDITIONAL = 13 };
-static const uint64_t conditional_blocks = UINT64_C(1) << 20;
+static const uint64_t unread_blocks = UINT64_C(1) << 10;
 
 /* What one node costs (*blocks; 0 for a node that launches no kernel). *costly: a kernel or
  * child graph node (one a setter may change). -1: out of host memory in a child graph. */
@@ -151,7 +154,7 @@ static int node_blocks(const struct vgpu_graph_api *api, CUgraphNode node, int d
     }
     if ((int)type == NODE_TYPE_CONDITIONAL) {
         *costly = 1;
-        *blocks = conditional_blocks;
+        *blocks = unread_blocks;
     }
     return 0;
 }
@@ -161,8 +164,10 @@ static int node_blocks(const struct vgpu_graph_api *api, CUgraphNode node, int d
 static int blocks_of(const struct vgpu_graph_api *api, CUgraph graph, int depth, uint64_t *total)
 {
     size_t count;
-    if (depth > MAX_DEPTH)
+    if (depth > MAX_DEPTH) {
+        *total = add(*total, unread_blocks);
         return 0;
+    }
     CUgraphNode *nodes = nodes_of(api, graph, &count);
     if (nodes == NULL)
         return count != 0 ? -1 : 0;

@@ -394,6 +394,16 @@ int vgpu_region_reap_dead(void)
     return reaped;
 }
 
+void vgpu_region_reap_soon(void)
+{
+    static uint64_t last_ns;
+    uint64_t now = monotonic_ns(), last = __atomic_load_n(&last_ns, __ATOMIC_RELAXED);
+    if (now - last < UINT64_C(100000000) ||
+        !__atomic_compare_exchange_n(&last_ns, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return;
+    vgpu_region_reap_dead();
+}
+
 uint64_t vgpu_region_record_limit(int record)
 {
     return vgpu_region_get() != NULL && record >= 0 ? limit_bytes[record] : 0;
@@ -443,7 +453,10 @@ static int lock_records(void)
     }
 }
 
-static void unlock_records(void) { byte_lock(F_OFD_SETLK, F_UNLCK, VGPU_REGION_RECORDS_LOCK_OFFSET); }
+static void unlock_records(void)
+{
+    byte_lock(F_OFD_SETLK, F_UNLCK, VGPU_REGION_RECORDS_LOCK_OFFSET);
+}
 
 static uint32_t uuid_state(struct vgpu_region_device *d)
 {

@@ -297,7 +297,8 @@ static void vmm_exported(void)
     uint64_t counted = container_used(), held = fake_cuda_device_used(0);
     check(done && counted == 800 * MiB && held == 800 * MiB,
           "800 MiB created, exported, imported twice, its handle and one import released, the "
-          "other mapped: still counted (%llu MiB; the driver holds %llu MiB)", (unsigned long long)(counted / MiB),
+          "other mapped: still counted (%llu MiB; the driver holds %llu MiB)",
+          (unsigned long long)(counted / MiB),
           (unsigned long long)(held / MiB));
     CUresult rc = cuMemCreate(&more, 800 * MiB, &prop, 0);
     check(rc == CUDA_ERROR_OUT_OF_MEMORY, "800 MiB more is refused under the 1 GiB cap (rc %d)",

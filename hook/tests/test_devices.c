@@ -58,9 +58,8 @@ static int nvml_memory(unsigned int index, uint64_t *total, uint64_t *used)
 {
     void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     nvmlReturn_t (*init)(void) = lib ? (nvmlReturn_t(*)(void))dlsym(lib, "nvmlInit_v2") : NULL;
-    nvmlReturn_t (*by_index)(unsigned int, nvmlDevice_t *) =
-        lib ? (nvmlReturn_t(*)(unsigned int, nvmlDevice_t *))dlsym(lib, "nvmlDeviceGetHandleByIndex_v2")
-            : NULL;
+    typedef nvmlReturn_t (*by_index_fn)(unsigned int, nvmlDevice_t *);
+    by_index_fn by_index = lib ? (by_index_fn)dlsym(lib, "nvmlDeviceGetHandleByIndex_v2") : NULL;
     nvmlReturn_t (*memory)(nvmlDevice_t, nvmlMemory_t *) =
         lib ? (nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_t *))dlsym(lib, "nvmlDeviceGetMemoryInfo")
             : NULL;
@@ -153,7 +152,8 @@ static int listed_child(void)
     CUresult rc = cuInit(0) == CUDA_SUCCESS ? use_device(0) : CUDA_ERROR_NOT_INITIALIZED;
     uint64_t shown = total_mib();
     check(rc == CUDA_SUCCESS && shown == 2048,
-          "[1,0] ordinal 0 is B: the file's first cap, 2 GiB (%llu MiB)", (unsigned long long)shown);
+          "[1,0] ordinal 0 is B: the file's first cap, 2 GiB (%llu MiB)",
+          (unsigned long long)shown);
     return check_done("test_devices listed-child");
 }
 

@@ -366,7 +366,9 @@ static void odd_graphs(void)
     vgpu_graph_enable_node(e, (CUgraphNode)hidden, 0);
     check(vgpu_graph_cost(e) == 1, "that node disabled: one token again");
 
-    /* Nested ten deep, a kernel of one block at each level: the first nine levels (0..8) count. */
+    /* Nested ten deep, a kernel of one block at each level: the levels below the top down to 8
+     * are read (8 blocks); what is nested deeper is charged as unread work (2^10 blocks:
+     * charged nothing, a WHILE loop down there ran unthrottled, helper review). */
     static struct tgraph levels[10];
     for (int i = 9; i >= 0; i--) {
         levels[i] = (struct tgraph){0};
@@ -377,11 +379,20 @@ static void odd_graphs(void)
     struct tgraph top = {0};
     add(&top, child(&levels[0]));
     rc = instantiate(e, &top);
-    check(rc == 0 && vgpu_graph_cost(e) == 8,
-          "child graphs are counted down to 8 levels below the top: 8 blocks (%llu)", cost(e));
+    check(rc == 0 && vgpu_graph_cost(e) == 8 + 1024,
+          "child graphs are read down to 8 levels below the top, deeper ones charged 1024 "
+          "blocks: %llu", cost(e));
     rc = vgpu_graph_child_blocks(&api, handle(&levels[0]), &blocks);
-    check(rc == 0 && blocks == 8, "a child graph set by a setter counts the same: %llu",
+    check(rc == 0 && blocks == 8 + 1024, "a child graph set by a setter counts the same: %llu",
           (unsigned long long)blocks);
+    /* A conditional node (type 13, CUDA 12.3): its body cannot be read, a WHILE's runs any
+     * number of times. */
+    struct tgraph cond = {0};
+    add(&cond, kernel(5, 1, 1));
+    add(&cond, other((CUgraphNodeType)13));
+    rc = instantiate(e, &cond);
+    check(rc == 0 && vgpu_graph_cost(e) == 5 + 1024,
+          "a conditional node is charged 1024 blocks (it was charged nothing): %llu", cost(e));
     forget(e);
 }
 

@@ -141,17 +141,18 @@ static double run_for(double seconds, unsigned *i, unsigned stride)
     return 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - t0) * 1e9);
 }
 
-/* An executable graph whose WHILE node runs a 2000-block kernel (2 ms of the fake GPU) `loops`
- * times a launch; NULL when it cannot be made. */
-static CUgraphExec while_exec(unsigned loops)
+/* An executable graph whose conditional node (type) runs a kernel of `blocks` blocks (1 us each
+ * on the fake GPU), `loops` times a launch for a WHILE; NULL when it cannot be made. */
+static CUgraphExec conditional_exec(CUgraphConditionalNodeType type, unsigned blocks,
+                                    unsigned loops)
 {
     CUgraph graph;
     CUgraphNode node, kernel;
     CUgraphExec exec;
     CUgraphNodeParams params = {.type = CU_GRAPH_NODE_TYPE_CONDITIONAL};
-    CUDA_KERNEL_NODE_PARAMS k = {.gridDimX = 2000, .gridDimY = 1, .gridDimZ = 1,
+    CUDA_KERNEL_NODE_PARAMS k = {.gridDimX = blocks, .gridDimY = 1, .gridDimZ = 1,
                                  .blockDimX = 128, .blockDimY = 1, .blockDimZ = 1};
-    params.conditional.type = CU_GRAPH_COND_TYPE_WHILE;
+    params.conditional.type = type;
     params.conditional.size = 1;
     fake_cuda_while_loops = loops; /* the fake reads it when the graph is instantiated */
     int built =
@@ -182,13 +183,33 @@ static double while_share(CUgraphExec exec, double seconds, double measure)
     return 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - from) * 1e9);
 }
 
-/* Graphs with a WHILE node, whose body cuda.h gives no way to read. Charged one block a launch,
- * one that runs 0.5 s a launch ran at least once a second: 50% busy under a limit of 20. A
- * short one (20 ms a launch) must get its share, a long one stay near it (the share is coarse at
- * half a second a launch). */
+/* Graphs with a conditional node, whose body cuda.h gives no way to read. Charged one block a
+ * launch, a WHILE graph that runs 0.5 s a launch ran at least once a second: 50% busy under a
+ * limit of 20. A short one (20 ms a launch) must get its share, a long one stay near it (the
+ * share is coarse at half a second a launch). */
 static void while_graphs(double limit)
 {
-    CUgraphExec shorter = while_exec(10), longer = while_exec(250);
+    /* First a process that has launched little (its rate low), then a trivial IF graph: charged
+     * as 2^20 blocks, its next kernel waited 46 s (helper review). */
+    CUgraphExec trivial = conditional_exec(CU_GRAPH_COND_TYPE_IF, 1, 1);
+    double t0 = now_s();
+    while (now_s() - t0 < 1.5) {
+        cuLaunchKernel(NULL, 64, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+        cuCtxSynchronize();
+        sleep_s(0.01);
+    }
+    double waited = -1;
+    if (trivial != NULL && cuGraphLaunch(trivial, NULL) == CUDA_SUCCESS) {
+        cuCtxSynchronize();
+        t0 = now_s();
+        cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+        cuCtxSynchronize();
+        waited = now_s() - t0;
+    }
+    check(waited >= 0 && waited < 0.5, "after a light load, a trivial IF graph holds the next "
+          "kernel back %.3f s", waited);
+    CUgraphExec shorter = conditional_exec(CU_GRAPH_COND_TYPE_WHILE, 2000, 10),
+                longer = conditional_exec(CU_GRAPH_COND_TYPE_WHILE, 2000, 250);
     if (!check(shorter != NULL && longer != NULL, "graphs with a WHILE node instantiated"))
         return;
     double util = while_share(shorter, 6.0, 3.0);
