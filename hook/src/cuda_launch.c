@@ -154,8 +154,8 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *li
     for (unsigned int i = 0; list != NULL && i < count; i++) {
         if (vgpu_throttle_enabled) {
             int dev = vgpu_stream_device(list[i].hStream);
-            vgpu_throttle_launch(dev >= 0 ? dev : current_device(),
-                                 grid(list[i].gridDimX, list[i].gridDimY, list[i].gridDimZ));
+            uint64_t blocks = grid(list[i].gridDimX, list[i].gridDimY, list[i].gridDimZ);
+            vgpu_throttle_launch(dev >= 0 ? dev : current_device(), blocks ? blocks : 1);
         }
         uint64_t needs = vgpu_kernel_local_bytes(list[i].function);
         local = needs > local ? needs : local;

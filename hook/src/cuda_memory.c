@@ -757,6 +757,8 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t by
     /* PyTorch's expandable segments allocate this way: the host pid is learnt here too. */
     int learning = vgpu_footprint_learn_before(dev, bytes);
     CUresult rc = real.cuMemCreate(&h, bytes, prop, flags);
+    if (rc == CUDA_SUCCESS)
+        vgpu_vmm_created(h);
     if (learning)
         vgpu_footprint_learn_after(rc == CUDA_SUCCESS ? bytes : 0, 0);
     rc = settle(rc, VGPU_KIND_HANDLE, h, dev, bytes);

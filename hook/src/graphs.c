@@ -115,24 +115,26 @@ static CUgraphNode *nodes_of(const struct vgpu_graph_api *api, CUgraph graph, si
     return nodes;
 }
 
-static int blocks_of(const struct vgpu_graph_api *api, CUgraph graph, int depth, uint64_t *total);
+static int blocks_of(const struct vgpu_graph_api *api, CUgraph graph, int depth, uint64_t *total,
+                     int *unread);
 
 /* Work the limiter cannot read: a conditional node (CU_GRAPH_NODE_TYPE_CONDITIONAL, 13 in cuda.h
  * from CUDA 12.3), whose body cuda.h 12 gives no way to read and whose WHILE body runs any number
  * of times a launch, and child graphs nested past MAX_DEPTH. Charged nothing (one token a
  * launch), such a graph could launch at least once a second, the limiter's least rate, and keep
- * the GPU busy all that second. It is charged as this many blocks instead (about a millisecond
- * of work): the limiter's feedback, which measures what the container really used, then sets how
- * often it may launch, down to once in 17 minutes. A larger charge (2^20 was tried) left a
- * process that had launched little waiting minutes behind one trivial conditional graph, since
- * its rate is kept while it waits (throttle.c). */
+ * the GPU busy all that second. A graph with any is charged this many blocks more, once however
+ * many it has (about a millisecond of work): the limiter's feedback, which measures what the
+ * container really used, then sets how often it may launch, down to once in 17 minutes. A
+ * larger charge (2^20 was tried, or 2^10 a node with 1024 nodes) left a process that had
+ * launched little waiting 42 s behind one trivial graph, since its rate is kept while it waits
+ * (throttle.c). *unread says whether the walk charged it already. */
 enum { NODE_TYPE_CONDITIONAL = 13 };
 static const uint64_t unread_blocks = UINT64_C(1) << 10;
 
 /* What one node costs (*blocks; 0 for a node that launches no kernel). *costly: a kernel or
  * child graph node (one a setter may change). -1: out of host memory in a child graph. */
 static int node_blocks(const struct vgpu_graph_api *api, CUgraphNode node, int depth,
-                       uint64_t *blocks, int *costly)
+                       uint64_t *blocks, int *costly, int *unread)
 {
     CUgraphNodeType type;
     CUgraph child;
@@ -148,24 +150,27 @@ static int node_blocks(const struct vgpu_graph_api *api, CUgraphNode node, int d
     if (type == CU_GRAPH_NODE_TYPE_GRAPH) {
         *costly = 1;
         if (api->child_graph(node, &child) == CUDA_SUCCESS &&
-            blocks_of(api, child, depth + 1, blocks) != 0)
+            blocks_of(api, child, depth + 1, blocks, unread) != 0)
             return -1;
         *blocks = clamp(*blocks);
     }
     if ((int)type == NODE_TYPE_CONDITIONAL) {
         *costly = 1;
-        *blocks = unread_blocks;
+        *blocks = *unread ? 0 : unread_blocks;
+        *unread = 1;
     }
     return 0;
 }
 
 /* Adds the blocks of graph's kernel nodes, child graphs included, to *total. -1: out of host
  * memory (a child graph costing nothing for it would run unthrottled). */
-static int blocks_of(const struct vgpu_graph_api *api, CUgraph graph, int depth, uint64_t *total)
+static int blocks_of(const struct vgpu_graph_api *api, CUgraph graph, int depth, uint64_t *total,
+                     int *unread)
 {
     size_t count;
     if (depth > MAX_DEPTH) {
-        *total = add(*total, unread_blocks);
+        *total = add(*total, *unread ? 0 : unread_blocks);
+        *unread = 1;
         return 0;
     }
     CUgraphNode *nodes = nodes_of(api, graph, &count);
@@ -175,7 +180,7 @@ static int blocks_of(const struct vgpu_graph_api *api, CUgraph graph, int depth,
     for (size_t i = 0; i < count && rc == 0; i++) {
         uint64_t blocks;
         int costly;
-        rc = node_blocks(api, nodes[i], depth, &blocks, &costly);
+        rc = node_blocks(api, nodes[i], depth, &blocks, &costly, unread);
         *total = add(*total, blocks);
     }
     free(nodes);
@@ -187,7 +192,8 @@ int vgpu_graph_child_blocks(const struct vgpu_graph_api *api, CUgraph graph, uin
     *blocks = 0;
     if (!readable(api) || graph == NULL)
         return 0;
-    int rc = blocks_of(api, graph, 1, blocks); /* a child graph sits one level down */
+    int unread = 0;
+    int rc = blocks_of(api, graph, 1, blocks, &unread); /* a child graph sits one level down */
     *blocks = clamp(*blocks);
     return rc;
 }
@@ -287,11 +293,11 @@ int vgpu_graph_costs(const struct vgpu_graph_api *api, CUgraph graph,
         return count != 0 ? -1 : 0;
     }
     size_t kept = 0;
-    int rc = 0;
+    int rc = 0, unread = 0;
     for (size_t i = 0; i < count && rc == 0; i++) {
         uint64_t blocks;
         int costly;
-        rc = node_blocks(api, nodes[i], 0, &blocks, &costly);
+        rc = node_blocks(api, nodes[i], 0, &blocks, &costly, &unread);
         if (costly)
             out[kept++] = (struct vgpu_node_cost){.node = nodes[i], .blocks = blocks,
                                                   .position = i < UINT32_MAX ? (uint32_t)i

@@ -401,7 +401,11 @@ void vgpu_region_reap_soon(void)
     if (now - last < UINT64_C(100000000) ||
         !__atomic_compare_exchange_n(&last_ns, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         return;
-    vgpu_region_reap_dead();
+    /* A process that only asks (nvidia-smi, an NVML monitor in the container) takes a slot to
+     * reap from: without one it would show a dead process's memory in use. */
+    struct vgpu_region *r = vgpu_region_get();
+    if (r != NULL && intact(r) && ensure_slot(r) >= 0)
+        vgpu_region_reap_dead();
 }
 
 uint64_t vgpu_region_record_limit(int record)

@@ -31,7 +31,7 @@ void vgpu_region_release(int dev, uint64_t bytes);
 /* Returns dead processes' memory to the container; returns how many slots were reaped. */
 int vgpu_region_reap_dead(void);
 
-/* The same at most every 100 ms (nothing for a process without a slot): before the container is
+/* The same at most every 100 ms (a process without a slot takes one): before the container is
  * told what it has, so that a process that exited does not shrink it until an allocation
  * happens to need the room. */
 void vgpu_region_reap_soon(void);

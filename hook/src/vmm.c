@@ -177,6 +177,13 @@ int vgpu_vmm_retained(uint64_t handle)
     return h != NULL ? 0 : -1;
 }
 
+void vgpu_vmm_created(uint64_t handle)
+{
+    take_lock();
+    drop(&handles, handle);
+    pthread_mutex_unlock(&lock);
+}
+
 int vgpu_vmm_exported(uint64_t handle)
 {
     take_lock();

@@ -17,6 +17,10 @@ int vgpu_vmm_mapped(uint64_t va, uint64_t size, uint64_t handle);
 /* One more reference to handle. 0, or -1 out of host memory (nothing recorded). */
 int vgpu_vmm_retained(uint64_t handle);
 
+/* cuMemCreate made handle: a value the driver hands out again starts afresh (one reference, no
+ * mapping), whatever the allocation that had it before left recorded (an export). */
+void vgpu_vmm_created(uint64_t handle);
+
 /* handle was exported: imports (in this process or another) take references this library
  * never sees, so its memory is never taken as freed (its bytes stay counted for the process's
  * life). 0, or -1 out of host memory (nothing recorded). */

@@ -20,6 +20,8 @@
  *                destructor that runs after libvgpu's (linger.so): its memory stays counted
  *   refused-child, uids-child, together-child, linger-child: run after exec by the modes above. */
 #include <cuda.h>
+#include <dlfcn.h>
+#include <nvml.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -927,6 +929,25 @@ static void together(void)
 
 /* ---- lingering exit ------------------------------------------------------------------------ */
 
+/* A process that only asks NVML (nvidia-smi in the container): 0 when NVML shows GPU 0 with
+ * nothing in use. */
+static int nvml_child(void)
+{
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    typedef nvmlReturn_t (*init_fn)(void);
+    typedef nvmlReturn_t (*handle_fn)(unsigned int, nvmlDevice_t *);
+    typedef nvmlReturn_t (*memory_fn)(nvmlDevice_t, nvmlMemory_t *);
+    init_fn init = lib ? (init_fn)dlsym(lib, "nvmlInit_v2") : NULL;
+    handle_fn by_index = lib ? (handle_fn)dlsym(lib, "nvmlDeviceGetHandleByIndex_v2") : NULL;
+    memory_fn memory = lib ? (memory_fn)dlsym(lib, "nvmlDeviceGetMemoryInfo") : NULL;
+    nvmlDevice_t device;
+    nvmlMemory_t m = {0};
+    int fine = init != NULL && by_index != NULL && memory != NULL && init() == NVML_SUCCESS &&
+               by_index(0, &device) == NVML_SUCCESS && memory(device, &m) == NVML_SUCCESS;
+    printf("NVML-only process: %llu MiB used of %llu\n", m.used / MiB, m.total / MiB);
+    return fine && m.used == 0 && m.total == 1024 * MiB ? 0 : 1;
+}
+
 /* Allocates 800 MiB and returns from main without freeing (linger.so keeps it alive after). */
 static int linger_child(void)
 {
@@ -977,6 +998,13 @@ static void lingering_exit(void)
           "so another process is refused 800 MiB under the 1 GiB cap");
     close(go[1]);
     check(exited_ok(kid), "the lingering process then exits");
+    fflush(stdout);
+    pid_t asker = fork();
+    if (asker == 0) {
+        execl(self_path, self_path, "nvml-child", (char *)NULL);
+        _exit(4);
+    }
+    check(exited_ok(asker), "a process that only asks NVML reaps it: nothing in use");
     sleep_s(0.15);
     size_t free_b = 0, total_b = 0;
     cuMemGetInfo_v2(&free_b, &total_b);
@@ -1000,6 +1028,8 @@ int main(int argc, char **argv)
         return together_child();
     if (strcmp(mode, "linger-child") == 0)
         return linger_child();
+    if (strcmp(mode, "nvml-child") == 0)
+        return nvml_child();
     if (strcmp(mode, "together") == 0) { /* each round makes its own region */
         together();
         return check_done("test_multiproc together");

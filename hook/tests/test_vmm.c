@@ -53,6 +53,9 @@ static void lifetimes(void)
         kept &= vgpu_vmm_released(0x58) == 0;
     check(kept && vgpu_vmm_unmapped(0x3800 * MiB, 2 * MiB, freed, 4) == 0,
           "exported: no number of releases nor its unmap frees it (imports hold it unseen)");
+    vgpu_vmm_created(0x58);
+    check(vgpu_vmm_released(0x58) == 1, "a new allocation the driver gives that value starts "
+          "afresh: its release frees it (the export's mark stuck to the value before)");
 }
 
 static void ranges(void)
