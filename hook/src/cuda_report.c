@@ -2,6 +2,7 @@
  * with the cap and the container's usage. */
 #define _GNU_SOURCE
 #include "cuda_driver.h"
+#include "devices.h"
 #include "footprint.h"
 #include "region.h"
 
@@ -13,10 +14,9 @@ static CUresult cap_info(size_t *phys_free, size_t *phys_total)
     int dev = current_device();
     uint64_t cap = dev >= 0 ? vgpu_region_limit(dev) : 0;
     if (cap != 0) {
-        vgpu_region_reap_soon();
         vgpu_footprint_pools_check(dev); /* a pool may have given back what it kept */
         uint64_t total = cap < *phys_total ? cap : *phys_total;
-        uint64_t used = vgpu_region_used(dev);
+        uint64_t used = vgpu_region_record_in_use(vgpu_device_record(dev));
         uint64_t left = used < total ? total - used : 0;
         *phys_total = (size_t)total;
         *phys_free = left < *phys_free ? (size_t)left : *phys_free;

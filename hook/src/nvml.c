@@ -87,10 +87,9 @@ static int apply_cap(nvmlDevice_t device, unsigned long long *total, unsigned lo
     uint64_t cap = vgpu_region_record_limit(record);
     if (cap == 0)
         return 0;
-    vgpu_region_reap_soon();
     if (cap < *total)
         *total = cap;
-    uint64_t container = vgpu_region_record_used(record);
+    uint64_t container = vgpu_region_record_in_use(record);
     *used = container < *total ? container : *total;
     *free_bytes = *total - *used;
     return 1;

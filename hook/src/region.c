@@ -394,18 +394,38 @@ int vgpu_region_reap_dead(void)
     return reaped;
 }
 
-void vgpu_region_reap_soon(void)
+/* Whether slot i's owner is alive, asked as the node monitor asks (F_OFD_GETLK: no lock taken,
+ * so the question cannot make a dead slot look alive to anyone else). */
+static int owner_alive(uint32_t i)
 {
-    static uint64_t last_ns;
-    uint64_t now = monotonic_ns(), last = __atomic_load_n(&last_ns, __ATOMIC_RELAXED);
-    if (now - last < UINT64_C(100000000) ||
-        !__atomic_compare_exchange_n(&last_ns, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        return;
-    /* A process that only asks (nvidia-smi, an NVML monitor in the container) takes a slot to
-     * reap from: without one it would show a dead process's memory in use. */
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
+                       .l_start = (off_t)vgpu_region_slot_lock_offset(i), .l_len = 1};
+    return fcntl(file.fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK;
+}
+
+uint64_t vgpu_region_record_in_use(int record)
+{
     struct vgpu_region *r = vgpu_region_get();
-    if (r != NULL && intact(r) && ensure_slot(r) >= 0)
-        vgpu_region_reap_dead();
+    if (r == NULL || record < 0 || record >= VGPU_REGION_MAX_DEVICES)
+        return 0;
+    int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
+    if (slot >= 0) {
+        /* A process of the container (it has a slot): reap the dead, at most every 100 ms. */
+        static uint64_t last_ns;
+        uint64_t now = monotonic_ns(), last = __atomic_load_n(&last_ns, __ATOMIC_RELAXED);
+        if (now - last >= UINT64_C(100000000) &&
+            __atomic_compare_exchange_n(&last_ns, &last, now, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+            vgpu_region_reap_dead();
+        return load64(&r->devices[record].used_bytes);
+    }
+    /* One that only asks (nvidia-smi, an NVML monitor): the live slots' ledgers, read only. */
+    uint64_t used = 0;
+    uint32_t high = __atomic_load_n(&r->header.slot_high_water, __ATOMIC_ACQUIRE);
+    for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++)
+        if (!slot_is_empty(&r->slots[i]) && owner_alive(i))
+            used += load64(&r->slots[i].used_bytes[record]);
+    return used;
 }
 
 uint64_t vgpu_region_record_limit(int record)

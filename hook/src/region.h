@@ -31,10 +31,12 @@ void vgpu_region_release(int dev, uint64_t bytes);
 /* Returns dead processes' memory to the container; returns how many slots were reaped. */
 int vgpu_region_reap_dead(void);
 
-/* The same at most every 100 ms (a process without a slot takes one): before the container is
- * told what it has, so that a process that exited does not shrink it until an allocation
- * happens to need the room. */
-void vgpu_region_reap_soon(void);
+/* What the container holds on a record, as it is told (cuMemGetInfo, NVML): so that a process
+ * that exited does not shrink what it has until an allocation happens to need the room, a
+ * process with a slot reaps the dead first (at most every 100 ms); one without (nvidia-smi,
+ * which must not take a slot: it would count as a process whose host pid is unknown) sums the
+ * live slots' ledgers. */
+uint64_t vgpu_region_record_in_use(int record);
 
 /* The cap of a GPU not assigned to the container (devices.h): no allocation fits under it. */
 #define VGPU_REGION_NOTHING_FITS UINT64_C(1)

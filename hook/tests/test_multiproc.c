@@ -930,7 +930,7 @@ static void together(void)
 /* ---- lingering exit ------------------------------------------------------------------------ */
 
 /* A process that only asks NVML (nvidia-smi in the container): 0 when NVML shows GPU 0 with
- * nothing in use. */
+ * nothing in use and the process took no slot. */
 static int nvml_child(void)
 {
     void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -944,8 +944,12 @@ static int nvml_child(void)
     nvmlMemory_t m = {0};
     int fine = init != NULL && by_index != NULL && memory != NULL && init() == NVML_SUCCESS &&
                by_index(0, &device) == NVML_SUCCESS && memory(device, &m) == NVML_SUCCESS;
-    printf("NVML-only process: %llu MiB used of %llu\n", m.used / MiB, m.total / MiB);
-    return fine && m.used == 0 && m.total == 1024 * MiB ? 0 : 1;
+    /* It takes no slot: one with no host pid would make the limiter of every process of the
+     * container fall back to the whole GPU's utilisation. */
+    int slotless = open_region() && find_slot(getpid()) < 0;
+    printf("NVML-only process: %llu MiB used of %llu, %s slot\n", m.used / MiB, m.total / MiB,
+           slotless ? "no" : "a");
+    return fine && slotless && m.used == 0 && m.total == 1024 * MiB ? 0 : 1;
 }
 
 /* Allocates 800 MiB and returns from main without freeing (linger.so keeps it alive after). */
@@ -1004,7 +1008,8 @@ static void lingering_exit(void)
         execl(self_path, self_path, "nvml-child", (char *)NULL);
         _exit(4);
     }
-    check(exited_ok(asker), "a process that only asks NVML reaps it: nothing in use");
+    check(exited_ok(asker), "a process that only asks NVML sees nothing in use (the dead slot's "
+          "ledger left out), and takes no slot");
     sleep_s(0.15);
     size_t free_b = 0, total_b = 0;
     cuMemGetInfo_v2(&free_b, &total_b);
