@@ -12,9 +12,10 @@
 # export the library costs (tests/test_contention.c, the cases make test runs over the fake);
 # (9) memory freed with a context (cudaDeviceReset, cuCtxDestroy) given back to the cap, and a
 # cudaMallocAsync pool's cache not counted twice; (10) a VMM mapping, created contexts, a
-# pool's cache, a graph's allocation nodes and a raised stack limit held within the cap.
-# Usage: gpu-check.sh [SECTION...] (default: all ten, about 9 minutes; sections can be run
-# separately, e.g. 1-7, 9 and 10, then 8). Exit 77 (skip) without a GPU, 1 on any failed check.
+# pool's cache, a graph's allocation nodes and a raised stack limit held within the cap;
+# (11) CUDA's GPU UUIDs, as libvgpu writes them, are NVML's (the settings file's GPUs).
+# Usage: gpu-check.sh [SECTION...] (default: all eleven, about 9 minutes; sections can be run
+# separately, e.g. 1-7, 9 to 11, then 8). Exit 77 (skip) without a GPU, 1 on any failed check.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 # a section killed by a time limit keeps what it printed
 here=$(cd "$(dirname "$0")" && pwd)
@@ -357,8 +358,25 @@ LIBCUDA_LOG_LEVEL=3 under_cap eleven.cache 2g python3 "$here/tests/gpu_held.py"
 result $? "VMM mappings, created contexts, a pool's cache, graph memory and a raised stack held within the cap"
 }
 
+section_11() {
+echo "== 11. the GPU's UUID as CUDA gives it is NVML's (src/devices.c matches limits to GPUs by it)"
+# With the plugin's settings file a GPU whose CUDA UUID is not in its NVIDIA_VISIBLE_DEVICES
+# (NVML's UUIDs) gets no context: the two must be written alike for every GPU.
+under_cap twelve.cache 2g python3 -c 'import torch; torch.ones(1, device="cuda"); torch.cuda.synchronize()'
+local recorded listed
+recorded=$("$here/build/vgpu-region" "$work/twelve.cache" |
+    python3 -c 'import json, sys; print(" ".join(d["uuid"] for d in json.load(sys.stdin)["devices"] if d["uuid"]))')
+listed=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | tr 'A-Z' 'a-z' | tr -d ' ')
+echo "CUDA's UUIDs as recorded: ${recorded:-none}; NVML's: $(echo $listed)"
+local ok=1 uuid
+for uuid in $recorded; do
+    grep -qx "$(echo "$uuid" | tr 'A-Z' 'a-z')" <<<"$listed" || ok=0
+done
+[ -n "$recorded" ] && [ "$ok" = 1 ]; result $? "every GPU's UUID, as libvgpu writes CUDA's, is one NVML lists"
+}
+
 sections=("$@")
-[ ${#sections[@]} -gt 0 ] || sections=(1 2 3 4 5 6 7 8 9 10)
+[ ${#sections[@]} -gt 0 ] || sections=(1 2 3 4 5 6 7 8 9 10 11)
 for section in "${sections[@]}"; do
     declare -F "section_$section" >/dev/null || { echo "gpu-check: no section $section"; exit 2; }
     "section_$section"
