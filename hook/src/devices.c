@@ -102,23 +102,21 @@ static int record_from_region(int dev, const char *uuid)
 
 void vgpu_devices_learn(int count, const char uuids[][VGPU_REGION_UUID_BYTES])
 {
-    if (!__atomic_load_n(&learnt, __ATOMIC_ACQUIRE)) {
-        const char *assigned = assigned_list();
-        listed = names_gpus(assigned);
-        if (assigned != NULL && !listed)
-            vgpu_log(VGPU_LOG_WARN, "%s: NVIDIA_VISIBLE_DEVICES=%s does not name the GPUs by UUID; "
-                     "devices are matched to limits in the order processes meet them",
-                     vgpu_settings_path, assigned);
-        for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
-            const char *uuid = dev < count ? uuids[dev] : "";
-            if (uuid[0] == '\0')
-                records[dev] = dev; /* unreadable (or no such device): as before any map */
-            else
-                records[dev] = listed ? record_from_list(assigned, dev, uuid)
-                                      : record_from_region(dev, uuid);
-        }
-        __atomic_store_n(&learnt, 1, __ATOMIC_RELEASE);
+    const char *assigned = assigned_list();
+    listed = names_gpus(assigned);
+    if (assigned != NULL && !listed)
+        vgpu_log(VGPU_LOG_WARN, "%s: NVIDIA_VISIBLE_DEVICES=%s does not name the GPUs by UUID; "
+                 "devices are matched to limits in the order processes meet them",
+                 vgpu_settings_path, assigned);
+    for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
+        const char *uuid = dev < count ? uuids[dev] : "";
+        if (uuid[0] == '\0')
+            records[dev] = dev; /* unreadable (or no such device): as before any map */
+        else
+            records[dev] = listed ? record_from_list(assigned, dev, uuid)
+                                  : record_from_region(dev, uuid);
     }
+    __atomic_store_n(&learnt, 1, __ATOMIC_RELEASE);
 }
 
 /* Whether the map is learnt; while another thread's cuInit is learning it (the driver is up for

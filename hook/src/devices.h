@@ -26,8 +26,8 @@ int vgpu_assigned_position(const char *assigned, const char *uuid);
 void vgpu_devices_lock(void);
 void vgpu_devices_unlock(void);
 
-/* With the lock held, maps this process's count CUDA devices (uuids[i]: ordinal i's UUID, ""
- * when unreadable) to records, once per process (later calls keep the first map):
+/* With the lock held, once per process (cuInit, after its first success), maps this process's
+ * count CUDA devices (uuids[i]: ordinal i's UUID, "" when unreadable) to records:
  * - where the settings file names the assigned GPUs (vgpu_assigned_position), a GPU's record
  *   is its position there, and a GPU not listed gets none: nothing may be made or allocated on
  *   it (logged). The environment's list is not used: any process may change it;

@@ -268,10 +268,10 @@ run throttle-30 CUDA_DEVICE_SM_LIMIT=30 "$build/tests/test_throttle" 30 &
 t30=$!
 run throttle-60 CUDA_DEVICE_SM_LIMIT=60 "$build/tests/test_throttle" 60 &
 t60=$!
-# Graphs with a conditional WHILE node (their work unknown to the limiter) under a limit of 20.
-run throttle-while CUDA_DEVICE_SM_LIMIT=20 "$build/tests/test_throttle" 20 while &
-twhile=$!
-wait $t30 $t60 $twhile
+wait $t30 $t60
+# Graphs with a conditional WHILE node (their work unknown to the limiter) under a limit of 20:
+# alone, since beside the two above under the sanitizer the half-second case read 36 %.
+run throttle-while CUDA_DEVICE_SM_LIMIT=20 "$build/tests/test_throttle" 20 while
 run throttle-none "$build/tests/test_throttle" none
 # Containers sharing one GPU (the fake's time-sliced model, NVML's per-process samples): each
 # pair of tenants and the graph case has its own fake GPU, so they run at once (they sleep).

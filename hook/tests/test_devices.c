@@ -16,10 +16,8 @@
  * and the other two under a settings file (listed: _0=2g for B, _1=1g for A; unassigned:
  * _0=1g). */
 #include <cuda.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <nvml.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -31,6 +29,7 @@
 
 #include "check.h"
 #include "fake_state.h"
+#include "nvml_view.h"
 #include "region_view.h"
 
 static const uint64_t MiB = UINT64_C(1) << 20;
@@ -56,17 +55,8 @@ static uint64_t total_mib(void)
 /* NVML's total and used for the GPU NVML numbers index (the hook's view), in MiB. */
 static int nvml_memory(unsigned int index, uint64_t *total, uint64_t *used)
 {
-    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    nvmlReturn_t (*init)(void) = lib ? (nvmlReturn_t(*)(void))dlsym(lib, "nvmlInit_v2") : NULL;
-    typedef nvmlReturn_t (*by_index_fn)(unsigned int, nvmlDevice_t *);
-    by_index_fn by_index = lib ? (by_index_fn)dlsym(lib, "nvmlDeviceGetHandleByIndex_v2") : NULL;
-    nvmlReturn_t (*memory)(nvmlDevice_t, nvmlMemory_t *) =
-        lib ? (nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_t *))dlsym(lib, "nvmlDeviceGetMemoryInfo")
-            : NULL;
-    nvmlDevice_t device;
     nvmlMemory_t m;
-    if (init == NULL || by_index == NULL || memory == NULL || init() != NVML_SUCCESS ||
-        by_index(index, &device) != NVML_SUCCESS || memory(device, &m) != NVML_SUCCESS)
+    if (nvml_memory_of(index, &m) != 0)
         return -1;
     *total = m.total / MiB;
     *used = m.used / MiB;

@@ -20,8 +20,6 @@
  *                destructor that runs after libvgpu's (linger.so): its memory stays counted
  *   refused-child, uids-child, together-child, linger-child: run after exec by the modes above. */
 #include <cuda.h>
-#include <dlfcn.h>
-#include <nvml.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -35,6 +33,7 @@
 
 #include "check.h"
 #include "fake_state.h"
+#include "nvml_view.h"
 #include "vgpu_region.h"
 
 static const uint64_t MiB = UINT64_C(1) << 20;
@@ -848,17 +847,22 @@ static int together_round(const char *path, uint64_t *shared_mib)
     return fine;
 }
 
+/* LD_PRELOAD as it is, then the library `name` beside this program (the build's tests folder). */
+static void preload_after(char *out, size_t size, const char *name)
+{
+    const char *slash = strrchr(self_path, '/');
+    const char *before = getenv("LD_PRELOAD");
+    snprintf(out, size, "%s %.*s%s", before != NULL ? before : "",
+             slash != NULL ? (int)(slash + 1 - self_path) : 0, self_path, name);
+}
+
 /* The window itself, held open: a process finds no region file, and before it checks the guard
  * a peer creates the region and attaches (this process, here). It must then use that region. */
 static void peer_created(void)
 {
-    char path[4200], lib[4200], preload[8600];
+    char path[4200], preload[8600];
     snprintf(path, sizeof path, "%s.peer", region_path());
-    const char *slash = strrchr(self_path, '/');
-    snprintf(lib, sizeof lib, "%.*slate_open.so", slash != NULL ? (int)(slash + 1 - self_path) : 0,
-             self_path);
-    const char *before = getenv("LD_PRELOAD");
-    snprintf(preload, sizeof preload, "%s %s", before != NULL ? before : "", lib);
+    preload_after(preload, sizeof preload, "late_open.so");
     int said[2], go[2], ready[2], start[2], release[2];
     if (pipe(said) != 0 || pipe(go) != 0 || pipe(ready) != 0 || pipe(start) != 0 ||
         pipe(release) != 0) {
@@ -933,17 +937,8 @@ static void together(void)
  * nothing in use and the process took no slot. */
 static int nvml_child(void)
 {
-    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    typedef nvmlReturn_t (*init_fn)(void);
-    typedef nvmlReturn_t (*handle_fn)(unsigned int, nvmlDevice_t *);
-    typedef nvmlReturn_t (*memory_fn)(nvmlDevice_t, nvmlMemory_t *);
-    init_fn init = lib ? (init_fn)dlsym(lib, "nvmlInit_v2") : NULL;
-    handle_fn by_index = lib ? (handle_fn)dlsym(lib, "nvmlDeviceGetHandleByIndex_v2") : NULL;
-    memory_fn memory = lib ? (memory_fn)dlsym(lib, "nvmlDeviceGetMemoryInfo") : NULL;
-    nvmlDevice_t device;
     nvmlMemory_t m = {0};
-    int fine = init != NULL && by_index != NULL && memory != NULL && init() == NVML_SUCCESS &&
-               by_index(0, &device) == NVML_SUCCESS && memory(device, &m) == NVML_SUCCESS;
+    int fine = nvml_memory_of(0, &m) == 0;
     /* It takes no slot: one with no host pid would make the limiter of every process of the
      * container fall back to the whole GPU's utilisation. */
     int slotless = open_region() && find_slot(getpid()) < 0;
@@ -965,12 +960,8 @@ static int linger_child(void)
  * 3.2 GiB with four such processes. It stays counted until the process is gone. */
 static void lingering_exit(void)
 {
-    char lib[4200], preload[8600];
-    const char *slash = strrchr(self_path, '/');
-    snprintf(lib, sizeof lib, "%.*slinger.so", slash != NULL ? (int)(slash + 1 - self_path) : 0,
-             self_path);
-    const char *before = getenv("LD_PRELOAD");
-    snprintf(preload, sizeof preload, "%s %s", before != NULL ? before : "", lib);
+    char preload[8600];
+    preload_after(preload, sizeof preload, "linger.so");
     int said[2], go[2];
     if (pipe(said) != 0 || pipe(go) != 0) {
         check(0, "pipes: %s", strerror(errno));
