@@ -13,9 +13,11 @@
 # (9) memory freed with a context (cudaDeviceReset, cuCtxDestroy) given back to the cap, and a
 # cudaMallocAsync pool's cache not counted twice; (10) a VMM mapping, created contexts, a
 # pool's cache, a graph's allocation nodes and a raised stack limit held within the cap;
-# (11) CUDA's GPU UUIDs, as libvgpu writes them, are NVML's (the settings file's GPUs).
-# Usage: gpu-check.sh [SECTION...] (default: all eleven, about 9 minutes; sections can be run
-# separately, e.g. 1-7, 9 to 11, then 8). Exit 77 (skip) without a GPU, 1 on any failed check.
+# (11) CUDA's GPU UUIDs, as libvgpu writes them, are NVML's (the settings file's GPUs);
+# (12) under an SM limit of 50 %, a light load, then large kernels: the first is not held back
+# for its debt in blocks, and back to back they get the limit (the GPU-time account).
+# Usage: gpu-check.sh [SECTION...] (default: all twelve, about 10 minutes; sections can be run
+# separately, e.g. 1-7, 9 to 12, then 8). Exit 77 (skip) without a GPU, 1 on any failed check.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 # a section killed by a time limit keeps what it printed
 here=$(cd "$(dirname "$0")" && pwd)
@@ -375,8 +377,48 @@ done
 [ -n "$recorded" ] && [ "$ok" = 1 ]; result $? "every GPU's UUID, as libvgpu writes CUDA's, is one NVML lists"
 }
 
+section_12() {
+echo "== 12. SM limit 50 %: a light load, then large kernels"
+# Small matmuls every 100 ms keep the limiter's rate low (it follows demand); a large kernel's
+# blocks then made a debt that held the next launch back for minutes on an idle GPU (over the
+# fake: more than 60 s). The GPU-time account forgives a debt the measured share does not back.
+cat > "$work/burst.py" <<'PY'
+import sys, time, torch
+small = torch.randn(64, 64, device="cuda")
+big = torch.randn(8192, 8192, device="cuda")
+def large():
+    global big
+    big = (big @ big).clamp_(-1, 1)
+    torch.cuda.synchronize()
+large()  # cuBLAS's set-up, in the period that runs free
+if sys.argv[1] == "limited":
+    end = time.time() + 3
+    while time.time() < end:
+        small = (small @ small).clamp_(-1, 1); torch.cuda.synchronize(); time.sleep(0.1)
+    large()
+    t0 = time.time(); small = (small @ small).clamp_(-1, 1); torch.cuda.synchronize()
+    print(f"after a light load, a large kernel held the next back {time.time() - t0:.3f} s")
+start, n, n3 = time.time(), 0, None
+while time.time() - start < 8:
+    large(); n += 1
+    if n3 is None and time.time() - start >= 3: n3, t3 = n, time.time()
+print(f"large kernels from 3 s on: {(n - n3) / (time.time() - t3):.2f}/s")
+PY
+python3 "$work/burst.py" bare | tee "$work/burst-bare.txt"
+CUDA_DEVICE_SM_LIMIT=50 under_cap burst.cache 0 python3 "$work/burst.py" limited |
+    tee "$work/burst-limited.txt"
+local held bare limited share
+held=$(sed -n 's/.*held the next back \([0-9.]*\) s/\1/p' "$work/burst-limited.txt")
+bare=$(sed -n 's/.*on: \([0-9.]*\)\/s/\1/p' "$work/burst-bare.txt")
+limited=$(sed -n 's/.*on: \([0-9.]*\)\/s/\1/p' "$work/burst-limited.txt")
+awk -v h="${held:-99}" 'BEGIN { exit !(h < 1.0) }'
+result $? "after a light load, a large kernel holds the next one back ${held:-?} s (< 1 s)"
+share=$(awk -v l="${limited:-0}" -v b="${bare:-0}" 'BEGIN { printf "%.1f", b > 0 ? 100 * l / b : 0 }')
+within "$share" 50; result $? "back-to-back large kernels then get ${share} % of the bare rate (50 ± 5)"
+}
+
 sections=("$@")
-[ ${#sections[@]} -gt 0 ] || sections=(1 2 3 4 5 6 7 8 9 10 11)
+[ ${#sections[@]} -gt 0 ] || sections=(1 2 3 4 5 6 7 8 9 10 11 12)
 for section in "${sections[@]}"; do
     declare -F "section_$section" >/dev/null || { echo "gpu-check: no section $section"; exit 2; }
     "section_$section"

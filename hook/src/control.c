@@ -18,3 +18,25 @@ double vgpu_control_next_rate(double rate, double limit, double util, double dem
         next = ceiling;
     return next < min_rate ? min_rate : next;
 }
+
+double vgpu_control_credit(double credit, double limit, double util, double seconds, double cap)
+{
+    double next = credit + (limit - util) / 100.0 * seconds;
+    return next > cap ? cap : next;
+}
+
+int vgpu_control_forgives(double debt, double rate, double period, double credit)
+{
+    return credit > 0.0 && debt > rate * period;
+}
+
+double vgpu_control_forgiven_rate(double rate, double limit, double debt, double gpu_seconds)
+{
+    double measured = gpu_seconds > 0.0 ? limit / 100.0 * debt / gpu_seconds : debt;
+    return measured > 2.0 * rate ? measured : 2.0 * rate;
+}
+
+int vgpu_control_holds(double credit, double limit, double held_seconds)
+{
+    return credit < -limit / 100.0 * held_seconds;
+}

@@ -10,4 +10,26 @@
 double vgpu_control_next_rate(double rate, double limit, double util, double demand,
                               double min_rate);
 
+/* The limiter's GPU-time account: the credit, in seconds of the whole GPU, a container has
+ * left under its limit. Each measurement adds (limit - util) / 100 for the seconds it covers;
+ * never above cap, so an idle process cannot bank a burst. Tokens count blocks, which predict a
+ * launch's cost before it runs; the account counts what the launches cost as measured. */
+double vgpu_control_credit(double credit, double limit, double util, double seconds, double cap);
+
+/* Whether a debt of blocks is forgiven: it would take longer than one control period to repay
+ * at the rate, while the account says the container used less than its limit. The rate follows
+ * demand, so after a light load it is low, and one large kernel's debt held the next launch
+ * back for minutes on an idle GPU (hook/README.md, SM limit). */
+int vgpu_control_forgives(double debt, double rate, double period, double credit);
+
+/* The rate after a forgiveness: what spends the limit on work like the debt's, whose blocks
+ * cost gpu_seconds of the whole GPU as measured while it was outstanding (unmeasured: the debt
+ * once a second); at least twice the rate. The feedback steers it from there. */
+double vgpu_control_forgiven_rate(double rate, double limit, double debt, double gpu_seconds);
+
+/* Whether launches are held back: the container is over its limit by more than held_seconds of
+ * its share, as measured. Blocks are only a prediction of a launch's cost (a graph's WHILE node
+ * runs its body any number of times), so this bounds what a wrong one can take in the long run. */
+int vgpu_control_holds(double credit, double limit, double held_seconds);
+
 #endif

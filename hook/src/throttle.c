@@ -19,6 +19,17 @@ enum {
 };
 static const double burst_seconds = 0.02; /* bucket capacity, in seconds of rate */
 static const double min_rate = 1.0;      /* tokens/s: progress is always possible */
+static const double control_seconds = CONTROL_TICKS * (TICK_NS / 1e9);
+/* The GPU-time account: at most this many seconds at the limit banked, and after this long
+ * without a process sample (NVML has none when no process ran) the whole GPU's utilisation
+ * stands for the container's. */
+static const double credit_seconds = 0.2;
+static const double idle_seconds = 0.5;
+static const double held_seconds = 1.0;
+static const double told_seconds = 2.0; /* a hold needs a share told this recently */
+/* Measurements after a forgiveness before the next: NVML's sample period (about 1/6 s) is
+ * longer than the control period, so the first may not have seen the launch it let through. */
+static const unsigned fresh_after_forgiving = 2;
 
 /* Launches only take tokens and only the watcher adds them, so what launches took is counted
  * by the watcher from the value it last wrote (one atomic per launch, not two). */
@@ -31,6 +42,12 @@ struct bucket {
     uint64_t consumed_at_control;
     uint64_t control_ns; /* CLOCK_MONOTONIC of the last measurement acted on (set when the
                           * watcher starts) */
+    double credit;       /* the GPU-time account, seconds of the whole GPU (control.h) */
+    uint64_t account_ns; /* the account's last measurement */
+    uint64_t told_ns;    /* ... the last that told the container's share (see account) */
+    unsigned fresh;      /* measurements since the last forgiveness */
+    double debt_gpu;     /* GPU seconds measured while in debt, since it began */
+    int held;            /* the account is too far over the limit: no refill */
     uint32_t limit;
 };
 
@@ -58,23 +75,31 @@ static void start_full(struct bucket *b)
 {
     b->tokens = b->written = uncalibrated_credit;
     b->taken = 0;
+    b->credit = b->limit / 100.0 * credit_seconds;
+    b->fresh = fresh_after_forgiving;
+    b->held = 0;
+    b->debt_gpu = 0.0;
 }
 
 /* Adds rate * seconds tokens, keeping the fraction for the next tick: at a low rate (a CUDA
  * graph is many blocks) rounding each tick would add nothing at all. */
+static double capacity(const struct bucket *b)
+{
+    double tokens = b->rate * burst_seconds;
+    return tokens < 1.0 ? 1.0 : tokens;
+}
+
 static void refill(struct bucket *b, double seconds)
 {
-    double capacity = b->rate * burst_seconds;
-    if (capacity < 1.0)
-        capacity = 1.0;
+    double full = capacity(b);
     double due = b->rate * seconds + b->carry;
     int64_t add = (int64_t)due;
     b->carry = due - (double)add;
     int64_t now = __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE), next;
     do {
         next = now + add;
-        if (next > (int64_t)capacity) {
-            next = now > (int64_t)capacity ? now : (int64_t)capacity;
+        if (next > (int64_t)full) {
+            next = now > (int64_t)full ? now : (int64_t)full;
             b->carry = 0.0;
         }
     } while (!__atomic_compare_exchange_n(&b->tokens, &now, next, 1, __ATOMIC_ACQ_REL,
@@ -89,21 +114,26 @@ static void warn_once(int *done, const char *why)
         vgpu_log(VGPU_LOG_WARN, "SM limit: %s", why);
 }
 
-/* What the limiter takes as this container's share, or -1 to keep the current rate. */
-static double measure(int dev, double demand)
+/* What the limiter takes as this container's share, or -1 to keep the current rate; *exact
+ * says whether it is the container's own (NVML's per-process samples), not the whole GPU's. */
+static double measure(int dev, double demand, int *exact)
 {
     static int whole_device_warned, unmatched_warned;
     int32_t pids[MAX_PIDS];
     int npids = vgpu_region_pids(pids, MAX_PIDS);
     double util = -1;
+    *exact = 0;
     switch (vgpu_nvml_container_util(dev, pids, npids, &util)) {
     case VGPU_UTIL_OURS:
+        *exact = 1;
         return util;
     case VGPU_UTIL_OTHERS_ONLY:
         /* Our processes did not run in the period (the bucket held them back, or they were
          * idle): share 0, and the rate opens up. */
-        if (demand == 0.0 || vgpu_region_host_pids_known())
+        if (demand == 0.0 || vgpu_region_host_pids_known()) {
+            *exact = 1;
             return 0.0;
+        }
         /* We launched work, yet NVML shows only other processes, and some of our host pids
          * were never learnt: the whole device's rate is the only bound left; it counts other
          * tenants against us. */
@@ -121,12 +151,88 @@ static double measure(int dev, double demand)
     }
 }
 
+/* A debt the account does not back is forgiven: the bucket is filled, and the rate set from
+ * what the debt's work cost as measured (the feedback then steers it as usual). */
+static void forgive(int dev, struct bucket *b)
+{
+    int64_t now = __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE);
+    if (now >= 0 || !vgpu_control_forgives(-(double)now, b->rate, control_seconds, b->credit))
+        return;
+    double debt = -(double)now;
+    int64_t full = (int64_t)capacity(b);
+    while (now < full && !__atomic_compare_exchange_n(&b->tokens, &now, full, 1, __ATOMIC_ACQ_REL,
+                                                      __ATOMIC_ACQUIRE))
+        ;
+    if (now >= full)
+        return;
+    wrote(b, now, full);
+    b->carry = 0.0;
+    b->rate = vgpu_control_forgiven_rate(b->rate, (double)b->limit, debt, b->debt_gpu);
+    b->fresh = 0;
+    vgpu_log(VGPU_LOG_DEBUG, "device %d: %.0f tokens of debt forgiven (%.3f s of GPU under the "
+             "limit); rate %.0f tokens/s", dev, debt, b->credit, b->rate);
+}
+
+/* Adds a measurement to the GPU-time account (util < 0: none this period), forgives a debt it
+ * does not back, and holds launches back while the container is over its limit by more than
+ * held_seconds at the limit. Only the container's own share lowers the account (the whole
+ * GPU's counts other tenants), and a hold lasts only while measurements can tell the share:
+ * should NVML stop answering, or show only a busy whole GPU, the blocks alone limit, as before
+ * the account (a hold that only a measurement can end would be for good). The first period
+ * runs free (uncalibrated), so it is not counted. */
+static void account(int dev, struct bucket *b, double util, int exact, uint64_t now)
+{
+    double seconds = (double)(now - b->account_ns) / 1e9;
+    if (b->rate == 0.0) {
+        b->account_ns = b->told_ns = now;
+        return;
+    }
+    if (util < 0 && (seconds < idle_seconds ||
+                     vgpu_nvml_device_util(dev, &util) != VGPU_UTIL_WHOLE_DEVICE))
+        util = -1; /* nothing to add this period */
+    if (util >= 0) {
+        /* The whole GPU's share bounds the container's from above: under the limit it tells as
+         * much as the container's own; over it, it may be other tenants', so it counts as the
+         * limit (it neither lowers the account nor keeps a hold). */
+        if (exact || util < (double)b->limit)
+            b->told_ns = now;
+        else
+            util = (double)b->limit;
+        b->account_ns = now;
+        b->debt_gpu = __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) < 0
+                          ? b->debt_gpu + util / 100.0 * seconds : 0.0;
+        b->credit = vgpu_control_credit(b->credit, (double)b->limit, util, seconds,
+                                        b->limit / 100.0 * credit_seconds);
+        if (b->fresh < fresh_after_forgiving)
+            b->fresh++;
+        if (b->fresh >= fresh_after_forgiving)
+            forgive(dev, b);
+    }
+    int held = vgpu_control_holds(b->credit, (double)b->limit, held_seconds) &&
+               (double)(now - b->told_ns) / 1e9 < told_seconds;
+    if (held && !b->held) {
+        /* No launch passes from here: what the bucket holds is taken back. */
+        int64_t was = __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE);
+        while (was > 0 && !__atomic_compare_exchange_n(&b->tokens, &was, 0, 1, __ATOMIC_ACQ_REL,
+                                                        __ATOMIC_ACQUIRE))
+            ;
+        if (was > 0)
+            wrote(b, was, 0);
+        b->carry = 0.0;
+        vgpu_log(VGPU_LOG_DEBUG, "device %d: %.3f s of GPU over the limit; launches held back",
+                 dev, -b->credit);
+    }
+    b->held = held;
+}
+
 static void control(int dev, struct bucket *b, uint64_t now)
 {
     uint64_t taken = consumed(b);
     double seconds = (double)(now - b->control_ns) / 1e9;
     double demand = seconds > 0 ? (double)(taken - b->consumed_at_control) / seconds : 0.0;
-    double util = measure(dev, demand);
+    int exact;
+    double util = measure(dev, demand, &exact);
+    account(dev, b, util, exact, now);
     if (util < 0 || (demand == 0.0 && b->rate > 0.0))
         return; /* no measurement, or no launches to learn from: keep the current rate */
     b->consumed_at_control = taken;
@@ -162,7 +268,7 @@ static void *watch(void *unused)
                 continue;
             if (tick % CONTROL_TICKS == 0)
                 control(dev, b, monotonic_ns());
-            if (b->rate > 0.0)
+            if (b->rate > 0.0 && !b->held)
                 refill(b, TICK_NS / 1e9);
         }
     }
@@ -190,7 +296,7 @@ static void start_watcher(void)
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         /* The first control period starts now, not when the library loaded. */
         for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
-            buckets[dev].control_ns = monotonic_ns();
+            buckets[dev].control_ns = buckets[dev].account_ns = monotonic_ns();
             buckets[dev].consumed_at_control = consumed(&buckets[dev]);
         }
         if (pthread_create(&thread, &attr, watch, NULL) == 0)

@@ -273,6 +273,13 @@ wait $t30 $t60
 # alone, since beside the two above under the sanitizer the half-second case read 36 %.
 run throttle-while CUDA_DEVICE_SM_LIMIT=20 "$build/tests/test_throttle" 20 while
 run throttle-none "$build/tests/test_throttle" none
+# A light load, then large kernels: a debt in blocks the measured GPU time does not back; also
+# where NVML has no per-process samples (the whole GPU's utilisation stands for the container's).
+run throttle-burst CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 burst &
+tb=$!
+run throttle-burst-whole-gpu CUDA_DEVICE_SM_LIMIT=50 FAKE_NVML_NO_PROCESS_UTIL=1 \
+    "$build/tests/test_throttle" 50 burst
+wait $tb
 # Containers sharing one GPU (the fake's time-sliced model, NVML's per-process samples): each
 # pair of tenants and the graph case has its own fake GPU, so they run at once (they sleep).
 contention() { # contention NAME ARGS...

@@ -41,5 +41,28 @@ int main(void)
     check(r == 1.0, "an idle process cannot bank budget: rate bounded by demand (%.1f)", r);
     r = vgpu_control_next_rate(1000.0, 30, 10, 5000.0, 1.0);
     check(r > 1000.0 && r <= 2000.0, "under the limit with demand the rate rises (%.1f)", r);
+    /* The GPU-time account: seconds of the whole GPU under the limit. */
+    double c = vgpu_control_credit(0.0, 30, 10, 0.5, 1.0);
+    check(fabs(c - 0.1) < 1e-9, "20 points under a limit of 30 for 0.5 s: 0.1 s of GPU banked "
+          "(%.3f)", c);
+    c = vgpu_control_credit(0.0, 30, 0, 100.0, 0.06);
+    check(c == 0.06, "an idle process banks no more than the cap (%.3f)", c);
+    c = vgpu_control_credit(0.06, 30, 90, 1.0, 0.06);
+    check(fabs(c + 0.54) < 1e-9, "60 points over for 1 s: the account goes negative (%.3f)", c);
+    check(vgpu_control_forgives(20000, 21, 0.1, 0.05),
+          "a debt of 950 s at the rate, the account under the limit: forgiven");
+    check(!vgpu_control_forgives(20000, 21, 0.1, -0.01),
+          "... not while the account is over the limit");
+    check(!vgpu_control_forgives(1.5, 21, 0.1, 0.05),
+          "... nor a debt the rate repays within a control period");
+    r = vgpu_control_forgiven_rate(21, 50, 20000, 0.02);
+    check(fabs(r - 5e5) < 1e-3, "20000 blocks measured at 0.02 s of GPU, limit 50: the rate that "
+          "spends half the GPU on such work (%.0f)", r);
+    r = vgpu_control_forgiven_rate(21, 50, 20000, 0.0);
+    check(r == 20000, "not measured: the debt once a second (%.0f)", r);
+    r = vgpu_control_forgiven_rate(1000, 50, 100, 0.5);
+    check(r == 2000, "never below twice the rate it had (%.0f)", r);
+    check(!vgpu_control_holds(-0.19, 20, 1.0) && vgpu_control_holds(-0.21, 20, 1.0),
+          "launches are held once the account is a second at the limit over (0.2 s at 20%%)");
     return check_done("test_control");
 }

@@ -5,12 +5,15 @@
  * The loop rotates through every launch variant, so each one must be gated. First, a CUDA graph
  * whose cost cannot be read for want of host memory: refused under a limit (it would run at one
  * token a launch), left alone without one. With "while" after the limit: graphs with a
- * conditional WHILE node instead (while_graphs). */
+ * conditional WHILE node instead (while_graphs); with "burst": a light load, then large kernels
+ * (burst_after_light_load). */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "fake_state.h"
@@ -141,6 +144,16 @@ static double run_for(double seconds, unsigned *i, unsigned stride)
     return 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - t0) * 1e9);
 }
 
+/* SIGALRM: a launch held back past the test's bound fails the test instead of hanging it. */
+static void held_too_long(int sig)
+{
+    (void)sig;
+    static const char msg[] = "FAIL: a launch was held back past the test's bound\n";
+    if (write(2, msg, sizeof msg - 1) < 0)
+        _exit(2);
+    _exit(1);
+}
+
 /* An executable graph whose conditional node (type) runs a kernel of `blocks` blocks (1 us each
  * on the fake GPU), `loops` times a launch for a WHILE; NULL when it cannot be made. */
 static CUgraphExec conditional_exec(CUgraphConditionalNodeType type, unsigned blocks,
@@ -189,6 +202,8 @@ static double while_share(CUgraphExec exec, double seconds, double measure)
  * share is coarse at half a second a launch). */
 static void while_graphs(double limit)
 {
+    signal(SIGALRM, held_too_long);
+    alarm(120);
     /* First a process that has launched little (its rate low), then a trivial IF graph: charged
      * as 2^20 blocks, its next kernel waited 46 s (helper review). */
     CUgraphExec trivial = conditional_exec(CU_GRAPH_COND_TYPE_IF, 1, 1);
@@ -215,9 +230,84 @@ static void while_graphs(double limit)
     double util = while_share(shorter, 6.0, 3.0);
     check(fabs(util - limit) <= 5.0, "limit %.0f%%: a WHILE graph of 20 ms a launch keeps the GPU "
           "%.1f%% busy", limit, util);
-    util = while_share(longer, 12.0, 8.0);
-    check(util <= limit + 12.0, "limit %.0f%%: one of 0.5 s a launch, %.1f%% over 8 s", limit,
-          util);
+    /* Trivial graphs (1 us a launch, charged like the long one) first: nothing to measure, so
+     * the rate climbs with demand, and the bucket holds 20 ms of that rate. Spent on the long
+     * graph, those tokens kept the GPU 100 % busy under a limit of 20 for as long as this ran,
+     * the feedback lowering the rate but never what the bucket held. */
+    for (t0 = now_s(); now_s() - t0 < 2.0;) {
+        cuGraphLaunch(trivial, NULL);
+        cuCtxSynchronize();
+    }
+    util = while_share(longer, 6.0, 6.0);
+    check(fabs(util - limit) <= 8.0, "limit %.0f%%: after 2 s of trivial graphs, one of 0.5 s a "
+          "launch keeps the GPU %.1f%% busy over 6 s", limit, util);
+    util = while_share(longer, 8.0, 8.0);
+    check(fabs(util - limit) <= 8.0, "limit %.0f%%: ... and %.1f%% over the next 8 s (one "
+          "launch is 6 points of them)", limit, util);
+    /* Over the limit by 0.8 s of GPU (two long launches on tokens banked again), launches are
+     * held back until the account is within a second at the limit, which only a measurement
+     * can tell: NVML then stops answering, and the hold must end, the blocks alone limiting. */
+    for (t0 = now_s(); now_s() - t0 < 2.0;) {
+        cuGraphLaunch(trivial, NULL);
+        cuCtxSynchronize();
+    }
+    cuGraphLaunch(longer, NULL);
+    cuGraphLaunch(longer, NULL);
+    cuCtxSynchronize();
+    setenv("FAKE_NVML_UTIL_FAILS", "1", 1);
+    t0 = now_s();
+    cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    cuCtxSynchronize();
+    double held = now_s() - t0;
+    check(held > 1.0 && held < 5.0, "held back over the limit, then NVML lost: the next kernel "
+          "waits %.2f s (the hold lasts 2 s past the last measurement, not for good)", held);
+    unsetenv("FAKE_NVML_UTIL_FAILS");
+}
+
+/* Seconds the next 1-block kernel waits after `blocks` blocks were launched (and finished). */
+static double wait_after(unsigned blocks)
+{
+    cuLaunchKernel(NULL, blocks, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+    cuCtxSynchronize();
+    double t0 = now_s();
+    cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    cuCtxSynchronize();
+    return now_s() - t0;
+}
+
+/* A process that launched little for a while (an inference server between requests), then a
+ * large kernel: the limiter's rate follows demand, so it was low, and the large kernel's debt
+ * in blocks held the next launch back more than 97 s under a limit of 50, the GPU idle. What
+ * the process used of the GPU is under its share: the debt must not hold it back longer than
+ * the kernel's own GPU time, at the limit, says (20 ms here) plus the measurement's lag. Then
+ * back-to-back large kernels must reach the limit within a few seconds. */
+static void burst_after_light_load(double limit)
+{
+    signal(SIGALRM, held_too_long);
+    alarm(60);
+    double t0 = now_s();
+    while (now_s() - t0 < 3.0) {
+        cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+        cuCtxSynchronize();
+        sleep_s(0.1);
+    }
+    double waited = wait_after(20000);
+    check(waited < 1.0, "limit %.0f%%: after a light load, a 20 ms kernel holds the next one "
+          "back %.3f s", limit, waited);
+    uint64_t busy0 = 0;
+    double from = 0;
+    for (t0 = now_s(); now_s() - t0 < 8.0;) {
+        if (from == 0 && now_s() - t0 >= 3.0) { /* the share counts from 3 s on */
+            busy0 = fake_cuda_busy_ns(0);
+            from = now_s();
+        }
+        cuLaunchKernel(NULL, 20000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+        cuCtxSynchronize();
+    }
+    double util = 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - from) * 1e9);
+    check(fabs(util - limit) <= 5.0, "limit %.0f%%: back-to-back 20 ms kernels keep the GPU "
+          "%.1f%% busy from 3 s on", limit, util);
+    alarm(0);
 }
 
 int main(int argc, char **argv)
@@ -230,6 +320,14 @@ int main(int argc, char **argv)
         cuCtxSetCurrent(ctx);
         while_graphs(atof(limit_arg));
         return check_done("test_throttle while");
+    }
+    if (argc > 2 && strcmp(argv[2], "burst") == 0) {
+        CUcontext ctx;
+        cuInit(0);
+        cuDevicePrimaryCtxRetain(&ctx, 0);
+        cuCtxSetCurrent(ctx);
+        burst_after_light_load(atof(limit_arg));
+        return check_done("test_throttle burst");
     }
     launch_ptsz = (launch_fn)dlsym(RTLD_DEFAULT, "cuLaunchKernel_ptsz");
     coop_ptsz = (coop_fn)dlsym(RTLD_DEFAULT, "cuLaunchCooperativeKernel_ptsz");

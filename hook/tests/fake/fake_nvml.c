@@ -124,6 +124,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
     return NVML_SUCCESS;
 }
 
+/* FAKE_NVML_UTIL_FAILS=1, read at every call: both utilisation queries answer
+ * NVML_ERROR_UNKNOWN (a driver that stopped answering them mid-run). */
+static int util_fails(void)
+{
+    const char *fails = getenv("FAKE_NVML_UTIL_FAILS");
+    return fails != NULL && fails[0] != '\0' && strcmp(fails, "0") != 0;
+}
+
 /* One sample per process that got SM time in the latest completed sample period, stamped
  * with that period's end; only those newer than last_seen. FAKE_NVML_NO_PROCESS_UTIL=1: the
  * query is not supported, as on GPUs before Maxwell. */
@@ -139,6 +147,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         return NVML_ERROR_UNINITIALIZED;
     if (device == NULL || count == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (util_fails())
+        return NVML_ERROR_UNKNOWN;
     struct fake_gpu_sample got[MAX_PROCS];
     uint64_t end_us;
     unsigned int device_pct;
@@ -169,6 +179,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
         return NVML_ERROR_UNINITIALIZED;
     if (device == NULL || rates == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (util_fails())
+        return NVML_ERROR_UNKNOWN;
     uint64_t end_us;
     unsigned int pct;
     fake_gpu_period(device->index, &end_us, &pct, NULL, 0);
