@@ -73,7 +73,11 @@ struct vgpu_region_device {
     uint64_t context_bytes;    /* 104 atomic: the context and driver memory NVML last showed for
                                 *     one process of the container on this device beyond its
                                 *     allocations (reserved before the next context is made) */
-    uint64_t reserved[2];      /* 112 zero */
+    int64_t sm_credit_ns;      /* 112 atomic: the SM limiter's GPU-time account, the container's
+                                *     (hook/src/throttle.c): ns of the whole GPU it has left under
+                                *     its SM limit, negative when over; 0 in a new region */
+    uint64_t sm_charged_us;    /* 120 atomic: CLOCK_REALTIME us (NVML's sample stamps) up to
+                                *     which sm_credit_ns is charged; 0 = never */
 };
 
 struct vgpu_region_slot {
@@ -104,6 +108,8 @@ _Static_assert(offsetof(struct vgpu_region_header, ledger_lock) == 80, "header o
 _Static_assert(offsetof(struct vgpu_region_device, uuid) == 32, "device offsets");
 _Static_assert(offsetof(struct vgpu_region_device, oom_refusals) == 96, "device offsets");
 _Static_assert(offsetof(struct vgpu_region_device, context_bytes) == 104, "device offsets");
+_Static_assert(offsetof(struct vgpu_region_device, sm_credit_ns) == 112, "device offsets");
+_Static_assert(offsetof(struct vgpu_region_device, sm_charged_us) == 120, "device offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, used_bytes) == 32, "slot offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, journal_state) == 160, "slot offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, journal_device_used) == 168, "slot offsets");

@@ -19,9 +19,10 @@ double vgpu_control_next_rate(double rate, double limit, double util, double dem
     return next < min_rate ? min_rate : next;
 }
 
-double vgpu_control_credit(double credit, double limit, double util, double seconds, double cap)
+double vgpu_control_credit(double credit, double limit, double util, double gap, double covered,
+                           double cap)
 {
-    double next = credit + (limit - util) / 100.0 * seconds;
+    double next = credit + limit / 100.0 * gap - util / 100.0 * covered;
     return next > cap ? cap : next;
 }
 

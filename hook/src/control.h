@@ -11,10 +11,14 @@ double vgpu_control_next_rate(double rate, double limit, double util, double dem
                               double min_rate);
 
 /* The limiter's GPU-time account: the credit, in seconds of the whole GPU, a container has
- * left under its limit. Each measurement adds (limit - util) / 100 for the seconds it covers;
- * never above cap, so an idle process cannot bank a burst. Tokens count blocks, which predict a
- * launch's cost before it runs; the account counts what the launches cost as measured. */
-double vgpu_control_credit(double credit, double limit, double util, double seconds, double cap);
+ * left under its limit. A reading adds the limit's share of the gap since the last one and
+ * takes off what the container used: util for the `covered` seconds the reading describes
+ * (NVML's sample period; no sample in the rest of the gap means none of the container's
+ * processes ran). Never above cap, so an idle container cannot bank a burst. Tokens count
+ * blocks, which predict a launch's cost before it runs; the account counts what the launches
+ * cost as measured. */
+double vgpu_control_credit(double credit, double limit, double util, double gap, double covered,
+                           double cap);
 
 /* Whether a debt of blocks is forgiven: it would take longer than one control period to repay
  * at the rate, while the account says the container used less than its limit. The rate follows

@@ -192,7 +192,8 @@ enum vgpu_util vgpu_nvml_device_util(int dev, double *util)
  * stamped with the period's end. A query for samples newer than last_seen answers
  * NVML_ERROR_NOT_FOUND until a period with work ends. The sum over our pids is the container's
  * share; pids of other tenants never count against it (the GPU time-slices their contexts). */
-enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids, double *util)
+enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids, double *util,
+                                        unsigned long long *stamp_us)
 {
     static unsigned long long last_seen[VGPU_REGION_MAX_DEVICES];
     nvmlDevice_t device;
@@ -229,5 +230,6 @@ enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids,
         }
     }
     *util = total;
+    *stamp_us = last_seen[dev];
     return ours ? VGPU_UTIL_OURS : VGPU_UTIL_OTHERS_ONLY;
 }

@@ -16,8 +16,10 @@ enum vgpu_util {
 };
 
 /* The SM share (percent) of CUDA device dev taken by the given pids in the sample period(s)
- * ended since the previous call. Called by one thread per process (the limiter's). */
-enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids, double *util);
+ * ended since the previous call, and (OURS, OTHERS_ONLY) the end of the newest period as NVML
+ * stamps it (CLOCK_REALTIME us). Called by one thread per process (the limiter's). */
+enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids, double *util,
+                                        unsigned long long *stamp_us);
 
 /* The whole device's utilisation (percent) over NVML's latest sample period, every tenant's
  * work included: VGPU_UTIL_WHOLE_DEVICE, or VGPU_UTIL_UNKNOWN. */

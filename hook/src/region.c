@@ -455,6 +455,13 @@ uint32_t vgpu_region_sm_limit(int dev)
     return vgpu_region_get() != NULL && record >= 0 ? sm_percent[record] : 0;
 }
 
+struct vgpu_region_device *vgpu_region_sm_account(int dev)
+{
+    struct vgpu_region *r = vgpu_region_get();
+    int record = vgpu_device_record(dev);
+    return r != NULL && record >= 0 ? &r->devices[record] : NULL;
+}
+
 void vgpu_region_count_refusal(int dev)
 {
     struct vgpu_region *r = vgpu_region_get();

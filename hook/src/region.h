@@ -46,6 +46,9 @@ uint64_t vgpu_region_limit(int dev);
 int vgpu_region_any_limit(void); /* any device has a memory cap */
 uint64_t vgpu_region_used(int dev);
 uint32_t vgpu_region_sm_limit(int dev);
+/* The container's SM account on dev (sm_credit_ns, sm_charged_us), shared by its processes;
+ * NULL without a region or a record for dev (the caller keeps one of its own). */
+struct vgpu_region_device *vgpu_region_sm_account(int dev);
 
 /* Where a process of the container refused an allocation for want of room on dev. */
 void vgpu_region_count_refusal(int dev);

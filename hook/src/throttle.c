@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <time.h>
 
+#include "account.h"
 #include "control.h"
 #include "log.h"
 #include "nvml.h"
@@ -20,13 +21,15 @@ enum {
 static const double burst_seconds = 0.02; /* bucket capacity, in seconds of rate */
 static const double min_rate = 1.0;      /* tokens/s: progress is always possible */
 static const double control_seconds = CONTROL_TICKS * (TICK_NS / 1e9);
-/* The GPU-time account: at most this many seconds at the limit banked, and after this long
- * without a process sample (NVML has none when no process ran) the whole GPU's utilisation
- * stands for the container's. */
+/* The GPU-time account (account.h): at most this many seconds at the limit banked; after this
+ * long without a charge (NVML has no process sample when no process ran) the whole GPU's
+ * utilisation stands for the container's; launches are held back past this many seconds at
+ * the limit over, while a charge is at most told_seconds old. */
 static const double credit_seconds = 0.2;
 static const double idle_seconds = 0.5;
 static const double held_seconds = 1.0;
-static const double told_seconds = 2.0; /* a hold needs a share told this recently */
+static const double told_seconds = 2.0;
+static const double first_period_s = 1.0 / 6; /* NVML's sample period until two stamps say */
 /* Measurements after a forgiveness before the next: NVML's sample period (about 1/6 s) is
  * longer than the control period, so the first may not have seen the launch it let through. */
 static const unsigned fresh_after_forgiving = 2;
@@ -42,10 +45,9 @@ struct bucket {
     uint64_t consumed_at_control;
     uint64_t control_ns; /* CLOCK_MONOTONIC of the last measurement acted on (set when the
                           * watcher starts) */
-    double credit;       /* the GPU-time account, seconds of the whole GPU (control.h) */
-    uint64_t account_ns; /* the account's last measurement */
-    uint64_t told_ns;    /* ... the last that told the container's share (see account) */
-    unsigned fresh;      /* measurements since the last forgiveness */
+    double period_s;     /* NVML's sample period: the least gap between two stamps seen */
+    unsigned long long stamp_us; /* the newest sample stamp seen */
+    unsigned fresh;      /* readings since the last forgiveness */
     double debt_gpu;     /* GPU seconds measured while in debt, since it began */
     int held;            /* the account is too far over the limit: no refill */
     uint32_t limit;
@@ -75,20 +77,22 @@ static void start_full(struct bucket *b)
 {
     b->tokens = b->written = uncalibrated_credit;
     b->taken = 0;
-    b->credit = b->limit / 100.0 * credit_seconds;
+    b->period_s = first_period_s;
+    b->stamp_us = 0;
     b->fresh = fresh_after_forgiving;
     b->held = 0;
     b->debt_gpu = 0.0;
 }
 
-/* Adds rate * seconds tokens, keeping the fraction for the next tick: at a low rate (a CUDA
- * graph is many blocks) rounding each tick would add nothing at all. */
+/* What the bucket holds at most: burst_seconds of its rate, at least one token. */
 static double capacity(const struct bucket *b)
 {
     double tokens = b->rate * burst_seconds;
     return tokens < 1.0 ? 1.0 : tokens;
 }
 
+/* Adds rate * seconds tokens, keeping the fraction for the next tick: at a low rate (a CUDA
+ * graph is many blocks) rounding each tick would add nothing at all. */
 static void refill(struct bucket *b, double seconds)
 {
     double full = capacity(b);
@@ -114,24 +118,25 @@ static void warn_once(int *done, const char *why)
         vgpu_log(VGPU_LOG_WARN, "SM limit: %s", why);
 }
 
-/* What the limiter takes as this container's share, or -1 to keep the current rate; *exact
- * says whether it is the container's own (NVML's per-process samples), not the whole GPU's. */
-static double measure(int dev, double demand, int *exact)
+/* What the limiter takes as this container's share, or -1 to keep the current rate; *reading
+ * is what the GPU-time account is charged (its util -1 when nothing is to be). */
+static double measure(int dev, double demand, struct vgpu_reading *reading)
 {
     static int whole_device_warned, unmatched_warned;
     int32_t pids[MAX_PIDS];
     int npids = vgpu_region_pids(pids, MAX_PIDS);
     double util = -1;
-    *exact = 0;
-    switch (vgpu_nvml_container_util(dev, pids, npids, &util)) {
+    unsigned long long stamp = 0;
+    *reading = (struct vgpu_reading){.util = -1, .stamp_us = (unix_ns() / 1000u), .sampled = 0};
+    switch (vgpu_nvml_container_util(dev, pids, npids, &util, &stamp)) {
     case VGPU_UTIL_OURS:
-        *exact = 1;
+        *reading = (struct vgpu_reading){.util = util, .stamp_us = stamp, .sampled = 1};
         return util;
     case VGPU_UTIL_OTHERS_ONLY:
         /* Our processes did not run in the period (the bucket held them back, or they were
          * idle): share 0, and the rate opens up. */
         if (demand == 0.0 || vgpu_region_host_pids_known()) {
-            *exact = 1;
+            *reading = (struct vgpu_reading){.util = 0.0, .stamp_us = stamp, .sampled = 1};
             return 0.0;
         }
         /* We launched work, yet NVML shows only other processes, and some of our host pids
@@ -139,12 +144,15 @@ static double measure(int dev, double demand, int *exact)
          * tenants against us. */
         warn_once(&unmatched_warned, "NVML does not list this container's processes (host pids "
                   "unknown); limiting by the whole GPU's utilisation, other tenants included");
-        if (vgpu_nvml_device_util(dev, &util) == VGPU_UTIL_WHOLE_DEVICE)
+        if (vgpu_nvml_device_util(dev, &util) == VGPU_UTIL_WHOLE_DEVICE) {
+            reading->util = util;
             return util;
+        }
         return -1;
     case VGPU_UTIL_WHOLE_DEVICE:
         warn_once(&whole_device_warned, "this GPU has no per-process samples; limiting by the "
                   "whole GPU's utilisation, other tenants included");
+        reading->util = util;
         return util;
     default:
         return -1; /* no sample period has ended yet, or NVML cannot tell: keep the rate */
@@ -153,10 +161,10 @@ static double measure(int dev, double demand, int *exact)
 
 /* A debt the account does not back is forgiven: the bucket is filled, and the rate set from
  * what the debt's work cost as measured (the feedback then steers it as usual). */
-static void forgive(int dev, struct bucket *b)
+static void forgive(int dev, struct bucket *b, double credit)
 {
     int64_t now = __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE);
-    if (now >= 0 || !vgpu_control_forgives(-(double)now, b->rate, control_seconds, b->credit))
+    if (now >= 0 || !vgpu_control_forgives(-(double)now, b->rate, control_seconds, credit))
         return;
     double debt = -(double)now;
     int64_t full = (int64_t)capacity(b);
@@ -170,57 +178,62 @@ static void forgive(int dev, struct bucket *b)
     b->rate = vgpu_control_forgiven_rate(b->rate, (double)b->limit, debt, b->debt_gpu);
     b->fresh = 0;
     vgpu_log(VGPU_LOG_DEBUG, "device %d: %.0f tokens of debt forgiven (%.3f s of GPU under the "
-             "limit); rate %.0f tokens/s", dev, debt, b->credit, b->rate);
+             "limit); rate %.0f tokens/s", dev, debt, credit, b->rate);
 }
 
-/* Adds a measurement to the GPU-time account (util < 0: none this period), forgives a debt it
- * does not back, and holds launches back while the container is over its limit by more than
- * held_seconds at the limit. Only the container's own share lowers the account (the whole
- * GPU's counts other tenants), and a hold lasts only while measurements can tell the share:
- * should NVML stop answering, or show only a busy whole GPU, the blocks alone limit, as before
- * the account (a hold that only a measurement can end would be for good). The first period
- * runs free (uncalibrated), so it is not counted. */
-static void account(int dev, struct bucket *b, double util, int exact, uint64_t now)
+/* Takes what the bucket holds, so that no launch passes from here. */
+static void empty(struct bucket *b)
 {
-    double seconds = (double)(now - b->account_ns) / 1e9;
-    if (b->rate == 0.0) {
-        b->account_ns = b->told_ns = now;
-        return;
+    int64_t was = __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE);
+    while (was > 0 && !__atomic_compare_exchange_n(&b->tokens, &was, 0, 1, __ATOMIC_ACQ_REL,
+                                                    __ATOMIC_ACQUIRE))
+        ;
+    if (was > 0)
+        wrote(b, was, 0);
+    b->carry = 0.0;
+}
+
+/* Charges a reading to the container's GPU-time account (account.h), forgives a debt the
+ * account does not back, and holds launches back while the container is over its limit by more
+ * than held_seconds at the limit. A share that is the whole GPU's counts other tenants, as the
+ * rate does then. A hold lasts only while readings are charged: should NVML stop answering, the
+ * blocks alone limit, as before the account (a hold that only a reading can end would be for
+ * good). A bucket held before its first period (a process started in a held container) gets
+ * its uncalibrated start back when the hold ends. */
+static void account(int dev, struct bucket *b, struct vgpu_reading *reading)
+{
+    double cap = b->limit / 100.0 * credit_seconds;
+    double age = vgpu_account_age(dev, reading->stamp_us);
+    if (reading->util < 0 && (age < 0 || age >= idle_seconds) &&
+        vgpu_nvml_device_util(dev, &reading->util) != VGPU_UTIL_WHOLE_DEVICE)
+        reading->util = -1;
+    if (reading->util >= 0 && reading->sampled) {
+        if (b->stamp_us != 0 && reading->stamp_us > b->stamp_us &&
+            (double)(reading->stamp_us - b->stamp_us) / 1e6 < b->period_s)
+            b->period_s = (double)(reading->stamp_us - b->stamp_us) / 1e6;
+        b->stamp_us = reading->stamp_us;
     }
-    if (util < 0 && (seconds < idle_seconds ||
-                     vgpu_nvml_device_util(dev, &util) != VGPU_UTIL_WHOLE_DEVICE))
-        util = -1; /* nothing to add this period */
-    if (util >= 0) {
-        /* The whole GPU's share bounds the container's from above: under the limit it tells as
-         * much as the container's own; over it, it may be other tenants', so it counts as the
-         * limit (it neither lowers the account nor keeps a hold). */
-        if (exact || util < (double)b->limit)
-            b->told_ns = now;
-        else
-            util = (double)b->limit;
-        b->account_ns = now;
+    if (reading->util >= 0 && b->rate > 0.0) {
+        vgpu_account_charge(dev, b->limit, reading, b->period_s, cap);
+        double covered = reading->sampled ? b->period_s : control_seconds;
         b->debt_gpu = __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) < 0
-                          ? b->debt_gpu + util / 100.0 * seconds : 0.0;
-        b->credit = vgpu_control_credit(b->credit, (double)b->limit, util, seconds,
-                                        b->limit / 100.0 * credit_seconds);
+                          ? b->debt_gpu + reading->util / 100.0 * covered : 0.0;
         if (b->fresh < fresh_after_forgiving)
             b->fresh++;
         if (b->fresh >= fresh_after_forgiving)
-            forgive(dev, b);
+            forgive(dev, b, vgpu_account_credit(dev));
     }
-    int held = vgpu_control_holds(b->credit, (double)b->limit, held_seconds) &&
-               (double)(now - b->told_ns) / 1e9 < told_seconds;
+    age = vgpu_account_age(dev, (unix_ns() / 1000u));
+    double credit = vgpu_account_credit(dev);
+    int held = vgpu_control_holds(credit, (double)b->limit, held_seconds) && age >= 0 &&
+               age < told_seconds;
     if (held && !b->held) {
-        /* No launch passes from here: what the bucket holds is taken back. */
-        int64_t was = __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE);
-        while (was > 0 && !__atomic_compare_exchange_n(&b->tokens, &was, 0, 1, __ATOMIC_ACQ_REL,
-                                                        __ATOMIC_ACQUIRE))
-            ;
-        if (was > 0)
-            wrote(b, was, 0);
-        b->carry = 0.0;
+        empty(b);
         vgpu_log(VGPU_LOG_DEBUG, "device %d: %.3f s of GPU over the limit; launches held back",
-                 dev, -b->credit);
+                 dev, -credit);
+    } else if (!held && b->held && b->rate == 0.0) {
+        wrote(b, __atomic_exchange_n(&b->tokens, uncalibrated_credit, __ATOMIC_ACQ_REL),
+              uncalibrated_credit);
     }
     b->held = held;
 }
@@ -230,11 +243,12 @@ static void control(int dev, struct bucket *b, uint64_t now)
     uint64_t taken = consumed(b);
     double seconds = (double)(now - b->control_ns) / 1e9;
     double demand = seconds > 0 ? (double)(taken - b->consumed_at_control) / seconds : 0.0;
-    int exact;
-    double util = measure(dev, demand, &exact);
-    account(dev, b, util, exact, now);
-    if (util < 0 || (demand == 0.0 && b->rate > 0.0))
-        return; /* no measurement, or no launches to learn from: keep the current rate */
+    struct vgpu_reading reading;
+    double util = measure(dev, demand, &reading);
+    account(dev, b, &reading);
+    if (util < 0 || demand == 0.0)
+        return; /* no measurement, or no launches to learn from: keep the current rate (or wait
+                 * to calibrate it: a first period held back took nothing) */
     b->consumed_at_control = taken;
     b->control_ns = now;
     if (b->rate == 0.0) {
@@ -296,8 +310,17 @@ static void start_watcher(void)
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         /* The first control period starts now, not when the library loaded. */
         for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
-            buckets[dev].control_ns = buckets[dev].account_ns = monotonic_ns();
-            buckets[dev].consumed_at_control = consumed(&buckets[dev]);
+            struct bucket *b = &buckets[dev];
+            b->control_ns = monotonic_ns();
+            b->consumed_at_control = consumed(b);
+            /* A container held back holds a process that starts in it from its first launch
+             * (its first period would otherwise run free). */
+            double age = vgpu_account_age(dev, unix_ns() / 1000u);
+            if (b->limit != 0 && age >= 0 && age < told_seconds &&
+                vgpu_control_holds(vgpu_account_credit(dev), (double)b->limit, held_seconds)) {
+                empty(b);
+                b->held = 1;
+            }
         }
         if (pthread_create(&thread, &attr, watch, NULL) == 0)
             __atomic_store_n(&watcher_running, 1, __ATOMIC_RELEASE);

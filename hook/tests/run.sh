@@ -277,9 +277,12 @@ run throttle-none "$build/tests/test_throttle" none
 # where NVML has no per-process samples (the whole GPU's utilisation stands for the container's).
 run throttle-burst CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 burst &
 tb=$!
-run throttle-burst-whole-gpu CUDA_DEVICE_SM_LIMIT=50 FAKE_NVML_NO_PROCESS_UTIL=1 \
-    "$build/tests/test_throttle" 50 burst
+run throttle-burst-whole-gpu CUDA_DEVICE_SM_LIMIT=20 FAKE_NVML_NO_PROCESS_UTIL=1 \
+    "$build/tests/test_throttle" 20 burst
 wait $tb
+# Two processes of one container: its GPU-time account is theirs together.
+run throttle-siblings CUDA_DEVICE_SM_LIMIT=30 FAKE_GPU_SHARED="$tmp/siblings.shm" \
+    "$build/tests/test_throttle" 30 siblings
 # Containers sharing one GPU (the fake's time-sliced model, NVML's per-process samples): each
 # pair of tenants and the graph case has its own fake GPU, so they run at once (they sleep).
 contention() { # contention NAME ARGS...

@@ -42,13 +42,16 @@ int main(void)
     r = vgpu_control_next_rate(1000.0, 30, 10, 5000.0, 1.0);
     check(r > 1000.0 && r <= 2000.0, "under the limit with demand the rate rises (%.1f)", r);
     /* The GPU-time account: seconds of the whole GPU under the limit. */
-    double c = vgpu_control_credit(0.0, 30, 10, 0.5, 1.0);
+    double c = vgpu_control_credit(0.0, 30, 10, 0.5, 0.5, 1.0);
     check(fabs(c - 0.1) < 1e-9, "20 points under a limit of 30 for 0.5 s: 0.1 s of GPU banked "
           "(%.3f)", c);
-    c = vgpu_control_credit(0.0, 30, 0, 100.0, 0.06);
+    c = vgpu_control_credit(0.0, 30, 0, 100.0, 100.0, 0.06);
     check(c == 0.06, "an idle process banks no more than the cap (%.3f)", c);
-    c = vgpu_control_credit(0.06, 30, 90, 1.0, 0.06);
+    c = vgpu_control_credit(0.06, 30, 90, 1.0, 1.0, 0.06);
     check(fabs(c + 0.54) < 1e-9, "60 points over for 1 s: the account goes negative (%.3f)", c);
+    c = vgpu_control_credit(0.0, 20, 60, 0.55, 1.0 / 6, 1.0);
+    check(fabs(c - 0.01) < 1e-9, "a sample of 60 %% after 0.55 s: only its period is charged, the "
+          "rest of the gap ran nothing (%.3f)", c);
     check(vgpu_control_forgives(20000, 21, 0.1, 0.05),
           "a debt of 950 s at the rate, the account under the limit: forgiven");
     check(!vgpu_control_forgives(20000, 21, 0.1, -0.01),

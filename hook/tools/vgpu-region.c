@@ -49,12 +49,13 @@ static void print_devices(const struct vgpu_region *r)
             continue;
         printf("%s\n    {\"index\": %d, \"uuid\": \"%.*s\", \"limit_bytes\": %llu, "
                "\"used_bytes\": %llu, \"peak_bytes\": %llu, \"sm_limit_percent\": %u, "
-               "\"oom_refusals\": %llu, \"context_bytes\": %llu}", sep, d,
+               "\"oom_refusals\": %llu, \"context_bytes\": %llu, \"sm_credit_ns\": %lld}", sep, d,
                uuid_set ? VGPU_REGION_UUID_BYTES - 1 : 0, dev->uuid,
                (unsigned long long)dev->limit_bytes, (unsigned long long)used,
                (unsigned long long)load64(&dev->peak_bytes), dev->sm_limit_percent,
                (unsigned long long)load64(&dev->oom_refusals),
-               (unsigned long long)load64(&dev->context_bytes));
+               (unsigned long long)load64(&dev->context_bytes),
+               (long long)__atomic_load_n(&dev->sm_credit_ns, __ATOMIC_ACQUIRE));
         sep = ",";
     }
     printf("\n  ],\n");

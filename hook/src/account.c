@@ -1,0 +1,53 @@
+/* account.c - the container's GPU-time account in its region (account.h). */
+#include "account.h"
+
+#include "control.h"
+#include "region.h"
+
+/* A gap longer than this (a clock step, a container idle for long) counts as this much: the
+ * credit is capped far below it anyway. */
+static const double max_gap_s = 10.0;
+/* What a reading that is not one sample period covers at most (the whole GPU's utilisation
+ * describes its own latest period, about as long). */
+static const double max_covered_s = 0.5;
+
+int vgpu_account_charge(int dev, uint32_t limit, const struct vgpu_reading *reading,
+                        double period_s, double cap_s)
+{
+    struct vgpu_region_device *d = vgpu_region_sm_account(dev);
+    if (d == NULL)
+        return 0;
+    uint64_t prev = __atomic_load_n(&d->sm_charged_us, __ATOMIC_ACQUIRE);
+    /* Every process of the container reads the same samples: the first to charge one takes it. */
+    if (reading->stamp_us <= prev ||
+        !__atomic_compare_exchange_n(&d->sm_charged_us, &prev, reading->stamp_us, 0,
+                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return 0;
+    double gap = prev == 0 ? period_s : (double)(reading->stamp_us - prev) / 1e6;
+    if (gap > max_gap_s)
+        gap = max_gap_s;
+    double most = reading->sampled ? period_s : max_covered_s;
+    double covered = gap < most ? gap : most;
+    int64_t was = __atomic_load_n(&d->sm_credit_ns, __ATOMIC_ACQUIRE), next;
+    do {
+        next = (int64_t)(vgpu_control_credit((double)was / 1e9, (double)limit, reading->util, gap,
+                                             covered, cap_s) * 1e9);
+    } while (!__atomic_compare_exchange_n(&d->sm_credit_ns, &was, next, 1, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_ACQUIRE));
+    return 1;
+}
+
+double vgpu_account_credit(int dev)
+{
+    struct vgpu_region_device *d = vgpu_region_sm_account(dev);
+    return d != NULL ? (double)__atomic_load_n(&d->sm_credit_ns, __ATOMIC_ACQUIRE) / 1e9 : 0.0;
+}
+
+double vgpu_account_age(int dev, unsigned long long now_us)
+{
+    struct vgpu_region_device *d = vgpu_region_sm_account(dev);
+    uint64_t charged = d != NULL ? __atomic_load_n(&d->sm_charged_us, __ATOMIC_ACQUIRE) : 0;
+    if (charged == 0)
+        return -1.0;
+    return now_us > charged ? (double)(now_us - charged) / 1e6 : 0.0;
+}

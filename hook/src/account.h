@@ -1,0 +1,31 @@
+/* account.h - the SM limiter's GPU-time account: what a container used of a GPU, as measured,
+ * against its SM limit. It is the container's, kept in its region's device record
+ * (sm_credit_ns, sm_charged_us) and charged by whichever of its processes reads a sample first,
+ * so that every process of the container sees the same account: a process that starts later,
+ * or whose sibling keeps the container busy, is neither let past it nor held back alone. */
+#ifndef VGPU_ACCOUNT_H
+#define VGPU_ACCOUNT_H
+
+#include <stdint.h>
+
+/* One reading of the container's share of a GPU. */
+struct vgpu_reading {
+    double util;                 /* percent of the GPU */
+    unsigned long long stamp_us; /* CLOCK_REALTIME us of the end of the time it describes */
+    int sampled;                 /* one NVML sample period (else the time since the last charge) */
+};
+
+/* Charges a reading to the account of CUDA device dev (limit: its SM limit, percent), unless
+ * a reading as new was charged already; period_s is NVML's sample period. The credit is capped
+ * at cap_s. Returns 1 when this call charged it. */
+int vgpu_account_charge(int dev, uint32_t limit, const struct vgpu_reading *reading,
+                        double period_s, double cap_s);
+
+/* The account's credit, seconds of the whole GPU (negative: over the limit); 0 with none. */
+double vgpu_account_credit(int dev);
+
+/* Seconds from the account's last charge to now_us; -1 when it was never charged or there is
+ * no account. */
+double vgpu_account_age(int dev, unsigned long long now_us);
+
+#endif
