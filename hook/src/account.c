@@ -10,28 +10,41 @@ static const double max_gap_s = 10.0;
 /* What a reading that is not one sample period covers at most (the whole GPU's utilisation
  * describes its own latest period, about as long). */
 static const double max_covered_s = 0.5;
+/* How far past the clock a charge may be stamped (NVML's stamps and ours differ a little). */
+static const unsigned long long clock_slack_us = 2000000;
+
+static int from_the_future(uint64_t stamp_us, unsigned long long now_us)
+{
+    return stamp_us > now_us + clock_slack_us;
+}
 
 int vgpu_account_charge(int dev, uint32_t limit, const struct vgpu_reading *reading,
-                        double period_s, double cap_s)
+                        double period_s, double cap_s, double floor_s, unsigned long long now_us)
 {
     struct vgpu_region_device *d = vgpu_region_sm_account(dev);
-    if (d == NULL)
+    if (d == NULL || from_the_future(reading->stamp_us, now_us))
         return 0;
     uint64_t prev = __atomic_load_n(&d->sm_charged_us, __ATOMIC_ACQUIRE);
+    /* A charge from the future would keep every reading out, the account frozen as it was. */
+    int restart = from_the_future(prev, now_us);
     /* Every process of the container reads the same samples: the first to charge one takes it. */
-    if (reading->stamp_us <= prev ||
+    if ((reading->stamp_us <= prev && !restart) ||
         !__atomic_compare_exchange_n(&d->sm_charged_us, &prev, reading->stamp_us, 0,
                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return 0;
-    double gap = prev == 0 ? period_s : (double)(reading->stamp_us - prev) / 1e6;
+    double gap = prev == 0 || restart ? period_s : (double)(reading->stamp_us - prev) / 1e6;
     if (gap > max_gap_s)
         gap = max_gap_s;
     double most = reading->sampled ? period_s : max_covered_s;
     double covered = gap < most ? gap : most;
     int64_t was = __atomic_load_n(&d->sm_credit_ns, __ATOMIC_ACQUIRE), next;
     do {
-        next = (int64_t)(vgpu_control_credit((double)was / 1e9, (double)limit, reading->util, gap,
-                                             covered, cap_s) * 1e9);
+        double credit = vgpu_control_credit((double)was / 1e9, (double)limit, reading->util, gap,
+                                            covered, cap_s);
+        double lowest = (double)was / 1e9 < floor_s ? (double)was / 1e9 : floor_s;
+        if (!reading->sampled && credit < lowest)
+            credit = lowest;
+        next = (int64_t)(credit * 1e9);
     } while (!__atomic_compare_exchange_n(&d->sm_credit_ns, &was, next, 1, __ATOMIC_ACQ_REL,
                                           __ATOMIC_ACQUIRE));
     return 1;
@@ -47,7 +60,7 @@ double vgpu_account_age(int dev, unsigned long long now_us)
 {
     struct vgpu_region_device *d = vgpu_region_sm_account(dev);
     uint64_t charged = d != NULL ? __atomic_load_n(&d->sm_charged_us, __ATOMIC_ACQUIRE) : 0;
-    if (charged == 0)
+    if (charged == 0 || from_the_future(charged, now_us))
         return -1.0;
     return now_us > charged ? (double)(now_us - charged) / 1e6 : 0.0;
 }

@@ -21,15 +21,16 @@ enum {
 static const double burst_seconds = 0.02; /* bucket capacity, in seconds of rate */
 static const double min_rate = 1.0;      /* tokens/s: progress is always possible */
 static const double control_seconds = CONTROL_TICKS * (TICK_NS / 1e9);
-/* The GPU-time account (account.h): at most this many seconds at the limit banked; after this
- * long without a charge (NVML has no process sample when no process ran) the whole GPU's
- * utilisation stands for the container's; launches are held back past this many seconds at
- * the limit over, while a charge is at most told_seconds old. */
+/* The GPU-time account (account.h): at most credit_seconds at the limit banked; after two
+ * sample periods, at least idle_seconds, without a charge (NVML has no process sample when no
+ * process ran) the container counts as idle, or the whole GPU's utilisation stands for its
+ * share; launches are held back past held_seconds at the limit over, while a charge is at most
+ * told_seconds past that idle time old. */
 static const double credit_seconds = 0.2;
 static const double idle_seconds = 0.5;
 static const double held_seconds = 1.0;
-static const double told_seconds = 2.0;
-static const double first_period_s = 1.0 / 6; /* NVML's sample period until two stamps say */
+static const double told_seconds = 1.5;
+static const double longest_period_s = 1.0; /* NVML's sample period at most (1/6 s to 1 s) */
 /* Measurements after a forgiveness before the next: NVML's sample period (about 1/6 s) is
  * longer than the control period, so the first may not have seen the launch it let through. */
 static const unsigned fresh_after_forgiving = 2;
@@ -45,7 +46,8 @@ struct bucket {
     uint64_t consumed_at_control;
     uint64_t control_ns; /* CLOCK_MONOTONIC of the last measurement acted on (set when the
                           * watcher starts) */
-    double period_s;     /* NVML's sample period: the least gap between two stamps seen */
+    double period_s;     /* NVML's sample period: the least gap between two stamps seen
+                          * (0: none yet, longest_period_s stands for it) */
     unsigned long long stamp_us; /* the newest sample stamp seen */
     unsigned fresh;      /* readings since the last forgiveness */
     double debt_gpu;     /* GPU seconds measured while in debt, since it began */
@@ -77,7 +79,7 @@ static void start_full(struct bucket *b)
 {
     b->tokens = b->written = uncalibrated_credit;
     b->taken = 0;
-    b->period_s = first_period_s;
+    b->period_s = 0.0;
     b->stamp_us = 0;
     b->fresh = fresh_after_forgiving;
     b->held = 0;
@@ -196,26 +198,44 @@ static void empty(struct bucket *b)
 /* Charges a reading to the container's GPU-time account (account.h), forgives a debt the
  * account does not back, and holds launches back while the container is over its limit by more
  * than held_seconds at the limit. A share that is the whole GPU's counts other tenants, as the
- * rate does then. A hold lasts only while readings are charged: should NVML stop answering, the
- * blocks alone limit, as before the account (a hold that only a reading can end would be for
- * good). A bucket held before its first period (a process started in a held container) gets
- * its uncalibrated start back when the hold ends. */
-static void account(int dev, struct bucket *b, struct vgpu_reading *reading)
+ * rate does then: it is charged only for periods this process launched in (an idle process
+ * charges none, so a neighbour's work is not held against it), and takes the account no lower
+ * than twice the hold's line (what a neighbour did cannot hold the container back for longer
+ * than held_seconds after it stops). A hold lasts only while readings are charged: should NVML
+ * stop answering, the blocks alone limit, as before the account (a hold that only a reading
+ * can end would be for good). A bucket held before its first period (a process started in a
+ * held container) gets its uncalibrated start back when the hold ends. */
+/* Seconds without a charge after which the container counts as idle: two sample periods (the
+ * longest NVML has until two stamps tell this GPU's), at least idle_seconds. */
+static double idle_after(const struct bucket *b)
 {
-    double cap = b->limit / 100.0 * credit_seconds;
-    double age = vgpu_account_age(dev, reading->stamp_us);
-    if (reading->util < 0 && (age < 0 || age >= idle_seconds) &&
-        vgpu_nvml_device_util(dev, &reading->util) != VGPU_UTIL_WHOLE_DEVICE)
+    double period = b->period_s > 0.0 ? b->period_s : longest_period_s;
+    return 2.0 * period > idle_seconds ? 2.0 * period : idle_seconds;
+}
+
+static void account(int dev, struct bucket *b, struct vgpu_reading *reading, double demand)
+{
+    double share = b->limit / 100.0;
+    unsigned long long now_us = unix_ns() / 1000u;
+    double age = vgpu_account_age(dev, now_us);
+    int stale = age < 0 || age >= idle_after(b);
+    if (!reading->sampled && demand == 0.0)
+        reading->util = stale ? 0.0 : -1.0; /* idle: nothing, or nothing yet to charge */
+    else if (reading->util < 0 && stale &&
+             vgpu_nvml_device_util(dev, &reading->util) != VGPU_UTIL_WHOLE_DEVICE)
         reading->util = -1;
     if (reading->util >= 0 && reading->sampled) {
+        double gap = (double)(reading->stamp_us - b->stamp_us) / 1e6;
         if (b->stamp_us != 0 && reading->stamp_us > b->stamp_us &&
-            (double)(reading->stamp_us - b->stamp_us) / 1e6 < b->period_s)
-            b->period_s = (double)(reading->stamp_us - b->stamp_us) / 1e6;
+            (b->period_s == 0.0 || gap < b->period_s))
+            b->period_s = gap < longest_period_s ? gap : longest_period_s;
         b->stamp_us = reading->stamp_us;
     }
     if (reading->util >= 0 && b->rate > 0.0) {
-        vgpu_account_charge(dev, b->limit, reading, b->period_s, cap);
-        double covered = reading->sampled ? b->period_s : control_seconds;
+        double period = b->period_s > 0.0 ? b->period_s : longest_period_s;
+        vgpu_account_charge(dev, b->limit, reading, period, share * credit_seconds,
+                            -2.0 * share * held_seconds, now_us);
+        double covered = reading->sampled ? period : control_seconds;
         b->debt_gpu = __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) < 0
                           ? b->debt_gpu + reading->util / 100.0 * covered : 0.0;
         if (b->fresh < fresh_after_forgiving)
@@ -223,10 +243,10 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading)
         if (b->fresh >= fresh_after_forgiving)
             forgive(dev, b, vgpu_account_credit(dev));
     }
-    age = vgpu_account_age(dev, (unix_ns() / 1000u));
+    age = vgpu_account_age(dev, unix_ns() / 1000u);
     double credit = vgpu_account_credit(dev);
     int held = vgpu_control_holds(credit, (double)b->limit, held_seconds) && age >= 0 &&
-               age < told_seconds;
+               age < idle_after(b) + told_seconds;
     if (held && !b->held) {
         empty(b);
         vgpu_log(VGPU_LOG_DEBUG, "device %d: %.3f s of GPU over the limit; launches held back",
@@ -245,7 +265,7 @@ static void control(int dev, struct bucket *b, uint64_t now)
     double demand = seconds > 0 ? (double)(taken - b->consumed_at_control) / seconds : 0.0;
     struct vgpu_reading reading;
     double util = measure(dev, demand, &reading);
-    account(dev, b, &reading);
+    account(dev, b, &reading, demand);
     if (util < 0 || demand == 0.0)
         return; /* no measurement, or no launches to learn from: keep the current rate (or wait
                  * to calibrate it: a first period held back took nothing) */
@@ -316,7 +336,7 @@ static void start_watcher(void)
             /* A container held back holds a process that starts in it from its first launch
              * (its first period would otherwise run free). */
             double age = vgpu_account_age(dev, unix_ns() / 1000u);
-            if (b->limit != 0 && age >= 0 && age < told_seconds &&
+            if (b->limit != 0 && age >= 0 && age < idle_after(b) + told_seconds &&
                 vgpu_control_holds(vgpu_account_credit(dev), (double)b->limit, held_seconds)) {
                 empty(b);
                 b->held = 1;

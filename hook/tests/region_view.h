@@ -10,19 +10,25 @@
 
 #include "vgpu_region.h"
 
-/* The region, mapped read-only; NULL when it cannot be opened or is not a region. */
-static inline const struct vgpu_region *region_view(void)
+/* The region, mapped with prot; NULL when it cannot be opened or is not a region. */
+static inline struct vgpu_region *region_map(int prot)
 {
     const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
-    int fd = path != NULL ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    int fd = path != NULL ? open(path, (prot & PROT_WRITE ? O_RDWR : O_RDONLY) | O_CLOEXEC) : -1;
     if (fd < 0)
         return NULL;
-    void *m = mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+    void *m = mmap(NULL, VGPU_REGION_FILE_SIZE, prot, MAP_SHARED, fd, 0);
     close(fd);
     if (m == MAP_FAILED)
         return NULL;
-    const struct vgpu_region *r = m;
+    struct vgpu_region *r = m;
     return r->header.magic == VGPU_REGION_MAGIC ? r : NULL;
 }
+
+/* The region, mapped read-only. */
+static inline const struct vgpu_region *region_view(void) { return region_map(PROT_READ); }
+
+/* The region, writable: a test playing a clock stepped back, or a process writing it. */
+static inline struct vgpu_region *region_edit(void) { return region_map(PROT_READ | PROT_WRITE); }
 
 #endif
