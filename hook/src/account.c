@@ -19,7 +19,7 @@ static int from_the_future(uint64_t stamp_us, unsigned long long now_us)
 }
 
 int vgpu_account_charge(int dev, uint32_t limit, const struct vgpu_reading *reading,
-                        double period_s, double cap_s, double floor_s, unsigned long long now_us)
+                        double period_s, double cap_s, unsigned long long now_us)
 {
     struct vgpu_region_device *d = vgpu_region_sm_account(dev);
     if (d == NULL || from_the_future(reading->stamp_us, now_us))
@@ -39,12 +39,8 @@ int vgpu_account_charge(int dev, uint32_t limit, const struct vgpu_reading *read
     double covered = gap < most ? gap : most;
     int64_t was = __atomic_load_n(&d->sm_credit_ns, __ATOMIC_ACQUIRE), next;
     do {
-        double credit = vgpu_control_credit((double)was / 1e9, (double)limit, reading->util, gap,
-                                            covered, cap_s);
-        double lowest = (double)was / 1e9 < floor_s ? (double)was / 1e9 : floor_s;
-        if (!reading->sampled && credit < lowest)
-            credit = lowest;
-        next = (int64_t)(credit * 1e9);
+        next = (int64_t)(vgpu_control_credit((double)was / 1e9, (double)limit, reading->util,
+                                             gap, covered, cap_s) * 1e9);
     } while (!__atomic_compare_exchange_n(&d->sm_credit_ns, &was, next, 1, __ATOMIC_ACQ_REL,
                                           __ATOMIC_ACQUIRE));
     return 1;

@@ -17,12 +17,10 @@ struct vgpu_reading {
 
 /* Charges a reading to the account of CUDA device dev (limit: its SM limit, percent), unless
  * a reading as new was charged already; period_s is NVML's sample period, now_us the clock.
- * The credit is capped at cap_s; a reading that is not the container's own sample (the whole
- * GPU's) takes it no lower than floor_s (it may be other tenants' use). A charge stamped past
- * now_us + the clock slack is taken for a clock stepped back (or a bad write) and replaced.
- * Returns 1 when this call charged it. */
+ * The credit is capped at cap_s. A charge stamped past now_us + the clock slack is taken for a
+ * clock stepped back (or a bad write) and replaced. Returns 1 when this call charged it. */
 int vgpu_account_charge(int dev, uint32_t limit, const struct vgpu_reading *reading,
-                        double period_s, double cap_s, double floor_s, unsigned long long now_us);
+                        double period_s, double cap_s, unsigned long long now_us);
 
 /* The account's credit, seconds of the whole GPU (negative: over the limit); 0 with none. */
 double vgpu_account_credit(int dev);

@@ -30,7 +30,8 @@ static const double credit_seconds = 0.2;
 static const double idle_seconds = 0.5;
 static const double held_seconds = 1.0;
 static const double told_seconds = 1.5;
-static const double longest_period_s = 1.0; /* NVML's sample period at most (1/6 s to 1 s) */
+/* NVML's sample period is 1/6 s to 1 s, by GPU: a stamp that jitters cannot teach less. */
+static const double shortest_period_s = 1.0 / 6, longest_period_s = 1.0;
 /* Measurements after a forgiveness before the next: NVML's sample period (about 1/6 s) is
  * longer than the control period, so the first may not have seen the launch it let through. */
 static const unsigned fresh_after_forgiving = 2;
@@ -156,8 +157,11 @@ static double measure(int dev, double demand, struct vgpu_reading *reading)
                   "whole GPU's utilisation, other tenants included");
         reading->util = util;
         return util;
+    case VGPU_UTIL_NO_NEW_SAMPLE:
+        reading->sampled = 1; /* NVML answered: no process ran in a period since the last */
+        return -1;
     default:
-        return -1; /* no sample period has ended yet, or NVML cannot tell: keep the rate */
+        return -1; /* NVML cannot tell: keep the rate */
     }
 }
 
@@ -198,13 +202,11 @@ static void empty(struct bucket *b)
 /* Charges a reading to the container's GPU-time account (account.h), forgives a debt the
  * account does not back, and holds launches back while the container is over its limit by more
  * than held_seconds at the limit. A share that is the whole GPU's counts other tenants, as the
- * rate does then: it is charged only for periods this process launched in (an idle process
- * charges none, so a neighbour's work is not held against it), and takes the account no lower
- * than twice the hold's line (what a neighbour did cannot hold the container back for longer
- * than held_seconds after it stops). A hold lasts only while readings are charged: should NVML
- * stop answering, the blocks alone limit, as before the account (a hold that only a reading
- * can end would be for good). A bucket held before its first period (a process started in a
- * held container) gets its uncalibrated start back when the hold ends. */
+ * rate does then (it cannot tell a neighbour's work from a long kernel of its own). A hold
+ * lasts only while readings are charged: should NVML stop answering, the blocks alone limit, as
+ * before the account (a hold that only a reading can end would be for good). A bucket held
+ * before its first period (a process started in a held container) gets its uncalibrated start
+ * back when the hold ends. */
 /* Seconds without a charge after which the container counts as idle: two sample periods (the
  * longest NVML has until two stamps tell this GPU's), at least idle_seconds. */
 static double idle_after(const struct bucket *b)
@@ -219,22 +221,27 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
     unsigned long long now_us = unix_ns() / 1000u;
     double age = vgpu_account_age(dev, now_us);
     int stale = age < 0 || age >= idle_after(b);
-    if (!reading->sampled && demand == 0.0)
-        reading->util = stale ? 0.0 : -1.0; /* idle: nothing, or nothing yet to charge */
-    else if (reading->util < 0 && stale &&
-             vgpu_nvml_device_util(dev, &reading->util) != VGPU_UTIL_WHOLE_DEVICE)
-        reading->util = -1;
+    if (reading->util < 0 && stale) {
+        /* No sample for two periods: idle if nothing was launched, else the whole GPU's. */
+        int idle = reading->sampled && demand == 0.0;
+        reading->sampled = 0;
+        if (idle)
+            reading->util = 0.0;
+        else if (vgpu_nvml_device_util(dev, &reading->util) != VGPU_UTIL_WHOLE_DEVICE)
+            reading->util = -1;
+    }
     if (reading->util >= 0 && reading->sampled) {
         double gap = (double)(reading->stamp_us - b->stamp_us) / 1e6;
         if (b->stamp_us != 0 && reading->stamp_us > b->stamp_us &&
             (b->period_s == 0.0 || gap < b->period_s))
-            b->period_s = gap < longest_period_s ? gap : longest_period_s;
+            b->period_s = gap < shortest_period_s  ? shortest_period_s
+                        : gap > longest_period_s ? longest_period_s
+                                                 : gap;
         b->stamp_us = reading->stamp_us;
     }
     if (reading->util >= 0 && b->rate > 0.0) {
         double period = b->period_s > 0.0 ? b->period_s : longest_period_s;
-        vgpu_account_charge(dev, b->limit, reading, period, share * credit_seconds,
-                            -2.0 * share * held_seconds, now_us);
+        vgpu_account_charge(dev, b->limit, reading, period, share * credit_seconds, now_us);
         double covered = reading->sampled ? period : control_seconds;
         b->debt_gpu = __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) < 0
                           ? b->debt_gpu + reading->util / 100.0 * covered : 0.0;

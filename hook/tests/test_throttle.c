@@ -256,17 +256,23 @@ static void while_graphs(double limit)
     cuGraphLaunch(longer, NULL);
     cuGraphLaunch(longer, NULL);
     cuCtxSynchronize();
-    sleep_s(0.3); /* the last sample period of the two is charged */
-    setenv("FAKE_NVML_UTIL_FAILS", "1", 1);
+    /* NVML's samples come a period (up to 1 s) after the work they count. */
     const struct vgpu_region *region = region_view();
-    double credit = region != NULL ? region->devices[0].sm_credit_ns / 1e9 : 0;
+    double credit = 0;
+    for (t0 = now_s(); region != NULL && now_s() - t0 < 3.0 && credit >= -limit / 100.0;) {
+        sleep_s(0.02);
+        credit = __atomic_load_n(&region->devices[0].sm_credit_ns, __ATOMIC_ACQUIRE) / 1e9;
+    }
+    sleep_s(0.05); /* the watcher that charged it holds the bucket next */
+    setenv("FAKE_NVML_UTIL_FAILS", "1", 1);
     check(credit < -limit / 100.0, "two launches of 0.5 s on banked tokens: the container's "
-          "account (its region) is %.3f s of GPU, past the hold's %.2f", credit, -limit / 100.0);
+          "account (its region) goes to %.3f s of GPU, past the hold's %.2f", credit,
+          -limit / 100.0);
     t0 = now_s();
     cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
     cuCtxSynchronize();
     double held = now_s() - t0;
-    check(held > 1.0 && held < 5.0, "held back over the limit, then NVML lost: the next kernel "
+    check(held > 1.0 && held < 8.0, "held back over the limit, then NVML lost: the next kernel "
           "waits %.2f s (the hold ends seconds past the last charge, not for good)", held);
     unsetenv("FAKE_NVML_UTIL_FAILS");
     /* The clock steps back 10 minutes (or a process writes a stamp from the future), the
@@ -320,7 +326,7 @@ static double back_to_back(unsigned blocks, double seconds, double settle)
  * the process used of the GPU is under its share: the debt must not hold it back longer than
  * the kernel's own GPU time, at the limit, says (20 ms here) plus the measurement's lag. Then
  * back-to-back large kernels must reach the limit within a few seconds. */
-static void burst_after_light_load(double limit, double over)
+static void burst_after_light_load(double limit)
 {
     signal(SIGALRM, held_too_long);
     alarm(60);
@@ -338,13 +344,10 @@ static void burst_after_light_load(double limit, double over)
           "%.1f%% busy from 3 s on", limit, util);
     /* Kernels of 200 ms: each one's debt outlasts a control period, so it is forgiven only
      * while the account says the container is under its limit. With the whole GPU's share
-     * taken as under the limit when it was over, it always was: 98.6 % under a limit of 20.
-     * Within `over` points above the limit (5 unless told): the whole GPU's share takes the
-     * account only to twice the hold's line (see src/throttle.c), which bounds it less. */
+     * taken as under the limit when it was over, it always was: 98.6 % under a limit of 20. */
     util = back_to_back(200000, 10.0, 4.0);
-    check(util >= limit - 5.0 && util <= limit + over, "limit %.0f%%: back-to-back 200 ms "
-          "kernels keep the GPU %.1f%% busy from 4 s on (at most %.0f points over)", limit, util,
-          over);
+    check(fabs(util - limit) <= 5.0, "limit %.0f%%: back-to-back 200 ms kernels keep the GPU "
+          "%.1f%% busy from 4 s on", limit, util);
     alarm(0);
 }
 
@@ -402,47 +405,7 @@ static void siblings(double limit)
     alarm(0);
 }
 
-/* A GPU without per-process samples (the whole GPU's share counts other tenants), an unlimited
- * neighbour (another container: this program again, without libvgpu) busy for its first 8 s,
- * and this container launching a 2 ms kernel every 50 ms. The neighbour's work, held against
- * the container, held it back 17.7 s after the neighbour stopped (45 s after 20 s of it). */
-static void neighbour(double limit, char **envp)
-{
-    signal(SIGALRM, held_too_long);
-    alarm(90);
-    char *env[256];
-    int n = 0;
-    for (char **e = envp; *e != NULL && n < 255; e++)
-        if (strncmp(*e, "LD_PRELOAD=", 11) != 0)
-            env[n++] = *e;
-    env[n] = NULL;
-    pid_t other = fork();
-    if (other == 0) {
-        char *args[] = {"test_throttle", "none", "spin", NULL};
-        execve("/proc/self/exe", args, env);
-        _exit(127);
-    }
-    CUcontext ctx;
-    cuInit(0);
-    cuDevicePrimaryCtxRetain(&ctx, 0);
-    cuCtxSetCurrent(ctx);
-    double longest = 0, t0 = now_s();
-    while (now_s() - t0 < 14.0) {
-        double before = now_s();
-        cuLaunchKernel(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
-        cuCtxSynchronize();
-        if (now_s() - t0 >= 9.0 && now_s() - before > longest)
-            longest = now_s() - before;
-        sleep_s(0.05);
-    }
-    int status = 0;
-    waitpid(other, &status, 0);
-    check(WIFEXITED(status) && WEXITSTATUS(status) == 0 && longest < 3.0, "limit %.0f%%: after "
-          "a busy neighbour leaves, the container's longest launch takes %.2f s", limit, longest);
-    alarm(0);
-}
-
-int main(int argc, char **argv, char **envp)
+int main(int argc, char **argv)
 {
     const char *limit_arg = argc > 1 ? argv[1] : "none";
     if (argc > 2 && strcmp(argv[2], "while") == 0) {
@@ -453,18 +416,6 @@ int main(int argc, char **argv, char **envp)
         while_graphs(atof(limit_arg));
         return check_done("test_throttle while");
     }
-    if (argc > 2 && strcmp(argv[2], "spin") == 0) { /* neighbour()'s other container */
-        CUcontext ctx;
-        cuInit(0);
-        cuDevicePrimaryCtxRetain(&ctx, 0);
-        cuCtxSetCurrent(ctx);
-        back_to_back(20000, 8.0, 8.0);
-        return 0;
-    }
-    if (argc > 2 && strcmp(argv[2], "neighbour") == 0) {
-        neighbour(atof(limit_arg), envp);
-        return check_done("test_throttle neighbour");
-    }
     if (argc > 2 && strcmp(argv[2], "siblings") == 0) {
         siblings(atof(limit_arg));
         return check_done("test_throttle siblings");
@@ -474,7 +425,7 @@ int main(int argc, char **argv, char **envp)
         cuInit(0);
         cuDevicePrimaryCtxRetain(&ctx, 0);
         cuCtxSetCurrent(ctx);
-        burst_after_light_load(atof(limit_arg), argc > 3 ? atof(argv[3]) : 5.0);
+        burst_after_light_load(atof(limit_arg));
         return check_done("test_throttle burst");
     }
     launch_ptsz = (launch_fn)dlsym(RTLD_DEFAULT, "cuLaunchKernel_ptsz");
