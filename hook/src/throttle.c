@@ -199,14 +199,6 @@ static void empty(struct bucket *b)
     b->carry = 0.0;
 }
 
-/* Charges a reading to the container's GPU-time account (account.h), forgives a debt the
- * account does not back, and holds launches back while the container is over its limit by more
- * than held_seconds at the limit. A share that is the whole GPU's counts other tenants, as the
- * rate does then (it cannot tell a neighbour's work from a long kernel of its own). A hold
- * lasts only while readings are charged: should NVML stop answering, the blocks alone limit, as
- * before the account (a hold that only a reading can end would be for good). A bucket held
- * before its first period (a process started in a held container) gets its uncalibrated start
- * back when the hold ends. */
 /* Seconds without a charge after which the container counts as idle: two sample periods (the
  * longest NVML has until two stamps tell this GPU's), at least idle_seconds. */
 static double idle_after(const struct bucket *b)
@@ -215,6 +207,14 @@ static double idle_after(const struct bucket *b)
     return 2.0 * period > idle_seconds ? 2.0 * period : idle_seconds;
 }
 
+/* Charges a reading to the container's GPU-time account (account.h), forgives a debt the
+ * account does not back, and holds launches back while the container is over its limit by more
+ * than held_seconds at the limit. A share that is the whole GPU's counts other tenants, as the
+ * rate does then (it cannot tell a neighbour's work from a long kernel of its own). A hold
+ * lasts only while readings are charged: should NVML stop answering, the blocks alone limit, as
+ * before the account (a hold that only a reading can end would be for good). A bucket held
+ * before its first period (a process started in a held container) gets its uncalibrated start
+ * back when the hold ends. */
 static void account(int dev, struct bucket *b, struct vgpu_reading *reading, double demand)
 {
     double share = b->limit / 100.0;

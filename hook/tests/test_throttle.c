@@ -33,6 +33,15 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* Device 0's primary context, current on this thread. */
+static void use_device0(void)
+{
+    CUcontext ctx;
+    cuInit(0);
+    cuDevicePrimaryCtxRetain(&ctx, 0);
+    cuCtxSetCurrent(ctx);
+}
+
 /* calloc for the whole process, libvgpu's included, so that one of libvgpu's allocations can be
  * made to fail: the list of a graph's nodes (ODD_NODES of them) or the first table of executable
  * graphs (src/graphs.c: 64 entries of 48 bytes). Each check asserts that its failure fired.
@@ -364,18 +373,13 @@ static void siblings(double limit)
     signal(SIGALRM, held_too_long);
     alarm(90);
     pid_t sibling = fork();
-    CUcontext ctx;
     if (sibling == 0) {
         sleep_s(3.5);
-        cuInit(0);
-        cuDevicePrimaryCtxRetain(&ctx, 0);
-        cuCtxSetCurrent(ctx);
+        use_device0();
         back_to_back(20000, 12.0, 12.0);
         _exit(0);
     }
-    cuInit(0);
-    cuDevicePrimaryCtxRetain(&ctx, 0);
-    cuCtxSetCurrent(ctx);
+    use_device0();
     CUgraphExec longer = conditional_exec(CU_GRAPH_COND_TYPE_WHILE, 1000, 2000);
     if (!check(longer != NULL, "a graph with a WHILE node instantiated"))
         return;
@@ -411,10 +415,7 @@ int main(int argc, char **argv)
 {
     const char *limit_arg = argc > 1 ? argv[1] : "none";
     if (argc > 2 && strcmp(argv[2], "while") == 0) {
-        CUcontext ctx;
-        cuInit(0);
-        cuDevicePrimaryCtxRetain(&ctx, 0);
-        cuCtxSetCurrent(ctx);
+        use_device0();
         while_graphs(atof(limit_arg));
         return check_done("test_throttle while");
     }
@@ -423,10 +424,7 @@ int main(int argc, char **argv)
         return check_done("test_throttle siblings");
     }
     if (argc > 2 && strcmp(argv[2], "burst") == 0) {
-        CUcontext ctx;
-        cuInit(0);
-        cuDevicePrimaryCtxRetain(&ctx, 0);
-        cuCtxSetCurrent(ctx);
+        use_device0();
         burst_after_light_load(atof(limit_arg));
         return check_done("test_throttle burst");
     }
@@ -443,10 +441,7 @@ int main(int argc, char **argv)
                    launch_multi_device,
                "per-thread and deprecated launch entry points found"))
         return check_done("test_throttle");
-    CUcontext ctx;
-    cuInit(0);
-    cuDevicePrimaryCtxRetain(&ctx, 0);
-    cuCtxSetCurrent(ctx);
+    use_device0();
     graph_without_memory(strcmp(limit_arg, "none") != 0);
     unsigned i = 0, launched = 0;
     run_for(2.0, &i, 1); /* settle */
