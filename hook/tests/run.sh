@@ -280,9 +280,6 @@ tb=$!
 run throttle-burst-whole-gpu CUDA_DEVICE_SM_LIMIT=20 FAKE_NVML_NO_PROCESS_UTIL=1 \
     "$build/tests/test_throttle" 20 burst
 wait $tb
-# NVML's sample period can be up to 1 s (it depends on the GPU): the account must learn it.
-run throttle-while-1s-samples CUDA_DEVICE_SM_LIMIT=20 FAKE_NVML_SAMPLE_MS=1000 \
-    "$build/tests/test_throttle" 20 while
 # Two processes of one container: its GPU-time account is theirs together.
 run throttle-siblings CUDA_DEVICE_SM_LIMIT=30 FAKE_GPU_SHARED="$tmp/siblings.shm" \
     "$build/tests/test_throttle" 30 siblings
