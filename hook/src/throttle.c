@@ -207,6 +207,15 @@ static double idle_after(const struct bucket *b)
     return 2.0 * period > idle_seconds ? 2.0 * period : idle_seconds;
 }
 
+/* Whether the container's account holds launches back: over the line, and charged recently
+ * enough to tell (a hold that only a reading can end would be for good without NVML). */
+static int container_held(int dev, const struct bucket *b, unsigned long long now_us)
+{
+    double age = vgpu_account_age(dev, now_us);
+    return age >= 0 && age < idle_after(b) + told_seconds &&
+           vgpu_control_holds(vgpu_account_credit(dev), (double)b->limit, held_seconds);
+}
+
 /* Charges a reading to the container's GPU-time account (account.h), forgives a debt the
  * account does not back, and holds launches back while the container is over its limit by more
  * than held_seconds at the limit. A share that is the whole GPU's counts other tenants, as the
@@ -250,14 +259,11 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
         if (b->fresh >= fresh_after_forgiving)
             forgive(dev, b, vgpu_account_credit(dev));
     }
-    age = vgpu_account_age(dev, unix_ns() / 1000u);
-    double credit = vgpu_account_credit(dev);
-    int held = vgpu_control_holds(credit, (double)b->limit, held_seconds) && age >= 0 &&
-               age < idle_after(b) + told_seconds;
+    int held = container_held(dev, b, now_us);
     if (held && !b->held) {
         empty(b);
         vgpu_log(VGPU_LOG_DEBUG, "device %d: %.3f s of GPU over the limit; launches held back",
-                 dev, -credit);
+                 dev, -vgpu_account_credit(dev));
     } else if (!held && b->held && b->rate == 0.0) {
         wrote(b, __atomic_exchange_n(&b->tokens, uncalibrated_credit, __ATOMIC_ACQ_REL),
               uncalibrated_credit);
@@ -342,9 +348,7 @@ static void start_watcher(void)
             b->consumed_at_control = consumed(b);
             /* A container held back holds a process that starts in it from its first launch
              * (its first period would otherwise run free). */
-            double age = vgpu_account_age(dev, unix_ns() / 1000u);
-            if (b->limit != 0 && age >= 0 && age < idle_after(b) + told_seconds &&
-                vgpu_control_holds(vgpu_account_credit(dev), (double)b->limit, held_seconds)) {
+            if (b->limit != 0 && container_held(dev, b, unix_ns() / 1000u)) {
                 empty(b);
                 b->held = 1;
             }
