@@ -60,3 +60,50 @@ double vgpu_account_age(int dev, unsigned long long now_us)
         return -1.0;
     return now_us > charged ? (double)(now_us - charged) / 1e6 : 0.0;
 }
+
+/* Adds seconds to the credit, never above cap_s (a refund) or without a cap (cap_s < 0). */
+static void add_credit(struct vgpu_region_device *d, double seconds, double cap_s)
+{
+    int64_t was = __atomic_load_n(&d->sm_credit_ns, __ATOMIC_ACQUIRE), next;
+    do {
+        double credit = (double)was / 1e9 + seconds;
+        next = (int64_t)((cap_s >= 0.0 && credit > cap_s ? cap_s : credit) * 1e9);
+    } while (!__atomic_compare_exchange_n(&d->sm_credit_ns, &was, next, 1, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_ACQUIRE));
+}
+
+void vgpu_account_prepay(int dev, double seconds, unsigned long long now_us)
+{
+    struct vgpu_region_device *d = vgpu_region_sm_account(dev);
+    if (d == NULL || seconds <= 0.0)
+        return;
+    uint64_t never = 0;
+    __atomic_compare_exchange_n(&d->sm_charged_us, &never, (uint64_t)now_us, 0, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
+    add_credit(d, -seconds, -1.0);
+}
+
+void vgpu_account_refund(int dev, double seconds, double cap_s)
+{
+    struct vgpu_region_device *d = vgpu_region_sm_account(dev);
+    if (d != NULL && seconds > 0.0)
+        add_credit(d, seconds, cap_s);
+}
+
+unsigned long long vgpu_account_charged_to(int dev, unsigned long long now_us)
+{
+    struct vgpu_region_device *d = vgpu_region_sm_account(dev);
+    uint64_t charged = d != NULL ? __atomic_load_n(&d->sm_charged_us, __ATOMIC_ACQUIRE) : 0;
+    return from_the_future(charged, now_us) ? 0 : charged;
+}
+
+double vgpu_account_balance(int dev, uint32_t limit, unsigned long long now_us)
+{
+    struct vgpu_region_device *d = vgpu_region_sm_account(dev);
+    uint64_t charged = d != NULL ? __atomic_load_n(&d->sm_charged_us, __ATOMIC_ACQUIRE) : 0;
+    double age = charged == 0                       ? 0.0
+               : from_the_future(charged, now_us) ? max_gap_s
+               : now_us > charged                 ? (double)(now_us - charged) / 1e6
+                                                  : 0.0;
+    return vgpu_control_balance(vgpu_account_credit(dev), (double)limit, age, max_gap_s);
+}

@@ -29,4 +29,20 @@ double vgpu_account_credit(int dev);
  * no account, or the charge is stamped past now_us + the clock slack (see above). */
 double vgpu_account_age(int dev, unsigned long long now_us);
 
+/* Takes seconds of the whole GPU off the account ahead of the charge that will measure them
+ * (throttle.c's prepayment); the first (never charged) starts the account's clock at now_us,
+ * so that time repays it. */
+void vgpu_account_prepay(int dev, double seconds, unsigned long long now_us);
+
+/* Gives back seconds prepaid, the credit capped at cap_s. */
+void vgpu_account_refund(int dev, double seconds, double cap_s);
+
+/* The time (CLOCK_REALTIME us) up to which the account is charged: 0 when never, or when the
+ * charge is stamped past now_us + the clock slack. */
+unsigned long long vgpu_account_charged_to(int dev, unsigned long long now_us);
+
+/* The credit as of now_us (control.h, vgpu_control_balance); a charge stamped past the clock
+ * tells nothing: the credit then counts as a long gap's (no hold). */
+double vgpu_account_balance(int dev, uint32_t limit, unsigned long long now_us);
+
 #endif

@@ -41,3 +41,18 @@ int vgpu_control_holds(double credit, double limit, double held_seconds)
 {
     return credit < -limit / 100.0 * held_seconds;
 }
+
+double vgpu_control_balance(double credit, double limit, double age, double max_age)
+{
+    double since = age < 0.0 ? 0.0 : age > max_age ? max_age : age;
+    return credit + limit / 100.0 * since;
+}
+
+double vgpu_control_settled(double prepaid, double from, double to, double charged)
+{
+    if (prepaid <= 0.0 || charged <= from)
+        return 0.0;
+    if (charged >= to || to <= from)
+        return prepaid;
+    return prepaid * (charged - from) / (to - from);
+}

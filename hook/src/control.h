@@ -31,6 +31,16 @@ int vgpu_control_forgives(double debt, double rate, double period, double credit
  * once a second); at least twice the rate. The feedback steers it from there. */
 double vgpu_control_forgiven_rate(double rate, double limit, double debt, double gpu_seconds);
 
+/* The credit as of now: the account's credit plus the limit's share of the age seconds since
+ * its last charge (at most max_age, as a charge would count the gap), which the next charge
+ * will add. A hold therefore ends with time even when no reading comes (NVML lost). */
+double vgpu_control_balance(double credit, double limit, double age, double max_age);
+
+/* What of `prepaid` seconds, paid ahead for the time from..to (any one clock), a charge up to
+ * `charged` has measured and so gives back: all of it once charged reaches to, else the
+ * part of the time it covers. */
+double vgpu_control_settled(double prepaid, double from, double to, double charged);
+
 /* Whether launches are held back: the container is over its limit by more than held_seconds of
  * its share, as measured. Blocks are only a prediction of a launch's cost (a graph's WHILE node
  * runs its body any number of times), so this bounds what a wrong one can take in the long run. */

@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "account.h"
 #include "control.h"
@@ -24,12 +25,13 @@ static const double control_seconds = CONTROL_TICKS * (TICK_NS / 1e9);
 /* The GPU-time account (account.h): at most credit_seconds at the limit banked; after two
  * sample periods, at least idle_seconds, without a charge (NVML has no process sample when no
  * process ran) the container counts as idle, or the whole GPU's utilisation stands for its
- * share; launches are held back past held_seconds at the limit over, while a charge is at most
- * told_seconds past that idle time old. */
+ * share; launches are held back past held_seconds at the limit over. */
 static const double credit_seconds = 0.2;
 static const double idle_seconds = 0.5;
 static const double held_seconds = 1.0;
-static const double told_seconds = 1.5;
+/* A process keeps the account paid this far ahead of now for its time NVML has not measured
+ * yet (prepay below): it may exit before the next tick. */
+static const unsigned long long prepaid_ahead_us = 2 * (TICK_NS / 1000);
 /* NVML's sample period is 1/6 s to 1 s, by GPU: a stamp that jitters cannot teach less. */
 static const double shortest_period_s = 1.0 / 6, longest_period_s = 1.0;
 /* Measurements after a forgiveness before the next: NVML's sample period (about 1/6 s) is
@@ -54,6 +56,15 @@ struct bucket {
     double debt_gpu;     /* GPU seconds measured while in debt, since it began */
     int held;            /* the account is too far over the limit: no refill */
     uint32_t limit;
+    /* Prepayment (watcher only, and start_watcher before the watcher exists): */
+    unsigned long long launched_us; /* CLOCK_REALTIME of the first launch on the device (0: none) */
+    double own;          /* this process's share (percent) NVML last measured since then; the
+                          * whole GPU until it has */
+    double prepaid;      /* seconds of the whole GPU taken off the account ahead, not yet given
+                          * back, for the time prepaid_from_us..prepaid_to_us */
+    unsigned long long prepaid_from_us, prepaid_to_us;
+    int blind;           /* NVML could not tell at the last measurement: nothing is prepaid
+                          * (no charge would give it back) */
 };
 
 int vgpu_throttle_enabled;
@@ -85,6 +96,11 @@ static void start_full(struct bucket *b)
     b->fresh = fresh_after_forgiving;
     b->held = 0;
     b->debt_gpu = 0.0;
+    b->launched_us = 0;
+    b->own = 100.0;
+    b->prepaid = 0.0;
+    b->prepaid_from_us = b->prepaid_to_us = 0;
+    b->blind = 0;
 }
 
 /* What the bucket holds at most: burst_seconds of its rate, at least one token. */
@@ -122,24 +138,30 @@ static void warn_once(int *done, const char *why)
 }
 
 /* What the limiter takes as this container's share, or -1 to keep the current rate; *reading
- * is what the GPU-time account is charged (its util -1 when nothing is to be). */
-static double measure(int dev, double demand, struct vgpu_reading *reading)
+ * is what the GPU-time account is charged (its util -1 when nothing is to be), *own this
+ * process's share in a sample (-1: none). */
+static double measure(int dev, double demand, struct vgpu_reading *reading, double *own)
 {
     static int whole_device_warned, unmatched_warned;
     int32_t pids[MAX_PIDS];
     int npids = vgpu_region_pids(pids, MAX_PIDS);
-    double util = -1;
+    int32_t self = vgpu_region_host_pid();
+    double util = -1, mine = 0;
     unsigned long long stamp = 0;
     *reading = (struct vgpu_reading){.util = -1, .stamp_us = (unix_ns() / 1000u), .sampled = 0};
-    switch (vgpu_nvml_container_util(dev, pids, npids, &util, &stamp)) {
+    *own = -1;
+    switch (vgpu_nvml_container_util(dev, pids, npids, self != 0 ? self : (int32_t)getpid(),
+                                     &util, &mine, &stamp)) {
     case VGPU_UTIL_OURS:
         *reading = (struct vgpu_reading){.util = util, .stamp_us = stamp, .sampled = 1};
+        *own = mine;
         return util;
     case VGPU_UTIL_OTHERS_ONLY:
         /* Our processes did not run in the period (the bucket held them back, or they were
          * idle): share 0, and the rate opens up. */
         if (demand == 0.0 || vgpu_region_host_pids_known()) {
             *reading = (struct vgpu_reading){.util = 0.0, .stamp_us = stamp, .sampled = 1};
+            *own = 0.0;
             return 0.0;
         }
         /* We launched work, yet NVML shows only other processes, and some of our host pids
@@ -149,6 +171,7 @@ static double measure(int dev, double demand, struct vgpu_reading *reading)
                   "unknown); limiting by the whole GPU's utilisation, other tenants included");
         if (vgpu_nvml_device_util(dev, &util) == VGPU_UTIL_WHOLE_DEVICE) {
             reading->util = util;
+            *own = util; /* no sample of ours to tell it: all of it may be ours */
             return util;
         }
         return -1;
@@ -156,9 +179,12 @@ static double measure(int dev, double demand, struct vgpu_reading *reading)
         warn_once(&whole_device_warned, "this GPU has no per-process samples; limiting by the "
                   "whole GPU's utilisation, other tenants included");
         reading->util = util;
+        *own = 0.0; /* the whole GPU's utilisation shows our work after we exit: no prepayment */
         return util;
     case VGPU_UTIL_NO_NEW_SAMPLE:
         reading->sampled = 1; /* NVML answered: no process ran in a period since the last */
+        if (demand == 0.0)
+            *own = 0.0; /* and nothing launched since: idle */
         return -1;
     default:
         return -1; /* NVML cannot tell: keep the rate */
@@ -207,24 +233,61 @@ static double idle_after(const struct bucket *b)
     return 2.0 * period > idle_seconds ? 2.0 * period : idle_seconds;
 }
 
-/* Whether the container's account holds launches back: over the line, and charged recently
- * enough to tell (a hold that only a reading can end would be for good without NVML). */
+/* Whether the container's account holds launches back: over the line as of now (time repays
+ * a debt even when no reading comes: a hold that only a reading could end would be for good
+ * without NVML). */
 static int container_held(int dev, const struct bucket *b, unsigned long long now_us)
 {
-    double age = vgpu_account_age(dev, now_us);
-    return age >= 0 && age < idle_after(b) + told_seconds &&
-           vgpu_control_holds(vgpu_account_credit(dev), (double)b->limit, held_seconds);
+    return vgpu_control_holds(vgpu_account_balance(dev, b->limit, now_us), (double)b->limit,
+                              held_seconds);
+}
+
+/* Prepayment. A process's GPU time is charged when NVML's sample of it is read, up to a sample
+ * period after it ran; a process that exits first is never charged (NVML lists live processes),
+ * and a new process runs free until its first measurement: a chain of short-lived processes
+ * took 88 % of the GPU under a limit of 20. So each process keeps the account paid ahead for
+ * its time not yet charged, at its share as NVML last measured it (the whole GPU until then),
+ * and takes back what a charge has since measured. What a process that exits had prepaid stays
+ * paid. Called every tick. */
+static void prepay(int dev, struct bucket *b, unsigned long long now_us)
+{
+    unsigned long long charged = vgpu_account_charged_to(dev, now_us);
+    double back = vgpu_control_settled(b->prepaid, (double)b->prepaid_from_us,
+                                       (double)b->prepaid_to_us, (double)charged);
+    if (back > 0.0) {
+        vgpu_account_refund(dev, back, b->limit / 100.0 * credit_seconds);
+        b->prepaid = back < b->prepaid ? b->prepaid - back : 0.0;
+        b->prepaid_from_us = charged;
+    }
+    if (b->launched_us == 0 || b->held || b->blind)
+        return; /* nothing launched, nothing launches while held, or nothing will be charged */
+    unsigned long long from = b->prepaid_to_us > now_us ? b->prepaid_to_us : now_us;
+    unsigned long long to = now_us + prepaid_ahead_us;
+    double seconds = b->own / 100.0 * (double)(to - from) / 1e6;
+    if (b->prepaid == 0.0)
+        b->prepaid_from_us = from;
+    b->prepaid += seconds;
+    b->prepaid_to_us = to;
+    vgpu_account_prepay(dev, seconds, now_us);
+}
+
+/* A device's first launch in this process: from here its time is prepaid until measured. */
+static void first_launch(int dev, struct bucket *b, unsigned long long now_us)
+{
+    b->launched_us = now_us;
+    b->own = 100.0;
+    prepay(dev, b, now_us);
 }
 
 /* Charges a reading to the container's GPU-time account (account.h), forgives a debt the
  * account does not back, and holds launches back while the container is over its limit by more
  * than held_seconds at the limit. A share that is the whole GPU's counts other tenants, as the
- * rate does then (it cannot tell a neighbour's work from a long kernel of its own). A hold
- * lasts only while readings are charged: should NVML stop answering, the blocks alone limit, as
- * before the account (a hold that only a reading can end would be for good). A bucket held
- * before its first period (a process started in a held container) gets its uncalibrated start
- * back when the hold ends. */
-static void account(int dev, struct bucket *b, struct vgpu_reading *reading, double demand)
+ * rate does then (it cannot tell a neighbour's work from a long kernel of its own). Takes this
+ * process's own share from a sample (own, -1: none) for its prepayment. A bucket held before
+ * its first period (a process started in a held container) gets its uncalibrated start back
+ * when the hold ends. */
+static void account(int dev, struct bucket *b, struct vgpu_reading *reading, double own,
+                    double demand)
 {
     double share = b->limit / 100.0;
     unsigned long long now_us = unix_ns() / 1000u;
@@ -239,6 +302,9 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
         else if (vgpu_nvml_device_util(dev, &reading->util) != VGPU_UTIL_WHOLE_DEVICE)
             reading->util = -1;
     }
+    /* A sample that ended before the first launch says nothing of what this process uses. */
+    if (own >= 0 && b->launched_us != 0 && reading->stamp_us > b->launched_us)
+        b->own = own;
     if (reading->util >= 0 && reading->sampled) {
         double gap = (double)(reading->stamp_us - b->stamp_us) / 1e6;
         if (b->stamp_us != 0 && reading->stamp_us > b->stamp_us &&
@@ -248,9 +314,10 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
                                                  : gap;
         b->stamp_us = reading->stamp_us;
     }
-    if (reading->util >= 0 && b->rate > 0.0) {
-        double period = b->period_s > 0.0 ? b->period_s : longest_period_s;
+    double period = b->period_s > 0.0 ? b->period_s : longest_period_s;
+    if (reading->util >= 0)
         vgpu_account_charge(dev, b->limit, reading, period, share * credit_seconds, now_us);
+    if (reading->util >= 0 && b->rate > 0.0) {
         double covered = reading->sampled ? period : control_seconds;
         b->debt_gpu = __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) < 0
                           ? b->debt_gpu + reading->util / 100.0 * covered : 0.0;
@@ -277,8 +344,10 @@ static void control(int dev, struct bucket *b, uint64_t now)
     double seconds = (double)(now - b->control_ns) / 1e9;
     double demand = seconds > 0 ? (double)(taken - b->consumed_at_control) / seconds : 0.0;
     struct vgpu_reading reading;
-    double util = measure(dev, demand, &reading);
-    account(dev, b, &reading, demand);
+    double own;
+    double util = measure(dev, demand, &reading, &own);
+    account(dev, b, &reading, own, demand);
+    b->blind = reading.util < 0 && !reading.sampled;
     if (util < 0 || demand == 0.0)
         return; /* no measurement, or no launches to learn from: keep the current rate (or wait
                  * to calibrate it: a first period held back took nothing) */
@@ -313,8 +382,12 @@ static void *watch(void *unused)
             struct bucket *b = &buckets[dev];
             if (b->limit == 0)
                 continue;
+            unsigned long long now_us = unix_ns() / 1000u;
+            if (b->launched_us == 0 && consumed(b) != 0)
+                first_launch(dev, b, now_us - TICK_NS / 1000);
             if (tick % CONTROL_TICKS == 0)
                 control(dev, b, monotonic_ns());
+            prepay(dev, b, now_us);
             if (b->rate > 0.0 && !b->held)
                 refill(b, TICK_NS / 1e9);
         }
@@ -333,7 +406,8 @@ static void after_fork_child(void)
     }
 }
 
-static void start_watcher(void)
+/* Starts the watcher at the first launch, which is on device dev. */
+static void start_watcher(int dev)
 {
     pthread_mutex_lock(&watcher_lock);
     if (!watcher_running) {
@@ -342,17 +416,19 @@ static void start_watcher(void)
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         /* The first control period starts now, not when the library loaded. */
-        for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
-            struct bucket *b = &buckets[dev];
+        for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
+            struct bucket *b = &buckets[d];
             b->control_ns = monotonic_ns();
             b->consumed_at_control = consumed(b);
             /* A container held back holds a process that starts in it from its first launch
              * (its first period would otherwise run free). */
-            if (b->limit != 0 && container_held(dev, b, unix_ns() / 1000u)) {
+            if (b->limit != 0 && container_held(d, b, unix_ns() / 1000u)) {
                 empty(b);
                 b->held = 1;
             }
         }
+        if (!buckets[dev].held)
+            first_launch(dev, &buckets[dev], unix_ns() / 1000u);
         if (pthread_create(&thread, &attr, watch, NULL) == 0)
             __atomic_store_n(&watcher_running, 1, __ATOMIC_RELEASE);
         else
@@ -386,7 +462,7 @@ void vgpu_throttle_launch(int dev, uint64_t cost)
     if (b->limit == 0)
         return;
     if (__builtin_expect(!__atomic_load_n(&watcher_running, __ATOMIC_ACQUIRE), 0))
-        start_watcher();
+        start_watcher(dev);
     while (__atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) <= 0)
         sleep_ns(WAIT_NS);
     __atomic_sub_fetch(&b->tokens, (int64_t)cost, __ATOMIC_ACQ_REL);

@@ -67,5 +67,18 @@ int main(void)
     check(r == 2000, "never below twice the rate it had (%.0f)", r);
     check(!vgpu_control_holds(-0.19, 20, 1.0) && vgpu_control_holds(-0.21, 20, 1.0),
           "launches are held once the account is a second at the limit over (0.2 s at 20%%)");
+    double b = vgpu_control_balance(-0.3, 20, 0.4, 10.0);
+    check(fabs(b - -0.22) < 1e-9, "0.4 s after its last charge, an account at -0.3 s stands at "
+          "-0.22 s under a limit of 20 (%.3f): time repays a hold without a reading", b);
+    b = vgpu_control_balance(-0.3, 20, 600.0, 10.0);
+    check(fabs(b - 1.7) < 1e-9 && vgpu_control_balance(-0.3, 20, -1.0, 10.0) == -0.3,
+          "a gap counts at most as a charge counts it (%.3f), a negative age as none", b);
+    double back = vgpu_control_settled(0.3, 100, 400, 200);
+    check(fabs(back - 0.1) < 1e-9, "0.3 s prepaid for 100..400, charged up to 200: a third given "
+          "back (%.3f)", back);
+    check(vgpu_control_settled(0.3, 100, 400, 400) == 0.3 &&
+              vgpu_control_settled(0.3, 100, 400, 90) == 0.0 &&
+              vgpu_control_settled(0.0, 100, 400, 500) == 0.0,
+          "all of it once charged to its end; nothing charged before its start, or none prepaid");
     return check_done("test_control");
 }
