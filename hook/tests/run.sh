@@ -280,15 +280,10 @@ tb=$!
 run throttle-burst-whole-gpu CUDA_DEVICE_SM_LIMIT=20 FAKE_NVML_NO_PROCESS_UTIL=1 \
     "$build/tests/test_throttle" 20 burst
 wait $tb
-# Two processes of one container: its GPU-time account is theirs together. Beside it (both
-# mostly sleep, each on its own fake GPU), short-lived processes one after another: each
-# prepays its time until NVML has measured it.
+# Two processes of one container: its GPU-time account is theirs together.
 run throttle-siblings CUDA_DEVICE_SM_LIMIT=30 FAKE_GPU_SHARED="$tmp/siblings.shm" \
     "$build/tests/test_throttle" 30 siblings &
 ts=$!
-run throttle-chain CUDA_DEVICE_SM_LIMIT=20 FAKE_GPU_SHARED="$tmp/chain.shm" \
-    "$build/tests/test_throttle" 20 chain
-wait $ts
 # Containers sharing one GPU (the fake's time-sliced model, NVML's per-process samples): each
 # pair of tenants and the graph case has its own fake GPU, so they run at once (they sleep).
 contention() { # contention NAME ARGS...
@@ -297,6 +292,10 @@ contention() { # contention NAME ARGS...
     run "contention-$name" FAKE_GPU_SHARED="$tmp/$name/gpu.shm" CONTENTION_DIR="$tmp/$name" \
         LIBCUDA_LOG_LEVEL=1 "$build/tests/test_contention" "$@"
 }
+# Beside the siblings (both mostly sleep, each on its own fake GPU): short-lived processes of
+# one container one after another, each prepaying its time until NVML has measured it.
+contention chain-20 chain 20
+wait $ts
 contention 30-60 30 60 &
 c1=$!
 contention 50-50 50 50 &

@@ -36,6 +36,14 @@
  *                                     cuGraphNodeSetEnabled: the ten cost). "crowded": made
  *                                     after 5000 other executable graphs; "destroy-refused"
  *                                     (the fake only): a destroy the driver refused
+ *   test_contention chain LIMIT       short-lived processes of one container (one region),
+ *                                     one after another for 8 s, each 0.15 s of kernels back
+ *                                     to back then _exit: together within 5 points of LIMIT %
+ *                                     of an unlimited tenant's kernels/s or less (over the
+ *                                     fake, of its GPU time too); then light ones (a one-block
+ *                                     kernel every 10 ms for 0.15 s) for 4 s: none takes more
+ *                                     than a second longer than the longest of three unlimited
+ *                                     ones
  *
  * The graph cases run on a real GPU too (gpu-check.sh): the kernel is real PTX, a counter on the
  * device shows a graph runs its blocks (over the fake, the fake's own count), and the measured
@@ -409,6 +417,106 @@ static struct measured result(pid_t pid, int fd)
 
 static double limit_of(const char *limit) { return strcmp(limit, "none") == 0 ? 100.0 : atof(limit); }
 
+/* One link of a chain (chain_case), of the container whose region is `region`: kernels for
+ * 0.15 s, back to back with a sync every 4 launches (heavy) or one of one block every 10 ms,
+ * then _exit (no destructor runs, as after kill -9). Writes what it ran to fd: the kernels as
+ * rate, the GPU seconds it got over the fake as share. */
+static void chain_link(int fd, const char *region, const char *limit, int heavy)
+{
+    setenv("CUDA_DEVICE_MEMORY_SHARED_CACHE", region, 1);
+    if (strcmp(limit, "none") != 0)
+        setenv("CUDA_DEVICE_SM_LIMIT", limit, 1);
+    else
+        unsetenv("CUDA_DEVICE_SM_LIMIT");
+    CUcontext ctx;
+    struct measured m = {-1, -1};
+    unsigned kernels = 0;
+    int fine = done(cuInit(0), "cuInit") &&
+               done(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain") &&
+               done(cuCtxSetCurrent(ctx), "cuCtxSetCurrent") && load_kernel() == 0;
+    for (double start = now_s(); fine && now_s() - start < 0.15;) {
+        fine = done(cuLaunchKernel(full.func, heavy ? BLOCKS : 1, 1, 1, 128, 1, 1, 0, NULL,
+                                   plain_args, NULL), "cuLaunchKernel");
+        kernels++;
+        if (fine && (!heavy || kernels % 4 == 0))
+            fine = done(cuCtxSynchronize(), "cuCtxSynchronize");
+        if (!heavy)
+            nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+    }
+    if (fine && done(cuCtxSynchronize(), "cuCtxSynchronize")) {
+        m.rate = kernels;
+        m.share = on_fake() ? (double)fake_busy_ns(0) / 1e9 : 0;
+    }
+    if (write(fd, &m, sizeof m) != sizeof m)
+        _exit(2);
+    _exit(0);
+}
+
+/* Links one after another for `seconds` (at least one), each a new process of the container
+ * `name`; returns what they ran together (kernels, GPU seconds over the fake; -1 if one
+ * failed) and sets *longest to the longest link's wall time, *links to their count. */
+static struct measured chain(const char *dir, const char *name, const char *limit, int heavy,
+                             double seconds, double *longest, int *links)
+{
+    char region[512];
+    snprintf(region, sizeof region, "%s/%s.cache", dir, name);
+    struct measured sum = {0, 0};
+    *longest = 0;
+    *links = 0;
+    for (double start = now_s(); *links == 0 || now_s() - start < seconds; ++*links) {
+        int p[2];
+        double began = now_s();
+        if (pipe(p) != 0)
+            return (struct measured){-1, -1};
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(p[0]);
+            chain_link(p[1], region, limit, heavy);
+        }
+        close(p[1]);
+        struct measured m = result(pid, p[0]);
+        if (m.rate < 0)
+            return (struct measured){-1, -1};
+        sum.rate += m.rate;
+        sum.share += m.share;
+        if (now_s() - began > *longest)
+            *longest = now_s() - began;
+    }
+    return sum;
+}
+
+/* The chain case: each process ran free until NVML first measured it and exited before its
+ * samples were read (NVML lists live processes), so the container's GPU-time account never saw
+ * it: over the fake, 75 % of the GPU under a limit of 20. */
+static int chain_case(const char *dir, const char *limit_arg)
+{
+    int fd, links;
+    double limit = limit_of(limit_arg), longest, bare_longest;
+    pid_t pid = start_tenant(&fd, dir, "bare", "none", NULL);
+    struct measured bare = result(pid, fd);
+    double start = now_s();
+    struct measured got = chain(dir, "chain", limit_arg, 1, 8.0, &longest, &links);
+    double seconds = now_s() - start;
+    double share = bare.rate > 0 && got.rate >= 0 ? 100.0 * got.rate / seconds / bare.rate : -1;
+    check(share >= 0 && share <= limit + 5.0, "limit %.0f%%: %d processes of 0.15 s of kernels, "
+          "one after another, ran %.1f%% of the unlimited rate (%.0f kernels in %.1f s, "
+          "unlimited %.1f/s)", limit, links, share, got.rate, seconds, bare.rate);
+    if (on_fake())
+        check(got.share >= 0 && 100.0 * got.share / seconds <= limit + 5.0,
+              "... and %.1f%% of the fake GPU's time", 100.0 * got.share / seconds);
+    got = chain(dir, "bare-light", "none", 0, 0.0, &bare_longest, &links);
+    for (int i = 0; i < 2 && got.rate >= 0; i++) {
+        double one;
+        got = chain(dir, "bare-light", "none", 0, 0.0, &one, &links);
+        bare_longest = one > bare_longest ? one : bare_longest;
+    }
+    got = chain(dir, "chain", limit_arg, 0, 4.0, &longest, &links);
+    check(got.rate >= 0 && longest <= bare_longest + 1.0, "limit %.0f%%: %d light processes "
+          "after them, the longest took %.2f s (unlimited: %.2f s)", limit, links, longest,
+          bare_longest);
+    return check_done("test_contention");
+}
+
 /* The graph case: an unlimited tenant's rate first, then the limited one's. */
 static int graph_case(const char *dir, const char *limit_arg, const char *abi)
 {
@@ -437,13 +545,16 @@ int main(int argc, char **argv)
     settle_s = settle != NULL ? atof(settle) : settle_s;
     measure_s = measure != NULL ? atof(measure) : measure_s;
     int graph = argc >= 3 && strcmp(argv[1], "graph") == 0;
+    int one = argc == 3 && (graph || strcmp(argv[1], "chain") == 0);
     if (!check((argc == 3 || (argc == 4 && graph)) && dir != NULL &&
-                   (getenv("FAKE_GPU_SHARED") != NULL || (graph && !on_fake())),
+                   (getenv("FAKE_GPU_SHARED") != NULL || (one && !on_fake())),
                "usage: CONTENTION_DIR=... [FAKE_GPU_SHARED=...] test_contention A B | graph L "
-               "[ABI] (A B: over the fake only)"))
+               "[ABI] | chain L (A B: over the fake only)"))
         return check_done("test_contention");
     if (graph)
         return graph_case(dir, argv[2], argc == 4 ? argv[3] : "flags");
+    if (strcmp(argv[1], "chain") == 0)
+        return chain_case(dir, argv[2]);
     int fa, fb;
     pid_t a = start_tenant(&fa, dir, "a", argv[1], NULL);
     pid_t b = start_tenant(&fb, dir, "b", argv[2], NULL);

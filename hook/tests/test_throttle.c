@@ -6,8 +6,7 @@
  * whose cost cannot be read for want of host memory: refused under a limit (it would run at one
  * token a launch), left alone without one. With "while" after the limit: graphs with a
  * conditional WHILE node instead (while_graphs); with "burst": a light load, then large kernels
- * (burst_after_light_load); with "siblings": two processes of one container (siblings); with
- * "chain": short-lived processes one after another (short_lived). */
+ * (burst_after_light_load); with "siblings": two processes of one container (siblings). */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -412,74 +411,9 @@ static void siblings(double limit)
     alarm(0);
 }
 
-/* One link of a chain: kernels for 0.15 s, back to back (heavy) or one of 64 blocks every
- * 10 ms (light), then _exit (no destructor runs, as with kill -9). */
-static void chain_link(int heavy)
-{
-    use_device0();
-    for (double t0 = now_s(); now_s() - t0 < 0.15;) {
-        cuLaunchKernel(NULL, heavy ? 20000 : 64, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
-        cuCtxSynchronize();
-        if (!heavy)
-            sleep_s(0.01);
-    }
-    _exit(0);
-}
-
-/* Runs links one after the other for `seconds` (each a new process: this program again);
- * returns how many ran and sets *longest to the longest one's wall time. */
-static int chain(const char *limit_arg, const char *kind, double seconds, double *longest)
-{
-    int links = 0;
-    *longest = 0;
-    for (double t0 = now_s(); now_s() - t0 < seconds; links++) {
-        double started = now_s();
-        pid_t pid = fork();
-        if (pid == 0) {
-            execl("/proc/self/exe", "test_throttle", limit_arg, kind, (char *)NULL);
-            _exit(127);
-        }
-        int status = 0;
-        if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
-            WEXITSTATUS(status) != 0)
-            return -1;
-        if (now_s() - started > *longest)
-            *longest = now_s() - started;
-    }
-    return links;
-}
-
-/* A chain of short-lived processes: each ran free until NVML first measured it, and exited
- * before its samples were read (NVML lists live processes), so the container's account never
- * saw them: 88 % of the GPU under a limit of 20. Light ones must still run, not be held back. */
-static void short_lived(const char *limit_arg)
-{
-    double limit = atof(limit_arg), longest;
-    signal(SIGALRM, held_too_long);
-    alarm(60);
-    cuInit(0);
-    uint64_t busy0 = fake_cuda_device_busy_ns(0);
-    double t0 = now_s();
-    int links = chain(limit_arg, "chain-heavy", 8.0, &longest);
-    double share = 100.0 * (double)(fake_cuda_device_busy_ns(0) - busy0) / ((now_s() - t0) * 1e9);
-    check(links >= 5 && share <= limit + 5.0, "limit %.0f%%: %d processes of 0.15 s of kernels "
-          "one after another keep the GPU %.1f%% busy (the longest took %.2f s)", limit, links,
-          share, longest);
-    links = chain(limit_arg, "chain-light", 4.0, &longest);
-    check(links >= 5 && longest < 1.0, "limit %.0f%%: %d light processes of 0.15 s one after "
-          "another, the longest took %.2f s", limit, links, longest);
-    alarm(0);
-}
-
 int main(int argc, char **argv)
 {
     const char *limit_arg = argc > 1 ? argv[1] : "none";
-    if (argc > 2 && strncmp(argv[2], "chain-", 6) == 0)
-        chain_link(strcmp(argv[2], "chain-heavy") == 0);
-    if (argc > 2 && strcmp(argv[2], "chain") == 0) {
-        short_lived(limit_arg);
-        return check_done("test_throttle chain");
-    }
     if (argc > 2 && strcmp(argv[2], "while") == 0) {
         use_device0();
         while_graphs(atof(limit_arg));
