@@ -13,6 +13,14 @@ static const double max_covered_s = 0.5;
 /* How far past the clock a charge may be stamped (NVML's stamps and ours differ a little). */
 static const unsigned long long clock_slack_us = 2000000;
 
+/* Seconds as the account's ns, saturated (a cast of a double out of range is undefined). */
+static int64_t to_ns(double seconds)
+{
+    double ns = seconds * 1e9;
+    return ns >= 9e18 ? INT64_C(9000000000000000000) : ns <= -9e18 ? -INT64_C(9000000000000000000)
+                                                                    : (int64_t)ns;
+}
+
 static int from_the_future(uint64_t stamp_us, unsigned long long now_us)
 {
     return stamp_us > now_us + clock_slack_us;
@@ -39,8 +47,8 @@ int vgpu_account_charge(int dev, uint32_t limit, const struct vgpu_reading *read
     double covered = gap < most ? gap : most;
     int64_t was = __atomic_load_n(&d->sm_credit_ns, __ATOMIC_ACQUIRE), next;
     do {
-        next = (int64_t)(vgpu_control_credit((double)was / 1e9, (double)limit, reading->util,
-                                             gap, covered, cap_s) * 1e9);
+        next = to_ns(vgpu_control_credit((double)was / 1e9, (double)limit, reading->util, gap,
+                                         covered, cap_s));
     } while (!__atomic_compare_exchange_n(&d->sm_credit_ns, &was, next, 1, __ATOMIC_ACQ_REL,
                                           __ATOMIC_ACQUIRE));
     return 1;
@@ -67,20 +75,16 @@ static void add_credit(struct vgpu_region_device *d, double seconds, double cap_
     int64_t was = __atomic_load_n(&d->sm_credit_ns, __ATOMIC_ACQUIRE), next;
     do {
         double credit = (double)was / 1e9 + seconds;
-        next = (int64_t)((cap_s >= 0.0 && credit > cap_s ? cap_s : credit) * 1e9);
+        next = to_ns(cap_s >= 0.0 && credit > cap_s ? cap_s : credit);
     } while (!__atomic_compare_exchange_n(&d->sm_credit_ns, &was, next, 1, __ATOMIC_ACQ_REL,
                                           __ATOMIC_ACQUIRE));
 }
 
-void vgpu_account_prepay(int dev, double seconds, unsigned long long now_us)
+void vgpu_account_prepay(int dev, double seconds)
 {
     struct vgpu_region_device *d = vgpu_region_sm_account(dev);
-    if (d == NULL || seconds <= 0.0)
-        return;
-    uint64_t never = 0;
-    __atomic_compare_exchange_n(&d->sm_charged_us, &never, (uint64_t)now_us, 0, __ATOMIC_ACQ_REL,
-                                __ATOMIC_ACQUIRE);
-    add_credit(d, -seconds, -1.0);
+    if (d != NULL && seconds > 0.0)
+        add_credit(d, -seconds, -1.0);
 }
 
 void vgpu_account_refund(int dev, double seconds, double cap_s)

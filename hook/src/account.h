@@ -30,9 +30,8 @@ double vgpu_account_credit(int dev);
 double vgpu_account_age(int dev, unsigned long long now_us);
 
 /* Takes seconds of the whole GPU off the account ahead of the charge that will measure them
- * (throttle.c's prepayment); the first (never charged) starts the account's clock at now_us,
- * so that time repays it. */
-void vgpu_account_prepay(int dev, double seconds, unsigned long long now_us);
+ * (throttle.c's prepayment). */
+void vgpu_account_prepay(int dev, double seconds);
 
 /* Gives back seconds prepaid, the credit capped at cap_s. */
 void vgpu_account_refund(int dev, double seconds, double cap_s);

@@ -33,7 +33,7 @@ double vgpu_control_forgiven_rate(double rate, double limit, double debt, double
 
 /* The credit as of now: the account's credit plus the limit's share of the age seconds since
  * its last charge (at most max_age, as a charge would count the gap), which the next charge
- * will add. A hold therefore ends with time even when no reading comes (NVML lost). */
+ * will add. */
 double vgpu_control_balance(double credit, double limit, double age, double max_age);
 
 /* What of `prepaid` seconds, paid ahead for the time from..to (any one clock), a charge up to

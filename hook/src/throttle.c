@@ -25,10 +25,13 @@ static const double control_seconds = CONTROL_TICKS * (TICK_NS / 1e9);
 /* The GPU-time account (account.h): at most credit_seconds at the limit banked; after two
  * sample periods, at least idle_seconds, without a charge (NVML has no process sample when no
  * process ran) the container counts as idle, or the whole GPU's utilisation stands for its
- * share; launches are held back past held_seconds at the limit over. */
+ * share; launches are held back past held_seconds at the limit over, and time is prepaid
+ * (prepay), while a charge is at most told_seconds past that idle time old: without NVML
+ * neither would ever be given back. */
 static const double credit_seconds = 0.2;
 static const double idle_seconds = 0.5;
 static const double held_seconds = 1.0;
+static const double told_seconds = 1.5;
 /* A process keeps the account paid this far ahead of now for its time NVML has not measured
  * yet (prepay below): it may exit before the next tick. */
 static const unsigned long long prepaid_ahead_us = 2 * (TICK_NS / 1000);
@@ -58,6 +61,8 @@ struct bucket {
     uint32_t limit;
     /* Prepayment (watcher only, and start_watcher before the watcher exists): */
     unsigned long long launched_us; /* CLOCK_REALTIME of the first launch on the device (0: none) */
+    unsigned long long last_launch_us; /* ... of the latest tick a launch took tokens in */
+    uint64_t consumed_at_tick;
     double own;          /* this process's share (percent) NVML last measured since then; the
                           * whole GPU until it has */
     double prepaid;      /* seconds of the whole GPU taken off the account ahead, not yet given
@@ -96,7 +101,8 @@ static void start_full(struct bucket *b)
     b->fresh = fresh_after_forgiving;
     b->held = 0;
     b->debt_gpu = 0.0;
-    b->launched_us = 0;
+    b->launched_us = b->last_launch_us = 0;
+    b->consumed_at_tick = 0;
     b->own = 100.0;
     b->prepaid = 0.0;
     b->prepaid_from_us = b->prepaid_to_us = 0;
@@ -137,9 +143,13 @@ static void warn_once(int *done, const char *why)
         vgpu_log(VGPU_LOG_WARN, "SM limit: %s", why);
 }
 
+/* *own of a reading that is the whole GPU's: that shows a process's work after it exits, so
+ * nothing is prepaid. */
+static const double own_in_whole_gpu = -2.0;
+
 /* What the limiter takes as this container's share, or -1 to keep the current rate; *reading
  * is what the GPU-time account is charged (its util -1 when nothing is to be), *own this
- * process's share in a sample (-1: none). */
+ * process's share in it (-1: none; 0 where NVML said no process ran; own_in_whole_gpu). */
 static double measure(int dev, double demand, struct vgpu_reading *reading, double *own)
 {
     static int whole_device_warned, unmatched_warned;
@@ -179,12 +189,11 @@ static double measure(int dev, double demand, struct vgpu_reading *reading, doub
         warn_once(&whole_device_warned, "this GPU has no per-process samples; limiting by the "
                   "whole GPU's utilisation, other tenants included");
         reading->util = util;
-        *own = 0.0; /* the whole GPU's utilisation shows our work after we exit: no prepayment */
+        *own = own_in_whole_gpu;
         return util;
     case VGPU_UTIL_NO_NEW_SAMPLE:
         reading->sampled = 1; /* NVML answered: no process ran in a period since the last */
-        if (demand == 0.0)
-            *own = 0.0; /* and nothing launched since: idle */
+        *own = 0.0;
         return -1;
     default:
         return -1; /* NVML cannot tell: keep the rate */
@@ -233,12 +242,19 @@ static double idle_after(const struct bucket *b)
     return 2.0 * period > idle_seconds ? 2.0 * period : idle_seconds;
 }
 
-/* Whether the container's account holds launches back: over the line as of now (time repays
- * a debt even when no reading comes: a hold that only a reading could end would be for good
- * without NVML). */
+/* Whether the container's account is charged recently enough to act on: a hold, or a
+ * prepayment, that only a reading can end would be for good without NVML. */
+static int account_told(int dev, const struct bucket *b, unsigned long long now_us)
+{
+    double age = vgpu_account_age(dev, now_us);
+    return age >= 0 && age < idle_after(b) + told_seconds;
+}
+
+/* Whether the container's account holds launches back: over the line as of now. */
 static int container_held(int dev, const struct bucket *b, unsigned long long now_us)
 {
-    return vgpu_control_holds(vgpu_account_balance(dev, b->limit, now_us), (double)b->limit,
+    return account_told(dev, b, now_us) &&
+           vgpu_control_holds(vgpu_account_balance(dev, b->limit, now_us), (double)b->limit,
                               held_seconds);
 }
 
@@ -251,32 +267,67 @@ static int container_held(int dev, const struct bucket *b, unsigned long long no
  * paid. Called every tick. */
 static void prepay(int dev, struct bucket *b, unsigned long long now_us)
 {
+    double cap = b->limit / 100.0 * credit_seconds;
+    if (b->prepaid_to_us > now_us + prepaid_ahead_us) {
+        /* The clock stepped back: no charge can be told to cover this time; give it back. */
+        vgpu_account_refund(dev, b->prepaid, cap);
+        b->prepaid = 0.0;
+        b->prepaid_from_us = b->prepaid_to_us = 0;
+    }
     unsigned long long charged = vgpu_account_charged_to(dev, now_us);
     double back = vgpu_control_settled(b->prepaid, (double)b->prepaid_from_us,
                                        (double)b->prepaid_to_us, (double)charged);
     if (back > 0.0) {
-        vgpu_account_refund(dev, back, b->limit / 100.0 * credit_seconds);
+        vgpu_account_refund(dev, back, cap);
         b->prepaid = back < b->prepaid ? b->prepaid - back : 0.0;
         b->prepaid_from_us = charged;
     }
-    if (b->launched_us == 0 || b->held || b->blind)
-        return; /* nothing launched, nothing launches while held, or nothing will be charged */
+    /* Held or not: what it launched before a hold runs on, and it may exit before NVML's next
+     * sample (a second later on some GPUs). */
+    if (b->launched_us == 0 || b->blind || !account_told(dev, b, now_us))
+        return; /* nothing launched, or nothing would give it back */
     unsigned long long from = b->prepaid_to_us > now_us ? b->prepaid_to_us : now_us;
     unsigned long long to = now_us + prepaid_ahead_us;
+    if (to <= from)
+        return;
     double seconds = b->own / 100.0 * (double)(to - from) / 1e6;
     if (b->prepaid == 0.0)
         b->prepaid_from_us = from;
     b->prepaid += seconds;
     b->prepaid_to_us = to;
-    vgpu_account_prepay(dev, seconds, now_us);
+    vgpu_account_prepay(dev, seconds);
 }
 
 /* A device's first launch in this process: from here its time is prepaid until measured. */
 static void first_launch(int dev, struct bucket *b, unsigned long long now_us)
 {
-    b->launched_us = now_us;
+    b->launched_us = b->last_launch_us = now_us;
+    b->consumed_at_tick = consumed(b);
     b->own = 100.0;
     prepay(dev, b, now_us);
+}
+
+/* This process's own share from a reading (own: measure's), for its prepayment. A sample is
+ * a share of its whole period: one that began before the first launch is taken over the part
+ * after it, rounded up (a whole GPU's worth run in its last twentieth reads 5 %). NVML's "no
+ * process ran" counts once a whole period has passed since the last launch (a long kernel
+ * launched last runs on, launching nothing, and no period has ended since). */
+static void learn_own(struct bucket *b, const struct vgpu_reading *reading, double own,
+                      double period)
+{
+    if (b->launched_us == 0 || own == -1.0)
+        return;
+    double period_us = period * 1e6;
+    double after = ((double)reading->stamp_us - (double)b->launched_us) / period_us;
+    if (own == own_in_whole_gpu)
+        b->own = 0.0;
+    else if (reading->util < 0.0 &&
+             (double)reading->stamp_us >= (double)b->last_launch_us + period_us)
+        b->own = 0.0;
+    else if (reading->util >= 0.0 && after >= 1.0)
+        b->own = own;
+    else if (reading->util >= 0.0 && after > 0.0)
+        b->own = (own + 0.5) / after < 100.0 ? (own + 0.5) / after : 100.0;
 }
 
 /* Charges a reading to the container's GPU-time account (account.h), forgives a debt the
@@ -293,6 +344,8 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
     unsigned long long now_us = unix_ns() / 1000u;
     double age = vgpu_account_age(dev, now_us);
     int stale = age < 0 || age >= idle_after(b);
+    double period = b->period_s > 0.0 ? b->period_s : longest_period_s;
+    learn_own(b, reading, own, period);
     if (reading->util < 0 && stale) {
         /* No sample for two periods: idle if nothing was launched, else the whole GPU's. */
         int idle = reading->sampled && demand == 0.0;
@@ -302,9 +355,6 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
         else if (vgpu_nvml_device_util(dev, &reading->util) != VGPU_UTIL_WHOLE_DEVICE)
             reading->util = -1;
     }
-    /* A sample that ended before the first launch says nothing of what this process uses. */
-    if (own >= 0 && b->launched_us != 0 && reading->stamp_us > b->launched_us)
-        b->own = own;
     if (reading->util >= 0 && reading->sampled) {
         double gap = (double)(reading->stamp_us - b->stamp_us) / 1e6;
         if (b->stamp_us != 0 && reading->stamp_us > b->stamp_us &&
@@ -314,7 +364,7 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
                                                  : gap;
         b->stamp_us = reading->stamp_us;
     }
-    double period = b->period_s > 0.0 ? b->period_s : longest_period_s;
+    period = b->period_s > 0.0 ? b->period_s : longest_period_s;
     if (reading->util >= 0)
         vgpu_account_charge(dev, b->limit, reading, period, share * credit_seconds, now_us);
     if (reading->util >= 0 && b->rate > 0.0) {
@@ -324,7 +374,7 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
         if (b->fresh < fresh_after_forgiving)
             b->fresh++;
         if (b->fresh >= fresh_after_forgiving)
-            forgive(dev, b, vgpu_account_credit(dev));
+            forgive(dev, b, vgpu_account_credit(dev) + b->prepaid); /* its own time, ahead */
     }
     int held = container_held(dev, b, now_us);
     if (held && !b->held) {
@@ -338,16 +388,23 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
     b->held = held;
 }
 
-static void control(int dev, struct bucket *b, uint64_t now)
+/* Reads NVML and charges the account (measure, account); returns what the rate law takes. */
+static double observe(int dev, struct bucket *b, double demand)
 {
-    uint64_t taken = consumed(b);
-    double seconds = (double)(now - b->control_ns) / 1e9;
-    double demand = seconds > 0 ? (double)(taken - b->consumed_at_control) / seconds : 0.0;
     struct vgpu_reading reading;
     double own;
     double util = measure(dev, demand, &reading, &own);
     account(dev, b, &reading, own, demand);
     b->blind = reading.util < 0 && !reading.sampled;
+    return util;
+}
+
+static void control(int dev, struct bucket *b, uint64_t now)
+{
+    uint64_t taken = consumed(b);
+    double seconds = (double)(now - b->control_ns) / 1e9;
+    double demand = seconds > 0 ? (double)(taken - b->consumed_at_control) / seconds : 0.0;
+    double util = observe(dev, b, demand);
     if (util < 0 || demand == 0.0)
         return; /* no measurement, or no launches to learn from: keep the current rate (or wait
                  * to calibrate it: a first period held back took nothing) */
@@ -383,8 +440,13 @@ static void *watch(void *unused)
             if (b->limit == 0)
                 continue;
             unsigned long long now_us = unix_ns() / 1000u;
-            if (b->launched_us == 0 && consumed(b) != 0)
+            uint64_t taken = consumed(b);
+            if (b->launched_us == 0 && taken != 0)
                 first_launch(dev, b, now_us - TICK_NS / 1000);
+            if (taken != b->consumed_at_tick) {
+                b->consumed_at_tick = taken;
+                b->last_launch_us = now_us;
+            }
             if (tick % CONTROL_TICKS == 0)
                 control(dev, b, monotonic_ns());
             prepay(dev, b, now_us);
@@ -415,6 +477,10 @@ static void start_watcher(int dev)
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        /* A reading first: the container's account charged before this process decides whether
+         * it is held, and whether to prepay (a process that exits before its first control
+         * period would never read one). */
+        observe(dev, &buckets[dev], 0.0);
         /* The first control period starts now, not when the library loaded. */
         for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
             struct bucket *b = &buckets[d];

@@ -69,7 +69,7 @@ int main(void)
           "launches are held once the account is a second at the limit over (0.2 s at 20%%)");
     double b = vgpu_control_balance(-0.3, 20, 0.4, 10.0);
     check(fabs(b - -0.22) < 1e-9, "0.4 s after its last charge, an account at -0.3 s stands at "
-          "-0.22 s under a limit of 20 (%.3f): time repays a hold without a reading", b);
+          "-0.22 s under a limit of 20 (%.3f)", b);
     b = vgpu_control_balance(-0.3, 20, 600.0, 10.0);
     check(fabs(b - 1.7) < 1e-9 && vgpu_control_balance(-0.3, 20, -1.0, 10.0) == -0.3,
           "a gap counts at most as a charge counts it (%.3f), a negative age as none", b);
