@@ -61,6 +61,8 @@ struct bucket {
     uint32_t limit;
     /* Prepayment (watcher only, and start_watcher before the watcher exists): */
     unsigned long long launched_us; /* CLOCK_REALTIME of the first launch on the device (0: none) */
+    unsigned long long unmeasured_us; /* ... of the launch from which own is not NVML's: the
+                                       * first, or one its rate would take a period to repay */
     unsigned long long last_launch_us; /* ... of the latest tick a launch took tokens in */
     uint64_t consumed_at_tick;
     double own;          /* this process's share (percent) NVML last measured since then; the
@@ -101,7 +103,7 @@ static void start_full(struct bucket *b)
     b->fresh = fresh_after_forgiving;
     b->held = 0;
     b->debt_gpu = 0.0;
-    b->launched_us = b->last_launch_us = 0;
+    b->launched_us = b->unmeasured_us = b->last_launch_us = 0;
     b->consumed_at_tick = 0;
     b->own = 100.0;
     b->prepaid = 0.0;
@@ -164,7 +166,7 @@ static double measure(int dev, double demand, struct vgpu_reading *reading, doub
                                      &util, &mine, &stamp)) {
     case VGPU_UTIL_OURS:
         *reading = (struct vgpu_reading){.util = util, .stamp_us = stamp, .sampled = 1};
-        *own = mine;
+        *own = self != 0 ? mine : util; /* our host pid unknown: NVML may list us by another */
         return util;
     case VGPU_UTIL_OTHERS_ONLY:
         /* Our processes did not run in the period (the bucket held them back, or they were
@@ -250,12 +252,15 @@ static int account_told(int dev, const struct bucket *b, unsigned long long now_
     return age >= 0 && age < idle_after(b) + told_seconds;
 }
 
-/* Whether the container's account holds launches back: over the line as of now. */
+/* Whether the container's account holds launches back: over the line as of now, this
+ * process's own prepayment left out (a new process, whole GPU until measured, would otherwise
+ * hold itself and its siblings back at its start; what other processes prepaid, those gone
+ * first, counts). */
 static int container_held(int dev, const struct bucket *b, unsigned long long now_us)
 {
     return account_told(dev, b, now_us) &&
-           vgpu_control_holds(vgpu_account_balance(dev, b->limit, now_us), (double)b->limit,
-                              held_seconds);
+           vgpu_control_holds(vgpu_account_balance(dev, b->limit, now_us) + b->prepaid,
+                              (double)b->limit, held_seconds);
 }
 
 /* Prepayment. A process's GPU time is charged when NVML's sample of it is read, up to a sample
@@ -286,7 +291,13 @@ static void prepay(int dev, struct bucket *b, unsigned long long now_us)
      * sample (a second later on some GPUs). */
     if (b->launched_us == 0 || b->blind || !account_told(dev, b, now_us))
         return; /* nothing launched, or nothing would give it back */
-    unsigned long long from = b->prepaid_to_us > now_us ? b->prepaid_to_us : now_us;
+    /* From where the last prepayment ended, or the first launch if that was a moment ago (the
+     * account was not charged yet then). */
+    unsigned long long from = now_us;
+    if (b->prepaid_to_us > now_us)
+        from = b->prepaid_to_us;
+    else if (b->prepaid_to_us == 0 && b->launched_us + 2 * (TICK_NS / 1000) > now_us)
+        from = b->launched_us;
     unsigned long long to = now_us + prepaid_ahead_us;
     if (to <= from)
         return;
@@ -301,24 +312,24 @@ static void prepay(int dev, struct bucket *b, unsigned long long now_us)
 /* A device's first launch in this process: from here its time is prepaid until measured. */
 static void first_launch(int dev, struct bucket *b, unsigned long long now_us)
 {
-    b->launched_us = b->last_launch_us = now_us;
+    b->launched_us = b->unmeasured_us = b->last_launch_us = now_us;
     b->consumed_at_tick = consumed(b);
     b->own = 100.0;
     prepay(dev, b, now_us);
 }
 
 /* This process's own share from a reading (own: measure's), for its prepayment. A sample is
- * a share of its whole period: one that began before the first launch is taken over the part
- * after it, rounded up (a whole GPU's worth run in its last twentieth reads 5 %). NVML's "no
- * process ran" counts once a whole period has passed since the last launch (a long kernel
- * launched last runs on, launching nothing, and no period has ended since). */
+ * a share of its whole period: one that began before the launch it has not measured is taken
+ * over the part after it, rounded up (a whole GPU's worth run in its last twentieth reads
+ * 5 %). NVML's "no process ran" counts once a whole period has passed since the last launch
+ * (a long kernel launched last runs on, launching nothing, and no period has ended since). */
 static void learn_own(struct bucket *b, const struct vgpu_reading *reading, double own,
                       double period)
 {
     if (b->launched_us == 0 || own == -1.0)
         return;
     double period_us = period * 1e6;
-    double after = ((double)reading->stamp_us - (double)b->launched_us) / period_us;
+    double after = ((double)reading->stamp_us - (double)b->unmeasured_us) / period_us;
     if (own == own_in_whole_gpu)
         b->own = 0.0;
     else if (reading->util < 0.0 &&
@@ -344,6 +355,15 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
     unsigned long long now_us = unix_ns() / 1000u;
     double age = vgpu_account_age(dev, now_us);
     int stale = age < 0 || age >= idle_after(b);
+    if (reading->util >= 0 && reading->sampled) {
+        double gap = (double)(reading->stamp_us - b->stamp_us) / 1e6;
+        if (b->stamp_us != 0 && reading->stamp_us > b->stamp_us &&
+            (b->period_s == 0.0 || gap < b->period_s))
+            b->period_s = gap < shortest_period_s  ? shortest_period_s
+                        : gap > longest_period_s ? longest_period_s
+                                                 : gap;
+        b->stamp_us = reading->stamp_us;
+    }
     double period = b->period_s > 0.0 ? b->period_s : longest_period_s;
     learn_own(b, reading, own, period);
     if (reading->util < 0 && stale) {
@@ -355,16 +375,6 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
         else if (vgpu_nvml_device_util(dev, &reading->util) != VGPU_UTIL_WHOLE_DEVICE)
             reading->util = -1;
     }
-    if (reading->util >= 0 && reading->sampled) {
-        double gap = (double)(reading->stamp_us - b->stamp_us) / 1e6;
-        if (b->stamp_us != 0 && reading->stamp_us > b->stamp_us &&
-            (b->period_s == 0.0 || gap < b->period_s))
-            b->period_s = gap < shortest_period_s  ? shortest_period_s
-                        : gap > longest_period_s ? longest_period_s
-                                                 : gap;
-        b->stamp_us = reading->stamp_us;
-    }
-    period = b->period_s > 0.0 ? b->period_s : longest_period_s;
     if (reading->util >= 0)
         vgpu_account_charge(dev, b->limit, reading, period, share * credit_seconds, now_us);
     if (reading->util >= 0 && b->rate > 0.0) {
@@ -433,6 +443,12 @@ static void sleep_ns(long ns)
 static void *watch(void *unused)
 {
     (void)unused;
+    /* A reading first, here rather than on the launching thread (NVML's first call may take
+     * long): a process that exits before its first control period would never read one, and
+     * the account, charged, tells its processes whether to hold back and to prepay. */
+    for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++)
+        if (buckets[dev].limit != 0)
+            observe(dev, &buckets[dev], 0.0);
     for (unsigned tick = 1;; tick++) {
         sleep_ns(TICK_NS);
         for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
@@ -444,6 +460,13 @@ static void *watch(void *unused)
             if (b->launched_us == 0 && taken != 0)
                 first_launch(dev, b, now_us - TICK_NS / 1000);
             if (taken != b->consumed_at_tick) {
+                /* Launches its rate would take a sample period to repay (a large kernel after
+                 * light work): what they cost is not what NVML last measured. */
+                double period = b->period_s > 0.0 ? b->period_s : longest_period_s;
+                if (b->rate > 0.0 && (double)(taken - b->consumed_at_tick) > b->rate * period) {
+                    b->own = 100.0;
+                    b->unmeasured_us = now_us;
+                }
                 b->consumed_at_tick = taken;
                 b->last_launch_us = now_us;
             }
@@ -477,10 +500,6 @@ static void start_watcher(int dev)
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        /* A reading first: the container's account charged before this process decides whether
-         * it is held, and whether to prepay (a process that exits before its first control
-         * period would never read one). */
-        observe(dev, &buckets[dev], 0.0);
         /* The first control period starts now, not when the library loaded. */
         for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
             struct bucket *b = &buckets[d];
@@ -493,7 +512,7 @@ static void start_watcher(int dev)
                 b->held = 1;
             }
         }
-        if (!buckets[dev].held)
+        if (!buckets[dev].held && buckets[dev].launched_us == 0)
             first_launch(dev, &buckets[dev], unix_ns() / 1000u);
         if (pthread_create(&thread, &attr, watch, NULL) == 0)
             __atomic_store_n(&watcher_running, 1, __ATOMIC_RELEASE);
