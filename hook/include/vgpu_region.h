@@ -77,8 +77,8 @@ struct vgpu_region_device {
                                 *     (hook/src/throttle.c): ns of the whole GPU it has left under
                                 *     its SM limit, negative when over; 0 in a new region */
     uint64_t sm_charged_us;    /* 120 atomic: CLOCK_REALTIME us (NVML's sample stamps) up to
-                                *     which sm_credit_ns is charged; 0 = never (the first
-                                *     prepayment, time taken off ahead, sets it to its clock) */
+                                *     which sm_credit_ns is charged; 0 = never. sm_credit_ns
+                                *     also holds what live processes prepaid past it */
 };
 
 struct vgpu_region_slot {

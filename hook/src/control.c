@@ -48,11 +48,12 @@ double vgpu_control_balance(double credit, double limit, double age, double max_
     return credit + limit / 100.0 * since;
 }
 
-double vgpu_control_settled(double prepaid, double from, double to, double charged)
+double vgpu_control_settled(double prepaid, double from, double to, double charged, double rate)
 {
     if (prepaid <= 0.0 || charged <= from)
         return 0.0;
     if (charged >= to || to <= from)
         return prepaid;
-    return prepaid * (charged - from) / (to - from);
+    double left = rate * (to - charged);
+    return left < prepaid ? prepaid - left : 0.0;
 }

@@ -36,10 +36,11 @@ double vgpu_control_forgiven_rate(double rate, double limit, double debt, double
  * will add. */
 double vgpu_control_balance(double credit, double limit, double age, double max_age);
 
-/* What of `prepaid` seconds, paid ahead for the time from..to (any one clock), a charge up to
- * `charged` has measured and so gives back: all of it once charged reaches to, else the
- * part of the time it covers. */
-double vgpu_control_settled(double prepaid, double from, double to, double charged);
+/* What of `prepaid` seconds, paid ahead for the time from..to (any one clock's seconds), a
+ * charge up to `charged` has measured and so gives back: all of it once charged reaches to,
+ * else all but the time left at `rate` (the share it now prepays at, 0..1: what it paid for
+ * that time may have been at another). */
+double vgpu_control_settled(double prepaid, double from, double to, double charged, double rate);
 
 /* Whether launches are held back: the container is over its limit by more than held_seconds of
  * its share, as measured. Blocks are only a prediction of a launch's cost (a graph's WHILE node

@@ -70,6 +70,7 @@ struct bucket {
     double prepaid;      /* seconds of the whole GPU taken off the account ahead, not yet given
                           * back, for the time prepaid_from_us..prepaid_to_us */
     unsigned long long prepaid_from_us, prepaid_to_us;
+    int prepaying;       /* the last tick prepaid: the next goes on from prepaid_to_us */
     int blind;           /* NVML could not tell at the last measurement: nothing is prepaid
                           * (no charge would give it back) */
 };
@@ -108,6 +109,7 @@ static void start_full(struct bucket *b)
     b->own = 100.0;
     b->prepaid = 0.0;
     b->prepaid_from_us = b->prepaid_to_us = 0;
+    b->prepaying = 0;
     b->blind = 0;
 }
 
@@ -274,14 +276,20 @@ static void prepay(int dev, struct bucket *b, unsigned long long now_us)
 {
     double cap = b->limit / 100.0 * credit_seconds;
     if (b->prepaid_to_us > now_us + prepaid_ahead_us) {
-        /* The clock stepped back: no charge can be told to cover this time; give it back. */
+        /* The clock stepped back: no charge can be told to cover this time; give it back, and
+         * take the launches as made now. */
         vgpu_account_refund(dev, b->prepaid, cap);
         b->prepaid = 0.0;
         b->prepaid_from_us = b->prepaid_to_us = 0;
+        b->prepaying = 0;
+        b->launched_us = b->launched_us > now_us ? now_us : b->launched_us;
+        b->unmeasured_us = b->unmeasured_us > now_us ? now_us : b->unmeasured_us;
+        b->last_launch_us = b->last_launch_us > now_us ? now_us : b->last_launch_us;
     }
     unsigned long long charged = vgpu_account_charged_to(dev, now_us);
-    double back = vgpu_control_settled(b->prepaid, (double)b->prepaid_from_us,
-                                       (double)b->prepaid_to_us, (double)charged);
+    double back = vgpu_control_settled(b->prepaid, (double)b->prepaid_from_us / 1e6,
+                                       (double)b->prepaid_to_us / 1e6, (double)charged / 1e6,
+                                       b->own / 100.0);
     if (back > 0.0) {
         vgpu_account_refund(dev, back, cap);
         b->prepaid = back < b->prepaid ? b->prepaid - back : 0.0;
@@ -289,16 +297,21 @@ static void prepay(int dev, struct bucket *b, unsigned long long now_us)
     }
     /* Held or not: what it launched before a hold runs on, and it may exit before NVML's next
      * sample (a second later on some GPUs). */
-    if (b->launched_us == 0 || b->blind || !account_told(dev, b, now_us))
+    if (b->launched_us == 0 || b->blind || !account_told(dev, b, now_us)) {
+        b->prepaying = 0;
         return; /* nothing launched, or nothing would give it back */
-    /* From where the last prepayment ended, or the first launch if that was a moment ago (the
-     * account was not charged yet then). */
-    unsigned long long from = now_us;
-    if (b->prepaid_to_us > now_us)
-        from = b->prepaid_to_us;
-    else if (b->prepaid_to_us == 0 && b->launched_us + 2 * (TICK_NS / 1000) > now_us)
-        from = b->launched_us;
+    }
+    /* On from where the last tick's prepayment ended (a tick late, or an NVML call slow, must
+     * not leave time unpaid), or from the first launch (the account may have been charged only
+     * since); at most a sample period back, should the clock jump. */
+    double period = b->period_s > 0.0 ? b->period_s : longest_period_s;
+    unsigned long long back_to = now_us - (unsigned long long)(period * 1e6);
+    unsigned long long from = b->prepaying ? b->prepaid_to_us
+                            : b->prepaid_to_us == 0 ? b->launched_us
+                                                   : now_us;
+    from = from < back_to ? back_to : from;
     unsigned long long to = now_us + prepaid_ahead_us;
+    b->prepaying = 1;
     if (to <= from)
         return;
     double seconds = b->own / 100.0 * (double)(to - from) / 1e6;
@@ -309,11 +322,12 @@ static void prepay(int dev, struct bucket *b, unsigned long long now_us)
     vgpu_account_prepay(dev, seconds);
 }
 
-/* A device's first launch in this process: from here its time is prepaid until measured. */
-static void first_launch(int dev, struct bucket *b, unsigned long long now_us)
+/* A device's first launch in this process (taken: the tokens launches took so far): from here
+ * its time is prepaid until measured. */
+static void first_launch(int dev, struct bucket *b, unsigned long long now_us, uint64_t taken)
 {
     b->launched_us = b->unmeasured_us = b->last_launch_us = now_us;
-    b->consumed_at_tick = consumed(b);
+    b->consumed_at_tick = taken;
     b->own = 100.0;
     prepay(dev, b, now_us);
 }
@@ -447,7 +461,7 @@ static void *watch(void *unused)
      * long): a process that exits before its first control period would never read one, and
      * the account, charged, tells its processes whether to hold back and to prepay. */
     for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++)
-        if (buckets[dev].limit != 0)
+        if (buckets[dev].limit != 0) /* nothing of ours ran in a period NVML has closed yet */
             observe(dev, &buckets[dev], 0.0);
     for (unsigned tick = 1;; tick++) {
         sleep_ns(TICK_NS);
@@ -458,7 +472,7 @@ static void *watch(void *unused)
             unsigned long long now_us = unix_ns() / 1000u;
             uint64_t taken = consumed(b);
             if (b->launched_us == 0 && taken != 0)
-                first_launch(dev, b, now_us - TICK_NS / 1000);
+                first_launch(dev, b, now_us - TICK_NS / 1000, taken);
             if (taken != b->consumed_at_tick) {
                 /* Launches its rate would take a sample period to repay (a large kernel after
                  * light work): what they cost is not what NVML last measured. */
@@ -513,7 +527,7 @@ static void start_watcher(int dev)
             }
         }
         if (!buckets[dev].held && buckets[dev].launched_us == 0)
-            first_launch(dev, &buckets[dev], unix_ns() / 1000u);
+            first_launch(dev, &buckets[dev], unix_ns() / 1000u, consumed(&buckets[dev]));
         if (pthread_create(&thread, &attr, watch, NULL) == 0)
             __atomic_store_n(&watcher_running, 1, __ATOMIC_RELEASE);
         else

@@ -73,12 +73,19 @@ int main(void)
     b = vgpu_control_balance(-0.3, 20, 600.0, 10.0);
     check(fabs(b - 1.7) < 1e-9 && vgpu_control_balance(-0.3, 20, -1.0, 10.0) == -0.3,
           "a gap counts at most as a charge counts it (%.3f), a negative age as none", b);
-    double back = vgpu_control_settled(0.3, 100, 400, 200);
-    check(fabs(back - 0.1) < 1e-9, "0.3 s prepaid for 100..400, charged up to 200: a third given "
-          "back (%.3f)", back);
-    check(vgpu_control_settled(0.3, 100, 400, 400) == 0.3 &&
-              vgpu_control_settled(0.3, 100, 400, 90) == 0.0 &&
-              vgpu_control_settled(0.0, 100, 400, 500) == 0.0,
-          "all of it once charged to its end; nothing charged before its start, or none prepaid");
+    double back = vgpu_control_settled(0.3, 0.1, 0.4, 0.2, 1.0);
+    check(fabs(back - 0.1) < 1e-9, "0.3 s prepaid for 0.1..0.4 s, charged up to 0.2 s, the whole "
+          "GPU prepaid now: the 0.2 s left kept, 0.1 s given back (%.3f)", back);
+    /* A share that rose late: 5 % for 0.9 s, then the whole GPU to 1.12 s (0.265 s prepaid),
+     * charged up to 1.0: the 0.12 s left stay paid at the whole GPU. */
+    back = vgpu_control_settled(0.265, 0.0, 1.12, 1.0, 1.0);
+    check(fabs(back - 0.145) < 1e-9, "a share that rose late: of 0.265 s prepaid, 0.145 s given "
+          "back, not the 0.237 s an even split gives (%.3f)", back);
+    check(vgpu_control_settled(0.3, 0.1, 0.4, 0.4, 1.0) == 0.3 &&
+              vgpu_control_settled(0.3, 0.1, 0.4, 0.09, 1.0) == 0.0 &&
+              vgpu_control_settled(0.0, 0.1, 0.4, 0.5, 1.0) == 0.0 &&
+              vgpu_control_settled(0.3, 0.1, 0.4, 0.2, 0.0) == 0.3,
+          "all of it once charged to its end, or when nothing is prepaid now; nothing charged "
+          "before its start, or none prepaid");
     return check_done("test_control");
 }
