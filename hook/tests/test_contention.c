@@ -335,15 +335,22 @@ struct measured {
     double share;
 };
 
-/* One tenant: its own region and limit, set before its first CUDA call (the library reads them
- * when it attaches). Writes what it measured over the window to fd. */
-static void tenant(int fd, const char *region, const char *limit, const char *graph)
+/* This process's container: its region file and SM limit ("none": no limit), set before its
+ * first CUDA call (the library reads them when it attaches). */
+static void join_container(const char *region, const char *limit)
 {
     setenv("CUDA_DEVICE_MEMORY_SHARED_CACHE", region, 1);
     if (strcmp(limit, "none") != 0)
         setenv("CUDA_DEVICE_SM_LIMIT", limit, 1);
     else
         unsetenv("CUDA_DEVICE_SM_LIMIT");
+}
+
+/* One tenant: its own region and limit, set before its first CUDA call (the library reads them
+ * when it attaches). Writes what it measured over the window to fd. */
+static void tenant(int fd, const char *region, const char *limit, const char *graph)
+{
+    join_container(region, limit);
     CUcontext ctx;
     CUdeviceptr weights = 0;
     struct measured m = {-1, -1};
@@ -423,15 +430,11 @@ static double limit_of(const char *limit) { return strcmp(limit, "none") == 0 ? 
 
 /* One link of a chain (chain_case), of the container whose region is `region`: kernels for
  * link_s, back to back with a sync every 4 launches (heavy), or for 0.15 s one of one block
- * every 10 ms, then _exit (no destructor runs, as after kill -9). Writes what it ran to fd: the kernels as
- * rate, the GPU seconds it got over the fake as share. */
+ * every 10 ms, then _exit (no destructor runs, as after kill -9). Writes what it ran to fd:
+ * the kernels as rate, the GPU seconds it got over the fake as share. */
 static void chain_link(int fd, const char *region, const char *limit, int heavy)
 {
-    setenv("CUDA_DEVICE_MEMORY_SHARED_CACHE", region, 1);
-    if (strcmp(limit, "none") != 0)
-        setenv("CUDA_DEVICE_SM_LIMIT", limit, 1);
-    else
-        unsetenv("CUDA_DEVICE_SM_LIMIT");
+    join_container(region, limit);
     CUcontext ctx;
     struct measured m = {-1, -1};
     unsigned kernels = 0;
