@@ -16,11 +16,11 @@ all: test
 # pip is quiet so the demo's output stays readable; these lines say what the wait is for. -qq on
 # the editable install: setuptools prints an informational "Editable installation" notice at -q
 # for a package whose folders are not named like its import packages (pyproject.toml).
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml setup.py constraints.txt
 	@echo "==> creating $(VENV) and installing the Python dependencies (pip; about 30 s with a warm pip cache, 1-2 min cold)"
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -qq -e '.[dev]'
+	$(VENV)/bin/pip install -qq -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 	@echo "==> $(VENV) ready"
 
