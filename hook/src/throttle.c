@@ -17,6 +17,7 @@ enum {
     TICK_NS = 10 * 1000 * 1000,      /* refill period */
     CONTROL_TICKS = 10,              /* control period = 100 ms */
     WAIT_NS = 500 * 1000,            /* sleep while the bucket is empty */
+    WATCHER_RETRY_WAITS = 200,       /* a watcher that could not start: tried again each 0.1 s */
     MAX_PIDS = 256,
 };
 static const double burst_seconds = 0.02; /* bucket capacity, in seconds of rate */
@@ -78,6 +79,7 @@ struct bucket {
 int vgpu_throttle_enabled;
 static struct bucket buckets[VGPU_REGION_MAX_DEVICES];
 static int watcher_running; /* atomic; reset in a forked child (threads do not survive fork) */
+static unsigned watcher_failures; /* under watcher_lock: failed starts since the last one */
 static pthread_mutex_t watcher_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const int64_t uncalibrated_credit = INT64_C(1) << 60;
@@ -498,6 +500,7 @@ static void after_fork_child(void)
 {
     pthread_mutex_init(&watcher_lock, NULL);
     watcher_running = 0;
+    watcher_failures = 0;
     for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
         buckets[dev].rate = 0.0;
         buckets[dev].carry = 0.0;
@@ -528,11 +531,28 @@ static void start_watcher(int dev)
         }
         if (!buckets[dev].held && buckets[dev].launched_us == 0)
             first_launch(dev, &buckets[dev], unix_ns() / 1000u, consumed(&buckets[dev]));
-        if (pthread_create(&thread, &attr, watch, NULL) == 0)
+        int rc = pthread_create(&thread, &attr, watch, NULL);
+        if (rc == 0) {
             __atomic_store_n(&watcher_running, 1, __ATOMIC_RELEASE);
-        else
-            vgpu_log(VGPU_LOG_ERROR, "cannot start the SM limiter thread; launches are not "
-                     "throttled");
+            if (watcher_failures != 0)
+                vgpu_log(VGPU_LOG_WARN, "the SM limiter thread started after %u failed tries",
+                         watcher_failures);
+            watcher_failures = 0;
+        } else {
+            /* Only the watcher refills the buckets. Without it the uncalibrated start's tokens
+             * let every launch through, and a process can make thread creation fail on purpose
+             * (RLIMIT_AS, RLIMIT_NPROC): so launches wait, held, and a waiting launch tries
+             * again; the watcher's first reading lifts the hold (account). */
+            for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
+                if (buckets[d].limit != 0) {
+                    empty(&buckets[d]);
+                    buckets[d].held = 1;
+                }
+            }
+            if (watcher_failures++ == 0)
+                vgpu_log(VGPU_LOG_ERROR, "cannot start the SM limiter thread (error %d); launches "
+                         "wait until it starts (tried again every 0.1 s)", rc);
+        }
         pthread_attr_destroy(&attr);
     }
     pthread_mutex_unlock(&watcher_lock);
@@ -562,7 +582,11 @@ void vgpu_throttle_launch(int dev, uint64_t cost)
         return;
     if (__builtin_expect(!__atomic_load_n(&watcher_running, __ATOMIC_ACQUIRE), 0))
         start_watcher(dev);
-    while (__atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) <= 0)
+    for (unsigned waits = 1; __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) <= 0; waits++) {
         sleep_ns(WAIT_NS);
+        if (waits % WATCHER_RETRY_WAITS == 0 &&
+            !__atomic_load_n(&watcher_running, __ATOMIC_ACQUIRE))
+            start_watcher(dev); /* it could not start: nothing else refills */
+    }
     __atomic_sub_fetch(&b->tokens, (int64_t)cost, __ATOMIC_ACQ_REL);
 }

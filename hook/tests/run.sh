@@ -273,6 +273,8 @@ wait $t30 $t60
 # alone, since beside the two above under the sanitizer the half-second case read 36 %.
 run throttle-while CUDA_DEVICE_SM_LIMIT=20 "$build/tests/test_throttle" 20 while
 run throttle-none "$build/tests/test_throttle" none
+# The limiter's thread cannot be made for a second (pthread_create fails): launches wait.
+run throttle-nothread CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 nothread
 # A light load, then large kernels: a debt in blocks the measured GPU time does not back; also
 # where NVML has no per-process samples (the whole GPU's utilisation stands for the container's).
 run throttle-burst CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 burst &

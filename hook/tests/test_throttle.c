@@ -9,7 +9,9 @@
  * (burst_after_light_load); with "siblings": two processes of one container (siblings). */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <time.h>
@@ -153,6 +155,44 @@ static double run_for(double seconds, unsigned *i, unsigned stride)
         step(*i);
     cuCtxSynchronize();
     return 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - t0) * 1e9);
+}
+
+/* pthread_create for the whole process, libvgpu's included: EAGAIN until threads_fail_until
+ * (now_s), as under an RLIMIT_AS or RLIMIT_NPROC a process may set on itself; threads_tried
+ * counts the calls. Only "nothread" sets it (this test makes no thread of its own). */
+static double threads_fail_until;
+static unsigned threads_tried;
+
+int pthread_create(pthread_t *thread, const pthread_attr_t *attr, void *(*run)(void *),
+                   void *arg)
+{
+    typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+    static create_fn real;
+    threads_tried++;
+    if (now_s() < threads_fail_until)
+        return EAGAIN;
+    if (real == NULL)
+        real = (create_fn)dlsym(RTLD_NEXT, "pthread_create");
+    return real != NULL ? real(thread, attr, run, arg) : EAGAIN;
+}
+
+/* The limiter's thread cannot be made for the first second. Before, the launches then ran on
+ * the uncalibrated start's tokens for good: unthrottled, 90 % busy under a limit of 50. Now
+ * they wait, the thread is tried again, and once it runs the limit holds. */
+static void without_a_thread(double limit)
+{
+    use_device0();
+    double t0 = now_s();
+    threads_fail_until = t0 + 1.0;
+    cuLaunchKernel(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+    double waited = now_s() - t0;
+    check(waited >= 0.9 && threads_tried >= 3, "no thread for the SM limiter for 1 s: the first "
+          "launch waited %.2f s, the thread was tried %u times", waited, threads_tried);
+    unsigned i = 0; /* variant 0, cuLaunchKernel: the others are looked up in main */
+    run_for(2.0, &i, VARIANTS); /* settle */
+    double util = run_for(2.0, &i, VARIANTS);
+    check(fabs(util - limit) <= 5.0, "limit %.0f%%: once the thread ran, %.1f%% after 2 s",
+          limit, util);
 }
 
 /* SIGALRM: a launch held back past the test's bound fails the test instead of hanging it. */
@@ -422,6 +462,10 @@ int main(int argc, char **argv)
     if (argc > 2 && strcmp(argv[2], "siblings") == 0) {
         siblings(atof(limit_arg));
         return check_done("test_throttle siblings");
+    }
+    if (argc > 2 && strcmp(argv[2], "nothread") == 0) {
+        without_a_thread(atof(limit_arg));
+        return check_done("test_throttle nothread");
     }
     if (argc > 2 && strcmp(argv[2], "burst") == 0) {
         use_device0();
