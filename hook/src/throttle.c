@@ -508,6 +508,14 @@ static void after_fork_child(void)
     }
 }
 
+/* Before the watcher runs: launches on b wait until its first reading (account) lifts the
+ * hold, or the container's account ends it. */
+static void hold_back(struct bucket *b)
+{
+    empty(b);
+    b->held = 1;
+}
+
 /* Starts the watcher at the first launch, which is on device dev. */
 static void start_watcher(int dev)
 {
@@ -524,10 +532,8 @@ static void start_watcher(int dev)
             b->consumed_at_control = consumed(b);
             /* A container held back holds a process that starts in it from its first launch
              * (its first period would otherwise run free). */
-            if (b->limit != 0 && container_held(d, b, unix_ns() / 1000u)) {
-                empty(b);
-                b->held = 1;
-            }
+            if (b->limit != 0 && container_held(d, b, unix_ns() / 1000u))
+                hold_back(b);
         }
         if (!buckets[dev].held && buckets[dev].launched_us == 0)
             first_launch(dev, &buckets[dev], unix_ns() / 1000u, consumed(&buckets[dev]));
@@ -543,12 +549,9 @@ static void start_watcher(int dev)
              * let every launch through, and a process can make thread creation fail on purpose
              * (RLIMIT_AS, RLIMIT_NPROC): so launches wait, held, and a waiting launch tries
              * again; the watcher's first reading lifts the hold (account). */
-            for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
-                if (buckets[d].limit != 0) {
-                    empty(&buckets[d]);
-                    buckets[d].held = 1;
-                }
-            }
+            for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
+                if (buckets[d].limit != 0)
+                    hold_back(&buckets[d]);
             if (watcher_failures++ == 0)
                 vgpu_log(VGPU_LOG_ERROR, "cannot start the SM limiter thread (error %d); launches "
                          "wait until it starts (tried again every 0.1 s)", rc);

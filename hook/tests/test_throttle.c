@@ -176,9 +176,10 @@ int pthread_create(pthread_t *thread, const pthread_attr_t *attr, void *(*run)(v
     return real != NULL ? real(thread, attr, run, arg) : EAGAIN;
 }
 
-/* The limiter's thread cannot be made for the first second. Before, the launches then ran on
- * the uncalibrated start's tokens for good: unthrottled, 90 % busy under a limit of 50. Now
- * they wait, the thread is tried again, and once it runs the limit holds. */
+/* The limiter's thread cannot be made for the first second. Before, every launch of that
+ * second ran at once on the uncalibrated start's tokens, unthrottled (the first waited 0.00 s),
+ * and would for as long as creation failed. Now they wait, the thread is tried again, and once
+ * it runs the limit holds. */
 static void without_a_thread(double limit)
 {
     use_device0();

@@ -62,9 +62,13 @@ def describe(exc: Exception) -> str:
     return f"not valid YAML{at}" + (f" ({problem})" if problem else "")
 
 
-def _line(event: events.Event | yaml.Node) -> int:
-    mark = event.start_mark
+def _mark_line(mark: Any) -> int:
+    """A mark's line from 1, 0 without one (libyaml's C marks are a class of their own)."""
     return mark.line + 1 if mark is not None else 0
+
+
+def _line(event: events.Event | yaml.Node) -> int:
+    return _mark_line(event.start_mark)
 
 
 def _check_size(text: str, limits: Limits) -> None:
@@ -82,9 +86,8 @@ def _events(text: str, limits: Limits) -> Iterator[events.Event]:
     except yaml.MarkedYAMLError as exc:
         if "nesting depth" not in (exc.problem or ""):
             raise
-        mark = exc.problem_mark
-        line = mark.line + 1 if mark is not None else 0
-        raise RefusedText(f"nested deeper than {limits.max_depth} levels at line {line}") from exc
+        raise RefusedText(f"nested deeper than {limits.max_depth} levels at line "
+                          f"{_mark_line(exc.problem_mark)}") from exc
 
 
 def check(text: str, limits: Limits) -> None:
