@@ -196,8 +196,10 @@ int main(int argc, char **argv)
         return scale(argc > 2 ? atoi(argv[2]) : 1, argc > 3 ? atol(argv[3]) : 200000);
     setup();
     const char *limit = getenv("CUDA_DEVICE_SM_LIMIT");
+    const char *gpus = getenv("FAKE_CUDA_DEVICES"); /* the fake's default: 2 */
     char label[64];
-    snprintf(label, sizeof label, "cuLaunchKernel (SM limit %s)", limit ? limit : "none");
+    snprintf(label, sizeof label, "cuLaunchKernel (SM limit %s, GPUs %s)", limit ? limit : "none",
+             gpus ? gpus : "2");
     if (limit != NULL) /* let the limiter calibrate before timing */
         for (double end = now_s() + 1.2; now_s() < end;)
             time_launch(&hooked, 10000);

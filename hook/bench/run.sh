@@ -13,6 +13,9 @@ export LD_PRELOAD="$(pwd)/$build/libvgpu.so" CUDA_DEVICE_MEMORY_LIMIT=15g
 echo "per-call overhead, libvgpu interposed vs the fake driver called directly (CPU time):"
 CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/a.cache" "$build/vgpu-bench" calls
 CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/b.cache" CUDA_DEVICE_SM_LIMIT=50 "$build/vgpu-bench" calls
+# One GPU, as most vGPU containers have: the gate need not ask the driver for the device.
+CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/c.cache" CUDA_DEVICE_SM_LIMIT=50 FAKE_CUDA_DEVICES=1 \
+    "$build/vgpu-bench" calls
 for n in 1 8 32; do
     CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/scale$n.cache" "$build/vgpu-bench" scale "$n" 100000
 done

@@ -14,6 +14,7 @@
 
 /* Filled in by vgpu_lib_load from the table below. */
 struct vgpu_cuda_real real;
+int vgpu_one_device;
 
 static void after_load(void);
 
@@ -180,6 +181,7 @@ static void learn_devices(void)
                  b[13], b[14], b[15]);
     }
     vgpu_devices_learn(count, (const char(*)[VGPU_REGION_UUID_BYTES])uuids);
+    __atomic_store_n(&vgpu_one_device, count == 1, __ATOMIC_RELAXED);
     vgpu_throttle_init();
 }
 

@@ -215,6 +215,19 @@ static inline int current_device(void)
     return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES ? (int)dev : -1;
 }
 
+/* 1 once cuInit found that this process has exactly one CUDA device (cuda.c): every context
+ * is then on ordinal 0. */
+extern int vgpu_one_device;
+
+/* The device a kernel launched now runs on, as current_device(), without asking the driver
+ * when there is only one (most vGPU containers): the SM gate's costliest step on the fake
+ * (hook/README.md, "Overhead"). Without a current context the launch is charged to device 0
+ * and then refused by the driver, as it would have been. */
+static inline int launch_device(void)
+{
+    return __atomic_load_n(&vgpu_one_device, __ATOMIC_RELAXED) ? 0 : current_device();
+}
+
 enum { VGPU_DEVICE_UNKNOWN = -2 };
 
 /* The device work on stream runs on (cuda_memory.c): a default stream's is the current

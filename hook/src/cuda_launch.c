@@ -10,13 +10,20 @@
  * the node monitor: a clock read per launch would cost more than the rest of the wrapper. */
 static __thread __attribute__((tls_model("initial-exec"))) unsigned launches_here;
 
+/* A launch under an SM limit takes its tokens. Out of line: the driver's question for the
+ * device needs a stack frame that the unlimited launch should not pay for. */
+static __attribute__((noinline)) void charge(uint64_t blocks)
+{
+    vgpu_throttle_launch(launch_device(), blocks ? blocks : 1);
+}
+
 /* The SM limiter's gate; with no limit this is one predictable branch. */
-static void gate(uint64_t blocks)
+static inline void gate(uint64_t blocks)
 {
     if (__builtin_expect((launches_here++ & 1023) == 0, 0))
         vgpu_region_note_launch();
     if (__builtin_expect(vgpu_throttle_enabled, 0))
-        vgpu_throttle_launch(current_device(), blocks ? blocks : 1);
+        charge(blocks);
 }
 
 /* After the driver launched (rc its answer) a kernel whose stack check gave `stack`. */
@@ -155,7 +162,7 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *li
         if (vgpu_throttle_enabled) {
             int dev = vgpu_stream_device(list[i].hStream);
             uint64_t blocks = grid(list[i].gridDimX, list[i].gridDimY, list[i].gridDimZ);
-            vgpu_throttle_launch(dev >= 0 ? dev : current_device(), blocks ? blocks : 1);
+            vgpu_throttle_launch(dev >= 0 ? dev : launch_device(), blocks ? blocks : 1);
         }
         uint64_t needs = vgpu_kernel_local_bytes(list[i].function);
         local = needs > local ? needs : local;

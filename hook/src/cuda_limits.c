@@ -140,6 +140,21 @@ static int ask_local_bytes(CUfunction f)
     return 0;
 }
 
+/* A kernel not in the table (k its entry): asked, and kept. Out of line, as is the raise
+ * below: what every launch runs then needs no stack frame of its own (hook/README.md,
+ * "Overhead"). */
+static __attribute__((noinline)) uint64_t learn_local_bytes(CUfunction f,
+                                                            struct known_function *k)
+{
+    int bytes = ask_local_bytes(f);
+    pthread_mutex_lock(&stack_lock);
+    __atomic_store_n(&k->f, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&k->local, (uint64_t)bytes, __ATOMIC_RELEASE);
+    __atomic_store_n(&k->f, f, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&stack_lock);
+    return (uint64_t)bytes;
+}
+
 /* f's local memory per thread (0, kept as such, when the driver cannot say: it is asked once
  * a kernel, not at every launch). A table by handle (above). */
 uint64_t vgpu_kernel_local_bytes(CUfunction f)
@@ -151,13 +166,16 @@ uint64_t vgpu_kernel_local_bytes(CUfunction f)
     uint64_t known = __atomic_load_n(&k->local, __ATOMIC_ACQUIRE);
     if (before == f && __atomic_load_n(&k->f, __ATOMIC_ACQUIRE) == f)
         return known;
-    int bytes = ask_local_bytes(f);
-    pthread_mutex_lock(&stack_lock);
-    __atomic_store_n(&k->f, NULL, __ATOMIC_RELEASE);
-    __atomic_store_n(&k->local, (uint64_t)bytes, __ATOMIC_RELEASE);
-    __atomic_store_n(&k->f, f, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&stack_lock);
-    return (uint64_t)bytes;
+    return learn_local_bytes(f, k);
+}
+
+static int raise_before(uint64_t local);
+
+int vgpu_stack_before_needs(uint64_t local)
+{
+    if (local <= __atomic_load_n(&floor_stack, __ATOMIC_ACQUIRE))
+        return 0;
+    return raise_before(local);
 }
 
 int vgpu_stack_before_launch(CUfunction f)
@@ -166,10 +184,9 @@ int vgpu_stack_before_launch(CUfunction f)
                                                                         : 0);
 }
 
-int vgpu_stack_before_needs(uint64_t local)
+/* A kernel needing more than the smallest stack of any device: the raise on this one. */
+static __attribute__((noinline)) int raise_before(uint64_t local)
 {
-    if (local <= __atomic_load_n(&floor_stack, __ATOMIC_ACQUIRE))
-        return 0;
     int dev = current_device();
     if (dev < 0 || vgpu_region_limit(dev) == 0 ||
         local <= __atomic_load_n(&stack_of[dev], __ATOMIC_ACQUIRE))

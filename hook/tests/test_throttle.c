@@ -395,11 +395,14 @@ static void burst_after_light_load(double limit)
     /* Kernels of 200 ms: each one's debt outlasts a control period, so it is forgiven only
      * while the account says the container is under its limit. With the whole GPU's share
      * taken as under the limit when it was over, it always was: 98.6 % under a limit of 20.
-     * Within 8 points: one kernel is 3.3 points of the 6 s measured at 50 %, and the share
-     * swings between forgiveness and hold (43.0-56.5 % measured). */
-    util = back_to_back(200000, 10.0, 4.0);
+     * The share swings between forgiveness and hold over about 2 s (2 s windows read 30.6 to
+     * 73.4 % at 50, 2026-11-28), and the first 2 s run over (57.9-73.6 %) until the account
+     * holds; so it is measured over the 10 s after those: 47.7-51.8 % in 6 runs, where the
+     * 6 s from 4 s on read 39.8-57.2 % (a quarter of the runs out of this band). Within 8
+     * points: one kernel is 2 points of 10 s at 50 %. */
+    util = back_to_back(200000, 12.0, 2.0);
     check(fabs(util - limit) <= 8.0, "limit %.0f%%: back-to-back 200 ms kernels keep the GPU "
-          "%.1f%% busy from 4 s on", limit, util);
+          "%.1f%% busy from 2 s to 12 s", limit, util);
     alarm(0);
 }
 
