@@ -221,8 +221,8 @@ extern int vgpu_one_device;
 
 /* The device a kernel launched now runs on, as current_device(), without asking the driver
  * when there is only one (most vGPU containers): the SM gate's costliest step on the fake
- * (hook/README.md, "Overhead"). Without a current context the launch is charged to device 0
- * and then refused by the driver, as it would have been. */
+ * (hook/README.md, "Overhead"). A launch without a current context is charged to device 0
+ * too, though the driver then refuses it (as any launch the driver refuses is charged). */
 static inline int launch_device(void)
 {
     return __atomic_load_n(&vgpu_one_device, __ATOMIC_RELAXED) ? 0 : current_device();

@@ -169,21 +169,6 @@ uint64_t vgpu_kernel_local_bytes(CUfunction f)
     return learn_local_bytes(f, k);
 }
 
-static int raise_before(uint64_t local);
-
-int vgpu_stack_before_needs(uint64_t local)
-{
-    if (local <= __atomic_load_n(&floor_stack, __ATOMIC_ACQUIRE))
-        return 0;
-    return raise_before(local);
-}
-
-int vgpu_stack_before_launch(CUfunction f)
-{
-    return vgpu_stack_before_needs(f != NULL && vgpu_region_any_limit() ? vgpu_kernel_local_bytes(f)
-                                                                        : 0);
-}
-
 /* A kernel needing more than the smallest stack of any device: the raise on this one. */
 static __attribute__((noinline)) int raise_before(uint64_t local)
 {
@@ -209,6 +194,19 @@ static __attribute__((noinline)) int raise_before(uint64_t local)
         __atomic_store_n(&stack_of[dev], local > counted ? local : counted, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&stack_lock);
     return rc;
+}
+
+int vgpu_stack_before_needs(uint64_t local)
+{
+    if (local <= __atomic_load_n(&floor_stack, __ATOMIC_ACQUIRE))
+        return 0;
+    return raise_before(local);
+}
+
+int vgpu_stack_before_launch(CUfunction f)
+{
+    return vgpu_stack_before_needs(f != NULL && vgpu_region_any_limit() ? vgpu_kernel_local_bytes(f)
+                                                                        : 0);
 }
 
 void vgpu_stack_after_launch(int reserved)
