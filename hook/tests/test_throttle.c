@@ -6,7 +6,9 @@
  * whose cost cannot be read for want of host memory: refused under a limit (it would run at one
  * token a launch), left alone without one. With "while" after the limit: graphs with a
  * conditional WHILE node instead (while_graphs); with "burst": a light load, then large kernels
- * (burst_after_light_load); with "siblings": two processes of one container (siblings). */
+ * (burst_after_light_load); with "siblings": two processes of one container (siblings); with
+ * "nothread": the limiter's thread cannot be made at first (without_a_thread); with
+ * "second-gpu": two GPUs, a limit on the second alone (limit_on_second_gpu). */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -35,12 +37,12 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* Device 0's primary context, current on this thread. */
-static void use_device0(void)
+/* Device dev's primary context, current on this thread. */
+static void use_device(int dev)
 {
     CUcontext ctx;
     cuInit(0);
-    cuDevicePrimaryCtxRetain(&ctx, 0);
+    cuDevicePrimaryCtxRetain(&ctx, dev);
     cuCtxSetCurrent(ctx);
 }
 
@@ -182,7 +184,7 @@ int pthread_create(pthread_t *thread, const pthread_attr_t *attr, void *(*run)(v
  * it runs the limit holds. */
 static void without_a_thread(double limit)
 {
-    use_device0();
+    use_device(0);
     double t0 = now_s();
     threads_fail_until = t0 + 1.0;
     cuLaunchKernel(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
@@ -353,21 +355,21 @@ static double wait_after(unsigned blocks)
     return now_s() - t0;
 }
 
-/* Busy share of device 0, in percent, over the last `seconds - settle` of `seconds` of
- * back-to-back kernels of `blocks` blocks. */
-static double back_to_back(unsigned blocks, double seconds, double settle)
+/* Busy share of device dev (its context current), in percent, over the last
+ * `seconds - settle` of `seconds` of back-to-back kernels of `blocks` blocks. */
+static double back_to_back(int dev, unsigned blocks, double seconds, double settle)
 {
     uint64_t busy0 = 0;
     double t0 = now_s(), from = 0;
     while (now_s() - t0 < seconds) {
         if (from == 0 && now_s() - t0 >= settle) {
-            busy0 = fake_cuda_busy_ns(0);
+            busy0 = fake_cuda_busy_ns(dev);
             from = now_s();
         }
         cuLaunchKernel(NULL, blocks, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
         cuCtxSynchronize();
     }
-    return 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - from) * 1e9);
+    return 100.0 * (double)(fake_cuda_busy_ns(dev) - busy0) / ((now_s() - from) * 1e9);
 }
 
 /* A process that launched little for a while (an inference server between requests), then a
@@ -389,7 +391,7 @@ static void burst_after_light_load(double limit)
     double waited = wait_after(20000);
     check(waited < 1.0, "limit %.0f%%: after a light load, a 20 ms kernel holds the next one "
           "back %.3f s", limit, waited);
-    double util = back_to_back(20000, 8.0, 3.0);
+    double util = back_to_back(0, 20000, 8.0, 3.0);
     check(fabs(util - limit) <= 5.0, "limit %.0f%%: back-to-back 20 ms kernels keep the GPU "
           "%.1f%% busy from 3 s on", limit, util);
     /* Kernels of 200 ms: each one's debt outlasts a control period, so it is forgiven only
@@ -400,7 +402,7 @@ static void burst_after_light_load(double limit)
      * holds; so it is measured over the 10 s after those: 46.1-54.0 % in 12 runs, where the
      * 6 s from 4 s on read 39.8-57.2 % (a quarter of the runs out of this band). Within 8
      * points: one kernel is 2 points of 10 s. */
-    util = back_to_back(200000, 12.0, 2.0);
+    util = back_to_back(0, 200000, 12.0, 2.0);
     check(fabs(util - limit) <= 8.0, "limit %.0f%%: back-to-back 200 ms kernels keep the GPU "
           "%.1f%% busy from 2 s to 12 s", limit, util);
     alarm(0);
@@ -419,11 +421,11 @@ static void siblings(double limit)
     pid_t sibling = fork();
     if (sibling == 0) {
         sleep_s(3.5);
-        use_device0();
-        back_to_back(20000, 12.0, 12.0);
+        use_device(0);
+        back_to_back(0, 20000, 12.0, 12.0);
         _exit(0);
     }
-    use_device0();
+    use_device(0);
     CUgraphExec longer = conditional_exec(CU_GRAPH_COND_TYPE_WHILE, 1000, 2000);
     if (!check(longer != NULL, "a graph with a WHILE node instantiated"))
         return;
@@ -455,43 +457,28 @@ static void siblings(double limit)
     alarm(0);
 }
 
-/* Busy share of device dev over `seconds` of plain launches from its context, in percent. */
-static double launch_on(int dev, double seconds)
-{
-    CUcontext ctx;
-    cuDevicePrimaryCtxRetain(&ctx, dev);
-    cuCtxSetCurrent(ctx);
-    uint64_t busy0 = fake_cuda_busy_ns(dev);
-    double t0 = now_s();
-    while (now_s() - t0 < seconds) {
-        cuLaunchKernel(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
-        cuCtxSynchronize();
-    }
-    return 100.0 * (double)(fake_cuda_busy_ns(dev) - busy0) / ((now_s() - t0) * 1e9);
-}
-
 /* Two GPUs, an SM limit on the second only: each launch is charged to its context's device,
  * which a process with more than one must ask the driver for (cuda_driver.h, launch_device). */
 static void limit_on_second_gpu(double limit)
 {
-    cuInit(0);
-    launch_on(1, 2.0); /* settle */
-    double second = launch_on(1, 2.0);
+    use_device(1);
+    double second = back_to_back(1, 2000, 4.0, 2.0);
     check(fabs(second - limit) <= 5.0, "device 1 (limit %.0f%%): measured %.1f%% after 2 s", limit,
           second);
-    double first = launch_on(0, 1.0);
+    use_device(0);
+    double first = back_to_back(0, 2000, 1.0, 0.0);
     check(first > 80.0, "device 0 (no limit): the loop keeps it %.1f%% busy", first);
 }
 
 int main(int argc, char **argv)
 {
+    const char *limit_arg = argc > 1 ? argv[1] : "none";
     if (argc > 2 && strcmp(argv[2], "second-gpu") == 0) {
-        limit_on_second_gpu(atof(argv[1]));
+        limit_on_second_gpu(atof(limit_arg));
         return check_done("test_throttle second-gpu");
     }
-    const char *limit_arg = argc > 1 ? argv[1] : "none";
     if (argc > 2 && strcmp(argv[2], "while") == 0) {
-        use_device0();
+        use_device(0);
         while_graphs(atof(limit_arg));
         return check_done("test_throttle while");
     }
@@ -504,7 +491,7 @@ int main(int argc, char **argv)
         return check_done("test_throttle nothread");
     }
     if (argc > 2 && strcmp(argv[2], "burst") == 0) {
-        use_device0();
+        use_device(0);
         burst_after_light_load(atof(limit_arg));
         return check_done("test_throttle burst");
     }
@@ -521,7 +508,7 @@ int main(int argc, char **argv)
                    launch_multi_device,
                "per-thread and deprecated launch entry points found"))
         return check_done("test_throttle");
-    use_device0();
+    use_device(0);
     graph_without_memory(strcmp(limit_arg, "none") != 0);
     unsigned i = 0, launched = 0;
     run_for(2.0, &i, 1); /* settle */
