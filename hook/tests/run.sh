@@ -252,6 +252,8 @@ if command -v python3 >/dev/null; then
 else
     echo "SKIP held-over-fake (no python3)"
 fi
+# gpu-check.sh's own arithmetic (sections 6 and 12) over canned outputs of the H200 run.
+run gpu-check-script bash "$(dirname "$0")/gpu_check_script.sh"
 # A graph's allocation nodes take memory when it is launched or uploaded: counted then.
 run graph-memory CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/graph-memory.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_graph_memory"
