@@ -37,7 +37,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/vgpu-gpu-check.XXXXXX")
 # Kept after a failure: its region files say what the library counted.
 trap 'if [ "$failed" = 0 ]; then rm -rf "$work"; else echo "gpu-check: kept $work"; fi' EXIT
 failed=0
-result() { if [ "$1" = 0 ]; then echo "PASS $2"; else echo "FAIL $2"; failed=1; fi; }
+result() { if [ "$1" = 0 ]; then echo "PASS $2"; else echo "FAIL $2"; failed=1; return 1; fi; }
 under_cap() { # under_cap REGION CAP COMMAND...: run with libvgpu preloaded and a cap
     local region=$1 cap=$2; shift 2
     local run=(env LD_PRELOAD="$lib" CUDA_DEVICE_MEMORY_SHARED_CACHE="$work/$region"
@@ -233,11 +233,12 @@ echo "bare: $base kernels/s"
 # Both tenants start at the same moment, as pods do (when their contexts appear together each
 # learns its host pid from an allocation instead; the log lines say which), and measure the
 # same window. Each tenant's debug log (NVML's samples, the rate, holds) goes to $work/NAME.log,
-# kept when a check fails; its info lines are shown.
+# kept when a check fails (set TMPDIR to a folder that outlives the machine); its info, warning
+# and error lines are shown, and the end of both logs when a check of the pair fails.
 tenant() { # tenant NAME LIMIT: one container (its own region) with SM limit LIMIT ("none"),
            # or a process without libvgpu (LIMIT "bare")
     local limit=$2
-    if [ "$limit" = bare ]; then python3 "$work/share.py" "$1" 24 "$base"; return; fi
+    if [ "$limit" = bare ]; then python3 "$work/share.py" "$1" 24 "$base" 2>"$work/$1.log"; return; fi
     [ "$limit" = none ] && limit=0
     LIBCUDA_LOG_LEVEL=4 CUDA_DEVICE_SM_LIMIT=$limit under_cap "$1.cache" 0 \
         python3 "$work/share.py" "$1" 24 "$base" 2>"$work/$1.log"
@@ -248,31 +249,52 @@ pair() { # pair A B: both tenants at once; sets sa and sb, their shares of the b
     tenant "b-$1-$2" "$2" >"$work/b.txt" & local pb=$!
     wait $pa $pb
     unset SHARE_T0
-    grep -h ' INFO ' "$work/a-$1-$2.log" "$work/b-$1-$2.log" 2>/dev/null
+    grep -hE ' (INFO|WARN|ERROR) ' "$work/a-$1-$2.log" "$work/b-$1-$2.log"
     cat "$work/a.txt" "$work/b.txt"
     sa=$(share_of a); sb=$(share_of b)
 }
-# Two processes time-sliced on one GPU do less together than one alone (H200, 2026-11-28:
-# 30 + unlimited summed 93 %, 50/50 90 %, where the issue asked 95). The pair without libvgpu
-# measures what sharing itself leaves: a tenant's expected share is its limit's part of that.
+logs_of() { # logs_of A B: the end of both tenants' logs, after a failed check
+    local t; for t in "a-$1-$2" "b-$1-$2"; do echo "-- $work/$t.log, last lines:"; tail -n 8 "$work/$t.log"; done
+}
+sum_of() { awk -v a="$1" -v b="$2" 'BEGIN { print a + b }'; }
+# Two processes of different containers are time-sliced on the GPU. In the H200 run of
+# 2026-11-28 pairs under libvgpu whose limits filled the GPU did 90-93 % of one process's rate
+# together, where the issue asked 95; whether time-slicing alone costs that was not measured.
+# So the pair without libvgpu runs first: where two tenants' limits fill the GPU, each is
+# expected to get its limit's part of what that pair did together (the issue's figures are
+# printed beside). Where they leave some of it idle, each is expected to get its limit.
 pair bare bare
-local together; together=$(awk -v a="$sa" -v b="$sb" 'BEGIN { print a + b }')
-awk -v t="$together" 'BEGIN { exit !(t >= 50 && t <= 105) }'
-result $? "two processes without libvgpu: $sa / $sb %, $together % together (one alone: 100)"
+[ -n "$sa" ] && [ -n "$sb" ]
+result $? "two processes without libvgpu each measured (${sa:-none} / ${sb:-none} %)" || {
+    logs_of bare bare; return; }
+local together; together=$(sum_of "$sa" "$sb")
+awk -v t="$together" 'BEGIN { exit !(t >= 75 && t <= 105) }'
+result $? "two processes without libvgpu: $together % together (one alone: 100; 75-105 expected)" ||
+    return
 for limits in "30 60" "50 50" "30 none" "20 20"; do
     set -- $limits
     pair "$1" "$2"
     local want_b=$2; [ "$2" = none ] && want_b=$((100 - $1))
+    local ok=0 scale=100 why="their limits"
+    if [ $(($1 + want_b)) -ge 100 ]; then scale=$together; why="$1 / $want_b % of the $together % two processes do"; fi
     local ea eb
-    ea=$(awk -v l="$1" -v t="$together" 'BEGIN { printf "%.1f", l * t / 100 }')
-    eb=$(awk -v l="$want_b" -v t="$together" 'BEGIN { printf "%.1f", l * t / 100 }')
-    within "$sa" "$ea" && within "$sb" "$eb"
-    result $? "limits $1 / $2: shares $sa / $sb %, expected $ea / $eb ($1 / $want_b % of the $together % two processes do)"
-    if [ $(($1 + want_b)) -ge 100 ]; then
-        local sum; sum=$(awk -v a="$sa" -v b="$sb" 'BEGIN { print a + b }')
-        awk -v s="$sum" -v t="$together" 'BEGIN { exit !(s >= t - 5) }'
-        result $? "limits $1 / $2: the GPU busy $sum % together (>= $together - 5; the issue asked >= 95)"
+    ea=$(awk -v l="$1" -v t="$scale" 'BEGIN { printf "%.1f", l * t / 100 }')
+    eb=$(awk -v l="$want_b" -v t="$scale" 'BEGIN { printf "%.1f", l * t / 100 }')
+    if [ -z "$sa" ] || [ -z "$sb" ]; then
+        result 1 "limits $1 / $2: a tenant measured nothing (${sa:-none} / ${sb:-none} %)"
+        logs_of "$1" "$2"; continue
     fi
+    within "$sa" "$ea" && within "$sb" "$eb"
+    result $? "limits $1 / $2: shares $sa / $sb %, expected $ea / $eb ($why)" || ok=1
+    if [ $(($1 + want_b)) -ge 100 ]; then
+        local sum; sum=$(sum_of "$sa" "$sb")
+        awk -v s="$sum" -v t="$together" 'BEGIN { exit !(s >= t - 5) }'
+        result $? "limits $1 / $2: the GPU busy $sum % together (>= $together - 5)" || ok=1
+        echo "   the issue's figures, printed only: $([ "$2" = none ] &&
+            echo "30 + unlimited -> 30 / >= 65, here $sa / $sb" ||
+            echo "50/50 with >= 95 together, here $sum")"
+    fi
+    [ "$ok" = 0 ] || logs_of "$1" "$2"
 done
 }
 

@@ -2,14 +2,18 @@
 # gpu_check_script.sh - gpu-check.sh's own arithmetic, without a GPU: sections 6 and 12 read
 # canned outputs through stand-ins for python3 and nvidia-smi on PATH, and must say PASS or FAIL
 # as their figures deserve. The canned rates are those of the H200 run of 2026-11-28
-# (hook/README.md, "On a real GPU"); there, section 12 printed FAIL with an empty share (awk took
-# `printf ..., b > 0 ? ...` for output to a file named 0) over figures that pass.
+# (hook/README.md, "On a real GPU"), except the pair without libvgpu (a-/b-bare-bare), which
+# that run did not have: its 20.8 and 21.0 are invented. There, section 12 printed FAIL with an
+# empty share (awk took `printf ..., b > 0 ? ...` for output to a file named 0) over figures
+# that pass.
 set -u
 unset LD_PRELOAD
 here=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d /tmp/vgpu-gpu-check-script.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 mkdir "$tmp/bin"
+# The nested make asks python3 where the header wheels are: the real one, not the stand-in.
+real_python=$(command -v python3)
 printf '#!/bin/sh\necho "GPU 0: stand-in"\n' >"$tmp/bin/nvidia-smi"
 # python3: share.py NAME SECONDS BASE and burst.py MODE print what $CANNED says for NAME or MODE
 # ("NAME RATE" lines; burst-limited also "held SECONDS"); `-c` (the import checks) succeeds.
@@ -20,6 +24,7 @@ case "$1" in
 -c) exit 0 ;;
 *share.py)
     r=$(rate "$2")
+    [ -n "$r" ] || { echo "Traceback: $2 has no canned rate" >&2; exit 1; } # as a crash would
     if [ "$2" = bare ]; then echo "bare: $r kernels/s"; exit 0; fi
     awk -v n="$2" -v r="$r" -v b="$4" 'BEGIN { printf "%s: %.1f kernels/s, %.1f %%\n", n, r, 100 * r / b }' ;;
 *burst.py)
@@ -46,42 +51,69 @@ burst-limited 23.38
 held 0.031'
 
 failed=0
-# check NAME PATTERN CANNED SECTION...: gpu-check.sh's output must match every line of PATTERN.
+# check NAME RC PATTERNS CANNED SECTION...: gpu-check.sh must exit RC (0: every check passed, 1:
+# one failed) and print every line of PATTERNS but those starting with !, which it must not
+# print; with RC 0, no FAIL line.
 check() {
-    local name=$1 patterns=$2 canned=$3; shift 3
+    local name=$1 rc=$2 patterns=$3 canned=$4; shift 4
     printf '%s\n' "$canned" >"$tmp/canned"
-    local out
-    out=$(TMPDIR="$tmp" CANNED="$tmp/canned" PATH="$tmp/bin:$PATH" bash "$here/gpu-check.sh" "$@" 2>&1)
+    local out got
+    out=$(TMPDIR="$tmp" CANNED="$tmp/canned" PYTHON="$real_python" PATH="$tmp/bin:$PATH" \
+        bash "$here/gpu-check.sh" "$@" 2>&1)
+    got=$?
     local missing
-    missing=$(while IFS= read -r p; do grep -qF -- "$p" <<<"$out" || echo "$p"; done <<<"$patterns")
-    if [ -z "$missing" ]; then
+    missing=$(while IFS= read -r p; do
+        case "$p" in
+        '!'*) ! grep -qF -- "${p#!}" <<<"$out" || echo "$p" ;; # a line that must not appear
+        *) grep -qF -- "$p" <<<"$out" || echo "$p" ;;
+        esac
+    done <<<"$patterns")
+    if [ "$rc" = 0 ] && grep -q '^FAIL' <<<"$out"; then missing+=$'\n(no FAIL line)'; fi
+    if [ -z "$missing" ] && [ "$got" = "$rc" ]; then
         echo "ok - $name"
     else
-        echo "not ok - $name: missing"; echo "$missing"; echo "--- output"; echo "$out"; failed=1
+        echo "not ok - $name: exit $got (want $rc); missing:"; echo "$missing"
+        echo "--- output"; echo "$out"; failed=1
     fi
 }
 
-check "H200 figures: section 12 computes its share (51.1 %) and passes" \
+check "H200 figures: section 12 computes its share (51.1 %) and passes" 0 \
     "PASS after a light load, a large kernel holds the next one back 0.031 s (< 1 s)
 PASS back-to-back large kernels then get 51.1 % of the bare rate (50 ± 5)" "$h200" 12
-check "H200 figures: section 6 expects each limit's part of what two bare processes do" \
-    "PASS two processes without libvgpu: 45.1 / 45.6 %, 90.7 % together
-PASS limits 30 / 60: shares 29.5 / 56.4 %, expected 27.2 / 54.4
-PASS limits 50 / 50: shares 44.9 / 45.3 %, expected 45.4 / 45.4
-PASS limits 50 / 50: the GPU busy 90.2 % together (>= 90.7 - 5
-PASS limits 30 / none: shares 28.6 / 64.4 %, expected 27.2 / 63.5
-PASS limits 20 / 20: shares 17.6 / 22.6 %, expected 18.1 / 18.1" "$h200" 6
+check "H200 figures: section 6 expects a filled GPU's share of what two bare processes do" 0 \
+    "PASS two processes without libvgpu each measured (45.1 / 45.6 %)
+PASS two processes without libvgpu: 90.7 % together
+PASS limits 30 / 60: shares 29.5 / 56.4 %, expected 30.0 / 60.0 (their limits)
+PASS limits 50 / 50: shares 44.9 / 45.3 %, expected 45.4 / 45.4 (50 / 50 % of the 90.7 %
+PASS limits 50 / 50: the GPU busy 90.2 % together (>= 90.7 - 5)
+the issue's figures, printed only: 50/50 with >= 95 together, here 90.2
+PASS limits 30 / none: shares 28.6 / 64.4 %, expected 27.2 / 63.5 (30 / 70 % of the 90.7 %
+PASS limits 30 / none: the GPU busy 93 % together (>= 90.7 - 5)
+the issue's figures, printed only: 30 + unlimited -> 30 / >= 65, here 28.6 / 64.4
+PASS limits 20 / 20: shares 17.6 / 22.6 %, expected 20.0 / 20.0 (their limits)" "$h200" 6
 # The first 50/50 pair of that run: one tenant got 37.4 % where 45 was its part.
-check "a tenant held 8 points under its part fails" \
-    "FAIL limits 50 / 50: shares 37.3 / 53.1 %" "$(sed -e 's/^a-50-50 .*/a-50-50 17.2/' \
-    -e 's/^b-50-50 .*/b-50-50 24.5/' <<<"$h200")" 6
-check "two tenants leaving the GPU idle fail the busy check" \
+check "a tenant held 8 points under its part fails" 1 \
+    "FAIL limits 50 / 50: shares 37.3 / 53.1 %
+-- $tmp/" "$(sed -e 's/^a-50-50 .*/a-50-50 17.2/' -e 's/^b-50-50 .*/b-50-50 24.5/' <<<"$h200")" 6
+check "two tenants leaving the GPU idle fail the busy check" 1 \
     "FAIL limits 30 / none: the GPU busy 76.3 % together" \
     "$(sed -e 's/^b-30-none .*/b-30-none 22.0/' <<<"$h200")" 6
-check "a limit of 50 that gave 65 % fails section 12" \
+check "a tenant that measured nothing fails, and its pair's busy check is not run" 1 \
+    "FAIL limits 30 / none: a tenant measured nothing (28.6 / none %)
+!limits 30 / none: the GPU busy
+PASS limits 20 / 20" "$(sed -e '/^b-30-none /d' <<<"$h200")" 6
+check "a pair without libvgpu that measured one process stops the section" 1 \
+    "FAIL two processes without libvgpu each measured (45.1 / none %)
+!limits 30 / 60" \
+    "$(sed -e '/^b-bare-bare /d' <<<"$h200")" 6
+check "a pair without libvgpu doing 60 % together stops the section" 1 \
+    "FAIL two processes without libvgpu: 60.6 % together
+!limits 30 / 60" \
+    "$(sed -e 's/^a-bare-bare .*/a-bare-bare 13.9/' -e 's/^b-bare-bare .*/b-bare-bare 14.0/' <<<"$h200")" 6
+check "a limit of 50 that gave 65 % fails section 12" 1 \
     "FAIL back-to-back large kernels then get 65.6 % of the bare rate" \
     "$(sed -e 's/^burst-limited .*/burst-limited 30.0/' <<<"$h200")" 12
-check "a large kernel holding the next back 2 s fails section 12" \
+check "a large kernel holding the next back 2 s fails section 12" 1 \
     "FAIL after a light load, a large kernel holds the next one back 2.5 s" \
     "$(sed -e 's/^held .*/held 2.5/' <<<"$h200")" 12
 exit $failed
