@@ -18,8 +18,9 @@
 # (12) under an SM limit of 50 %, a light load, then large kernels: the first is not held back
 # for its debt in blocks, and back to back they get the limit (the GPU-time account); (13)
 # short-lived processes of one container one after another under 20 % (prepayment).
-# Usage: gpu-check.sh [SECTION...] (default: all thirteen, about 11 minutes; sections can be
-# run separately, e.g. 1-7, 9 to 13, then 8). Exit 77 (skip) without a GPU, 1 on any failed check.
+# Usage: gpu-check.sh [SECTION...] (default: all thirteen, about 11 minutes on an H200; sections
+# can be run separately: gpu-session.sh runs each under its own time limit on a lent machine).
+# Exit 77 (skip) without a GPU, 1 on any failed check.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 # a section killed by a time limit keeps what it printed
 here=$(cd "$(dirname "$0")" && pwd)
