@@ -288,10 +288,11 @@ run throttle-nothread CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 no
 run throttle-burst CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 burst
 run throttle-burst-whole-gpu CUDA_DEVICE_SM_LIMIT=20 FAKE_NVML_NO_PROCESS_UTIL=1 \
     "$build/tests/test_throttle" 20 burst
-# Two processes of one container: its GPU-time account is theirs together.
+# Two processes of one container: its GPU-time account is theirs together. Alone: beside
+# contention-chain-20 the one that went over read 2.2 % in one make test (5.8-11.7 % in 3 runs
+# beside it by hand, 8.6-18.6 % in 4 alone, 2026-11-28; held for good it reads 0).
 run throttle-siblings CUDA_DEVICE_SM_LIMIT=30 FAKE_GPU_SHARED="$tmp/siblings.shm" \
-    "$build/tests/test_throttle" 30 siblings &
-ts=$!
+    "$build/tests/test_throttle" 30 siblings
 # Containers sharing one GPU (the fake's time-sliced model, NVML's per-process samples): each
 # pair of tenants and the graph case has its own fake GPU, so they run at once (they sleep).
 contention() { # contention NAME ARGS...
@@ -300,10 +301,9 @@ contention() { # contention NAME ARGS...
     run "contention-$name" FAKE_GPU_SHARED="$tmp/$name/gpu.shm" CONTENTION_DIR="$tmp/$name" \
         LIBCUDA_LOG_LEVEL=1 "$build/tests/test_contention" "$@"
 }
-# Beside the siblings (both mostly sleep, each on its own fake GPU): short-lived processes of
-# one container one after another, each prepaying its time until NVML has measured it.
+# Short-lived processes of one container one after another, each prepaying its time until
+# NVML has measured it.
 contention chain-20 chain 20
-wait $ts
 contention 30-60 30 60 &
 c1=$!
 contention 50-50 50 50 &
