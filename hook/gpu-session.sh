@@ -14,11 +14,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=$1 deadline=$2; shift 2
 case "$deadline" in '' | *[!0-9]*) echo "gpu-session: DEADLINE must be seconds" >&2; exit 2 ;; esac
 for spec in "$@"; do
-    case "$spec" in
-    *[!0-9:]* | :* | *: | *:*:*) echo "gpu-session: $spec is not SECTION:SECONDS" >&2; exit 2 ;;
-    *:*) ;;
-    *) echo "gpu-session: $spec is not SECTION:SECONDS" >&2; exit 2 ;;
-    esac
+    [[ $spec =~ ^[0-9]+:[0-9]+$ ]] || { echo "gpu-session: $spec is not SECTION:SECONDS" >&2; exit 2; }
 done
 mkdir -p "$out" || exit 2
 export PYTHONUNBUFFERED=1
@@ -35,8 +31,7 @@ session() {
         --format=csv
     python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "CUDA", torch.version.cuda)'
     echo "== build"
-    if ! make -j"$(nproc)" -C "$here" all fakes build/vgpu-bench build/tests/test_contention \
-        >"$TMPDIR/make.log" 2>&1; then
+    if ! make -j"$(nproc)" -C "$here" gpu-check-build >"$TMPDIR/make.log" 2>&1; then
         tail -n 40 "$TMPDIR/make.log"; echo "gpu-session: the build failed"; return 2
     fi
     echo "built at $(elapsed) s"
@@ -57,8 +52,9 @@ session() {
 
 session "$@" 2>&1 | tee "$out/gpu-check.txt"
 rc=${PIPESTATUS[0]}
-if ls -d "$TMPDIR"/vgpu-gpu-check.* >/dev/null 2>&1; then
-    tar -czf "$out/kept.tgz" -C "$TMPDIR" $(cd "$TMPDIR" && ls -d vgpu-gpu-check.*) &&
+kept=("$TMPDIR"/vgpu-gpu-check.*) # gpu-check.sh removes a section's folder when it passed
+if [ -e "${kept[0]}" ]; then
+    tar -czf "$out/kept.tgz" -C "$TMPDIR" "${kept[@]#"$TMPDIR"/}" &&
         echo "gpu-session: failed sections' folders in $out/kept.tgz"
 fi
 rm -rf "$TMPDIR"

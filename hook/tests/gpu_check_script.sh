@@ -119,35 +119,30 @@ check "a large kernel holding the next back 2 s fails section 12" 1 \
 # gpu-session.sh, the wrapper for a lent machine: each section under its own limit, its output
 # and a failed section's folder where such a machine returns them, a section past the deadline
 # skipped and said so.
-session() { # session NAME CANNED ARGS...: runs gpu-session.sh; sets out and got
-    local name=$1; printf '%s\n' "$2" >"$tmp/canned"; shift 2
+session() { # session NAME CANNED ARGS...: runs gpu-session.sh; sets out and got, names the case
+    name=$1; printf '%s\n' "$2" >"$tmp/canned"; shift 2
     rm -rf "$tmp/out"
     out=$(CANNED="$tmp/canned" PYTHON="$real_python" PATH="$tmp/bin:$PATH" \
         bash "$here/gpu-session.sh" "$tmp/out" "$@" 2>&1)
     got=$?
 }
-session "a failed section" "$(sed -e 's/^burst-limited .*/burst-limited 30.0/' <<<"$h200")" \
-    100 12:60 6:60
-if [ "$got" = 1 ] && grep -qF "FAIL back-to-back large kernels then get 65.6 %" "$tmp/out/gpu-check.txt" &&
+verdict() { # verdict STATUS: the session case named last passed (STATUS 0) or failed
+    if [ "$1" = 0 ]; then echo "ok - gpu-session: $name"; return; fi
+    echo "not ok - gpu-session: $name (exit $got)"; echo "$out"; failed=1
+}
+session "exit 1, both sections' output in gpu-check.txt, the failed one's folder alone in kept.tgz" \
+    "$(sed -e 's/^burst-limited .*/burst-limited 30.0/' <<<"$h200")" 100 12:60 6:60
+[ "$got" = 1 ] && grep -qF "FAIL back-to-back large kernels then get 65.6 %" "$tmp/out/gpu-check.txt" &&
     grep -qF -- "-- section 12: exit 1" "$tmp/out/gpu-check.txt" &&
     grep -qF -- "-- section 6: exit 0" "$tmp/out/gpu-check.txt" &&
     tar -tzf "$tmp/out/kept.tgz" | grep -q '/burst-limited.txt$' &&
-    ! tar -tzf "$tmp/out/kept.tgz" | grep -q 'a-30-60'; then
-    echo "ok - gpu-session: exit 1, both sections' output in gpu-check.txt, the failed one's folder alone in kept.tgz"
-else
-    echo "not ok - gpu-session with a failed section: exit $got"; echo "$out"; failed=1
-fi
-session "past the deadline" "$h200" 20 12:60
-if [ "$got" = 1 ] && grep -qF "== section 12 skipped" "$tmp/out/gpu-check.txt" &&
-    [ ! -e "$tmp/out/kept.tgz" ]; then
-    echo "ok - gpu-session: a section with under 25 s left is skipped, and the run says it failed"
-else
-    echo "not ok - gpu-session past its deadline: exit $got"; echo "$out"; failed=1
-fi
-session "all passing" "$h200" 300 12:60
-if [ "$got" = 0 ] && grep -qF -- "-- section 12: exit 0" "$tmp/out/gpu-check.txt"; then
-    echo "ok - gpu-session: exit 0 when every section passed"
-else
-    echo "not ok - gpu-session, all passing: exit $got"; echo "$out"; failed=1
-fi
+    ! tar -tzf "$tmp/out/kept.tgz" | grep -q 'a-30-60'
+verdict $?
+session "a section with under 25 s left is skipped, and the run says it failed" "$h200" 20 12:60
+[ "$got" = 1 ] && grep -qF "== section 12 skipped" "$tmp/out/gpu-check.txt" &&
+    [ ! -e "$tmp/out/kept.tgz" ]
+verdict $?
+session "exit 0 when every section passed" "$h200" 300 12:60
+[ "$got" = 0 ] && grep -qF -- "-- section 12: exit 0" "$tmp/out/gpu-check.txt"
+verdict $?
 exit $failed
