@@ -276,12 +276,13 @@ logs_of() { # logs_of A B: the end of both tenants' logs, after a failed check
 }
 sum_of() { awk -v a="$1" -v b="$2" 'BEGIN { print a + b }'; }
 part_of() { awk -v l="$1" -v t="$2" 'BEGIN { printf "%.1f", l * t / 100 }'; } # part_of L T: L % of T
-# Two processes of different containers are time-sliced on the GPU. In the H200 run of
-# 2026-11-28 pairs under libvgpu whose limits filled the GPU did 90-93 % of one process's rate
-# together, where the issue asked 95; whether time-slicing alone costs that was not measured.
-# So the pair without libvgpu runs first: where two tenants' limits fill the GPU, each is
-# expected to get its limit's part of what that pair did together (the issue's figures are
-# printed beside). Where they leave some of it idle, each is expected to get its limit.
+# Two processes of different containers are time-sliced on the GPU, and switching costs: on the
+# H200 (hook/results/gpu-check-h200-2026-11-28-b.txt) two processes without libvgpu did 89.7 %
+# of one process's rate together, where the issue asks 95 of two tenants under it. So that pair
+# runs first: where two tenants' limits fill the GPU, a limited tenant is expected to get its
+# limit's part of what that pair did together, and an unlimited one at least what the other
+# leaves of it (the issue's figures are printed beside). Where their limits leave some of the
+# GPU idle, each is expected to get its limit.
 pair bare bare
 [ -n "$sa" ] && [ -n "$sb" ]
 result $? "two processes without libvgpu each measured (${sa:-none} / ${sb:-none} %)" || {
@@ -301,11 +302,21 @@ for limits in "30 60" "50 50" "30 none" "20 20"; do
     local bad=0 filled=0 scale=100 why="their limits"
     if [ $(($1 + want_b)) -ge 100 ]; then
         filled=1 scale=$together why="$1 / $want_b % of the $together % two processes do"
+        [ "$2" = none ] && why="$1 % of the $together % two processes do"
     fi
     local ea eb
-    ea=$(part_of "$1" "$scale"); eb=$(part_of "$want_b" "$scale")
-    within "$sa" "$ea" && within "$sb" "$eb"
-    result $? "limits $1 / $2: shares $sa / $sb %, expected $ea / $eb ($why)" || bad=1
+    ea=$(part_of "$1" "$scale")
+    if [ "$2" = none ]; then
+        # No limit is no part to keep to: taking more than the other leaves is the GPU kept busy.
+        eb=$(awk -v t="$together" -v a="$ea" 'BEGIN { printf "%.1f", t - a - 5 }')
+        within "$sa" "$ea" && awk -v s="$sb" -v e="$eb" 'BEGIN { exit !(s >= e) }'
+        result $? "limits $1 / $2: shares $sa / $sb %, expected $ea / >= $eb ($why; \
+the unlimited one what the other leaves, less 5)" || bad=1
+    else
+        eb=$(part_of "$want_b" "$scale")
+        within "$sa" "$ea" && within "$sb" "$eb"
+        result $? "limits $1 / $2: shares $sa / $sb %, expected $ea / $eb ($why)" || bad=1
+    fi
     if [ "$filled" = 1 ]; then
         local sum; sum=$(sum_of "$sa" "$sb")
         awk -v s="$sum" -v t="$together" 'BEGIN { exit !(s >= t - 5) }'

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # gpu_check_script.sh - gpu-check.sh's own arithmetic, without a GPU: sections 6 and 12 read
 # canned outputs through stand-ins for python3 and nvidia-smi on PATH, and must say PASS or FAIL
-# as their figures deserve. The canned rates are those of the H200 run of 2026-11-28
-# (hook/README.md, "On a real GPU"), except the pair without libvgpu (a-/b-bare-bare), which
-# that run did not have: its 20.8 and 21.0 are invented. There, section 12 printed FAIL with an
-# empty share (awk took `printf ..., b > 0 ? ...` for output to a file named 0) over figures
-# that pass.
+# as their figures deserve. The canned rates are those of the H200 runs of 2026-11-28
+# (hook/README.md, "On a real GPU"): $h200 the first's, but for the pair without libvgpu
+# (a-/b-bare-bare), which that run did not have (its 20.8 and 21.0 are invented); $h200b the
+# second's section 6, all measured. In the first, section 12 printed FAIL with an empty share
+# (awk took `printf ..., b > 0 ? ...` for output to a file named 0) over figures that pass; in
+# the second, section 6 failed an unlimited tenant for taking more than 70 % of the pair's rate.
 set -u
 unset LD_PRELOAD
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,6 +50,17 @@ b-20-20 10.4
 burst-bare 45.71
 burst-limited 23.38
 held 0.031'
+h200b='bare 46.3
+a-bare-bare 20.7
+b-bare-bare 20.8
+a-30-60 14.8
+b-30-60 26.3
+a-50-50 21.6
+b-50-50 19.5
+a-30-none 12.0
+b-30-none 31.7
+a-20-20 10.3
+b-20-20 8.2'
 
 failed=0
 # check NAME RC PATTERNS CANNED SECTION...: gpu-check.sh must exit RC (0: every check passed, 1:
@@ -87,10 +99,20 @@ PASS limits 30 / 60: shares 29.5 / 56.4 %, expected 30.0 / 60.0 (their limits)
 PASS limits 50 / 50: shares 44.9 / 45.3 %, expected 45.4 / 45.4 (50 / 50 % of the 90.7 %
 PASS limits 50 / 50: the GPU busy 90.2 % together (>= 90.7 - 5)
 the issue's figures, printed only: 50/50 with >= 95 together, here 90.2
-PASS limits 30 / none: shares 28.6 / 64.4 %, expected 27.2 / 63.5 (30 / 70 % of the 90.7 %
+PASS limits 30 / none: shares 28.6 / 64.4 %, expected 27.2 / >= 58.5 (30 % of the 90.7 %
 PASS limits 30 / none: the GPU busy 93 % together (>= 90.7 - 5)
 the issue's figures, printed only: 30 + unlimited -> 30 / >= 65, here 28.6 / 64.4
 PASS limits 20 / 20: shares 17.6 / 22.6 %, expected 20.0 / 20.0 (their limits)" "$h200" 6
+check "H200 second run: an unlimited tenant taking more than 70 % of the pair passes" 0 \
+    "PASS two processes without libvgpu: 89.6 % together
+PASS limits 30 / 60: shares 32.0 / 56.8 %, expected 30.0 / 60.0 (their limits)
+PASS limits 50 / 50: shares 46.7 / 42.1 %, expected 44.8 / 44.8
+PASS limits 30 / none: shares 25.9 / 68.5 %, expected 26.9 / >= 57.7
+PASS limits 30 / none: the GPU busy 94.4 % together
+PASS limits 20 / 20: shares 22.2 / 17.7 %, expected 20.0 / 20.0" "$h200b" 6
+check "an unlimited tenant under what the other leaves fails" 1 \
+    "FAIL limits 30 / none: shares 25.9 / 56.2 %, expected 26.9 / >= 57.7" \
+    "$(sed -e 's/^b-30-none .*/b-30-none 26.0/' <<<"$h200b")" 6
 # The first 50/50 pair of that run: one tenant got 37.4 % where 45 was its part.
 check "a tenant held 8 points under its part fails" 1 \
     "FAIL limits 50 / 50: shares 37.3 / 53.1 %
