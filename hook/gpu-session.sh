@@ -6,7 +6,7 @@
 # Everything printed goes to OUTDIR/gpu-check.txt as well; the work folders of failed sections
 # (region files, section 6's tenant logs) are packed into OUTDIR/kept.tgz, one file, for a
 # machine that is given back. Example (the H200 run of 2026-11-28, hook/README.md):
-#   gpu-session.sh "$OUT" 520 1:90 5:90 2:90 11:60 3:90 6:240 9:90 10:120 12:120 7:120 13:150 4:120
+#   gpu-session.sh "$OUT" 520 1:90 5:90 2:90 11:60 3:90 6:240 9:90 10:120 12:120 7:120 13:150 4:150
 # Exit: 0 when every section that ran passed, 1 otherwise, 2 on bad arguments or a failed build.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)

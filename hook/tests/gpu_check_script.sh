@@ -15,6 +15,7 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir "$tmp/bin"
 # The nested make asks python3 where the header wheels are: the real one, not the stand-in.
 real_python=$(command -v python3)
+export LD_LIBRARY_PATH="$here/build/fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 printf '#!/bin/sh\necho "GPU 0: stand-in"\n' >"$tmp/bin/nvidia-smi"
 # python3: share.py NAME SECONDS BASE and burst.py MODE print what $CANNED says for NAME or MODE
 # ("NAME RATE" lines; burst-limited also "held SECONDS"); `-c` (the import checks) succeeds.
@@ -28,6 +29,7 @@ case "$1" in
     [ -n "$r" ] || { echo "Traceback: $2 has no canned rate" >&2; exit 1; } # as a crash would
     if [ "$2" = bare ]; then echo "bare: $r kernels/s"; exit 0; fi
     awk -v n="$2" -v r="$r" -v b="$4" 'BEGIN { printf "%s: %.1f kernels/s, %.1f %%\n", n, r, 100 * r / b }' ;;
+*launch.py) rate launch ;; # µs per tiny kernel
 *burst.py)
     [ "$2" = limited ] && echo "after a light load, a large kernel held the next back $(rate held) s"
     echo "large kernels from 3 s on: $(rate "burst-$2")/s" ;;
@@ -132,6 +134,15 @@ check "a pair without libvgpu doing 60 % together stops the section" 1 \
     "FAIL two processes without libvgpu: 60.6 % together
 !limits 30 / 60" \
     "$(sed -e 's/^a-bare-bare .*/a-bare-bare 13.9/' -e 's/^b-bare-bare .*/b-bare-bare 14.0/' <<<"$h200")" 6
+# Section 4 for real over the fake driver (alloc-pairs loads libcuda.so.1 from build/fake), the
+# tiny kernel's timings canned: each kind its median of 3 rounds, alloc+free pairs with 1, 8
+# and 32 processes bare and under libvgpu, and make bench.
+check "section 4 over the fake: medians of the tiny kernel, alloc-pairs and bench" 0 \
+    "round 3, us per tiny kernel: without the hook 9.5, with it 9.5, under a limit of 90 9.5
+medians: 9.500 us bare; the hook adds 0.000 us (0.0 %)
+alloc+free pairs of 2 MiB, 32 processes at once, ns per pair
+PASS alloc-pairs ran bare and under libvgpu with 1, 8 and 32 processes
+alloc+free pair, 32 processes:" "launch 9.5" 4
 check "a limit of 50 that gave 65 % fails section 12" 1 \
     "FAIL back-to-back large kernels then get 65.6 % of the bare rate" \
     "$(sed -e 's/^burst-limited .*/burst-limited 30.0/' <<<"$h200")" 12
