@@ -8,7 +8,8 @@
 # (2) two processes sharing one cap; (3) an SM limit of 30 % on a compute-bound kernel;
 # (4) overhead figures; (5) what NVML shows a capped process holding (context included) stays
 # within the cap; (6) SM shares of two containers at once (30/60, 50/50, 30/none, 20/20), each
-# limit's part of what two processes without libvgpu do together;
+# limit's part of what two processes without libvgpu do together, and what NVML's per-process
+# samples said of each;
 # (7) CUDA graph replay under a 25 % limit; (8) CUDA graphs made or changed through each driver
 # export the library costs (tests/test_contention.c, the cases make test runs over the fake);
 # (9) memory freed with a context (cudaDeviceReset, cuCtxDestroy) given back to the cap, and a
@@ -58,6 +59,8 @@ cat > "$work/share.py" <<'PY'
 import os, sys, time, torch
 name, seconds = sys.argv[1], float(sys.argv[2])
 baseline = float(sys.argv[3]) if len(sys.argv) > 3 else 0
+if os.environ.get("SHARE_PID_DIR"): # for nvml_samples.py: which NVML pid is this tenant
+    with open(f"{os.environ['SHARE_PID_DIR']}/{name}.pid", "w") as f: f.write(str(os.getpid()))
 a = torch.randn(8192, 8192, device="cuda")
 graph = name.startswith("graph")
 if graph:
@@ -285,15 +288,55 @@ tenant() { # tenant NAME LIMIT: one container (its own region) with SM limit LIM
         python3 "$work/share.py" "$1" 24 "$base" 2>"$work/$1.log"
 }
 pair() { # pair A B: both tenants at once; sets sa and sb, their shares of the bare rate
-    export SHARE_T0; SHARE_T0=$(date +%s.%N)
+    export SHARE_T0 SHARE_PID_DIR=$work; SHARE_T0=$(date +%s.%N)
     tenant "a-$1-$2" "$1" >"$work/a.txt" & local pa=$!
     tenant "b-$1-$2" "$2" >"$work/b.txt" & local pb=$!
-    wait $pa $pb
-    unset SHARE_T0
+    python3 "$work/nvml_samples.py" "$SHARE_T0" 24 "$work" "a-$1-$2" "b-$1-$2" \
+        >"$work/samples.txt" 2>&1 & local ps=$!
+    wait $pa $pb; wait $ps
+    unset SHARE_T0 SHARE_PID_DIR
     grep -hE ' (INFO|WARN|ERROR) ' "$work/a-$1-$2.log" "$work/b-$1-$2.log"
-    cat "$work/a.txt" "$work/b.txt"
+    cat "$work/a.txt" "$work/b.txt" "$work/samples.txt"
     sa=$(share_of a); sb=$(share_of b)
 }
+# What NVML's per-process samples said of each tenant over the measured half: the library's
+# SM limiter reads them, and on the H200 its logs showed a tenant 0 % or 99 %, never about 45,
+# with shares off by up to 12 points in some runs. Printed beside the throughput shares (no
+# check): whether NVML's mean for a tenant follows its share says whether the limiter's input is
+# fair. The raw samples go to $work/samples-A-B.txt (pid, stamp in us, smUtil).
+cat > "$work/nvml_samples.py" <<'PY'
+import os, sys, time, pynvml
+t0, seconds, work, names = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4:]
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+seen, last = {}, 0
+while time.time() < t0 + seconds + 0.5:
+    try:
+        for x in pynvml.nvmlDeviceGetProcessUtilization(h, last):
+            seen[(x.pid, x.timeStamp)] = x.smUtil
+            last = max(last, x.timeStamp)
+    except pynvml.NVMLError:
+        pass  # no sample newer than last
+    time.sleep(0.05)
+with open(f"{work}/samples-{names[0][2:]}.txt", "w") as f:
+    for (pid, stamp), util in sorted(seen.items(), key=lambda kv: kv[0][1]):
+        f.write(f"{pid} {stamp} {util}\n")
+half = (t0 + seconds / 2) * 1e6
+periods = {stamp for (_, stamp) in seen if stamp >= half}  # a stamp: one sample period's end
+for name in names:
+    try:
+        pid = int(open(f"{work}/{name}.pid").read())
+    except (OSError, ValueError):
+        print(f"NVML samples of {name}: its pid unknown"); continue
+    v = [u for (p, stamp), u in seen.items() if p == pid and stamp >= half]
+    if not v:
+        print(f"NVML samples of {name} (pid {pid}): none in the measured half"); continue
+    # The limiter reads a period that has samples of others only as 0 % for its container.
+    print(f"NVML samples of {name} (pid {pid}) in the measured half: {len(v)} of "
+          f"{len(periods)} periods, smUtil mean {sum(v) / len(v):.1f} % ({sum(v) / len(periods):.1f}"
+          f" over all periods), 0 in {100 * sum(u == 0 for u in v) / len(v):.0f} %, "
+          f">= 90 in {100 * sum(u >= 90 for u in v) / len(v):.0f} %")
+PY
 logs_of() { # logs_of A B: the end of both tenants' logs, after a failed check
     local t; for t in "a-$1-$2" "b-$1-$2"; do echo "-- $work/$t.log, last lines:"; tail -n 8 "$work/$t.log"; done
 }

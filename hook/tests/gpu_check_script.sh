@@ -30,6 +30,7 @@ case "$1" in
     if [ "$2" = bare ]; then echo "bare: $r kernels/s"; exit 0; fi
     awk -v n="$2" -v r="$r" -v b="$4" 'BEGIN { printf "%s: %.1f kernels/s, %.1f %%\n", n, r, 100 * r / b }' ;;
 *launch.py) rate launch ;; # µs per tiny kernel
+*nvml_samples.py) echo "NVML samples of $5: stand-in" ;;
 *burst.py)
     [ "$2" = limited ] && echo "after a light load, a large kernel held the next back $(rate held) s"
     echo "large kernels from 3 s on: $(rate "burst-$2")/s" ;;
@@ -111,7 +112,9 @@ PASS limits 30 / 60: shares 32.0 / 56.8 %, expected 30.0 / 60.0 (their limits)
 PASS limits 50 / 50: shares 46.7 / 42.1 %, expected 44.8 / 44.8
 PASS limits 30 / none: shares 25.9 / 68.5 %, expected 26.9 / >= 57.7
 PASS limits 30 / none: the GPU busy 94.4 % together
-PASS limits 20 / 20: shares 22.2 / 17.7 %, expected 20.0 / 20.0" "$h200b" 6
+PASS limits 20 / 20: shares 22.2 / 17.7 %, expected 20.0 / 20.0
+NVML samples of a-bare-bare: stand-in
+NVML samples of a-20-20: stand-in" "$h200b" 6
 check "an unlimited tenant under what the other leaves fails" 1 \
     "FAIL limits 30 / none: shares 25.9 / 56.2 %, expected 26.9 / >= 57.7" \
     "$(sed -e 's/^b-30-none .*/b-30-none 26.0/' <<<"$h200b")" 6

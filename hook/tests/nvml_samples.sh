@@ -1,0 +1,43 @@
+#!/bin/bash
+# nvml_samples.sh - gpu-check.sh section 6's nvml_samples.py, through pynvml, over the fake NVML:
+# two tenants of test_contention (limits 50 / 50) share the fake GPU; the script must find each
+# by its pid file, print its samples over the measured half with a mean near its share (the
+# fake's samples give each process its time in the period), and write the raw samples.
+# PYTHON: one with pynvml (make test passes ../.venv's).
+set -u
+here=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON:-python3}
+"$python" -c 'import pynvml' 2>/dev/null || { echo "ok - SKIPPED: $python has no pynvml"; exit 0; }
+work=$(mktemp -d /tmp/vgpu-nvml-samples.XXXXXX)
+trap 'kill $main 2>/dev/null; rm -rf "$work"' EXIT
+awk '/cat > "\$work\/nvml_samples.py" <</ { f = 1; next } f && /^PY$/ { f = 0 } f' \
+    "$here/gpu-check.sh" >"$work/nvml_samples.py"
+export FAKE_GPU_SHARED=$work/gpu.shm LIBCUDA_LOG_LEVEL=0
+CONTENTION_DIR=$work CONTENTION_SETTLE_S=2 CONTENTION_MEASURE_S=3 \
+    "$here/build/tests/test_contention" 50 50 >"$work/contention.log" 2>&1 &
+main=$!
+t0=$(date +%s.%N)
+tenants=()
+for _ in $(seq 50); do # its two tenants, forked at its start
+    mapfile -t tenants < <(pgrep -P "$main")
+    [ "${#tenants[@]}" -ge 2 ] && break
+    sleep 0.1
+done
+echo "${tenants[0]:-}" >"$work/a-50-50.pid"
+echo "${tenants[1]:-}" >"$work/b-50-50.pid"
+out=$(LD_PRELOAD= "$python" "$work/nvml_samples.py" "$t0" 4 "$work" a-50-50 b-50-50 c-50-50 2>&1)
+echo "$out"
+failed=0
+say() { if [ "$1" = 0 ]; then echo "ok - $2"; else echo "not ok - $2"; failed=1; fi; }
+for t in a b; do
+    mean=$(sed -n "s/^NVML samples of $t-50-50 (pid [0-9]*) in the measured half: [0-9]* of [0-9]* periods, smUtil mean \([0-9.]*\) %.*/\1/p" <<<"$out")
+    awk -v m="${mean:-x}" 'BEGIN { exit !(m ~ /^[0-9.]+$/ && m >= 30 && m <= 70) }'
+    say $? "tenant $t: NVML's mean over the measured half ${mean:-missing} % (30-70 over the fake's 50 / 50)"
+done
+grep -q "^NVML samples of c-50-50: its pid unknown$" <<<"$out"
+say $? "a tenant without a pid file is said to be unknown"
+[ "$(awk -v a="${tenants[0]:-x}" '$1 == a' "$work/samples-50-50.txt" | wc -l)" -ge 3 ]
+say $? "raw samples of tenant a written (pid, stamp, smUtil)"
+wait "$main"
+say $? "the contention pair itself passed"
+exit $failed
