@@ -218,30 +218,34 @@ mb=$(median3 "${bare[@]}"); mh=$(median3 "${hooked[@]}"); ml=$(median3 "${limite
 awk -v b="$mb" -v h="$mh" -v l="$ml" 'BEGIN {
     printf "medians: %.3f us bare; the hook adds %.3f us (%.1f %%), under a limit of 90 %.3f us (%.1f %%)\n",
         b, h - b, 100 * (h - b) / b, l - b, 100 * (l - b) / b }'
+make -C "$here" -s bench
 # cuMemAlloc_v2 + cuMemFree_v2 pairs of 2 MiB (a CUDA allocator's smallest segment) through the
 # real driver, 1, 8 and 32 processes at once, 3 rounds alternating bare and under libvgpu: what
-# the library's ledger lock costs beside the driver's own work (make bench's scale figures are
-# over the fake, whose allocations cost next to nothing). 4000 / N pairs a process: on the H200
-# a pair took 60-90 us alone and 0.85-0.9 ms with 8 processes at once (2000 pairs each at 32
-# ran past the section's 130 s).
-local n got ok=0 pb ph
+# the library's ledger lock costs beside the driver's own work (make bench's scale figures,
+# above, are over the fake, whose allocations cost next to nothing). 4000 / N pairs a process:
+# on the H200 a pair took 60-90 us alone and 0.85-0.9 ms with 8 processes at once (2000 pairs
+# each at 32 ran past the section's 130 s). Each run under 40 s, timed.
+local n ok=0 pb ph t
+pairs_run() { # pairs_run N [VAR=VALUE...]: one run in that environment; prints its median
+    local n=$1; shift     # figure, nothing if it failed or ran past its time
+    timeout -k 5 40 env "$@" "$here/build/alloc-pairs" "$n" $((4000 / n)) 2097152 |
+        sed -n 's/.*: \([0-9]*\) ns per pair (median).*/\1/p'
+}
 for n in 1 8 32; do
-    pb=() ph=()
+    pb=() ph=() t=$(date +%s)
     for round in 1 2 3; do
-        got=$("$here/build/alloc-pairs" "$n" $((4000 / n)) 2097152) || ok=1
-        pb+=("$(sed -n 's/.*: \([0-9]*\) ns per pair (median).*/\1/p' <<<"$got")")
-        got=$(under_cap "pairs-$n-$round.cache" 100g "$here/build/alloc-pairs" "$n" \
-            $((4000 / n)) 2097152) || ok=1
-        ph+=("$(sed -n 's/.*: \([0-9]*\) ns per pair (median).*/\1/p' <<<"$got")")
+        pb+=("$(pairs_run "$n")")
+        ph+=("$(pairs_run "$n" LD_PRELOAD="$lib" CUDA_DEVICE_MEMORY_LIMIT=100g \
+            CUDA_DEVICE_MEMORY_SHARED_CACHE="$work/pairs-$n-$round.cache")")
+        [ -n "${pb[-1]}" ] && [ -n "${ph[-1]}" ] || ok=1 # a run that gave no figure failed
     done
     echo "alloc+free pairs of 2 MiB, $n processes at once, ns per pair (each round's median" \
-        "process): bare ${pb[*]}, under libvgpu ${ph[*]}"
-    awk -v b="$(median3 "${pb[@]}")" -v h="$(median3 "${ph[@]}")" -v n="$n" 'BEGIN {
+        "process): bare ${pb[*]}, under libvgpu ${ph[*]} ($(( $(date +%s) - t )) s)"
+    awk -v b="$(median3 "${pb[@]}")" -v h="$(median3 "${ph[@]}")" 'BEGIN {
         printf "  medians: %d ns bare, %d under libvgpu: the library adds %d ns (%.1f %%)\n",
             b, h, h - b, (b > 0 ? 100 * (h - b) / b : 0) }'
 done
-result $ok "alloc-pairs ran bare and under libvgpu with 1, 8 and 32 processes"
-make -C "$here" -s bench
+result $ok "alloc-pairs ran bare and under libvgpu with 1, 8 and 32 processes, each a figure"
 }
 
 section_5() {
@@ -312,7 +316,9 @@ h = pynvml.nvmlDeviceGetHandleByIndex(0)
 seen, last = {}, 0
 while time.time() < t0 + seconds + 0.5:
     try:
-        for x in pynvml.nvmlDeviceGetProcessUtilization(h, last):
+        # From a second before the newest stamp seen: a process's sample stamped before
+        # another's newest, and read after it, still comes in (kept once, by pid and stamp).
+        for x in pynvml.nvmlDeviceGetProcessUtilization(h, max(0, last - 1000000)):
             seen[(x.pid, x.timeStamp)] = x.smUtil
             last = max(last, x.timeStamp)
     except pynvml.NVMLError:
@@ -323,6 +329,12 @@ with open(f"{work}/samples-{names[0][2:]}.txt", "w") as f:
         f.write(f"{pid} {stamp} {util}\n")
 half = (t0 + seconds / 2) * 1e6
 periods = {stamp for (_, stamp) in seen if stamp >= half}  # a stamp: one sample period's end
+# Whether every process's sample of a period carries one stamp (as the fake's do): if not, the
+# stamps come closer than a period and "periods" below counts each process's apart.
+gaps = sorted(b - a for a, b in zip(sorted(periods), sorted(periods)[1:]))
+if gaps:
+    print(f"NVML sample stamps in the measured half: {len(periods)} distinct, the closest "
+          f"{gaps[0] / 1000:.1f} ms apart, the median gap {gaps[len(gaps) // 2] / 1000:.1f} ms")
 for name in names:
     try:
         pid = int(open(f"{work}/{name}.pid").read())

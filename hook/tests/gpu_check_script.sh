@@ -67,8 +67,8 @@ b-20-20 8.2'
 
 failed=0
 # check NAME RC PATTERNS CANNED SECTION...: gpu-check.sh must exit RC (0: every check passed, 1:
-# one failed) and print every line of PATTERNS but those starting with !, which it must not
-# print; with RC 0, no FAIL line.
+# one failed) and print every line of PATTERNS (those starting with ~ as extended regular
+# expressions) but those starting with !, which it must not print; with RC 0, no FAIL line.
 check() {
     local name=$1 rc=$2 patterns=$3 canned=$4; shift 4
     printf '%s\n' "$canned" >"$tmp/canned"
@@ -80,6 +80,7 @@ check() {
     missing=$(while IFS= read -r p; do
         case "$p" in
         '!'*) ! grep -qF -- "${p#!}" <<<"$out" || echo "$p" ;; # a line that must not appear
+        '~'*) grep -qE -- "${p#\~}" <<<"$out" || echo "$p" ;; # an extended regular expression
         *) grep -qF -- "$p" <<<"$out" || echo "$p" ;;
         esac
     done <<<"$patterns")
@@ -144,7 +145,8 @@ check "section 4 over the fake: medians of the tiny kernel, alloc-pairs and benc
     "round 3, us per tiny kernel: without the hook 9.5, with it 9.5, under a limit of 90 9.5
 medians: 9.500 us bare; the hook adds 0.000 us (0.0 %)
 alloc+free pairs of 2 MiB, 32 processes at once, ns per pair
-PASS alloc-pairs ran bare and under libvgpu with 1, 8 and 32 processes
+~medians: [0-9]+ ns bare, [0-9]+ under libvgpu: the library adds -?[0-9]+ ns
+PASS alloc-pairs ran bare and under libvgpu with 1, 8 and 32 processes, each a figure
 alloc+free pair, 32 processes:" "launch 9.5" 4
 check "a limit of 50 that gave 65 % fails section 12" 1 \
     "FAIL back-to-back large kernels then get 65.6 % of the bare rate" \

@@ -2,14 +2,13 @@
 # nvml_samples.sh - gpu-check.sh section 6's nvml_samples.py, through pynvml, over the fake NVML:
 # two tenants of test_contention (limits 50 / 50) share the fake GPU; the script must find each
 # by its pid file, print its samples over the measured half with a mean near its share (the
-# fake's samples give each process its time in the period), and write the raw samples.
-# PYTHON: one with pynvml (make test passes ../.venv's).
+# fake's samples give each process its time in the period), say how far apart its stamps come, and write the raw samples.
+# PYTHON: one with pynvml (make test passes ../.venv's; run.sh skips this test without it).
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
-"$python" -c 'import pynvml' 2>/dev/null || { echo "ok - SKIPPED: $python has no pynvml"; exit 0; }
 work=$(mktemp -d /tmp/vgpu-nvml-samples.XXXXXX)
-trap 'kill $main 2>/dev/null; rm -rf "$work"' EXIT
+trap 'pkill -P "$main" 2>/dev/null; kill "$main" 2>/dev/null; rm -rf "$work"' EXIT
 awk '/cat > "\$work\/nvml_samples.py" <</ { f = 1; next } f && /^PY$/ { f = 0 } f' \
     "$here/gpu-check.sh" >"$work/nvml_samples.py"
 export FAKE_GPU_SHARED=$work/gpu.shm LIBCUDA_LOG_LEVEL=0
@@ -34,6 +33,9 @@ for t in a b; do
     awk -v m="${mean:-x}" 'BEGIN { exit !(m ~ /^[0-9.]+$/ && m >= 30 && m <= 70) }'
     say $? "tenant $t: NVML's mean over the measured half ${mean:-missing} % (30-70 over the fake's 50 / 50)"
 done
+gap=$(sed -n 's/^NVML sample stamps in the measured half: [0-9]* distinct, the closest \([0-9.]*\) ms apart.*/\1/p' <<<"$out")
+awk -v g="${gap:-x}" 'BEGIN { exit !(g ~ /^[0-9.]+$/ && g >= 100) }'
+say $? "the fake's stamps are one a period: the closest ${gap:-missing} ms apart (its period 166)"
 grep -q "^NVML samples of c-50-50: its pid unknown$" <<<"$out"
 say $? "a tenant without a pid file is said to be unknown"
 [ "$(awk -v a="${tenants[0]:-x}" '$1 == a' "$work/samples-50-50.txt" | wc -l)" -ge 3 ]

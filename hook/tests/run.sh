@@ -253,7 +253,11 @@ else
     echo "SKIP held-over-fake (no python3)"
 fi
 # gpu-check.sh section 6's NVML sampler, through pynvml over the fake NVML.
-run nvml-samples PYTHON="${PYTHON:-python3}" bash "$(dirname "$0")/nvml_samples.sh"
+if "${PYTHON:-python3}" -c 'import pynvml' 2>/dev/null; then
+    run nvml-samples PYTHON="${PYTHON:-python3}" bash "$(dirname "$0")/nvml_samples.sh"
+else
+    echo "SKIP nvml-samples (${PYTHON:-python3} has no pynvml)"
+fi
 # gpu-check.sh's alloc+free timing, through the fake driver here.
 run alloc-pairs sh "$(dirname "$0")/alloc_pairs.sh" "$build"
 # gpu-check.sh's own arithmetic (sections 6 and 12) over canned outputs of the H200 run.
