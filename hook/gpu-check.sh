@@ -328,10 +328,10 @@ with open(f"{work}/samples-{names[0][2:]}.txt", "w") as f:
     for (pid, stamp), util in sorted(seen.items(), key=lambda kv: kv[0][1]):
         f.write(f"{pid} {stamp} {util}\n")
 half = (t0 + seconds / 2) * 1e6
-periods = {stamp for (_, stamp) in seen if stamp >= half}  # a stamp: one sample period's end
+periods = sorted({stamp for (_, stamp) in seen if stamp >= half})  # a stamp: a period's end
 # Whether every process's sample of a period carries one stamp (as the fake's do): if not, the
 # stamps come closer than a period and "periods" below counts each process's apart.
-gaps = sorted(b - a for a, b in zip(sorted(periods), sorted(periods)[1:]))
+gaps = sorted(b - a for a, b in zip(periods, periods[1:]))
 if gaps:
     print(f"NVML sample stamps in the measured half: {len(periods)} distinct, the closest "
           f"{gaps[0] / 1000:.1f} ms apart, the median gap {gaps[len(gaps) // 2] / 1000:.1f} ms")
