@@ -5,7 +5,8 @@
  *   a child alone keeps the GPU busy; two children running 2 ms kernels back to back get half
  *   each and together keep it busy; NVML's per-process samples show both at ~50% once per
  *   sample period (NOT_FOUND when asked again for the same period, NOT_SUPPORTED when switched
- *   off); context and lazy-module memory show in the running processes and cuMemGetInfo; a
+ *   off; one of them with the GPU's whole share under FAKE_NVML_SAMPLE_WINNER); context and
+ *   lazy-module memory show in the running processes and cuMemGetInfo; a
  *   kill -9'd process's memory and queued work go away; a graph costs its kernel nodes' blocks. */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -188,6 +189,16 @@ static void nvml_views(nvmlDevice_t dev, const pid_t kids[2])
     check(nvml_proc_util(dev, s, &count, 0) == NVML_ERROR_NOT_SUPPORTED,
           "FAKE_NVML_NO_PROCESS_UTIL=1: NOT_SUPPORTED");
     unsetenv("FAKE_NVML_NO_PROCESS_UTIL");
+    setenv("FAKE_NVML_SAMPLE_WINNER", "1", 1);
+    count = 8;
+    rc = nvml_proc_util(dev, s, &count, 0);
+    unsetenv("FAKE_NVML_SAMPLE_WINNER");
+    check(rc == NVML_SUCCESS && count == 1 &&
+              (s[0].pid == (unsigned int)kids[0] || s[0].pid == (unsigned int)kids[1]) &&
+              s[0].smUtil >= 95,
+          "FAKE_NVML_SAMPLE_WINNER=1: one sample, one worker's (%u of %u, %u and %u), with the "
+          "GPU's whole %u%%", count > 0 ? s[0].pid : 0, count, (unsigned int)kids[0],
+          (unsigned int)kids[1], count > 0 ? s[0].smUtil : 0);
     nvmlUtilization_t rates = {0};
     rc = nvml_rates(dev, &rates);
     check(rc == NVML_SUCCESS && rates.gpu >= 95,
