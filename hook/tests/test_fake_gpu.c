@@ -5,7 +5,8 @@
  *   a child alone keeps the GPU busy; two children running 2 ms kernels back to back get half
  *   each and together keep it busy; NVML's per-process samples show both at ~50% once per
  *   sample period (NOT_FOUND when asked again for the same period, NOT_SUPPORTED when switched
- *   off; one of them with the GPU's whole share under FAKE_NVML_SAMPLE_WINNER); context and
+ *   off; under FAKE_NVML_SAMPLE_WINNER one of them a period, with the GPU's whole share, each
+ *   some); context and
  *   lazy-module memory show in the running processes and cuMemGetInfo; a
  *   kill -9'd process's memory and queued work go away; a graph costs its kernel nodes' blocks. */
 #include <cuda.h>
@@ -146,6 +147,38 @@ static void alone(void)
           "cuMemGetInfo: free = total - %llu MiB", (unsigned long long)((r.total_b - r.free_b) / MiB));
 }
 
+/* FAKE_NVML_SAMPLE_WINNER=1 over 12 sample periods of the two workers: each period one sample,
+ * one worker's, with the GPU's whole share, the same when read again; each worker has some
+ * (both missing from 12 draws at even odds: 1 in 2048). */
+static void one_bit(nvmlDevice_t dev, const pid_t kids[2])
+{
+    setenv("FAKE_NVML_SAMPLE_WINNER", "1", 1);
+    unsigned long long last = 0;
+    int periods = 0, single = 1, same = 1, won[2] = {0, 0};
+    for (uint64_t until = now_ns() + 3000000000u; periods < 12 && now_ns() < until;) {
+        nvmlProcessUtilizationSample_t s[8], again[8];
+        unsigned int count = 8, count2 = 8;
+        if (nvml_proc_util(dev, s, &count, last) != NVML_SUCCESS) {
+            sleep_ms(20);
+            continue;
+        }
+        periods++;
+        last = s[0].timeStamp;
+        single &= count == 1 && s[0].smUtil >= 95;
+        if (nvml_proc_util(dev, again, &count2, last - 1) == NVML_SUCCESS &&
+            again[0].timeStamp == last) /* not a period that ended in between */
+            same &= count2 == 1 && again[0].pid == s[0].pid;
+        for (int k = 0; k < 2; k++)
+            won[k] += s[0].pid == (unsigned int)kids[k];
+    }
+    unsetenv("FAKE_NVML_SAMPLE_WINNER");
+    check(periods == 12 && single && won[0] + won[1] == periods,
+          "FAKE_NVML_SAMPLE_WINNER=1: %d periods, each one sample, a worker's, with the GPU's "
+          "whole share", periods);
+    check(won[0] > 0 && won[1] > 0, "... the workers had %d and %d of them", won[0], won[1]);
+    check(same, "... and a period read again names the same one");
+}
+
 /* NVML while two workers share the GPU (called mid-run). */
 static void nvml_views(nvmlDevice_t dev, const pid_t kids[2])
 {
@@ -189,16 +222,6 @@ static void nvml_views(nvmlDevice_t dev, const pid_t kids[2])
     check(nvml_proc_util(dev, s, &count, 0) == NVML_ERROR_NOT_SUPPORTED,
           "FAKE_NVML_NO_PROCESS_UTIL=1: NOT_SUPPORTED");
     unsetenv("FAKE_NVML_NO_PROCESS_UTIL");
-    setenv("FAKE_NVML_SAMPLE_WINNER", "1", 1);
-    count = 8;
-    rc = nvml_proc_util(dev, s, &count, 0);
-    unsetenv("FAKE_NVML_SAMPLE_WINNER");
-    check(rc == NVML_SUCCESS && count == 1 &&
-              (s[0].pid == (unsigned int)kids[0] || s[0].pid == (unsigned int)kids[1]) &&
-              s[0].smUtil >= 95,
-          "FAKE_NVML_SAMPLE_WINNER=1: one sample, one worker's (%u of %u, %u and %u), with the "
-          "GPU's whole %u%%", count > 0 ? s[0].pid : 0, count, (unsigned int)kids[0],
-          (unsigned int)kids[1], count > 0 ? s[0].smUtil : 0);
     nvmlUtilization_t rates = {0};
     rc = nvml_rates(dev, &rates);
     check(rc == NVML_SUCCESS && rates.gpu >= 95,
@@ -221,6 +244,7 @@ static void nvml_views(nvmlDevice_t dev, const pid_t kids[2])
     check(rc == NVML_SUCCESS && mem.used == 2 * footprint + 5 * MiB,
           "nvmlDeviceGetMemoryInfo used = both footprints + 5 MiB reserved (%llu MiB)",
           mem.used / MiB);
+    one_bit(dev, kids);
 }
 
 static void shared(nvmlDevice_t dev)
@@ -230,7 +254,7 @@ static void shared(nvmlDevice_t dev)
     if (!check(pipe(go) == 0, "pipe"))
         return;
     for (int k = 0; k < 2; k++)
-        kids[k] = spawn_worker(1.5, go[0], out[k]);
+        kids[k] = spawn_worker(3.5, go[0], out[k]);
     close(go[0]);
     sleep_ms(50); /* both have their context */
     if (write(go[1], "gg", 2) != 2)

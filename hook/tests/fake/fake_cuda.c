@@ -2591,36 +2591,13 @@ EXPORT uint64_t fake_cuda_graph_exec_blocks(void *exec)
 }
 
 /* FAKE_NVML_SAMPLE_WINNER=1, read at every call: a period's whole utilisation goes to one of
- * the processes that ran in it, the others get no sample. On an H200 each of two tenants that
+ * the processes that ran in it (gpu_roll draws it), the others get no sample. On an H200 each of two tenants that
  * kept the GPU busy together read 0 or 99 % a sample, never about 45 (hook/README.md, third
  * run): one bit a sample, whatever the GPU's time-slicing did within the period. */
 static int sample_winner(void)
 {
     const char *w = getenv("FAKE_NVML_SAMPLE_WINNER");
     return w != NULL && w[0] != '\0' && strcmp(w, "0") != 0;
-}
-
-/* The entry that gets period's sample: drawn with the odds of its GPU time in it, by a hash of
- * the period's end (every process reading that period sees the same winner). */
-static int period_winner(const struct gpu_device *d)
-{
-    uint64_t x = d->last_end_ns * UINT64_C(0x9E3779B97F4A7C15);
-    x ^= x >> 29;
-    x *= UINT64_C(0xBF58476D1CE4E5B9);
-    x ^= x >> 32;
-    uint64_t total = 0;
-    for (int i = 0; i < GPU_MAX_PROCS; i++)
-        total += d->procs[i].pid != 0 ? d->procs[i].last_busy_ns : 0;
-    if (total == 0)
-        return -1;
-    uint64_t pick = x % total, before = 0;
-    for (int i = 0; i < GPU_MAX_PROCS; i++) {
-        uint64_t busy = d->procs[i].pid != 0 ? d->procs[i].last_busy_ns : 0;
-        if (pick < before + busy)
-            return i;
-        before += busy;
-    }
-    return -1;
 }
 
 EXPORT int fake_gpu_period(int nvml_index, uint64_t *end_us, unsigned int *device_pct,
@@ -2632,12 +2609,12 @@ EXPORT int fake_gpu_period(int nvml_index, uint64_t *end_us, unsigned int *devic
     *end_us = d->last_end_ns == 0 ? 0
             : (uint64_t)((int64_t)d->last_end_ns + gpu->realtime_offset) / 1000u;
     *device_pct = (unsigned int)(100.0 * (double)d->last_busy_ns / period + 0.5);
-    int winner = d->last_end_ns != 0 && sample_winner() ? period_winner(d) : -1;
+    int one_bit = sample_winner();
     for (int i = 0; d->last_end_ns != 0 && i < GPU_MAX_PROCS; i++) {
         const struct gpu_proc *p = &d->procs[i];
-        if (p->pid == 0 || p->last_busy_ns == 0 || (winner >= 0 && i != winner))
+        if (p->pid == 0 || p->last_busy_ns == 0 || (one_bit && p->pid != d->last_winner))
             continue;
-        uint64_t busy = winner >= 0 ? d->last_busy_ns : p->last_busy_ns;
+        uint64_t busy = one_bit ? d->last_busy_ns : p->last_busy_ns;
         if (n < max)
             out[n] = (struct fake_gpu_sample){
                 .pid = p->pid, .busy_ns = busy,

@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 enum { GPU_MAX_DEVICES = 8, GPU_MAX_PROCS = 64 };
-#define GPU_MAGIC UINT64_C(0x314750474b414646) /* "FFAKGPG1": layout version 1 */
+#define GPU_MAGIC UINT64_C(0x324750474b414646) /* "FFAKGPG2": layout version 2 */
 #define GPU_REAP_NS UINT64_C(10000000)         /* dead-pid sweep at most every 10 ms */
 
 struct gpu_proc {
@@ -55,6 +55,9 @@ struct gpu_device {
     uint64_t last_end_ns;    /* end of the latest completed period (0: none yet) */
     uint64_t used;           /* sum of the entries' footprints */
     uint64_t arrivals;       /* cuDevicePrimaryCtxRetain calls begun, ever */
+    int32_t last_winner;     /* the pid the latest completed period's one-bit sample goes to
+                              * (FAKE_NVML_SAMPLE_WINNER; 0: none ran) */
+    uint32_t unused;
     struct gpu_proc procs[GPU_MAX_PROCS];
 };
 
@@ -251,7 +254,31 @@ static void gpu_reap(struct gpu_device *d)
     }
 }
 
-/* Closes the sample period that ends at `end`. */
+/* The pid a completed period's one-bit sample goes to: drawn with the odds of each entry's GPU
+ * time in it, by a hash of the period's end; 0 when none ran. */
+static int32_t gpu_draw_winner(const struct gpu_device *d)
+{
+    uint64_t x = d->last_end_ns * UINT64_C(0x9E3779B97F4A7C15);
+    x ^= x >> 29;
+    x *= UINT64_C(0xBF58476D1CE4E5B9);
+    x ^= x >> 32;
+    uint64_t total = 0;
+    for (int i = 0; i < GPU_MAX_PROCS; i++)
+        total += d->procs[i].pid != 0 ? d->procs[i].last_busy_ns : 0;
+    if (total == 0)
+        return 0;
+    uint64_t pick = x % total, before = 0;
+    for (int i = 0; i < GPU_MAX_PROCS; i++) {
+        uint64_t busy = d->procs[i].pid != 0 ? d->procs[i].last_busy_ns : 0;
+        if (pick < before + busy)
+            return d->procs[i].pid;
+        before += busy;
+    }
+    return 0;
+}
+
+/* Closes the sample period that ends at `end`; its one-bit winner is drawn here, once, so that
+ * every process reading the period sees the same one. */
 static void gpu_roll(struct gpu_device *d, uint64_t end)
 {
     d->last_busy_ns = d->period_busy_ns;
@@ -261,6 +288,7 @@ static void gpu_roll(struct gpu_device *d, uint64_t end)
         d->procs[i].last_busy_ns = d->procs[i].period_busy_ns;
         d->procs[i].period_busy_ns = 0;
     }
+    d->last_winner = gpu_draw_winner(d);
 }
 
 /* Runs the device from sim_ns to now: processor sharing among the entries with pending work. */
