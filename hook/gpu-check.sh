@@ -283,19 +283,25 @@ echo "bare: $base kernels/s"
 # same window. Each tenant's debug log (NVML's samples, the rate, holds) goes to $work/NAME.log,
 # kept when a check fails (set TMPDIR to a folder that outlives the machine); its info, warning
 # and error lines are shown, and the end of both logs when a check of the pair fails.
+# Each pair runs SECTION6_SECONDS (24), measured over the second half: NVML's samples of two
+# busy tenants read one bit each on the H200, which tells a share of 30 to about 6 points in
+# 10 s (README, "One bit a sample, over the fake"); longer pairs tell it closer.
+local seconds=${SECTION6_SECONDS:-24}
 tenant() { # tenant NAME LIMIT: one container (its own region) with SM limit LIMIT ("none"),
            # or a process without libvgpu (LIMIT "bare")
     local limit=$2
-    if [ "$limit" = bare ]; then python3 "$work/share.py" "$1" 24 "$base" 2>"$work/$1.log"; return; fi
+    if [ "$limit" = bare ]; then
+        python3 "$work/share.py" "$1" "$seconds" "$base" 2>"$work/$1.log"; return
+    fi
     [ "$limit" = none ] && limit=0
     LIBCUDA_LOG_LEVEL=4 CUDA_DEVICE_SM_LIMIT=$limit under_cap "$1.cache" 0 \
-        python3 "$work/share.py" "$1" 24 "$base" 2>"$work/$1.log"
+        python3 "$work/share.py" "$1" "$seconds" "$base" 2>"$work/$1.log"
 }
 pair() { # pair A B: both tenants at once; sets sa and sb, their shares of the bare rate
     export SHARE_T0 SHARE_PID_DIR=$work; SHARE_T0=$(date +%s.%N)
     tenant "a-$1-$2" "$1" >"$work/a.txt" & local pa=$!
     tenant "b-$1-$2" "$2" >"$work/b.txt" & local pb=$!
-    python3 "$work/nvml_samples.py" "$SHARE_T0" 24 "$work" "a-$1-$2" "b-$1-$2" \
+    python3 "$work/nvml_samples.py" "$SHARE_T0" "$seconds" "$work" "a-$1-$2" "b-$1-$2" \
         >"$work/samples.txt" 2>&1 & local ps=$!
     wait $pa $pb; wait $ps
     unset SHARE_T0 SHARE_PID_DIR
