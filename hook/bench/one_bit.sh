@@ -17,6 +17,9 @@ set -euo pipefail
 rounds=$1; shift
 builds=("$@")
 fakes=${builds[0]}
+# A fake from before the switch would read exact samples where "one-bit" is printed.
+grep -q FAKE_NVML_SAMPLE_WINNER "$fakes/fake/libcuda.so.1" || {
+    echo "$fakes/fake/libcuda.so.1 has no FAKE_NVML_SAMPLE_WINNER: make -C hook fakes" >&2; exit 2; }
 settle=${CONTENTION_SETTLE_S:-10} measure=${CONTENTION_MEASURE_S:-10}
 limit=$(awk -v s="$settle" -v m="$measure" 'BEGIN { printf "%d", 3 * (s + m) + 60 }')
 tmp=${ONE_BIT_KEEP:-$(mktemp -d /tmp/vgpu-one-bit.XXXXXX)}
@@ -31,14 +34,15 @@ trap cleanup EXIT
 # pair LIB DIR A B ENV...: one pair; its log in DIR/out.log.
 pair() {
     local lib=$1 dir=$2 a=$3 b=$4; shift 4
-    mkdir -p "$dir"
+    rm -rf "$dir" && mkdir -p "$dir" # a kept folder's regions and fake GPU would carry over
     # Each tenant holds a 100 MiB context NVML lists: that is how a process learns its host pid,
     # without which a period another tenant's sample has reads as no sample of its own.
-    timeout "$limit" env LD_LIBRARY_PATH="$fakes/fake" LD_PRELOAD="$lib" \
+    # exec: an interrupt's kill reaches timeout, which passes it on to the pair.
+    exec timeout "$limit" env LD_LIBRARY_PATH="$fakes/fake" LD_PRELOAD="$lib" \
         CUDA_DEVICE_MEMORY_SHARED_CACHE="$dir/x.cache" FAKE_GPU_SHARED="$dir/gpu.shm" \
         CONTENTION_DIR="$dir" FAKE_CUDA_CONTEXT_MIB=100 LIBCUDA_LOG_LEVEL=1 \
         CONTENTION_SETTLE_S="$settle" CONTENTION_MEASURE_S="$measure" "$@" \
-        "$fakes/tests/test_contention" "$a" "$b" >"$dir/out.log" 2>&1 || true
+        "$fakes/tests/test_contention" "$a" "$b" >"$dir/out.log" 2>&1
 }
 
 results="$tmp/results.txt"

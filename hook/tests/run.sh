@@ -296,9 +296,9 @@ run throttle-nothread CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 no
 run throttle-burst CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 burst
 run throttle-burst-whole-gpu CUDA_DEVICE_SM_LIMIT=20 FAKE_NVML_NO_PROCESS_UTIL=1 \
     "$build/tests/test_throttle" 20 burst
-# Two processes of one container: its GPU-time account is theirs together. Alone: beside
-# contention-chain-20 the one that went over read 2.2 % in one make test (5.8-11.7 % in 3 runs
-# beside it by hand, 8.6-18.6 % in 4 alone, 2026-11-28; held for good it reads 0).
+# Two processes of one container: its GPU-time account is theirs together; both must run (held
+# for good, one reads 0). Alone: beside contention-chain-20 the one that went over read 2.2 %
+# in one make test; alone 1.2-18.8 % in 16 runs, 2026-11-28 (test_throttle.c says why).
 run throttle-siblings CUDA_DEVICE_SM_LIMIT=30 FAKE_GPU_SHARED="$tmp/siblings.shm" \
     "$build/tests/test_throttle" 30 siblings
 # Containers sharing one GPU (the fake's time-sliced model, NVML's per-process samples): each

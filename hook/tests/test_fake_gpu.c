@@ -164,7 +164,7 @@ static void one_bit(nvmlDevice_t dev, const pid_t kids[2])
         }
         periods++;
         last = s[0].timeStamp;
-        single &= count == 1 && s[0].smUtil >= 95;
+        single &= count == 1 && s[0].smUtil >= 90; /* not 100: the workers' CPU side (ASan) */
         if (nvml_proc_util(dev, again, &count2, last - 1) == NVML_SUCCESS &&
             again[0].timeStamp == last) /* not a period that ended in between */
             same &= count2 == 1 && again[0].pid == s[0].pid;
