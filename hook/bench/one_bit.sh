@@ -70,9 +70,7 @@ for round in $(seq 1 "$rounds"); do
                     got="A missing 0
 B missing 0"
                 fi
-                printf '%s\n' "$got" | while read -r tenant share want; do
-                    echo "$model $build $p $tenant $share $want"
-                done | tee -a "$results"
+                printf '%s\n' "$got" | sed "s|^|$model $build $p |" | tee -a "$results"
             done
         done
     done

@@ -6,8 +6,7 @@
  *   each and together keep it busy; NVML's per-process samples show both at ~50% once per
  *   sample period (NOT_FOUND when asked again for the same period, NOT_SUPPORTED when switched
  *   off; under FAKE_NVML_SAMPLE_WINNER one of them a period, with the GPU's whole share, each
- *   some); context and
- *   lazy-module memory show in the running processes and cuMemGetInfo; a
+ *   some); context and lazy-module memory show in the running processes and cuMemGetInfo; a
  *   kill -9'd process's memory and queued work go away; a graph costs its kernel nodes' blocks. */
 #include <cuda.h>
 #include <dlfcn.h>

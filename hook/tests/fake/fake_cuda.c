@@ -2591,9 +2591,10 @@ EXPORT uint64_t fake_cuda_graph_exec_blocks(void *exec)
 }
 
 /* FAKE_NVML_SAMPLE_WINNER=1, read at every call: a period's whole utilisation goes to one of
- * the processes that ran in it (gpu_roll draws it), the others get no sample. On an H200 each of two tenants that
- * kept the GPU busy together read 0 or 99 % a sample, never about 45 (hook/README.md, third
- * run): one bit a sample, whatever the GPU's time-slicing did within the period. */
+ * the processes that ran in it (gpu_roll draws it), the others get no sample. On an H200 each
+ * of two tenants that kept the GPU busy together read 0 or 99 % a sample, never about 45
+ * (hook/README.md, third run): one bit a sample, whatever the GPU's time-slicing did within
+ * the period. */
 static int sample_winner(void)
 {
     const char *w = getenv("FAKE_NVML_SAMPLE_WINNER");
