@@ -4,7 +4,7 @@
 #include <math.h>
 
 double vgpu_control_next_rate(double rate, double limit, double util, double demand,
-                              double min_rate)
+                              double min_rate, int throttled, double balance)
 {
     double next;
     if (util < 0.5) {
@@ -13,10 +13,21 @@ double vgpu_control_next_rate(double rate, double limit, double util, double dem
         double factor = sqrt(limit / util);
         next = rate * (factor < 0.5 ? 0.5 : factor > 2.0 ? 2.0 : factor);
     }
+    next *= balance;
     double ceiling = 2.0 * demand + min_rate;
+    if (throttled && ceiling < rate)
+        ceiling = rate;
     if (next > ceiling)
         next = ceiling;
     return next < min_rate ? min_rate : next;
+}
+
+double vgpu_control_sibling_factor(double own, double sibling)
+{
+    if (sibling < 1.0 || own >= 0.8 * sibling)
+        return 1.0;
+    double factor = sqrt(sibling / (own > 0.5 ? own : 0.5));
+    return factor > 2.0 ? 2.0 : factor;
 }
 
 double vgpu_control_credit(double credit, double limit, double util, double gap, double covered,

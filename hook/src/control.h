@@ -5,10 +5,23 @@
 /* Next refill rate (tokens/s) from the current rate, the limit and the measured utilisation
  * (both percent) and the tokens/s the application actually took. The rate is scaled by
  * sqrt(limit / utilisation), clamped to [0.5, 2]: the step is relative to the current rate, so
- * it never depends on the GPU's SM count (HAMi-core's SMs^2 step does). Demand bounds it, so a
- * process that is not using its budget cannot bank a burst. Never below min_rate. */
+ * it never depends on the GPU's SM count (HAMi-core's SMs^2 step does). Demand bounds it (twice
+ * what was taken), so a process that is not using its budget cannot bank a burst; a throttled
+ * process (its launches waited for tokens: it took what it was given, nothing in a held period)
+ * keeps at least its rate. Then multiplied by balance (vgpu_control_sibling_factor). Never below
+ * min_rate. */
 double vgpu_control_next_rate(double rate, double limit, double util, double demand,
-                              double min_rate);
+                              double min_rate, int throttled, double balance);
+
+/* What a throttled process multiplies its rate by beside a sibling of its container (another
+ * process in its region) that runs more than it, from both their shares (percent, averaged over
+ * NVML's recent samples): sqrt(sibling / own), at most 2; 1 once own is within a fifth of the
+ * sibling's, or the sibling runs less than a point. The rate law alone scales every process of
+ * a container by the container's share, so they kept whatever ratio a hold left them at: one
+ * sat at 1-2 % beside a sibling that kept the container at its limit. A raise takes the
+ * container over its limit, and the rate law then takes it back from all of them in proportion,
+ * most from the one that runs most. */
+double vgpu_control_sibling_factor(double own, double sibling);
 
 /* The limiter's GPU-time account: the credit, in seconds of the whole GPU, a container has
  * left under its limit. A reading adds the limit's share of the gap since the last one and

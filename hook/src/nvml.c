@@ -193,7 +193,8 @@ enum vgpu_util vgpu_nvml_device_util(int dev, double *util)
  * NVML_ERROR_NOT_FOUND until a period with work ends. The sum over our pids is the container's
  * share; pids of other tenants never count against it (the GPU time-slices their contexts). */
 enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids, int32_t self,
-                                        double *util, double *own, unsigned long long *stamp_us)
+                                        double *util, double *own, double *sibling,
+                                        unsigned long long *stamp_us)
 {
     static unsigned long long last_seen[VGPU_REGION_MAX_DEVICES];
     nvmlDevice_t device;
@@ -211,7 +212,7 @@ enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids,
     if (rc != NVML_SUCCESS)
         return VGPU_UTIL_UNKNOWN;
     unsigned long long seen = last_seen[dev];
-    double total = 0, mine = 0;
+    double total = 0, mine = 0, largest = 0;
     int ours = 0;
     for (unsigned int i = 0; i < count; i++) {
         if (samples[i].timeStamp > last_seen[dev])
@@ -226,12 +227,16 @@ enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids,
                 latest = &samples[i];
         if (latest != NULL) {
             total += latest->smUtil;
-            mine += pids[p] == self ? latest->smUtil : 0;
+            if (pids[p] == self)
+                mine += latest->smUtil;
+            else if (latest->smUtil > largest)
+                largest = latest->smUtil;
             ours = 1;
         }
     }
     *util = total;
     *own = mine;
+    *sibling = largest;
     *stamp_us = last_seen[dev];
     return ours ? VGPU_UTIL_OURS : VGPU_UTIL_OTHERS_ONLY;
 }

@@ -41,6 +41,10 @@ static const double shortest_period_s = 1.0 / 6, longest_period_s = 1.0;
 /* Measurements after a forgiveness before the next: NVML's sample period (about 1/6 s) is
  * longer than the control period, so the first may not have seen the launch it let through. */
 static const unsigned fresh_after_forgiving = 2;
+/* Weight of a new sample in the shares averaged for the balance between siblings: NVML may give
+ * a sample period's whole share to one process (hook/README.md, "One bit a sample"), so one
+ * sample tells little. */
+static const double share_weight = 0.25;
 
 /* Launches only take tokens and only the watcher adds them, so what launches took is counted
  * by the watcher from the value it last wrote (one atomic per launch, not two). */
@@ -74,6 +78,10 @@ struct bucket {
     int prepaying;       /* the last tick prepaid: the next goes on from prepaid_to_us */
     int blind;           /* NVML could not tell at the last measurement: nothing is prepaid
                           * (no charge would give it back) */
+    /* Between the processes of a container (vgpu_control_sibling_factor): */
+    int waited;          /* atomic: a launch waited for tokens since the last control period */
+    double own_avg;      /* this process's share, percent, averaged over NVML's samples */
+    double sibling_avg;  /* ... and the largest other process's of the container */
 };
 
 int vgpu_throttle_enabled;
@@ -113,6 +121,8 @@ static void start_full(struct bucket *b)
     b->prepaid_from_us = b->prepaid_to_us = 0;
     b->prepaying = 0;
     b->blind = 0;
+    b->waited = 0;
+    b->own_avg = b->sibling_avg = 0.0;
 }
 
 /* What the bucket holds at most: burst_seconds of its rate, at least one token. */
@@ -155,8 +165,11 @@ static const double own_in_whole_gpu = -2.0;
 
 /* What the limiter takes as this container's share, or -1 to keep the current rate; *reading
  * is what the GPU-time account is charged (its util -1 when nothing is to be), *own this
- * process's share in it (-1: none; 0 where NVML said no process ran; own_in_whole_gpu). */
-static double measure(int dev, double demand, struct vgpu_reading *reading, double *own)
+ * process's share in it (-1: none; 0 where NVML said no process ran; own_in_whole_gpu),
+ * *sibling the largest share of another process of the container in a new sample period whose
+ * processes NVML told apart (-1: none). */
+static double measure(int dev, double demand, struct vgpu_reading *reading, double *own,
+                      double *sibling)
 {
     static int whole_device_warned, unmatched_warned;
     int32_t pids[MAX_PIDS];
@@ -165,12 +178,14 @@ static double measure(int dev, double demand, struct vgpu_reading *reading, doub
     double util = -1, mine = 0;
     unsigned long long stamp = 0;
     *reading = (struct vgpu_reading){.util = -1, .stamp_us = (unix_ns() / 1000u), .sampled = 0};
-    *own = -1;
+    double largest = 0;
+    *own = *sibling = -1;
     switch (vgpu_nvml_container_util(dev, pids, npids, self != 0 ? self : (int32_t)getpid(),
-                                     &util, &mine, &stamp)) {
+                                     &util, &mine, &largest, &stamp)) {
     case VGPU_UTIL_OURS:
         *reading = (struct vgpu_reading){.util = util, .stamp_us = stamp, .sampled = 1};
         *own = self != 0 ? mine : util; /* our host pid unknown: NVML may list us by another */
+        *sibling = self != 0 ? largest : -1;
         return util;
     case VGPU_UTIL_OTHERS_ONLY:
         /* Our processes did not run in the period (the bucket held them back, or they were
@@ -178,6 +193,7 @@ static double measure(int dev, double demand, struct vgpu_reading *reading, doub
         if (demand == 0.0 || vgpu_region_host_pids_known()) {
             *reading = (struct vgpu_reading){.util = 0.0, .stamp_us = stamp, .sampled = 1};
             *own = 0.0;
+            *sibling = self != 0 ? 0.0 : -1;
             return 0.0;
         }
         /* We launched work, yet NVML shows only other processes, and some of our host pids
@@ -414,12 +430,17 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
     b->held = held;
 }
 
-/* Reads NVML and charges the account (measure, account); returns what the rate law takes. */
+/* Reads NVML, charges the account (measure, account) and averages this process's share and its
+ * largest sibling's; returns what the rate law takes. */
 static double observe(int dev, struct bucket *b, double demand)
 {
     struct vgpu_reading reading;
-    double own;
-    double util = measure(dev, demand, &reading, &own);
+    double own, sibling;
+    double util = measure(dev, demand, &reading, &own, &sibling);
+    if (own >= 0.0 && sibling >= 0.0) {
+        b->own_avg += share_weight * (own - b->own_avg);
+        b->sibling_avg += share_weight * (sibling - b->sibling_avg);
+    }
     account(dev, b, &reading, own, demand);
     b->blind = reading.util < 0 && !reading.sampled;
     return util;
@@ -445,9 +466,13 @@ static void control(int dev, struct bucket *b, uint64_t now)
         wrote(b, __atomic_exchange_n(&b->tokens, 0, __ATOMIC_ACQ_REL), 0);
         return;
     }
-    b->rate = vgpu_control_next_rate(b->rate, (double)b->limit, util, demand, min_rate);
-    vgpu_log(VGPU_LOG_DEBUG, "device %d: utilisation %.1f%% (limit %u%%), rate %.0f tokens/s",
-             dev, util, b->limit, b->rate);
+    int throttled = __atomic_exchange_n(&b->waited, 0, __ATOMIC_RELAXED);
+    double balance = throttled ? vgpu_control_sibling_factor(b->own_avg, b->sibling_avg) : 1.0;
+    b->rate = vgpu_control_next_rate(b->rate, (double)b->limit, util, demand, min_rate, throttled,
+                                     balance);
+    vgpu_log(VGPU_LOG_DEBUG, "device %d: utilisation %.1f%% (limit %u%%; this process %.1f%%, "
+             "its largest sibling %.1f%%), rate %.0f tokens/s%s", dev, util, b->limit, b->own_avg,
+             b->sibling_avg, b->rate, throttled ? " (throttled)" : "");
 }
 
 static void sleep_ns(long ns)
@@ -586,6 +611,8 @@ void vgpu_throttle_launch(int dev, uint64_t cost)
     if (__builtin_expect(!__atomic_load_n(&watcher_running, __ATOMIC_ACQUIRE), 0))
         start_watcher(dev);
     for (unsigned waits = 1; __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) <= 0; waits++) {
+        if (waits == 1)
+            __atomic_store_n(&b->waited, 1, __ATOMIC_RELAXED);
         sleep_ns(WAIT_NS);
         if (waits % WATCHER_RETRY_WAITS == 0 &&
             !__atomic_load_n(&watcher_running, __ATOMIC_ACQUIRE))

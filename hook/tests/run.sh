@@ -297,10 +297,9 @@ run throttle-burst CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 burst
 run throttle-burst-whole-gpu CUDA_DEVICE_SM_LIMIT=20 FAKE_NVML_NO_PROCESS_UTIL=1 \
     "$build/tests/test_throttle" 20 burst
 # Two processes of one container: its GPU-time account is theirs together; both must run (held
-# for good, one reads 0). Alone: beside contention-chain-20 the one that went over read 2.2 %
-# in one make test; alone 1.2-18.8 % in 16 runs, 2026-11-28 (test_throttle.c says why).
+# for good, one reads 0), and split the limit evenly (test_throttle.c says why they did not).
 run throttle-siblings CUDA_DEVICE_SM_LIMIT=30 FAKE_GPU_SHARED="$tmp/siblings.shm" \
-    "$build/tests/test_throttle" 30 siblings
+    FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_throttle" 30 siblings
 # Containers sharing one GPU (the fake's time-sliced model, NVML's per-process samples): each
 # pair of tenants and the graph case has its own fake GPU, so they run at once (they sleep).
 contention() { # contention NAME ARGS...

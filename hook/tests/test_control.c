@@ -12,7 +12,7 @@ static double settle(double limit, double gain, int steps, double *max_step)
     *max_step = 0;
     for (int i = 0; i < steps; i++) {
         util = fmin(100.0, gain * rate);
-        double next = vgpu_control_next_rate(rate, limit, util, rate, 1.0);
+        double next = vgpu_control_next_rate(rate, limit, util, rate, 1.0, 1, 1.0);
         double step = next / rate;
         if (step > *max_step)
             *max_step = step;
@@ -35,12 +35,37 @@ int main(void)
                   gains[g], max_step);
         }
     }
-    double r = vgpu_control_next_rate(1000.0, 30, 90, 1000.0, 1.0);
+    double r = vgpu_control_next_rate(1000.0, 30, 90, 1000.0, 1.0, 0, 1.0);
     check(r >= 500.0 && r < 1000.0, "over the limit the rate falls, at most by half (%.1f)", r);
-    r = vgpu_control_next_rate(1000.0, 30, 0, 0.0, 1.0);
+    r = vgpu_control_next_rate(1000.0, 30, 0, 0.0, 1.0, 0, 1.0);
     check(r == 1.0, "an idle process cannot bank budget: rate bounded by demand (%.1f)", r);
-    r = vgpu_control_next_rate(1000.0, 30, 10, 5000.0, 1.0);
+    r = vgpu_control_next_rate(1000.0, 30, 10, 5000.0, 1.0, 0, 1.0);
     check(r > 1000.0 && r <= 2000.0, "under the limit with demand the rate rises (%.1f)", r);
+    r = vgpu_control_next_rate(1000.0, 30, 30, 50.0, 1.0, 0, 1.0);
+    check(r == 101.0, "at the limit, a process that took 50 tokens/s of its 1000 falls to twice "
+          "that (%.1f)", r);
+    r = vgpu_control_next_rate(1000.0, 30, 30, 50.0, 1.0, 1, 1.0);
+    check(r == 1000.0, "... not a throttled one (its launches waited: a hold gave it nothing), "
+          "which keeps its rate (%.1f)", r);
+    r = vgpu_control_next_rate(1000.0, 30, 30, 1000.0, 1.0, 1, 1.5);
+    check(r == 1500.0, "at the limit, taking all it is given, balanced by 1.5: 1.5x (%.1f)", r);
+    r = vgpu_control_next_rate(1000.0, 30, 60, 1000.0, 1.0, 1, 2.0);
+    check(fabs(r - 2000.0 * sqrt(0.5)) < 1e-6, "... over the limit the container's step applies "
+          "as well (%.1f)", r);
+    r = vgpu_control_next_rate(1000.0, 30, 30, 0.0, 1.0, 1, 2.0);
+    check(r == 1000.0, "... and in a held period (nothing taken) it keeps its rate (%.1f)", r);
+    /* Between processes of one container. */
+    check(vgpu_control_sibling_factor(2.0, 28.0) == 2.0,
+          "a process at 2 %% beside a sibling at 28: doubles (the most a step may)");
+    double f = vgpu_control_sibling_factor(10.0, 20.0);
+    check(fabs(f - sqrt(2.0)) < 1e-9, "at 10 beside 20: x%.3f", f);
+    check(vgpu_control_sibling_factor(17.0, 20.0) == 1.0 &&
+              vgpu_control_sibling_factor(20.0, 10.0) == 1.0,
+          "within a fifth of the sibling's share, or above it: unchanged");
+    check(vgpu_control_sibling_factor(0.0, 0.9) == 1.0,
+          "beside a sibling under a point: unchanged");
+    f = vgpu_control_sibling_factor(0.0, 1.5);
+    check(fabs(f - sqrt(3.0)) < 1e-9, "no share of its own counts as half a point: x%.3f", f);
     /* The GPU-time account: seconds of the whole GPU under the limit. */
     double c = vgpu_control_credit(0.0, 30, 10, 0.5, 0.5, 1.0);
     check(fabs(c - 0.1) < 1e-9, "20 points under a limit of 30 for 0.5 s: 0.1 s of GPU banked "

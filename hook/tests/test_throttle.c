@@ -412,12 +412,14 @@ static void burst_after_light_load(double limit)
     alarm(0);
 }
 
-/* Two processes of one container (one region; FAKE_GPU_SHARED makes them one GPU's tenants).
- * The first runs plain kernels and, 1 s in, a WHILE graph of 2 s a launch (1.4 s of GPU over a
- * limit of 30); the second starts 3.5 s in with plain kernels. With an account per process,
- * each charged the container's share, the first stayed held for as long as its sibling kept
- * the container at the limit (22.5 s), while the second, new, was not held at all. With the
- * container's account they are held and let go together: from 8 s on, both run. */
+/* Two processes of one container (one region; FAKE_GPU_SHARED makes them one GPU's tenants,
+ * FAKE_CUDA_CONTEXT_MIB gives their contexts memory, so that NVML lists them and each learns
+ * its host pid, as on a GPU). The first runs plain kernels and, 1 s in, a WHILE graph of 2 s a
+ * launch (1.4 s of GPU over a limit of 30); the second starts 3.5 s in with plain kernels. With
+ * an account per process, each charged the container's share, the first stayed held for as long
+ * as its sibling kept the container at the limit (22.5 s), while the second, new, was not held
+ * at all. With the container's account they are held and let go together: from 8 s on, both
+ * run. */
 static void siblings(double limit)
 {
     signal(SIGALRM, held_too_long);
@@ -454,14 +456,17 @@ static void siblings(double limit)
            together = 100.0 * (double)(fake_cuda_device_busy_ns(0) - all0) / seconds;
     int status = 0;
     waitpid(sibling, &status, 0);
-    /* Both run: held for good, one reads 0.0-0.1 %. How the limit splits between them is not
-     * kept fair: their rates follow the container's share by the same factor, so they keep the
-     * ratio the hold leaves them at, and the one whose rate a held period's demand collapsed
-     * stays low (the one that went over: 1.2-18.8 % in 16 runs by hand, 0.8 % once from 20 s
-     * to 30 s, 2026-11-28; 1.8 % in a CI run, which failed the 3 % asked before). */
-    check(launched && own > 0.5 && together - own > 0.5, "limit %.0f%%: from 8 s on, both run: "
-          "the process that went over gets %.1f%% of the GPU, its sibling %.1f%%", limit, own,
-          together - own);
+    /* Both run (held for good, one reads 0.0-0.1 %), and they split the limit evenly. Their
+     * rates follow the container's share by the same factor, so they kept the ratio a hold left
+     * them at, and a process whose rate a held period's demand collapsed stayed low: 6.7-15.7 %
+     * for the one that went over in 5 runs by hand, 2026-11-28 (1.2-18.8 % in 16 runs where
+     * their host pids were never learnt, so neither can tell its share from its sibling's). Now
+     * a throttled process keeps its rate through a held period and raises it while a sibling
+     * runs more (control.h): 15.3-17.1 % in 5 runs. */
+    double other = together - own;
+    check(launched && own > 0.5 && other > 0.5 && fabs(own - other) <= 10.0,
+          "limit %.0f%%: from 8 s on, both run, within 5 points of an even split: the process "
+          "that went over gets %.1f%% of the GPU, its sibling %.1f%%", limit, own, other);
     check(together <= limit + 5.0, "limit %.0f%%: the two together keep the GPU %.1f%% busy",
           limit, together);
     alarm(0);
