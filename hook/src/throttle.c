@@ -79,7 +79,9 @@ struct bucket {
     int blind;           /* NVML could not tell at the last measurement: nothing is prepaid
                           * (no charge would give it back) */
     /* Between the processes of a container (vgpu_control_sibling_factor): */
-    int waited;          /* atomic: a launch waited for tokens since the last control period */
+    int waited;          /* atomic: a launch waited for tokens since the last rate step (set
+                          * at every wait: one longer than a step counts in the step it ends
+                          * in too) */
     double own_avg;      /* this process's share, percent, averaged over NVML's samples */
     double sibling_avg;  /* ... and the largest other process's of the container */
 };
@@ -611,8 +613,7 @@ void vgpu_throttle_launch(int dev, uint64_t cost)
     if (__builtin_expect(!__atomic_load_n(&watcher_running, __ATOMIC_ACQUIRE), 0))
         start_watcher(dev);
     for (unsigned waits = 1; __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) <= 0; waits++) {
-        if (waits == 1)
-            __atomic_store_n(&b->waited, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->waited, 1, __ATOMIC_RELAXED);
         sleep_ns(WAIT_NS);
         if (waits % WATCHER_RETRY_WAITS == 0 &&
             !__atomic_load_n(&watcher_running, __ATOMIC_ACQUIRE))
