@@ -13,7 +13,8 @@ double vgpu_control_next_rate(double rate, double limit, double util, double dem
         double factor = sqrt(limit / util);
         next = rate * (factor < 0.5 ? 0.5 : factor > 2.0 ? 2.0 : factor);
     }
-    next *= balance;
+    if (throttled)
+        next *= balance;
     double ceiling = 2.0 * demand + min_rate;
     if (throttled && ceiling < rate)
         ceiling = rate;

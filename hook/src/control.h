@@ -8,8 +8,9 @@
  * it never depends on the GPU's SM count (HAMi-core's SMs^2 step does). Demand bounds it (twice
  * what was taken), so a process that is not using its budget cannot bank a burst; a throttled
  * process (its launches waited for tokens: it took what it was given, nothing in a held period)
- * keeps at least its rate. The step is multiplied by balance (vgpu_control_sibling_factor)
- * before that bound, so a raise needs demand to back it. Never below min_rate. */
+ * keeps at least its rate, and only it has its step multiplied by balance
+ * (vgpu_control_sibling_factor), before that bound, so a raise needs demand to back it. Never
+ * below min_rate. */
 double vgpu_control_next_rate(double rate, double limit, double util, double demand,
                               double min_rate, int throttled, double balance);
 

@@ -469,9 +469,8 @@ static void control(int dev, struct bucket *b, uint64_t now)
         return;
     }
     int throttled = __atomic_exchange_n(&b->waited, 0, __ATOMIC_RELAXED);
-    double balance = throttled ? vgpu_control_sibling_factor(b->own_avg, b->sibling_avg) : 1.0;
     b->rate = vgpu_control_next_rate(b->rate, (double)b->limit, util, demand, min_rate, throttled,
-                                     balance);
+                                     vgpu_control_sibling_factor(b->own_avg, b->sibling_avg));
     vgpu_log(VGPU_LOG_DEBUG, "device %d: utilisation %.1f%% (limit %u%%; this process %.1f%%, "
              "its largest sibling %.1f%%), rate %.0f tokens/s%s", dev, util, b->limit, b->own_avg,
              b->sibling_avg, b->rate, throttled ? " (throttled)" : "");
