@@ -54,7 +54,12 @@ struct vgpu_region_header {
     uint64_t ledger_lock;      /*  80 atomic: taken by libvgpu around every change of the
                                 *     used_bytes words; bits 0-15 = holder's slot + 1 (0 = free),
                                 *     bits 16-63 = count of acquisitions. Readers ignore it */
-    uint8_t reserved[40];      /*  88 zero */
+    uint16_t sample_period_ms[VGPU_REGION_MAX_DEVICES]; /* 88 atomic: NVML's per-process sample
+                                *     period on each device record, in ms, as the container's
+                                *     processes learnt it from two sample stamps (the least
+                                *     seen; 0 = not yet): a new process starts from it.
+                                *     Readers ignore it */
+    uint8_t reserved[8];       /* 120 zero */
 };
 
 struct vgpu_region_device {
@@ -106,6 +111,7 @@ _Static_assert(sizeof(struct vgpu_region_slot) == 192, "slot is 192 bytes");
 _Static_assert(offsetof(struct vgpu_region_header, slot_high_water) == 56, "header offsets");
 _Static_assert(offsetof(struct vgpu_region_header, reaped_slots) == 72, "header offsets");
 _Static_assert(offsetof(struct vgpu_region_header, ledger_lock) == 80, "header offsets");
+_Static_assert(offsetof(struct vgpu_region_header, sample_period_ms) == 88, "header offsets");
 _Static_assert(offsetof(struct vgpu_region_device, uuid) == 32, "device offsets");
 _Static_assert(offsetof(struct vgpu_region_device, oom_refusals) == 96, "device offsets");
 _Static_assert(offsetof(struct vgpu_region_device, context_bytes) == 104, "device offsets");

@@ -462,6 +462,29 @@ struct vgpu_region_device *vgpu_region_sm_account(int dev)
     return r != NULL && record >= 0 ? &r->devices[record] : NULL;
 }
 
+double vgpu_region_sample_period(int dev)
+{
+    struct vgpu_region *r = vgpu_region_get();
+    int record = vgpu_device_record(dev);
+    if (r == NULL || record < 0)
+        return 0.0;
+    return __atomic_load_n(&r->header.sample_period_ms[record], __ATOMIC_RELAXED) / 1000.0;
+}
+
+void vgpu_region_learn_sample_period(int dev, double seconds)
+{
+    struct vgpu_region *r = vgpu_region_get();
+    int record = vgpu_device_record(dev);
+    if (r == NULL || record < 0 || !(seconds > 0.0 && seconds < 60.0))
+        return;
+    uint16_t ms = (uint16_t)(seconds * 1000.0 + 0.5), seen;
+    uint16_t *word = &r->header.sample_period_ms[record];
+    seen = __atomic_load_n(word, __ATOMIC_RELAXED);
+    while (ms != 0 && (seen == 0 || ms < seen) &&
+           !__atomic_compare_exchange_n(word, &seen, ms, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+}
+
 void vgpu_region_count_refusal(int dev)
 {
     struct vgpu_region *r = vgpu_region_get();

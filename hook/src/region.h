@@ -50,6 +50,11 @@ uint32_t vgpu_region_sm_limit(int dev);
  * NULL without a region or a record for dev (the caller keeps one of its own). */
 struct vgpu_region_device *vgpu_region_sm_account(int dev);
 
+/* NVML's sample period on dev as the container's processes learnt it, seconds (0: not yet),
+ * and the learning of one: the least seen stays. */
+double vgpu_region_sample_period(int dev);
+void vgpu_region_learn_sample_period(int dev, double seconds);
+
 /* Where a process of the container refused an allocation for want of room on dev. */
 void vgpu_region_count_refusal(int dev);
 

@@ -58,7 +58,7 @@ struct bucket {
     uint64_t control_ns; /* CLOCK_MONOTONIC of the last measurement acted on (set when the
                           * watcher starts) */
     double period_s;     /* NVML's sample period: the least gap between two stamps seen
-                          * (0: none yet, longest_period_s stands for it) */
+                          * (0: none yet, sample_period stands for it) */
     unsigned long long stamp_us; /* the newest sample stamp seen */
     unsigned fresh;      /* readings since the last forgiveness */
     double debt_gpu;     /* GPU seconds measured while in debt, since it began */
@@ -258,11 +258,27 @@ static void empty(struct bucket *b)
     b->carry = 0.0;
 }
 
-/* Seconds without a charge after which the container counts as idle: two sample periods (the
- * longest NVML has until two stamps tell this GPU's), at least idle_seconds. */
-static double idle_after(const struct bucket *b)
+/* NVML's sample period on dev: the least that this process or the container's others learnt
+ * (the region keeps theirs), else the longest NVML has. A new process that took its first
+ * sample as covering a whole second charged the container that sample's share over the second
+ * before it, which in a chain of short processes (tests/test_contention.c, chain) was time a
+ * process gone had prepaid, or that nothing ran in: the chain got 13-16 % of the GPU under a
+ * limit of 20. */
+static double sample_period(int dev, const struct bucket *b)
 {
-    double period = b->period_s > 0.0 ? b->period_s : longest_period_s;
+    double period = b->period_s, learnt = vgpu_region_sample_period(dev);
+    if (learnt > 0.0 && (period == 0.0 || learnt < period))
+        period = learnt < shortest_period_s ? shortest_period_s
+               : learnt > longest_period_s ? longest_period_s
+                                           : learnt;
+    return period > 0.0 ? period : longest_period_s;
+}
+
+/* Seconds without a charge after which the container counts as idle: two sample periods, at
+ * least idle_seconds. */
+static double idle_after(int dev, const struct bucket *b)
+{
+    double period = sample_period(dev, b);
     return 2.0 * period > idle_seconds ? 2.0 * period : idle_seconds;
 }
 
@@ -271,7 +287,7 @@ static double idle_after(const struct bucket *b)
 static int account_told(int dev, const struct bucket *b, unsigned long long now_us)
 {
     double age = vgpu_account_age(dev, now_us);
-    return age >= 0 && age < idle_after(b) + told_seconds;
+    return age >= 0 && age < idle_after(dev, b) + told_seconds;
 }
 
 /* Whether the container's account holds launches back: over the line as of now, this
@@ -324,7 +340,7 @@ static void prepay(int dev, struct bucket *b, unsigned long long now_us)
     /* On from where the last tick's prepayment ended (a tick late, or an NVML call slow, must
      * not leave time unpaid), or from the first launch (the account may have been charged only
      * since); at most a sample period back, should the clock jump. */
-    double period = b->period_s > 0.0 ? b->period_s : longest_period_s;
+    double period = sample_period(dev, b);
     unsigned long long back_to = now_us - (unsigned long long)(period * 1e6);
     unsigned long long from = b->prepaying ? b->prepaid_to_us
                             : b->prepaid_to_us == 0 ? b->launched_us
@@ -388,17 +404,20 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
     double share = b->limit / 100.0;
     unsigned long long now_us = unix_ns() / 1000u;
     double age = vgpu_account_age(dev, now_us);
-    int stale = age < 0 || age >= idle_after(b);
+    int stale = age < 0 || age >= idle_after(dev, b);
     if (reading->util >= 0 && reading->sampled) {
         double gap = (double)(reading->stamp_us - b->stamp_us) / 1e6;
         if (b->stamp_us != 0 && reading->stamp_us > b->stamp_us &&
             (b->period_s == 0.0 || gap < b->period_s))
+        {
             b->period_s = gap < shortest_period_s  ? shortest_period_s
                         : gap > longest_period_s ? longest_period_s
                                                  : gap;
+            vgpu_region_learn_sample_period(dev, b->period_s);
+        }
         b->stamp_us = reading->stamp_us;
     }
-    double period = b->period_s > 0.0 ? b->period_s : longest_period_s;
+    double period = sample_period(dev, b);
     learn_own(b, reading, own, period);
     if (reading->util < 0 && stale) {
         /* No sample for two periods: idle if nothing was launched, else the whole GPU's. */
@@ -504,7 +523,7 @@ static void *watch(void *unused)
             if (taken != b->consumed_at_tick) {
                 /* Launches its rate would take a sample period to repay (a large kernel after
                  * light work): what they cost is not what NVML last measured. */
-                double period = b->period_s > 0.0 ? b->period_s : longest_period_s;
+                double period = sample_period(dev, b);
                 if (b->rate > 0.0 && (double)(taken - b->consumed_at_tick) > b->rate * period) {
                     b->own = 100.0;
                     b->unmeasured_us = now_us;

@@ -517,9 +517,17 @@ static int chain_case(const char *dir, const char *limit_arg)
     check(share >= 0 && share <= limit + 5.0, "limit %.0f%%: %d processes of %.2f s of kernels, "
           "one after another, ran %.1f%% of the unlimited rate (%.0f kernels in %.1f s, "
           "unlimited %.1f/s)", limit, links, link_s, share, got.rate, seconds, bare.rate);
+    /* ... and not far under it. Over the fake a link starts at once (unlimited, the chain ran
+     * the whole rate), so the limit is what the chain should get. Each new process took its
+     * first sample as a second's until it had learnt NVML's period itself, charging time a
+     * link gone had prepaid or nothing ran in: 10.9-12.2 % of the fake GPU's time in 3 runs,
+     * 16.7-20.2 % in 5 with the period the container learnt (2026-11-29).
+     * On a GPU a link's start takes a part of the time the limit would allow (the unlimited
+     * chain reads under 100), so only the fake checks this. */
     if (on_fake())
-        check(got.share >= 0 && 100.0 * got.share / seconds <= limit + 5.0,
-              "... and %.1f%% of the fake GPU's time", 100.0 * got.share / seconds);
+        check(got.share >= 0 && fabs(100.0 * got.share / seconds - limit) <= 5.0,
+              "... and %.1f%% of the fake GPU's time (within 5 points of the limit)",
+              100.0 * got.share / seconds);
     got = chain(dir, "bare-light", "none", 0, 0.0, &bare_longest, &links);
     for (int i = 0; i < 2 && got.rate >= 0; i++) {
         double one;
