@@ -9,6 +9,7 @@
 #include "log.h"
 #include "memory.h"
 #include "region.h"
+#include "throttle.h"
 #include "util.h"
 
 /* A destroyed context's memory is freed by the driver without a free call (cudaDeviceReset,
@@ -129,6 +130,8 @@ static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, CUco
         vgpu_footprint_context_gone((int)dev);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    if (rc == CUDA_SUCCESS && !retain)
+        vgpu_throttle_context_made((int)dev);
     if (rc == CUDA_SUCCESS && probe->active && probe->first)
         probe_host_pid(*ctx, (int)dev);
     else if (rc == CUDA_SUCCESS && retain && !probe->active) /* raced the last release? */
@@ -241,6 +244,21 @@ VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, u
     if (begun != CUDA_SUCCESS)
         return begun;
     return keep_context(&probe, real.cuCtxCreate_v4(ctx, params, flags, dev), ctx, dev, 0);
+}
+
+/* A green context (CUDA 12.4) runs work that a synchronisation of another context does not wait
+ * for (throttle.h); its memory is counted by measurement, as a context's driver memory is. */
+VGPU_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *ctx, CUdevResourceDesc desc, CUdevice dev,
+                                      unsigned int flags)
+{
+    if (!ready() || real.cuGreenCtxCreate == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!vgpu_device_usable((int)dev))
+        return CUDA_ERROR_NOT_PERMITTED;
+    CUresult rc = real.cuGreenCtxCreate(ctx, desc, dev, flags);
+    if (rc == CUDA_SUCCESS)
+        vgpu_throttle_context_made((int)dev);
+    return rc;
 }
 
 /* The destroyed context's device is not known here: every capped device is measured again. */

@@ -85,6 +85,8 @@ struct vgpu_cuda_real {
     CUresult (*cuCtxCreate_v3)(CUcontext *, CUexecAffinityParam *, int, unsigned int, CUdevice);
     CUresult (*cuCtxCreate_v4)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
     CUresult (*cuCtxDestroy_v2)(CUcontext);
+    CUresult (*cuGreenCtxCreate)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int);
+    CUresult (*cuCtxSynchronize)(void);
     CUresult (*cuCtxCreate)(CUcontext *, unsigned int, CUdevice);
     CUresult (*cuCtxDestroy)(CUcontext);
     CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);

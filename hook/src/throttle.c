@@ -76,6 +76,7 @@ struct bucket {
                           * back, for the time prepaid_from_us..prepaid_to_us */
     unsigned long long prepaid_from_us, prepaid_to_us;
     int prepaying;       /* the last tick prepaid: the next goes on from prepaid_to_us */
+    int guessed;         /* own is the whole GPU assumed, not yet measured */
     int blind;           /* NVML could not tell at the last measurement: nothing is prepaid
                           * (no charge would give it back) */
     /* Between the processes of a container (vgpu_control_sibling_factor): */
@@ -84,11 +85,17 @@ struct bucket {
                           * in too) */
     double own_avg;      /* this process's share, percent, averaged over NVML's samples */
     double sibling_avg;  /* ... and the largest other process's of the container */
+    /* Drained work (vgpu_throttle_sync_begin/end): */
+    int quiet;           /* atomic: 1 from a covering synchronisation's start until a launch */
+    unsigned long long drained_us; /* atomic: CLOCK_REALTIME us when such a synchronisation
+                                    * returned with no launch since it began (0: none) */
+    unsigned long long paused_us;  /* watcher: the drain prepayment paused at (0: not paused) */
 };
 
 int vgpu_throttle_enabled;
 static struct bucket buckets[VGPU_REGION_MAX_DEVICES];
 static int watcher_running; /* atomic; reset in a forked child (threads do not survive fork) */
+static int other_context[VGPU_REGION_MAX_DEVICES]; /* atomic: vgpu_throttle_context_made */
 static unsigned watcher_failures; /* under watcher_lock: failed starts since the last one */
 static pthread_mutex_t watcher_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -119,12 +126,15 @@ static void start_full(struct bucket *b)
     b->launched_us = b->unmeasured_us = b->last_launch_us = 0;
     b->consumed_at_tick = 0;
     b->own = 100.0;
+    b->guessed = 0;
     b->prepaid = 0.0;
     b->prepaid_from_us = b->prepaid_to_us = 0;
     b->prepaying = 0;
     b->blind = 0;
     b->waited = 0;
     b->own_avg = b->sibling_avg = 0.0;
+    b->quiet = 0;
+    b->drained_us = b->paused_us = 0;
 }
 
 /* What the bucket holds at most: burst_seconds of its rate, at least one token. */
@@ -291,14 +301,39 @@ static int account_told(int dev, const struct bucket *b, unsigned long long now_
 }
 
 /* Whether the container's account holds launches back: over the line as of now, this
- * process's own prepayment left out (a new process, whole GPU until measured, would otherwise
- * hold itself and its siblings back at its start; what other processes prepaid, those gone
- * first, counts). */
+ * process's own prepayment left out while its share is assumed (a new process, whole GPU until
+ * measured, would otherwise hold itself and its siblings back at its start). Once measured it
+ * counts, as what other processes prepaid does: left out always, it favoured whichever sibling
+ * had prepaid more at the moment, the one running rather than drained (throttle-siblings). */
 static int container_held(int dev, const struct bucket *b, unsigned long long now_us)
 {
     return account_told(dev, b, now_us) &&
-           vgpu_control_holds(vgpu_account_balance(dev, b->limit, now_us) + b->prepaid,
+           vgpu_control_holds(vgpu_account_balance(dev, b->limit, now_us) + (b->guessed ? b->prepaid : 0.0),
                               (double)b->limit, held_seconds);
+}
+
+/* A synchronisation left no work of this process running from `drained` on: what was prepaid
+ * past it is given back, and nothing more until a launch. */
+static void pause_prepayment(int dev, struct bucket *b, unsigned long long drained, double cap)
+{
+    if (b->prepaying && b->prepaid_to_us > drained) {
+        unsigned long long from = b->prepaid_from_us > drained ? b->prepaid_from_us : drained;
+        double ahead = b->own / 100.0 * (double)(b->prepaid_to_us - from) / 1e6;
+        if (ahead > b->prepaid)
+            ahead = b->prepaid;
+        vgpu_account_refund(dev, ahead, cap);
+        b->prepaid -= ahead;
+        b->prepaid_to_us = from;
+    }
+    b->prepaying = 0;
+    b->paused_us = drained;
+}
+
+/* Where prepayment goes on after a drain: the launch that ended it was at most a tick ago. */
+static unsigned long long resumed_from(const struct bucket *b, unsigned long long now_us)
+{
+    unsigned long long tick_ago = now_us - TICK_NS / 1000;
+    return b->paused_us > tick_ago ? b->paused_us : tick_ago;
 }
 
 /* Prepayment. A process's GPU time is charged when NVML's sample of it is read, up to a sample
@@ -331,6 +366,12 @@ static void prepay(int dev, struct bucket *b, unsigned long long now_us)
         b->prepaid = back < b->prepaid ? b->prepaid - back : 0.0;
         b->prepaid_from_us = charged;
     }
+    unsigned long long drained = __atomic_load_n(&b->quiet, __ATOMIC_ACQUIRE)
+                                     ? __atomic_load_n(&b->drained_us, __ATOMIC_ACQUIRE) : 0;
+    if (drained != 0 && drained <= now_us) {
+        pause_prepayment(dev, b, drained, cap);
+        return; /* none of its work runs until its next launch */
+    }
     /* Held or not: what it launched before a hold runs on, and it may exit before NVML's next
      * sample (a second later on some GPUs). */
     if (b->launched_us == 0 || b->blind || !account_told(dev, b, now_us)) {
@@ -343,8 +384,10 @@ static void prepay(int dev, struct bucket *b, unsigned long long now_us)
     double period = sample_period(dev, b);
     unsigned long long back_to = now_us - (unsigned long long)(period * 1e6);
     unsigned long long from = b->prepaying ? b->prepaid_to_us
+                            : b->paused_us != 0 ? resumed_from(b, now_us)
                             : b->prepaid_to_us == 0 ? b->launched_us
                                                    : now_us;
+    b->paused_us = 0;
     from = from < back_to ? back_to : from;
     unsigned long long to = now_us + prepaid_ahead_us;
     b->prepaying = 1;
@@ -365,6 +408,7 @@ static void first_launch(int dev, struct bucket *b, unsigned long long now_us, u
     b->launched_us = b->unmeasured_us = b->last_launch_us = now_us;
     b->consumed_at_tick = taken;
     b->own = 100.0;
+    b->guessed = 1;
     prepay(dev, b, now_us);
 }
 
@@ -389,6 +433,9 @@ static void learn_own(struct bucket *b, const struct vgpu_reading *reading, doub
         b->own = own;
     else if (reading->util >= 0.0 && after > 0.0)
         b->own = (own + 0.5) / after < 100.0 ? (own + 0.5) / after : 100.0;
+    else
+        return;
+    b->guessed = 0;
 }
 
 /* Charges a reading to the container's GPU-time account (account.h), forgives a debt the
@@ -526,6 +573,7 @@ static void *watch(void *unused)
                 double period = sample_period(dev, b);
                 if (b->rate > 0.0 && (double)(taken - b->consumed_at_tick) > b->rate * period) {
                     b->own = 100.0;
+                    b->guessed = 1;
                     b->unmeasured_us = now_us;
                 }
                 b->consumed_at_tick = taken;
@@ -546,6 +594,8 @@ static void after_fork_child(void)
     pthread_mutex_init(&watcher_lock, NULL);
     watcher_running = 0;
     watcher_failures = 0;
+    for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++)
+        other_context[dev] = 0; /* the child makes its own contexts */
     for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
         buckets[dev].rate = 0.0;
         buckets[dev].carry = 0.0;
@@ -638,4 +688,39 @@ void vgpu_throttle_launch(int dev, uint64_t cost)
             start_watcher(dev); /* it could not start: nothing else refills */
     }
     __atomic_sub_fetch(&b->tokens, (int64_t)cost, __ATOMIC_ACQ_REL);
+    if (__atomic_load_n(&b->quiet, __ATOMIC_RELAXED))
+        __atomic_store_n(&b->quiet, 0, __ATOMIC_RELEASE);
+}
+
+/* The bucket a synchronisation on dev tells about, or NULL (no limit there, or another context
+ * the synchronisation of this one does not cover). */
+static struct bucket *covered_by_sync(int dev)
+{
+    if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES || buckets[dev].limit == 0 ||
+        __atomic_load_n(&other_context[dev], __ATOMIC_ACQUIRE))
+        return NULL;
+    return &buckets[dev];
+}
+
+void vgpu_throttle_sync_begin(int dev)
+{
+    struct bucket *b = covered_by_sync(dev);
+    if (b == NULL)
+        return;
+    __atomic_store_n(&b->drained_us, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&b->quiet, 1, __ATOMIC_SEQ_CST);
+}
+
+void vgpu_throttle_sync_end(int dev, int rc)
+{
+    struct bucket *b = covered_by_sync(dev);
+    if (b == NULL || rc != 0 || !__atomic_load_n(&b->quiet, __ATOMIC_SEQ_CST))
+        return; /* a launch since it began (it may run on), or the driver did not wait */
+    __atomic_store_n(&b->drained_us, unix_ns() / 1000u, __ATOMIC_RELEASE);
+}
+
+void vgpu_throttle_context_made(int dev)
+{
+    if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES)
+        __atomic_store_n(&other_context[dev], 1, __ATOMIC_RELEASE);
 }

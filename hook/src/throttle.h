@@ -14,4 +14,15 @@ void vgpu_throttle_init(void);
 /* Waits until device dev may start work costing cost tokens (grid blocks), then takes them. */
 void vgpu_throttle_launch(int dev, uint64_t cost);
 
+/* Around a synchronisation of the current context, on device dev (rc the driver's answer): one
+ * that returns with no launch since it began leaves no work of this process running there, so
+ * its time is not prepaid until its next launch. Only while the process made no context on dev
+ * but the primary one, which the synchronisation then covers (vgpu_throttle_context_made). */
+void vgpu_throttle_sync_begin(int dev);
+void vgpu_throttle_sync_end(int dev, int rc);
+
+/* The process made a context on dev that is not its primary one (cuCtxCreate, a green
+ * context): a synchronisation of one context no longer covers its work there. */
+void vgpu_throttle_context_made(int dev);
+
 #endif

@@ -289,6 +289,14 @@ run throttle-none "$build/tests/test_throttle" none
 run throttle-second-gpu CUDA_DEVICE_SM_LIMIT_1=40 "$build/tests/test_throttle" 40 second-gpu
 # The limiter's thread cannot be made for a second (pthread_create fails): launches wait.
 run throttle-nothread CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 nothread
+# After a cuCtxSynchronize that covers all its work, nothing of a process runs: it prepays
+# nothing until its next launch; it goes on prepaying where another context, or another
+# thread's launch during the synchronisation, may leave work running (NVML silent for the
+# test's length: an hour's sample period).
+for case in alone context green during; do
+    run "throttle-drain-$case" CUDA_DEVICE_SM_LIMIT=50 FAKE_GPU_SHARED="$tmp/drain-$case.shm" \
+        FAKE_NVML_SAMPLE_MS=3600000 "$build/tests/test_throttle" 50 drain "$case"
+done
 # A light load, then large kernels: a debt in blocks the measured GPU time does not back; also
 # where NVML has no per-process samples (the whole GPU's utilisation stands for the container's).
 # One after the other: beside the second, the 200 ms kernels once read 41.9 % under 50 over the

@@ -94,6 +94,8 @@ static const struct query {
     {"cuCtxDestroy", 4000, 0, "cuCtxDestroy_v2"},
     {"cuCtxCreate", 2000, 0, "cuCtxCreate"},
     {"cuCtxDestroy", 2000, 0, "cuCtxDestroy"},
+    {"cuGreenCtxCreate", 12040, 0, "cuGreenCtxCreate"},
+    {"cuCtxSynchronize", 2000, 0, "cuCtxSynchronize"},
     {"cuDevicePrimaryCtxRelease", 7000, 0, "cuDevicePrimaryCtxRelease"},
     {"cuDevicePrimaryCtxReset", 7000, 0, "cuDevicePrimaryCtxReset"},
 };

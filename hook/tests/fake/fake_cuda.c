@@ -645,6 +645,23 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
     return ctx_create(pctx, dev);
 }
 
+/* A green context: a context of dev that is not made current (a test only needs that it
+ * exists; its resources are not modelled). */
+EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *phctx, CUdevResourceDesc desc, CUdevice dev,
+                                 unsigned int flags)
+{
+    (void)desc, (void)flags;
+    if (phctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_ctx *was = current;
+    CUcontext made;
+    CUresult rc = ctx_create(&made, dev);
+    current = was;
+    if (rc == CUDA_SUCCESS)
+        *phctx = (CUgreenCtx)made;
+    return rc;
+}
+
 /* The CUDA 2.0 and 7.0 exports (cuda_v1.h): the same as their _v2. */
 EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
@@ -2681,6 +2698,7 @@ static const struct proc procs[] = {
     P("cuCtxCreate", cuCtxCreate_v2, 3020, 0),
     P("cuCtxCreate", cuCtxCreate_v3, 11040, 0),
     P("cuCtxCreate", cuCtxCreate_v4, 12050, 0),
+    P("cuGreenCtxCreate", cuGreenCtxCreate, 12040, 0),
     P("cuCtxDestroy", cuCtxDestroy_v2, 4000, 0),
     P("cuCtxSetCurrent", cuCtxSetCurrent, 4000, 0),
     P("cuCtxGetCurrent", cuCtxGetCurrent, 4000, 0),
