@@ -163,8 +163,9 @@ static inline const char *vgpu_region_layout_problem(const struct vgpu_region_he
 /* The byte whose OFD write lock serialises host-pid discovery on device 0 (88 + d for device
  * d: header bytes; locking them does not change them). Byte 0 is the creation lock. */
 enum { VGPU_REGION_DISCOVERY_LOCK_OFFSET = 88 };
-/* The byte (in the header's reserved bytes, after the 16 discovery bytes) whose OFD write lock
- * serialises the writing of device records' UUIDs (libvgpu's src/devices.c). */
+/* The byte (a header byte after the 16 discovery bytes; locking it does not change it) whose
+ * OFD write lock serialises the writing of device records' UUIDs (libvgpu's src/devices.c).
+ * Bytes 88-119 hold sample_period_ms: the locks and the values do not meet. */
 enum { VGPU_REGION_RECORDS_LOCK_OFFSET = 104 };
 
 /* Liveness: the owner of slot i holds an fcntl() write lock on the single byte at this file

@@ -60,6 +60,13 @@ double vgpu_control_balance(double credit, double limit, double age, double max_
     return credit + limit / 100.0 * since;
 }
 
+double vgpu_control_unpaid_from(int prepaying, double paid_to, int launched, double resumed,
+                                double drained)
+{
+    double from = prepaying ? paid_to : launched ? resumed : drained;
+    return from < drained ? from : drained;
+}
+
 double vgpu_control_settled(double prepaid, double from, double to, double charged, double rate)
 {
     if (prepaid <= 0.0 || charged <= from)

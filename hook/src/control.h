@@ -56,6 +56,14 @@ double vgpu_control_balance(double credit, double limit, double age, double max_
  * that time may have been at another). */
 double vgpu_control_settled(double prepaid, double from, double to, double charged, double rate);
 
+/* Where the time a process has not prepaid before a drain (a synchronisation after which none
+ * of its work runs, at `drained`) begins, as seen at a tick: where its prepayment ended
+ * (paid_to) while it prepays; else, where a launch since the last tick (launched) may have
+ * started, `resumed` (a tick back, or the previous drain if later); else nothing is unpaid
+ * (the result is `drained`). Any one clock's seconds. */
+double vgpu_control_unpaid_from(int prepaying, double paid_to, int launched, double resumed,
+                                double drained);
+
 /* Whether launches are held back: the container is over its limit by more than held_seconds of
  * its share, as measured. Blocks are only a prediction of a launch's cost (a graph's WHILE node
  * runs its body any number of times), so this bounds what a wrong one can take in the long run. */

@@ -246,8 +246,9 @@ VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, u
     return keep_context(&probe, real.cuCtxCreate_v4(ctx, params, flags, dev), ctx, dev, 0);
 }
 
-/* A green context (CUDA 12.4) runs work that a synchronisation of another context does not wait
- * for (throttle.h); its memory is counted by measurement, as a context's driver memory is. */
+/* A green context (CUDA 12.4), made current through cuCtxFromGreenCtx, is a context whose
+ * synchronisation does not wait for the primary context's work (throttle.h); its memory is
+ * counted by measurement, as a context's driver memory is. */
 VGPU_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *ctx, CUdevResourceDesc desc, CUdevice dev,
                                       unsigned int flags)
 {

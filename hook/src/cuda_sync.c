@@ -10,11 +10,11 @@ VGPU_EXPORT CUresult cuCtxSynchronize(void)
 {
     if (!ready() || real.cuCtxSynchronize == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!vgpu_throttle_enabled)
-        return real.cuCtxSynchronize();
-    int dev = launch_device(); /* the current context's, as a launch's is charged */
-    vgpu_throttle_sync_begin(dev);
     CUresult rc = real.cuCtxSynchronize();
-    vgpu_throttle_sync_end(dev, rc == CUDA_SUCCESS ? 0 : -1);
+    /* One device only: a launch is charged to the current context's device, yet a kernel
+     * handle launched on another device's stream runs there, which this does not wait for. */
+    if (vgpu_throttle_enabled && rc == CUDA_SUCCESS &&
+        __atomic_load_n(&vgpu_one_device, __ATOMIC_RELAXED))
+        vgpu_throttle_synced(0);
     return rc;
 }

@@ -85,10 +85,11 @@ struct bucket {
                           * in too) */
     double own_avg;      /* this process's share, percent, averaged over NVML's samples */
     double sibling_avg;  /* ... and the largest other process's of the container */
-    /* Drained work (vgpu_throttle_sync_begin/end): */
-    int quiet;           /* atomic: 1 from a covering synchronisation's start until a launch */
-    unsigned long long drained_us; /* atomic: CLOCK_REALTIME us when such a synchronisation
-                                    * returned with no launch since it began (0: none) */
+    /* Drained work (vgpu_throttle_synced): */
+    uintptr_t launcher;  /* atomic: the one thread that launched here (its mark), 0: none yet,
+                          * several_launchers: more than one */
+    unsigned long long drained_us; /* atomic: CLOCK_REALTIME us when that thread's
+                                    * synchronisation returned; 0 again at its next launch */
     unsigned long long paused_us;  /* watcher: the drain prepayment paused at (0: not paused) */
 };
 
@@ -96,6 +97,10 @@ int vgpu_throttle_enabled;
 static struct bucket buckets[VGPU_REGION_MAX_DEVICES];
 static int watcher_running; /* atomic; reset in a forked child (threads do not survive fork) */
 static int other_context[VGPU_REGION_MAX_DEVICES]; /* atomic: vgpu_throttle_context_made */
+/* A thread's mark (its address) names it in bucket.launcher. */
+static __thread __attribute__((tls_model("initial-exec"))) char thread_mark;
+static const uintptr_t several_launchers = 1;
+static void note_launcher(struct bucket *b);
 static unsigned watcher_failures; /* under watcher_lock: failed starts since the last one */
 static pthread_mutex_t watcher_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -133,7 +138,7 @@ static void start_full(struct bucket *b)
     b->blind = 0;
     b->waited = 0;
     b->own_avg = b->sibling_avg = 0.0;
-    b->quiet = 0;
+    b->launcher = 0;
     b->drained_us = b->paused_us = 0;
 }
 
@@ -268,20 +273,21 @@ static void empty(struct bucket *b)
     b->carry = 0.0;
 }
 
-/* NVML's sample period on dev: the least that this process or the container's others learnt
- * (the region keeps theirs), else the longest NVML has. A new process that took its first
+/* NVML's sample period on dev: as this process learnt it, else as the container's others did
+ * (the region keeps the least any saw), else the longest NVML has. A new process that took its first
  * sample as covering a whole second charged the container that sample's share over the second
  * before it, which in a chain of short processes (tests/test_contention.c, chain) was time a
  * process gone had prepaid, or that nothing ran in: the chain got 13-16 % of the GPU under a
  * limit of 20. */
 static double sample_period(int dev, const struct bucket *b)
 {
-    double period = b->period_s, learnt = vgpu_region_sample_period(dev);
-    if (learnt > 0.0 && (period == 0.0 || learnt < period))
-        period = learnt < shortest_period_s ? shortest_period_s
-               : learnt > longest_period_s ? longest_period_s
-                                           : learnt;
-    return period > 0.0 ? period : longest_period_s;
+    if (b->period_s > 0.0)
+        return b->period_s;
+    double learnt = vgpu_region_sample_period(dev);
+    return learnt <= 0.0             ? longest_period_s
+         : learnt < shortest_period_s ? shortest_period_s
+         : learnt > longest_period_s  ? longest_period_s
+                                      : learnt;
 }
 
 /* Seconds without a charge after which the container counts as idle: two sample periods, at
@@ -336,6 +342,28 @@ static unsigned long long resumed_from(const struct bucket *b, unsigned long lon
     return b->paused_us > tick_ago ? b->paused_us : tick_ago;
 }
 
+/* Before a drain pauses it: the time up to the drain not paid yet, at its share. Work launched
+ * and drained between two ticks ran too (the watcher saw its tokens taken, last_launch_us), as
+ * did work past where the last tick's prepayment ended, should this tick be late. */
+static void pay_until_drained(int dev, struct bucket *b, unsigned long long drained,
+                              unsigned long long now_us)
+{
+    if (b->launched_us == 0 || b->blind || !account_told(dev, b, now_us))
+        return;
+    unsigned long long from = (unsigned long long)(vgpu_control_unpaid_from(
+                                  b->prepaying, (double)b->prepaid_to_us,
+                                  b->last_launch_us == now_us, (double)resumed_from(b, now_us),
+                                  (double)drained));
+    if (from >= drained)
+        return;
+    double seconds = b->own / 100.0 * (double)(drained - from) / 1e6;
+    if (b->prepaid == 0.0)
+        b->prepaid_from_us = from;
+    b->prepaid += seconds;
+    b->prepaid_to_us = drained;
+    vgpu_account_prepay(dev, seconds);
+}
+
 /* Prepayment. A process's GPU time is charged when NVML's sample of it is read, up to a sample
  * period after it ran; a process that exits first is never charged (NVML lists live processes),
  * and a new process runs free until its first measurement: a chain of short-lived processes
@@ -366,9 +394,9 @@ static void prepay(int dev, struct bucket *b, unsigned long long now_us)
         b->prepaid = back < b->prepaid ? b->prepaid - back : 0.0;
         b->prepaid_from_us = charged;
     }
-    unsigned long long drained = __atomic_load_n(&b->quiet, __ATOMIC_ACQUIRE)
-                                     ? __atomic_load_n(&b->drained_us, __ATOMIC_ACQUIRE) : 0;
+    unsigned long long drained = __atomic_load_n(&b->drained_us, __ATOMIC_ACQUIRE);
     if (drained != 0 && drained <= now_us) {
+        pay_until_drained(dev, b, drained, now_us);
         pause_prepayment(dev, b, drained, cap);
         return; /* none of its work runs until its next launch */
     }
@@ -688,35 +716,38 @@ void vgpu_throttle_launch(int dev, uint64_t cost)
             start_watcher(dev); /* it could not start: nothing else refills */
     }
     __atomic_sub_fetch(&b->tokens, (int64_t)cost, __ATOMIC_ACQ_REL);
-    if (__atomic_load_n(&b->quiet, __ATOMIC_RELAXED))
-        __atomic_store_n(&b->quiet, 0, __ATOMIC_RELEASE);
+    if (__builtin_expect(__atomic_load_n(&b->launcher, __ATOMIC_RELAXED) != (uintptr_t)&thread_mark,
+                         0))
+        note_launcher(b);
+    if (__atomic_load_n(&b->drained_us, __ATOMIC_SEQ_CST) != 0)
+        __atomic_store_n(&b->drained_us, 0, __ATOMIC_SEQ_CST);
 }
 
-/* The bucket a synchronisation on dev tells about, or NULL (no limit there, or another context
- * the synchronisation of this one does not cover). */
-static struct bucket *covered_by_sync(int dev)
+/* A launch by a thread other than the one bucket.launcher names: the first names it, a
+ * second makes it several for good (a synchronisation on one thread may then return before
+ * another's launch, made while it ran, is done). Out of line: once per thread. */
+static __attribute__((noinline)) void note_launcher(struct bucket *b)
+{
+    uintptr_t none = 0;
+    if (!__atomic_compare_exchange_n(&b->launcher, &none, (uintptr_t)&thread_mark, 0,
+                                     __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        __atomic_store_n(&b->launcher, several_launchers, __ATOMIC_SEQ_CST);
+}
+
+void vgpu_throttle_synced(int dev)
 {
     if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES || buckets[dev].limit == 0 ||
         __atomic_load_n(&other_context[dev], __ATOMIC_ACQUIRE))
-        return NULL;
-    return &buckets[dev];
-}
-
-void vgpu_throttle_sync_begin(int dev)
-{
-    struct bucket *b = covered_by_sync(dev);
-    if (b == NULL)
-        return;
-    __atomic_store_n(&b->drained_us, 0, __ATOMIC_RELEASE);
-    __atomic_store_n(&b->quiet, 1, __ATOMIC_SEQ_CST);
-}
-
-void vgpu_throttle_sync_end(int dev, int rc)
-{
-    struct bucket *b = covered_by_sync(dev);
-    if (b == NULL || rc != 0 || !__atomic_load_n(&b->quiet, __ATOMIC_SEQ_CST))
-        return; /* a launch since it began (it may run on), or the driver did not wait */
-    __atomic_store_n(&b->drained_us, unix_ns() / 1000u, __ATOMIC_RELEASE);
+        return; /* no limit here, or a context the synchronisation of this one does not cover */
+    struct bucket *b = &buckets[dev];
+    uintptr_t me = (uintptr_t)&thread_mark;
+    if (__atomic_load_n(&b->launcher, __ATOMIC_SEQ_CST) != me)
+        return; /* another thread launched here (or none did) */
+    __atomic_store_n(&b->drained_us, unix_ns() / 1000u, __ATOMIC_SEQ_CST);
+    /* A second thread whose first launch came after the check above either sees the drain
+     * (and its launch ends it) or is seen here: its launch may run on. */
+    if (__atomic_load_n(&b->launcher, __ATOMIC_SEQ_CST) != me)
+        __atomic_store_n(&b->drained_us, 0, __ATOMIC_SEQ_CST);
 }
 
 void vgpu_throttle_context_made(int dev)

@@ -14,12 +14,11 @@ void vgpu_throttle_init(void);
 /* Waits until device dev may start work costing cost tokens (grid blocks), then takes them. */
 void vgpu_throttle_launch(int dev, uint64_t cost);
 
-/* Around a synchronisation of the current context, on device dev (rc the driver's answer): one
- * that returns with no launch since it began leaves no work of this process running there, so
- * its time is not prepaid until its next launch. Only while the process made no context on dev
- * but the primary one, which the synchronisation then covers (vgpu_throttle_context_made). */
-void vgpu_throttle_sync_begin(int dev);
-void vgpu_throttle_sync_end(int dev, int rc);
+/* After a synchronisation of the current context on device dev returned success: where the
+ * calling thread is the only one that launched there, and the process made no context on dev
+ * but its primary one (vgpu_throttle_context_made), none of its work runs there any more, so
+ * its time is not prepaid until its next launch. */
+void vgpu_throttle_synced(int dev);
 
 /* The process made a context on dev that is not its primary one (cuCtxCreate, a green
  * context): a synchronisation of one context no longer covers its work there. */

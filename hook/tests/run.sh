@@ -293,9 +293,10 @@ run throttle-nothread CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 no
 # nothing until its next launch; it goes on prepaying where another context, or another
 # thread's launch during the synchronisation, may leave work running (NVML silent for the
 # test's length: an hour's sample period).
-for case in alone context green during; do
+for case in alone context green during bursts; do
     run "throttle-drain-$case" CUDA_DEVICE_SM_LIMIT=50 FAKE_GPU_SHARED="$tmp/drain-$case.shm" \
-        FAKE_NVML_SAMPLE_MS=3600000 "$build/tests/test_throttle" 50 drain "$case"
+        FAKE_CUDA_DEVICES=1 FAKE_NVML_SAMPLE_MS=3600000 "$build/tests/test_throttle" 50 drain \
+        "$case"
 done
 # A light load, then large kernels: a debt in blocks the measured GPU time does not back; also
 # where NVML has no per-process samples (the whole GPU's utilisation stands for the container's).
@@ -307,7 +308,7 @@ run throttle-burst-whole-gpu CUDA_DEVICE_SM_LIMIT=20 FAKE_NVML_NO_PROCESS_UTIL=1
 # Two processes of one container: its GPU-time account is theirs together; both must run (held
 # for good, one reads 0), and split the limit evenly (test_throttle.c says why they did not).
 run throttle-siblings CUDA_DEVICE_SM_LIMIT=30 FAKE_GPU_SHARED="$tmp/siblings.shm" \
-    FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_throttle" 30 siblings
+    FAKE_CUDA_DEVICES=1 FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_throttle" 30 siblings
 # Containers sharing one GPU (the fake's time-sliced model, NVML's per-process samples): each
 # pair of tenants and the graph case has its own fake GPU, so they run at once (they sleep).
 contention() { # contention NAME ARGS...
@@ -318,7 +319,7 @@ contention() { # contention NAME ARGS...
 }
 # Short-lived processes of one container one after another, each prepaying its time until
 # NVML has measured it.
-contention chain-20 chain 20
+(FAKE_CUDA_DEVICES=1 contention chain-20 chain 20) # one GPU, as a vGPU container has
 contention 30-60 30 60 &
 c1=$!
 contention 50-50 50 50 &

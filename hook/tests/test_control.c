@@ -113,5 +113,15 @@ int main(void)
               vgpu_control_settled(0.3, 0.1, 0.4, 0.2, 0.0) == 0.3,
           "all of it once charged to its end, or when nothing is prepaid now; nothing charged "
           "before its start, or none prepaid");
+    /* A drain seen at a tick (at 10.0 s, drained at 9.995): a kernel launched and drained since
+     * the last tick ran, though no tick prepaid it. */
+    check(vgpu_control_unpaid_from(0, 9.98, 1, 9.99, 9.995) == 9.99,
+          "launched and drained between two ticks: unpaid from a tick back");
+    check(vgpu_control_unpaid_from(0, 9.98, 0, 9.99, 9.995) == 9.995,
+          "no launch since the last tick (paused): nothing unpaid");
+    check(vgpu_control_unpaid_from(1, 9.97, 1, 9.99, 9.995) == 9.97 &&
+              vgpu_control_unpaid_from(1, 10.02, 1, 9.99, 9.995) == 9.995,
+          "prepaying: unpaid from where the last prepayment ended (a late tick), nothing when it "
+          "was paid past the drain");
     return check_done("test_control");
 }
