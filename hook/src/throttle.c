@@ -50,6 +50,11 @@ static const double share_weight = 0.25;
  * by the watcher from the value it last wrote (one atomic per launch, not two). */
 struct bucket {
     int64_t tokens;     /* atomic; may go negative (debt) after a large launch */
+    /* Drained work (vgpu_throttle_synced), read by every launch: beside tokens, one cache line. */
+    uintptr_t launcher;  /* atomic: the one thread that launched here (its mark), 0: none yet,
+                          * several_launchers: more than one */
+    unsigned long long drained_us; /* atomic: CLOCK_REALTIME us when that thread's
+                                    * synchronisation returned; 0 again at its next launch */
     int64_t written;    /* watcher: the value it last wrote to tokens */
     uint64_t taken;     /* watcher: tokens launches took before that write */
     double rate;        /* tokens/s; 0 = not calibrated yet (watcher only) */
@@ -85,11 +90,6 @@ struct bucket {
                           * in too) */
     double own_avg;      /* this process's share, percent, averaged over NVML's samples */
     double sibling_avg;  /* ... and the largest other process's of the container */
-    /* Drained work (vgpu_throttle_synced): */
-    uintptr_t launcher;  /* atomic: the one thread that launched here (its mark), 0: none yet,
-                          * several_launchers: more than one */
-    unsigned long long drained_us; /* atomic: CLOCK_REALTIME us when that thread's
-                                    * synchronisation returned; 0 again at its next launch */
     unsigned long long paused_us;  /* watcher: the drain prepayment paused at (0: not paused) */
 };
 
