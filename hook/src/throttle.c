@@ -342,6 +342,17 @@ static unsigned long long resumed_from(const struct bucket *b, unsigned long lon
     return b->paused_us > tick_ago ? b->paused_us : tick_ago;
 }
 
+/* Prepays the time from..to (after what is prepaid already) at this process's share. */
+static void pay_for(int dev, struct bucket *b, unsigned long long from, unsigned long long to)
+{
+    double seconds = b->own / 100.0 * (double)(to - from) / 1e6;
+    if (b->prepaid == 0.0)
+        b->prepaid_from_us = from;
+    b->prepaid += seconds;
+    b->prepaid_to_us = to;
+    vgpu_account_prepay(dev, seconds);
+}
+
 /* Before a drain pauses it: the time up to the drain not paid yet, at its share. Work launched
  * and drained between two ticks ran too (the watcher saw its tokens taken, last_launch_us), as
  * did work past where the last tick's prepayment ended, should this tick be late. */
@@ -354,14 +365,8 @@ static void pay_until_drained(int dev, struct bucket *b, unsigned long long drai
                                   b->prepaying, (double)b->prepaid_to_us,
                                   b->last_launch_us == now_us, (double)resumed_from(b, now_us),
                                   (double)drained));
-    if (from >= drained)
-        return;
-    double seconds = b->own / 100.0 * (double)(drained - from) / 1e6;
-    if (b->prepaid == 0.0)
-        b->prepaid_from_us = from;
-    b->prepaid += seconds;
-    b->prepaid_to_us = drained;
-    vgpu_account_prepay(dev, seconds);
+    if (from < drained)
+        pay_for(dev, b, from, drained);
 }
 
 /* Prepayment. A process's GPU time is charged when NVML's sample of it is read, up to a sample
@@ -419,14 +424,8 @@ static void prepay(int dev, struct bucket *b, unsigned long long now_us)
     from = from < back_to ? back_to : from;
     unsigned long long to = now_us + prepaid_ahead_us;
     b->prepaying = 1;
-    if (to <= from)
-        return;
-    double seconds = b->own / 100.0 * (double)(to - from) / 1e6;
-    if (b->prepaid == 0.0)
-        b->prepaid_from_us = from;
-    b->prepaid += seconds;
-    b->prepaid_to_us = to;
-    vgpu_account_prepay(dev, seconds);
+    if (to > from)
+        pay_for(dev, b, from, to);
 }
 
 /* A device's first launch in this process (taken: the tokens launches took so far): from here
