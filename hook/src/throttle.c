@@ -100,7 +100,6 @@ static int other_context[VGPU_REGION_MAX_DEVICES]; /* atomic: vgpu_throttle_cont
 /* A thread's mark (its address) names it in bucket.launcher. */
 static __thread __attribute__((tls_model("initial-exec"))) char thread_mark;
 static const uintptr_t several_launchers = 1;
-static void note_launcher(struct bucket *b);
 static unsigned watcher_failures; /* under watcher_lock: failed starts since the last one */
 static pthread_mutex_t watcher_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -273,6 +272,14 @@ static void empty(struct bucket *b)
     b->carry = 0.0;
 }
 
+/* A period seen, within what NVML's can be. */
+static double within_nvml_periods(double seconds)
+{
+    return seconds < shortest_period_s  ? shortest_period_s
+         : seconds > longest_period_s ? longest_period_s
+                                      : seconds;
+}
+
 /* NVML's sample period on dev: as this process learnt it, else as the container's others did
  * (the region keeps the least any saw), else the longest NVML has. A new process that took its first
  * sample as covering a whole second charged the container that sample's share over the second
@@ -284,10 +291,7 @@ static double sample_period(int dev, const struct bucket *b)
     if (b->period_s > 0.0)
         return b->period_s;
     double learnt = vgpu_region_sample_period(dev);
-    return learnt <= 0.0             ? longest_period_s
-         : learnt < shortest_period_s ? shortest_period_s
-         : learnt > longest_period_s  ? longest_period_s
-                                      : learnt;
+    return learnt > 0.0 ? within_nvml_periods(learnt) : longest_period_s;
 }
 
 /* Seconds without a charge after which the container counts as idle: two sample periods, at
@@ -314,8 +318,16 @@ static int account_told(int dev, const struct bucket *b, unsigned long long now_
 static int container_held(int dev, const struct bucket *b, unsigned long long now_us)
 {
     return account_told(dev, b, now_us) &&
-           vgpu_control_holds(vgpu_account_balance(dev, b->limit, now_us) + (b->guessed ? b->prepaid : 0.0),
+           vgpu_control_holds(vgpu_account_balance(dev, b->limit, now_us) +
+                                  (b->guessed ? b->prepaid : 0.0),
                               (double)b->limit, held_seconds);
+}
+
+/* Whether the process prepays: it launched, and a charge would give it back (NVML can tell,
+ * and the account has been charged lately). */
+static int prepays(int dev, const struct bucket *b, unsigned long long now_us)
+{
+    return b->launched_us != 0 && !b->blind && account_told(dev, b, now_us);
 }
 
 /* A synchronisation left no work of this process running from `drained` on: what was prepaid
@@ -359,7 +371,7 @@ static void pay_for(int dev, struct bucket *b, unsigned long long from, unsigned
 static void pay_until_drained(int dev, struct bucket *b, unsigned long long drained,
                               unsigned long long now_us)
 {
-    if (b->launched_us == 0 || b->blind || !account_told(dev, b, now_us))
+    if (!prepays(dev, b, now_us))
         return;
     unsigned long long from = (unsigned long long)(vgpu_control_unpaid_from(
                                   b->prepaying, (double)b->prepaid_to_us,
@@ -407,7 +419,7 @@ static void prepay(int dev, struct bucket *b, unsigned long long now_us)
     }
     /* Held or not: what it launched before a hold runs on, and it may exit before NVML's next
      * sample (a second later on some GPUs). */
-    if (b->launched_us == 0 || b->blind || !account_told(dev, b, now_us)) {
+    if (!prepays(dev, b, now_us)) {
         b->prepaying = 0;
         return; /* nothing launched, or nothing would give it back */
     }
@@ -484,9 +496,7 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
         if (b->stamp_us != 0 && reading->stamp_us > b->stamp_us &&
             (b->period_s == 0.0 || gap < b->period_s))
         {
-            b->period_s = gap < shortest_period_s  ? shortest_period_s
-                        : gap > longest_period_s ? longest_period_s
-                                                 : gap;
+            b->period_s = within_nvml_periods(gap);
             vgpu_region_learn_sample_period(dev, b->period_s);
         }
         b->stamp_us = reading->stamp_us;
@@ -698,6 +708,17 @@ void vgpu_throttle_init(void)
     vgpu_throttle_enabled = any;
 }
 
+/* A launch by a thread other than the one bucket.launcher names: the first names it, a
+ * second makes it several for good (a synchronisation on one thread may then return before
+ * another's launch, made while it ran, is done). Out of line: once per thread. */
+static __attribute__((noinline)) void note_launcher(struct bucket *b)
+{
+    uintptr_t none = 0;
+    if (!__atomic_compare_exchange_n(&b->launcher, &none, (uintptr_t)&thread_mark, 0,
+                                     __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        __atomic_store_n(&b->launcher, several_launchers, __ATOMIC_SEQ_CST);
+}
+
 void vgpu_throttle_launch(int dev, uint64_t cost)
 {
     if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES)
@@ -720,17 +741,6 @@ void vgpu_throttle_launch(int dev, uint64_t cost)
         note_launcher(b);
     if (__atomic_load_n(&b->drained_us, __ATOMIC_SEQ_CST) != 0)
         __atomic_store_n(&b->drained_us, 0, __ATOMIC_SEQ_CST);
-}
-
-/* A launch by a thread other than the one bucket.launcher names: the first names it, a
- * second makes it several for good (a synchronisation on one thread may then return before
- * another's launch, made while it ran, is done). Out of line: once per thread. */
-static __attribute__((noinline)) void note_launcher(struct bucket *b)
-{
-    uintptr_t none = 0;
-    if (!__atomic_compare_exchange_n(&b->launcher, &none, (uintptr_t)&thread_mark, 0,
-                                     __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
-        __atomic_store_n(&b->launcher, several_launchers, __ATOMIC_SEQ_CST);
 }
 
 void vgpu_throttle_synced(int dev)
