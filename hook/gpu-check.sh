@@ -14,7 +14,8 @@
 # export the library costs (tests/test_contention.c, the cases make test runs over the fake);
 # (9) memory freed with a context (cudaDeviceReset, cuCtxDestroy) given back to the cap, and a
 # cudaMallocAsync pool's cache not counted twice; (10) a VMM mapping, created contexts, a
-# pool's cache, a graph's allocation nodes and a raised stack limit held within the cap;
+# pool's cache, a graph's allocation nodes, a raised stack limit and green contexts held within
+# the cap;
 # (11) CUDA's GPU UUIDs, as libvgpu writes them, are NVML's (the settings file's GPUs);
 # (12) under an SM limit of 50 %, a light load, then large kernels: the first is not held back
 # for its debt in blocks, and back to back they get the limit (the GPU-time account); (13)
@@ -515,9 +516,10 @@ echo "== 10. memory held without an allocation to show for it, under a 2 GiB cap
 # (c) 512 MiB freed with cuMemFreeAsync into a pool that keeps it stay counted: a plain
 # allocation of what the cap has left beside them fits, 64 MiB more does not; (d) a graph
 # allocating 1 GiB is counted when it runs, and a trim after it is destroyed gives it back;
-# (e) a 4 KiB stack a thread is counted at once, an 8 KiB one refused.
+# (e) a 4 KiB stack a thread is counted at once, an 8 KiB one refused; (f) green contexts until
+# refused: NVML's figure within the cap, and what one holds on this GPU.
 LIBCUDA_LOG_LEVEL=3 under_cap eleven.cache 2g python3 "$here/tests/gpu_held.py"
-result $? "VMM mappings, created contexts, a pool's cache, graph memory and a raised stack held within the cap"
+result $? "VMM mappings, created contexts, a pool's cache, graph memory, a raised stack and green contexts held within the cap"
 }
 
 section_11() {

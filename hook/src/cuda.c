@@ -80,6 +80,7 @@ static const struct vgpu_hook hooks[] = {
     HOOK(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0),
     HOOK(cuCtxCreate, "cuCtxCreate", 2000, 0),
     HOOK(cuGreenCtxCreate, "cuGreenCtxCreate", 12040, 0),
+    HOOK(cuGreenCtxDestroy, "cuGreenCtxDestroy", 12040, 0),
     HOOK(cuCtxSynchronize, "cuCtxSynchronize", 2000, 0),
     HOOK(cuCtxDestroy, "cuCtxDestroy", 2000, 0),
     HOOK(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, 0),

@@ -116,37 +116,56 @@ static int primary_active(CUdevice dev)
 /* A retain makes the primary context only while it is inactive. */
 static int primary_inactive(int dev) { return !primary_active((CUdevice)dev); }
 
-/* After the driver made (or failed to make) a context on dev, or retained the primary one: a
- * context that does not fit is undone (destroyed, or the retain released) and the caller gets
- * CUDA_ERROR_OUT_OF_MEMORY. */
-static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, CUcontext *ctx,
-                             CUdevice dev, int retain)
+/* How a context came to be: what undoes it, and what it is to the limiter. */
+enum made_by { MADE_CREATED, MADE_RETAINED, MADE_GREEN };
+
+/* Undoes a context that does not fit: destroyed, or the retain released. */
+static void undo_context(enum made_by how, void *ctx, CUdevice dev)
+{
+    if (how == MADE_RETAINED && real.cuDevicePrimaryCtxRelease_v2 != NULL)
+        real.cuDevicePrimaryCtxRelease_v2(dev);
+    else if (how == MADE_CREATED && real.cuCtxDestroy_v2 != NULL)
+        real.cuCtxDestroy_v2((CUcontext)ctx);
+    else if (how == MADE_GREEN && real.cuGreenCtxDestroy != NULL)
+        real.cuGreenCtxDestroy((CUgreenCtx)ctx);
+}
+
+/* After the driver made (or failed to make) a context on dev, or retained the primary one
+ * (ctx: what it made, a CUcontext, or a CUgreenCtx for MADE_GREEN): a context that does not fit
+ * is undone and the caller gets CUDA_ERROR_OUT_OF_MEMORY. */
+static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, void *ctx,
+                             CUdevice dev, enum made_by how)
 {
     if (vgpu_footprint_after_context(probe, rc == CUDA_SUCCESS) != 0) {
-        if (retain && real.cuDevicePrimaryCtxRelease_v2 != NULL)
-            real.cuDevicePrimaryCtxRelease_v2(dev);
-        else if (!retain && real.cuCtxDestroy_v2 != NULL)
-            real.cuCtxDestroy_v2(*ctx);
-        vgpu_footprint_context_gone((int)dev);
+        undo_context(how, ctx, dev);
+        /* Releasing the retain may have been the primary context's last release (another
+         * thread released its own meanwhile), which frees that context's allocations. */
+        if (how != MADE_CREATED && !primary_active(dev))
+            context_gone((int)dev);
+        else
+            vgpu_footprint_context_gone((int)dev);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (rc == CUDA_SUCCESS && !retain)
+    if (rc == CUDA_SUCCESS && how != MADE_RETAINED)
         vgpu_throttle_context_made((int)dev);
-    if (rc == CUDA_SUCCESS && probe->active && probe->first)
-        probe_host_pid(*ctx, (int)dev);
-    else if (rc == CUDA_SUCCESS && retain && !probe->active) /* raced the last release? */
-        vgpu_footprint_context_unseen((int)dev);
+    /* The probe makes its allocation in a context it pushes: a green one is no CUcontext. */
+    if (rc == CUDA_SUCCESS && probe->active && probe->first && how != MADE_GREEN)
+        probe_host_pid((CUcontext)ctx, (int)dev);
+    else if (rc == CUDA_SUCCESS && how == MADE_RETAINED && !probe->active)
+        vgpu_footprint_context_unseen((int)dev); /* raced the last release? */
     return rc;
 }
 
 /* Before the driver makes a context on dev (or may, for a retain: makes_one): none on a GPU not
- * assigned to the container (devices.h), and none that does not fit (footprint.c). */
-static CUresult begin_context(CUdevice dev, int (*makes_one)(int dev),
+ * assigned to the container (devices.h), and none that does not fit (footprint.c). reserves:
+ * whether the container's context size is reserved first (NULL: always). */
+static CUresult begin_context(CUdevice dev, int (*makes_one)(int dev), int (*reserves)(int dev),
                               struct vgpu_context_probe *probe)
 {
     if (!vgpu_device_usable((int)dev))
         return CUDA_ERROR_NOT_PERMITTED;
-    return vgpu_footprint_before_context((int)dev, makes_one, probe) == 0
+    int reserve = reserves == NULL || reserves((int)dev);
+    return vgpu_footprint_before_context((int)dev, makes_one, reserve, probe) == 0
                ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -157,10 +176,11 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     if (!ready() || real.cuDevicePrimaryCtxRetain == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    CUresult begun = begin_context(dev, primary_inactive, &probe);
+    CUresult begun = begin_context(dev, primary_inactive, NULL, &probe);
     if (begun != CUDA_SUCCESS)
         return begun;
-    return keep_context(&probe, real.cuDevicePrimaryCtxRetain(ctx, dev), ctx, dev, 1);
+    CUresult rc = real.cuDevicePrimaryCtxRetain(ctx, dev);
+    return keep_context(&probe, rc, rc == CUDA_SUCCESS ? *ctx : NULL, dev, MADE_RETAINED);
 }
 
 /* The primary context ends with a reset (cudaDeviceReset) and with its last release (cuda.h);
@@ -204,10 +224,11 @@ static CUresult create_context(CUresult (*const *create)(CUcontext *, unsigned i
     if (!ready() || *create == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    CUresult begun = begin_context(dev, NULL, &probe);
+    CUresult begun = begin_context(dev, NULL, NULL, &probe);
     if (begun != CUDA_SUCCESS)
         return begun;
-    return keep_context(&probe, (*create)(ctx, flags, dev), ctx, dev, 0);
+    CUresult rc = (*create)(ctx, flags, dev);
+    return keep_context(&probe, rc, rc == CUDA_SUCCESS ? *ctx : NULL, dev, MADE_CREATED);
 }
 
 VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev)
@@ -227,11 +248,11 @@ VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, CUexecAffinityParam *params,
     if (!ready() || real.cuCtxCreate_v3 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    CUresult begun = begin_context(dev, NULL, &probe);
+    CUresult begun = begin_context(dev, NULL, NULL, &probe);
     if (begun != CUDA_SUCCESS)
         return begun;
-    return keep_context(&probe, real.cuCtxCreate_v3(ctx, params, count, flags, dev), ctx, dev,
-                        0);
+    CUresult rc = real.cuCtxCreate_v3(ctx, params, count, flags, dev);
+    return keep_context(&probe, rc, rc == CUDA_SUCCESS ? *ctx : NULL, dev, MADE_CREATED);
 }
 
 VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, unsigned int flags,
@@ -240,26 +261,31 @@ VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, u
     if (!ready() || real.cuCtxCreate_v4 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     struct vgpu_context_probe probe;
-    CUresult begun = begin_context(dev, NULL, &probe);
+    CUresult begun = begin_context(dev, NULL, NULL, &probe);
     if (begun != CUDA_SUCCESS)
         return begun;
-    return keep_context(&probe, real.cuCtxCreate_v4(ctx, params, flags, dev), ctx, dev, 0);
+    CUresult rc = real.cuCtxCreate_v4(ctx, params, flags, dev);
+    return keep_context(&probe, rc, rc == CUDA_SUCCESS ? *ctx : NULL, dev, MADE_CREATED);
 }
 
-/* A green context (CUDA 12.4), made current through cuCtxFromGreenCtx, is a context whose
- * synchronisation does not wait for the primary context's work (throttle.h); its memory is
- * counted by measurement, as a context's driver memory is. */
+/* A green context (CUDA 12.4) retains dev's primary context, which the driver makes when it is
+ * inactive (cuda.h), and holds resources of its own: measured as a created context is, and
+ * refused when it does not fit; the container's context size is reserved first only while the
+ * primary context is inactive (beside an active one it would refuse green contexts that fit).
+ * Made current through cuCtxFromGreenCtx, it is a context whose synchronisation does not wait
+ * for the primary context's work (throttle.h). */
 VGPU_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *ctx, CUdevResourceDesc desc, CUdevice dev,
                                       unsigned int flags)
 {
-    if (!ready() || real.cuGreenCtxCreate == NULL)
+    /* Without its destroy one that does not fit could not be undone. */
+    if (!ready() || real.cuGreenCtxCreate == NULL || real.cuGreenCtxDestroy == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!vgpu_device_usable((int)dev))
-        return CUDA_ERROR_NOT_PERMITTED;
+    struct vgpu_context_probe probe;
+    CUresult begun = begin_context(dev, NULL, primary_inactive, &probe);
+    if (begun != CUDA_SUCCESS)
+        return begun;
     CUresult rc = real.cuGreenCtxCreate(ctx, desc, dev, flags);
-    if (rc == CUDA_SUCCESS)
-        vgpu_throttle_context_made((int)dev);
-    return rc;
+    return keep_context(&probe, rc, rc == CUDA_SUCCESS ? *ctx : NULL, dev, MADE_GREEN);
 }
 
 /* The destroyed context's device is not known here: every capped device is measured again. */
@@ -281,4 +307,16 @@ VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 VGPU_EXPORT CUresult cuCtxDestroy(CUcontext ctx)
 {
     return destroy_context(&real.cuCtxDestroy, ctx);
+}
+
+/* It releases the primary context it retained, whose last release frees that context's memory
+ * (cuda.h); the device is not known here either. */
+VGPU_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx ctx)
+{
+    if (!ready() || real.cuGreenCtxDestroy == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGreenCtxDestroy(ctx);
+    if (rc == CUDA_SUCCESS)
+        context_gone(-1);
+    return rc;
 }

@@ -86,6 +86,7 @@ struct vgpu_cuda_real {
     CUresult (*cuCtxCreate_v4)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
     CUresult (*cuCtxDestroy_v2)(CUcontext);
     CUresult (*cuGreenCtxCreate)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int);
+    CUresult (*cuGreenCtxDestroy)(CUgreenCtx);
     CUresult (*cuCtxSynchronize)(void);
     CUresult (*cuCtxCreate)(CUcontext *, unsigned int, CUdevice);
     CUresult (*cuCtxDestroy)(CUcontext);

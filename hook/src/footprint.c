@@ -318,7 +318,7 @@ static int makes_nothing(int dev, int (*makes_one)(int dev))
            !makes_one(dev);
 }
 
-int vgpu_footprint_before_context(int dev, int (*makes_one)(int dev),
+int vgpu_footprint_before_context(int dev, int (*makes_one)(int dev), int reserve,
                                   struct vgpu_context_probe *p)
 {
     p->dev = dev;
@@ -355,7 +355,7 @@ int vgpu_footprint_before_context(int dev, int (*makes_one)(int dev),
      * time, so that one which cannot fit is refused before the driver makes it, and one that
      * cannot be measured once made stays counted (before, a context after the first was
      * neither: another thread's allocations under way leave a measurement unanswered). */
-    if (p->ledger) {
+    if (p->ledger && reserve) {
         uint64_t estimate = vgpu_region_context_estimate(dev);
         /* Refused like an allocation: reaped dead processes first, logged, counted. */
         if (estimate != 0 && vgpu_mem_reserve(dev, estimate, "a new CUDA context") != 0) {

@@ -33,9 +33,11 @@ void vgpu_footprint_init(uint64_t (*cache_of)(uintptr_t pool));
 /* Before the driver makes a context on dev, or retains the primary one. makes_one: NULL when
  * the driver always makes one (cuCtxCreate); else asked, when the process holds a context on
  * dev already, whether it makes one now (a retain of an active primary context does not),
- * before and again under the device's lock. -1: the container's last measured context size
- * does not fit under the cap (logged); the caller answers CUDA_ERROR_OUT_OF_MEMORY. */
-int vgpu_footprint_before_context(int dev, int (*makes_one)(int dev),
+ * before and again under the device's lock. reserve: the container's last measured context
+ * size is reserved first (0: what the driver makes is far smaller, a green context beside an
+ * active primary one; it is measured, and refused, after). -1: that size does not fit under
+ * the cap (logged); the caller answers CUDA_ERROR_OUT_OF_MEMORY. */
+int vgpu_footprint_before_context(int dev, int (*makes_one)(int dev), int reserve,
                                   struct vgpu_context_probe *p);
 
 /* After it (created: whether the driver made it). -1: a context made now does not fit under

@@ -9,16 +9,21 @@ cap has left beside them fits, 64 MiB more does not; (d) a graph allocating 1 Gi
 it runs: the rest of the cap fits beside it, 64 MiB more or a second such graph does not, and a
 trim after it is destroyed gives the room back (a second such graph is refused too, though a
 driver may share the first's memory with it on the same stream); (e) a 4 KiB stack a thread is
-counted at once, an 8 KiB one refused, NVML's figure within the cap. Exit 0, or 1 on a failed
-check."""
-import ctypes, os, sys
+counted at once, an 8 KiB one refused, NVML's figure within the cap; (f) green contexts until
+refused (or 16): NVML's figure stays within the cap, what the first held is printed, and all of
+it is given back when they are destroyed. Exit 0, or 1 on a failed check."""
+import ctypes
+import os
+import sys
+
 cuda, nvml = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL("libnvidia-ml.so.1")
 MiB, CAP = 1 << 20, 2048 << 20
 ok = True
 def call(what, *args, want=0):
     rc = getattr(cuda, what)(*args)
     if rc != want:
-        print(f"{what}: CUresult {rc}, not {want}"); sys.exit(1)
+        print(f"{what}: CUresult {rc}, not {want}")
+        sys.exit(1)
 def free_now():
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
     call("cuMemGetInfo_v2", ctypes.byref(free), ctypes.byref(total))
@@ -43,10 +48,13 @@ class Prop(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("handleTypes", ctypes.c_int), ("location", Location),
                 ("win32", ctypes.c_void_p), ("flags", ctypes.c_ubyte * 8)]
 dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-call("cuInit", 0); call("cuDeviceGet", ctypes.byref(dev), 0)
-call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev); call("cuCtxSetCurrent", ctx)
+call("cuInit", 0)
+call("cuDeviceGet", ctypes.byref(dev), 0)
+call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
+call("cuCtxSetCurrent", ctx)
 ptr = ctypes.c_uint64()
-call("cuMemAlloc_v2", ctypes.byref(ptr), ctypes.c_size_t(4 * MiB)); call("cuMemFree_v2", ptr)
+call("cuMemAlloc_v2", ctypes.byref(ptr), ctypes.c_size_t(4 * MiB))
+call("cuMemFree_v2", ptr)
 
 # (a)
 prop = Prop(type=1, location=Location(type=1, id=0))   # pinned, on device 0
@@ -88,7 +96,8 @@ pool, keep = ctypes.c_void_p(), ctypes.c_uint64(2**64 - 1)
 call("cuDeviceGetMemPool", ctypes.byref(pool), dev)
 call("cuMemPoolSetAttribute", pool, 4, ctypes.byref(keep))   # RELEASE_THRESHOLD: keep all
 call("cuMemAllocAsync", ctypes.byref(ptr), ctypes.c_size_t(512 * MiB), ctypes.c_void_p(None))
-call("cuMemFreeAsync", ptr, ctypes.c_void_p(None)); call("cuCtxSynchronize")
+call("cuMemFreeAsync", ptr, ctypes.c_void_p(None))
+call("cuCtxSynchronize")
 left = free_now()
 plain = ctypes.c_uint64()
 fits = cuda.cuMemAlloc_v2(ctypes.byref(plain), ctypes.c_size_t(left - 16 * MiB))
@@ -120,10 +129,12 @@ def allocating_graph(mib):
     call("cuGraphInstantiateWithFlags", ctypes.byref(exe), graph, ctypes.c_ulonglong(0))
     call("cuGraphDestroy", graph)
     return exe
-call("cuMemFree_v2", plain); call("cuMemPoolTrimTo", pool, ctypes.c_size_t(0))
+call("cuMemFree_v2", plain)
+call("cuMemPoolTrimTo", pool, ctypes.c_size_t(0))
 first, second = allocating_graph(1024), allocating_graph(1024)
 before = free_now()
-call("cuGraphLaunch", first, ctypes.c_void_p(None)); call("cuCtxSynchronize")
+call("cuGraphLaunch", first, ctypes.c_void_p(None))
+call("cuCtxSynchronize")
 left = free_now()
 fits = cuda.cuMemAlloc_v2(ctypes.byref(plain), ctypes.c_size_t(left - 16 * MiB))
 more = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(64 * MiB))
@@ -135,7 +146,9 @@ expect(before - left >= 1000 * MiB and fits == 0 and more == 2 and 0 < held <= C
        "a graph's allocations are counted when it runs, within the cap")
 if fits == 0:
     call("cuMemFree_v2", plain)
-call("cuCtxSynchronize"); call("cuGraphExecDestroy", first); call("cuDeviceGraphMemTrim", dev)
+call("cuCtxSynchronize")
+call("cuGraphExecDestroy", first)
+call("cuDeviceGraphMemTrim", dev)
 after = free_now()
 expect(abs(after - before) <= 16 * MiB,
        f"destroyed and trimmed: {(before - after) // MiB} MiB still counted")
@@ -153,4 +166,33 @@ print(f"4 KiB stacks: {(before - raised) // MiB} MiB counted; 8 KiB: rc {bigger}
 expect(before - raised >= 256 * MiB and bigger == 2 and 0 < held <= CAP + 4 * MiB,
        "a raised stack is counted at once, one past the cap refused, within the cap")
 call("cuCtxSetLimit", STACK, ctypes.c_size_t(1024))
+
+# (f) A green context retains the primary context and holds resources of its own (cuda.h); what
+# it holds on this GPU is printed, since the cap reserves the container's context size for it.
+if not hasattr(cuda, "cuGreenCtxCreate"):
+    print("skipped (f): this driver has no green contexts (CUDA 12.4)")
+else:
+    # CUdevResource is 144 bytes in CUDA 12.4-13's cuda.h; room for a larger one.
+    resource, desc = (ctypes.c_ubyte * 1024)(), ctypes.c_void_p()
+    call("cuDeviceGetDevResource", dev, resource, 1)                 # CU_DEV_RESOURCE_TYPE_SM
+    call("cuDevResourceGenerateDesc", ctypes.byref(desc), resource, 1)
+    greens, rc = [], 0
+    before = first = nvml_held()
+    while len(greens) < 16:
+        green = ctypes.c_void_p()
+        rc = cuda.cuGreenCtxCreate(ctypes.byref(green), desc, dev, 1)   # CU_GREEN_CTX_DEFAULT_STREAM
+        if rc != 0:
+            break
+        greens.append(green)
+        first = nvml_held() if len(greens) == 1 else first
+    held = nvml_held()
+    print(f"{len(greens)} green contexts, then CUresult {rc}; the first held "
+          f"{(first - before) // MiB} MiB; NVML: {held // MiB} MiB held")
+    expect((rc == 2 or len(greens) == 16) and 0 < held <= CAP + 4 * MiB,
+           "green contexts made until refused (out of memory) or 16, NVML's figure within the cap")
+    for green in greens:
+        call("cuGreenCtxDestroy", green)
+    after = nvml_held()
+    expect(abs(after - before) <= 16 * MiB,
+           f"all destroyed: {(after - before) // MiB} MiB more held than before them")
 sys.exit(0 if ok else 1)

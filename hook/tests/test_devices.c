@@ -272,9 +272,12 @@ static int unassigned(void)
     check(early_rc == CUDA_ERROR_NOT_PERMITTED,
           "a thread asking for a context on B while cuInit was still mapping the GPUs waited, "
           "and was refused (rc %d)", early_rc);
+    CUgreenCtx green;
     check(cuDevicePrimaryCtxRetain(&ctx, 1) == CUDA_ERROR_NOT_PERMITTED &&
-          cuCtxCreate_v2(&ctx, 0, 1) == CUDA_ERROR_NOT_PERMITTED,
-          "GPU B, which the file does not assign: no context on it, primary or created");
+          cuCtxCreate_v2(&ctx, 0, 1) == CUDA_ERROR_NOT_PERMITTED &&
+          cuGreenCtxCreate(&green, NULL, 1, CU_GREEN_CTX_DEFAULT_STREAM) ==
+              CUDA_ERROR_NOT_PERMITTED,
+          "GPU B, which the file does not assign: no context on it, primary, created or green");
     CUresult rc = use_device(0);
     uint64_t shown = total_mib();
     check(rc == CUDA_SUCCESS && shown == 1024 && cuMemAlloc_v2(&p, 512 * MiB) == CUDA_SUCCESS,

@@ -26,6 +26,14 @@
  *   test_footprint created-contexts
  *                       with FAKE_CUDA_CREATED_CONTEXT_MIB=200: each cuCtxCreate context holds
  *                       200 MiB more; one that does not fit under the cap is refused.
+ *   test_footprint green
+ *                       with FAKE_CUDA_CREATED_CONTEXT_MIB=200: a green context retains the
+ *                       primary context (made for it when inactive) and holds 200 MiB of its
+ *                       own: counted when it is made, the fourth (1100 MiB) refused, all given
+ *                       back when the last is destroyed.
+ *   test_footprint green-too-big
+ *                       the same under a 400 MiB cap, the container's first context: made,
+ *                       measured (500 MiB), destroyed again and refused.
  *   test_footprint pool-bounds
  *                       what frees left counted in a pool is bounded by what that pool caches
  *                       (a synchronisation gave it back: the context stays counted), and kept
@@ -716,6 +724,76 @@ static int created_contexts(void)
     return check_done("test_footprint created-contexts");
 }
 
+/* Green contexts on a device with no context yet: the first makes the primary context (300
+ * MiB) inside the driver, where no retain of ours sees it, and each holds 200 MiB of its own.
+ * What NVML shows for the process stays within the cap after each call, and is counted as each
+ * is made. */
+static int green(void)
+{
+    const uint64_t cap = 1024 * MiB;
+    CUgreenCtx made[4] = {NULL};
+    check(cuInit(0) == CUDA_SUCCESS, "cuInit");
+    if (!check(open_region(), "region readable"))
+        return check_done("test_footprint green");
+    CUresult rc = cuGreenCtxCreate(&made[0], NULL, 0, CU_GREEN_CTX_DEFAULT_STREAM);
+    check(rc == CUDA_SUCCESS && used() == 500 * MiB && fake_cuda_device_used(0) == 500 * MiB,
+          "the first green context and the primary context it made are counted at once: %llu "
+          "MiB of the %llu MiB held (rc %d)", (unsigned long long)(used() / MiB),
+          (unsigned long long)(fake_cuda_device_used(0) / MiB), rc);
+    int fitted = 1;
+    CUresult refused = CUDA_SUCCESS;
+    for (int i = 1; i < 4 && refused == CUDA_SUCCESS; i++) {
+        refused = cuGreenCtxCreate(&made[i], NULL, 0, CU_GREEN_CTX_DEFAULT_STREAM);
+        fitted += refused == CUDA_SUCCESS;
+        check(fake_cuda_device_used(0) <= cap && used() == fake_cuda_device_used(0),
+              "after green context %d: the process holds %llu MiB on the %llu MiB cap, counted "
+              "%llu MiB", i + 1, (unsigned long long)(fake_cuda_device_used(0) / MiB),
+              (unsigned long long)(cap / MiB), (unsigned long long)(used() / MiB));
+    }
+    /* Beside the active primary context nothing is reserved first (the container's context
+     * size, 500 MiB, would refuse the third, which fits): the fourth is made, measured and
+     * destroyed again. */
+    check(refused == CUDA_ERROR_OUT_OF_MEMORY && fitted == 3,
+          "three fit (900 MiB), the fourth is refused (CUDA_ERROR_OUT_OF_MEMORY, rc %d; %d "
+          "fitted)", refused, fitted);
+    CUdeviceptr p = 0;
+    CUcontext primary;
+    check(cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(primary) == CUDA_SUCCESS &&
+              cuMemAlloc(&p, cap - fake_cuda_device_used(0) + MiB) == CUDA_ERROR_OUT_OF_MEMORY,
+          "an allocation of 1 MiB more than the cap leaves beside them is refused");
+    cuDevicePrimaryCtxRelease(0);
+    int destroyed = 0;
+    for (int i = 0; i < fitted; i++)
+        destroyed += cuGreenCtxDestroy(made[i]) == CUDA_SUCCESS;
+    check(destroyed == fitted && fake_cuda_device_used(0) == 0 && used() == 0,
+          "all destroyed, the primary context released with the last: %llu MiB held, %llu MiB "
+          "counted", (unsigned long long)(fake_cuda_device_used(0) / MiB),
+          (unsigned long long)(used() / MiB));
+    return check_done("test_footprint green");
+}
+
+/* The container's first context, so no size is known to reserve before: a green context made
+ * with the primary one (500 MiB together) under a 400 MiB cap is destroyed again and refused. */
+static int green_too_big(void)
+{
+    CUgreenCtx made = NULL;
+    check(cuInit(0) == CUDA_SUCCESS, "cuInit");
+    if (!check(open_region(), "region readable"))
+        return check_done("test_footprint green-too-big");
+    CUresult rc = cuGreenCtxCreate(&made, NULL, 0, CU_GREEN_CTX_DEFAULT_STREAM);
+    unsigned int flags = 0;
+    int active = 1;
+    CUresult asked = cuDevicePrimaryCtxGetState(0, &flags, &active);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && fake_cuda_device_used(0) == 0 && used() == 0 &&
+              asked == CUDA_SUCCESS && !active,
+          "refused once measured: the green context destroyed, the primary context released "
+          "(rc %d; %llu MiB held, %llu MiB counted, primary active: %d)", rc,
+          (unsigned long long)(fake_cuda_device_used(0) / MiB),
+          (unsigned long long)(used() / MiB), active);
+    return check_done("test_footprint green-too-big");
+}
+
 /* Another thread's 1 MiB allocation a second on, inside a launch: it measures. */
 static CUresult inside_rc = CUDA_ERROR_UNKNOWN;
 static void measure_inside(void)
@@ -923,6 +1001,10 @@ int main(int argc, char **argv)
         return unmeasured_contexts();
     if (argc == 2 && strcmp(argv[1], "limits") == 0)
         return limits();
+    if (argc == 2 && strcmp(argv[1], "green") == 0)
+        return green();
+    if (argc == 2 && strcmp(argv[1], "green-too-big") == 0)
+        return green_too_big();
     const uint64_t context = 300 * MiB, lazy = 100 * MiB, cap = 1024 * MiB;
     CUcontext ctx;
     check(cuInit(0) == CUDA_SUCCESS, "cuInit");

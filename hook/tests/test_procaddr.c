@@ -95,6 +95,7 @@ static const struct query {
     {"cuCtxCreate", 2000, 0, "cuCtxCreate"},
     {"cuCtxDestroy", 2000, 0, "cuCtxDestroy"},
     {"cuGreenCtxCreate", 12040, 0, "cuGreenCtxCreate"},
+    {"cuGreenCtxDestroy", 12040, 0, "cuGreenCtxDestroy"},
     {"cuCtxSynchronize", 2000, 0, "cuCtxSynchronize"},
     {"cuDevicePrimaryCtxRelease", 7000, 0, "cuDevicePrimaryCtxRelease"},
     {"cuDevicePrimaryCtxReset", 7000, 0, "cuDevicePrimaryCtxReset"},

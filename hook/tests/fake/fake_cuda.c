@@ -645,21 +645,70 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
     return ctx_create(pctx, dev);
 }
 
-/* A green context: a context of dev that is not made current (a test only needs that it
- * exists; its resources are not modelled). */
+/* A green context (cuda.h): it retains dev's primary context, which the driver makes when it
+ * is inactive, and holds FAKE_CUDA_CREATED_CONTEXT_MIB of its own, as a created context does
+ * (what a real one holds is gpu-check.sh's to measure); it is not made current. */
+enum { GREEN_MAGIC = 0x4e455247 };
+
 EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *phctx, CUdevResourceDesc desc, CUdevice dev,
                                  unsigned int flags)
 {
     (void)desc, (void)flags;
     if (phctx == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    struct fake_ctx *was = current;
-    CUcontext made;
-    CUresult rc = ctx_create(&made, dev);
-    current = was;
-    if (rc == CUDA_SUCCESS)
-        *phctx = (CUgreenCtx)made;
-    return rc;
+    CUcontext held;
+    CUresult rc = cuDevicePrimaryCtxRetain(&held, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct fake_ctx *green = malloc(sizeof *green);
+    if (green == NULL || !gpu_ctx_ref(dev, 0)) {
+        free(green);
+        cuDevicePrimaryCtxRelease_v2(dev);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *green = (struct fake_ctx){.dev = dev, .magic = GREEN_MAGIC};
+    *phctx = (CUgreenCtx)green;
+    return CUDA_SUCCESS;
+}
+
+/* The device's SMs as one resource, and a descriptor of it: only what cuGreenCtxCreate takes. */
+EXPORT CUresult cuDeviceGetDevResource(CUdevice dev, CUdevResource *resource,
+                                       CUdevResourceType type)
+{
+    CUresult rc = need_device(dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (resource == NULL || type != CU_DEV_RESOURCE_TYPE_SM)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(resource, 0, sizeof *resource);
+    resource->type = type;
+    resource->sm.smCount = 132;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevResourceGenerateDesc(CUdevResourceDesc *desc, CUdevResource *resources,
+                                          unsigned int count)
+{
+    static char described;
+    if (desc == NULL || resources == NULL || count == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *desc = (CUdevResourceDesc)&described;
+    return CUDA_SUCCESS;
+}
+
+/* Releases the primary context the green one retained (its last release resets it). */
+EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx hctx)
+{
+    struct fake_ctx *green = (struct fake_ctx *)hctx;
+    if (!initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (green == NULL || green->magic != GREEN_MAGIC)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    gpu_ctx_unref(green->dev, 0);
+    cuDevicePrimaryCtxRelease_v2(green->dev);
+    green->magic = 0;
+    free(green);
+    return CUDA_SUCCESS;
 }
 
 /* The CUDA 2.0 and 7.0 exports (cuda_v1.h): the same as their _v2. */
@@ -2699,6 +2748,9 @@ static const struct proc procs[] = {
     P("cuCtxCreate", cuCtxCreate_v3, 11040, 0),
     P("cuCtxCreate", cuCtxCreate_v4, 12050, 0),
     P("cuGreenCtxCreate", cuGreenCtxCreate, 12040, 0),
+    P("cuGreenCtxDestroy", cuGreenCtxDestroy, 12040, 0),
+    P("cuDeviceGetDevResource", cuDeviceGetDevResource, 12040, 0),
+    P("cuDevResourceGenerateDesc", cuDevResourceGenerateDesc, 12040, 0),
     P("cuCtxDestroy", cuCtxDestroy_v2, 4000, 0),
     P("cuCtxSetCurrent", cuCtxSetCurrent, 4000, 0),
     P("cuCtxGetCurrent", cuCtxGetCurrent, 4000, 0),
