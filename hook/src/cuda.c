@@ -117,6 +117,7 @@ static const struct vgpu_hook hooks[] = {
     CALL_ONLY(cuDeviceGetGraphMemAttribute), CALL_ONLY(cuCtxGetLimit),
     CALL_ONLY(cuDeviceGetAttribute), CALL_ONLY(cuFuncGetAttribute), CALL_ONLY(cuKernelGetAttribute),
     CALL_ONLY(cuStreamGetCaptureInfo_v2), CALL_ONLY(cuStreamGetCaptureInfo_v2_ptsz),
+    CALL_ONLY(cuCtxFromGreenCtx),
 };
 #pragma GCC diagnostic pop
 _Static_assert(sizeof hooks / sizeof hooks[0] <= VGPU_MAX_HOOKS, "raise VGPU_MAX_HOOKS");

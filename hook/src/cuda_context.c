@@ -67,7 +67,7 @@ static void context_gone(int dev)
  * cuMemCreate allocations are tried too (alloc_pointer, cuMemCreate). */
 static void probe_host_pid(CUcontext ctx, int dev)
 {
-    if (vgpu_region_host_pid() != 0 || real.cuCtxPushCurrent_v2 == NULL ||
+    if (ctx == NULL || vgpu_region_host_pid() != 0 || real.cuCtxPushCurrent_v2 == NULL ||
         real.cuCtxPopCurrent_v2 == NULL || real.cuMemAlloc_v2 == NULL ||
         real.cuMemFree_v2 == NULL || real.cuThreadExchangeStreamCaptureMode == NULL)
         return;
@@ -130,6 +130,19 @@ static void undo_context(enum made_by how, void *ctx, CUdevice dev)
         real.cuGreenCtxDestroy((CUgreenCtx)ctx);
 }
 
+/* What the host-pid probe pushes: a green context is made current as the CUcontext
+ * cuCtxFromGreenCtx gives for it (NULL: none). */
+static CUcontext as_context(enum made_by how, void *ctx)
+{
+    CUcontext as = NULL;
+    if (how != MADE_GREEN)
+        return (CUcontext)ctx;
+    if (real.cuCtxFromGreenCtx == NULL ||
+        real.cuCtxFromGreenCtx(&as, (CUgreenCtx)ctx) != CUDA_SUCCESS)
+        return NULL;
+    return as;
+}
+
 /* After the driver made (or failed to make) a context on dev, or retained the primary one
  * (ctx: what it made, a CUcontext, or a CUgreenCtx for MADE_GREEN): a context that does not fit
  * is undone and the caller gets CUDA_ERROR_OUT_OF_MEMORY. */
@@ -148,9 +161,8 @@ static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, void
     }
     if (rc == CUDA_SUCCESS && how != MADE_RETAINED)
         vgpu_throttle_context_made((int)dev);
-    /* The probe makes its allocation in a context it pushes: a green one is no CUcontext. */
-    if (rc == CUDA_SUCCESS && probe->active && probe->first && how != MADE_GREEN)
-        probe_host_pid((CUcontext)ctx, (int)dev);
+    if (rc == CUDA_SUCCESS && probe->active && probe->first)
+        probe_host_pid(as_context(how, ctx), (int)dev);
     else if (rc == CUDA_SUCCESS && how == MADE_RETAINED && !probe->active)
         vgpu_footprint_context_unseen((int)dev); /* raced the last release? */
     return rc;

@@ -87,6 +87,7 @@ struct vgpu_cuda_real {
     CUresult (*cuCtxDestroy_v2)(CUcontext);
     CUresult (*cuGreenCtxCreate)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int);
     CUresult (*cuGreenCtxDestroy)(CUgreenCtx);
+    CUresult (*cuCtxFromGreenCtx)(CUcontext *, CUgreenCtx);
     CUresult (*cuCtxSynchronize)(void);
     CUresult (*cuCtxCreate)(CUcontext *, unsigned int, CUdevice);
     CUresult (*cuCtxDestroy)(CUcontext);

@@ -220,6 +220,10 @@ run footprint-pidns CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-
 run footprint-together CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-together.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXTS_TOGETHER=2 \
     LIBCUDA_LOG_LEVEL=3 "$build/tests/test_footprint" together
+run footprint-together-green CUDA_DEVICE_MEMORY_LIMIT=1g \
+    FAKE_GPU_SHARED="$tmp/footprint-together-green.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXTS_TOGETHER=2 LIBCUDA_LOG_LEVEL=3 \
+    "$build/tests/test_footprint" together-green
 run footprint-bystander CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-by.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXTS_TOGETHER=2 \
     "$build/tests/test_footprint" bystander

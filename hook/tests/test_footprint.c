@@ -19,6 +19,9 @@
  *                       the context: this one learns it by the library's own probe
  *                       allocation, the peer (whose probe the driver refuses) from its first
  *                       allocation big enough for NVML to show.
+ *   test_footprint together-green
+ *                       the same with this process's first context a green one (which makes
+ *                       the primary context inside the driver): the probe runs in it.
  *   test_footprint bystander
  *                       the same, with this process's probe refused and a process of a third
  *                       container (its context made earlier) growing by the same 64 MiB while
@@ -466,7 +469,7 @@ static int together_peer(int go_fd)
     return region->slots[self].host_pid == getpid() + offset ? 0 : 3;
 }
 
-static int together(const char *program)
+static int together(const char *program, int green)
 {
     int go[2];
     if (pipe(go) != 0)
@@ -487,11 +490,17 @@ static int together(const char *program)
     CUdeviceptr b = 0;
     int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET"));
     check(cuInit(0) == CUDA_SUCCESS, "cuInit");
+    CUgreenCtx made = NULL;
     capture_begin();
-    CUresult rc = cuDevicePrimaryCtxRetain(&ctx, 0);
+    /* A green context makes the primary context inside the driver: the probe runs in it. */
+    CUresult rc = green ? cuGreenCtxCreate(&made, NULL, 0, CU_GREEN_CTX_DEFAULT_STREAM)
+                        : cuDevicePrimaryCtxRetain(&ctx, 0);
     const char *log = capture_end();
+    if (green && rc == CUDA_SUCCESS)
+        rc = cuDevicePrimaryCtxRetain(&ctx, 0);
     check(rc == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS,
-          "a context made at the same moment as another container's");
+          "a %s made at the same moment as another container's",
+          green ? "green context (and the primary context with it)" : "context");
     if (!check(open_region(), "region readable"))
         return check_done("test_footprint together");
     int self = slot_of(getpid());
@@ -986,7 +995,9 @@ int main(int argc, char **argv)
     if (argc == 3 && strcmp(argv[1], "together-peer") == 0)
         return together_peer(atoi(argv[2]));
     if (argc == 2 && strcmp(argv[1], "together") == 0)
-        return together(argv[0]);
+        return together(argv[0], 0);
+    if (argc == 2 && strcmp(argv[1], "together-green") == 0)
+        return together(argv[0], 1);
     if (argc == 2 && strcmp(argv[1], "na") == 0)
         return memory_not_available();
     if (argc == 2 && strcmp(argv[1], "pool-cache") == 0)

@@ -696,6 +696,16 @@ EXPORT CUresult cuDevResourceGenerateDesc(CUdevResourceDesc *desc, CUdevResource
     return CUDA_SUCCESS;
 }
 
+/* The green context as a CUcontext, to be made current (cuda.h). */
+EXPORT CUresult cuCtxFromGreenCtx(CUcontext *ctx, CUgreenCtx hctx)
+{
+    struct fake_ctx *green = (struct fake_ctx *)hctx;
+    if (ctx == NULL || green == NULL || green->magic != GREEN_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    *ctx = (CUcontext)green;
+    return CUDA_SUCCESS;
+}
+
 /* Releases the primary context the green one retained (its last release resets it). */
 EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx hctx)
 {
@@ -704,8 +714,11 @@ EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx hctx)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (green == NULL || green->magic != GREEN_MAGIC)
         return CUDA_ERROR_INVALID_CONTEXT;
+    free_owned(green);
     gpu_ctx_unref(green->dev, 0);
     cuDevicePrimaryCtxRelease_v2(green->dev);
+    if (current == green)
+        current = NULL;
     green->magic = 0;
     free(green);
     return CUDA_SUCCESS;
@@ -2749,6 +2762,7 @@ static const struct proc procs[] = {
     P("cuCtxCreate", cuCtxCreate_v4, 12050, 0),
     P("cuGreenCtxCreate", cuGreenCtxCreate, 12040, 0),
     P("cuGreenCtxDestroy", cuGreenCtxDestroy, 12040, 0),
+    P("cuCtxFromGreenCtx", cuCtxFromGreenCtx, 12040, 0),
     P("cuDeviceGetDevResource", cuDeviceGetDevResource, 12040, 0),
     P("cuDevResourceGenerateDesc", cuDevResourceGenerateDesc, 12040, 0),
     P("cuCtxDestroy", cuCtxDestroy_v2, 4000, 0),
