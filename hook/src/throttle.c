@@ -631,9 +631,8 @@ static void after_fork_child(void)
     pthread_mutex_init(&watcher_lock, NULL);
     watcher_running = 0;
     watcher_failures = 0;
-    for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++)
-        other_context[dev] = 0; /* the child makes its own contexts */
     for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
+        other_context[dev] = 0; /* the child makes its own contexts */
         buckets[dev].rate = 0.0;
         buckets[dev].carry = 0.0;
         start_full(&buckets[dev]);
@@ -723,7 +722,7 @@ static __attribute__((noinline)) void note_launcher(struct bucket *b)
  * begins to wait, since its share NVML measures, which it prepays at, is averaged over such
  * waits too (paid only while its work ran, it came to under its share: the heavy links of
  * contention-chain-20 ran 2-3 points over the limit). */
-static inline void end_drain(struct bucket *b)
+static void end_drain(struct bucket *b)
 {
     if (__atomic_load_n(&b->drained_us, __ATOMIC_SEQ_CST) != 0)
         __atomic_store_n(&b->drained_us, 0, __ATOMIC_SEQ_CST);

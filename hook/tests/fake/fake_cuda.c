@@ -647,7 +647,8 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
 
 /* A green context (cuda.h): it retains dev's primary context, which the driver makes when it
  * is inactive, and holds FAKE_CUDA_CREATED_CONTEXT_MIB of its own, as a created context does
- * (what a real one holds is gpu-check.sh's to measure); it is not made current. */
+ * (what a real one holds is gpu-check.sh's to measure); it is not made current on creation
+ * (cuCtxFromGreenCtx gives the CUcontext to make current). */
 enum { GREEN_MAGIC = 0x4e455247 };
 
 EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *phctx, CUdevResourceDesc desc, CUdevice dev,
