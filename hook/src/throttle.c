@@ -85,7 +85,7 @@ struct bucket {
     int blind;           /* NVML could not tell at the last measurement: nothing is prepaid
                           * (no charge would give it back) */
     /* Between the processes of a container (vgpu_control_sibling_factor): */
-    int waited;          /* atomic: a launch waited for tokens since the last rate step (set
+    int waited;          /* atomic: a launch waited for tokens since the rate law's last step (set
                           * at every wait: one longer than a step counts in the step it ends
                           * in too) */
     double own_avg;      /* this process's share, percent, averaged over NVML's samples */
@@ -536,13 +536,14 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
 }
 
 /* Reads NVML, charges the account (measure, account) and averages this process's share and its
- * largest sibling's; returns what the rate law takes. */
-static double observe(int dev, struct bucket *b, double demand)
+ * largest sibling's (*averaged: whether a new sample did); returns what the rate law takes. */
+static double observe(int dev, struct bucket *b, double demand, int *averaged)
 {
     struct vgpu_reading reading;
     double own, sibling;
     double util = measure(dev, demand, &reading, &own, &sibling);
-    if (own >= 0.0 && sibling >= 0.0) {
+    *averaged = own >= 0.0 && sibling >= 0.0;
+    if (*averaged) {
         b->own_avg += share_weight * (own - b->own_avg);
         b->sibling_avg += share_weight * (sibling - b->sibling_avg);
     }
@@ -551,12 +552,42 @@ static double observe(int dev, struct bucket *b, double demand)
     return util;
 }
 
+/* Whether a launch waits for tokens and none has taken any since the rate law's last step, the
+ * container's account holding it neither now nor before this reading (a hold's end empties the
+ * bucket too). The rate law takes no step without demand, so a process whose launch costs more
+ * than a control period's tokens stepped once a launch: in throttle-siblings the process started
+ * second, held to a launch in 1.2 s, took 3 s to come up to its sibling. Such a period steps by
+ * the balance between siblings alone (the rate law's step there made pairs of one process each
+ * noisier under one-bit samples, hook/README.md). Only where NVML names all the container's
+ * processes: otherwise its share is not told from its siblings'. */
+static int starved(const struct bucket *b, int was_held)
+{
+    int64_t tokens = __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE);
+    uint64_t taken = b->taken + (uint64_t)(b->written - tokens); /* consumed(), this snapshot */
+    return tokens <= 0 && taken == b->consumed_at_control && b->rate > 0.0 && !was_held &&
+           !b->held && __atomic_load_n(&b->waited, __ATOMIC_RELAXED) &&
+           vgpu_region_host_pids_known();
+}
+
 static void control(int dev, struct bucket *b, uint64_t now)
 {
     uint64_t taken = consumed(b);
     double seconds = (double)(now - b->control_ns) / 1e9;
     double demand = seconds > 0 ? (double)(taken - b->consumed_at_control) / seconds : 0.0;
-    double util = observe(dev, b, demand);
+    int was_held = b->held, averaged;
+    double util = observe(dev, b, demand, &averaged);
+    if (averaged && starved(b, was_held)) {
+        double balance = vgpu_control_sibling_factor(b->own_avg, b->sibling_avg);
+        if (balance > 1.0) {
+            /* At most x2 a sample, no demand bounding it (none is seen while the launch waits):
+             * repaying the debt lets the launch through, which ends these steps. */
+            b->rate *= balance;
+            vgpu_log(VGPU_LOG_DEBUG, "device %d: waiting for tokens (this process %.1f%%, its "
+                     "largest sibling %.1f%%), rate %.0f tokens/s", dev, b->own_avg,
+                     b->sibling_avg, b->rate);
+        }
+        return;
+    }
     if (util < 0 || demand == 0.0)
         return; /* no measurement, or no launches to learn from: keep the current rate (or wait
                  * to calibrate it: a first period held back took nothing) */
@@ -591,9 +622,10 @@ static void *watch(void *unused)
     /* A reading first, here rather than on the launching thread (NVML's first call may take
      * long): a process that exits before its first control period would never read one, and
      * the account, charged, tells its processes whether to hold back and to prepay. */
+    int averaged;
     for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++)
         if (buckets[dev].limit != 0) /* nothing of ours ran in a period NVML has closed yet */
-            observe(dev, &buckets[dev], 0.0);
+            observe(dev, &buckets[dev], 0.0, &averaged);
     for (unsigned tick = 1;; tick++) {
         sleep_ns(TICK_NS);
         for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {

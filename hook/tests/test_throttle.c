@@ -469,10 +469,15 @@ static void siblings(double limit)
      * 14.1-19.9 % in 14 runs before a wait that outlasts a rate step counted as throttled.
      * With a synchronisation's drain pausing prepayment, and a process's own prepayment left
      * out of its hold test always, 24.9/5.4 and 21.6/9.2 in 2 of 6 runs; with it counted once
-     * measured, 15.9-19.1 % in 10, and 16.1-20.7 % in 6 with the drain as it is (2026-11-29). */
+     * measured, 15.9-19.1 % in 10, and 16.1-20.7 % in 6 with the drain as it is (2026-11-29).
+     * The process started second, its rate a launch in 1.2 s, stepped it once a launch and
+     * took 3 s to come up: with a period it waits through stepping its rate by the balance
+     * (throttle.c, starved), the first 14.3-16.7 % in 12 runs, worst 16.7/13.2 (14.7-17.7 % in
+     * 22 with a first version), against 17.2-22.2 % in 8 alternating, worst 22.2/9.0 (5 of
+     * the day's 24 runs of the library before more than 4 points off). */
     double other = together - own;
-    check(launched && own > 0.5 && other > 0.5 && fabs(own - other) <= 12.0,
-          "limit %.0f%%: from 8 s on, both run, within 6 points of an even split: the process "
+    check(launched && own > 0.5 && other > 0.5 && fabs(own - other) <= 8.0,
+          "limit %.0f%%: from 8 s on, both run, within 4 points of an even split: the process "
           "that went over gets %.1f%% of the GPU, its sibling %.1f%%", limit, own, other);
     check(together <= limit + 5.0, "limit %.0f%%: the two together keep the GPU %.1f%% busy",
           limit, together);
