@@ -11,7 +11,7 @@
  * keeps at least its rate, and only it has its step multiplied by balance
  * (vgpu_control_sibling_factor), before that bound, so a raise needs demand to back it. Never
  * below min_rate. (A period without demand takes no step; one in which a launch waits for
- * tokens throughout is stepped by the balance alone, throttle.c's starved.) */
+ * tokens and none were taken is stepped by the balance alone: throttle.c, starved.) */
 double vgpu_control_next_rate(double rate, double limit, double util, double demand,
                               double min_rate, int throttled, double balance);
 

@@ -134,9 +134,9 @@ static void undo_context(enum made_by how, void *ctx, CUdevice dev)
  * cuCtxFromGreenCtx gives for it (NULL: none). */
 static CUcontext as_context(enum made_by how, void *ctx)
 {
-    CUcontext as = NULL;
     if (how != MADE_GREEN)
         return (CUcontext)ctx;
+    CUcontext as = NULL;
     if (real.cuCtxFromGreenCtx == NULL ||
         real.cuCtxFromGreenCtx(&as, (CUgreenCtx)ctx) != CUDA_SUCCESS)
         return NULL;

@@ -105,10 +105,16 @@ static pthread_mutex_t watcher_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const int64_t uncalibrated_credit = INT64_C(1) << 60;
 
-/* Tokens launches have taken so far (the watcher's view; exact at the moment of the call). */
+/* Tokens launches had taken when the bucket held `tokens` (the watcher's view). */
+static uint64_t consumed_at(const struct bucket *b, int64_t tokens)
+{
+    return b->taken + (uint64_t)(b->written - tokens);
+}
+
+/* Tokens launches have taken so far (exact at the moment of the call). */
 static uint64_t consumed(const struct bucket *b)
 {
-    return b->taken + (uint64_t)(b->written - __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE));
+    return consumed_at(b, __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE));
 }
 
 /* The watcher writes tokens: `was` is what the write replaced. */
@@ -562,10 +568,9 @@ static double observe(int dev, struct bucket *b, double demand, int *averaged)
  * processes: otherwise its share is not told from its siblings'. */
 static int starved(const struct bucket *b, int was_held)
 {
-    int64_t tokens = __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE);
-    uint64_t taken = b->taken + (uint64_t)(b->written - tokens); /* consumed(), this snapshot */
-    return tokens <= 0 && taken == b->consumed_at_control && b->rate > 0.0 && !was_held &&
-           !b->held && __atomic_load_n(&b->waited, __ATOMIC_RELAXED) &&
+    int64_t tokens = __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE); /* one reading for both */
+    return tokens <= 0 && consumed_at(b, tokens) == b->consumed_at_control && b->rate > 0.0 &&
+           !was_held && !b->held && __atomic_load_n(&b->waited, __ATOMIC_RELAXED) &&
            vgpu_region_host_pids_known();
 }
 
