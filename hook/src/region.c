@@ -289,19 +289,23 @@ static uint32_t reap_scan(struct vgpu_region *r, uint32_t self, int *reaped)
     return live;
 }
 
-/* Claims the first empty slot nobody alive holds, then reaps the dead ones. Publishes my_slot
+/* Claims the first slot nobody alive holds, then reaps the dead ones. A dead owner's slot is
+ * reaped before it is taken: were only empty slots claimed, a region whose every slot a dead
+ * process held would keep all new processes out, since only a claimant reaps. Publishes my_slot
  * only at the end, so no thread of ours reserves before the idle correction. Caller holds
  * slot_lock. */
 static void claim_slot(struct vgpu_region *r)
 {
     lock_creation();
     for (uint32_t i = 0; i < VGPU_REGION_MAX_SLOTS; i++) {
-        if (!slot_is_empty(&r->slots[i]) || !try_own(i))
+        if (!try_own(i))
             continue;
+        struct vgpu_ledger l = ledger_of(r, i);
+        vgpu_ledger_forget_stale(&l); /* before reap_slot takes the lock as slot i */
+        if (!slot_is_empty(&r->slots[i]))
+            reap_slot(r, i, i);
         set_owner(&r->slots[i], (int32_t)getpid());
         raise_high_water(r, i + 1);
-        struct vgpu_ledger l = ledger_of(r, i);
-        vgpu_ledger_forget_stale(&l);
         int reaped = 0;
         if (reap_scan(r, i, &reaped) == 0)
             reset_if_idle(r, i);

@@ -15,6 +15,10 @@ if [ "${VGPU_SANITIZED:-0}" = 1 ]; then
     export ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 fi
+# faults.so (tests/faults.c) fails calls of libvgpu's on demand; its fcntl, mmap and malloc come
+# after the sanitizers' interceptors, so not under them.
+faults=$preload
+[ "${VGPU_SANITIZED:-0}" = 1 ] || faults="$preload $(cd "$build" && pwd)/tests/faults.so"
 export LD_LIBRARY_PATH="$build/fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 failed=0
 
@@ -53,9 +57,10 @@ run alloc-wide-pitch CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_PITCH_ALIGN=2048 \
 # 0, its v1 size), a short file, a region of another layout version, a symbolic link (to a file
 # starting with zero bytes, which must not be taken for a fresh region), such a file itself, a
 # FIFO, a folder, and a path where the file cannot be created.
-refused() { # refused NAME FILE EXPECTED-LOG
-    run "refused-$1" CUDA_DEVICE_MEMORY_SHARED_CACHE="$2" CUDA_DEVICE_MEMORY_LIMIT=1g \
-        "$build/tests/test_alloc" refused "$3"
+refused() { # refused NAME FILE EXPECTED-LOG [ENV...]
+    name=$1 file=$2 expected=$3; shift 3
+    run "refused-$name" CUDA_DEVICE_MEMORY_SHARED_CACHE="$file" CUDA_DEVICE_MEMORY_LIMIT=1g "$@" \
+        "$build/tests/test_alloc" refused "$expected"
 }
 refused missing "$tmp/no/such/dir.cache" "No such file or directory"
 printf '\116\367\057\001\001\000\000\000' >"$tmp/hami.cache"
@@ -76,6 +81,23 @@ mkfifo "$tmp/fifo.cache" && mkdir "$tmp/dir.cache"
 refused fifo "$tmp/fifo.cache" "not a regular file"
 refused dir "$tmp/dir.cache" "cannot open it read-write: Is a directory"
 refused unwritable /proc/vgpu-test.cache "cannot create it"
+# Error paths a healthy system never takes, through faults.so: a kernel without open file
+# description locks (before Linux 3.15) refuses CUDA, the region missing or present; host memory
+# running out while an allocation is recorded loses nothing; no SIGBUS handler is logged, and
+# the cap holds.
+if [ "${VGPU_SANITIZED:-0}" = 0 ]; then
+    refused no-ofd-new "$tmp/no-ofd.cache" "cannot check its folder's guard lock: Invalid argument" \
+        FAULTS=ofd LD_PRELOAD="$faults"
+    refused no-ofd-existing "$tmp/alloc.cache" "cannot lock it: Invalid argument" \
+        FAULTS=ofd LD_PRELOAD="$faults"
+    run host-memory CUDA_DEVICE_MEMORY_LIMIT=1g LD_PRELOAD="$faults" \
+        "$build/tests/test_alloc" host-memory
+    run no-sigbus-handler CUDA_DEVICE_MEMORY_LIMIT_0=3000m FAULTS=sigaction LD_PRELOAD="$faults" \
+        sh -c "'$build/vgpu-demo-alloc' >'$tmp/no-handler.out' 2>&1; cat '$tmp/no-handler.out'
+            grep -q 'cannot install the SIGBUS handler: a truncated region file will kill' \
+                '$tmp/no-handler.out' &&
+            grep -q '^refused at step 7 with 3000 MiB held$' '$tmp/no-handler.out'"
+fi
 # The library reads its environment with secure_getenv only (set-user-ID programs loaded
 # through /etc/ld.so.preload must not take a region path or limits from their caller).
 if nm -D --undefined-only "$lib" | grep -qw getenv; then
@@ -93,9 +115,11 @@ run uids CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/shared/uids.cache" CUDA_DEVICE_ME
     "$build/tests/test_multiproc" uids
 run deleted CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" deleted
 run lingering-exit CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" lingering-exit
-run truncated CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" truncated
+run truncated CUDA_DEVICE_MEMORY_LIMIT=1g LD_PRELOAD="$faults" "$build/tests/test_multiproc" truncated
 run kill-threads CUDA_DEVICE_MEMORY_LIMIT=1g LIBCUDA_LOG_LEVEL=0 \
     "$build/tests/test_multiproc" kill-threads
+# Every slot taken by a live process, then by a dead one (errors only: 1024 processes log).
+run slots CUDA_DEVICE_MEMORY_LIMIT=4g LIBCUDA_LOG_LEVEL=1 "$build/tests/test_multiproc" slots
 # Processes of one container starting together where there is no region file yet all share the
 # one a peer creates (a guard held while the file is missing is not always a removed region).
 run together CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_CONTEXT_MIB=20 "$build/tests/test_multiproc" together

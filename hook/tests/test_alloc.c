@@ -7,6 +7,7 @@
 #include <nvml.h>
 #include <pthread.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -754,6 +755,50 @@ static void teardown(void)
     (void)m;
 }
 
+/* Host memory runs out while an allocation is recorded (faults.so fails libvgpu's mallocs):
+ * the device memory is counted all the same, and what cannot be looked up at its free stays
+ * counted (more than the container holds, never less) until the process is gone. */
+static void host_memory(void)
+{
+    int (*faults_set)(const char *, int) =
+        (int (*)(const char *, int))dlsym(RTLD_DEFAULT, "faults_set");
+    if (faults_set == NULL) {
+        check(1, "SKIP: faults.so is not preloaded (the sanitizers' interceptors come first)");
+        return;
+    }
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        CUdeviceptr p = 0, q = 0;
+        check(faults_set("host-memory", 1) == 0, "libvgpu's mallocs fail from now on");
+        capture_begin();
+        CUresult rc = cuMemAlloc_v2(&p, 300 * MiB);
+        const char *log = capture_end();
+        check(rc == CUDA_SUCCESS && container_used() == 300 * MiB,
+              "300 MiB allocated and counted (%llu MiB) though it could not be recorded",
+              (unsigned long long)(container_used() / MiB));
+        check(strstr(log, "out of host memory while recording an allocation; its 314572800 "
+                      "bytes stay counted until the process exits") != NULL, "logged: %s", log);
+        rc = cuMemFree_v2(p);
+        check(rc == CUDA_SUCCESS && container_used() == 300 * MiB && fake_cuda_device_used(0) == 0,
+              "its free reaches the driver, and the 300 MiB stay counted (%llu MiB)",
+              (unsigned long long)(container_used() / MiB));
+        faults_set("host-memory", 0);
+        check(cuMemAlloc_v2(&q, 800 * MiB) == CUDA_ERROR_OUT_OF_MEMORY &&
+                  cuMemAlloc_v2(&q, 700 * MiB) == CUDA_SUCCESS,
+              "with host memory back, the 1 GiB cap still counts them: 800 MiB refused, 700 fit");
+        check_done("test_alloc host-memory (child)");
+        fflush(stdout);
+        _exit(check_failed == 0 ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the process's checks passed (above)");
+    CUdeviceptr p = 0;
+    check(cuMemAlloc_v2(&p, 1000 * MiB) == CUDA_SUCCESS && cuMemFree_v2(p) == CUDA_SUCCESS,
+          "once it is gone, another process gets 1000 MiB of the 1 GiB cap: nothing was lost");
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 2 && strcmp(argv[1], "refused") == 0) {
@@ -775,6 +820,10 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "exported") == 0) {
         vmm_exported();
         return check_done("test_alloc exported");
+    }
+    if (argc > 1 && strcmp(argv[1], "host-memory") == 0) {
+        host_memory();
+        return check_done("test_alloc host-memory");
     }
     if (argc > 1 && strcmp(argv[1], "uncapped") == 0) {
         uncapped();

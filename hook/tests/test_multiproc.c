@@ -9,7 +9,8 @@
  *   uids         a process of another uid shares the cap (root only; else skipped)
  *   deleted      the region file removed while a process holds memory: a new process refuses CUDA
  *   truncated    the region file truncated under live processes: they refuse allocations instead
- *                of dying of SIGBUS, and new processes refuse CUDA (also once it is zero-extended)
+ *                of dying of SIGBUS, and new processes refuse CUDA (also once it is zero-extended);
+ *                where the handler cannot map its zeros (faults.so), the SIGBUS kills
  *   kill-threads kill -9 of processes whose threads allocate and free: nothing leaks while
  *                another process lives
  *   together     (contexts of 20 MiB) a process that finds no region file while a peer creates one
@@ -18,8 +19,12 @@
  *                file yet: every one gets CUDA, and all share one region
  *   lingering-exit  a process that returns from main without freeing, held alive by a library
  *                destructor that runs after libvgpu's (linger.so): its memory stays counted
+ *   slots        (cap 4 GiB) 1024 live processes of 1 MiB each take every slot: the next one is
+ *                refused memory with a log line saying why; once all are killed (kill -9), a new
+ *                process takes a dead one's slot and gets back what they held
  *   refused-child, uids-child, together-child, linger-child: run after exec by the modes above. */
 #include <cuda.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -516,6 +521,53 @@ static int fault_elsewhere(int with_handler)
     return m[0]; /* SIGBUS */
 }
 
+/* Like truncated_victim, but the handler cannot map its zeros (faults.so): then the process
+ * dies of the SIGBUS, as it would with no handler, rather than fault again at once. */
+static int unmappable_victim(int ready_fd, int go_fd, int (*faults_set)(const char *, int))
+{
+    cuda_start();
+    CUdeviceptr held, more;
+    char byte = cuMemAlloc_v2(&held, 300 * MiB) == CUDA_SUCCESS &&
+                faults_set("map-fixed", 1) == 0 ? 'y' : 'n';
+    if (write(ready_fd, &byte, 1) != 1 || read(go_fd, &byte, 1) != 1)
+        return 2;
+    cuMemAlloc_v2(&more, 100 * MiB); /* reads the region: SIGBUS */
+    return 0;
+}
+
+/* The file, zero-extended, is a fresh region once the old one's processes are gone. */
+static void truncated_unmappable(void)
+{
+    int (*faults_set)(const char *, int) =
+        (int (*)(const char *, int))dlsym(RTLD_DEFAULT, "faults_set");
+    if (faults_set == NULL) {
+        check(1, "SKIP: faults.so is not preloaded (the sanitizers' interceptors come first)");
+        return;
+    }
+    int ready[2], go[2];
+    if (pipe(ready) != 0 || pipe(go) != 0)
+        return;
+    fflush(stdout);
+    pid_t victim = fork();
+    if (victim == 0)
+        _exit(unmappable_victim(ready[1], go[0], faults_set));
+    close(ready[1]);
+    close(go[0]);
+    char byte = 0;
+    check(read(ready[0], &byte, 1) == 1 && byte == 'y', "a new process holds 300 MiB of the "
+          "region made anew in the zero-extended file; anonymous mappings at fixed addresses "
+          "fail in it from now on");
+    check(truncate(region_path(), 0) == 0, "the region file is truncated again");
+    double told_at = now_s();
+    int told = write(go[1], "g", 1) == 1;
+    int status = wait_status(victim);
+    check(told && WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS, "with no zeros to map over "
+          "the region, its handler lets the SIGBUS kill it (status %#x, %.2f s after)", status,
+          now_s() - told_at);
+    close(ready[0]);
+    close(go[1]);
+}
+
 /* Runs in processes other than this one: it never maps the region (its reads would fault). */
 static void truncated(void)
 {
@@ -572,6 +624,9 @@ static void truncated(void)
     check(told && WIFEXITED(status) && WEXITSTATUS(status) == 0, "the process exits normally "
           "(status %#x%s)", status,
           WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS ? ": killed by SIGBUS" : "");
+    close(ready[0]);
+    close(go[1]);
+    truncated_unmappable();
 }
 
 static int take_100_mib(void)
@@ -633,6 +688,87 @@ static void kill_threads(void)
           (double)used(0) / (double)MiB, (unsigned long long)(used(0) - 100 * MiB));
     kill(bystander, SIGKILL);
     wait_status(bystander);
+}
+
+/* ---- slots ------------------------------------------------------------------------------- */
+
+/* A holder of 1 MiB, told apart from one refused for want of a slot (its log captured). */
+static char take_1_mib_or_say_why(void)
+{
+    capture_begin(); /* a context counts its memory: the slot may be claimed there */
+    cuda_start();
+    CUdeviceptr p;
+    CUresult rc = cuMemAlloc_v2(&p, MiB);
+    const char *log = capture_end();
+    if (rc == CUDA_SUCCESS)
+        return 'y';
+    return strstr(log, "all 1024 process slots of the shared region are in use") != NULL ? 's'
+                                                                                           : 'n';
+}
+
+/* Each slot is a process; a container with more processes at once than slots must refuse the
+ * extra ones memory (not share a slot's ledger), and once they are gone, every slot being dead
+ * must not keep the next process out: before, only empty slots were claimed, and the dead were
+ * reaped only by a process that had claimed one. */
+static void all_slots(void)
+{
+    enum { SLOTS = VGPU_REGION_MAX_SLOTS };
+    static pid_t holder[SLOTS + 1];
+    int admitted = 0;
+    char last = 0;
+    double started = now_s();
+    fflush(stdout);
+    for (int i = 0; i <= SLOTS; i++) {
+        int ready[2];
+        if (pipe(ready) != 0)
+            break;
+        pid_t pid = fork();
+        if (pid == 0) {
+            char said = take_1_mib_or_say_why();
+            if (write(ready[1], &said, 1) != 1)
+                _exit(2);
+            pause();
+            _exit(0);
+        }
+        close(ready[1]);
+        last = 0;
+        if (pid < 0 || read(ready[0], &last, 1) != 1)
+            last = 0;
+        close(ready[0]);
+        holder[i] = pid;
+        if (last != 'y')
+            break;
+        admitted++;
+    }
+    double filled = now_s() - started;
+    check(admitted == SLOTS && last == 's',
+          "1024 processes of 1 MiB each took every slot (%d admitted in %.1f s); the next is "
+          "refused memory, its log saying all 1024 slots are in use (%s)", admitted, filled,
+          last == 's' ? "so it was" : last == 'y' ? "it was given memory" : "other refusal");
+    check(used(0) == (uint64_t)admitted * MiB, "the region counts the %d holders' %d MiB "
+          "(%llu MiB), nothing for the refused process", admitted, admitted,
+          (unsigned long long)(used(0) / MiB));
+    for (int i = 0; i <= admitted && i <= SLOTS; i++)
+        if (holder[i] > 0)
+            kill(holder[i], SIGKILL);
+    for (int i = 0; i <= admitted && i <= SLOTS; i++)
+        if (holder[i] > 0)
+            wait_status(holder[i]);
+    started = now_s();
+    pid_t next = fork();
+    if (next == 0) {
+        cuda_start();
+        CUdeviceptr p;
+        int fine = cuMemAlloc_v2(&p, 3584 * MiB) == CUDA_SUCCESS && seen_used() == 3584 * MiB &&
+                   cuMemFree_v2(p) == CUDA_SUCCESS;
+        _exit(fine ? 0 : 1);
+    }
+    int fine = exited_ok(next);
+    check(fine, "after kill -9 of all of them, with every slot dead, a new process gets 3.5 GiB "
+          "of the 4 GiB cap (the dead's 1 GiB came back) in %.2f s", now_s() - started);
+    check(used(0) == 0 && region->header.reaped_slots >= (uint64_t)admitted,
+          "the region is back to 0 (%llu bytes), %llu slots reaped", (unsigned long long)used(0),
+          (unsigned long long)region->header.reaped_slots);
 }
 
 /* ---- hammer ------------------------------------------------------------------------------- */
@@ -1054,6 +1190,10 @@ int main(int argc, char **argv)
     if (strcmp(mode, "lingering-exit") == 0) {
         lingering_exit();
         return check_done("test_multiproc lingering-exit");
+    }
+    if (strcmp(mode, "slots") == 0) {
+        all_slots();
+        return check_done("test_multiproc slots");
     }
     if (strcmp(mode, "kill-threads") == 0) {
         kill_threads();
