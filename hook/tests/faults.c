@@ -11,7 +11,6 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <link.h>
@@ -27,6 +26,7 @@
 void *__libc_malloc(size_t size);
 void *__libc_calloc(size_t count, size_t size);
 void *__libc_realloc(void *old, size_t size);
+int __sigaction(int sig, const struct sigaction *action, struct sigaction *old);
 
 static int ofd_fails, sigbus_action_fails, map_fixed_fails, host_memory_fails;
 static uintptr_t libvgpu_start, libvgpu_end; /* libvgpu.so's loaded segments */
@@ -137,10 +137,7 @@ __attribute__((visibility("default"))) int sigaction(int sig, const struct sigac
         errno = EINVAL;
         return -1;
     }
-    /* The kernel's struct sigaction differs from libc's (and needs a restorer): libc's own. */
-    static int (*real)(int, const struct sigaction *, struct sigaction *);
-    if (real == NULL)
-        real = (int (*)(int, const struct sigaction *, struct sigaction *))
-            dlsym(RTLD_NEXT, "sigaction");
-    return real(sig, action, old);
+    /* libc's own by its other name: the kernel's struct sigaction differs (and wants a
+     * restorer), and a dlsym would go through libvgpu's. */
+    return __sigaction(sig, action, old);
 }

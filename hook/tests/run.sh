@@ -115,11 +115,14 @@ run uids CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/shared/uids.cache" CUDA_DEVICE_ME
     "$build/tests/test_multiproc" uids
 run deleted CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" deleted
 run lingering-exit CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" lingering-exit
-run truncated CUDA_DEVICE_MEMORY_LIMIT=1g LD_PRELOAD="$faults" "$build/tests/test_multiproc" truncated
+run truncated CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" truncated
+run truncated-unmappable CUDA_DEVICE_MEMORY_LIMIT=1g LD_PRELOAD="$faults" \
+    "$build/tests/test_multiproc" truncated-unmappable
 run kill-threads CUDA_DEVICE_MEMORY_LIMIT=1g LIBCUDA_LOG_LEVEL=0 \
     "$build/tests/test_multiproc" kill-threads
 # Every slot taken by a live process, then by a dead one (errors only: 1024 processes log).
 run slots CUDA_DEVICE_MEMORY_LIMIT=4g LIBCUDA_LOG_LEVEL=1 "$build/tests/test_multiproc" slots
+run dead-lock-holder CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" dead-lock-holder
 # Processes of one container starting together where there is no region file yet all share the
 # one a peer creates (a guard held while the file is missing is not always a removed region).
 run together CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_CONTEXT_MIB=20 "$build/tests/test_multiproc" together

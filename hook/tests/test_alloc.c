@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "faults.h"
 #include "cuda_v1.h" /* the legacy v1 exports, called by name below */
 #include "fake_state.h"
 
@@ -760,12 +761,9 @@ static void teardown(void)
  * counted (more than the container holds, never less) until the process is gone. */
 static void host_memory(void)
 {
-    int (*faults_set)(const char *, int) =
-        (int (*)(const char *, int))dlsym(RTLD_DEFAULT, "faults_set");
-    if (faults_set == NULL) {
-        check(1, "SKIP: faults.so is not preloaded (the sanitizers' interceptors come first)");
+    faults_set_fn faults_set = faults_control();
+    if (faults_set == NULL)
         return;
-    }
     fflush(stdout);
     pid_t child = fork();
     if (child == 0) {

@@ -9,8 +9,8 @@
  *   uids         a process of another uid shares the cap (root only; else skipped)
  *   deleted      the region file removed while a process holds memory: a new process refuses CUDA
  *   truncated    the region file truncated under live processes: they refuse allocations instead
- *                of dying of SIGBUS, and new processes refuse CUDA (also once it is zero-extended);
- *                where the handler cannot map its zeros (faults.so), the SIGBUS kills
+ *                of dying of SIGBUS, and new processes refuse CUDA (also once it is zero-extended)
+ *   truncated-unmappable  (with faults.so) where the handler cannot map its zeros, the SIGBUS kills
  *   kill-threads kill -9 of processes whose threads allocate and free: nothing leaks while
  *                another process lives
  *   together     (contexts of 20 MiB) a process that finds no region file while a peer creates one
@@ -20,8 +20,10 @@
  *   lingering-exit  a process that returns from main without freeing, held alive by a library
  *                destructor that runs after libvgpu's (linger.so): its memory stays counted
  *   slots        (cap 4 GiB) 1024 live processes of 1 MiB each take every slot: the next one is
- *                refused memory with a log line saying why; once all are killed (kill -9), a new
- *                process takes a dead one's slot and gets back what they held
+ *                refused memory with a log line saying why; once all but one are killed (kill -9),
+ *                a new process takes a dead one's slot and gets back what they held
+ *   dead-lock-holder  a process killed holding the ledger lock mid-change: the claimant of its
+ *                slot undoes the change and reaps it
  *   refused-child, uids-child, together-child, linger-child: run after exec by the modes above. */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -37,6 +39,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "faults.h"
 #include "fake_state.h"
 #include "nvml_view.h"
 #include "vgpu_region.h"
@@ -523,11 +526,13 @@ static int fault_elsewhere(int with_handler)
 
 /* Like truncated_victim, but the handler cannot map its zeros (faults.so): then the process
  * dies of the SIGBUS, as it would with no handler, rather than fault again at once. */
-static int unmappable_victim(int ready_fd, int go_fd, int (*faults_set)(const char *, int))
+static int unmappable_victim(int ready_fd, int go_fd, faults_set_fn faults_set)
 {
     cuda_start();
     CUdeviceptr held, more;
+    struct sigaction bus;
     char byte = cuMemAlloc_v2(&held, 300 * MiB) == CUDA_SUCCESS &&
+                sigaction(SIGBUS, NULL, &bus) == 0 && (bus.sa_flags & SA_SIGINFO) &&
                 faults_set("map-fixed", 1) == 0 ? 'y' : 'n';
     if (write(ready_fd, &byte, 1) != 1 || read(go_fd, &byte, 1) != 1)
         return 2;
@@ -535,15 +540,12 @@ static int unmappable_victim(int ready_fd, int go_fd, int (*faults_set)(const ch
     return 0;
 }
 
-/* The file, zero-extended, is a fresh region once the old one's processes are gone. */
+/* Run with faults.so preloaded (the rest of truncated without it). */
 static void truncated_unmappable(void)
 {
-    int (*faults_set)(const char *, int) =
-        (int (*)(const char *, int))dlsym(RTLD_DEFAULT, "faults_set");
-    if (faults_set == NULL) {
-        check(1, "SKIP: faults.so is not preloaded (the sanitizers' interceptors come first)");
+    faults_set_fn faults_set = faults_control();
+    if (faults_set == NULL)
         return;
-    }
     int ready[2], go[2];
     if (pipe(ready) != 0 || pipe(go) != 0)
         return;
@@ -554,10 +556,9 @@ static void truncated_unmappable(void)
     close(ready[1]);
     close(go[0]);
     char byte = 0;
-    check(read(ready[0], &byte, 1) == 1 && byte == 'y', "a new process holds 300 MiB of the "
-          "region made anew in the zero-extended file; anonymous mappings at fixed addresses "
-          "fail in it from now on");
-    check(truncate(region_path(), 0) == 0, "the region file is truncated again");
+    check(read(ready[0], &byte, 1) == 1 && byte == 'y', "a process holds 300 MiB, libvgpu's "
+          "SIGBUS handler in place; anonymous mappings at fixed addresses fail in it from now on");
+    check(truncate(region_path(), 0) == 0, "the region file is truncated to 0 bytes");
     double told_at = now_s();
     int told = write(go[1], "g", 1) == 1;
     int status = wait_status(victim);
@@ -624,9 +625,6 @@ static void truncated(void)
     check(told && WIFEXITED(status) && WEXITSTATUS(status) == 0, "the process exits normally "
           "(status %#x%s)", status,
           WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS ? ": killed by SIGBUS" : "");
-    close(ready[0]);
-    close(go[1]);
-    truncated_unmappable();
 }
 
 static int take_100_mib(void)
@@ -634,6 +632,13 @@ static int take_100_mib(void)
     cuda_start();
     CUdeviceptr p;
     return cuMemAlloc_v2(&p, 100 * MiB) == CUDA_SUCCESS;
+}
+
+static int take_10_mib(void)
+{
+    cuda_start();
+    CUdeviceptr p;
+    return cuMemAlloc_v2(&p, 10 * MiB) == CUDA_SUCCESS;
 }
 
 static void *churn_thread(void *arg)
@@ -748,10 +753,12 @@ static void all_slots(void)
     check(used(0) == (uint64_t)admitted * MiB, "the region counts the %d holders' %d MiB "
           "(%llu MiB), nothing for the refused process", admitted, admitted,
           (unsigned long long)(used(0) / MiB));
-    for (int i = 0; i <= admitted && i <= SLOTS; i++)
+    /* All but the first: one live process keeps the claimant from the idle correction (which
+     * would zero the totals whether or not the reaping was right). */
+    for (int i = 1; i <= admitted && i <= SLOTS; i++)
         if (holder[i] > 0)
             kill(holder[i], SIGKILL);
-    for (int i = 0; i <= admitted && i <= SLOTS; i++)
+    for (int i = 1; i <= admitted && i <= SLOTS; i++)
         if (holder[i] > 0)
             wait_status(holder[i]);
     started = now_s();
@@ -759,16 +766,80 @@ static void all_slots(void)
     if (next == 0) {
         cuda_start();
         CUdeviceptr p;
-        int fine = cuMemAlloc_v2(&p, 3584 * MiB) == CUDA_SUCCESS && seen_used() == 3584 * MiB &&
-                   cuMemFree_v2(p) == CUDA_SUCCESS;
+        int fine = cuMemAlloc_v2(&p, 4095 * MiB) == CUDA_SUCCESS &&
+                   seen_used() == 4096 * MiB && cuMemFree_v2(p) == CUDA_SUCCESS;
         _exit(fine ? 0 : 1);
     }
     int fine = exited_ok(next);
-    check(fine, "after kill -9 of all of them, with every slot dead, a new process gets 3.5 GiB "
-          "of the 4 GiB cap (the dead's 1 GiB came back) in %.2f s", now_s() - started);
-    check(used(0) == 0 && region->header.reaped_slots >= (uint64_t)admitted,
-          "the region is back to 0 (%llu bytes), %llu slots reaped", (unsigned long long)used(0),
-          (unsigned long long)region->header.reaped_slots);
+    check(fine, "after kill -9 of all of them but one, every other slot dead, a new process gets "
+          "the 4095 MiB of the 4 GiB cap the live one leaves (the dead's 1023 MiB came back) in "
+          "%.2f s", now_s() - started);
+    check(used(0) == MiB && region->header.reaped_slots >= (uint64_t)admitted - 1,
+          "the region counts the live holder's 1 MiB alone (%llu bytes), %llu slots reaped",
+          (unsigned long long)used(0), (unsigned long long)region->header.reaped_slots);
+    if (holder[0] > 0) {
+        kill(holder[0], SIGKILL);
+        wait_status(holder[0]);
+    }
+}
+
+/* A process killed inside the ledger lock, halfway through a change of +50 MiB to its 100 MiB
+ * (the device's word written, its ledger not yet; made by hand here, as the lock word and the
+ * journal say it): the next claimant takes its slot, and must first undo that change as the
+ * lock's new holder, then give the 100 MiB back. Taking the lock as the slot's new owner
+ * before undoing would find the lock held by itself, and wait for ever. */
+static void dead_lock_holder(void)
+{
+    pid_t dead = fork_holder(take_100_mib, "a process holds 100 MiB");
+    pid_t alive = fork_holder(take_10_mib, "another holds 10 MiB, and lives on");
+    if (dead < 0 || alive < 0)
+        return;
+    int slot = find_slot(dead);
+    kill(dead, SIGKILL);
+    wait_status(dead);
+    int fd = open(region_path(), O_RDWR | O_CLOEXEC);
+    struct vgpu_region *w = fd >= 0 ? mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ | PROT_WRITE,
+                                           MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (!check(slot >= 0 && w != MAP_FAILED, "its slot (%d) and the region, writable", slot))
+        return;
+    struct vgpu_region_slot *s = &w->slots[slot];
+    uint64_t device_used = w->devices[0].used_bytes;
+    s->journal_device = 0;
+    s->journal_slot = (uint16_t)slot;
+    s->journal_device_used = device_used;
+    s->journal_ledger = s->used_bytes[0];
+    __atomic_store_n(&s->journal_state, 1, __ATOMIC_RELEASE);
+    w->devices[0].used_bytes = device_used + 50 * MiB;
+    __atomic_store_n(&w->header.ledger_lock, (UINT64_C(7) << 16) | (uint64_t)(slot + 1),
+                     __ATOMIC_RELEASE);
+    munmap(w, VGPU_REGION_FILE_SIZE);
+    close(fd);
+    check(used(0) == 160 * MiB, "the region shows 160 MiB, the lock held by the dead process");
+    fflush(stdout);
+    pid_t next = fork();
+    if (next == 0) {
+        cuda_start();
+        CUdeviceptr p;
+        int fine = cuMemAlloc_v2(&p, 1014 * MiB) == CUDA_SUCCESS && seen_used() == 1024 * MiB;
+        _exit(fine ? 0 : 1);
+    }
+    double started = now_s();
+    int status = -1;
+    while (now_s() - started < 10 && waitpid(next, &status, WNOHANG) == 0)
+        sleep_s(0.05);
+    int hung = now_s() - started >= 10;
+    if (hung) {
+        kill(next, SIGKILL);
+        wait_status(next);
+    }
+    check(!hung && WIFEXITED(status) && WEXITSTATUS(status) == 0 && find_slot(next) == slot,
+          "a new process takes its slot and gets the 1014 MiB the live one leaves of the 1 GiB "
+          "cap: the half-made change undone and the 100 MiB back (%s)",
+          hung ? "it hung" : "in time");
+    check(used(0) == 1024 * MiB, "the region counts the two live processes' 1024 MiB (%llu MiB)",
+          (unsigned long long)(used(0) / MiB));
+    kill(alive, SIGKILL);
+    wait_status(alive);
 }
 
 /* ---- hammer ------------------------------------------------------------------------------- */
@@ -1170,6 +1241,10 @@ int main(int argc, char **argv)
         truncated();
         return check_done("test_multiproc truncated");
     }
+    if (strcmp(mode, "truncated-unmappable") == 0) {
+        truncated_unmappable();
+        return check_done("test_multiproc truncated-unmappable");
+    }
     /* Create the region the way every process does, then read it as the monitor would. */
     cuMemGetInfo_v2(NULL, NULL);
     check(open_region(), "the region file has the documented header (magic, version, sizes)");
@@ -1194,6 +1269,10 @@ int main(int argc, char **argv)
     if (strcmp(mode, "slots") == 0) {
         all_slots();
         return check_done("test_multiproc slots");
+    }
+    if (strcmp(mode, "dead-lock-holder") == 0) {
+        dead_lock_holder();
+        return check_done("test_multiproc dead-lock-holder");
     }
     if (strcmp(mode, "kill-threads") == 0) {
         kill_threads();
