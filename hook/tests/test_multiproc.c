@@ -1217,6 +1217,42 @@ static void lingering_exit(void)
     close(said[0]);
 }
 
+/* The modes that map the region themselves (the test never reads it: a truncated file faults),
+ * and those that read it as the monitor would once the test has made it. */
+struct mode {
+    const char *name;
+    void (*run)(void);
+};
+
+static const struct mode unmapped_modes[] = {
+    {"together", together}, /* each round makes its own region */
+    {"truncated", truncated},
+    {"truncated-unmappable", truncated_unmappable},
+};
+
+static const struct mode mapped_modes[] = {
+    {"hammer", hammer},
+    {"uids", other_uid},
+    {"deleted", deleted},
+    {"lingering-exit", lingering_exit},
+    {"slots", all_slots},
+    {"dead-lock-holder", dead_lock_holder},
+    {"kill-threads", kill_threads},
+};
+
+static int run_mode(const struct mode *modes, size_t count, const char *name)
+{
+    for (size_t i = 0; i < count; i++) {
+        if (strcmp(modes[i].name, name) == 0) {
+            modes[i].run();
+            char suite[64];
+            snprintf(suite, sizeof suite, "test_multiproc %s", name);
+            return check_done(suite);
+        }
+    }
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -1233,51 +1269,17 @@ int main(int argc, char **argv)
         return linger_child();
     if (strcmp(mode, "nvml-child") == 0)
         return nvml_child();
-    if (strcmp(mode, "together") == 0) { /* each round makes its own region */
-        together();
-        return check_done("test_multiproc together");
-    }
-    if (strcmp(mode, "truncated") == 0) { /* never maps the region itself (see truncated()) */
-        truncated();
-        return check_done("test_multiproc truncated");
-    }
-    if (strcmp(mode, "truncated-unmappable") == 0) {
-        truncated_unmappable();
-        return check_done("test_multiproc truncated-unmappable");
-    }
+    int rc = run_mode(unmapped_modes, sizeof unmapped_modes / sizeof *unmapped_modes, mode);
+    if (rc >= 0)
+        return rc;
     /* Create the region the way every process does, then read it as the monitor would. */
     cuMemGetInfo_v2(NULL, NULL);
     check(open_region(), "the region file has the documented header (magic, version, sizes)");
     if (region == NULL)
         return check_done("test_multiproc");
-    if (strcmp(mode, "hammer") == 0) {
-        hammer();
-        return check_done("test_multiproc hammer");
-    }
-    if (strcmp(mode, "uids") == 0) {
-        other_uid();
-        return check_done("test_multiproc uids");
-    }
-    if (strcmp(mode, "deleted") == 0) {
-        deleted();
-        return check_done("test_multiproc deleted");
-    }
-    if (strcmp(mode, "lingering-exit") == 0) {
-        lingering_exit();
-        return check_done("test_multiproc lingering-exit");
-    }
-    if (strcmp(mode, "slots") == 0) {
-        all_slots();
-        return check_done("test_multiproc slots");
-    }
-    if (strcmp(mode, "dead-lock-holder") == 0) {
-        dead_lock_holder();
-        return check_done("test_multiproc dead-lock-holder");
-    }
-    if (strcmp(mode, "kill-threads") == 0) {
-        kill_threads();
-        return check_done("test_multiproc kill-threads");
-    }
+    rc = run_mode(mapped_modes, sizeof mapped_modes / sizeof *mapped_modes, mode);
+    if (rc >= 0)
+        return rc;
     kill_holder();
     close_keeps_locks();
     creation_lock_owner_dies();
