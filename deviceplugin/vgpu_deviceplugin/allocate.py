@@ -32,6 +32,7 @@ from vgpu_formats import FormatError
 from vgpu_formats import annotations as ann
 
 from vgpu_deviceplugin.config import ResourceNames, Settings
+from vgpu_deviceplugin.monitor.region import MAX_DEVICES as HOOK_MAX_DEVICES
 
 # Container paths HAMi-core and the images expect (upstream, identical in every version).
 LIBVGPU_CONTAINER_PATH = "/usr/local/vgpu/libvgpu.so"
@@ -232,6 +233,12 @@ def plan(
     and their memory in MiB. Raises AllocateError (pod set)."""
     if call.refusal:
         raise AllocateError(f"pod {ref}: init container {call.container} {call.refusal}", ref)
+    if len(call.devices) > HOOK_MAX_DEVICES:
+        # The region keeps one record per GPU: libvgpu.so reads no limit past the 16th.
+        raise AllocateError(
+            f"pod {ref}: annotation {ann.DEVICES_TO_ALLOCATE} gives container {call.container} "
+            f"{len(call.devices)} GPUs; libvgpu.so keeps the limits of {HOOK_MAX_DEVICES} at most, "
+            "so the others would run without a cap and it is not started", ref)
     seen: set[str] = set()
     for dev in call.devices:
         if "[" in dev.uuid:
@@ -349,6 +356,10 @@ def hami_core_env(
         envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{limit_mib(dev, settings)}m"
     if devices:
         envs["CUDA_DEVICE_SM_LIMIT"] = str(devices[0].usedcores)
+    for i, dev in enumerate(devices):
+        # Upstream sets the first GPU's cores for all; a GPU given other cores gets its own.
+        if dev.usedcores != devices[0].usedcores:
+            envs[f"CUDA_DEVICE_SM_LIMIT_{i}"] = str(dev.usedcores)
     envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{CACHE_CONTAINER_DIR}/{cache_id}.cache"  # mounted there
     if settings.disable_core_limit:
         # Upstream loads disableCoreLimit but never emits this; the ConfigMap field should work.

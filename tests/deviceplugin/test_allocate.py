@@ -273,6 +273,35 @@ def test_a_memory_share_larger_than_the_gpu_is_refused() -> None:
         plan_for([pod], 1)
 
 
+def test_more_gpus_than_the_hook_keeps_limits_for_is_refused() -> None:
+    # libvgpu.so's region has 16 device records: a 17th GPU would run without a cap.
+    uuids = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(17)]
+    gpus = {u: 80000 for u in uuids}
+    for count, refused in ((16, False), (17, True)):
+        devices = "".join(f"{u},NVIDIA,1000,10:" for u in uuids[:count])
+        pod = gpu_pod(f"gpus{count}", [ctr("app", count)], devices)
+        ref, found, call = allocate.select([pod], FIXTURE_NODE, count, NAMES, {})
+        if not refused:
+            planned = allocate.plan(found, ref, call, SETTINGS, gpus, "/usr/local/vgpu", "/tmp/vgpu", "id")
+            assert planned.envs["CUDA_DEVICE_MEMORY_LIMIT_15"] == "1000m"
+            continue
+        with pytest.raises(AllocateError, match="gives container app 17 GPUs; libvgpu.so keeps the "
+                           "limits of 16 at most") as err:
+            allocate.plan(found, ref, call, SETTINGS, gpus, "/usr/local/vgpu", "/tmp/vgpu", "id")
+        assert err.value.pod is not None and err.value.pod.name == "gpus17"
+
+
+def test_a_gpu_given_other_cores_than_the_first_gets_its_own_sm_limit() -> None:
+    # CUDA_DEVICE_SM_LIMIT is the first GPU's (upstream's answer); libvgpu.so reads a per-GPU
+    # CUDA_DEVICE_SM_LIMIT_<i> over it, so B's 50 is not lost to A's 0 (no limit).
+    pod = gpu_pod("mixed", [ctr("app", 2)], f"{GPU_A},NVIDIA,3000,0:{GPU_B},NVIDIA,3000,50:")
+    result = plan_for([pod], 2)
+    assert result.envs["CUDA_DEVICE_SM_LIMIT"] == "0"
+    assert result.envs["CUDA_DEVICE_SM_LIMIT_1"] == "50"
+    assert "CUDA_DEVICE_SM_LIMIT_0" not in result.envs
+    assert "CUDA_DEVICE_SM_LIMIT_1=50\n" in result.settings_text
+
+
 def test_an_unhealthy_gpu_is_not_handed_out() -> None:
     pod = gpu_pod("xid", [ctr("app")], f"{GPU_A},NVIDIA,1000,10:")
     ref, found, call = allocate.select([pod], FIXTURE_NODE, 1, NAMES, {})
