@@ -344,6 +344,7 @@ int vgpu_footprint_before_context(int dev, int (*makes_one)(int dev), int reserv
      * before, and a pid new after it is another process's (one starting meanwhile). */
     if (vgpu_region_host_pid() == 0 && p->first) {
         if (vgpu_region_lock_discovery(dev, DISCOVERY_PATIENCE_MS) == 0) {
+            vgpu_log_defer_begin(); /* until the lock is released (log.h) */
             p->discovering = 1;
             p->nbefore = vgpu_nvml_processes(dev, p->before, VGPU_NVML_MAX_PROCESSES);
         } else {
@@ -401,6 +402,7 @@ int vgpu_footprint_after_context(struct vgpu_context_probe *p, int created)
                 learn_host_pid(p->before, p->nbefore, after, nafter);
         }
         vgpu_region_unlock_discovery(dev);
+        vgpu_log_defer_end();
     }
     if (created)
         __atomic_store_n(&has_context[dev], 1, __ATOMIC_RELEASE);

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 static int configured_level(void)
@@ -20,6 +21,22 @@ static int configured_level(void)
         level = parsed;
     }
     return level;
+}
+
+/* This thread's deferral (log.h): its depth, and the lines kept meanwhile. */
+static _Thread_local int deferring;
+static _Thread_local char kept[VGPU_LOG_DEFERRED_BYTES + 96];
+static _Thread_local size_t kept_len;
+static _Thread_local unsigned left_out;
+
+static void keep(const char *line, size_t len)
+{
+    if (kept_len + len <= VGPU_LOG_DEFERRED_BYTES) {
+        memcpy(kept + kept_len, line, len);
+        kept_len += len;
+    } else {
+        left_out++;
+    }
 }
 
 static const char *level_name(enum vgpu_log_level level)
@@ -46,6 +63,31 @@ void vgpu_log(enum vgpu_log_level level, const char *fmt, ...)
     if (len > sizeof line - 2)
         len = sizeof line - 2;
     line[len++] = '\n';
+    if (deferring > 0) {
+        keep(line, len);
+        return;
+    }
     ssize_t ignored = write(STDERR_FILENO, line, len); /* nothing useful to do on failure */
     (void)ignored;
+}
+
+void vgpu_log_defer_begin(void) { deferring++; }
+
+void vgpu_log_defer_end(void)
+{
+    if (--deferring > 0 || (kept_len == 0 && left_out == 0))
+        return;
+    if (left_out > 0) {
+        char more[96];
+        int n = snprintf(more, sizeof more, "[vgpu WARN pid %d] (%u more lines not shown)\n",
+                         (int)getpid(), left_out);
+        if (n > 0 && kept_len + (size_t)n <= sizeof kept) {
+            memcpy(kept + kept_len, more, (size_t)n);
+            kept_len += (size_t)n;
+        }
+    }
+    ssize_t ignored = write(STDERR_FILENO, kept, kept_len);
+    (void)ignored;
+    kept_len = 0;
+    left_out = 0;
 }

@@ -34,7 +34,7 @@ static uint64_t limit_bytes[VGPU_REGION_MAX_DEVICES];  /* chosen once at attach 
 static uint32_t sm_percent[VGPU_REGION_MAX_DEVICES];
 static int any_limit; /* some device has a memory cap (chosen with limit_bytes) */
 static int my_slot = -1;               /* -1: none claimed yet in this process */
-static int slot_unavailable;           /* all slots taken: this process cannot allocate */
+static uint64_t no_slot_since_ms;      /* all slots were taken then (0: not so): retried later */
 static int fork_reopen_failed;         /* a forked child could not get its own description */
 static pthread_once_t attach_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER; /* claim and reap, in-process */
@@ -110,7 +110,7 @@ static void after_fork_child(void)
      * fails it refuses allocations. */
     pthread_mutex_init(&slot_lock, NULL);
     my_slot = -1;
-    slot_unavailable = 0;
+    no_slot_since_ms = 0;
     if (file.fd >= 0 && reopen_region_fd() != 0) {
         close(file.fd);
         file.fd = -1;
@@ -189,15 +189,20 @@ int vgpu_region_usable(void)
     return r != NULL && intact(r);
 }
 
+/* Only the holder of the slot's byte writes it. The generation is made odd, not incremented:
+ * a writer killed between the two stores left it odd, and an increment would then keep it odd
+ * for good (a reader waiting for an even one would wait for ever). */
 static void set_owner(struct vgpu_region_slot *s, int32_t pid)
 {
-    add64(&s->generation, 1); /* odd: being changed */
+    uint64_t changing = load64(&s->generation) | 1;
+    __atomic_store_n(&s->generation, changing, __ATOMIC_RELAXED); /* odd: being changed */
+    __atomic_thread_fence(__ATOMIC_RELEASE); /* before any of the stores below */
     __atomic_store_n(&s->pid, pid, __ATOMIC_RELAXED);
     __atomic_store_n(&s->host_pid, 0, __ATOMIC_RELAXED);
     store64(&s->claimed_unix_ns, pid != 0 ? unix_ns() : 0);
     store64(&s->last_launch_unix_ns, 0);
     store64(&s->context_bytes, 0);
-    add64(&s->generation, 1);
+    store64(&s->generation, changing + 1);
 }
 
 static int slot_is_empty(const struct vgpu_region_slot *s)
@@ -315,27 +320,37 @@ static void claim_slot(struct vgpu_region *r)
     unlock_creation();
 }
 
+/* With every slot taken, a claim is tried again at most once a second: a long-lived process
+ * that once met a full container gets a slot when one comes free (a claim scans them all). */
+enum { SLOT_RETRY_MS = 1000 };
+
 static int ensure_slot(struct vgpu_region *r)
 {
     int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
     if (slot >= 0)
         return slot;
+    vgpu_log_defer_begin(); /* the claim's lines wait until its locks are released (log.h) */
     pthread_mutex_lock(&slot_lock);
-    if (my_slot < 0 && !slot_unavailable) {
-        if (!fork_reopen_failed)
-            claim_slot(r);
-        if (my_slot < 0) {
-            slot_unavailable = 1;
-            if (fork_reopen_failed)
-                vgpu_log(VGPU_LOG_ERROR, "cannot reopen the shared region after fork; this "
-                         "process cannot allocate device memory");
-            else
-                vgpu_log(VGPU_LOG_ERROR, "all %d process slots of the shared region are in use; "
-                         "this process cannot allocate device memory", VGPU_REGION_MAX_SLOTS);
-        }
+    uint64_t now_ms = monotonic_ns() / 1000000u;
+    if (my_slot < 0 && fork_reopen_failed) {
+        if (no_slot_since_ms == 0)
+            vgpu_log(VGPU_LOG_ERROR, "cannot reopen the shared region after fork; this process "
+                     "cannot allocate device memory");
+        no_slot_since_ms = now_ms | 1;
+    } else if (my_slot < 0 && (no_slot_since_ms == 0 || now_ms - no_slot_since_ms >= SLOT_RETRY_MS)) {
+        claim_slot(r);
+        if (my_slot >= 0 && no_slot_since_ms != 0)
+            vgpu_log(VGPU_LOG_WARN, "a process slot of the shared region came free; this process "
+                     "can allocate device memory again");
+        else if (my_slot < 0 && no_slot_since_ms == 0)
+            vgpu_log(VGPU_LOG_ERROR, "all %d process slots of the shared region are in use; "
+                     "this process cannot allocate device memory until one comes free",
+                     VGPU_REGION_MAX_SLOTS);
+        no_slot_since_ms = my_slot < 0 ? now_ms | 1 : 0;
     }
     slot = my_slot;
     pthread_mutex_unlock(&slot_lock);
+    vgpu_log_defer_end();
     return slot;
 }
 
@@ -392,9 +407,11 @@ int vgpu_region_reap_dead(void)
     if (r == NULL || slot < 0 || !intact(r))
         return 0;
     int reaped = 0;
+    vgpu_log_defer_begin(); /* not while holding the dead slots' bytes (log.h) */
     pthread_mutex_lock(&slot_lock);
     reap_scan(r, (uint32_t)slot, &reaped);
     pthread_mutex_unlock(&slot_lock);
+    vgpu_log_defer_end();
     return reaped;
 }
 

@@ -123,6 +123,9 @@ run kill-threads CUDA_DEVICE_MEMORY_LIMIT=1g LIBCUDA_LOG_LEVEL=0 \
 # Every slot taken by a live process, then by a dead one (errors only: 1024 processes log).
 run slots CUDA_DEVICE_MEMORY_LIMIT=4g LIBCUDA_LOG_LEVEL=1 "$build/tests/test_multiproc" slots
 run dead-lock-holder CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" dead-lock-holder
+run odd-generation CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" odd-generation
+# Contexts of 20 MiB: NVML lists the process, so nothing is logged before the claim.
+run blocked-stderr CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_CONTEXT_MIB=20 "$build/tests/test_multiproc" blocked-stderr
 # Processes of one container starting together where there is no region file yet all share the
 # one a peer creates (a guard held while the file is missing is not always a removed region).
 run together CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_CONTEXT_MIB=20 "$build/tests/test_multiproc" together

@@ -21,9 +21,14 @@
  *                destructor that runs after libvgpu's (linger.so): its memory stays counted
  *   slots        (cap 4 GiB) 1024 live processes of 1 MiB each take every slot: the next one is
  *                refused memory with a log line saying why; once all but one are killed (kill -9),
- *                a new process takes a dead one's slot and gets back what they held
+ *                it gets its memory on asking again, and a new process takes a dead one's slot
+ *                and gets back what they held
  *   dead-lock-holder  a process killed holding the ledger lock mid-change: the claimant of its
  *                slot undoes the change and reaps it
+ *   odd-generation  a slot's generation left odd by a process killed while changing it: the
+ *                next owner leaves it even
+ *   blocked-stderr  a process blocked writing its claim's log line to a stderr nobody reads:
+ *                the others of the container go on
  *   refused-child, uids-child, together-child, linger-child: run after exec by the modes above. */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -711,6 +716,18 @@ static char take_1_mib_or_say_why(void)
                                                                                            : 'n';
 }
 
+/* After the retry pipe says so: tries for a slot every 0.1 s for 5 s; says 'y' once it has
+ * 1 MiB, else 'n'. */
+static int retry_1_mib(int said_fd)
+{
+    CUdeviceptr p;
+    char said = 'n';
+    for (double t0 = now_s(); now_s() - t0 < 5.0 && said == 'n'; sleep_s(0.1))
+        if (cuMemAlloc_v2(&p, MiB) == CUDA_SUCCESS)
+            said = 'y';
+    return write(said_fd, &said, 1) == 1 ? 0 : 2;
+}
+
 /* Each slot is a process; a container with more processes at once than slots must refuse the
  * extra ones memory (not share a slot's ledger), and once they are gone, every slot being dead
  * must not keep the next process out: before, only empty slots were claimed, and the dead were
@@ -718,9 +735,11 @@ static char take_1_mib_or_say_why(void)
 static void all_slots(void)
 {
     enum { SLOTS = VGPU_REGION_MAX_SLOTS };
-    static pid_t holder[SLOTS + 1];
-    int admitted = 0;
+    static pid_t holder[SLOTS + 1]; /* [SLOTS]: the process refused for want of a slot */
+    int admitted = 0, retry[2], retry_said = -1;
     char last = 0;
+    if (pipe(retry) != 0)
+        return;
     double started = now_s();
     fflush(stdout);
     for (int i = 0; i <= SLOTS; i++) {
@@ -732,6 +751,8 @@ static void all_slots(void)
             char said = take_1_mib_or_say_why();
             if (write(ready[1], &said, 1) != 1)
                 _exit(2);
+            if (said == 's' && read(retry[0], &said, 1) == 1)
+                _exit(retry_1_mib(ready[1]));
             pause();
             _exit(0);
         }
@@ -739,12 +760,16 @@ static void all_slots(void)
         last = 0;
         if (pid < 0 || read(ready[0], &last, 1) != 1)
             last = 0;
+        if (last != 'y') {
+            holder[SLOTS] = pid;
+            retry_said = ready[0]; /* it answers the retry there */
+            break;
+        }
         close(ready[0]);
         holder[i] = pid;
-        if (last != 'y')
-            break;
         admitted++;
     }
+    close(retry[0]);
     double filled = now_s() - started;
     check(admitted == SLOTS && last == 's',
           "1024 processes of 1 MiB each took every slot (%d admitted in %.1f s); the next is "
@@ -755,12 +780,24 @@ static void all_slots(void)
           (unsigned long long)(used(0) / MiB));
     /* All but the first: one live process keeps the claimant from the idle correction (which
      * would zero the totals whether or not the reaping was right). */
-    for (int i = 1; i <= admitted && i <= SLOTS; i++)
-        if (holder[i] > 0)
-            kill(holder[i], SIGKILL);
-    for (int i = 1; i <= admitted && i <= SLOTS; i++)
-        if (holder[i] > 0)
-            wait_status(holder[i]);
+    for (int i = 1; i < admitted; i++)
+        kill(holder[i], SIGKILL);
+    for (int i = 1; i < admitted; i++)
+        wait_status(holder[i]);
+    /* The refused process, alive all along, asks again: no restart needed. */
+    char said = 0;
+    started = now_s();
+    int asked = holder[SLOTS] > 0 && retry_said >= 0 && write(retry[1], "r", 1) == 1 &&
+                read(retry_said, &said, 1) == 1;
+    close(retry[1]);
+    if (retry_said >= 0)
+        close(retry_said);
+    check(asked && said == 'y', "the refused process, still running, gets its 1 MiB %.1f s after "
+          "they are gone (a claim is retried once a second)", now_s() - started);
+    if (holder[SLOTS] > 0) {
+        kill(holder[SLOTS], SIGKILL);
+        wait_status(holder[SLOTS]);
+    }
     started = now_s();
     pid_t next = fork();
     if (next == 0) {
@@ -783,6 +820,117 @@ static void all_slots(void)
     }
 }
 
+/* What the kernel says process pid waits in ("" when it cannot say). */
+static const char *waits_in(pid_t pid)
+{
+    static char where[64];
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/wchan", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f != NULL ? fread(where, 1, sizeof where - 1, f) : 0;
+    where[n] = '\0';
+    if (f != NULL)
+        fclose(f);
+    return where;
+}
+
+/* A process whose stderr nobody reads (a full pipe) blocks in its first write(2) there. Its
+ * claim reaps a dead process and says so: written while it held the creation lock, that line
+ * kept every process of the container that started after it waiting for as long as nobody
+ * read the pipe. The lines of a claim are written once its locks are released. */
+static void blocked_stderr(void)
+{
+    pid_t dead = fork_holder(take_10_mib, "a process holds 10 MiB, then is killed");
+    if (dead < 0)
+        return;
+    kill(dead, SIGKILL);
+    wait_status(dead);
+    int full[2];
+    char junk[4096] = {0};
+    if (pipe(full) != 0 || fcntl(full[1], F_SETFL, O_NONBLOCK) != 0)
+        return;
+    while (write(full[1], junk, sizeof junk) > 0) {
+    }
+    fcntl(full[1], F_SETFL, 0);
+    fflush(stdout);
+    pid_t mute = fork();
+    if (mute == 0) {
+        dup2(full[1], STDERR_FILENO);
+        _exit(take_10_mib() ? 0 : 1);
+    }
+    double t0 = now_s();
+    while (now_s() - t0 < 5 && strstr(waits_in(mute), "pipe") == NULL)
+        sleep_s(0.05);
+    check(strstr(waits_in(mute), "pipe") != NULL || access("/proc/self/wchan", R_OK) != 0,
+          "a process with a full pipe for stderr blocks writing to it (waits in %s)",
+          waits_in(mute));
+    pid_t next = fork();
+    if (next == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, STDERR_FILENO);
+        _exit(take_10_mib() ? 0 : 1);
+    }
+    int status = -1;
+    t0 = now_s();
+    while (now_s() - t0 < 10 && waitpid(next, &status, WNOHANG) == 0)
+        sleep_s(0.05);
+    int waited = now_s() - t0 >= 10;
+    if (waited) {
+        kill(next, SIGKILL);
+        wait_status(next);
+    }
+    check(!waited && WIFEXITED(status) && WEXITSTATUS(status) == 0, "another process of the "
+          "container starts and allocates meanwhile (%s)", waited ? "it waited 10 s" : "at once");
+    ssize_t drained = 0;
+    fcntl(full[0], F_SETFL, O_NONBLOCK);
+    for (ssize_t n; (n = read(full[0], junk, sizeof junk)) > 0;)
+        drained += n;
+    check(exited_ok(mute), "once its stderr is read, the blocked process goes on and exits");
+    close(full[0]);
+    close(full[1]);
+}
+
+/* The region mapped for writing, to leave in it what a process killed at some instruction
+ * would (NULL: cannot). */
+static struct vgpu_region *writable_region(void)
+{
+    int fd = open(region_path(), O_RDWR | O_CLOEXEC);
+    void *m = fd >= 0 ? mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                      : MAP_FAILED;
+    if (fd >= 0)
+        close(fd);
+    return m != MAP_FAILED ? m : NULL;
+}
+
+/* A process killed between the two stores of a slot's generation leaves it odd ("being
+ * changed"): a monitor following the README's snapshot rule waits for an even one. The next
+ * owner's claim must leave it even, not odd for good. */
+static void odd_generation(void)
+{
+    pid_t dead = fork_holder(take_10_mib, "a process holds 10 MiB");
+    if (dead < 0)
+        return;
+    int slot = find_slot(dead);
+    kill(dead, SIGKILL);
+    wait_status(dead);
+    struct vgpu_region *w = writable_region();
+    if (!check(slot >= 0 && w != NULL, "its slot (%d) and the region, writable", slot))
+        return;
+    w->slots[slot].generation |= 1;
+    munmap(w, VGPU_REGION_FILE_SIZE);
+    fflush(stdout);
+    pid_t next = fork();
+    if (next == 0) {
+        cuda_start();
+        CUdeviceptr p;
+        _exit(cuMemAlloc_v2(&p, MiB) == CUDA_SUCCESS ? 0 : 1);
+    }
+    check(exited_ok(next) && find_slot(next) == slot, "a new process takes that slot");
+    uint64_t generation = __atomic_load_n(&region->slots[slot].generation, __ATOMIC_ACQUIRE);
+    check(generation % 2 == 0, "and leaves its generation even (%llu)",
+          (unsigned long long)generation);
+}
+
 /* A process killed inside the ledger lock, halfway through a change of +50 MiB to its 100 MiB
  * (the device's word written, its ledger not yet; made by hand here, as the lock word and the
  * journal say it): the next claimant takes its slot, and must first undo that change as the
@@ -797,10 +945,8 @@ static void dead_lock_holder(void)
     int slot = find_slot(dead);
     kill(dead, SIGKILL);
     wait_status(dead);
-    int fd = open(region_path(), O_RDWR | O_CLOEXEC);
-    struct vgpu_region *w = fd >= 0 ? mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ | PROT_WRITE,
-                                           MAP_SHARED, fd, 0) : MAP_FAILED;
-    if (!check(slot >= 0 && w != MAP_FAILED, "its slot (%d) and the region, writable", slot))
+    struct vgpu_region *w = writable_region();
+    if (!check(slot >= 0 && w != NULL, "its slot (%d) and the region, writable", slot))
         return;
     struct vgpu_region_slot *s = &w->slots[slot];
     uint64_t device_used = w->devices[0].used_bytes;
@@ -813,7 +959,6 @@ static void dead_lock_holder(void)
     __atomic_store_n(&w->header.ledger_lock, (UINT64_C(7) << 16) | (uint64_t)(slot + 1),
                      __ATOMIC_RELEASE);
     munmap(w, VGPU_REGION_FILE_SIZE);
-    close(fd);
     check(used(0) == 160 * MiB, "the region shows 160 MiB, the lock held by the dead process");
     fflush(stdout);
     pid_t next = fork();
@@ -1237,6 +1382,8 @@ static const struct mode mapped_modes[] = {
     {"lingering-exit", lingering_exit},
     {"slots", all_slots},
     {"dead-lock-holder", dead_lock_holder},
+    {"odd-generation", odd_generation},
+    {"blocked-stderr", blocked_stderr},
     {"kill-threads", kill_threads},
 };
 
