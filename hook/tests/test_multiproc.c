@@ -890,16 +890,26 @@ static void blocked_stderr(void)
     close(full[1]);
 }
 
-/* The region mapped for writing, to leave in it what a process killed at some instruction
- * would (NULL: cannot). */
-static struct vgpu_region *writable_region(void)
+/* A holder (take, checked as `what`) killed with -9, and the region mapped for writing, to leave
+ * in it what the process would have left had it been killed at some instruction: *slot is the
+ * dead one's. NULL (checked) when a step failed; else munmap it when done. */
+static struct vgpu_region *killed_holder(int (*take)(void), const char *what, int *slot)
 {
+    pid_t dead = fork_holder(take, what);
+    if (dead < 0)
+        return NULL;
+    *slot = find_slot(dead);
+    kill(dead, SIGKILL);
+    wait_status(dead);
     int fd = open(region_path(), O_RDWR | O_CLOEXEC);
     void *m = fd >= 0 ? mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
                       : MAP_FAILED;
     if (fd >= 0)
         close(fd);
-    return m != MAP_FAILED ? m : NULL;
+    if (!check(*slot >= 0 && m != MAP_FAILED, "killed with -9: its slot (%d), the region mapped "
+               "for writing", *slot))
+        return NULL;
+    return m;
 }
 
 /* A process killed between the two stores of a slot's generation leaves it odd ("being
@@ -907,14 +917,9 @@ static struct vgpu_region *writable_region(void)
  * owner's claim must leave it even, not odd for good. */
 static void odd_generation(void)
 {
-    pid_t dead = fork_holder(take_10_mib, "a process holds 10 MiB");
-    if (dead < 0)
-        return;
-    int slot = find_slot(dead);
-    kill(dead, SIGKILL);
-    wait_status(dead);
-    struct vgpu_region *w = writable_region();
-    if (!check(slot >= 0 && w != NULL, "its slot (%d) and the region, writable", slot))
+    int slot;
+    struct vgpu_region *w = killed_holder(take_10_mib, "a process holds 10 MiB", &slot);
+    if (w == NULL)
         return;
     w->slots[slot].generation |= 1;
     munmap(w, VGPU_REGION_FILE_SIZE);
@@ -938,15 +943,10 @@ static void odd_generation(void)
  * before undoing would find the lock held by itself, and wait for ever. */
 static void dead_lock_holder(void)
 {
-    pid_t dead = fork_holder(take_100_mib, "a process holds 100 MiB");
-    pid_t alive = fork_holder(take_10_mib, "another holds 10 MiB, and lives on");
-    if (dead < 0 || alive < 0)
-        return;
-    int slot = find_slot(dead);
-    kill(dead, SIGKILL);
-    wait_status(dead);
-    struct vgpu_region *w = writable_region();
-    if (!check(slot >= 0 && w != NULL, "its slot (%d) and the region, writable", slot))
+    pid_t alive = fork_holder(take_10_mib, "a process holds 10 MiB, and lives on");
+    int slot;
+    struct vgpu_region *w = killed_holder(take_100_mib, "another holds 100 MiB", &slot);
+    if (alive < 0 || w == NULL)
         return;
     struct vgpu_region_slot *s = &w->slots[slot];
     uint64_t device_used = w->devices[0].used_bytes;
