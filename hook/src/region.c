@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <sys/auxv.h>
 #include <unistd.h>
 
@@ -35,6 +36,8 @@ static uint32_t sm_percent[VGPU_REGION_MAX_DEVICES];
 static int any_limit; /* some device has a memory cap (chosen with limit_bytes) */
 static int my_slot = -1;               /* -1: none claimed yet in this process */
 static uint64_t no_slot_since_ms;      /* all slots were taken then (0: not so): retried later */
+static dev_t file_dev;                 /* the region file's identity, as attached */
+static ino_t file_ino;
 static int fork_reopen_failed;         /* a forked child could not get its own description */
 static pthread_once_t attach_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER; /* claim and reap, in-process */
@@ -49,6 +52,16 @@ static int byte_lock(int cmd, short type, uint64_t offset)
     struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = (off_t)offset, .l_len = 1,
                        .l_pid = 0};
     return fcntl(file.fd, cmd, &fl);
+}
+
+/* Whether file.fd still names the region file. A program that closes every descriptor (a
+ * daemon after fork) may have put another file at its number: a claim's locks there would find
+ * every slot free, a live process's among them, and reap it. */
+static int descriptor_intact(void)
+{
+    struct stat st;
+    return file.fd >= 0 && fstat(file.fd, &st) == 0 && st.st_dev == file_dev &&
+           st.st_ino == file_ino;
 }
 
 /* Byte 0 serialises creation and slot claims; the kernel releases it if its holder dies. */
@@ -152,6 +165,11 @@ static void attach(void)
         return;
     }
     struct vgpu_region *r = file.map;
+    struct stat st;
+    if (fstat(file.fd, &st) == 0) {
+        file_dev = st.st_dev;
+        file_ino = st.st_ino;
+    }
     choose_limits(r, &limits, settings->from_file);
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
         limit_bytes[d] = limits.memory_bytes[d];
@@ -332,10 +350,14 @@ static int ensure_slot(struct vgpu_region *r)
     vgpu_log_defer_begin(); /* the claim's lines wait until its locks are released (log.h) */
     pthread_mutex_lock(&slot_lock);
     uint64_t now_ms = monotonic_ns() / 1000000u;
-    if (my_slot < 0 && fork_reopen_failed) {
+    const char *lost = my_slot >= 0 ? NULL
+                       : fork_reopen_failed ? "cannot reopen the shared region after fork"
+                       : !descriptor_intact() ? "the program closed the shared region's "
+                                                "descriptor, or put another file at its number"
+                                              : NULL;
+    if (lost != NULL) {
         if (no_slot_since_ms == 0)
-            vgpu_log(VGPU_LOG_ERROR, "cannot reopen the shared region after fork; this process "
-                     "cannot allocate device memory");
+            vgpu_log(VGPU_LOG_ERROR, "%s; this process cannot allocate device memory", lost);
         no_slot_since_ms = now_ms | 1;
     } else if (my_slot < 0 && (no_slot_since_ms == 0 || now_ms - no_slot_since_ms >= SLOT_RETRY_MS)) {
         claim_slot(r);
@@ -404,7 +426,7 @@ int vgpu_region_reap_dead(void)
 {
     struct vgpu_region *r = vgpu_region_get();
     int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
-    if (r == NULL || slot < 0 || !intact(r))
+    if (r == NULL || slot < 0 || !intact(r) || !descriptor_intact())
         return 0;
     int reaped = 0;
     vgpu_log_defer_begin(); /* not while holding the dead slots' bytes (log.h) */

@@ -126,6 +126,7 @@ run dead-lock-holder CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" d
 run odd-generation CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" odd-generation
 # Contexts of 20 MiB: NVML lists the process, so nothing is logged before the claim.
 run blocked-stderr CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_CONTEXT_MIB=20 "$build/tests/test_multiproc" blocked-stderr
+run replaced-descriptor CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" replaced-descriptor
 # Processes of one container starting together where there is no region file yet all share the
 # one a peer creates (a guard held while the file is missing is not always a removed region).
 run together CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_CONTEXT_MIB=20 "$build/tests/test_multiproc" together

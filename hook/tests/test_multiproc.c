@@ -29,6 +29,8 @@
  *                next owner leaves it even
  *   blocked-stderr  a process blocked writing its claim's log line to a stderr nobody reads:
  *                the others of the container go on
+ *   replaced-descriptor  a child that put another file at the region descriptor's number is
+ *                refused memory rather than claim (and reap) through that file
  *   refused-child, uids-child, together-child, linger-child: run after exec by the modes above. */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -890,6 +892,56 @@ static void blocked_stderr(void)
     close(full[1]);
 }
 
+/* The number of this process's descriptor of the region file (-1: none). */
+static int region_descriptor(void)
+{
+    struct stat want, st;
+    if (stat(region_path(), &want) != 0)
+        return -1;
+    for (int fd = 3; fd < 1024; fd++)
+        if (fd != region_fd && fstat(fd, &st) == 0 && st.st_dev == want.st_dev &&
+            st.st_ino == want.st_ino && (fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDWR)
+            return fd;
+    return -1;
+}
+
+/* A child that, like a daemon, closes every descriptor and then opens a file of its own at the
+ * region's number: its claim must not lock bytes of that file, where every slot looks free
+ * (the parent's live one too, which it then reaped: 1200 MiB held under a 1 GiB cap). */
+static void replaced_descriptor(void)
+{
+    cuda_start();
+    CUdeviceptr p;
+    check(cuMemAlloc_v2(&p, 600 * MiB) == CUDA_SUCCESS, "a process holds 600 MiB of 1 GiB");
+    int slot = find_slot(getpid());
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        int number = region_descriptor();
+        char other[] = "/tmp/vgpu-other-XXXXXX";
+        int fd = mkstemp(other);
+        if (number < 0 || fd < 0 || ftruncate(fd, VGPU_REGION_FILE_SIZE) != 0 ||
+            dup2(fd, number) != number)
+            _exit(3);
+        unlink(other);
+        close(fd);
+        capture_begin();
+        CUdeviceptr q;
+        CUresult rc = cuMemAlloc_v2(&q, 600 * MiB);
+        const char *log = capture_end();
+        printf("child: 600 MiB -> %d; log: %s", rc, log);
+        fflush(stdout);
+        _exit(rc == CUDA_ERROR_OUT_OF_MEMORY &&
+              strstr(log, "closed the shared region's descriptor") != NULL ? 0 : 1);
+    }
+    check(exited_ok(child), "its child, its region descriptor replaced by another file, is "
+          "refused 600 MiB and says why");
+    check(used(0) == 600 * MiB && slot >= 0 && region->slots[slot].pid == getpid(),
+          "the parent's slot and 600 MiB are still counted (%llu MiB)",
+          (unsigned long long)(used(0) / MiB));
+    cuMemFree_v2(p);
+}
+
 /* A holder (take, checked as `what`) killed with -9, and the region mapped for writing, to leave
  * in it what the process would have left had it been killed at some instruction: *slot is the
  * dead one's. NULL (checked) when a step failed; else munmap it when done. */
@@ -1384,6 +1436,7 @@ static const struct mode mapped_modes[] = {
     {"dead-lock-holder", dead_lock_holder},
     {"odd-generation", odd_generation},
     {"blocked-stderr", blocked_stderr},
+    {"replaced-descriptor", replaced_descriptor},
     {"kill-threads", kill_threads},
 };
 
