@@ -223,20 +223,25 @@ static inline int current_device(void)
  * is then on ordinal 0. */
 extern int vgpu_one_device;
 
-/* The device a kernel launched now runs on, as current_device(), without asking the driver
- * when there is only one (most vGPU containers): the SM gate's costliest step on the fake
- * (hook/README.md, "Overhead"). A launch without a current context is charged to device 0
- * too, though the driver then refuses it (as any launch the driver refuses is charged). */
-static inline int launch_device(void)
-{
-    return __atomic_load_n(&vgpu_one_device, __ATOMIC_RELAXED) ? 0 : current_device();
-}
-
 enum { VGPU_DEVICE_UNKNOWN = -2 };
 
 /* The device work on stream runs on (cuda_memory.c): a default stream's is the current
  * context's (-1 as current_device()); VGPU_DEVICE_UNKNOWN when the driver cannot say. */
 int vgpu_stream_device(CUstream stream);
+
+/* The device a kernel launched on stream runs on. With one device (most vGPU containers), 0
+ * without asking the driver: the SM gate's costliest step on the fake (hook/README.md,
+ * "Overhead"); a launch without a current context is charged to it too, though the driver then
+ * refuses it (as any launch the driver refuses is charged). Else the stream's device, since a
+ * CUkernel runs in its stream's context whatever is current (cuda.h, cuLaunchKernel), and the
+ * current context's where the driver cannot name the stream's. */
+static inline int launch_device_on(CUstream stream)
+{
+    if (__atomic_load_n(&vgpu_one_device, __ATOMIC_RELAXED))
+        return 0;
+    int dev = vgpu_stream_device(stream);
+    return dev >= 0 ? dev : current_device();
+}
 
 /* The blocks a launch of this grid runs: what the SM limiter charges for it. */
 static inline uint64_t grid(unsigned gx, unsigned gy, unsigned gz)

@@ -10,20 +10,20 @@
  * the node monitor: a clock read per launch would cost more than the rest of the wrapper. */
 static __thread __attribute__((tls_model("initial-exec"))) unsigned launches_here;
 
-/* A launch under an SM limit takes its tokens. Out of line: the driver's question for the
- * device needs a stack frame that the unlimited launch should not pay for. */
-static __attribute__((noinline)) void charge(uint64_t blocks)
+/* A launch on stream under an SM limit takes its tokens. Out of line: the driver's question
+ * for the device needs a stack frame that the unlimited launch should not pay for. */
+static __attribute__((noinline)) void charge(uint64_t blocks, CUstream stream)
 {
-    vgpu_throttle_launch(launch_device(), blocks ? blocks : 1);
+    vgpu_throttle_launch(launch_device_on(stream), blocks ? blocks : 1);
 }
 
 /* The SM limiter's gate; with no limit this is one predictable branch. */
-static inline void gate(uint64_t blocks)
+static inline void gate(uint64_t blocks, CUstream stream)
 {
     if (__builtin_expect((launches_here++ & 1023) == 0, 0))
         vgpu_region_note_launch();
     if (__builtin_expect(vgpu_throttle_enabled, 0))
-        charge(blocks);
+        charge(blocks, stream);
 }
 
 /* After the driver launched (rc its answer) a kernel whose stack check gave `stack`. */
@@ -39,7 +39,7 @@ VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsi
 {
     if (!ready() || real.cuLaunchKernel == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(grid(gx, gy, gz));
+    gate(grid(gx, gy, gz), stream);
     int stack = vgpu_stack_before_launch(f);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream,
@@ -52,7 +52,7 @@ VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
 {
     if (!ready() || real.cuLaunchKernel_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(grid(gx, gy, gz));
+    gate(grid(gx, gy, gz), stream);
     int stack = vgpu_stack_before_launch(f);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem,
@@ -65,7 +65,7 @@ VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f
     if (!ready() || real.cuLaunchKernelEx == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (config != NULL)
-        gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ));
+        gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ), config->hStream);
     int stack = vgpu_stack_before_launch(f);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchKernelEx(config, f, params, extra));
@@ -77,7 +77,7 @@ VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunct
     if (!ready() || real.cuLaunchKernelEx_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (config != NULL)
-        gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ));
+        gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ), config->hStream);
     int stack = vgpu_stack_before_launch(f);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchKernelEx_ptsz(config, f, params, extra));
@@ -90,7 +90,7 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsign
 {
     if (!ready() || real.cuLaunchCooperativeKernel == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(grid(gx, gy, gz));
+    gate(grid(gx, gy, gz), stream);
     int stack = vgpu_stack_before_launch(f);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz,
@@ -104,7 +104,7 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
 {
     if (!ready() || real.cuLaunchCooperativeKernel_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(grid(gx, gy, gz));
+    gate(grid(gx, gy, gz), stream);
     int stack = vgpu_stack_before_launch(f);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by,
@@ -123,7 +123,7 @@ VGPU_EXPORT CUresult cuLaunch(CUfunction f)
 {
     if (!ready() || real.cuLaunch == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(1);
+    gate(1, NULL);
     int stack = vgpu_stack_before_launch(f);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY : launched(stack, real.cuLaunch(f));
 }
@@ -132,7 +132,7 @@ VGPU_EXPORT CUresult cuLaunchGrid(CUfunction f, int width, int height)
 {
     if (!ready() || real.cuLaunchGrid == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(legacy_grid(width, height));
+    gate(legacy_grid(width, height), NULL);
     int stack = vgpu_stack_before_launch(f);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchGrid(f, width, height));
@@ -142,7 +142,7 @@ VGPU_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int width, int height, CUst
 {
     if (!ready() || real.cuLaunchGridAsync == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(legacy_grid(width, height));
+    gate(legacy_grid(width, height), stream);
     int stack = vgpu_stack_before_launch(f);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchGridAsync(f, width, height, stream));
@@ -160,9 +160,8 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *li
     vgpu_region_note_launch();
     for (unsigned int i = 0; list != NULL && i < count; i++) {
         if (vgpu_throttle_enabled) {
-            int dev = vgpu_stream_device(list[i].hStream);
             uint64_t blocks = grid(list[i].gridDimX, list[i].gridDimY, list[i].gridDimZ);
-            vgpu_throttle_launch(dev >= 0 ? dev : launch_device(), blocks ? blocks : 1);
+            vgpu_throttle_launch(launch_device_on(list[i].hStream), blocks ? blocks : 1);
         }
         uint64_t needs = vgpu_kernel_local_bytes(list[i].function);
         local = needs > local ? needs : local;
@@ -179,7 +178,7 @@ VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
 {
     if (!ready() || real.cuGraphLaunch == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1);
+    gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1, stream);
     return vgpu_graph_launch(real.cuGraphLaunch, exec, stream, "cuGraphLaunch");
 }
 
@@ -187,6 +186,6 @@ VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
 {
     if (!ready() || real.cuGraphLaunch_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1);
+    gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1, stream);
     return vgpu_graph_launch(real.cuGraphLaunch_ptsz, exec, stream, "cuGraphLaunch");
 }

@@ -576,12 +576,46 @@ static void drained(double limit, const char *how)
 
 /* Two GPUs, an SM limit on the second only: each launch is charged to its context's device,
  * which a process with more than one must ask the driver for (cuda_driver.h, launch_device). */
+/* Busy share of device 1 over the last `seconds - settle` of `seconds` of back-to-back launches
+ * of a CUkernel on stream, a stream of device 1, whatever context is current. */
+static double kernel_on_stream(CUkernel kernel, CUstream stream, double seconds, double settle)
+{
+    uint64_t busy0 = 0;
+    double t0 = now_s(), from = 0;
+    while (now_s() - t0 < seconds) {
+        if (from == 0 && now_s() - t0 >= settle) {
+            busy0 = fake_cuda_busy_ns(1);
+            from = now_s();
+        }
+        cuLaunchKernel((CUfunction)kernel, 2000, 1, 1, 128, 1, 1, 0, stream, NULL, NULL);
+        cuStreamSynchronize(stream);
+    }
+    return 100.0 * (double)(fake_cuda_busy_ns(1) - busy0) / ((now_s() - from) * 1e9);
+}
+
 static void limit_on_second_gpu(double limit)
 {
     use_device(1);
     double second = back_to_back(1, 2000, 4.0, 2.0);
     check(fabs(second - limit) <= 5.0, "device 1 (limit %.0f%%): measured %.1f%% after 2 s", limit,
           second);
+    /* A CUkernel runs in its stream's context, not the current one (cuda.h, cuLaunchKernel):
+     * charged to the current context's device, it escaped device 1's limit (94.7 % with device
+     * 0 current, 94.3 % with none, the library before). */
+    CUstream stream;
+    CUlibrary library;
+    CUkernel kernel;
+    int made = cuStreamCreate(&stream, 0) == CUDA_SUCCESS &&
+               cuLibraryLoadData(&library, ".visible .entry k()\n{\n ret;\n}\n", NULL, NULL, 0,
+                                 NULL, NULL, 0) == CUDA_SUCCESS &&
+               cuLibraryGetKernel(&kernel, library, "k") == CUDA_SUCCESS;
+    use_device(0);
+    double other = made ? kernel_on_stream(kernel, stream, 4.0, 2.0) : -1;
+    check(made && fabs(other - limit) <= 5.0, "a CUkernel on a stream of device 1, device 0's "
+          "context current: device 1 %.1f%% busy", other);
+    cuCtxSetCurrent(NULL);
+    double none = made ? kernel_on_stream(kernel, stream, 4.0, 2.0) : -1;
+    check(made && fabs(none - limit) <= 5.0, "and with no context current: %.1f%%", none);
     use_device(0);
     double first = back_to_back(0, 2000, 1.0, 0.0);
     check(first > 80.0, "device 0 (no limit): the loop keeps it %.1f%% busy", first);

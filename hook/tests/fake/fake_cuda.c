@@ -1723,11 +1723,16 @@ EXPORT CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attr, CUfunc
     return CUDA_SUCCESS;
 }
 
-/* A launch of f (NULL: the old tests' stand-in, or a graph) of `blocks` blocks. The driver
- * raises the stack for a kernel whose threads need more than it holds, and keeps it (cuda.h). */
-static CUresult launch(enum fake_launch_variant variant, CUfunction f, uint64_t blocks)
+/* A launch of f (NULL: the old tests' stand-in, or a graph) of `blocks` blocks on stream. A
+ * CUkernel runs in its stream's context, whatever is current (cuda.h, cuLaunchKernel); anything
+ * else in the current one. The driver raises the stack for a kernel whose threads need more
+ * than it holds, and keeps it (cuda.h). */
+static CUresult launch_on(enum fake_launch_variant variant, CUfunction f, CUstream stream,
+                          uint64_t blocks)
 {
-    CUresult rc = need_ctx();
+    struct fake_ctx *ctx = current;
+    CUresult rc = f == (CUfunction)(void *)&kernel_token && !default_stream(stream)
+                      ? stream_ctx(stream, &ctx) : need_ctx();
     if (rc != CUDA_SUCCESS)
         return rc;
     run_inside("cuLaunchKernel"); /* any launch, before the driver raises the stack */
@@ -1738,52 +1743,58 @@ static CUresult launch(enum fake_launch_variant variant, CUfunction f, uint64_t 
     gpu_get();
     if (ns_per_block == 0 && gpu_lazy_bytes == 0) /* the benchmark: no model, no lock */
         return CUDA_SUCCESS;
-    return gpu_submit(current->dev, blocks * ns_per_block) == 0 ? CUDA_SUCCESS
-                                                               : CUDA_ERROR_OUT_OF_MEMORY;
+    return gpu_submit(ctx->dev, blocks * ns_per_block) == 0 ? CUDA_SUCCESS
+                                                           : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static CUresult launch(enum fake_launch_variant variant, CUfunction f, uint64_t blocks)
+{
+    return launch_on(variant, f, NULL, blocks);
 }
 
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned shmem, CUstream stream,
                                void **params, void **extra)
 {
-    (void)f, (void)bx, (void)by, (void)bz, (void)shmem, (void)stream, (void)params, (void)extra;
-    return launch(FAKE_LAUNCH, f, (uint64_t)gx * gy * gz);
+    (void)bx, (void)by, (void)bz, (void)shmem, (void)params, (void)extra;
+    return launch_on(FAKE_LAUNCH, f, stream, (uint64_t)gx * gy * gz);
 }
 
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                     unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                     CUstream stream, void **params, void **extra)
 {
-    (void)f, (void)bx, (void)by, (void)bz, (void)shmem, (void)stream, (void)params, (void)extra;
-    return launch(FAKE_LAUNCH_PTSZ, f, (uint64_t)gx * gy * gz);
+    (void)bx, (void)by, (void)bz, (void)shmem, (void)params, (void)extra;
+    return launch_on(FAKE_LAUNCH_PTSZ, f, stream, (uint64_t)gx * gy * gz);
 }
 
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e)
 {
-    (void)f, (void)p, (void)e;
-    return launch(FAKE_LAUNCH_EX, f, (uint64_t)c->gridDimX * c->gridDimY * c->gridDimZ);
+    (void)p, (void)e;
+    return launch_on(FAKE_LAUNCH_EX, f, c->hStream, (uint64_t)c->gridDimX * c->gridDimY * c->gridDimZ);
 }
 
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **e)
 {
-    (void)f, (void)p, (void)e;
-    return launch(FAKE_LAUNCH_EX_PTSZ, f, (uint64_t)c->gridDimX * c->gridDimY * c->gridDimZ);
+    (void)p, (void)e;
+    return launch_on(FAKE_LAUNCH_EX_PTSZ, f, c->hStream,
+                     (uint64_t)c->gridDimX * c->gridDimY * c->gridDimZ);
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                           unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                           CUstream stream, void **params)
 {
-    (void)f, (void)bx, (void)by, (void)bz, (void)shmem, (void)stream, (void)params;
-    return launch(FAKE_LAUNCH_COOP, f, (uint64_t)gx * gy * gz);
+    (void)bx, (void)by, (void)bz, (void)shmem, (void)params;
+    return launch_on(FAKE_LAUNCH_COOP, f, stream, (uint64_t)gx * gy * gz);
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
                                                unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                                unsigned shmem, CUstream stream, void **params)
 {
-    (void)f, (void)bx, (void)by, (void)bz, (void)shmem, (void)stream, (void)params;
-    return launch(FAKE_LAUNCH_COOP_PTSZ, f, (uint64_t)gx * gy * gz);
+    (void)bx, (void)by, (void)bz, (void)shmem, (void)params;
+    return launch_on(FAKE_LAUNCH_COOP_PTSZ, f, stream, (uint64_t)gx * gy * gz);
 }
 
 /* The deprecated launches (cuda.h): the block shape and parameters were set beforehand. */
@@ -2888,8 +2899,8 @@ static CUresult private_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned 
                                             unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                             CUstream stream, void **params, void **extra)
 {
-    (void)f, (void)bx, (void)by, (void)bz, (void)shmem, (void)stream, (void)params, (void)extra;
-    return launch(FAKE_LAUNCH_PTSZ, f, (uint64_t)gx * gy * gz);
+    (void)bx, (void)by, (void)bz, (void)shmem, (void)params, (void)extra;
+    return launch_on(FAKE_LAUNCH_PTSZ, f, stream, (uint64_t)gx * gy * gz);
 }
 
 static CUresult get_proc(const char *symbol, void **pfn, int version, cuuint64_t flags,
