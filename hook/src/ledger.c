@@ -16,6 +16,7 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "log.h"
@@ -39,6 +40,12 @@ static uint64_t monotonic_ms(void) { return monotonic_ns() / 1000000u; }
 static int holder_alive(const struct vgpu_ledger *l, uint32_t holder)
 {
     if (holder == l->self)
+        return 1;
+    /* A descriptor that no longer names the region (a program closed it, perhaps with another
+     * file at its number since) cannot tell: there every byte reads as unlocked. */
+    struct stat st;
+    if (fstat(l->fd, &st) != 0 || (uint64_t)st.st_dev != l->file_dev ||
+        (uint64_t)st.st_ino != l->file_ino)
         return 1;
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
                        .l_start = (off_t)vgpu_region_slot_lock_offset(holder), .l_len = 1,

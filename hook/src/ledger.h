@@ -12,6 +12,7 @@ struct vgpu_ledger {
     struct vgpu_region *r;
     int fd;        /* the region file: whether a holder lives is its slot byte lock (F_GETLK) */
     uint32_t self; /* this process's slot: its name in the lock word, and where its journal is */
+    uint64_t file_dev, file_ino; /* the region file's identity (fstat), which fd must still have */
 };
 
 /* Takes the ledger lock. A holder that died (its slot byte unlocked) is taken over and its

@@ -235,7 +235,8 @@ static int slot_is_empty(const struct vgpu_region_slot *s)
 
 static struct vgpu_ledger ledger_of(struct vgpu_region *r, uint32_t self)
 {
-    return (struct vgpu_ledger){.r = r, .fd = file.fd, .self = self};
+    return (struct vgpu_ledger){.r = r, .fd = file.fd, .self = self,
+                                .file_dev = (uint64_t)file_dev, .file_ino = (uint64_t)file_ino};
 }
 
 /* The slot's owner died (we hold its byte): give its memory back and free it. self is our slot. */

@@ -1,12 +1,14 @@
 /* test_ledger.c - the ledger lock and its undo journal (src/ledger.c) on a region in a temporary
  * file: exact add / sub / drain, refusals that change nothing, a dead holder taken over with its
  * half-done change undone, a live holder waited for (and given up on, with patience), the
- * caller's own slot never taken over, a stale lock word on a newly claimed slot, and an unlock
- * that leaves a word no longer ours alone. */
+ * caller's own slot never taken over, nor a live holder through a descriptor that no longer
+ * names the region, a stale lock word on a newly claimed slot, and an unlock that leaves a word
+ * no longer ours alone. */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -16,6 +18,15 @@
 static const uint64_t MiB = UINT64_C(1) << 20;
 static struct vgpu_region *r;
 static int fd;
+
+/* The ledger of slot self, as a process of it holds it: fd and the file's identity. */
+static struct vgpu_ledger ledger(uint32_t self)
+{
+    struct stat st;
+    fstat(fd, &st);
+    return (struct vgpu_ledger){.r = r, .fd = fd, .self = self, .file_dev = (uint64_t)st.st_dev,
+                                .file_ino = (uint64_t)st.st_ino};
+}
 
 static uint64_t device_used(void) { return r->devices[0].used_bytes; }
 static uint64_t holder(void) { return r->header.ledger_lock & 0xffff; }
@@ -162,6 +173,20 @@ static void live_holder(struct vgpu_ledger *me)
     double waited = now_s() - start;
     check(rc == -1 && waited >= 0.09 && waited < 2.0 && holder() == 6,
           "it is waited for, given up on after the patience (%.3f s), its lock left alone", waited);
+    /* A process whose descriptor now names another file (where every byte reads as unlocked)
+     * must not take it for dead. */
+    struct vgpu_ledger blind = *me;
+    char other[] = "/tmp/vgpu-ledger-other-XXXXXX";
+    blind.fd = mkstemp(other);
+    unlink(other);
+    rc = vgpu_ledger_lock(&blind, 100);
+    check(blind.fd >= 0 && rc == -1 && holder() == 6, "nor is it taken over through a descriptor "
+          "that no longer names the region file");
+    if (rc == 0) { /* taken: given back to the live holder, so that the rest can go on */
+        vgpu_ledger_unlock(&blind);
+        forge_holder(5);
+    }
+    close(blind.fd);
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
     check(vgpu_ledger_lock(me, 0) == 0 && holder() == 4, "once it is killed, it is taken over");
@@ -179,7 +204,7 @@ static void live_holder(struct vgpu_ledger *me)
  * total: the rest is other slots' memory. */
 static void release_more_than_held(void)
 {
-    struct vgpu_ledger other = {.r = r, .fd = fd, .self = 7};
+    struct vgpu_ledger other = ledger(7);
     r->header.ledger_lock = 0;
     check(vgpu_ledger_lock(&other, 0) == 0 && vgpu_ledger_add(&other, 7, 0, 10 * MiB, 0) == 0 &&
           vgpu_ledger_add(&other, 8, 0, 90 * MiB, 0) == 0, "slots 7 and 8 hold 10 and 90 MiB");
@@ -195,7 +220,7 @@ static void release_more_than_held(void)
 
 static void stale_word(void)
 {
-    struct vgpu_ledger fresh = {.r = r, .fd = fd, .self = 10};
+    struct vgpu_ledger fresh = ledger(10);
     forge_holder(10); /* slot 10's previous owner died holding the lock, mid-change */
     forge_half_change(10, 64 * MiB);
     capture_begin();
@@ -221,7 +246,7 @@ int main(void)
     r = mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (r == MAP_FAILED)
         return 1;
-    struct vgpu_ledger me = {.r = r, .fd = fd, .self = 3};
+    struct vgpu_ledger me = ledger(3);
     exact(&me);
     dead_holder(&me);
     dead_taker(&me);
