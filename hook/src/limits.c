@@ -102,16 +102,18 @@ int vgpu_parse_percent(const char *text, uint32_t *percent, const char **why)
     return 0;
 }
 
-/* Parses variable name into *bytes (a memory limit) or else *percent. Unset or empty leaves
- * the output as it was; a bad value is logged and leaves it too (the parsers write on success). */
+/* Parses variable name into *bytes (a memory limit) or else *percent. Unset or empty (unless
+ * empty_rejected) leaves the output as it was; a bad value is logged and leaves it too (the
+ * parsers write on success). */
 static int read_limit(const char *name, const char *(*getenv_fn)(const char *), uint64_t *bytes,
-                      uint32_t *percent)
+                      uint32_t *percent, int empty_rejected)
 {
-    const char *text = getenv_fn(name), *why = NULL;
-    if (text == NULL || text[0] == '\0')
+    const char *text = getenv_fn(name), *why = "empty";
+    if (text == NULL || (text[0] == '\0' && !empty_rejected))
         return 0;
-    int rc = bytes != NULL ? vgpu_parse_memory(text, bytes, &why)
-                           : vgpu_parse_percent(text, percent, &why);
+    int rc = text[0] == '\0' ? -1
+             : bytes != NULL ? vgpu_parse_memory(text, bytes, &why)
+                             : vgpu_parse_percent(text, percent, &why);
     if (rc != 0)
         vgpu_log(VGPU_LOG_ERROR, "%s='%s' rejected: %s; the variable is ignored", name, text, why);
     return rc != 0;
@@ -131,21 +133,23 @@ static int policy_disables_sm_limit(const char *(*getenv_fn)(const char *))
     }
 }
 
-int vgpu_limits_read(struct vgpu_limits *out, const char *(*getenv_fn)(const char *name))
+int vgpu_limits_read(struct vgpu_limits *out, const char *(*getenv_fn)(const char *name),
+                     int empty_rejected)
 {
     uint64_t memory_all = 0;
     uint32_t sm_all = 0;
-    int rejected = read_limit("CUDA_DEVICE_MEMORY_LIMIT", getenv_fn, &memory_all, NULL);
-    rejected += read_limit("CUDA_DEVICE_SM_LIMIT", getenv_fn, NULL, &sm_all);
+    int rejected = read_limit("CUDA_DEVICE_MEMORY_LIMIT", getenv_fn, &memory_all, NULL,
+                              empty_rejected);
+    rejected += read_limit("CUDA_DEVICE_SM_LIMIT", getenv_fn, NULL, &sm_all, empty_rejected);
     int sm_disabled = policy_disables_sm_limit(getenv_fn);
     for (int i = 0; i < VGPU_REGION_MAX_DEVICES; i++) {
         char name[64];
         out->memory_bytes[i] = memory_all;
         snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
-        rejected += read_limit(name, getenv_fn, &out->memory_bytes[i], NULL);
+        rejected += read_limit(name, getenv_fn, &out->memory_bytes[i], NULL, empty_rejected);
         out->sm_percent[i] = sm_all;
         snprintf(name, sizeof name, "CUDA_DEVICE_SM_LIMIT_%d", i);
-        rejected += read_limit(name, getenv_fn, NULL, &out->sm_percent[i]);
+        rejected += read_limit(name, getenv_fn, NULL, &out->sm_percent[i], empty_rejected);
         if (out->sm_percent[i] >= 100 || sm_disabled)
             out->sm_percent[i] = 0;
     }

@@ -148,7 +148,7 @@ static void attach(void)
         return;
     }
     struct vgpu_limits limits;
-    if (vgpu_limits_read(&limits, vgpu_setting) != 0 && settings->from_file) {
+    if (vgpu_limits_read(&limits, vgpu_setting, settings->from_file) != 0 && settings->from_file) {
         /* The plugin writes only values the library accepts: a rejected one means the file is
          * not what it wrote, and ignoring it would leave that limit off. */
         vgpu_log(VGPU_LOG_ERROR, "settings file %s: a limit in it was rejected (above); CUDA is "

@@ -212,6 +212,12 @@ if [ "${VGPU_SANITIZED:-0}" = 0 ] && command -v unshare >/dev/null && can_bind_m
     settings settings-bad-value 644 \
         "CUDA_DEVICE_MEMORY_LIMIT_0=3000mb\nCUDA_DEVICE_MEMORY_SHARED_CACHE=$tmp/settings-d.cache\n" \
         "CUDA_DEVICE_MEMORY_LIMIT_0='3000mb' rejected"
+    # So would an empty one (unset: no cap), which the plugin never writes.
+    settings settings-empty-value 644 \
+        "CUDA_DEVICE_MEMORY_LIMIT_0=\nCUDA_DEVICE_MEMORY_SHARED_CACHE=$tmp/settings-e.cache\n" \
+        "a limit in it was rejected \(above\); CUDA is refused"
+    grep -q "CUDA_DEVICE_MEMORY_LIMIT_0='' rejected: empty" "$tmp/settings-empty-value.log" ||
+        { echo "FAIL settings-empty-value: the empty value was not named"; failed=1; }
     settings settings-empty 644 "" "does not set CUDA_DEVICE_MEMORY_SHARED_CACHE"
     for name in writable malformed bad-value empty; do
         grep -q "CUDA start failed: CUDA_ERROR_NOT_PERMITTED" "$tmp/settings-$name.log" ||

@@ -83,7 +83,7 @@ static void environment(void)
     env_table = env;
     struct vgpu_limits limits;
     capture_begin();
-    int rejected = vgpu_limits_read(&limits, table_getenv);
+    int rejected = vgpu_limits_read(&limits, table_getenv, 0);
     const char *log = capture_end();
     check(rejected == 2, "two values rejected, and counted (%d)", rejected);
     check(limits.memory_bytes[0] == 4 * GiB, "global memory limit applies to device 0");
@@ -101,14 +101,22 @@ static void environment(void)
         "CUDA_DEVICE_SM_LIMIT", "30", "GPU_CORE_UTILIZATION_POLICY", "DISABLE", NULL,
     };
     env_table = disabled;
-    check(vgpu_limits_read(&limits, table_getenv) == 0, "nothing rejected");
+    check(vgpu_limits_read(&limits, table_getenv, 0) == 0, "nothing rejected");
     check(limits.sm_percent[0] == 0, "GPU_CORE_UTILIZATION_POLICY=DISABLE turns the SM limit off");
     check(limits.memory_bytes[0] == 0, "no memory variable means no cap");
 
     static const char *const empty[] = {"CUDA_DEVICE_MEMORY_LIMIT", "", NULL};
     env_table = empty;
-    vgpu_limits_read(&limits, table_getenv);
-    check(limits.memory_bytes[0] == 0, "an empty value means no cap");
+    vgpu_limits_read(&limits, table_getenv, 0);
+    check(limits.memory_bytes[0] == 0, "an empty value in the environment means no cap");
+    /* The plugin's settings file never has one: there it would be a limit lost. */
+    static const char *const empty_one[] = {"CUDA_DEVICE_MEMORY_LIMIT_0", "", NULL};
+    env_table = empty_one;
+    capture_begin();
+    rejected = vgpu_limits_read(&limits, table_getenv, 1);
+    log = capture_end();
+    check(rejected == 1 && strstr(log, "CUDA_DEVICE_MEMORY_LIMIT_0='' rejected: empty") != NULL,
+          "in a settings file it is rejected, and logged: %s", log);
 }
 
 int main(void)
