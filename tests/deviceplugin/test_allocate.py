@@ -285,8 +285,8 @@ def test_more_gpus_than_the_hook_keeps_limits_for_is_refused() -> None:
             planned = allocate.plan(found, ref, call, SETTINGS, gpus, "/usr/local/vgpu", "/tmp/vgpu", "id")
             assert planned.envs["CUDA_DEVICE_MEMORY_LIMIT_15"] == "1000m"
             continue
-        with pytest.raises(AllocateError, match="gives container app 17 GPUs; libvgpu.so keeps the "
-                           "limits of 16 at most") as err:
+        with pytest.raises(AllocateError, match=r"gives container app 17 GPUs; libvgpu\.so keeps the "
+                           r"limits of 16 at most") as err:
             allocate.plan(found, ref, call, SETTINGS, gpus, "/usr/local/vgpu", "/tmp/vgpu", "id")
         assert err.value.pod is not None and err.value.pod.name == "gpus17"
 
