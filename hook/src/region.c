@@ -35,9 +35,8 @@ static uint64_t limit_bytes[VGPU_REGION_MAX_DEVICES];  /* chosen once at attach 
 static uint32_t sm_percent[VGPU_REGION_MAX_DEVICES];
 static int any_limit; /* some device has a memory cap (chosen with limit_bytes) */
 static int my_slot = -1;               /* -1: none claimed yet in this process */
-static uint64_t no_slot_since_ms;      /* all slots were taken then (0: not so): retried later */
-static dev_t file_dev;                 /* the region file's identity, as attached */
-static ino_t file_ino;
+static int no_slot;                    /* the last claim found none, or could not be made */
+static uint64_t no_slot_since_ms;      /* when: claims are retried once a second */
 static int fork_reopen_failed;         /* a forked child could not get its own description */
 static pthread_once_t attach_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER; /* claim and reap, in-process */
@@ -60,8 +59,8 @@ static int byte_lock(int cmd, short type, uint64_t offset)
 static int descriptor_intact(void)
 {
     struct stat st;
-    return file.fd >= 0 && fstat(file.fd, &st) == 0 && st.st_dev == file_dev &&
-           st.st_ino == file_ino;
+    return file.fd >= 0 && fstat(file.fd, &st) == 0 && (uint64_t)st.st_dev == file.dev &&
+           (uint64_t)st.st_ino == file.ino;
 }
 
 /* Byte 0 serialises creation and slot claims; the kernel releases it if its holder dies. */
@@ -123,7 +122,7 @@ static void after_fork_child(void)
      * fails it refuses allocations. */
     pthread_mutex_init(&slot_lock, NULL);
     my_slot = -1;
-    no_slot_since_ms = 0;
+    no_slot = 0;
     if (file.fd >= 0 && reopen_region_fd() != 0) {
         close(file.fd);
         file.fd = -1;
@@ -165,11 +164,6 @@ static void attach(void)
         return;
     }
     struct vgpu_region *r = file.map;
-    struct stat st;
-    if (fstat(file.fd, &st) == 0) {
-        file_dev = st.st_dev;
-        file_ino = st.st_ino;
-    }
     choose_limits(r, &limits, settings->from_file);
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
         limit_bytes[d] = limits.memory_bytes[d];
@@ -235,8 +229,8 @@ static int slot_is_empty(const struct vgpu_region_slot *s)
 
 static struct vgpu_ledger ledger_of(struct vgpu_region *r, uint32_t self)
 {
-    return (struct vgpu_ledger){.r = r, .fd = file.fd, .self = self,
-                                .file_dev = (uint64_t)file_dev, .file_ino = (uint64_t)file_ino};
+    return (struct vgpu_ledger){.r = r, .fd = file.fd, .self = self, .file_dev = file.dev,
+                                .file_ino = file.ino};
 }
 
 /* The slot's owner died (we hold its byte): give its memory back and free it. self is our slot. */
@@ -343,6 +337,30 @@ static void claim_slot(struct vgpu_region *r)
  * that once met a full container gets a slot when one comes free (a claim scans them all). */
 enum { SLOT_RETRY_MS = 1000 };
 
+/* Claims a slot where this process can; logs the first refusal, and the end of one. Caller
+ * holds slot_lock. */
+static void try_claim(struct vgpu_region *r, uint64_t now_ms)
+{
+    const char *why = fork_reopen_failed ? "cannot reopen the shared region after fork"
+                      : !descriptor_intact()
+                          ? "the program closed the shared region's descriptor, or put another "
+                            "file at its number"
+                          : NULL;
+    if (why == NULL) {
+        claim_slot(r);
+        _Static_assert(VGPU_REGION_MAX_SLOTS == 1024, "the line below names the slots' count");
+        if (my_slot < 0)
+            why = "all 1024 process slots of the shared region are in use";
+    }
+    if (why != NULL && !no_slot)
+        vgpu_log(VGPU_LOG_ERROR, "%s; this process cannot allocate device memory", why);
+    else if (why == NULL && no_slot)
+        vgpu_log(VGPU_LOG_WARN, "this process has a slot of the shared region again, and can "
+                 "allocate device memory");
+    no_slot = why != NULL;
+    no_slot_since_ms = now_ms;
+}
+
 static int ensure_slot(struct vgpu_region *r)
 {
     int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
@@ -351,26 +369,8 @@ static int ensure_slot(struct vgpu_region *r)
     vgpu_log_defer_begin(); /* the claim's lines wait until its locks are released (log.h) */
     pthread_mutex_lock(&slot_lock);
     uint64_t now_ms = monotonic_ns() / 1000000u;
-    const char *lost = my_slot >= 0 ? NULL
-                       : fork_reopen_failed ? "cannot reopen the shared region after fork"
-                       : !descriptor_intact() ? "the program closed the shared region's "
-                                                "descriptor, or put another file at its number"
-                                              : NULL;
-    if (lost != NULL) {
-        if (no_slot_since_ms == 0)
-            vgpu_log(VGPU_LOG_ERROR, "%s; this process cannot allocate device memory", lost);
-        no_slot_since_ms = now_ms | 1;
-    } else if (my_slot < 0 && (no_slot_since_ms == 0 || now_ms - no_slot_since_ms >= SLOT_RETRY_MS)) {
-        claim_slot(r);
-        if (my_slot >= 0 && no_slot_since_ms != 0)
-            vgpu_log(VGPU_LOG_WARN, "a process slot of the shared region came free; this process "
-                     "can allocate device memory again");
-        else if (my_slot < 0 && no_slot_since_ms == 0)
-            vgpu_log(VGPU_LOG_ERROR, "all %d process slots of the shared region are in use; "
-                     "this process cannot allocate device memory until one comes free",
-                     VGPU_REGION_MAX_SLOTS);
-        no_slot_since_ms = my_slot < 0 ? now_ms | 1 : 0;
-    }
+    if (my_slot < 0 && (!no_slot || now_ms - no_slot_since_ms >= SLOT_RETRY_MS))
+        try_claim(r, now_ms);
     slot = my_slot;
     pthread_mutex_unlock(&slot_lock);
     vgpu_log_defer_end();

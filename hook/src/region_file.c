@@ -292,6 +292,7 @@ int vgpu_region_file_open(const char *path, const struct vgpu_limits *limits,
         *why = problem;
         return -1;
     }
-    *out = (struct vgpu_region_file){.map = map, .fd = fd, .dir_fd = dir_fd};
+    *out = (struct vgpu_region_file){.map = map, .fd = fd, .dir_fd = dir_fd,
+                                     .dev = (uint64_t)st.st_dev, .ino = (uint64_t)st.st_ino};
     return 0;
 }

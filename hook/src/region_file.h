@@ -9,6 +9,7 @@ struct vgpu_region_file {
     struct vgpu_region *map; /* MAP_SHARED, VGPU_REGION_FILE_SIZE bytes */
     int fd;                  /* O_RDWR | O_CLOEXEC: the creation and slot byte locks are on it */
     int dir_fd;              /* its folder: holds this process's guard lock (see region_file.c) */
+    uint64_t dev, ino;       /* the file's identity (fstat at the open), which fd must keep */
 };
 
 /* Opens the region at path, initialising the device plugin's all-zero file or creating a new

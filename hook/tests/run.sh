@@ -327,7 +327,7 @@ run hammer CUDA_DEVICE_MEMORY_LIMIT=256m LIBCUDA_LOG_LEVEL=0 \
 run throttle-30 CUDA_DEVICE_SM_LIMIT=30 "$build/tests/test_throttle" 30 &
 t30=$!
 # ... the second with the one GPU most containers have (the gate's device not asked of the
-# driver then: cuda_driver.h, launch_device), the first with the fake's two.
+# driver then: cuda_driver.h, launch_device_on), the first with the fake's two.
 run throttle-60 CUDA_DEVICE_SM_LIMIT=60 FAKE_CUDA_DEVICES=1 "$build/tests/test_throttle" 60 &
 t60=$!
 wait $t30 $t60

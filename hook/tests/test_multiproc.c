@@ -863,9 +863,11 @@ static void blocked_stderr(void)
     double t0 = now_s();
     while (now_s() - t0 < 5 && strstr(waits_in(mute), "pipe") == NULL)
         sleep_s(0.05);
-    check(strstr(waits_in(mute), "pipe") != NULL || access("/proc/self/wchan", R_OK) != 0,
-          "a process with a full pipe for stderr blocks writing to it (waits in %s)",
-          waits_in(mute));
+    /* wchan reads "0" (or nothing) where the kernel hides its symbols. */
+    const char *where = waits_in(mute);
+    int hidden = where[0] == '\0' || strcmp(where, "0\n") == 0 || strcmp(where, "0") == 0;
+    check(strstr(where, "pipe") != NULL || hidden, "a process with a full pipe for stderr blocks "
+          "writing to it (waits in %s)", hidden ? "a place the kernel does not name" : where);
     pid_t next = fork();
     if (next == 0) {
         int devnull = open("/dev/null", O_WRONLY);
@@ -883,10 +885,9 @@ static void blocked_stderr(void)
     }
     check(!waited && WIFEXITED(status) && WEXITSTATUS(status) == 0, "another process of the "
           "container starts and allocates meanwhile (%s)", waited ? "it waited 10 s" : "at once");
-    ssize_t drained = 0;
     fcntl(full[0], F_SETFL, O_NONBLOCK);
-    for (ssize_t n; (n = read(full[0], junk, sizeof junk)) > 0;)
-        drained += n;
+    while (read(full[0], junk, sizeof junk) > 0) {
+    }
     check(exited_ok(mute), "once its stderr is read, the blocked process goes on and exits");
     close(full[0]);
     close(full[1]);
@@ -1033,8 +1034,8 @@ static void dead_lock_holder(void)
           "a new process takes its slot and gets the 1014 MiB the live one leaves of the 1 GiB "
           "cap: the half-made change undone and the 100 MiB back (%s)",
           hung ? "it hung" : "in time");
-    check(used(0) == 1024 * MiB, "the region counts the two live processes' 1024 MiB (%llu MiB)",
-          (unsigned long long)(used(0) / MiB));
+    check(used(0) == 1024 * MiB, "the region counts the live process's 10 MiB and the new one's "
+          "1014 MiB, not reaped yet (%llu MiB)", (unsigned long long)(used(0) / MiB));
     kill(alive, SIGKILL);
     wait_status(alive);
 }

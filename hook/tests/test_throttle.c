@@ -574,8 +574,6 @@ static void drained(double limit, const char *how)
     alarm(0);
 }
 
-/* Two GPUs, an SM limit on the second only: each launch is charged to its context's device,
- * which a process with more than one must ask the driver for (cuda_driver.h, launch_device). */
 /* Busy share of device 1 over the last `seconds - settle` of `seconds` of back-to-back launches
  * of a CUkernel on stream, a stream of device 1, whatever context is current. */
 static double kernel_on_stream(CUkernel kernel, CUstream stream, double seconds, double settle)
@@ -593,6 +591,8 @@ static double kernel_on_stream(CUkernel kernel, CUstream stream, double seconds,
     return 100.0 * (double)(fake_cuda_busy_ns(1) - busy0) / ((now_s() - from) * 1e9);
 }
 
+/* Two GPUs, an SM limit on the second only: each launch is charged to its device, which a
+ * process with more than one must ask the driver for (cuda_driver.h, launch_device_on). */
 static void limit_on_second_gpu(double limit)
 {
     use_device(1);

@@ -1726,7 +1726,7 @@ EXPORT CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attr, CUfunc
 /* A launch of f (NULL: the old tests' stand-in, or a graph) of `blocks` blocks on stream. A
  * CUkernel runs in its stream's context, whatever is current (cuda.h, cuLaunchKernel); anything
  * else in the current one. The driver raises the stack for a kernel whose threads need more
- * than it holds, and keeps it (cuda.h). */
+ * than it holds, and keeps it (cuda.h): modelled for the current context only. */
 static CUresult launch_on(enum fake_launch_variant variant, CUfunction f, CUstream stream,
                           uint64_t blocks)
 {
@@ -1736,7 +1736,7 @@ static CUresult launch_on(enum fake_launch_variant variant, CUfunction f, CUstre
     if (rc != CUDA_SUCCESS)
         return rc;
     run_inside("cuLaunchKernel"); /* any launch, before the driver raises the stack */
-    if (f != NULL && fake_cuda_local_bytes > limits_now[CU_LIMIT_STACK_SIZE] &&
+    if (f != NULL && ctx == current && fake_cuda_local_bytes > limits_now[CU_LIMIT_STACK_SIZE] &&
         set_limit(CU_LIMIT_STACK_SIZE, fake_cuda_local_bytes) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY;
     __atomic_add_fetch(&fake_cuda_stats.launches[variant], 1, __ATOMIC_RELAXED);
