@@ -169,6 +169,24 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* Whether pid exits with status 0 within `seconds`; killed (and reaped) if it has not. */
+static int exited_ok_within(pid_t pid, double seconds)
+{
+    int status = -1;
+    pid_t got = 0;
+    for (double t0 = now_s(); got == 0 && now_s() - t0 < seconds;) {
+        got = waitpid(pid, &status, WNOHANG);
+        if (got == 0)
+            sleep_s(0.05);
+    }
+    if (got == 0) {
+        kill(pid, SIGKILL);
+        wait_status(pid);
+        return 0;
+    }
+    return got == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 /* Forks a child that runs take() and then waits to be killed. Once the child has said whether
  * take() succeeded (checked, as `what`), returns its pid (-1 if it could not be started). */
 static pid_t fork_holder(int (*take)(void), const char *what)
@@ -874,17 +892,9 @@ static void blocked_stderr(void)
         dup2(devnull, STDERR_FILENO);
         _exit(take_10_mib() ? 0 : 1);
     }
-    int status = -1;
-    t0 = now_s();
-    while (now_s() - t0 < 10 && waitpid(next, &status, WNOHANG) == 0)
-        sleep_s(0.05);
-    int waited = now_s() - t0 >= 10;
-    if (waited) {
-        kill(next, SIGKILL);
-        wait_status(next);
-    }
-    check(!waited && WIFEXITED(status) && WEXITSTATUS(status) == 0, "another process of the "
-          "container starts and allocates meanwhile (%s)", waited ? "it waited 10 s" : "at once");
+    int waited = !exited_ok_within(next, 10.0);
+    check(!waited, "another process of the container starts and allocates meanwhile (%s)",
+          waited ? "it waited 10 s, or failed" : "at once");
     fcntl(full[0], F_SETFL, O_NONBLOCK);
     while (read(full[0], junk, sizeof junk) > 0) {
     }
@@ -1021,19 +1031,10 @@ static void dead_lock_holder(void)
         int fine = cuMemAlloc_v2(&p, 1014 * MiB) == CUDA_SUCCESS && seen_used() == 1024 * MiB;
         _exit(fine ? 0 : 1);
     }
-    double started = now_s();
-    int status = -1;
-    while (now_s() - started < 10 && waitpid(next, &status, WNOHANG) == 0)
-        sleep_s(0.05);
-    int hung = now_s() - started >= 10;
-    if (hung) {
-        kill(next, SIGKILL);
-        wait_status(next);
-    }
-    check(!hung && WIFEXITED(status) && WEXITSTATUS(status) == 0 && find_slot(next) == slot,
-          "a new process takes its slot and gets the 1014 MiB the live one leaves of the 1 GiB "
-          "cap: the half-made change undone and the 100 MiB back (%s)",
-          hung ? "it hung" : "in time");
+    int fine = exited_ok_within(next, 10.0);
+    check(fine && find_slot(next) == slot, "a new process takes its slot and gets the 1014 MiB "
+          "the live one leaves of the 1 GiB cap: the half-made change undone and the 100 MiB back "
+          "(%s)", fine ? "in time" : "it hung, or failed");
     check(used(0) == 1024 * MiB, "the region counts the live process's 10 MiB and the new one's "
           "1014 MiB, not reaped yet (%llu MiB)", (unsigned long long)(used(0) / MiB));
     kill(alive, SIGKILL);
