@@ -16,7 +16,6 @@
 
 #include <fcntl.h>
 #include <sched.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "log.h"
@@ -43,9 +42,7 @@ static int holder_alive(const struct vgpu_ledger *l, uint32_t holder)
         return 1;
     /* A descriptor that no longer names the region (a program closed it, perhaps with another
      * file at its number since) cannot tell: there every byte reads as unlocked. */
-    struct stat st;
-    if (fstat(l->fd, &st) != 0 || (uint64_t)st.st_dev != l->file_dev ||
-        (uint64_t)st.st_ino != l->file_ino)
+    if (!names_file(l->fd, l->file_dev, l->file_ino))
         return 1;
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
                        .l_start = (off_t)vgpu_region_slot_lock_offset(holder), .l_len = 1,

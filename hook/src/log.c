@@ -25,7 +25,8 @@ static int configured_level(void)
 
 /* This thread's deferral (log.h): its depth, and the lines kept meanwhile. */
 static _Thread_local int deferring;
-static _Thread_local char kept[VGPU_LOG_DEFERRED_BYTES + 96];
+enum { COUNT_LINE_BYTES = 96 }; /* the "(N more lines not shown)" line */
+static _Thread_local char kept[VGPU_LOG_DEFERRED_BYTES + COUNT_LINE_BYTES];
 static _Thread_local size_t kept_len;
 static _Thread_local unsigned left_out;
 
@@ -78,7 +79,7 @@ void vgpu_log_defer_end(void)
     if (--deferring > 0 || (kept_len == 0 && left_out == 0))
         return;
     if (left_out > 0) {
-        char more[96];
+        char more[COUNT_LINE_BYTES];
         int n = snprintf(more, sizeof more, "[vgpu WARN pid %d] (%u more lines not shown)\n",
                          (int)getpid(), left_out);
         if (n > 0 && kept_len + (size_t)n <= sizeof kept) {

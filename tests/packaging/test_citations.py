@@ -1,6 +1,6 @@
 """Comments cite only what a clone has: `docs/upstream.md §N` (the upstream facts, each with its
 upstream source) or another file of the repository, never the research notes that lived outside it
-(`../shared/research/*.md`)."""
+(the workspace folder next to the clone, SHARED below)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM = ROOT / "docs" / "upstream.md"
+# The folder outside the clone that nothing may cite, spelled in parts so that a search of the
+# repository for it finds only files that depend on it, not this check.
+SHARED = "../" + "shared"
 SCOPE = ("operator", "deviceplugin", "hook", "charts", "bench", "e2e", "tests")
 SKIP_DIRS = {"__pycache__", "build", ".venv", "node_modules", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
 SUFFIXES = {".py", ".pyi", ".c", ".h", ".sh", ".md", ".yaml", ".yml", ".tpl", ".toml", ".txt", ".proto",
@@ -81,7 +84,7 @@ def test_comments_cite_only_files_in_the_repository() -> None:
 def test_upstream_md_gives_upstream_sources_not_the_research_notes() -> None:
     text = UPSTREAM.read_text()
     assert {"1", "2", "3", "4", "5", "6", "7", "1.1", "6.1", "6.8", "7.2"} <= upstream_sections(text)
-    assert "research/" not in text and "../shared" not in text
+    assert "research/" not in text and SHARED not in text
     assert not [note for note in RESEARCH_NOTES if note in text]
     for heading in re.findall(r"^## (\d+)\..*$", text, re.MULTILINE):
         body = text.split(f"\n## {heading}.", 1)[1].split("\n## ", 1)[0]
@@ -90,7 +93,7 @@ def test_upstream_md_gives_upstream_sources_not_the_research_notes() -> None:
 
 def test_the_check_catches_each_kind_of_bad_citation(tmp_path: Path) -> None:
     sample = ROOT / "tests" / "packaging" / "_citation_sample.py"  # reported relative to the root
-    lines = ["# research volcano-scheduler.md §1.1", "# see ../shared/notes", "# the order (§3.5)",
+    lines = ["# research volcano-scheduler.md §1.1", f"# see {SHARED}/notes", "# the order (§3.5)",
              "# docs/upstream.md §99", "# nowhere/missing.md §2", "# docs/upstream.md §6.4 is fine",
              "# kopf-kmock.md gaps"]
     try:
