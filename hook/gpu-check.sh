@@ -222,7 +222,7 @@ awk -v b="$mb" -v h="$mh" -v l="$ml" 'BEGIN {
 make -C "$here" -s bench
 # cuMemAlloc_v2 + cuMemFree_v2 pairs of 2 MiB (a CUDA allocator's smallest segment) through the
 # real driver, 1, 8 and 32 processes at once, 3 rounds alternating bare and under libvgpu: what
-# the library's ledger lock costs beside the driver's own work (make bench's scale figures,
+# the library's ledger costs beside the driver's own work (make bench's scale figures,
 # above, are over the fake, whose allocations cost next to nothing). 4000 / N pairs a process:
 # on the H200 a pair took 60-90 us alone and 0.85-0.9 ms with 8 processes at once (2000 pairs
 # each at 32 ran past the section's 130 s). Each run under 40 s, timed.

@@ -1,5 +1,5 @@
 /*
- * vgpu_region.h - the shared region file of libvgpu.so, layout version 1.
+ * vgpu_region.h - the shared region file of libvgpu.so, layout version 2.
  *
  * One file per container (path: $CUDA_DEVICE_MEMORY_SHARED_CACHE). Every process of the
  * container that uses CUDA or NVML maps it MAP_SHARED and keeps its memory ledger in it; the
@@ -7,7 +7,7 @@
  * other languages copy the offsets below (each one is pinned by a _Static_assert).
  *
  * All integers are little-endian, naturally aligned, and read or written with 64-bit (or 32-bit)
- * atomic loads/stores. Byte layout (file size 198784 bytes for version 1):
+ * atomic loads/stores. Byte layout (file size 198784 bytes, as in version 1):
  *
  *   offset 0      struct vgpu_region_header            128 bytes
  *   offset 128    struct vgpu_region_device[16]        16 x 128 bytes
@@ -27,11 +27,18 @@
 #define VGPU_REGION_MAGIC UINT64_C(0x3147455255504756)
 
 enum {
-    VGPU_REGION_VERSION = 1,
+    /* 2: a device's usage is the sum of the slots' ledgers (version 1 kept a device total
+     * beside them, changed under a lock in the header; the words it used are reserved now),
+     * and a slot's claim time moved from offset 16 to 160 for the reservations' announcements. */
+    VGPU_REGION_VERSION = 2,
     VGPU_REGION_MAX_DEVICES = 16,
     VGPU_REGION_MAX_SLOTS = 1024,
     VGPU_REGION_UUID_BYTES = 64,
 };
+
+/* vgpu_region_slot.pending: the device field's shift, and its value when a process has
+ * reservations under way on more than one device. */
+enum { VGPU_PENDING_DEVICE_SHIFT = 59, VGPU_PENDING_SEVERAL = 31 };
 
 /* Values of vgpu_region_device.uuid_state. */
 enum { VGPU_UUID_UNSET = 0, VGPU_UUID_WRITING = 1, VGPU_UUID_SET = 2 };
@@ -51,9 +58,7 @@ struct vgpu_region_header {
     int32_t creator_pid;       /*  60 pid (creator's namespace) that initialised the file */
     uint64_t created_unix_ns;  /*  64 CLOCK_REALTIME at creation */
     uint64_t reaped_slots;     /*  72 atomic: dead processes whose memory was given back */
-    uint64_t ledger_lock;      /*  80 atomic: taken by libvgpu around every change of the
-                                *     used_bytes words; bits 0-15 = holder's slot + 1 (0 = free),
-                                *     bits 16-63 = count of acquisitions. Readers ignore it */
+    uint64_t reserved_80;      /*  80 0 (version 1's ledger lock) */
     uint16_t sample_period_ms[VGPU_REGION_MAX_DEVICES]; /* 88 atomic: NVML's per-process sample
                                 *     period on each device record, in ms, as the container's
                                 *     processes learnt it from two sample stamps (the least
@@ -64,10 +69,9 @@ struct vgpu_region_header {
 
 struct vgpu_region_device {
     uint64_t limit_bytes;      /*   0 memory cap; 0 = no cap. Fixed at creation */
-    uint64_t used_bytes;       /*   8 atomic: bytes reserved by all processes not yet reaped;
-                                *     always the sum of their slots' used_bytes[d], changed
-                                *     only under ledger_lock, never above limit_bytes */
-    uint64_t peak_bytes;       /*  16 atomic: highest used_bytes seen */
+    uint64_t reserved_8;       /*   8 0 (version 1's device total: the usage is now the sum
+                                *     of the slots' used_bytes[d], vgpu_region_device_used) */
+    uint64_t peak_bytes;       /*  16 atomic: the highest usage a reservation saw */
     uint32_t sm_limit_percent; /*  24 SM cap in percent; 0 = no cap. Fixed at creation */
     uint32_t uuid_state;       /*  28 VGPU_UUID_*: uuid is valid only when SET (acquire) */
     char uuid[VGPU_REGION_UUID_BYTES]; /* 32 "GPU-xxxxxxxx-...", NUL-terminated: the GPU these
@@ -90,16 +94,20 @@ struct vgpu_region_slot {
     int32_t pid;               /*   0 owner's pid in the container; 0 = free */
     int32_t host_pid;          /*   4 written by the node monitor (0 = unknown); see README */
     uint64_t generation;       /*   8 atomic: odd while the slot is being claimed or released */
-    uint64_t claimed_unix_ns;  /*  16 CLOCK_REALTIME when the owner claimed the slot */
+    /* In the cache line of the first 4 devices' ledgers: a reservation there announces, adds
+     * and withdraws in one line of its own, and reads one line of each other slot. */
+    uint64_t pending;          /*  16 atomic: the reservations this process has under way,
+                                *     announced while it checks the cap (a check that passes
+                                *     moves them to used_bytes[d], one that fails takes them
+                                *     back): bits 0-58 their bytes, bits 59-63 their device + 1
+                                *     (VGPU_PENDING_SEVERAL: more than one; 0: none). Readers
+                                *     ignore it (version 1 had claimed_unix_ns here) */
     uint64_t last_launch_unix_ns; /* 24 atomic: a recent kernel launch (every 1024th per thread) */
-    uint64_t used_bytes[VGPU_REGION_MAX_DEVICES]; /* 32 atomic: this process's ledger per device */
-    /* The undo journal of the change this process makes under ledger_lock (one at a time): if
-     * it dies in the middle, the next holder puts both words back. Readers ignore it. */
-    uint32_t journal_state;    /* 160 1 while a change is under way, else 0 */
-    uint16_t journal_device;   /* 164 the device whose used_bytes changes */
-    uint16_t journal_slot;     /* 166 the slot whose used_bytes[journal_device] changes */
-    uint64_t journal_device_used; /* 168 the device's used_bytes before the change */
-    uint64_t journal_ledger;   /* 176 that slot's used_bytes[journal_device] before the change */
+    uint64_t used_bytes[VGPU_REGION_MAX_DEVICES]; /* 32 atomic: this process's ledger per
+                                *     device, changed by its owner alone (and, once the owner
+                                *     is dead, by the process that reaps the slot) */
+    uint64_t claimed_unix_ns;  /* 160 CLOCK_REALTIME when the owner claimed the slot */
+    uint8_t reserved_168[16];  /* 168 0 (version 1's undo journal) */
     uint64_t context_bytes;    /* 184 atomic: of this slot's used_bytes, the context and driver
                                 *     memory (all devices), as NVML measured it; the rest are
                                 *     allocations. Written by the owner; readers may see it lag */
@@ -110,7 +118,7 @@ _Static_assert(sizeof(struct vgpu_region_device) == 128, "device record is 128 b
 _Static_assert(sizeof(struct vgpu_region_slot) == 192, "slot is 192 bytes");
 _Static_assert(offsetof(struct vgpu_region_header, slot_high_water) == 56, "header offsets");
 _Static_assert(offsetof(struct vgpu_region_header, reaped_slots) == 72, "header offsets");
-_Static_assert(offsetof(struct vgpu_region_header, ledger_lock) == 80, "header offsets");
+_Static_assert(offsetof(struct vgpu_region_header, reserved_80) == 80, "header offsets");
 _Static_assert(offsetof(struct vgpu_region_header, sample_period_ms) == 88, "header offsets");
 _Static_assert(offsetof(struct vgpu_region_device, uuid) == 32, "device offsets");
 _Static_assert(offsetof(struct vgpu_region_device, oom_refusals) == 96, "device offsets");
@@ -118,9 +126,8 @@ _Static_assert(offsetof(struct vgpu_region_device, context_bytes) == 104, "devic
 _Static_assert(offsetof(struct vgpu_region_device, sm_credit_ns) == 112, "device offsets");
 _Static_assert(offsetof(struct vgpu_region_device, sm_charged_us) == 120, "device offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, used_bytes) == 32, "slot offsets");
-_Static_assert(offsetof(struct vgpu_region_slot, journal_state) == 160, "slot offsets");
-_Static_assert(offsetof(struct vgpu_region_slot, journal_device_used) == 168, "slot offsets");
-_Static_assert(offsetof(struct vgpu_region_slot, journal_ledger) == 176, "slot offsets");
+_Static_assert(offsetof(struct vgpu_region_slot, pending) == 16, "slot offsets");
+_Static_assert(offsetof(struct vgpu_region_slot, claimed_unix_ns) == 160, "slot offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, context_bytes) == 184, "slot offsets");
 
 enum {
@@ -167,6 +174,20 @@ enum { VGPU_REGION_DISCOVERY_LOCK_OFFSET = 88 };
  * OFD write lock serialises the writing of device records' UUIDs (libvgpu's src/devices.c).
  * Bytes 88-119 hold sample_period_ms: the locks and the values do not meet. */
 enum { VGPU_REGION_RECORDS_LOCK_OFFSET = 104 };
+
+/* A device's usage: the sum of the ledgers of every slot ever claimed (slot_high_water), the
+ * dead ones' included until a process of the container reaps them. Each word is read once: a
+ * reader sees every ledger as it was at some instant of the walk. */
+static inline uint64_t vgpu_region_device_used(const struct vgpu_region *r, int d)
+{
+    uint32_t high = __atomic_load_n(&r->header.slot_high_water, __ATOMIC_SEQ_CST);
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++) {
+        uint64_t held = __atomic_load_n(&r->slots[i].used_bytes[d], __ATOMIC_SEQ_CST);
+        sum = sum + held < sum ? UINT64_MAX : sum + held;
+    }
+    return sum;
+}
 
 /* Liveness: the owner of slot i holds an fcntl() write lock on the single byte at this file
  * offset for as long as it lives; the kernel drops it when the process dies or execs. */

@@ -1,197 +1,209 @@
-/* ledger.c - the ledger lock and its undo journal.
+/* ledger.c - reservations against the cap with no lock.
  *
- * A reservation changes two words: the device's used_bytes and the slot's used_bytes[d]. With
- * no lock, a process killed between the two leaves the device total above the sum of ledgers
- * for as long as any process of the container lives (an issue-11 finding: 14 MiB after 12
- * kill -9 rounds of threads allocating). Here both change under one lock, after the holder has
- * written both old values to its journal; whoever takes the lock from a dead holder writes them
- * back, and so does whoever takes it from a taker that died while writing them back. The lock word names the holder's slot, whose liveness is the slot's open-file-description
- * byte lock (F_OFD_*, which the kernel drops when the process dies or execs, and which no close()
- * of another descriptor to the file drops), and counts acquisitions (so that a
- * takeover compare-and-swap cannot succeed on a word that changed hands since it was read). */
+ * Layout version 1 kept a device total beside the ledgers and changed both under one lock in
+ * the region, with an undo journal for a holder killed between the two words. Every reservation
+ * of every process of the container then waited its turn for that lock (on the H200 host's 16
+ * cores, 4.3-5.6 us per alloc+free pair at 8 processes and 15 us at 32: hook/README.md,
+ * "Overhead"), and a holder that was stopped (SIGSTOP, a debugger) stopped every allocation of
+ * the container.
+ *
+ * Here a process changes only words of its own slot, and a device's usage is the sum of the
+ * slots' ledgers. To reserve, it first announces the bytes (its slot's pending word, which
+ * also names the device), then reads every
+ * slot's announcement and ledger: all these accesses are sequentially consistent, so of two
+ * processes reserving at once, at least one sees the other's bytes (announced, or already in
+ * its ledger: a passed check adds to the ledger before it withdraws the announcement, and a
+ * reader reads a slot's announcement before its ledger, so it never misses both), and the
+ * cap cannot be passed by two checks that each saw room. A process killed at any instruction
+ * leaves only words of its slot, which whoever reaps the slot zeroes. */
 #ifndef _GNU_SOURCE /* the unit test defines it on the command line */
 #define _GNU_SOURCE
 #endif
 #include "ledger.h"
 
-#include <fcntl.h>
-#include <sched.h>
 #include <time.h>
 
-#include "log.h"
 #include "util.h"
 
-enum { HOLDER_BITS = 16, SPINS_BEFORE_YIELD = 128, YIELDS_PER_LIVENESS_CHECK = 32 };
-static const uint64_t holder_mask = (UINT64_C(1) << HOLDER_BITS) - 1;
+/* A reservation that only others' announcements keep out waits for them to end: they are
+ * taken back or become ledger entries within a few instructions, unless their process is
+ * descheduled or stopped (SIGSTOP, a debugger). It waits while the announcements in its way
+ * change (their processes are making progress), at most max_wait_ns, and gives up once they
+ * have stayed as they are for stall_ns. */
+static const uint64_t stall_ns = UINT64_C(100000000), max_wait_ns = UINT64_C(1000000000);
+/* Between looks: sleeping, not spinning, so that a waiter leaves the CPU (and the container's
+ * CPU quota) to the process it waits for; from 10 us, doubled up to 1 ms. */
+static const long first_nap_ns = 10000, longest_nap_ns = 1000000;
 
-static void cpu_relax(void)
+/* After giving up on announcements that did not change, the thread's next reservations within
+ * a second do not wait for the same ones again (an allocation that is refused asks the ledger
+ * up to three times: memory.c). */
+static _Thread_local uint64_t stuck_in_way, stuck_until_ns;
+static _Thread_local uint32_t jitter_state;
+
+static const uint64_t pending_bytes_mask = (UINT64_C(1) << VGPU_PENDING_DEVICE_SHIFT) - 1;
+
+static uint64_t pending_bytes(uint64_t word) { return word & pending_bytes_mask; }
+
+static uint32_t pending_device(uint64_t word)
 {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ volatile("yield");
-#endif
+    return (uint32_t)(word >> VGPU_PENDING_DEVICE_SHIFT);
 }
 
-static uint64_t monotonic_ms(void) { return monotonic_ns() / 1000000u; }
-
-/* The holder's slot byte is locked by a live process (a thread of ours holds it as l->self). */
-static int holder_alive(const struct vgpu_ledger *l, uint32_t holder)
+/* Whether a slot's announcements may be for device dev. */
+static int pending_on(uint64_t word, int dev)
 {
-    if (holder == l->self)
-        return 1;
-    /* A descriptor that no longer names the region (a program closed it, perhaps with another
-     * file at its number since) cannot tell: there every byte reads as unlocked. */
-    if (!names_file(l->fd, l->file_dev, l->file_ino))
-        return 1;
-    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
-                       .l_start = (off_t)vgpu_region_slot_lock_offset(holder), .l_len = 1,
-                       .l_pid = 0};
-    if (fcntl(l->fd, F_OFD_GETLK, &fl) != 0)
-        return 1; /* cannot tell: keep waiting rather than take a live holder's lock */
-    return fl.l_type != F_UNLCK;
+    uint32_t device = pending_device(word);
+    return device == (uint32_t)dev + 1 || device == VGPU_PENDING_SEVERAL;
 }
 
-/* The slot whose change undo() reverted, logged by the unlock that follows (never a write(2)
- * while holding the lock); -1: none. */
-static _Thread_local int64_t undone_slot = -1;
+struct usage {
+    uint64_t held;    /* the ledgers' sum: what the container's processes hold */
+    uint64_t pending; /* bytes announced for this device (or for several, this one maybe) */
+};
 
-/* The change under way when the lock's holder died is undone. Caller now holds the lock, taken
- * from a dead holder. Only the holder changes anything, so an open journal is that change; it
- * may be another slot's than the dead holder's: a taker that died while undoing left the journal
- * it was applying open. Every open journal is applied and closed, so none is left to be applied
- * again later, over changes made since; applying one twice in a row writes the same values. */
-static void undo(const struct vgpu_ledger *l)
+static uint64_t plus(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
+
+/* Each slot's announcement is read before its ledger: a check that passes adds to the ledger
+ * before it withdraws the announcement, so the reader cannot miss both. */
+static struct usage usage_of(const struct vgpu_region *r, int dev)
 {
-    struct vgpu_region *r = l->r;
-    for (uint32_t slot = 0; slot < VGPU_REGION_MAX_SLOTS; slot++) {
-        struct vgpu_region_slot *j = &r->slots[slot];
-        if (__atomic_load_n(&j->journal_state, __ATOMIC_ACQUIRE) != 1)
-            continue;
-        uint32_t dev = j->journal_device, target = j->journal_slot;
-        if (dev < VGPU_REGION_MAX_DEVICES && target < VGPU_REGION_MAX_SLOTS) {
-            store64(&r->devices[dev].used_bytes, j->journal_device_used);
-            store64(&r->slots[target].used_bytes[dev], j->journal_ledger);
-        }
-        __atomic_store_n(&j->journal_state, 0, __ATOMIC_RELEASE);
-        undone_slot = slot;
+    struct usage u = {0, 0};
+    uint32_t high = __atomic_load_n(&r->header.slot_high_water, __ATOMIC_SEQ_CST);
+    for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++) {
+        const struct vgpu_region_slot *s = &r->slots[i];
+        uint64_t announced = __atomic_load_n(&s->pending, __ATOMIC_SEQ_CST);
+        if (pending_on(announced, dev))
+            u.pending = plus(u.pending, pending_bytes(announced));
+        u.held = plus(u.held, __atomic_load_n(&s->used_bytes[dev], __ATOMIC_SEQ_CST));
     }
+    return u;
 }
 
-static uint64_t taken_by(uint64_t seen, uint32_t self)
+/* Adds bytes to *word unless it would overflow; 0, or -1. */
+static int raise_word(uint64_t *word, uint64_t bytes)
 {
-    return (((seen >> HOLDER_BITS) + 1) << HOLDER_BITS) | (self + 1);
-}
-
-int vgpu_ledger_lock(const struct vgpu_ledger *l, unsigned patience_ms)
-{
-    uint64_t *word = &l->r->header.ledger_lock;
-    uint64_t started = patience_ms != 0 ? monotonic_ms() : 0;
-    for (unsigned spins = 0;; spins++) {
-        uint64_t seen = load64(word);
-        uint32_t holder = (uint32_t)(seen & holder_mask);
-        if (holder == 0) {
-            if (__atomic_compare_exchange_n(word, &seen, taken_by(seen, l->self), 0,
-                                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-                return 0;
-            continue;
-        }
-        if (spins < SPINS_BEFORE_YIELD) {
-            cpu_relax();
-            continue;
-        }
-        if (spins % YIELDS_PER_LIVENESS_CHECK == 0 && !holder_alive(l, holder - 1) &&
-            __atomic_compare_exchange_n(word, &seen, taken_by(seen, l->self), 0,
-                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-            undo(l);
-            return 0;
-        }
-        if (patience_ms != 0 && monotonic_ms() - started >= patience_ms)
+    uint64_t seen = __atomic_load_n(word, __ATOMIC_RELAXED);
+    do {
+        if (bytes > UINT64_MAX - seen)
             return -1;
-        sched_yield();
-    }
-}
-
-void vgpu_ledger_unlock(const struct vgpu_ledger *l)
-{
-    uint64_t *word = &l->r->header.ledger_lock;
-    uint64_t seen = load64(word);
-    /* A compare-and-swap: should the word no longer be ours (the region was truncated and
-     * replaced by zeros), it is left alone. */
-    if ((seen & holder_mask) == l->self + 1)
-        __atomic_compare_exchange_n(word, &seen, seen & ~holder_mask, 0, __ATOMIC_RELEASE,
-                                    __ATOMIC_RELAXED);
-    if (undone_slot >= 0) {
-        vgpu_log(VGPU_LOG_WARN, "the process of slot %u died while changing the memory "
-                 "accounting; its change was undone", (unsigned)undone_slot);
-        undone_slot = -1;
-    }
-}
-
-void vgpu_ledger_forget_stale(const struct vgpu_ledger *l)
-{
-    uint64_t *word = &l->r->header.ledger_lock;
-    uint64_t seen = load64(word);
-    if ((seen & holder_mask) != l->self + 1)
-        return;
-    if (__atomic_compare_exchange_n(word, &seen, taken_by(seen, l->self), 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_ACQUIRE)) {
-        undo(l);
-        vgpu_ledger_unlock(l);
-    }
-}
-
-/* Journal, change both words, close the journal. Caller holds the lock. */
-static void change(const struct vgpu_ledger *l, uint32_t target, int dev, uint64_t device_used,
-                   uint64_t ledger)
-{
-    struct vgpu_region *r = l->r;
-    struct vgpu_region_slot *j = &r->slots[l->self];
-    uint64_t *device_word = &r->devices[dev].used_bytes;
-    uint64_t *ledger_word = &r->slots[target].used_bytes[dev];
-    j->journal_device = (uint16_t)dev;
-    j->journal_slot = (uint16_t)target;
-    store64(&j->journal_device_used, load64(device_word));
-    store64(&j->journal_ledger, load64(ledger_word));
-    __atomic_store_n(&j->journal_state, 1, __ATOMIC_RELEASE);
-    store64(device_word, device_used);
-    store64(ledger_word, ledger);
-    __atomic_store_n(&j->journal_state, 0, __ATOMIC_RELEASE);
-}
-
-int vgpu_ledger_add(const struct vgpu_ledger *l, uint32_t target, int dev, uint64_t bytes,
-                    uint64_t limit)
-{
-    struct vgpu_region_device *d = &l->r->devices[dev];
-    uint64_t used = load64(&d->used_bytes), next = used + bytes;
-    if (next < used || (limit != 0 && next > limit))
-        return -1;
-    change(l, target, dev, next, load64(&l->r->slots[target].used_bytes[dev]) + bytes);
-    if (next > load64(&d->peak_bytes))
-        store64(&d->peak_bytes, next);
+    } while (!__atomic_compare_exchange_n(word, &seen, seen + bytes, 1, __ATOMIC_SEQ_CST,
+                                          __ATOMIC_RELAXED));
     return 0;
 }
 
-static uint64_t minus(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
-
-/* Takes the same amount off both words: what the slot's ledger holds, at most (a release of
- * more than the slot holds must not take another slot's bytes off the device total). */
-void vgpu_ledger_sub(const struct vgpu_ledger *l, uint32_t target, int dev, uint64_t bytes)
+/* Takes bytes off *word, never below 0. */
+static void lower_word(uint64_t *word, uint64_t bytes)
 {
-    uint64_t held = load64(&l->r->slots[target].used_bytes[dev]);
-    uint64_t taken = bytes < held ? bytes : held;
-    change(l, target, dev, minus(load64(&l->r->devices[dev].used_bytes), taken), held - taken);
+    uint64_t seen = __atomic_load_n(word, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(word, &seen, seen > bytes ? seen - bytes : 0, 1,
+                                        __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+    }
 }
 
-uint64_t vgpu_ledger_drain(const struct vgpu_ledger *l, uint32_t target)
+/* Announces bytes for device dev in the slot (threads of one process may announce at once). */
+static void announce(struct vgpu_region_slot *me, int dev, uint64_t bytes)
 {
-    uint64_t total = 0;
-    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
-        uint64_t held = load64(&l->r->slots[target].used_bytes[d]);
-        if (held == 0)
-            continue;
-        change(l, target, d, minus(load64(&l->r->devices[d].used_bytes), held), 0);
-        total += held;
+    uint64_t seen = __atomic_load_n(&me->pending, __ATOMIC_RELAXED), next;
+    do {
+        uint64_t total = pending_bytes(seen) + bytes; /* both below 2^59: no overflow */
+        uint32_t device = pending_bytes(seen) == 0 || pending_device(seen) == (uint32_t)dev + 1
+                              ? (uint32_t)dev + 1 : VGPU_PENDING_SEVERAL;
+        next = (total > pending_bytes_mask ? pending_bytes_mask : total) |
+               (uint64_t)device << VGPU_PENDING_DEVICE_SHIFT;
+    } while (!__atomic_compare_exchange_n(&me->pending, &seen, next, 1, __ATOMIC_SEQ_CST,
+                                          __ATOMIC_RELAXED));
+}
+
+static void withdraw(struct vgpu_region_slot *me, uint64_t bytes)
+{
+    uint64_t seen = __atomic_load_n(&me->pending, __ATOMIC_RELAXED), next;
+    do {
+        uint64_t left = pending_bytes(seen) > bytes ? pending_bytes(seen) - bytes : 0;
+        next = left == 0 ? 0 : left | (seen & ~pending_bytes_mask);
+    } while (!__atomic_compare_exchange_n(&me->pending, &seen, next, 1, __ATOMIC_SEQ_CST,
+                                          __ATOMIC_RELAXED));
+}
+
+static void raise_peak(struct vgpu_region_device *d, uint64_t used)
+{
+    uint64_t seen = load64(&d->peak_bytes);
+    while (used > seen && !__atomic_compare_exchange_n(&d->peak_bytes, &seen, used, 1,
+                                                       __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
     }
+}
+
+/* Sleeps *nap_ns and a random part of it again (two waiters that keep meeting each other's
+ * announcements part), then doubles *nap_ns up to the longest. */
+static void nap(long *nap_ns)
+{
+    if (jitter_state == 0)
+        jitter_state = (uint32_t)monotonic_ns() | 1;
+    jitter_state ^= jitter_state << 13; /* xorshift32 */
+    jitter_state ^= jitter_state >> 17;
+    jitter_state ^= jitter_state << 5;
+    struct timespec ts = {0, *nap_ns + (long)(jitter_state % (uint32_t)*nap_ns)};
+    nanosleep(&ts, NULL);
+    *nap_ns = *nap_ns * 2 > longest_nap_ns ? longest_nap_ns : *nap_ns * 2;
+}
+
+int vgpu_ledger_add(struct vgpu_region *r, uint32_t self, int dev, uint64_t bytes,
+                    uint64_t limit)
+{
+    struct vgpu_region_slot *me = &r->slots[self];
+    uint64_t *mine = &me->used_bytes[dev];
+    if (limit == 0) { /* no cap to check: nothing to announce */
+        if (raise_word(mine, bytes) != 0)
+            return -1;
+        raise_peak(&r->devices[dev], usage_of(r, dev).held);
+        return 0;
+    }
+    if (bytes > limit || bytes > pending_bytes_mask || bytes > UINT64_MAX - load64(mine))
+        return -1;
+    uint64_t started_ns = 0, changed_ns = 0, last_in_way = 0;
+    long nap_ns = first_nap_ns;
+    for (;;) {
+        announce(me, dev, bytes);
+        struct usage u = usage_of(r, dev); /* ours among the announced */
+        if (plus(u.held, u.pending) <= limit) {
+            raise_word(mine, bytes); /* cannot overflow: checked above, and ours alone */
+            withdraw(me, bytes);
+            raise_peak(&r->devices[dev], plus(u.held, bytes));
+            return 0;
+        }
+        withdraw(me, bytes);
+        if (u.held > limit - bytes)
+            return -1; /* what the processes hold leaves no room */
+        /* Only reservations under way are in the way: once they end, there may be room. */
+        uint64_t in_way = u.pending - bytes, now = monotonic_ns();
+        if (started_ns == 0) {
+            if (in_way == stuck_in_way && now < stuck_until_ns)
+                return -1;
+            started_ns = changed_ns = now;
+        } else if (in_way != last_in_way) {
+            changed_ns = now;
+        }
+        last_in_way = in_way;
+        if (now - changed_ns >= stall_ns || now - started_ns >= max_wait_ns) {
+            stuck_in_way = in_way;
+            stuck_until_ns = now + UINT64_C(1000000000);
+            return -1;
+        }
+        nap(&nap_ns);
+    }
+}
+
+void vgpu_ledger_sub(struct vgpu_region *r, uint32_t self, int dev, uint64_t bytes)
+{
+    lower_word(&r->slots[self].used_bytes[dev], bytes);
+}
+
+uint64_t vgpu_ledger_drain(struct vgpu_region *r, uint32_t target)
+{
+    struct vgpu_region_slot *s = &r->slots[target];
+    uint64_t total = 0;
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
+        total = plus(total, __atomic_exchange_n(&s->used_bytes[d], 0, __ATOMIC_SEQ_CST));
+    __atomic_store_n(&s->pending, 0, __ATOMIC_SEQ_CST);
     return total;
 }

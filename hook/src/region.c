@@ -1,7 +1,7 @@
 /* region.c - the shared region of the container: attaching (fail-closed: no usable file, no
  * CUDA), slot ownership by fcntl byte locks (which the kernel drops when the owner dies),
- * reservations through the ledger (ledger.c: one lock and an undo journal, so that a process
- * killed at any point leaves the totals exact), and reaping of dead slots. */
+ * reservations through the ledger (ledger.c: each process's own words, summed; no lock), and
+ * reaping of dead slots. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -218,24 +218,15 @@ static int slot_is_empty(const struct vgpu_region_slot *s)
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
         if (load64(&s->used_bytes[d]) != 0)
             return 0;
-    return 1;
+    return load64(&s->pending) == 0;
 }
 
-static struct vgpu_ledger ledger_of(struct vgpu_region *r, uint32_t self)
-{
-    return (struct vgpu_ledger){.r = r, .fd = file.fd, .self = self, .file_dev = file.dev,
-                                .file_ino = file.ino};
-}
-
-/* The slot's owner died (we hold its byte): give its memory back and free it. self is our slot. */
-static void reap_slot(struct vgpu_region *r, uint32_t index, uint32_t self)
+/* The slot's owner died (we hold its byte): give its memory back and free it. */
+static void reap_slot(struct vgpu_region *r, uint32_t index)
 {
     struct vgpu_region_slot *s = &r->slots[index];
     int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
-    struct vgpu_ledger l = ledger_of(r, self);
-    vgpu_ledger_lock(&l, 0);
-    uint64_t returned = vgpu_ledger_drain(&l, index);
-    vgpu_ledger_unlock(&l);
+    uint64_t returned = vgpu_ledger_drain(r, index);
     if (pid != 0 || returned != 0) {
         add64(&r->header.reaped_slots, 1);
         vgpu_log(VGPU_LOG_WARN, "process %d (slot %u) is gone; returned %llu bytes to the "
@@ -247,30 +238,11 @@ static void reap_slot(struct vgpu_region *r, uint32_t index, uint32_t self)
 static void raise_high_water(struct vgpu_region *r, uint32_t count)
 {
     uint32_t seen = __atomic_load_n(&r->header.slot_high_water, __ATOMIC_ACQUIRE);
+    /* Sequentially consistent, as the ledger's announcements and reads are (ledger.c): a
+     * reservation's walk of the slots must reach a slot claimed before another's check. */
     while (seen < count && !__atomic_compare_exchange_n(&r->header.slot_high_water, &seen, count,
-                                                        0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+                                                        0, __ATOMIC_SEQ_CST, __ATOMIC_ACQUIRE)) {
     }
-}
-
-/* Nobody else holds a slot: the device totals must be the (zero) sum of the ledgers. With the
- * ledger journal they always are; a region written by something else may not be. Runs while
- * this process claims its slot, before any thread of ours can reserve. */
-static void reset_if_idle(struct vgpu_region *r, uint32_t self)
-{
-    uint64_t corrected[VGPU_REGION_MAX_DEVICES];
-    struct vgpu_ledger l = ledger_of(r, self);
-    vgpu_ledger_lock(&l, 0);
-    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
-        corrected[d] = load64(&r->devices[d].used_bytes);
-        if (corrected[d] != 0)
-            store64(&r->devices[d].used_bytes, 0);
-    }
-    vgpu_ledger_unlock(&l);
-    /* Logged after the unlock: a write(2) to a blocked stderr must not hold up the others. */
-    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
-        if (corrected[d] != 0)
-            vgpu_log(VGPU_LOG_WARN, "device %d: no other live process; usage corrected from %llu "
-                     "to 0 bytes", d, (unsigned long long)corrected[d]);
 }
 
 /* Tries to own slot i; returns 1 when its byte is ours (the previous owner, if any, is dead). */
@@ -281,30 +253,25 @@ static int try_own(uint32_t i)
 
 static void disown(uint32_t i) { byte_lock(F_OFD_SETLK, F_UNLCK, vgpu_region_slot_lock_offset(i)); }
 
-/* Reaps every dead slot below the high-water mark; returns how many live ones it saw.
- * Caller holds slot_lock and owns slot self. */
-static uint32_t reap_scan(struct vgpu_region *r, uint32_t self, int *reaped)
+/* Reaps every dead slot below the high-water mark; returns how many. Caller holds slot_lock
+ * and owns slot self. */
+static int reap_scan(struct vgpu_region *r, uint32_t self)
 {
-    uint32_t live = 0;
+    int reaped = 0;
     uint32_t high = __atomic_load_n(&r->header.slot_high_water, __ATOMIC_ACQUIRE);
     for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++) {
-        if (i == self || slot_is_empty(&r->slots[i]))
+        if (i == self || slot_is_empty(&r->slots[i]) || !try_own(i))
             continue;
-        if (!try_own(i)) {
-            live++;
-            continue;
-        }
-        reap_slot(r, i, self);
-        (*reaped)++;
+        reap_slot(r, i);
+        reaped++;
         disown(i);
     }
-    return live;
+    return reaped;
 }
 
 /* Claims the first slot nobody alive holds, then reaps the dead ones. A dead owner's slot is
  * reaped before it is taken: were only empty slots claimed, a region whose every slot a dead
- * process held would keep all new processes out, since only a claimant reaps. Publishes my_slot
- * only at the end, so no thread of ours reserves before the idle correction. Caller holds
+ * process held would keep all new processes out, since only a claimant reaps. Caller holds
  * slot_lock. */
 static void claim_slot(struct vgpu_region *r)
 {
@@ -312,15 +279,11 @@ static void claim_slot(struct vgpu_region *r)
     for (uint32_t i = 0; i < VGPU_REGION_MAX_SLOTS; i++) {
         if (!try_own(i))
             continue;
-        struct vgpu_ledger l = ledger_of(r, i);
-        vgpu_ledger_forget_stale(&l); /* before reap_slot takes the lock as slot i */
         if (!slot_is_empty(&r->slots[i]))
-            reap_slot(r, i, i);
+            reap_slot(r, i);
         set_owner(&r->slots[i], (int32_t)getpid());
         raise_high_water(r, i + 1);
-        int reaped = 0;
-        if (reap_scan(r, i, &reaped) == 0)
-            reset_if_idle(r, i);
+        reap_scan(r, i);
         __atomic_store_n(&my_slot, (int)i, __ATOMIC_RELEASE);
         break;
     }
@@ -371,7 +334,8 @@ static int ensure_slot(struct vgpu_region *r)
     return slot;
 }
 
-/* Adds bytes to dev's total and this process's ledger unless that passes limit (0: none). */
+/* Adds bytes to this process's ledger for dev unless the container's usage would pass limit
+ * (0: none). */
 static int add_to_ledger(int dev, uint64_t bytes, uint64_t limit)
 {
     struct vgpu_region *r = vgpu_region_get();
@@ -380,12 +344,9 @@ static int add_to_ledger(int dev, uint64_t bytes, uint64_t limit)
     int slot = ensure_slot(r);
     if (slot < 0)
         return -2;
-    struct vgpu_ledger l = ledger_of(r, (uint32_t)slot);
-    vgpu_ledger_lock(&l, 0);
-    int rc = !intact(r) ? -2 : vgpu_ledger_add(&l, (uint32_t)slot, dev, bytes, limit);
+    int rc = vgpu_ledger_add(r, (uint32_t)slot, dev, bytes, limit);
     if (rc == 0 && !intact(r))
         rc = -2; /* truncated during the change: it went to the private zeros, refuse */
-    vgpu_ledger_unlock(&l);
     return rc;
 }
 
@@ -411,10 +372,7 @@ void vgpu_region_release(int dev, uint64_t bytes)
     dev = vgpu_device_record(dev);
     if (r == NULL || slot < 0 || dev < 0)
         return;
-    struct vgpu_ledger l = ledger_of(r, (uint32_t)slot);
-    vgpu_ledger_lock(&l, 0);
-    vgpu_ledger_sub(&l, (uint32_t)slot, dev, bytes);
-    vgpu_ledger_unlock(&l);
+    vgpu_ledger_sub(r, (uint32_t)slot, dev, bytes);
 }
 
 int vgpu_region_reap_dead(void)
@@ -423,10 +381,9 @@ int vgpu_region_reap_dead(void)
     int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
     if (r == NULL || slot < 0 || !intact(r) || !descriptor_intact())
         return 0;
-    int reaped = 0;
     vgpu_log_defer_begin(); /* not while holding the dead slots' bytes (log.h) */
     pthread_mutex_lock(&slot_lock);
-    reap_scan(r, (uint32_t)slot, &reaped);
+    int reaped = reap_scan(r, (uint32_t)slot);
     pthread_mutex_unlock(&slot_lock);
     vgpu_log_defer_end();
     return reaped;
@@ -455,7 +412,7 @@ uint64_t vgpu_region_record_in_use(int record)
             __atomic_compare_exchange_n(&last_ns, &last, now, 0, __ATOMIC_RELAXED,
                                         __ATOMIC_RELAXED))
             vgpu_region_reap_dead();
-        return load64(&r->devices[record].used_bytes);
+        return vgpu_region_device_used(r, record);
     }
     /* One that only asks (nvidia-smi, an NVML monitor): the live slots' ledgers, read only. */
     uint64_t used = 0;
@@ -474,7 +431,7 @@ uint64_t vgpu_region_record_limit(int record)
 uint64_t vgpu_region_record_used(int record)
 {
     struct vgpu_region *r = vgpu_region_get();
-    return r != NULL && record >= 0 ? load64(&r->devices[record].used_bytes) : 0;
+    return r != NULL && record >= 0 ? vgpu_region_device_used(r, record) : 0;
 }
 
 uint64_t vgpu_region_limit(int dev)

@@ -16,12 +16,12 @@ struct vgpu_region *vgpu_region_get(void);
  * CUDA to initialise and for anything to be allocated or reported. */
 int vgpu_region_usable(void);
 
-/* Adds bytes to device dev's container total and this process's ledger unless that would pass
+/* Adds bytes to this process's ledger for device dev unless the container's usage would pass
  * the cap. Returns 0 on success, -1 when over the cap, -2 when there is no usable region or no
  * slot for this process (nothing changed in either case). */
 int vgpu_region_reserve(int dev, uint64_t bytes);
 
-/* Adds bytes to dev's total and this process's ledger even past the cap: memory the process
+/* Adds bytes to this process's ledger for dev even past the cap: memory the process
  * already holds (context and driver memory measured after the fact). 0, or -2 as above. */
 int vgpu_region_charge(int dev, uint64_t bytes);
 

@@ -2,7 +2,8 @@
  *
  * What this refuses (each one an issue-11 finding, each refusal a log line and no CUDA):
  *   - a symbolic link (O_NOFOLLOW) or anything but a regular file;
- *   - a file shorter than a region (not a region, or truncated), or of another layout;
+ *   - a file shorter than a region (not a region, or truncated), or of another layout (one an
+ *     older libvgpu made is initialised afresh when none of its processes lives, below);
  *   - a file whose magic is 0 but which holds data past the header: only the device plugin's
  *     all-zero file (or one whose creator died while writing the header) is initialised;
  *   - a missing or all-zero file while a process of an earlier region at that path still
@@ -220,21 +221,52 @@ static int open_file(int dir_fd, const char *name, off_t guard, const struct vgp
     }
 }
 
+/* Zeroes the file from the slots on. */
+static int zero_slots(int fd)
+{
+    static const char zeros[4096];
+    for (off_t at = VGPU_REGION_SLOTS_OFFSET; at < VGPU_REGION_FILE_SIZE;) {
+        size_t n = VGPU_REGION_FILE_SIZE - at < (off_t)sizeof zeros
+                       ? (size_t)(VGPU_REGION_FILE_SIZE - at) : sizeof zeros;
+        ssize_t done = pwrite(fd, zeros, n, at);
+        if (done <= 0)
+            return -1;
+        at += done;
+    }
+    return 0;
+}
+
+/* A region an older libvgpu made: its layout and size are this one's, with another way of
+ * counting (vgpu_region.h). A pod's folder outlives its container, so a container restarted
+ * after the plugin installed this library finds its old region there. */
+static int older_layout(const struct vgpu_region_header *h, off_t size)
+{
+    return h->magic == VGPU_REGION_MAGIC && h->version >= 1 &&
+           h->version < VGPU_REGION_VERSION && h->file_size == VGPU_REGION_FILE_SIZE &&
+           size == VGPU_REGION_FILE_SIZE;
+}
+
 /* With the creation lock held: the file is a region of this layout, initialised here if it is
- * the plugin's all-zero file and no process of an earlier region lives. */
+ * the plugin's all-zero file, or an older library's, and no process of an earlier region lives
+ * (one would go on counting the old way, outside the new region's cap). */
 static const char *check_or_initialise(int fd, int dir_fd, off_t guard, off_t size,
                                        const struct vgpu_limits *limits)
 {
     struct vgpu_region_header h;
     if (pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
         return because("cannot read its header", errno);
-    if (h.magic == 0) {
-        if (size != VGPU_REGION_FILE_SIZE || !slots_are_zero(fd))
+    int older = older_layout(&h, size);
+    if (h.magic == 0 || older) {
+        if (!older && (size != VGPU_REGION_FILE_SIZE || !slots_are_zero(fd)))
             return "not a region (its first bytes are zero but it holds other data)";
         int busy = guard_in_use(dir_fd, guard);
         if (busy != 0)
-            return busy > 0 ? in_use : because("cannot check its folder's guard lock", errno);
-        if (write_layout(fd, limits) != 0 || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
+            return busy < 0 ? because("cannot check its folder's guard lock", errno)
+                   : older ? "an older libvgpu's processes of this container still use it "
+                             "(another layout version): restart the container"
+                           : in_use;
+        if ((older && zero_slots(fd) != 0) || write_layout(fd, limits) != 0 ||
+            pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
             return because("cannot write its header", errno);
     }
     return vgpu_region_layout_problem(&h, (uint64_t)size);

@@ -69,9 +69,9 @@ refused hami "$tmp/hami.cache" "bad magic (not a libvgpu region, or a HAMi-core 
 printf 'VGPUREG1\002\000\000\000' >"$tmp/short.cache"
 truncate -s 4096 "$tmp/short.cache"
 refused short "$tmp/short.cache" "too small"
-printf 'VGPUREG1\002\000\000\000' >"$tmp/v2.cache"
-truncate -s 198784 "$tmp/v2.cache"
-refused version "$tmp/v2.cache" "unknown layout version"
+printf 'VGPUREG1\003\000\000\000' >"$tmp/v3.cache"
+truncate -s 198784 "$tmp/v3.cache"
+refused version "$tmp/v3.cache" "unknown layout version"
 { head -c 4096 /dev/zero; echo "a file that is not a region"; } >"$tmp/zeros.data"
 truncate -s 198784 "$tmp/zeros.data"
 ln -s "$tmp/zeros.data" "$tmp/link.cache"
@@ -122,7 +122,9 @@ run kill-threads CUDA_DEVICE_MEMORY_LIMIT=1g LIBCUDA_LOG_LEVEL=0 \
     "$build/tests/test_multiproc" kill-threads
 # Every slot taken by a live process, then by a dead one (errors only: 1024 processes log).
 run slots CUDA_DEVICE_MEMORY_LIMIT=4g LIBCUDA_LOG_LEVEL=1 "$build/tests/test_multiproc" slots
-run dead-lock-holder CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" dead-lock-holder
+run dead-mid-reservation CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" dead-mid-reservation
+run stopped-sibling CUDA_DEVICE_MEMORY_LIMIT=1g LIBCUDA_LOG_LEVEL=1 "$build/tests/test_multiproc" stopped-sibling
+run older-layout CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" older-layout
 run odd-generation CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" odd-generation
 # Contexts of 20 MiB: NVML lists the process, so nothing is logged before the claim.
 run blocked-stderr CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_CONTEXT_MIB=20 "$build/tests/test_multiproc" blocked-stderr

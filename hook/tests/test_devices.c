@@ -130,7 +130,7 @@ static int swapped(void)
     const struct vgpu_region *r = region_view();
     check(record_names(r, 0, gpu_a) && record_names(r, 1, gpu_b),
           "the region's records name A then B, as the first process met them");
-    check(r != NULL && r->devices[0].used_bytes == 1024 * MiB && r->devices[1].used_bytes == 0,
+    check(r != NULL && vgpu_region_device_used(r, 0) == 1024 * MiB && vgpu_region_device_used(r, 1) == 0,
           "A's record holds the parent's 1 GiB, B's nothing once the children are gone");
     return check_done("test_devices swapped");
 }

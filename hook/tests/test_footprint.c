@@ -87,7 +87,7 @@ static const struct vgpu_region *region;
 
 static int open_region(void) { return (region = region_view()) != NULL; }
 
-static uint64_t used(void) { return __atomic_load_n(&region->devices[0].used_bytes, __ATOMIC_ACQUIRE); }
+static uint64_t used(void) { return vgpu_region_device_used(region, 0); }
 
 static int slot_of(pid_t pid)
 {

@@ -27,7 +27,7 @@ static unsigned long long held_mib(void) { return fake_cuda_device_used(0) / MiB
 
 static unsigned long long counted_mib(void)
 {
-    return __atomic_load_n(&region->devices[0].used_bytes, __ATOMIC_ACQUIRE) / MiB;
+    return vgpu_region_device_used(region, 0) / MiB;
 }
 
 /* Another thread's allocation node, added to `racing` while the driver instantiates it. */

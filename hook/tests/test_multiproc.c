@@ -23,20 +23,25 @@
  *                refused memory with a log line saying why; once all but one are killed (kill -9),
  *                it gets its memory on asking again, and a new process takes a dead one's slot
  *                and gets back what they held
- *   dead-lock-holder  a process killed holding the ledger lock mid-change: the claimant of its
- *                slot undoes the change and reaps it
+ *   dead-mid-reservation  a process killed with a reservation announced: the claimant of its
+ *                slot gives back its ledger and its announcement
+ *   stopped-sibling  a process stopped (SIGSTOP) wherever it was in its allocations: the others'
+ *                go on; one stopped mid-reservation near the cap holds another's up a bounded time
  *   odd-generation  a slot's generation left odd by a process killed while changing it: the
  *                next owner leaves it even
  *   blocked-stderr  a process blocked writing its claim's log line to a stderr nobody reads:
  *                the others of the container go on
  *   replaced-descriptor  a child that put another file at the region descriptor's number is
  *                refused memory rather than claim (and reap) through that file
+ *   older-layout  a region an older library made: refused while one of its processes lives, made
+ *                afresh once none does
  *   refused-child, uids-child, together-child, linger-child: run after exec by the modes above. */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -78,7 +83,7 @@ static int open_region(void)
 
 static uint64_t used(int dev)
 {
-    return __atomic_load_n(&region->devices[dev].used_bytes, __ATOMIC_ACQUIRE);
+    return vgpu_region_device_used(region, dev);
 }
 
 /* The pid holding slot i's byte (in our namespace), or 0 when nobody alive does. */
@@ -798,8 +803,7 @@ static void all_slots(void)
     check(used(0) == (uint64_t)admitted * MiB, "the region counts the %d holders' %d MiB "
           "(%llu MiB), nothing for the refused process", admitted, admitted,
           (unsigned long long)(used(0) / MiB));
-    /* All but the first: one live process keeps the claimant from the idle correction (which
-     * would zero the totals whether or not the reaping was right). */
+    /* All but the first: what the live one holds stays counted beside the reaped. */
     for (int i = 1; i < admitted; i++)
         kill(holder[i], SIGKILL);
     for (int i = 1; i < admitted; i++)
@@ -999,30 +1003,87 @@ static void odd_generation(void)
           (unsigned long long)generation);
 }
 
-/* A process killed inside the ledger lock, halfway through a change of +50 MiB to its 100 MiB
- * (the device's word written, its ledger not yet; made by hand here, as the lock word and the
- * journal say it): the next claimant takes its slot, and must first undo that change as the
- * lock's new holder, then give the 100 MiB back. Taking the lock as the slot's new owner
- * before undoing would find the lock held by itself, and wait for ever. */
-static void dead_lock_holder(void)
+/* Runs in a child: allocates and frees `bytes` on each byte read from `go`, and answers 'y' (it
+ * got them) or 'n' on `done`, until `go` closes. */
+static void asker(int go, int done, uint64_t bytes)
+{
+    cuda_start();
+    char c;
+    while (read(go, &c, 1) == 1) {
+        CUdeviceptr p;
+        char got = cuMemAlloc_v2(&p, bytes) == CUDA_SUCCESS ? 'y' : 'n';
+        if (got == 'y')
+            cuMemFree_v2(p);
+        if (write(done, &got, 1) != 1)
+            break;
+    }
+    _exit(0);
+}
+
+struct asking {
+    pid_t pid;
+    int go, done;
+};
+
+static struct asking start_asker(uint64_t bytes)
+{
+    int go[2], done[2];
+    if (pipe(go) != 0 || pipe(done) != 0)
+        return (struct asking){-1, -1, -1};
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(go[1]);
+        close(done[0]);
+        asker(go[0], done[1], bytes);
+    }
+    close(go[0]);
+    close(done[1]);
+    return (struct asking){pid, go[1], done[0]};
+}
+
+/* Asks once; the answer ('y', 'n'), or 0 when none came within `seconds` (*took: how long). */
+static char ask(const struct asking *a, double seconds, double *took)
+{
+    double t0 = now_s();
+    char c = 'a', got = 0;
+    if (write(a->go, &c, 1) != 1)
+        return 0;
+    struct pollfd pfd = {.fd = a->done, .events = POLLIN};
+    if (poll(&pfd, 1, (int)(seconds * 1000)) == 1 && read(a->done, &got, 1) != 1)
+        got = 0;
+    *took = now_s() - t0;
+    return got;
+}
+
+static void stop_asking(struct asking *a)
+{
+    close(a->go);
+    close(a->done);
+    if (!exited_ok_within(a->pid, 5.0))
+        check(0, "the asking process ends when told");
+}
+
+/* A reservation under way, as a process announces it in its slot before it checks the cap. */
+static uint64_t announcement(uint64_t bytes, int dev)
+{
+    return bytes | (uint64_t)(dev + 1) << VGPU_PENDING_DEVICE_SHIFT;
+}
+
+/* A process killed in the middle of a reservation of 50 MiB more than its 100 MiB: announced,
+ * not yet in its ledger. The next claimant takes its slot and gives both back: the 1 GiB cap
+ * then has room for 1014 MiB beside a live process's 10 MiB. Then the same death under a
+ * process that has a slot already: refused, it reaps the dead one and gets the room. */
+static void dead_mid_reservation(void)
 {
     pid_t alive = fork_holder(take_10_mib, "a process holds 10 MiB, and lives on");
     int slot;
     struct vgpu_region *w = killed_holder(take_100_mib, "another holds 100 MiB", &slot);
     if (alive < 0 || w == NULL)
         return;
-    struct vgpu_region_slot *s = &w->slots[slot];
-    uint64_t device_used = w->devices[0].used_bytes;
-    s->journal_device = 0;
-    s->journal_slot = (uint16_t)slot;
-    s->journal_device_used = device_used;
-    s->journal_ledger = s->used_bytes[0];
-    __atomic_store_n(&s->journal_state, 1, __ATOMIC_RELEASE);
-    w->devices[0].used_bytes = device_used + 50 * MiB;
-    __atomic_store_n(&w->header.ledger_lock, (UINT64_C(7) << 16) | (uint64_t)(slot + 1),
-                     __ATOMIC_RELEASE);
-    munmap(w, VGPU_REGION_FILE_SIZE);
-    check(used(0) == 160 * MiB, "the region shows 160 MiB, the lock held by the dead process");
+    __atomic_store_n(&w->slots[slot].pending, announcement(50 * MiB, 0), __ATOMIC_SEQ_CST);
+    check(used(0) == 110 * MiB, "the region shows 110 MiB held, and the dead one's 50 MiB "
+          "announced");
     fflush(stdout);
     pid_t next = fork();
     if (next == 0) {
@@ -1033,12 +1094,153 @@ static void dead_lock_holder(void)
     }
     int fine = exited_ok_within(next, 10.0);
     check(fine && find_slot(next) == slot, "a new process takes its slot and gets the 1014 MiB "
-          "the live one leaves of the 1 GiB cap: the half-made change undone and the 100 MiB back "
-          "(%s)", fine ? "in time" : "it hung, or failed");
-    check(used(0) == 1024 * MiB, "the region counts the live process's 10 MiB and the new one's "
-          "1014 MiB, not reaped yet (%llu MiB)", (unsigned long long)(used(0) / MiB));
+          "the live one leaves of the 1 GiB cap: the 100 MiB and the announced 50 MiB back (%s)",
+          fine ? "in time" : "it hung, or failed");
+    check(used(0) == 1024 * MiB && region->slots[slot].pending == 0,
+          "the region counts the live process's 10 MiB and the new one's 1014 MiB, nothing "
+          "announced (%llu MiB)", (unsigned long long)(used(0) / MiB));
+
+    struct asking a = start_asker(1014 * MiB);
+    double took = 0;
+    char answer = ask(&a, 10.0, &took);
+    check(answer == 'y', "a process asking 1014 MiB gets them (the exited one reaped) and gives "
+          "them back (%c)", answer ? answer : '-');
+    int second;
+    struct vgpu_region *w2 = killed_holder(take_100_mib, "a third holds 100 MiB", &second);
+    if (w2 != NULL) {
+        __atomic_store_n(&w2->slots[second].pending, announcement(50 * MiB, 0),
+                         __ATOMIC_SEQ_CST);
+        munmap(w2, VGPU_REGION_FILE_SIZE);
+        answer = ask(&a, 10.0, &took);
+        check(answer == 'y' && took < 1.0 && region->slots[second].pending == 0,
+              "killed with 50 MiB announced: the asking process, refused, reaps it and gets its "
+              "1014 MiB (%c in %.3f s)", answer ? answer : '-', took);
+    }
+    stop_asking(&a);
+    munmap(w, VGPU_REGION_FILE_SIZE);
     kill(alive, SIGKILL);
     wait_status(alive);
+}
+
+static void *alloc_free_loop(void *arg)
+{
+    (void)arg;
+    CUcontext ctx;
+    cuDevicePrimaryCtxRetain(&ctx, 0);
+    cuCtxSetCurrent(ctx);
+    for (;;) {
+        CUdeviceptr p;
+        if (cuMemAlloc_v2(&p, MiB) == CUDA_SUCCESS)
+            cuMemFree_v2(p);
+    }
+    return NULL;
+}
+
+/* A process of the container stopped (SIGSTOP, a debugger) at whatever instruction it had
+ * reached in its allocations: the others' allocations go on. Under layout version 1's ledger
+ * lock, a stop inside the lock held every allocation of the container until SIGCONT. Then one
+ * stopped in the middle of a reservation that leaves no room (its announcement made by hand):
+ * another's reservation waits for it a bounded time and is refused, rather than for ever. */
+static void stopped_sibling(void)
+{
+    enum { ROUNDS = 100 };
+    fflush(stdout);
+    pid_t busy = fork();
+    if (busy == 0) {
+        cuda_start();
+        pthread_t t[2];
+        for (int i = 0; i < 2; i++)
+            pthread_create(&t[i], NULL, alloc_free_loop, NULL);
+        pause();
+        _exit(0);
+    }
+    struct asking a = start_asker(100 * MiB);
+    double took = 0, slowest = 0;
+    char answer = ask(&a, 10.0, &took); /* its first: the fake driver's start-up */
+    int got = 0, round = 0;
+    sleep_s(0.2);
+    for (; answer == 'y' && round < ROUNDS; round++) {
+        kill(busy, SIGSTOP);
+        int status;
+        waitpid(busy, &status, WUNTRACED);
+        answer = ask(&a, 2.0, &took);
+        slowest = took > slowest ? took : slowest;
+        got += answer == 'y';
+        kill(busy, SIGCONT);
+        sleep_s(0.002 * (round % 5));
+    }
+    check(got == ROUNDS, "a process allocating in two threads, stopped %d times wherever it was: "
+          "another's 100 MiB came each time (%d of %d; the slowest in %.3f s)", round, got,
+          ROUNDS, slowest);
+    kill(busy, SIGKILL);
+    wait_status(busy);
+    stop_asking(&a);
+
+    pid_t held = fork_holder(take_10_mib, "a process holds 10 MiB and is stopped");
+    int slot = held > 0 ? find_slot(held) : -1;
+    int fd = open(region_path(), O_RDWR | O_CLOEXEC);
+    struct vgpu_region *w = fd >= 0 ? mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ | PROT_WRITE,
+                                            MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (fd >= 0)
+        close(fd);
+    if (!check(slot >= 0 && w != MAP_FAILED, "its slot (%d), the region mapped for writing", slot))
+        return;
+    kill(held, SIGSTOP);
+    __atomic_store_n(&w->slots[slot].pending, announcement(900 * MiB, 0), __ATOMIC_SEQ_CST);
+    a = start_asker(500 * MiB);
+    answer = ask(&a, 10.0, &took);
+    check(answer == 'n' && took >= 0.1 && took < 2.0, "with 900 MiB announced by the stopped "
+          "one, another's 500 MiB of the 1 GiB cap waits for it, then is refused (%c in %.2f s)",
+          answer ? answer : '-', took);
+    __atomic_store_n(&w->slots[slot].pending, 0, __ATOMIC_SEQ_CST);
+    answer = ask(&a, 10.0, &took);
+    check(answer == 'y', "once the announcement is gone, the 500 MiB come (%c in %.2f s)",
+          answer ? answer : '-', took);
+    stop_asking(&a);
+    munmap(w, VGPU_REGION_FILE_SIZE);
+    kill(held, SIGKILL);
+    wait_status(held);
+}
+
+/* A region an older library made (layout version 1: set by hand here over a live process's
+ * region), as a container restarted after the plugin installed this library finds it in its
+ * pod's folder. While a process of it lives, a new one refuses CUDA, saying why (it would count
+ * outside the old one's cap); once none lives, the next one makes it afresh, with the whole cap.
+ * Runs in processes other than this one, which never attaches. */
+static void older_layout(void)
+{
+    pid_t old = fork_holder(take_100_mib, "a process holds 100 MiB");
+    int fd = open(region_path(), O_RDWR | O_CLOEXEC);
+    struct vgpu_region *w = fd >= 0 ? mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ | PROT_WRITE,
+                                            MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (fd >= 0)
+        close(fd);
+    if (!check(old > 0 && w != MAP_FAILED, "its region mapped for writing"))
+        return;
+    w->header.version = 1;
+    w->devices[0].reserved_8 = 400 * MiB; /* version 1's device total */
+    /* A dead process of version 1 in slot 5, above the high-water mark the new header starts
+     * from, with its journal open: read as version 2, an announcement. */
+    w->slots[5].pid = 99999;
+    w->slots[5].used_bytes[0] = 300 * MiB;
+    w->slots[5].pending = 1;
+    check(refused_with("an older libvgpu's processes of this container still use it"),
+          "marked as made by an older library, a new process refuses it while that one lives");
+    kill(old, SIGKILL);
+    wait_status(old);
+    fflush(stdout);
+    pid_t next = fork();
+    if (next == 0) {
+        cuda_start();
+        CUdeviceptr p;
+        _exit(cuMemAlloc_v2(&p, 1024 * MiB) == CUDA_SUCCESS ? 0 : 1);
+    }
+    check(exited_ok(next), "once it is gone, a new process gets the whole 1 GiB cap");
+    check(w->header.version == VGPU_REGION_VERSION && w->devices[0].reserved_8 == 0 &&
+          w->devices[0].limit_bytes == 1024 * MiB && w->slots[5].pid == 0 &&
+          w->slots[5].used_bytes[0] == 0 && w->slots[5].pending == 0, "in the region made "
+          "afresh (layout version %u), nothing of the old one's slots is left", w->header.version);
+    munmap(w, VGPU_REGION_FILE_SIZE);
 }
 
 /* ---- hammer ------------------------------------------------------------------------------- */
@@ -1427,6 +1629,7 @@ static const struct mode unmapped_modes[] = {
     {"together", together}, /* each round makes its own region */
     {"truncated", truncated},
     {"truncated-unmappable", truncated_unmappable},
+    {"older-layout", older_layout},
 };
 
 static const struct mode mapped_modes[] = {
@@ -1435,7 +1638,8 @@ static const struct mode mapped_modes[] = {
     {"deleted", deleted},
     {"lingering-exit", lingering_exit},
     {"slots", all_slots},
-    {"dead-lock-holder", dead_lock_holder},
+    {"dead-mid-reservation", dead_mid_reservation},
+    {"stopped-sibling", stopped_sibling},
     {"odd-generation", odd_generation},
     {"blocked-stderr", blocked_stderr},
     {"replaced-descriptor", replaced_descriptor},

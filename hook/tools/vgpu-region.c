@@ -44,7 +44,7 @@ static void print_devices(const struct vgpu_region *r)
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
         const struct vgpu_region_device *dev = &r->devices[d];
         int uuid_set = __atomic_load_n(&dev->uuid_state, __ATOMIC_ACQUIRE) == VGPU_UUID_SET;
-        uint64_t used = load64(&dev->used_bytes);
+        uint64_t used = vgpu_region_device_used(r, d);
         if (dev->limit_bytes == 0 && used == 0 && !uuid_set && dev->sm_limit_percent == 0)
             continue;
         printf("%s\n    {\"index\": %d, \"uuid\": \"%.*s\", \"limit_bytes\": %llu, "

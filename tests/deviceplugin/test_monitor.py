@@ -60,13 +60,24 @@ def test_parse_reads_devices_and_slots() -> None:
     assert parsed.devices[0].oom_refusals == 7 and parsed.devices[0].sm_limit_percent == 50
 
 
+def test_parse_sums_the_ledgers_in_layout_2() -> None:
+    """Version 2 keeps no device total (offset 8 is 0; garbage here, to show it is not read): a
+    device's usage is every slot's ledger, a freed slot's left for a reaper included."""
+    data = region_bytes([(GPU_A, 3000 * MIB, 999 * MIB), (GPU_B, 3000 * MIB, 999 * MIB)],
+                        [(41, [1000 * MIB, 0], 5), (42, [24 * MIB, 10 * MIB], 0), (0, [0, 5 * MIB], 0)],
+                        version=2)
+    parsed = parse_region(bytes(data))
+    assert [(d.uuid, d.used_bytes) for d in parsed.devices] == [(GPU_A, 1024 * MIB), (GPU_B, 15 * MIB)]
+    assert [s.pid for s in parsed.slots] == [41, 42]
+
+
 @pytest.mark.parametrize(
     ("data", "error", "message"),
     [
         (bytes(region_bytes([], []))[:60], RegionError, "shorter than the header"),
         (bytes(region_bytes([], [], magic=0)), RegionNotReady, "not written"),
         (bytes(region_bytes([], [], magic=19920718)), RegionError, "unknown layout"),
-        (bytes(region_bytes([], [], version=2)), RegionError, "unknown layout"),
+        (bytes(region_bytes([], [], version=3)), RegionError, "unknown layout"),
         (bytes(region_bytes([], []))[:5000], RegionError, "the layout needs 198784"),
     ],
 )

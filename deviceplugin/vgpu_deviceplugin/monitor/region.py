@@ -1,6 +1,10 @@
-"""Parse a libvgpu.so shared region (layout version 1). Pure: bytes in, a snapshot out.
+"""Parse a libvgpu.so shared region (layout versions 1 and 2). Pure: bytes in, a snapshot out.
 
 Offsets are copied from hook/include/vgpu_region.h, where each one is pinned by a _Static_assert.
+The two versions share every offset; a device's usage is the word at offset 8 of its record in
+version 1 and the sum of the slots' ledgers in version 2 (the word is 0 there). A container
+started before the plugin installed a library of version 2 keeps its version-1 region until it
+restarts, so the monitor reads both.
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ import struct
 from dataclasses import dataclass
 
 MAGIC = 0x3147455255504756  # "VGPUREG1"
-VERSION = 1
+VERSIONS = (1, 2)
 HEADER_SIZE, DEVICE_SIZE, SLOT_SIZE = 128, 128, 192
 MAX_DEVICES, MAX_SLOTS = 16, 1024
 DEVICES_OFFSET = HEADER_SIZE
@@ -18,8 +22,9 @@ FILE_SIZE = SLOTS_OFFSET + MAX_SLOTS * SLOT_SIZE  # 198784
 UUID_SET = 2
 
 _HEADER = struct.Struct("<QIIIIIIQQQIiQQ")  # magic .. reaped_slots (80 bytes)
-_DEVICE = struct.Struct("<QQQII64sQ")  # limit, used, peak, sm_limit, uuid_state, uuid, oom_refusals
-_SLOT = struct.Struct("<iiQQQ16Q")  # pid, host_pid, generation, claimed, last_launch, used_bytes[16]
+_DEVICE = struct.Struct("<QQQII64sQ")  # limit, used (v1), peak, sm_limit, uuid_state, uuid, oom_refusals
+# pid, host_pid, generation, (v1: claimed time; v2: announcements), last_launch, used_bytes[16]
+_SLOT = struct.Struct("<iiQQQ16Q")
 _SLOT_CONTEXT = struct.Struct("<Q")  # context_bytes, at offset 184 of a slot
 
 
@@ -72,25 +77,29 @@ def parse_region(data: bytes) -> Region:
      _devices_offset, _slots_offset, high_water, _creator, _created, reaped) = _HEADER.unpack_from(data, 0)
     if magic == 0:
         raise RegionNotReady("header not written yet")
-    expected = (MAGIC, VERSION, HEADER_SIZE, DEVICE_SIZE, SLOT_SIZE, MAX_DEVICES, MAX_SLOTS, FILE_SIZE)
     found = (magic, version, header_size, device_size, slot_size, max_devices, max_slots, file_size)
-    if found != expected:
-        raise RegionError(f"unknown layout (magic, version, sizes) {found}; this monitor reads {expected}")
+    sizes = (HEADER_SIZE, DEVICE_SIZE, SLOT_SIZE, MAX_DEVICES, MAX_SLOTS, FILE_SIZE)
+    if magic != MAGIC or version not in VERSIONS or found[2:] != sizes:
+        raise RegionError(f"unknown layout (magic, version, sizes) {found}; this monitor reads "
+                          f"{(MAGIC, VERSIONS, *sizes)}")
     if len(data) < FILE_SIZE:
         raise RegionError(f"file has {len(data)} bytes, the layout needs {FILE_SIZE}")
+    slots = []
+    ledgers = [0] * MAX_DEVICES  # every slot's, a freed one's too (libvgpu counts them all)
+    for s in range(min(high_water, MAX_SLOTS)):
+        slot = _SLOT.unpack_from(data, slot_lock_offset(s))
+        pid, host_pid, _generation, _unread, last_launch, *used = slot
+        (context,) = _SLOT_CONTEXT.unpack_from(data, slot_lock_offset(s) + 184)
+        ledgers = [total + held for total, held in zip(ledgers, used, strict=True)]
+        if pid != 0:
+            slots.append(ProcessSlot(s, pid, host_pid, last_launch, tuple(used), context))
     devices = []
     for d in range(MAX_DEVICES):
         record = _DEVICE.unpack_from(data, DEVICES_OFFSET + d * DEVICE_SIZE)
-        limit, used, peak, sm, state, raw_uuid, oom = record
+        limit, device_total, peak, sm, state, raw_uuid, oom = record
         if state != UUID_SET:
             continue
         uuid = raw_uuid.split(b"\0", 1)[0].decode("ascii", errors="replace")
-        devices.append(DeviceUsage(d, uuid, limit, used, peak, sm, oom))
-    slots = []
-    for s in range(min(high_water, MAX_SLOTS)):
-        slot = _SLOT.unpack_from(data, slot_lock_offset(s))
-        pid, host_pid, _generation, _claimed, last_launch, *used = slot
-        (context,) = _SLOT_CONTEXT.unpack_from(data, slot_lock_offset(s) + 184)
-        if pid != 0:
-            slots.append(ProcessSlot(s, pid, host_pid, last_launch, tuple(used), context))
+        used_bytes = device_total if version == 1 else ledgers[d]
+        devices.append(DeviceUsage(d, uuid, limit, used_bytes, peak, sm, oom))
     return Region(tuple(devices), tuple(slots), reaped)
