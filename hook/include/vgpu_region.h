@@ -107,7 +107,10 @@ struct vgpu_region_slot {
                                 *     device, changed by its owner alone (and, once the owner
                                 *     is dead, by the process that reaps the slot) */
     uint64_t claimed_unix_ns;  /* 160 CLOCK_REALTIME when the owner claimed the slot */
-    uint8_t reserved_168[16];  /* 168 0 (version 1's undo journal) */
+    uint64_t announcements;    /* 168 atomic: how many reservations the owner has announced:
+                                *     another's waits for it while it changes (ledger.c).
+                                *     Readers ignore it */
+    uint8_t reserved_176[8];   /* 176 0 (version 1's undo journal, with 160-175) */
     uint64_t context_bytes;    /* 184 atomic: of this slot's used_bytes, the context and driver
                                 *     memory (all devices), as NVML measured it; the rest are
                                 *     allocations. Written by the owner; readers may see it lag */
@@ -128,6 +131,7 @@ _Static_assert(offsetof(struct vgpu_region_device, sm_charged_us) == 120, "devic
 _Static_assert(offsetof(struct vgpu_region_slot, used_bytes) == 32, "slot offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, pending) == 16, "slot offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, claimed_unix_ns) == 160, "slot offsets");
+_Static_assert(offsetof(struct vgpu_region_slot, announcements) == 168, "slot offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, context_bytes) == 184, "slot offsets");
 
 enum {

@@ -27,18 +27,19 @@
 
 /* A reservation that only others' announcements keep out waits for them to end: they are
  * taken back or become ledger entries within a few instructions, unless their process is
- * descheduled or stopped (SIGSTOP, a debugger). It waits while the announcements in its way
- * change (their processes are making progress), at most max_wait_ns, and gives up once they
- * have stayed as they are for stall_ns. */
+ * descheduled or stopped (SIGSTOP, a debugger). It waits while the processes in its way make
+ * progress (announce again, or withdraw), at most max_wait_ns, and gives up once none has for
+ * stall_ns of the time it was itself running. */
 static const uint64_t stall_ns = UINT64_C(100000000), max_wait_ns = UINT64_C(1000000000);
 /* Between looks: sleeping, not spinning, so that a waiter leaves the CPU (and the container's
  * CPU quota) to the process it waits for; from 10 us, doubled up to 1 ms. */
 static const long first_nap_ns = 10000, longest_nap_ns = 1000000;
+static const uint64_t overslept_ns = UINT64_C(20000000);
 
-/* After giving up on announcements that did not change, the thread's next reservations within
- * a second do not wait for the same ones again (an allocation that is refused asks the ledger
- * up to three times: memory.c). */
-static _Thread_local uint64_t stuck_in_way, stuck_until_ns;
+/* After giving up on processes that made no progress, the thread's next reservations within a
+ * second do not wait for the same announcements again (an allocation that is refused asks the
+ * ledger up to three times: memory.c); a success forgets them. */
+static _Thread_local uint64_t stuck_progress, stuck_until_ns;
 static _Thread_local uint32_t jitter_state;
 
 static const uint64_t pending_bytes_mask = (UINT64_C(1) << VGPU_PENDING_DEVICE_SHIFT) - 1;
@@ -58,8 +59,11 @@ static int pending_on(uint64_t word, int dev)
 }
 
 struct usage {
-    uint64_t held;    /* the ledgers' sum: what the container's processes hold */
-    uint64_t pending; /* bytes announced for this device (or for several, this one maybe) */
+    uint64_t held;     /* the ledgers' sum: what the container's processes hold */
+    uint64_t pending;  /* bytes announced for this device (or for several, this one maybe) */
+    uint64_t progress; /* the announcing slots' announcement counts, each with its slot's own
+                        * offset: moves when one of them announces again or withdraws, by 1
+                        * when only the caller announced once more */
 };
 
 static uint64_t plus(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
@@ -68,13 +72,16 @@ static uint64_t plus(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a
  * before it withdraws the announcement, so the reader cannot miss both. */
 static struct usage usage_of(const struct vgpu_region *r, int dev)
 {
-    struct usage u = {0, 0};
+    struct usage u = {0, 0, 0};
     uint32_t high = __atomic_load_n(&r->header.slot_high_water, __ATOMIC_SEQ_CST);
     for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++) {
         const struct vgpu_region_slot *s = &r->slots[i];
         uint64_t announced = __atomic_load_n(&s->pending, __ATOMIC_SEQ_CST);
-        if (pending_on(announced, dev))
+        if (pending_on(announced, dev)) {
             u.pending = plus(u.pending, pending_bytes(announced));
+            uint64_t count = __atomic_load_n(&s->announcements, __ATOMIC_RELAXED);
+            u.progress += count + i * UINT64_C(0x9E3779B97F4A7C15);
+        }
         u.held = plus(u.held, __atomic_load_n(&s->used_bytes[dev], __ATOMIC_SEQ_CST));
     }
     return u;
@@ -104,6 +111,7 @@ static void lower_word(uint64_t *word, uint64_t bytes)
 /* Announces bytes for device dev in the slot (threads of one process may announce at once). */
 static void announce(struct vgpu_region_slot *me, int dev, uint64_t bytes)
 {
+    __atomic_add_fetch(&me->announcements, 1, __ATOMIC_RELAXED);
     uint64_t seen = __atomic_load_n(&me->pending, __ATOMIC_RELAXED), next;
     do {
         uint64_t total = pending_bytes(seen) + bytes; /* both below 2^59: no overflow */
@@ -134,9 +142,11 @@ static void raise_peak(struct vgpu_region_device *d, uint64_t used)
 }
 
 /* Sleeps *nap_ns and a random part of it again (two waiters that keep meeting each other's
- * announcements part), then doubles *nap_ns up to the longest. */
-static void nap(long *nap_ns)
+ * announcements part), then doubles *nap_ns up to the longest. Returns 1 when it slept far
+ * longer than that (the waiter was not running: its container frozen, or out of CPU quota). */
+static int nap(long *nap_ns)
 {
+    uint64_t before = monotonic_ns();
     if (jitter_state == 0)
         jitter_state = (uint32_t)monotonic_ns() | 1;
     jitter_state ^= jitter_state << 13; /* xorshift32 */
@@ -145,6 +155,7 @@ static void nap(long *nap_ns)
     struct timespec ts = {0, *nap_ns + (long)(jitter_state % (uint32_t)*nap_ns)};
     nanosleep(&ts, NULL);
     *nap_ns = *nap_ns * 2 > longest_nap_ns ? longest_nap_ns : *nap_ns * 2;
+    return monotonic_ns() - before > overslept_ns;
 }
 
 int vgpu_ledger_add(struct vgpu_region *r, uint32_t self, int dev, uint64_t bytes,
@@ -160,7 +171,7 @@ int vgpu_ledger_add(struct vgpu_region *r, uint32_t self, int dev, uint64_t byte
     }
     if (bytes > limit || bytes > pending_bytes_mask || bytes > UINT64_MAX - load64(mine))
         return -1;
-    uint64_t started_ns = 0, changed_ns = 0, last_in_way = 0;
+    uint64_t started_ns = 0, changed_ns = 0, last_progress = 0;
     long nap_ns = first_nap_ns;
     for (;;) {
         announce(me, dev, bytes);
@@ -169,27 +180,30 @@ int vgpu_ledger_add(struct vgpu_region *r, uint32_t self, int dev, uint64_t byte
             raise_word(mine, bytes); /* cannot overflow: checked above, and ours alone */
             withdraw(me, bytes);
             raise_peak(&r->devices[dev], plus(u.held, bytes));
+            stuck_until_ns = 0;
             return 0;
         }
         withdraw(me, bytes);
         if (u.held > limit - bytes)
             return -1; /* what the processes hold leaves no room */
-        /* Only reservations under way are in the way: once they end, there may be room. */
-        uint64_t in_way = u.pending - bytes, now = monotonic_ns();
+        /* Only reservations under way are in the way: once they end, there may be room. Our
+         * own slot's count is in the progress: it moved by one, as it does at every look. */
+        uint64_t progress = u.progress, now = monotonic_ns();
         if (started_ns == 0) {
-            if (in_way == stuck_in_way && now < stuck_until_ns)
+            if (now < stuck_until_ns && progress == stuck_progress + 1)
                 return -1;
             started_ns = changed_ns = now;
-        } else if (in_way != last_in_way) {
+        } else if (progress != last_progress + 1) {
             changed_ns = now;
         }
-        last_in_way = in_way;
+        last_progress = progress;
         if (now - changed_ns >= stall_ns || now - started_ns >= max_wait_ns) {
-            stuck_in_way = in_way;
+            stuck_progress = progress;
             stuck_until_ns = now + UINT64_C(1000000000);
             return -1;
         }
-        nap(&nap_ns);
+        if (nap(&nap_ns))
+            changed_ns = monotonic_ns();
     }
 }
 

@@ -11,7 +11,9 @@
 
 /* Adds bytes to slot self's ledger for device dev unless the container's usage would pass
  * limit (0 = none) or the ledger overflow; returns 0, or -1 with nothing changed. Of two
- * processes racing for the last room, at most one gets it; either may be refused. */
+ * processes racing for the last room, at most one gets it. When only other processes'
+ * reservations under way are in the way, it sleeps until they end: up to a second while they
+ * make progress, 100 ms once they do not. */
 int vgpu_ledger_add(struct vgpu_region *r, uint32_t self, int dev, uint64_t bytes,
                     uint64_t limit);
 

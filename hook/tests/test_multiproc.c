@@ -1220,10 +1220,11 @@ static void older_layout(void)
     w->header.version = 1;
     w->devices[0].reserved_8 = 400 * MiB; /* version 1's device total */
     /* A dead process of version 1 in slot 5, above the high-water mark the new header starts
-     * from, with its journal open: read as version 2, an announcement. */
+     * from: its ledger, and at offset 16 its claim time, which version 2 would read as an
+     * announcement. */
     w->slots[5].pid = 99999;
     w->slots[5].used_bytes[0] = 300 * MiB;
-    w->slots[5].pending = 1;
+    w->slots[5].pending = 1764000000000000000; /* version 1's claimed_unix_ns */
     check(refused_with("an older libvgpu's processes of this container still use it"),
           "marked as made by an older library, a new process refuses it while that one lives");
     kill(old, SIGKILL);

@@ -1,8 +1,9 @@
 """Parse a libvgpu.so shared region (layout versions 1 and 2). Pure: bytes in, a snapshot out.
 
 Offsets are copied from hook/include/vgpu_region.h, where each one is pinned by a _Static_assert.
-The two versions share every offset; a device's usage is the word at offset 8 of its record in
-version 1 and the sum of the slots' ledgers in version 2 (the word is 0 there). A container
+The two versions share the offsets this parser reads (version 2 moved a slot's claim time, which
+it does not read); a device's usage is the word at offset 8 of its record in version 1 and the
+sum of the slots' ledgers in version 2 (the word is 0 there). A container
 started before the plugin installed a library of version 2 keeps its version-1 region until it
 restarts, so the monitor reads both.
 """
