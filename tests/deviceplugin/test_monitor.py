@@ -71,6 +71,52 @@ def test_parse_sums_the_ledgers_in_layout_2() -> None:
     assert [s.pid for s in parsed.slots] == [41, 42]
 
 
+def _with_generation(data: bytearray, slot: int, generation: int) -> bytes:
+    struct.pack_into("<Q", data, layout.slot_lock_offset(slot) + layout.GENERATION_OFFSET, generation)
+    return bytes(data)
+
+
+def _reads(*copies: bytes) -> tuple[list[int], Any]:
+    """A read function that returns `copies` in turn (the last one from then on), and its count."""
+    count = [0]
+
+    def read() -> bytes:
+        count[0] += 1
+        return copies[min(count[0], len(copies)) - 1]
+    return count, read
+
+
+def test_consistent_copy_reads_a_slot_being_claimed_again() -> None:
+    """The first read catches slot 1 mid-claim (generation odd): the dead owner's pid 41 and its
+    1000 MiB beside the new owner's generation. One pread, as the monitor read before, reports
+    pid 41 as the slot's process; the rule of hook/README.md copies the slot again once its
+    generation is even and has not moved."""
+    other = (42, [8 * MIB, 0], 0)
+    mid_claim = _with_generation(region_bytes([(GPU_A, 3000 * MIB, 0)], [other, (41, [1000 * MIB, 0], 0)],
+                                              version=2), 1, 3)
+    claimed = _with_generation(region_bytes([(GPU_A, 3000 * MIB, 0)], [other, (43, [0, 0], 0)],
+                                            version=2), 1, 4)
+    assert [s.pid for s in parse_region(mid_claim).slots] == [42, 41]
+    count, read = _reads(mid_claim, claimed, claimed)
+    parsed = parse_region(layout.consistent_copy(read))
+    assert [(s.pid, s.used_bytes[0]) for s in parsed.slots] == [(42, 8 * MIB), (43, 0)]
+    assert parsed.devices[0].used_bytes == 8 * MIB
+    assert count[0] == 3, "read again until slot 1's generation was even in one read and the same in the next"
+
+
+def test_consistent_copy_ends_on_a_generation_left_odd() -> None:
+    """A writer killed mid-claim leaves the generation odd until the slot's next claim: the copy
+    ends after its attempts with the last read, rather than wait for ever."""
+    stuck = _with_generation(region_bytes([(GPU_A, 3000 * MIB, 0)], [(41, [5 * MIB], 0)], version=2), 0, 7)
+    count, read = _reads(stuck)
+    assert parse_region(layout.consistent_copy(read)).slots[0].pid == 41
+    assert count[0] == 1 + layout.COPY_ATTEMPTS
+    steady = bytes(region_bytes([(GPU_A, 3000 * MIB, 0)], [(41, [5 * MIB], 0)], version=2))
+    count, read = _reads(steady)
+    layout.consistent_copy(read)
+    assert count[0] == 2, "a settled region costs one read more"
+
+
 @pytest.mark.parametrize(
     ("data", "error", "message"),
     [

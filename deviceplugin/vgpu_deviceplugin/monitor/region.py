@@ -1,4 +1,5 @@
-"""Parse a libvgpu.so shared region (layout versions 1 and 2). Pure: bytes in, a snapshot out.
+"""Parse a libvgpu.so shared region (layout versions 1 and 2). Pure: bytes in, a snapshot out
+(consistent_copy takes the reads it needs as a function).
 
 Offsets are copied from hook/include/vgpu_region.h, where each one is pinned by a _Static_assert.
 The two versions share the offsets this parser reads (version 2 moved a slot's claim time, which
@@ -11,6 +12,7 @@ restarts, so the monitor reads both.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MAGIC = 0x3147455255504756  # "VGPUREG1"
@@ -27,6 +29,10 @@ _DEVICE = struct.Struct("<QQQII64sQ")  # limit, used (v1), peak, sm_limit, uuid_
 # pid, host_pid, generation, (v1: claimed time; v2: announcements), last_launch, used_bytes[16]
 _SLOT = struct.Struct("<iiQQQ16Q")
 _SLOT_CONTEXT = struct.Struct("<Q")  # context_bytes, at offset 184 of a slot
+_WORD = struct.Struct("<Q")
+_HIGH_WATER = struct.Struct("<I")  # slot_high_water, at offset 56 of the header
+GENERATION_OFFSET = 8  # of a slot: odd while it is being claimed or released
+COPY_ATTEMPTS = 4
 
 
 class RegionError(ValueError):
@@ -69,6 +75,33 @@ class Region:
 def slot_lock_offset(slot: int) -> int:
     """The byte whose fcntl write lock says the slot's owner is alive."""
     return SLOTS_OFFSET + slot * SLOT_SIZE
+
+
+def consistent_copy(read: Callable[[], bytes], attempts: int = COPY_ATTEMPTS) -> bytes:
+    """The region as hook/README.md "Taking a consistent snapshot" reads it: a slot's copy is
+    kept once its generation was even in it and the same in a later read; a slot that was being
+    claimed or released is copied again from that read. After `attempts` reads the last copies
+    stand (a writer killed mid-change leaves a generation odd until the slot's next claim)."""
+    data = bytearray(read())
+    if len(data) < FILE_SIZE:
+        return bytes(data)  # parse_region says what is wrong with it
+    (high_water,) = _HIGH_WATER.unpack_from(data, 56)
+    unsettled = set(range(min(high_water, MAX_SLOTS)))
+    for _ in range(attempts):
+        if not unsettled:
+            break
+        later = read()
+        if len(later) < FILE_SIZE:
+            break
+        for s in sorted(unsettled):
+            at = slot_lock_offset(s)
+            (before,) = _WORD.unpack_from(data, at + GENERATION_OFFSET)
+            (after,) = _WORD.unpack_from(later, at + GENERATION_OFFSET)
+            if before % 2 == 0 and before == after:
+                unsettled.discard(s)
+            else:
+                data[at:at + SLOT_SIZE] = later[at:at + SLOT_SIZE]
+    return bytes(data)
 
 
 def parse_region(data: bytes) -> Region:

@@ -21,6 +21,7 @@ from vgpu_deviceplugin.monitor.region import (
     Region,
     RegionError,
     RegionNotReady,
+    consistent_copy,
     parse_region,
     slot_lock_offset,
 )
@@ -95,7 +96,7 @@ def read_container(directory: Path) -> ContainerRegion | None:
         log.warning("cannot open %s: %s", path, exc)
         return None
     try:
-        region = parse_region(os.pread(fd, 1 << 20, 0))
+        region = parse_region(consistent_copy(lambda: os.pread(fd, 1 << 20, 0)))
         return ContainerRegion(names[0], names[1], str(path), region, live_slots(fd, region),
                                read_assigned(directory))
     except RegionNotReady:
