@@ -77,12 +77,13 @@ def _with_generation(data: bytearray, slot: int, generation: int) -> bytes:
 
 
 def _reads(*copies: bytes) -> tuple[list[int], Any]:
-    """A read function that returns `copies` in turn (the last one from then on), and its count."""
+    """A read(offset, size) function that reads `copies` in turn (the last one from then on), and
+    its count."""
     count = [0]
 
-    def read() -> bytes:
+    def read(at: int, size: int) -> bytes:
         count[0] += 1
-        return copies[min(count[0], len(copies)) - 1]
+        return copies[min(count[0], len(copies)) - 1][at:at + size]
     return count, read
 
 

@@ -77,31 +77,38 @@ def slot_lock_offset(slot: int) -> int:
     return SLOTS_OFFSET + slot * SLOT_SIZE
 
 
-def consistent_copy(read: Callable[[], bytes], attempts: int = COPY_ATTEMPTS) -> bytes:
-    """The region as hook/README.md "Taking a consistent snapshot" reads it: a slot's copy is
-    kept once its generation was even in it and the same in a later read; a slot that was being
-    claimed or released is copied again from that read. After `attempts` reads the last copies
-    stand (a writer killed mid-change leaves a generation odd until the slot's next claim)."""
-    data = bytearray(read())
+def consistent_copy(read: Callable[[int, int], bytes], attempts: int = COPY_ATTEMPTS) -> bytes:
+    """The region as hook/README.md "Taking a consistent snapshot" reads it, through
+    read(offset, size): a slot's copy is kept once its generation was even in it and the same in
+    a later read of the slots; a slot that was being claimed or released is copied again from
+    that read. After `attempts` reads the last copies stand (a writer killed mid-change leaves a
+    generation odd until the slot's next claim). The later reads cover the slots in use alone
+    (a second copy of the whole file, 198 784 bytes, cost 90 us more a region)."""
+    data = read(0, FILE_SIZE)
     if len(data) < FILE_SIZE:
-        return bytes(data)  # parse_region says what is wrong with it
+        return data  # parse_region says what is wrong with it
     (high_water,) = _HIGH_WATER.unpack_from(data, 56)
-    unsettled = set(range(min(high_water, MAX_SLOTS)))
+    size = min(high_water, MAX_SLOTS) * SLOT_SIZE
+    slots = bytearray(data[SLOTS_OFFSET:SLOTS_OFFSET + size])
+    unsettled, copied = set(range(size // SLOT_SIZE)), False
     for _ in range(attempts):
         if not unsettled:
             break
-        later = read()
-        if len(later) < FILE_SIZE:
+        later = read(SLOTS_OFFSET, size)
+        if len(later) < size:
             break
         for s in sorted(unsettled):
-            at = slot_lock_offset(s)
-            (before,) = _WORD.unpack_from(data, at + GENERATION_OFFSET)
+            at = s * SLOT_SIZE
+            (before,) = _WORD.unpack_from(slots, at + GENERATION_OFFSET)
             (after,) = _WORD.unpack_from(later, at + GENERATION_OFFSET)
             if before % 2 == 0 and before == after:
                 unsettled.discard(s)
             else:
-                data[at:at + SLOT_SIZE] = later[at:at + SLOT_SIZE]
-    return bytes(data)
+                slots[at:at + SLOT_SIZE] = later[at:at + SLOT_SIZE]
+                copied = True
+    if not copied:
+        return data
+    return data[:SLOTS_OFFSET] + bytes(slots) + data[SLOTS_OFFSET + size:]
 
 
 def parse_region(data: bytes) -> Region:
