@@ -957,6 +957,18 @@ static void replaced_descriptor(void)
     cuMemFree_v2(p);
 }
 
+/* The region file mapped for writing (MAP_FAILED if it cannot be), to put in it by hand what a
+ * process would have left there; munmap it when done. */
+static void *map_for_writing(void)
+{
+    int fd = open(region_path(), O_RDWR | O_CLOEXEC);
+    void *m = fd >= 0 ? mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                      : MAP_FAILED;
+    if (fd >= 0)
+        close(fd);
+    return m;
+}
+
 /* A holder (take, checked as `what`) killed with -9, and the region mapped for writing, to leave
  * in it what the process would have left had it been killed at some instruction: *slot is the
  * dead one's. NULL (checked) when a step failed; else munmap it when done. */
@@ -968,11 +980,7 @@ static struct vgpu_region *killed_holder(int (*take)(void), const char *what, in
     *slot = find_slot(dead);
     kill(dead, SIGKILL);
     wait_status(dead);
-    int fd = open(region_path(), O_RDWR | O_CLOEXEC);
-    void *m = fd >= 0 ? mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                      : MAP_FAILED;
-    if (fd >= 0)
-        close(fd);
+    void *m = map_for_writing();
     if (!check(*slot >= 0 && m != MAP_FAILED, "killed with -9: its slot (%d), the region mapped "
                "for writing", *slot))
         return NULL;
@@ -1178,11 +1186,7 @@ static void stopped_sibling(void)
 
     pid_t held = fork_holder(take_10_mib, "a process holds 10 MiB and is stopped");
     int slot = held > 0 ? find_slot(held) : -1;
-    int fd = open(region_path(), O_RDWR | O_CLOEXEC);
-    struct vgpu_region *w = fd >= 0 ? mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ | PROT_WRITE,
-                                            MAP_SHARED, fd, 0) : MAP_FAILED;
-    if (fd >= 0)
-        close(fd);
+    struct vgpu_region *w = map_for_writing();
     if (!check(slot >= 0 && w != MAP_FAILED, "its slot (%d), the region mapped for writing", slot))
         return;
     kill(held, SIGSTOP);
@@ -1210,11 +1214,7 @@ static void stopped_sibling(void)
 static void older_layout(void)
 {
     pid_t old = fork_holder(take_100_mib, "a process holds 100 MiB");
-    int fd = open(region_path(), O_RDWR | O_CLOEXEC);
-    struct vgpu_region *w = fd >= 0 ? mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ | PROT_WRITE,
-                                            MAP_SHARED, fd, 0) : MAP_FAILED;
-    if (fd >= 0)
-        close(fd);
+    struct vgpu_region *w = map_for_writing();
     if (!check(old > 0 && w != MAP_FAILED, "its region mapped for writing"))
         return;
     w->header.version = 1;
