@@ -102,7 +102,7 @@ def test_consistent_copy_reads_a_slot_being_claimed_again() -> None:
     parsed = parse_region(layout.consistent_copy(read))
     assert [(s.pid, s.used_bytes[0]) for s in parsed.slots] == [(42, 8 * MIB), (43, 0)]
     assert parsed.devices[0].used_bytes == 8 * MIB
-    assert count[0] == 3, "read again until slot 1's generation was even in one read and the same in the next"
+    assert count[0] == 4, "read again until a read of slot 1 had reads on each side with one even generation"
 
 
 def test_consistent_copy_ends_on_a_generation_left_odd() -> None:
@@ -111,11 +111,46 @@ def test_consistent_copy_ends_on_a_generation_left_odd() -> None:
     stuck = _with_generation(region_bytes([(GPU_A, 3000 * MIB, 0)], [(41, [5 * MIB], 0)], version=2), 0, 7)
     count, read = _reads(stuck)
     assert parse_region(layout.consistent_copy(read)).slots[0].pid == 41
-    assert count[0] == 1 + layout.COPY_ATTEMPTS
+    assert count[0] == 2 + layout.COPY_ATTEMPTS
     steady = bytes(region_bytes([(GPU_A, 3000 * MIB, 0)], [(41, [5 * MIB], 0)], version=2))
     count, read = _reads(steady)
-    layout.consistent_copy(read)
-    assert count[0] == 2, "a settled region costs one read more"
+    assert layout.consistent_copy(read) is steady, "nothing changed: the first read is the answer"
+    assert count[0] == 3, "a settled region costs two reads of its slots more"
+
+
+@pytest.mark.parametrize(
+    ("first_generation", "why"),
+    [(6, "torn: the first read took pid 41, then the slot was reaped and claimed again (4 -> 6) "
+         "before the same read reached its generation"),
+     (4, "claimed again (4 -> 6) between the first read and the next, both even")],
+)
+def test_consistent_copy_takes_a_slot_from_a_read_between_two_that_agree(first_generation: int,
+                                                                         why: str) -> None:
+    first = _with_generation(region_bytes([(GPU_A, 3000 * MIB, 0)], [(41, [1000 * MIB], 0)], version=2),
+                             0, first_generation)
+    claimed = _with_generation(region_bytes([(GPU_A, 3000 * MIB, 0)], [(43, [0], 0)], version=2), 0, 6)
+    _, read = _reads(first, claimed)
+    assert [s.pid for s in parse_region(layout.consistent_copy(read)).slots] == [43], why
+
+
+def test_read_container_reads_the_slots_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan reads a region through consistent_copy, from the file: its first read is the
+    region's size, the later ones the slots in use."""
+    path = write_container(tmp_path, "cuda-app", region_bytes([(GPU_A, 3000 * MIB, 0)], [(41, [MIB], 0)],
+                                                              version=2))
+    asked: list[tuple[int, int]] = []
+    real = layout.consistent_copy
+
+    def spy(read: Any, attempts: int = layout.COPY_ATTEMPTS) -> bytes | bytearray:
+        def logged(at: int, size: int) -> bytes:
+            asked.append((at, size))
+            return bytes(read(at, size))
+        return real(logged, attempts)
+    monkeypatch.setattr("vgpu_deviceplugin.monitor.scan.consistent_copy", spy)
+    found = read_container(path.parent)
+    assert found is not None and [s.pid for s in found.region.slots] == [41]
+    assert asked == [(0, layout.FILE_SIZE), (layout.SLOTS_OFFSET, layout.SLOT_SIZE),
+                     (layout.SLOTS_OFFSET, layout.SLOT_SIZE)]
 
 
 @pytest.mark.parametrize(

@@ -77,41 +77,59 @@ def slot_lock_offset(slot: int) -> int:
     return SLOTS_OFFSET + slot * SLOT_SIZE
 
 
-def consistent_copy(read: Callable[[int, int], bytes], attempts: int = COPY_ATTEMPTS) -> bytes:
+def consistent_copy(read: Callable[[int, int], bytes], attempts: int = COPY_ATTEMPTS) -> bytes | bytearray:
     """The region as hook/README.md "Taking a consistent snapshot" reads it, through
-    read(offset, size): a slot's copy is kept once its generation was even in it and the same in
-    a later read of the slots; a slot that was being claimed or released is copied again from
-    that read. After `attempts` reads the last copies stand (a writer killed mid-change leaves a
-    generation odd until the slot's next claim). The later reads cover the slots in use alone
-    (a second copy of the whole file, 198 784 bytes, cost 90 us more a region)."""
+    read(offset, size): a slot's copy is taken from a read with a read on each side in which its
+    generation was even and the same (generations only grow, so it did not move during the copy
+    between them: within one read nothing orders the generation's load against the other
+    fields'). A slot that was being claimed or released waits for the next reads. After
+    `attempts` reads past the second the last copies stand (a writer killed mid-change leaves a
+    generation odd until the slot's next claim). The reads after the first cover the slots in
+    use alone."""
     data = read(0, FILE_SIZE)
-    if len(data) < FILE_SIZE:
+    if len(data) < FILE_SIZE or _WORD.unpack_from(data, 0)[0] != MAGIC:
         return data  # parse_region says what is wrong with it
     (high_water,) = _HIGH_WATER.unpack_from(data, 56)
     size = min(high_water, MAX_SLOTS) * SLOT_SIZE
-    slots = bytearray(data[SLOTS_OFFSET:SLOTS_OFFSET + size])
-    unsettled, copied = set(range(size // SLOT_SIZE)), False
+    if size == 0:
+        return data
+    before = data[SLOTS_OFFSET:SLOTS_OFFSET + size]
+    copy = read(SLOTS_OFFSET, size)
+    if len(copy) < size:
+        return data
+    taken: dict[int, bytes] = {}  # slot -> the read its copy comes from
+    unsettled = set(range(size // SLOT_SIZE))
     for _ in range(attempts):
-        if not unsettled:
-            break
-        later = read(SLOTS_OFFSET, size)
-        if len(later) < size:
+        after = read(SLOTS_OFFSET, size)
+        if len(after) < size:
             break
         for s in sorted(unsettled):
             at = s * SLOT_SIZE
-            (before,) = _WORD.unpack_from(slots, at + GENERATION_OFFSET)
-            (after,) = _WORD.unpack_from(later, at + GENERATION_OFFSET)
-            if before % 2 == 0 and before == after:
+            (g1,) = _WORD.unpack_from(before, at + GENERATION_OFFSET)
+            (g2,) = _WORD.unpack_from(after, at + GENERATION_OFFSET)
+            if g1 % 2 == 0 and g1 == g2:
+                taken[s] = copy
                 unsettled.discard(s)
-            else:
-                slots[at:at + SLOT_SIZE] = later[at:at + SLOT_SIZE]
-                copied = True
-    if not copied:
+        if not unsettled:
+            break
+        before, copy = copy, after
+    taken.update((s, copy) for s in unsettled)  # never settled: the last copy stands
+    # Where the copies taken are the first read's bytes (a region nobody changed meanwhile), the
+    # first read is the answer: a copy of the whole file cost 90 us here.
+    first = memoryview(data)[SLOTS_OFFSET:SLOTS_OFFSET + size]
+    changed = {s: src for s, src in taken.items()
+               if first[s * SLOT_SIZE:(s + 1) * SLOT_SIZE] != src[s * SLOT_SIZE:(s + 1) * SLOT_SIZE]}
+    first.release()
+    if not changed:
         return data
-    return data[:SLOTS_OFFSET] + bytes(slots) + data[SLOTS_OFFSET + size:]
+    region = bytearray(data)
+    for s, src in changed.items():
+        at = SLOTS_OFFSET + s * SLOT_SIZE
+        region[at:at + SLOT_SIZE] = src[s * SLOT_SIZE:(s + 1) * SLOT_SIZE]
+    return region
 
 
-def parse_region(data: bytes) -> Region:
+def parse_region(data: bytes | bytearray) -> Region:
     if len(data) < _HEADER.size:
         raise RegionError(f"{len(data)} bytes is shorter than the header")
     (magic, version, header_size, device_size, slot_size, max_devices, max_slots, file_size,
