@@ -166,7 +166,7 @@ int vgpu_ledger_add(struct vgpu_region *r, uint32_t self, int dev, uint64_t byte
     if (limit == 0) { /* no cap to check: nothing to announce */
         if (raise_word(mine, bytes) != 0)
             return -1;
-        raise_peak(&r->devices[dev], usage_of(r, dev).held);
+        raise_peak(&r->devices[dev], vgpu_region_device_used(r, dev));
         return 0;
     }
     if (bytes > limit || bytes > pending_bytes_mask || bytes > UINT64_MAX - load64(mine))

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/auxv.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "devices.h"
@@ -52,10 +53,16 @@ static int byte_lock(int cmd, short type, uint64_t offset)
     return fcntl(file.fd, cmd, &fl);
 }
 
-/* Whether file.fd still names the region file. A program that closes every descriptor (a
- * daemon after fork) may have put another file at its number: a claim's locks there would find
- * every slot free, a live process's among them, and reap it. */
-static int descriptor_intact(void) { return names_file(file.fd, file.dev, file.ino); }
+/* Whether file.fd still names the region file (fstat: its device and inode at the open). A
+ * program that closes every descriptor (a daemon after fork) may have put another file at its
+ * number: a claim's locks there would find every slot free, a live process's among them, and
+ * reap it. */
+static int descriptor_intact(void)
+{
+    struct stat st;
+    return file.fd >= 0 && fstat(file.fd, &st) == 0 && (uint64_t)st.st_dev == file.dev &&
+           (uint64_t)st.st_ino == file.ino;
+}
 
 /* Byte 0 serialises creation and slot claims; the kernel releases it if its holder dies. */
 static void lock_creation(void)

@@ -4,7 +4,6 @@
 #define VGPU_UTIL_H
 
 #include <stdint.h>
-#include <sys/stat.h>
 #include <time.h>
 
 static inline uint64_t load64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -22,15 +21,6 @@ static inline uint64_t monotonic_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* Whether fd names the file of this device and inode (fstat): a program may close a descriptor
- * the library keeps and put another file at its number. */
-static inline int names_file(int fd, uint64_t dev, uint64_t ino)
-{
-    struct stat st;
-    return fd >= 0 && fstat(fd, &st) == 0 && (uint64_t)st.st_dev == dev &&
-           (uint64_t)st.st_ino == ino;
 }
 
 #endif
