@@ -110,7 +110,11 @@ struct vgpu_region_slot {
     uint64_t announcements;    /* 168 atomic: how many reservations the owner has announced:
                                 *     another's waits for it while it changes (ledger.c).
                                 *     Readers ignore it */
-    uint8_t reserved_176[8];   /* 176 0 (version 1's undo journal, with 160-175) */
+    uint64_t start_ticks;      /* 176 the owner's start time, clock ticks after boot
+                                *     (/proc/PID/stat's 22nd field; 0 = not known): a slot
+                                *     whose lock is free is still its owner's while a process
+                                *     that started then has that pid (README, "Live or dead").
+                                *     Version 1's undo journal, with 160-175 */
     uint64_t context_bytes;    /* 184 atomic: of this slot's used_bytes, the context and driver
                                 *     memory (all devices), as NVML measured it; the rest are
                                 *     allocations. Written by the owner; readers may see it lag */
@@ -132,6 +136,7 @@ _Static_assert(offsetof(struct vgpu_region_slot, used_bytes) == 32, "slot offset
 _Static_assert(offsetof(struct vgpu_region_slot, pending) == 16, "slot offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, claimed_unix_ns) == 160, "slot offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, announcements) == 168, "slot offsets");
+_Static_assert(offsetof(struct vgpu_region_slot, start_ticks) == 176, "slot offsets");
 _Static_assert(offsetof(struct vgpu_region_slot, context_bytes) == 184, "slot offsets");
 
 enum {

@@ -22,6 +22,7 @@
 #include "devices.h"
 #include "ledger.h"
 #include "log.h"
+#include "owner.h"
 #include "region_file.h"
 #include "settings.h"
 #include "truncation.h"
@@ -213,6 +214,7 @@ static void set_owner(struct vgpu_region_slot *s, int32_t pid)
     __atomic_store_n(&s->pid, pid, __ATOMIC_RELAXED);
     __atomic_store_n(&s->host_pid, 0, __ATOMIC_RELAXED);
     store64(&s->claimed_unix_ns, pid != 0 ? unix_ns() : 0);
+    store64(&s->start_ticks, pid != 0 ? vgpu_owner_start_ticks(0) : 0);
     store64(&s->last_launch_unix_ns, 0);
     store64(&s->context_bytes, 0);
     store64(&s->generation, changing + 1);
@@ -252,13 +254,28 @@ static void raise_high_water(struct vgpu_region *r, uint32_t count)
     }
 }
 
-/* Tries to own slot i; returns 1 when its byte is ours (the previous owner, if any, is dead). */
-static int try_own(uint32_t i)
+static void disown(uint32_t i) { byte_lock(F_OFD_SETLK, F_UNLCK, vgpu_region_slot_lock_offset(i)); }
+
+/* Whether the owner of slot s, whose lock byte nobody holds, is gone. Not while a process that
+ * started when it did has its pid: it closed the region's descriptor, and its lock with it,
+ * but still holds its memory (reaped, that memory would be given out twice). A slot of this
+ * process's pid is its image before an exec (the callers skip its own slot). */
+static int owner_gone(const struct vgpu_region_slot *s)
 {
-    return byte_lock(F_OFD_SETLK, F_WRLCK, vgpu_region_slot_lock_offset(i)) == 0;
+    int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
+    return pid == 0 || pid == (int32_t)getpid() || !vgpu_owner_runs(pid, load64(&s->start_ticks));
 }
 
-static void disown(uint32_t i) { byte_lock(F_OFD_SETLK, F_UNLCK, vgpu_region_slot_lock_offset(i)); }
+/* Tries to own slot i; returns 1 when its byte is ours and its owner, if any, is gone. */
+static int try_own(const struct vgpu_region *r, uint32_t i)
+{
+    if (byte_lock(F_OFD_SETLK, F_WRLCK, vgpu_region_slot_lock_offset(i)) != 0)
+        return 0;
+    if (slot_is_empty(&r->slots[i]) || owner_gone(&r->slots[i]))
+        return 1;
+    disown(i);
+    return 0;
+}
 
 /* Reaps every dead slot below the high-water mark; returns how many. Caller holds slot_lock
  * and owns slot self. */
@@ -267,7 +284,7 @@ static int reap_scan(struct vgpu_region *r, uint32_t self)
     int reaped = 0;
     uint32_t high = __atomic_load_n(&r->header.slot_high_water, __ATOMIC_ACQUIRE);
     for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++) {
-        if (i == self || slot_is_empty(&r->slots[i]) || !try_own(i))
+        if (i == self || slot_is_empty(&r->slots[i]) || !try_own(r, i))
             continue;
         reap_slot(r, i);
         reaped++;
@@ -284,7 +301,7 @@ static void claim_slot(struct vgpu_region *r)
 {
     lock_creation();
     for (uint32_t i = 0; i < VGPU_REGION_MAX_SLOTS; i++) {
-        if (!try_own(i))
+        if (!try_own(r, i))
             continue;
         if (!slot_is_empty(&r->slots[i]))
             reap_slot(r, i);
@@ -396,13 +413,15 @@ int vgpu_region_reap_dead(void)
     return reaped;
 }
 
-/* Whether slot i's owner is alive, asked as the node monitor asks (F_OFD_GETLK: no lock taken,
- * so the question cannot make a dead slot look alive to anyone else). */
-static int owner_alive(uint32_t i)
+/* Whether slot i's owner is alive: its byte is locked, asked as the node monitor asks
+ * (F_OFD_GETLK: no lock taken, so the question cannot make a dead slot look alive to anyone
+ * else), or it runs without its lock (owner_gone). */
+static int owner_alive(const struct vgpu_region *r, uint32_t i)
 {
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
                        .l_start = (off_t)vgpu_region_slot_lock_offset(i), .l_len = 1};
-    return fcntl(file.fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK;
+    return fcntl(file.fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK ||
+           !owner_gone(&r->slots[i]);
 }
 
 uint64_t vgpu_region_record_in_use(int record)
@@ -425,7 +444,7 @@ uint64_t vgpu_region_record_in_use(int record)
     uint64_t used = 0;
     uint32_t high = __atomic_load_n(&r->header.slot_high_water, __ATOMIC_ACQUIRE);
     for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++)
-        if (!slot_is_empty(&r->slots[i]) && owner_alive(i))
+        if (!slot_is_empty(&r->slots[i]) && owner_alive(r, i))
             used += load64(&r->slots[i].used_bytes[record]);
     return used;
 }

@@ -40,6 +40,7 @@ run limits "$units/test_limits"
 run settings "$units/test_settings"
 run control "$units/test_control"
 run ledger "$units/test_ledger"
+run owner "$units/test_owner"
 run graphs "$units/test_graphs"
 run vmm "$units/test_vmm"
 run alloc CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m "$build/tests/test_alloc"
@@ -129,6 +130,7 @@ run odd-generation CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" odd
 # Contexts of 20 MiB: NVML lists the process, so nothing is logged before the claim.
 run blocked-stderr CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_CONTEXT_MIB=20 "$build/tests/test_multiproc" blocked-stderr
 run replaced-descriptor CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" replaced-descriptor
+run closed-descriptor CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" closed-descriptor
 # Processes of one container starting together where there is no region file yet all share the
 # one a peer creates (a guard held while the file is missing is not always a removed region).
 run together CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_CONTEXT_MIB=20 "$build/tests/test_multiproc" together

@@ -1540,6 +1540,128 @@ static void together(void)
           r, rounds, TOGETHER, fine, (unsigned long long)mib);
 }
 
+/* ---- closed-descriptor: a slot's owner alive without its lock ----------------------------- */
+
+/* pid's start time (/proc/PID/stat's 22nd field, after the command's last ')'); 0 if unread. */
+static uint64_t start_ticks_of(pid_t pid)
+{
+    char path[64], line[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f != NULL ? fread(line, 1, sizeof line - 1, f) : 0;
+    if (f != NULL)
+        fclose(f);
+    line[n] = '\0';
+    char *field = strrchr(line, ')');
+    for (int i = 2; i < 22 && field != NULL; i++) /* the space before field i + 1 */
+        field = strchr(field + 1, ' ');
+    return field != NULL ? strtoull(field, NULL, 10) : 0;
+}
+
+/* Takes 600 MiB, then closes the region's descriptor, as a program that closes every
+ * descriptor it does not know of does (the slot's lock goes with it). */
+static int take_600_mib_then_close_region(void)
+{
+    cuda_start();
+    CUdeviceptr p;
+    int fd = -1;
+    return cuMemAlloc_v2(&p, 600 * MiB) == CUDA_SUCCESS && (fd = region_descriptor()) >= 0 &&
+           close(fd) == 0;
+}
+
+/* Whether a new process of the container gets `mib` MiB (its slot claim reaps the gone). */
+static int new_process_gets(uint64_t mib)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        cuda_start();
+        CUdeviceptr p;
+        _exit(cuMemAlloc_v2(&p, mib * MiB) == CUDA_SUCCESS ? 0 : 1);
+    }
+    return exited_ok(pid);
+}
+
+/* Takes 300 MiB, then runs reexec-child in its place (same pid, same start time). */
+static int take_300_mib_then_exec(void)
+{
+    cuda_start();
+    CUdeviceptr p;
+    if (cuMemAlloc_v2(&p, 300 * MiB) != CUDA_SUCCESS)
+        return 3;
+    execl(self_path, self_path, "reexec-child", (char *)NULL);
+    return 4;
+}
+
+/* The image after take_300_mib_then_exec's exec: 800 MiB fit only with its old image's 300 MiB
+ * given back. */
+static int reexec_child(void)
+{
+    cuda_start();
+    CUdeviceptr p;
+    return cuMemAlloc_v2(&p, 800 * MiB) == CUDA_SUCCESS ? 0 : 1;
+}
+
+/* A slot is its owner's for as long as the owner runs, lock or no lock: a process that closed
+ * the region's descriptor kept its 600 MiB while the next claimant reaped its slot (1200 MiB
+ * under a 1 GiB cap). Gone are: a process /proc does not have, one that exited and was not
+ * waited for (a zombie), one whose pid another process now has (another start time), and this
+ * process's own image before an exec. */
+static void closed_descriptor(void)
+{
+    pid_t holder = fork_holder(take_600_mib_then_close_region,
+                               "a process takes 600 MiB of 1 GiB, then closes its region "
+                               "descriptor");
+    int slot = holder > 0 ? find_slot(holder) : -1;
+    if (!check(slot >= 0 && slot_holder((uint32_t)slot) == 0,
+               "its slot's lock went with the descriptor (slot %d)", slot))
+        return;
+    uint64_t start = start_ticks_of(holder);
+    check(start != 0 && region->slots[slot].start_ticks == start,
+          "the slot has its start time, /proc/PID/stat's 22nd field (%llu)",
+          (unsigned long long)start);
+    check(!new_process_gets(600), "another process is refused 600 MiB: the holder still runs");
+    check(used(0) == 600 * MiB && region->slots[slot].pid == holder,
+          "its slot and 600 MiB are still counted (%llu MiB)", (unsigned long long)(used(0) / MiB));
+    nvmlMemory_t m = {0};
+    int asked = nvml_memory_of(0, &m) == 0;
+    check(asked && m.used == 600 * MiB && find_slot(getpid()) < 0,
+          "a process that only asks NVML (this one, no slot) sees them in use (%llu MiB)",
+          (unsigned long long)(m.used / MiB));
+
+    struct vgpu_region *w = map_for_writing();
+    if (!check(w != MAP_FAILED, "the region mapped for writing"))
+        return;
+    w->slots[slot].start_ticks = start + 1;
+    munmap(w, VGPU_REGION_FILE_SIZE);
+    check(new_process_gets(600), "with another start time in the slot (its pid taken by another "
+          "process since), another process gets 600 MiB: the slot is reaped");
+    kill(holder, SIGKILL);
+    wait_status(holder);
+
+    fflush(stdout);
+    pid_t zombie = fork();
+    if (zombie == 0) {
+        cuda_start();
+        CUdeviceptr p;
+        _exit(cuMemAlloc_v2(&p, 600 * MiB) == CUDA_SUCCESS ? 0 : 1);
+    }
+    siginfo_t info = {0};
+    while (waitid(P_PID, (id_t)zombie, &info, WEXITED | WNOWAIT) != 0 && errno == EINTR) {
+    }
+    check(info.si_pid == zombie && info.si_code == CLD_EXITED && info.si_status == 0,
+          "a process takes 600 MiB and exits, not waited for");
+    check(new_process_gets(600), "while it is a zombie, another process gets 600 MiB");
+    wait_status(zombie);
+
+    fflush(stdout);
+    pid_t execs = fork();
+    if (execs == 0)
+        _exit(take_300_mib_then_exec());
+    check(exited_ok(execs), "a process takes 300 MiB and execs: the new image (same pid, same "
+          "start time) reaps its old image's slot and gets 800 MiB");
+}
+
 /* ---- lingering exit ------------------------------------------------------------------------ */
 
 /* A process that only asks NVML (nvidia-smi in the container): 0 when NVML shows GPU 0 with
@@ -1644,6 +1766,7 @@ static const struct mode mapped_modes[] = {
     {"odd-generation", odd_generation},
     {"blocked-stderr", blocked_stderr},
     {"replaced-descriptor", replaced_descriptor},
+    {"closed-descriptor", closed_descriptor},
     {"kill-threads", kill_threads},
 };
 
@@ -1676,6 +1799,8 @@ int main(int argc, char **argv)
         return linger_child();
     if (strcmp(mode, "nvml-child") == 0)
         return nvml_child();
+    if (strcmp(mode, "reexec-child") == 0)
+        return reexec_child();
     int rc = run_mode(unmapped_modes, sizeof unmapped_modes / sizeof *unmapped_modes, mode);
     if (rc >= 0)
         return rc;

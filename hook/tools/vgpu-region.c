@@ -73,11 +73,11 @@ static void print_slots(const struct vgpu_region *r, int fd)
             continue;
         int owner = holder(fd, i);
         printf("%s\n    {\"slot\": %u, \"pid\": %d, \"live\": %s, \"holder_pid\": %d, "
-               "\"host_pid\": %d, \"claimed_unix_ns\": %llu, \"last_launch_unix_ns\": %llu, "
-               "\"context_bytes\": %llu, \"used_bytes\": {",
+               "\"host_pid\": %d, \"claimed_unix_ns\": %llu, \"start_ticks\": %llu, "
+               "\"last_launch_unix_ns\": %llu, \"context_bytes\": %llu, \"used_bytes\": {",
                sep, i, s.pid, owner != 0 ? "true" : "false", owner > 0 ? owner : 0, s.host_pid,
-               (unsigned long long)s.claimed_unix_ns, (unsigned long long)s.last_launch_unix_ns,
-               (unsigned long long)s.context_bytes);
+               (unsigned long long)s.claimed_unix_ns, (unsigned long long)s.start_ticks,
+               (unsigned long long)s.last_launch_unix_ns, (unsigned long long)s.context_bytes);
         const char *inner = "";
         for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
             if (s.used_bytes[d] != 0) {
