@@ -5,21 +5,33 @@
 
 #include <stdint.h>
 
-/* When process pid (0: this one) started, in clock ticks after boot (/proc/PID/stat's 22nd
- * field, which an exec keeps); 0 when it cannot be read. */
+/* Who owns a slot, and what the library asks of that process. */
+struct vgpu_owner {
+    int32_t pid;          /* in the container's pid namespace */
+    uint64_t start_ticks; /* when it started: /proc/PID/stat's 22nd field, which an exec keeps */
+    uint64_t dev, ino;    /* the region file as mappings show it (vgpu_owner_mapping_of), which
+                           * the owner's image maps while it lives */
+};
+
+/* The device and inode /proc/self/maps shows for this process's mapping that starts at addr:
+ * on overlayfs, older kernels show the layer's file there, not the one fstat gives. 0, or -1 when there is
+ * no such mapping or the mappings cannot be read. */
+int vgpu_owner_mapping_of(const void *addr, uint64_t *dev, uint64_t *ino);
+
+/* When process pid (0: this one) started, in clock ticks after boot; 0 when it cannot be read. */
 uint64_t vgpu_owner_start_ticks(int32_t pid);
 
-/* Whether process pid, which started at start_ticks, still runs. No: the start time is not
- * known (0: a slot of a region made before the start time was kept, or of a process that could
- * not read it; its pid may be another's, say after the container restarted in a new pid
- * namespace), /proc has no such process, it has exited (a zombie, which holds no device
- * memory), or the pid is another process's now (it started at another time). When /proc
- * cannot say (not mounted, or hiding other users' processes), kill(pid, 0) does: only "no such
- * process" is no. */
-int vgpu_owner_runs(int32_t pid, uint64_t start_ticks);
+/* Whether the owner still runs. No: its start time is not known (0: a slot of a process that
+ * could not read it; its pid may be another's, say after the container restarted in a new pid
+ * namespace), /proc has no such process, it has exited (a zombie holds no device memory), the
+ * pid is another process's now (it started at another time), or that process no longer maps
+ * the region (it exec'd: the new image has no CUDA context of the old). Where /proc cannot say
+ * whether the process exists (not mounted, or hiding other users' processes), kill(pid, 0)
+ * does; where it cannot show the mappings (another user's process), the process runs. */
+int vgpu_owner_runs(const struct vgpu_owner *owner);
 
 /* The same two, reading `proc` in place of /proc (tests/test_owner.c). */
 uint64_t vgpu_owner_start_ticks_in(const char *proc, int32_t pid);
-int vgpu_owner_runs_in(const char *proc, int32_t pid, uint64_t start_ticks);
+int vgpu_owner_runs_in(const char *proc, const struct vgpu_owner *owner);
 
 #endif

@@ -39,6 +39,16 @@ static int my_slot = -1;               /* -1: none claimed yet in this process *
 static int no_slot;                    /* the last claim found none, or could not be made */
 static uint64_t no_slot_since_ms;      /* when: claims are retried once a second */
 static int fork_reopen_failed;         /* a forked child could not get its own description */
+static uint64_t my_start_ticks;        /* when this process started (owner.h; 0: unknown) */
+static uint64_t mapped_dev, mapped_ino; /* the region as mappings show it (owner.h) */
+/* A free-lock slot whose owner was found running, and until when that is taken as still so
+ * (generation: the claim it was found for): the frequent questions (a usage query's reaping,
+ * at most every 100 ms, and its sum of the live slots) read /proc at most once a second per
+ * slot. A claim, and a reservation about to be refused, ask afresh: an owner that died since
+ * must not cost an allocation. */
+static struct {
+    uint64_t generation, until_ns;
+} running[VGPU_REGION_MAX_SLOTS];
 static pthread_once_t attach_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER; /* claim and reap, in-process */
 
@@ -125,12 +135,15 @@ static void after_fork_child(void)
     pthread_mutex_init(&slot_lock, NULL);
     my_slot = -1;
     no_slot = 0;
+    my_start_ticks = vgpu_owner_start_ticks(0); /* the child's own */
     if (file.fd >= 0 && reopen_region_fd() != 0) {
         close(file.fd);
         file.fd = -1;
         fork_reopen_failed = 1;
     }
 }
+
+static void reap_earlier_image(struct vgpu_region *r);
 
 static void attach(void)
 {
@@ -175,6 +188,12 @@ static void attach(void)
     if (vgpu_truncation_guard(r, VGPU_REGION_FILE_SIZE) != 0)
         vgpu_log(VGPU_LOG_WARN, "cannot install the SIGBUS handler: a truncated region file will "
                  "kill this process");
+    my_start_ticks = vgpu_owner_start_ticks(0); /* read here, not in a claim's odd window */
+    if (vgpu_owner_mapping_of(r, &mapped_dev, &mapped_ino) != 0) {
+        mapped_dev = file.dev;
+        mapped_ino = file.ino;
+    }
+    reap_earlier_image(r);
     pthread_atfork(NULL, NULL, after_fork_child);
     __atomic_store_n(&region, r, __ATOMIC_RELEASE);
 }
@@ -214,7 +233,7 @@ static void set_owner(struct vgpu_region_slot *s, int32_t pid)
     __atomic_store_n(&s->pid, pid, __ATOMIC_RELAXED);
     __atomic_store_n(&s->host_pid, 0, __ATOMIC_RELAXED);
     store64(&s->claimed_unix_ns, pid != 0 ? unix_ns() : 0);
-    store64(&s->start_ticks, pid != 0 ? vgpu_owner_start_ticks(0) : 0);
+    store64(&s->start_ticks, pid != 0 ? my_start_ticks : 0);
     store64(&s->last_launch_unix_ns, 0);
     store64(&s->context_bytes, 0);
     store64(&s->generation, changing + 1);
@@ -256,35 +275,69 @@ static void raise_high_water(struct vgpu_region *r, uint32_t count)
 
 static void disown(uint32_t i) { byte_lock(F_OFD_SETLK, F_UNLCK, vgpu_region_slot_lock_offset(i)); }
 
-/* Whether the owner of slot s, whose lock byte nobody holds, is gone. Not while a process that
- * started when it did has its pid: it closed the region's descriptor, and its lock with it,
- * but still holds its memory (reaped, that memory would be given out twice). A slot of this
- * process's pid is its image before an exec (the callers skip its own slot). */
-static int owner_gone(const struct vgpu_region_slot *s)
+/* Whether the owner of slot i, whose lock byte nobody holds, is gone. Not while the process
+ * that claimed it runs (owner.h): it closed the region's descriptor, and its lock with it, but
+ * still holds its memory (reaped, that memory would be given out twice). A slot of this
+ * process's pid and start time is its image before an exec (the callers skip its own slot).
+ * fresh: /proc is asked even if the owner was found running within the second. */
+static int owner_gone(const struct vgpu_region *r, uint32_t i, int fresh)
 {
-    int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
-    return pid == 0 || pid == (int32_t)getpid() || !vgpu_owner_runs(pid, load64(&s->start_ticks));
+    const struct vgpu_region_slot *s = &r->slots[i];
+    struct vgpu_owner owner = {.pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE),
+                               .start_ticks = load64(&s->start_ticks),
+                               .dev = mapped_dev,
+                               .ino = mapped_ino};
+    if (owner.pid == 0 || (owner.pid == (int32_t)getpid() && owner.start_ticks == my_start_ticks))
+        return 1;
+    uint64_t generation = load64(&s->generation), now = monotonic_ns();
+    if (!fresh && __atomic_load_n(&running[i].generation, __ATOMIC_RELAXED) == generation &&
+        now < __atomic_load_n(&running[i].until_ns, __ATOMIC_RELAXED))
+        return 0;
+    if (!vgpu_owner_runs(&owner))
+        return 1;
+    __atomic_store_n(&running[i].generation, generation, __ATOMIC_RELAXED);
+    __atomic_store_n(&running[i].until_ns, now + UINT64_C(1000000000), __ATOMIC_RELAXED);
+    return 0;
 }
 
-/* Tries to own slot i; returns 1 when its byte is ours and its owner, if any, is gone. */
-static int try_own(const struct vgpu_region *r, uint32_t i)
+/* Tries to own slot i; returns 1 when its byte is ours and its owner, if any, is gone (fresh:
+ * as owner_gone). */
+static int try_own(const struct vgpu_region *r, uint32_t i, int fresh)
 {
     if (byte_lock(F_OFD_SETLK, F_WRLCK, vgpu_region_slot_lock_offset(i)) != 0)
         return 0;
-    if (slot_is_empty(&r->slots[i]) || owner_gone(&r->slots[i]))
+    if (slot_is_empty(&r->slots[i]) || owner_gone(r, i, fresh))
         return 1;
     disown(i);
     return 0;
 }
 
-/* Reaps every dead slot below the high-water mark; returns how many. Caller holds slot_lock
- * and owns slot self. */
-static int reap_scan(struct vgpu_region *r, uint32_t self)
+/* At attach: a slot of this process's pid is its image before an exec, whose CUDA context went
+ * with it. Reaped now, whatever this image does next: to others it looks alive while this
+ * image maps the region (owner.h), and one that claims no slot (it only asks NVML) would never
+ * reap it. */
+static void reap_earlier_image(struct vgpu_region *r)
+{
+    uint32_t high = __atomic_load_n(&r->header.slot_high_water, __ATOMIC_ACQUIRE);
+    vgpu_log_defer_begin(); /* not while holding the slot's byte (log.h) */
+    for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++) {
+        if (__atomic_load_n(&r->slots[i].pid, __ATOMIC_ACQUIRE) != (int32_t)getpid() ||
+            !try_own(r, i, 1))
+            continue;
+        reap_slot(r, i);
+        disown(i);
+    }
+    vgpu_log_defer_end();
+}
+
+/* Reaps every dead slot below the high-water mark (fresh: as owner_gone); returns how many.
+ * Caller holds slot_lock and owns slot self. */
+static int reap_scan(struct vgpu_region *r, uint32_t self, int fresh)
 {
     int reaped = 0;
     uint32_t high = __atomic_load_n(&r->header.slot_high_water, __ATOMIC_ACQUIRE);
     for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++) {
-        if (i == self || slot_is_empty(&r->slots[i]) || !try_own(r, i))
+        if (i == self || slot_is_empty(&r->slots[i]) || !try_own(r, i, fresh))
             continue;
         reap_slot(r, i);
         reaped++;
@@ -301,13 +354,13 @@ static void claim_slot(struct vgpu_region *r)
 {
     lock_creation();
     for (uint32_t i = 0; i < VGPU_REGION_MAX_SLOTS; i++) {
-        if (!try_own(r, i))
+        if (!try_own(r, i, 1))
             continue;
         if (!slot_is_empty(&r->slots[i]))
             reap_slot(r, i);
         set_owner(&r->slots[i], (int32_t)getpid());
         raise_high_water(r, i + 1);
-        reap_scan(r, i);
+        reap_scan(r, i, 1);
         __atomic_store_n(&my_slot, (int)i, __ATOMIC_RELEASE);
         break;
     }
@@ -399,7 +452,7 @@ void vgpu_region_release(int dev, uint64_t bytes)
     vgpu_ledger_sub(r, (uint32_t)slot, dev, bytes);
 }
 
-int vgpu_region_reap_dead(void)
+static int reap_dead(int fresh)
 {
     struct vgpu_region *r = vgpu_region_get();
     int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
@@ -407,11 +460,13 @@ int vgpu_region_reap_dead(void)
         return 0;
     vgpu_log_defer_begin(); /* not while holding the dead slots' bytes (log.h) */
     pthread_mutex_lock(&slot_lock);
-    int reaped = reap_scan(r, (uint32_t)slot);
+    int reaped = reap_scan(r, (uint32_t)slot, fresh);
     pthread_mutex_unlock(&slot_lock);
     vgpu_log_defer_end();
     return reaped;
 }
+
+int vgpu_region_reap_dead(void) { return reap_dead(1); }
 
 /* Whether slot i's owner is alive: its byte is locked, asked as the node monitor asks
  * (F_OFD_GETLK: no lock taken, so the question cannot make a dead slot look alive to anyone
@@ -421,7 +476,7 @@ static int owner_alive(const struct vgpu_region *r, uint32_t i)
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
                        .l_start = (off_t)vgpu_region_slot_lock_offset(i), .l_len = 1};
     return fcntl(file.fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK ||
-           !owner_gone(&r->slots[i]);
+           !owner_gone(r, i, 0);
 }
 
 uint64_t vgpu_region_record_in_use(int record)
@@ -437,7 +492,7 @@ uint64_t vgpu_region_record_in_use(int record)
         if (now - last >= UINT64_C(100000000) &&
             __atomic_compare_exchange_n(&last_ns, &last, now, 0, __ATOMIC_RELAXED,
                                         __ATOMIC_RELAXED))
-            vgpu_region_reap_dead();
+            reap_dead(0);
         return vgpu_region_device_used(r, record);
     }
     /* One that only asks (nvidia-smi, an NVML monitor): the live slots' ledgers, read only. */

@@ -156,6 +156,19 @@ if [ "${VGPU_SANITIZED:-0}" = 0 ] && command -v unshare >/dev/null && can_bind_m
 else
     echo "SKIP preload-file (needs a private mount namespace to provide /etc/ld.so.preload)"
 fi
+# closed-descriptor over a region on overlayfs (a container's own /tmp, outside a pod), whose
+# mappings older kernels show under the layer's device and inode, not the ones fstat gives.
+overlay="lowerdir=$tmp/ov/lower,upperdir=$tmp/ov/upper,workdir=$tmp/ov/work"
+if [ "${VGPU_SANITIZED:-0}" = 0 ] && command -v unshare >/dev/null && can_bind_mount &&
+    mkdir -p "$tmp/ov/lower" "$tmp/ov/upper" "$tmp/ov/work" "$tmp/ov/merged" &&
+    unshare -m sh -c "mount -t overlay none -o '$overlay' '$tmp/ov/merged'" 2>/dev/null; then
+    run closed-descriptor-overlay CUDA_DEVICE_MEMORY_LIMIT=1g \
+        CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/ov/merged/region.cache" \
+        unshare -m sh -c "mount -t overlay none -o '$overlay' '$tmp/ov/merged' && exec \"\$@\"" \
+        sh "$build/tests/test_multiproc" closed-descriptor
+else
+    echo "SKIP closed-descriptor-overlay (needs a private mount namespace and overlayfs)"
+fi
 # The device plugin's settings file, mounted read-only at /usr/local/vgpu/vgpu.env (here over a
 # tmpfs on /usr/local in a private mount namespace, as the runtime mounts it): it alone sets the
 # limits and the region path, whatever the environment drops (env -i) or says.

@@ -1582,14 +1582,16 @@ static int new_process_gets(uint64_t mib)
     return exited_ok(pid);
 }
 
-/* Takes 300 MiB, then runs reexec-child in its place (same pid, same start time). */
-static int take_300_mib_then_exec(void)
+/* Takes 300 MiB, then runs `mode` of this program in its place (same pid, same start time). */
+static int take_300_mib_then_exec(const char *mode, int ready_fd)
 {
     cuda_start();
     CUdeviceptr p;
     if (cuMemAlloc_v2(&p, 300 * MiB) != CUDA_SUCCESS)
         return 3;
-    execl(self_path, self_path, "reexec-child", (char *)NULL);
+    char fd_text[16];
+    snprintf(fd_text, sizeof fd_text, "%d", ready_fd);
+    execl(self_path, self_path, mode, fd_text, (char *)NULL);
     return 4;
 }
 
@@ -1602,11 +1604,73 @@ static int reexec_child(void)
     return cuMemAlloc_v2(&p, 800 * MiB) == CUDA_SUCCESS ? 0 : 1;
 }
 
+/* An image after an exec that never uses CUDA (`nvml`: only asks NVML, as nvidia-smi does):
+ * says 'y' on ready_fd, then waits to be killed. */
+static int idle_child(const char *ready_fd, int nvml)
+{
+    nvmlMemory_t m;
+    if (nvml && nvml_memory_of(0, &m) != 0)
+        return 2;
+    int fd = atoi(ready_fd);
+    if (write(fd, "y", 1) != 1)
+        return 3;
+    pause();
+    return 0;
+}
+
+/* A process takes 300 MiB and execs into `mode`, which says when it runs and then idles:
+ * whether another process then gets 800 MiB (its old image's 300 given back). */
+static int exec_then_idle_frees(const char *mode)
+{
+    int ready[2];
+    if (pipe(ready) != 0)
+        return 0;
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        close(ready[0]);
+        _exit(take_300_mib_then_exec(mode, ready[1]));
+    }
+    close(ready[1]);
+    char ok = 0;
+    int idles = read(ready[0], &ok, 1) == 1 && ok == 'y';
+    close(ready[0]);
+    int freed = idles && new_process_gets(800);
+    kill(child, SIGKILL);
+    wait_status(child);
+    return freed;
+}
+
+/* Its pid another process's since (which started at another time). */
+static void another_start(struct vgpu_region_slot *s) { s->start_ticks += 1; }
+
+/* A holder that closed its region descriptor, its slot then rewritten: whether another process
+ * gets 600 MiB (the slot reaped). */
+static int rewritten_holder_reaped(void (*rewrite)(struct vgpu_region_slot *))
+{
+    pid_t holder = fork_holder(take_600_mib_then_close_region,
+                               "another process takes 600 MiB, then closes its descriptor");
+    int slot = holder > 0 ? find_slot(holder) : -1;
+    struct vgpu_region *w = slot >= 0 ? map_for_writing() : MAP_FAILED;
+    int reaped = 0;
+    if (w != MAP_FAILED) {
+        rewrite(&w->slots[slot]);
+        munmap(w, VGPU_REGION_FILE_SIZE);
+        reaped = new_process_gets(600);
+    }
+    if (holder > 0) {
+        kill(holder, SIGKILL);
+        wait_status(holder);
+    }
+    reap_by_a_new_process();
+    return reaped;
+}
+
 /* A slot is its owner's for as long as the owner runs, lock or no lock: a process that closed
  * the region's descriptor kept its 600 MiB while the next claimant reaped its slot (1200 MiB
  * under a 1 GiB cap). Gone are: a process /proc does not have, one that exited and was not
- * waited for (a zombie), one whose pid another process now has (another start time), and this
- * process's own image before an exec. */
+ * waited for (a zombie), one whose pid another process now has (another start time), and one
+ * that no longer maps the region (it exec'd). */
 static void closed_descriptor(void)
 {
     pid_t holder = fork_holder(take_600_mib_then_close_region,
@@ -1628,16 +1692,13 @@ static void closed_descriptor(void)
     check(asked && m.used == 600 * MiB && find_slot(getpid()) < 0,
           "a process that only asks NVML (this one, no slot) sees them in use (%llu MiB)",
           (unsigned long long)(m.used / MiB));
-
-    struct vgpu_region *w = map_for_writing();
-    if (!check(w != MAP_FAILED, "the region mapped for writing"))
-        return;
-    w->slots[slot].start_ticks = start + 1;
-    munmap(w, VGPU_REGION_FILE_SIZE);
-    check(new_process_gets(600), "with another start time in the slot (its pid taken by another "
-          "process since), another process gets 600 MiB: the slot is reaped");
     kill(holder, SIGKILL);
     wait_status(holder);
+    check(new_process_gets(600), "once it is killed, another process gets 600 MiB");
+
+    check(rewritten_holder_reaped(another_start),
+          "with another start time in its slot (its pid another process's since), the slot of "
+          "one that closed its descriptor is reaped");
 
     fflush(stdout);
     pid_t zombie = fork();
@@ -1657,9 +1718,14 @@ static void closed_descriptor(void)
     fflush(stdout);
     pid_t execs = fork();
     if (execs == 0)
-        _exit(take_300_mib_then_exec());
+        _exit(take_300_mib_then_exec("reexec-child", -1));
     check(exited_ok(execs), "a process takes 300 MiB and execs: the new image (same pid, same "
           "start time) reaps its old image's slot and gets 800 MiB");
+    check(exec_then_idle_frees("idle-child"), "one that execs into a program that never uses "
+          "CUDA: another process gets 800 MiB (the old image's slot no longer mapped)");
+    check(exec_then_idle_frees("nvml-idle-child"), "one that execs into a program that only asks "
+          "NVML (it maps the region, claims no slot): its start reaps the old image's slot, and "
+          "another process gets 800 MiB");
 }
 
 /* ---- lingering exit ------------------------------------------------------------------------ */
@@ -1801,6 +1867,10 @@ int main(int argc, char **argv)
         return nvml_child();
     if (strcmp(mode, "reexec-child") == 0)
         return reexec_child();
+    if (strcmp(mode, "idle-child") == 0 && argc > 2)
+        return idle_child(argv[2], 0);
+    if (strcmp(mode, "nvml-idle-child") == 0 && argc > 2)
+        return idle_child(argv[2], 1);
     int rc = run_mode(unmapped_modes, sizeof unmapped_modes / sizeof *unmapped_modes, mode);
     if (rc >= 0)
         return rc;
