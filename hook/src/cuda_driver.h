@@ -187,14 +187,16 @@ void vgpu_graph_mapping_forget(CUgraphExec exec, uint64_t serial);
 CUresult vgpu_graph_launch(graph_launch_fn launch, CUgraphExec exec, CUstream stream,
                            const char *api);
 
-/* Before a launch of f (cuda_limits.c): the stack the driver will raise for it, if its threads
- * need more local memory than the device's stack holds, reserved and counted; -1: it does not
- * fit (logged; the caller answers CUDA_ERROR_OUT_OF_MEMORY without launching); 1: counted, and
- * vgpu_stack_after_launch is called with it once the driver has launched; 0: nothing to do. */
-int vgpu_stack_before_launch(CUfunction f);
-/* The same for a launch whose kernels need `local` bytes a thread at most (a graph's). */
-int vgpu_stack_before_needs(uint64_t local);
-void vgpu_stack_after_launch(int reserved);
+/* Before a launch of f on stream (cuda_limits.c): the stack the driver will raise for it on the
+ * device it runs on, if its threads need more local memory than that device's stack holds,
+ * reserved and counted; -1: it does not fit (logged; the caller answers
+ * CUDA_ERROR_OUT_OF_MEMORY without launching); else the devices it was counted on, a bit each
+ * (0: nothing to do), which vgpu_stack_after_launch takes with the launch's result. */
+int vgpu_stack_before_launch(CUfunction f, CUstream stream);
+/* The same for a launch on stream whose kernels need `local` bytes a thread at most (a
+ * graph's). */
+int vgpu_stack_before_needs(uint64_t local, CUstream stream);
+void vgpu_stack_after_launch(int raised, CUresult rc);
 /* A kernel's local memory a thread (0: none, or the driver cannot say). */
 uint64_t vgpu_kernel_local_bytes(CUfunction f);
 

@@ -244,7 +244,7 @@ CUresult vgpu_graph_launch(graph_launch_fn launch, CUgraphExec exec, CUstream st
     if (serial == 0)
         return launch(exec, stream);
     /* Its kernels may need a larger stack, which the driver raises at the launch. */
-    int stack = vgpu_stack_before_needs(memory.stack);
+    int stack = vgpu_stack_before_needs(memory.stack, stream);
     if (stack < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -252,7 +252,7 @@ CUresult vgpu_graph_launch(graph_launch_fn launch, CUgraphExec exec, CUstream st
         rc = launch(exec, stream);
         mapping_end(&m, rc == CUDA_SUCCESS);
     }
-    vgpu_stack_after_launch(stack);
+    vgpu_stack_after_launch(stack, rc);
     return rc;
 }
 

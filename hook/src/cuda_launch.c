@@ -29,7 +29,7 @@ static inline void gate(uint64_t blocks, CUstream stream)
 /* After the driver launched (rc its answer) a kernel whose stack check gave `stack`. */
 static CUresult launched(int stack, CUresult rc)
 {
-    vgpu_stack_after_launch(stack);
+    vgpu_stack_after_launch(stack, rc);
     return rc;
 }
 
@@ -40,7 +40,7 @@ VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsi
     if (!ready() || real.cuLaunchKernel == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz), stream);
-    int stack = vgpu_stack_before_launch(f);
+    int stack = vgpu_stack_before_launch(f, stream);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream,
                                                            params, extra));
@@ -53,7 +53,7 @@ VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
     if (!ready() || real.cuLaunchKernel_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz), stream);
-    int stack = vgpu_stack_before_launch(f);
+    int stack = vgpu_stack_before_launch(f, stream);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem,
                                                                 stream, params, extra));
@@ -66,7 +66,7 @@ VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f
         return CUDA_ERROR_NOT_INITIALIZED;
     if (config != NULL)
         gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ), config->hStream);
-    int stack = vgpu_stack_before_launch(f);
+    int stack = vgpu_stack_before_launch(f, config != NULL ? config->hStream : NULL);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchKernelEx(config, f, params, extra));
 }
@@ -78,7 +78,7 @@ VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunct
         return CUDA_ERROR_NOT_INITIALIZED;
     if (config != NULL)
         gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ), config->hStream);
-    int stack = vgpu_stack_before_launch(f);
+    int stack = vgpu_stack_before_launch(f, config != NULL ? config->hStream : NULL);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchKernelEx_ptsz(config, f, params, extra));
 }
@@ -91,7 +91,7 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsign
     if (!ready() || real.cuLaunchCooperativeKernel == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz), stream);
-    int stack = vgpu_stack_before_launch(f);
+    int stack = vgpu_stack_before_launch(f, stream);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz,
                                                                       shmem, stream, params));
@@ -105,7 +105,7 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
     if (!ready() || real.cuLaunchCooperativeKernel_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz), stream);
-    int stack = vgpu_stack_before_launch(f);
+    int stack = vgpu_stack_before_launch(f, stream);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by,
                                                                            bz, shmem, stream,
@@ -124,7 +124,7 @@ VGPU_EXPORT CUresult cuLaunch(CUfunction f)
     if (!ready() || real.cuLaunch == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(1, NULL);
-    int stack = vgpu_stack_before_launch(f);
+    int stack = vgpu_stack_before_launch(f, NULL);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY : launched(stack, real.cuLaunch(f));
 }
 
@@ -133,7 +133,7 @@ VGPU_EXPORT CUresult cuLaunchGrid(CUfunction f, int width, int height)
     if (!ready() || real.cuLaunchGrid == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(legacy_grid(width, height), NULL);
-    int stack = vgpu_stack_before_launch(f);
+    int stack = vgpu_stack_before_launch(f, NULL);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchGrid(f, width, height));
 }
@@ -143,33 +143,35 @@ VGPU_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int width, int height, CUst
     if (!ready() || real.cuLaunchGridAsync == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(legacy_grid(width, height), stream);
-    int stack = vgpu_stack_before_launch(f);
+    int stack = vgpu_stack_before_launch(f, stream);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchGridAsync(f, width, height, stream));
 }
 
 /* CUDA 9's launch of one kernel per device, deprecated (cuda.h): each kernel is charged to its
- * stream's device (one the driver cannot name: the current context's), and the stack is checked
- * on the current device for the kernel that needs most. */
+ * stream's device (one the driver cannot name: the current context's), and its stack is
+ * reserved there. One that does not fit refuses the launch, as the driver refusing it would
+ * (vgpu_stack_after_launch). */
 VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list,
                                                           unsigned int count, unsigned int flags)
 {
     if (!ready() || real.cuLaunchCooperativeKernelMultiDevice == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    uint64_t local = 0;
+    int stacks = 0;
     vgpu_region_note_launch();
     for (unsigned int i = 0; list != NULL && i < count; i++) {
         if (vgpu_throttle_enabled) {
             uint64_t blocks = grid(list[i].gridDimX, list[i].gridDimY, list[i].gridDimZ);
             vgpu_throttle_launch(launch_device_on(list[i].hStream), blocks ? blocks : 1);
         }
-        uint64_t needs = vgpu_kernel_local_bytes(list[i].function);
-        local = needs > local ? needs : local;
+        int stack = vgpu_stack_before_launch(list[i].function, list[i].hStream);
+        if (stack < 0) {
+            vgpu_stack_after_launch(stacks, CUDA_ERROR_OUT_OF_MEMORY);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        stacks |= stack;
     }
-    int stack = vgpu_stack_before_needs(local);
-    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
-                     : launched(stack, real.cuLaunchCooperativeKernelMultiDevice(list, count,
-                                                                                 flags));
+    return launched(stacks, real.cuLaunchCooperativeKernelMultiDevice(list, count, flags));
 }
 
 /* A graph costs the blocks of all its kernels (learnt when it was instantiated, cuda_graph.c),

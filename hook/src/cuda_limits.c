@@ -6,7 +6,8 @@
  * hold), and stays counted as the process's footprint until a measurement settles it. The
  * driver also raises the stack itself, at the launch of a kernel whose threads need more local
  * memory than it holds, and keeps it raised (cuda.h, CU_LIMIT_STACK_SIZE): that raise is
- * reserved before such a launch the same way. */
+ * reserved before such a launch the same way, on the device the kernel runs on (its stream's:
+ * a CUkernel runs in its stream's context whatever is current, cuda.h cuLaunchKernel). */
 #define _GNU_SOURCE
 #include <pthread.h>
 
@@ -18,9 +19,9 @@
 
 enum { DEFAULT_STACK = 1024, FUNCTIONS = 4096 }; /* FUNCTIONS: a power of two */
 
-/* The per-thread stack counted on each device (0: not asked yet), under stack_lock; reads
- * outside it are atomic. floor: no device's is below it (the driver's default, or less after a
- * cut), so a kernel needing no more launches with no question asked. */
+/* The per-thread stack counted on each device (0: not asked yet, the driver's default), under
+ * stack_lock; reads outside it are atomic. floor: no capped device's is below it, so a kernel
+ * needing no more launches with no question asked (not even which device it runs on). */
 static uint64_t stack_of[VGPU_REGION_MAX_DEVICES];
 static uint64_t floor_stack = DEFAULT_STACK;
 static pthread_mutex_t stack_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -87,13 +88,30 @@ static int reserve_raise(int dev, uint64_t more, const char *api)
     return 0;
 }
 
-/* After the stack on dev was set to value: what it counts from now on. */
+/* The floor, after a device's stack changed. Caller holds stack_lock. */
+static void refloor(void)
+{
+    uint64_t lowest = UINT64_MAX;
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
+        uint64_t stack = stack_of[d] != 0 ? stack_of[d] : DEFAULT_STACK;
+        if (vgpu_region_limit(d) != 0 && stack < lowest)
+            lowest = stack;
+    }
+    __atomic_store_n(&floor_stack, lowest, __ATOMIC_RELEASE);
+}
+
+/* The stack on dev is counted at value (0: asked anew) from now on. Caller holds stack_lock. */
+static void count_stack(int dev, uint64_t value)
+{
+    __atomic_store_n(&stack_of[dev], value, __ATOMIC_RELEASE);
+    refloor();
+}
+
+/* After the stack on dev was set to value. */
 static void stack_now(int dev, uint64_t value)
 {
     pthread_mutex_lock(&stack_lock);
-    __atomic_store_n(&stack_of[dev], value, __ATOMIC_RELEASE);
-    if (value < __atomic_load_n(&floor_stack, __ATOMIC_RELAXED))
-        __atomic_store_n(&floor_stack, value, __ATOMIC_RELEASE);
+    count_stack(dev, value);
     pthread_mutex_unlock(&stack_lock);
 }
 
@@ -124,7 +142,8 @@ static size_t slot(CUfunction f)
 
 /* What the driver says f's threads need, asked as a CUfunction and else as a CUkernel (cast to
  * CUfunction, as cuLaunchKernel allows; cuda.h documents cuFuncGetAttribute for CUfunction
- * alone) on the current device; 0 when neither answers. */
+ * alone) on the current device, or device 0 when no context is current (a CUkernel launched on
+ * a stream needs none); 0 when neither answers. */
 static int ask_local_bytes(CUfunction f)
 {
     int bytes = 0;
@@ -132,8 +151,9 @@ static int ask_local_bytes(CUfunction f)
         real.cuFuncGetAttribute(&bytes, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) == CUDA_SUCCESS)
         return bytes > 0 ? bytes : 0;
     int dev = current_device();
+    dev = dev >= 0 ? dev : 0;
     bytes = 0;
-    if (dev >= 0 && real.cuKernelGetAttribute != NULL &&
+    if (real.cuKernelGetAttribute != NULL &&
         real.cuKernelGetAttribute(&bytes, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, (CUkernel)(void *)f,
                                   (CUdevice)dev) == CUDA_SUCCESS)
         return bytes > 0 ? bytes : 0;
@@ -169,50 +189,74 @@ uint64_t vgpu_kernel_local_bytes(CUfunction f)
     return learn_local_bytes(f, k);
 }
 
-/* A kernel needing more than the smallest stack of any device: the raise on this one. */
-static __attribute__((noinline)) int raise_before(uint64_t local)
+/* A kernel needing more than the smallest stack of any device, launched on stream: the raise on
+ * the device it runs on (the stream's; a default stream's is the current context's, none when
+ * no context is current: the driver then refuses the launch). A stack not counted there yet is
+ * the current context's when that is on dev, else the driver's default (a raise through
+ * cuCtxSetLimit was counted when it was made). Returns 1 << dev when a raise was counted, 0
+ * when none is needed, -1 when it does not fit. */
+static __attribute__((noinline)) int raise_before(uint64_t local, CUstream stream)
 {
-    int dev = current_device();
+    int dev = vgpu_stream_device(stream);
+    dev = dev != VGPU_DEVICE_UNKNOWN ? dev : current_device();
     if (dev < 0 || vgpu_region_limit(dev) == 0 ||
         local <= __atomic_load_n(&stack_of[dev], __ATOMIC_ACQUIRE))
         return 0;
     pthread_mutex_lock(&stack_lock);
     size_t now;
     uint64_t counted = stack_of[dev];
-    if (counted == 0 && real.cuCtxGetLimit != NULL &&
+    if (counted == 0 && current_device() == dev && real.cuCtxGetLimit != NULL &&
         real.cuCtxGetLimit(&now, CU_LIMIT_STACK_SIZE) == CUDA_SUCCESS)
         counted = now;
     counted = counted != 0 ? counted : DEFAULT_STACK;
     int rc = 0;
     if (local > counted) {
         uint64_t more = stack_bytes(dev, local - counted);
-        rc = reserve_raise(dev, more, "a kernel launch (its stack)") == 0 ? 1 : -1;
+        rc = reserve_raise(dev, more, "a kernel launch (its stack)") == 0 ? 1 << dev : -1;
         if (rc > 0) /* counted now: the operation stays open until the launch is made */
             vgpu_footprint_grew(dev, more, more);
     }
     if (rc >= 0)
-        __atomic_store_n(&stack_of[dev], local > counted ? local : counted, __ATOMIC_RELEASE);
+        count_stack(dev, local > counted ? local : counted);
     pthread_mutex_unlock(&stack_lock);
     return rc;
 }
 
-int vgpu_stack_before_needs(uint64_t local)
+int vgpu_stack_before_needs(uint64_t local, CUstream stream)
 {
     if (local <= __atomic_load_n(&floor_stack, __ATOMIC_ACQUIRE))
         return 0;
-    return raise_before(local);
+    return raise_before(local, stream);
 }
 
-int vgpu_stack_before_launch(CUfunction f)
+int vgpu_stack_before_launch(CUfunction f, CUstream stream)
 {
-    return vgpu_stack_before_needs(f != NULL && vgpu_region_any_limit() ? vgpu_kernel_local_bytes(f)
-                                                                        : 0);
+    return vgpu_stack_before_needs(
+        f != NULL && vgpu_region_any_limit() ? vgpu_kernel_local_bytes(f) : 0, stream);
 }
 
-void vgpu_stack_after_launch(int reserved)
+/* After a launch the driver refused (or the library did, a later kernel's raise not fitting),
+ * for which raises were counted on the devices of `raised`: the driver may not have made them.
+ * Their stacks are asked anew, so that the next launch reserves again: counted twice until a
+ * measurement settles it, rather than a raise made later counted never. */
+static __attribute__((noinline)) void forget_raises(int raised)
 {
-    if (reserved > 0)
-        vgpu_mem_op_end();
+    pthread_mutex_lock(&stack_lock);
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
+        if (raised & (1 << d))
+            count_stack(d, 0);
+    pthread_mutex_unlock(&stack_lock);
+}
+
+void vgpu_stack_after_launch(int raised, CUresult rc)
+{
+    if (raised <= 0)
+        return;
+    if (rc != CUDA_SUCCESS)
+        forget_raises(raised);
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
+        if (raised & (1 << d))
+            vgpu_mem_op_end();
 }
 
 /* Every kernel's local memory is asked anew (a handle may name another kernel next). Caller
@@ -230,6 +274,7 @@ void vgpu_stack_context_gone(int dev)
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
         if (d == dev || dev < 0)
             __atomic_store_n(&stack_of[d], 0, __ATOMIC_RELEASE); /* asked anew */
+    refloor();
     pthread_mutex_unlock(&stack_lock);
 }
 

@@ -304,6 +304,15 @@ run footprint-unmeasured-contexts CUDA_DEVICE_MEMORY_LIMIT=1g \
     FAKE_CUDA_CREATED_CONTEXT_MIB=200 "$build/tests/test_footprint" unmeasured-contexts
 run footprint-limits CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-limits.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" limits
+run footprint-limits-stream CUDA_DEVICE_MEMORY_LIMIT=1g \
+    FAKE_GPU_SHARED="$tmp/footprint-limits-stream.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    "$build/tests/test_footprint" limits-stream
+run footprint-limits-refused CUDA_DEVICE_MEMORY_LIMIT=1g \
+    FAKE_GPU_SHARED="$tmp/footprint-limits-refused.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    "$build/tests/test_footprint" limits-refused
+run footprint-limits-no-context CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVICES=0 \
+    FAKE_GPU_SHARED="$tmp/footprint-limits-no-context.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    "$build/tests/test_footprint" limits-no-context
 run footprint-retain-race CUDA_DEVICE_MEMORY_LIMIT=512m FAKE_GPU_SHARED="$tmp/footprint-race.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" retain-race
 # gpu-check.sh section 10's script over the fake: it tells this library from one that lets that

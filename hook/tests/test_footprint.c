@@ -978,6 +978,185 @@ static int limits(void)
     return check_done("test_footprint limits");
 }
 
+/* A library's kernel (a CUkernel) needing `local` bytes a thread, launched on stream: it runs
+ * in the stream's context whatever is current (cuda.h, cuLaunchKernel). The library is loaded
+ * afresh, so that the library asks the driver what the kernel needs again. */
+static CUresult launch_library_kernel(uint64_t local, CUstream stream)
+{
+    static CUlibrary library;
+    if (library != NULL && cuLibraryUnload(library) != CUDA_SUCCESS)
+        return CUDA_ERROR_UNKNOWN;
+    library = NULL;
+    CUkernel kernel = NULL;
+    fake_cuda_local_bytes = local;
+    if (cuLibraryLoadData(&library, ".visible .entry lk()\n{\n ret;\n}\n", NULL, NULL, 0, NULL,
+                          NULL, 0) != CUDA_SUCCESS ||
+        cuLibraryGetKernel(&kernel, library, "lk") != CUDA_SUCCESS)
+        return CUDA_ERROR_UNKNOWN;
+    return cuLaunchKernel((CUfunction)(void *)kernel, 1, 1, 1, 32, 1, 1, 0, stream, NULL, NULL);
+}
+
+/* The stack the driver raises for a kernel is its context's, on the device the kernel runs on:
+ * a CUkernel launched on device 1's stream while device 0's context is current (or none is)
+ * raises device 1's, and is reserved there; a launch of one kernel per device raises each
+ * device's. */
+static int limits_stream(void)
+{
+    CUcontext ctx0, ctx1;
+    CUstream stream0, stream1;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx1, 1) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(ctx1) == CUDA_SUCCESS &&
+              cuStreamCreate(&stream1, 0) == CUDA_SUCCESS &&
+              cuDevicePrimaryCtxRetain(&ctx0, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(ctx0) == CUDA_SUCCESS &&
+              cuStreamCreate(&stream0, 0) == CUDA_SUCCESS,
+          "a 300 MiB context and a stream on each device, device 0's context current");
+    if (!check(open_region(), "region readable"))
+        return check_done("test_footprint limits-stream");
+    /* CUDA 9's launch of one kernel per device (deprecated, still exported). */
+    static char kernels[2];
+    CUDA_LAUNCH_PARAMS each[2] = {
+        {.function = (CUfunction)(void *)&kernels[0], .gridDimX = 1, .gridDimY = 1,
+         .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1, .hStream = stream0},
+        {.function = (CUfunction)(void *)&kernels[1], .gridDimX = 1, .gridDimY = 1,
+         .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1, .hStream = stream1}};
+    fake_cuda_local_bytes = 1536;
+    CUresult (*multi_device)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned) =
+        (CUresult(*)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned))dlsym(
+            RTLD_DEFAULT, "cuLaunchCooperativeKernelMultiDevice"); /* deprecated */
+    CUresult rc = multi_device != NULL ? multi_device(each, 2, 0) : CUDA_ERROR_UNKNOWN;
+    uint64_t held0 = fake_cuda_device_used(0), held1 = fake_cuda_device_used(1);
+    uint64_t counted0 = vgpu_region_device_used(region, 0);
+    uint64_t counted1 = vgpu_region_device_used(region, 1);
+    check(rc == CUDA_SUCCESS && held0 == 432 * MiB && counted0 == 432 * MiB &&
+              held1 == 432 * MiB && counted1 == 432 * MiB,
+          "one kernel on each device, needing 1.5 KiB a thread (cuLaunchCooperativeKernelMulti"
+          "Device): each device's stack raise, 132 MiB, reserved on that device (device 0 held "
+          "%llu MiB, counted %llu; device 1 held %llu, counted %llu; the library of 1ee88db "
+          "counted one raise, on the current device)", (unsigned long long)(held0 / MiB),
+          (unsigned long long)(counted0 / MiB), (unsigned long long)(held1 / MiB),
+          (unsigned long long)(counted1 / MiB));
+    rc = launch_library_kernel(2048, stream1);
+    held0 = fake_cuda_device_used(0);
+    held1 = fake_cuda_device_used(1);
+    counted0 = vgpu_region_device_used(region, 0);
+    counted1 = vgpu_region_device_used(region, 1);
+    check(rc == CUDA_SUCCESS && held1 == 564 * MiB && counted1 == 564 * MiB &&
+              held0 == 432 * MiB && counted0 == 432 * MiB,
+          "a CUkernel needing 2 KiB a thread on device 1's stream: the 132 MiB stack raise is "
+          "reserved on device 1, where the driver makes it (device 1 held %llu MiB, counted "
+          "%llu; device 0 held %llu, counted %llu; the library of 1ee88db counted it on device "
+          "0)", (unsigned long long)(held1 / MiB), (unsigned long long)(counted1 / MiB),
+          (unsigned long long)(held0 / MiB), (unsigned long long)(counted0 / MiB));
+    rc = cuCtxSetCurrent(NULL) == CUDA_SUCCESS ? launch_library_kernel(3072, stream1)
+                                               : CUDA_ERROR_UNKNOWN;
+    held1 = fake_cuda_device_used(1);
+    counted1 = vgpu_region_device_used(region, 1);
+    check(rc == CUDA_SUCCESS && held1 == 828 * MiB && counted1 == 828 * MiB,
+          "with no context current, one needing 3 KiB: 264 MiB more, reserved on device 1 "
+          "(held %llu MiB, counted %llu; the library of 1ee88db could not ask what it needs "
+          "without a current device, and counted nothing)",
+          (unsigned long long)(held1 / MiB), (unsigned long long)(counted1 / MiB));
+    rc = launch_library_kernel(4096, stream1);
+    held1 = fake_cuda_device_used(1);
+    counted1 = vgpu_region_device_used(region, 1);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held1 == 828 * MiB && counted1 == 828 * MiB &&
+              vgpu_region_device_used(region, 0) == 432 * MiB,
+          "one needing 4 KiB, 264 MiB more than device 1's 1 GiB cap leaves: refused before "
+          "its launch (rc %d, held %llu MiB), device 0 untouched", rc,
+          (unsigned long long)(held1 / MiB));
+    fake_cuda_local_bytes = 0;
+    return check_done("test_footprint limits-stream");
+}
+
+/* Held and counted on dev, in MiB, for a check's message. */
+static unsigned long long held_mib(int dev) { return fake_cuda_device_used(dev) / MiB; }
+static unsigned long long counted_mib(int dev)
+{
+    return vgpu_region_device_used(region, dev) / MiB;
+}
+
+/* Waits out the measurement interval, then allocates and frees 1 MiB on the current device:
+ * the allocation measures, settling what is counted to what NVML shows. */
+static void measure_now(void)
+{
+    CUdeviceptr p;
+    sleep_s(1.1);
+    if (cuMemAlloc(&p, MiB) == CUDA_SUCCESS)
+        cuMemFree(p);
+}
+
+/* A raise counted for a launch that was not made (the library refused a later kernel's, or the
+ * driver the launch) leaves the stack to be asked anew: a measurement settles the count back,
+ * and the next launch that raises it is counted, not taken as raised already. */
+static int limits_refused(void)
+{
+    CUcontext ctx0, ctx1;
+    CUstream stream0, stream1;
+    CUdeviceptr fill;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx1, 1) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(ctx1) == CUDA_SUCCESS &&
+              cuStreamCreate(&stream1, 0) == CUDA_SUCCESS &&
+              cuMemAlloc(&fill, 650 * MiB) == CUDA_SUCCESS &&
+              cuDevicePrimaryCtxRetain(&ctx0, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(ctx0) == CUDA_SUCCESS &&
+              cuStreamCreate(&stream0, 0) == CUDA_SUCCESS,
+          "a 300 MiB context and a stream on each device, 650 MiB more on device 1");
+    if (!check(open_region(), "region readable"))
+        return check_done("test_footprint limits-refused");
+    static char kernels[3];
+    CUDA_LAUNCH_PARAMS each[2] = {
+        {.function = (CUfunction)(void *)&kernels[0], .gridDimX = 1, .gridDimY = 1,
+         .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1, .hStream = stream0},
+        {.function = (CUfunction)(void *)&kernels[1], .gridDimX = 1, .gridDimY = 1,
+         .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1, .hStream = stream1}};
+    CUresult (*multi_device)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned) =
+        (CUresult(*)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned))dlsym(
+            RTLD_DEFAULT, "cuLaunchCooperativeKernelMultiDevice"); /* deprecated */
+    fake_cuda_local_bytes = 1536;
+    CUresult rc = multi_device != NULL ? multi_device(each, 2, 0) : CUDA_ERROR_UNKNOWN;
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held_mib(0) == 300 && held_mib(1) == 950,
+          "a kernel a device needing 1.5 KiB a thread: device 1's 132 MiB raise does not fit, "
+          "the launch is refused (rc %d; device 0 held %llu MiB, counted %llu; the library of "
+          "1ee88db asked the current device alone and launched: 1082 MiB held on device 1)",
+          rc, held_mib(0), counted_mib(0));
+    measure_now();
+    check(counted_mib(0) == 300, "a measurement settles device 0's count to what it holds "
+          "(%llu MiB)", counted_mib(0));
+    rc = cuLaunchKernel((CUfunction)(void *)&kernels[2], 1, 1, 1, 32, 1, 1, 0, stream0, NULL,
+                        NULL);
+    check(rc == CUDA_SUCCESS && held_mib(0) == 432 && counted_mib(0) == 432,
+          "a kernel needing 1.5 KiB on device 0 then raises its stack, and the raise is counted "
+          "(held %llu MiB, counted %llu; kept as made after the refusal, the raise counted "
+          "300)",
+          held_mib(0), counted_mib(0));
+    fake_cuda_local_bytes = 0;
+    return check_done("test_footprint limits-refused");
+}
+
+/* One device (most containers): a launch with no context current runs nowhere, and is counted
+ * nowhere; the driver refuses it. */
+static int limits_no_context(void)
+{
+    static char kernel;
+    CUfunction f = (CUfunction)(void *)&kernel;
+    fake_cuda_local_bytes = 2048;
+    check(cuInit(0) == CUDA_SUCCESS && open_region(), "one device, no context current");
+    CUresult rc = cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    check(rc != CUDA_SUCCESS && counted_mib(0) == 0, "a kernel needing 2 KiB a thread is "
+          "refused by the driver, nothing counted (rc %d, counted %llu MiB)", rc, counted_mib(0));
+    CUcontext ctx;
+    check(cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS,
+          "a 300 MiB context");
+    measure_now();
+    rc = cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    check(rc == CUDA_SUCCESS && held_mib(0) == 564 && counted_mib(0) == 564,
+          "launched in it after a measurement, its 264 MiB raise is counted (held %llu MiB, "
+          "counted %llu)", held_mib(0), counted_mib(0));
+    fake_cuda_local_bytes = 0;
+    return check_done("test_footprint limits-no-context");
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "created-contexts") == 0)
@@ -1010,6 +1189,12 @@ int main(int argc, char **argv)
         return retain_race();
     if (argc == 2 && strcmp(argv[1], "unmeasured-contexts") == 0)
         return unmeasured_contexts();
+    if (argc == 2 && strcmp(argv[1], "limits-stream") == 0)
+        return limits_stream();
+    if (argc == 2 && strcmp(argv[1], "limits-refused") == 0)
+        return limits_refused();
+    if (argc == 2 && strcmp(argv[1], "limits-no-context") == 0)
+        return limits_no_context();
     if (argc == 2 && strcmp(argv[1], "limits") == 0)
         return limits();
     if (argc == 2 && strcmp(argv[1], "green") == 0)

@@ -126,6 +126,21 @@ static CUresult (*launch_grid_async)(CUfunction, int, int, CUstream);
 static CUresult (*launch_multi_device)(CUDA_LAUNCH_PARAMS *, unsigned int, unsigned int);
 enum { VARIANTS = 9 };
 
+/* A stream of this thread's current context: cuda.h allows no default stream in a multi-device
+ * launch (the fake refuses one, as the driver does). */
+static CUstream own_stream(void)
+{
+    static __thread CUstream stream;
+    static __thread CUcontext made_in;
+    CUcontext ctx = NULL;
+    cuCtxGetCurrent(&ctx);
+    if (stream == NULL || ctx != made_in) {
+        cuStreamCreate(&stream, 0);
+        made_in = ctx;
+    }
+    return stream;
+}
+
 /* One kernel of 2000 blocks through variant i % VARIANTS, then wait for the GPU like a training
  * step. */
 static void step(unsigned i)
@@ -133,7 +148,8 @@ static void step(unsigned i)
     CUlaunchConfig config = {.gridDimX = 2000, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 128,
                              .blockDimY = 1, .blockDimZ = 1};
     CUDA_LAUNCH_PARAMS multi = {.gridDimX = 1000, .gridDimY = 2, .gridDimZ = 1, .blockDimX = 128,
-                                .blockDimY = 1, .blockDimZ = 1};
+                                .blockDimY = 1, .blockDimZ = 1,
+                                .hStream = i % VARIANTS == VARIANTS - 1 ? own_stream() : NULL};
     switch (i % VARIANTS) {
     case 0: cuLaunchKernel(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL); break;
     case 1: launch_ptsz(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL); break;

@@ -45,6 +45,8 @@ enum { CTX_MAGIC = 0x43545846 };
 struct fake_ctx {
     int dev;
     int magic;              /* CTX_MAGIC for a cuCtxCreate context (0 for the primary ones) */
+    int limits_set;         /* 0: the driver's defaults (a new context's); else limits[] */
+    size_t limits[3];       /* stack, printf FIFO, malloc heap: each context has its own */
 };
 
 EXPORT struct fake_cuda_stats fake_cuda_stats;
@@ -549,15 +551,15 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 
 /* The primary context and what it holds are gone (stream-ordered allocations are no
  * context's, as cuda.h says, and stay). Caller holds primary_lock. */
-static void limits_reset(void);
+static void limits_release(struct fake_ctx *c);
 
 static void primary_destroy(CUdevice dev)
 {
     if (!primary_active[dev])
         return;
     free_owned(&primary[dev]);
+    limits_release(&primary[dev]); /* the next one starts at the driver's defaults */
     gpu_ctx_unref(dev, 1);
-    limits_reset(); /* a new context starts at the driver's defaults */
     primary_active[dev] = 0;
     primary_gone[dev] = 1;
 }
@@ -716,6 +718,7 @@ EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx hctx)
     if (green == NULL || green->magic != GREEN_MAGIC)
         return CUDA_ERROR_INVALID_CONTEXT;
     free_owned(green);
+    limits_release(green);
     gpu_ctx_unref(green->dev, 0);
     cuDevicePrimaryCtxRelease_v2(green->dev);
     if (current == green)
@@ -746,6 +749,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (c == NULL || (c >= primary && c < primary + MAX_DEVICES) || c->magic != CTX_MAGIC)
         return CUDA_ERROR_INVALID_CONTEXT;
     free_owned(c);
+    limits_release(c);
     gpu_ctx_unref(c->dev, 0); /* a fork child's copy was never charged to the child */
     if (current == c)
         current = NULL;
@@ -774,21 +778,24 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
     return rc;
 }
 
-/* Context limits (this process's, whatever its context): the stack is reserved for every
- * thread the device holds at once (an H100's 132 SMs x 2048 threads), the printf FIFO and the
- * malloc heap for their size; a raise is charged to the process's context memory at once, a
- * cut given back. The device runtime's and the L2's limits reserve nothing here. */
+/* Context limits, each context's own (cuda.h, cuCtxSetLimit: "the current context"): the
+ * stack is reserved for every thread the device holds at once (an H100's 132 SMs x 2048
+ * threads), the printf FIFO and the malloc heap for their size; a raise is charged to the
+ * process's context memory on the context's device at once, a cut given back, and what a
+ * context held beyond the defaults goes with it. The device runtime's and the L2's limits
+ * reserve nothing here. */
 enum { FAKE_SMS = 132, FAKE_THREADS_PER_SM = 2048 };
 static const size_t default_limits[3] = {[CU_LIMIT_STACK_SIZE] = 1024,
                                          [CU_LIMIT_PRINTF_FIFO_SIZE] = 1 << 20,
                                          [CU_LIMIT_MALLOC_HEAP_SIZE] = 8 << 20};
-static size_t limits_now[3] = {[CU_LIMIT_STACK_SIZE] = 1024,
-                               [CU_LIMIT_PRINTF_FIFO_SIZE] = 1 << 20,
-                               [CU_LIMIT_MALLOC_HEAP_SIZE] = 8 << 20};
 
-static void limits_reset(void)
+static size_t *limits_of(struct fake_ctx *c)
 {
-    memcpy(limits_now, default_limits, sizeof limits_now);
+    if (!c->limits_set) {
+        memcpy(c->limits, default_limits, sizeof c->limits);
+        c->limits_set = 1;
+    }
+    return c->limits;
 }
 
 static uint64_t limit_bytes(CUlimit limit, size_t value)
@@ -797,14 +804,22 @@ static uint64_t limit_bytes(CUlimit limit, size_t value)
                                         : value;
 }
 
-/* Sets a limit that reserves memory (stack, printf FIFO, heap): charged or given back at once. */
-static CUresult set_limit(CUlimit limit, size_t value)
+/* Sets c's limit that reserves memory (stack, printf FIFO, heap): charged or given back at once. */
+static CUresult set_limit(struct fake_ctx *c, CUlimit limit, size_t value)
 {
-    if (!gpu_ctx_resize(current->dev, limit_bytes(limit, limits_now[limit]),
-                        limit_bytes(limit, value)))
+    size_t *now = limits_of(c);
+    if (!gpu_ctx_resize(c->dev, limit_bytes(limit, now[limit]), limit_bytes(limit, value)))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    limits_now[limit] = value;
+    now[limit] = value;
     return CUDA_SUCCESS;
+}
+
+static void limits_release(struct fake_ctx *c)
+{
+    for (int limit = 0; c->limits_set && limit < 3; limit++)
+        gpu_ctx_resize(c->dev, limit_bytes((CUlimit)limit, c->limits[limit]),
+                       limit_bytes((CUlimit)limit, default_limits[limit]));
+    c->limits_set = 0;
 }
 
 EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
@@ -814,7 +829,7 @@ EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
         return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_INVALID_VALUE;
     if ((unsigned)limit > CU_LIMIT_MALLOC_HEAP_SIZE)
         return CUDA_SUCCESS;
-    return set_limit(limit, value);
+    return set_limit(current, limit, value);
 }
 
 EXPORT CUresult cuCtxGetLimit(size_t *value, CUlimit limit)
@@ -822,7 +837,7 @@ EXPORT CUresult cuCtxGetLimit(size_t *value, CUlimit limit)
     CUresult rc = need_ctx();
     if (rc != CUDA_SUCCESS || value == NULL || (unsigned)limit > CU_LIMIT_PERSISTING_L2_CACHE_SIZE)
         return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_INVALID_VALUE;
-    *value = (unsigned)limit <= CU_LIMIT_MALLOC_HEAP_SIZE ? limits_now[limit] : 0;
+    *value = (unsigned)limit <= CU_LIMIT_MALLOC_HEAP_SIZE ? limits_of(current)[limit] : 0;
     return CUDA_SUCCESS;
 }
 
@@ -1725,8 +1740,8 @@ EXPORT CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attr, CUfunc
 
 /* A launch of f (NULL: the old tests' stand-in, or a graph) of `blocks` blocks on stream. A
  * CUkernel runs in its stream's context, whatever is current (cuda.h, cuLaunchKernel); anything
- * else in the current one. The driver raises the stack for a kernel whose threads need more
- * than it holds, and keeps it (cuda.h): modelled for the current context only. */
+ * else in the current one. The driver raises that context's stack for a kernel whose threads
+ * need more than it holds, and keeps it (cuda.h). */
 static CUresult launch_on(enum fake_launch_variant variant, CUfunction f, CUstream stream,
                           uint64_t blocks)
 {
@@ -1736,8 +1751,8 @@ static CUresult launch_on(enum fake_launch_variant variant, CUfunction f, CUstre
     if (rc != CUDA_SUCCESS)
         return rc;
     run_inside("cuLaunchKernel"); /* any launch, before the driver raises the stack */
-    if (f != NULL && ctx == current && fake_cuda_local_bytes > limits_now[CU_LIMIT_STACK_SIZE] &&
-        set_limit(CU_LIMIT_STACK_SIZE, fake_cuda_local_bytes) != CUDA_SUCCESS)
+    if (f != NULL && fake_cuda_local_bytes > limits_of(ctx)[CU_LIMIT_STACK_SIZE] &&
+        set_limit(ctx, CU_LIMIT_STACK_SIZE, fake_cuda_local_bytes) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY;
     __atomic_add_fetch(&fake_cuda_stats.launches[variant], 1, __ATOMIC_RELAXED);
     gpu_get();
@@ -1823,9 +1838,25 @@ EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, u
     if (list == NULL || count == 0)
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t blocks = 0;
-    for (unsigned int i = 0; i < count; i++)
+    unsigned devices = 0;
+    for (unsigned int i = 0; i < count; i++) {
+        /* Each kernel runs in its stream's context, which raises its own stack for it; cuda.h
+         * allows neither a default stream nor two kernels on one device. */
+        struct fake_ctx *ctx;
+        CUresult rc = default_stream(list[i].hStream) ? CUDA_ERROR_INVALID_HANDLE
+                                                      : stream_ctx(list[i].hStream, &ctx);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        if (devices & (1u << ctx->dev))
+            return CUDA_ERROR_INVALID_VALUE;
+        devices |= 1u << ctx->dev;
+        if (list[i].function != NULL &&
+            fake_cuda_local_bytes > limits_of(ctx)[CU_LIMIT_STACK_SIZE] &&
+            set_limit(ctx, CU_LIMIT_STACK_SIZE, fake_cuda_local_bytes) != CUDA_SUCCESS)
+            return CUDA_ERROR_OUT_OF_MEMORY;
         blocks += (uint64_t)list[i].gridDimX * list[i].gridDimY * list[i].gridDimZ;
-    return launch(FAKE_LAUNCH_MULTI_DEVICE, list[0].function, blocks);
+    }
+    return launch(FAKE_LAUNCH_MULTI_DEVICE, NULL, blocks); /* the stacks raised above */
 }
 
 /* ---- graphs ------------------------------------------------------------------------------- */
