@@ -978,6 +978,37 @@ static int limits(void)
     return check_done("test_footprint limits");
 }
 
+/* Both devices' primary contexts, a stream on each, `fill_mib` MiB allocated on device 1, and
+ * device 0's context current: whether all of it was made. */
+static int two_devices(CUstream streams[2], uint64_t fill_mib)
+{
+    CUcontext ctx0, ctx1;
+    CUdeviceptr fill;
+    return cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx1, 1) == CUDA_SUCCESS &&
+           cuCtxSetCurrent(ctx1) == CUDA_SUCCESS &&
+           cuStreamCreate(&streams[1], 0) == CUDA_SUCCESS &&
+           (fill_mib == 0 || cuMemAlloc(&fill, fill_mib * MiB) == CUDA_SUCCESS) &&
+           cuDevicePrimaryCtxRetain(&ctx0, 0) == CUDA_SUCCESS &&
+           cuCtxSetCurrent(ctx0) == CUDA_SUCCESS && cuStreamCreate(&streams[0], 0) == CUDA_SUCCESS;
+}
+
+/* One kernel on each of the two streams (kernels[0] and [1] their handles), through CUDA 9's
+ * launch of one kernel per device (deprecated, still exported: named through dlsym, as old
+ * code would). */
+static CUresult launch_on_both(CUstream streams[2], char kernels[2])
+{
+    CUDA_LAUNCH_PARAMS each[2];
+    for (int i = 0; i < 2; i++)
+        each[i] = (CUDA_LAUNCH_PARAMS){.function = (CUfunction)(void *)&kernels[i],
+                                       .gridDimX = 1, .gridDimY = 1, .gridDimZ = 1,
+                                       .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1,
+                                       .hStream = streams[i]};
+    CUresult (*multi_device)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned) =
+        (CUresult(*)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned))dlsym(
+            RTLD_DEFAULT, "cuLaunchCooperativeKernelMultiDevice");
+    return multi_device != NULL ? multi_device(each, 2, 0) : CUDA_ERROR_UNKNOWN;
+}
+
 /* A library's kernel (a CUkernel) needing `local` bytes a thread, launched on stream: it runs
  * in the stream's context whatever is current (cuda.h, cuLaunchKernel). The library is loaded
  * afresh, so that the library asks the driver what the kernel needs again. */
@@ -1002,29 +1033,14 @@ static CUresult launch_library_kernel(uint64_t local, CUstream stream)
  * device's. */
 static int limits_stream(void)
 {
-    CUcontext ctx0, ctx1;
-    CUstream stream0, stream1;
-    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx1, 1) == CUDA_SUCCESS &&
-              cuCtxSetCurrent(ctx1) == CUDA_SUCCESS &&
-              cuStreamCreate(&stream1, 0) == CUDA_SUCCESS &&
-              cuDevicePrimaryCtxRetain(&ctx0, 0) == CUDA_SUCCESS &&
-              cuCtxSetCurrent(ctx0) == CUDA_SUCCESS &&
-              cuStreamCreate(&stream0, 0) == CUDA_SUCCESS,
+    CUstream streams[2];
+    check(two_devices(streams, 0),
           "a 300 MiB context and a stream on each device, device 0's context current");
     if (!check(open_region(), "region readable"))
         return check_done("test_footprint limits-stream");
-    /* CUDA 9's launch of one kernel per device (deprecated, still exported). */
     static char kernels[2];
-    CUDA_LAUNCH_PARAMS each[2] = {
-        {.function = (CUfunction)(void *)&kernels[0], .gridDimX = 1, .gridDimY = 1,
-         .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1, .hStream = stream0},
-        {.function = (CUfunction)(void *)&kernels[1], .gridDimX = 1, .gridDimY = 1,
-         .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1, .hStream = stream1}};
     fake_cuda_local_bytes = 1536;
-    CUresult (*multi_device)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned) =
-        (CUresult(*)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned))dlsym(
-            RTLD_DEFAULT, "cuLaunchCooperativeKernelMultiDevice"); /* deprecated */
-    CUresult rc = multi_device != NULL ? multi_device(each, 2, 0) : CUDA_ERROR_UNKNOWN;
+    CUresult rc = launch_on_both(streams, kernels);
     uint64_t held0 = fake_cuda_device_used(0), held1 = fake_cuda_device_used(1);
     uint64_t counted0 = vgpu_region_device_used(region, 0);
     uint64_t counted1 = vgpu_region_device_used(region, 1);
@@ -1036,7 +1052,7 @@ static int limits_stream(void)
           "counted one raise, on the current device)", (unsigned long long)(held0 / MiB),
           (unsigned long long)(counted0 / MiB), (unsigned long long)(held1 / MiB),
           (unsigned long long)(counted1 / MiB));
-    rc = launch_library_kernel(2048, stream1);
+    rc = launch_library_kernel(2048, streams[1]);
     held0 = fake_cuda_device_used(0);
     held1 = fake_cuda_device_used(1);
     counted0 = vgpu_region_device_used(region, 0);
@@ -1048,7 +1064,7 @@ static int limits_stream(void)
           "%llu; device 0 held %llu, counted %llu; the library of 1ee88db counted it on device "
           "0)", (unsigned long long)(held1 / MiB), (unsigned long long)(counted1 / MiB),
           (unsigned long long)(held0 / MiB), (unsigned long long)(counted0 / MiB));
-    rc = cuCtxSetCurrent(NULL) == CUDA_SUCCESS ? launch_library_kernel(3072, stream1)
+    rc = cuCtxSetCurrent(NULL) == CUDA_SUCCESS ? launch_library_kernel(3072, streams[1])
                                                : CUDA_ERROR_UNKNOWN;
     held1 = fake_cuda_device_used(1);
     counted1 = vgpu_region_device_used(region, 1);
@@ -1057,7 +1073,7 @@ static int limits_stream(void)
           "(held %llu MiB, counted %llu; the library of 1ee88db could not ask what it needs "
           "without a current device, and counted nothing)",
           (unsigned long long)(held1 / MiB), (unsigned long long)(counted1 / MiB));
-    rc = launch_library_kernel(4096, stream1);
+    rc = launch_library_kernel(4096, streams[1]);
     held1 = fake_cuda_device_used(1);
     counted1 = vgpu_region_device_used(region, 1);
     check(rc == CUDA_ERROR_OUT_OF_MEMORY && held1 == 828 * MiB && counted1 == 828 * MiB &&
@@ -1091,30 +1107,14 @@ static void measure_now(void)
  * and the next launch that raises it is counted, not taken as raised already. */
 static int limits_refused(void)
 {
-    CUcontext ctx0, ctx1;
-    CUstream stream0, stream1;
-    CUdeviceptr fill;
-    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx1, 1) == CUDA_SUCCESS &&
-              cuCtxSetCurrent(ctx1) == CUDA_SUCCESS &&
-              cuStreamCreate(&stream1, 0) == CUDA_SUCCESS &&
-              cuMemAlloc(&fill, 650 * MiB) == CUDA_SUCCESS &&
-              cuDevicePrimaryCtxRetain(&ctx0, 0) == CUDA_SUCCESS &&
-              cuCtxSetCurrent(ctx0) == CUDA_SUCCESS &&
-              cuStreamCreate(&stream0, 0) == CUDA_SUCCESS,
+    CUstream streams[2];
+    check(two_devices(streams, 650),
           "a 300 MiB context and a stream on each device, 650 MiB more on device 1");
     if (!check(open_region(), "region readable"))
         return check_done("test_footprint limits-refused");
     static char kernels[3];
-    CUDA_LAUNCH_PARAMS each[2] = {
-        {.function = (CUfunction)(void *)&kernels[0], .gridDimX = 1, .gridDimY = 1,
-         .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1, .hStream = stream0},
-        {.function = (CUfunction)(void *)&kernels[1], .gridDimX = 1, .gridDimY = 1,
-         .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1, .hStream = stream1}};
-    CUresult (*multi_device)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned) =
-        (CUresult(*)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned))dlsym(
-            RTLD_DEFAULT, "cuLaunchCooperativeKernelMultiDevice"); /* deprecated */
     fake_cuda_local_bytes = 1536;
-    CUresult rc = multi_device != NULL ? multi_device(each, 2, 0) : CUDA_ERROR_UNKNOWN;
+    CUresult rc = launch_on_both(streams, kernels);
     check(rc == CUDA_ERROR_OUT_OF_MEMORY && held_mib(0) == 300 && held_mib(1) == 950,
           "a kernel a device needing 1.5 KiB a thread: device 1's 132 MiB raise does not fit, "
           "the launch is refused (rc %d; device 0 held %llu MiB, counted %llu; the library of "
@@ -1123,7 +1123,7 @@ static int limits_refused(void)
     measure_now();
     check(counted_mib(0) == 300, "a measurement settles device 0's count to what it holds "
           "(%llu MiB)", counted_mib(0));
-    rc = cuLaunchKernel((CUfunction)(void *)&kernels[2], 1, 1, 1, 32, 1, 1, 0, stream0, NULL,
+    rc = cuLaunchKernel((CUfunction)(void *)&kernels[2], 1, 1, 1, 32, 1, 1, 0, streams[0], NULL,
                         NULL);
     check(rc == CUDA_SUCCESS && held_mib(0) == 432 && counted_mib(0) == 432,
           "a kernel needing 1.5 KiB on device 0 then raises its stack, and the raise is counted "
