@@ -15,6 +15,7 @@
 /* Filled in by vgpu_lib_load from the table below. */
 struct vgpu_cuda_real real;
 int vgpu_one_device;
+int vgpu_device_count;
 
 static void after_load(void);
 
@@ -186,6 +187,7 @@ static void learn_devices(void)
     }
     vgpu_devices_learn(count, (const char(*)[VGPU_REGION_UUID_BYTES])uuids);
     __atomic_store_n(&vgpu_one_device, count == 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&vgpu_device_count, count, __ATOMIC_RELAXED);
     vgpu_throttle_init();
 }
 

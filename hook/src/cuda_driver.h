@@ -224,6 +224,8 @@ static inline int current_device(void)
 /* 1 once cuInit found that this process has exactly one CUDA device (cuda.c): every context
  * is then on ordinal 0. */
 extern int vgpu_one_device;
+/* How many CUDA devices cuInit found (0: not known yet, or the driver could not say). */
+extern int vgpu_device_count;
 
 enum { VGPU_DEVICE_UNKNOWN = -2 };
 

@@ -25,6 +25,11 @@ enum { DEFAULT_STACK = 1024, FUNCTIONS = 4096 }; /* FUNCTIONS: a power of two */
 static uint64_t stack_of[VGPU_REGION_MAX_DEVICES];
 static uint64_t floor_stack = DEFAULT_STACK;
 static pthread_mutex_t stack_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The stack each device was counted at before this thread's launch under way first raised it
+ * (raising: those devices, a bit each): what it is again if the launch is refused
+ * (forget_raises). */
+static __thread uint64_t raised_from[VGPU_REGION_MAX_DEVICES];
+static __thread int raising;
 
 /* Kernels' local memory per thread, direct-mapped by handle: written under stack_lock, read
  * without it (the handle read before and after the size must be the one asked about). */
@@ -88,11 +93,15 @@ static int reserve_raise(int dev, uint64_t more, const char *api)
     return 0;
 }
 
-/* The floor, after a device's stack changed. Caller holds stack_lock. */
+/* The floor, after a device's stack changed: over the process's devices (an ordinal past them
+ * would keep it at the default for good), all of them while their count is not known. Caller
+ * holds stack_lock. */
 static void refloor(void)
 {
     uint64_t lowest = UINT64_MAX;
-    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
+    int devices = __atomic_load_n(&vgpu_device_count, __ATOMIC_RELAXED);
+    devices = devices > 0 && devices < VGPU_REGION_MAX_DEVICES ? devices : VGPU_REGION_MAX_DEVICES;
+    for (int d = 0; d < devices; d++) {
         uint64_t stack = stack_of[d] != 0 ? stack_of[d] : DEFAULT_STACK;
         if (vgpu_region_limit(d) != 0 && stack < lowest)
             lowest = stack;
@@ -107,11 +116,12 @@ static void count_stack(int dev, uint64_t value)
     refloor();
 }
 
-/* After the stack on dev was set to value. */
+/* After the stack on dev was set to value (0 counted as 1: 0 means "not asked yet", the
+ * driver's default, which is more). */
 static void stack_now(int dev, uint64_t value)
 {
     pthread_mutex_lock(&stack_lock);
-    count_stack(dev, value);
+    count_stack(dev, value != 0 ? value : 1);
     pthread_mutex_unlock(&stack_lock);
 }
 
@@ -213,8 +223,12 @@ static __attribute__((noinline)) int raise_before(uint64_t local, CUstream strea
     if (local > counted) {
         uint64_t more = stack_bytes(dev, local - counted);
         rc = reserve_raise(dev, more, "a kernel launch (its stack)") == 0 ? 1 << dev : -1;
-        if (rc > 0) /* counted now: the operation stays open until the launch is made */
+        if (rc > 0) { /* counted now: the operation stays open until the launch is made */
             vgpu_footprint_grew(dev, more, more);
+            if (!(raising & rc))
+                raised_from[dev] = counted;
+            raising |= rc;
+        }
     }
     if (rc >= 0)
         count_stack(dev, local > counted ? local : counted);
@@ -237,14 +251,15 @@ int vgpu_stack_before_launch(CUfunction f, CUstream stream)
 
 /* After a launch the driver refused (or the library did, a later kernel's raise not fitting),
  * for which raises were counted on the devices of `raised`: the driver may not have made them.
- * Their stacks are asked anew, so that the next launch reserves again: counted twice until a
- * measurement settles it, rather than a raise made later counted never. */
+ * Their stacks are counted as they were before, so that the next launch reserves again:
+ * counted twice until a measurement settles it, rather than a raise made later counted never.
+ * (Not "asked anew": that is the driver's default, and a stack cut below it would be lost.) */
 static __attribute__((noinline)) void forget_raises(int raised)
 {
     pthread_mutex_lock(&stack_lock);
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
         if (raised & (1 << d))
-            count_stack(d, 0);
+            count_stack(d, raised_from[d]);
     pthread_mutex_unlock(&stack_lock);
 }
 
@@ -254,6 +269,7 @@ void vgpu_stack_after_launch(int raised, CUresult rc)
         return;
     if (rc != CUDA_SUCCESS)
         forget_raises(raised);
+    raising &= ~raised;
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
         if (raised & (1 << d))
             vgpu_mem_op_end();

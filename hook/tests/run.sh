@@ -304,6 +304,11 @@ run footprint-unmeasured-contexts CUDA_DEVICE_MEMORY_LIMIT=1g \
     FAKE_CUDA_CREATED_CONTEXT_MIB=200 "$build/tests/test_footprint" unmeasured-contexts
 run footprint-limits CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-limits.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" limits
+# The same with one GPU, as most containers have: the floor under which a launch asks nothing
+# rises with the raises there (with two, the device that has no context keeps it at 1 KiB).
+run footprint-limits-one-device CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVICES=0 \
+    FAKE_GPU_SHARED="$tmp/footprint-limits-one.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    "$build/tests/test_footprint" limits
 run footprint-limits-stream CUDA_DEVICE_MEMORY_LIMIT=1g \
     FAKE_GPU_SHARED="$tmp/footprint-limits-stream.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     "$build/tests/test_footprint" limits-stream

@@ -1130,6 +1130,53 @@ static int limits_refused(void)
           "(held %llu MiB, counted %llu; kept as made after the refusal, the raise counted "
           "300)",
           held_mib(0), counted_mib(0));
+
+    /* A stack cut below the driver's default, then a refused raise: counted as it was. */
+    static char more[4][64]; /* kernel handles 64 bytes apart: each its own entry */
+    CUresult cut = cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 256);
+    measure_now();
+    check(cut == CUDA_SUCCESS && held_mib(0) == 102 && counted_mib(0) == 102,
+          "device 0's stack cut to 256 bytes: 102 MiB held and counted");
+    rc = launch_on_both(streams, more[0]); /* more[0][0] and [1]: the table keys by address */
+    measure_now();
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && counted_mib(0) == 102,
+          "the kernel a device refused again (rc %d), settled back to %llu MiB", rc,
+          counted_mib(0));
+    fake_cuda_local_bytes = 1024;
+    rc = cuLaunchKernel((CUfunction)(void *)more[1], 1, 1, 1, 32, 1, 1, 0, streams[0], NULL,
+                        NULL);
+    check(rc == CUDA_SUCCESS && held_mib(0) == 300 && counted_mib(0) == 300,
+          "a kernel needing 1 KiB, the driver's default: its raise from 256 bytes is counted "
+          "(held %llu MiB, counted %llu; a refused raise that left the stack to be asked anew, "
+          "taken for the default, counted 102)", held_mib(0), counted_mib(0));
+
+    /* Two kernels on one device, each raising it: the driver refuses the launch. */
+    CUcontext ctx0;
+    CUfunction b = (CUfunction)(void *)more[2], a = (CUfunction)(void *)more[3];
+    fake_cuda_local_bytes = 2048; /* b's need, learnt where the launch runs nowhere */
+    rc = cuCtxGetCurrent(&ctx0) == CUDA_SUCCESS && cuCtxSetCurrent(NULL) == CUDA_SUCCESS
+             ? cuLaunchKernel(b, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL)
+             : CUDA_SUCCESS;
+    check(rc != CUDA_SUCCESS && cuCtxSetCurrent(ctx0) == CUDA_SUCCESS && counted_mib(0) == 300,
+          "a kernel needing 2 KiB, launched with no context: refused by the driver, nothing "
+          "counted");
+    fake_cuda_local_bytes = 1536;
+    CUDA_LAUNCH_PARAMS same[2] = {
+        {.function = a, .gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32,
+         .blockDimY = 1, .blockDimZ = 1, .hStream = streams[0]},
+        {.function = b, .gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32,
+         .blockDimY = 1, .blockDimZ = 1, .hStream = streams[0]}};
+    CUresult (*multi_device)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned) =
+        (CUresult(*)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned))dlsym(
+            RTLD_DEFAULT, "cuLaunchCooperativeKernelMultiDevice");
+    rc = multi_device != NULL ? multi_device(same, 2, 0) : CUDA_SUCCESS;
+    unsigned long long raised = counted_mib(0);
+    measure_now();
+    check(rc != CUDA_SUCCESS && raised == 564 && held_mib(0) == 300 && counted_mib(0) == 300,
+          "it and one needing 1.5 KiB, both on device 0 (rc %d): both raises counted (%llu MiB), "
+          "then settled back to what is held (held %llu, counted %llu; with the second raise's "
+          "operation left open, no measurement settled anything again)", rc, raised,
+          held_mib(0), counted_mib(0));
     fake_cuda_local_bytes = 0;
     return check_done("test_footprint limits-refused");
 }

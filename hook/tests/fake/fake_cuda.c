@@ -1839,9 +1839,9 @@ EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, u
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t blocks = 0;
     unsigned devices = 0;
+    /* cuda.h allows neither a default stream nor two kernels on one device: checked before
+     * anything is launched. */
     for (unsigned int i = 0; i < count; i++) {
-        /* Each kernel runs in its stream's context, which raises its own stack for it; cuda.h
-         * allows neither a default stream nor two kernels on one device. */
         struct fake_ctx *ctx;
         CUresult rc = default_stream(list[i].hStream) ? CUDA_ERROR_INVALID_HANDLE
                                                       : stream_ctx(list[i].hStream, &ctx);
@@ -1850,6 +1850,12 @@ EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, u
         if (devices & (1u << ctx->dev))
             return CUDA_ERROR_INVALID_VALUE;
         devices |= 1u << ctx->dev;
+    }
+    for (unsigned int i = 0; i < count; i++) {
+        /* Each kernel runs in its stream's context, which raises its own stack for it. */
+        struct fake_ctx *ctx = NULL;
+        if (stream_ctx(list[i].hStream, &ctx) != CUDA_SUCCESS) /* answered in the loop above */
+            return CUDA_ERROR_INVALID_HANDLE;
         if (list[i].function != NULL &&
             fake_cuda_local_bytes > limits_of(ctx)[CU_LIMIT_STACK_SIZE] &&
             set_limit(ctx, CU_LIMIT_STACK_SIZE, fake_cuda_local_bytes) != CUDA_SUCCESS)
