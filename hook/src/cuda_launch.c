@@ -3,7 +3,6 @@
 #define _GNU_SOURCE
 #include "cuda_driver.h"
 #include "graphs.h"
-#include "memory.h"
 #include "region.h"
 #include "throttle.h"
 
@@ -170,9 +169,6 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *li
             vgpu_stack_after_launch(stacks, CUDA_ERROR_OUT_OF_MEMORY);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        if (stack & stacks) /* a device raised again (two kernels there, which the driver
-                             * refuses): its first raise keeps the operation open */
-            vgpu_mem_op_end();
         stacks |= stack;
     }
     return launched(stacks, real.cuLaunchCooperativeKernelMultiDevice(list, count, flags));

@@ -225,7 +225,10 @@ static __attribute__((noinline)) int raise_before(uint64_t local, CUstream strea
         rc = reserve_raise(dev, more, "a kernel launch (its stack)") == 0 ? 1 << dev : -1;
         if (rc > 0) { /* counted now: the operation stays open until the launch is made */
             vgpu_footprint_grew(dev, more, more);
-            if (!(raising & rc))
+            if (raising & rc) /* raised again in this launch (two kernels on one device, which
+                               * the driver refuses): one operation a device, the first's */
+                vgpu_mem_op_end();
+            else
                 raised_from[dev] = counted;
             raising |= rc;
         }

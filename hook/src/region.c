@@ -40,7 +40,11 @@ static int no_slot;                    /* the last claim found none, or could no
 static uint64_t no_slot_since_ms;      /* when: claims are retried once a second */
 static int fork_reopen_failed;         /* a forked child could not get its own description */
 static uint64_t my_start_ticks;        /* when this process started (owner.h; 0: unknown) */
-static uint64_t mapped_dev, mapped_ino; /* the region as mappings show it (owner.h) */
+/* The region as this process's mappings show it (owner.h), read when first needed: to judge an
+ * owner whose lock is free, which most processes never do (a maps file of thousands of lines
+ * is not read at every attach). */
+static pthread_once_t mapped_once = PTHREAD_ONCE_INIT;
+static uint64_t mapped_dev, mapped_ino;
 /* A free-lock slot whose owner was found running, and until when that is taken as still so
  * (generation: the claim it was found for): the frequent questions (a usage query's reaping,
  * at most every 100 ms, and its sum of the live slots) read /proc at most once a second per
@@ -189,10 +193,6 @@ static void attach(void)
         vgpu_log(VGPU_LOG_WARN, "cannot install the SIGBUS handler: a truncated region file will "
                  "kill this process");
     my_start_ticks = vgpu_owner_start_ticks(0); /* read here, not in a claim's odd window */
-    if (vgpu_owner_mapping_of(r, &mapped_dev, &mapped_ino) != 0) {
-        mapped_dev = file.dev;
-        mapped_ino = file.ino;
-    }
     reap_earlier_image(r);
     pthread_atfork(NULL, NULL, after_fork_child);
     __atomic_store_n(&region, r, __ATOMIC_RELEASE);
@@ -275,6 +275,14 @@ static void raise_high_water(struct vgpu_region *r, uint32_t count)
 
 static void disown(uint32_t i) { byte_lock(F_OFD_SETLK, F_UNLCK, vgpu_region_slot_lock_offset(i)); }
 
+static void learn_mapping(void)
+{
+    if (vgpu_owner_mapping_of(file.map, &mapped_dev, &mapped_ino) != 0) {
+        mapped_dev = file.dev;
+        mapped_ino = file.ino;
+    }
+}
+
 /* Whether the owner of slot i, whose lock byte nobody holds, is gone. Not while the process
  * that claimed it runs (owner.h): it closed the region's descriptor, and its lock with it, but
  * still holds its memory (reaped, that memory would be given out twice). A slot of this
@@ -283,16 +291,17 @@ static void disown(uint32_t i) { byte_lock(F_OFD_SETLK, F_UNLCK, vgpu_region_slo
 static int owner_gone(const struct vgpu_region *r, uint32_t i, int fresh)
 {
     const struct vgpu_region_slot *s = &r->slots[i];
-    struct vgpu_owner owner = {.pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE),
-                               .start_ticks = load64(&s->start_ticks),
-                               .dev = mapped_dev,
-                               .ino = mapped_ino};
-    if (owner.pid == 0 || (owner.pid == (int32_t)getpid() && owner.start_ticks == my_start_ticks))
+    int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
+    uint64_t start_ticks = load64(&s->start_ticks);
+    if (pid == 0 || (pid == (int32_t)getpid() && start_ticks == my_start_ticks))
         return 1;
     uint64_t generation = load64(&s->generation), now = monotonic_ns();
     if (!fresh && __atomic_load_n(&running[i].generation, __ATOMIC_RELAXED) == generation &&
         now < __atomic_load_n(&running[i].until_ns, __ATOMIC_RELAXED))
         return 0;
+    pthread_once(&mapped_once, learn_mapping);
+    struct vgpu_owner owner = {.pid = pid, .start_ticks = start_ticks, .dev = mapped_dev,
+                               .ino = mapped_ino};
     if (!vgpu_owner_runs(&owner))
         return 1;
     __atomic_store_n(&running[i].generation, generation, __ATOMIC_RELAXED);

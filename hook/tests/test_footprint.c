@@ -992,21 +992,26 @@ static int two_devices(CUstream streams[2], uint64_t fill_mib)
            cuCtxSetCurrent(ctx0) == CUDA_SUCCESS && cuStreamCreate(&streams[0], 0) == CUDA_SUCCESS;
 }
 
-/* One kernel on each of the two streams (kernels[0] and [1] their handles), through CUDA 9's
- * launch of one kernel per device (deprecated, still exported: named through dlsym, as old
- * code would). */
-static CUresult launch_on_both(CUstream streams[2], char kernels[2])
+/* Kernel f[i] on streams[i], both at once, through CUDA 9's launch of one kernel per device
+ * (deprecated, still exported: named through dlsym, as old code would). */
+static CUresult launch_multi_device(const CUstream streams[2], const CUfunction f[2])
 {
     CUDA_LAUNCH_PARAMS each[2];
     for (int i = 0; i < 2; i++)
-        each[i] = (CUDA_LAUNCH_PARAMS){.function = (CUfunction)(void *)&kernels[i],
-                                       .gridDimX = 1, .gridDimY = 1, .gridDimZ = 1,
-                                       .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1,
-                                       .hStream = streams[i]};
+        each[i] = (CUDA_LAUNCH_PARAMS){.function = f[i], .gridDimX = 1, .gridDimY = 1,
+                                       .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1,
+                                       .blockDimZ = 1, .hStream = streams[i]};
     CUresult (*multi_device)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned) =
         (CUresult(*)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned))dlsym(
             RTLD_DEFAULT, "cuLaunchCooperativeKernelMultiDevice");
     return multi_device != NULL ? multi_device(each, 2, 0) : CUDA_ERROR_UNKNOWN;
+}
+
+/* One kernel on each of the two streams, kernels[0] and [1] their handles. */
+static CUresult launch_on_both(CUstream streams[2], char kernels[2])
+{
+    const CUfunction f[2] = {(CUfunction)(void *)&kernels[0], (CUfunction)(void *)&kernels[1]};
+    return launch_multi_device(streams, f);
 }
 
 /* A library's kernel (a CUkernel) needing `local` bytes a thread, launched on stream: it runs
@@ -1117,9 +1122,9 @@ static int limits_refused(void)
     CUresult rc = launch_on_both(streams, kernels);
     check(rc == CUDA_ERROR_OUT_OF_MEMORY && held_mib(0) == 300 && held_mib(1) == 950,
           "a kernel a device needing 1.5 KiB a thread: device 1's 132 MiB raise does not fit, "
-          "the launch is refused (rc %d; device 0 held %llu MiB, counted %llu; the library of "
-          "1ee88db asked the current device alone and launched: 1082 MiB held on device 1)",
-          rc, held_mib(0), counted_mib(0));
+          "the launch is refused (rc %d; device 0 held %llu MiB, counted %llu; device 1 held "
+          "%llu; the library of 1ee88db asked the current device alone and launched: 1082 MiB "
+          "held on device 1)", rc, held_mib(0), counted_mib(0), held_mib(1));
     measure_now();
     check(counted_mib(0) == 300, "a measurement settles device 0's count to what it holds "
           "(%llu MiB)", counted_mib(0));
@@ -1161,15 +1166,9 @@ static int limits_refused(void)
           "a kernel needing 2 KiB, launched with no context: refused by the driver, nothing "
           "counted");
     fake_cuda_local_bytes = 1536;
-    CUDA_LAUNCH_PARAMS same[2] = {
-        {.function = a, .gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32,
-         .blockDimY = 1, .blockDimZ = 1, .hStream = streams[0]},
-        {.function = b, .gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32,
-         .blockDimY = 1, .blockDimZ = 1, .hStream = streams[0]}};
-    CUresult (*multi_device)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned) =
-        (CUresult(*)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned))dlsym(
-            RTLD_DEFAULT, "cuLaunchCooperativeKernelMultiDevice");
-    rc = multi_device != NULL ? multi_device(same, 2, 0) : CUDA_SUCCESS;
+    const CUstream device0[2] = {streams[0], streams[0]};
+    const CUfunction a_then_b[2] = {a, b};
+    rc = launch_multi_device(device0, a_then_b);
     unsigned long long raised = counted_mib(0);
     measure_now();
     check(rc != CUDA_SUCCESS && raised == 564 && held_mib(0) == 300 && counted_mib(0) == 300,

@@ -216,6 +216,23 @@ static pid_t fork_holder(int (*take)(void), const char *what)
     return pid;
 }
 
+/* A new process of the container that allocates `mib` MiB and exits, 0 if it got them (not
+ * waited for). */
+static pid_t allocating_process(uint64_t mib)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        cuda_start();
+        CUdeviceptr p;
+        _exit(cuMemAlloc_v2(&p, mib * MiB) == CUDA_SUCCESS ? 0 : 1);
+    }
+    return pid;
+}
+
+/* Whether a new process of the container gets `mib` MiB (its slot claim reaps the gone). */
+static int new_process_gets(uint64_t mib) { return exited_ok(allocating_process(mib)); }
+
 /* ---- fork-kill ---------------------------------------------------------------------------- */
 
 /* A holder of 800 MiB that then opens and closes the region file (as any reader may): the close
@@ -998,13 +1015,7 @@ static void odd_generation(void)
         return;
     w->slots[slot].generation |= 1;
     munmap(w, VGPU_REGION_FILE_SIZE);
-    fflush(stdout);
-    pid_t next = fork();
-    if (next == 0) {
-        cuda_start();
-        CUdeviceptr p;
-        _exit(cuMemAlloc_v2(&p, MiB) == CUDA_SUCCESS ? 0 : 1);
-    }
+    pid_t next = allocating_process(1);
     check(exited_ok(next) && find_slot(next) == slot, "a new process takes that slot");
     uint64_t generation = __atomic_load_n(&region->slots[slot].generation, __ATOMIC_ACQUIRE);
     check(generation % 2 == 0, "and leaves its generation even (%llu)",
@@ -1229,14 +1240,7 @@ static void older_layout(void)
           "marked as made by an older library, a new process refuses it while that one lives");
     kill(old, SIGKILL);
     wait_status(old);
-    fflush(stdout);
-    pid_t next = fork();
-    if (next == 0) {
-        cuda_start();
-        CUdeviceptr p;
-        _exit(cuMemAlloc_v2(&p, 1024 * MiB) == CUDA_SUCCESS ? 0 : 1);
-    }
-    check(exited_ok(next), "once it is gone, a new process gets the whole 1 GiB cap");
+    check(new_process_gets(1024), "once it is gone, a new process gets the whole 1 GiB cap");
     check(w->header.version == VGPU_REGION_VERSION && w->devices[0].reserved_8 == 0 &&
           w->devices[0].limit_bytes == 1024 * MiB && w->slots[5].pid == 0 &&
           w->slots[5].used_bytes[0] == 0 && w->slots[5].pending == 0, "in the region made "
@@ -1569,18 +1573,6 @@ static int take_600_mib_then_close_region(void)
            close(fd) == 0;
 }
 
-/* Whether a new process of the container gets `mib` MiB (its slot claim reaps the gone). */
-static int new_process_gets(uint64_t mib)
-{
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        cuda_start();
-        CUdeviceptr p;
-        _exit(cuMemAlloc_v2(&p, mib * MiB) == CUDA_SUCCESS ? 0 : 1);
-    }
-    return exited_ok(pid);
-}
 
 /* Takes 300 MiB, then runs `mode` of this program in its place (same pid, same start time). */
 static int take_300_mib_then_exec(const char *mode, int ready_fd)
@@ -1700,13 +1692,7 @@ static void closed_descriptor(void)
           "with another start time in its slot (its pid another process's since), the slot of "
           "one that closed its descriptor is reaped");
 
-    fflush(stdout);
-    pid_t zombie = fork();
-    if (zombie == 0) {
-        cuda_start();
-        CUdeviceptr p;
-        _exit(cuMemAlloc_v2(&p, 600 * MiB) == CUDA_SUCCESS ? 0 : 1);
-    }
+    pid_t zombie = allocating_process(600);
     siginfo_t info = {0};
     while (waitid(P_PID, (id_t)zombie, &info, WEXITED | WNOWAIT) != 0 && errno == EINTR) {
     }
