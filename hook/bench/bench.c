@@ -2,6 +2,9 @@
  * same process and run (run it with libvgpu.so preloaded; bench/run.sh does).
  *   bench calls        launch, alloc+free pair, cuMemGetInfo, a stream-ordered alloc+free
  *                      pair, a graph launch: direct vs interposed
+ *   bench contexts     the launch of a kernel needing 2 KiB of stack a thread beside a second
+ *                      context at the driver's default (1 KiB): every launch asks which
+ *                      context it runs in
  *   bench scale N      N processes sharing one region, each timing alloc+free pairs
  * Direct calls go to the fake's own functions (fake_cuda_entry); interposed ones to the
  * exported wrappers. Each figure is the median of several alternating rounds. */
@@ -189,12 +192,32 @@ static int scale(int procs, long n)
     return 0;
 }
 
+/* The primary context's stack raised to 2 KiB by the kernel (its first launch), a created
+ * context beside it at the default: the launches above the floor (1 KiB), of a kernel the
+ * context already holds. */
+static int contexts(void)
+{
+    CUcontext primary, second;
+    fake_cuda_local_bytes = 2048;
+    if (cuCtxGetCurrent(&primary) != CUDA_SUCCESS ||
+        cuCtxCreate(&second, 0, 0) != CUDA_SUCCESS || cuCtxSetCurrent(primary) != CUDA_SUCCESS ||
+        cuLaunchKernel((CUfunction)(void *)&kernel_code, 1, 1, 1, 32, 1, 1, 0, NULL, NULL,
+                       NULL) != CUDA_SUCCESS) {
+        fprintf(stderr, "bench: cannot make a second context and raise the first's stack\n");
+        return 2;
+    }
+    compare("cuLaunchKernel (2 KiB stack, 2 contexts)", time_launch, 2000000);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "calls";
     if (strcmp(mode, "scale") == 0)
         return scale(argc > 2 ? atoi(argv[2]) : 1, argc > 3 ? atol(argv[3]) : 200000);
     setup();
+    if (strcmp(mode, "contexts") == 0)
+        return contexts();
     const char *limit = getenv("CUDA_DEVICE_SM_LIMIT");
     const char *gpus = getenv("FAKE_CUDA_DEVICES"); /* the fake's default: 2 */
     char label[64];

@@ -16,6 +16,7 @@ CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/b.cache" CUDA_DEVICE_SM_LIMIT=50 "$build/v
 # One GPU, as most vGPU containers have: the gate need not ask the driver for the device.
 CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/c.cache" CUDA_DEVICE_SM_LIMIT=50 FAKE_CUDA_DEVICES=1 \
     "$build/vgpu-bench" calls
+CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/d.cache" FAKE_CUDA_DEVICES=1 "$build/vgpu-bench" contexts
 for n in 1 8 32; do
     CUDA_DEVICE_MEMORY_SHARED_CACHE="$tmp/scale$n.cache" "$build/vgpu-bench" scale "$n" 100000
 done

@@ -15,7 +15,6 @@
 /* Filled in by vgpu_lib_load from the table below. */
 struct vgpu_cuda_real real;
 int vgpu_one_device;
-int vgpu_device_count;
 
 static void after_load(void);
 
@@ -109,7 +108,7 @@ static const struct vgpu_hook hooks[] = {
     CALL_ONLY(cuDeviceGetUuid_v2), CALL_ONLY(cuGraphGetNodes), CALL_ONLY(cuGraphNodeGetType),
     CALL_ONLY(cuGraphKernelNodeGetParams_v2), CALL_ONLY(cuGraphKernelNodeGetParams),
     CALL_ONLY(cuGraphChildGraphNodeGetGraph), CALL_ONLY(cuStreamGetDevice),
-    CALL_ONLY(cuStreamGetCtx), CALL_ONLY(cuCtxPushCurrent_v2), CALL_ONLY(cuCtxPopCurrent_v2),
+    CALL_ONLY(cuStreamGetCtx), CALL_ONLY(cuStreamGetCtx_v2), CALL_ONLY(cuCtxPushCurrent_v2), CALL_ONLY(cuCtxPopCurrent_v2),
     CALL_ONLY(cuPointerGetAttribute), CALL_ONLY(cuDeviceGetMemPool), CALL_ONLY(cuMemPoolTrimTo),
     CALL_ONLY(cuDevicePrimaryCtxGetState), CALL_ONLY(cuMemPoolGetAttribute),
     CALL_ONLY(cuStreamIsCapturing), CALL_ONLY(cuStreamIsCapturing_ptsz),
@@ -187,7 +186,6 @@ static void learn_devices(void)
     }
     vgpu_devices_learn(count, (const char(*)[VGPU_REGION_UUID_BYTES])uuids);
     __atomic_store_n(&vgpu_one_device, count == 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&vgpu_device_count, count, __ATOMIC_RELAXED);
     vgpu_throttle_init();
 }
 

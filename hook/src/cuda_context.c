@@ -55,7 +55,6 @@ static void context_gone(int dev)
     if (unanswered != 0)
         vgpu_log(VGPU_LOG_WARN, "after a context was destroyed the driver could not say whether "
                  "%zu counted allocations still exist: they stay counted", unanswered);
-    vgpu_stack_context_gone(dev);
     vgpu_footprint_context_gone(dev);
 }
 
@@ -116,25 +115,22 @@ static int primary_active(CUdevice dev)
 /* A retain makes the primary context only while it is inactive. */
 static int primary_inactive(int dev) { return !primary_active((CUdevice)dev); }
 
-/* How a context came to be: what undoes it, and what it is to the limiter. */
-enum made_by { MADE_CREATED, MADE_RETAINED, MADE_GREEN };
-
 /* Undoes a context that does not fit: destroyed, or the retain released. */
-static void undo_context(enum made_by how, void *ctx, CUdevice dev)
+static void undo_context(enum vgpu_context_kind how, void *ctx, CUdevice dev)
 {
-    if (how == MADE_RETAINED && real.cuDevicePrimaryCtxRelease_v2 != NULL)
+    if (how == VGPU_CONTEXT_PRIMARY && real.cuDevicePrimaryCtxRelease_v2 != NULL)
         real.cuDevicePrimaryCtxRelease_v2(dev);
-    else if (how == MADE_CREATED && real.cuCtxDestroy_v2 != NULL)
+    else if (how == VGPU_CONTEXT_CREATED && real.cuCtxDestroy_v2 != NULL)
         real.cuCtxDestroy_v2((CUcontext)ctx);
-    else if (how == MADE_GREEN && real.cuGreenCtxDestroy != NULL)
+    else if (how == VGPU_CONTEXT_GREEN && real.cuGreenCtxDestroy != NULL)
         real.cuGreenCtxDestroy((CUgreenCtx)ctx);
 }
 
-/* What the host-pid probe pushes: a green context is made current as the CUcontext
- * cuCtxFromGreenCtx gives for it (NULL: none). */
-static CUcontext as_context(enum made_by how, void *ctx)
+/* What the host-pid probe pushes and the stack's count knows a context by: a green context is
+ * made current as the CUcontext cuCtxFromGreenCtx gives for it (NULL: none). */
+static CUcontext as_context(enum vgpu_context_kind how, void *ctx)
 {
-    if (how != MADE_GREEN)
+    if (how != VGPU_CONTEXT_GREEN)
         return (CUcontext)ctx;
     CUcontext as = NULL;
     if (real.cuCtxFromGreenCtx == NULL ||
@@ -144,26 +140,32 @@ static CUcontext as_context(enum made_by how, void *ctx)
 }
 
 /* After the driver made (or failed to make) a context on dev, or retained the primary one
- * (ctx: what it made, a CUcontext, or a CUgreenCtx for MADE_GREEN): a context that does not fit
- * is undone and the caller gets CUDA_ERROR_OUT_OF_MEMORY. */
+ * (ctx: what it made, a CUcontext, or a CUgreenCtx for VGPU_CONTEXT_GREEN): a context that
+ * does not fit is undone and the caller gets CUDA_ERROR_OUT_OF_MEMORY. */
 static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, void *ctx,
-                             CUdevice dev, enum made_by how)
+                             CUdevice dev, enum vgpu_context_kind how)
 {
     if (vgpu_footprint_after_context(probe, rc == CUDA_SUCCESS) != 0) {
         undo_context(how, ctx, dev);
         /* Releasing the retain may have been the primary context's last release (another
          * thread released its own meanwhile), which frees that context's allocations. */
-        if (how != MADE_CREATED && !primary_active(dev))
+        if (how != VGPU_CONTEXT_CREATED && !primary_active(dev)) {
+            vgpu_stack_primary_gone((int)dev);
             context_gone((int)dev);
-        else
+        } else
             vgpu_footprint_context_gone((int)dev);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (rc == CUDA_SUCCESS && how != MADE_RETAINED)
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    CUcontext context = as_context(how, ctx);
+    if (context != NULL)
+        vgpu_stack_context_made(context, ctx, (int)dev, how);
+    if (how != VGPU_CONTEXT_PRIMARY)
         vgpu_throttle_context_made((int)dev);
-    if (rc == CUDA_SUCCESS && probe->active && probe->first)
-        probe_host_pid(as_context(how, ctx), (int)dev);
-    else if (rc == CUDA_SUCCESS && how == MADE_RETAINED && !probe->active)
+    if (probe->active && probe->first)
+        probe_host_pid(context, (int)dev);
+    else if (how == VGPU_CONTEXT_PRIMARY && !probe->active)
         vgpu_footprint_context_unseen((int)dev); /* raced the last release? */
     return rc;
 }
@@ -192,7 +194,7 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     if (begun != CUDA_SUCCESS)
         return begun;
     CUresult rc = real.cuDevicePrimaryCtxRetain(ctx, dev);
-    return keep_context(&probe, rc, rc == CUDA_SUCCESS ? *ctx : NULL, dev, MADE_RETAINED);
+    return keep_context(&probe, rc, rc == CUDA_SUCCESS ? *ctx : NULL, dev, VGPU_CONTEXT_PRIMARY);
 }
 
 /* The primary context ends with a reset (cudaDeviceReset) and with its last release (cuda.h);
@@ -202,9 +204,10 @@ static CUresult end_primary(CUresult (*const *call)(CUdevice), CUdevice dev, int
     if (!ready() || *call == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = (*call)(dev);
-    if (rc == CUDA_SUCCESS && (reset || !primary_active(dev)))
+    if (rc == CUDA_SUCCESS && (reset || !primary_active(dev))) {
+        vgpu_stack_primary_gone((int)dev);
         context_gone((int)dev);
-    else if (rc == CUDA_SUCCESS)
+    } else if (rc == CUDA_SUCCESS)
         vgpu_footprint_context_gone((int)dev);
     return rc;
 }
@@ -240,7 +243,7 @@ static CUresult create_context(CUresult (*const *create)(CUcontext *, unsigned i
     if (begun != CUDA_SUCCESS)
         return begun;
     CUresult rc = (*create)(ctx, flags, dev);
-    return keep_context(&probe, rc, rc == CUDA_SUCCESS ? *ctx : NULL, dev, MADE_CREATED);
+    return keep_context(&probe, rc, rc == CUDA_SUCCESS ? *ctx : NULL, dev, VGPU_CONTEXT_CREATED);
 }
 
 VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev)
@@ -264,7 +267,7 @@ VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext *ctx, CUexecAffinityParam *params,
     if (begun != CUDA_SUCCESS)
         return begun;
     CUresult rc = real.cuCtxCreate_v3(ctx, params, count, flags, dev);
-    return keep_context(&probe, rc, rc == CUDA_SUCCESS ? *ctx : NULL, dev, MADE_CREATED);
+    return keep_context(&probe, rc, rc == CUDA_SUCCESS ? *ctx : NULL, dev, VGPU_CONTEXT_CREATED);
 }
 
 VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, unsigned int flags,
@@ -277,7 +280,7 @@ VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, u
     if (begun != CUDA_SUCCESS)
         return begun;
     CUresult rc = real.cuCtxCreate_v4(ctx, params, flags, dev);
-    return keep_context(&probe, rc, rc == CUDA_SUCCESS ? *ctx : NULL, dev, MADE_CREATED);
+    return keep_context(&probe, rc, rc == CUDA_SUCCESS ? *ctx : NULL, dev, VGPU_CONTEXT_CREATED);
 }
 
 /* A green context (CUDA 12.4) retains dev's primary context, which the driver makes when it is
@@ -297,7 +300,7 @@ VGPU_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *ctx, CUdevResourceDesc desc, C
     if (begun != CUDA_SUCCESS)
         return begun;
     CUresult rc = real.cuGreenCtxCreate(ctx, desc, dev, flags);
-    return keep_context(&probe, rc, rc == CUDA_SUCCESS ? *ctx : NULL, dev, MADE_GREEN);
+    return keep_context(&probe, rc, rc == CUDA_SUCCESS ? *ctx : NULL, dev, VGPU_CONTEXT_GREEN);
 }
 
 /* The destroyed context's device is not known here: every capped device is measured again. */
@@ -306,8 +309,10 @@ static CUresult destroy_context(CUresult (*const *destroy)(CUcontext), CUcontext
     if (!ready() || *destroy == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = (*destroy)(ctx);
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS) {
+        vgpu_stack_context_gone(ctx);
         context_gone(-1);
+    }
     return rc;
 }
 
@@ -322,13 +327,19 @@ VGPU_EXPORT CUresult cuCtxDestroy(CUcontext ctx)
 }
 
 /* It releases the primary context it retained, whose last release frees that context's memory
- * (cuda.h); the device is not known here either. */
+ * and resets its limits (cuda.h); the device is not known here either, except to the stack's
+ * count when it still counts the green context (else every device's primary is looked at). */
 VGPU_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx ctx)
 {
     if (!ready() || real.cuGreenCtxDestroy == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real.cuGreenCtxDestroy(ctx);
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS) {
+        int dev = vgpu_stack_context_gone(ctx);
+        for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
+            if ((dev < 0 || d == dev) && !primary_active((CUdevice)d))
+                vgpu_stack_primary_gone(d);
         context_gone(-1);
+    }
     return rc;
 }

@@ -119,6 +119,7 @@ struct vgpu_cuda_real {
     CUresult (*cuCtxGetDevice)(CUdevice *);
     CUresult (*cuStreamGetDevice)(CUstream, CUdevice *);
     CUresult (*cuStreamGetCtx)(CUstream, CUcontext *);
+    CUresult (*cuStreamGetCtx_v2)(CUstream, CUcontext *, CUgreenCtx *);
     CUresult (*cuCtxPushCurrent_v2)(CUcontext);
     CUresult (*cuCtxPopCurrent_v2)(CUcontext *);
     CUresult (*cuPointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
@@ -200,9 +201,28 @@ void vgpu_stack_after_launch(int raised, CUresult rc);
 /* A kernel's local memory a thread (0: none, or the driver cannot say). */
 uint64_t vgpu_kernel_local_bytes(CUfunction f);
 
-/* A context on dev (-1: any) was destroyed or reset: its modules are unloaded (kernel handles
- * may name other kernels next) and the next context starts at the driver's default stack. */
-void vgpu_stack_context_gone(int dev);
+/* How a context came to be: what undoes or ends it, what it is to the limiter, and whether a
+ * reset of the device's primary context resets its limits (cuda_limits.c). SEEN: one the
+ * library met first in use, not as it was made. */
+enum vgpu_context_kind {
+    VGPU_CONTEXT_SEEN,
+    VGPU_CONTEXT_PRIMARY,
+    VGPU_CONTEXT_CREATED,
+    VGPU_CONTEXT_GREEN
+};
+
+/* ctx was made on dev, or the primary context retained (made: the handle that ends it, a green
+ * context's CUgreenCtx, else ctx): a new context's stack is the driver's default, whatever
+ * another context on dev holds (a limit is its context's: cuda.h, cuCtxSetLimit). */
+void vgpu_stack_context_made(CUcontext ctx, const void *made, int dev,
+                             enum vgpu_context_kind kind);
+/* The context ended through `made` (cuCtxDestroy's CUcontext, cuGreenCtxDestroy's CUgreenCtx)
+ * is gone, and its modules with it (kernel handles may name other kernels next). Returns its
+ * device (-1: not known). */
+int vgpu_stack_context_gone(const void *made);
+/* dev's primary context was reset, or released for the last time: the next one starts at the
+ * driver's default stack. */
+void vgpu_stack_primary_gone(int dev);
 
 /* Every wrapper starts with ready() || real.fn == NULL: the real driver is loaded first, and a
  * function it lacks is answered with an error, never called through NULL. */
@@ -224,14 +244,21 @@ static inline int current_device(void)
 /* 1 once cuInit found that this process has exactly one CUDA device (cuda.c): every context
  * is then on ordinal 0. */
 extern int vgpu_one_device;
-/* How many CUDA devices cuInit found (0: not known yet, or the driver could not say). */
-extern int vgpu_device_count;
 
 enum { VGPU_DEVICE_UNKNOWN = -2 };
+
+/* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: the current context's default stream. */
+static inline int vgpu_default_stream(CUstream stream)
+{
+    return stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+}
 
 /* The device work on stream runs on (cuda_memory.c): a default stream's is the current
  * context's (-1 as current_device()); VGPU_DEVICE_UNKNOWN when the driver cannot say. */
 int vgpu_stream_device(CUstream stream);
+/* The context work on a named stream runs in, a green context's as the CUcontext
+ * cuCtxFromGreenCtx gives for it (NULL: the driver cannot say). */
+CUcontext vgpu_stream_context(CUstream stream);
 
 /* The device a kernel launched on stream runs on. With one device (most vGPU containers), 0
  * without asking the driver: the SM gate's costliest step on the fake (hook/README.md,

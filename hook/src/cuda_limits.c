@@ -6,8 +6,10 @@
  * hold), and stays counted as the process's footprint until a measurement settles it. The
  * driver also raises the stack itself, at the launch of a kernel whose threads need more local
  * memory than it holds, and keeps it raised (cuda.h, CU_LIMIT_STACK_SIZE): that raise is
- * reserved before such a launch the same way, on the device the kernel runs on (its stream's:
- * a CUkernel runs in its stream's context whatever is current, cuda.h cuLaunchKernel). */
+ * reserved before such a launch the same way, in the context the kernel runs in (its stream's:
+ * a CUkernel runs in its stream's context whatever is current, cuda.h cuLaunchKernel). Limits
+ * are each context's (cuda.h, cuCtxSetLimit: "the current context"): a second context on a
+ * device starts at the driver's default, whatever the first holds. */
 #define _GNU_SOURCE
 #include <pthread.h>
 
@@ -17,18 +19,37 @@
 #include "memory.h"
 #include "region.h"
 
-enum { DEFAULT_STACK = 1024, FUNCTIONS = 4096 }; /* FUNCTIONS: a power of two */
+enum { DEFAULT_STACK = 1024, FUNCTIONS = 4096 /* a power of two */, CONTEXTS = 64 };
 
-/* The per-thread stack counted on each device (0: not asked yet, the driver's default), under
- * stack_lock; reads outside it are atomic. floor: no capped device's is below it, so a kernel
- * needing no more launches with no question asked (not even which device it runs on). */
-static uint64_t stack_of[VGPU_REGION_MAX_DEVICES];
+/* The per-thread stack counted in each context, under stack_lock; ctx and stack read without
+ * it are atomic. A context is entered as it is made (cuda_context.c), or when first met at a
+ * launch or a cuCtxSetLimit. */
+static struct counted_context {
+    CUcontext ctx;       /* NULL: a free entry */
+    const void *made;    /* the handle that ends it (a green context's CUgreenCtx, else ctx) */
+    int dev;
+    enum vgpu_context_kind kind;
+    uint64_t stack;      /* 0: not asked yet */
+    uint64_t at_least;   /* while not asked: the least it may be (the default, or less) */
+    uint64_t generation; /* new at each entry and retain: a launch's raise belongs to one */
+} contexts[CONTEXTS];
+static uint64_t generations;
+/* How many entries were given up for others (the table full, round robin), and the lowest
+ * stack they held: their contexts may live on, unseen, so the floor stays under it. */
+static unsigned given_up;
+static uint64_t given_up_floor = UINT64_MAX;
+/* No counted context on a capped device has a smaller stack: a kernel needing no more launches
+ * with no question asked (not even which context it runs in). */
 static uint64_t floor_stack = DEFAULT_STACK;
 static pthread_mutex_t stack_lock = PTHREAD_MUTEX_INITIALIZER;
-/* The stack each device was counted at before this thread's launch under way first raised it
- * (raising: those devices, a bit each): what it is again if the launch is refused
- * (forget_raises). */
-static __thread uint64_t raised_from[VGPU_REGION_MAX_DEVICES];
+/* The context entry (and its generation), and its stack, each device's raise of this thread's
+ * launch under way was counted from (raising: those devices, a bit each): what it is again if
+ * the launch is refused (forget_raises), unless the entry is another context's by then. */
+static __thread struct raised {
+    struct counted_context *c;
+    uint64_t generation;
+    uint64_t stack;
+} raised_from[VGPU_REGION_MAX_DEVICES];
 static __thread int raising;
 
 /* Kernels' local memory per thread, direct-mapped by handle: written under stack_lock, read
@@ -93,37 +114,217 @@ static int reserve_raise(int dev, uint64_t more, const char *api)
     return 0;
 }
 
-/* The floor, after a device's stack changed: over the process's devices (an ordinal past them
- * would keep it at the default for good), all of them while their count is not known. Caller
+/* ---- the stack counted in each context --------------------------------------------------- */
+
+/* c's stack as the floor takes it: one not asked yet is the least it may be. */
+static uint64_t floor_of(const struct counted_context *c)
+{
+    return c->stack != 0 ? c->stack : c->at_least;
+}
+
+/* The floor, after a context's stack changed or an entry came or went: the lowest stack counted
+ * on a capped device, the default while there is none (the first context starts there). Caller
  * holds stack_lock. */
 static void refloor(void)
 {
-    uint64_t lowest = UINT64_MAX;
-    int devices = __atomic_load_n(&vgpu_device_count, __ATOMIC_RELAXED);
-    devices = devices > 0 && devices < VGPU_REGION_MAX_DEVICES ? devices : VGPU_REGION_MAX_DEVICES;
-    for (int d = 0; d < devices; d++) {
-        uint64_t stack = stack_of[d] != 0 ? stack_of[d] : DEFAULT_STACK;
-        if (vgpu_region_limit(d) != 0 && stack < lowest)
-            lowest = stack;
+    uint64_t lowest = given_up_floor;
+    int any = 0;
+    for (int i = 0; i < CONTEXTS; i++) {
+        const struct counted_context *c = &contexts[i];
+        if (c->ctx == NULL || vgpu_region_limit(c->dev) == 0)
+            continue;
+        any = 1;
+        lowest = floor_of(c) < lowest ? floor_of(c) : lowest;
     }
+    if (!any && lowest > DEFAULT_STACK)
+        lowest = DEFAULT_STACK;
     __atomic_store_n(&floor_stack, lowest, __ATOMIC_RELEASE);
 }
 
-/* The stack on dev is counted at value (0: asked anew) from now on. Caller holds stack_lock. */
-static void count_stack(int dev, uint64_t value)
+/* ctx's entry (NULL: none; entry_of(NULL) is a free one). Caller holds stack_lock. */
+static struct counted_context *entry_of(CUcontext ctx)
 {
-    __atomic_store_n(&stack_of[dev], value, __ATOMIC_RELEASE);
+    for (int i = 0; i < CONTEXTS; i++)
+        if (contexts[i].ctx == ctx)
+            return &contexts[i];
+    return NULL;
+}
+
+/* ctx's entry, made (its stack not asked yet: a new context's is the driver's default) when it
+ * has none. With the table full the entry after the last one given up is given up for it: asked
+ * anew if its context is met again, and kept under the floor meanwhile. Caller holds
+ * stack_lock. */
+static struct counted_context *enter(CUcontext ctx, const void *made, int dev,
+                                     enum vgpu_context_kind kind)
+{
+    struct counted_context *c = entry_of(ctx);
+    if (c != NULL)
+        return c;
+    c = entry_of(NULL);
+    if (c == NULL) {
+        c = &contexts[given_up++ % CONTEXTS];
+        if (floor_of(c) < given_up_floor)
+            given_up_floor = floor_of(c);
+        if (given_up == 1)
+            vgpu_log(VGPU_LOG_INFO, "more than %d contexts: the stack of those whose count was "
+                     "given up is asked again when they launch a kernel needing more than %llu "
+                     "bytes a thread", CONTEXTS, (unsigned long long)given_up_floor);
+    }
+    __atomic_store_n(&c->ctx, NULL, __ATOMIC_RELEASE);
+    c->made = made;
+    c->dev = dev;
+    c->kind = kind;
+    c->at_least = DEFAULT_STACK;
+    c->generation = ++generations;
+    __atomic_store_n(&c->stack, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->ctx, ctx, __ATOMIC_RELEASE);
+    return c;
+}
+
+/* c's context is counted at `stack` bytes a thread from now on. Caller holds stack_lock. */
+static void count_stack(struct counted_context *c, uint64_t stack)
+{
+    __atomic_store_n(&c->stack, stack, __ATOMIC_RELEASE);
     refloor();
 }
 
-/* After the stack on dev was set to value (0 counted as 1: 0 means "not asked yet", the
- * driver's default, which is more). */
-static void stack_now(int dev, uint64_t value)
+/* Whether ctx is counted at `local` bytes a thread or more, read without the lock (the entry's
+ * context, read before and after its stack, must be ctx). */
+static int holds(CUcontext ctx, uint64_t local)
 {
+    for (int i = 0; i < CONTEXTS; i++) {
+        struct counted_context *c = &contexts[i];
+        if (__atomic_load_n(&c->ctx, __ATOMIC_ACQUIRE) != ctx)
+            continue;
+        uint64_t stack = __atomic_load_n(&c->stack, __ATOMIC_ACQUIRE);
+        return __atomic_load_n(&c->ctx, __ATOMIC_ACQUIRE) == ctx && local <= stack;
+    }
+    return 0;
+}
+
+/* The smallest stack counted on dev (the default, or a given-up entry's, when less): what a
+ * launch in a context the driver cannot name is counted from. Caller holds stack_lock. */
+static uint64_t lowest_on(int dev)
+{
+    uint64_t lowest = given_up_floor < DEFAULT_STACK ? given_up_floor : DEFAULT_STACK;
+    for (int i = 0; i < CONTEXTS; i++)
+        if (contexts[i].ctx != NULL && contexts[i].dev == dev &&
+            floor_of(&contexts[i]) < lowest)
+            lowest = floor_of(&contexts[i]);
+    return lowest;
+}
+
+/* ctx's stack as the driver says (`otherwise` when it cannot), asked with ctx current: pushed
+ * for the question when another is. */
+static uint64_t ask_stack(CUcontext ctx, uint64_t otherwise)
+{
+    CUcontext current = NULL, popped = NULL;
+    if (real.cuCtxGetLimit == NULL || real.cuCtxGetCurrent == NULL ||
+        real.cuCtxGetCurrent(&current) != CUDA_SUCCESS)
+        return otherwise;
+    int push = current != ctx;
+    if (push && (real.cuCtxPushCurrent_v2 == NULL || real.cuCtxPopCurrent_v2 == NULL ||
+                 real.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS))
+        return otherwise;
+    size_t now = 0;
+    CUresult rc = real.cuCtxGetLimit(&now, CU_LIMIT_STACK_SIZE);
+    if (push && (real.cuCtxPopCurrent_v2(&popped) != CUDA_SUCCESS || popped != ctx))
+        vgpu_log(VGPU_LOG_ERROR, "the context pushed to ask its stack did not pop back; this "
+                 "thread's current context may have changed");
+    return rc == CUDA_SUCCESS && now != 0 ? now : otherwise;
+}
+
+void vgpu_stack_context_made(CUcontext ctx, const void *made, int dev,
+                             enum vgpu_context_kind kind)
+{
+    if (ctx == NULL || dev < 0 || dev >= VGPU_REGION_MAX_DEVICES)
+        return;
     pthread_mutex_lock(&stack_lock);
-    count_stack(dev, value != 0 ? value : 1);
+    struct counted_context *c = entry_of(ctx);
+    /* A handle the driver gives out again for a new context is that context's. */
+    if (c != NULL && kind != VGPU_CONTEXT_PRIMARY)
+        __atomic_store_n(&c->ctx, NULL, __ATOMIC_RELEASE);
+    /* A retain makes nothing while the primary context is held, but may have made it anew (the
+     * last release raced it, or a green context's creation made it unseen): its stack is asked
+     * at the next raise, the least it may be meanwhile what it was counted at, or the default.
+     * A raise counted before is no longer its to undo. */
+    if (c != NULL && kind == VGPU_CONTEXT_PRIMARY) {
+        c->at_least = floor_of(c) < DEFAULT_STACK ? floor_of(c) : DEFAULT_STACK;
+        c->generation = ++generations;
+        __atomic_store_n(&c->stack, 0, __ATOMIC_RELEASE);
+    }
+    c = enter(ctx, made, dev, kind);
+    c->made = made;
+    c->kind = kind;
+    refloor();
     pthread_mutex_unlock(&stack_lock);
 }
+
+/* Every kernel's local memory is asked anew (a handle may name another kernel next). Caller
+ * holds stack_lock. */
+static void clear_functions(void)
+{
+    for (size_t i = 0; i < FUNCTIONS; i++)
+        __atomic_store_n(&functions[i].f, NULL, __ATOMIC_RELEASE);
+}
+
+int vgpu_stack_context_gone(const void *made)
+{
+    int dev = -1;
+    pthread_mutex_lock(&stack_lock);
+    clear_functions();
+    for (int i = 0; i < CONTEXTS; i++)
+        if (contexts[i].ctx != NULL && contexts[i].made == made) {
+            dev = contexts[i].dev;
+            __atomic_store_n(&contexts[i].ctx, NULL, __ATOMIC_RELEASE);
+        }
+    refloor();
+    pthread_mutex_unlock(&stack_lock);
+    return dev;
+}
+
+/* The primary context starts at the default again. Its entry stays, not asked (a retain racing
+ * the last release may have made it anew and entered it already: removed, the floor would rise
+ * past it); one met only in use may have been it, and goes as one given up. Created and green
+ * contexts keep theirs. */
+void vgpu_stack_primary_gone(int dev)
+{
+    pthread_mutex_lock(&stack_lock);
+    clear_functions();
+    for (int i = 0; i < CONTEXTS; i++) {
+        struct counted_context *c = &contexts[i];
+        if (c->ctx == NULL || c->dev != dev)
+            continue;
+        if (c->kind == VGPU_CONTEXT_PRIMARY) {
+            c->at_least = DEFAULT_STACK;
+            c->generation = ++generations;
+            __atomic_store_n(&c->stack, 0, __ATOMIC_RELEASE);
+        } else if (c->kind == VGPU_CONTEXT_SEEN) {
+            if (floor_of(c) < given_up_floor)
+                given_up_floor = floor_of(c);
+            __atomic_store_n(&c->ctx, NULL, __ATOMIC_RELEASE);
+        }
+    }
+    refloor();
+    pthread_mutex_unlock(&stack_lock);
+}
+
+/* After the current context's stack on dev was set to value (0 counted as 1: 0 means "not
+ * asked yet", the driver's default, which is more). Another thread's launch refused meanwhile
+ * does not undo it (a new generation). */
+static void stack_now(int dev, uint64_t value)
+{
+    CUcontext ctx = NULL;
+    if (real.cuCtxGetCurrent == NULL || real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == NULL)
+        return;
+    pthread_mutex_lock(&stack_lock);
+    struct counted_context *c = enter(ctx, ctx, dev, VGPU_CONTEXT_SEEN);
+    c->generation = ++generations;
+    count_stack(c, value != 0 ? value : 1);
+    pthread_mutex_unlock(&stack_lock);
+}
+
+/* ---- cuCtxSetLimit ----------------------------------------------------------------------- */
 
 VGPU_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
 {
@@ -199,42 +400,68 @@ uint64_t vgpu_kernel_local_bytes(CUfunction f)
     return learn_local_bytes(f, k);
 }
 
-/* A kernel needing more than the smallest stack of any device, launched on stream: the raise on
- * the device it runs on (the stream's; a default stream's is the current context's, none when
- * no context is current: the driver then refuses the launch). A stack not counted there yet is
- * the current context's when that is on dev, else the driver's default (a raise through
- * cuCtxSetLimit was counted when it was made). Returns 1 << dev when a raise was counted, 0
- * when none is needed, -1 when it does not fit. */
+/* The context a launch on stream runs in: a default stream's is the current one; a named
+ * stream's its own (a CUkernel runs there whatever is current, and a CUfunction's stream must
+ * be the current context's: cuda.h, cuLaunchKernel). NULL: none is current, or the driver
+ * cannot name the stream's (a green context's stream before CUDA 12.5). */
+static CUcontext launch_context(CUstream stream)
+{
+    CUcontext ctx = NULL;
+    if (!vgpu_default_stream(stream))
+        return vgpu_stream_context(stream);
+    return real.cuCtxGetCurrent != NULL && real.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS ? ctx : NULL;
+}
+
+/* A kernel needing more than the floor, launched on stream: the raise in the context it runs in,
+ * on that context's device (none when no context is current for a default stream: the driver
+ * then refuses the launch). A context not counted yet is asked; one the driver cannot name is
+ * counted from the smallest stack on its device, and nothing is kept for it (each such launch
+ * reserves again, until a measurement settles it); one whose device it cannot name either is
+ * refused. Returns 1 << dev when a raise was counted, 0 when none is needed, -1 when it does not
+ * fit or cannot be placed. */
 static __attribute__((noinline)) int raise_before(uint64_t local, CUstream stream)
 {
-    int dev = vgpu_stream_device(stream);
-    dev = dev != VGPU_DEVICE_UNKNOWN ? dev : current_device();
-    if (dev < 0 || vgpu_region_limit(dev) == 0 ||
-        local <= __atomic_load_n(&stack_of[dev], __ATOMIC_ACQUIRE))
+    CUcontext ctx = launch_context(stream);
+    if (ctx != NULL && holds(ctx, local)) /* asked before its device: the common case */
+        return 0;
+    int dev = !vgpu_default_stream(stream) ? vgpu_stream_device(stream)
+              : ctx != NULL                ? current_device()
+                                           : -1;
+    if (dev == VGPU_DEVICE_UNKNOWN && vgpu_region_any_limit()) {
+        static int told;
+        if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+            vgpu_log(VGPU_LOG_WARN, "refusing launches needing more stack a thread than %llu "
+                     "bytes on a stream whose device the driver cannot name (a green context's "
+                     "before CUDA 12.5): their raise would go uncounted",
+                     (unsigned long long)__atomic_load_n(&floor_stack, __ATOMIC_RELAXED));
+        return -1;
+    }
+    if (dev < 0 || vgpu_region_limit(dev) == 0)
         return 0;
     pthread_mutex_lock(&stack_lock);
-    size_t now;
-    uint64_t counted = stack_of[dev];
-    if (counted == 0 && current_device() == dev && real.cuCtxGetLimit != NULL &&
-        real.cuCtxGetLimit(&now, CU_LIMIT_STACK_SIZE) == CUDA_SUCCESS)
-        counted = now;
-    counted = counted != 0 ? counted : DEFAULT_STACK;
-    int rc = 0;
+    struct counted_context *c = ctx != NULL ? enter(ctx, ctx, dev, VGPU_CONTEXT_SEEN) : NULL;
+    uint64_t counted = c == NULL           ? lowest_on(dev)
+                       : c->stack != 0 ? c->stack
+                                       : ask_stack(ctx, c->at_least);
+    int rc = 0, again = 0;
     if (local > counted) {
         uint64_t more = stack_bytes(dev, local - counted);
         rc = reserve_raise(dev, more, "a kernel launch (its stack)") == 0 ? 1 << dev : -1;
         if (rc > 0) { /* counted now: the operation stays open until the launch is made */
             vgpu_footprint_grew(dev, more, more);
-            if (raising & rc) /* raised again in this launch (two kernels on one device, which
-                               * the driver refuses): one operation a device, the first's */
+            /* Raised again in this launch (two kernels on one device, which the driver
+             * refuses): one operation a device, the first's, and this context's stack counted
+             * as it was, there being no second raise to undo. */
+            again = (raising & rc) != 0;
+            if (again)
                 vgpu_mem_op_end();
             else
-                raised_from[dev] = counted;
+                raised_from[dev] = (struct raised){c, c != NULL ? c->generation : 0, counted};
             raising |= rc;
         }
     }
-    if (rc >= 0)
-        count_stack(dev, local > counted ? local : counted);
+    if (c != NULL)
+        count_stack(c, rc > 0 && !again ? local : counted);
     pthread_mutex_unlock(&stack_lock);
     return rc;
 }
@@ -260,9 +487,17 @@ int vgpu_stack_before_launch(CUfunction f, CUstream stream)
 static __attribute__((noinline)) void forget_raises(int raised)
 {
     pthread_mutex_lock(&stack_lock);
-    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
-        if (raised & (1 << d))
-            count_stack(d, raised_from[d]);
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
+        struct counted_context *c = raised & (1 << d) ? raised_from[d].c : NULL;
+        if (c != NULL && c->ctx != NULL && c->generation == raised_from[d].generation)
+            count_stack(c, raised_from[d].stack);
+        else if (c != NULL && raised_from[d].stack < given_up_floor) {
+            /* The entry was given up, its context made anew or its stack set since the raise was
+             * counted: a context given up, if it lives on, holds the stack from before. */
+            given_up_floor = raised_from[d].stack;
+            refloor();
+        }
+    }
     pthread_mutex_unlock(&stack_lock);
 }
 
@@ -276,25 +511,6 @@ void vgpu_stack_after_launch(int raised, CUresult rc)
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
         if (raised & (1 << d))
             vgpu_mem_op_end();
-}
-
-/* Every kernel's local memory is asked anew (a handle may name another kernel next). Caller
- * holds stack_lock. */
-static void clear_functions(void)
-{
-    for (size_t i = 0; i < FUNCTIONS; i++)
-        __atomic_store_n(&functions[i].f, NULL, __ATOMIC_RELEASE);
-}
-
-void vgpu_stack_context_gone(int dev)
-{
-    pthread_mutex_lock(&stack_lock);
-    clear_functions();
-    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
-        if (d == dev || dev < 0)
-            __atomic_store_n(&stack_of[d], 0, __ATOMIC_RELEASE); /* asked anew */
-    refloor();
-    pthread_mutex_unlock(&stack_lock);
 }
 
 /* After a module or library was unloaded (rc the driver's answer): its kernels' handles may

@@ -12,10 +12,22 @@
 #include "region.h"
 #include "vmm.h"
 
-/* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: the current context's default stream. */
-static int default_stream(CUstream stream)
+/* cuStreamGetCtx refuses a green context's stream (cuda.h); CUDA 12.5's cuStreamGetCtx_v2
+ * names the green context. */
+CUcontext vgpu_stream_context(CUstream stream)
 {
-    return stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+    CUcontext ctx = NULL;
+    CUgreenCtx green = NULL;
+    if (real.cuStreamGetCtx_v2 != NULL &&
+        real.cuStreamGetCtx_v2(stream, &ctx, &green) == CUDA_SUCCESS) {
+        if (green == NULL)
+            return ctx;
+        return real.cuCtxFromGreenCtx != NULL &&
+                       real.cuCtxFromGreenCtx(&ctx, green) == CUDA_SUCCESS
+                   ? ctx : NULL;
+    }
+    return real.cuStreamGetCtx != NULL && real.cuStreamGetCtx(stream, &ctx) == CUDA_SUCCESS
+               ? ctx : NULL;
 }
 
 /* The device a stream-ordered allocation on stream draws on. A stream named explicitly may be
@@ -25,14 +37,13 @@ static int default_stream(CUstream stream)
  * driver could not say (the caller refuses: the memory would go uncounted). */
 int vgpu_stream_device(CUstream stream)
 {
-    if (default_stream(stream))
+    if (vgpu_default_stream(stream))
         return current_device();
     CUdevice dev;
     if (real.cuStreamGetDevice != NULL && real.cuStreamGetDevice(stream, &dev) == CUDA_SUCCESS)
         return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES ? (int)dev : -1;
-    CUcontext ctx, popped = NULL;
-    if (real.cuStreamGetCtx == NULL || real.cuCtxPushCurrent_v2 == NULL ||
-        real.cuCtxPopCurrent_v2 == NULL || real.cuStreamGetCtx(stream, &ctx) != CUDA_SUCCESS ||
+    CUcontext ctx = vgpu_stream_context(stream), popped = NULL;
+    if (ctx == NULL || real.cuCtxPushCurrent_v2 == NULL || real.cuCtxPopCurrent_v2 == NULL ||
         real.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
         return VGPU_DEVICE_UNKNOWN;
     int found = current_device();

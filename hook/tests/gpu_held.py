@@ -10,8 +10,9 @@ it runs: the rest of the cap fits beside it, 64 MiB more or a second such graph 
 trim after it is destroyed gives the room back (a second such graph is refused too, though a
 driver may share the first's memory with it on the same stream); (e) a 4 KiB stack a thread is
 counted at once, an 8 KiB one refused, NVML's figure within the cap; (f) green contexts until
-refused (or 16): NVML's figure stays within the cap, what the first held is printed, and all of
-it is given back when they are destroyed. Exit 0, or 1 on a failed check."""
+refused (or 16): NVML's figure stays within the cap, what the first held is printed (and whether
+its stack limit is its own or the primary context's), and all of it is given back when they are
+destroyed. Exit 0, or 1 on a failed check."""
 import ctypes
 import os
 import sys
@@ -184,7 +185,19 @@ else:
         if rc != 0:
             break
         greens.append(green)
-        first = nvml_held() if len(greens) == 1 else first
+        if len(greens) == 1:
+            first = nvml_held()
+            # Whether a green context's limits are its own, as the library counts them (cuda.h
+            # does not say): the primary context's stack raised to 2 KiB, the green one's read.
+            own, as_ctx, popped = ctypes.c_size_t(), ctypes.c_void_p(), ctypes.c_void_p()
+            call("cuCtxSetLimit", STACK, ctypes.c_size_t(2048))
+            call("cuCtxFromGreenCtx", ctypes.byref(as_ctx), green)
+            call("cuCtxPushCurrent_v2", as_ctx)
+            call("cuCtxGetLimit", ctypes.byref(own), STACK)
+            call("cuCtxPopCurrent_v2", ctypes.byref(popped))
+            call("cuCtxSetLimit", STACK, ctypes.c_size_t(1024))
+            print(f"the primary context's stack at 2 KiB, the green context's reads {own.value} "
+                  f"bytes ({'shared' if own.value == 2048 else 'its own'})")
     held = nvml_held()
     print(f"{len(greens)} green contexts, then CUresult {rc}; the first held "
           f"{(first - before) // MiB} MiB; NVML: {held // MiB} MiB held")

@@ -304,8 +304,7 @@ run footprint-unmeasured-contexts CUDA_DEVICE_MEMORY_LIMIT=1g \
     FAKE_CUDA_CREATED_CONTEXT_MIB=200 "$build/tests/test_footprint" unmeasured-contexts
 run footprint-limits CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-limits.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" limits
-# The same with one GPU, as most containers have: the floor under which a launch asks nothing
-# rises with the raises there (with two, the device that has no context keeps it at 1 KiB).
+# The same with one GPU, as most containers have.
 run footprint-limits-one-device CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVICES=0 \
     FAKE_GPU_SHARED="$tmp/footprint-limits-one.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     "$build/tests/test_footprint" limits
@@ -318,6 +317,33 @@ run footprint-limits-refused CUDA_DEVICE_MEMORY_LIMIT=1g \
 run footprint-limits-no-context CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVICES=0 \
     FAKE_GPU_SHARED="$tmp/footprint-limits-no-context.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     "$build/tests/test_footprint" limits-no-context
+run footprint-limits-contexts CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVICES=0 \
+    FAKE_GPU_SHARED="$tmp/footprint-limits-contexts.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    FAKE_CUDA_CREATED_CONTEXT_MIB=200 "$build/tests/test_footprint" limits-contexts
+run footprint-limits-many-contexts CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVICES=0 \
+    FAKE_GPU_SHARED="$tmp/footprint-limits-many.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    FAKE_CUDA_CREATED_CONTEXT_MIB=1 "$build/tests/test_footprint" limits-many-contexts
+run footprint-limits-reset-inside CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVICES=0 \
+    FAKE_GPU_SHARED="$tmp/footprint-limits-reset.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    FAKE_CUDA_MEM_MIB=500 "$build/tests/test_footprint" limits-reset-inside
+run footprint-limits-retain-race CUDA_DEVICE_MEMORY_LIMIT=2g CUDA_VISIBLE_DEVICES=0 \
+    FAKE_GPU_SHARED="$tmp/footprint-limits-retain-race.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    FAKE_CUDA_CREATED_CONTEXT_MIB=200 "$build/tests/test_footprint" limits-retain-race
+run footprint-limits-one-device-twice CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVICES=0 \
+    FAKE_GPU_SHARED="$tmp/footprint-limits-twice.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    FAKE_CUDA_CREATED_CONTEXT_MIB=200 "$build/tests/test_footprint" limits-one-device-twice
+run footprint-limits-green-given-up CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVICES=0 \
+    FAKE_GPU_SHARED="$tmp/footprint-limits-green-up.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    FAKE_CUDA_CREATED_CONTEXT_MIB=1 "$build/tests/test_footprint" limits-green-given-up
+run footprint-limits-green-stream CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVICES=0 \
+    FAKE_CUDA_NO_STREAM_DEVICE=1 FAKE_GPU_SHARED="$tmp/footprint-limits-green-stream.shm" \
+    FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_CREATED_CONTEXT_MIB=200 \
+    "$build/tests/test_footprint" limits-green-stream
+# Before CUDA 12.5 nothing names a green context's stream's context or device.
+run footprint-limits-green-stream-12.4 CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVICES=0 \
+    FAKE_CUDA_NO_STREAM_DEVICE=1 FAKE_CUDA_NO_STREAM_CTX_V2=1 \
+    FAKE_GPU_SHARED="$tmp/footprint-limits-green-stream-old.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    FAKE_CUDA_CREATED_CONTEXT_MIB=200 "$build/tests/test_footprint" limits-green-stream
 run footprint-retain-race CUDA_DEVICE_MEMORY_LIMIT=512m FAKE_GPU_SHARED="$tmp/footprint-race.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" retain-race
 # gpu-check.sh section 10's script over the fake: it tells this library from one that lets that

@@ -55,6 +55,15 @@
  *                       every resident thread, the malloc heap; the stack the driver raises
  *                       for a kernel that needs it): a raise counted at once, one that does
  *                       not fit refused.
+ *   test_footprint limits-stream, limits-refused, limits-no-context
+ *                       the stack raise reserved on the device a kernel runs on (its stream's),
+ *                       a refused launch's raises counted as before, no context no count.
+ *   test_footprint limits-contexts, limits-many-contexts, limits-reset-inside,
+ *                  limits-retain-race, limits-one-device-twice, limits-green-given-up,
+ *                  limits-green-stream
+ *                       the stack counted per context (created, green), past the 64 the
+ *                       library keeps, across a context made anew with the same handle, and
+ *                       on a green context's stream.
  *   test_footprint second-context
  *                       the host pid left unknown the same way, this process makes a second
  *                       context while a third container's process makes its first: the one
@@ -1203,6 +1212,338 @@ static int limits_no_context(void)
     return check_done("test_footprint limits-no-context");
 }
 
+/* Limits are each context's (cuda.h, cuCtxSetLimit: "the current context"): a second context
+ * on a device starts at the driver's default stack, whatever the first holds, and its raises
+ * and cuts are its own. Kernel handles 64 bytes apart, each its own entry in the library's
+ * table; fake_cuda_local_bytes is what the library learns a kernel it asks about needs, and
+ * what the fake raises a context's stack to at any launch. */
+static int limits_contexts(void)
+{
+    static char kernels[3][64];
+    CUfunction k1536 = (CUfunction)(void *)kernels[0], k1024 = (CUfunction)(void *)kernels[1],
+               k2048 = (CUfunction)(void *)kernels[2];
+    CUcontext primary, second = NULL;
+    CUstream second_stream = NULL;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(primary) == CUDA_SUCCESS && open_region(),
+          "the primary context (300 MiB), one device");
+    fake_cuda_local_bytes = 1536;
+    CUresult rc = cuLaunchKernel(k1536, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    check(rc == CUDA_SUCCESS && held_mib(0) == 432 && counted_mib(0) == 432,
+          "a kernel needing 1.5 KiB a thread raises the primary context's stack: 132 MiB more, "
+          "counted (held %llu MiB, counted %llu)", held_mib(0), counted_mib(0));
+    int made = cuCtxCreate_v2(&second, 0, 0) == CUDA_SUCCESS &&
+               cuStreamCreate(&second_stream, 0) == CUDA_SUCCESS;
+    check(made && held_mib(0) == 632 && counted_mib(0) == 632,
+          "a second context (200 MiB) made and current, a stream in it (held %llu MiB, counted "
+          "%llu)", held_mib(0), counted_mib(0));
+    rc = cuLaunchKernel(k1536, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    check(rc == CUDA_SUCCESS && held_mib(0) == 764 && counted_mib(0) == 764,
+          "the same kernel in the second context raises that context's stack from the default, "
+          "132 MiB more: counted (held %llu MiB, counted %llu; the library of d87d7fb counted "
+          "the device's stack, raised already, and nothing)", held_mib(0), counted_mib(0));
+    rc = cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 512);
+    measure_now();
+    check(rc == CUDA_SUCCESS && held_mib(0) == 500 && counted_mib(0) == 500,
+          "the second context's stack cut to 512 bytes: 264 MiB given back (held %llu MiB, "
+          "counted %llu)", held_mib(0), counted_mib(0));
+    fake_cuda_local_bytes = 1024;
+    rc = cuCtxSetCurrent(primary) == CUDA_SUCCESS
+             ? cuLaunchKernel(k1024, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) : CUDA_ERROR_UNKNOWN;
+    check(rc == CUDA_SUCCESS && held_mib(0) == 500 && counted_mib(0) == 500,
+          "a kernel needing 1 KiB in the primary context, whose stack holds 1.5 KiB: nothing "
+          "raised, nothing counted (held %llu MiB, counted %llu; the library of d87d7fb took "
+          "the second context's cut for the device's and counted 132 MiB)", held_mib(0),
+          counted_mib(0));
+    rc = launch_library_kernel(1024, second_stream);
+    check(rc == CUDA_SUCCESS && held_mib(0) == 632 && counted_mib(0) == 632,
+          "one needing 1 KiB on the second context's stream, the primary current: that "
+          "context's raise from 512 bytes, 132 MiB, counted (held %llu MiB, counted %llu)",
+          held_mib(0), counted_mib(0));
+    rc = cuCtxDestroy_v2(second);
+    check(rc == CUDA_SUCCESS && held_mib(0) == 432 && counted_mib(0) == 432,
+          "the second context destroyed: its 200 MiB and its stack go (held %llu MiB, counted "
+          "%llu)", held_mib(0), counted_mib(0));
+    fake_cuda_local_bytes = 1536;
+    rc = cuLaunchKernel(k1536, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    check(rc == CUDA_SUCCESS && counted_mib(0) == 432,
+          "the primary context's stack still counted at 1.5 KiB: its kernel launches with "
+          "nothing more (counted %llu MiB)", counted_mib(0));
+
+    /* A green context's limits are its own too. */
+    fake_cuda_local_bytes = 2048;
+    rc = cuLaunchKernel(k2048, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    CUgreenCtx green = NULL;
+    CUcontext green_ctx = NULL;
+    made = rc == CUDA_SUCCESS &&
+           cuGreenCtxCreate(&green, NULL, 0, CU_GREEN_CTX_DEFAULT_STREAM) == CUDA_SUCCESS &&
+           cuCtxFromGreenCtx(&green_ctx, green) == CUDA_SUCCESS &&
+           cuCtxSetCurrent(green_ctx) == CUDA_SUCCESS;
+    check(made && held_mib(0) == 764 && counted_mib(0) == 764,
+          "the primary context's stack raised to 2 KiB (132 MiB more), a green context (200 "
+          "MiB) made and current (held %llu MiB, counted %llu)", held_mib(0), counted_mib(0));
+    rc = cuLaunchKernel(k2048, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held_mib(0) == 764 && counted_mib(0) == 764,
+          "the 2 KiB kernel in the green context, whose stack is the default: 264 MiB more "
+          "would pass the 1 GiB cap, refused before its launch (rc %d, held %llu MiB; the "
+          "library of d87d7fb launched it: 1028 MiB held)", rc, held_mib(0));
+    fake_cuda_local_bytes = 1536; /* what the fake raises to at the next launch */
+    rc = cuLaunchKernel(k1536, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    check(rc == CUDA_SUCCESS && held_mib(0) == 896 && counted_mib(0) == 896,
+          "the 1.5 KiB one fits there, 132 MiB counted (held %llu MiB, counted %llu)",
+          held_mib(0), counted_mib(0));
+    fake_cuda_local_bytes = 2048;
+    rc = cuGreenCtxDestroy(green) == CUDA_SUCCESS && cuCtxSetCurrent(primary) == CUDA_SUCCESS
+             ? cuLaunchKernel(k2048, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL)
+             : CUDA_ERROR_UNKNOWN;
+    check(rc == CUDA_SUCCESS && held_mib(0) == 564 && counted_mib(0) == 564,
+          "the green context destroyed (332 MiB back), the 2 KiB kernel in the primary context "
+          "asks nothing more (held %llu MiB, counted %llu)", held_mib(0), counted_mib(0));
+    fake_cuda_local_bytes = 0;
+    return check_done("test_footprint limits-contexts");
+}
+
+/* More contexts than the library counts stacks for (64): the entry given up for a newer one is
+ * asked again when its context launches, and a stack cut below the default is not lost with it
+ * (contexts of 1 MiB here). */
+static int limits_many_contexts(void)
+{
+    enum { MORE = 64 };
+    static CUcontext made[MORE];
+    CUcontext primary, cut = NULL;
+    CUstream cut_stream = NULL;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(primary) == CUDA_SUCCESS && open_region() &&
+              cuCtxCreate_v2(&cut, 0, 0) == CUDA_SUCCESS &&
+              cuStreamCreate(&cut_stream, 0) == CUDA_SUCCESS &&
+              cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 256) == CUDA_SUCCESS,
+          "the primary context and a created one whose stack is cut to 256 bytes");
+    int fitted = 0;
+    for (int i = 0; i < MORE; i++)
+        fitted += cuCtxCreate_v2(&made[i], 0, 0) == CUDA_SUCCESS;
+    measure_now();
+    check(fitted == MORE && held_mib(0) == 167 && counted_mib(0) == 167,
+          "%d contexts more (held %llu MiB, counted %llu)", fitted, held_mib(0), counted_mib(0));
+    CUresult rc = launch_library_kernel(1024, cut_stream);
+    check(rc == CUDA_SUCCESS && held_mib(0) == 365 && counted_mib(0) == 365,
+          "a kernel needing 1 KiB on the cut context's stream, another context current: its "
+          "stack, no longer in the library's table, is asked (256 bytes), and the 198 MiB raise "
+          "counted (held %llu MiB, counted %llu)", held_mib(0), counted_mib(0));
+    int destroyed = cuCtxDestroy_v2(cut) == CUDA_SUCCESS;
+    for (int i = 0; i < MORE; i++)
+        destroyed += cuCtxDestroy_v2(made[i]) == CUDA_SUCCESS;
+    check(destroyed == MORE + 1 && held_mib(0) == 300 && counted_mib(0) == 300,
+          "all destroyed (held %llu MiB, counted %llu)", held_mib(0), counted_mib(0));
+    fake_cuda_local_bytes = 0;
+    return check_done("test_footprint limits-many-contexts");
+}
+
+/* A reset and a retain of the primary context while a launch is under way (another thread's,
+ * inside the driver's call here), the launch then refused by the driver (a 500 MiB device): the
+ * raise counted for the context before the reset is not undone onto the new one, which starts
+ * at the default. */
+static void reset_and_retain(void)
+{
+    CUcontext again;
+    if (cuDevicePrimaryCtxReset(0) != CUDA_SUCCESS ||
+        cuDevicePrimaryCtxRetain(&again, 0) != CUDA_SUCCESS)
+        inside_rc = CUDA_ERROR_UNKNOWN;
+}
+
+static int limits_reset_inside(void)
+{
+    static char kernels[2][64];
+    CUfunction k1536 = (CUfunction)(void *)kernels[0], k2048 = (CUfunction)(void *)kernels[1];
+    CUcontext primary;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(primary) == CUDA_SUCCESS && open_region(),
+          "the primary context (300 MiB) on a 500 MiB device");
+    fake_cuda_local_bytes = 1536;
+    CUresult rc = cuLaunchKernel(k1536, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    check(rc == CUDA_SUCCESS && counted_mib(0) == 432, "its stack raised to 1.5 KiB (%llu MiB)",
+          counted_mib(0));
+    fake_cuda_local_bytes = 2048;
+    inside_rc = CUDA_SUCCESS;
+    fake_cuda_inside_fn = reset_and_retain;
+    strcpy(fake_cuda_inside, "cuLaunchKernel");
+    rc = cuLaunchKernel(k2048, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    measure_now();
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && inside_rc == CUDA_SUCCESS && held_mib(0) == 300 &&
+              counted_mib(0) == 300,
+          "a 2 KiB kernel, the context reset and retained inside its launch, which the device "
+          "refuses (rc %d): settled to %llu MiB held, %llu counted", rc, held_mib(0),
+          counted_mib(0));
+    fake_cuda_local_bytes = 1536;
+    rc = cuLaunchKernel(k1536, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    check(rc == CUDA_SUCCESS && held_mib(0) == 432 && counted_mib(0) == 432,
+          "the 1.5 KiB kernel in the new context raises its stack from the default: counted "
+          "(held %llu MiB, counted %llu; the refused raise undone onto the new context counted "
+          "300)", held_mib(0), counted_mib(0));
+    fake_cuda_local_bytes = 0;
+    return check_done("test_footprint limits-reset-inside");
+}
+
+/* The primary context's last release, with a retain racing it (inside the driver's answer to
+ * whether the context is active, given before the retain made it anew): the new context starts
+ * at the default, though a created context's stack, raised to 2 KiB, would lift the floor. A
+ * 2 GiB cap. */
+static CUcontext raced;
+static void retain_inside(void)
+{
+    if (cuDevicePrimaryCtxRetain(&raced, 0) != CUDA_SUCCESS)
+        inside_rc = CUDA_ERROR_UNKNOWN;
+}
+
+static int limits_retain_race(void)
+{
+    static char kernel[64];
+    CUfunction k2048 = (CUfunction)(void *)kernel;
+    CUcontext primary, created;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS &&
+              open_region() && cuCtxCreate_v2(&created, 0, 0) == CUDA_SUCCESS,
+          "the primary context retained, a created one (200 MiB) current");
+    fake_cuda_local_bytes = 2048;
+    CUresult rc = cuLaunchKernel(k2048, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    check(rc == CUDA_SUCCESS && held_mib(0) == 764 && counted_mib(0) == 764,
+          "a 2 KiB kernel raises the created context's stack (held %llu MiB, counted %llu)",
+          held_mib(0), counted_mib(0));
+    inside_rc = CUDA_SUCCESS;
+    fake_cuda_inside_fn = retain_inside;
+    strcpy(fake_cuda_inside, "cuDevicePrimaryCtxGetState");
+    rc = cuDevicePrimaryCtxRelease(0);
+    check(rc == CUDA_SUCCESS && inside_rc == CUDA_SUCCESS && raced == primary,
+          "the last release, a retain making the context anew (the same handle) as the release "
+          "asks whether it is active");
+    rc = cuCtxSetCurrent(raced) == CUDA_SUCCESS
+             ? cuLaunchKernel(k2048, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL)
+             : CUDA_ERROR_UNKNOWN;
+    check(rc == CUDA_SUCCESS && held_mib(0) == 1028 && counted_mib(0) == 1028,
+          "the 2 KiB kernel in the new primary context: its raise from the default counted "
+          "(held %llu MiB, counted %llu; its entry removed after the retain entered it, the "
+          "floor rose to 2 KiB and 764 were counted)", held_mib(0), counted_mib(0));
+    fake_cuda_local_bytes = 0;
+    return check_done("test_footprint limits-retain-race");
+}
+
+/* A launch of one kernel per device naming two contexts of one device, which the driver
+ * refuses: neither context is left counted as raised. */
+static int limits_one_device_twice(void)
+{
+    static char kernels[2][64];
+    const CUfunction f[2] = {(CUfunction)(void *)kernels[0], (CUfunction)(void *)kernels[1]};
+    CUcontext primary, second;
+    CUstream streams[2];
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(primary) == CUDA_SUCCESS && open_region() &&
+              cuStreamCreate(&streams[0], 0) == CUDA_SUCCESS &&
+              cuCtxCreate_v2(&second, 0, 0) == CUDA_SUCCESS &&
+              cuStreamCreate(&streams[1], 0) == CUDA_SUCCESS,
+          "the primary context and a created one (500 MiB), a stream in each, the second "
+          "current");
+    fake_cuda_local_bytes = 1536;
+    CUresult rc = launch_multi_device(streams, f);
+    measure_now();
+    check(rc != CUDA_SUCCESS && held_mib(0) == 500 && counted_mib(0) == 500,
+          "a kernel needing 1.5 KiB in each, as one kernel a device: refused by the driver (rc "
+          "%d), settled to %llu MiB counted", rc, counted_mib(0));
+    rc = cuLaunchKernel(f[1], 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    check(rc == CUDA_SUCCESS && held_mib(0) == 632 && counted_mib(0) == 632,
+          "the second one alone in the second context: its raise counted (held %llu MiB, "
+          "counted %llu; left counted as raised by the refused launch, 500)", held_mib(0),
+          counted_mib(0));
+    rc = cuCtxSetCurrent(primary) == CUDA_SUCCESS
+             ? cuLaunchKernel(f[0], 1, 1, 1, 32, 1, 1, 0, streams[0], NULL, NULL)
+             : CUDA_ERROR_UNKNOWN;
+    check(rc == CUDA_SUCCESS && held_mib(0) == 764 && counted_mib(0) == 764,
+          "the first in the primary context, on its stream: its raise counted too (held %llu "
+          "MiB, counted %llu)", held_mib(0), counted_mib(0));
+    fake_cuda_local_bytes = 0;
+    return check_done("test_footprint limits-one-device-twice");
+}
+
+/* A green context made first (the primary context made inside the driver), then 63 contexts
+ * (1 MiB each), so that the green context's entry is given up; the primary context retained and
+ * raised, released, and released for the last time by the green context's end; retained anew
+ * (the same handle): its stack is the default again. */
+static int limits_green_given_up(void)
+{
+    enum { MORE = 63 };
+    static CUcontext made[MORE];
+    static char kernel[64];
+    CUfunction k1536 = (CUfunction)(void *)kernel;
+    CUgreenCtx green = NULL;
+    CUcontext primary;
+    check(cuInit(0) == CUDA_SUCCESS && open_region() &&
+              cuGreenCtxCreate(&green, NULL, 0, CU_GREEN_CTX_DEFAULT_STREAM) == CUDA_SUCCESS &&
+              cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS,
+          "a green context, then the primary context retained");
+    int fitted = 0;
+    for (int i = 0; i < MORE; i++)
+        fitted += cuCtxCreate_v2(&made[i], 0, 0) == CUDA_SUCCESS;
+    fake_cuda_local_bytes = 1536;
+    CUresult rc = fitted == MORE && cuCtxSetCurrent(primary) == CUDA_SUCCESS
+                      ? cuLaunchKernel(k1536, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL)
+                      : CUDA_ERROR_UNKNOWN;
+    check(rc == CUDA_SUCCESS && held_mib(0) == 496 && counted_mib(0) == 496,
+          "%d contexts more, the primary context's stack raised to 1.5 KiB (held %llu MiB, "
+          "counted %llu)", fitted, held_mib(0), counted_mib(0));
+    rc = cuDevicePrimaryCtxRelease(0) == CUDA_SUCCESS ? cuGreenCtxDestroy(green)
+                                                      : CUDA_ERROR_UNKNOWN;
+    CUresult again = cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS
+                         ? cuCtxSetCurrent(primary) : CUDA_ERROR_UNKNOWN;
+    measure_now();
+    check(rc == CUDA_SUCCESS && again == CUDA_SUCCESS && held_mib(0) == 363 &&
+              counted_mib(0) == 363,
+          "released, the green context destroyed (the last release), retained again: %llu MiB "
+          "held, %llu counted", held_mib(0), counted_mib(0));
+    rc = cuLaunchKernel(k1536, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    check(rc == CUDA_SUCCESS && held_mib(0) == 495 && counted_mib(0) == 495,
+          "the 1.5 KiB kernel raises the new primary context's stack from the default: counted "
+          "(held %llu MiB, counted %llu; the old context's count kept for the same handle, 363)",
+          held_mib(0), counted_mib(0));
+    fake_cuda_local_bytes = 0;
+    return check_done("test_footprint limits-green-given-up");
+}
+
+/* A green context's stream (cuGreenCtxStreamCreate) with no context current, on a driver before
+ * CUDA 12.8 (FAKE_CUDA_NO_STREAM_DEVICE=1): cuStreamGetCtx refuses such a stream (cuda.h), and
+ * CUDA 12.5's cuStreamGetCtx_v2 names the green context, and so the device. Before 12.5
+ * (FAKE_CUDA_NO_STREAM_CTX_V2=1 too) nothing names them: what would go uncounted is refused. */
+static int limits_green_stream(void)
+{
+    const char *v2 = getenv("FAKE_CUDA_NO_STREAM_CTX_V2");
+    int named = v2 == NULL || strcmp(v2, "1") != 0;
+    CUgreenCtx green = NULL;
+    CUstream stream = NULL;
+    check(cuInit(0) == CUDA_SUCCESS && open_region() &&
+              cuGreenCtxCreate(&green, NULL, 0, CU_GREEN_CTX_DEFAULT_STREAM) == CUDA_SUCCESS &&
+              cuGreenCtxStreamCreate(&stream, green, CU_STREAM_NON_BLOCKING, 0) ==
+                  CUDA_SUCCESS &&
+              cuCtxSetCurrent(NULL) == CUDA_SUCCESS && held_mib(0) == 500,
+          "a green context (and the primary one: 500 MiB), a stream of it, no context current");
+    CUresult rc = launch_library_kernel(1536, stream);
+    CUdeviceptr p = 0;
+    if (!named) {
+        check(rc == CUDA_ERROR_OUT_OF_MEMORY && held_mib(0) == 500 && counted_mib(0) == 500,
+              "before CUDA 12.5, a CUkernel needing 1.5 KiB on it is refused (rc %d, held %llu "
+              "MiB; the library of d87d7fb launched it, counting nothing)", rc, held_mib(0));
+        rc = cuMemAllocAsync(&p, 100 * MiB, stream);
+        check(rc != CUDA_SUCCESS && held_mib(0) == 500,
+              "and so is 100 MiB stream-ordered there (rc %d)", rc);
+        return check_done("test_footprint limits-green-stream");
+    }
+    check(rc == CUDA_SUCCESS && held_mib(0) == 632 && counted_mib(0) == 632,
+          "a CUkernel needing 1.5 KiB on the green context's stream: its raise counted (held "
+          "%llu MiB, counted %llu; the library of d87d7fb could not name the stream's device "
+          "and counted nothing)", held_mib(0), counted_mib(0));
+    rc = cuMemAllocAsync(&p, 100 * MiB, stream);
+    check(rc == CUDA_SUCCESS && held_mib(0) == 732 && counted_mib(0) == 732,
+          "100 MiB stream-ordered on that stream: counted on its device (rc %d, counted %llu "
+          "MiB; d87d7fb refused it)", rc, counted_mib(0));
+    fake_cuda_local_bytes = 0;
+    return check_done("test_footprint limits-green-stream");
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "created-contexts") == 0)
@@ -1241,6 +1582,20 @@ int main(int argc, char **argv)
         return limits_refused();
     if (argc == 2 && strcmp(argv[1], "limits-no-context") == 0)
         return limits_no_context();
+    if (argc == 2 && strcmp(argv[1], "limits-contexts") == 0)
+        return limits_contexts();
+    if (argc == 2 && strcmp(argv[1], "limits-many-contexts") == 0)
+        return limits_many_contexts();
+    if (argc == 2 && strcmp(argv[1], "limits-reset-inside") == 0)
+        return limits_reset_inside();
+    if (argc == 2 && strcmp(argv[1], "limits-retain-race") == 0)
+        return limits_retain_race();
+    if (argc == 2 && strcmp(argv[1], "limits-one-device-twice") == 0)
+        return limits_one_device_twice();
+    if (argc == 2 && strcmp(argv[1], "limits-green-given-up") == 0)
+        return limits_green_given_up();
+    if (argc == 2 && strcmp(argv[1], "limits-green-stream") == 0)
+        return limits_green_stream();
     if (argc == 2 && strcmp(argv[1], "limits") == 0)
         return limits();
     if (argc == 2 && strcmp(argv[1], "green") == 0)

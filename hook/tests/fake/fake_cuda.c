@@ -61,6 +61,7 @@ static uint64_t device_bytes = UINT64_C(16) << 30;
 static uint64_t ns_per_block = 1000;
 static uint64_t pitch_align = 512;
 static int no_stream_device; /* FAKE_CUDA_NO_STREAM_DEVICE=1: see cuStreamGetDevice */
+static int no_stream_ctx_v2; /* FAKE_CUDA_NO_STREAM_CTX_V2=1: see cuStreamGetCtx_v2 */
 static int contexts_together; /* FAKE_CUDA_CONTEXTS_TOGETHER: see cuDevicePrimaryCtxRetain */
 static int private_answers; /* FAKE_CUDA_GPA_PRIVATE=1: cuGetProcAddress answers with internal
                              * entry points, not the dlsym exports, for a few functions */
@@ -224,6 +225,7 @@ __attribute__((constructor)) static void fake_setup(void)
     pitch_align = gpu_env("FAKE_CUDA_PITCH_ALIGN", 512);
     private_answers = gpu_env("FAKE_CUDA_GPA_PRIVATE", 0) != 0;
     no_stream_device = gpu_env("FAKE_CUDA_NO_STREAM_DEVICE", 0) != 0;
+    no_stream_ctx_v2 = gpu_env("FAKE_CUDA_NO_STREAM_CTX_V2", 0) != 0;
     contexts_together = (int)gpu_env("FAKE_CUDA_CONTEXTS_TOGETHER", 0);
     if (pitch_align == 0 || (pitch_align & (pitch_align - 1)) != 0)
         pitch_align = 512;
@@ -602,6 +604,7 @@ EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, in
     *flags = 0;
     *active = primary_active[dev];
     pthread_mutex_unlock(&primary_lock);
+    run_inside("cuDevicePrimaryCtxGetState"); /* the answer given, and already old */
     return CUDA_SUCCESS;
 }
 
@@ -1034,13 +1037,50 @@ static CUresult stream_ctx(CUstream stream, struct fake_ctx **ctx)
     return CUDA_SUCCESS;
 }
 
+/* A green context's stream is refused (cuda.h: cuStreamGetCtx_v2 names it). */
 EXPORT CUresult cuStreamGetCtx(CUstream stream, CUcontext *ctx)
 {
     struct fake_ctx *c = NULL;
     CUresult rc = ctx != NULL ? stream_ctx(stream, &c) : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS && c->magic == GREEN_MAGIC && !default_stream(stream))
+        return CUDA_ERROR_NOT_SUPPORTED;
     if (rc == CUDA_SUCCESS)
         *ctx = (CUcontext)c;
     return rc;
+}
+
+/* CUDA 12.5's: a green context's stream (or a default one with it current) gives the green
+ * context and its device's primary context, any other its context and NULL.
+ * FAKE_CUDA_NO_STREAM_CTX_V2=1: CUDA_ERROR_NOT_SUPPORTED, as from a driver before it. */
+EXPORT CUresult cuStreamGetCtx_v2(CUstream stream, CUcontext *ctx, CUgreenCtx *green)
+{
+    if (no_stream_ctx_v2)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    struct fake_ctx *c = NULL;
+    CUresult rc = ctx != NULL && green != NULL ? stream_ctx(stream, &c) : CUDA_ERROR_INVALID_VALUE;
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    int is_green = c->magic == GREEN_MAGIC;
+    *ctx = is_green ? (CUcontext)&primary[c->dev] : (CUcontext)c;
+    *green = is_green ? (CUgreenCtx)c : NULL;
+    return CUDA_SUCCESS;
+}
+
+/* A stream of a green context (CUDA 12.4): its work runs there whatever is current. */
+EXPORT CUresult cuGreenCtxStreamCreate(CUstream *stream, CUgreenCtx green, unsigned int flags,
+                                       int priority)
+{
+    (void)flags;
+    (void)priority;
+    struct fake_ctx *g = (struct fake_ctx *)green;
+    if (stream == NULL || g == NULL || g->magic != GREEN_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_stream *st = malloc(sizeof *st);
+    if (st == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *st = (struct fake_stream){.magic = STREAM_MAGIC, .ctx = g};
+    *stream = (CUstream)(void *)st;
+    return CUDA_SUCCESS;
 }
 
 /* CUDA 12.8's. FAKE_CUDA_NO_STREAM_DEVICE=1: it answers CUDA_ERROR_NOT_SUPPORTED, so that the
@@ -2825,6 +2865,8 @@ static const struct proc procs[] = {
     P("cuStreamCreate", cuStreamCreate, 2000, 0),
     P("cuStreamDestroy", cuStreamDestroy_v2, 4000, 0),
     P("cuStreamGetCtx", cuStreamGetCtx, 9020, 0),
+    P("cuStreamGetCtx_v2", cuStreamGetCtx_v2, 12050, 0),
+    P("cuGreenCtxStreamCreate", cuGreenCtxStreamCreate, 12040, 0),
     P("cuStreamGetDevice", cuStreamGetDevice, 12080, 0),
     P("cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool, 11020, 0),
     P("cuDeviceGetMemPool", cuDeviceGetMemPool, 11020, 0),
