@@ -189,15 +189,18 @@ else:
             first = nvml_held()
             # Whether a green context's limits are its own, as the library counts them (cuda.h
             # does not say): the primary context's stack raised to 2 KiB, the green one's read.
+            # Printed only, a driver's refusal included: what the answer is, is the question.
             own, as_ctx, popped = ctypes.c_size_t(), ctypes.c_void_p(), ctypes.c_void_p()
-            call("cuCtxSetLimit", STACK, ctypes.c_size_t(2048))
-            call("cuCtxFromGreenCtx", ctypes.byref(as_ctx), green)
-            call("cuCtxPushCurrent_v2", as_ctx)
-            call("cuCtxGetLimit", ctypes.byref(own), STACK)
-            call("cuCtxPopCurrent_v2", ctypes.byref(popped))
-            call("cuCtxSetLimit", STACK, ctypes.c_size_t(1024))
+            rc = cuda.cuCtxSetLimit(STACK, ctypes.c_size_t(2048)) or \
+                cuda.cuCtxFromGreenCtx(ctypes.byref(as_ctx), green) or \
+                cuda.cuCtxPushCurrent_v2(as_ctx)
+            if rc == 0:
+                rc = cuda.cuCtxGetLimit(ctypes.byref(own), STACK)
+                cuda.cuCtxPopCurrent_v2(ctypes.byref(popped))
+            cuda.cuCtxSetLimit(STACK, ctypes.c_size_t(1024))
             print(f"the primary context's stack at 2 KiB, the green context's reads {own.value} "
-                  f"bytes ({'shared' if own.value == 2048 else 'its own'})")
+                  f"bytes ({'shared' if own.value == 2048 else 'its own'})" if rc == 0 else
+                  f"the green context's stack could not be read: CUresult {rc}")
     held = nvml_held()
     print(f"{len(greens)} green contexts, then CUresult {rc}; the first held "
           f"{(first - before) // MiB} MiB; NVML: {held // MiB} MiB held")
