@@ -58,6 +58,30 @@ static void context_gone(int dev)
     vgpu_footprint_context_gone(dev);
 }
 
+/* Each device's primary context, as its retains answer (the handle its arrays are owned by). */
+static CUcontext primary_of[VGPU_REGION_MAX_DEVICES];
+
+/* A context's arrays are freed with it (cuda.h, cuCtxDestroy: its CUarray and CUmipmappedArray
+ * among "all resources associated with the context") and may not be passed to the driver again:
+ * they are forgotten by the context they were made in. A green context's are not: whether its
+ * end frees them is not known (they stay counted). */
+static void arrays_gone(const void *owner)
+{
+    uint64_t bytes = vgpu_mem_forget_owned(VGPU_KIND_ARRAY, owner);
+    if (bytes != 0)
+        vgpu_log(VGPU_LOG_INFO, "a destroyed context's arrays gave %llu bytes back",
+                 (unsigned long long)bytes);
+}
+
+/* dev's primary context ended (a reset, or its last release). */
+static void primary_gone(int dev)
+{
+    vgpu_stack_primary_gone(dev);
+    if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES)
+        arrays_gone(__atomic_load_n(&primary_of[dev], __ATOMIC_ACQUIRE));
+    context_gone(dev);
+}
+
 /* A context made at the same moment as another container's leaves the host pid unknown (two
  * new pids in NVML's list). It is then asked at once with an allocation of the library's own,
  * made and freed in the new context (no work in it yet), of a size two processes rarely pick
@@ -149,10 +173,9 @@ static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, void
         undo_context(how, ctx, dev);
         /* Releasing the retain may have been the primary context's last release (another
          * thread released its own meanwhile), which frees that context's allocations. */
-        if (how != VGPU_CONTEXT_CREATED && !primary_active(dev)) {
-            vgpu_stack_primary_gone((int)dev);
-            context_gone((int)dev);
-        } else
+        if (how != VGPU_CONTEXT_CREATED && !primary_active(dev))
+            primary_gone((int)dev);
+        else
             vgpu_footprint_context_gone((int)dev);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -161,6 +184,8 @@ static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, void
     CUcontext context = as_context(how, ctx);
     if (context != NULL)
         vgpu_stack_context_made(context, ctx, (int)dev, how);
+    if (how == VGPU_CONTEXT_PRIMARY && dev >= 0 && dev < VGPU_REGION_MAX_DEVICES)
+        __atomic_store_n(&primary_of[dev], context, __ATOMIC_RELEASE);
     if (how != VGPU_CONTEXT_PRIMARY)
         vgpu_throttle_context_made((int)dev);
     if (probe->active && probe->first)
@@ -204,10 +229,9 @@ static CUresult end_primary(CUresult (*const *call)(CUdevice), CUdevice dev, int
     if (!ready() || *call == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = (*call)(dev);
-    if (rc == CUDA_SUCCESS && (reset || !primary_active(dev))) {
-        vgpu_stack_primary_gone((int)dev);
-        context_gone((int)dev);
-    } else if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS && (reset || !primary_active(dev)))
+        primary_gone((int)dev);
+    else if (rc == CUDA_SUCCESS)
         vgpu_footprint_context_gone((int)dev);
     return rc;
 }
@@ -311,6 +335,7 @@ static CUresult destroy_context(CUresult (*const *destroy)(CUcontext), CUcontext
     CUresult rc = (*destroy)(ctx);
     if (rc == CUDA_SUCCESS) {
         vgpu_stack_context_gone(ctx);
+        arrays_gone(ctx);
         context_gone(-1);
     }
     return rc;

@@ -76,14 +76,15 @@ static int admit(int dev, uint64_t bytes, const char *api)
     return 1;
 }
 
-/* After the driver call: keep the reservation under key on success, give it back otherwise. */
+/* After the driver call: keep the reservation under key on success (owner: as
+ * vgpu_mem_track), give it back otherwise. */
 static CUresult settle(CUresult rc, enum vgpu_alloc_kind kind, uint64_t key, int dev,
-                       uint64_t bytes)
+                       uint64_t bytes, const void *owner)
 {
     if (dev < 0)
         return rc;
     if (rc == CUDA_SUCCESS)
-        vgpu_mem_track(kind, key, dev, bytes);
+        vgpu_mem_track(kind, key, dev, bytes, owner);
     else
         vgpu_mem_unreserve(dev, bytes);
     vgpu_mem_op_end();
@@ -137,20 +138,18 @@ static CUresult release_counted(enum free_api api, uint64_t key, CUstream stream
 {
     if (!ready() || *free_apis[api].real == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    enum vgpu_alloc_kind kind = free_apis[api].kind;
-    int dev;
-    uint64_t bytes;
+    struct vgpu_mem_record was;
     vgpu_mem_op_begin();
-    int known = vgpu_mem_untrack(kind, key, &dev, &bytes);
+    int known = vgpu_mem_untrack(free_apis[api].kind, key, &was);
     /* What a stream-ordered free gives back may stay in its pool's cache: counted still. */
     CUmemoryPool pool = known && (api == FREE_ASYNC || api == FREE_ASYNC_PTSZ)
                             ? pool_of((CUdeviceptr)key) : NULL;
     CUresult rc = call_free(api, key, stream);
     if (known && rc == CUDA_SUCCESS &&
-        !(pool != NULL && vgpu_footprint_pool_kept(dev, (uintptr_t)pool, bytes)))
-        vgpu_mem_unreserve(dev, bytes);
+        !(pool != NULL && vgpu_footprint_pool_kept(was.dev, (uintptr_t)pool, was.bytes)))
+        vgpu_mem_unreserve(was.dev, was.bytes);
     else if (known && rc != CUDA_SUCCESS)
-        vgpu_mem_track_again(kind, key, dev, bytes);
+        vgpu_mem_track_again(&was);
     vgpu_mem_op_end();
     return rc;
 }
@@ -307,7 +306,7 @@ static void give_back_uncaptured(const struct pointer_request *r, CUdeviceptr pt
     vgpu_log(VGPU_LOG_ERROR, "%zu bytes allocated outside a capture and refused could not be "
              "given back: counted past the cap", r->bytes);
     vgpu_region_charge(dev, r->bytes);
-    vgpu_mem_track(VGPU_KIND_POINTER, ptr, dev, r->bytes);
+    vgpu_mem_track(VGPU_KIND_POINTER, ptr, dev, r->bytes, NULL);
 }
 
 /* On a stream being captured, r becomes a graph's allocation node, which takes no memory until
@@ -329,7 +328,7 @@ static CUresult alloc_captured(const struct pointer_request *r, cuuint64_t captu
             return dev == VGPU_DEVICE_UNKNOWN ? CUDA_ERROR_INVALID_CONTEXT
                                               : CUDA_ERROR_OUT_OF_MEMORY;
         }
-        rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, r->bytes);
+        rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, r->bytes, NULL);
     }
     if (rc == CUDA_SUCCESS && dptr != NULL)
         *dptr = ptr;
@@ -479,7 +478,7 @@ static CUresult alloc_counted(const struct pointer_request *r, int ordered, CUde
     if (cache.trim)
         trim_given_back(r, cache.pool, dev);
     uint64_t reserved = rc == CUDA_SUCCESS ? r->bytes : r->bytes - cache.taken;
-    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, reserved);
+    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, reserved, NULL);
     if (rc == CUDA_SUCCESS && dptr != NULL)
         *dptr = ptr;
     return rc;
@@ -593,7 +592,7 @@ static CUresult alloc_pitch(int v1, CUdeviceptr *dptr, size_t *pitch, size_t wid
             vgpu_mem_unreserve(dev, estimate - actual);
         estimate = actual;
     }
-    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, estimate);
+    rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, estimate, NULL);
     if (rc == CUDA_SUCCESS) {
         if (dptr != NULL)
             *dptr = ptr;
@@ -662,6 +661,14 @@ static CUresult call_array(enum array_api api, CUarray *array, const void *desc)
     }
 }
 
+/* The context an array is made in (the current one), whose end frees it: a destroyed array may
+ * not be passed to the driver again, so its end is the only news of it (cuda_context.c). */
+static const void *array_owner(void)
+{
+    CUcontext ctx = NULL;
+    return real.cuCtxGetCurrent != NULL && real.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS ? ctx : NULL;
+}
+
 /* desc NULL: the driver answers; bytes is the estimate (0 without a descriptor). */
 static CUresult create_array(enum array_api api, CUarray *handle, const void *desc,
                              uint64_t bytes)
@@ -673,7 +680,7 @@ static CUresult create_array(enum array_api api, CUarray *handle, const void *de
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUarray array = NULL;
     CUresult rc = call_array(api, &array, desc);
-    rc = settle(rc, VGPU_KIND_ARRAY, (uint64_t)(uintptr_t)array, dev, bytes);
+    rc = settle(rc, VGPU_KIND_ARRAY, (uint64_t)(uintptr_t)array, dev, bytes, array_owner());
     if (rc == CUDA_SUCCESS && handle != NULL)
         *handle = array;
     return rc;
@@ -737,7 +744,7 @@ VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *handle,
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUmipmappedArray made = NULL;
     CUresult rc = real.cuMipmappedArrayCreate(&made, desc, levels);
-    rc = settle(rc, VGPU_KIND_ARRAY, (uint64_t)(uintptr_t)made, dev, bytes);
+    rc = settle(rc, VGPU_KIND_ARRAY, (uint64_t)(uintptr_t)made, dev, bytes, array_owner());
     if (rc == CUDA_SUCCESS && handle != NULL)
         *handle = made;
     return rc;
@@ -772,7 +779,7 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t by
         vgpu_vmm_created(h);
     if (learning)
         vgpu_footprint_learn_after(rc == CUDA_SUCCESS ? bytes : 0, 0);
-    rc = settle(rc, VGPU_KIND_HANDLE, h, dev, bytes);
+    rc = settle(rc, VGPU_KIND_HANDLE, h, dev, bytes, NULL);
     if (rc == CUDA_SUCCESS && handle != NULL)
         *handle = h;
     return rc;

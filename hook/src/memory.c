@@ -19,6 +19,7 @@ struct entry {
     uint64_t bytes;
     uint64_t serial; /* which recording of key this is (a key comes back once freed) */
     struct entry *next;
+    const void *owner; /* vgpu_mem_track */
     int dev;
     int kind;
 };
@@ -150,12 +151,13 @@ static void give_back(const struct entry *stale, enum vgpu_alloc_kind kind, cons
  * context). A new allocation replaces the old entry; an entry put back after a failed free
  * (keep_existing) is the stale one when another thread has since been given its key. */
 static void insert(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes,
-                   int keep_existing)
+                   const void *owner, int keep_existing)
 {
     pthread_once(&table_once, table_init);
     uint64_t h = mix(key, (int)kind);
     struct shard *s = &shards[h & (SHARDS - 1)];
-    struct entry mine = {.key = key, .bytes = bytes, .dev = dev, .kind = (int)kind};
+    struct entry mine = {.key = key, .bytes = bytes, .owner = owner, .dev = dev,
+                         .kind = (int)kind};
     pthread_mutex_lock(&s->lock);
     struct entry *stale = unlink_entry(s, h, kind, key), old;
     if (stale != NULL && keep_existing) {
@@ -194,17 +196,24 @@ static void insert(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t by
     }
 }
 
-void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes)
+void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes,
+                    const void *owner)
 {
-    insert(kind, key, dev, bytes, 0);
+    insert(kind, key, dev, bytes, owner, 0);
 }
 
-void vgpu_mem_track_again(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes)
+void vgpu_mem_track_again(const struct vgpu_mem_record *was)
 {
-    insert(kind, key, dev, bytes, 1);
+    insert((enum vgpu_alloc_kind)was->kind, was->key, was->dev, was->bytes, was->owner, 1);
 }
 
-int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t *bytes)
+static struct vgpu_mem_record record_of(const struct entry *e)
+{
+    return (struct vgpu_mem_record){.key = e->key, .bytes = e->bytes, .serial = e->serial,
+                                    .dev = e->dev, .kind = e->kind, .owner = e->owner};
+}
+
+int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, struct vgpu_mem_record *out)
 {
     pthread_once(&table_once, table_init);
     uint64_t h = mix(key, (int)kind);
@@ -212,20 +221,13 @@ int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t
     pthread_mutex_lock(&s->lock);
     struct entry *e = unlink_entry(s, h, kind, key);
     if (e != NULL) {
-        *dev = e->dev;
-        *bytes = e->bytes;
+        *out = record_of(e);
         recycle(s, e);
     }
     pthread_mutex_unlock(&s->lock);
     if (e != NULL)
-        untracked(*dev, *bytes);
+        untracked(out->dev, out->bytes);
     return e != NULL;
-}
-
-static struct vgpu_mem_record record_of(const struct entry *e)
-{
-    return (struct vgpu_mem_record){.key = e->key, .bytes = e->bytes, .serial = e->serial,
-                                    .dev = e->dev, .kind = e->kind};
 }
 
 int vgpu_mem_find(enum vgpu_alloc_kind kind, uint64_t key, struct vgpu_mem_record *out)
@@ -263,23 +265,26 @@ int vgpu_mem_untrack_exact(const struct vgpu_mem_record *asked)
     return e != NULL;
 }
 
-uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev,
-                              enum vgpu_held (*ask)(uint64_t key), size_t *unanswered)
+/* The recordings of kind on dev (every device for dev < 0) and, owner not NULL, of owner,
+ * copied out so that the driver can be asked with no shard lock held: *n of them (those that
+ * host memory had room for: logged). */
+static struct vgpu_mem_record *collect(enum vgpu_alloc_kind kind, int dev, const void *owner,
+                                       size_t *n)
 {
     pthread_once(&table_once, table_init);
     struct vgpu_mem_record *list = NULL;
-    size_t n = 0, cap = 0;
+    size_t cap = 0;
     int short_of_memory = 0;
-    *unanswered = 0;
-    /* Copied out first: the driver is asked without a shard lock held. */
+    *n = 0;
     for (int i = 0; i < SHARDS; i++) {
         struct shard *s = &shards[i];
         pthread_mutex_lock(&s->lock);
         for (size_t b = 0; b < s->nbuckets && !short_of_memory; b++) {
             for (const struct entry *e = s->buckets[b]; e != NULL; e = e->next) {
-                if (e->kind != (int)kind || (dev >= 0 && e->dev != dev))
+                if (e->kind != (int)kind || (dev >= 0 && e->dev != dev) ||
+                    (owner != NULL && e->owner != owner))
                     continue;
-                if (n == cap) {
+                if (*n == cap) {
                     size_t more = cap != 0 ? cap * 2 : 64;
                     struct vgpu_mem_record *grown = realloc(list, more * sizeof *list);
                     if (grown == NULL) {
@@ -289,7 +294,7 @@ uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev,
                     list = grown;
                     cap = more;
                 }
-                list[n++] = record_of(e);
+                list[(*n)++] = record_of(e);
             }
         }
         pthread_mutex_unlock(&s->lock);
@@ -297,17 +302,49 @@ uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev,
     if (short_of_memory)
         vgpu_log(VGPU_LOG_ERROR, "out of host memory while checking allocations after a context "
                  "was destroyed: some it held stay counted");
+    return list;
+}
+
+/* Removes r while it is still that recording and gives its bytes back: how many (0: gone or
+ * recorded again since). */
+static uint64_t drop(const struct vgpu_mem_record *r)
+{
+    if (!vgpu_mem_untrack_exact(r))
+        return 0;
+    vgpu_region_release(r->dev, r->bytes);
+    return r->bytes;
+}
+
+uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev,
+                              enum vgpu_held (*ask)(uint64_t key), size_t *unanswered)
+{
+    size_t n;
+    struct vgpu_mem_record *list = collect(kind, dev, NULL, &n);
     uint64_t dropped = 0;
+    *unanswered = 0;
     vgpu_mem_op_begin();
     for (size_t i = 0; i < n; i++) {
         enum vgpu_held answer = ask(list[i].key);
         if (answer == VGPU_HELD_UNKNOWN)
             ++*unanswered;
-        if (answer != VGPU_HELD_GONE || !vgpu_mem_untrack_exact(&list[i]))
-            continue;
-        vgpu_region_release(list[i].dev, list[i].bytes);
-        dropped += list[i].bytes;
+        if (answer == VGPU_HELD_GONE)
+            dropped += drop(&list[i]);
     }
+    vgpu_mem_op_end();
+    free(list);
+    return dropped;
+}
+
+uint64_t vgpu_mem_forget_owned(enum vgpu_alloc_kind kind, const void *owner)
+{
+    if (owner == NULL)
+        return 0;
+    size_t n;
+    struct vgpu_mem_record *list = collect(kind, -1, owner, &n);
+    uint64_t dropped = 0;
+    vgpu_mem_op_begin();
+    for (size_t i = 0; i < n; i++)
+        dropped += drop(&list[i]);
     vgpu_mem_op_end();
     free(list);
     return dropped;

@@ -19,22 +19,27 @@ int vgpu_mem_reserve(int dev, uint64_t bytes, const char *api);
 /* Gives back a reservation that did not become an allocation. */
 void vgpu_mem_unreserve(int dev, uint64_t bytes);
 
-/* Records a successful allocation (its reservation becomes owned by key). */
-void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes);
-
-/* Removes key and returns 1 with its device and size, or 0 if this process never counted it. */
-int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, int *dev, uint64_t *bytes);
-
-/* Puts key back after the driver refused its free. If the driver has meanwhile handed key out
- * to another allocation, this one was freed already (with its context): its bytes go back. */
-void vgpu_mem_track_again(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes);
+/* Records a successful allocation (its reservation becomes owned by key). owner: the context
+ * whose end frees it, where the driver cannot be asked about it afterwards (an array's: a
+ * destroyed array may not be passed to the driver again); NULL for the others. */
+void vgpu_mem_track(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t bytes,
+                    const void *owner);
 
 /* One recording of an allocation, as the table held it (serial: which recording of key, from
  * 1; a record vgpu_mem_find did not fill keeps the 0 it was initialised with). */
 struct vgpu_mem_record {
     uint64_t key, bytes, serial;
     int dev, kind;
+    const void *owner;
 };
+
+/* Removes key and returns 1 with its recording, or 0 if this process never counted it. */
+int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, struct vgpu_mem_record *out);
+
+/* Puts a recording back after the driver refused its free. If the driver has meanwhile handed
+ * its key out to another allocation, this one was freed already (with its context): its bytes
+ * go back. */
+void vgpu_mem_track_again(const struct vgpu_mem_record *was);
 
 /* Copies key's recording into *out; 0 when this process does not count key. */
 int vgpu_mem_find(enum vgpu_alloc_kind kind, uint64_t key, struct vgpu_mem_record *out);
@@ -52,6 +57,10 @@ enum vgpu_held { VGPU_HELD_YES, VGPU_HELD_GONE, VGPU_HELD_UNKNOWN };
  * their bytes given back; returns those bytes, and in *unanswered how many ask could not tell. */
 uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev,
                               enum vgpu_held (*ask)(uint64_t key), size_t *unanswered);
+
+/* After owner (a context) was destroyed: the entries of kind it owned are removed and their
+ * bytes given back; returns those bytes. */
+uint64_t vgpu_mem_forget_owned(enum vgpu_alloc_kind kind, const void *owner);
 
 /* Bytes of the allocations this process counts on dev (the table's, not the ledger's). */
 uint64_t vgpu_mem_tracked(int dev);

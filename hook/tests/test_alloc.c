@@ -615,6 +615,58 @@ static void inside_next(const char *name, size_t bytes)
     fake_cuda_inside_fn = allocate_meanwhile;
 }
 
+/* A context's arrays are freed with it, and a destroyed array may not be passed to the driver
+ * again (so nothing can be asked about it): a created context's destroy, a reset and the last
+ * release of the primary context give their arrays' bytes back, each its own context's only.
+ * Run alone, device 0's 1 GiB cap. */
+static void arrays_teardown(void)
+{
+    CUcontext created = NULL;
+    CUarray mine = NULL, theirs = NULL;
+    CUmipmappedArray levels = NULL;
+    CUdeviceptr p = 0;
+    CUDA_ARRAY_DESCRIPTOR quarter = {.Width = 8192, .Height = 8192, .Format = CU_AD_FORMAT_FLOAT,
+                                     .NumChannels = 1}; /* 256 MiB */
+    CUDA_ARRAY3D_DESCRIPTOR half = {.Width = 8192, .Height = 8192, .Depth = 0,
+                                    .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 2};
+    use_device(0);
+    int made = cuArrayCreate_v2(&mine, &quarter) == CUDA_SUCCESS &&
+               cuCtxCreate_v2(&created, 0, 0) == CUDA_SUCCESS &&
+               cuArrayCreate_v2(&theirs, &quarter) == CUDA_SUCCESS;
+    check(made && container_used() == 512 * MiB, "a 256 MiB array in the primary context and "
+          "one in a created context (%llu MiB counted)",
+          (unsigned long long)(container_used() / MiB));
+    CUresult rc = cuCtxDestroy_v2(created);
+    use_device(0);
+    check(rc == CUDA_SUCCESS && container_used() == 256 * MiB,
+          "the created context destroyed: its array's 256 MiB given back, the primary "
+          "context's kept (%llu MiB counted; the library of 96524f5 kept both)",
+          (unsigned long long)(container_used() / MiB));
+    made = cuMipmappedArrayCreate(&levels, &half, 1) == CUDA_SUCCESS;
+    check(made && container_used() == 768 * MiB, "a 512 MiB mipmapped array beside it (%llu MiB)",
+          (unsigned long long)(container_used() / MiB));
+    rc = cuDevicePrimaryCtxReset_v2(0) == CUDA_SUCCESS
+             ? cuDevicePrimaryCtxRetain(&ctx[0], 0) : CUDA_ERROR_UNKNOWN;
+    use_device(0);
+    check(rc == CUDA_SUCCESS && container_used() == 0,
+          "cudaDeviceReset: both arrays given back (%llu MiB counted)",
+          (unsigned long long)(container_used() / MiB));
+    rc = cuMemAlloc_v2(&p, 1000 * MiB);
+    check(rc == CUDA_SUCCESS, "1000 MiB fit under the 1 GiB cap after it (rc %d; the library "
+          "of 96524f5 refused them)", rc);
+    cuMemFree_v2(p);
+    made = cuArrayCreate_v2(&mine, &quarter) == CUDA_SUCCESS && container_used() == 256 * MiB;
+    unsigned int flags = 0;
+    int active = 1, releases = 0;
+    while (active && releases++ < 4 && cuDevicePrimaryCtxRelease_v2(0) == CUDA_SUCCESS)
+        cuDevicePrimaryCtxGetState(0, &flags, &active);
+    rc = cuDevicePrimaryCtxRetain(&ctx[0], 0); /* a context to ask cuMemGetInfo in */
+    use_device(0);
+    check(made && !active && rc == CUDA_SUCCESS && container_used() == 0,
+          "an array, then the primary context's last release (%d releases): given back (%llu "
+          "MiB counted)", releases, (unsigned long long)(container_used() / MiB));
+}
+
 /* A destroyed context's memory is freed by the driver with no free call (cudaDeviceReset, the
  * last release of a primary context, cuCtxDestroy): the cap must get it back, and only it.
  * Run alone ("teardown"), so the table holds only what is allocated here. */
@@ -814,6 +866,10 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "teardown") == 0) {
         teardown();
         return check_done("test_alloc teardown");
+    }
+    if (argc > 1 && strcmp(argv[1], "arrays-teardown") == 0) {
+        arrays_teardown();
+        return check_done("test_alloc arrays-teardown");
     }
     if (argc > 1 && strcmp(argv[1], "exported") == 0) {
         vmm_exported();
