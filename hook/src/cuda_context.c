@@ -17,7 +17,8 @@
  * are given back, or the cap would shrink by them for the rest of the process (stream-ordered
  * and cuMemCreate memory is no context's, cuda.h says: it stays, and the driver says so). Only
  * pointers are asked about: the driver answers for any address, while a destroyed array or
- * handle may not be passed to it again (those stay counted until their value comes back). */
+ * handle may not be passed to it again (arrays go by their context, arrays_gone below; handles
+ * stay counted until their value comes back). */
 static enum vgpu_held pointer_held(uint64_t key)
 {
     unsigned int type;
@@ -63,22 +64,30 @@ static CUcontext primary_of[VGPU_REGION_MAX_DEVICES];
 
 /* A context's arrays are freed with it (cuda.h, cuCtxDestroy: its CUarray and CUmipmappedArray
  * among "all resources associated with the context") and may not be passed to the driver again:
- * they are forgotten by the context they were made in. A green context's are not: whether its
- * end frees them is not known (they stay counted). */
-static void arrays_gone(const void *owner)
+ * they are forgotten by the context they were made in, those recorded up to `before`, taken
+ * before the driver's call (another thread may make the context anew, or get its handle for
+ * another, and make arrays in it meanwhile). A green context's are not: whether its end frees
+ * them is not known (they stay counted, no context's). */
+static void arrays_gone(const void *owner, uint64_t before)
 {
-    uint64_t bytes = vgpu_mem_forget_owned(VGPU_KIND_ARRAY, owner);
+    uint64_t bytes = vgpu_mem_forget_owned(VGPU_KIND_ARRAY, owner, before);
     if (bytes != 0)
         vgpu_log(VGPU_LOG_INFO, "a destroyed context's arrays gave %llu bytes back",
                  (unsigned long long)bytes);
 }
 
-/* dev's primary context ended (a reset, or its last release). */
-static void primary_gone(int dev)
+/* dev's primary context ended (a reset, or its last release), before: as arrays_gone. What it
+ * held is given back, then measured again (context_gone) where the caller has not yet. */
+static void primary_ended(int dev, uint64_t before)
 {
     vgpu_stack_primary_gone(dev);
     if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES)
-        arrays_gone(__atomic_load_n(&primary_of[dev], __ATOMIC_ACQUIRE));
+        arrays_gone(__atomic_load_n(&primary_of[dev], __ATOMIC_ACQUIRE), before);
+}
+
+static void primary_gone(int dev, uint64_t before)
+{
+    primary_ended(dev, before);
     context_gone(dev);
 }
 
@@ -170,11 +179,12 @@ static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, void
                              CUdevice dev, enum vgpu_context_kind how)
 {
     if (vgpu_footprint_after_context(probe, rc == CUDA_SUCCESS) != 0) {
+        uint64_t before = vgpu_mem_recorded();
         undo_context(how, ctx, dev);
         /* Releasing the retain may have been the primary context's last release (another
          * thread released its own meanwhile), which frees that context's allocations. */
         if (how != VGPU_CONTEXT_CREATED && !primary_active(dev))
-            primary_gone((int)dev);
+            primary_gone((int)dev, before);
         else
             vgpu_footprint_context_gone((int)dev);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -228,9 +238,10 @@ static CUresult end_primary(CUresult (*const *call)(CUdevice), CUdevice dev, int
 {
     if (!ready() || *call == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t before = vgpu_mem_recorded();
     CUresult rc = (*call)(dev);
     if (rc == CUDA_SUCCESS && (reset || !primary_active(dev)))
-        primary_gone((int)dev);
+        primary_gone((int)dev, before);
     else if (rc == CUDA_SUCCESS)
         vgpu_footprint_context_gone((int)dev);
     return rc;
@@ -332,10 +343,11 @@ static CUresult destroy_context(CUresult (*const *destroy)(CUcontext), CUcontext
 {
     if (!ready() || *destroy == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t before = vgpu_mem_recorded();
     CUresult rc = (*destroy)(ctx);
     if (rc == CUDA_SUCCESS) {
         vgpu_stack_context_gone(ctx);
-        arrays_gone(ctx);
+        arrays_gone(ctx, before);
         context_gone(-1);
     }
     return rc;
@@ -358,12 +370,16 @@ VGPU_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx ctx)
 {
     if (!ready() || real.cuGreenCtxDestroy == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    CUcontext as = as_context(VGPU_CONTEXT_GREEN, ctx);
+    uint64_t before = vgpu_mem_recorded();
     CUresult rc = real.cuGreenCtxDestroy(ctx);
     if (rc == CUDA_SUCCESS) {
+        /* Its arrays are no context's now: its CUcontext may name another context next. */
+        vgpu_mem_disown(VGPU_KIND_ARRAY, as, before);
         int dev = vgpu_stack_context_gone(ctx);
         for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
             if ((dev < 0 || d == dev) && !primary_active((CUdevice)d))
-                vgpu_stack_primary_gone(d);
+                primary_ended(d, before);
         context_gone(-1);
     }
     return rc;

@@ -30,8 +30,11 @@ struct shard {
     struct entry *spare; /* freed entries, reused before malloc */
     size_t nbuckets;
     size_t count;
-    uint64_t serials; /* the last entry's serial (a key always lands in the same shard) */
 };
+
+/* The last recording's serial, across shards: a key's recordings tell each other apart by it,
+ * and a context's end tells the recordings made before it from those made since. */
+static uint64_t serials;
 
 static struct shard shards[SHARDS];
 static pthread_once_t table_once = PTHREAD_ONCE_INIT;
@@ -185,7 +188,7 @@ static void insert(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t by
         return;
     }
     *e = mine;
-    e->serial = ++s->serials;
+    e->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_ACQ_REL);
     link_entry(s, h, e);
     pthread_mutex_unlock(&s->lock);
     if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES)
@@ -335,7 +338,9 @@ uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev,
     return dropped;
 }
 
-uint64_t vgpu_mem_forget_owned(enum vgpu_alloc_kind kind, const void *owner)
+uint64_t vgpu_mem_recorded(void) { return __atomic_load_n(&serials, __ATOMIC_ACQUIRE); }
+
+uint64_t vgpu_mem_forget_owned(enum vgpu_alloc_kind kind, const void *owner, uint64_t before)
 {
     if (owner == NULL)
         return 0;
@@ -344,10 +349,24 @@ uint64_t vgpu_mem_forget_owned(enum vgpu_alloc_kind kind, const void *owner)
     uint64_t dropped = 0;
     vgpu_mem_op_begin();
     for (size_t i = 0; i < n; i++)
-        dropped += drop(&list[i]);
+        dropped += list[i].serial <= before ? drop(&list[i]) : 0;
     vgpu_mem_op_end();
     free(list);
     return dropped;
+}
+
+void vgpu_mem_disown(enum vgpu_alloc_kind kind, const void *owner, uint64_t before)
+{
+    pthread_once(&table_once, table_init);
+    for (int i = 0; i < SHARDS && owner != NULL; i++) {
+        struct shard *s = &shards[i];
+        pthread_mutex_lock(&s->lock);
+        for (size_t b = 0; b < s->nbuckets; b++)
+            for (struct entry *e = s->buckets[b]; e != NULL; e = e->next)
+                if (e->kind == (int)kind && e->owner == owner && e->serial <= before)
+                    e->owner = NULL;
+        pthread_mutex_unlock(&s->lock);
+    }
 }
 
 uint64_t vgpu_mem_tracked(int dev) { return __atomic_load_n(&tracked[dev], __ATOMIC_ACQUIRE); }

@@ -58,9 +58,17 @@ enum vgpu_held { VGPU_HELD_YES, VGPU_HELD_GONE, VGPU_HELD_UNKNOWN };
 uint64_t vgpu_mem_forget_gone(enum vgpu_alloc_kind kind, int dev,
                               enum vgpu_held (*ask)(uint64_t key), size_t *unanswered);
 
-/* After owner (a context) was destroyed: the entries of kind it owned are removed and their
- * bytes given back; returns those bytes. */
-uint64_t vgpu_mem_forget_owned(enum vgpu_alloc_kind kind, const void *owner);
+/* The serial of the last recording so far (taken before a context's end: what was recorded
+ * after it is not that context's, though another context may have been given its handle). */
+uint64_t vgpu_mem_recorded(void);
+
+/* After owner (a context) was destroyed: the entries of kind it owned, recorded up to serial
+ * `before`, are removed and their bytes given back; returns those bytes. */
+uint64_t vgpu_mem_forget_owned(enum vgpu_alloc_kind kind, const void *owner, uint64_t before);
+
+/* The entries of kind owner owned, recorded up to `before`, are no context's from now on (its
+ * end may not have freed them; its handle may name another context next). */
+void vgpu_mem_disown(enum vgpu_alloc_kind kind, const void *owner, uint64_t before);
 
 /* Bytes of the allocations this process counts on dev (the table's, not the ledger's). */
 uint64_t vgpu_mem_tracked(int dev);

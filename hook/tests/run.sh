@@ -52,6 +52,9 @@ run alloc-exported CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_alloc" exporte
 run alloc-teardown CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m LIBCUDA_LOG_LEVEL=3 \
     "$build/tests/test_alloc" teardown
 run alloc-arrays-teardown CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_alloc" arrays-teardown
+run alloc-arrays-race CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_NVML_MEMORY_NA=1 \
+    "$build/tests/test_alloc" arrays-race
+run alloc-arrays-green CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_alloc" arrays-green
 run alloc-wide-pitch CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_PITCH_ALIGN=2048 \
     "$build/tests/test_alloc" wide-pitch
 # A region file that cannot be used refuses CUDA (never a private region with a cap of its own)

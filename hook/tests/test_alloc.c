@@ -667,6 +667,86 @@ static void arrays_teardown(void)
           "MiB counted)", releases, (unsigned long long)(container_used() / MiB));
 }
 
+/* Inside the last release's question whether the primary context is still active (the answer
+ * given, "no", and already old): another thread retains it anew and makes a 256 MiB array in
+ * it, under the same handle. */
+static CUarray made_meanwhile;
+static CUresult meanwhile_rc = CUDA_ERROR_UNKNOWN;
+static void retain_and_make_array(void)
+{
+    CUDA_ARRAY_DESCRIPTOR quarter = {.Width = 8192, .Height = 8192, .Format = CU_AD_FORMAT_FLOAT,
+                                     .NumChannels = 1};
+    CUcontext again = NULL, was = NULL;
+    meanwhile_rc = cuDevicePrimaryCtxRetain(&again, 0) == CUDA_SUCCESS &&
+                           cuCtxGetCurrent(&was) == CUDA_SUCCESS &&
+                           cuCtxSetCurrent(again) == CUDA_SUCCESS
+                       ? cuArrayCreate_v2(&made_meanwhile, &quarter) : CUDA_ERROR_UNKNOWN;
+    cuCtxSetCurrent(was);
+}
+
+/* An array made in a context made anew (or given the handle) while the old one's end is under
+ * way is the new context's: it stays counted. FAKE_NVML_MEMORY_NA=1, so that no measurement of
+ * the process's context memory covers what the table lost. Run alone, a 1 GiB cap. */
+static void arrays_race(void)
+{
+    strcpy(fake_cuda_inside, "cuDevicePrimaryCtxGetState");
+    fake_cuda_inside_fn = retain_and_make_array;
+    CUresult rc = cuDevicePrimaryCtxRelease_v2(0); /* main's retain was the only one */
+    use_device(0);
+    check(rc == CUDA_SUCCESS && meanwhile_rc == CUDA_SUCCESS && container_used() == 256 * MiB,
+          "the last release, a retain and a 256 MiB array made while it asks whether the "
+          "context is active: the array stays counted (%llu MiB; forgotten with the old "
+          "context, 0)", (unsigned long long)(container_used() / MiB));
+    CUdeviceptr p = 0;
+    rc = cuMemAlloc_v2(&p, 1000 * MiB);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && fake_cuda_device_used(0) == 256 * MiB,
+          "1000 MiB beside it are refused (rc %d; the driver holds %llu MiB; forgotten, 1256 "
+          "MiB were held on the 1 GiB cap)", rc,
+          (unsigned long long)(fake_cuda_device_used(0) / MiB));
+}
+
+/* The primary context's last release made by a green context's end (the green context retained
+ * it): the primary context's arrays are given back; the green context's own stay counted, no
+ * context's (whether a green context's end frees them is not known; the fake frees them). */
+static void arrays_green(void)
+{
+    CUDA_ARRAY_DESCRIPTOR quarter = {.Width = 8192, .Height = 8192, .Format = CU_AD_FORMAT_FLOAT,
+                                     .NumChannels = 1};
+    CUarray mine = NULL, its = NULL;
+    CUgreenCtx green = NULL;
+    CUcontext as = NULL;
+    use_device(0);
+    int made = cuArrayCreate_v2(&mine, &quarter) == CUDA_SUCCESS &&
+               cuGreenCtxCreate(&green, NULL, 0, CU_GREEN_CTX_DEFAULT_STREAM) == CUDA_SUCCESS &&
+               cuCtxFromGreenCtx(&as, green) == CUDA_SUCCESS &&
+               cuCtxSetCurrent(as) == CUDA_SUCCESS &&
+               cuArrayCreate_v2(&its, &quarter) == CUDA_SUCCESS;
+    use_device(0);
+    check(made && container_used() == 512 * MiB, "a 256 MiB array in the primary context and "
+          "one in a green context (%llu MiB counted)",
+          (unsigned long long)(container_used() / MiB));
+    CUresult rc = cuDevicePrimaryCtxRelease_v2(0) == CUDA_SUCCESS ? cuGreenCtxDestroy(green)
+                                                                 : CUDA_ERROR_UNKNOWN;
+    CUcontext primary = NULL, created = NULL;
+    int again = cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS &&
+                cuCtxSetCurrent(primary) == CUDA_SUCCESS;
+    check(rc == CUDA_SUCCESS && again && container_used() == 256 * MiB,
+          "the primary context released, the green context destroyed (its last release): the "
+          "primary context's array given back, the green context's kept (%llu MiB counted; "
+          "512 when the green context's end forgot the primary context's arrays)",
+          (unsigned long long)(container_used() / MiB));
+    rc = cuCtxCreate_v2(&created, 0, 0) == CUDA_SUCCESS ? cuCtxDestroy_v2(created)
+                                                        : CUDA_ERROR_UNKNOWN;
+    use_device(0);
+    ctx[0] = primary;
+    use_device(0);
+    check(rc == CUDA_SUCCESS && container_used() == 256 * MiB,
+          "a context created and destroyed after it, under the green context's old handle (the "
+          "fake's malloc gives it out again): nothing of the green context's given back (%llu "
+          "MiB counted; 0 while the handle still owned its array)",
+          (unsigned long long)(container_used() / MiB));
+}
+
 /* A destroyed context's memory is freed by the driver with no free call (cudaDeviceReset, the
  * last release of a primary context, cuCtxDestroy): the cap must get it back, and only it.
  * Run alone ("teardown"), so the table holds only what is allocated here. */
@@ -870,6 +950,14 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "arrays-teardown") == 0) {
         arrays_teardown();
         return check_done("test_alloc arrays-teardown");
+    }
+    if (argc > 1 && strcmp(argv[1], "arrays-race") == 0) {
+        arrays_race();
+        return check_done("test_alloc arrays-race");
+    }
+    if (argc > 1 && strcmp(argv[1], "arrays-green") == 0) {
+        arrays_green();
+        return check_done("test_alloc arrays-green");
     }
     if (argc > 1 && strcmp(argv[1], "exported") == 0) {
         vmm_exported();
