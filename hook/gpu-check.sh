@@ -284,9 +284,9 @@ echo "bare: $base kernels/s"
 # same window. Each tenant's debug log (NVML's samples, the rate, holds) goes to $work/NAME.log,
 # kept when a check fails (set TMPDIR to a folder that outlives the machine); its info, warning
 # and error lines are shown, and the end of both logs when a check of the pair fails.
-# Each pair runs SECTION6_SECONDS (24), measured over the second half: NVML's samples of two
-# busy tenants read one bit each on the H200, which tells a share of 30 to about 6 points in
-# 10 s (README, "One bit a sample, over the fake"); longer pairs tell it closer.
+# Each pair runs SECTION6_SECONDS (24), measured over the second half: NVML gives each sample
+# period to one process on the H200, which tells a share of 30 to about 6 points in 10 s
+# (README, "One bit a sample, over the fake"); longer pairs tell it closer.
 local seconds=${SECTION6_SECONDS:-24}
 tenant() { # tenant NAME LIMIT: one container (its own region) with SM limit LIMIT ("none"),
            # or a process without libvgpu (LIMIT "bare")
@@ -309,18 +309,27 @@ pair() { # pair A B: both tenants at once; sets sa and sb, their shares of the b
     grep -hE ' (INFO|WARN|ERROR) ' "$work/a-$1-$2.log" "$work/b-$1-$2.log"
     cat "$work/a.txt" "$work/b.txt" "$work/samples.txt"
     sa=$(share_of a); sb=$(share_of b)
+    na=$(nvml_share "a-$1-$2"); nb=$(nvml_share "b-$1-$2")
+}
+# What NVML said a tenant used over the measured half, asked once (nvml_samples.py); empty when
+# it was not read.
+nvml_share() {
+    sed -n "s/^NVML's average over the measured half, $1 (pid [0-9]*): \([0-9.]*\) %$/\1/p" \
+        "$work/samples.txt"
 }
 # What NVML's per-process samples said of each tenant over the measured half: the library's
-# SM limiter reads them, and on the H200 its logs showed a tenant 0 % or 99 %, never about 45,
-# with shares off by up to 12 points in some runs. Printed beside the throughput shares (no
-# check): whether NVML's mean for a tenant follows its share says whether the limiter's input is
-# fair. The raw samples go to $work/samples-A-B.txt (pid, stamp in us, smUtil).
+# SM limiter reads them (one period at a time: 0 % or about the whole GPU's use on the H200).
+# Printed beside the throughput shares, and NVML's own average over the half checked against
+# the tenant's part: the limiter holding its input there while the kernels miss theirs is NVML's
+# attribution, not the limiter. The raw samples go to $work/samples-A-B.txt (pid, stamp in us,
+# smUtil).
 cat > "$work/nvml_samples.py" <<'PY'
 import os, sys, time, pynvml
 t0, seconds, work, names = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4:]
 pynvml.nvmlInit()
 h = pynvml.nvmlDeviceGetHandleByIndex(0)
-seen, last = {}, 0
+seen, last, average = {}, 0, None
+half = (t0 + seconds / 2) * 1e6
 while time.time() < t0 + seconds + 0.5:
     try:
         # From a second before the newest stamp seen: a process's sample stamped before
@@ -330,11 +339,24 @@ while time.time() < t0 + seconds + 0.5:
             last = max(last, x.timeStamp)
     except pynvml.NVMLError:
         pass  # no sample newer than last
+    # Asked since a time, NVML reads "utilization since" then (nvml.h): once, just before the
+    # tenants end (a process gone may have no sample left), NVML's own average over the half.
+    # (It assumes the driver keeps the half's samples; should it return several for a process,
+    # the latest stamp's is taken, as libvgpu does.)
+    if average is None and time.time() >= t0 + seconds - 0.4:
+        try:
+            latest = {}
+            for x in pynvml.nvmlDeviceGetProcessUtilization(h, int(half)):
+                if x.pid not in latest or x.timeStamp > latest[x.pid][0]:
+                    latest[x.pid] = (x.timeStamp, x.smUtil)
+            average = {pid: util for pid, (_, util) in latest.items()}
+        except pynvml.NVMLError as e:
+            average = False
+            print(f"NVML's average over the measured half: not read ({e})")
     time.sleep(0.05)
 with open(f"{work}/samples-{names[0][2:]}.txt", "w") as f:
     for (pid, stamp), util in sorted(seen.items(), key=lambda kv: kv[0][1]):
         f.write(f"{pid} {stamp} {util}\n")
-half = (t0 + seconds / 2) * 1e6
 periods = sorted({stamp for (_, stamp) in seen if stamp >= half})  # a stamp: a period's end
 # Whether every process's sample of a period carries one stamp (as the fake's do): if not, the
 # stamps come closer than a period and "periods" below counts each process's apart.
@@ -347,10 +369,13 @@ for name in names:
         pid = int(open(f"{work}/{name}.pid").read())
     except (OSError, ValueError):
         print(f"NVML samples of {name}: its pid unknown"); continue
+    if average:  # a process without a sample had no utilisation in the half
+        print(f"NVML's average over the measured half, {name} (pid {pid}): {average.get(pid, 0)} %")
     v = [u for (p, stamp), u in seen.items() if p == pid and stamp >= half]
     if not v:
         print(f"NVML samples of {name} (pid {pid}): none in the measured half"); continue
-    # The limiter reads a period that has samples of others only as 0 % for its container.
+    # Each reading is NVML's average over the second before it: the count says in how many
+    # periods NVML had a sample of this process (one process a period on the H200).
     print(f"NVML samples of {name} (pid {pid}) in the measured half: {len(v)} of "
           f"{len(periods)} periods, smUtil mean {sum(v) / len(v):.1f} % ({sum(v) / len(periods):.1f}"
           f" over all periods), 0 in {100 * sum(u == 0 for u in v) / len(v):.0f} %, "
@@ -411,6 +436,26 @@ the unlimited one what the other leaves, less 5)" || bad=1
         else
             echo "   the issue's figures, printed only: 50/50 with >= 95 together, here $sum"
         fi
+    fi
+    # The limiter's input: NVML's own average over the half, in NVML's terms: the account holds
+    # a tenant's NVML share at its limit (beside an unlimited tenant too), and where two limits
+    # fill the GPU each gets its limit's part of what NVML saw the two use together. On the
+    # H200 NVML gave each 200 ms period to one process, so over a measured half of 12 s its
+    # figure for a tenant is a count of some 60 coin tosses: the kernels a tenant ran may differ
+    # from it by several points while the limiter holds it (hook/README.md, "Fourth run").
+    if [ -n "$na" ] && [ -n "$nb" ]; then
+        local seen pa pb="$want_b"
+        seen=$(sum_of "$na" "$nb")
+        pa=$1
+        [ "$filled" = 1 ] && [ "$2" != none ] &&
+            { pa=$(part_of "$1" "$seen"); pb=$(part_of "$want_b" "$seen"); }
+        [ "$2" = none ] && pb="(no limit)"
+        within "$na" "$pa" && { [ "$2" = none ] || within "$nb" "$pb"; }
+        result $? "limits $1 / $2: NVML's average over the half $na / $nb %, expected $pa / $pb \
+($seen together): the limiter held what it reads" || bad=1
+        echo "   kernels run less NVML's figure: $(sum_of "$sa" "-$na") / $(sum_of "$sb" "-$nb") points"
+    else
+        echo "   NVML's average over the half not read: the limiter's input not checked"
     fi
     [ "$bad" = 0 ] || logs_of "$1" "$2"
 done

@@ -30,7 +30,12 @@ case "$1" in
     if [ "$2" = bare ]; then echo "bare: $r kernels/s"; exit 0; fi
     awk -v n="$2" -v r="$r" -v b="$4" 'BEGIN { printf "%s: %.1f kernels/s, %.1f %%\n", n, r, 100 * r / b }' ;;
 *launch.py) rate launch ;; # µs per tiny kernel
-*nvml_samples.py) echo "NVML samples of $5: stand-in" ;;
+*nvml_samples.py) # NVML's average over the half where CANNED has one ("nvml-NAME FIGURE")
+    echo "NVML samples of $5: stand-in"
+    for n in "$5" "$6"; do
+        r=$(rate "nvml-$n")
+        [ -z "$r" ] || echo "NVML's average over the measured half, $n (pid 1): $r %"
+    done ;;
 *burst.py)
     [ "$2" = limited ] && echo "after a light load, a large kernel held the next back $(rate held) s"
     echo "large kernels from 3 s on: $(rate "burst-$2")/s" ;;
@@ -64,6 +69,32 @@ a-30-none 12.0
 b-30-none 31.7
 a-20-20 10.3
 b-20-20 8.2'
+
+# The fourth run's second command (2026-11-29, hook/results/gpu-check-h200-2026-11-29-b.txt):
+# its throughput shares, as rates over a bare 46.3 that print them (the run read 46.2 and took
+# its shares from unrounded rates), and as NVML's figures its sampler's mean readings (each
+# NVML's average over the second before it; the one query over the half came after that run).
+# The limiter held NVML's figures at the tenants' parts while the kernels two of the pairs ran
+# missed theirs by 4.8-8.1 points.
+h200c='bare 46.3
+a-bare-bare 20.70
+b-bare-bare 20.70
+a-30-60 11.02
+b-30-60 30.0
+a-50-50 18.2
+b-50-50 24.45
+a-30-none 11.99
+b-30-none 31.3
+a-20-20 8.75
+b-20-20 9.58
+nvml-a-30-60 28.5
+nvml-b-30-60 61.9
+nvml-a-50-50 49.2
+nvml-b-50-50 45.6
+nvml-a-30-none 26.0
+nvml-b-30-none 68.7
+nvml-a-20-20 18.6
+nvml-b-20-20 19.2'
 
 failed=0
 # check NAME RC PATTERNS CANNED SECTION...: gpu-check.sh must exit RC (0: every check passed, 1:
@@ -138,6 +169,22 @@ check "a pair without libvgpu doing 60 % together stops the section" 1 \
     "FAIL two processes without libvgpu: 60.6 % together
 !limits 30 / 60" \
     "$(sed -e 's/^a-bare-bare .*/a-bare-bare 13.9/' -e 's/^b-bare-bare .*/b-bare-bare 14.0/' <<<"$h200")" 6
+check "H200 fourth run: kernels off their parts fail, NVML's figures held at them pass" 1 \
+    "FAIL limits 30 / 60: shares 23.8 / 64.8 %, expected 30.0 / 60.0 (their limits)
+PASS limits 30 / 60: NVML's average over the half 28.5 / 61.9 %, expected 30 / 60 (90.4 together): the limiter held what it reads
+kernels run less NVML's figure: -4.7 / 2.9 points
+FAIL limits 50 / 50: shares 39.3 / 52.8 %, expected 44.7 / 44.7
+PASS limits 50 / 50: NVML's average over the half 49.2 / 45.6 %, expected 47.4 / 47.4 (94.8 together)
+PASS limits 30 / none: NVML's average over the half 26.0 / 68.7 %, expected 30 / (no limit) (94.7 together)
+PASS limits 20 / 20: shares 18.9 / 20.7 %
+PASS limits 20 / 20: NVML's average over the half 18.6 / 19.2 %, expected 20 / 20" "$h200c" 6
+check "NVML's figures off a tenant's part fail: the limiter did not hold its own input" 1 \
+    "FAIL limits 50 / 50: NVML's average over the half 58.0 / 36.8 %, expected 47.4 / 47.4" \
+    "$(sed -e 's/^nvml-a-50-50 .*/nvml-a-50-50 58.0/' -e 's/^nvml-b-50-50 .*/nvml-b-50-50 36.8/' \
+        <<<"$h200c")" 6
+check "without NVML's figures the limiter's input is said to be unchecked" 0 \
+    "NVML's average over the half not read: the limiter's input not checked
+!NVML's average over the half 2" "$h200b" 6
 # Section 4 for real over the fake driver (alloc-pairs loads libcuda.so.1 from build/fake), the
 # tiny kernel's timings canned: each kind its median of 3 rounds, alloc+free pairs with 1, 8
 # and 32 processes bare and under libvgpu, and make bench.

@@ -3,11 +3,13 @@
  * run.sh runs it with FAKE_GPU_SHARED (one GPU for the parent and its children),
  * FAKE_CUDA_CONTEXT_MIB=300 and FAKE_CUDA_LAZY_MIB=100, and no libvgpu limits:
  *   a child alone keeps the GPU busy; two children running 2 ms kernels back to back get half
- *   each and together keep it busy; NVML's per-process samples show both at ~50% once per
- *   sample period (NOT_FOUND when asked again for the same period, NOT_SUPPORTED when switched
- *   off; under FAKE_NVML_SAMPLE_WINNER one of them a period, with the GPU's whole share, each
- *   some); context and lazy-module memory show in the running processes and cuMemGetInfo; a
- *   kill -9'd process's memory and queued work go away; a graph costs its kernel nodes' blocks. */
+ *   each and together keep it busy; NVML's per-process samples show both at ~50% averaged over
+ *   the periods since the time asked (since 0 every period kept, a gone process's none;
+ *   NOT_FOUND when asked again since the latest one's stamp, NOT_SUPPORTED when switched off;
+ *   under FAKE_NVML_SAMPLE_WINNER one of them a period, with the GPU's whole share, each some,
+ *   and averaged over several periods each its share of them); context and lazy-module memory
+ *   show in the running processes and cuMemGetInfo; a kill -9'd process's memory and queued
+ *   work go away; a graph costs its kernel nodes' blocks. */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -146,36 +148,90 @@ static void alone(void)
           "cuMemGetInfo: free = total - %llu MiB", (unsigned long long)((r.total_b - r.free_b) / MiB));
 }
 
-/* FAKE_NVML_SAMPLE_WINNER=1 over 12 sample periods of the two workers: each period one sample,
- * one worker's, with the GPU's whole share, the same when read again; each worker has some
- * (both missing from 12 draws at even odds: 1 in 2048). */
+static unsigned long long realtime_us(void)
+{
+    struct timespec real;
+    clock_gettime(CLOCK_REALTIME, &real);
+    return (unsigned long long)real.tv_sec * 1000000u + (unsigned long long)real.tv_nsec / 1000;
+}
+
+/* The newest stamp among n samples. */
+static unsigned long long newest_of(const nvmlProcessUtilizationSample_t *s, unsigned int n)
+{
+    unsigned long long newest = 0;
+    for (unsigned int i = 0; i < n; i++)
+        newest = s[i].timeStamp > newest ? s[i].timeStamp : newest;
+    return newest;
+}
+
+/* FAKE_NVML_SAMPLE_WINNER=1 over 12 sample periods of the two workers, each read alone (asked
+ * since the previous one's stamp, as libvgpu asks): one sample a period, one worker's, with the
+ * GPU's whole share, the same when read again; each worker has some (both missing from 12
+ * draws at even odds: 1 in 2048). Asked since before the first of them, NVML averages: each
+ * worker's share of the 12 periods is the periods it won (an H200's per-process samples, read
+ * over a second, were never 0 and followed the shares: hook/README.md, "Fourth run"). A read
+ * late enough to take in two periods (a stalled test on a loaded machine) starts the count
+ * again after it; the workers run 5 s for that. */
 static void one_bit(nvmlDevice_t dev, const pid_t kids[2])
 {
     setenv("FAKE_NVML_SAMPLE_WINNER", "1", 1);
-    unsigned long long last = 0;
-    int periods = 0, single = 1, same = 1, won[2] = {0, 0};
-    for (uint64_t until = now_ns() + 3000000000u; periods < 12 && now_ns() < until;) {
+    const unsigned long long period_us = 166000, two_periods_us = 250000;
+    unsigned long long last = realtime_us() - 100000, first = 0; /* under a period */
+    int periods = 0, single = 1, same = 1, won[2] = {0, 0}, restarts = 0;
+    nvmlProcessUtilizationSample_t all[8];
+    unsigned int count = 0;
+    nvmlReturn_t rc = NVML_ERROR_UNKNOWN;
+    for (uint64_t until = now_ns() + 3500000000u; now_ns() < until;) {
         nvmlProcessUtilizationSample_t s[8], again[8];
-        unsigned int count = 8, count2 = 8;
-        if (nvml_proc_util(dev, s, &count, last) != NVML_SUCCESS) {
+        unsigned int got = 8, got2 = 8;
+        if (nvml_proc_util(dev, s, &got, last) != NVML_SUCCESS) {
             sleep_ms(20);
             continue;
         }
+        unsigned long long stamp = newest_of(s, got);
+        if (stamp - last > two_periods_us) { /* two periods in one read: start again after */
+            periods = won[0] = won[1] = 0;
+            single = same = 1;
+            restarts++;
+            last = stamp;
+            continue;
+        }
+        if (periods == 0)
+            first = stamp - period_us / 2; /* within this period: since before it */
         periods++;
-        last = s[0].timeStamp;
-        single &= count == 1 && s[0].smUtil >= 90; /* not 100: the workers' CPU side (ASan) */
-        if (nvml_proc_util(dev, again, &count2, last - 1) == NVML_SUCCESS &&
-            again[0].timeStamp == last) /* not a period that ended in between */
-            same &= count2 == 1 && again[0].pid == s[0].pid;
+        last = stamp;
+        single &= got == 1 && s[0].smUtil >= 90; /* not 100: the workers' CPU side (ASan) */
+        if (nvml_proc_util(dev, again, &got2, last - 1) == NVML_SUCCESS &&
+            newest_of(again, got2) == last) /* not a period that ended in between */
+            same &= got2 == 1 && again[0].pid == s[0].pid;
         for (int k = 0; k < 2; k++)
             won[k] += s[0].pid == (unsigned int)kids[k];
+        if (periods < 12)
+            continue;
+        count = 8; /* all 12 at once, unless a period ended meanwhile: then one more */
+        rc = nvml_proc_util(dev, all, &count, first);
+        if (rc == NVML_SUCCESS && newest_of(all, count) == last)
+            break;
     }
     unsetenv("FAKE_NVML_SAMPLE_WINNER");
-    check(periods == 12 && single && won[0] + won[1] == periods,
+    check(periods >= 12 && single && won[0] + won[1] == periods,
           "FAKE_NVML_SAMPLE_WINNER=1: %d periods, each one sample, a worker's, with the GPU's "
-          "whole share", periods);
+          "whole share (%d restarts)", periods, restarts);
     check(won[0] > 0 && won[1] > 0, "... the workers had %d and %d of them", won[0], won[1]);
     check(same, "... and a period read again names the same one");
+    int averaged = rc == NVML_SUCCESS && newest_of(all, count) == last &&
+                   count == (unsigned int)((won[0] > 0) + (won[1] > 0));
+    int share[2] = {0, 0}; /* a worker without a sample: 0 */
+    for (unsigned int i = 0; averaged && i < count; i++)
+        for (int k = 0; k < 2; k++)
+            if (all[i].pid == (unsigned int)kids[k])
+                share[k] = (int)all[i].smUtil;
+    for (int k = 0; k < 2; k++) {
+        int expect = 100 * won[k] / periods;
+        averaged &= share[k] <= expect + 1 && share[k] >= expect - 10;
+    }
+    check(averaged, "... asked since before them, each worker's share of the %d: %d and %d %% "
+          "(won %d and %d)", periods, share[0], share[1], won[0], won[1]);
 }
 
 /* NVML while two workers share the GPU (called mid-run). */
@@ -183,18 +239,27 @@ static void nvml_views(nvmlDevice_t dev, const pid_t kids[2])
 {
     nvmlProcessUtilizationSample_t s[8];
     unsigned int count = 0;
-    /* (each call before its check: argument evaluation order is unspecified) */
+    /* Since 0: averaged over every period NVML keeps, alone()'s before the workers started
+     * (0.7 s ago) too; the lone worker, gone, has no sample ("per process running"). */
     nvmlReturn_t rc = nvml_proc_util(dev, NULL, &count, 0);
     check(rc == NVML_ERROR_INSUFFICIENT_SIZE && count == 2,
-          "process utilisation: NULL buffer -> INSUFFICIENT_SIZE, %u samples needed", count);
+          "process utilisation since 0: NULL buffer -> INSUFFICIENT_SIZE, %u samples needed "
+          "(the workers', not the gone lone worker's)", count);
+    count = 8;
+    rc = nvml_proc_util(dev, s, &count, 0);
+    check(rc == NVML_SUCCESS && count == 2 && s[0].smUtil < 40 && s[1].smUtil < 40,
+          "... each worker's share of every period kept, the earlier ones included: %u and %u %%",
+          count > 0 ? s[0].smUtil : 0, count > 1 ? s[1].smUtil : 0);
+    /* Since half a second ago: the two workers' periods alone (they started 0.7 s ago). */
+    unsigned long long since = realtime_us() - 500000;
     count = 1;
-    check(nvml_proc_util(dev, s, &count, 0) == NVML_ERROR_INSUFFICIENT_SIZE && count == 2,
-          "a buffer of 1 -> INSUFFICIENT_SIZE with the count");
+    check(nvml_proc_util(dev, s, &count, since) == NVML_ERROR_INSUFFICIENT_SIZE && count == 2,
+          "since 0.5 s ago, a buffer of 1 -> INSUFFICIENT_SIZE with the count, 2");
     nvmlReturn_t again = NVML_SUCCESS;
     unsigned long long stamp = 0;
     for (int attempt = 0; attempt < 3 && again != NVML_ERROR_NOT_FOUND; attempt++) {
         count = 8;
-        if (nvml_proc_util(dev, s, &count, 0) != NVML_SUCCESS)
+        if (nvml_proc_util(dev, s, &count, since) != NVML_SUCCESS)
             break;
         stamp = s[0].timeStamp;
         unsigned int count2 = 8;
@@ -207,13 +272,11 @@ static void nvml_views(nvmlDevice_t dev, const pid_t kids[2])
             if (s[i].pid == (unsigned int)kids[k] && s[i].smUtil >= 40 && s[i].smUtil <= 60 &&
                 s[i].timeStamp == stamp)
                 seen |= 1 << k;
-    check(count == 2 && seen == 3, "one sample per worker, smUtil %u and %u (near 50)",
-          s[0].smUtil, count > 1 ? s[1].smUtil : 0);
-    struct timespec real;
-    clock_gettime(CLOCK_REALTIME, &real);
-    uint64_t real_us = (uint64_t)real.tv_sec * 1000000u + (uint64_t)real.tv_nsec / 1000;
+    check(count == 2 && seen == 3, "one sample per worker, smUtil %u and %u (near 50) over the "
+          "periods since", s[0].smUtil, count > 1 ? s[1].smUtil : 0);
+    unsigned long long real_us = realtime_us();
     check(stamp <= real_us && real_us - stamp < 200000,
-          "stamped with the period's end in CLOCK_REALTIME us (%llu us ago)",
+          "stamped with the latest period's end in CLOCK_REALTIME us (%llu us ago)",
           (unsigned long long)(real_us - stamp));
     check(again == NVML_ERROR_NOT_FOUND, "asked again with that timestamp: NOT_FOUND");
     setenv("FAKE_NVML_NO_PROCESS_UTIL", "1", 1);
@@ -253,7 +316,7 @@ static void shared(nvmlDevice_t dev)
     if (!check(pipe(go) == 0, "pipe"))
         return;
     for (int k = 0; k < 2; k++)
-        kids[k] = spawn_worker(3.5, go[0], out[k]);
+        kids[k] = spawn_worker(5.0, go[0], out[k]);
     close(go[0]);
     sleep_ms(50); /* both have their context */
     if (write(go[1], "gg", 2) != 2)

@@ -2763,35 +2763,99 @@ EXPORT uint64_t fake_cuda_graph_exec_blocks(void *exec)
 
 /* FAKE_NVML_SAMPLE_WINNER=1, read at every call: a period's whole utilisation goes to one of
  * the processes that ran in it (gpu_roll draws it), the others get no sample. On an H200 each
- * of two tenants that kept the GPU busy together read 0 or 99 % a sample, never about 45
- * (hook/README.md, third run): one bit a sample, whatever the GPU's time-slicing did within
- * the period. */
+ * sample period (200 ms) had one process's sample, each process's count of them following its
+ * share (hook/README.md, "Fourth run on the H200"), and the library's own readings, one period
+ * at a time, were 0 or about the whole GPU's use (third run): one bit a sample, whatever the
+ * GPU's time-slicing did within the period. */
 static int sample_winner(void)
 {
     const char *w = getenv("FAKE_NVML_SAMPLE_WINNER");
     return w != NULL && w[0] != '\0' && strcmp(w, "0") != 0;
 }
 
-EXPORT int fake_gpu_period(int nvml_index, uint64_t *end_us, unsigned int *device_pct,
-                           struct fake_gpu_sample *out, int max)
+/* A period's end as NVML stamps it: CLOCK_REALTIME us. */
+static uint64_t stamp_us(uint64_t end_ns)
+{
+    return (uint64_t)((int64_t)end_ns + gpu->realtime_offset) / 1000u;
+}
+
+EXPORT int fake_gpu_period(int nvml_index, uint64_t *end_us, unsigned int *device_pct)
 {
     struct gpu_device *d = gpu_enter_physical(nvml_index);
-    const double period = (double)gpu->period_ns;
-    int n = 0;
-    *end_us = d->last_end_ns == 0 ? 0
-            : (uint64_t)((int64_t)d->last_end_ns + gpu->realtime_offset) / 1000u;
-    *device_pct = (unsigned int)(100.0 * (double)d->last_busy_ns / period + 0.5);
+    *end_us = d->last_end_ns == 0 ? 0 : stamp_us(d->last_end_ns);
+    *device_pct = (unsigned int)(100.0 * (double)d->last_busy_ns / (double)gpu->period_ns + 0.5);
+    gpu_unlock(d);
+    return 0;
+}
+
+/* GPU time pid got in period h as NVML attributes it: under FAKE_NVML_SAMPLE_WINNER the
+ * period's whole busy time to its winner alone. */
+static uint64_t attributed(const struct gpu_period *h, int32_t pid, int one_bit)
+{
+    if (one_bit)
+        return h->winner == pid ? h->busy_ns : 0;
+    for (uint32_t k = 0; k < h->nran; k++)
+        if (h->ran[k].pid == pid)
+            return h->ran[k].busy_ns;
+    return 0;
+}
+
+/* pid's entry in out (n used so far): its index, n for a new one (written when n < max), or -1
+ * when out is full. */
+static int sample_of(struct fake_gpu_sample *out, int n, int max, int32_t pid)
+{
+    for (int i = 0; i < n; i++)
+        if (out[i].pid == pid)
+            return i;
+    if (n >= max)
+        return -1;
+    out[n] = (struct fake_gpu_sample){.pid = pid};
+    return n;
+}
+
+EXPORT int fake_gpu_samples_since(int nvml_index, uint64_t since_us, struct fake_gpu_sample *out,
+                                  int max)
+{
+    struct gpu_device *d = gpu_enter_physical(nvml_index);
+    const uint64_t period = gpu->period_ns;
     int one_bit = sample_winner();
-    for (int i = 0; d->last_end_ns != 0 && i < GPU_MAX_PROCS; i++) {
-        const struct gpu_proc *p = &d->procs[i];
-        if (p->pid == 0 || p->last_busy_ns == 0 || (one_bit && p->pid != d->last_winner))
+    uint64_t kept = 0, oldest = 0, newest = 0;
+    int n = 0;
+    for (int e = 0; e < GPU_HISTORY; e++) {
+        const struct gpu_period *h = &d->history[e];
+        if (h->end_ns == 0)
             continue;
-        uint64_t busy = one_bit ? d->last_busy_ns : p->last_busy_ns;
-        if (n < max)
-            out[n] = (struct fake_gpu_sample){
-                .pid = p->pid, .busy_ns = busy,
-                .sm_util = (unsigned int)(100.0 * (double)busy / period + 0.5)};
-        n++;
+        kept = kept == 0 || h->end_ns < kept ? h->end_ns : kept;
+        if (stamp_us(h->end_ns) <= since_us)
+            continue;
+        oldest = oldest == 0 || h->end_ns < oldest ? h->end_ns : oldest;
+        newest = h->end_ns > newest ? h->end_ns : newest;
+        for (uint32_t k = 0; k < h->nran; k++) {
+            if (gpu_find(d, h->ran[k].pid) == NULL)
+                continue; /* "per process running" (nvml.h): one gone has none */
+            uint64_t busy = attributed(h, h->ran[k].pid, one_bit);
+            if (busy == 0)
+                continue;
+            int i = sample_of(out, n, max, h->ran[k].pid);
+            if (i < 0)
+                continue;
+            n += i == n;
+            out[i].busy_ns += busy;
+            out[i].end_us = h->end_ns > out[i].end_us ? h->end_ns : out[i].end_us;
+        }
+    }
+    /* The window: from the start of the oldest period in it, or the time asked when that is
+     * earlier (an idle stretch the clock jumped over, recorded as one period), but not before
+     * what is kept, to the end of the newest. */
+    int64_t asked = (int64_t)(since_us * 1000u) - gpu->realtime_offset;
+    int64_t first_kept = (int64_t)kept - (int64_t)period;
+    int64_t start = (int64_t)oldest - (int64_t)period;
+    if (since_us != 0 && asked < start)
+        start = asked > first_kept ? asked : first_kept;
+    double window = oldest == 0 ? (double)period : (double)((int64_t)newest - start);
+    for (int i = 0; i < n; i++) {
+        out[i].sm_util = (unsigned int)(100.0 * (double)out[i].busy_ns / window + 0.5);
+        out[i].end_us = stamp_us(out[i].end_us);
     }
     gpu_unlock(d);
     return n;

@@ -27,8 +27,12 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { GPU_MAX_DEVICES = 8, GPU_MAX_PROCS = 64 };
-#define GPU_MAGIC UINT64_C(0x324750474b414646) /* "FFAKGPG2": layout version 2 */
+/* GPU_HISTORY: the completed sample periods kept for NVML's averages since a time (nvml.h,
+ * nvmlDeviceGetProcessUtilization: "utilization since the previous query", or over "all the
+ * samples maintained by the driver's internal sample buffer"), 21 s at 166 ms; of each, the
+ * GPU time of the first GPU_HISTORY_PROCS processes that ran in it. */
+enum { GPU_MAX_DEVICES = 8, GPU_MAX_PROCS = 64, GPU_HISTORY = 128, GPU_HISTORY_PROCS = 8 };
+#define GPU_MAGIC UINT64_C(0x334750474b414646) /* "FFAKGPG3": layout version 3 */
 #define GPU_REAP_NS UINT64_C(10000000)         /* dead-pid sweep at most every 10 ms */
 
 struct gpu_proc {
@@ -45,6 +49,19 @@ struct gpu_proc {
     uint64_t alloc_bytes;    /* its allocations */
 };
 
+/* A completed sample period, as NVML's sample buffer keeps it. */
+struct gpu_period {
+    uint64_t end_ns;         /* 0: an unused entry */
+    uint64_t busy_ns;        /* time any work ran in it */
+    int32_t winner;          /* its one-bit sample's pid (FAKE_NVML_SAMPLE_WINNER; 0: none ran) */
+    uint32_t nran;           /* entries of ran[] used */
+    struct {
+        int32_t pid;
+        uint32_t unused;
+        uint64_t busy_ns;
+    } ran[GPU_HISTORY_PROCS];
+};
+
 struct gpu_device {
     pthread_mutex_t lock;    /* process-shared, robust: a holder may be kill -9'd */
     uint64_t sim_ns;         /* simulated up to here */
@@ -57,8 +74,9 @@ struct gpu_device {
     uint64_t arrivals;       /* cuDevicePrimaryCtxRetain calls begun, ever */
     int32_t last_winner;     /* the pid the latest completed period's one-bit sample goes to
                               * (FAKE_NVML_SAMPLE_WINNER; 0: none ran) */
-    uint32_t unused;
+    uint32_t history_next;   /* the entry of history[] the next completed period takes */
     struct gpu_proc procs[GPU_MAX_PROCS];
+    struct gpu_period history[GPU_HISTORY];
 };
 
 struct gpu_shared {
@@ -289,6 +307,20 @@ static void gpu_roll(struct gpu_device *d, uint64_t end)
         d->procs[i].period_busy_ns = 0;
     }
     d->last_winner = gpu_draw_winner(d);
+    struct gpu_period *h = &d->history[d->history_next];
+    d->history_next = (d->history_next + 1) % GPU_HISTORY;
+    *h = (struct gpu_period){.end_ns = end, .busy_ns = d->last_busy_ns, .winner = d->last_winner};
+    /* The winner first: past GPU_HISTORY_PROCS processes in one period the others are left
+     * out, never the one-bit sample's. */
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < GPU_MAX_PROCS && h->nran < GPU_HISTORY_PROCS; i++) {
+            const struct gpu_proc *p = &d->procs[i];
+            if (p->pid != 0 && p->last_busy_ns > 0 && (p->pid == h->winner) == (pass == 0)) {
+                h->ran[h->nran].pid = p->pid;
+                h->ran[h->nran].busy_ns = p->last_busy_ns;
+                h->nran++;
+            }
+        }
 }
 
 /* Runs the device from sim_ns to now: processor sharing among the entries with pending work. */

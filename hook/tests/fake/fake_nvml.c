@@ -139,9 +139,10 @@ static int util_fails(void)
     return fails != NULL && fails[0] != '\0' && strcmp(fails, "0") != 0;
 }
 
-/* One sample per process that got SM time in the latest completed sample period, stamped
- * with that period's end; only those newer than last_seen. FAKE_NVML_NO_PROCESS_UTIL=1: the
- * query is not supported, as on GPUs before Maxwell. */
+/* One sample per process that got SM time in the sample periods ending after last_seen (0: all
+ * the fake keeps), its share averaged over them and stamped with its latest one's end
+ * (fake_state.h, fake_gpu_samples_since). FAKE_NVML_NO_PROCESS_UTIL=1: the query is not
+ * supported, as on GPUs before Maxwell. */
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                                     nvmlProcessUtilizationSample_t *samples,
                                                     unsigned int *count,
@@ -157,13 +158,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     if (util_fails())
         return NVML_ERROR_UNKNOWN;
     struct fake_gpu_sample got[MAX_PROCS];
-    uint64_t end_us;
-    unsigned int device_pct;
-    int n = fake_gpu_period(device->index, &end_us, &device_pct, got, MAX_PROCS);
+    int n = fake_gpu_samples_since(device->index, last_seen, got, MAX_PROCS);
     if (n > MAX_PROCS)
         n = MAX_PROCS;
-    if (end_us <= last_seen)
-        n = 0;
     if (n == 0) {
         *count = 0;
         return NVML_ERROR_NOT_FOUND;
@@ -174,7 +171,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     }
     for (int i = 0; i < n; i++)
         samples[i] = (nvmlProcessUtilizationSample_t){
-            .pid = host_pid(got[i].pid), .timeStamp = end_us, .smUtil = got[i].sm_util};
+            .pid = host_pid(got[i].pid), .timeStamp = got[i].end_us, .smUtil = got[i].sm_util};
     *count = (unsigned int)n;
     return NVML_SUCCESS;
 }
@@ -190,7 +187,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
         return NVML_ERROR_UNKNOWN;
     uint64_t end_us;
     unsigned int pct;
-    fake_gpu_period(device->index, &end_us, &pct, NULL, 0);
+    fake_gpu_period(device->index, &end_us, &pct);
     rates->gpu = pct > 100 ? 100 : pct;
     rates->memory = 0;
     return NVML_SUCCESS;

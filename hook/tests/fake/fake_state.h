@@ -74,16 +74,24 @@ uint64_t fake_cuda_pending_ns(int dev, int pid); /* work pid has queued and not 
 uint64_t fake_cuda_graph_exec_blocks(void *exec);
 int fake_cuda_device_count(void);              /* GPUs, whatever CUDA_VISIBLE_DEVICES says */
 
-/* The latest completed NVML sample period of GPU nvml_index (FAKE_NVML_SAMPLE_MS, default 166 ms): its end
- * as CLOCK_REALTIME microseconds (0: none yet), the percent of it during which any work ran,
- * and the processes that got GPU time in it (up to max written; returns how many there are). */
+/* The latest completed NVML sample period of GPU nvml_index (FAKE_NVML_SAMPLE_MS, default
+ * 166 ms): its end as CLOCK_REALTIME microseconds (0: none yet) and the percent of it during
+ * which any work ran. */
+int fake_gpu_period(int nvml_index, uint64_t *end_us, unsigned int *device_pct);
+/* NVML's per-process samples since since_us (CLOCK_REALTIME us; 0: all it keeps, the last
+ * GPU_HISTORY periods), as nvml.h says nvmlDeviceGetProcessUtilization reads them: one a
+ * running process that was attributed GPU time in a period ending after since_us, its share
+ * averaged over the time from then (or the oldest such period's start, if later) to the newest
+ * period's end, idle time included, stamped with the end of its latest. Returns how many it
+ * wrote, max at most. */
 struct fake_gpu_sample {
     int pid;
-    unsigned int sm_util;   /* round(100 * busy_ns / period) */
-    uint64_t busy_ns;
+    unsigned int sm_util;   /* round(100 * busy_ns / the window) */
+    uint64_t busy_ns;       /* its GPU time in the window, as NVML attributes it */
+    uint64_t end_us;        /* the end of its latest period in the window */
 };
-int fake_gpu_period(int nvml_index, uint64_t *end_us, unsigned int *device_pct,
-                    struct fake_gpu_sample *out, int max);
+int fake_gpu_samples_since(int nvml_index, uint64_t since_us, struct fake_gpu_sample *out,
+                           int max);
 /* The live processes with memory on GPU nvml_index (up to max written; returns how many there are). */
 struct fake_gpu_process {
     int pid;
