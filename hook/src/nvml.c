@@ -193,8 +193,9 @@ enum vgpu_util vgpu_nvml_device_util(int dev, double *util)
  * 1/6 s each) since last_seen, stamped with its latest one's end (nvml.h: "utilization since
  * the previous query"; since 0, every period the driver keeps). Asked since the newest stamp
  * seen, every control period, that is the latest period; NVML_ERROR_NOT_FOUND until one with
- * work ends. Never since 0: the first query asks since the moment it is made (the process's
- * first launch), and so do the next ones until a sample comes. A process's share over every
+ * work ends. Never since 0: the first query asks since the moment it is called (the watcher's
+ * first reading, at the process's first launch; NVML's start, in this call or earlier, comes
+ * after), and so do the next ones until a sample comes. A process's share over every
  * period the driver keeps is not its share now: short-lived processes one after another, each
  * reading its first share averaged over the fake's 21 s of periods, ran 31.6-52.9 % of the
  * fake GPU's time under a limit of 20 in 4 runs (tests/test_contention.c, chain). The sum over
@@ -205,13 +206,14 @@ enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids,
                                         unsigned long long *stamp_us)
 {
     static unsigned long long last_seen[VGPU_REGION_MAX_DEVICES];
+    unsigned long long called_us = unix_ns() / 1000u; /* before NVML's start, which may be slow */
     nvmlDevice_t device;
     if (handle_for(dev, &device) != 0)
         return VGPU_UTIL_UNKNOWN;
     if (real.GetProcessUtilization == NULL)
         return whole_device(device, util);
     if (last_seen[dev] == 0)
-        last_seen[dev] = unix_ns() / 1000u;
+        last_seen[dev] = called_us;
     nvmlProcessUtilizationSample_t samples[VGPU_NVML_MAX_PROCESSES];
     unsigned int count = VGPU_NVML_MAX_PROCESSES;
     nvmlReturn_t rc = real.GetProcessUtilization(device, samples, &count, last_seen[dev]);

@@ -191,7 +191,6 @@ static void one_bit(nvmlDevice_t dev, const pid_t kids[2])
         unsigned long long stamp = newest_of(s, got);
         if (stamp - last > two_periods_us) { /* two periods in one read: start again after */
             periods = won[0] = won[1] = 0;
-            single = same = 1;
             restarts++;
             last = stamp;
             continue;
@@ -247,7 +246,8 @@ static void nvml_views(nvmlDevice_t dev, const pid_t kids[2])
           "(the workers', not the gone lone worker's)", count);
     count = 8;
     rc = nvml_proc_util(dev, s, &count, 0);
-    check(rc == NVML_SUCCESS && count == 2 && s[0].smUtil < 40 && s[1].smUtil < 40,
+    check(rc == NVML_SUCCESS && count == 2 && s[0].smUtil > 10 && s[0].smUtil < 40 &&
+              s[1].smUtil > 10 && s[1].smUtil < 40,
           "... each worker's share of every period kept, the earlier ones included: %u and %u %%",
           count > 0 ? s[0].smUtil : 0, count > 1 ? s[1].smUtil : 0);
     /* Since half a second ago: the two workers' periods alone (they started 0.7 s ago). */
