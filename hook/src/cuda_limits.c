@@ -181,13 +181,18 @@ static struct counted_context *enter(CUcontext ctx, const void *made, int dev,
     return c;
 }
 
-/* Whether a and b share their limits: a green context has its primary context's (an H200's
- * driver 580 read a green context's stack as the primary context's 2 KiB, gpu_held.py (f)). */
+/* Whether a context of this kind has its device's primary context's limits: the primary
+ * context itself, and a green context (an H200's driver 580 read a green context's stack as the
+ * primary context's 2 KiB, gpu_held.py (f)). */
+static int primary_limits(int kind)
+{
+    return kind == VGPU_CONTEXT_PRIMARY || kind == VGPU_CONTEXT_GREEN;
+}
+
+/* Whether a and b share their limits. */
 static int shared(const struct counted_context *a, const struct counted_context *b)
 {
-    return a == b || (a->dev == b->dev && a->kind != VGPU_CONTEXT_CREATED &&
-                      a->kind != VGPU_CONTEXT_SEEN && b->kind != VGPU_CONTEXT_CREATED &&
-                      b->kind != VGPU_CONTEXT_SEEN);
+    return a == b || (a->dev == b->dev && primary_limits(a->kind) && primary_limits(b->kind));
 }
 
 /* c's context is counted at `stack` bytes a thread from now on, and so is every context that
@@ -268,11 +273,12 @@ void vgpu_stack_context_made(CUcontext ctx, const void *made, int dev,
     c = enter(ctx, made, dev, kind);
     c->made = made;
     c->kind = kind;
-    for (int i = 0; i < CONTEXTS && kind == VGPU_CONTEXT_GREEN; i++)
-        if (contexts[i].ctx != NULL && &contexts[i] != c && shared(&contexts[i], c)) {
-            c->stack = contexts[i].stack; /* its primary context's */
-            c->at_least = contexts[i].at_least;
-        }
+    if (kind == VGPU_CONTEXT_GREEN) /* counted at its primary context's stack */
+        for (int i = 0; i < CONTEXTS; i++)
+            if (contexts[i].ctx != NULL && &contexts[i] != c && shared(&contexts[i], c)) {
+                c->stack = contexts[i].stack;
+                c->at_least = contexts[i].at_least;
+            }
     refloor();
     pthread_mutex_unlock(&stack_lock);
 }
@@ -312,7 +318,7 @@ void vgpu_stack_primary_gone(int dev)
         struct counted_context *c = &contexts[i];
         if (c->ctx == NULL || c->dev != dev)
             continue;
-        if (c->kind == VGPU_CONTEXT_PRIMARY || c->kind == VGPU_CONTEXT_GREEN) {
+        if (primary_limits(c->kind)) {
             c->at_least = DEFAULT_STACK;
             c->generation = ++generations;
             __atomic_store_n(&c->stack, 0, __ATOMIC_RELEASE);

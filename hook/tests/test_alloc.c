@@ -615,6 +615,10 @@ static void inside_next(const char *name, size_t bytes)
     fake_cuda_inside_fn = allocate_meanwhile;
 }
 
+/* A 256 MiB array, a quarter of the 1 GiB cap (the arrays cases). */
+static const CUDA_ARRAY_DESCRIPTOR quarter = {.Width = 8192, .Height = 8192,
+                                              .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+
 /* A context's arrays are freed with it, and a destroyed array may not be passed to the driver
  * again (so nothing can be asked about it): a created context's destroy, a reset and the last
  * release of the primary context give their arrays' bytes back, each its own context's only.
@@ -625,8 +629,6 @@ static void arrays_teardown(void)
     CUarray mine = NULL, theirs = NULL;
     CUmipmappedArray levels = NULL;
     CUdeviceptr p = 0;
-    CUDA_ARRAY_DESCRIPTOR quarter = {.Width = 8192, .Height = 8192, .Format = CU_AD_FORMAT_FLOAT,
-                                     .NumChannels = 1}; /* 256 MiB */
     CUDA_ARRAY3D_DESCRIPTOR half = {.Width = 8192, .Height = 8192, .Depth = 0,
                                     .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 2};
     use_device(0);
@@ -674,8 +676,6 @@ static CUarray made_meanwhile;
 static CUresult meanwhile_rc = CUDA_ERROR_UNKNOWN;
 static void retain_and_make_array(void)
 {
-    CUDA_ARRAY_DESCRIPTOR quarter = {.Width = 8192, .Height = 8192, .Format = CU_AD_FORMAT_FLOAT,
-                                     .NumChannels = 1};
     CUcontext again = NULL, was = NULL;
     meanwhile_rc = cuDevicePrimaryCtxRetain(&again, 0) == CUDA_SUCCESS &&
                            cuCtxGetCurrent(&was) == CUDA_SUCCESS &&
@@ -710,8 +710,6 @@ static void arrays_race(void)
  * context's (whether a green context's end frees them is not known; the fake frees them). */
 static void arrays_green(void)
 {
-    CUDA_ARRAY_DESCRIPTOR quarter = {.Width = 8192, .Height = 8192, .Format = CU_AD_FORMAT_FLOAT,
-                                     .NumChannels = 1};
     CUarray mine = NULL, its = NULL;
     CUgreenCtx green = NULL;
     CUcontext as = NULL;
@@ -939,38 +937,23 @@ int main(int argc, char **argv)
     cuDevicePrimaryCtxRetain(&ctx[0], 0);
     cuDevicePrimaryCtxRetain(&ctx[1], 1);
     use_device(0);
-    if (argc > 1 && strcmp(argv[1], "wide-pitch") == 0) {
-        wide_pitch();
-        return check_done("test_alloc wide-pitch");
-    }
-    if (argc > 1 && strcmp(argv[1], "teardown") == 0) {
-        teardown();
-        return check_done("test_alloc teardown");
-    }
-    if (argc > 1 && strcmp(argv[1], "arrays-teardown") == 0) {
-        arrays_teardown();
-        return check_done("test_alloc arrays-teardown");
-    }
-    if (argc > 1 && strcmp(argv[1], "arrays-race") == 0) {
-        arrays_race();
-        return check_done("test_alloc arrays-race");
-    }
-    if (argc > 1 && strcmp(argv[1], "arrays-green") == 0) {
-        arrays_green();
-        return check_done("test_alloc arrays-green");
-    }
-    if (argc > 1 && strcmp(argv[1], "exported") == 0) {
-        vmm_exported();
-        return check_done("test_alloc exported");
-    }
-    if (argc > 1 && strcmp(argv[1], "host-memory") == 0) {
-        host_memory();
-        return check_done("test_alloc host-memory");
-    }
-    if (argc > 1 && strcmp(argv[1], "uncapped") == 0) {
-        uncapped();
-        return check_done("test_alloc uncapped");
-    }
+    /* The cases run alone (run.sh names them), each after the contexts above. */
+    static const struct {
+        const char *name;
+        void (*run)(void);
+    } alone[] = {
+        {"wide-pitch", wide_pitch},     {"teardown", teardown},
+        {"arrays-teardown", arrays_teardown}, {"arrays-race", arrays_race},
+        {"arrays-green", arrays_green}, {"exported", vmm_exported},
+        {"host-memory", host_memory},   {"uncapped", uncapped},
+    };
+    for (size_t i = 0; argc > 1 && i < sizeof alone / sizeof alone[0]; i++)
+        if (strcmp(argv[1], alone[i].name) == 0) {
+            alone[i].run();
+            char label[64];
+            snprintf(label, sizeof label, "test_alloc %s", alone[i].name);
+            return check_done(label);
+        }
     basic_cap();
     refusal_log_rate();
     device_totals();

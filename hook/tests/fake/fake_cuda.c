@@ -2779,13 +2779,12 @@ static uint64_t stamp_us(uint64_t end_ns)
     return (uint64_t)((int64_t)end_ns + gpu->realtime_offset) / 1000u;
 }
 
-EXPORT int fake_gpu_period(int nvml_index, uint64_t *end_us, unsigned int *device_pct)
+EXPORT void fake_gpu_period(int nvml_index, uint64_t *end_us, unsigned int *device_pct)
 {
     struct gpu_device *d = gpu_enter_physical(nvml_index);
     *end_us = d->last_end_ns == 0 ? 0 : stamp_us(d->last_end_ns);
     *device_pct = (unsigned int)(100.0 * (double)d->last_busy_ns / (double)gpu->period_ns + 0.5);
     gpu_unlock(d);
-    return 0;
 }
 
 /* GPU time pid got in period h as NVML attributes it: under FAKE_NVML_SAMPLE_WINNER the

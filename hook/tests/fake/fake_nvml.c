@@ -158,9 +158,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     if (util_fails())
         return NVML_ERROR_UNKNOWN;
     struct fake_gpu_sample got[MAX_PROCS];
-    int n = fake_gpu_samples_since(device->index, last_seen, got, MAX_PROCS);
-    if (n > MAX_PROCS)
-        n = MAX_PROCS;
+    int n = fake_gpu_samples_since(device->index, last_seen, got, MAX_PROCS); /* <= MAX_PROCS */
     if (n == 0) {
         *count = 0;
         return NVML_ERROR_NOT_FOUND;

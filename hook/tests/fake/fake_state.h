@@ -77,7 +77,7 @@ int fake_cuda_device_count(void);              /* GPUs, whatever CUDA_VISIBLE_DE
 /* The latest completed NVML sample period of GPU nvml_index (FAKE_NVML_SAMPLE_MS, default
  * 166 ms): its end as CLOCK_REALTIME microseconds (0: none yet) and the percent of it during
  * which any work ran. */
-int fake_gpu_period(int nvml_index, uint64_t *end_us, unsigned int *device_pct);
+void fake_gpu_period(int nvml_index, uint64_t *end_us, unsigned int *device_pct);
 /* NVML's per-process samples since since_us (CLOCK_REALTIME us; 0: all it keeps, the last
  * GPU_HISTORY periods), as nvml.h says nvmlDeviceGetProcessUtilization reads them: one a
  * running process that was attributed GPU time in a period ending after since_us, its share
