@@ -12,8 +12,16 @@
 struct vgpu_reading {
     double util;                 /* percent of the GPU */
     unsigned long long stamp_us; /* CLOCK_REALTIME us of the end of the time it describes */
-    int sampled;                 /* one NVML sample period (else the time since the last charge) */
+    unsigned long long since_us; /* ... of its start as asked of NVML (0: one sample period) */
+    int sampled;                 /* NVML's samples (else the time since the last charge) */
 };
+
+/* Seconds of the GPU's time a sampled reading describes: NVML averages a process's samples
+ * since the time asked (nvml.h, "utilization since"), a period that began before it whole, so
+ * at least one sample period (period_s). This takes one sample per process for all that time,
+ * as the fake does and the H200's readings suggest (nvml.c keeps the latest, should a driver
+ * give several: then one period's figure would be charged for all of them). */
+double vgpu_reading_span(const struct vgpu_reading *reading, double period_s);
 
 /* Charges a reading to the account of CUDA device dev (limit: its SM limit, percent), unless
  * a reading as new was charged already; period_s is NVML's sample period, now_us the clock.

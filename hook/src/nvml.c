@@ -195,15 +195,23 @@ enum vgpu_util vgpu_nvml_device_util(int dev, double *util)
  * seen, every control period, that is the latest period; NVML_ERROR_NOT_FOUND until one with
  * work ends. Never since 0: the first query asks since the moment it is called (the watcher's
  * first reading, at the process's first launch; NVML's start, in this call or earlier, comes
- * after), and so do the next ones until a sample comes. A process's share over every
+ * after); after a NOT_FOUND, the next asks since a short period before that call (below), not
+ * since the last sample, which may be long before. A process's share over every
  * period the driver keeps is not its share now: short-lived processes one after another, each
  * reading its first share averaged over the fake's 21 s of periods, ran 31.6-52.9 % of the
  * fake GPU's time under a limit of 20 in 4 runs (tests/test_contention.c, chain). The sum over
  * our pids is the container's share; pids of other tenants never count against it (the GPU
  * time-slices their contexts). */
+/* NVML's shortest sample period (1/6 s; its longest is 1 s), in us: after a NOT_FOUND, a
+ * sample published up to this late, or stamped by a clock up to this far behind ours, is
+ * still read. (The time asked is then not a period's start: a reading's span, taken from it,
+ * may leave out up to a period.) */
+static const unsigned long long idle_margin_us = 166667;
+
 enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids, int32_t self,
                                         double *util, double *own, double *sibling,
-                                        unsigned long long *stamp_us)
+                                        unsigned long long *stamp_us,
+                                        unsigned long long *since_us)
 {
     static unsigned long long last_seen[VGPU_REGION_MAX_DEVICES];
     unsigned long long called_us = unix_ns() / 1000u; /* before NVML's start, which may be slow */
@@ -217,8 +225,15 @@ enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids,
     nvmlProcessUtilizationSample_t samples[VGPU_NVML_MAX_PROCESSES];
     unsigned int count = VGPU_NVML_MAX_PROCESSES;
     nvmlReturn_t rc = real.GetProcessUtilization(device, samples, &count, last_seen[dev]);
-    if (rc == NVML_ERROR_NOT_FOUND)
+    if (rc == NVML_ERROR_NOT_FOUND) {
+        /* No period with work has ended since last_seen: the next query asks since a period
+         * before this one (a period stamped a little before its sample is out is not missed),
+         * not since the last busy one. Else the first reading of a burst after idle time was
+         * averaged over all of that time. */
+        if (called_us > last_seen[dev] + idle_margin_us)
+            last_seen[dev] = called_us - idle_margin_us;
         return VGPU_UTIL_NO_NEW_SAMPLE;
+    }
     if (rc == NVML_ERROR_NOT_SUPPORTED || rc == NVML_ERROR_FUNCTION_NOT_FOUND)
         return whole_device(device, util);
     if (rc != NVML_SUCCESS)
@@ -250,5 +265,6 @@ enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids,
     *own = mine;
     *sibling = largest;
     *stamp_us = last_seen[dev];
+    *since_us = seen;
     return ours ? VGPU_UTIL_OURS : VGPU_UTIL_OTHERS_ONLY;
 }

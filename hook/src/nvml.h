@@ -16,13 +16,16 @@ enum vgpu_util {
 };
 
 /* The SM share (percent) of CUDA device dev taken by the given pids in the sample period(s)
- * ended since the previous call, and (OURS, OTHERS_ONLY) the share of pid self among them
- * (*own), the largest share of one of the other pids (*sibling) and the end of the newest
- * period as NVML stamps it (CLOCK_REALTIME us). Called by one thread per process (the
- * limiter's). */
+ * ended since the newest sample the previous calls saw (or a short period before the last
+ * call that found none), and (OURS, OTHERS_ONLY) the share of pid self among them
+ * (*own), the largest share of one of the other pids (*sibling), the end of the newest
+ * period as NVML stamps it and the time the shares are averaged from (*since_us: the time
+ * asked; both CLOCK_REALTIME us). Called by one thread at a time (the limiter's sampler,
+ * sampler.h). */
 enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids, int32_t self,
                                         double *util, double *own, double *sibling,
-                                        unsigned long long *stamp_us);
+                                        unsigned long long *stamp_us,
+                                        unsigned long long *since_us);
 
 /* The whole device's utilisation (percent) over NVML's latest sample period, every tenant's
  * work included: VGPU_UTIL_WHOLE_DEVICE, or VGPU_UTIL_UNKNOWN. */

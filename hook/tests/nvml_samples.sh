@@ -67,9 +67,12 @@ say $? "the contention pair itself passed"
 # One bit a sample (FAKE_NVML_SAMPLE_WINNER=1), two unlimited tenants: what the sampler prints
 # must tell it from the above, as the H200's did (hook/README.md, "Fourth run"): each tenant in
 # some periods only (one of them in all or none of 15 draws at even odds: 1 in 16 384), its
-# readings NVML's averages over the second before each, so never 0 and mostly under 90 (a
-# second's 6 periods all one tenant's: 1 in 32), and NVML's averages over the half, asked once,
-# adding up to the GPU's whole time (each period given whole to one of them), 85-101 %.
+# readings NVML's averages over the second before each, so mostly under 90 (a second's 6
+# periods all one tenant's: 1 in 32; one period at a time, each would be 90 or more), and
+# NVML's averages over the half, asked once, adding up to the GPU's whole time (each period
+# given whole to one of them), 85-101 %. (Not that no reading is 0, as none was on the H200:
+# the fake lists no process in a window it did not run in, so over it that holds of any
+# sampler.)
 export FAKE_NVML_SAMPLE_WINNER=1
 sample one-bit none none
 for t in a b; do
@@ -78,11 +81,9 @@ for t in a b; do
     awk -v l="$line" 'BEGIN {
         ok = match(l, /: [0-9]+ of [0-9]+ periods/)
         split(substr(l, RSTART + 2, RLENGTH - 2), n, " ")
-        ok = ok && match(l, / 0 in [0-9.]+ %/)
-        zero = substr(l, RSTART + 6, RLENGTH - 8) + 0
         ok = ok && match(l, />= 90 in [0-9.]+ %/)
         high = substr(l, RSTART + 9, RLENGTH - 11) + 0
-        exit !(ok && n[1] > 0 && n[1] < n[3] && zero == 0 && high < 50) }'
+        exit !(ok && n[1] > 0 && n[1] < n[3] && high < 50) }'
     say $? "$what (${line#*: })"
 done
 together=$(sed -n "s/^NVML's average over the measured half, [ab]-50-50 (pid [0-9]*): \([0-9]*\) %$/\1/p" \

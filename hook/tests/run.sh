@@ -400,6 +400,8 @@ run throttle-none "$build/tests/test_throttle" none
 run throttle-second-gpu CUDA_DEVICE_SM_LIMIT_1=40 "$build/tests/test_throttle" 40 second-gpu
 # The limiter's thread cannot be made for a second (pthread_create fails): launches wait.
 run throttle-nothread CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 nothread
+# ... and its NVML thread never can: NVML is read on the limiter's own thread.
+run throttle-nosampler CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 nosampler
 # After a cuCtxSynchronize that covers all its work, nothing of a process runs: it prepays
 # nothing until its next launch; it goes on prepaying where another context, or another
 # thread's launch during the synchronisation, may leave work running (NVML silent for the
@@ -416,6 +418,13 @@ done
 run throttle-burst CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 burst
 run throttle-burst-whole-gpu CUDA_DEVICE_SM_LIMIT=20 FAKE_NVML_NO_PROCESS_UTIL=1 \
     "$build/tests/test_throttle" 20 burst
+# ... with each per-process NVML query taking 200 ms: a reading then averages the periods since
+# the last, and is charged for all of them (charged as one, the 200 ms kernels kept the GPU
+# 91.2-92.6 % busy under 50; read on the limiter's thread, the 20 ms ones got 10.0 %).
+run throttle-burst-slow-nvml CUDA_DEVICE_SM_LIMIT=50 FAKE_NVML_SLOW_MS=200 \
+    "$build/tests/test_throttle" 50 burst
+# Not run: "test_throttle 20 idle-bursts" (bursts after idle time) starves a burst in about one
+# run of ten (hook/README.md, "Not done").
 # Two processes of one container: its GPU-time account is theirs together; both must run (held
 # for good, one reads 0), and split the limit evenly (test_throttle.c says why they did not).
 run throttle-siblings CUDA_DEVICE_SM_LIMIT=30 FAKE_GPU_SHARED="$tmp/siblings.shm" \
@@ -448,7 +457,13 @@ wait $c1 $c2 $!
 # ... and both contexts made at the same moment (pods started together): neither host pid can
 # be told from the context; each is learnt by an allocation (the library's probe).
 FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXT_MIB=100 FAKE_CUDA_CONTEXTS_TOGETHER=2 \
-    contention 30-60-together 30 60
+    contention 30-60-together 30 60 &
+c1=$!
+# NVML's per-process query taking 400 ms (its calls can be slow): the refills go on meanwhile
+# (src/sampler.h). Made on the limiter's own thread, the tenant at 30 got 4.2-4.4 % (and
+# 33.4-36.8 % on a thread of its own asking each of the fake's 2 devices, the limit naming 16).
+FAKE_NVML_SLOW_MS=400 contention 30-none-slow-nvml 30 none
+wait $c1
 # Graphs made executable through the CUDA 10/11 exports, which CUDA 11 builds call, and graphs
 # changed once executable (a kernel's grid, a child graph, nodes enabled): the cost follows; an
 # update the driver refused: it does not; setters after an update, naming the nodes the graph

@@ -8,6 +8,8 @@
  * conditional WHILE node instead (while_graphs); with "burst": a light load, then large kernels
  * (burst_after_light_load); with "siblings": two processes of one container (siblings); with
  * "nothread": the limiter's thread cannot be made at first (without_a_thread); with
+ * "nosampler": its NVML thread never can (without_a_sampler); with "idle-bursts": bursts of
+ * kernels after idle time (bursts_after_idle); with
  * "second-gpu": two GPUs, a limit on the second alone (limit_on_second_gpu); with "drain CASE":
  * what a process prepays after a synchronisation (drained). */
 #include <cuda.h>
@@ -177,22 +179,29 @@ static double run_for(double seconds, unsigned *i, unsigned stride)
 }
 
 /* pthread_create for the whole process, libvgpu's included: EAGAIN until threads_fail_until
- * (now_s), as under an RLIMIT_AS or RLIMIT_NPROC a process may set on itself; threads_tried
- * counts the calls. Only "nothread" sets it (this test makes no thread of its own). */
+ * (now_s), or once threads_made reaches threads_allowed (0: no bound), as under an RLIMIT_AS
+ * or RLIMIT_NPROC a process may set on itself; threads_tried
+ * counts the calls. Only "nothread" and "nosampler" set them (this test makes no thread of its
+ * own). */
 static double threads_fail_until;
-static unsigned threads_tried;
+static unsigned threads_tried, threads_made, threads_allowed;
 
 int pthread_create(pthread_t *thread, const pthread_attr_t *attr, void *(*run)(void *),
                    void *arg)
 {
     typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
     static create_fn real;
-    threads_tried++;
-    if (now_s() < threads_fail_until)
+    __atomic_add_fetch(&threads_tried, 1, __ATOMIC_SEQ_CST);
+    if (now_s() < threads_fail_until ||
+        (threads_allowed != 0 &&
+         __atomic_load_n(&threads_made, __ATOMIC_SEQ_CST) >= threads_allowed))
         return EAGAIN;
     if (real == NULL)
         real = (create_fn)dlsym(RTLD_NEXT, "pthread_create");
-    return real != NULL ? real(thread, attr, run, arg) : EAGAIN;
+    int rc = real != NULL ? real(thread, attr, run, arg) : EAGAIN;
+    if (rc == 0)
+        __atomic_add_fetch(&threads_made, 1, __ATOMIC_SEQ_CST);
+    return rc;
 }
 
 /* The limiter's thread cannot be made for the first second. Before, every launch of that
@@ -213,6 +222,56 @@ static void without_a_thread(double limit)
     double util = run_for(2.0, &i, VARIANTS);
     check(fabs(util - limit) <= 5.0, "limit %.0f%%: once the thread ran, %.1f%% after 2 s",
           limit, util);
+}
+
+/* Bursts after idle time (an inference server between batches of requests): 3 s without a
+ * launch, then 0.4 s of back-to-back 2 ms kernels, six times; the first two, in which the rate
+ * is calibrated, are not measured (the first ran at 38-60 %, the second at 18-47 %). Each of
+ * the others asks for the whole GPU, so none may get 5 points under the limit or 10 over it,
+ * and their mean must be within 5 points over it (a step lags a sample period or two). Not in
+ * tests/run.sh: in about one run of ten one burst gets 3.6-3.8 %, the next ones 7-18 %, with
+ * this library and with that of 39f6010 (hook/README.md, "Not done"). */
+static void bursts_after_idle(double limit)
+{
+    use_device(0);
+    double least = 100, most = 0, sum = 0;
+    for (int burst = 0; burst < 6; burst++) {
+        sleep_s(burst == 0 ? 0.0 : 3.0);
+        uint64_t busy0 = fake_cuda_busy_ns(0);
+        double t0 = now_s();
+        while (now_s() - t0 < 0.4) {
+            cuLaunchKernel(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+            cuCtxSynchronize();
+        }
+        double share = 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - t0) * 1e9);
+        printf("# burst %d: %.1f%% of the GPU\n", burst, share);
+        if (burst >= 2) {
+            sum += share;
+            least = share < least ? share : least;
+            most = share > most ? share : most;
+        }
+    }
+    check(least >= limit - 5.0 && sum / 4 <= limit + 5.0 && most <= limit + 10.0,
+          "limit %.0f%%: 0.4 s bursts after 3 s idle, from the third on %.1f-%.1f%%, %.1f%% on "
+          "average", limit, least, most, sum / 4);
+}
+
+/* Only the limiter's own thread can be made, never its NVML thread (src/sampler.c): NVML is
+ * read on the limiter's thread, which tries to make the other at every reading, and the limit
+ * holds. */
+static void without_a_sampler(double limit)
+{
+    use_device(0);
+    threads_allowed = 1;
+    unsigned i = 0;
+    run_for(2.0, &i, VARIANTS); /* settle */
+    double util = run_for(2.0, &i, VARIANTS);
+    unsigned made = __atomic_load_n(&threads_made, __ATOMIC_SEQ_CST);
+    unsigned tried = __atomic_load_n(&threads_tried, __ATOMIC_SEQ_CST);
+    check(made == 1 && tried >= 20, "no thread for NVML: %u made, %u tried in 4 s (the "
+          "limiter's, then the NVML thread's at every reading)", made, tried);
+    check(fabs(util - limit) <= 5.0, "limit %.0f%%: NVML read on the limiter's thread, %.1f%% "
+          "after 2 s", limit, util);
 }
 
 /* SIGALRM: a launch held back past the test's bound fails the test instead of hanging it. */
@@ -660,6 +719,14 @@ int main(int argc, char **argv)
     if (argc > 2 && strcmp(argv[2], "nothread") == 0) {
         without_a_thread(atof(limit_arg));
         return check_done("test_throttle nothread");
+    }
+    if (argc > 2 && strcmp(argv[2], "idle-bursts") == 0) {
+        bursts_after_idle(atof(limit_arg));
+        return check_done("test_throttle idle-bursts");
+    }
+    if (argc > 2 && strcmp(argv[2], "nosampler") == 0) {
+        without_a_sampler(atof(limit_arg));
+        return check_done("test_throttle nosampler");
     }
     if (argc > 2 && strcmp(argv[2], "burst") == 0) {
         use_device(0);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fake_state.h"
 
@@ -139,6 +140,16 @@ static int util_fails(void)
     return fails != NULL && fails[0] != '\0' && strcmp(fails, "0") != 0;
 }
 
+/* FAKE_NVML_SLOW_MS=N, read at every call: the per-process query takes N ms before it answers
+ * (NVML's calls can be slow). */
+static void answer_slowly(void)
+{
+    const char *slow = getenv("FAKE_NVML_SLOW_MS");
+    long ms = slow != NULL ? strtol(slow, NULL, 10) : 0;
+    if (ms > 0)
+        nanosleep(&(struct timespec){.tv_sec = ms / 1000, .tv_nsec = ms % 1000 * 1000000L}, NULL);
+}
+
 /* One sample per process that got SM time in the sample periods ending after last_seen (0: all
  * the fake keeps), its share averaged over them and stamped with its latest one's end
  * (fake_state.h, fake_gpu_samples_since). FAKE_NVML_NO_PROCESS_UTIL=1: the query is not
@@ -157,6 +168,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         return NVML_ERROR_INVALID_ARGUMENT;
     if (util_fails())
         return NVML_ERROR_UNKNOWN;
+    answer_slowly();
     struct fake_gpu_sample got[MAX_PROCS];
     int n = fake_gpu_samples_since(device->index, last_seen, got, MAX_PROCS); /* <= MAX_PROCS */
     if (n == 0) {
