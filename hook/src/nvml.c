@@ -189,6 +189,12 @@ enum vgpu_util vgpu_nvml_device_util(int dev, double *util)
     return handle_for(dev, &device) == 0 ? whole_device(device, util) : VGPU_UTIL_UNKNOWN;
 }
 
+/* NVML's shortest sample period (1/6 s; its longest is 1 s), in us: after a NOT_FOUND, a
+ * sample published up to this late, or stamped by a clock up to this far behind ours, is
+ * still read. (The time asked is then not a period's start: a reading's span, taken from it,
+ * may leave out up to a period.) */
+static const unsigned long long idle_margin_us = 166667;
+
 /* NVML answers one sample per process: its SM share averaged over the sample periods (about
  * 1/6 s each) since last_seen, stamped with its latest one's end (nvml.h: "utilization since
  * the previous query"; since 0, every period the driver keeps). Asked since the newest stamp
@@ -202,12 +208,6 @@ enum vgpu_util vgpu_nvml_device_util(int dev, double *util)
  * fake GPU's time under a limit of 20 in 4 runs (tests/test_contention.c, chain). The sum over
  * our pids is the container's share; pids of other tenants never count against it (the GPU
  * time-slices their contexts). */
-/* NVML's shortest sample period (1/6 s; its longest is 1 s), in us: after a NOT_FOUND, a
- * sample published up to this late, or stamped by a clock up to this far behind ours, is
- * still read. (The time asked is then not a period's start: a reading's span, taken from it,
- * may leave out up to a period.) */
-static const unsigned long long idle_margin_us = 166667;
-
 enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids, int32_t self,
                                         double *util, double *own, double *sibling,
                                         unsigned long long *stamp_us,

@@ -32,18 +32,23 @@ static unsigned asked;            /* under lock: the devices of the reading unde
 static int thread_running;        /* under lock */
 static struct vgpu_sample readings[VGPU_REGION_MAX_DEVICES]; /* the thread's while READING */
 
+/* The container's processes as the region has them, read once a reading of all devices. */
+struct container {
+    int32_t pids[MAX_PIDS];
+    int npids;
+    int32_t self; /* this process's host pid, 0: unknown */
+    int pids_known;
+};
+
 /* Reads device dev for the container, and the whole GPU's utilisation where the container's
  * may not tell (no sample of its own, its host pids not all known). */
-static void read_one(int dev, struct vgpu_sample *s)
+static void read_one(int dev, const struct container *c, struct vgpu_sample *s)
 {
-    int32_t pids[MAX_PIDS];
-    int npids = vgpu_region_pids(pids, MAX_PIDS);
-    int32_t self = vgpu_region_host_pid();
-    *s = (struct vgpu_sample){.self = self, .pids_known = vgpu_region_host_pids_known(),
-                              .util = -1, .device_what = VGPU_UTIL_UNKNOWN, .device_util = -1};
-    s->what = vgpu_nvml_container_util(dev, pids, npids, self != 0 ? self : (int32_t)getpid(),
-                                       &s->util, &s->own, &s->sibling, &s->stamp_us,
-                                       &s->since_us);
+    *s = (struct vgpu_sample){.self = c->self, .pids_known = c->pids_known, .util = -1,
+                              .device_what = VGPU_UTIL_UNKNOWN, .device_util = -1};
+    s->what = vgpu_nvml_container_util(dev, c->pids, c->npids,
+                                       c->self != 0 ? c->self : (int32_t)getpid(), &s->util,
+                                       &s->own, &s->sibling, &s->stamp_us, &s->since_us);
     int needs_device = s->what == VGPU_UTIL_NO_NEW_SAMPLE || s->what == VGPU_UTIL_UNKNOWN ||
                        (s->what == VGPU_UTIL_OTHERS_ONLY && !s->pids_known);
     if (needs_device)
@@ -53,9 +58,22 @@ static void read_one(int dev, struct vgpu_sample *s)
 
 static void read_all(unsigned devices)
 {
+    struct container c;
+    c.npids = vgpu_region_pids(c.pids, MAX_PIDS);
+    c.self = vgpu_region_host_pid();
+    c.pids_known = vgpu_region_host_pids_known();
     for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++)
         if (devices & (1u << dev))
-            read_one(dev, &readings[dev]);
+            read_one(dev, &c, &readings[dev]);
+}
+
+/* The readings of `devices` to out; returns the mask. */
+static unsigned copy_out(unsigned devices, struct vgpu_sample *out)
+{
+    for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++)
+        if (devices & (1u << dev))
+            out[dev] = readings[dev];
+    return devices;
 }
 
 static void *sample(void *unused)
@@ -112,12 +130,8 @@ static void wait_done(uint64_t until)
 
 static unsigned take(unsigned devices, struct vgpu_sample *out)
 {
-    unsigned got = asked & devices;
-    for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++)
-        if (got & (1u << dev))
-            out[dev] = readings[dev];
     state = IDLE;
-    return got;
+    return copy_out(asked & devices, out);
 }
 
 static void make_changed(void)
@@ -152,10 +166,7 @@ unsigned vgpu_sampler_collect(unsigned devices, struct vgpu_sample *out, uint64_
         if (!start_thread()) {
             pthread_mutex_unlock(&lock);
             read_all(devices); /* no other thread to read: state stays IDLE, readings ours */
-            for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++)
-                if (devices & (1u << dev))
-                    out[dev] = readings[dev];
-            return devices;
+            return copy_out(devices, out);
         }
         ask(devices);
         wait_done(monotonic_ns() + wait_ns);

@@ -1,7 +1,7 @@
 /* sampler.h - what NVML says of a GPU's processes, read for the SM limiter on a thread of its
  * own. An NVML call may take long (hundreds of ms at times); made on the watcher's thread, it
  * stopped the refills, and every launch of a limited process waited through it: a tenant at 30
- * beside an unlimited one got 4.4 % of the fake GPU with each query taking 400 ms
+ * beside an unlimited one got 4.2-4.4 % of the fake GPU with each query taking 400 ms
  * (tests/run.sh, contention-30-none-slow-nvml). */
 #ifndef VGPU_SAMPLER_H
 #define VGPU_SAMPLER_H

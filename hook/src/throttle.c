@@ -4,7 +4,6 @@
 
 #include <pthread.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "account.h"
 #include "control.h"

@@ -699,39 +699,30 @@ static void limit_on_second_gpu(double limit)
 int main(int argc, char **argv)
 {
     const char *limit_arg = argc > 1 ? argv[1] : "none";
-    if (argc > 2 && strcmp(argv[2], "second-gpu") == 0) {
-        limit_on_second_gpu(atof(limit_arg));
-        return check_done("test_throttle second-gpu");
-    }
-    if (argc > 2 && strcmp(argv[2], "while") == 0) {
-        use_device(0);
-        while_graphs(atof(limit_arg));
-        return check_done("test_throttle while");
-    }
+    /* The modes that take the limit alone; `device`: device 0's context made current first. */
+    static const struct {
+        const char *name, *done;
+        void (*run)(double limit);
+        int device;
+    } modes[] = {
+        {"second-gpu", "test_throttle second-gpu", limit_on_second_gpu, 0},
+        {"while", "test_throttle while", while_graphs, 1},
+        {"siblings", "test_throttle siblings", siblings, 0},
+        {"nothread", "test_throttle nothread", without_a_thread, 0},
+        {"idle-bursts", "test_throttle idle-bursts", bursts_after_idle, 0},
+        {"nosampler", "test_throttle nosampler", without_a_sampler, 0},
+        {"burst", "test_throttle burst", burst_after_light_load, 1},
+    };
+    for (size_t m = 0; argc > 2 && m < sizeof modes / sizeof modes[0]; m++)
+        if (strcmp(argv[2], modes[m].name) == 0) {
+            if (modes[m].device)
+                use_device(0);
+            modes[m].run(atof(limit_arg));
+            return check_done(modes[m].done);
+        }
     if (argc > 3 && strcmp(argv[2], "drain") == 0) {
         drained(atof(limit_arg), argv[3]);
         return check_done("test_throttle drain");
-    }
-    if (argc > 2 && strcmp(argv[2], "siblings") == 0) {
-        siblings(atof(limit_arg));
-        return check_done("test_throttle siblings");
-    }
-    if (argc > 2 && strcmp(argv[2], "nothread") == 0) {
-        without_a_thread(atof(limit_arg));
-        return check_done("test_throttle nothread");
-    }
-    if (argc > 2 && strcmp(argv[2], "idle-bursts") == 0) {
-        bursts_after_idle(atof(limit_arg));
-        return check_done("test_throttle idle-bursts");
-    }
-    if (argc > 2 && strcmp(argv[2], "nosampler") == 0) {
-        without_a_sampler(atof(limit_arg));
-        return check_done("test_throttle nosampler");
-    }
-    if (argc > 2 && strcmp(argv[2], "burst") == 0) {
-        use_device(0);
-        burst_after_light_load(atof(limit_arg));
-        return check_done("test_throttle burst");
     }
     launch_ptsz = (launch_fn)dlsym(RTLD_DEFAULT, "cuLaunchKernel_ptsz");
     coop_ptsz = (coop_fn)dlsym(RTLD_DEFAULT, "cuLaunchCooperativeKernel_ptsz");
