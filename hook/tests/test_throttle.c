@@ -192,15 +192,20 @@ int pthread_create(pthread_t *thread, const pthread_attr_t *attr, void *(*run)(v
     typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
     static create_fn real;
     __atomic_add_fetch(&threads_tried, 1, __ATOMIC_SEQ_CST);
-    if (now_s() < threads_fail_until ||
-        (threads_allowed != 0 &&
-         __atomic_load_n(&threads_made, __ATOMIC_SEQ_CST) >= threads_allowed))
+    if (now_s() < threads_fail_until)
         return EAGAIN;
+    /* Counted before it runs: the limiter's thread makes the NVML thread at once, and counted
+     * after, that one was let through too when it came first (2 made in one make test). */
+    unsigned made = __atomic_add_fetch(&threads_made, 1, __ATOMIC_SEQ_CST);
+    if (threads_allowed != 0 && made > threads_allowed) {
+        __atomic_sub_fetch(&threads_made, 1, __ATOMIC_SEQ_CST);
+        return EAGAIN;
+    }
     if (real == NULL)
         real = (create_fn)dlsym(RTLD_NEXT, "pthread_create");
     int rc = real != NULL ? real(thread, attr, run, arg) : EAGAIN;
-    if (rc == 0)
-        __atomic_add_fetch(&threads_made, 1, __ATOMIC_SEQ_CST);
+    if (rc != 0)
+        __atomic_sub_fetch(&threads_made, 1, __ATOMIC_SEQ_CST);
     return rc;
 }
 
