@@ -15,9 +15,8 @@ double vgpu_control_next_rate(double rate, double limit, double util, double dem
     }
     if (throttled)
         next *= balance;
-    double ceiling = 2.0 * demand + min_rate;
-    if (throttled && ceiling < rate)
-        ceiling = rate;
+    double least = throttled || util < limit ? rate : 0.5 * rate;
+    double ceiling = fmax(2.0 * demand + min_rate, least);
     if (next > ceiling)
         next = ceiling;
     return next < min_rate ? min_rate : next;

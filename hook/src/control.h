@@ -9,9 +9,13 @@
  * what was taken), so a process that is not using its budget cannot bank a burst; a throttled
  * process (its launches waited for tokens: it took what it was given, nothing in a held period)
  * keeps at least its rate, and only it has its step multiplied by balance
- * (vgpu_control_sibling_factor), before that bound, so a raise needs demand to back it. Never
- * below min_rate. (A period without demand takes no step; one in which a launch waits for
- * tokens and none were taken is stepped by the balance alone: throttle.c, starved.) */
+ * (vgpu_control_sibling_factor), before that bound, so a raise needs demand to back it. Another
+ * keeps at least its rate under its limit, and half of it at its limit or over: demand is over
+ * the whole period, idle time included, so it tells what the process asked for, not what its
+ * rate allows; cut to twice it, the rate fell tenfold when a burst ended just after a step, and
+ * the next burst after idle time got 1.8-19.4 % under a limit of 20 (tests/test_throttle.c,
+ * bursts). Never below min_rate. (A period without demand takes no step; one in which a launch
+ * waits for tokens and none were taken is stepped by the balance alone: throttle.c, starved.) */
 double vgpu_control_next_rate(double rate, double limit, double util, double demand,
                               double min_rate, int throttled, double balance);
 

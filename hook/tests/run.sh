@@ -423,8 +423,13 @@ run throttle-burst-whole-gpu CUDA_DEVICE_SM_LIMIT=20 FAKE_NVML_NO_PROCESS_UTIL=1
 # 91.2-92.6 % busy under 50; read on the limiter's thread, the 20 ms ones got 10.0 %).
 run throttle-burst-slow-nvml CUDA_DEVICE_SM_LIMIT=50 FAKE_NVML_SLOW_MS=200 \
     "$build/tests/test_throttle" 50 burst
-# Not run: "test_throttle 20 idle-bursts" (bursts after idle time) starves a burst in about one
-# run of ten (hook/README.md, "Not done").
+# Bursts after idle time; with a lone kernel after each, of 2000 or 100 blocks, a rate step comes
+# in the idle time after every burst (that period's demand cut the rate tenfold: the bursts got
+# 1.8-19.4 and 3.2-13.8 % under 20, src/control.h).
+run throttle-idle-bursts CUDA_DEVICE_SM_LIMIT=20 "$build/tests/test_throttle" 20 idle-bursts
+run throttle-tail-bursts CUDA_DEVICE_SM_LIMIT=20 "$build/tests/test_throttle" 20 tail-bursts
+run throttle-small-tail-bursts CUDA_DEVICE_SM_LIMIT=20 "$build/tests/test_throttle" 20 \
+    small-tail-bursts
 # Two processes of one container: its GPU-time account is theirs together; both must run (held
 # for good, one reads 0), and split the limit evenly (test_throttle.c says why they did not).
 run throttle-siblings CUDA_DEVICE_SM_LIMIT=30 FAKE_GPU_SHARED="$tmp/siblings.shm" \

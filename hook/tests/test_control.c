@@ -38,15 +38,23 @@ int main(void)
     double r = vgpu_control_next_rate(1000.0, 30, 90, 1000.0, 1.0, 0, 1.0);
     check(r >= 500.0 && r < 1000.0, "over the limit the rate falls, at most by half (%.1f)", r);
     r = vgpu_control_next_rate(1000.0, 30, 0, 0.0, 1.0, 0, 1.0);
-    check(r == 1.0, "an idle process cannot bank budget: rate bounded by demand (%.1f)", r);
+    check(r == 1000.0, "an idle process cannot bank budget: no raise without demand (%.1f)", r);
     r = vgpu_control_next_rate(1000.0, 30, 10, 5000.0, 1.0, 0, 1.0);
     check(r > 1000.0 && r <= 2000.0, "under the limit with demand the rate rises (%.1f)", r);
-    r = vgpu_control_next_rate(1000.0, 30, 30, 50.0, 1.0, 0, 1.0);
-    check(r == 101.0, "at the limit, a process that took 50 tokens/s of its 1000 falls to twice "
-          "that (%.1f)", r);
+    int steps = 0;
+    for (r = 1000.0; r > 101.0 && steps < 10; steps++)
+        r = vgpu_control_next_rate(r, 30, 30, 50.0, 1.0, 0, 1.0);
+    check(r == 101.0 && steps == 4, "at the limit, a process that took 50 tokens/s of its 1000 "
+          "falls to twice that, by half a step (%.1f after %d steps)", r, steps);
     r = vgpu_control_next_rate(1000.0, 30, 30, 50.0, 1.0, 1, 1.0);
     check(r == 1000.0, "... not a throttled one (its launches waited: a hold gave it nothing), "
           "which keeps its rate (%.1f)", r);
+    r = vgpu_control_next_rate(1000.0, 30, 9, 100.0, 1.0, 0, 1.0);
+    check(r == 1000.0, "under its limit, one not throttled that took 100 tokens/s (a burst that "
+          "ended early in the period, or a lone small kernel) keeps its rate, which its next "
+          "burst needs, and does not rise (%.1f)", r);
+    r = vgpu_control_next_rate(1000.0, 30, 60, 100.0, 1.0, 0, 1.0);
+    check(r == 500.0, "over it, falls by half (%.1f)", r);
     r = vgpu_control_next_rate(1000.0, 30, 30, 1000.0, 1.0, 1, 1.5);
     check(r == 1500.0, "at the limit, taking all it is given, balanced by 1.5: 1.5x (%.1f)", r);
     r = vgpu_control_next_rate(1000.0, 30, 60, 1000.0, 1.0, 1, 2.0);
