@@ -15,7 +15,7 @@ double vgpu_control_next_rate(double rate, double limit, double util, double dem
     }
     if (throttled)
         next *= balance;
-    double least = throttled || util < limit ? rate : 0.5 * rate;
+    double least = (throttled || util < limit) ? rate : 0.5 * rate;
     double ceiling = fmax(2.0 * demand + min_rate, least);
     if (next > ceiling)
         next = ceiling;

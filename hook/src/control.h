@@ -5,8 +5,9 @@
 /* Next refill rate (tokens/s) from the current rate, the limit and the measured utilisation
  * (both percent) and the tokens/s the application actually took. The rate is scaled by
  * sqrt(limit / utilisation), clamped to [0.5, 2]: the step is relative to the current rate, so
- * it never depends on the GPU's SM count (HAMi-core's SMs^2 step does). Demand bounds it (twice
- * what was taken), so a process that is not using its budget cannot bank a burst; a throttled
+ * it never depends on the GPU's SM count (HAMi-core's SMs^2 step does). Demand bounds a raise
+ * (twice what was taken), so a process that is not using its budget does not raise its rate
+ * (what it banks is the bucket's, 20 ms of its rate, and the account's to bound); a throttled
  * process (its launches waited for tokens: it took what it was given, nothing in a held period)
  * keeps at least its rate, and only it has its step multiplied by balance
  * (vgpu_control_sibling_factor), before that bound, so a raise needs demand to back it. Another

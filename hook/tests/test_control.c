@@ -37,10 +37,13 @@ int main(void)
     }
     double r = vgpu_control_next_rate(1000.0, 30, 90, 1000.0, 1.0, 0, 1.0);
     check(r >= 500.0 && r < 1000.0, "over the limit the rate falls, at most by half (%.1f)", r);
-    r = vgpu_control_next_rate(1000.0, 30, 0, 0.0, 1.0, 0, 1.0);
-    check(r == 1000.0, "an idle process cannot bank budget: no raise without demand (%.1f)", r);
+    r = vgpu_control_next_rate(1000.0, 30, 0, 1.0, 1.0, 0, 1.0);
+    check(r == 1000.0, "a process that took 1 token/s of its 1000, the GPU idle, is not raised: "
+          "no demand backs it (%.1f)", r);
     r = vgpu_control_next_rate(1000.0, 30, 10, 5000.0, 1.0, 0, 1.0);
     check(r > 1000.0 && r <= 2000.0, "under the limit with demand the rate rises (%.1f)", r);
+    r = vgpu_control_next_rate(1000.0, 30, 9, 600.0, 1.0, 0, 1.0);
+    check(r == 1201.0, "... to twice its demand at most (%.1f)", r);
     int steps = 0;
     for (r = 1000.0; r > 101.0 && steps < 10; steps++)
         r = vgpu_control_next_rate(r, 30, 30, 50.0, 1.0, 0, 1.0);
