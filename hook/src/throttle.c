@@ -668,9 +668,8 @@ static void *watch(void *unused)
             observe(dev, &buckets[dev], 0.0, &samples[dev], &averaged);
     for (unsigned tick = 1;; tick++) {
         sleep_ns(TICK_NS);
-        got = tick % CONTROL_TICKS == 0
-                  ? vgpu_sampler_collect(devices_to_read(), samples, reading_wait_ns)
-                  : 0;
+        int step = tick % CONTROL_TICKS == 0; /* a control step at this tick */
+        got = step ? vgpu_sampler_collect(devices_to_read(), samples, reading_wait_ns) : 0;
         for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++) {
             struct bucket *b = &buckets[dev];
             if (b->limit == 0)
@@ -691,7 +690,7 @@ static void *watch(void *unused)
                 b->consumed_at_tick = taken;
                 b->last_launch_us = now_us;
             }
-            if (tick % CONTROL_TICKS == 0)
+            if (step)
                 control(dev, b, monotonic_ns(), got & (1u << dev) ? &samples[dev] : NULL);
             prepay(dev, b, now_us);
             if (b->rate > 0.0 && !b->held)

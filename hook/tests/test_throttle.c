@@ -181,9 +181,8 @@ static double run_for(double seconds, unsigned *i, unsigned stride)
 
 /* pthread_create for the whole process, libvgpu's included: EAGAIN until threads_fail_until
  * (now_s), or once threads_made reaches threads_allowed (0: no bound), as under an RLIMIT_AS
- * or RLIMIT_NPROC a process may set on itself; threads_tried
- * counts the calls. Only "nothread" and "nosampler" set them (this test makes no thread of its
- * own). */
+ * or RLIMIT_NPROC a process may set on itself; threads_tried counts the calls. Only
+ * "nothread" and "nosampler" set them (this test makes no thread of its own). */
 static double threads_fail_until;
 static unsigned threads_tried, threads_made, threads_allowed;
 
@@ -742,26 +741,28 @@ int main(int argc, char **argv)
     const char *limit_arg = argc > 1 ? argv[1] : "none";
     /* The modes that take the limit alone; `device`: device 0's context made current first. */
     static const struct {
-        const char *name, *done;
+        const char *name;
         void (*run)(double limit);
         int device;
     } modes[] = {
-        {"second-gpu", "test_throttle second-gpu", limit_on_second_gpu, 0},
-        {"while", "test_throttle while", while_graphs, 1},
-        {"siblings", "test_throttle siblings", siblings, 0},
-        {"nothread", "test_throttle nothread", without_a_thread, 0},
-        {"idle-bursts", "test_throttle idle-bursts", bursts_after_idle, 0},
-        {"tail-bursts", "test_throttle tail-bursts", bursts_with_a_tail, 0},
-        {"small-tail-bursts", "test_throttle small-tail-bursts", bursts_with_a_small_tail, 0},
-        {"nosampler", "test_throttle nosampler", without_a_sampler, 0},
-        {"burst", "test_throttle burst", burst_after_light_load, 1},
+        {"second-gpu", limit_on_second_gpu, 0},
+        {"while", while_graphs, 1},
+        {"siblings", siblings, 0},
+        {"nothread", without_a_thread, 0},
+        {"idle-bursts", bursts_after_idle, 0},
+        {"tail-bursts", bursts_with_a_tail, 0},
+        {"small-tail-bursts", bursts_with_a_small_tail, 0},
+        {"nosampler", without_a_sampler, 0},
+        {"burst", burst_after_light_load, 1},
     };
     for (size_t m = 0; argc > 2 && m < sizeof modes / sizeof modes[0]; m++)
         if (strcmp(argv[2], modes[m].name) == 0) {
             if (modes[m].device)
                 use_device(0);
             modes[m].run(atof(limit_arg));
-            return check_done(modes[m].done);
+            char suite[64];
+            snprintf(suite, sizeof suite, "test_throttle %s", modes[m].name);
+            return check_done(suite);
         }
     if (argc > 3 && strcmp(argv[2], "drain") == 0) {
         drained(atof(limit_arg), argv[3]);
