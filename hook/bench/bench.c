@@ -1,7 +1,8 @@
 /* bench.c - per-call overhead of libvgpu against the fake driver, interposed vs direct, in the
  * same process and run (run it with libvgpu.so preloaded; bench/run.sh does).
  *   bench calls        launch, alloc+free pair, cuMemGetInfo, a stream-ordered alloc+free
- *                      pair, a graph launch: direct vs interposed
+ *                      pair, a graph launch: direct vs interposed; under an SM limit, the
+ *                      launch again after a second thread launched once
  *   bench contexts     the launch of a kernel needing 2 KiB of stack a thread beside a second
  *                      context at the driver's default (1 KiB): every launch asks which
  *                      context it runs in
@@ -10,6 +11,7 @@
  * exported wrappers. Each figure is the median of several alternating rounds. */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -210,6 +212,13 @@ static int contexts(void)
     return 0;
 }
 
+static void *launch_once(void *ctx)
+{
+    cuCtxSetCurrent(ctx);
+    hooked.launch((CUfunction)(void *)&kernel_code, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "calls";
@@ -233,5 +242,14 @@ int main(int argc, char **argv)
         compare("cuMemAllocAsync + cuMemFreeAsync", time_async_pair, 300000);
     }
     compare("cuGraphLaunch (1 kernel node)", time_graph_launch, 1000000);
+    /* A second thread's launch makes the limiter's launcher "several" for good (a PyTorch
+     * process launches from its autograd thread too): every launch after it is timed so. */
+    CUcontext ctx;
+    pthread_t thread;
+    if (limit != NULL && cuCtxGetCurrent(&ctx) == CUDA_SUCCESS &&
+        pthread_create(&thread, NULL, launch_once, ctx) == 0 && pthread_join(thread, NULL) == 0) {
+        snprintf(label, sizeof label, "cuLaunchKernel (SM limit %s, 2 threads)", limit);
+        compare(label, time_launch, 2000000);
+    }
     return 0;
 }

@@ -25,6 +25,7 @@
 #undef cuCtxDestroy
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
+#undef cuStreamDestroy
 
 typedef unsigned int v1_ptr;
 struct array_v1 { /* CUDA_ARRAY_DESCRIPTOR_v1 */
@@ -51,6 +52,8 @@ CUresult cuCtxCreate(CUcontext *ctx, unsigned int flags, CUdevice dev);
 CUresult cuCtxDestroy(CUcontext ctx);
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
 CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+/* Streams: CUDA 2.0's destroy, the same arguments as its _v2. */
+CUresult cuStreamDestroy(CUstream stream);
 /* CUDA 10.0 and 11.0 (same arguments), and CUDA 10.2. */
 CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node,
                             char *log, size_t log_size);

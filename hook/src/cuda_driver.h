@@ -4,8 +4,9 @@
  * cuda_memory.c (allocations and frees), cuda_report.c (what the container is told it has),
  * cuda_launch.c (the SM limiter's gate), cuda_graph.c (what a graph launch costs),
  * cuda_graph_memory.c (what a graph's allocation nodes take), cuda_context.c (contexts made and
- * destroyed), cuda_limits.c (context limits that reserve memory). Each forwards to the real
- * driver; only the accounting around the call is ours. */
+ * destroyed), cuda_limits.c (context limits that reserve memory), cuda_sync.c (waits that tell
+ * the SM limiter the process's work is done). Each forwards to the real driver; only the
+ * accounting around the call is ours. */
 #ifndef VGPU_CUDA_DRIVER_H
 #define VGPU_CUDA_DRIVER_H
 
@@ -89,6 +90,12 @@ struct vgpu_cuda_real {
     CUresult (*cuGreenCtxDestroy)(CUgreenCtx);
     CUresult (*cuCtxFromGreenCtx)(CUcontext *, CUgreenCtx);
     CUresult (*cuCtxSynchronize)(void);
+    CUresult (*cuStreamSynchronize)(CUstream);
+    CUresult (*cuStreamSynchronize_ptsz)(CUstream);
+    CUresult (*cuStreamQuery)(CUstream);
+    CUresult (*cuStreamQuery_ptsz)(CUstream);
+    CUresult (*cuStreamDestroy)(CUstream);
+    CUresult (*cuStreamDestroy_v2)(CUstream);
     CUresult (*cuCtxCreate)(CUcontext *, unsigned int, CUdevice);
     CUresult (*cuCtxDestroy)(CUcontext);
     CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
@@ -172,6 +179,8 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
                                                     unsigned bz, unsigned shmem, CUstream stream,
                                                     void **params);
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+VGPU_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream);
+VGPU_EXPORT CUresult cuStreamQuery_ptsz(CUstream stream);
 VGPU_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream stream);
 VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
                                                        CUDA_GRAPH_INSTANTIATE_PARAMS *params);
@@ -251,6 +260,16 @@ enum { VGPU_DEVICE_UNKNOWN = -2 };
 static inline int vgpu_default_stream(CUstream stream)
 {
     return stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+}
+
+/* One value per stream for the SM limiter (throttle.h), never 0: the null handle names the
+ * legacy default stream in the plain exports and the calling thread's own in the _ptsz ones
+ * (cuda.h, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD), which name them themselves. */
+static inline uintptr_t vgpu_stream_key(CUstream stream, int per_thread)
+{
+    if (stream != NULL)
+        return (uintptr_t)stream;
+    return (uintptr_t)(per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY);
 }
 
 /* The device work on stream runs on (cuda_memory.c): a default stream's is the current

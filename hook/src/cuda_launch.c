@@ -10,20 +10,22 @@
  * the node monitor: a clock read per launch would cost more than the rest of the wrapper. */
 static __thread __attribute__((tls_model("initial-exec"))) unsigned launches_here;
 
-/* A launch on stream under an SM limit takes its tokens. Out of line: the driver's question
- * for the device needs a stack frame that the unlimited launch should not pay for. */
-static __attribute__((noinline)) void charge(uint64_t blocks, CUstream stream)
+/* A launch on stream (named through a _ptsz export: per_thread) under an SM limit takes its
+ * tokens. Out of line: the driver's question for the device needs a stack frame that the
+ * unlimited launch should not pay for. */
+static __attribute__((noinline)) void charge(uint64_t blocks, CUstream stream, int per_thread)
 {
-    vgpu_throttle_launch(launch_device_on(stream), blocks ? blocks : 1);
+    vgpu_throttle_launch(launch_device_on(stream), blocks ? blocks : 1,
+                         vgpu_stream_key(stream, per_thread));
 }
 
 /* The SM limiter's gate; with no limit this is one predictable branch. */
-static inline void gate(uint64_t blocks, CUstream stream)
+static inline void gate(uint64_t blocks, CUstream stream, int per_thread)
 {
     if (__builtin_expect((launches_here++ & 1023) == 0, 0))
         vgpu_region_note_launch();
     if (__builtin_expect(vgpu_throttle_enabled, 0))
-        charge(blocks, stream);
+        charge(blocks, stream, per_thread);
 }
 
 /* After the driver launched (rc its answer) a kernel whose stack check gave `stack`. */
@@ -39,7 +41,7 @@ VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsi
 {
     if (!ready() || real.cuLaunchKernel == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(grid(gx, gy, gz), stream);
+    gate(grid(gx, gy, gz), stream, 0);
     int stack = vgpu_stack_before_launch(f, stream);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream,
@@ -52,7 +54,7 @@ VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
 {
     if (!ready() || real.cuLaunchKernel_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(grid(gx, gy, gz), stream);
+    gate(grid(gx, gy, gz), stream, 1);
     int stack = vgpu_stack_before_launch(f, stream);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem,
@@ -65,7 +67,7 @@ VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f
     if (!ready() || real.cuLaunchKernelEx == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (config != NULL)
-        gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ), config->hStream);
+        gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ), config->hStream, 0);
     int stack = vgpu_stack_before_launch(f, config != NULL ? config->hStream : NULL);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchKernelEx(config, f, params, extra));
@@ -77,7 +79,7 @@ VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunct
     if (!ready() || real.cuLaunchKernelEx_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (config != NULL)
-        gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ), config->hStream);
+        gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ), config->hStream, 1);
     int stack = vgpu_stack_before_launch(f, config != NULL ? config->hStream : NULL);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchKernelEx_ptsz(config, f, params, extra));
@@ -90,7 +92,7 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsign
 {
     if (!ready() || real.cuLaunchCooperativeKernel == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(grid(gx, gy, gz), stream);
+    gate(grid(gx, gy, gz), stream, 0);
     int stack = vgpu_stack_before_launch(f, stream);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz,
@@ -104,7 +106,7 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
 {
     if (!ready() || real.cuLaunchCooperativeKernel_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(grid(gx, gy, gz), stream);
+    gate(grid(gx, gy, gz), stream, 1);
     int stack = vgpu_stack_before_launch(f, stream);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by,
@@ -123,7 +125,7 @@ VGPU_EXPORT CUresult cuLaunch(CUfunction f)
 {
     if (!ready() || real.cuLaunch == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(1, NULL);
+    gate(1, NULL, 0);
     int stack = vgpu_stack_before_launch(f, NULL);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY : launched(stack, real.cuLaunch(f));
 }
@@ -132,7 +134,7 @@ VGPU_EXPORT CUresult cuLaunchGrid(CUfunction f, int width, int height)
 {
     if (!ready() || real.cuLaunchGrid == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(legacy_grid(width, height), NULL);
+    gate(legacy_grid(width, height), NULL, 0);
     int stack = vgpu_stack_before_launch(f, NULL);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchGrid(f, width, height));
@@ -142,7 +144,7 @@ VGPU_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int width, int height, CUst
 {
     if (!ready() || real.cuLaunchGridAsync == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(legacy_grid(width, height), stream);
+    gate(legacy_grid(width, height), stream, 0);
     int stack = vgpu_stack_before_launch(f, stream);
     return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
                      : launched(stack, real.cuLaunchGridAsync(f, width, height, stream));
@@ -162,7 +164,8 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *li
     for (unsigned int i = 0; list != NULL && i < count; i++) {
         if (vgpu_throttle_enabled) {
             uint64_t blocks = grid(list[i].gridDimX, list[i].gridDimY, list[i].gridDimZ);
-            vgpu_throttle_launch(launch_device_on(list[i].hStream), blocks ? blocks : 1);
+            vgpu_throttle_launch(launch_device_on(list[i].hStream), blocks ? blocks : 1,
+                                 vgpu_stream_key(list[i].hStream, 0));
         }
         int stack = vgpu_stack_before_launch(list[i].function, list[i].hStream);
         if (stack < 0) {
@@ -180,7 +183,7 @@ VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
 {
     if (!ready() || real.cuGraphLaunch == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1, stream);
+    gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1, stream, 0);
     return vgpu_graph_launch(real.cuGraphLaunch, exec, stream, "cuGraphLaunch");
 }
 
@@ -188,6 +191,6 @@ VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
 {
     if (!ready() || real.cuGraphLaunch_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1, stream);
+    gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1, stream, 1);
     return vgpu_graph_launch(real.cuGraphLaunch_ptsz, exec, stream, "cuGraphLaunch");
 }

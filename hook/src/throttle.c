@@ -53,12 +53,16 @@ static const double share_weight = 0.25;
 /* Launches only take tokens and only the watcher adds them, so what launches took is counted
  * by the watcher from the value it last wrote (one atomic per launch, not two). */
 struct bucket {
-    int64_t tokens;     /* atomic; may go negative (debt) after a large launch */
+    /* Every limited launch reads tokens and the three fields after it: one cache line. */
+    _Alignas(64) int64_t tokens; /* atomic; may go negative (debt) after a large launch */
     /* Drained work (vgpu_throttle_synced), read by every launch: beside tokens, one cache line. */
-    uintptr_t launcher;  /* atomic: the one thread that launched here (its mark), 0: none yet,
-                          * several_launchers: more than one */
+    uintptr_t launcher;  /* atomic: the one thread that launched here (its thread_name),
+                          * no_launcher: none yet, several_launchers: more than one */
     unsigned long long drained_us; /* atomic: CLOCK_REALTIME us when that thread's
                                     * synchronisation returned; 0 again at its next launch */
+    uintptr_t stream;    /* atomic: the one stream launched on since the context's last drain
+                          * (vgpu_stream_key), 0: none yet, several_streams: more than one, or
+                          * one destroyed while named */
     int64_t written;    /* watcher: the value it last wrote to tokens */
     uint64_t taken;     /* watcher: tokens launches took before that write */
     double rate;        /* tokens/s; 0 = not calibrated yet (watcher only) */
@@ -101,9 +105,16 @@ int vgpu_throttle_enabled;
 static struct bucket buckets[VGPU_REGION_MAX_DEVICES];
 static int watcher_running; /* atomic; reset in a forked child (threads do not survive fork) */
 static int other_context[VGPU_REGION_MAX_DEVICES]; /* atomic: vgpu_throttle_context_made */
-/* A thread's mark (its address) names it in bucket.launcher. */
-static __thread __attribute__((tls_model("initial-exec"))) char thread_mark;
-static const uintptr_t several_launchers = 1;
+/* Not thread names: no_launcher is no thread's, even one not named yet (0), so that a launch
+ * compares its thread_name as it stands and names it only where it differs (note_launcher). */
+static const uintptr_t several_launchers = 1, no_launcher = UINTPTR_MAX;
+/* A thread's name in bucket.launcher: a number of its own, taken when it first needs one (0:
+ * none yet). Not its TLS address, which a thread made after another exited may reuse: a wait
+ * for its own default stream would pass for the dead thread's, whose work may run on. */
+static __thread __attribute__((tls_model("initial-exec"))) uintptr_t thread_name;
+static uintptr_t last_thread_name = several_launchers; /* atomic */
+/* Not a stream key: those are handles, or CU_STREAM_LEGACY and CU_STREAM_PER_THREAD (1, 2). */
+static const uintptr_t several_streams = UINTPTR_MAX;
 static unsigned watcher_failures; /* under watcher_lock: failed starts since the last one */
 static pthread_mutex_t watcher_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -147,7 +158,8 @@ static void start_full(struct bucket *b)
     b->blind = 0;
     b->waited = 0;
     b->own_avg = b->sibling_avg = 0.0;
-    b->launcher = 0;
+    b->launcher = no_launcher;
+    b->stream = 0;
     b->drained_us = b->paused_us = 0;
 }
 
@@ -782,15 +794,34 @@ void vgpu_throttle_init(void)
     vgpu_throttle_enabled = any;
 }
 
+static uintptr_t this_thread(void)
+{
+    if (__builtin_expect(thread_name == 0, 0))
+        thread_name = __atomic_add_fetch(&last_thread_name, 1, __ATOMIC_RELAXED);
+    return thread_name;
+}
+
 /* A launch by a thread other than the one bucket.launcher names: the first names it, a
  * second makes it several for good (a synchronisation on one thread may then return before
- * another's launch, made while it ran, is done). Out of line: once per thread. */
+ * another's launch, made while it ran, is done). Out of line: taken at most twice a device. */
 static __attribute__((noinline)) void note_launcher(struct bucket *b)
 {
-    uintptr_t none = 0;
-    if (!__atomic_compare_exchange_n(&b->launcher, &none, (uintptr_t)&thread_mark, 0,
-                                     __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+    uintptr_t none = no_launcher;
+    if (!__atomic_compare_exchange_n(&b->launcher, &none, this_thread(), 0, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST))
         __atomic_store_n(&b->launcher, several_launchers, __ATOMIC_SEQ_CST);
+}
+
+/* A launch on a stream other than the one bucket.stream names: the first names it, a second
+ * makes it several until a drain of the whole context (a synchronisation of one stream does
+ * not wait for another's work). Out of line: taken at most twice between such drains. */
+static __attribute__((noinline)) void note_stream(struct bucket *b, uintptr_t stream)
+{
+    uintptr_t none = 0;
+    if (!__atomic_compare_exchange_n(&b->stream, &none, stream, 0, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST) &&
+        none != stream)
+        __atomic_store_n(&b->stream, several_streams, __ATOMIC_SEQ_CST);
 }
 
 /* A launch ends a drain once it has its tokens: its work may run from here. (Ended when a launch
@@ -804,7 +835,20 @@ static void end_drain(struct bucket *b)
         __atomic_store_n(&b->drained_us, 0, __ATOMIC_SEQ_CST);
 }
 
-void vgpu_throttle_launch(int dev, uint64_t cost)
+/* Until the bucket of dev holds tokens. Out of line: a launch that finds them (most) then
+ * needs no stack frame of its own. */
+static __attribute__((noinline)) void wait_for_tokens(int dev, struct bucket *b)
+{
+    for (unsigned waits = 1; __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) <= 0; waits++) {
+        __atomic_store_n(&b->waited, 1, __ATOMIC_RELAXED);
+        sleep_ns(WAIT_NS);
+        if (waits % WATCHER_RETRY_WAITS == 0 &&
+            !__atomic_load_n(&watcher_running, __ATOMIC_ACQUIRE))
+            start_watcher(dev); /* it could not start: nothing else refills */
+    }
+}
+
+void vgpu_throttle_launch(int dev, uint64_t cost, uintptr_t stream)
 {
     if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES)
         return;
@@ -813,34 +857,43 @@ void vgpu_throttle_launch(int dev, uint64_t cost)
         return;
     if (__builtin_expect(!__atomic_load_n(&watcher_running, __ATOMIC_ACQUIRE), 0))
         start_watcher(dev);
-    for (unsigned waits = 1; __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) <= 0; waits++) {
-        __atomic_store_n(&b->waited, 1, __ATOMIC_RELAXED);
-        sleep_ns(WAIT_NS);
-        if (waits % WATCHER_RETRY_WAITS == 0 &&
-            !__atomic_load_n(&watcher_running, __ATOMIC_ACQUIRE))
-            start_watcher(dev); /* it could not start: nothing else refills */
-    }
+    if (__builtin_expect(__atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) <= 0, 0))
+        wait_for_tokens(dev, b);
     __atomic_sub_fetch(&b->tokens, (int64_t)cost, __ATOMIC_ACQ_REL);
-    if (__builtin_expect(__atomic_load_n(&b->launcher, __ATOMIC_RELAXED) != (uintptr_t)&thread_mark,
-                         0))
+    uintptr_t launcher = __atomic_load_n(&b->launcher, __ATOMIC_RELAXED);
+    if (__builtin_expect(launcher != thread_name && launcher != several_launchers, 0))
         note_launcher(b);
+    uintptr_t named = __atomic_load_n(&b->stream, __ATOMIC_RELAXED);
+    if (__builtin_expect(named != stream && named != several_streams, 0))
+        note_stream(b, stream);
     end_drain(b);
 }
 
-void vgpu_throttle_synced(int dev)
+void vgpu_throttle_synced(int dev, uintptr_t stream)
 {
     if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES || buckets[dev].limit == 0 ||
         __atomic_load_n(&other_context[dev], __ATOMIC_ACQUIRE))
         return; /* no limit here, or a context the synchronisation of this one does not cover */
     struct bucket *b = &buckets[dev];
-    uintptr_t me = (uintptr_t)&thread_mark;
+    uintptr_t me = this_thread();
     if (__atomic_load_n(&b->launcher, __ATOMIC_SEQ_CST) != me)
         return; /* another thread launched here (or none did) */
+    if (stream != VGPU_ALL_STREAMS && __atomic_load_n(&b->stream, __ATOMIC_SEQ_CST) != stream)
+        return; /* work may run on in a stream this one does not wait for */
     __atomic_store_n(&b->drained_us, unix_ns() / 1000u, __ATOMIC_SEQ_CST);
     /* A second thread whose first launch came after the check above either sees the drain
      * (and its launch ends it) or is seen here: its launch may run on. */
     if (__atomic_load_n(&b->launcher, __ATOMIC_SEQ_CST) != me)
         __atomic_store_n(&b->drained_us, 0, __ATOMIC_SEQ_CST);
+    else if (stream == VGPU_ALL_STREAMS)
+        __atomic_store_n(&b->stream, 0, __ATOMIC_SEQ_CST); /* no stream has work left */
+}
+
+void vgpu_throttle_stream_gone(int dev, uintptr_t stream)
+{
+    if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES && buckets[dev].limit != 0)
+        __atomic_compare_exchange_n(&buckets[dev].stream, &stream, several_streams, 0,
+                                    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 
 void vgpu_throttle_context_made(int dev)

@@ -405,11 +405,19 @@ run throttle-nosampler CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 n
 # After a cuCtxSynchronize that covers all its work, nothing of a process runs: it prepays
 # nothing until its next launch; it goes on prepaying where another context, or another
 # thread's launch during the synchronisation, may leave work running (NVML silent for the
-# test's length: an hour's sample period).
-for case in alone context green during bursts; do
+# test's length: an hour's sample period). The same after a stream's synchronisation or a
+# query that found it done, where every kernel since the last covering cuCtxSynchronize ran on
+# that stream (the default streams named every way; a stream on the second of two GPUs), not
+# where one ran on another, a query found it busy, another thread waited (one made after the
+# launching one exited among them), or the stream was destroyed while its kernel ran.
+for case in alone context green during bursts stream legacy legacy-ptsz per-thread \
+    per-thread-ptsz query query-ptsz second-device context-sync-first two-streams \
+    other-stream default-streams query-busy other-thread destroyed destroyed-v1 dead-thread; do
+    devices=1
+    [ "$case" = second-device ] && devices=2
     run "throttle-drain-$case" CUDA_DEVICE_SM_LIMIT=50 FAKE_GPU_SHARED="$tmp/drain-$case.shm" \
-        FAKE_CUDA_DEVICES=1 FAKE_NVML_SAMPLE_MS=3600000 "$build/tests/test_throttle" 50 drain \
-        "$case"
+        FAKE_CUDA_DEVICES=$devices FAKE_NVML_SAMPLE_MS=3600000 "$build/tests/test_throttle" 50 \
+        drain "$case"
 done
 # A light load, then large kernels: a debt in blocks the measured GPU time does not back; also
 # where NVML has no per-process samples (the whole GPU's utilisation stands for the container's).

@@ -429,9 +429,11 @@ static struct measured result(pid_t pid, int fd)
 static double limit_of(const char *limit) { return strcmp(limit, "none") == 0 ? 100.0 : atof(limit); }
 
 /* One link of a chain (chain_case), of the container whose region is `region`: kernels for
- * link_s, back to back with a sync every 4 launches (heavy), or for 0.15 s one of one block
- * every 10 ms, then _exit (no destructor runs, as after kill -9). Writes what it ran to fd:
- * the kernels as rate, the GPU seconds it got over the fake as share. */
+ * link_s, back to back with a cuCtxSynchronize every 4 launches (heavy), or for 0.15 s one of
+ * one block every 10 ms, each waited for with a cuStreamSynchronize of the default stream (as
+ * PyTorch copies a result to the host), then _exit (no destructor runs, as after kill -9).
+ * Writes what it ran to fd: the kernels as rate, the GPU seconds it got over the fake as
+ * share. */
 static void chain_link(int fd, const char *region, const char *limit, int heavy)
 {
     join_container(region, limit);
@@ -445,12 +447,15 @@ static void chain_link(int fd, const char *region, const char *limit, int heavy)
         fine = done(cuLaunchKernel(full.func, heavy ? BLOCKS : 1, 1, 1, 128, 1, 1, 0, NULL,
                                    plain_args, NULL), "cuLaunchKernel");
         kernels++;
-        if (fine && (!heavy || kernels % 4 == 0))
+        if (fine && heavy && kernels % 4 == 0)
             fine = done(cuCtxSynchronize(), "cuCtxSynchronize");
+        if (fine && !heavy)
+            fine = done(cuStreamSynchronize(NULL), "cuStreamSynchronize");
         if (!heavy)
             nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
     }
-    if (fine && done(cuCtxSynchronize(), "cuCtxSynchronize")) {
+    if (fine && (heavy ? done(cuCtxSynchronize(), "cuCtxSynchronize")
+                       : done(cuStreamSynchronize(NULL), "cuStreamSynchronize"))) {
         m.rate = kernels;
         m.share = on_fake() ? (double)fake_busy_ns(0) / 1e9 : 0;
     }

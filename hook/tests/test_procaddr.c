@@ -97,6 +97,12 @@ static const struct query {
     {"cuGreenCtxCreate", 12040, 0, "cuGreenCtxCreate"},
     {"cuGreenCtxDestroy", 12040, 0, "cuGreenCtxDestroy"},
     {"cuCtxSynchronize", 2000, 0, "cuCtxSynchronize"},
+    {"cuStreamSynchronize", 2000, 0, "cuStreamSynchronize"},
+    {"cuStreamSynchronize", 7000, 1, "cuStreamSynchronize_ptsz"},
+    {"cuStreamQuery", 2000, 0, "cuStreamQuery"},
+    {"cuStreamQuery", 7000, 1, "cuStreamQuery_ptsz"},
+    {"cuStreamDestroy", 2000, 0, "cuStreamDestroy"},
+    {"cuStreamDestroy", 4000, 0, "cuStreamDestroy_v2"},
     {"cuDevicePrimaryCtxRelease", 7000, 0, "cuDevicePrimaryCtxRelease"},
     {"cuDevicePrimaryCtxReset", 7000, 0, "cuDevicePrimaryCtxReset"},
 };

@@ -611,23 +611,179 @@ static void *launch_later(void *ctx)
     return NULL;
 }
 
-/* What the process prepays after a kernel and a cuCtxSynchronize, NVML silent (the environment
+/* The streams a stream case of drained names: 0 is the null handle. */
+enum { NULL_STREAM, LEGACY, PER_THREAD, STREAM_A, STREAM_B, NO_STREAM };
+
+/* How a stream case waits for its stream: cuStreamSynchronize; cuStreamQuery polled until done,
+ * or asked once while the kernel runs; a synchronisation by a thread that launched nothing;
+ * the stream destroyed while its kernel runs (cuda.h's cuStreamDestroy, the _v2, or the CUDA
+ * 2.0 export) and a new one with its handle (the fake hands it out again) synchronised;
+ * cuCtxSynchronize first, then a kernel on the stream and its wait; the kernel launched by a
+ * thread that then exits, the wait made by a thread made after it (glibc may give it the dead
+ * thread's stack and TLS). */
+enum wait_how {
+    SYNC,
+    QUERY,
+    QUERY_ONCE,
+    OTHER_THREAD,
+    NEW_STREAM,
+    NEW_STREAM_V1,
+    AFTER_CONTEXT_SYNC,
+    DEAD_THREAD
+};
+
+/* A stream case of drained: on device `device`, a 0.3 s kernel on `launch` (through
+ * cuLaunchKernel_ptsz where launch_ptsz), a short one on `also` (NO_STREAM: none), then `wait`
+ * waited for as `how` says (through the _ptsz exports where wait_ptsz). The null handle is the
+ * legacy default stream in the plain exports, the thread's own in the _ptsz ones (cuda.h); the
+ * case drains where the stream waited for is the one every kernel since the last drain ran on,
+ * and the thread that waited is the one that launched. */
+static const struct stream_case {
+    const char *name;
+    int device, launch, launch_ptsz, also, wait, wait_ptsz;
+    enum wait_how how;
+    int drains;
+} stream_cases[] = {
+    {"stream", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, SYNC, 1},
+    {"legacy", 0, NULL_STREAM, 0, NO_STREAM, LEGACY, 0, SYNC, 1},
+    {"legacy-ptsz", 0, NULL_STREAM, 0, NO_STREAM, LEGACY, 1, SYNC, 1},
+    {"per-thread", 0, NULL_STREAM, 1, NO_STREAM, PER_THREAD, 0, SYNC, 1},
+    {"per-thread-ptsz", 0, PER_THREAD, 0, NO_STREAM, NULL_STREAM, 1, SYNC, 1},
+    {"query", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, QUERY, 1},
+    {"query-ptsz", 0, NULL_STREAM, 1, NO_STREAM, NULL_STREAM, 1, QUERY, 1},
+    {"second-device", 1, STREAM_A, 0, NO_STREAM, STREAM_A, 0, SYNC, 1},
+    {"context-sync-first", 0, STREAM_A, 0, STREAM_B, STREAM_A, 0, AFTER_CONTEXT_SYNC, 1},
+    {"two-streams", 0, STREAM_A, 0, STREAM_B, STREAM_A, 0, SYNC, 0},
+    {"other-stream", 0, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0, SYNC, 0},
+    {"default-streams", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 1, SYNC, 0},
+    {"query-busy", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, QUERY_ONCE, 0},
+    {"other-thread", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, OTHER_THREAD, 0},
+    {"destroyed", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, NEW_STREAM, 0},
+    {"destroyed-v1", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, NEW_STREAM_V1, 0},
+    {"dead-thread", 0, PER_THREAD, 0, NO_STREAM, PER_THREAD, 0, DEAD_THREAD, 0},
+};
+
+static launch_fn launch_ptsz_fn;
+static CUresult (*sync_ptsz)(CUstream), (*query_ptsz)(CUstream), (*destroy_v1)(CUstream);
+static CUcontext case_context; /* made current by the threads a case makes */
+
+static CUresult wait_for(CUstream stream, int ptsz)
+{
+    return ptsz ? sync_ptsz(stream) : cuStreamSynchronize(stream);
+}
+
+/* The 0.3 s kernel of a case (0.6 s where it is asked about while it runs). */
+static CUresult case_kernel(const struct stream_case *c, CUstream stream)
+{
+    launch_fn launch = c->launch_ptsz ? launch_ptsz_fn : cuLaunchKernel;
+    unsigned blocks = c->how == QUERY_ONCE ? 600000 : 300000;
+    return launch(NULL, blocks, 1, 1, 128, 1, 1, 0, stream, NULL, NULL);
+}
+
+static void *sync_elsewhere(void *stream)
+{
+    cuCtxSetCurrent(case_context);
+    return (void *)(uintptr_t)cuStreamSynchronize(stream);
+}
+
+static void *launch_and_exit(void *c)
+{
+    cuCtxSetCurrent(case_context);
+    return (void *)(uintptr_t)case_kernel(c, CU_STREAM_PER_THREAD);
+}
+
+/* Runs fn(arg) on a thread of its own; 1 if it ran and returned 0 (CUDA_SUCCESS). */
+static int on_a_thread(void *(*fn)(void *), void *arg)
+{
+    pthread_t thread;
+    void *got = (void *)1;
+    return pthread_create(&thread, NULL, fn, arg) == 0 && pthread_join(thread, &got) == 0 &&
+           got == NULL;
+}
+
+/* Runs stream case c, its kernels launched, up to its wait's return; 0 if a call failed. */
+static int wait_on_stream(const struct stream_case *c, CUstream streams[])
+{
+    CUstream wait = streams[c->wait], again = NULL;
+    CUresult rc;
+    switch (c->how) {
+    case SYNC:
+        return check(wait_for(wait, c->wait_ptsz) == 0, "the stream synchronised");
+    case QUERY:
+        while ((rc = c->wait_ptsz ? query_ptsz(wait) : cuStreamQuery(wait)) ==
+               CUDA_ERROR_NOT_READY)
+            sleep_s(0.001);
+        return check(rc == CUDA_SUCCESS, "the stream queried until done");
+    case QUERY_ONCE: /* a tenth of a second on: queried at once, the case read 0.416 s paid of
+                      * 0.5, near its bound (prepaying begins a tick or so after the launch) */
+        sleep_s(0.1);
+        return check(cuStreamQuery(wait) == CUDA_ERROR_NOT_READY, "the stream queried: busy");
+    case OTHER_THREAD:
+        return check(on_a_thread(sync_elsewhere, wait),
+                     "the stream synchronised on another thread");
+    case NEW_STREAM:
+    case NEW_STREAM_V1:
+        return check((c->how == NEW_STREAM ? cuStreamDestroy(wait) : destroy_v1(wait)) == 0 &&
+                         cuStreamCreate(&again, 0) == 0 && again == wait &&
+                         cuStreamSynchronize(again) == 0,
+                     "the stream destroyed while its kernel ran, a new one with its handle "
+                     "synchronised");
+    case AFTER_CONTEXT_SYNC:
+        return check(cuCtxSynchronize() == 0 && case_kernel(c, streams[c->launch]) == 0 &&
+                         wait_for(wait, c->wait_ptsz) == 0,
+                     "the context synchronised, a kernel on the first stream synchronised");
+    case DEAD_THREAD:
+        return check(on_a_thread(sync_elsewhere, wait),
+                     "a thread made after the launching one exited synchronised its own stream");
+    }
+    return 0;
+}
+
+/* Stream case c on its device, current: its kernels, then its wait; 0 if a call failed. */
+static int stream_case(const struct stream_case *c)
+{
+    launch_ptsz_fn = (launch_fn)dlsym(RTLD_DEFAULT, "cuLaunchKernel_ptsz");
+    sync_ptsz = (CUresult(*)(CUstream))dlsym(RTLD_DEFAULT, "cuStreamSynchronize_ptsz");
+    query_ptsz = (CUresult(*)(CUstream))dlsym(RTLD_DEFAULT, "cuStreamQuery_ptsz");
+    destroy_v1 = (CUresult(*)(CUstream))dlsym(RTLD_DEFAULT, "cuStreamDestroy");
+    cuCtxGetCurrent(&case_context);
+    CUstream streams[NO_STREAM] = {NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, NULL, NULL};
+    if (!check(launch_ptsz_fn && sync_ptsz && query_ptsz && destroy_v1 &&
+                   cuStreamCreate(&streams[STREAM_A], 0) == 0 &&
+                   cuStreamCreate(&streams[STREAM_B], 0) == 0,
+               "two streams made, the _ptsz and CUDA 2.0 exports found"))
+        return 0;
+    int fine = c->how == DEAD_THREAD ? on_a_thread(launch_and_exit, (void *)c)
+                                     : case_kernel(c, streams[c->launch]) == 0;
+    if (c->also != NO_STREAM)
+        fine &= cuLaunchKernel(NULL, 2000, 1, 1, 128, 1, 1, 0, streams[c->also], NULL, NULL) == 0;
+    return check(fine, "launched") && wait_on_stream(c, streams);
+}
+
+/* What the process prepays after a kernel and a synchronisation, NVML silent (the environment
  * sets FAKE_NVML_SAMPLE_MS far past the test: its share stays the whole GPU's, unmeasured).
- * Alone on its primary context, nothing of it runs after the synchronisation: it pays nothing
+ * Alone on its primary context, nothing of it runs after a cuCtxSynchronize: it pays nothing
  * until its next launch (a light process that exits before NVML measures it was charged the
  * whole GPU for its life: `contention-chain-20`'s light links waited 0.32-0.72 s for it, 0.15 s
  * unlimited). It pays the whole GPU's time where the synchronisation does not cover all its
  * work: another context made on the device ("context": cuCtxCreate; "green": a green context),
- * or a launch by another thread ("during": while it ran). And work launched and drained between
- * two of the limiter's ticks ran all the same: a 2 ms kernel and a synchronisation every 15 ms
- * ("bursts") must be paid for at least half the GPU time they took (the environment gives the
- * process one GPU: with two, a kernel handle may run on another device's stream, which the
- * synchronisation does not wait for, and nothing is taken as drained). */
+ * or a launch by another thread ("during": while it ran). A stream's synchronisation, or a
+ * query that found it done, covers its work where every kernel ran on that stream
+ * (stream_cases: a light PyTorch process waits so, copying a result to the host). And work
+ * launched and drained between two of the limiter's ticks ran all the same: a 2 ms kernel and
+ * a synchronisation every 15 ms ("bursts") must be paid for at least half the GPU time they
+ * took (the environment gives the process one GPU: with two, a kernel handle may run on
+ * another device's stream, which a context's synchronisation does not wait for, and nothing is
+ * taken as drained). */
 static void drained(double limit, const char *how)
 {
     signal(SIGALRM, held_too_long);
     alarm(30);
-    use_device(0);
+    const struct stream_case *on_stream = NULL;
+    for (size_t i = 0; i < sizeof stream_cases / sizeof stream_cases[0]; i++)
+        on_stream = strcmp(how, stream_cases[i].name) == 0 ? &stream_cases[i] : on_stream;
+    int dev = on_stream != NULL ? on_stream->device : 0;
+    use_device(dev);
     CUcontext other = NULL, primary = NULL;
     cuCtxGetCurrent(&primary);
     if (strcmp(how, "context") == 0) {
@@ -662,23 +818,40 @@ static void drained(double limit, const char *how)
         alarm(0);
         return;
     }
-    cuLaunchKernel(NULL, 300000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL); /* 0.3 s */
     pthread_t thread;
-    int threaded = strcmp(how, "during") == 0 &&
-                   pthread_create(&thread, NULL, launch_later, primary) == 0;
-    cuCtxSynchronize();
+    int threaded = 0;
     const struct vgpu_region *region = region_view();
     if (!check(region != NULL, "the region mapped"))
         return;
-    double before = __atomic_load_n(&region->devices[0].sm_credit_ns, __ATOMIC_ACQUIRE) / 1e9;
+    double at_launch =
+        __atomic_load_n(&region->devices[dev].sm_credit_ns, __ATOMIC_ACQUIRE) / 1e9;
+    if (on_stream != NULL) {
+        if (!stream_case(on_stream))
+            return;
+    } else {
+        cuLaunchKernel(NULL, 300000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL); /* 0.3 s */
+        threaded = strcmp(how, "during") == 0 &&
+                   pthread_create(&thread, NULL, launch_later, primary) == 0;
+        cuCtxSynchronize();
+    }
+    double before = __atomic_load_n(&region->devices[dev].sm_credit_ns, __ATOMIC_ACQUIRE) / 1e9;
     sleep_s(0.5);
-    double paid = before - __atomic_load_n(&region->devices[0].sm_credit_ns, __ATOMIC_ACQUIRE) /
-                               1e9;
+    double paid = before - __atomic_load_n(&region->devices[dev].sm_credit_ns,
+                                           __ATOMIC_ACQUIRE) / 1e9;
     if (threaded)
         pthread_join(thread, NULL);
     if (strcmp(how, "during") == 0)
         check(threaded && launched_later == CUDA_SUCCESS, "the other thread launched");
-    if (strcmp(how, "alone") == 0)
+    if (on_stream != NULL && on_stream->drains) {
+        /* Having prepaid while its kernel ran, or a drain would prove nothing (its launches
+         * charged to another device than the one read, say). */
+        check(at_launch - before > 0.1 && paid < 0.05, "limit %.0f%%: drained by a wait for the "
+              "stream its kernels ran on (%s), the process prepays %.3f s of GPU over the next "
+              "0.5 s (%.3f s while its kernel ran)", limit, how, paid, at_launch - before);
+    } else if (on_stream != NULL)
+        check(paid > 0.4, "limit %.0f%%: after a wait that need not cover all its work (%s), "
+              "the process prepays %.3f s of GPU over the next 0.5 s", limit, how, paid);
+    else if (strcmp(how, "alone") == 0)
         check(paid < 0.05, "limit %.0f%%: drained by cuCtxSynchronize, the process prepays "
               "%.3f s of GPU over the next 0.5 s (nothing of it runs)", limit, paid);
     else

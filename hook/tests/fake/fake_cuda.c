@@ -27,6 +27,8 @@ CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, CUstream);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
 CUresult cuStreamIsCapturing_ptsz(CUstream, CUstreamCaptureStatus *);
+CUresult cuStreamSynchronize_ptsz(CUstream);
+CUresult cuStreamQuery_ptsz(CUstream);
 CUresult cuMemAdvise(CUdeviceptr, size_t, CUmem_advise, CUdevice);
 CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void **, void **);
@@ -882,6 +884,9 @@ EXPORT CUresult cuCtxSynchronize(void) { return wait_idle(); }
 
 static CUresult stream_ctx(CUstream stream, struct fake_ctx **ctx);
 
+/* Waits for all the caller's work on the stream's device, not the stream's alone: a library
+ * that took a stream's synchronisation for more than that stream's is caught by what it did
+ * next, not by this. */
 EXPORT CUresult cuStreamSynchronize(CUstream stream)
 {
     struct fake_ctx *ctx;
@@ -890,6 +895,24 @@ EXPORT CUresult cuStreamSynchronize(CUstream stream)
         sync_device(ctx->dev);
     return rc;
 }
+
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) { return cuStreamSynchronize(stream); }
+
+/* CUDA_SUCCESS once none of the caller's work on the stream's device is left. */
+EXPORT CUresult cuStreamQuery(CUstream stream)
+{
+    struct fake_ctx *ctx;
+    CUresult rc = stream_ctx(stream, &ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct gpu_device *d = gpu_enter(ctx->dev);
+    struct gpu_proc *p = gpu_find(d, (int32_t)getpid());
+    int idle = p == NULL || p->pending_ns == 0;
+    gpu_unlock(d);
+    return idle ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuStreamQuery_ptsz(CUstream stream) { return cuStreamQuery(stream); }
 
 /* Whether a stream is being captured: fake_cuda_capturing (set by a test) says every stream
  * is. */
@@ -1000,13 +1023,23 @@ static int default_stream(CUstream stream)
     return stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
 }
 
+/* The stream destroyed last, handed out again by the next cuStreamCreate: a driver may give a
+ * new stream a destroyed one's handle (libvgpu must not take the new one's synchronisation
+ * for the old one's work), and the allocator under ASan, which quarantines freed memory,
+ * would not. Under table_lock. */
+static struct fake_stream *recycled_stream;
+
 EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
 {
     (void)flags;
     CUresult rc = need_ctx();
     if (rc != CUDA_SUCCESS || stream == NULL)
         return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_INVALID_VALUE;
-    struct fake_stream *st = malloc(sizeof *st);
+    pthread_mutex_lock(&table_lock);
+    struct fake_stream *st = recycled_stream;
+    recycled_stream = NULL;
+    pthread_mutex_unlock(&table_lock);
+    st = st != NULL ? st : malloc(sizeof *st);
     if (st == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *st = (struct fake_stream){.magic = STREAM_MAGIC, .ctx = current};
@@ -1020,9 +1053,15 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
     if (default_stream(stream) || st->magic != STREAM_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
     st->magic = 0;
-    free(st);
+    pthread_mutex_lock(&table_lock);
+    struct fake_stream *older = recycled_stream;
+    recycled_stream = st;
+    pthread_mutex_unlock(&table_lock);
+    free(older);
     return CUDA_SUCCESS;
 }
+
+EXPORT CUresult cuStreamDestroy(CUstream stream) { return cuStreamDestroy_v2(stream); }
 
 /* The stream's context; a default stream's is the current one (none: INVALID_CONTEXT). */
 static CUresult stream_ctx(CUstream stream, struct fake_ctx **ctx)
@@ -2926,10 +2965,14 @@ static const struct proc procs[] = {
     P("cuCtxGetDevice", cuCtxGetDevice, 2000, 0),
     P("cuCtxSynchronize", cuCtxSynchronize, 2000, 0),
     P("cuStreamSynchronize", cuStreamSynchronize, 2000, 0),
+    P("cuStreamSynchronize", cuStreamSynchronize_ptsz, 7000, 1),
+    P("cuStreamQuery", cuStreamQuery, 2000, 0),
+    P("cuStreamQuery", cuStreamQuery_ptsz, 7000, 1),
     P("cuCtxPushCurrent", cuCtxPushCurrent_v2, 4000, 0),
     P("cuCtxPopCurrent", cuCtxPopCurrent_v2, 4000, 0),
     P("cuStreamCreate", cuStreamCreate, 2000, 0),
     P("cuStreamDestroy", cuStreamDestroy_v2, 4000, 0),
+    P("cuStreamDestroy", cuStreamDestroy, 2000, 0),
     P("cuStreamGetCtx", cuStreamGetCtx, 9020, 0),
     P("cuStreamGetCtx_v2", cuStreamGetCtx_v2, 12050, 0),
     P("cuGreenCtxStreamCreate", cuGreenCtxStreamCreate, 12040, 0),
