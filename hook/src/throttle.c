@@ -53,9 +53,9 @@ static const double share_weight = 0.25;
 /* Launches only take tokens and only the watcher adds them, so what launches took is counted
  * by the watcher from the value it last wrote (one atomic per launch, not two). */
 struct bucket {
-    /* Every limited launch reads tokens and the three fields after it: one cache line. */
+    /* Every limited launch reads tokens and the three fields after it, the drain's
+     * (vgpu_throttle_synced): one cache line. */
     _Alignas(64) int64_t tokens; /* atomic; may go negative (debt) after a large launch */
-    /* Drained work (vgpu_throttle_synced), read by every launch: beside tokens, one cache line. */
     uintptr_t launcher;  /* atomic: the one thread that launched here (its thread_name),
                           * no_launcher: none yet, several_launchers: more than one */
     unsigned long long drained_us; /* atomic: CLOCK_REALTIME us when that thread's
