@@ -106,7 +106,7 @@ static struct bucket buckets[VGPU_REGION_MAX_DEVICES];
 static int watcher_running; /* atomic; reset in a forked child (threads do not survive fork) */
 static int other_context[VGPU_REGION_MAX_DEVICES]; /* atomic: vgpu_throttle_context_made */
 /* Not thread names: no_launcher is no thread's, even one not named yet (0), so that a launch
- * compares its thread_name as it stands and names it only where it differs (note_launcher). */
+ * compares its thread_name as it stands and names it only where it differs (note_other). */
 static const uintptr_t several_launchers = 1, no_launcher = UINTPTR_MAX;
 /* A thread's name in bucket.launcher: a number of its own, taken when it first needs one (0:
  * none yet). Not its TLS address, which a thread made after another exited may reuse: a wait
@@ -801,27 +801,16 @@ static uintptr_t this_thread(void)
     return thread_name;
 }
 
-/* A launch by a thread other than the one bucket.launcher names: the first names it, a
- * second makes it several for good (a synchronisation on one thread may then return before
- * another's launch, made while it ran, is done). Out of line: taken at most twice a device. */
-static __attribute__((noinline)) void note_launcher(struct bucket *b)
+/* A launch's thread (bucket.launcher) or stream (bucket.stream), `seen`, differs from the one
+ * *slot names: the first names it (*slot was `none`), another makes it `several`. Out of line:
+ * taken at most twice between resets. */
+static __attribute__((noinline)) void note_other(uintptr_t *slot, uintptr_t none, uintptr_t seen,
+                                                 uintptr_t several)
 {
-    uintptr_t none = no_launcher;
-    if (!__atomic_compare_exchange_n(&b->launcher, &none, this_thread(), 0, __ATOMIC_SEQ_CST,
-                                     __ATOMIC_SEQ_CST))
-        __atomic_store_n(&b->launcher, several_launchers, __ATOMIC_SEQ_CST);
-}
-
-/* A launch on a stream other than the one bucket.stream names: the first names it, a second
- * makes it several until a drain of the whole context (a synchronisation of one stream does
- * not wait for another's work). Out of line: taken at most twice between such drains. */
-static __attribute__((noinline)) void note_stream(struct bucket *b, uintptr_t stream)
-{
-    uintptr_t none = 0;
-    if (!__atomic_compare_exchange_n(&b->stream, &none, stream, 0, __ATOMIC_SEQ_CST,
-                                     __ATOMIC_SEQ_CST) &&
-        none != stream)
-        __atomic_store_n(&b->stream, several_streams, __ATOMIC_SEQ_CST);
+    uintptr_t was = none;
+    if (!__atomic_compare_exchange_n(slot, &was, seen, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) &&
+        was != seen)
+        __atomic_store_n(slot, several, __ATOMIC_SEQ_CST);
 }
 
 /* A launch ends a drain once it has its tokens: its work may run from here. (Ended when a launch
@@ -860,12 +849,16 @@ void vgpu_throttle_launch(int dev, uint64_t cost, uintptr_t stream)
     if (__builtin_expect(__atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) <= 0, 0))
         wait_for_tokens(dev, b);
     __atomic_sub_fetch(&b->tokens, (int64_t)cost, __ATOMIC_ACQ_REL);
+    /* Several launching threads, for good: a synchronisation on one may return before
+     * another's launch, made while it ran, is done. */
     uintptr_t launcher = __atomic_load_n(&b->launcher, __ATOMIC_RELAXED);
     if (__builtin_expect(launcher != thread_name && launcher != several_launchers, 0))
-        note_launcher(b);
+        note_other(&b->launcher, no_launcher, this_thread(), several_launchers);
+    /* Several streams, until a drain of the whole context: a stream's synchronisation does
+     * not wait for another's work. */
     uintptr_t named = __atomic_load_n(&b->stream, __ATOMIC_RELAXED);
     if (__builtin_expect(named != stream && named != several_streams, 0))
-        note_stream(b, stream);
+        note_other(&b->stream, 0, stream, several_streams);
     end_drain(b);
 }
 

@@ -905,11 +905,8 @@ EXPORT CUresult cuStreamQuery(CUstream stream)
     CUresult rc = stream_ctx(stream, &ctx);
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct gpu_device *d = gpu_enter(ctx->dev);
-    struct gpu_proc *p = gpu_find(d, (int32_t)getpid());
-    int idle = p == NULL || p->pending_ns == 0;
-    gpu_unlock(d);
-    return idle ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    return fake_cuda_pending_ns(ctx->dev, (int)getpid()) == 0 ? CUDA_SUCCESS
+                                                              : CUDA_ERROR_NOT_READY;
 }
 
 EXPORT CUresult cuStreamQuery_ptsz(CUstream stream) { return cuStreamQuery(stream); }
