@@ -1,8 +1,9 @@
 /* bench.c - per-call overhead of libvgpu against the fake driver, interposed vs direct, in the
  * same process and run (run it with libvgpu.so preloaded; bench/run.sh does).
  *   bench calls        launch, alloc+free pair, cuMemGetInfo, a stream-ordered alloc+free
- *                      pair, a graph launch: direct vs interposed; under an SM limit, the
- *                      launch again after a second thread launched once
+ *                      pair, a graph launch, a copy to the host through cuMemcpy: direct vs
+ *                      interposed; under an SM limit, a launch and a copy (a drain) in turn,
+ *                      then the launch again after a second thread launched once
  *   bench contexts     the launch of a kernel needing 2 KiB of stack a thread beside a second
  *                      context at the driver's default (1 KiB): every launch asks which
  *                      context it runs in
@@ -31,6 +32,7 @@ typedef CUresult (*info_fn)(size_t *, size_t *);
 typedef CUresult (*async_fn)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*async_free_fn)(CUdeviceptr, CUstream);
 typedef CUresult (*graph_launch_fn)(CUgraphExec, CUstream);
+typedef CUresult (*copy_fn)(CUdeviceptr, CUdeviceptr, size_t);
 
 enum { ROUNDS = 7 };
 
@@ -42,11 +44,13 @@ struct api {
     async_fn alloc_async;
     async_free_fn free_async;
     graph_launch_fn graph_launch;
+    copy_fn copy;
 };
 
 static struct api direct, hooked;
 static CUstream stream;  /* an explicit stream, as frameworks use */
 static CUgraphExec exec; /* one kernel node, no allocation node */
+static CUdeviceptr copied; /* 64 bytes of device memory */
 
 static double cpu_ns(void)
 {
@@ -103,6 +107,31 @@ static double time_graph_launch(const struct api *a, long n)
     return (cpu_ns() - t0) / (double)n;
 }
 
+/* Under an SM limit the library asks the driver what both addresses are where the copy would
+ * drain the default stream (cuda_sync.c): not here, after the graph launch's stream. */
+static double time_copy(const struct api *a, long n)
+{
+    unsigned char host[64];
+    double t0 = cpu_ns();
+    for (long i = 0; i < n; i++)
+        a->copy((CUdeviceptr)(uintptr_t)host, copied, sizeof host);
+    return (cpu_ns() - t0) / (double)n;
+}
+
+/* A light process's pattern: a kernel, then its result copied to the host, each copy a
+ * drain under an SM limit (the library asks about both addresses every time). */
+static double time_launch_copy(const struct api *a, long n)
+{
+    CUfunction f = (CUfunction)(void *)&kernel_code;
+    unsigned char host[64];
+    double t0 = cpu_ns();
+    for (long i = 0; i < n; i++) {
+        a->launch(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+        a->copy((CUdeviceptr)(uintptr_t)host, copied, sizeof host);
+    }
+    return (cpu_ns() - t0) / (double)n;
+}
+
 static double time_info(const struct api *a, long n)
 {
     double t0 = cpu_ns();
@@ -149,6 +178,8 @@ static void setup(void)
     hooked.alloc_async = (async_fn)dlsym(RTLD_DEFAULT, "cuMemAllocAsync");
     hooked.free_async = (async_free_fn)dlsym(RTLD_DEFAULT, "cuMemFreeAsync");
     hooked.graph_launch = (graph_launch_fn)dlsym(RTLD_DEFAULT, "cuGraphLaunch");
+    direct.copy = (copy_fn)fake_cuda_entry("cuMemcpy");
+    hooked.copy = (copy_fn)dlsym(RTLD_DEFAULT, "cuMemcpy");
     if (hooked.launch == direct.launch) {
         fprintf(stderr, "bench: libvgpu.so is not preloaded\n");
         exit(2);
@@ -161,10 +192,11 @@ static void setup(void)
     CUgraphNode node;
     CUDA_KERNEL_NODE_PARAMS k = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32,
                                  .blockDimY = 1, .blockDimZ = 1};
-    if (cuStreamCreate(&stream, 0) != CUDA_SUCCESS || cuGraphCreate(&graph, 0) != CUDA_SUCCESS ||
+    if (cuStreamCreate(&stream, 0) != CUDA_SUCCESS || cuMemAlloc(&copied, 64) != CUDA_SUCCESS ||
+        cuGraphCreate(&graph, 0) != CUDA_SUCCESS ||
         cuGraphAddKernelNode(&node, graph, NULL, 0, &k) != CUDA_SUCCESS ||
         cuGraphInstantiateWithFlags(&exec, graph, 0) != CUDA_SUCCESS) {
-        fprintf(stderr, "bench: cannot make a stream and a graph\n");
+        fprintf(stderr, "bench: cannot make a stream, an allocation and a graph\n");
         exit(2);
     }
 }
@@ -242,6 +274,11 @@ int main(int argc, char **argv)
         compare("cuMemAllocAsync + cuMemFreeAsync", time_async_pair, 300000);
     }
     compare("cuGraphLaunch (1 kernel node)", time_graph_launch, 1000000);
+    compare("cuMemcpy to the host (64 B)", time_copy, 300000);
+    /* The graph's stream above stopped drains of a stream: a context's synchronisation starts
+     * them again. */
+    if (limit != NULL && cuCtxSynchronize() == CUDA_SUCCESS)
+        compare("cuLaunchKernel + copy to the host", time_launch_copy, 300000);
     /* A second thread's launch makes the limiter's launcher "several" for good (a PyTorch
      * process launches from its autograd thread too): every launch after it is timed so. */
     CUcontext ctx;

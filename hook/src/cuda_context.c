@@ -22,10 +22,7 @@
 static enum vgpu_held pointer_held(uint64_t key)
 {
     unsigned int type;
-    CUresult rc = real.cuPointerGetAttribute == NULL
-                      ? CUDA_ERROR_NOT_SUPPORTED
-                      : real.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                                   (CUdeviceptr)key);
+    CUresult rc = vgpu_pointer_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)key);
     /* cuda.h: INVALID_VALUE when ptr was not allocated by (or registered with) a context. */
     if (rc == CUDA_SUCCESS)
         return VGPU_HELD_YES;

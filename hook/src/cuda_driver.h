@@ -96,6 +96,11 @@ struct vgpu_cuda_real {
     CUresult (*cuStreamQuery_ptsz)(CUstream);
     CUresult (*cuStreamDestroy)(CUstream);
     CUresult (*cuStreamDestroy_v2)(CUstream);
+    CUresult (*cuMemcpyDtoH)(void *, v1_ptr, unsigned int);
+    CUresult (*cuMemcpyDtoH_v2)(void *, CUdeviceptr, size_t);
+    CUresult (*cuMemcpyDtoH_v2_ptds)(void *, CUdeviceptr, size_t);
+    CUresult (*cuMemcpy)(CUdeviceptr, CUdeviceptr, size_t);
+    CUresult (*cuMemcpy_ptds)(CUdeviceptr, CUdeviceptr, size_t);
     CUresult (*cuCtxCreate)(CUcontext *, unsigned int, CUdevice);
     CUresult (*cuCtxDestroy)(CUcontext);
     CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
@@ -162,6 +167,14 @@ struct vgpu_cuda_real {
 /* Defined in cuda.c; filled in by the loader at the first call (loader.c). */
 extern struct vgpu_cuda_real real;
 
+/* cuPointerGetAttribute of the real driver; CUDA_ERROR_NOT_SUPPORTED where it has none. */
+static inline CUresult vgpu_pointer_attribute(void *data, CUpointer_attribute attribute,
+                                              CUdeviceptr ptr)
+{
+    return real.cuPointerGetAttribute == NULL ? CUDA_ERROR_NOT_SUPPORTED
+                                              : real.cuPointerGetAttribute(data, attribute, ptr);
+}
+
 /* Exports that cuda.h does not declare in this configuration. */
 VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
                                       cuuint64_t flags);
@@ -181,6 +194,8 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
 VGPU_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream);
 VGPU_EXPORT CUresult cuStreamQuery_ptsz(CUstream stream);
+VGPU_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t bytes);
+VGPU_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
 VGPU_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream stream);
 VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
                                                        CUDA_GRAPH_INSTANTIATE_PARAMS *params);

@@ -57,8 +57,7 @@ int vgpu_stream_device(CUstream stream)
 static int pointer_device(CUdeviceptr ptr)
 {
     int dev = -1;
-    if (real.cuPointerGetAttribute == NULL ||
-        real.cuPointerGetAttribute(&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) != 0)
+    if (vgpu_pointer_attribute(&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) != CUDA_SUCCESS)
         return -1;
     return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES ? dev : -1;
 }
@@ -124,9 +123,7 @@ static CUresult call_free(enum free_api api, uint64_t key, CUstream stream)
 static CUmemoryPool pool_of(CUdeviceptr ptr)
 {
     CUmemoryPool pool = NULL;
-    if (real.cuPointerGetAttribute == NULL ||
-        real.cuPointerGetAttribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, ptr) !=
-            CUDA_SUCCESS)
+    if (vgpu_pointer_attribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, ptr) != CUDA_SUCCESS)
         return NULL;
     return pool;
 }

@@ -2,8 +2,9 @@
  * its device any more (throttle.h): a process that exits before NVML has measured it stays
  * charged for what it prepaid, so a light one that waited on its kernels was charged the whole
  * GPU for its life. A context's synchronisation covers every stream; a stream's, or a query
- * that found its work done, covers that stream (PyTorch's copies to the host wait so), and a
- * stream destroyed may leave work running that no later wait of its handle covers. */
+ * that found its work done, covers that stream (PyTorch's copies to the host wait so), as a
+ * synchronous copy to the host covers its default stream; a stream destroyed may leave work
+ * running that no later wait of its handle covers. */
 #define _GNU_SOURCE
 #include "cuda_driver.h"
 #include "throttle.h"
@@ -54,6 +55,98 @@ VGPU_EXPORT CUresult cuStreamQuery(CUstream stream)
 VGPU_EXPORT CUresult cuStreamQuery_ptsz(CUstream stream)
 {
     return wait_stream(&real.cuStreamQuery_ptsz, stream, 1);
+}
+
+/* A synchronous copy from device memory to host memory (as cudaMemcpy to the host may make)
+ * is queued on the current context's default stream behind the work there: the legacy one in
+ * the plain exports, the thread's own in the _ptds ones (cuda.h maps cuMemcpyDtoH and cuMemcpy
+ * to them under CUDA_API_PER_THREAD_DEFAULT_STREAM, as it maps the streams' calls). It
+ * "returns only once the copy has completed" (cuda_runtime_api.h, API synchronization
+ * behavior), so its success drains that stream as the stream's synchronisation does. Only a
+ * copy that surely waited counts: of some bytes (an empty one may return at once), from
+ * memory of the current context's device that is not managed (which the driver may copy
+ * another way), to memory the driver calls the host's and not managed (pinned) or does not
+ * know (pageable: INVALID_VALUE, cuda.h). A copy within the device returns before it is done.
+ * The driver is asked about the addresses only where the copy would drain. */
+static int not_managed(CUdeviceptr ptr)
+{
+    unsigned long long managed = 0; /* cuda.h: "a boolean", of no stated size */
+    return vgpu_pointer_attribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, ptr) ==
+               CUDA_SUCCESS &&
+           managed == 0;
+}
+
+static int device_memory_of(int dev, CUdeviceptr ptr)
+{
+    unsigned int type = 0;
+    int ordinal = -1;
+    if (vgpu_pointer_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr) != CUDA_SUCCESS ||
+        type != CU_MEMORYTYPE_DEVICE || !not_managed(ptr))
+        return 0;
+    return __atomic_load_n(&vgpu_one_device, __ATOMIC_RELAXED) ||
+           (vgpu_pointer_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) ==
+                CUDA_SUCCESS &&
+            ordinal == dev);
+}
+
+static int host_memory(CUdeviceptr ptr)
+{
+    unsigned int type = 0;
+    CUresult rc = vgpu_pointer_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr);
+    return rc == CUDA_ERROR_INVALID_VALUE ||
+           (rc == CUDA_SUCCESS && type == CU_MEMORYTYPE_HOST && not_managed(ptr));
+}
+
+/* After a synchronous copy that answered rc: drains as above (per_thread: a _ptds export). */
+static CUresult copied(CUresult rc, CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+                       int per_thread)
+{
+    if (!vgpu_throttle_enabled || rc != CUDA_SUCCESS || bytes == 0)
+        return rc;
+    int dev = launch_device_on(NULL);
+    uintptr_t stream = vgpu_stream_key(NULL, per_thread);
+    if (vgpu_throttle_may_drain(dev, stream) && device_memory_of(dev, src) && host_memory(dst))
+        vgpu_throttle_synced(dev, stream);
+    return rc;
+}
+
+static CUdeviceptr host_address(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
+
+VGPU_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes)
+{
+    if (!ready() || real.cuMemcpyDtoH_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return copied(real.cuMemcpyDtoH_v2(dst, src, bytes), host_address(dst), src, bytes, 0);
+}
+
+VGPU_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t bytes)
+{
+    if (!ready() || real.cuMemcpyDtoH_v2_ptds == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return copied(real.cuMemcpyDtoH_v2_ptds(dst, src, bytes), host_address(dst), src, bytes, 1);
+}
+
+VGPU_EXPORT CUresult cuMemcpyDtoH(void *dst, v1_ptr src, unsigned int bytes)
+{
+    if (!ready() || real.cuMemcpyDtoH == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return copied(real.cuMemcpyDtoH(dst, src, bytes), host_address(dst), src, bytes, 0);
+}
+
+/* cuMemcpy copies between any two addresses of the unified space (cudaMemcpy with
+ * cudaMemcpyDefault). */
+VGPU_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
+{
+    if (!ready() || real.cuMemcpy == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return copied(real.cuMemcpy(dst, src, bytes), dst, src, bytes, 0);
+}
+
+VGPU_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
+{
+    if (!ready() || real.cuMemcpy_ptds == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return copied(real.cuMemcpy_ptds(dst, src, bytes), dst, src, bytes, 1);
 }
 
 /* The limiter is told before the driver lets the handle go (after it, its device cannot be

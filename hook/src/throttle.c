@@ -862,17 +862,31 @@ void vgpu_throttle_launch(int dev, uint64_t cost, uintptr_t stream)
     end_drain(b);
 }
 
-void vgpu_throttle_synced(int dev, uintptr_t stream)
+/* Whether thread me's synchronisation on dev of stream (VGPU_ALL_STREAMS: the context's) may
+ * cover all the process's work there (throttle.h). */
+static int may_drain(int dev, uintptr_t stream, uintptr_t me)
 {
     if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES || buckets[dev].limit == 0 ||
         __atomic_load_n(&other_context[dev], __ATOMIC_ACQUIRE))
-        return; /* no limit here, or a context the synchronisation of this one does not cover */
-    struct bucket *b = &buckets[dev];
-    uintptr_t me = this_thread();
+        return 0; /* no limit here, or a context the synchronisation of this one does not cover */
+    const struct bucket *b = &buckets[dev];
     if (__atomic_load_n(&b->launcher, __ATOMIC_SEQ_CST) != me)
-        return; /* another thread launched here (or none did) */
-    if (stream != VGPU_ALL_STREAMS && __atomic_load_n(&b->stream, __ATOMIC_SEQ_CST) != stream)
-        return; /* work may run on in a stream this one does not wait for */
+        return 0; /* another thread launched here (or none did) */
+    /* a stream's: only where every launch since the context's last drain went to it */
+    return stream == VGPU_ALL_STREAMS || __atomic_load_n(&b->stream, __ATOMIC_SEQ_CST) == stream;
+}
+
+int vgpu_throttle_may_drain(int dev, uintptr_t stream)
+{
+    return may_drain(dev, stream, this_thread());
+}
+
+void vgpu_throttle_synced(int dev, uintptr_t stream)
+{
+    uintptr_t me = this_thread();
+    if (!may_drain(dev, stream, me))
+        return;
+    struct bucket *b = &buckets[dev];
     __atomic_store_n(&b->drained_us, unix_ns() / 1000u, __ATOMIC_SEQ_CST);
     /* A second thread whose first launch came after the check above either sees the drain
      * (and its launch ends it) or is seen here: its launch may run on. */

@@ -26,6 +26,10 @@ enum { VGPU_ALL_STREAMS = 0 };
  * time is not prepaid until its next launch. */
 void vgpu_throttle_synced(int dev, uintptr_t stream);
 
+/* Whether vgpu_throttle_synced(dev, stream) on this thread now would drain: asked before a
+ * synchronisation whose reach costs driver calls to learn (a copy's addresses). */
+int vgpu_throttle_may_drain(int dev, uintptr_t stream);
+
 /* The stream whose key is `stream` is being destroyed: its work runs on (cuda.h,
  * cuStreamDestroy), and a new stream may get its handle, whose synchronisation would not wait
  * for it. */

@@ -409,12 +409,19 @@ run throttle-nosampler CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 n
 # query that found it done, where every kernel since the last covering cuCtxSynchronize ran on
 # that stream (the default streams named every way; a stream on the second of two GPUs), not
 # where one ran on another, a query found it busy, another thread waited (one made after the
-# launching one exited among them), or the stream was destroyed while its kernel ran.
+# launching one exited among them), or the stream was destroyed while its kernel ran. A
+# synchronous copy to the host drains its default stream where every kernel ran there (each
+# export, cuMemcpy's too; on the second of two GPUs), not where one ran on another, the copy
+# was refused, went within the device, from the host or within it, copied nothing, or came
+# from managed memory, another GPU's, or memory the driver could not name.
 for case in alone context green during bursts stream legacy legacy-ptsz per-thread \
     per-thread-ptsz query query-ptsz second-device context-sync-first two-streams \
-    other-stream default-streams query-busy other-thread destroyed destroyed-v1 dead-thread; do
+    other-stream default-streams query-busy other-thread destroyed destroyed-v1 dead-thread \
+    copy copy-v1 copy-ptds copy-second-device copy-other-stream copy-default-streams \
+    copy-refused copy-unified copy-unified-ptds copy-pinned copy-within-device copy-from-host \
+    copy-within-host copy-empty copy-managed copy-from-second-device copy-unnamed; do
     devices=1
-    [ "$case" = second-device ] && devices=2
+    case "$case" in *second-device) devices=2 ;; esac
     run "throttle-drain-$case" CUDA_DEVICE_SM_LIMIT=50 FAKE_GPU_SHARED="$tmp/drain-$case.shm" \
         FAKE_CUDA_DEVICES=$devices FAKE_NVML_SAMPLE_MS=3600000 "$build/tests/test_throttle" 50 \
         drain "$case"

@@ -77,8 +77,6 @@ static double link_s = 0.15;
 static uint64_t (*fake_busy_ns)(int dev);             /* GPU ns the calling process got */
 static uint64_t (*fake_exec_blocks)(CUgraphExec exec); /* blocks an executable graph runs */
 static char *fake_fail_next;                           /* the next entry point to fail */
-static CUresult (*copy_to_device)(CUdeviceptr dst, const void *src, size_t bytes);
-static CUresult (*copy_from_device)(void *dst, CUdeviceptr src, size_t bytes);
 
 static void look_up(void)
 {
@@ -86,10 +84,6 @@ static void look_up(void)
     fake_exec_blocks = (uint64_t(*)(CUgraphExec))dlsym(RTLD_DEFAULT,
                                                        "fake_cuda_graph_exec_blocks");
     fake_fail_next = (char *)dlsym(RTLD_DEFAULT, "fake_cuda_fail_next");
-    copy_to_device = (CUresult(*)(CUdeviceptr, const void *, size_t))dlsym(RTLD_DEFAULT,
-                                                                          "cuMemcpyHtoD_v2");
-    copy_from_device = (CUresult(*)(void *, CUdeviceptr, size_t))dlsym(RTLD_DEFAULT,
-                                                                      "cuMemcpyDtoH_v2");
 }
 
 static int on_fake(void) { return fake_busy_ns != NULL; }
@@ -302,6 +296,13 @@ static uint64_t blocks_run(CUgraphExec exec)
 {
     if (fake_exec_blocks != NULL)
         return fake_exec_blocks(exec);
+    /* Looked up here, in a tenant that joined its container: libvgpu answers a lookup of a
+     * function it wraps (cuMemcpyDtoH_v2) by loading the driver and reading its settings, which
+     * the tenants a parent forks would then share. */
+    CUresult (*copy_to_device)(CUdeviceptr, const void *, size_t) =
+        (CUresult(*)(CUdeviceptr, const void *, size_t))dlsym(RTLD_DEFAULT, "cuMemcpyHtoD_v2");
+    CUresult (*copy_from_device)(void *, CUdeviceptr, size_t) =
+        (CUresult(*)(void *, CUdeviceptr, size_t))dlsym(RTLD_DEFAULT, "cuMemcpyDtoH_v2");
     uint64_t zero = 0, blocks = UINT64_MAX;
     if (copy_to_device == NULL || copy_from_device == NULL ||
         !done(copy_to_device(counter, &zero, sizeof zero), "cuMemcpyHtoD") ||

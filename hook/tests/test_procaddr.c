@@ -103,6 +103,11 @@ static const struct query {
     {"cuStreamQuery", 7000, 1, "cuStreamQuery_ptsz"},
     {"cuStreamDestroy", 2000, 0, "cuStreamDestroy"},
     {"cuStreamDestroy", 4000, 0, "cuStreamDestroy_v2"},
+    {"cuMemcpyDtoH", 2000, 0, "cuMemcpyDtoH"},
+    {"cuMemcpyDtoH", 3020, 0, "cuMemcpyDtoH_v2"},
+    {"cuMemcpyDtoH", 7000, 1, "cuMemcpyDtoH_v2_ptds"},
+    {"cuMemcpy", 4000, 0, "cuMemcpy"},
+    {"cuMemcpy", 7000, 1, "cuMemcpy_ptds"},
     {"cuDevicePrimaryCtxRelease", 7000, 0, "cuDevicePrimaryCtxRelease"},
     {"cuDevicePrimaryCtxReset", 7000, 0, "cuDevicePrimaryCtxReset"},
 };

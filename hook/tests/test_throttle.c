@@ -620,9 +620,27 @@ enum { NULL_STREAM, LEGACY, PER_THREAD, STREAM_A, STREAM_B, NO_STREAM };
  * 2.0 export) and a new one with its handle (the fake hands it out again) synchronised;
  * cuCtxSynchronize first, then a kernel on the stream and its wait; the kernel launched by a
  * thread that then exits, the wait made by a thread made after it (glibc may give it the dead
- * thread's stack and TLS). */
+ * thread's stack and TLS); a synchronous copy (each of 64 bytes, through the _ptds export
+ * where wait_ptsz): to the host with cuMemcpyDtoH_v2, CUDA 2.0's cuMemcpyDtoH or the unified
+ * space's cuMemcpy (to page-locked memory too), within the device, from the host or within it
+ * with cuMemcpy; and copies to the host that need not have waited: one the driver refuses
+ * (from an allocation of 32 bytes), of no bytes, from managed memory, from another device's
+ * memory, or one whose source the driver cannot name (its cuPointerGetAttribute fails). Every
+ * copy runs on the default stream. */
 enum wait_how {
     SYNC,
+    COPY,
+    COPY_V1,
+    COPY_UNIFIED,
+    COPY_PINNED,
+    COPY_WITHIN_DEVICE,
+    COPY_FROM_HOST,
+    COPY_WITHIN_HOST,
+    COPY_REFUSED,
+    COPY_EMPTY,
+    COPY_MANAGED,
+    COPY_PEER,
+    COPY_UNNAMED,
     QUERY,
     QUERY_ONCE,
     OTHER_THREAD,
@@ -661,9 +679,29 @@ static const struct stream_case {
     {"destroyed", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, NEW_STREAM, 0},
     {"destroyed-v1", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, NEW_STREAM_V1, 0},
     {"dead-thread", 0, PER_THREAD, 0, NO_STREAM, PER_THREAD, 0, DEAD_THREAD, 0},
+    {"copy", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY, 1},
+    {"copy-v1", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY_V1, 1},
+    {"copy-ptds", 0, NULL_STREAM, 1, NO_STREAM, NULL_STREAM, 1, COPY, 1},
+    {"copy-second-device", 1, LEGACY, 0, NO_STREAM, NULL_STREAM, 0, COPY, 1},
+    {"copy-other-stream", 0, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0, COPY, 0},
+    {"copy-default-streams", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 1, COPY, 0},
+    {"copy-refused", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY_REFUSED, 0},
+    {"copy-unified", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY_UNIFIED, 1},
+    {"copy-unified-ptds", 0, NULL_STREAM, 1, NO_STREAM, NULL_STREAM, 1, COPY_UNIFIED, 1},
+    {"copy-pinned", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY_PINNED, 1},
+    {"copy-within-device", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY_WITHIN_DEVICE, 0},
+    {"copy-from-host", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY_FROM_HOST, 0},
+    {"copy-within-host", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY_WITHIN_HOST, 0},
+    {"copy-empty", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY_EMPTY, 0},
+    {"copy-managed", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY_MANAGED, 0},
+    {"copy-from-second-device", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY_PEER, 0},
+    {"copy-unnamed", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY_UNNAMED, 0},
 };
 
 static CUresult (*sync_ptsz)(CUstream), (*query_ptsz)(CUstream), (*destroy_v1)(CUstream);
+static CUresult (*copy_ptds)(void *, CUdeviceptr, size_t);
+static CUresult (*unified_ptds)(CUdeviceptr, CUdeviceptr, size_t);
+static CUresult (*copy_v1)(void *, unsigned, unsigned), (*alloc_v1)(unsigned *, unsigned);
 static CUcontext case_context; /* made current by the threads a case makes */
 
 static CUresult wait_for(CUstream stream, int ptsz)
@@ -700,6 +738,72 @@ static int on_a_thread(void *(*fn)(void *), void *arg)
            got == NULL;
 }
 
+/* A copy case's copy (wait_how); 0 if a call failed. */
+static int copy_case(const struct stream_case *c)
+{
+    unsigned char host[64] = {0};
+    const size_t n = sizeof host;
+    unsigned from_v1 = 0;
+    CUdeviceptr from = 0, to = 0, on_host = (CUdeviceptr)(uintptr_t)host;
+    if (c->how == COPY_V1)
+        return check(alloc_v1(&from_v1, n) == 0 && copy_v1(host, from_v1, n) == CUDA_SUCCESS,
+                     "64 bytes copied to the host (CUDA 2.0's export)");
+    if (!check(cuMemAlloc(&from, c->how == COPY_REFUSED ? n / 2 : n) == 0 &&
+                   cuMemAlloc(&to, n) == 0,
+               "device memory to copy from and to"))
+        return 0;
+    CUcontext here = NULL;
+    if (c->how == COPY_MANAGED &&
+        !check(cuMemAllocManaged(&from, n, CU_MEM_ATTACH_GLOBAL) == 0, "managed memory"))
+        return 0;
+    if (c->how == COPY_PEER) { /* the other GPU's memory, its context current while made */
+        if (!check(cuCtxGetCurrent(&here) == 0, "the current context"))
+            return 0;
+        use_device(1 - c->device);
+        int made = cuMemAlloc(&from, n) == 0;
+        if (!check(cuCtxSetCurrent(here) == 0 && made, "memory of the other GPU"))
+            return 0;
+    }
+    CUresult (*unified)(CUdeviceptr, CUdeviceptr, size_t) = c->wait_ptsz ? unified_ptds : cuMemcpy;
+    switch (c->how) {
+    case COPY_UNIFIED:
+        return check(unified(on_host, from, n) == CUDA_SUCCESS,
+                     "64 bytes copied to the host (cuMemcpy)");
+    case COPY_PINNED: {
+        void *pinned = NULL;
+        return check(cuMemAllocHost(&pinned, n) == CUDA_SUCCESS &&
+                         unified((CUdeviceptr)(uintptr_t)pinned, from, n) == CUDA_SUCCESS,
+                     "64 bytes copied to page-locked host memory (cuMemcpy)");
+    }
+    case COPY_WITHIN_DEVICE:
+        return check(unified(to, from, n) == CUDA_SUCCESS, "64 bytes copied within the device");
+    case COPY_FROM_HOST:
+        return check(unified(to, on_host, n) == CUDA_SUCCESS, "64 bytes copied from the host");
+    case COPY_WITHIN_HOST: {
+        unsigned char other[64] = {0};
+        return check(unified((CUdeviceptr)(uintptr_t)other, on_host, n) == CUDA_SUCCESS,
+                     "64 bytes copied within the host");
+    }
+    case COPY_REFUSED: /* at once: a tenth of a second on, as QUERY_ONCE, or it reads near its
+                        * bound */
+        sleep_s(0.1);
+        return check(cuMemcpyDtoH(host, from, n) == CUDA_ERROR_INVALID_VALUE,
+                     "a copy of 64 bytes from 32 refused");
+    case COPY_EMPTY: /* the fake returns at once, as a driver may */
+        sleep_s(0.1);
+        return check(cuMemcpyDtoH(host, from, 0) == CUDA_SUCCESS, "no bytes copied to the host");
+    case COPY_UNNAMED:
+        strcpy(fake_cuda_fail_next, "cuPointerGetAttribute");
+        return check(cuMemcpyDtoH(host, from, n) == CUDA_SUCCESS &&
+                         fake_cuda_fail_next[0] == '\0',
+                     "64 bytes copied to the host, the driver unable to name their source");
+    default:
+        return check((c->wait_ptsz ? copy_ptds(host, from, n) : cuMemcpyDtoH(host, from, n)) ==
+                         CUDA_SUCCESS,
+                     "64 bytes copied to the host");
+    }
+}
+
 /* Runs stream case c, its kernels launched, up to its wait's return; 0 if a call failed. */
 static int wait_on_stream(const struct stream_case *c, CUstream streams[])
 {
@@ -708,6 +812,19 @@ static int wait_on_stream(const struct stream_case *c, CUstream streams[])
     switch (c->how) {
     case SYNC:
         return check(wait_for(wait, c->wait_ptsz) == 0, "the stream synchronised");
+    case COPY:
+    case COPY_V1:
+    case COPY_UNIFIED:
+    case COPY_PINNED:
+    case COPY_WITHIN_DEVICE:
+    case COPY_FROM_HOST:
+    case COPY_WITHIN_HOST:
+    case COPY_REFUSED:
+    case COPY_EMPTY:
+    case COPY_MANAGED:
+    case COPY_PEER:
+    case COPY_UNNAMED:
+        return copy_case(c);
     case QUERY:
         while ((rc = c->wait_ptsz ? query_ptsz(wait) : cuStreamQuery(wait)) ==
                CUDA_ERROR_NOT_READY)
@@ -743,9 +860,16 @@ static int stream_case(const struct stream_case *c)
     sync_ptsz = (CUresult(*)(CUstream))dlsym(RTLD_DEFAULT, "cuStreamSynchronize_ptsz");
     query_ptsz = (CUresult(*)(CUstream))dlsym(RTLD_DEFAULT, "cuStreamQuery_ptsz");
     destroy_v1 = (CUresult(*)(CUstream))dlsym(RTLD_DEFAULT, "cuStreamDestroy");
+    copy_ptds = (CUresult(*)(void *, CUdeviceptr, size_t))dlsym(RTLD_DEFAULT,
+                                                                "cuMemcpyDtoH_v2_ptds");
+    copy_v1 = (CUresult(*)(void *, unsigned, unsigned))dlsym(RTLD_DEFAULT, "cuMemcpyDtoH");
+    unified_ptds = (CUresult(*)(CUdeviceptr, CUdeviceptr, size_t))dlsym(RTLD_DEFAULT,
+                                                                         "cuMemcpy_ptds");
+    alloc_v1 = (CUresult(*)(unsigned *, unsigned))dlsym(RTLD_DEFAULT, "cuMemAlloc");
     cuCtxGetCurrent(&case_context);
     CUstream streams[NO_STREAM] = {NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, NULL, NULL};
-    if (!check(launch_ptsz && sync_ptsz && query_ptsz && destroy_v1 &&
+    if (!check(launch_ptsz && sync_ptsz && query_ptsz && destroy_v1 && copy_ptds && copy_v1 &&
+                   alloc_v1 && unified_ptds &&
                    cuStreamCreate(&streams[STREAM_A], 0) == 0 &&
                    cuStreamCreate(&streams[STREAM_B], 0) == 0,
                "two streams made, the _ptsz and CUDA 2.0 exports found"))

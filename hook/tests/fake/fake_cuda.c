@@ -29,6 +29,8 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
 CUresult cuStreamIsCapturing_ptsz(CUstream, CUstreamCaptureStatus *);
 CUresult cuStreamSynchronize_ptsz(CUstream);
 CUresult cuStreamQuery_ptsz(CUstream);
+CUresult cuMemcpyDtoH_v2_ptds(void *, CUdeviceptr, size_t);
+CUresult cuMemcpy_ptds(CUdeviceptr, CUdeviceptr, size_t);
 CUresult cuMemAdvise(CUdeviceptr, size_t, CUmem_advise, CUdevice);
 CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void **, void **);
@@ -78,6 +80,7 @@ struct alloc {
     int32_t pid;
     int pooled; /* from a pool: its free goes back to the pool's cache */
     int alias;  /* which of fake_cuda_pool_aliases names its pool (0: the pool itself) */
+    int managed; /* from cuMemAllocManaged */
     uint32_t refs, maps; /* a cuMemCreate handle's references and mappings (cuMemRelease) */
     const struct fake_ctx *owner; /* freed with this context (NULL: a cuMemCreate handle or a
                                    * stream-ordered allocation, no context's) */
@@ -93,8 +96,11 @@ enum { MAX_ALIASES = 16 };
 EXPORT int fake_cuda_pool_aliases;
 static int pool_aliases[MAX_DEVICES][MAX_ALIASES];
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t next_address = UINT64_C(0x7f0000000000);
-static uint64_t next_low_address = UINT64_C(0x10000000); /* the v1 exports' 32-bit pointers */
+/* Where the addresses of plain allocations, and of the v1 exports' 32-bit ones, begin. */
+static const uint64_t first_address = UINT64_C(0x7f0000000000);
+static const uint64_t first_low_address = UINT64_C(0x10000000);
+static uint64_t next_address = UINT64_C(0x7f0000000000);  /* first_address */
+static uint64_t next_low_address = UINT64_C(0x10000000); /* first_low_address */
 static const uint64_t tombstone = 1;
 
 /* Each device's default pool, this process's: what it holds and what it caches. A stream-
@@ -263,6 +269,35 @@ static int fail_now(const char *name)
 
 static size_t slot_of(uint64_t key) { return (size_t)((key * UINT64_C(0x9e3779b97f4a7c15)) >> 44); }
 
+/* The live allocation at exactly key, or NULL. Caller holds table_lock. A probe ends at an
+ * empty slot, or after the whole table should none be left. */
+static struct alloc *find_alloc(uint64_t key)
+{
+    if (key <= tombstone)
+        return NULL;
+    size_t i = slot_of(key);
+    for (size_t n = 0; n < TABLE_SIZE && table[i].key != 0; n++, i = (i + 1) & (TABLE_SIZE - 1))
+        if (table[i].key == key)
+            return &table[i];
+    return NULL;
+}
+
+/* An allocation's slot freed: a tombstone, so that probes go on past it, unless the next slot
+ * is empty (then it and the tombstones before it are emptied: no probe needs them). Without
+ * that, a process that had allocated and freed TABLE_SIZE distinct addresses (the bench's
+ * pairs) left no empty slot, and a lookup of an address never handed out (a host pointer
+ * given to cuPointerGetAttribute) probed the whole table every time. Caller holds
+ * table_lock. */
+static void free_slot(struct alloc *a)
+{
+    size_t i = (size_t)(a - table);
+    table[i].key = tombstone;
+    while (table[i].key == tombstone && table[(i + 1) & (TABLE_SIZE - 1)].key == 0) {
+        table[i].key = 0;
+        i = (i - 1) & (TABLE_SIZE - 1);
+    }
+}
+
 
 /* Records a new allocation of bytes on dev at *next (then moved past it) unless the device is
  * full or the addresses would pass limit; returns its key or 0. A pooled one is served from its
@@ -326,11 +361,11 @@ static void free_owned(const struct fake_ctx *owner)
         struct alloc a = table[i];
         if (a.key <= tombstone || a.owner != owner || a.pid != pid)
             continue;
-        table[i].key = tombstone;
+        free_slot(&table[i]);
         if (a.pooled)
             pools[a.dev].used -= a.bytes;
         gpu_free(a.dev, pid, a.bytes);
-        if (a.key >= UINT64_C(0x7f0000000000) && a.bytes >= largest) {
+        if (a.key >= first_address && a.bytes >= largest) {
             largest = a.bytes;
             reuse_key = a.key;
             reuse_step = (a.bytes + 0xfff) & ~UINT64_C(0xfff);
@@ -359,17 +394,15 @@ static CUresult fake_free(uint64_t key)
     if (graph_address(key)) /* a graph allocation's memory stays in the graph memory pool */
         return CUDA_SUCCESS;
     pthread_mutex_lock(&table_lock);
-    size_t i = slot_of(key);
-    while (table[i].key != 0 && table[i].key != key)
-        i = (i + 1) & (TABLE_SIZE - 1);
+    struct alloc *found = find_alloc(key);
     /* On a shared GPU a fork child's copy of its parent's pointer is not the child's to free
      * (a real context does not survive fork); one private timeline keeps the old behaviour. */
-    if (table[i].key != key || (gpu_is_shared && table[i].pid != (int32_t)getpid())) {
+    if (found == NULL || (gpu_is_shared && found->pid != (int32_t)getpid())) {
         pthread_mutex_unlock(&table_lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    struct alloc a = table[i];
-    table[i].key = tombstone;
+    struct alloc a = *found;
+    free_slot(found);
     if (a.pooled) {
         pools[a.dev].used -= a.bytes;
         pools[a.dev].cached += a.bytes;
@@ -380,21 +413,6 @@ static CUresult fake_free(uint64_t key)
     return CUDA_SUCCESS;
 }
 
-/* The device of a live allocation at exactly key (cuPointerGetAttribute's DEVICE_ORDINAL; the
- * fake answers for allocation starts only); -1: none. */
-static int device_of(uint64_t key)
-{
-    int dev = -1;
-    pthread_mutex_lock(&table_lock);
-    size_t i = slot_of(key);
-    while (key > tombstone && table[i].key != 0 && table[i].key != key)
-        i = (i + 1) & (TABLE_SIZE - 1);
-    if (key > tombstone && table[i].key == key)
-        dev = table[i].dev;
-    pthread_mutex_unlock(&table_lock);
-    return dev;
-}
-
 static CUresult need_ctx(void);
 static int pool_handles[MAX_DEVICES];
 
@@ -403,17 +421,73 @@ static int pool_handles[MAX_DEVICES];
 static CUresult pool_of_pointer(void *data, CUdeviceptr ptr)
 {
     pthread_mutex_lock(&table_lock);
-    size_t i = slot_of(ptr);
-    while (ptr > tombstone && table[i].key != 0 && table[i].key != ptr)
-        i = (i + 1) & (TABLE_SIZE - 1);
-    int found = ptr > tombstone && table[i].key == ptr;
-    struct alloc a = found ? table[i] : (struct alloc){0};
+    const struct alloc *at = find_alloc(ptr);
+    int found = at != NULL;
+    struct alloc a = found ? *at : (struct alloc){0};
     pthread_mutex_unlock(&table_lock);
     if (data == NULL || !found)
         return CUDA_ERROR_INVALID_VALUE;
     *(CUmemoryPool *)data = !a.pooled ? NULL
                             : a.alias != 0 ? (CUmemoryPool)(void *)&pool_aliases[a.dev][a.alias]
                                            : (CUmemoryPool)(void *)&pool_handles[a.dev];
+    return CUDA_SUCCESS;
+}
+
+/* Page-locked host memory (cuMemAllocHost): real host memory the driver knows, on the
+ * device current when it was made. Under table_lock. */
+enum { MAX_PINNED = 16 };
+static struct pinned {
+    uint64_t start, bytes;
+    int dev;
+} pinned[MAX_PINNED];
+
+/* The device of the page-locked memory holding ptr; -1: none holds it. */
+static int pinned_device(uint64_t ptr)
+{
+    int dev = -1;
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; i < MAX_PINNED; i++)
+        if (pinned[i].bytes != 0 && ptr - pinned[i].start < pinned[i].bytes)
+            dev = pinned[i].dev;
+    pthread_mutex_unlock(&table_lock);
+    return dev;
+}
+
+EXPORT CUresult cuMemAllocHost_v2(void **host, size_t bytes)
+{
+    CUresult rc = need_ctx();
+    if (rc != CUDA_SUCCESS || host == NULL || bytes == 0)
+        return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_INVALID_VALUE;
+    void *p = malloc(bytes);
+    int slot = -1;
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; p != NULL && slot < 0 && i < MAX_PINNED; i++)
+        if (pinned[i].bytes == 0) {
+            pinned[i] = (struct pinned){(uint64_t)(uintptr_t)p, bytes, current->dev};
+            slot = i;
+        }
+    pthread_mutex_unlock(&table_lock);
+    if (slot < 0) {
+        free(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *host = p;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFreeHost(void *host)
+{
+    int found = 0;
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; !found && i < MAX_PINNED; i++)
+        if (pinned[i].bytes != 0 && pinned[i].start == (uint64_t)(uintptr_t)host) {
+            pinned[i] = (struct pinned){0};
+            found = 1;
+        }
+    pthread_mutex_unlock(&table_lock);
+    if (!found)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(host);
     return CUDA_SUCCESS;
 }
 
@@ -424,19 +498,26 @@ EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
     if (attribute == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)
         return pool_of_pointer(data, ptr);
     if (attribute != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL &&
-        attribute != CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+        attribute != CU_POINTER_ATTRIBUTE_MEMORY_TYPE &&
+        attribute != CU_POINTER_ATTRIBUTE_IS_MANAGED)
         return CUDA_ERROR_NOT_SUPPORTED; /* the fake knows these only */
     /* A current context is not needed (UVA), but a destroyed one is refused. */
     if (current != NULL && need_ctx() == CUDA_ERROR_CONTEXT_IS_DESTROYED)
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-    int dev = device_of(ptr);
+    pthread_mutex_lock(&table_lock);
+    const struct alloc *at = find_alloc(ptr);
+    struct alloc a = at != NULL ? *at : (struct alloc){.dev = -1};
+    pthread_mutex_unlock(&table_lock);
+    int host = a.dev < 0 && (a.dev = pinned_device(ptr)) >= 0;
     run_inside("cuPointerGetAttribute"); /* after the answer is known */
-    if (data == NULL || dev < 0)
+    if (data == NULL || a.dev < 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if (attribute == CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
-        *(unsigned int *)data = CU_MEMORYTYPE_DEVICE;
+    if (attribute == CU_POINTER_ATTRIBUTE_MEMORY_TYPE) /* managed memory is device memory */
+        *(unsigned int *)data = host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+    else if (attribute == CU_POINTER_ATTRIBUTE_IS_MANAGED)
+        *(unsigned int *)data = (unsigned int)a.managed;
     else
-        *(int *)data = dev;
+        *(int *)data = a.dev;
     return CUDA_SUCCESS;
 }
 
@@ -1176,7 +1257,13 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags)
 {
     (void)flags;
-    return alloc_current(dptr, bytes, "cuMemAllocManaged");
+    CUresult rc = alloc_current(dptr, bytes, "cuMemAllocManaged");
+    if (rc == CUDA_SUCCESS) {
+        pthread_mutex_lock(&table_lock);
+        find_alloc(*dptr)->managed = 1;
+        pthread_mutex_unlock(&table_lock);
+    }
+    return rc;
 }
 
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
@@ -1244,15 +1331,6 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array)
     return fake_free((uint64_t)(uintptr_t)array);
 }
 
-/* The live allocation at exactly key, or NULL. Caller holds table_lock. */
-static struct alloc *find_alloc(uint64_t key)
-{
-    size_t i = slot_of(key);
-    while (key > tombstone && table[i].key != 0 && table[i].key != key)
-        i = (i + 1) & (TABLE_SIZE - 1);
-    return key > tombstone && table[i].key == key ? &table[i] : NULL;
-}
-
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
                             const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -1281,7 +1359,8 @@ enum { MAX_MAPPINGS = 256 };
 static struct mapping {
     uint64_t va, size, handle;
 } mappings[MAX_MAPPINGS];
-static uint64_t next_reserved = UINT64_C(0x600000000000);
+static const uint64_t first_reserved = UINT64_C(0x600000000000);
+static uint64_t next_reserved = UINT64_C(0x600000000000); /* first_reserved */
 
 /* Frees a handle nothing holds any more. Caller holds table_lock. */
 static void free_if_unheld(struct alloc *a)
@@ -1289,7 +1368,7 @@ static void free_if_unheld(struct alloc *a)
     if (a->refs != 0 || a->maps != 0)
         return;
     struct alloc gone = *a;
-    a->key = tombstone;
+    free_slot(a);
     gpu_free(gone.dev, gone.pid, gone.bytes);
 }
 
@@ -1611,6 +1690,77 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     return CUDA_SUCCESS;
 }
 
+/* Whether ptr lies among the addresses the fake hands out (allocations, v1 ones, graph
+ * allocations, reserved ranges). Caller holds table_lock. */
+static int fake_address(uint64_t ptr)
+{
+    return (ptr >= first_address && ptr < next_address) ||
+           (ptr >= first_low_address && ptr < next_low_address) ||
+           (ptr >= graph_va_base && ptr < __atomic_load_n(&next_graph_va, __ATOMIC_RELAXED)) ||
+           (ptr >= first_reserved && ptr < next_reserved);
+}
+
+/* What a copy's address is: 1 the start of one of the process's live allocations holding
+ * bytes, 0 the host's, -1 neither (an allocation too small or another process's, or an
+ * address of the fake's inside one or freed: it knows allocations by their start). */
+static int copy_side(uint64_t ptr, uint64_t bytes)
+{
+    pthread_mutex_lock(&table_lock);
+    const struct alloc *a = find_alloc(ptr);
+    int side = a != NULL ? (a->pid == (int32_t)getpid() && bytes <= a->bytes ? 1 : -1)
+                         : (ptr == 0 || fake_address(ptr) ? -1 : 0);
+    pthread_mutex_unlock(&table_lock);
+    return side;
+}
+
+/* A synchronous copy: it waits for all the caller's work on the current device first, as the
+ * fake's stream synchronisation does, whichever way it copies (libvgpu must tell which copies
+ * it may take for a drain), but returns at once where there is nothing to copy. The fake's
+ * device memory has no backing and reads as zeros. */
+static CUresult copy_now(uint64_t dst, uint64_t src, uint64_t bytes)
+{
+    CUresult rc = need_ctx();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    int to = copy_side(dst, bytes), from = copy_side(src, bytes);
+    if (to < 0 || from < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (bytes == 0)
+        return CUDA_SUCCESS;
+    gpu_wait_pending(current->dev, 0);
+    if (to == 0 && from == 0)
+        memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, bytes);
+    else if (to == 0)
+        memset((void *)(uintptr_t)dst, 0, bytes);
+    return CUDA_SUCCESS;
+}
+
+static CUresult copy_to_host(void *dst, uint64_t src, uint64_t bytes)
+{
+    return copy_side(src, bytes) == 1 ? copy_now((uintptr_t)dst, src, bytes)
+                                      : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
+{
+    return copy_now(dst, src, bytes);
+}
+
+EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
+{
+    return copy_now(dst, src, bytes);
+}
+
+EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes)
+{
+    return copy_to_host(dst, src, bytes);
+}
+
+EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t bytes)
+{
+    return copy_to_host(dst, src, bytes);
+}
+
 /* ---- the legacy v1 exports ------------------------------------------------------------------ */
 
 static unsigned int clamp32(uint64_t v) { return v > UINT32_MAX ? UINT32_MAX : (unsigned int)v; }
@@ -1627,6 +1777,11 @@ static CUresult alloc_v1(v1_ptr *dptr, uint64_t bytes, const char *name)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *dptr = (v1_ptr)key;
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyDtoH(void *dst, v1_ptr src, unsigned int bytes)
+{
+    return copy_to_host(dst, src, bytes);
 }
 
 EXPORT CUresult cuMemAlloc(v1_ptr *dptr, unsigned int bytes)
@@ -2965,6 +3120,13 @@ static const struct proc procs[] = {
     P("cuStreamSynchronize", cuStreamSynchronize_ptsz, 7000, 1),
     P("cuStreamQuery", cuStreamQuery, 2000, 0),
     P("cuStreamQuery", cuStreamQuery_ptsz, 7000, 1),
+    P("cuMemcpyDtoH", cuMemcpyDtoH, 2000, 0),
+    P("cuMemcpyDtoH", cuMemcpyDtoH_v2, 3020, 0),
+    P("cuMemcpyDtoH", cuMemcpyDtoH_v2_ptds, 7000, 1),
+    P("cuMemAllocHost", cuMemAllocHost_v2, 3020, 0),
+    P("cuMemFreeHost", cuMemFreeHost, 2000, 0),
+    P("cuMemcpy", cuMemcpy, 4000, 0),
+    P("cuMemcpy", cuMemcpy_ptds, 7000, 1),
     P("cuCtxPushCurrent", cuCtxPushCurrent_v2, 4000, 0),
     P("cuCtxPopCurrent", cuCtxPopCurrent_v2, 4000, 0),
     P("cuStreamCreate", cuStreamCreate, 2000, 0),
