@@ -14,12 +14,11 @@ VGPU_EXPORT CUresult cuCtxSynchronize(void)
     if (!ready() || real.cuCtxSynchronize == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real.cuCtxSynchronize();
-    /* One device only: with several, a device's launches may have gone to another device's
-     * context than the current one (a kernel handle runs in its stream's, whatever is
-     * current), which this does not wait for. */
-    if (vgpu_throttle_enabled && rc == CUDA_SUCCESS &&
-        __atomic_load_n(&vgpu_one_device, __ATOMIC_RELAXED))
-        vgpu_throttle_synced(0, VGPU_ALL_STREAMS);
+    /* The current context's device only: a launch is charged to the device it runs on, its
+     * stream's (launch_device_on), in a context there, this one where the process made no
+     * other (vgpu_throttle_synced); another device's work may run on. */
+    if (vgpu_throttle_enabled && rc == CUDA_SUCCESS)
+        vgpu_throttle_synced(launch_device_on(NULL), VGPU_ALL_STREAMS);
     return rc;
 }
 

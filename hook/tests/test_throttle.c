@@ -618,7 +618,8 @@ enum { NULL_STREAM, LEGACY, PER_THREAD, STREAM_A, STREAM_B, NO_STREAM };
  * or asked once while the kernel runs; a synchronisation by a thread that launched nothing;
  * the stream destroyed while its kernel runs (cuda.h's cuStreamDestroy, the _v2, or the CUDA
  * 2.0 export) and a new one with its handle (the fake hands it out again) synchronised;
- * cuCtxSynchronize first, then a kernel on the stream and its wait; the kernel launched by a
+ * cuCtxSynchronize first, then a kernel on the stream and its wait; cuCtxSynchronize alone, or
+ * with the other GPU's context current (cases of two GPUs); the kernel launched by a
  * thread that then exits, the wait made by a thread made after it (glibc may give it the dead
  * thread's stack and TLS); a synchronous copy (each of 64 bytes, through the _ptds export
  * where wait_ptsz): to the host with cuMemcpyDtoH_v2, CUDA 2.0's cuMemcpyDtoH or the unified
@@ -647,6 +648,8 @@ enum wait_how {
     NEW_STREAM,
     NEW_STREAM_V1,
     AFTER_CONTEXT_SYNC,
+    CONTEXT_SYNC,
+    CONTEXT_SYNC_ELSEWHERE,
     DEAD_THREAD
 };
 
@@ -679,6 +682,11 @@ static const struct stream_case {
     {"destroyed", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, NEW_STREAM, 0},
     {"destroyed-v1", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, NEW_STREAM_V1, 0},
     {"dead-thread", 0, PER_THREAD, 0, NO_STREAM, PER_THREAD, 0, DEAD_THREAD, 0},
+    {"context-second-device", 1, STREAM_A, 0, NULL_STREAM, NULL_STREAM, 0, CONTEXT_SYNC, 1},
+    {"context-elsewhere-second-device", 1, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
+     CONTEXT_SYNC_ELSEWHERE, 0},
+    {"context-sync-first-second-device", 1, STREAM_A, 0, STREAM_B, STREAM_A, 0,
+     AFTER_CONTEXT_SYNC, 1},
     {"copy", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY, 1},
     {"copy-v1", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY_V1, 1},
     {"copy-ptds", 0, NULL_STREAM, 1, NO_STREAM, NULL_STREAM, 1, COPY, 1},
@@ -849,6 +857,12 @@ static int wait_on_stream(const struct stream_case *c, CUstream streams[])
         return check(cuCtxSynchronize() == 0 && case_kernel(c, streams[c->launch]) == 0 &&
                          wait_for(wait, c->wait_ptsz) == 0,
                      "the context synchronised, a kernel on the first stream synchronised");
+    case CONTEXT_SYNC:
+        return check(cuCtxSynchronize() == 0, "the context synchronised");
+    case CONTEXT_SYNC_ELSEWHERE: /* returns at once: as QUERY_ONCE */
+        sleep_s(0.1);
+        use_device(1 - c->device);
+        return check(cuCtxSynchronize() == 0, "the other GPU's context synchronised");
     }
     return 0;
 }
@@ -893,9 +907,8 @@ static int stream_case(const struct stream_case *c)
  * (stream_cases: a light PyTorch process waits so, copying a result to the host). And work
  * launched and drained between two of the limiter's ticks ran all the same: a 2 ms kernel and
  * a synchronisation every 15 ms ("bursts") must be paid for at least half the GPU time they
- * took (the environment gives the process one GPU: with two, a kernel handle may run on
- * another device's stream, which a context's synchronisation does not wait for, and nothing is
- * taken as drained). */
+ * took (the environment gives the process one GPU; with two, a context's synchronisation
+ * drains its own device alone: "context-second-device", "context-elsewhere-second-device"). */
 static void drained(double limit, const char *how)
 {
     signal(SIGALRM, held_too_long);
