@@ -59,6 +59,14 @@ static void context_gone(int dev)
 /* Each device's primary context, as its retains answer (the handle its arrays are owned by). */
 static CUcontext primary_of[VGPU_REGION_MAX_DEVICES];
 
+int vgpu_primary_context_current(int dev)
+{
+    CUcontext current = NULL;
+    return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES && real.cuCtxGetCurrent != NULL &&
+           real.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != NULL &&
+           current == __atomic_load_n(&primary_of[dev], __ATOMIC_ACQUIRE);
+}
+
 /* A context's arrays are freed with it (cuda.h, cuCtxDestroy: its CUarray and CUmipmappedArray
  * among "all resources associated with the context") and may not be passed to the driver again:
  * they are forgotten by the context they were made in, those recorded up to `before`, taken

@@ -200,6 +200,10 @@ VGPU_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream stream);
 VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
                                                        CUDA_GRAPH_INSTANTIATE_PARAMS *params);
 
+/* Whether the calling thread's current context is dev's primary one, as its retains through
+ * the library answered (cuda_context.c). */
+int vgpu_primary_context_current(int dev);
+
 /* What a stream-ordered pool caches now (cuda_memory.c; vgpu_footprint_init's cache_of). */
 uint64_t vgpu_cuda_pool_cache(uintptr_t pool);
 

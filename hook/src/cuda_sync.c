@@ -9,16 +9,34 @@
 #include "cuda_driver.h"
 #include "throttle.h"
 
+/* Whether a synchronisation by this thread on dev, of stream (a key; VGPU_ALL_STREAMS: the
+ * current context), covers all the process's work there: the limiter's tests
+ * (vgpu_throttle_may_drain), and for the current context or its default streams, that context
+ * being dev's primary one. A context the library did not see made (through an export it does
+ * not know) may run beside the primary one, and its own synchronisation would not cover the
+ * primary's work. */
+static int covers(int dev, uintptr_t stream, int of_current_context)
+{
+    return vgpu_throttle_may_drain(dev, stream) &&
+           (!of_current_context || vgpu_primary_context_current(dev));
+}
+
 VGPU_EXPORT CUresult cuCtxSynchronize(void)
 {
     if (!ready() || real.cuCtxSynchronize == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real.cuCtxSynchronize();
-    /* The current context's device only: a launch is charged to the device it runs on, its
-     * stream's (launch_device_on), in a context there, this one where the process made no
-     * other (vgpu_throttle_synced); another device's work may run on. */
-    if (vgpu_throttle_enabled && rc == CUDA_SUCCESS)
-        vgpu_throttle_synced(launch_device_on(NULL), VGPU_ALL_STREAMS);
+    /* The current context's device only: a launch is charged to its stream's device
+     * (launch_device_on), so it ran in a context there, the primary one where the process made
+     * no other (vgpu_throttle_synced); another device's work may run on. (Where the driver
+     * cannot name a stream's device the launch is charged to the current context's, though it
+     * runs elsewhere: a green context's stream on a driver before CUDA 12.5, whose device the
+     * green context already keeps from draining.) */
+    if (vgpu_throttle_enabled && rc == CUDA_SUCCESS) {
+        int dev = launch_device_on(NULL);
+        if (covers(dev, VGPU_ALL_STREAMS, 1))
+            vgpu_throttle_synced(dev, VGPU_ALL_STREAMS);
+    }
     return rc;
 }
 
@@ -31,8 +49,12 @@ static CUresult wait_stream(CUresult (*const *wait)(CUstream), CUstream stream, 
     if (!ready() || *wait == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = (*wait)(stream);
-    if (vgpu_throttle_enabled && rc == CUDA_SUCCESS)
-        vgpu_throttle_synced(launch_device_on(stream), vgpu_stream_key(stream, per_thread));
+    if (vgpu_throttle_enabled && rc == CUDA_SUCCESS) {
+        int dev = launch_device_on(stream);
+        uintptr_t key = vgpu_stream_key(stream, per_thread);
+        if (covers(dev, key, vgpu_default_stream(stream)))
+            vgpu_throttle_synced(dev, key);
+    }
     return rc;
 }
 
@@ -104,7 +126,7 @@ static CUresult copied(CUresult rc, CUdeviceptr dst, CUdeviceptr src, size_t byt
         return rc;
     int dev = launch_device_on(NULL);
     uintptr_t stream = vgpu_stream_key(NULL, per_thread);
-    if (vgpu_throttle_may_drain(dev, stream) && device_memory_of(dev, src) && host_memory(dst))
+    if (covers(dev, stream, 1) && device_memory_of(dev, src) && host_memory(dst))
         vgpu_throttle_synced(dev, stream);
     return rc;
 }

@@ -410,8 +410,10 @@ run throttle-nosampler CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 n
 # that stream (the default streams named every way; a stream on the second of two GPUs), not
 # where one ran on another, a query found it busy, another thread waited (one made after the
 # launching one exited among them), or the stream was destroyed while its kernel ran. With
-# two GPUs, a cuCtxSynchronize drains its own GPU (and starts stream drains again there), not
-# the other's. A
+# two GPUs, a cuCtxSynchronize drains its own GPU (and starts stream drains again there, and
+# covers a kernel launched on its stream while the other GPU's context was current), not the
+# other's, nor its own where another context was made or another thread launched. Nothing
+# drains while a context libvgpu did not see made is current. A
 # synchronous copy to the host drains its default stream where every kernel ran there (each
 # export, cuMemcpy's too; on the second of two GPUs), not where one ran on another, the copy
 # was refused, went within the device, from the host or within it, copied nothing, or came
@@ -419,7 +421,10 @@ run throttle-nosampler CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 n
 for case in alone context green during bursts stream legacy legacy-ptsz per-thread \
     per-thread-ptsz query query-ptsz second-device context-sync-first two-streams \
     other-stream default-streams query-busy other-thread destroyed destroyed-v1 dead-thread \
-    context-second-device context-elsewhere-second-device context-sync-first-second-device \
+    context-sync-second-device context-elsewhere-second-device \
+    context-sync-first-second-device launched-elsewhere-second-device context-second-device \
+    green-second-device during-second-device unseen-context unseen-context-stream \
+    unseen-context-copy \
     copy copy-v1 copy-ptds copy-second-device copy-other-stream copy-default-streams \
     copy-refused copy-unified copy-unified-ptds copy-pinned copy-within-device copy-from-host \
     copy-within-host copy-empty copy-managed copy-from-second-device copy-unnamed; do

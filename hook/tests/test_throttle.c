@@ -619,7 +619,10 @@ enum { NULL_STREAM, LEGACY, PER_THREAD, STREAM_A, STREAM_B, NO_STREAM };
  * the stream destroyed while its kernel runs (cuda.h's cuStreamDestroy, the _v2, or the CUDA
  * 2.0 export) and a new one with its handle (the fake hands it out again) synchronised;
  * cuCtxSynchronize first, then a kernel on the stream and its wait; cuCtxSynchronize alone, or
- * with the other GPU's context current (cases of two GPUs); the kernel launched by a
+ * with the other GPU's context current, or after the kernel was launched on the stream with
+ * the other GPU's context current (cases of two GPUs); a context made through the fake's own
+ * export (libvgpu does not see it made) current, then cuCtxSynchronize, the legacy default
+ * stream's wait or a copy to the host from the primary context's memory; the kernel launched by a
  * thread that then exits, the wait made by a thread made after it (glibc may give it the dead
  * thread's stack and TLS); a synchronous copy (each of 64 bytes, through the _ptds export
  * where wait_ptsz): to the host with cuMemcpyDtoH_v2, CUDA 2.0's cuMemcpyDtoH or the unified
@@ -650,6 +653,10 @@ enum wait_how {
     AFTER_CONTEXT_SYNC,
     CONTEXT_SYNC,
     CONTEXT_SYNC_ELSEWHERE,
+    LAUNCHED_ELSEWHERE,
+    UNSEEN_CONTEXT,
+    UNSEEN_CONTEXT_STREAM,
+    UNSEEN_CONTEXT_COPY,
     DEAD_THREAD
 };
 
@@ -682,7 +689,14 @@ static const struct stream_case {
     {"destroyed", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, NEW_STREAM, 0},
     {"destroyed-v1", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, NEW_STREAM_V1, 0},
     {"dead-thread", 0, PER_THREAD, 0, NO_STREAM, PER_THREAD, 0, DEAD_THREAD, 0},
-    {"context-second-device", 1, STREAM_A, 0, NULL_STREAM, NULL_STREAM, 0, CONTEXT_SYNC, 1},
+    {"context-sync-second-device", 1, STREAM_A, 0, NULL_STREAM, NULL_STREAM, 0, CONTEXT_SYNC, 1},
+    {"launched-elsewhere-second-device", 1, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
+     LAUNCHED_ELSEWHERE, 1},
+    {"unseen-context", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, UNSEEN_CONTEXT, 0},
+    {"unseen-context-stream", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0,
+     UNSEEN_CONTEXT_STREAM, 0},
+    {"unseen-context-copy", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, UNSEEN_CONTEXT_COPY,
+     0},
     {"context-elsewhere-second-device", 1, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
      CONTEXT_SYNC_ELSEWHERE, 0},
     {"context-sync-first-second-device", 1, STREAM_A, 0, STREAM_B, STREAM_A, 0,
@@ -735,6 +749,23 @@ static void *launch_and_exit(void *c)
 {
     cuCtxSetCurrent(case_context);
     return (void *)(uintptr_t)case_kernel(c, CU_STREAM_PER_THREAD);
+}
+
+/* LAUNCHED_ELSEWHERE's 0.3 s kernel: a CUkernel, which runs in its stream's context whatever
+ * is current (cuda.h, cuLaunchKernel), on the case's stream with the other GPU's context
+ * current; 1 if launched. */
+static int launch_elsewhere(const struct stream_case *c, CUstream stream)
+{
+    CUlibrary library;
+    CUkernel kernel;
+    int made = cuLibraryLoadData(&library, ".visible .entry k()\n{\n ret;\n}\n", NULL, NULL, 0,
+                                 NULL, NULL, 0) == CUDA_SUCCESS &&
+               cuLibraryGetKernel(&kernel, library, "k") == CUDA_SUCCESS;
+    use_device(1 - c->device);
+    int launched = made && cuLaunchKernel((CUfunction)kernel, 300000, 1, 1, 128, 1, 1, 0, stream,
+                                          NULL, NULL) == CUDA_SUCCESS;
+    use_device(c->device);
+    return launched;
 }
 
 /* Runs fn(arg) on a thread of its own; 1 if it ran and returned 0 (CUDA_SUCCESS). */
@@ -858,7 +889,27 @@ static int wait_on_stream(const struct stream_case *c, CUstream streams[])
                          wait_for(wait, c->wait_ptsz) == 0,
                      "the context synchronised, a kernel on the first stream synchronised");
     case CONTEXT_SYNC:
+    case LAUNCHED_ELSEWHERE:
         return check(cuCtxSynchronize() == 0, "the context synchronised");
+    case UNSEEN_CONTEXT:
+    case UNSEEN_CONTEXT_STREAM:
+    case UNSEEN_CONTEXT_COPY: {
+        CUresult (*create)(CUcontext *, unsigned int, CUdevice) =
+            (CUresult(*)(CUcontext *, unsigned int, CUdevice))fake_cuda_entry("cuCtxCreate_v2");
+        CUcontext unseen = NULL;
+        CUdeviceptr from = 0;
+        unsigned char host[64];
+        if (!check(cuMemAlloc(&from, sizeof host) == 0 && create != NULL &&
+                       create(&unseen, 0, (CUdevice)c->device) == 0,
+                   "a context made current that libvgpu did not see made"))
+            return 0;
+        sleep_s(0.1); /* each wait returns at once: as QUERY_ONCE */
+        CUresult rc = c->how == UNSEEN_CONTEXT        ? cuCtxSynchronize()
+                      : c->how == UNSEEN_CONTEXT_STREAM ? cuStreamSynchronize(NULL)
+                                                        : cuMemcpyDtoH(host, from, sizeof host);
+        return check(rc == CUDA_SUCCESS, "the unseen context's synchronisation, its default "
+                     "stream's or a copy with it current");
+    }
     case CONTEXT_SYNC_ELSEWHERE: /* returns at once: as QUERY_ONCE */
         sleep_s(0.1);
         use_device(1 - c->device);
@@ -888,8 +939,9 @@ static int stream_case(const struct stream_case *c)
                    cuStreamCreate(&streams[STREAM_B], 0) == 0,
                "two streams made, the _ptsz and CUDA 2.0 exports found"))
         return 0;
-    int fine = c->how == DEAD_THREAD ? on_a_thread(launch_and_exit, (void *)c)
-                                     : case_kernel(c, streams[c->launch]) == 0;
+    int fine = c->how == DEAD_THREAD          ? on_a_thread(launch_and_exit, (void *)c)
+               : c->how == LAUNCHED_ELSEWHERE ? launch_elsewhere(c, streams[c->launch])
+                                              : case_kernel(c, streams[c->launch]) == 0;
     if (c->also != NO_STREAM)
         fine &= cuLaunchKernel(NULL, 2000, 1, 1, 128, 1, 1, 0, streams[c->also], NULL, NULL) == 0;
     return check(fine, "launched") && wait_on_stream(c, streams);
@@ -908,7 +960,8 @@ static int stream_case(const struct stream_case *c)
  * launched and drained between two of the limiter's ticks ran all the same: a 2 ms kernel and
  * a synchronisation every 15 ms ("bursts") must be paid for at least half the GPU time they
  * took (the environment gives the process one GPU; with two, a context's synchronisation
- * drains its own device alone: "context-second-device", "context-elsewhere-second-device"). */
+ * drains its own device alone: "context-sync-second-device", "context-elsewhere-second-device").
+ * "CASE-second-device" is CASE on the second of two GPUs. */
 static void drained(double limit, const char *how)
 {
     signal(SIGALRM, held_too_long);
@@ -916,17 +969,26 @@ static void drained(double limit, const char *how)
     const struct stream_case *on_stream = NULL;
     for (size_t i = 0; i < sizeof stream_cases / sizeof stream_cases[0]; i++)
         on_stream = strcmp(how, stream_cases[i].name) == 0 ? &stream_cases[i] : on_stream;
-    int dev = on_stream != NULL ? on_stream->device : 0;
+    /* CASE-second-device: CASE on the second of two GPUs. */
+    const char *suffix = "-second-device";
+    size_t len = strlen(how), tail = strlen(suffix);
+    int second = on_stream == NULL && len > tail && strcmp(how + len - tail, suffix) == 0;
+    char base[64];
+    snprintf(base, sizeof base, "%.*s", (int)(second ? len - tail : len), how);
+    how = base;
+    int dev = on_stream != NULL ? on_stream->device : second;
     use_device(dev);
     CUcontext other = NULL, primary = NULL;
     cuCtxGetCurrent(&primary);
     if (strcmp(how, "context") == 0) {
-        check(cuCtxCreate(&other, 0, 0) == CUDA_SUCCESS, "a second context on the device");
+        check(cuCtxCreate(&other, 0, (CUdevice)dev) == CUDA_SUCCESS,
+              "a second context on the device");
         cuCtxSetCurrent(primary);
     } else if (strcmp(how, "green") == 0) {
         CUgreenCtx green;
         CUdevResourceDesc desc = NULL;
-        check(cuGreenCtxCreate(&green, desc, 0, CU_GREEN_CTX_DEFAULT_STREAM) == CUDA_SUCCESS,
+        check(cuGreenCtxCreate(&green, desc, (CUdevice)dev, CU_GREEN_CTX_DEFAULT_STREAM) ==
+                  CUDA_SUCCESS,
               "a green context on the device");
     }
     if (strcmp(how, "bursts") == 0) {
