@@ -56,7 +56,9 @@ static void context_gone(int dev)
     vgpu_footprint_context_gone(dev);
 }
 
-/* Each device's primary context, as its retains answer (the handle its arrays are owned by). */
+/* Each device's primary context, as its retains answer (the handle its arrays are owned by).
+ * Never cleared at the last release: a retain racing it may answer the same handle, and most
+ * programs retain once. */
 static CUcontext primary_of[VGPU_REGION_MAX_DEVICES];
 
 int vgpu_primary_context_current(int dev)

@@ -412,12 +412,12 @@ run throttle-nosampler CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 n
 # launching one exited among them), or the stream was destroyed while its kernel ran. With
 # two GPUs, a cuCtxSynchronize drains its own GPU (and starts stream drains again there, and
 # covers a kernel launched on its stream while the other GPU's context was current), not the
-# other's, nor its own where another context was made or another thread launched. Nothing
-# drains while a context libvgpu did not see made is current. A
-# synchronous copy to the host drains its default stream where every kernel ran there (each
-# export, cuMemcpy's too; on the second of two GPUs), not where one ran on another, the copy
-# was refused, went within the device, from the host or within it, copied nothing, or came
-# from managed memory, another GPU's, or memory the driver could not name.
+# other's, nor its own where another context was made or another thread launched. No
+# context, default-stream or copy drain is taken while a context libvgpu did not see made is
+# current. A synchronous copy to the host drains its default stream where every kernel ran
+# there (each export, cuMemcpy's too; on the second of two GPUs), not where one ran on
+# another, the copy was refused, went within the device, from the host or within it, copied
+# nothing, or came from managed memory, another GPU's, or memory the driver could not name.
 for case in alone context green during bursts stream legacy legacy-ptsz per-thread \
     per-thread-ptsz query query-ptsz second-device context-sync-first two-streams \
     other-stream default-streams query-busy other-thread destroyed destroyed-v1 dead-thread \

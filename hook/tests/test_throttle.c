@@ -961,7 +961,7 @@ static int stream_case(const struct stream_case *c)
  * a synchronisation every 15 ms ("bursts") must be paid for at least half the GPU time they
  * took (the environment gives the process one GPU; with two, a context's synchronisation
  * drains its own device alone: "context-sync-second-device", "context-elsewhere-second-device").
- * "CASE-second-device" is CASE on the second of two GPUs. */
+ * "CASE-second-device", for a case not in stream_cases, is CASE on the second of two GPUs. */
 static void drained(double limit, const char *how)
 {
     signal(SIGALRM, held_too_long);
@@ -969,13 +969,17 @@ static void drained(double limit, const char *how)
     const struct stream_case *on_stream = NULL;
     for (size_t i = 0; i < sizeof stream_cases / sizeof stream_cases[0]; i++)
         on_stream = strcmp(how, stream_cases[i].name) == 0 ? &stream_cases[i] : on_stream;
-    /* CASE-second-device: CASE on the second of two GPUs. */
+    /* CASE-second-device: CASE (alone, context, green or during) on the second of two GPUs. */
     const char *suffix = "-second-device";
     size_t len = strlen(how), tail = strlen(suffix);
     int second = on_stream == NULL && len > tail && strcmp(how + len - tail, suffix) == 0;
     char base[64];
     snprintf(base, sizeof base, "%.*s", (int)(second ? len - tail : len), how);
     how = base;
+    if (second && !check(strcmp(how, "alone") == 0 || strcmp(how, "context") == 0 ||
+                             strcmp(how, "green") == 0 || strcmp(how, "during") == 0,
+                         "%s: a case the second GPU can run", how))
+        return;
     int dev = on_stream != NULL ? on_stream->device : second;
     use_device(dev);
     CUcontext other = NULL, primary = NULL;
