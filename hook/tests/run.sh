@@ -405,7 +405,7 @@ run throttle-nosampler CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 n
 # After a cuCtxSynchronize that covers all its work, nothing of a process runs: it prepays
 # nothing until its next launch; it goes on prepaying where another context, or another
 # thread's launch during the synchronisation, may leave work running (NVML silent for the
-# test's length: an hour's sample period). The same after a stream's synchronisation or a
+# test's length). The same after a stream's synchronisation or a
 # query that found it done, where every kernel since the last covering cuCtxSynchronize ran on
 # that stream (the default streams named every way; a stream on the second of two GPUs), not
 # where one ran on another, a query found it busy, another thread waited (one made after the
@@ -418,6 +418,10 @@ run throttle-nosampler CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 n
 # there (each export, cuMemcpy's too; on the second of two GPUs), not where one ran on
 # another, the copy was refused, went within the device, from the host or within it, copied
 # nothing, or came from managed memory, another GPU's, or memory the driver could not name.
+# NVML silent: the fake's sample periods start at multiples of their length in CLOCK_MONOTONIC,
+# so a period of an hour ended inside a case once an hour of uptime (CI, 2026-11-30:
+# `-default-streams` measured, 0.052 s prepaid); 10^12 ms is longer than any uptime.
+silent_ms=1000000000000
 for case in alone context green during bursts stream legacy legacy-ptsz per-thread \
     per-thread-ptsz query query-ptsz second-device context-sync-first two-streams \
     other-stream default-streams query-busy other-thread destroyed destroyed-v1 dead-thread \
@@ -431,7 +435,7 @@ for case in alone context green during bursts stream legacy legacy-ptsz per-thre
     devices=1
     case "$case" in *second-device) devices=2 ;; esac
     run "throttle-drain-$case" CUDA_DEVICE_SM_LIMIT=50 FAKE_GPU_SHARED="$tmp/drain-$case.shm" \
-        FAKE_CUDA_DEVICES=$devices FAKE_NVML_SAMPLE_MS=3600000 "$build/tests/test_throttle" 50 \
+        FAKE_CUDA_DEVICES=$devices FAKE_NVML_SAMPLE_MS=$silent_ms "$build/tests/test_throttle" 50 \
         drain "$case"
 done
 # A light load, then large kernels: a debt in blocks the measured GPU time does not back; also
