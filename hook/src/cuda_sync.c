@@ -131,43 +131,50 @@ static CUresult copied(CUresult rc, CUdeviceptr dst, CUdeviceptr src, size_t byt
     return rc;
 }
 
-static CUdeviceptr host_address(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
+/* A copy to dst on the host through *copy (cuMemcpyDtoH_v2 or its _ptds), as wait_stream. */
+static CUresult copy_to_host(CUresult (*const *copy)(void *, CUdeviceptr, size_t), void *dst,
+                             CUdeviceptr src, size_t bytes, int per_thread)
+{
+    if (!ready() || *copy == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return copied((*copy)(dst, src, bytes), (CUdeviceptr)(uintptr_t)dst, src, bytes, per_thread);
+}
 
 VGPU_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes)
 {
-    if (!ready() || real.cuMemcpyDtoH_v2 == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return copied(real.cuMemcpyDtoH_v2(dst, src, bytes), host_address(dst), src, bytes, 0);
+    return copy_to_host(&real.cuMemcpyDtoH_v2, dst, src, bytes, 0);
 }
 
 VGPU_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t bytes)
 {
-    if (!ready() || real.cuMemcpyDtoH_v2_ptds == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return copied(real.cuMemcpyDtoH_v2_ptds(dst, src, bytes), host_address(dst), src, bytes, 1);
+    return copy_to_host(&real.cuMemcpyDtoH_v2_ptds, dst, src, bytes, 1);
 }
 
 VGPU_EXPORT CUresult cuMemcpyDtoH(void *dst, v1_ptr src, unsigned int bytes)
 {
     if (!ready() || real.cuMemcpyDtoH == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return copied(real.cuMemcpyDtoH(dst, src, bytes), host_address(dst), src, bytes, 0);
+    return copied(real.cuMemcpyDtoH(dst, src, bytes), (CUdeviceptr)(uintptr_t)dst, src, bytes, 0);
 }
 
 /* cuMemcpy copies between any two addresses of the unified space (cudaMemcpy with
  * cudaMemcpyDefault). */
+static CUresult unified_copy(CUresult (*const *copy)(CUdeviceptr, CUdeviceptr, size_t),
+                             CUdeviceptr dst, CUdeviceptr src, size_t bytes, int per_thread)
+{
+    if (!ready() || *copy == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return copied((*copy)(dst, src, bytes), dst, src, bytes, per_thread);
+}
+
 VGPU_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
 {
-    if (!ready() || real.cuMemcpy == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return copied(real.cuMemcpy(dst, src, bytes), dst, src, bytes, 0);
+    return unified_copy(&real.cuMemcpy, dst, src, bytes, 0);
 }
 
 VGPU_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
 {
-    if (!ready() || real.cuMemcpy_ptds == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    return copied(real.cuMemcpy_ptds(dst, src, bytes), dst, src, bytes, 1);
+    return unified_copy(&real.cuMemcpy_ptds, dst, src, bytes, 1);
 }
 
 /* The limiter is told before the driver lets the handle go (after it, its device cannot be
