@@ -381,6 +381,17 @@ for name in names:
           f" over all periods), 0 in {100 * sum(u == 0 for u in v) / len(v):.0f} %, "
           f">= 90 in {100 * sum(u >= 90 for u in v) / len(v):.0f} %")
 PY
+# Each tenant's host pid as libvgpu learnt it (NVML's name for it, read beside the other's
+# start) must be its own: there is no pid namespace here. Over the fake, a tenant that took the
+# other's pid was charged the other's GPU time and held back for good (tests/run.sh,
+# contention-30-60-slow-context).
+own_pids() { # own_pids A B
+    local wrong
+    wrong=$(sed -n 's/^\[vgpu INFO pid \([0-9]*\)\] host pid \([0-9]*\) .*/\1 \2/p' \
+        "$work/a-$1-$2.log" "$work/b-$1-$2.log" | awk '$1 != $2 { printf " %s took %s", $1, $2 }')
+    [ -z "$wrong" ]
+    result $? "limits $1 / $2: each tenant learnt its own pid as NVML's name for it${wrong:+:$wrong}"
+}
 logs_of() { # logs_of A B: the end of both tenants' logs, after a failed check
     local t; for t in "a-$1-$2" "b-$1-$2"; do echo "-- $work/$t.log, last lines:"; tail -n 8 "$work/$t.log"; done
 }
@@ -405,6 +416,7 @@ for limits in "30 60" "50 50" "30 none" "20 20"; do
     set -- $limits
     pair "$1" "$2"
     local want_b=$2; [ "$2" = none ] && want_b=$((100 - $1))
+    own_pids "$1" "$2" || { logs_of "$1" "$2"; continue; }
     if [ -z "$sa" ] || [ -z "$sb" ]; then
         result 1 "limits $1 / $2: a tenant measured nothing (${sa:-none} / ${sb:-none} %)"
         logs_of "$1" "$2"; continue

@@ -120,7 +120,11 @@ static int candidate(int32_t pid)
 /* Our host pid from the lists NVML gave before and after this process made a context on dev:
  * the one pid new in the second that no other process of the container has claimed, or our
  * own pid among the new ones (no pid namespace). Two candidates (another container made a
- * context at the same moment): remembered, and told apart by an allocation (below). */
+ * context at the same moment): remembered, and told apart by an allocation (below). This rests
+ * on NVML listing every process "with a compute context" (nvml.h), ours as soon as it is made:
+ * were ours left out, a neighbour's context made meanwhile would be the one new pid, and taken
+ * for ours (its GPU time then charged to this container: tests/run.sh,
+ * contention-30-60-slow-context, and gpu-check.sh's section 6 checks it on a GPU). */
 static void learn_host_pid(const struct vgpu_gpu_process *before, int nbefore,
                            const struct vgpu_gpu_process *after, int nafter)
 {

@@ -491,11 +491,17 @@ wait $c1 $c2 $!
 FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXT_MIB=100 FAKE_CUDA_CONTEXTS_TOGETHER=2 \
     contention 30-60-together 30 60 &
 c1=$!
+# Tenant A's context taking 300 ms to make, B starting and allocating its weights meanwhile: B's
+# pid is new in NVML's list across A's context beside A's own (which the fake left out while it
+# held 0 bytes: A then took B's pid for its own, was charged B's GPU time, and held back got
+# 0.0 % in all of 3 runs; in CI on 7eb231b, 0.0 % once, by the same order by chance).
+CONTENTION_SLOW_CONTEXT_MS=300 contention 30-60-slow-context 30 60 &
+c2=$!
 # NVML's per-process query taking 400 ms (its calls can be slow): the refills go on meanwhile
 # (src/sampler.h). Made on the limiter's own thread, the tenant at 30 got 4.2-4.4 % (and
 # 33.4-36.8 % on a thread of its own asking each of the fake's 2 devices, the limit naming 16).
 FAKE_NVML_SLOW_MS=400 contention 30-none-slow-nvml 30 none
-wait $c1
+wait $c1 $c2
 # Graphs made executable through the CUDA 10/11 exports, which CUDA 11 builds call, and graphs
 # changed once executable (a kernel's grid, a child graph, nodes enabled): the cost follows; an
 # update the driver refused: it does not; setters after an update, naming the nodes the graph

@@ -358,8 +358,18 @@ static void streams(void)
           "... and 200 MiB fit, on device 1, device 0's count unchanged");
     check(cuMemFreeAsync(r, s0) == CUDA_SUCCESS, "freed");
     use_device(1);
-    check(container_used() == 300 * MiB, "counted on device 1 (%llu MiB)",
+    /* The pool keeps what the free gave back until a synchronisation, and it stays counted
+     * (footprint.h, vgpu_footprint_pool_kept): device 1 measured at its context, as NVML lists
+     * every process with one. (Before the fake listed a context of 0 bytes, device 1 was never
+     * measured here and the free's bytes went back at once.) */
+    check(container_used() == 500 * MiB && fake_cuda_device_used(1) == 500 * MiB,
+          "counted on device 1 while its pool keeps the 200 MiB freed (%llu MiB)",
           (unsigned long long)(container_used() / MiB));
+    int synced = cuCtxSynchronize() == CUDA_SUCCESS;
+    uint64_t after = container_used();
+    check(synced && after == 300 * MiB && fake_cuda_device_used(1) == 300 * MiB,
+          "... and 300 MiB once device 1 is synchronised, its pool giving them back (%llu MiB)",
+          (unsigned long long)(after / MiB));
     cuCtxSetCurrent(NULL);
     check(cuMemFreeAsync(p, s0) == CUDA_SUCCESS && cuMemFreeAsync(q, s1) == CUDA_SUCCESS &&
               cuStreamSynchronize(s0) == CUDA_SUCCESS && cuStreamSynchronize(s1) == CUDA_SUCCESS &&

@@ -332,7 +332,8 @@ static CUgraphExec make_graph(const char *abi)
 /* What a tenant measured over its window: kernels finished per second, and (over the fake) the
  * percent of the window's GPU time it got. -1: not measured. Also the longest a launch and its
  * synchronisation took, from the start: a tenant held past its window (one call of 3 s) reads
- * 0 % (CI, 2026-11-30: tenant A of 30-60, once), which this tells from a share it was given. */
+ * 0 % (CI, 2026-11-30: tenant A of 30-60, once: it had taken B's pid for its own, run.sh,
+ * contention-30-60-slow-context), which this tells from a share it was given. */
 struct measured {
     double rate;
     double share;
@@ -414,6 +415,11 @@ static pid_t start_tenant(int *fd, const char *dir, const char *name, const char
     pid_t pid = fork();
     if (pid == 0) {
         close(p[0]);
+        /* CONTENTION_SLOW_CONTEXT_MS=N (the fake only): tenant A's context takes N ms to
+         * make, B starting and allocating meanwhile (the order that once gave A B's pid). */
+        const char *slow = getenv("CONTENTION_SLOW_CONTEXT_MS");
+        if (slow != NULL && strcmp(name, "a") == 0)
+            setenv("FAKE_CUDA_CONTEXT_MS", slow, 1);
         tenant(p[1], region, limit, graph);
     }
     close(p[1]);

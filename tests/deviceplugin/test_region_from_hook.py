@@ -211,9 +211,9 @@ def test_the_monitor_reads_what_libvgpu_wrote(container: Container) -> None:
             (1, UUIDS[1], LIMITS[1], 100 * MIB, 100 * MIB, SM_LIMIT, 0),
         ]
         assert [(s.slot, s.pid) for s in region.slots] == [(0, first.pid), (1, second.pid)]
-        # The host pid is learnt from the process NVML lists new when a context is made; the
-        # fake's contexts here hold no memory, so NVML lists nothing then (see the next test).
-        assert [s.host_pid for s in region.slots] == [0, 0]
+        # The host pid is learnt from the process NVML lists new when a context is made (NVML
+        # lists every process with one, whatever it holds): no pid namespace here, its own.
+        assert [s.host_pid for s in region.slots] == [first.pid, second.pid]
         assert [s.used_bytes for s in region.slots] == [
             (300 * MIB, 100 * MIB, *[0] * 14), (50 * MIB, *[0] * 15)]
         assert before < region.slots[0].last_launch_unix_ns < after, "A launched a kernel"

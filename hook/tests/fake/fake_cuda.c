@@ -617,6 +617,11 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
              waited++)
             gpu_sleep_ns(10 * 1000 * 1000);
     }
+    /* FAKE_CUDA_CONTEXT_MS=N, read at the call (a forked tenant sets it for itself): making
+     * the primary context takes N ms before it exists (a GPU takes hundreds). */
+    uint64_t making_ms = primary_active[dev] ? 0 : gpu_env("FAKE_CUDA_CONTEXT_MS", 0);
+    if (making_ms != 0)
+        gpu_sleep_ns(making_ms * 1000 * 1000);
     pthread_mutex_lock(&primary_lock);
     int ok = primary_active[dev] || gpu_ctx_ref(dev, 1);
     if (ok) {
@@ -3057,7 +3062,11 @@ EXPORT int fake_gpu_processes(int nvml_index, struct fake_gpu_process *out, int 
     int n = 0;
     for (int i = 0; i < GPU_MAX_PROCS; i++) {
         const struct gpu_proc *p = &d->procs[i];
-        if (p->pid == 0 || gpu_footprint(p) == 0)
+        /* NVML lists the processes "with a compute context" (nvml.h), whatever they hold: one
+         * left out while its context held 0 bytes (FAKE_CUDA_CONTEXT_MIB's default) made the
+         * library take a neighbour's pid, new beside it, for its own (contention-30-60-slow-
+         * context). Memory without a context (stream-ordered) is listed too. */
+        if (p->pid == 0 || (p->primary_refs + p->created_ctxs == 0 && gpu_footprint(p) == 0))
             continue;
         if (n < max)
             out[n] = (struct fake_gpu_process){.pid = p->pid, .bytes = gpu_footprint(p)};

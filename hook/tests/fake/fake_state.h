@@ -92,7 +92,8 @@ struct fake_gpu_sample {
 };
 int fake_gpu_samples_since(int nvml_index, uint64_t since_us, struct fake_gpu_sample *out,
                            int max);
-/* The live processes with memory on GPU nvml_index (up to max written; returns how many there are). */
+/* The live processes with a context or memory on GPU nvml_index (up to max written; returns
+ * how many there are). */
 struct fake_gpu_process {
     int pid;
     uint64_t bytes;         /* context + lazy module + allocation bytes */
