@@ -45,12 +45,14 @@ struct api {
     async_free_fn free_async;
     graph_launch_fn graph_launch;
     copy_fn copy;
+    CUresult (*set_current)(CUcontext);
 };
 
 static struct api direct, hooked;
 static CUstream stream;  /* an explicit stream, as frameworks use */
 static CUgraphExec exec; /* one kernel node, no allocation node */
 static CUdeviceptr copied; /* 64 bytes of device memory */
+static CUcontext primary; /* device 0's, current */
 
 static double cpu_ns(void)
 {
@@ -118,6 +120,15 @@ static double time_copy(const struct api *a, long n)
     return (cpu_ns() - t0) / (double)n;
 }
 
+/* cudaSetDevice's driver call: the primary context made current again. */
+static double time_set_current(const struct api *a, long n)
+{
+    double t0 = cpu_ns();
+    for (long i = 0; i < n; i++)
+        a->set_current(primary);
+    return (cpu_ns() - t0) / (double)n;
+}
+
 /* A light process's pattern: a kernel, then its result copied to the host, each copy a
  * drain under an SM limit (the library asks about both addresses every time). */
 static double time_launch_copy(const struct api *a, long n)
@@ -180,14 +191,15 @@ static void setup(void)
     hooked.graph_launch = (graph_launch_fn)dlsym(RTLD_DEFAULT, "cuGraphLaunch");
     direct.copy = (copy_fn)fake_cuda_entry("cuMemcpy");
     hooked.copy = (copy_fn)dlsym(RTLD_DEFAULT, "cuMemcpy");
+    direct.set_current = (CUresult(*)(CUcontext))fake_cuda_entry("cuCtxSetCurrent");
+    hooked.set_current = (CUresult(*)(CUcontext))dlsym(RTLD_DEFAULT, "cuCtxSetCurrent");
     if (hooked.launch == direct.launch) {
         fprintf(stderr, "bench: libvgpu.so is not preloaded\n");
         exit(2);
     }
-    CUcontext ctx;
     cuInit(0);
-    cuDevicePrimaryCtxRetain(&ctx, 0);
-    cuCtxSetCurrent(ctx);
+    cuDevicePrimaryCtxRetain(&primary, 0);
+    cuCtxSetCurrent(primary);
     CUgraph graph;
     CUgraphNode node;
     CUDA_KERNEL_NODE_PARAMS k = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32,
@@ -275,6 +287,7 @@ int main(int argc, char **argv)
     }
     compare("cuGraphLaunch (1 kernel node)", time_graph_launch, 1000000);
     compare("cuMemcpy to the host (64 B)", time_copy, 300000);
+    compare("cuCtxSetCurrent (the primary context)", time_set_current, 2000000);
     /* The graph's stream above stopped drains of a stream: a context's synchronisation starts
      * them again. */
     if (limit != NULL && cuCtxSynchronize() == CUDA_SUCCESS)

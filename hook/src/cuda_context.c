@@ -69,6 +69,55 @@ int vgpu_primary_context_current(int dev)
            current == __atomic_load_n(&primary_of[dev], __ATOMIC_ACQUIRE);
 }
 
+static int known_primary(CUcontext ctx)
+{
+    for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++)
+        if (ctx == __atomic_load_n(&primary_of[dev], __ATOMIC_ACQUIRE))
+            return 1;
+    return 0;
+}
+
+/* Before the calling thread's current context changes (cuCtxSetCurrent, a push or a pop): a
+ * context other than a primary one the library knows may have had work launched in it, which
+ * the limiter charged to its device as if to the primary one there (launch_device_on); once the
+ * primary is current again its synchronisation would not cover that work. So its device drains
+ * no more (vgpu_throttle_context_made), as where the library saw such a context made: this
+ * catches one made through an export the library does not know. (A context made current the
+ * same unknown way, and left by a call the library does not see, is not caught.) */
+static void leaving_current(void)
+{
+    CUcontext current = NULL;
+    CUdevice dev;
+    if (vgpu_throttle_enabled && real.cuCtxGetCurrent != NULL && real.cuCtxGetDevice != NULL &&
+        real.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != NULL &&
+        !known_primary(current) && real.cuCtxGetDevice(&dev) == CUDA_SUCCESS)
+        vgpu_throttle_context_made((int)dev);
+}
+
+VGPU_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    if (!ready() || real.cuCtxSetCurrent == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    leaving_current();
+    return real.cuCtxSetCurrent(ctx);
+}
+
+VGPU_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    if (!ready() || real.cuCtxPushCurrent_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    leaving_current();
+    return real.cuCtxPushCurrent_v2(ctx);
+}
+
+VGPU_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
+{
+    if (!ready() || real.cuCtxPopCurrent_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    leaving_current();
+    return real.cuCtxPopCurrent_v2(ctx);
+}
+
 /* A context's arrays are freed with it (cuda.h, cuCtxDestroy: its CUarray and CUmipmappedArray
  * among "all resources associated with the context") and may not be passed to the driver again:
  * they are forgotten by the context they were made in, those recorded up to `before`, taken

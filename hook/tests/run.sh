@@ -428,7 +428,7 @@ for case in alone context green during bursts stream legacy legacy-ptsz per-thre
     context-sync-second-device context-elsewhere-second-device \
     context-sync-first-second-device launched-elsewhere-second-device context-second-device \
     green-second-device during-second-device unseen-context unseen-context-stream \
-    unseen-context-copy \
+    unseen-context-copy unseen-context-left unseen-context-pushed-over unseen-context-popped \
     copy copy-v1 copy-ptds copy-second-device copy-other-stream copy-default-streams \
     copy-refused copy-unified copy-unified-ptds copy-pinned copy-within-device copy-from-host \
     copy-within-host copy-empty copy-managed copy-from-second-device copy-unnamed; do

@@ -614,23 +614,25 @@ static void *launch_later(void *ctx)
 /* The streams a stream case of drained names: 0 is the null handle. */
 enum { NULL_STREAM, LEGACY, PER_THREAD, STREAM_A, STREAM_B, NO_STREAM };
 
-/* How a stream case waits for its stream: cuStreamSynchronize; cuStreamQuery polled until done,
- * or asked once while the kernel runs; a synchronisation by a thread that launched nothing;
- * the stream destroyed while its kernel runs (cuda.h's cuStreamDestroy, the _v2, or the CUDA
- * 2.0 export) and a new one with its handle (the fake hands it out again) synchronised;
+/* How a stream case waits for its stream: cuStreamSynchronize; cuStreamQuery polled until done, or
+ * asked once while the kernel runs; a synchronisation by a thread that launched nothing; the
+ * stream destroyed while its kernel runs (cuda.h's cuStreamDestroy, the _v2, or the CUDA 2.0
+ * export) and a new one with its handle (the fake hands it out again) synchronised;
  * cuCtxSynchronize first, then a kernel on the stream and its wait; cuCtxSynchronize alone, or
- * with the other GPU's context current, or after the kernel was launched on the stream with
- * the other GPU's context current (cases of two GPUs); a context made through the fake's own
- * export (libvgpu does not see it made) current, then cuCtxSynchronize, the legacy default
- * stream's wait or a copy to the host from the primary context's memory; the kernel launched by a
- * thread that then exits, the wait made by a thread made after it (glibc may give it the dead
- * thread's stack and TLS); a synchronous copy (each of 64 bytes, through the _ptds export
- * where wait_ptsz): to the host with cuMemcpyDtoH_v2, CUDA 2.0's cuMemcpyDtoH or the unified
- * space's cuMemcpy (to page-locked memory too), within the device, from the host or within it
- * with cuMemcpy; and copies to the host that need not have waited: one the driver refuses
- * (from an allocation of 32 bytes), of no bytes, from managed memory, from another device's
- * memory, or one whose source the driver cannot name (its cuPointerGetAttribute fails). Every
- * copy runs on the default stream. */
+ * with the other GPU's context current, or after the kernel was launched on the stream with the
+ * other GPU's context current (cases of two GPUs); a context made through the fake's own export
+ * (libvgpu does not see it made) current, then cuCtxSynchronize, the legacy default stream's wait
+ * or a copy to the host from the primary context's memory; the kernel launched in such a context,
+ * pushed over the primary one the same unseen way, then the primary one made current again
+ * (cuCtxSetCurrent, cuCtxPushCurrent or cuCtxPopCurrent) and synchronised; the kernel launched by
+ * a thread that then exits, the wait made by a thread made after it (glibc may give it the dead
+ * thread's stack and TLS); a synchronous copy (each of 64 bytes, through the _ptds export where
+ * wait_ptsz): to the host with cuMemcpyDtoH_v2, CUDA 2.0's cuMemcpyDtoH or the unified space's
+ * cuMemcpy (to page-locked memory too), within the device, from the host or within it with
+ * cuMemcpy; and copies to the host that need not have waited: one the driver refuses (from an
+ * allocation of 32 bytes), of no bytes, from managed memory, from another device's memory, or one
+ * whose source the driver cannot name (its cuPointerGetAttribute fails). Every copy runs on the
+ * default stream. */
 enum wait_how {
     SYNC,
     COPY,
@@ -657,6 +659,9 @@ enum wait_how {
     UNSEEN_CONTEXT,
     UNSEEN_CONTEXT_STREAM,
     UNSEEN_CONTEXT_COPY,
+    UNSEEN_LEFT,
+    UNSEEN_PUSHED_OVER,
+    UNSEEN_POPPED,
     DEAD_THREAD
 };
 
@@ -697,6 +702,10 @@ static const struct stream_case {
      UNSEEN_CONTEXT_STREAM, 0},
     {"unseen-context-copy", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, UNSEEN_CONTEXT_COPY,
      0},
+    {"unseen-context-left", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, UNSEEN_LEFT, 0},
+    {"unseen-context-pushed-over", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0,
+     UNSEEN_PUSHED_OVER, 0},
+    {"unseen-context-popped", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, UNSEEN_POPPED, 0},
     {"context-elsewhere-second-device", 1, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
      CONTEXT_SYNC_ELSEWHERE, 0},
     {"context-sync-first-second-device", 1, STREAM_A, 0, STREAM_B, STREAM_A, 0,
@@ -910,12 +919,38 @@ static int wait_on_stream(const struct stream_case *c, CUstream streams[])
         return check(rc == CUDA_SUCCESS, "the unseen context's synchronisation, its default "
                      "stream's or a copy with it current");
     }
+    case UNSEEN_LEFT:
+    case UNSEEN_PUSHED_OVER:
+    case UNSEEN_POPPED: {
+        CUcontext popped = NULL, now = NULL;
+        CUresult rc = c->how == UNSEEN_LEFT          ? cuCtxSetCurrent(case_context)
+                      : c->how == UNSEEN_PUSHED_OVER ? cuCtxPushCurrent(case_context)
+                                                     : cuCtxPopCurrent(&popped);
+        return check(rc == CUDA_SUCCESS && cuCtxGetCurrent(&now) == CUDA_SUCCESS &&
+                         now == case_context && cuCtxSynchronize() == CUDA_SUCCESS,
+                     "the primary context current again, synchronised");
+    }
     case CONTEXT_SYNC_ELSEWHERE: /* returns at once: as QUERY_ONCE */
         sleep_s(0.1);
         use_device(1 - c->device);
         return check(cuCtxSynchronize() == 0, "the other GPU's context synchronised");
     }
     return 0;
+}
+
+/* A context libvgpu does not see made (the fake's own exports) pushed over the primary one,
+ * current: a case's kernel then runs in it. 0 if a call failed. */
+static int unseen_on_top(const struct stream_case *c)
+{
+    CUresult (*create)(CUcontext *, unsigned int, CUdevice) =
+        (CUresult(*)(CUcontext *, unsigned int, CUdevice))fake_cuda_entry("cuCtxCreate_v2");
+    CUresult (*set)(CUcontext) = (CUresult(*)(CUcontext))fake_cuda_entry("cuCtxSetCurrent");
+    CUresult (*push)(CUcontext) = (CUresult(*)(CUcontext))fake_cuda_entry("cuCtxPushCurrent_v2");
+    CUcontext unseen = NULL;
+    return check(create != NULL && set != NULL && push != NULL &&
+                     create(&unseen, 0, (CUdevice)c->device) == CUDA_SUCCESS &&
+                     set(case_context) == CUDA_SUCCESS && push(unseen) == CUDA_SUCCESS,
+                 "a context libvgpu did not see made pushed over the primary one");
 }
 
 /* Stream case c on its device, current: its kernels, then its wait; 0 if a call failed. */
@@ -938,6 +973,9 @@ static int stream_case(const struct stream_case *c)
                    cuStreamCreate(&streams[STREAM_A], 0) == 0 &&
                    cuStreamCreate(&streams[STREAM_B], 0) == 0,
                "two streams made, the _ptsz and CUDA 2.0 exports found"))
+        return 0;
+    if ((c->how == UNSEEN_LEFT || c->how == UNSEEN_PUSHED_OVER || c->how == UNSEEN_POPPED) &&
+        !unseen_on_top(c))
         return 0;
     int fine = c->how == DEAD_THREAD          ? on_a_thread(launch_and_exit, (void *)c)
                : c->how == LAUNCHED_ELSEWHERE ? launch_elsewhere(c, streams[c->launch])
