@@ -35,7 +35,7 @@ trap cleanup EXIT
 pair() {
     local lib=$1 dir=$2 a=$3 b=$4; shift 4
     rm -rf "$dir" && mkdir -p "$dir" # a kept folder's regions and fake GPU would carry over
-    # Each tenant holds a 100 MiB context NVML lists: that is how a process learns its host pid,
+    # Each tenant holds a 100 MiB context, as on a GPU; from it a process learns its host pid,
     # without which a period another tenant's sample has reads as no sample of its own.
     # exec: an interrupt's kill reaches timeout, which passes it on to the pair.
     exec timeout "$limit" env LD_LIBRARY_PATH="$fakes/fake" LD_PRELOAD="$lib" \

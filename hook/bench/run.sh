@@ -6,7 +6,7 @@ set -eu
 build=$1
 tmp=$(mktemp -d /tmp/vgpu-bench.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-# FAKE_CUDA_CONTEXT_MIB: each process holds a context NVML lists, as on a GPU, so the measured
+# FAKE_CUDA_CONTEXT_MIB: each process's context holds memory, as on a GPU, so the measured
 # path includes the check of the context memory counted (re-measured once a second).
 export LD_LIBRARY_PATH="$build/fake" FAKE_CUDA_NS_PER_BLOCK=0 LIBCUDA_LOG_LEVEL=0 FAKE_CUDA_CONTEXT_MIB=300
 export LD_PRELOAD="$(pwd)/$build/libvgpu.so" CUDA_DEVICE_MEMORY_LIMIT=15g

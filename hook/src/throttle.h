@@ -36,7 +36,8 @@ int vgpu_throttle_may_drain(int dev, uintptr_t stream);
 void vgpu_throttle_stream_gone(int dev, uintptr_t stream);
 
 /* The process made a context on dev that is not its primary one (cuCtxCreate, a green
- * context): a synchronisation of one context no longer covers its work there. */
+ * context), or left one current that the library did not see made (cuda_context.c): a
+ * synchronisation of one context no longer covers its work there. */
 void vgpu_throttle_context_made(int dev);
 
 #endif

@@ -28,9 +28,14 @@ case "$1" in
     r=$(rate "$2")
     [ -n "$r" ] || { echo "Traceback: $2 has no canned rate" >&2; exit 1; } # as a crash would
     if [ "$2" = bare ]; then echo "bare: $r kernels/s"; exit 0; fi
-    # "hostpid-NAME PID": libvgpu's line naming PID as NVML's name for this tenant (pid 4242)
+    # "hostpid-NAME PID": libvgpu's lines of a limited tenant (pid 4242) naming PID as NVML's
+    # name for it ("none": no such line)
     p=$(rate "hostpid-$2")
-    [ -z "$p" ] || echo "[vgpu INFO pid 4242] host pid $p (NVML's name for this process)" >&2
+    if [ -n "$p" ]; then
+        echo "[vgpu INFO pid 4242] SM limit active (device 0: 30%)" >&2
+        [ "$p" = none ] ||
+            echo "[vgpu INFO pid 4242] host pid $p (NVML's name for this process)" >&2
+    fi
     awk -v n="$2" -v r="$r" -v b="$4" 'BEGIN { printf "%s: %.1f kernels/s, %.1f %%\n", n, r, 100 * r / b }' ;;
 *launch.py) rate launch ;; # µs per tiny kernel
 *nvml_samples.py) # NVML's average over the half where CANNED has one ("nvml-NAME FIGURE")
@@ -165,15 +170,22 @@ check "a tenant that measured nothing fails, and its pair's busy check is not ru
 !limits 30 / none: the GPU busy
 PASS limits 20 / 20" "$(sed -e '/^b-30-none /d' <<<"$h200")" 6
 # A tenant that took the other's pid for its own is charged the other's GPU time (over the
-# fake it was held back for good): the pair fails, and its shares are not judged.
-check "a tenant that learnt another process's pid as its own fails its pair" 1 \
-    "FAIL limits 30 / 60: each tenant learnt its own pid as NVML's name for it: 4242 took 4243
+# fake it was held back for good), and one that learnt none is limited by the whole GPU's use:
+# the pair fails, and its shares are not judged.
+check "a limited tenant that learnt another process's pid, or none, fails its pair" 1 \
+    "FAIL limits 30 / 60: each limited tenant learnt its own pid as NVML's name for it: a-30-60 \
+(pid 4242) learnt 4243
 !limits 30 / 60: shares
-PASS limits 50 / 50: each tenant learnt its own pid as NVML's name for it
-PASS limits 50 / 50: shares" "$(printf '%s\nhostpid-a-30-60 4243\nhostpid-b-50-50 4242' "$h200")" 6
-check "a tenant that learnt its own pid passes" 0 \
-    "PASS limits 30 / 60: each tenant learnt its own pid as NVML's name for it
-PASS limits 30 / 60: shares 29.5 / 56.4 %" "$(printf '%s\nhostpid-a-30-60 4242' "$h200")" 6
+PASS limits 50 / 50: each limited tenant learnt its own pid as NVML's name for it
+PASS limits 50 / 50: shares
+FAIL limits 20 / 20: each limited tenant learnt its own pid as NVML's name for it: b-20-20 \
+(pid 4242) learnt none" \
+    "$(printf '%s\n' "$h200" 'hostpid-a-30-60 4243' 'hostpid-b-30-60 4242' 'hostpid-a-50-50 4242' \
+        'hostpid-b-20-20 none')" 6
+check "limited tenants that learnt their own pids pass" 0 \
+    "PASS limits 30 / 60: each limited tenant learnt its own pid as NVML's name for it
+PASS limits 30 / 60: shares 29.5 / 56.4 %" \
+    "$(printf '%s\nhostpid-a-30-60 4242\nhostpid-b-30-60 4242' "$h200")" 6
 check "a pair without libvgpu that measured one process stops the section" 1 \
     "FAIL two processes without libvgpu each measured (45.1 / none %)
 !limits 30 / 60" \

@@ -414,9 +414,10 @@ run throttle-nosampler CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 n
 # covers a kernel launched on its stream while the other GPU's context was current), not the
 # other's, nor its own where another context was made or another thread launched. No
 # context, default-stream or copy drain is taken while a context libvgpu did not see made is
-# current. A synchronous copy to the host drains its default stream where every kernel ran
-# there (each export, cuMemcpy's too; on the second of two GPUs), not where one ran on
-# another, the copy was refused, went within the device, from the host or within it, copied
+# current, nor after work launched in one and the primary made current again (cuCtxSetCurrent,
+# cuCtxPushCurrent, cuCtxPopCurrent). A synchronous copy to the host drains its default stream where
+# every kernel ran there (each export, cuMemcpy's too; on the second of two GPUs), not where one ran
+# on another, the copy was refused, went within the device, from the host or within it, copied
 # nothing, or came from managed memory, another GPU's, or memory the driver could not name.
 # NVML silent: the fake's sample periods start at multiples of their length in CLOCK_MONOTONIC,
 # so a period of an hour ended inside a case once an hour of uptime (CI, 2026-11-30:
@@ -483,7 +484,7 @@ c1=$!
 contention graph-25 graph 25 &
 c2=$!
 # NVML naming the tenants by other pids (a container's pid namespace), their contexts holding
-# memory NVML lists (as on a GPU): the host pids are learnt.
+# memory as on a GPU: the host pids are learnt.
 FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXT_MIB=100 contention 30-none-pidns 30 none &
 wait $c1 $c2 $!
 # ... and both contexts made at the same moment (pods started together): neither host pid can

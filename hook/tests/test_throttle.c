@@ -529,13 +529,12 @@ static void burst_after_light_load(double limit)
 }
 
 /* Two processes of one container (one region; FAKE_GPU_SHARED makes them one GPU's tenants,
- * FAKE_CUDA_CONTEXT_MIB gives their contexts memory, so that NVML lists them and each learns
- * its host pid, as on a GPU). The first runs plain kernels and, 1 s in, a WHILE graph of 2 s a
- * launch (1.4 s of GPU over a limit of 30); the second starts 3.5 s in with plain kernels. With
- * an account per process, each charged the container's share, the first stayed held for as long
- * as its sibling kept the container at the limit (22.5 s), while the second, new, was not held
- * at all. With the container's account they are held and let go together: from 8 s on, both
- * run. */
+ * FAKE_CUDA_CONTEXT_MIB gives their contexts memory, as on a GPU; each learns its host pid). The
+ * first runs plain kernels and, 1 s in, a WHILE graph of 2 s a launch (1.4 s of GPU over a limit of
+ * 30); the second starts 3.5 s in with plain kernels. With an account per process, each charged the
+ * container's share, the first stayed held for as long as its sibling kept the container at the
+ * limit (22.5 s), while the second, new, was not held at all. With the container's account they are
+ * held and let go together: from 8 s on, both run. */
 static void siblings(double limit)
 {
     signal(SIGALRM, held_too_long);

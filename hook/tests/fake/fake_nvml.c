@@ -203,7 +203,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
     return NVML_SUCCESS;
 }
 
-/* Every live process with memory on the device, its footprint as usedGpuMemory (no MIG). */
+/* Every live process with a context or memory on the device (fake_state.h), its footprint as
+ * usedGpuMemory (no MIG). */
 static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count,
                                       nvmlProcessInfo_t *infos)
 {
