@@ -3064,8 +3064,9 @@ EXPORT int fake_gpu_processes(int nvml_index, struct fake_gpu_process *out, int 
         const struct gpu_proc *p = &d->procs[i];
         /* NVML lists the processes "with a compute context" (nvml.h), whatever they hold: one
          * left out while its context held 0 bytes (FAKE_CUDA_CONTEXT_MIB's default) made the
-         * library take a neighbour's pid, new beside it, for its own (contention-30-60-slow-
-         * context). Memory without a context (stream-ordered) is listed too. */
+         * library take a neighbour's pid, new beside it, for its own (tests/run.sh,
+         * contention-30-60-slow-context). Memory without a context (stream-ordered) is listed
+         * too. */
         if (p->pid == 0 || (p->primary_refs + p->created_ctxs == 0 && gpu_footprint(p) == 0))
             continue;
         if (n < max)
