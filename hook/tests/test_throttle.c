@@ -851,6 +851,15 @@ static int copy_case(const struct stream_case *c)
     }
 }
 
+/* A context on c's device made current through the fake's own export, as through one libvgpu
+ * does not know (it does not see it made); 1 if made. */
+static int make_unseen(const struct stream_case *c, CUcontext *unseen)
+{
+    CUresult (*create)(CUcontext *, unsigned int, CUdevice) =
+        (CUresult(*)(CUcontext *, unsigned int, CUdevice))fake_cuda_entry("cuCtxCreate_v2");
+    return create != NULL && create(unseen, 0, (CUdevice)c->device) == CUDA_SUCCESS;
+}
+
 /* Runs stream case c, its kernels launched, up to its wait's return; 0 if a call failed. */
 static int wait_on_stream(const struct stream_case *c, CUstream streams[])
 {
@@ -902,13 +911,10 @@ static int wait_on_stream(const struct stream_case *c, CUstream streams[])
     case UNSEEN_CONTEXT:
     case UNSEEN_CONTEXT_STREAM:
     case UNSEEN_CONTEXT_COPY: {
-        CUresult (*create)(CUcontext *, unsigned int, CUdevice) =
-            (CUresult(*)(CUcontext *, unsigned int, CUdevice))fake_cuda_entry("cuCtxCreate_v2");
         CUcontext unseen = NULL;
         CUdeviceptr from = 0;
         unsigned char host[64];
-        if (!check(cuMemAlloc(&from, sizeof host) == 0 && create != NULL &&
-                       create(&unseen, 0, (CUdevice)c->device) == 0,
+        if (!check(cuMemAlloc(&from, sizeof host) == 0 && make_unseen(c, &unseen),
                    "a context made current that libvgpu did not see made"))
             return 0;
         sleep_s(0.1); /* each wait returns at once: as QUERY_ONCE */
@@ -937,17 +943,14 @@ static int wait_on_stream(const struct stream_case *c, CUstream streams[])
     return 0;
 }
 
-/* A context libvgpu does not see made (the fake's own exports) pushed over the primary one,
- * current: a case's kernel then runs in it. 0 if a call failed. */
+/* A context libvgpu does not see made pushed over the primary one, current: a case's kernel
+ * then runs in it. 0 if a call failed. */
 static int unseen_on_top(const struct stream_case *c)
 {
-    CUresult (*create)(CUcontext *, unsigned int, CUdevice) =
-        (CUresult(*)(CUcontext *, unsigned int, CUdevice))fake_cuda_entry("cuCtxCreate_v2");
     CUresult (*set)(CUcontext) = (CUresult(*)(CUcontext))fake_cuda_entry("cuCtxSetCurrent");
     CUresult (*push)(CUcontext) = (CUresult(*)(CUcontext))fake_cuda_entry("cuCtxPushCurrent_v2");
     CUcontext unseen = NULL;
-    return check(create != NULL && set != NULL && push != NULL &&
-                     create(&unseen, 0, (CUdevice)c->device) == CUDA_SUCCESS &&
+    return check(set != NULL && push != NULL && make_unseen(c, &unseen) &&
                      set(case_context) == CUDA_SUCCESS && push(unseen) == CUDA_SUCCESS,
                  "a context libvgpu did not see made pushed over the primary one");
 }
