@@ -46,6 +46,8 @@ struct api {
     graph_launch_fn graph_launch;
     copy_fn copy;
     CUresult (*set_current)(CUcontext);
+    CUresult (*record)(CUevent, CUstream);
+    CUresult (*query)(CUevent);
 };
 
 static struct api direct, hooked;
@@ -53,6 +55,7 @@ static CUstream stream;  /* an explicit stream, as frameworks use */
 static CUgraphExec exec; /* one kernel node, no allocation node */
 static CUdeviceptr copied; /* 64 bytes of device memory */
 static CUcontext primary; /* device 0's, current */
+static CUevent event;     /* recorded on stream */
 
 static double cpu_ns(void)
 {
@@ -143,6 +146,21 @@ static double time_launch_copy(const struct api *a, long n)
     return (cpu_ns() - t0) / (double)n;
 }
 
+/* XLA's pattern: a kernel, an event recorded after it and asked about; under an SM limit
+ * each record is counted and kept (with two GPUs it asks the driver for the stream's device),
+ * and each query that finds it done is a drain (cuda_sync.c). */
+static double time_launch_event(const struct api *a, long n)
+{
+    CUfunction f = (CUfunction)(void *)&kernel_code;
+    double t0 = cpu_ns();
+    for (long i = 0; i < n; i++) {
+        a->launch(f, 1, 1, 1, 32, 1, 1, 0, stream, NULL, NULL);
+        a->record(event, stream);
+        a->query(event);
+    }
+    return (cpu_ns() - t0) / (double)n;
+}
+
 static double time_info(const struct api *a, long n)
 {
     double t0 = cpu_ns();
@@ -193,6 +211,10 @@ static void setup(void)
     hooked.copy = (copy_fn)dlsym(RTLD_DEFAULT, "cuMemcpy");
     direct.set_current = (CUresult(*)(CUcontext))fake_cuda_entry("cuCtxSetCurrent");
     hooked.set_current = (CUresult(*)(CUcontext))dlsym(RTLD_DEFAULT, "cuCtxSetCurrent");
+    direct.record = (CUresult(*)(CUevent, CUstream))fake_cuda_entry("cuEventRecord");
+    hooked.record = (CUresult(*)(CUevent, CUstream))dlsym(RTLD_DEFAULT, "cuEventRecord");
+    direct.query = (CUresult(*)(CUevent))fake_cuda_entry("cuEventQuery");
+    hooked.query = (CUresult(*)(CUevent))dlsym(RTLD_DEFAULT, "cuEventQuery");
     if (hooked.launch == direct.launch) {
         fprintf(stderr, "bench: libvgpu.so is not preloaded\n");
         exit(2);
@@ -205,10 +227,11 @@ static void setup(void)
     CUDA_KERNEL_NODE_PARAMS k = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32,
                                  .blockDimY = 1, .blockDimZ = 1};
     if (cuStreamCreate(&stream, 0) != CUDA_SUCCESS || cuMemAlloc(&copied, 64) != CUDA_SUCCESS ||
+        cuEventCreate(&event, 0) != CUDA_SUCCESS ||
         cuGraphCreate(&graph, 0) != CUDA_SUCCESS ||
         cuGraphAddKernelNode(&node, graph, NULL, 0, &k) != CUDA_SUCCESS ||
         cuGraphInstantiateWithFlags(&exec, graph, 0) != CUDA_SUCCESS) {
-        fprintf(stderr, "bench: cannot make a stream, an allocation and a graph\n");
+        fprintf(stderr, "bench: cannot make a stream, an allocation, an event and a graph\n");
         exit(2);
     }
 }
@@ -292,6 +315,9 @@ int main(int argc, char **argv)
      * them again. */
     if (limit != NULL && cuCtxSynchronize() == CUDA_SUCCESS)
         compare("cuLaunchKernel + copy to the host", time_launch_copy, 300000);
+    /* ... and again for the launches on `stream` after those on the default one. */
+    if (limit == NULL || cuCtxSynchronize() == CUDA_SUCCESS)
+        compare("cuLaunchKernel + event record, query", time_launch_event, 300000);
     /* A second thread's launch makes the limiter's launcher "several" for good (a PyTorch
      * process launches from its autograd thread too): every launch after it is timed so. */
     CUcontext ctx;

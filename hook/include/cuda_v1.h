@@ -26,6 +26,7 @@
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
 #undef cuStreamDestroy
+#undef cuEventDestroy
 #undef cuMemcpyDtoH
 
 typedef unsigned int v1_ptr;
@@ -55,6 +56,8 @@ CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
 CUresult cuDevicePrimaryCtxReset(CUdevice dev);
 /* Streams: CUDA 2.0's destroy, the same arguments as its _v2. */
 CUresult cuStreamDestroy(CUstream stream);
+/* Events: CUDA 2.0's destroy, the same arguments as its _v2. */
+CUresult cuEventDestroy(CUevent event);
 /* Copies: CUDA 2.0's copy to the host, a 32-bit source and size. */
 CUresult cuMemcpyDtoH(void *dst, v1_ptr src, unsigned int bytes);
 /* CUDA 10.0 and 11.0 (same arguments), and CUDA 10.2. */

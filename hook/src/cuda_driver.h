@@ -4,9 +4,9 @@
  * cuda_memory.c (allocations and frees), cuda_report.c (what the container is told it has),
  * cuda_launch.c (the SM limiter's gate), cuda_graph.c (what a graph launch costs),
  * cuda_graph_memory.c (what a graph's allocation nodes take), cuda_context.c (contexts made and
- * destroyed), cuda_limits.c (context limits that reserve memory), cuda_sync.c (waits that tell
- * the SM limiter the process's work is done). Each forwards to the real driver; only the
- * accounting around the call is ours. */
+ * destroyed), cuda_limits.c (context limits that reserve memory), cuda_sync.c (waits, for
+ * events too, that tell the SM limiter the process's work is done). Each forwards to the real
+ * driver; only the accounting around the call is ours. */
 #ifndef VGPU_CUDA_DRIVER_H
 #define VGPU_CUDA_DRIVER_H
 
@@ -96,6 +96,16 @@ struct vgpu_cuda_real {
     CUresult (*cuStreamQuery_ptsz)(CUstream);
     CUresult (*cuStreamDestroy)(CUstream);
     CUresult (*cuStreamDestroy_v2)(CUstream);
+    CUresult (*cuEventCreate)(CUevent *, unsigned int);
+    CUresult (*cuIpcOpenEventHandle)(CUevent *, CUipcEventHandle);
+    CUresult (*cuEventRecord)(CUevent, CUstream);
+    CUresult (*cuEventRecord_ptsz)(CUevent, CUstream);
+    CUresult (*cuEventRecordWithFlags)(CUevent, CUstream, unsigned int);
+    CUresult (*cuEventRecordWithFlags_ptsz)(CUevent, CUstream, unsigned int);
+    CUresult (*cuEventSynchronize)(CUevent);
+    CUresult (*cuEventQuery)(CUevent);
+    CUresult (*cuEventDestroy)(CUevent);
+    CUresult (*cuEventDestroy_v2)(CUevent);
     CUresult (*cuMemcpyDtoH)(void *, v1_ptr, unsigned int);
     CUresult (*cuMemcpyDtoH_v2)(void *, CUdeviceptr, size_t);
     CUresult (*cuMemcpyDtoH_v2_ptds)(void *, CUdeviceptr, size_t);
@@ -194,6 +204,9 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
 VGPU_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream);
 VGPU_EXPORT CUresult cuStreamQuery_ptsz(CUstream stream);
+VGPU_EXPORT CUresult cuEventRecord_ptsz(CUevent event, CUstream stream);
+VGPU_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent event, CUstream stream,
+                                                 unsigned int flags);
 VGPU_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t bytes);
 VGPU_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
 VGPU_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream stream);

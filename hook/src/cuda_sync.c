@@ -3,8 +3,9 @@
  * charged for what it prepaid, so a light one that waited on its kernels was charged the whole
  * GPU for its life. A context's synchronisation covers every stream; a stream's, or a query
  * that found its work done, covers that stream (PyTorch's copies to the host wait so), as a
- * synchronous copy to the host covers its default stream; a stream destroyed may leave work
- * running that no later wait of its handle covers. */
+ * synchronous copy to the host covers its default stream, and a wait for an event (XLA's and
+ * PyTorch's waits) what its stream was given before its record; a stream destroyed may leave
+ * work running that no later wait of its handle covers. */
 #define _GNU_SOURCE
 #include "cuda_driver.h"
 #include "throttle.h"
@@ -196,4 +197,125 @@ VGPU_EXPORT CUresult cuStreamDestroy(CUstream stream)
 VGPU_EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
 {
     return destroy_stream(&real.cuStreamDestroy_v2, stream);
+}
+
+/* An event captures the work its stream was given before the record (cuda.h, cuEventRecord),
+ * so its wait covers what a wait for that stream would have covered then: the limiter keeps it
+ * (vgpu_throttle_event_recorded) where that wait would have drained, until the next launch.
+ * A record in a stream capture does not record the event: a plain one makes it a captured
+ * event, whose wait fails (CUDA_ERROR_CAPTURED_EVENT) and so drains nothing, and one with
+ * CU_EVENT_RECORD_EXTERNAL, which is refused outside a capture, adds a node to the graph and
+ * leaves the event as it was; that one is never kept. (`since`: vgpu_throttle_event_recording
+ * before the driver's call.) */
+static CUresult recorded(CUresult rc, CUevent event, CUstream stream, unsigned int flags,
+                         int per_thread, unsigned long since)
+{
+    if (!vgpu_throttle_enabled)
+        return rc;
+    int dev = -1;
+    uintptr_t key = vgpu_stream_key(stream, per_thread);
+    if (rc == CUDA_SUCCESS && (flags & CU_EVENT_RECORD_EXTERNAL) == 0) {
+        dev = launch_device_on(stream);
+        dev = covers(dev, key, vgpu_default_stream(stream)) ? dev : -1;
+    }
+    vgpu_throttle_event_recorded(dev, key, (uintptr_t)event, since);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream)
+{
+    if (!ready() || real.cuEventRecord == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    unsigned long since = vgpu_throttle_event_recording();
+    return recorded(real.cuEventRecord(event, stream), event, stream, 0, 0, since);
+}
+
+VGPU_EXPORT CUresult cuEventRecord_ptsz(CUevent event, CUstream stream)
+{
+    if (!ready() || real.cuEventRecord_ptsz == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    unsigned long since = vgpu_throttle_event_recording();
+    return recorded(real.cuEventRecord_ptsz(event, stream), event, stream, 0, 1, since);
+}
+
+VGPU_EXPORT CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned int flags)
+{
+    if (!ready() || real.cuEventRecordWithFlags == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    unsigned long since = vgpu_throttle_event_recording();
+    return recorded(real.cuEventRecordWithFlags(event, stream, flags), event, stream, flags, 0,
+                    since);
+}
+
+VGPU_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent event, CUstream stream,
+                                                 unsigned int flags)
+{
+    if (!ready() || real.cuEventRecordWithFlags_ptsz == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    unsigned long since = vgpu_throttle_event_recording();
+    return recorded(real.cuEventRecordWithFlags_ptsz(event, stream, flags), event, stream, flags,
+                    1, since);
+}
+
+/* An interprocess event may be recorded by another process (cuda.h, cuIpcOpenEventHandle), and
+ * its wait then covers that one's work, not this one's: once the process makes or opens one,
+ * no event's wait drains (the limiter is told whether or not a limit is set yet). */
+VGPU_EXPORT CUresult cuEventCreate(CUevent *event, unsigned int flags)
+{
+    if (!ready() || real.cuEventCreate == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if ((flags & CU_EVENT_INTERPROCESS) != 0)
+        vgpu_throttle_events_shared();
+    return real.cuEventCreate(event, flags);
+}
+
+VGPU_EXPORT CUresult cuIpcOpenEventHandle(CUevent *event, CUipcEventHandle handle)
+{
+    if (!ready() || real.cuIpcOpenEventHandle == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    vgpu_throttle_events_shared();
+    return real.cuIpcOpenEventHandle(event, handle);
+}
+
+/* A wait for event through *wait: CUDA_SUCCESS once all the work it captured is done (cuda.h,
+ * cuEventQuery: otherwise CUDA_ERROR_NOT_READY). */
+static CUresult wait_event(CUresult (*const *wait)(CUevent), CUevent event)
+{
+    if (!ready() || *wait == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = (*wait)(event);
+    if (vgpu_throttle_enabled && rc == CUDA_SUCCESS)
+        vgpu_throttle_event_done((uintptr_t)event);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuEventSynchronize(CUevent event)
+{
+    return wait_event(&real.cuEventSynchronize, event);
+}
+
+VGPU_EXPORT CUresult cuEventQuery(CUevent event)
+{
+    return wait_event(&real.cuEventQuery, event);
+}
+
+/* Forgotten before the driver lets the handle go: a new event may get it, and before its first
+ * record its wait returns at once (cuda.h, cuEventRecord). */
+static CUresult destroy_event(CUresult (*const *destroy)(CUevent), CUevent event)
+{
+    if (!ready() || *destroy == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (vgpu_throttle_enabled)
+        vgpu_throttle_event_gone((uintptr_t)event);
+    return (*destroy)(event);
+}
+
+VGPU_EXPORT CUresult cuEventDestroy(CUevent event)
+{
+    return destroy_event(&real.cuEventDestroy, event);
+}
+
+VGPU_EXPORT CUresult cuEventDestroy_v2(CUevent event)
+{
+    return destroy_event(&real.cuEventDestroy_v2, event);
 }

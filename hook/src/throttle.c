@@ -50,11 +50,16 @@ static const unsigned fresh_after_forgiving = 2;
  * sample tells little. */
 static const double share_weight = 0.25;
 
+/* The events a device keeps whose wait would drain it: a process may record several after its
+ * last launch (one per stream it hands work to, say) and wait for any of them. */
+enum { KEPT_EVENTS = 4 };
+
 /* Launches only take tokens and only the watcher adds them, so what launches took is counted
  * by the watcher from the value it last wrote (one atomic per launch, not two). */
 struct bucket {
-    /* Every limited launch reads tokens and the three fields after it, the drain's
-     * (vgpu_throttle_synced): one cache line. */
+    /* Every limited launch reads tokens and the four fields after it, the drain's
+     * (vgpu_throttle_synced) and the kept events' mark (vgpu_throttle_event_recorded): one
+     * cache line. */
     _Alignas(64) int64_t tokens; /* atomic; may go negative (debt) after a large launch */
     uintptr_t launcher;  /* atomic: the one thread that launched here (its thread_name),
                           * no_launcher: none yet, several_launchers: more than one */
@@ -63,6 +68,8 @@ struct bucket {
     uintptr_t stream;    /* atomic: the one stream launched on since the context's last drain
                           * (vgpu_stream_key), 0: none yet, several_streams: more than one, or
                           * one destroyed while named */
+    int events_fresh;    /* atomic: events[] were recorded since the last launch (0 again at
+                          * every launch) */
     int64_t written;    /* watcher: the value it last wrote to tokens */
     uint64_t taken;     /* watcher: tokens launches took before that write */
     double rate;        /* tokens/s; 0 = not calibrated yet (watcher only) */
@@ -99,6 +106,10 @@ struct bucket {
     double own_avg;      /* this process's share, percent, averaged over NVML's samples */
     double sibling_avg;  /* ... and the largest other process's of the container */
     unsigned long long paused_us;  /* watcher: the drain prepayment paused at (0: not paused) */
+    /* Events whose wait drains (vgpu_throttle_event_recorded), while events_fresh: */
+    uintptr_t events[KEPT_EVENTS]; /* atomic: the newest recorded, 0: none */
+    unsigned next_event;           /* where the next goes (the launching thread's) */
+    uintptr_t events_stream;       /* atomic: the stream all of them were recorded on */
 };
 
 int vgpu_throttle_enabled;
@@ -161,6 +172,7 @@ static void start_full(struct bucket *b)
     b->launcher = no_launcher;
     b->stream = 0;
     b->drained_us = b->paused_us = 0;
+    b->events_fresh = 0;
 }
 
 /* What the bucket holds at most: burst_seconds of its rate, at least one token. */
@@ -822,6 +834,9 @@ static void end_drain(struct bucket *b)
 {
     if (__atomic_load_n(&b->drained_us, __ATOMIC_SEQ_CST) != 0)
         __atomic_store_n(&b->drained_us, 0, __ATOMIC_SEQ_CST);
+    /* an event recorded before this launch does not wait for it */
+    if (__atomic_load_n(&b->events_fresh, __ATOMIC_SEQ_CST) != 0)
+        __atomic_store_n(&b->events_fresh, 0, __ATOMIC_SEQ_CST);
 }
 
 /* Until the bucket of dev holds tokens. Out of line: a launch that finds them (most) then
@@ -907,4 +922,92 @@ void vgpu_throttle_context_made(int dev)
 {
     if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES)
         __atomic_store_n(&other_context[dev], 1, __ATOMIC_RELEASE);
+}
+
+/* Records and destroys of events, by any thread: a count the record that keeps an event
+ * compares (vgpu_throttle_event_recorded). */
+static unsigned long event_changes;
+/* Set once the process made or opened an interprocess event (vgpu_throttle_events_shared). */
+static int events_shared;
+
+void vgpu_throttle_events_shared(void)
+{
+    __atomic_store_n(&events_shared, 1, __ATOMIC_SEQ_CST);
+}
+
+/* No device keeps event any more. */
+static void forget_event(uintptr_t event)
+{
+    for (int dev = 0; event != 0 && dev < VGPU_REGION_MAX_DEVICES; dev++)
+        for (int i = 0; buckets[dev].limit != 0 && i < KEPT_EVENTS; i++) {
+            uintptr_t was = event; /* read first: a locked exchange costs every record ~20 ns */
+            if (__atomic_load_n(&buckets[dev].events[i], __ATOMIC_SEQ_CST) == event)
+                __atomic_compare_exchange_n(&buckets[dev].events[i], &was, 0, 0,
+                                            __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        }
+}
+
+/* A record or destroy of event has returned: counted, then forgotten everywhere. */
+static unsigned long event_changed(uintptr_t event)
+{
+    unsigned long now = __atomic_add_fetch(&event_changes, 1, __ATOMIC_SEQ_CST);
+    forget_event(event);
+    return now;
+}
+
+void vgpu_throttle_event_gone(uintptr_t event)
+{
+    event_changed(event);
+}
+
+unsigned long vgpu_throttle_event_recording(void)
+{
+    return __atomic_load_n(&event_changes, __ATOMIC_SEQ_CST);
+}
+
+/* Keeps event on b, this thread's (may_drain). Only this thread launches here, and only a
+ * launch ends freshness: the list is this thread's to start again. A launch by another from
+ * here on makes it one of several, and no wait drains. */
+static void keep_event(struct bucket *b, uintptr_t stream, uintptr_t event)
+{
+    if (!__atomic_load_n(&b->events_fresh, __ATOMIC_ACQUIRE)) {
+        for (int i = 0; i < KEPT_EVENTS; i++)
+            __atomic_store_n(&b->events[i], 0, __ATOMIC_RELAXED);
+        b->next_event = 0;
+        __atomic_store_n(&b->events_stream, stream, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->events_fresh, 1, __ATOMIC_RELEASE);
+    }
+    __atomic_store_n(&b->events[b->next_event++ % KEPT_EVENTS], event, __ATOMIC_SEQ_CST);
+}
+
+/* Another thread may record the same event meanwhile, and the driver take its record after
+ * this one. Every record counts itself once its call returned and forgets the event, so this
+ * one keeps it only where no other record or destroy returned since this one began (`since`:
+ * then the other's call ended before this one began, and this one's capture stands), and
+ * forgets it again where one returned while it was being kept (whose own forgetting may have
+ * come first). */
+void vgpu_throttle_event_recorded(int dev, uintptr_t stream, uintptr_t event,
+                                  unsigned long since)
+{
+    unsigned long mine = event_changed(event);
+    if (event == 0 || mine != since + 1 || __atomic_load_n(&events_shared, __ATOMIC_SEQ_CST) ||
+        !may_drain(dev, stream, this_thread()))
+        return;
+    keep_event(&buckets[dev], stream, event);
+    if (__atomic_load_n(&event_changes, __ATOMIC_SEQ_CST) != mine)
+        forget_event(event);
+}
+
+void vgpu_throttle_event_done(uintptr_t event)
+{
+    for (int dev = 0; event != 0 && dev < VGPU_REGION_MAX_DEVICES; dev++) {
+        struct bucket *b = &buckets[dev];
+        if (b->limit == 0 || !__atomic_load_n(&b->events_fresh, __ATOMIC_ACQUIRE))
+            continue;
+        for (int i = 0; i < KEPT_EVENTS; i++)
+            if (__atomic_load_n(&b->events[i], __ATOMIC_ACQUIRE) == event) {
+                vgpu_throttle_synced(dev, __atomic_load_n(&b->events_stream, __ATOMIC_RELAXED));
+                break;
+            }
+    }
 }

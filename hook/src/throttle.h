@@ -35,6 +35,30 @@ int vgpu_throttle_may_drain(int dev, uintptr_t stream);
  * for it. */
 void vgpu_throttle_stream_gone(int dev, uintptr_t stream);
 
+/* Before a record of an event: what vgpu_throttle_event_recorded is to be given. */
+unsigned long vgpu_throttle_event_recording(void);
+
+/* This thread recorded event (a CUevent) on the stream whose key is `stream`, on device dev
+ * (-1: where its wait cannot drain: the driver refused the record, it was made in a stream
+ * capture, or on a default stream without the device's primary context current), `since`
+ * what vgpu_throttle_event_recording said before. An event captures what its stream was given
+ * before (cuda.h, cuEventRecord): where a synchronisation of that stream now would drain
+ * (vgpu_throttle_may_drain), the event's wait drains too, until the next launch on dev. Not
+ * once the process made or opened an interprocess event: another process may record it. */
+void vgpu_throttle_event_recorded(int dev, uintptr_t stream, uintptr_t event,
+                                  unsigned long since);
+
+/* A wait for event returned success (its work is done): each device it was recorded for as
+ * above drains (vgpu_throttle_synced, of its stream). */
+void vgpu_throttle_event_done(uintptr_t event);
+
+/* The event was destroyed: a new one may get its handle, done before it is recorded. */
+void vgpu_throttle_event_gone(uintptr_t event);
+
+/* The process made an interprocess event, or opened one (cuda.h, cuIpcOpenEventHandle): another
+ * process may record it, so from here on no event's wait drains. */
+void vgpu_throttle_events_shared(void);
+
 /* The process made a context on dev that is not its primary one (cuCtxCreate, a green
  * context), or left one current that the library did not see made (cuda_context.c): a
  * synchronisation of one context no longer covers its work there. */

@@ -419,6 +419,14 @@ run throttle-nosampler CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 n
 # every kernel ran there (each export, cuMemcpy's too; on the second of two GPUs), not where one ran
 # on another, the copy was refused, went within the device, from the host or within it, copied
 # nothing, or came from managed memory, another GPU's, or memory the driver could not name.
+# A wait for an event (cuEventSynchronize, or cuEventQuery finding it done) drains where a wait
+# for its stream would have at its record (each record export; the default streams; an earlier
+# event of two; on the second of two GPUs), not where the query found it busy, a kernel came
+# after the record, another stream had a kernel or was the one recorded, the event was
+# recorded again elsewhere (or meanwhile, inside the driver's record), refused a record,
+# recorded in a capture, or destroyed and its handle made anew, another thread waited, it was
+# recorded in a context libvgpu did not see made, or the process made or opened an
+# interprocess event.
 # NVML silent: the fake's sample periods start at multiples of their length in CLOCK_MONOTONIC,
 # so a period of an hour ended inside a case once an hour of uptime (CI, 2026-11-30:
 # `-default-streams` measured, 0.052 s prepaid); 10^12 ms is longer than any uptime.
@@ -432,7 +440,13 @@ for case in alone context green during bursts stream legacy legacy-ptsz per-thre
     unseen-context-copy unseen-context-left unseen-context-pushed-over unseen-context-popped \
     copy copy-v1 copy-ptds copy-second-device copy-other-stream copy-default-streams \
     copy-refused copy-unified copy-unified-ptds copy-pinned copy-within-device copy-from-host \
-    copy-within-host copy-empty copy-managed copy-from-second-device copy-unnamed; do
+    copy-within-host copy-empty copy-managed copy-from-second-device copy-unnamed event \
+    event-query event-legacy event-per-thread event-with-flags event-with-flags-ptsz \
+    event-earlier event-second-device event-query-busy event-then-launch event-two-streams \
+    event-other-stream event-default-streams event-rerecorded event-rerecorded-meanwhile \
+    event-record-refused event-captured event-captured-external event-destroyed \
+    event-destroyed-v1 event-other-thread event-unseen-context event-interprocess \
+    event-ipc-opened; do
     devices=1
     case "$case" in *second-device) devices=2 ;; esac
     run "throttle-drain-$case" CUDA_DEVICE_SM_LIMIT=50 FAKE_GPU_SHARED="$tmp/drain-$case.shm" \

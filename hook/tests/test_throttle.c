@@ -631,7 +631,19 @@ enum { NULL_STREAM, LEGACY, PER_THREAD, STREAM_A, STREAM_B, NO_STREAM };
  * cuMemcpy; and copies to the host that need not have waited: one the driver refuses (from an
  * allocation of 32 bytes), of no bytes, from managed memory, from another device's memory, or one
  * whose source the driver cannot name (its cuPointerGetAttribute fails). Every copy runs on the
- * default stream. */
+ * default stream. An event case records an event on `wait` (through cuEventRecord_ptsz where
+ * wait_ptsz), then waits for it: cuEventSynchronize; cuEventQuery polled until done, or asked
+ * once while the kernel runs; through cuEventRecordWithFlags (its _ptsz); the first of four
+ * events recorded after the same kernels waited for; a short kernel on the stream after the
+ * record; the event recorded on `launch`, then again on `wait`; recorded again, inside the
+ * driver's record on `launch`, on `wait` (as another thread might meanwhile); recorded on
+ * `launch`, then refused a record on a stream of another context; a record while the stream
+ * is captured (a plain one: its wait fails with CUDA_ERROR_CAPTURED_EVENT; one with
+ * CU_EVENT_RECORD_EXTERNAL: the event stays unrecorded, done at once); the event destroyed
+ * (cuEventDestroy_v2 or CUDA 2.0's export) and a new one with its handle (the fake hands it
+ * out again) waited for; waited for by a thread that launched nothing; made and recorded in a
+ * context libvgpu did not see made, current; made an interprocess event; a plain event after
+ * the process opened an interprocess event's handle. */
 enum wait_how {
     SYNC,
     COPY,
@@ -661,7 +673,24 @@ enum wait_how {
     UNSEEN_LEFT,
     UNSEEN_PUSHED_OVER,
     UNSEEN_POPPED,
-    DEAD_THREAD
+    DEAD_THREAD,
+    EVENT_SYNC,
+    EVENT_QUERY,
+    EVENT_QUERY_ONCE,
+    EVENT_WITH_FLAGS,
+    EVENT_EARLIER,
+    EVENT_THEN_LAUNCH,
+    EVENT_RERECORDED,
+    EVENT_RERECORDED_MEANWHILE,
+    EVENT_REFUSED,
+    EVENT_CAPTURED,
+    EVENT_CAPTURED_EXTERNAL,
+    EVENT_INTERPROCESS,
+    EVENT_IPC_OPENED,
+    EVENT_DESTROYED,
+    EVENT_DESTROYED_V1,
+    EVENT_OTHER_THREAD,
+    EVENT_UNSEEN_CONTEXT
 };
 
 /* A stream case of drained: on device `device`, a 0.3 s kernel on `launch` (through
@@ -726,12 +755,41 @@ static const struct stream_case {
     {"copy-managed", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY_MANAGED, 0},
     {"copy-from-second-device", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY_PEER, 0},
     {"copy-unnamed", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, COPY_UNNAMED, 0},
+    {"event", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_SYNC, 1},
+    {"event-query", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_QUERY, 1},
+    {"event-legacy", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, EVENT_SYNC, 1},
+    {"event-per-thread", 0, NULL_STREAM, 1, NO_STREAM, NULL_STREAM, 1, EVENT_SYNC, 1},
+    {"event-with-flags", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_WITH_FLAGS, 1},
+    {"event-with-flags-ptsz", 0, PER_THREAD, 0, NO_STREAM, NULL_STREAM, 1, EVENT_WITH_FLAGS, 1},
+    {"event-earlier", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_EARLIER, 1},
+    {"event-second-device", 1, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_SYNC, 1},
+    {"event-query-busy", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_QUERY_ONCE, 0},
+    {"event-then-launch", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_THEN_LAUNCH, 0},
+    {"event-two-streams", 0, STREAM_A, 0, STREAM_B, STREAM_A, 0, EVENT_SYNC, 0},
+    {"event-other-stream", 0, STREAM_A, 0, NO_STREAM, STREAM_B, 0, EVENT_SYNC, 0},
+    {"event-default-streams", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 1, EVENT_SYNC, 0},
+    {"event-rerecorded", 0, STREAM_A, 0, NO_STREAM, STREAM_B, 0, EVENT_RERECORDED, 0},
+    {"event-rerecorded-meanwhile", 0, STREAM_A, 0, NO_STREAM, STREAM_B, 0,
+     EVENT_RERECORDED_MEANWHILE, 0},
+    {"event-record-refused", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_REFUSED, 0},
+    {"event-captured", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_CAPTURED, 0},
+    {"event-captured-external", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_CAPTURED_EXTERNAL,
+     0},
+    {"event-interprocess", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_INTERPROCESS, 0},
+    {"event-ipc-opened", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_IPC_OPENED, 0},
+    {"event-destroyed", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_DESTROYED, 0},
+    {"event-destroyed-v1", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_DESTROYED_V1, 0},
+    {"event-other-thread", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_OTHER_THREAD, 0},
+    {"event-unseen-context", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0,
+     EVENT_UNSEEN_CONTEXT, 0},
 };
 
 static CUresult (*sync_ptsz)(CUstream), (*query_ptsz)(CUstream), (*destroy_v1)(CUstream);
 static CUresult (*copy_ptds)(void *, CUdeviceptr, size_t);
 static CUresult (*unified_ptds)(CUdeviceptr, CUdeviceptr, size_t);
 static CUresult (*copy_v1)(void *, unsigned, unsigned), (*alloc_v1)(unsigned *, unsigned);
+static CUresult (*record_ptsz)(CUevent, CUstream), (*event_destroy_v1)(CUevent);
+static CUresult (*record_flags_ptsz)(CUevent, CUstream, unsigned);
 static CUcontext case_context; /* made current by the threads a case makes */
 
 static CUresult wait_for(CUstream stream, int ptsz)
@@ -860,6 +918,133 @@ static int make_unseen(const struct stream_case *c, CUcontext *unseen)
     return create != NULL && create(unseen, 0, (CUdevice)c->device) == CUDA_SUCCESS;
 }
 
+static void *sync_event_elsewhere(void *event)
+{
+    return (void *)(uintptr_t)cuEventSynchronize(event);
+}
+
+/* Event case c's record of event on stream (wait_how). */
+static CUresult record(const struct stream_case *c, CUevent event, CUstream stream)
+{
+    if (c->how == EVENT_CAPTURED_EXTERNAL)
+        return cuEventRecordWithFlags(event, stream, CU_EVENT_RECORD_EXTERNAL);
+    if (c->how == EVENT_WITH_FLAGS)
+        return c->wait_ptsz ? record_flags_ptsz(event, stream, 0)
+                            : cuEventRecordWithFlags(event, stream, 0);
+    return c->wait_ptsz ? record_ptsz(event, stream) : cuEventRecord(event, stream);
+}
+
+/* EVENT_RERECORDED_MEANWHILE's second record, made inside the driver's first. */
+static CUevent meanwhile_event;
+static CUstream meanwhile_stream;
+static CUresult meanwhile_rc = CUDA_ERROR_NOT_READY;
+
+static void record_meanwhile(void)
+{
+    meanwhile_rc = cuEventRecord(meanwhile_event, meanwhile_stream);
+}
+
+/* A stream of a context libvgpu does not see made, the case's context current again through
+ * the fake's own export (libvgpu sees no context left either); 1 if made. */
+static int unseen_stream(const struct stream_case *c, CUstream *stream)
+{
+    CUresult (*set)(CUcontext) = (CUresult(*)(CUcontext))fake_cuda_entry("cuCtxSetCurrent");
+    CUcontext unseen = NULL;
+    return set != NULL && make_unseen(c, &unseen) && cuStreamCreate(stream, 0) == CUDA_SUCCESS &&
+           set(case_context) == CUDA_SUCCESS;
+}
+
+/* An interprocess event's handle, the event made through the fake's own exports (libvgpu sees
+ * neither), opened through libvgpu's cuIpcOpenEventHandle; 1 if opened. */
+static int open_ipc_event(void)
+{
+    CUresult (*create)(CUevent *, unsigned) =
+        (CUresult(*)(CUevent *, unsigned))fake_cuda_entry("cuEventCreate");
+    CUresult (*get)(CUipcEventHandle *, CUevent) =
+        (CUresult(*)(CUipcEventHandle *, CUevent))fake_cuda_entry("cuIpcGetEventHandle");
+    CUevent shared = NULL, opened = NULL;
+    CUipcEventHandle handle;
+    return create != NULL && get != NULL &&
+           create(&shared, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS &&
+           get(&handle, shared) == CUDA_SUCCESS &&
+           cuIpcOpenEventHandle(&opened, handle) == CUDA_SUCCESS && opened != NULL;
+}
+
+/* Event case c, its kernels launched: its record and wait (wait_how); 0 if a call failed. */
+static int event_case(const struct stream_case *c, CUstream streams[])
+{
+    CUstream on = streams[c->wait], elsewhere = NULL;
+    CUevent event = NULL, earlier[3] = {NULL}, again = NULL;
+    CUcontext unseen = NULL;
+    unsigned flags = c->how == EVENT_INTERPROCESS ? CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING
+                                                  : 0;
+    if (c->how == EVENT_UNSEEN_CONTEXT &&
+        !check(make_unseen(c, &unseen), "a context made current that libvgpu did not see made"))
+        return 0;
+    if (c->how == EVENT_REFUSED &&
+        !check(unseen_stream(c, &elsewhere), "a stream of another context"))
+        return 0;
+    if (c->how == EVENT_IPC_OPENED &&
+        !check(open_ipc_event(), "an interprocess event's handle opened"))
+        return 0;
+    int fine = cuEventCreate(&event, flags) == 0;
+    for (int i = 0; i < 3; i++)
+        fine &= cuEventCreate(&earlier[i], 0) == 0;
+    if (!check(fine, "four events made"))
+        return 0;
+    for (int i = 0; c->how == EVENT_EARLIER && i < 3; i++)
+        fine &= record(c, earlier[i], on) == 0;
+    if (c->how == EVENT_RERECORDED || c->how == EVENT_REFUSED)
+        fine &= record(c, event, streams[c->launch]) == 0;
+    if (c->how == EVENT_RERECORDED_MEANWHILE) {
+        meanwhile_event = event;
+        meanwhile_stream = on;
+        strcpy(fake_cuda_inside, "cuEventRecord");
+        fake_cuda_inside_fn = record_meanwhile;
+        fine &= record(c, event, streams[c->launch]) == 0 && meanwhile_rc == CUDA_SUCCESS;
+    } else if (c->how == EVENT_REFUSED) {
+        fine &= record(c, event, elsewhere) == CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        fake_cuda_capturing = c->how == EVENT_CAPTURED || c->how == EVENT_CAPTURED_EXTERNAL;
+        fine &= record(c, event, on) == 0;
+        fake_cuda_capturing = 0;
+    }
+    if (c->how == EVENT_THEN_LAUNCH)
+        fine &= cuLaunchKernel(NULL, 2000, 1, 1, 128, 1, 1, 0, on, NULL, NULL) == 0;
+    if (c->how == EVENT_DESTROYED || c->how == EVENT_DESTROYED_V1) {
+        fine &= (c->how == EVENT_DESTROYED ? cuEventDestroy(event) : event_destroy_v1(event)) ==
+                    0 &&
+                cuEventCreate(&again, 0) == 0 && again == event;
+    }
+    if (!check(fine, "the event recorded (%s)", c->name))
+        return 0;
+    CUresult rc;
+    switch (c->how) {
+    case EVENT_QUERY:
+        while ((rc = cuEventQuery(event)) == CUDA_ERROR_NOT_READY)
+            sleep_s(0.001);
+        return check(rc == CUDA_SUCCESS, "the event queried until done");
+    case EVENT_QUERY_ONCE: /* a tenth of a second on, as QUERY_ONCE */
+        sleep_s(0.1);
+        return check(cuEventQuery(event) == CUDA_ERROR_NOT_READY, "the event queried: busy");
+    case EVENT_CAPTURED: /* the wait fails at once: a tenth of a second on, as QUERY_ONCE */
+        sleep_s(0.1);
+        return check(cuEventSynchronize(event) == CUDA_ERROR_CAPTURED_EVENT,
+                     "the event recorded in a capture: its wait refused");
+    case EVENT_CAPTURED_EXTERNAL:
+    case EVENT_DESTROYED:
+    case EVENT_DESTROYED_V1: /* unrecorded: the wait returns at once, as QUERY_ONCE */
+        sleep_s(0.1);
+        return check(cuEventSynchronize(event) == 0, "the unrecorded event waited for");
+    case EVENT_OTHER_THREAD:
+        return check(on_a_thread(sync_event_elsewhere, event),
+                     "the event waited for on a thread that launched nothing");
+    default:
+        return check(cuEventSynchronize(c->how == EVENT_EARLIER ? earlier[0] : event) == 0,
+                     "the event waited for");
+    }
+}
+
 /* Runs stream case c, its kernels launched, up to its wait's return; 0 if a call failed. */
 static int wait_on_stream(const struct stream_case *c, CUstream streams[])
 {
@@ -890,6 +1075,24 @@ static int wait_on_stream(const struct stream_case *c, CUstream streams[])
                       * 0.5, near its bound (prepaying begins a tick or so after the launch) */
         sleep_s(0.1);
         return check(cuStreamQuery(wait) == CUDA_ERROR_NOT_READY, "the stream queried: busy");
+    case EVENT_SYNC:
+    case EVENT_QUERY:
+    case EVENT_QUERY_ONCE:
+    case EVENT_WITH_FLAGS:
+    case EVENT_EARLIER:
+    case EVENT_THEN_LAUNCH:
+    case EVENT_RERECORDED:
+    case EVENT_RERECORDED_MEANWHILE:
+    case EVENT_REFUSED:
+    case EVENT_CAPTURED:
+    case EVENT_CAPTURED_EXTERNAL:
+    case EVENT_INTERPROCESS:
+    case EVENT_IPC_OPENED:
+    case EVENT_DESTROYED:
+    case EVENT_DESTROYED_V1:
+    case EVENT_OTHER_THREAD:
+    case EVENT_UNSEEN_CONTEXT:
+        return event_case(c, streams);
     case OTHER_THREAD:
     case DEAD_THREAD: /* the kernel's thread (stream_case) has exited */
         return check(on_a_thread(sync_elsewhere, wait),
@@ -968,10 +1171,15 @@ static int stream_case(const struct stream_case *c)
     unified_ptds = (CUresult(*)(CUdeviceptr, CUdeviceptr, size_t))dlsym(RTLD_DEFAULT,
                                                                          "cuMemcpy_ptds");
     alloc_v1 = (CUresult(*)(unsigned *, unsigned))dlsym(RTLD_DEFAULT, "cuMemAlloc");
+    record_ptsz = (CUresult(*)(CUevent, CUstream))dlsym(RTLD_DEFAULT, "cuEventRecord_ptsz");
+    record_flags_ptsz = (CUresult(*)(CUevent, CUstream, unsigned))dlsym(
+        RTLD_DEFAULT, "cuEventRecordWithFlags_ptsz");
+    event_destroy_v1 = (CUresult(*)(CUevent))dlsym(RTLD_DEFAULT, "cuEventDestroy");
     cuCtxGetCurrent(&case_context);
     CUstream streams[NO_STREAM] = {NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, NULL, NULL};
     if (!check(launch_ptsz && sync_ptsz && query_ptsz && destroy_v1 && copy_ptds && copy_v1 &&
-                   alloc_v1 && unified_ptds &&
+                   alloc_v1 && unified_ptds && record_ptsz && record_flags_ptsz &&
+                   event_destroy_v1 &&
                    cuStreamCreate(&streams[STREAM_A], 0) == 0 &&
                    cuStreamCreate(&streams[STREAM_B], 0) == 0,
                "two streams made, the _ptsz and CUDA 2.0 exports found"))

@@ -29,6 +29,8 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
 CUresult cuStreamIsCapturing_ptsz(CUstream, CUstreamCaptureStatus *);
 CUresult cuStreamSynchronize_ptsz(CUstream);
 CUresult cuStreamQuery_ptsz(CUstream);
+CUresult cuEventRecord_ptsz(CUevent, CUstream);
+CUresult cuEventRecordWithFlags_ptsz(CUevent, CUstream, unsigned int);
 CUresult cuMemcpyDtoH_v2_ptds(void *, CUdeviceptr, size_t);
 CUresult cuMemcpy_ptds(CUdeviceptr, CUdeviceptr, size_t);
 CUresult cuMemAdvise(CUdeviceptr, size_t, CUmem_advise, CUdevice);
@@ -1160,6 +1162,155 @@ static CUresult stream_ctx(CUstream stream, struct fake_ctx **ctx)
         return CUDA_ERROR_INVALID_HANDLE;
     *ctx = st->ctx;
     return CUDA_SUCCESS;
+}
+
+/* Events (cuda.h, cuEventRecord): a record captures the work given to its stream's device so
+ * far; a wait for it waits for all the caller's work on that device, as cuStreamSynchronize
+ * does here (more than the event's: a library that took the wait for more than that is caught
+ * by what it did next). Before its first record an event is done. A record while
+ * fake_cuda_capturing makes it a captured event, whose wait and query fail
+ * (CUDA_ERROR_CAPTURED_EVENT) until it is recorded outside a capture, unless it was made with
+ * CU_EVENT_RECORD_EXTERNAL (refused outside a capture): a node of the graph, the event keeps
+ * what it had. An event belongs to the context current where it was made, and is recorded
+ * only on that context's streams. A destroyed event's handle is the next one made's, as a
+ * stream's is. An interprocess event (made with CU_EVENT_DISABLE_TIMING) gives a handle that
+ * cuIpcOpenEventHandle opens as a new event of the current context (here, one process). */
+enum { EVENT_MAGIC = 0x45564e54 };
+struct fake_event {
+    int magic;
+    int recorded;
+    int captured;
+    unsigned int flags;
+    struct fake_ctx *ctx;
+};
+
+static struct fake_event *recycled_event; /* under table_lock */
+
+EXPORT CUresult cuEventCreate(CUevent *event, unsigned int flags)
+{
+    CUresult rc = need_ctx();
+    if (rc != CUDA_SUCCESS || event == NULL)
+        return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_INVALID_VALUE;
+    if ((flags & CU_EVENT_INTERPROCESS) != 0 && (flags & CU_EVENT_DISABLE_TIMING) == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&table_lock);
+    struct fake_event *ev = recycled_event;
+    recycled_event = NULL;
+    pthread_mutex_unlock(&table_lock);
+    ev = ev != NULL ? ev : malloc(sizeof *ev);
+    if (ev == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *ev = (struct fake_event){.magic = EVENT_MAGIC, .flags = flags, .ctx = current};
+    *event = (CUevent)(void *)ev;
+    return CUDA_SUCCESS;
+}
+
+static struct fake_event *event_of(CUevent event)
+{
+    struct fake_event *ev = (struct fake_event *)(void *)event;
+    return ev != NULL && ev->magic == EVENT_MAGIC ? ev : NULL;
+}
+
+static CUresult record_event(CUevent event, CUstream stream, unsigned int flags)
+{
+    struct fake_event *ev = event_of(event);
+    struct fake_ctx *ctx;
+    CUresult rc = ev != NULL ? stream_ctx(stream, &ctx) : CUDA_ERROR_INVALID_HANDLE;
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (ctx != ev->ctx)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if ((flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL) != 0 ||
+        ((flags & CU_EVENT_RECORD_EXTERNAL) != 0 && !fake_cuda_capturing))
+        return CUDA_ERROR_INVALID_VALUE; /* EXTERNAL is for a capture only */
+    if (!fake_cuda_capturing) {
+        ev->recorded = 1;
+        ev->captured = 0;
+    } else if ((flags & CU_EVENT_RECORD_EXTERNAL) == 0)
+        ev->captured = 1;
+    run_inside("cuEventRecord"); /* after the record (each record export's) */
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(CUevent event, CUstream stream)
+{
+    return record_event(event, stream, 0);
+}
+
+EXPORT CUresult cuEventRecord_ptsz(CUevent event, CUstream stream)
+{
+    return record_event(event, stream, 0);
+}
+
+EXPORT CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned int flags)
+{
+    return record_event(event, stream, flags);
+}
+
+EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent event, CUstream stream, unsigned int flags)
+{
+    return record_event(event, stream, flags);
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent event)
+{
+    struct fake_event *ev = event_of(event);
+    if (ev == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (ev->captured)
+        return CUDA_ERROR_CAPTURED_EVENT;
+    if (ev->recorded)
+        sync_device(ev->ctx->dev);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventQuery(CUevent event)
+{
+    struct fake_event *ev = event_of(event);
+    if (ev == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (ev->captured)
+        return CUDA_ERROR_CAPTURED_EVENT;
+    return !ev->recorded || fake_cuda_pending_ns(ev->ctx->dev, (int)getpid()) == 0
+               ? CUDA_SUCCESS
+               : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent event)
+{
+    struct fake_event *ev = event_of(event);
+    if (ev == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    ev->magic = 0;
+    pthread_mutex_lock(&table_lock);
+    struct fake_event *older = recycled_event;
+    recycled_event = ev;
+    pthread_mutex_unlock(&table_lock);
+    free(older);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy(CUevent event) { return cuEventDestroy_v2(event); }
+
+EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent event)
+{
+    struct fake_event *ev = event_of(event);
+    if (ev == NULL || handle == NULL)
+        return ev == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
+    if ((ev->flags & CU_EVENT_INTERPROCESS) == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(handle, 0, sizeof *handle);
+    memcpy(handle->reserved, &ev, sizeof ev);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcOpenEventHandle(CUevent *event, CUipcEventHandle handle)
+{
+    struct fake_event *from = NULL;
+    memcpy(&from, handle.reserved, sizeof from);
+    if (event == NULL || event_of((CUevent)(void *)from) == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuEventCreate(event, from->flags);
 }
 
 /* A green context's stream is refused (cuda.h: cuStreamGetCtx_v2 names it). */
@@ -3140,6 +3291,17 @@ static const struct proc procs[] = {
     P("cuCtxPushCurrent", cuCtxPushCurrent_v2, 4000, 0),
     P("cuCtxPopCurrent", cuCtxPopCurrent_v2, 4000, 0),
     P("cuStreamCreate", cuStreamCreate, 2000, 0),
+    P("cuEventCreate", cuEventCreate, 2000, 0),
+    P("cuEventRecord", cuEventRecord, 2000, 0),
+    P("cuEventRecord", cuEventRecord_ptsz, 7000, 1),
+    P("cuEventRecordWithFlags", cuEventRecordWithFlags, 11010, 0),
+    P("cuEventRecordWithFlags", cuEventRecordWithFlags_ptsz, 11010, 1),
+    P("cuEventQuery", cuEventQuery, 2000, 0),
+    P("cuEventSynchronize", cuEventSynchronize, 2000, 0),
+    P("cuEventDestroy", cuEventDestroy_v2, 4000, 0),
+    P("cuEventDestroy", cuEventDestroy, 2000, 0),
+    P("cuIpcGetEventHandle", cuIpcGetEventHandle, 4010, 0),
+    P("cuIpcOpenEventHandle", cuIpcOpenEventHandle, 4010, 0),
     P("cuStreamDestroy", cuStreamDestroy_v2, 4000, 0),
     P("cuStreamDestroy", cuStreamDestroy, 2000, 0),
     P("cuStreamGetCtx", cuStreamGetCtx, 9020, 0),
