@@ -947,7 +947,8 @@ static void forget_event(uintptr_t event)
         }
 }
 
-/* A record or destroy of event has returned: counted, then forgotten everywhere. */
+/* A record of event has returned, or its destroy is about to be made: counted, then forgotten
+ * everywhere. */
 static unsigned long event_changed(uintptr_t event)
 {
     unsigned long now = __atomic_add_fetch(&event_changes, 1, __ATOMIC_SEQ_CST);
@@ -982,10 +983,10 @@ static void keep_event(struct bucket *b, uintptr_t stream, uintptr_t event)
 
 /* Another thread may record the same event meanwhile, and the driver take its record after
  * this one. Every record counts itself once its call returned and forgets the event, so this
- * one keeps it only where no other record or destroy returned since this one began (`since`:
- * then the other's call ended before this one began, and this one's capture stands), and
- * forgets it again where one returned while it was being kept (whose own forgetting may have
- * come first). */
+ * one keeps it only where no other record or destroy (of any event) returned since this one
+ * began (`since`: then another's call of this event ended before this one began, and this
+ * one's capture stands), and forgets it again where one returned while it was being kept
+ * (whose own forgetting may have come first). */
 void vgpu_throttle_event_recorded(int dev, uintptr_t stream, uintptr_t event,
                                   unsigned long since)
 {

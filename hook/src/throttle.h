@@ -52,7 +52,7 @@ void vgpu_throttle_event_recorded(int dev, uintptr_t stream, uintptr_t event,
  * above drains (vgpu_throttle_synced, of its stream). */
 void vgpu_throttle_event_done(uintptr_t event);
 
-/* The event was destroyed: a new one may get its handle, done before it is recorded. */
+/* The event is being destroyed: a new one may get its handle, done before it is recorded. */
 void vgpu_throttle_event_gone(uintptr_t event);
 
 /* The process made an interprocess event, or opened one (cuda.h, cuIpcOpenEventHandle): another
