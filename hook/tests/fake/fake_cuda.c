@@ -1112,7 +1112,27 @@ static int default_stream(CUstream stream)
  * new stream a destroyed one's handle (libvgpu must not take the new one's synchronisation
  * for the old one's work), and the allocator under ASan, which quarantines freed memory,
  * would not. Under table_lock. */
-static struct fake_stream *recycled_stream;
+static void *recycled_stream;
+
+/* What *kept holds (the handle destroyed last), or a new one of `size` bytes (NULL: none). */
+static void *handle_again(void **kept, size_t size)
+{
+    pthread_mutex_lock(&table_lock);
+    void *handle = *kept;
+    *kept = NULL;
+    pthread_mutex_unlock(&table_lock);
+    return handle != NULL ? handle : malloc(size);
+}
+
+/* handle destroyed: kept in *kept for the next one made, the one kept before let go. */
+static void keep_handle(void **kept, void *handle)
+{
+    pthread_mutex_lock(&table_lock);
+    void *older = *kept;
+    *kept = handle;
+    pthread_mutex_unlock(&table_lock);
+    free(older);
+}
 
 EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
 {
@@ -1120,11 +1140,7 @@ EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
     CUresult rc = need_ctx();
     if (rc != CUDA_SUCCESS || stream == NULL)
         return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&table_lock);
-    struct fake_stream *st = recycled_stream;
-    recycled_stream = NULL;
-    pthread_mutex_unlock(&table_lock);
-    st = st != NULL ? st : malloc(sizeof *st);
+    struct fake_stream *st = handle_again(&recycled_stream, sizeof *st);
     if (st == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *st = (struct fake_stream){.magic = STREAM_MAGIC, .ctx = current};
@@ -1138,11 +1154,7 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
     if (default_stream(stream) || st->magic != STREAM_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
     st->magic = 0;
-    pthread_mutex_lock(&table_lock);
-    struct fake_stream *older = recycled_stream;
-    recycled_stream = st;
-    pthread_mutex_unlock(&table_lock);
-    free(older);
+    keep_handle(&recycled_stream, st);
     return CUDA_SUCCESS;
 }
 
@@ -1184,7 +1196,7 @@ struct fake_event {
     struct fake_ctx *ctx;
 };
 
-static struct fake_event *recycled_event; /* under table_lock */
+static void *recycled_event; /* as recycled_stream */
 
 EXPORT CUresult cuEventCreate(CUevent *event, unsigned int flags)
 {
@@ -1193,11 +1205,7 @@ EXPORT CUresult cuEventCreate(CUevent *event, unsigned int flags)
         return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_INVALID_VALUE;
     if ((flags & CU_EVENT_INTERPROCESS) != 0 && (flags & CU_EVENT_DISABLE_TIMING) == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&table_lock);
-    struct fake_event *ev = recycled_event;
-    recycled_event = NULL;
-    pthread_mutex_unlock(&table_lock);
-    ev = ev != NULL ? ev : malloc(sizeof *ev);
+    struct fake_event *ev = handle_again(&recycled_event, sizeof *ev);
     if (ev == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *ev = (struct fake_event){.magic = EVENT_MAGIC, .flags = flags, .ctx = current};
@@ -1252,28 +1260,32 @@ EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent event, CUstream stream, unsi
     return record_event(event, stream, flags);
 }
 
+/* The event a wait or query may ask about (*ev), or why not. */
+static CUresult waitable(CUevent event, struct fake_event **ev)
+{
+    *ev = event_of(event);
+    if (*ev == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return (*ev)->captured ? CUDA_ERROR_CAPTURED_EVENT : CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuEventSynchronize(CUevent event)
 {
-    struct fake_event *ev = event_of(event);
-    if (ev == NULL)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (ev->captured)
-        return CUDA_ERROR_CAPTURED_EVENT;
-    if (ev->recorded)
+    struct fake_event *ev;
+    CUresult rc = waitable(event, &ev);
+    if (rc == CUDA_SUCCESS && ev->recorded)
         sync_device(ev->ctx->dev);
-    return CUDA_SUCCESS;
+    return rc;
 }
 
 EXPORT CUresult cuEventQuery(CUevent event)
 {
-    struct fake_event *ev = event_of(event);
-    if (ev == NULL)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (ev->captured)
-        return CUDA_ERROR_CAPTURED_EVENT;
-    return !ev->recorded || fake_cuda_pending_ns(ev->ctx->dev, (int)getpid()) == 0
-               ? CUDA_SUCCESS
-               : CUDA_ERROR_NOT_READY;
+    struct fake_event *ev;
+    CUresult rc = waitable(event, &ev);
+    if (rc != CUDA_SUCCESS || !ev->recorded)
+        return rc;
+    return fake_cuda_pending_ns(ev->ctx->dev, (int)getpid()) == 0 ? CUDA_SUCCESS
+                                                                  : CUDA_ERROR_NOT_READY;
 }
 
 EXPORT CUresult cuEventDestroy_v2(CUevent event)
@@ -1282,11 +1294,7 @@ EXPORT CUresult cuEventDestroy_v2(CUevent event)
     if (ev == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
     ev->magic = 0;
-    pthread_mutex_lock(&table_lock);
-    struct fake_event *older = recycled_event;
-    recycled_event = ev;
-    pthread_mutex_unlock(&table_lock);
-    free(older);
+    keep_handle(&recycled_event, ev);
     return CUDA_SUCCESS;
 }
 
