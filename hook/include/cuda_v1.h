@@ -27,6 +27,8 @@
 #undef cuDevicePrimaryCtxReset
 #undef cuStreamDestroy
 #undef cuEventDestroy
+#undef cuCtxPushCurrent
+#undef cuCtxPopCurrent
 #undef cuMemcpyDtoH
 
 typedef unsigned int v1_ptr;
@@ -54,6 +56,9 @@ CUresult cuCtxCreate(CUcontext *ctx, unsigned int flags, CUdevice dev);
 CUresult cuCtxDestroy(CUcontext ctx);
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
 CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+/* CUDA 2.0's context stack, the same arguments as its _v2 (CUDA 4.0). */
+CUresult cuCtxPushCurrent(CUcontext ctx);
+CUresult cuCtxPopCurrent(CUcontext *ctx);
 /* Streams: CUDA 2.0's destroy, the same arguments as its _v2. */
 CUresult cuStreamDestroy(CUstream stream);
 /* Events: CUDA 2.0's destroy, the same arguments as its _v2. */

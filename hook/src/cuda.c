@@ -85,6 +85,8 @@ static const struct vgpu_hook hooks[] = {
     HOOK(cuCtxSetCurrent, "cuCtxSetCurrent", 4000, 0),
     HOOK(cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000, 0),
     HOOK(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, 0),
+    HOOK(cuCtxPushCurrent, "cuCtxPushCurrent", 2000, 0),
+    HOOK(cuCtxPopCurrent, "cuCtxPopCurrent", 2000, 0),
     HOOK(cuStreamSynchronize, "cuStreamSynchronize", 2000, 0),
     HOOK(cuStreamSynchronize_ptsz, "cuStreamSynchronize", 7000, 1),
     HOOK(cuStreamQuery, "cuStreamQuery", 2000, 0),

@@ -102,20 +102,42 @@ VGPU_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
     return real.cuCtxSetCurrent(ctx);
 }
 
-VGPU_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+/* A push through *push (CUDA 4.0's export or 2.0's, cuda_v1.h). */
+static CUresult push(CUresult (*const *push)(CUcontext), CUcontext ctx)
 {
-    if (!ready() || real.cuCtxPushCurrent_v2 == NULL)
+    if (!ready() || *push == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     leaving_current();
-    return real.cuCtxPushCurrent_v2(ctx);
+    return (*push)(ctx);
+}
+
+/* A pop through *pop, as push. */
+static CUresult pop(CUresult (*const *pop)(CUcontext *), CUcontext *ctx)
+{
+    if (!ready() || *pop == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    leaving_current();
+    return (*pop)(ctx);
+}
+
+VGPU_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    return push(&real.cuCtxPushCurrent_v2, ctx);
 }
 
 VGPU_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
 {
-    if (!ready() || real.cuCtxPopCurrent_v2 == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    leaving_current();
-    return real.cuCtxPopCurrent_v2(ctx);
+    return pop(&real.cuCtxPopCurrent_v2, ctx);
+}
+
+VGPU_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx)
+{
+    return push(&real.cuCtxPushCurrent, ctx);
+}
+
+VGPU_EXPORT CUresult cuCtxPopCurrent(CUcontext *ctx)
+{
+    return pop(&real.cuCtxPopCurrent, ctx);
 }
 
 /* A context's arrays are freed with it (cuda.h, cuCtxDestroy: its CUarray and CUmipmappedArray

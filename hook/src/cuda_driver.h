@@ -96,6 +96,8 @@ struct vgpu_cuda_real {
     CUresult (*cuStreamQuery_ptsz)(CUstream);
     CUresult (*cuStreamDestroy)(CUstream);
     CUresult (*cuStreamDestroy_v2)(CUstream);
+    CUresult (*cuCtxPushCurrent)(CUcontext); /* CUDA 2.0's, cuda_v1.h */
+    CUresult (*cuCtxPopCurrent)(CUcontext *);
     CUresult (*cuEventCreate)(CUevent *, unsigned int);
     CUresult (*cuIpcOpenEventHandle)(CUevent *, CUipcEventHandle);
     CUresult (*cuEventRecord)(CUevent, CUstream);

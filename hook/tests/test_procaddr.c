@@ -100,6 +100,8 @@ static const struct query {
     {"cuCtxSetCurrent", 4000, 0, "cuCtxSetCurrent"},
     {"cuCtxPushCurrent", 4000, 0, "cuCtxPushCurrent_v2"},
     {"cuCtxPopCurrent", 4000, 0, "cuCtxPopCurrent_v2"},
+    {"cuCtxPushCurrent", 2000, 0, "cuCtxPushCurrent"},
+    {"cuCtxPopCurrent", 2000, 0, "cuCtxPopCurrent"},
     {"cuStreamSynchronize", 2000, 0, "cuStreamSynchronize"},
     {"cuStreamSynchronize", 7000, 1, "cuStreamSynchronize_ptsz"},
     {"cuStreamQuery", 2000, 0, "cuStreamQuery"},

@@ -623,7 +623,8 @@ enum { NULL_STREAM, LEGACY, PER_THREAD, STREAM_A, STREAM_B, NO_STREAM };
  * (libvgpu does not see it made) current, then cuCtxSynchronize, the legacy default stream's wait
  * or a copy to the host from the primary context's memory; the kernel launched in such a context,
  * pushed over the primary one the same unseen way, then the primary one made current again
- * (cuCtxSetCurrent, cuCtxPushCurrent or cuCtxPopCurrent) and synchronised; the kernel launched by
+ * (cuCtxSetCurrent, cuCtxPushCurrent or cuCtxPopCurrent, each of those two through CUDA 4.0's
+ * export or 2.0's) and synchronised; the kernel launched by
  * a thread that then exits, the wait made by a thread made after it (glibc may give it the dead
  * thread's stack and TLS); a synchronous copy (each of 64 bytes, through the _ptds export where
  * wait_ptsz): to the host with cuMemcpyDtoH_v2, CUDA 2.0's cuMemcpyDtoH or the unified space's
@@ -673,6 +674,8 @@ enum wait_how {
     UNSEEN_LEFT,
     UNSEEN_PUSHED_OVER,
     UNSEEN_POPPED,
+    UNSEEN_PUSHED_OVER_V1,
+    UNSEEN_POPPED_V1,
     DEAD_THREAD,
     EVENT_SYNC,
     EVENT_QUERY,
@@ -734,6 +737,10 @@ static const struct stream_case {
     {"unseen-context-pushed-over", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0,
      UNSEEN_PUSHED_OVER, 0},
     {"unseen-context-popped", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, UNSEEN_POPPED, 0},
+    {"unseen-context-pushed-over-v1", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0,
+     UNSEEN_PUSHED_OVER_V1, 0},
+    {"unseen-context-popped-v1", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, UNSEEN_POPPED_V1,
+     0},
     {"context-elsewhere-second-device", 1, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
      CONTEXT_SYNC_ELSEWHERE, 0},
     {"context-sync-first-second-device", 1, STREAM_A, 0, STREAM_B, STREAM_A, 0,
@@ -789,6 +796,7 @@ static CUresult (*copy_ptds)(void *, CUdeviceptr, size_t);
 static CUresult (*unified_ptds)(CUdeviceptr, CUdeviceptr, size_t);
 static CUresult (*copy_v1)(void *, unsigned, unsigned), (*alloc_v1)(unsigned *, unsigned);
 static CUresult (*record_ptsz)(CUevent, CUstream), (*event_destroy_v1)(CUevent);
+static CUresult (*push_v1)(CUcontext), (*pop_v1)(CUcontext *);
 static CUresult (*record_flags_ptsz)(CUevent, CUstream, unsigned);
 static CUcontext case_context; /* made current by the threads a case makes */
 
@@ -1129,11 +1137,15 @@ static int wait_on_stream(const struct stream_case *c, CUstream streams[])
     }
     case UNSEEN_LEFT:
     case UNSEEN_PUSHED_OVER:
-    case UNSEEN_POPPED: {
+    case UNSEEN_POPPED:
+    case UNSEEN_PUSHED_OVER_V1:
+    case UNSEEN_POPPED_V1: {
         CUcontext popped = NULL, now = NULL;
-        CUresult rc = c->how == UNSEEN_LEFT          ? cuCtxSetCurrent(case_context)
-                      : c->how == UNSEEN_PUSHED_OVER ? cuCtxPushCurrent(case_context)
-                                                     : cuCtxPopCurrent(&popped);
+        CUresult rc = c->how == UNSEEN_LEFT             ? cuCtxSetCurrent(case_context)
+                      : c->how == UNSEEN_PUSHED_OVER    ? cuCtxPushCurrent(case_context)
+                      : c->how == UNSEEN_POPPED         ? cuCtxPopCurrent(&popped)
+                      : c->how == UNSEEN_PUSHED_OVER_V1 ? push_v1(case_context)
+                                                        : pop_v1(&popped);
         return check(rc == CUDA_SUCCESS && cuCtxGetCurrent(&now) == CUDA_SUCCESS &&
                          now == case_context && cuCtxSynchronize() == CUDA_SUCCESS,
                      "the primary context current again, synchronised");
@@ -1175,16 +1187,19 @@ static int stream_case(const struct stream_case *c)
     record_flags_ptsz = (CUresult(*)(CUevent, CUstream, unsigned))dlsym(
         RTLD_DEFAULT, "cuEventRecordWithFlags_ptsz");
     event_destroy_v1 = (CUresult(*)(CUevent))dlsym(RTLD_DEFAULT, "cuEventDestroy");
+    push_v1 = (CUresult(*)(CUcontext))dlsym(RTLD_DEFAULT, "cuCtxPushCurrent");
+    pop_v1 = (CUresult(*)(CUcontext *))dlsym(RTLD_DEFAULT, "cuCtxPopCurrent");
     cuCtxGetCurrent(&case_context);
     CUstream streams[NO_STREAM] = {NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, NULL, NULL};
     if (!check(launch_ptsz && sync_ptsz && query_ptsz && destroy_v1 && copy_ptds && copy_v1 &&
                    alloc_v1 && unified_ptds && record_ptsz && record_flags_ptsz &&
-                   event_destroy_v1 &&
+                   event_destroy_v1 && push_v1 && pop_v1 &&
                    cuStreamCreate(&streams[STREAM_A], 0) == 0 &&
                    cuStreamCreate(&streams[STREAM_B], 0) == 0,
                "two streams made, the _ptsz and CUDA 2.0 exports found"))
         return 0;
-    if ((c->how == UNSEEN_LEFT || c->how == UNSEEN_PUSHED_OVER || c->how == UNSEEN_POPPED) &&
+    if ((c->how == UNSEEN_LEFT || c->how == UNSEEN_PUSHED_OVER || c->how == UNSEEN_POPPED ||
+         c->how == UNSEEN_PUSHED_OVER_V1 || c->how == UNSEEN_POPPED_V1) &&
         !unseen_on_top(c))
         return 0;
     int fine = c->how == DEAD_THREAD          ? on_a_thread(launch_and_exit, (void *)c)

@@ -1069,7 +1069,8 @@ EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus 
     return is_capturing(stream, status);
 }
 
-/* The context stack of cuCtxPushCurrent/cuCtxPopCurrent: `current` is its top. */
+/* The context stack of cuCtxPushCurrent/cuCtxPopCurrent (CUDA 4.0's _v2 and 2.0's exports, alike
+ * here): `current` is its top. */
 enum { CTX_STACK = 16 };
 static __thread struct fake_ctx *ctx_stack[CTX_STACK];
 static __thread int ctx_depth;
@@ -1083,6 +1084,8 @@ EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
     return CUDA_SUCCESS;
 }
 
+EXPORT CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
+
 EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
 {
     if (current == NULL)
@@ -1092,6 +1095,8 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
     current = ctx_depth > 0 ? ctx_stack[--ctx_depth] : NULL;
     return CUDA_SUCCESS;
 }
+
+EXPORT CUresult cuCtxPopCurrent(CUcontext *ctx) { return cuCtxPopCurrent_v2(ctx); }
 
 /* A stream belongs to the context current where it was made, and so to its device: work and
  * stream-ordered allocations on it go there whatever context is current when they are issued
@@ -3298,6 +3303,8 @@ static const struct proc procs[] = {
     P("cuMemcpy", cuMemcpy_ptds, 7000, 1),
     P("cuCtxPushCurrent", cuCtxPushCurrent_v2, 4000, 0),
     P("cuCtxPopCurrent", cuCtxPopCurrent_v2, 4000, 0),
+    P("cuCtxPushCurrent", cuCtxPushCurrent, 2000, 0),
+    P("cuCtxPopCurrent", cuCtxPopCurrent, 2000, 0),
     P("cuStreamCreate", cuStreamCreate, 2000, 0),
     P("cuEventCreate", cuEventCreate, 2000, 0),
     P("cuEventRecord", cuEventRecord, 2000, 0),
