@@ -206,12 +206,10 @@ VGPU_EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
  * event, whose wait fails (CUDA_ERROR_CAPTURED_EVENT) and so drains nothing, and one with
  * CU_EVENT_RECORD_EXTERNAL, which is refused outside a capture, adds a node to the graph and
  * leaves the event as it was; that one is never kept. (`since`: vgpu_throttle_event_recording
- * before the driver's call.) */
+ * before the driver's call, under an SM limit only.) */
 static CUresult recorded(CUresult rc, CUevent event, CUstream stream, unsigned int flags,
                          int per_thread, unsigned long since)
 {
-    if (!vgpu_throttle_enabled)
-        return rc;
     int dev = -1;
     uintptr_t key = vgpu_stream_key(stream, per_thread);
     if (rc == CUDA_SUCCESS && (flags & CU_EVENT_RECORD_EXTERNAL) == 0) {
@@ -226,6 +224,8 @@ VGPU_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream)
 {
     if (!ready() || real.cuEventRecord == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (!vgpu_throttle_enabled)
+        return real.cuEventRecord(event, stream);
     unsigned long since = vgpu_throttle_event_recording();
     return recorded(real.cuEventRecord(event, stream), event, stream, 0, 0, since);
 }
@@ -234,6 +234,8 @@ VGPU_EXPORT CUresult cuEventRecord_ptsz(CUevent event, CUstream stream)
 {
     if (!ready() || real.cuEventRecord_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (!vgpu_throttle_enabled)
+        return real.cuEventRecord_ptsz(event, stream);
     unsigned long since = vgpu_throttle_event_recording();
     return recorded(real.cuEventRecord_ptsz(event, stream), event, stream, 0, 1, since);
 }
@@ -242,6 +244,8 @@ VGPU_EXPORT CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsi
 {
     if (!ready() || real.cuEventRecordWithFlags == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (!vgpu_throttle_enabled)
+        return real.cuEventRecordWithFlags(event, stream, flags);
     unsigned long since = vgpu_throttle_event_recording();
     return recorded(real.cuEventRecordWithFlags(event, stream, flags), event, stream, flags, 0,
                     since);
@@ -252,6 +256,8 @@ VGPU_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent event, CUstream stream,
 {
     if (!ready() || real.cuEventRecordWithFlags_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (!vgpu_throttle_enabled)
+        return real.cuEventRecordWithFlags_ptsz(event, stream, flags);
     unsigned long since = vgpu_throttle_event_recording();
     return recorded(real.cuEventRecordWithFlags_ptsz(event, stream, flags), event, stream, flags,
                     1, since);

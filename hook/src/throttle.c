@@ -927,6 +927,9 @@ void vgpu_throttle_context_made(int dev)
 /* Records and destroys of events, by any thread: a count the record that keeps an event
  * compares (vgpu_throttle_event_recorded). */
 static unsigned long event_changes;
+/* Records begun and not yet ended (vgpu_throttle_event_recording .. _recorded), by any thread:
+ * one may have reached the driver and not yet forgotten the event it records again. */
+static unsigned long records_under_way;
 /* Set once the process made or opened an interprocess event (vgpu_throttle_events_shared). */
 static int events_shared;
 
@@ -963,6 +966,7 @@ void vgpu_throttle_event_gone(uintptr_t event)
 
 unsigned long vgpu_throttle_event_recording(void)
 {
+    __atomic_add_fetch(&records_under_way, 1, __ATOMIC_SEQ_CST);
     return __atomic_load_n(&event_changes, __ATOMIC_SEQ_CST);
 }
 
@@ -991,16 +995,21 @@ void vgpu_throttle_event_recorded(int dev, uintptr_t stream, uintptr_t event,
                                   unsigned long since)
 {
     unsigned long mine = event_changed(event);
-    if (event == 0 || mine != since + 1 || __atomic_load_n(&events_shared, __ATOMIC_SEQ_CST) ||
-        !may_drain(dev, stream, this_thread()))
-        return;
-    keep_event(&buckets[dev], stream, event);
-    if (__atomic_load_n(&event_changes, __ATOMIC_SEQ_CST) != mine)
-        forget_event(event);
+    if (event != 0 && mine == since + 1 && !__atomic_load_n(&events_shared, __ATOMIC_SEQ_CST) &&
+        may_drain(dev, stream, this_thread())) {
+        keep_event(&buckets[dev], stream, event);
+        if (__atomic_load_n(&event_changes, __ATOMIC_SEQ_CST) != mine)
+            forget_event(event);
+    }
+    __atomic_sub_fetch(&records_under_way, 1, __ATOMIC_SEQ_CST);
 }
 
+/* Not while another record is under way: its driver call may have made the event wait for
+ * other work (done at once, say) before it forgets the event. */
 void vgpu_throttle_event_done(uintptr_t event)
 {
+    if (__atomic_load_n(&records_under_way, __ATOMIC_SEQ_CST) != 0)
+        return;
     for (int dev = 0; event != 0 && dev < VGPU_REGION_MAX_DEVICES; dev++) {
         struct bucket *b = &buckets[dev];
         if (b->limit == 0 || !__atomic_load_n(&b->events_fresh, __ATOMIC_ACQUIRE))

@@ -35,7 +35,8 @@ int vgpu_throttle_may_drain(int dev, uintptr_t stream);
  * for it. */
 void vgpu_throttle_stream_gone(int dev, uintptr_t stream);
 
-/* Before a record of an event: what vgpu_throttle_event_recorded is to be given. */
+/* Before a record of an event: what vgpu_throttle_event_recorded, which must follow, is to be
+ * given. */
 unsigned long vgpu_throttle_event_recording(void);
 
 /* This thread recorded event (a CUevent) on the stream whose key is `stream`, on device dev

@@ -423,7 +423,8 @@ run throttle-nosampler CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 n
 # for its stream would have at its record (each record export; the default streams; an earlier
 # event of two; on the second of two GPUs), not where the query found it busy, a kernel came
 # after the record, another stream had a kernel or was the one recorded, the event was
-# recorded again elsewhere (or meanwhile, inside the driver's record), refused a record,
+# recorded again elsewhere (or meanwhile, inside the driver's record, or waited for inside
+# such a record), refused a record,
 # recorded in a capture, or destroyed and its handle made anew, another thread waited, it was
 # recorded in a context libvgpu did not see made, or the process made or opened an
 # interprocess event.
@@ -445,7 +446,7 @@ for case in alone context green during bursts stream legacy legacy-ptsz per-thre
     event-query event-legacy event-per-thread event-with-flags event-with-flags-ptsz \
     event-earlier event-second-device event-query-busy event-then-launch event-two-streams \
     event-other-stream event-default-streams event-rerecorded event-rerecorded-meanwhile \
-    event-record-refused event-captured event-captured-external event-destroyed \
+    event-waited-meanwhile event-record-refused event-captured event-captured-external event-destroyed \
     event-destroyed-v1 event-other-thread event-unseen-context event-interprocess \
     event-ipc-opened; do
     devices=1

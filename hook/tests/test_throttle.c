@@ -638,6 +638,8 @@ enum { NULL_STREAM, LEGACY, PER_THREAD, STREAM_A, STREAM_B, NO_STREAM };
  * events recorded after the same kernels waited for; a short kernel on the stream after the
  * record; the event recorded on `launch`, then again on `wait`; recorded again, inside the
  * driver's record on `launch`, on `wait` (as another thread might meanwhile); recorded on
+ * `launch`, then on `wait` with the wait for it made inside the driver's record (as another
+ * thread's might come before the record's end); recorded on
  * `launch`, then refused a record on a stream of another context; a record while the stream
  * is captured (a plain one: its wait fails with CUDA_ERROR_CAPTURED_EVENT; one with
  * CU_EVENT_RECORD_EXTERNAL: the event stays unrecorded, done at once); the event destroyed
@@ -685,6 +687,7 @@ enum wait_how {
     EVENT_THEN_LAUNCH,
     EVENT_RERECORDED,
     EVENT_RERECORDED_MEANWHILE,
+    EVENT_WAITED_MEANWHILE,
     EVENT_REFUSED,
     EVENT_CAPTURED,
     EVENT_CAPTURED_EXTERNAL,
@@ -778,6 +781,8 @@ static const struct stream_case {
     {"event-rerecorded", 0, STREAM_A, 0, NO_STREAM, STREAM_B, 0, EVENT_RERECORDED, 0},
     {"event-rerecorded-meanwhile", 0, STREAM_A, 0, NO_STREAM, STREAM_B, 0,
      EVENT_RERECORDED_MEANWHILE, 0},
+    {"event-waited-meanwhile", 0, STREAM_A, 0, NO_STREAM, STREAM_B, 0, EVENT_WAITED_MEANWHILE,
+     0},
     {"event-record-refused", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_REFUSED, 0},
     {"event-captured", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_CAPTURED, 0},
     {"event-captured-external", 0, STREAM_A, 0, NO_STREAM, STREAM_A, 0, EVENT_CAPTURED_EXTERNAL,
@@ -952,6 +957,12 @@ static void record_meanwhile(void)
     meanwhile_rc = cuEventRecord(meanwhile_event, meanwhile_stream);
 }
 
+/* EVENT_WAITED_MEANWHILE's wait, made inside the driver's second record. */
+static void wait_meanwhile(void)
+{
+    meanwhile_rc = cuEventSynchronize(meanwhile_event);
+}
+
 /* A stream of a context libvgpu does not see made, the case's context current again through
  * the fake's own export (libvgpu sees no context left either); 1 if made. */
 static int unseen_stream(const struct stream_case *c, CUstream *stream)
@@ -1002,14 +1013,16 @@ static int event_case(const struct stream_case *c, CUstream streams[])
         return 0;
     for (int i = 0; c->how == EVENT_EARLIER && i < 3; i++)
         fine &= record(c, earlier[i], on) == 0;
-    if (c->how == EVENT_RERECORDED || c->how == EVENT_REFUSED)
+    if (c->how == EVENT_RERECORDED || c->how == EVENT_REFUSED || c->how == EVENT_WAITED_MEANWHILE)
         fine &= record(c, event, streams[c->launch]) == 0;
-    if (c->how == EVENT_RERECORDED_MEANWHILE) {
+    if (c->how == EVENT_RERECORDED_MEANWHILE || c->how == EVENT_WAITED_MEANWHILE) {
         meanwhile_event = event;
         meanwhile_stream = on;
         strcpy(fake_cuda_inside, "cuEventRecord");
-        fake_cuda_inside_fn = record_meanwhile;
-        fine &= record(c, event, streams[c->launch]) == 0 && meanwhile_rc == CUDA_SUCCESS;
+        fake_cuda_inside_fn =
+            c->how == EVENT_WAITED_MEANWHILE ? wait_meanwhile : record_meanwhile;
+        CUstream first = c->how == EVENT_WAITED_MEANWHILE ? on : streams[c->launch];
+        fine &= record(c, event, first) == 0 && meanwhile_rc == CUDA_SUCCESS;
     } else if (c->how == EVENT_REFUSED) {
         fine &= record(c, event, elsewhere) == CUDA_ERROR_INVALID_HANDLE;
     } else {
@@ -1044,6 +1057,8 @@ static int event_case(const struct stream_case *c, CUstream streams[])
     case EVENT_DESTROYED_V1: /* unrecorded: the wait returns at once, as QUERY_ONCE */
         sleep_s(0.1);
         return check(cuEventSynchronize(event) == 0, "the unrecorded event waited for");
+    case EVENT_WAITED_MEANWHILE: /* that wait was the case's */
+        return 1;
     case EVENT_OTHER_THREAD:
         return check(on_a_thread(sync_event_elsewhere, event),
                      "the event waited for on a thread that launched nothing");
@@ -1091,6 +1106,7 @@ static int wait_on_stream(const struct stream_case *c, CUstream streams[])
     case EVENT_THEN_LAUNCH:
     case EVENT_RERECORDED:
     case EVENT_RERECORDED_MEANWHILE:
+    case EVENT_WAITED_MEANWHILE:
     case EVENT_REFUSED:
     case EVENT_CAPTURED:
     case EVENT_CAPTURED_EXTERNAL:
