@@ -220,47 +220,39 @@ static CUresult recorded(CUresult rc, CUevent event, CUstream stream, unsigned i
     return rc;
 }
 
+/* A record through *plain (cuEventRecord or its _ptsz), or else through *with_flags
+ * (cuEventRecordWithFlags or its _ptsz) with flags; per_thread: a _ptsz export. */
+static CUresult record_event(CUresult (*const *plain)(CUevent, CUstream),
+                             CUresult (*const *with_flags)(CUevent, CUstream, unsigned int),
+                             CUevent event, CUstream stream, unsigned int flags, int per_thread)
+{
+    if (!ready() || (plain != NULL ? *plain == NULL : *with_flags == NULL))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int limited = vgpu_throttle_enabled;
+    unsigned long since = limited ? vgpu_throttle_event_recording() : 0;
+    CUresult rc = plain != NULL ? (*plain)(event, stream) : (*with_flags)(event, stream, flags);
+    return limited ? recorded(rc, event, stream, flags, per_thread, since) : rc;
+}
+
 VGPU_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream)
 {
-    if (!ready() || real.cuEventRecord == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!vgpu_throttle_enabled)
-        return real.cuEventRecord(event, stream);
-    unsigned long since = vgpu_throttle_event_recording();
-    return recorded(real.cuEventRecord(event, stream), event, stream, 0, 0, since);
+    return record_event(&real.cuEventRecord, NULL, event, stream, 0, 0);
 }
 
 VGPU_EXPORT CUresult cuEventRecord_ptsz(CUevent event, CUstream stream)
 {
-    if (!ready() || real.cuEventRecord_ptsz == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!vgpu_throttle_enabled)
-        return real.cuEventRecord_ptsz(event, stream);
-    unsigned long since = vgpu_throttle_event_recording();
-    return recorded(real.cuEventRecord_ptsz(event, stream), event, stream, 0, 1, since);
+    return record_event(&real.cuEventRecord_ptsz, NULL, event, stream, 0, 1);
 }
 
 VGPU_EXPORT CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned int flags)
 {
-    if (!ready() || real.cuEventRecordWithFlags == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!vgpu_throttle_enabled)
-        return real.cuEventRecordWithFlags(event, stream, flags);
-    unsigned long since = vgpu_throttle_event_recording();
-    return recorded(real.cuEventRecordWithFlags(event, stream, flags), event, stream, flags, 0,
-                    since);
+    return record_event(NULL, &real.cuEventRecordWithFlags, event, stream, flags, 0);
 }
 
 VGPU_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent event, CUstream stream,
                                                  unsigned int flags)
 {
-    if (!ready() || real.cuEventRecordWithFlags_ptsz == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!vgpu_throttle_enabled)
-        return real.cuEventRecordWithFlags_ptsz(event, stream, flags);
-    unsigned long since = vgpu_throttle_event_recording();
-    return recorded(real.cuEventRecordWithFlags_ptsz(event, stream, flags), event, stream, flags,
-                    1, since);
+    return record_event(NULL, &real.cuEventRecordWithFlags_ptsz, event, stream, flags, 1);
 }
 
 /* An interprocess event may be recorded by another process (cuda.h, cuIpcOpenEventHandle), and
