@@ -40,8 +40,9 @@ void vgpu_throttle_stream_gone(int dev, uintptr_t stream);
 unsigned long vgpu_throttle_event_recording(void);
 
 /* This thread recorded event (a CUevent) on the stream whose key is `stream`, on device dev
- * (-1: where its wait cannot drain: the driver refused the record, it was made in a stream
- * capture, or on a default stream without the device's primary context current), `since`
+ * (-1: where its wait cannot drain: the driver refused the record, it added a node to a stream
+ * capture (CU_EVENT_RECORD_EXTERNAL), or it was made on a default stream without the device's
+ * primary context current), `since`
  * what vgpu_throttle_event_recording said before. An event captures what its stream was given
  * before (cuda.h, cuEventRecord): where a synchronisation of that stream now would drain
  * (vgpu_throttle_may_drain), the event's wait drains too, until the next launch on dev. Not

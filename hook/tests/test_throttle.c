@@ -673,13 +673,13 @@ enum wait_how {
     UNSEEN_CONTEXT,
     UNSEEN_CONTEXT_STREAM,
     UNSEEN_CONTEXT_COPY,
-    UNSEEN_LEFT,
+    UNSEEN_LEFT, /* ... to UNSEEN_POPPED_V1: the kernel in a context pushed over (unseen_on_top) */
     UNSEEN_PUSHED_OVER,
     UNSEEN_POPPED,
     UNSEEN_PUSHED_OVER_V1,
     UNSEEN_POPPED_V1,
     DEAD_THREAD,
-    EVENT_SYNC,
+    EVENT_SYNC, /* the event cases (event_case), from here to the end */
     EVENT_QUERY,
     EVENT_QUERY_ONCE,
     EVENT_WITH_FLAGS,
@@ -1098,24 +1098,7 @@ static int wait_on_stream(const struct stream_case *c, CUstream streams[])
                       * 0.5, near its bound (prepaying begins a tick or so after the launch) */
         sleep_s(0.1);
         return check(cuStreamQuery(wait) == CUDA_ERROR_NOT_READY, "the stream queried: busy");
-    case EVENT_SYNC:
-    case EVENT_QUERY:
-    case EVENT_QUERY_ONCE:
-    case EVENT_WITH_FLAGS:
-    case EVENT_EARLIER:
-    case EVENT_THEN_LAUNCH:
-    case EVENT_RERECORDED:
-    case EVENT_RERECORDED_MEANWHILE:
-    case EVENT_WAITED_MEANWHILE:
-    case EVENT_REFUSED:
-    case EVENT_CAPTURED:
-    case EVENT_CAPTURED_EXTERNAL:
-    case EVENT_INTERPROCESS:
-    case EVENT_IPC_OPENED:
-    case EVENT_DESTROYED:
-    case EVENT_DESTROYED_V1:
-    case EVENT_OTHER_THREAD:
-    case EVENT_UNSEEN_CONTEXT:
+    default: /* EVENT_SYNC and every way after it */
         return event_case(c, streams);
     case OTHER_THREAD:
     case DEAD_THREAD: /* the kernel's thread (stream_case) has exited */
@@ -1214,9 +1197,7 @@ static int stream_case(const struct stream_case *c)
                    cuStreamCreate(&streams[STREAM_B], 0) == 0,
                "two streams made, the _ptsz and CUDA 2.0 exports found"))
         return 0;
-    if ((c->how == UNSEEN_LEFT || c->how == UNSEEN_PUSHED_OVER || c->how == UNSEEN_POPPED ||
-         c->how == UNSEEN_PUSHED_OVER_V1 || c->how == UNSEEN_POPPED_V1) &&
-        !unseen_on_top(c))
+    if (c->how >= UNSEEN_LEFT && c->how <= UNSEEN_POPPED_V1 && !unseen_on_top(c))
         return 0;
     int fine = c->how == DEAD_THREAD          ? on_a_thread(launch_and_exit, (void *)c)
                : c->how == LAUNCHED_ELSEWHERE ? launch_elsewhere(c, streams[c->launch])
