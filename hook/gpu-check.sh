@@ -19,8 +19,9 @@
 # (11) CUDA's GPU UUIDs, as libvgpu writes them, are NVML's (the settings file's GPUs);
 # (12) under an SM limit of 50 %, a light load, then large kernels: the first is not held back
 # for its debt in blocks, and back to back they get the limit (the GPU-time account); (13)
-# short-lived processes of one container one after another under 20 % (prepayment).
-# Usage: gpu-check.sh [SECTION...] (default: all thirteen, about 11 minutes on an H200; sections
+# short-lived processes of one container one after another under 20 % (prepayment); (14)
+# which waits of PyTorch, CuPy and JAX drain under an SM limit (prepay nothing after them).
+# Usage: gpu-check.sh [SECTION...] (default: all fourteen, about 11 minutes on an H200; sections
 # can be run separately: gpu-session.sh runs each under its own time limit on a lent machine).
 # Exit 77 (skip) without a GPU, 1 on any failed check.
 set -uo pipefail
@@ -658,8 +659,103 @@ cat "$work/chain.txt"
 result $rc "short-lived processes one after another at limit 20"
 }
 
+section_14() {
+echo "== 14. SM limit 20 %: which waits of PyTorch, CuPy and JAX drain (prepay nothing after)"
+# A process that waits on all its work prepays nothing until its next launch (hook/README.md,
+# SM limit); over the fake each driver export's wait is a drain case of make test, but which
+# exports a framework's waits reach is known only here. Each way launches kernels, then waits;
+# libvgpu's debug line "drained by a wait" between its markers says whether the wait drained.
+# "drains": it must; "none": it must not (a kernel on a second stream); "report": printed only
+# (JAX waits from another thread than XLA's launches; PyTorch's backward launches from the
+# autograd thread, after which, by design, nothing of the process drains again).
+cat > "$work/drains.py" <<'PY'
+# drains.py FRAMEWORK: each way "NAME EXPECT" launches kernels, then waits; markers on fd 2.
+import os, sys
+def mark(text): os.write(2, (text + "\n").encode())
+def run(ways):
+    for name, expect, body in ways:
+        mark(f"way {name} {expect}: begin")
+        try: body()
+        except Exception as e: mark(f"way {name}: error {type(e).__name__}: {e}")
+        mark(f"way {name}: end")
+framework = sys.argv[1]
+if framework == "torch":
+    import torch
+    x = torch.randn(1024, 1024, device="cuda"); torch.cuda.synchronize()
+    def k():
+        global x
+        x = (x @ x).clamp_(-1, 1)
+    def event(wait):
+        k(); e = torch.cuda.Event(); e.record(); wait(e)
+    def query(e):
+        while not e.query(): pass
+    def side_stream():
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s): (x @ x).clamp_(-1, 1)
+        k(); torch.cuda.current_stream().synchronize(); s.synchronize()
+    def backward():
+        w = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+        (x @ w).sum().backward(); torch.cuda.synchronize()
+    run([("torch.cuda.synchronize", "drains", lambda: (k(), torch.cuda.synchronize())),
+         ("torch-stream.synchronize", "drains",
+          lambda: (k(), torch.cuda.current_stream().synchronize())),
+         ("torch-event.synchronize", "drains", lambda: event(lambda e: e.synchronize())),
+         ("torch-event.query", "drains", lambda: event(query)),
+         ("torch-item", "drains", lambda: (k(), x.sum().item())),
+         ("torch-cpu", "drains", lambda: (k(), x.cpu())),
+         ("torch-side-stream", "none", side_stream),
+         ("torch-backward", "report", backward)])  # last: the autograd thread launched
+elif framework == "cupy":
+    import cupy
+    x = cupy.random.rand(1024, 1024, dtype=cupy.float32); cupy.cuda.Device().synchronize()
+    def k():
+        global x
+        x = cupy.clip(x @ x, -1, 1)
+    run([("cupy-device.synchronize", "drains", lambda: (k(), cupy.cuda.Device().synchronize())),
+         ("cupy-stream.synchronize", "drains",
+          lambda: (k(), cupy.cuda.get_current_stream().synchronize())),
+         ("cupy-asnumpy", "drains", lambda: (k(), cupy.asnumpy(x)))])
+else:
+    import jax, jax.numpy as jnp, numpy
+    mark(f"note: JAX runs on {jax.devices()}")  # a CPU fallback would drain nothing
+    x = jnp.ones((1024, 1024)); f = jax.jit(lambda a: jnp.clip(a @ a, -1, 1))
+    f(x).block_until_ready()
+    run([("jax-block_until_ready", "report", lambda: f(x).block_until_ready()),
+         ("jax-asarray", "report", lambda: numpy.asarray(f(x)))])
+PY
+local framework rc name expect n err
+for framework in torch cupy jax; do
+    if ! python3 -c "import $framework" 2>/dev/null; then
+        echo "$framework: not installed here; its ways not run"; continue
+    fi
+    XLA_PYTHON_CLIENT_PREALLOCATE=false CUDA_DEVICE_SM_LIMIT=20 LIBCUDA_LOG_LEVEL=4 \
+        under_cap "drains-$framework.cache" 0 python3 "$work/drains.py" "$framework" \
+        >"$work/drains-$framework.txt" 2>&1
+    rc=$?
+    # NAME EXPECT DRAINS [ERROR] a way, from its markers and the lines between them
+    awk '/^way .*: begin$/ { name = $2; expect = $3; sub(/:$/, "", expect); n = 0; err = "" }
+         /drained by a wait/ { n++ }
+         /^way .*: error / { err = $0; sub(/^way [^ ]*: /, "", err) }
+         /^way .*: end$/ { print name, expect, n, err }' "$work/drains-$framework.txt" \
+        >"$work/drains-$framework.ways"
+    sed -n 's/^note: //p' "$work/drains-$framework.txt"
+    [ "$rc" = 0 ] && [ -s "$work/drains-$framework.ways" ]
+    result $? "$framework: its ways ran (exit $rc)" ||
+        tail -n 20 "$work/drains-$framework.txt"
+    while read -r name expect n err; do
+        case "$expect" in
+        drains) [ -z "$err" ] && [ "$n" -gt 0 ]
+                result $? "$name: the wait drained ($n drain lines${err:+; $err})" ;;
+        none) [ -z "$err" ] && [ "$n" = 0 ]
+              result $? "$name: the wait did not drain ($n drain lines${err:+; $err})" ;;
+        *) echo "$name: $n drain lines${err:+ ($err)}, printed only" ;;
+        esac
+    done <"$work/drains-$framework.ways"
+done
+}
+
 sections=("$@")
-[ ${#sections[@]} -gt 0 ] || sections=(1 2 3 4 5 6 7 8 9 10 11 12 13)
+[ ${#sections[@]} -gt 0 ] || sections=(1 2 3 4 5 6 7 8 9 10 11 12 13 14)
 for section in "${sections[@]}"; do
     declare -F "section_$section" >/dev/null || { echo "gpu-check: no section $section"; exit 2; }
     "section_$section"

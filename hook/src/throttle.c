@@ -905,10 +905,19 @@ void vgpu_throttle_synced(int dev, uintptr_t stream)
     __atomic_store_n(&b->drained_us, unix_ns() / 1000u, __ATOMIC_SEQ_CST);
     /* A second thread whose first launch came after the check above either sees the drain
      * (and its launch ends it) or is seen here: its launch may run on. */
-    if (__atomic_load_n(&b->launcher, __ATOMIC_SEQ_CST) != me)
+    if (__atomic_load_n(&b->launcher, __ATOMIC_SEQ_CST) != me) {
         __atomic_store_n(&b->drained_us, 0, __ATOMIC_SEQ_CST);
-    else if (stream == VGPU_ALL_STREAMS)
+        return;
+    }
+    /* The lines gpu-check.sh section 14 counts: which of a framework's waits drain. */
+    if (stream == VGPU_ALL_STREAMS) {
         __atomic_store_n(&b->stream, 0, __ATOMIC_SEQ_CST); /* no stream has work left */
+        vgpu_log(VGPU_LOG_DEBUG, "device %d: drained by a wait for the context: nothing is "
+                 "prepaid until the next launch", dev);
+    } else {
+        vgpu_log(VGPU_LOG_DEBUG, "device %d: drained by a wait for stream %#lx: nothing is "
+                 "prepaid until the next launch", dev, (unsigned long)stream);
+    }
 }
 
 void vgpu_throttle_stream_gone(int dev, uintptr_t stream)

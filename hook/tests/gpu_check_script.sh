@@ -18,12 +18,17 @@ real_python=$(command -v python3)
 export LD_LIBRARY_PATH="$here/build/fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 printf '#!/bin/sh\necho "GPU 0: stand-in"\n' >"$tmp/bin/nvidia-smi"
 # python3: share.py NAME SECONDS BASE and burst.py MODE print what $CANNED says for NAME or MODE
-# ("NAME RATE" lines; burst-limited also "held SECONDS"); `-c` (the import checks) succeeds.
+# ("NAME RATE" lines; burst-limited also "held SECONDS"); drains.py FRAMEWORK its canned
+# stderr (and exits 1 where CANNED says "crash FRAMEWORK").
 cat >"$tmp/bin/python3" <<'EOF'
 #!/bin/bash
 rate() { awk -v n="$1" '$1 == n { print $2 }' "$CANNED"; }
 case "$1" in
--c) exit 0 ;;
+-c) # "import NAME" fails where CANNED says "missing NAME"; every other check succeeds
+    ! grep -qxF "missing ${2#import }" "$CANNED" ;;
+*drains.py) # what libvgpu and drains.py wrote to stderr: CANNED's "stderr-FRAMEWORK LINE"s
+    sed -n "s/^stderr-$2 //p" "$CANNED" >&2
+    ! grep -qxF "crash $2" "$CANNED" ;;
 *share.py)
     r=$(rate "$2")
     [ -n "$r" ] || { echo "Traceback: $2 has no canned rate" >&2; exit 1; } # as a crash would
@@ -226,6 +231,42 @@ check "a limit of 50 that gave 65 % fails section 12" 1 \
 check "a large kernel holding the next back 2 s fails section 12" 1 \
     "FAIL after a light load, a large kernel holds the next one back 2.5 s" \
     "$(sed -e 's/^held .*/held 2.5/' <<<"$h200")" 12
+# Section 14's reading of a framework's stderr: invented lines (no GPU has run it yet) in the
+# forms drains.py and libvgpu write. A way that must drain and logged no drain fails, one that
+# must not and logged one fails, a way that raised fails whatever it logged, a framework that is
+# not installed is said so and skipped, one whose script died fails.
+drained='[vgpu DEBUG pid 7] device 0: drained by a wait for the context: nothing is prepaid until the next launch'
+sections14="stderr-torch way torch.cuda.synchronize drains: begin
+stderr-torch [vgpu DEBUG pid 7] device 0: utilisation 3.0% (limit 20%)
+stderr-torch $drained
+stderr-torch way torch.cuda.synchronize: end
+stderr-torch way torch-side-stream none: begin
+stderr-torch way torch-side-stream: end
+stderr-torch way torch-backward report: begin
+stderr-torch way torch-backward: end
+stderr-cupy way cupy-asnumpy drains: begin
+stderr-cupy $drained
+stderr-cupy $drained
+stderr-cupy way cupy-asnumpy: end
+missing jax"
+check "section 14: waits that drained where they must, and not where they must not, pass" 0 \
+    "PASS torch: its ways ran (exit 0)
+PASS torch.cuda.synchronize: the wait drained (1 drain lines)
+PASS torch-side-stream: the wait did not drain (0 drain lines)
+torch-backward: 0 drain lines, printed only
+PASS cupy-asnumpy: the wait drained (2 drain lines)
+jax: not installed here; its ways not run" "$sections14" 14
+check "section 14: a wait that did not drain where it must, or drained where it must not, fails" 1 \
+    "FAIL torch.cuda.synchronize: the wait drained (0 drain lines)
+FAIL torch-side-stream: the wait did not drain (1 drain lines)
+PASS cupy-asnumpy: the wait drained (2 drain lines)" \
+    "$(sed -e '3d' -e "5a stderr-torch $drained" <<<"$sections14")" 14
+check "section 14: a way that raised fails, and a framework whose script died fails" 1 \
+    "FAIL torch-side-stream: the wait did not drain (0 drain lines; error RuntimeError: CUDA error)
+FAIL cupy: its ways ran (exit 1)" \
+    "$(sed -e '5a stderr-torch way torch-side-stream: error RuntimeError: CUDA error' \
+        <<<"$sections14"; echo "crash cupy")" 14
+
 # gpu-session.sh, the wrapper for a lent machine: each section under its own limit, its output
 # and a failed section's folder where such a machine returns them, a section past the deadline
 # skipped and said so.

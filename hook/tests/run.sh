@@ -427,7 +427,8 @@ run throttle-nosampler CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 n
 # such a record), refused a record,
 # recorded in a capture, or destroyed and its handle made anew, another thread waited, it was
 # recorded in a context libvgpu did not see made, or the process made or opened an
-# interprocess event.
+# interprocess event. Each case's debug log says "drained" exactly where it drains (the line
+# gpu-check.sh section 14 counts under PyTorch, CuPy and JAX).
 # NVML silent: the fake's sample periods start at multiples of their length in CLOCK_MONOTONIC,
 # so a period of an hour ended inside a case once an hour of uptime (CI, 2026-11-30:
 # `-default-streams` measured, 0.052 s prepaid); 10^12 ms is longer than any uptime.
@@ -452,8 +453,8 @@ for case in alone context green during bursts stream legacy legacy-ptsz per-thre
     devices=1
     case "$case" in *second-device) devices=2 ;; esac
     run "throttle-drain-$case" CUDA_DEVICE_SM_LIMIT=50 FAKE_GPU_SHARED="$tmp/drain-$case.shm" \
-        FAKE_CUDA_DEVICES=$devices FAKE_NVML_SAMPLE_MS=$silent_ms "$build/tests/test_throttle" 50 \
-        drain "$case"
+        FAKE_CUDA_DEVICES=$devices FAKE_NVML_SAMPLE_MS=$silent_ms LIBCUDA_LOG_LEVEL=4 \
+        "$build/tests/test_throttle" 50 drain "$case"
 done
 # A light load, then large kernels: a debt in blocks the measured GPU time does not back; also
 # where NVML has no per-process samples (the whole GPU's utilisation stands for the container's).
