@@ -82,6 +82,7 @@ static const struct vgpu_hook hooks[] = {
     HOOK(cuGreenCtxCreate, "cuGreenCtxCreate", 12040, 0),
     HOOK(cuGreenCtxDestroy, "cuGreenCtxDestroy", 12040, 0),
     HOOK(cuCtxSynchronize, "cuCtxSynchronize", 2000, 0),
+    HOOK(cuCtxSynchronize_v2, "cuCtxSynchronize_v2", 13000, 0),
     HOOK(cuCtxSetCurrent, "cuCtxSetCurrent", 4000, 0),
     HOOK(cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000, 0),
     HOOK(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, 0),

@@ -69,12 +69,12 @@ int vgpu_primary_context_current(int dev)
            current == __atomic_load_n(&primary_of[dev], __ATOMIC_ACQUIRE);
 }
 
-static int known_primary(CUcontext ctx)
+int vgpu_primary_device_of(CUcontext ctx)
 {
-    for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++)
+    for (int dev = 0; ctx != NULL && dev < VGPU_REGION_MAX_DEVICES; dev++)
         if (ctx == __atomic_load_n(&primary_of[dev], __ATOMIC_ACQUIRE))
-            return 1;
-    return 0;
+            return dev;
+    return -1;
 }
 
 /* Before the calling thread's current context changes (cuCtxSetCurrent, a push or a pop): a
@@ -90,7 +90,7 @@ static void leaving_current(void)
     CUdevice dev;
     if (vgpu_throttle_enabled && real.cuCtxGetCurrent != NULL && real.cuCtxGetDevice != NULL &&
         real.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != NULL &&
-        !known_primary(current) && real.cuCtxGetDevice(&dev) == CUDA_SUCCESS)
+        vgpu_primary_device_of(current) < 0 && real.cuCtxGetDevice(&dev) == CUDA_SUCCESS)
         vgpu_throttle_context_made((int)dev);
 }
 

@@ -18,6 +18,7 @@
 
 #undef cuGetProcAddress /* cuda.h renames it to _v2; the v1 ABI is a separate export */
 #include "cuda_v1.h" /* the legacy v1 exports (CUDA 2.x ABI), wrapped here too */
+#include "cuda_13.h" /* CUDA 13.0's, where cuda.h is older */
 
 #define VGPU_EXPORT __attribute__((visibility("default")))
 
@@ -90,6 +91,7 @@ struct vgpu_cuda_real {
     CUresult (*cuGreenCtxDestroy)(CUgreenCtx);
     CUresult (*cuCtxFromGreenCtx)(CUcontext *, CUgreenCtx);
     CUresult (*cuCtxSynchronize)(void);
+    CUresult (*cuCtxSynchronize_v2)(CUcontext);
     CUresult (*cuStreamSynchronize)(CUstream);
     CUresult (*cuStreamSynchronize_ptsz)(CUstream);
     CUresult (*cuStreamQuery)(CUstream);
@@ -218,6 +220,8 @@ VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgrap
 /* Whether the calling thread's current context is dev's primary one, as its retains through
  * the library answered (cuda_context.c). */
 int vgpu_primary_context_current(int dev);
+/* The device whose primary context ctx is, as above; -1 for any other context and for NULL. */
+int vgpu_primary_device_of(CUcontext ctx);
 
 /* What a stream-ordered pool caches now (cuda_memory.c; vgpu_footprint_init's cache_of). */
 uint64_t vgpu_cuda_pool_cache(uintptr_t pool);

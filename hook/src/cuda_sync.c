@@ -22,22 +22,53 @@ static int covers(int dev, uintptr_t stream, int of_current_context)
            (!of_current_context || vgpu_primary_context_current(dev));
 }
 
-VGPU_EXPORT CUresult cuCtxSynchronize(void)
+/* After a synchronisation of the current context answered rc: the current context's device
+ * only. A launch is charged to its stream's device (launch_device_on), so it ran in a context
+ * there, the primary one where the process made no other (vgpu_throttle_synced); another
+ * device's work may run on. (Where the driver cannot name a stream's device the launch is
+ * charged to the current context's, though it runs elsewhere: a green context's stream on a
+ * driver before CUDA 12.5, whose device the green context already keeps from draining.) */
+static CUresult current_context_synced(CUresult rc)
 {
-    if (!ready() || real.cuCtxSynchronize == NULL)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real.cuCtxSynchronize();
-    /* The current context's device only: a launch is charged to its stream's device
-     * (launch_device_on), so it ran in a context there, the primary one where the process made
-     * no other (vgpu_throttle_synced); another device's work may run on. (Where the driver
-     * cannot name a stream's device the launch is charged to the current context's, though it
-     * runs elsewhere: a green context's stream on a driver before CUDA 12.5, whose device the
-     * green context already keeps from draining.) */
     if (vgpu_throttle_enabled && rc == CUDA_SUCCESS) {
         int dev = launch_device_on(NULL);
         if (covers(dev, VGPU_ALL_STREAMS, 1))
             vgpu_throttle_synced(dev, VGPU_ALL_STREAMS);
     }
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuCtxSynchronize(void)
+{
+    if (!ready() || real.cuCtxSynchronize == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return current_context_synced(real.cuCtxSynchronize());
+}
+
+/* Whether the calling thread has no current context or a primary one the library knows: any
+ * other (one it did not see made, above all) may have had work launched in it, charged to its
+ * device, which a named primary context's synchronisation does not cover. */
+static int no_unknown_current(void)
+{
+    CUcontext current = NULL;
+    return real.cuCtxGetCurrent != NULL && real.cuCtxGetCurrent(&current) == CUDA_SUCCESS &&
+           (current == NULL || vgpu_primary_device_of(current) >= 0);
+}
+
+/* CUDA 13.0's synchronisation of a named context, NULL naming the current one (cuda_13.h): a
+ * named one covers the process's work where it is a device's primary context, on that device,
+ * while no context but a known primary one is current; no other context's does, as above. */
+VGPU_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    if (!ready() || real.cuCtxSynchronize_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuCtxSynchronize_v2(ctx);
+    if (ctx == NULL)
+        return current_context_synced(rc);
+    int dev = vgpu_primary_device_of(ctx);
+    if (vgpu_throttle_enabled && rc == CUDA_SUCCESS && covers(dev, VGPU_ALL_STREAMS, 0) &&
+        no_unknown_current())
+        vgpu_throttle_synced(dev, VGPU_ALL_STREAMS);
     return rc;
 }
 

@@ -97,6 +97,8 @@ static const struct query {
     {"cuGreenCtxCreate", 12040, 0, "cuGreenCtxCreate"},
     {"cuGreenCtxDestroy", 12040, 0, "cuGreenCtxDestroy"},
     {"cuCtxSynchronize", 2000, 0, "cuCtxSynchronize"},
+    {"cuCtxSynchronize", 13000, 0, "cuCtxSynchronize"}, /* the fake's answer at 13.0 */
+    {"cuCtxSynchronize_v2", 13000, 0, "cuCtxSynchronize_v2"},
     {"cuCtxSetCurrent", 4000, 0, "cuCtxSetCurrent"},
     {"cuCtxPushCurrent", 4000, 0, "cuCtxPushCurrent_v2"},
     {"cuCtxPopCurrent", 4000, 0, "cuCtxPopCurrent_v2"},

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "cuda_13.h" /* cuCtxSynchronize_v2, called by name */
 #include "fake_state.h"
 #include "region_view.h"
 
@@ -624,7 +625,11 @@ enum { NULL_STREAM, LEGACY, PER_THREAD, STREAM_A, STREAM_B, NO_STREAM };
  * or a copy to the host from the primary context's memory; the kernel launched in such a context,
  * pushed over the primary one the same unseen way, then the primary one made current again
  * (cuCtxSetCurrent, cuCtxPushCurrent or cuCtxPopCurrent, each of those two through CUDA 4.0's
- * export or 2.0's) and synchronised; the kernel launched by
+ * export or 2.0's) and synchronised, or the primary one synchronised by name (CUDA 13.0's
+ * cuCtxSynchronize_v2) with the unseen one still current; CUDA 13.0's cuCtxSynchronize_v2 of
+ * the case's (primary) context named, of the current one (NULL), of the case's named with the
+ * other GPU's primary context current or with none current, of the other GPU's named, or of a
+ * context libvgpu did not see made, named, the case's current again; the kernel launched by
  * a thread that then exits, the wait made by a thread made after it (glibc may give it the dead
  * thread's stack and TLS); a synchronous copy (each of 64 bytes, through the _ptds export where
  * wait_ptsz): to the host with cuMemcpyDtoH_v2, CUDA 2.0's cuMemcpyDtoH or the unified space's
@@ -673,12 +678,19 @@ enum wait_how {
     UNSEEN_CONTEXT,
     UNSEEN_CONTEXT_STREAM,
     UNSEEN_CONTEXT_COPY,
-    UNSEEN_LEFT, /* ... to UNSEEN_POPPED_V1: the kernel in a context pushed over (unseen_on_top) */
+    UNSEEN_LEFT, /* ... to UNSEEN_SYNC_V2: the kernel in a context pushed over (unseen_on_top) */
     UNSEEN_PUSHED_OVER,
     UNSEEN_POPPED,
     UNSEEN_PUSHED_OVER_V1,
     UNSEEN_POPPED_V1,
+    UNSEEN_SYNC_V2,
     DEAD_THREAD,
+    CONTEXT_SYNC_V2,
+    CONTEXT_SYNC_V2_CURRENT,
+    CONTEXT_SYNC_V2_NAMED,
+    CONTEXT_SYNC_V2_ELSEWHERE,
+    CONTEXT_SYNC_V2_NO_CURRENT,
+    CONTEXT_SYNC_V2_UNSEEN_NAMED,
     EVENT_SYNC, /* the event cases (event_case), from here to the end */
     EVENT_QUERY,
     EVENT_QUERY_ONCE,
@@ -744,6 +756,18 @@ static const struct stream_case {
      UNSEEN_PUSHED_OVER_V1, 0},
     {"unseen-context-popped-v1", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, UNSEEN_POPPED_V1,
      0},
+    {"unseen-context-sync-v2", 0, NULL_STREAM, 0, NO_STREAM, NULL_STREAM, 0, UNSEEN_SYNC_V2, 0},
+    {"context-sync-v2", 0, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0, CONTEXT_SYNC_V2, 1},
+    {"context-sync-v2-current", 0, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
+     CONTEXT_SYNC_V2_CURRENT, 1},
+    {"context-sync-v2-named-second-device", 1, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
+     CONTEXT_SYNC_V2_NAMED, 1},
+    {"context-sync-v2-elsewhere-second-device", 1, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
+     CONTEXT_SYNC_V2_ELSEWHERE, 0},
+    {"context-sync-v2-no-current", 0, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
+     CONTEXT_SYNC_V2_NO_CURRENT, 1},
+    {"context-sync-v2-unseen-named", 0, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
+     CONTEXT_SYNC_V2_UNSEEN_NAMED, 0},
     {"context-elsewhere-second-device", 1, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
      CONTEXT_SYNC_ELSEWHERE, 0},
     {"context-sync-first-second-device", 1, STREAM_A, 0, STREAM_B, STREAM_A, 0,
@@ -1153,6 +1177,34 @@ static int wait_on_stream(const struct stream_case *c, CUstream streams[])
         sleep_s(0.1);
         use_device(1 - c->device);
         return check(cuCtxSynchronize() == 0, "the other GPU's context synchronised");
+    case UNSEEN_SYNC_V2:
+        return check(cuCtxSynchronize_v2(case_context) == 0,
+                     "the primary context synchronised by name, the unseen one current");
+    case CONTEXT_SYNC_V2:
+    case CONTEXT_SYNC_V2_CURRENT:
+        return check(cuCtxSynchronize_v2(c->how == CONTEXT_SYNC_V2 ? case_context : NULL) == 0,
+                     "the context synchronised (cuCtxSynchronize_v2)");
+    case CONTEXT_SYNC_V2_NAMED:
+        use_device(1 - c->device);
+        return check(cuCtxSynchronize_v2(case_context) == 0,
+                     "the case's context synchronised by name, the other GPU's current");
+    case CONTEXT_SYNC_V2_ELSEWHERE: { /* returns at once: as QUERY_ONCE */
+        CUcontext other = NULL;
+        sleep_s(0.1);
+        return check(cuDevicePrimaryCtxRetain(&other, 1 - c->device) == 0 &&
+                         cuCtxSynchronize_v2(other) == 0,
+                     "the other GPU's primary context synchronised by name");
+    }
+    case CONTEXT_SYNC_V2_NO_CURRENT:
+        return check(cuCtxSetCurrent(NULL) == 0 && cuCtxSynchronize_v2(case_context) == 0,
+                     "the case's context synchronised by name, none current");
+    case CONTEXT_SYNC_V2_UNSEEN_NAMED: { /* the fake waits for the whole device's work */
+        CUresult (*set)(CUcontext) = (CUresult(*)(CUcontext))fake_cuda_entry("cuCtxSetCurrent");
+        CUcontext unseen = NULL;
+        return check(set != NULL && make_unseen(c, &unseen) && set(case_context) == 0 &&
+                         cuCtxSynchronize_v2(unseen) == 0,
+                     "a context libvgpu did not see made synchronised by name");
+    }
     }
     return 0;
 }
@@ -1197,7 +1249,7 @@ static int stream_case(const struct stream_case *c)
                    cuStreamCreate(&streams[STREAM_B], 0) == 0,
                "two streams made, the _ptsz and CUDA 2.0 exports found"))
         return 0;
-    if (c->how >= UNSEEN_LEFT && c->how <= UNSEEN_POPPED_V1 && !unseen_on_top(c))
+    if (c->how >= UNSEEN_LEFT && c->how <= UNSEEN_SYNC_V2 && !unseen_on_top(c))
         return 0;
     int fine = c->how == DEAD_THREAD          ? on_a_thread(launch_and_exit, (void *)c)
                : c->how == LAUNCHED_ELSEWHERE ? launch_elsewhere(c, streams[c->launch])

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cuda_13.h"
 #include "cuda_v1.h"
 #include "fake_gpu.h"
 #include "fake_state.h"
@@ -969,6 +970,23 @@ static CUresult wait_idle(void)
 }
 
 EXPORT CUresult cuCtxSynchronize(void) { return wait_idle(); }
+
+/* CUDA 13.0 (cuda_13.h): the named context's device, as above; NULL names the current one. */
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    struct fake_ctx *c = (struct fake_ctx *)ctx;
+    if (c == NULL)
+        return wait_idle();
+    if (!initialised)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int is_primary = c >= primary && c < primary + MAX_DEVICES;
+    if (!is_primary && c->magic != CTX_MAGIC && c->magic != GREEN_MAGIC)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (is_primary && __atomic_load_n(&primary_gone[c - primary], __ATOMIC_ACQUIRE))
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    sync_device(c->dev);
+    return CUDA_SUCCESS;
+}
 
 static CUresult stream_ctx(CUstream stream, struct fake_ctx **ctx);
 
@@ -3290,6 +3308,7 @@ static const struct proc procs[] = {
     P("cuCtxGetCurrent", cuCtxGetCurrent, 4000, 0),
     P("cuCtxGetDevice", cuCtxGetDevice, 2000, 0),
     P("cuCtxSynchronize", cuCtxSynchronize, 2000, 0),
+    P("cuCtxSynchronize_v2", cuCtxSynchronize_v2, 13000, 0),
     P("cuStreamSynchronize", cuStreamSynchronize, 2000, 0),
     P("cuStreamSynchronize", cuStreamSynchronize_ptsz, 7000, 1),
     P("cuStreamQuery", cuStreamQuery, 2000, 0),
