@@ -8,10 +8,14 @@
 #include <cuda.h>
 
 #if CUDA_VERSION < 13000
-/* Blocks until the named context's work is done; NULL names the current context. A symbol of
- * its own (cuda-python asks cuGetProcAddress for it by this name; the fake answers
- * cuCtxSynchronize at 13.0 with CUDA 2.0's export, a real driver not seen). */
+/* Blocks until the named context's work is done; NULL names the current context. From 13.0
+ * cuGetProcAddress answers the name cuCtxSynchronize with it (CUDA 13's cudaTypedefs.h:
+ * PFN_cuCtxSynchronize_v13000 takes the context), so a runtime built for 13.0 may call it for
+ * cudaDeviceSynchronize. */
 CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx);
+/* The named context's device (NULL: the current one's); cuCtxGetDevice's ABI from 13.0 as above
+ * (PFN_cuCtxGetDevice_v13000). Not wrapped: the fake exports it. */
+CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx);
 #endif
 
 #endif

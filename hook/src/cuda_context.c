@@ -77,14 +77,15 @@ int vgpu_primary_device_of(CUcontext ctx)
     return -1;
 }
 
-/* Before the calling thread's current context changes (cuCtxSetCurrent, a push or a pop): a
- * context other than a primary one the library knows may have had work launched in it, which
- * the limiter charged to its device as if to the primary one there (launch_device_on); once the
- * primary is current again its synchronisation would not cover that work. So its device drains
- * no more (vgpu_throttle_context_made), as where the library saw such a context made: this
- * catches one made through an export the library does not know. (A context made current the
- * same unknown way, and left by a call the library does not see, is not caught.) */
-static void leaving_current(void)
+/* Before the calling thread's current context changes (cuCtxSetCurrent, a push or a pop), and
+ * when a stream is made (cuda_sync.c): a context other than a primary one the library knows
+ * may have had work launched in it (or on its stream, by any thread, later), which the limiter
+ * charged to its device as if to the primary one there (launch_device_on); with the primary
+ * current its synchronisation would not cover that work. So its device drains no more
+ * (vgpu_throttle_context_made), as where the library saw such a context made: this catches
+ * one made through an export the library does not know. (A context made current the same
+ * unknown way, and left by a call the library does not see, is not caught.) */
+void vgpu_other_context_current(void)
 {
     CUcontext current = NULL;
     CUdevice dev;
@@ -98,7 +99,7 @@ VGPU_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {
     if (!ready() || real.cuCtxSetCurrent == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    leaving_current();
+    vgpu_other_context_current();
     return real.cuCtxSetCurrent(ctx);
 }
 
@@ -107,7 +108,7 @@ static CUresult push(CUresult (*const *push)(CUcontext), CUcontext ctx)
 {
     if (!ready() || *push == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    leaving_current();
+    vgpu_other_context_current();
     return (*push)(ctx);
 }
 
@@ -116,7 +117,7 @@ static CUresult pop(CUresult (*const *pop)(CUcontext *), CUcontext *ctx)
 {
     if (!ready() || *pop == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    leaving_current();
+    vgpu_other_context_current();
     return (*pop)(ctx);
 }
 

@@ -96,6 +96,8 @@ struct vgpu_cuda_real {
     CUresult (*cuStreamSynchronize_ptsz)(CUstream);
     CUresult (*cuStreamQuery)(CUstream);
     CUresult (*cuStreamQuery_ptsz)(CUstream);
+    CUresult (*cuStreamCreate)(CUstream *, unsigned int);
+    CUresult (*cuStreamCreateWithPriority)(CUstream *, unsigned int, int);
     CUresult (*cuStreamDestroy)(CUstream);
     CUresult (*cuStreamDestroy_v2)(CUstream);
     CUresult (*cuCtxPushCurrent)(CUcontext); /* CUDA 2.0's, cuda_v1.h */
@@ -222,6 +224,9 @@ VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgrap
 int vgpu_primary_context_current(int dev);
 /* The device whose primary context ctx is, as above; -1 for any other context and for NULL. */
 int vgpu_primary_device_of(CUcontext ctx);
+/* Where the calling thread's current context is none of the primary ones known, its device
+ * drains no more (cuda_context.c). */
+void vgpu_other_context_current(void);
 
 /* What a stream-ordered pool caches now (cuda_memory.c; vgpu_footprint_init's cache_of). */
 uint64_t vgpu_cuda_pool_cache(uintptr_t pool);

@@ -209,6 +209,32 @@ VGPU_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t byte
     return unified_copy(&real.cuMemcpy_ptds, dst, src, bytes, 1);
 }
 
+/* A stream belongs to the context current at its making, and any thread may launch on it
+ * later, whatever context is current then: made in a context other than a primary one the
+ * library knows, its work may run where the primary context's synchronisation does not wait
+ * (vgpu_other_context_current). */
+static CUresult stream_made(CUresult rc)
+{
+    if (rc == CUDA_SUCCESS)
+        vgpu_other_context_current();
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
+{
+    if (!ready() || real.cuStreamCreate == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return stream_made(real.cuStreamCreate(stream, flags));
+}
+
+VGPU_EXPORT CUresult cuStreamCreateWithPriority(CUstream *stream, unsigned int flags,
+                                                int priority)
+{
+    if (!ready() || real.cuStreamCreateWithPriority == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return stream_made(real.cuStreamCreateWithPriority(stream, flags, priority));
+}
+
 /* The limiter is told before the driver lets the handle go (after it, its device cannot be
  * asked). */
 static CUresult destroy_stream(CUresult (*const *destroy)(CUstream), CUstream stream)

@@ -417,7 +417,9 @@ run throttle-nosampler CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 n
 # current, nor after work launched in one and the primary made current again (cuCtxSetCurrent,
 # cuCtxPushCurrent, cuCtxPopCurrent, CUDA 2.0's too). CUDA 13.0's cuCtxSynchronize_v2 drains
 # the primary context it names (or the current one, NULL) while a known primary one or none is
-# current, not the other GPU's named, nor a context libvgpu did not see made, named or current. A synchronous copy to the host drains its default stream where
+# current, not the other GPU's named, nor a context libvgpu did not see made, named or current.
+# Nor does a cuCtxSynchronize where the kernel ran on a stream made (cuStreamCreate, or with a
+# priority) while a context libvgpu did not see made was current, the primary current again. A synchronous copy to the host drains its default stream where
 # every kernel ran there (each export, cuMemcpy's too; on the second of two GPUs), not where one ran
 # on another, the copy was refused, went within the device, from the host or within it, copied
 # nothing, or came from managed memory, another GPU's, or memory the driver could not name.
@@ -444,8 +446,8 @@ for case in alone context green during bursts stream legacy legacy-ptsz per-thre
     unseen-context-copy unseen-context-left unseen-context-pushed-over unseen-context-popped \
     unseen-context-pushed-over-v1 unseen-context-popped-v1 unseen-context-sync-v2 \
     context-sync-v2 context-sync-v2-current context-sync-v2-named-second-device \
-    context-sync-v2-elsewhere-second-device context-sync-v2-no-current \
-    context-sync-v2-unseen-named \
+    context-sync-v2-elsewhere-second-device context-sync-v2-no-current context-sync-v2-proc-address \
+    context-sync-v2-unseen-named unseen-context-stream-made unseen-context-stream-made-priority \
     copy copy-v1 copy-ptds copy-second-device copy-other-stream copy-default-streams \
     copy-refused copy-unified copy-unified-ptds copy-pinned copy-within-device copy-from-host \
     copy-within-host copy-empty copy-managed copy-from-second-device copy-unnamed event \

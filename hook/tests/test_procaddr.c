@@ -97,9 +97,12 @@ static const struct query {
     {"cuGreenCtxCreate", 12040, 0, "cuGreenCtxCreate"},
     {"cuGreenCtxDestroy", 12040, 0, "cuGreenCtxDestroy"},
     {"cuCtxSynchronize", 2000, 0, "cuCtxSynchronize"},
-    {"cuCtxSynchronize", 13000, 0, "cuCtxSynchronize"}, /* the fake's answer at 13.0 */
+    {"cuCtxSynchronize", 12000, 0, "cuCtxSynchronize"},
+    {"cuCtxSynchronize", 13000, 0, "cuCtxSynchronize_v2"}, /* PFN_cuCtxSynchronize_v13000 */
     {"cuCtxSynchronize_v2", 13000, 0, "cuCtxSynchronize_v2"},
     {"cuCtxSetCurrent", 4000, 0, "cuCtxSetCurrent"},
+    {"cuStreamCreate", 2000, 0, "cuStreamCreate"},
+    {"cuStreamCreateWithPriority", 5050, 0, "cuStreamCreateWithPriority"},
     {"cuCtxPushCurrent", 4000, 0, "cuCtxPushCurrent_v2"},
     {"cuCtxPopCurrent", 4000, 0, "cuCtxPopCurrent_v2"},
     {"cuCtxPushCurrent", 2000, 0, "cuCtxPushCurrent"},
@@ -164,7 +167,7 @@ static void pass_through(gpa_v2_fn gpa)
     check(gpa("cuMemAdvise", &fn, 12020, 0, &status) == CUDA_SUCCESS &&
           fn == fake_cuda_entry("cuMemAdvise_v2"), "cuMemAdvise at 12.2: the driver's v2 ABI");
     check(gpa("cuCtxGetDevice", &fn, 13000, 0, &status) == CUDA_SUCCESS &&
-          fn == fake_cuda_entry("cuCtxGetDevice"), "unhooked functions come from the driver");
+          fn == fake_cuda_entry("cuCtxGetDevice_v2"), "unhooked functions come from the driver");
     check(gpa("cuNoSuchFunction", &fn, 13000, 0, &status) == CUDA_ERROR_NOT_FOUND && fn == NULL &&
           status == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, "unknown names: the driver's answer");
     check(gpa("cuMemAllocManaged", &fn, 5000, 0, &status) == CUDA_ERROR_NOT_FOUND && fn == NULL &&

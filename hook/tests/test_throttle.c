@@ -628,8 +628,11 @@ enum { NULL_STREAM, LEGACY, PER_THREAD, STREAM_A, STREAM_B, NO_STREAM };
  * export or 2.0's) and synchronised, or the primary one synchronised by name (CUDA 13.0's
  * cuCtxSynchronize_v2) with the unseen one still current; CUDA 13.0's cuCtxSynchronize_v2 of
  * the case's (primary) context named, of the current one (NULL), of the case's named with the
- * other GPU's primary context current or with none current, of the other GPU's named, or of a
- * context libvgpu did not see made, named, the case's current again; the kernel launched by
+ * other GPU's primary context current or with none current, of the current one through the
+ * pointer cuGetProcAddress gives for cuCtxSynchronize at 13.0, of the other GPU's named, or of a
+ * context libvgpu did not see made, named, the case's current again; the kernel launched on a
+ * stream made (cuStreamCreate, cuStreamCreateWithPriority) in a context libvgpu did not see
+ * made, the case's context current again unseen, then cuCtxSynchronize; the kernel launched by
  * a thread that then exits, the wait made by a thread made after it (glibc may give it the dead
  * thread's stack and TLS); a synchronous copy (each of 64 bytes, through the _ptds export where
  * wait_ptsz): to the host with cuMemcpyDtoH_v2, CUDA 2.0's cuMemcpyDtoH or the unified space's
@@ -690,7 +693,10 @@ enum wait_how {
     CONTEXT_SYNC_V2_NAMED,
     CONTEXT_SYNC_V2_ELSEWHERE,
     CONTEXT_SYNC_V2_NO_CURRENT,
+    CONTEXT_SYNC_V2_PROC,
     CONTEXT_SYNC_V2_UNSEEN_NAMED,
+    UNSEEN_STREAM_MADE,
+    UNSEEN_STREAM_MADE_PRIORITY,
     EVENT_SYNC, /* the event cases (event_case), from here to the end */
     EVENT_QUERY,
     EVENT_QUERY_ONCE,
@@ -766,8 +772,14 @@ static const struct stream_case {
      CONTEXT_SYNC_V2_ELSEWHERE, 0},
     {"context-sync-v2-no-current", 0, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
      CONTEXT_SYNC_V2_NO_CURRENT, 1},
+    {"context-sync-v2-proc-address", 0, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
+     CONTEXT_SYNC_V2_PROC, 1},
     {"context-sync-v2-unseen-named", 0, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
      CONTEXT_SYNC_V2_UNSEEN_NAMED, 0},
+    {"unseen-context-stream-made", 0, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0, UNSEEN_STREAM_MADE,
+     0},
+    {"unseen-context-stream-made-priority", 0, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
+     UNSEEN_STREAM_MADE_PRIORITY, 0},
     {"context-elsewhere-second-device", 1, STREAM_A, 0, NO_STREAM, NULL_STREAM, 0,
      CONTEXT_SYNC_ELSEWHERE, 0},
     {"context-sync-first-second-device", 1, STREAM_A, 0, STREAM_B, STREAM_A, 0,
@@ -987,13 +999,24 @@ static void wait_meanwhile(void)
     meanwhile_rc = cuEventSynchronize(meanwhile_event);
 }
 
-/* A stream of a context libvgpu does not see made, the case's context current again through
- * the fake's own export (libvgpu sees no context left either); 1 if made. */
-static int unseen_stream(const struct stream_case *c, CUstream *stream)
+/* How unseen_stream makes its stream: through the fake's own export (libvgpu does not see it
+ * made either), cuStreamCreate or cuStreamCreateWithPriority. */
+enum stream_maker { FAKE_STREAM, STREAM_CREATE, STREAM_CREATE_PRIORITY };
+
+/* A stream of a context libvgpu does not see made, made as `maker` says, the case's context
+ * current again through the fake's own export (libvgpu sees no context left either); 1 if
+ * made. */
+static int unseen_stream(const struct stream_case *c, CUstream *stream, enum stream_maker maker)
 {
     CUresult (*set)(CUcontext) = (CUresult(*)(CUcontext))fake_cuda_entry("cuCtxSetCurrent");
+    CUresult (*create)(CUstream *, unsigned) =
+        (CUresult(*)(CUstream *, unsigned))fake_cuda_entry("cuStreamCreate");
     CUcontext unseen = NULL;
-    return set != NULL && make_unseen(c, &unseen) && cuStreamCreate(stream, 0) == CUDA_SUCCESS &&
+    CUresult made = !make_unseen(c, &unseen)             ? CUDA_ERROR_UNKNOWN
+                    : maker == FAKE_STREAM             ? create(stream, 0)
+                    : maker == STREAM_CREATE           ? cuStreamCreate(stream, 0)
+                                                       : cuStreamCreateWithPriority(stream, 0, -1);
+    return set != NULL && create != NULL && made == CUDA_SUCCESS &&
            set(case_context) == CUDA_SUCCESS;
 }
 
@@ -1025,7 +1048,7 @@ static int event_case(const struct stream_case *c, CUstream streams[])
         !check(make_unseen(c, &unseen), "a context made current that libvgpu did not see made"))
         return 0;
     if (c->how == EVENT_REFUSED &&
-        !check(unseen_stream(c, &elsewhere), "a stream of another context"))
+        !check(unseen_stream(c, &elsewhere, FAKE_STREAM), "a stream of another context"))
         return 0;
     if (c->how == EVENT_IPC_OPENED &&
         !check(open_ipc_event(), "an interprocess event's handle opened"))
@@ -1141,6 +1164,8 @@ static int wait_on_stream(const struct stream_case *c, CUstream streams[])
                      "the context synchronised, a kernel on the first stream synchronised");
     case CONTEXT_SYNC:
     case LAUNCHED_ELSEWHERE:
+    case UNSEEN_STREAM_MADE:
+    case UNSEEN_STREAM_MADE_PRIORITY:
         return check(cuCtxSynchronize() == 0, "the context synchronised");
     case UNSEEN_CONTEXT:
     case UNSEEN_CONTEXT_STREAM:
@@ -1194,6 +1219,14 @@ static int wait_on_stream(const struct stream_case *c, CUstream streams[])
         return check(cuDevicePrimaryCtxRetain(&other, 1 - c->device) == 0 &&
                          cuCtxSynchronize_v2(other) == 0,
                      "the other GPU's primary context synchronised by name");
+    }
+    case CONTEXT_SYNC_V2_PROC: { /* as a runtime built for CUDA 13.0 finds it */
+        CUresult (*sync)(CUcontext) = NULL;
+        CUdriverProcAddressQueryResult status;
+        return check(cuGetProcAddress("cuCtxSynchronize", (void **)&sync, 13000, 0, &status) ==
+                             0 &&
+                         sync != NULL && sync(NULL) == 0,
+                     "the current context synchronised through cuCtxSynchronize at 13.0");
     }
     case CONTEXT_SYNC_V2_NO_CURRENT:
         return check(cuCtxSetCurrent(NULL) == 0 && cuCtxSynchronize_v2(case_context) == 0,
@@ -1250,6 +1283,12 @@ static int stream_case(const struct stream_case *c)
                "two streams made, the _ptsz and CUDA 2.0 exports found"))
         return 0;
     if (c->how >= UNSEEN_LEFT && c->how <= UNSEEN_SYNC_V2 && !unseen_on_top(c))
+        return 0;
+    if ((c->how == UNSEEN_STREAM_MADE || c->how == UNSEEN_STREAM_MADE_PRIORITY) &&
+        !check(unseen_stream(c, &streams[STREAM_A],
+                             c->how == UNSEEN_STREAM_MADE ? STREAM_CREATE
+                                                          : STREAM_CREATE_PRIORITY),
+               "the kernel's stream made in a context libvgpu did not see made, left unseen"))
         return 0;
     int fine = c->how == DEAD_THREAD          ? on_a_thread(launch_and_exit, (void *)c)
                : c->how == LAUNCHED_ELSEWHERE ? launch_elsewhere(c, streams[c->launch])

@@ -971,21 +971,39 @@ static CUresult wait_idle(void)
 
 EXPORT CUresult cuCtxSynchronize(void) { return wait_idle(); }
 
-/* CUDA 13.0 (cuda_13.h): the named context's device, as above; NULL names the current one. */
-EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+/* CUDA 13.0's exports naming a context (cuda_13.h): ctx, or the current one where NULL, in *c. */
+static CUresult named_context(CUcontext ctx, struct fake_ctx **c)
 {
-    struct fake_ctx *c = (struct fake_ctx *)ctx;
-    if (c == NULL)
-        return wait_idle();
+    *c = ctx != NULL ? (struct fake_ctx *)ctx : current;
+    if (ctx == NULL)
+        return need_ctx();
     if (!initialised)
         return CUDA_ERROR_NOT_INITIALIZED;
-    int is_primary = c >= primary && c < primary + MAX_DEVICES;
-    if (!is_primary && c->magic != CTX_MAGIC && c->magic != GREEN_MAGIC)
+    int is_primary = *c >= primary && *c < primary + MAX_DEVICES;
+    if (!is_primary && (*c)->magic != CTX_MAGIC && (*c)->magic != GREEN_MAGIC)
         return CUDA_ERROR_INVALID_CONTEXT;
-    if (is_primary && __atomic_load_n(&primary_gone[c - primary], __ATOMIC_ACQUIRE))
+    if (is_primary && __atomic_load_n(&primary_gone[*c - primary], __ATOMIC_ACQUIRE))
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-    sync_device(c->dev);
     return CUDA_SUCCESS;
+}
+
+/* The named context's device, as above. */
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    struct fake_ctx *c;
+    CUresult rc = named_context(ctx, &c);
+    if (rc == CUDA_SUCCESS)
+        sync_device(c->dev);
+    return rc;
+}
+
+EXPORT CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx)
+{
+    struct fake_ctx *c;
+    CUresult rc = named_context(ctx, &c);
+    if (rc == CUDA_SUCCESS)
+        *dev = c->dev;
+    return rc;
 }
 
 static CUresult stream_ctx(CUstream stream, struct fake_ctx **ctx);
@@ -1169,6 +1187,12 @@ EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
     *st = (struct fake_stream){.magic = STREAM_MAGIC, .ctx = current};
     *stream = (CUstream)(void *)st;
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamCreateWithPriority(CUstream *stream, unsigned int flags, int priority)
+{
+    (void)priority;
+    return cuStreamCreate(stream, flags);
 }
 
 EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
@@ -3308,7 +3332,12 @@ static const struct proc procs[] = {
     P("cuCtxGetCurrent", cuCtxGetCurrent, 4000, 0),
     P("cuCtxGetDevice", cuCtxGetDevice, 2000, 0),
     P("cuCtxSynchronize", cuCtxSynchronize, 2000, 0),
+    /* CUDA 13's cudaTypedefs.h names the _v2 ABIs PFN_cuCtxSynchronize_v13000 and
+     * PFN_cuCtxGetDevice_v13000: the base names answer them from 13.0; cuda-python also asks
+     * for "cuCtxSynchronize_v2" by that name (a real driver's answer to it not seen). */
+    P("cuCtxSynchronize", cuCtxSynchronize_v2, 13000, 0),
     P("cuCtxSynchronize_v2", cuCtxSynchronize_v2, 13000, 0),
+    P("cuCtxGetDevice", cuCtxGetDevice_v2, 13000, 0),
     P("cuStreamSynchronize", cuStreamSynchronize, 2000, 0),
     P("cuStreamSynchronize", cuStreamSynchronize_ptsz, 7000, 1),
     P("cuStreamQuery", cuStreamQuery, 2000, 0),
@@ -3325,6 +3354,7 @@ static const struct proc procs[] = {
     P("cuCtxPushCurrent", cuCtxPushCurrent, 2000, 0),
     P("cuCtxPopCurrent", cuCtxPopCurrent, 2000, 0),
     P("cuStreamCreate", cuStreamCreate, 2000, 0),
+    P("cuStreamCreateWithPriority", cuStreamCreateWithPriority, 5050, 0),
     P("cuEventCreate", cuEventCreate, 2000, 0),
     P("cuEventRecord", cuEventRecord, 2000, 0),
     P("cuEventRecord", cuEventRecord_ptsz, 7000, 1),
