@@ -34,8 +34,17 @@ ifneq ($(PROTOS),)
 		--grpc_python_out=deviceplugin $(PROTOS)
 endif
 
-tools: $(STAMP)
+# CUDA 13.0's headers, which the device plugin image builds libvgpu.so against
+# (deviceplugin/Dockerfile), for the hook's build-cuda13 test: the pinned wheel, apart from the
+# venv, whose 12.x cuda.h the hook's tests build against.
+CUDA13_H := .tools/cuda13/nvidia/cu13/include/cuda.h
+
+tools: $(STAMP) $(CUDA13_H)
 	$(PY) tests/support/k8s_tools.py
+
+$(CUDA13_H): $(STAMP) constraints.txt
+	rm -rf .tools/cuda13
+	$(VENV)/bin/pip install -q --no-deps --target .tools/cuda13 -c constraints.txt nvidia-cuda-runtime
 
 crds: venv
 	$(PY) -m vgpu_operator.crd --write

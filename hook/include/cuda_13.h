@@ -16,6 +16,13 @@ CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx);
 /* The named context's device (NULL: the current one's); cuCtxGetDevice's ABI from 13.0 as above
  * (PFN_cuCtxGetDevice_v13000). Not wrapped: the fake exports it. */
 CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx);
+#else
+/* What CUDA 13's cuda.h declares only for the driver's own build (its
+ * __CUDA_API_VERSION_INTERNAL list), where 12.x declared them: exports drivers keep for older
+ * programs, which libvgpu.so still wraps. */
+CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult CUDAAPI cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                                unsigned int flags, CUdevice dev);
 #endif
 
 #endif

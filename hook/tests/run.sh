@@ -373,6 +373,8 @@ fi
 run alloc-pairs sh "$(dirname "$0")/alloc_pairs.sh" "$build"
 # gpu-check.sh's own arithmetic (sections 6 and 12) over canned outputs of the H200 run.
 run gpu-check-script bash "$(dirname "$0")/gpu_check_script.sh"
+# libvgpu.so built as the device plugin image builds it, against CUDA 13.0's cuda.h.
+run build-cuda13 bash "$(dirname "$0")/build_cuda13.sh" "$lib"
 # A graph's allocation nodes take memory when it is launched or uploaded: counted then.
 run graph-memory CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/graph-memory.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_graph_memory"
