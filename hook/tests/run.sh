@@ -375,6 +375,11 @@ run alloc-pairs sh "$(dirname "$0")/alloc_pairs.sh" "$build"
 run gpu-check-script bash "$(dirname "$0")/gpu_check_script.sh"
 # libvgpu.so built as the device plugin image builds it, against CUDA 13.0's cuda.h.
 run build-cuda13 bash "$(dirname "$0")/build_cuda13.sh" "$lib"
+# Every ABI cuGetProcAddress may answer for a hooked name has a wrapper: the cudaTypedefs.h of
+# the headers built against (CUDA_INCLUDE, from the Makefile) and of CUDA 13.0 (make tools).
+run abi-coverage bash "$(dirname "$0")/abi_coverage.sh" \
+    "${CUDA_INCLUDE:-/usr/local/cuda/include}/cudaTypedefs.h" \
+    "$(dirname "$0")/../../.tools/cuda13/nvidia/cu13/include/cudaTypedefs.h"
 # A graph's allocation nodes take memory when it is launched or uploaded: counted then.
 run graph-memory CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/graph-memory.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_graph_memory"
