@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 PROTO_DIR := deviceplugin/vgpu_deviceplugin/api
 PROTOS := $(wildcard $(PROTO_DIR)/*.proto)
 
-.PHONY: all venv proto tools lint test test-python test-hook demo crds bench clean e2e-build e2e-up e2e-down krew
+.PHONY: all venv proto tools lint test test-python test-hook demo crds bench clean e2e-build e2e-up e2e-down krew cuda13
 
 all: test
 
@@ -39,10 +39,12 @@ endif
 # venv, whose 12.x cuda.h the hook's tests build against.
 CUDA13_H := .tools/cuda13/nvidia/cu13/include/cuda.h
 
-tools: $(STAMP) $(CUDA13_H)
+tools: $(STAMP)
 	$(PY) tests/support/k8s_tools.py
 
-$(CUDA13_H): $(STAMP) constraints.txt
+cuda13: $(CUDA13_H)
+
+$(CUDA13_H): constraints.txt | $(STAMP)
 	rm -rf .tools/cuda13
 	$(VENV)/bin/pip install -q --no-deps --target .tools/cuda13 -c constraints.txt nvidia-cuda-runtime
 
@@ -53,7 +55,7 @@ lint: venv
 	$(VENV)/bin/ruff check operator deviceplugin tests bench e2e
 	$(VENV)/bin/mypy
 
-test-hook: venv
+test-hook: venv cuda13
 	$(MAKE) -C hook test
 
 test-python: venv

@@ -14,7 +14,8 @@
  * cudaDeviceSynchronize. */
 CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx);
 /* The named context's device (NULL: the current one's); cuCtxGetDevice's ABI from 13.0 as above
- * (PFN_cuCtxGetDevice_v13000). Not wrapped: the fake exports it. */
+ * (PFN_cuCtxGetDevice_v13000). Declared for the fake, which exports it; a query the library
+ * does not wrap. */
 CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx);
 #else
 /* What CUDA 13's cuda.h declares only for the driver's own build (its

@@ -84,7 +84,8 @@ int vgpu_primary_device_of(CUcontext ctx)
  * current its synchronisation would not cover that work. So its device drains no more
  * (vgpu_throttle_context_made), as where the library saw such a context made: this catches
  * one made through an export the library does not know. (A context made current the same
- * unknown way, and left by a call the library does not see, is not caught.) */
+ * unknown way, and left by a call the library does not see, with no stream made in it
+ * meanwhile, is not caught.) */
 void vgpu_other_context_current(void)
 {
     CUcontext current = NULL;

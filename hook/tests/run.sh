@@ -373,10 +373,16 @@ fi
 run alloc-pairs sh "$(dirname "$0")/alloc_pairs.sh" "$build"
 # gpu-check.sh's own arithmetic (sections 6 and 12) over canned outputs of the H200 run.
 run gpu-check-script bash "$(dirname "$0")/gpu_check_script.sh"
-# libvgpu.so built as the device plugin image builds it, against CUDA 13.0's cuda.h.
-run build-cuda13 bash "$(dirname "$0")/build_cuda13.sh" "$lib"
-# Every ABI cuGetProcAddress may answer for a hooked name has a wrapper: the cudaTypedefs.h of
-# the headers built against (CUDA_INCLUDE, from the Makefile) and of CUDA 13.0 (make tools).
+# libvgpu.so built as the device plugin image builds it, against CUDA 13.0's cuda.h (the image's
+# build, not the sanitizers').
+if [ "${VGPU_SANITIZED:-0}" = 1 ]; then
+    echo "SKIP build-cuda13 (the image's build: make test runs it)"
+else
+    run build-cuda13 bash "$(dirname "$0")/build_cuda13.sh" "$lib"
+fi
+# Every ABI cuGetProcAddress may answer for a hooked name has a wrapper, and no name the library
+# wraps or calls is renamed by a macro it does not undo: the headers built against (CUDA_INCLUDE,
+# from the Makefile) and CUDA 13.0's (make cuda13 at the root).
 run abi-coverage bash "$(dirname "$0")/abi_coverage.sh" \
     "${CUDA_INCLUDE:-/usr/local/cuda/include}/cudaTypedefs.h" \
     "$(dirname "$0")/../../.tools/cuda13/nvidia/cu13/include/cudaTypedefs.h"
