@@ -88,12 +88,18 @@ int vgpu_primary_device_of(CUcontext ctx)
  * meanwhile, is not caught.) */
 void vgpu_other_context_current(void)
 {
-    CUcontext current = NULL;
     CUdevice dev;
-    if (vgpu_throttle_enabled && real.cuCtxGetCurrent != NULL && real.cuCtxGetDevice != NULL &&
-        real.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != NULL &&
-        vgpu_primary_device_of(current) < 0 && real.cuCtxGetDevice(&dev) == CUDA_SUCCESS)
+    if (vgpu_throttle_enabled && vgpu_unknown_context_current() == 1 &&
+        real.cuCtxGetDevice != NULL && real.cuCtxGetDevice(&dev) == CUDA_SUCCESS)
         vgpu_throttle_context_made((int)dev);
+}
+
+int vgpu_unknown_context_current(void)
+{
+    CUcontext current = NULL;
+    if (real.cuCtxGetCurrent == NULL || real.cuCtxGetCurrent(&current) != CUDA_SUCCESS)
+        return -1;
+    return current != NULL && vgpu_primary_device_of(current) < 0;
 }
 
 VGPU_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)

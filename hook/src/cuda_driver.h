@@ -227,6 +227,9 @@ int vgpu_primary_device_of(CUcontext ctx);
 /* Where the calling thread's current context is none of the primary ones known, its device
  * drains no more (cuda_context.c). */
 void vgpu_other_context_current(void);
+/* 1 where the calling thread's current context is none of the primary ones known, 0 where it
+ * is one of them or there is none, -1 where the driver cannot say. */
+int vgpu_unknown_context_current(void);
 
 /* What a stream-ordered pool caches now (cuda_memory.c; vgpu_footprint_init's cache_of). */
 uint64_t vgpu_cuda_pool_cache(uintptr_t pool);

@@ -45,19 +45,11 @@ VGPU_EXPORT CUresult cuCtxSynchronize(void)
     return current_context_synced(real.cuCtxSynchronize());
 }
 
-/* Whether the calling thread has no current context or a primary one the library knows: any
- * other (one it did not see made, above all) may have had work launched in it, charged to its
- * device, which a named primary context's synchronisation does not cover. */
-static int no_unknown_current(void)
-{
-    CUcontext current = NULL;
-    return real.cuCtxGetCurrent != NULL && real.cuCtxGetCurrent(&current) == CUDA_SUCCESS &&
-           (current == NULL || vgpu_primary_device_of(current) >= 0);
-}
-
 /* CUDA 13.0's synchronisation of a named context, NULL naming the current one (cuda_13.h): a
  * named one covers the process's work where it is a device's primary context, on that device,
- * while no context but a known primary one is current; no other context's does, as above. */
+ * while no context but a known primary one is current (any other, one the library did not see
+ * made above all, may have had work launched in it, charged to its device); no other context's
+ * does, as above. */
 VGPU_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
 {
     if (!ready() || real.cuCtxSynchronize_v2 == NULL)
@@ -67,7 +59,7 @@ VGPU_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
         return current_context_synced(rc);
     int dev = vgpu_primary_device_of(ctx);
     if (vgpu_throttle_enabled && rc == CUDA_SUCCESS && covers(dev, VGPU_ALL_STREAMS, 0) &&
-        no_unknown_current())
+        vgpu_unknown_context_current() == 0)
         vgpu_throttle_synced(dev, VGPU_ALL_STREAMS);
     return rc;
 }

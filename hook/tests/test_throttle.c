@@ -1012,12 +1012,12 @@ static int unseen_stream(const struct stream_case *c, CUstream *stream, enum str
     CUresult (*create)(CUstream *, unsigned) =
         (CUresult(*)(CUstream *, unsigned))fake_cuda_entry("cuStreamCreate");
     CUcontext unseen = NULL;
-    CUresult made = !make_unseen(c, &unseen)             ? CUDA_ERROR_UNKNOWN
+    int found = set != NULL && create != NULL;
+    CUresult made = !found || !make_unseen(c, &unseen) ? CUDA_ERROR_UNKNOWN
                     : maker == FAKE_STREAM             ? create(stream, 0)
                     : maker == STREAM_CREATE           ? cuStreamCreate(stream, 0)
                                                        : cuStreamCreateWithPriority(stream, 0, -1);
-    return set != NULL && create != NULL && made == CUDA_SUCCESS &&
-           set(case_context) == CUDA_SUCCESS;
+    return made == CUDA_SUCCESS && set(case_context) == CUDA_SUCCESS;
 }
 
 /* An interprocess event's handle, the event made through the fake's own exports (libvgpu sees
