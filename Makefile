@@ -38,15 +38,23 @@ endif
 # (deviceplugin/Dockerfile), for the hook's build-cuda13 test: the pinned wheel, apart from the
 # venv, whose 12.x cuda.h the hook's tests build against.
 CUDA13_H := .tools/cuda13/nvidia/cu13/include/cuda.h
+# CUDA 13.1's too, for the hook's abi-coverage test (13.1 names new ABIs of functions it wraps):
+# pinned here, since constraints.txt pins the package at 13.0.
+CUDA131_H := .tools/cuda131/nvidia/cu13/include/cuda.h
+CUDA131 := nvidia-cuda-runtime==13.1.80
 
 tools: $(STAMP)
 	$(PY) tests/support/k8s_tools.py
 
-cuda13: $(CUDA13_H)
+cuda13: $(CUDA13_H) $(CUDA131_H)
 
 $(CUDA13_H): constraints.txt | $(STAMP)
 	rm -rf .tools/cuda13
 	$(VENV)/bin/pip install -q --no-deps --target .tools/cuda13 -c constraints.txt nvidia-cuda-runtime
+
+$(CUDA131_H): Makefile | $(STAMP)
+	rm -rf .tools/cuda131
+	$(VENV)/bin/pip install -q --no-deps --target .tools/cuda131 $(CUDA131)
 
 crds: venv
 	$(PY) -m vgpu_operator.crd --write

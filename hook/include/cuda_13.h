@@ -1,4 +1,4 @@
-/* cuda_13.h - CUDA 13.0's exports that libvgpu.so wraps, declared where the cuda.h built
+/* cuda_13.h - CUDA 13's exports that libvgpu.so wraps, declared where the cuda.h built
  * against is older (the nvidia-cuda-runtime-cu12 wheel's is 12.9). Shared by libvgpu.so, the
  * fake driver, which defines them, and the tests, which call them by name. Include after
  * cuda.h. */
@@ -24,6 +24,17 @@ CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx);
 CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
 CUresult CUDAAPI cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
                                 unsigned int flags, CUdevice dev);
+#endif
+
+#if CUDA_VERSION < 13010
+/* CUDA 13.1's multicast bindings naming the device bound; cuGetProcAddress answers the names
+ * cuMulticastBindMem and cuMulticastBindAddr with them from 13.1 (PFN_..._v13010). */
+CUresult CUDAAPI cuMulticastBindMem_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
+                                       size_t mcOffset, CUmemGenericAllocationHandle memHandle,
+                                       size_t memOffset, size_t size, unsigned long long flags);
+CUresult CUDAAPI cuMulticastBindAddr_v2(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
+                                        size_t mcOffset, CUdeviceptr memptr, size_t size,
+                                        unsigned long long flags);
 #endif
 
 #endif

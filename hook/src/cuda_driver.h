@@ -56,6 +56,19 @@ struct vgpu_cuda_real {
     CUresult (*cuMemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
     CUresult (*cuMemExportToShareableHandle)(void *, CUmemGenericAllocationHandle,
                                              CUmemAllocationHandleType, unsigned long long);
+    CUresult (*cuMemMapArrayAsync)(CUarrayMapInfo *, unsigned int, CUstream);
+    CUresult (*cuMemMapArrayAsync_ptsz)(CUarrayMapInfo *, unsigned int, CUstream);
+    CUresult (*cuMulticastBindMem)(CUmemGenericAllocationHandle, size_t,
+                                   CUmemGenericAllocationHandle, size_t, size_t,
+                                   unsigned long long);
+    CUresult (*cuMulticastBindAddr)(CUmemGenericAllocationHandle, size_t, CUdeviceptr, size_t,
+                                    unsigned long long);
+    CUresult (*cuMulticastBindMem_v2)(CUmemGenericAllocationHandle, CUdevice, size_t,
+                                      CUmemGenericAllocationHandle, size_t, size_t,
+                                      unsigned long long);
+    CUresult (*cuMulticastBindAddr_v2)(CUmemGenericAllocationHandle, CUdevice, size_t,
+                                       CUdeviceptr, size_t, unsigned long long);
+    CUresult (*cuMulticastUnbind)(CUmemGenericAllocationHandle, CUdevice, size_t, size_t);
     CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
     CUresult (*cuMemAllocAsync_ptsz)(CUdeviceptr *, size_t, CUstream);
     CUresult (*cuMemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
@@ -198,6 +211,8 @@ VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstr
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
                                                   CUmemoryPool pool, CUstream stream);
 VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
+VGPU_EXPORT CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo *list, unsigned int count,
+                                             CUstream stream);
 VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                          unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                          CUstream stream, void **params, void **extra);

@@ -2,6 +2,7 @@
  * first and keeps the reservation under the returned key; every call that frees gives it back. */
 #define _GNU_SOURCE
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "cuda_driver.h"
@@ -128,6 +129,21 @@ static CUmemoryPool pool_of(CUdeviceptr ptr)
     return pool;
 }
 
+/* Set once a stream-ordered allocation was counted: before, no pointer a synchronous free is
+ * given can be a pool's, and the driver is not asked. */
+static int ordered_counted;
+
+/* Whether what api frees may go back to a stream-ordered pool, whose cache keeps it: counted
+ * still. cuMemFree of a stream-ordered allocation gives it back to its pool as cuMemFreeAsync
+ * does (cuda.h tells them apart by synchronisation only); counting it as freed let each such
+ * free leave its pool holding memory uncounted (two rounds held 1624 MiB on a 1 GiB cap). */
+static int may_be_pooled(enum free_api api)
+{
+    if (api == FREE_ASYNC || api == FREE_ASYNC_PTSZ)
+        return 1;
+    return (api == FREE || api == FREE_V1) && __atomic_load_n(&ordered_counted, __ATOMIC_RELAXED);
+}
+
 /* Takes key out of the table before freeing (so a racing allocation that reuses the address
  * cannot be confused with it), puts it back if the driver refuses the free. Keys this process
  * never counted are still freed by the driver, which gives its own answer. */
@@ -138,9 +154,7 @@ static CUresult release_counted(enum free_api api, uint64_t key, CUstream stream
     struct vgpu_mem_record was;
     vgpu_mem_op_begin();
     int known = vgpu_mem_untrack(free_apis[api].kind, key, &was);
-    /* What a stream-ordered free gives back may stay in its pool's cache: counted still. */
-    CUmemoryPool pool = known && (api == FREE_ASYNC || api == FREE_ASYNC_PTSZ)
-                            ? pool_of((CUdeviceptr)key) : NULL;
+    CUmemoryPool pool = known && may_be_pooled(api) ? pool_of((CUdeviceptr)key) : NULL;
     CUresult rc = call_free(api, key, stream);
     if (known && rc == CUDA_SUCCESS &&
         !(pool != NULL && vgpu_footprint_pool_kept(was.dev, (uintptr_t)pool, was.bytes)))
@@ -475,6 +489,8 @@ static CUresult alloc_counted(const struct pointer_request *r, int ordered, CUde
     if (cache.trim)
         trim_given_back(r, cache.pool, dev);
     uint64_t reserved = rc == CUDA_SUCCESS ? r->bytes : r->bytes - cache.taken;
+    if (ordered && rc == CUDA_SUCCESS && !__atomic_load_n(&ordered_counted, __ATOMIC_RELAXED))
+        __atomic_store_n(&ordered_counted, 1, __ATOMIC_RELAXED);
     rc = settle(rc, VGPU_KIND_POINTER, ptr, dev, reserved, NULL);
     if (rc == CUDA_SUCCESS && dptr != NULL)
         *dptr = ptr;
@@ -711,9 +727,12 @@ VGPU_EXPORT CUresult cuArray3DCreate(CUarray *handle, const struct array3d_v1 *d
                                       desc->Format));
 }
 
+/* An array's destruction, which undoes its tiles' bindings too (below). */
+static CUresult destroy_array(enum free_api api, uint64_t array);
+
 VGPU_EXPORT CUresult cuArrayDestroy(CUarray array)
 {
-    return release_counted(ARRAY_DESTROY, (uint64_t)(uintptr_t)array, NULL);
+    return destroy_array(ARRAY_DESTROY, (uint64_t)(uintptr_t)array);
 }
 
 /* Every level of a mipmapped array, each half the one before in every dimension (at least 1). */
@@ -749,7 +768,7 @@ VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *handle,
 
 VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array)
 {
-    return release_counted(MIPMAP_DESTROY, (uint64_t)(uintptr_t)array, NULL);
+    return destroy_array(MIPMAP_DESTROY, (uint64_t)(uintptr_t)array);
 }
 
 VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
@@ -771,9 +790,14 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t by
     CUmemGenericAllocationHandle h = 0;
     /* PyTorch's expandable segments allocate this way: the host pid is learnt here too. */
     int learning = vgpu_footprint_learn_before(dev, bytes);
+    /* A bind of a released handle value may be under way in another thread (recorded before
+     * its driver call, vmm.h): were it made on the new memory before vgpu_vmm_created, it
+     * would be taken for the old memory's and dropped. */
+    vgpu_vmm_hold();
     CUresult rc = real.cuMemCreate(&h, bytes, prop, flags);
     if (rc == CUDA_SUCCESS)
         vgpu_vmm_created(h);
+    vgpu_vmm_let_go();
     if (learning)
         vgpu_footprint_learn_after(rc == CUDA_SUCCESS ? bytes : 0, 0);
     rc = settle(rc, VGPU_KIND_HANDLE, h, dev, bytes, NULL);
@@ -857,6 +881,335 @@ VGPU_EXPORT CUresult cuMemExportToShareableHandle(void *shareable,
         close(*(int *)shareable); /* the export undone, as far as it can be */
     vgpu_log(VGPU_LOG_ERROR, "out of host memory recording an exported handle: refused");
     return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* ---- memory bound where cuMemUnmap does not reach --------------------------------------- */
+
+/* A sparse array's tiles mapped onto cuMemCreate memory (cuMemMapArrayAsync: undone by an unmap
+ * of the same tiles or the array's destruction) and a multicast object's bindings
+ * (cuMulticastBindMem, cuMulticastBindAddr, their CUDA 13.1 _v2 naming the device: undone by
+ * cuMulticastUnbind) hold the memory as a mapping does (cuda.h, cuMemRelease): each is a
+ * binding (vmm.h), and the memory stays counted while one holds it. A binding is recorded
+ * before the driver's call, so that a release racing it does not give the bytes back while
+ * bound (a bind may block until every device joined the object: no lock is held across it),
+ * and forgotten again if the driver refuses. Before, create, map a tile or bind, release held
+ * any amount under the cap (an adversarial review: 3000 MiB on a 1 GiB cap). */
+struct binds {
+    uint64_t *ids;
+    struct vgpu_mem_record *before; /* each handle's recording, for a refusal */
+    size_t n;
+};
+
+/* Room for max bindings: 0, or -1 (logged as api's) out of host memory. */
+static int binds_begin(struct binds *p, size_t max, const char *api)
+{
+    *p = (struct binds){.ids = calloc(max ? max : 1, sizeof *p->ids),
+                        .before = calloc(max ? max : 1, sizeof *p->before)};
+    if (p->ids != NULL && p->before != NULL)
+        return 0;
+    vgpu_log(VGPU_LOG_ERROR, "%s: out of host memory recording what it binds: refused", api);
+    return -1;
+}
+
+/* Records b before the driver's call; 0, or -1 (logged) out of host memory. */
+static int binds_add(struct binds *p, const struct vgpu_vmm_binding *b, const char *api)
+{
+    vgpu_mem_find(VGPU_KIND_HANDLE, b->handle, &p->before[p->n]);
+    uint64_t id = vgpu_vmm_bound(b);
+    if (id == 0) {
+        vgpu_log(VGPU_LOG_ERROR, "%s: out of host memory recording what it binds: refused",
+                 api);
+        return -1;
+    }
+    p->ids[p->n++] = id;
+    return 0;
+}
+
+/* After the driver answered rc (or nothing was called: rc not CUDA_SUCCESS): made, the
+ * recorded bindings are kept; refused, forgotten, and memory only they held given back,
+ * unless the driver may have made some of them (partly: a list it may have applied in part,
+ * kept whole: counted until unbound). Returns rc. */
+static CUresult binds_end(struct binds *p, CUresult rc, int partly)
+{
+    for (size_t i = 0; i < p->n; i++)
+        if (vgpu_vmm_bind_answered(p->ids[i], rc == CUDA_SUCCESS || partly))
+            give_back_handle(&p->before[i]);
+    free(p->ids);
+    free(p->before);
+    return rc;
+}
+
+/* Bindings a driver call undoes: chosen, with their handles' recordings, before it, and after
+ * it (done: it succeeded) forgotten and the memory that freed given back. Bindings made after
+ * the choice are not touched (one the call undid stays counted until the process exits). */
+struct unbinds {
+    uint64_t *ids, *handles; /* n of each, and n freed after the handles */
+    struct vgpu_mem_record *before;
+    size_t n;
+};
+
+/* Out of host memory the bindings stay counted (nothing can say which to give back). */
+static struct unbinds unbinds_begin(const struct vgpu_vmm_select *s)
+{
+    struct unbinds u = {0};
+    size_t n = vgpu_vmm_bound_ids(s, NULL, NULL, 0);
+    if (n == 0)
+        return u;
+    u.ids = calloc(n, sizeof *u.ids);
+    u.handles = calloc(2 * n, sizeof *u.handles);
+    u.before = calloc(n, sizeof *u.before);
+    if (u.ids != NULL && u.handles != NULL && u.before != NULL) {
+        size_t again = vgpu_vmm_bound_ids(s, u.ids, u.handles, n);
+        u.n = again < n ? again : n; /* made meanwhile: left bound */
+    } else {
+        vgpu_log(VGPU_LOG_ERROR, "out of host memory before an unbind: what it frees stays "
+                 "counted until the process exits");
+    }
+    for (size_t i = 0; i < u.n; i++)
+        vgpu_mem_find(VGPU_KIND_HANDLE, u.handles[i], &u.before[i]);
+    return u;
+}
+
+static void unbinds_end(struct unbinds *u, int done)
+{
+    uint64_t *freed = u->handles + u->n;
+    size_t nfreed = done && u->n != 0 ? vgpu_vmm_unbound(u->ids, u->n, freed, u->n) : 0;
+    for (size_t f = 0; f < nfreed; f++)
+        for (size_t i = 0; i < u->n; i++)
+            if (u->handles[i] == freed[f] && u->before[i].serial != 0) {
+                give_back_handle(&u->before[i]);
+                u->before[i].serial = 0;
+                break;
+            }
+    free(u->ids);
+    free(u->handles);
+    free(u->before);
+}
+
+/* Which tile of its array a map entry names: its subresource's fields and its device mask (a
+ * union's other bytes may be anything), as tile_covered reads them. */
+static void tile_of(const CUarrayMapInfo *m, uint64_t tile[VGPU_VMM_TILE])
+{
+    tile[0] = (uint64_t)m->subresourceType | (uint64_t)m->deviceBitMask << 32;
+    if (m->subresourceType == CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL) {
+        tile[1] = m->subresource.sparseLevel.level |
+                  (uint64_t)m->subresource.sparseLevel.layer << 32;
+        tile[2] = m->subresource.sparseLevel.offsetX |
+                  (uint64_t)m->subresource.sparseLevel.offsetY << 32;
+        tile[3] = m->subresource.sparseLevel.offsetZ |
+                  (uint64_t)m->subresource.sparseLevel.extentWidth << 32;
+        tile[4] = m->subresource.sparseLevel.extentHeight |
+                  (uint64_t)m->subresource.sparseLevel.extentDepth << 32;
+    } else {
+        tile[1] = m->subresource.miptail.layer;
+        tile[2] = m->subresource.miptail.offset;
+        tile[3] = m->subresource.miptail.size;
+        tile[4] = 0;
+    }
+}
+
+/* Whether [at, at + length) lies within [from, from + size). */
+static int within(uint64_t at, uint64_t length, uint64_t from, uint64_t size)
+{
+    return at >= from && at - from <= size && length <= size - (at - from);
+}
+
+/* Whether a bound tile (tile_of's words) lies within the tiles an unmap names: the same kind of
+ * subresource on the same devices, the same level and layer, its box inside the unmap's (a
+ * level mapped tile by tile may be unmapped whole), or its mip tail range inside. */
+static int tile_covered(const uint64_t *bound, const uint64_t *unmap)
+{
+    if (bound[0] != unmap[0] || bound[1] != unmap[1])
+        return 0;
+    if ((bound[0] & UINT32_MAX) != CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL)
+        return within(bound[2], bound[3], unmap[2], unmap[3]);
+    /* words 2-4: x | y << 32, z | width << 32, height | depth << 32 */
+    return within(bound[2] & UINT32_MAX, bound[3] >> 32, unmap[2] & UINT32_MAX, unmap[3] >> 32) &&
+           within(bound[2] >> 32, bound[4] & UINT32_MAX, unmap[2] >> 32, unmap[4] & UINT32_MAX) &&
+           within(bound[3] & UINT32_MAX, bound[4] >> 32, unmap[3] & UINT32_MAX, unmap[4] >> 32);
+}
+
+/* The array or mipmapped array an entry maps into (one union: either is the same pointer). */
+static uint64_t array_of(const CUarrayMapInfo *m)
+{
+    return m->resourceType == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY
+               ? (uint64_t)(uintptr_t)m->resource.mipmap
+               : (uint64_t)(uintptr_t)m->resource.array;
+}
+
+/* cuMemMapArrayAsync through *map, on a copy of the list: the bindings recorded are those the
+ * driver is given, whatever another thread writes into the caller's list meanwhile. An unmap
+ * undoes the bindings made before the call of the tiles within it (one that covers part of a
+ * mapped tile undoes none: counted until the array is destroyed). A list of several entries
+ * the driver refuses keeps its maps counted: it may have applied some. */
+static CUresult map_array(CUresult (*const *map)(CUarrayMapInfo *, unsigned int, CUstream),
+                          CUarrayMapInfo *list, unsigned int count, CUstream stream)
+{
+    if (!ready() || *map == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (list == NULL || count == 0)
+        return (*map)(list, count, stream);
+    struct binds p;
+    CUarrayMapInfo *copy = malloc((size_t)count * sizeof *copy);
+    struct unbinds *unmaps = calloc(count, sizeof *unmaps);
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (binds_begin(&p, count, "cuMemMapArrayAsync") != 0 || copy == NULL || unmaps == NULL) {
+        if (copy == NULL || unmaps == NULL)
+            vgpu_log(VGPU_LOG_ERROR, "cuMemMapArrayAsync: out of host memory: refused");
+        free(copy);
+        free(unmaps);
+        return binds_end(&p, rc, 0);
+    }
+    memcpy(copy, list, (size_t)count * sizeof *copy);
+    int recorded = 1;
+    for (unsigned int i = 0; i < count && recorded; i++) {
+        struct vgpu_vmm_binding b = {.holder = array_of(&copy[i]),
+                                     .handle = copy[i].memHandle.memHandle, .dev = -1};
+        tile_of(&copy[i], b.tile);
+        if (copy[i].memOperationType == CU_MEM_OPERATION_TYPE_UNMAP)
+            unmaps[i] = unbinds_begin(
+                &(struct vgpu_vmm_select){b.holder, 0, 1, -1, b.tile, tile_covered});
+        else if (copy[i].memOperationType == CU_MEM_OPERATION_TYPE_MAP &&
+                 copy[i].memHandleType == CU_MEM_HANDLE_TYPE_GENERIC)
+            recorded = binds_add(&p, &b, "cuMemMapArrayAsync") == 0;
+    }
+    vgpu_mem_op_begin(); /* unmaps may free memory NVML stops showing before it is given back */
+    if (recorded)
+        rc = (*map)(copy, count, stream);
+    for (unsigned int i = 0; i < count; i++) /* those not begun are all zero: nothing done */
+        if (copy[i].memOperationType == CU_MEM_OPERATION_TYPE_UNMAP)
+            unbinds_end(&unmaps[i], rc == CUDA_SUCCESS);
+    vgpu_mem_op_end();
+    free(copy);
+    free(unmaps);
+    return binds_end(&p, rc, recorded && count > 1);
+}
+
+VGPU_EXPORT CUresult cuMemMapArrayAsync(CUarrayMapInfo *list, unsigned int count,
+                                        CUstream stream)
+{
+    return map_array(&real.cuMemMapArrayAsync, list, count, stream);
+}
+
+VGPU_EXPORT CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo *list, unsigned int count,
+                                             CUstream stream)
+{
+    return map_array(&real.cuMemMapArrayAsync_ptsz, list, count, stream);
+}
+
+static CUresult destroy_array(enum free_api api, uint64_t array)
+{
+    struct unbinds u = unbinds_begin(&(struct vgpu_vmm_select){array, 0, UINT64_MAX, -1, NULL, NULL});
+    vgpu_mem_op_begin();
+    CUresult rc = release_counted(api, array, NULL);
+    unbinds_end(&u, rc == CUDA_SUCCESS);
+    vgpu_mem_op_end();
+    return rc;
+}
+
+/* The device a binding of handle is on: dev, or (dev < 0: CUDA 12.1's calls name none) the
+ * one its recording names, -1 where it is not counted. */
+static int bound_device(uint64_t handle, int dev)
+{
+    struct vgpu_mem_record rec = {0};
+    return dev >= 0 || !vgpu_mem_find(VGPU_KIND_HANDLE, handle, &rec) ? dev : rec.dev;
+}
+
+/* Records handle bound to mc at mc_offset (dev as bound_device): 0, or -1 (logged). */
+static int bind_handle(struct binds *p, uint64_t mc, int dev, size_t mc_offset,
+                       uint64_t handle, const char *api)
+{
+    if (binds_begin(p, 1, api) != 0)
+        return -1;
+    struct vgpu_vmm_binding b = {.holder = mc, .at = mc_offset, .handle = handle,
+                                 .dev = bound_device(handle, dev)};
+    return binds_add(p, &b, api);
+}
+
+/* Records every handle mapped over [ptr, ptr + size), wherever in a mapping the range starts,
+ * bound to mc at mc_offset: 0, or -1 (logged). */
+static int bind_range(struct binds *p, uint64_t mc, int dev, size_t mc_offset, CUdeviceptr ptr,
+                      size_t size, const char *api)
+{
+    *p = (struct binds){0};
+    vgpu_vmm_hold(); /* the range's mappings stay as read until they are recorded */
+    size_t n = vgpu_vmm_handles_over(ptr, size, NULL, 0);
+    uint64_t *handles = calloc(n ? n : 1, sizeof *handles);
+    int rc = handles != NULL ? binds_begin(p, n, api) : -1;
+    if (handles == NULL)
+        vgpu_log(VGPU_LOG_ERROR, "%s: out of host memory recording what it binds: refused", api);
+    n = rc == 0 ? vgpu_vmm_handles_over(ptr, size, handles, n) : 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        struct vgpu_vmm_binding b = {.holder = mc, .at = mc_offset, .handle = handles[i],
+                                     .dev = bound_device(handles[i], dev)};
+        rc = binds_add(p, &b, api);
+    }
+    vgpu_vmm_let_go();
+    free(handles);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t mc_offset,
+                                        CUmemGenericAllocationHandle handle, size_t offset,
+                                        size_t size, unsigned long long flags)
+{
+    if (!ready() || real.cuMulticastBindMem == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct binds p;
+    if (bind_handle(&p, mc, -1, mc_offset, handle, "cuMulticastBindMem") != 0)
+        return binds_end(&p, CUDA_ERROR_OUT_OF_MEMORY, 0);
+    return binds_end(&p, real.cuMulticastBindMem(mc, mc_offset, handle, offset, size, flags),
+                     0);
+}
+
+VGPU_EXPORT CUresult cuMulticastBindMem_v2(CUmemGenericAllocationHandle mc, CUdevice dev,
+                                           size_t mc_offset, CUmemGenericAllocationHandle handle,
+                                           size_t offset, size_t size, unsigned long long flags)
+{
+    if (!ready() || real.cuMulticastBindMem_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct binds p;
+    if (bind_handle(&p, mc, dev, mc_offset, handle, "cuMulticastBindMem") != 0)
+        return binds_end(&p, CUDA_ERROR_OUT_OF_MEMORY, 0);
+    return binds_end(&p, real.cuMulticastBindMem_v2(mc, dev, mc_offset, handle, offset, size,
+                                                    flags), 0);
+}
+
+VGPU_EXPORT CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mc, size_t mc_offset,
+                                         CUdeviceptr ptr, size_t size, unsigned long long flags)
+{
+    if (!ready() || real.cuMulticastBindAddr == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct binds p;
+    if (bind_range(&p, mc, -1, mc_offset, ptr, size, "cuMulticastBindAddr") != 0)
+        return binds_end(&p, CUDA_ERROR_OUT_OF_MEMORY, 0);
+    return binds_end(&p, real.cuMulticastBindAddr(mc, mc_offset, ptr, size, flags), 0);
+}
+
+VGPU_EXPORT CUresult cuMulticastBindAddr_v2(CUmemGenericAllocationHandle mc, CUdevice dev,
+                                            size_t mc_offset, CUdeviceptr ptr, size_t size,
+                                            unsigned long long flags)
+{
+    if (!ready() || real.cuMulticastBindAddr_v2 == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct binds p;
+    if (bind_range(&p, mc, dev, mc_offset, ptr, size, "cuMulticastBindAddr") != 0)
+        return binds_end(&p, CUDA_ERROR_OUT_OF_MEMORY, 0);
+    return binds_end(&p, real.cuMulticastBindAddr_v2(mc, dev, mc_offset, ptr, size, flags), 0);
+}
+
+/* The bindings at [mc_offset, mc_offset + size) on dev are undone: their memory may be free. */
+VGPU_EXPORT CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mc, CUdevice dev,
+                                       size_t mc_offset, size_t size)
+{
+    if (!ready() || real.cuMulticastUnbind == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct unbinds u = unbinds_begin(&(struct vgpu_vmm_select){mc, mc_offset, size, dev, NULL, NULL});
+    vgpu_mem_op_begin();
+    CUresult rc = real.cuMulticastUnbind(mc, dev, mc_offset, size);
+    unbinds_end(&u, rc == CUDA_SUCCESS);
+    vgpu_mem_op_end();
+    return rc;
 }
 
 /* The mappings cuMemUnmap takes may be the last hold on their memory: the handles' recordings

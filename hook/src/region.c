@@ -79,15 +79,6 @@ static int descriptor_intact(void)
            (uint64_t)st.st_ino == file.ino;
 }
 
-/* Byte 0 serialises creation and slot claims; the kernel releases it if its holder dies. */
-static void lock_creation(void)
-{
-    while (byte_lock(F_OFD_SETLKW, F_WRLCK, 0) != 0 && errno == EINTR) {
-    }
-}
-
-static void unlock_creation(void) { byte_lock(F_OFD_SETLK, F_UNLCK, 0); }
-
 /* Whose limits apply where the region's header and this process's settings differ: the settings
  * file's (a header can be rewritten by any process of the container, the file by none), else the
  * region's (the environment of whichever process came first fixed them). */
@@ -357,11 +348,14 @@ static int reap_scan(struct vgpu_region *r, uint32_t self, int fresh)
 
 /* Claims the first slot nobody alive holds, then reaps the dead ones. A dead owner's slot is
  * reaped before it is taken: were only empty slots claimed, a region whose every slot a dead
- * process held would keep all new processes out, since only a claimant reaps. Caller holds
+ * process held would keep all new processes out, since only a claimant reaps. Returns why
+ * no claim could be made (NULL: one was, my_slot tells whether it found a slot). Caller holds
  * slot_lock. */
-static void claim_slot(struct vgpu_region *r)
+static const char *claim_slot(struct vgpu_region *r)
 {
-    lock_creation();
+    if (vgpu_region_file_lock_creation(file.fd) != 0)
+        return errno == ETIMEDOUT ? vgpu_creation_lock_held
+                                  : "the shared region's creation lock cannot be taken";
     for (uint32_t i = 0; i < VGPU_REGION_MAX_SLOTS; i++) {
         if (!try_own(r, i, 1))
             continue;
@@ -373,7 +367,8 @@ static void claim_slot(struct vgpu_region *r)
         __atomic_store_n(&my_slot, (int)i, __ATOMIC_RELEASE);
         break;
     }
-    unlock_creation();
+    vgpu_region_file_unlock_creation(file.fd);
+    return NULL;
 }
 
 /* With every slot taken, a claim is tried again at most once a second: a long-lived process
@@ -382,15 +377,16 @@ enum { SLOT_RETRY_MS = 1000 };
 
 /* Claims a slot where this process can; logs the first refusal, and the end of one. Caller
  * holds slot_lock. */
-static void try_claim(struct vgpu_region *r, uint64_t now_ms)
+static void try_claim(struct vgpu_region *r)
 {
     const char *why = fork_reopen_failed ? "cannot reopen the shared region after fork"
                       : !descriptor_intact()
                           ? "the program closed the shared region's descriptor, or put another "
                             "file at its number"
                           : NULL;
+    if (why == NULL)
+        why = claim_slot(r);
     if (why == NULL) {
-        claim_slot(r);
         _Static_assert(VGPU_REGION_MAX_SLOTS == 1024, "the line below names the slots' count");
         if (my_slot < 0)
             why = "all 1024 process slots of the shared region are in use";
@@ -401,7 +397,7 @@ static void try_claim(struct vgpu_region *r, uint64_t now_ms)
         vgpu_log(VGPU_LOG_WARN, "this process has a slot of the shared region again, and can "
                  "allocate device memory");
     no_slot = why != NULL;
-    no_slot_since_ms = now_ms;
+    no_slot_since_ms = monotonic_ns() / 1000000u; /* after the claim, which may have waited */
 }
 
 static int ensure_slot(struct vgpu_region *r)
@@ -413,7 +409,7 @@ static int ensure_slot(struct vgpu_region *r)
     pthread_mutex_lock(&slot_lock);
     uint64_t now_ms = monotonic_ns() / 1000000u;
     if (my_slot < 0 && (!no_slot || now_ms - no_slot_since_ms >= SLOT_RETRY_MS))
-        try_claim(r, now_ms);
+        try_claim(r);
     slot = my_slot;
     pthread_mutex_unlock(&slot_lock);
     vgpu_log_defer_end();

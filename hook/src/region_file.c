@@ -83,14 +83,32 @@ static int take_guard(int dir_fd, off_t at)
     return fcntl(dir_fd, F_OFD_SETLK, &fl);
 }
 
-static int creation_lock(int fd, short type)
+_Static_assert(VGPU_CREATION_LOCK_WAIT_S == 10, "the line below names the wait");
+const char vgpu_creation_lock_held[] =
+    "another process has held the region's creation lock for 10 s (stopped while it attached "
+    "or claimed a slot, or holding it on purpose)";
+
+int vgpu_region_file_lock_creation(int fd)
 {
-    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1, .l_pid = 0};
-    int rc;
-    while ((rc = fcntl(fd, type == F_UNLCK ? F_OFD_SETLK : F_OFD_SETLKW, &fl)) != 0 &&
-           errno == EINTR) {
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    uint64_t start = monotonic_ns();
+    for (;;) {
+        if (fcntl(fd, F_OFD_SETLK, &fl) == 0)
+            return 0;
+        if (errno != EAGAIN && errno != EACCES && errno != EINTR)
+            return -1;
+        if (monotonic_ns() - start >= (uint64_t)VGPU_CREATION_LOCK_WAIT_S * 1000000000u) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+        usleep(1000);
     }
-    return rc;
+}
+
+void vgpu_region_file_unlock_creation(int fd)
+{
+    struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    fcntl(fd, F_OFD_SETLK, &fl);
 }
 
 /* Writes the header and device records, the magic last (a reader that sees it sees the rest). */
@@ -301,8 +319,8 @@ int vgpu_region_file_open(const char *path, const struct vgpu_limits *limits,
         problem = "not a regular file";
     else if (st.st_size < (off_t)VGPU_REGION_FILE_SIZE)
         problem = "too small for a region (not a region, or truncated)";
-    else if (creation_lock(fd, F_WRLCK) != 0)
-        problem = because("cannot lock it", errno);
+    else if (vgpu_region_file_lock_creation(fd) != 0)
+        problem = errno == ETIMEDOUT ? vgpu_creation_lock_held : because("cannot lock it", errno);
     else {
         problem = check_or_initialise(fd, dir_fd, guard, st.st_size, limits);
         if (problem == NULL) {
@@ -314,7 +332,7 @@ int vgpu_region_file_open(const char *path, const struct vgpu_limits *limits,
             else
                 problem = still_linked(fd, dir_fd, name);
         }
-        creation_lock(fd, F_UNLCK);
+        vgpu_region_file_unlock_creation(fd);
     }
     if (problem != NULL) {
         if (map != MAP_FAILED)

@@ -18,4 +18,17 @@ struct vgpu_region_file {
 int vgpu_region_file_open(const char *path, const struct vgpu_limits *limits,
                           struct vgpu_region_file *out, const char **why);
 
+/* Byte 0 of the region file serialises its creation and the slot claims, a few milliseconds
+ * each. Its holder may be stopped (SIGSTOP, a debugger), and any process of the container can
+ * open the file and lock that byte: a wait for it ends after VGPU_CREATION_LOCK_WAIT_S seconds,
+ * and who waited in vain is refused, saying why, rather than hang in its first CUDA call. */
+enum { VGPU_CREATION_LOCK_WAIT_S = 10 };
+
+/* Takes byte 0's lock on fd within that wait: 0, or -1 with errno (ETIMEDOUT: still held). */
+int vgpu_region_file_lock_creation(int fd);
+void vgpu_region_file_unlock_creation(int fd);
+
+/* Why a process that waited so long in vain is refused. */
+extern const char vgpu_creation_lock_held[];
+
 #endif

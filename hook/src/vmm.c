@@ -1,7 +1,7 @@
-/* vmm.c - the references and mappings of cuMemCreate allocations (vmm.h), in two small hash
- * tables under one lock: virtual memory management calls are few next to allocations, and
- * each costs the driver far more than this. A handle with no record has the one reference
- * cuMemCreate gave it and no mapping. */
+/* vmm.c - the references, mappings and bindings of cuMemCreate allocations (vmm.h), in two
+ * small hash tables and a list under one lock: virtual memory management calls are few next to
+ * allocations, and each costs the driver far more than this. A handle with no record has the
+ * one reference cuMemCreate gave it and no mapping. */
 #ifndef _GNU_SOURCE /* the unit test defines it on the command line */
 #define _GNU_SOURCE /* PTHREAD_MUTEX_RECURSIVE */
 #endif
@@ -29,6 +29,16 @@ static pthread_mutex_t lock;
 static pthread_once_t lock_once = PTHREAD_ONCE_INIT;
 static struct table mappings, handles;
 
+/* Bindings (vmm.h): few next to allocations, looked up by holder and range, so a list. */
+struct binding {
+    struct vgpu_vmm_binding b;
+    uint64_t id;
+    int pending; /* recorded before the driver's call, not yet answered */
+    struct binding *next;
+};
+static struct binding *bindings;
+static uint64_t binding_ids;
+
 static void make_lock(void)
 {
     pthread_mutexattr_t attr;
@@ -45,6 +55,7 @@ static void forget_after_fork(void)
     make_lock();
     mappings = (struct table){0};
     handles = (struct table){0};
+    bindings = NULL;
 }
 
 static void first_use(void)
@@ -177,10 +188,32 @@ int vgpu_vmm_retained(uint64_t handle)
     return h != NULL ? 0 : -1;
 }
 
+/* A handle value made anew: the bindings made of the old memory under it are gone with it;
+ * those pending (a bind under way, of a value released meanwhile) hold the new memory if the
+ * driver makes them. Returns how many pending. Caller holds the lock. */
+static uint64_t rebind(uint64_t handle)
+{
+    uint64_t pending = 0;
+    for (struct binding **link = &bindings; *link != NULL;) {
+        struct binding *n = *link;
+        if (n->b.handle == handle && !n->pending) {
+            *link = n->next;
+            free(n);
+            continue;
+        }
+        pending += n->b.handle == handle;
+        link = &n->next;
+    }
+    return pending;
+}
+
 void vgpu_vmm_created(uint64_t handle)
 {
     take_lock();
     drop(&handles, handle);
+    uint64_t pending = rebind(handle);
+    if (pending != 0)
+        add(&handles, handle, 1, pending); /* out of memory: taken as unbound */
     pthread_mutex_unlock(&lock);
 }
 
@@ -231,6 +264,115 @@ size_t vgpu_vmm_handles_in(uint64_t va, uint64_t size, uint64_t *out, size_t max
     return n;
 }
 
+uint64_t vgpu_vmm_bound(const struct vgpu_vmm_binding *b)
+{
+    take_lock();
+    struct node *h = handle_record(b->handle);
+    struct binding *n = h != NULL ? malloc(sizeof *n) : NULL;
+    uint64_t id = 0;
+    if (n != NULL) {
+        id = ++binding_ids;
+        *n = (struct binding){.b = *b, .id = id, .pending = 1, .next = bindings};
+        bindings = n;
+        h->b++;
+    } else if (h != NULL) {
+        settle(h); /* a record just made for this is dropped again */
+    }
+    pthread_mutex_unlock(&lock);
+    return id;
+}
+
+/* One mapping or binding of handle fewer; 1 when that freed its memory. Caller holds the lock. */
+static int unhold(uint64_t handle)
+{
+    struct node *h = find(&handles, handle);
+    if (h == NULL)
+        return 0;
+    h->b -= h->b != 0;
+    return settle(h);
+}
+
+/* Unlinks binding id, its handle in *handle; 0 when there is none. Caller holds the lock. */
+static int unlink_binding(uint64_t id, uint64_t *handle)
+{
+    for (struct binding **link = &bindings; *link != NULL; link = &(*link)->next) {
+        struct binding *n = *link;
+        if (n->id == id) {
+            *link = n->next;
+            *handle = n->b.handle;
+            free(n);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int vgpu_vmm_bind_answered(uint64_t id, int made)
+{
+    int freed = 0;
+    uint64_t handle;
+    take_lock();
+    for (struct binding *n = bindings; made && n != NULL; n = n->next) {
+        if (n->id != id)
+            continue;
+        n->pending = 0;
+        /* Made anew while pending, with no memory for its record then (rebind): this
+         * binding's hold is its record's only mapping (out of memory again, none is kept). */
+        if (find(&handles, n->b.handle) == NULL)
+            add(&handles, n->b.handle, 1, 1);
+    }
+    if (!made && unlink_binding(id, &handle))
+        freed = unhold(handle);
+    pthread_mutex_unlock(&lock);
+    return freed;
+}
+
+static int selected(const struct binding *n, const struct vgpu_vmm_select *s)
+{
+    const struct vgpu_vmm_binding *b = &n->b;
+    return !n->pending && b->holder == s->holder && b->at - s->from < s->size &&
+           (s->dev < 0 || b->dev < 0 || b->dev == s->dev) &&
+           (s->tile == NULL || s->covered(b->tile, s->tile));
+}
+
+size_t vgpu_vmm_bound_ids(const struct vgpu_vmm_select *s, uint64_t *ids, uint64_t *of,
+                          size_t max)
+{
+    size_t n = 0;
+    take_lock();
+    for (const struct binding *e = bindings; e != NULL; e = e->next)
+        if (selected(e, s) && n++ < max) {
+            ids[n - 1] = e->id;
+            of[n - 1] = e->b.handle;
+        }
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+size_t vgpu_vmm_unbound(const uint64_t *ids, size_t n, uint64_t *freed, size_t max)
+{
+    size_t nfreed = 0;
+    uint64_t handle;
+    take_lock();
+    for (size_t i = 0; i < n; i++)
+        if (unlink_binding(ids[i], &handle) && unhold(handle) && nfreed < max)
+            freed[nfreed++] = handle;
+    pthread_mutex_unlock(&lock);
+    return nfreed;
+}
+
+size_t vgpu_vmm_handles_over(uint64_t va, uint64_t size, uint64_t *out, size_t max)
+{
+    size_t n = 0;
+    take_lock();
+    for (size_t b = 0; b < mappings.nbuckets; b++)
+        for (const struct node *m = mappings.buckets[b]; m != NULL; m = m->next)
+            if ((m->key - va < size || va - m->key < m->a) && n++ < max)
+                out[n - 1] = m->b;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
 size_t vgpu_vmm_unmapped(uint64_t va, uint64_t size, uint64_t *freed, size_t max)
 {
     size_t n = 0;
@@ -239,12 +381,8 @@ size_t vgpu_vmm_unmapped(uint64_t va, uint64_t size, uint64_t *freed, size_t max
     for (const struct node *m; (m = next_mapping(va, size, &at)) != NULL;) {
         uint64_t handle = m->b;
         drop(&mappings, m->key);
-        struct node *h = find(&handles, handle);
-        if (h != NULL) {
-            h->b -= h->b != 0;
-            if (settle(h) && n < max)
-                freed[n++] = handle;
-        }
+        if (unhold(handle) && n < max)
+            freed[n++] = handle;
     }
     pthread_mutex_unlock(&lock);
     return n;

@@ -35,7 +35,8 @@ names=$( (awk '{ print $4 }' <<<"$hooks"
 listed="" # every "name version per_thread" some header lists
 for typedefs in "$@"; do
     if [ ! -f "$typedefs" ]; then
-        fail "no $typedefs (make cuda13 at the repository root fetches CUDA 13.0's)"; continue
+        fail "no $typedefs (make cuda13 at the repository root fetches CUDA 13.0's and 13.1's)"
+        continue
     fi
     cuda_h="$(dirname "$typedefs")/cuda.h"
     version=$(sed -n 's/^#define CUDA_VERSION \([0-9]*\).*/\1/p' "$cuda_h")

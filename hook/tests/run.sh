@@ -49,6 +49,7 @@ run alloc-old-driver CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m
     FAKE_CUDA_NO_STREAM_DEVICE=1 "$build/tests/test_alloc"
 run alloc-uncapped "$build/tests/test_alloc" uncapped
 run alloc-exported CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_alloc" exported
+run alloc-bound CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_alloc" bound
 run alloc-teardown CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m LIBCUDA_LOG_LEVEL=3 \
     "$build/tests/test_alloc" teardown
 run alloc-arrays-teardown CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_alloc" arrays-teardown
@@ -129,6 +130,7 @@ run kill-threads CUDA_DEVICE_MEMORY_LIMIT=1g LIBCUDA_LOG_LEVEL=0 \
 run slots CUDA_DEVICE_MEMORY_LIMIT=4g LIBCUDA_LOG_LEVEL=1 "$build/tests/test_multiproc" slots
 run dead-mid-reservation CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" dead-mid-reservation
 run stopped-sibling CUDA_DEVICE_MEMORY_LIMIT=1g LIBCUDA_LOG_LEVEL=1 "$build/tests/test_multiproc" stopped-sibling
+run held-lock CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" held-lock
 run older-layout CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" older-layout
 run odd-generation CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" odd-generation
 # Contexts of 20 MiB: NVML lists the process, so nothing is logged before the claim.
@@ -296,6 +298,8 @@ run footprint-pool-cache CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footp
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" pool-cache
 run footprint-pool-bounds CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-bounds.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" pool-bounds
+run footprint-pool-sync-free CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-sync.shm" \
+    FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" pool-sync-free
 run footprint-pool-many CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-many.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_footprint" pool-many
 run footprint-green CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-green.shm" \
@@ -382,10 +386,11 @@ else
 fi
 # Every ABI cuGetProcAddress may answer for a hooked name has a wrapper, and no name the library
 # wraps or calls is renamed by a macro it does not undo: the headers built against (CUDA_INCLUDE,
-# from the Makefile) and CUDA 13.0's (make cuda13 at the root).
+# from the Makefile), CUDA 13.0's and 13.1's (make cuda13 at the root).
 run abi-coverage bash "$(dirname "$0")/abi_coverage.sh" \
     "${CUDA_INCLUDE:-/usr/local/cuda/include}/cudaTypedefs.h" \
-    "$(dirname "$0")/../../.tools/cuda13/nvidia/cu13/include/cudaTypedefs.h"
+    "$(dirname "$0")/../../.tools/cuda13/nvidia/cu13/include/cudaTypedefs.h" \
+    "$(dirname "$0")/../../.tools/cuda131/nvidia/cu13/include/cudaTypedefs.h"
 # A graph's allocation nodes take memory when it is launched or uploaded: counted then.
 run graph-memory CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/graph-memory.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 "$build/tests/test_graph_memory"

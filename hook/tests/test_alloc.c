@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "cuda_13.h" /* CUDA 13.1's multicast bindings, called by name */
 #include "faults.h"
 #include "cuda_v1.h" /* the legacy v1 exports, called by name below */
 #include "fake_state.h"
@@ -146,8 +147,11 @@ static void families(void)
           "pool allocation over the cap refused");
     check(cuMemAllocFromPoolAsync(&p, 32 * MiB, pool, NULL) == CUDA_SUCCESS &&
           container_used() == 32 * MiB, "pool allocation counted");
-    check(cuMemFree_v2(p) == CUDA_SUCCESS && container_used() == 0,
-          "a pool allocation freed synchronously is released too");
+    cached = cuMemFree_v2(p) == CUDA_SUCCESS ? container_used() : 0;
+    check(cached == 32 * MiB && cuCtxSynchronize() == CUDA_SUCCESS && container_used() == 0,
+          "a pool allocation freed synchronously goes back to its pool as an async free does: "
+          "counted until a synchronisation (%llu MiB), then given back",
+          (unsigned long long)(cached / MiB));
 
     typedef CUresult (*async_fn)(CUdeviceptr *, size_t, CUstream);
     typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
@@ -308,6 +312,165 @@ static void vmm_exported(void)
     cuMemUnmap(va, 800 * MiB);
     cuMemRelease(imported);
     close(fd);
+}
+
+/* An entry that maps (or unmaps) the tile at x of a sparse array onto handle: 64 x 64, or (an
+ * unmap of several) width wide. */
+static CUarrayMapInfo tiles_entry(CUarray array, unsigned int x, unsigned int width,
+                                  CUmemOperationType op, CUmemGenericAllocationHandle handle)
+{
+    return (CUarrayMapInfo){.resourceType = CU_RESOURCE_TYPE_ARRAY, .resource.array = array,
+                            .subresourceType = CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL,
+                            .subresource.sparseLevel = {.offsetX = x, .extentWidth = width,
+                                                        .extentHeight = 64, .extentDepth = 1},
+                            .memOperationType = op,
+                            .memHandleType = CU_MEM_HANDLE_TYPE_GENERIC,
+                            .memHandle.memHandle = op == CU_MEM_OPERATION_TYPE_MAP ? handle : 0,
+                            .deviceBitMask = 1};
+}
+
+static CUarrayMapInfo tile_entry(CUarray array, unsigned int x, CUmemOperationType op,
+                                 CUmemGenericAllocationHandle handle)
+{
+    return tiles_entry(array, x, 64, op, handle);
+}
+
+/* That one entry, through map. */
+static CUresult tile_op(CUresult (*map)(CUarrayMapInfo *, unsigned int, CUstream), CUarray array,
+                        unsigned int x, CUmemOperationType op, CUmemGenericAllocationHandle handle)
+{
+    CUarrayMapInfo m = tile_entry(array, x, op, handle);
+    return map(&m, 1, NULL);
+}
+
+/* cuMemCreate memory bound where cuMemUnmap does not reach holds it after its handle's release,
+ * counted until the binding is undone: a sparse array's tile mapped onto it (cuMemMapArrayAsync
+ * and its _ptsz; undone by the tile's unmap or the array's destruction), a multicast object's
+ * binding (cuMulticastBindMem, cuMulticastBindAddr of an address inside a mapping, CUDA 13.1's
+ * _v2 of each; undone by cuMulticastUnbind). A bind the driver refuses holds nothing. The
+ * library of a21f151 gave each back at the release, and create, map a tile, release held any
+ * amount under the cap (an adversarial review: 3000 MiB on 1 GiB). Sizes in whole MiB: the
+ * sparse array itself is counted a few KiB. The fake takes any value as a multicast object. */
+static void vmm_bound(void)
+{
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    prop.allocFlags.usage = CU_MEM_CREATE_USAGE_TILE_POOL;
+    const CUDA_ARRAY3D_DESCRIPTOR sparse = {.Width = 4096, .Height = 64,
+                                            .Format = CU_AD_FORMAT_UNSIGNED_INT8,
+                                            .NumChannels = 1, .Flags = CUDA_ARRAY3D_SPARSE};
+    typedef CUresult (*map_fn)(CUarrayMapInfo *, unsigned int, CUstream);
+    map_fn map_ptsz = (map_fn)dlsym(RTLD_DEFAULT, "cuMemMapArrayAsync_ptsz");
+    CUmemGenericAllocationHandle h = 0, more = 0;
+    CUarray array = NULL;
+    int done = cuArray3DCreate_v2(&array, &sparse) == CUDA_SUCCESS &&
+               cuMemCreate(&h, 300 * MiB, &prop, 0) == CUDA_SUCCESS &&
+               tile_op(cuMemMapArrayAsync, array, 0, CU_MEM_OPERATION_TYPE_MAP, h) == 0 &&
+               cuMemRelease(h) == CUDA_SUCCESS;
+    uint64_t counted = container_used() / MiB, held = fake_cuda_device_used(0) / MiB;
+    check(done && counted == 300 && held == 300, "300 MiB created, a sparse array's tile mapped "
+          "onto it, released: still counted (%llu MiB; the driver holds %llu MiB)",
+          (unsigned long long)counted, (unsigned long long)held);
+    uint64_t calls = fake_cuda_stats.map_array_ptsz_calls;
+    done = map_ptsz != NULL && cuMemCreate(&h, 200 * MiB, &prop, 0) == CUDA_SUCCESS &&
+           tile_op(map_ptsz, array, 64, CU_MEM_OPERATION_TYPE_MAP, h) == CUDA_SUCCESS &&
+           cuMemRelease(h) == CUDA_SUCCESS;
+    counted = container_used() / MiB;
+    check(done && counted == 500 && fake_cuda_stats.map_array_ptsz_calls == calls + 1,
+          "200 MiB more onto a second tile through the per-thread-stream export (the driver's "
+          "_ptsz called): counted (%llu MiB)", (unsigned long long)counted);
+    done = tile_op(cuMemMapArrayAsync, array, 0, CU_MEM_OPERATION_TYPE_UNMAP, 0) == 0;
+    counted = container_used() / MiB;
+    held = fake_cuda_device_used(0) / MiB;
+    check(done && counted == 200 && held == 200, "the first tile unmapped: its 300 MiB freed and "
+          "given back (%llu MiB counted, %llu held)", (unsigned long long)counted,
+          (unsigned long long)held);
+    done = cuArrayDestroy(array) == CUDA_SUCCESS;
+    check(done && container_used() == 0 && fake_cuda_device_used(0) == 0,
+          "the array destroyed: the second tile's memory freed and given back (%llu bytes "
+          "counted)", (unsigned long long)container_used());
+
+    /* One list that unmaps a tile and maps it anew: the new memory stays counted. One the
+     * driver refuses at its second entry, having applied the first: that one stays counted. */
+    CUmemGenericAllocationHandle second = 0;
+    done = cuArray3DCreate_v2(&array, &sparse) == CUDA_SUCCESS &&
+           cuMemCreate(&h, 300 * MiB, &prop, 0) == CUDA_SUCCESS &&
+           tile_op(cuMemMapArrayAsync, array, 0, CU_MEM_OPERATION_TYPE_MAP, h) == 0 &&
+           cuMemRelease(h) == CUDA_SUCCESS &&
+           cuMemCreate(&second, 300 * MiB, &prop, 0) == CUDA_SUCCESS;
+    CUarrayMapInfo remap[2] = {tile_entry(array, 0, CU_MEM_OPERATION_TYPE_UNMAP, 0),
+                               tile_entry(array, 0, CU_MEM_OPERATION_TYPE_MAP, second)};
+    done = done && cuMemMapArrayAsync(remap, 2, NULL) == CUDA_SUCCESS &&
+           cuMemRelease(second) == CUDA_SUCCESS;
+    counted = container_used() / MiB;
+    held = fake_cuda_device_used(0) / MiB;
+    check(done && counted == 300 && held == 300, "one list unmaps a tile and maps it onto new "
+          "memory, released: the old memory given back, the new counted (%llu MiB counted, %llu "
+          "held)", (unsigned long long)counted, (unsigned long long)held);
+    CUarrayMapInfo half[2] = {tile_entry(array, 64, CU_MEM_OPERATION_TYPE_MAP, 0),
+                              tile_entry(array, 128, CU_MEM_OPERATION_TYPE_MAP, 0)};
+    half[1].memHandleType = (CUmemHandleType)7;
+    done = cuMemCreate(&h, 200 * MiB, &prop, 0) == CUDA_SUCCESS &&
+           (half[0].memHandle.memHandle = h, half[1].memHandle.memHandle = h,
+            cuMemMapArrayAsync(half, 2, NULL)) == CUDA_ERROR_INVALID_VALUE &&
+           cuMemRelease(h) == CUDA_SUCCESS;
+    counted = container_used() / MiB;
+    held = fake_cuda_device_used(0) / MiB;
+    check(done && counted == 500 && held == 500, "a list refused at its second entry, the first "
+          "applied: its memory stays counted (%llu MiB counted, %llu held)",
+          (unsigned long long)counted, (unsigned long long)held);
+    CUarrayMapInfo whole = tiles_entry(array, 0, 192, CU_MEM_OPERATION_TYPE_UNMAP, 0);
+    done = cuMemMapArrayAsync(&whole, 1, NULL) == CUDA_SUCCESS;
+    check(done && container_used() == 256 * 1024 && fake_cuda_device_used(0) == 256 * 1024,
+          "one unmap over the tiles mapped one by one: all given back, the array's 256 KiB "
+          "left (%llu KiB counted)", (unsigned long long)(container_used() / 1024));
+    check(cuArrayDestroy(array) == CUDA_SUCCESS && container_used() == 0 &&
+              fake_cuda_device_used(0) == 0, "that array destroyed: nothing counted or held");
+
+    const CUmemGenericAllocationHandle mc = 0xc000;
+    CUdeviceptr va = 0;
+    done = cuMemAddressReserve(&va, 400 * MiB, 0, 0, 0) == CUDA_SUCCESS &&
+           cuMemCreate(&h, 200 * MiB, &prop, 0) == CUDA_SUCCESS &&
+           cuMulticastBindMem(mc, 0, h, 0, 200 * MiB, 0) == CUDA_SUCCESS &&
+           cuMemRelease(h) == CUDA_SUCCESS &&
+           cuMemCreate(&h, 200 * MiB, &prop, 0) == CUDA_SUCCESS &&
+           cuMulticastBindMem_v2(mc, 0, 200 * MiB, h, 0, 200 * MiB, 0) == CUDA_SUCCESS &&
+           cuMemRelease(h) == CUDA_SUCCESS &&
+           cuMemCreate(&h, 200 * MiB, &prop, 0) == CUDA_SUCCESS &&
+           cuMemMap(va, 200 * MiB, 0, h, 0) == CUDA_SUCCESS &&
+           cuMulticastBindAddr(mc, 400 * MiB, va + 2 * MiB, 2 * MiB, 0) == CUDA_SUCCESS &&
+           cuMemUnmap(va, 200 * MiB) == CUDA_SUCCESS && cuMemRelease(h) == CUDA_SUCCESS &&
+           cuMemCreate(&h, 200 * MiB, &prop, 0) == CUDA_SUCCESS &&
+           cuMemMap(va + 200 * MiB, 200 * MiB, 0, h, 0) == CUDA_SUCCESS &&
+           cuMulticastBindAddr_v2(mc, 0, 600 * MiB, va + 300 * MiB, 2 * MiB, 0) == 0 &&
+           cuMemUnmap(va + 200 * MiB, 200 * MiB) == CUDA_SUCCESS && cuMemRelease(h) == 0;
+    counted = container_used() / MiB;
+    held = fake_cuda_device_used(0) / MiB;
+    check(done && counted == 800 && held == 800, "4 x 200 MiB bound to a multicast object (by "
+          "handle and by an address inside a mapping since unmapped, each also through 13.1's "
+          "_v2), released: counted (%llu MiB; the driver holds %llu MiB)",
+          (unsigned long long)counted, (unsigned long long)held);
+    CUresult rc = cuMemCreate(&more, 300 * MiB, &prop, 0);
+    held = fake_cuda_device_used(0) / MiB;
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held == 800,
+          "300 MiB more is refused under the 1 GiB cap (rc %d, the driver holds %llu MiB)", rc,
+          (unsigned long long)held);
+    done = cuMemCreate(&h, 100 * MiB, &prop, 0) == CUDA_SUCCESS &&
+           cuMulticastBindMem(mc, 800 * MiB, h, 0, 100 * MiB, 1) == CUDA_ERROR_INVALID_VALUE &&
+           cuMemRelease(h) == CUDA_SUCCESS;
+    counted = container_used() / MiB;
+    check(done && counted == 800, "a bind the driver refuses (flags 1) holds nothing: its 100 "
+          "MiB given back at the release (%llu MiB counted)", (unsigned long long)counted);
+    done = cuMulticastUnbind(mc, 0, 0, 400 * MiB) == CUDA_SUCCESS;
+    counted = container_used() / MiB;
+    held = fake_cuda_device_used(0) / MiB;
+    check(done && counted == 400 && held == 400, "the bindings at offsets under 400 MiB undone: "
+          "their memory freed and given back (%llu MiB counted, %llu held)",
+          (unsigned long long)counted, (unsigned long long)held);
+    done = cuMulticastUnbind(mc, 0, 400 * MiB, 400 * MiB) == CUDA_SUCCESS;
+    check(done && container_used() == 0 && fake_cuda_device_used(0) == 0,
+          "the rest undone: nothing counted or held");
+    cuMemAddressFree(va, 400 * MiB);
 }
 
 /* Stream-ordered allocations come from the stream's device, whatever context is current, and
@@ -955,6 +1118,7 @@ int main(int argc, char **argv)
         {"wide-pitch", wide_pitch},     {"teardown", teardown},
         {"arrays-teardown", arrays_teardown}, {"arrays-race", arrays_race},
         {"arrays-green", arrays_green}, {"exported", vmm_exported},
+        {"bound", vmm_bound},
         {"host-memory", host_memory},   {"uncapped", uncapped},
     };
     for (size_t i = 0; argc > 1 && i < sizeof alone / sizeof alone[0]; i++)

@@ -176,21 +176,29 @@ static int memory_not_available(void)
     return check_done("test_footprint na");
 }
 
+/* Device 0's primary context current (300 MiB in the runs that use this) and its pool set to
+ * keep what is freed (release threshold the maximum, as PyTorch's cudaMallocAsync backend sets
+ * it), the region open: 1, or 0 (checked). */
+static int pool_keeping_all(CUmemoryPool *pool)
+{
+    CUcontext ctx;
+    cuuint64_t keep_all = UINT64_MAX;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cuDeviceGetMemPool(pool, 0) == 0 &&
+              cuMemPoolSetAttribute(*pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all) == 0,
+          "a 300 MiB context; the device's pool keeps what is freed");
+    return check(open_region(), "region readable");
+}
+
 /* A pool that keeps what stream-ordered frees give back (release threshold the maximum, as
  * PyTorch's cudaMallocAsync backend sets it): NVML shows the cached memory, so it stays counted
  * from the free on; a stream-ordered allocation the pool serves from it is not counted twice,
  * and a plain one cannot have its room. */
 static int pool_cache(void)
 {
-    CUcontext ctx;
     CUmemoryPool pool;
-    cuuint64_t keep_all = UINT64_MAX;
     CUdeviceptr a = 0, b = 0;
-    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
-              cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cuDeviceGetMemPool(&pool, 0) == 0 &&
-              cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all) == 0,
-          "a 300 MiB context; the device's pool keeps what is freed");
-    if (!check(open_region(), "region readable"))
+    if (!pool_keeping_all(&pool))
         return check_done("test_footprint pool-cache");
     int freed = cuMemAllocAsync(&a, 600 * MiB, NULL) == CUDA_SUCCESS &&
                 cuMemFreeAsync(a, NULL) == CUDA_SUCCESS && cuCtxSynchronize() == CUDA_SUCCESS;
@@ -320,6 +328,51 @@ static int pool_bounds(void)
           (unsigned long long)(counted / MiB));
     fake_cuda_current_pool_other = 0;
     return check_done("test_footprint pool-bounds");
+}
+
+/* A stream-ordered allocation freed with the synchronous cuMemFree goes back to its pool as a
+ * cuMemFreeAsync does (cuda.h tells the two apart only by synchronisation): kept by a pool that
+ * keeps what is freed, it stays counted. The library before gave its count back at once, and
+ * two such rounds held 1624 MiB on the 1 GiB cap, every call answered CUDA_SUCCESS. */
+static int pool_sync_free(void)
+{
+    CUmemoryPool pool;
+    cuuint64_t keep_none = 0;
+    CUdeviceptr a = 0, b = 0;
+    if (!pool_keeping_all(&pool))
+        return check_done("test_footprint pool-sync-free");
+    int freed = cuMemAllocAsync(&a, 600 * MiB, NULL) == CUDA_SUCCESS &&
+                cuMemFree_v2(a) == CUDA_SUCCESS;
+    uint64_t held = fake_cuda_device_used(0), counted = used();
+    check(freed && held == 900 * MiB && counted == 900 * MiB,
+          "600 MiB allocated on the stream and freed with cuMemFree: the pool keeps it (%llu MiB "
+          "held), and it stays counted (%llu MiB)", (unsigned long long)(held / MiB),
+          (unsigned long long)(counted / MiB));
+    CUresult rc = cuMemAlloc_v2(&b, 600 * MiB);
+    held = fake_cuda_device_used(0);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && held == 900 * MiB,
+          "a plain 600 MiB allocation is refused: the pool's cache holds that room (rc %d, "
+          "%llu MiB held)", rc, (unsigned long long)(held / MiB));
+    rc = cuMemAllocAsync(&a, 700 * MiB, NULL);
+    CUresult rc_free = rc == CUDA_SUCCESS ? cuMemFree_v2(a) : rc;
+    rc = cuMemAlloc_v2(&b, 600 * MiB);
+    held = fake_cuda_device_used(0);
+    counted = used();
+    check(rc_free == CUDA_SUCCESS && rc == CUDA_ERROR_OUT_OF_MEMORY && held == 1000 * MiB &&
+              counted == 1000 * MiB,
+          "700 MiB on the stream (the pool gave its cache back first, then grew) freed with "
+          "cuMemFree: still counted, a plain 600 MiB refused (rc %d), held %llu MiB, counted "
+          "%llu MiB", rc, (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
+    int released = cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_none) ==
+                       CUDA_SUCCESS && cuCtxSynchronize() == CUDA_SUCCESS;
+    rc = cuMemAlloc_v2(&b, 600 * MiB);
+    held = fake_cuda_device_used(0);
+    counted = used();
+    check(released && rc == CUDA_SUCCESS && held == 900 * MiB && counted == 900 * MiB,
+          "the pool told to keep nothing gives its cache back at a synchronisation: the count "
+          "follows, and the plain 600 MiB fit (rc %d, held %llu MiB, counted %llu MiB)", rc,
+          (unsigned long long)(held / MiB), (unsigned long long)(counted / MiB));
+    return check_done("test_footprint pool-sync-free");
 }
 
 /* Frees into more pools than the library keeps a count for each (4 a device): the rest stay
@@ -1579,6 +1632,8 @@ int main(int argc, char **argv)
         return pool_cache();
     if (argc == 2 && strcmp(argv[1], "pool-bounds") == 0)
         return pool_bounds();
+    if (argc == 2 && strcmp(argv[1], "pool-sync-free") == 0)
+        return pool_sync_free();
     if (argc == 2 && strcmp(argv[1], "pool-many") == 0)
         return pool_many();
     if (argc == 2 && strcmp(argv[1], "retain-race") == 0)

@@ -1023,12 +1023,17 @@ static void odd_generation(void)
 }
 
 /* Runs in a child: allocates and frees `bytes` on each byte read from `go`, and answers 'y' (it
- * got them) or 'n' on `done`, until `go` closes. */
-static void asker(int go, int done, uint64_t bytes)
+ * got them) or 'n' on `done`, until `go` closes. Its context is made at once, or (lazy) at the
+ * first byte read. */
+static void asker(int go, int done, uint64_t bytes, int lazy)
 {
-    cuda_start();
+    if (!lazy)
+        cuda_start();
     char c;
     while (read(go, &c, 1) == 1) {
+        if (lazy)
+            cuda_start();
+        lazy = 0;
         CUdeviceptr p;
         char got = cuMemAlloc_v2(&p, bytes) == CUDA_SUCCESS ? 'y' : 'n';
         if (got == 'y')
@@ -1044,7 +1049,7 @@ struct asking {
     int go, done;
 };
 
-static struct asking start_asker(uint64_t bytes)
+static struct asking start_asker_lazily(uint64_t bytes, int lazy)
 {
     int go[2], done[2];
     if (pipe(go) != 0 || pipe(done) != 0)
@@ -1054,12 +1059,14 @@ static struct asking start_asker(uint64_t bytes)
     if (pid == 0) {
         close(go[1]);
         close(done[0]);
-        asker(go[0], done[1], bytes);
+        asker(go[0], done[1], bytes, lazy);
     }
     close(go[0]);
     close(done[1]);
     return (struct asking){pid, go[1], done[0]};
 }
+
+static struct asking start_asker(uint64_t bytes) { return start_asker_lazily(bytes, 0); }
 
 /* Asks once; the answer ('y', 'n'), or 0 when none came within `seconds` (*took: how long). */
 static char ask(const struct asking *a, double seconds, double *took)
@@ -1215,6 +1222,52 @@ static void stopped_sibling(void)
     munmap(w, VGPU_REGION_FILE_SIZE);
     kill(held, SIGKILL);
     wait_status(held);
+}
+
+/* An open-file-description read lock on byte 0 of the region file, which serialises its
+ * creation and the slot claims: what any process of the container that can open the file (0666)
+ * may take, and what one stopped in a claim holds. The descriptor, or -1. */
+static int hold_creation_byte(void)
+{
+    int fd = open(region_path(), O_RDONLY | O_CLOEXEC);
+    struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    if (fd >= 0 && fcntl(fd, F_OFD_SETLK, &fl) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Byte 0 held for good: a process's first allocation (its slot claim) and a new process's
+ * attach each wait for it 10 s, then are refused, saying why; once it is let go, the next
+ * allocation a second later is served. The library before waited with no bound (F_OFD_SETLKW):
+ * both hung, in a new process inside its first CUDA call, for as long as the lock was held. */
+static void held_lock(void)
+{
+    struct asking a = start_asker_lazily(100 * MiB, 1); /* no CUDA call yet: no slot */
+    int fd = hold_creation_byte();
+    if (!check(fd >= 0 && a.pid > 0 && find_slot(a.pid) < 0,
+               "a process with no slot yet (%d); byte 0 held by another description (%d)",
+               find_slot(a.pid), fd))
+        return;
+    double took = 0;
+    char answer = ask(&a, 30.0, &took);
+    check(answer == 'n' && took >= 9.5 && took < 15.0, "its first allocation waits for the lock "
+          "10 s, then is refused (%c in %.1f s)", answer ? answer : '-', took);
+    setenv("EXPECT_REFUSAL", "has held the region's creation lock for 10 s", 1);
+    double t0 = now_s();
+    int refused = exited_ok_within(spawn_self("refused-child", 0), 30.0);
+    took = now_s() - t0;
+    unsetenv("EXPECT_REFUSAL");
+    check(refused && took >= 9.5 && took < 15.0, "a new process's cuInit waits 10 s for the "
+          "lock, then refuses CUDA, saying why (%s in %.1f s)", refused ? "refused" : "not so",
+          took);
+    close(fd);
+    sleep_s(1.1); /* a slot claim is tried again once a second */
+    answer = ask(&a, 10.0, &took);
+    check(answer == 'y' && find_slot(a.pid) >= 0, "the lock let go, the next allocation gets "
+          "its 100 MiB and a slot (%c in %.2f s)", answer ? answer : '-', took);
+    stop_asking(&a);
 }
 
 /* A region an older library made (layout version 1: set by hand here over a live process's
@@ -1815,6 +1868,7 @@ static const struct mode mapped_modes[] = {
     {"slots", all_slots},
     {"dead-mid-reservation", dead_mid_reservation},
     {"stopped-sibling", stopped_sibling},
+    {"held-lock", held_lock},
     {"odd-generation", odd_generation},
     {"blocked-stderr", blocked_stderr},
     {"replaced-descriptor", replaced_descriptor},

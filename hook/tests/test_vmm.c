@@ -28,6 +28,11 @@ void *__wrap_calloc(size_t n, size_t size)
 
 static const uint64_t MiB = UINT64_C(1) << 20;
 
+static int same_tile(const uint64_t *bound, const uint64_t *tile)
+{
+    return memcmp(bound, tile, VGPU_VMM_TILE * sizeof *tile) == 0;
+}
+
 static void lifetimes(void)
 {
     check(vgpu_vmm_released(0x10) == 1, "a handle never mapped nor retained: its release frees it");
@@ -46,6 +51,61 @@ static void lifetimes(void)
               vgpu_vmm_unmapped(0x2000 * MiB, 2 * MiB, freed, 4) == 0 &&
               vgpu_vmm_released(0x40) == 1,
           "unmapped while referenced: freed at the release");
+
+    uint64_t over[4] = {0};
+    int two = vgpu_vmm_mapped(0x3000 * MiB, 2 * MiB, 0x48) == 0 &&
+              vgpu_vmm_mapped(0x3002 * MiB, 2 * MiB, 0x50) == 0;
+    size_t across = vgpu_vmm_handles_over(0x3001 * MiB, 2 * MiB, over, 4);
+    int both = across == 2 && ((over[0] == 0x48 && over[1] == 0x50) ||
+                               (over[0] == 0x50 && over[1] == 0x48));
+    check(two && both && vgpu_vmm_handles_over(0x3001 * MiB, MiB / 2, over, 4) == 1 &&
+              over[0] == 0x48 && vgpu_vmm_handles_over(0x3004 * MiB, MiB, over, 4) == 0 &&
+              vgpu_vmm_handles_over(0x3000 * MiB, 4 * MiB, over, 1) == 2,
+          "the handles over a range starting inside a mapping: both of two it crosses, the one "
+          "it lies in, none past them, and the count where fewer fit (%zu)", across);
+    vgpu_vmm_unmapped(0x3000 * MiB, 4 * MiB, freed, 4);
+
+    /* Bindings: a multicast object's (holder 0x900) on devices 0 and 1, an array's tile (its
+     * words compared whole here). */
+    const struct vgpu_vmm_binding on0 = {.holder = 0x900, .handle = 0x60, .dev = 0},
+                                  on1 = {.holder = 0x900, .handle = 0x68, .dev = 1},
+                                  tile = {.holder = 0xa00, .handle = 0x70, .tile = {7}, .dev = -1};
+    const uint64_t seventh[VGPU_VMM_TILE] = {7}, eighth[VGPU_VMM_TILE] = {8};
+    uint64_t ids[4] = {0}, got[4] = {0};
+    uint64_t id0 = vgpu_vmm_bound(&on0), id1 = vgpu_vmm_bound(&on1), idt = vgpu_vmm_bound(&tile);
+    const struct vgpu_vmm_select mc_dev1 = {0x900, 0, 1, 1, NULL, NULL}, mc_any = {0x900, 0, 1, -1, NULL, NULL},
+                                 mc_past = {0x900, 1, 8, -1, NULL, NULL};
+    check(id0 != 0 && id1 != 0 && idt != 0 && vgpu_vmm_bound_ids(&mc_any, ids, got, 4) == 0,
+          "bindings pending the driver's answer: none chosen for an unbind");
+    vgpu_vmm_bind_answered(id0, 1);
+    vgpu_vmm_bind_answered(id1, 1);
+    int held = vgpu_vmm_released(0x60) == 0 && vgpu_vmm_released(0x68) == 0 &&
+               vgpu_vmm_released(0x70) == 0;
+    check(held && vgpu_vmm_bound_ids(&mc_dev1, ids, got, 4) == 1 && got[0] == 0x68 &&
+              ids[0] == id1 && vgpu_vmm_bound_ids(&mc_any, ids, got, 4) == 2 &&
+              vgpu_vmm_bound_ids(&mc_past, ids, got, 4) == 0,
+          "made and released: held; the bindings at an offset on one device, on any, none past");
+    size_t n1 = vgpu_vmm_unbound(&id1, 1, freed, 4);
+    check(n1 == 1 && freed[0] == 0x68 && vgpu_vmm_bound_ids(&mc_any, ids, got, 4) == 1,
+          "device 1's unbound: its memory freed (%zu), device 0's still bound", n1);
+    check(vgpu_vmm_bind_answered(idt, 0) == 1 && vgpu_vmm_bind_answered(idt, 0) == 0,
+          "a refused bind forgotten: the memory it alone held freed, once");
+    check(vgpu_vmm_unbound(&id0, 1, freed, 4) == 1 && freed[0] == 0x60 &&
+              vgpu_vmm_unbound(&id0, 1, freed, 4) == 0,
+          "the other undone: freed; undone again, nothing");
+    idt = vgpu_vmm_bound(&tile);
+    vgpu_vmm_bind_answered(idt, 1);
+    check(vgpu_vmm_bound_ids(&(struct vgpu_vmm_select){0xa00, 0, 1, -1, seventh, same_tile}, ids, got, 4) ==
+                  1 &&
+              vgpu_vmm_bound_ids(&(struct vgpu_vmm_select){0xa00, 0, 1, -1, eighth, same_tile}, ids, got,
+                                 4) == 0,
+          "a tile chosen only by its own words");
+    uint64_t pending = vgpu_vmm_bound(&tile);
+    vgpu_vmm_created(0x70);
+    check(vgpu_vmm_bound_ids(&(struct vgpu_vmm_select){0xa00, 0, 1, -1, NULL, NULL}, ids, got, 4) == 0 &&
+              vgpu_vmm_released(0x70) == 0 && vgpu_vmm_bind_answered(pending, 0) == 1,
+          "a handle made anew: the old memory's binding gone, the pending one holds the new "
+          "memory until the driver refuses it");
 
     int kept = vgpu_vmm_mapped(0x3800 * MiB, 2 * MiB, 0x58) == 0 &&
                vgpu_vmm_exported(0x58) == 0 && vgpu_vmm_retained(0x58) == 0;

@@ -27,6 +27,7 @@
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, CUstream);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
+CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo *, unsigned int, CUstream);
 CUresult cuStreamIsCapturing_ptsz(CUstream, CUstreamCaptureStatus *);
 CUresult cuStreamSynchronize_ptsz(CUstream);
 CUresult cuStreamQuery_ptsz(CUstream);
@@ -1516,7 +1517,16 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR
     return rc;
 }
 
-EXPORT CUresult cuArrayDestroy(CUarray array) { return fake_free((uint64_t)(uintptr_t)array); }
+/* A destroyed sparse array's tiles let go of the memory they were mapped onto (below). */
+static void array_gone(uint64_t array);
+
+EXPORT CUresult cuArrayDestroy(CUarray array)
+{
+    CUresult rc = fake_free((uint64_t)(uintptr_t)array);
+    if (rc == CUDA_SUCCESS)
+        array_gone((uint64_t)(uintptr_t)array);
+    return rc;
+}
 
 /* Every level, each half the one before in every dimension (at least 1). */
 EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *handle,
@@ -1539,7 +1549,10 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *handle,
 
 EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array)
 {
-    return fake_free((uint64_t)(uintptr_t)array);
+    CUresult rc = fake_free((uint64_t)(uintptr_t)array);
+    if (rc == CUDA_SUCCESS)
+        array_gone((uint64_t)(uintptr_t)array);
+    return rc;
 }
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
@@ -1648,6 +1661,146 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *han
     }
     pthread_mutex_unlock(&table_lock);
     return rc;
+}
+
+/* Bindings that hold cuMemCreate memory as a mapping does, undone other than by cuMemUnmap: a
+ * sparse array's tile mapped onto it (cuMemMapArrayAsync; undone by the tile's unmap or the
+ * array's destruction), a multicast object's (cuMulticastBindMem, cuMulticastBindAddr;
+ * cuMulticastUnbind). Keyed by what undoes them: the array and its tile, or the multicast
+ * object and its offset. Any value serves as a multicast object here; sizes are not checked. */
+enum { MAX_BINDINGS = 64 };
+static struct binding {
+    uint64_t holder, offset, handle;
+} bindings[MAX_BINDINGS];
+
+/* Binds handle's memory to holder at offset. Caller holds table_lock. */
+static CUresult bind(uint64_t holder, uint64_t offset, uint64_t handle)
+{
+    struct alloc *a = find_alloc(handle);
+    if (a == NULL || a->refs == 0)
+        return CUDA_ERROR_INVALID_HANDLE;
+    for (int i = 0; i < MAX_BINDINGS; i++)
+        if (bindings[i].handle == 0) {
+            bindings[i] = (struct binding){holder, offset, handle};
+            a->maps++;
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Undoes holder's bindings at offsets in [from, from + size). Caller holds table_lock. */
+static void unbind(uint64_t holder, uint64_t from, uint64_t size)
+{
+    for (int i = 0; i < MAX_BINDINGS; i++) {
+        if (bindings[i].handle == 0 || bindings[i].holder != holder ||
+            bindings[i].offset - from >= size)
+            continue;
+        struct alloc *a = find_alloc(bindings[i].handle);
+        bindings[i] = (struct binding){0};
+        if (a != NULL) {
+            a->maps--;
+            free_if_unheld(a);
+        }
+    }
+}
+
+static void array_gone(uint64_t array)
+{
+    pthread_mutex_lock(&table_lock);
+    unbind(array, 0, UINT64_MAX);
+    pthread_mutex_unlock(&table_lock);
+}
+
+/* Each entry maps a tile of its array onto a handle's memory, or unmaps the tiles within it; a
+ * tile is named by its level's x offset here (a mip tail's by its offset), an unmap covers
+ * those from its x offset over its width (its offset over its size). */
+EXPORT CUresult cuMemMapArrayAsync(CUarrayMapInfo *list, unsigned int count, CUstream stream)
+{
+    (void)stream;
+    if (list == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&table_lock);
+    for (unsigned int i = 0; i < count && rc == CUDA_SUCCESS; i++) {
+        uint64_t array = (uint64_t)(uintptr_t)list[i].resource.array;
+        int level = list[i].subresourceType == CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL;
+        uint64_t tile = level ? list[i].subresource.sparseLevel.offsetX
+                              : list[i].subresource.miptail.offset;
+        uint64_t extent = level ? list[i].subresource.sparseLevel.extentWidth
+                                : list[i].subresource.miptail.size;
+        if (list[i].memOperationType == CU_MEM_OPERATION_TYPE_UNMAP)
+            unbind(array, tile, extent);
+        else if (list[i].memOperationType != CU_MEM_OPERATION_TYPE_MAP ||
+                 list[i].memHandleType != CU_MEM_HANDLE_TYPE_GENERIC)
+            rc = CUDA_ERROR_INVALID_VALUE;
+        else
+            rc = bind(array, tile, list[i].memHandle.memHandle);
+    }
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+EXPORT CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo *list, unsigned int count,
+                                        CUstream stream)
+{
+    __atomic_add_fetch(&fake_cuda_stats.map_array_ptsz_calls, 1, __ATOMIC_RELAXED);
+    return cuMemMapArrayAsync(list, count, stream);
+}
+
+EXPORT CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t mc_offset,
+                                   CUmemGenericAllocationHandle handle, size_t offset,
+                                   size_t size, unsigned long long flags)
+{
+    (void)offset, (void)size;
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&table_lock);
+    CUresult rc = bind(mc, mc_offset, handle);
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+/* CUDA 13.1's, naming the device bound (ignored here). */
+EXPORT CUresult cuMulticastBindMem_v2(CUmemGenericAllocationHandle mc, CUdevice dev,
+                                      size_t mc_offset, CUmemGenericAllocationHandle handle,
+                                      size_t offset, size_t size, unsigned long long flags)
+{
+    (void)dev;
+    return cuMulticastBindMem(mc, mc_offset, handle, offset, size, flags);
+}
+
+/* Binds the memory mapped at ptr (anywhere in a mapping; the first one's alone here). */
+EXPORT CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mc, size_t mc_offset,
+                                    CUdeviceptr ptr, size_t size, unsigned long long flags)
+{
+    (void)size;
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; i < MAX_MAPPINGS && rc == CUDA_ERROR_INVALID_VALUE; i++)
+        if (mappings[i].size != 0 && ptr - mappings[i].va < mappings[i].size)
+            rc = bind(mc, mc_offset, mappings[i].handle);
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+EXPORT CUresult cuMulticastBindAddr_v2(CUmemGenericAllocationHandle mc, CUdevice dev,
+                                       size_t mc_offset, CUdeviceptr ptr, size_t size,
+                                       unsigned long long flags)
+{
+    (void)dev;
+    return cuMulticastBindAddr(mc, mc_offset, ptr, size, flags);
+}
+
+EXPORT CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mc, CUdevice dev,
+                                  size_t mc_offset, size_t size)
+{
+    (void)dev;
+    pthread_mutex_lock(&table_lock);
+    unbind(mc, mc_offset, size);
+    pthread_mutex_unlock(&table_lock);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
@@ -3439,6 +3592,13 @@ static const struct proc procs[] = {
     P("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel, 9000, 0),
     P("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel_ptsz, 9000, 1),
     P("cuMemExportToShareableHandle", cuMemExportToShareableHandle, 10020, 0),
+    P("cuMemMapArrayAsync", cuMemMapArrayAsync, 11010, 0),
+    P("cuMemMapArrayAsync", cuMemMapArrayAsync_ptsz, 11010, 1),
+    P("cuMulticastBindMem", cuMulticastBindMem, 12010, 0),
+    P("cuMulticastBindAddr", cuMulticastBindAddr, 12010, 0),
+    P("cuMulticastUnbind", cuMulticastUnbind, 12010, 0),
+    P("cuMulticastBindMem", cuMulticastBindMem_v2, 13010, 0),
+    P("cuMulticastBindAddr", cuMulticastBindAddr_v2, 13010, 0),
     P("cuMemImportFromShareableHandle", cuMemImportFromShareableHandle, 10020, 0),
     P("cuLaunch", cuLaunch, 2000, 0),
     P("cuLaunchGrid", cuLaunchGrid, 2000, 0),
