@@ -834,16 +834,22 @@ VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 }
 
 /* A mapping that cannot be recorded is undone and refused: unrecorded, it would not keep the
- * memory counted once the handle is released. */
+ * memory counted once the handle is released. The driver call and the record are under the
+ * vmm lock, as cuMemRelease's are: a release between them would find no mapping and give the
+ * mapped memory back (a race a program can win at will). */
 VGPU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                               CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
     if (!ready() || real.cuMemMap == NULL || real.cuMemUnmap == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    vgpu_vmm_hold();
     CUresult rc = real.cuMemMap(ptr, size, offset, handle, flags);
-    if (rc != CUDA_SUCCESS || vgpu_vmm_mapped(ptr, size, handle) == 0)
+    int recorded = rc != CUDA_SUCCESS || vgpu_vmm_mapped(ptr, size, handle) == 0;
+    if (!recorded)
+        real.cuMemUnmap(ptr, size);
+    vgpu_vmm_let_go();
+    if (recorded)
         return rc;
-    real.cuMemUnmap(ptr, size);
     vgpu_log(VGPU_LOG_ERROR, "out of host memory recording a memory mapping: refused");
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -853,10 +859,14 @@ VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h
 {
     if (!ready() || real.cuMemRetainAllocationHandle == NULL || real.cuMemRelease == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    vgpu_vmm_hold(); /* as cuMemMap's: a release meanwhile would not see this reference */
     CUresult rc = real.cuMemRetainAllocationHandle(handle, addr);
-    if (rc != CUDA_SUCCESS || handle == NULL || vgpu_vmm_retained(*handle) == 0)
+    int recorded = rc != CUDA_SUCCESS || handle == NULL || vgpu_vmm_retained(*handle) == 0;
+    if (!recorded)
+        real.cuMemRelease(*handle);
+    vgpu_vmm_let_go();
+    if (recorded)
         return rc;
-    real.cuMemRelease(*handle);
     vgpu_log(VGPU_LOG_ERROR, "out of host memory recording a handle's reference: refused");
     return CUDA_ERROR_OUT_OF_MEMORY;
 }

@@ -275,6 +275,81 @@ static void vmm_mapped(void)
     cuMemAddressFree(va2, 512 * MiB);
 }
 
+/* Releases the handle map_race maps from another thread, while the driver's cuMemMap is
+ * under way; waits for that release 0.3 s at most (the library may hold it back). */
+static CUmemGenericAllocationHandle racing_handle;
+static int race_released;
+
+static CUdeviceptr racing_va;
+
+static void *release_racing(void *arg)
+{
+    (void)arg;
+    cuMemRelease(racing_handle);
+    if (racing_va != 0) /* and unmapped: only the racing retain's reference holds it */
+        cuMemUnmap(racing_va, 600 * MiB);
+    __atomic_store_n(&race_released, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static pthread_t racer;
+
+static void release_meanwhile(void)
+{
+    pthread_create(&racer, NULL, release_racing, NULL);
+    for (int i = 0; i < 300 && !__atomic_load_n(&race_released, __ATOMIC_ACQUIRE); i++)
+        usleep(1000);
+}
+
+/* A handle released by another thread between the driver's mapping and the library's record of
+ * it: the mapped memory stays counted. The library of 6069325 recorded the mapping after the
+ * driver's call, outside its lock, and gave the 600 MiB back at that release: 1200 MiB held on
+ * the 1 GiB cap once 600 MiB more were created. Then the same with a reference taken by
+ * cuMemRetainAllocationHandle. */
+static void vmm_map_race(void)
+{
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle more = 0;
+    int made = cuMemCreate(&racing_handle, 600 * MiB, &prop, 0) == CUDA_SUCCESS &&
+               cuMemAddressReserve(&va, 600 * MiB, 0, 0, 0) == CUDA_SUCCESS;
+    strcpy(fake_cuda_inside, "cuMemMap");
+    fake_cuda_inside_fn = release_meanwhile;
+    int mapped = made && cuMemMap(va, 600 * MiB, 0, racing_handle, 0) == CUDA_SUCCESS;
+    pthread_join(racer, NULL);
+    uint64_t counted = container_used(), held = fake_cuda_device_used(0);
+    check(mapped && counted == 600 * MiB && held == 600 * MiB, "600 MiB mapped, its handle "
+          "released by another thread while the driver mapped it: still counted (%llu MiB; the "
+          "driver holds %llu MiB)", (unsigned long long)(counted / MiB),
+          (unsigned long long)(held / MiB));
+    CUresult rc = cuMemCreate(&more, 600 * MiB, &prop, 0);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY, "600 MiB more is refused (rc %d, the driver holds "
+          "%llu MiB)", rc, (unsigned long long)(fake_cuda_device_used(0) / MiB));
+    check(cuMemUnmap(va, 600 * MiB) == CUDA_SUCCESS && container_used() == 0 &&
+              fake_cuda_device_used(0) == 0, "unmapped: freed and given back");
+
+    /* The same race with a reference: retained from its address while another thread releases
+     * the handle and unmaps it. */
+    CUmemGenericAllocationHandle retained = 0;
+    race_released = 0;
+    made = cuMemCreate(&racing_handle, 600 * MiB, &prop, 0) == CUDA_SUCCESS &&
+           cuMemMap(va, 600 * MiB, 0, racing_handle, 0) == CUDA_SUCCESS;
+    racing_va = va;
+    strcpy(fake_cuda_inside, "cuMemRetainAllocationHandle");
+    fake_cuda_inside_fn = release_meanwhile;
+    int kept = made && cuMemRetainAllocationHandle(&retained, (void *)(uintptr_t)va) == 0;
+    pthread_join(racer, NULL);
+    counted = container_used();
+    held = fake_cuda_device_used(0);
+    check(kept && counted == 600 * MiB && held == 600 * MiB, "600 MiB retained from its address "
+          "while another thread released and unmapped it: still counted (%llu MiB; the driver "
+          "holds %llu MiB)", (unsigned long long)(counted / MiB), (unsigned long long)(held / MiB));
+    check(cuMemRelease(retained) == CUDA_SUCCESS && container_used() == 0 &&
+              fake_cuda_device_used(0) == 0, "its last reference released: given back");
+    cuMemAddressFree(va, 600 * MiB);
+}
+
 /* An exported handle's memory may live on in an import (here, or in another process of the
  * container) after every reference this process knows is released: it stays counted. The
  * library before gave it back at the release, and a loop of create, export, import, release,
@@ -1118,7 +1193,7 @@ int main(int argc, char **argv)
         {"wide-pitch", wide_pitch},     {"teardown", teardown},
         {"arrays-teardown", arrays_teardown}, {"arrays-race", arrays_race},
         {"arrays-green", arrays_green}, {"exported", vmm_exported},
-        {"bound", vmm_bound},
+        {"bound", vmm_bound},           {"map-race", vmm_map_race},
         {"host-memory", host_memory},   {"uncapped", uncapped},
     };
     for (size_t i = 0; argc > 1 && i < sizeof alone / sizeof alone[0]; i++)

@@ -1844,6 +1844,8 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
         a->maps++;
     }
     pthread_mutex_unlock(&table_lock);
+    if (rc == CUDA_SUCCESS)
+        run_inside("cuMemMap");
     return rc;
 }
 
@@ -1888,6 +1890,8 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle
         }
     }
     pthread_mutex_unlock(&table_lock);
+    if (rc == CUDA_SUCCESS)
+        run_inside("cuMemRetainAllocationHandle");
     return rc;
 }
 
