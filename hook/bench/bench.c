@@ -307,9 +307,9 @@ int main(int argc, char **argv)
         compare("cuMemAlloc_v2 + cuMemFree_v2 (4 KiB)", time_pair, 300000);
         compare("cuMemGetInfo_v2", time_info, 1000000);
         compare("cuMemAllocAsync + cuMemFreeAsync", time_async_pair, 300000);
-        /* Once a stream-ordered allocation was counted, each free asks which pool, if any,
-         * the pointer came from (cuda_memory.c, may_be_pooled). */
-        compare("cuMemAlloc_v2 + cuMemFree_v2, after stream-ordered ones", time_pair, 300000);
+        /* Later: once a stream-ordered allocation was counted, each free asks which pool, if
+         * any, the pointer came from (cuda_memory.c, may_be_pooled). */
+        compare("cuMemAlloc_v2 + cuMemFree_v2, later", time_pair, 300000);
     }
     compare("cuGraphLaunch (1 kernel node)", time_graph_launch, 1000000);
     compare("cuMemcpy to the host (64 B)", time_copy, 300000);

@@ -817,6 +817,21 @@ static void give_back_handle(const struct vgpu_mem_record *before)
         vgpu_mem_unreserve(before->dev, before->bytes);
 }
 
+/* The freed handles' memory was freed by the driver call just made: each is given back once
+ * through the first of its recordings among the n copied before that call (handles[i],
+ * before[i]; a handle mapped or bound twice is listed twice). */
+static void give_back_freed(const uint64_t *freed, size_t nfreed, const uint64_t *handles,
+                            struct vgpu_mem_record *before, size_t n)
+{
+    for (size_t f = 0; f < nfreed; f++)
+        for (size_t i = 0; i < n; i++)
+            if (handles[i] == freed[f] && before[i].serial != 0) {
+                give_back_handle(&before[i]);
+                before[i].serial = 0;
+                break;
+            }
+}
+
 VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     if (!ready() || real.cuMemRelease == NULL)
@@ -896,7 +911,7 @@ VGPU_EXPORT CUresult cuMemExportToShareableHandle(void *shareable,
 /* ---- memory bound where cuMemUnmap does not reach --------------------------------------- */
 
 /* A sparse array's tiles mapped onto cuMemCreate memory (cuMemMapArrayAsync: undone by an unmap
- * of the same tiles or the array's destruction) and a multicast object's bindings
+ * over them or the array's destruction) and a multicast object's bindings
  * (cuMulticastBindMem, cuMulticastBindAddr, their CUDA 13.1 _v2 naming the device: undone by
  * cuMulticastUnbind) hold the memory as a mapping does (cuda.h, cuMemRelease): each is a
  * binding (vmm.h), and the memory stays counted while one holds it. A binding is recorded
@@ -910,15 +925,19 @@ struct binds {
     size_t n;
 };
 
+/* api refused: no host memory to record what it binds. Returns -1. */
+static int no_room_to_bind(const char *api)
+{
+    vgpu_log(VGPU_LOG_ERROR, "%s: out of host memory recording what it binds: refused", api);
+    return -1;
+}
+
 /* Room for max bindings: 0, or -1 (logged as api's) out of host memory. */
 static int binds_begin(struct binds *p, size_t max, const char *api)
 {
     *p = (struct binds){.ids = calloc(max ? max : 1, sizeof *p->ids),
                         .before = calloc(max ? max : 1, sizeof *p->before)};
-    if (p->ids != NULL && p->before != NULL)
-        return 0;
-    vgpu_log(VGPU_LOG_ERROR, "%s: out of host memory recording what it binds: refused", api);
-    return -1;
+    return p->ids != NULL && p->before != NULL ? 0 : no_room_to_bind(api);
 }
 
 /* Records b before the driver's call; 0, or -1 (logged) out of host memory. */
@@ -926,11 +945,8 @@ static int binds_add(struct binds *p, const struct vgpu_vmm_binding *b, const ch
 {
     vgpu_mem_find(VGPU_KIND_HANDLE, b->handle, &p->before[p->n]);
     uint64_t id = vgpu_vmm_bound(b);
-    if (id == 0) {
-        vgpu_log(VGPU_LOG_ERROR, "%s: out of host memory recording what it binds: refused",
-                 api);
-        return -1;
-    }
+    if (id == 0)
+        return no_room_to_bind(api);
     p->ids[p->n++] = id;
     return 0;
 }
@@ -984,13 +1000,7 @@ static void unbinds_end(struct unbinds *u, int done)
 {
     uint64_t *freed = u->handles + u->n;
     size_t nfreed = done && u->n != 0 ? vgpu_vmm_unbound(u->ids, u->n, freed, u->n) : 0;
-    for (size_t f = 0; f < nfreed; f++)
-        for (size_t i = 0; i < u->n; i++)
-            if (u->handles[i] == freed[f] && u->before[i].serial != 0) {
-                give_back_handle(&u->before[i]);
-                u->before[i].serial = 0;
-                break;
-            }
+    give_back_freed(freed, nfreed, u->handles, u->before, u->n);
     free(u->ids);
     free(u->handles);
     free(u->before);
@@ -1065,7 +1075,7 @@ static CUresult map_array(CUresult (*const *map)(CUarrayMapInfo *, unsigned int,
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
     if (binds_begin(&p, count, "cuMemMapArrayAsync") != 0 || copy == NULL || unmaps == NULL) {
         if (copy == NULL || unmaps == NULL)
-            vgpu_log(VGPU_LOG_ERROR, "cuMemMapArrayAsync: out of host memory: refused");
+            no_room_to_bind("cuMemMapArrayAsync");
         free(copy);
         free(unmaps);
         return binds_end(&p, rc, 0);
@@ -1145,9 +1155,7 @@ static int bind_range(struct binds *p, uint64_t mc, int dev, size_t mc_offset, C
     vgpu_vmm_hold(); /* the range's mappings stay as read until they are recorded */
     size_t n = vgpu_vmm_handles_over(ptr, size, NULL, 0);
     uint64_t *handles = calloc(n ? n : 1, sizeof *handles);
-    int rc = handles != NULL ? binds_begin(p, n, api) : -1;
-    if (handles == NULL)
-        vgpu_log(VGPU_LOG_ERROR, "%s: out of host memory recording what it binds: refused", api);
+    int rc = handles != NULL ? binds_begin(p, n, api) : no_room_to_bind(api);
     n = rc == 0 ? vgpu_vmm_handles_over(ptr, size, handles, n) : 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
         struct vgpu_vmm_binding b = {.holder = mc, .at = mc_offset, .handle = handles[i],
@@ -1245,14 +1253,7 @@ VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     }
     if (rc == CUDA_SUCCESS && n != 0) {
         uint64_t *freed = handles + n;
-        size_t nfreed = vgpu_vmm_unmapped(ptr, size, freed, n);
-        for (size_t f = 0; f < nfreed; f++)
-            for (size_t i = 0; i < n; i++)
-                if (handles[i] == freed[f] && before[i].serial != 0) {
-                    give_back_handle(&before[i]);
-                    before[i].serial = 0;
-                    break;
-                }
+        give_back_freed(freed, vgpu_vmm_unmapped(ptr, size, freed, n), handles, before, n);
     }
     vgpu_vmm_let_go();
     vgpu_mem_op_end();

@@ -353,7 +353,7 @@ static int reap_scan(struct vgpu_region *r, uint32_t self, int fresh)
  * slot_lock. */
 static const char *claim_slot(struct vgpu_region *r)
 {
-    if (vgpu_region_file_lock_creation(file.fd) != 0)
+    if (vgpu_region_file_lock_byte(file.fd, 0, VGPU_CREATION_LOCK_WAIT_S * 1000) != 0)
         return errno == ETIMEDOUT ? vgpu_creation_lock_held
                                   : "the shared region's creation lock cannot be taken";
     for (uint32_t i = 0; i < VGPU_REGION_MAX_SLOTS; i++) {
@@ -367,7 +367,7 @@ static const char *claim_slot(struct vgpu_region *r)
         __atomic_store_n(&my_slot, (int)i, __ATOMIC_RELEASE);
         break;
     }
-    vgpu_region_file_unlock_creation(file.fd);
+    vgpu_region_file_unlock_byte(file.fd, 0);
     return NULL;
 }
 
@@ -579,18 +579,13 @@ void vgpu_region_count_refusal(int dev)
  * ours was left by a writer that died in between: it is no GPU's and may be taken. */
 static int lock_records(void)
 {
-    for (unsigned waited = 0;; waited++) {
-        if (byte_lock(F_OFD_SETLK, F_WRLCK, VGPU_REGION_RECORDS_LOCK_OFFSET) == 0)
-            return 0;
-        if ((errno != EAGAIN && errno != EACCES && errno != EINTR) || waited >= 2000)
-            return -1; /* 2 s: a holder stopped (SIGSTOP) or the lock unusable */
-        usleep(1000);
-    }
+    /* 2 s at most: a holder stopped (SIGSTOP), or the lock unusable */
+    return vgpu_region_file_lock_byte(file.fd, VGPU_REGION_RECORDS_LOCK_OFFSET, 2000);
 }
 
 static void unlock_records(void)
 {
-    byte_lock(F_OFD_SETLK, F_UNLCK, VGPU_REGION_RECORDS_LOCK_OFFSET);
+    vgpu_region_file_unlock_byte(file.fd, VGPU_REGION_RECORDS_LOCK_OFFSET);
 }
 
 static uint32_t uuid_state(struct vgpu_region_device *d)
@@ -768,18 +763,13 @@ int vgpu_region_lock_discovery(int dev, unsigned patience_ms)
     dev = vgpu_device_record(dev);
     if (vgpu_region_get() == NULL || dev < 0)
         return -1;
-    for (unsigned waited = 0;; waited++) {
-        if (byte_lock(F_OFD_SETLK, F_WRLCK, VGPU_REGION_DISCOVERY_LOCK_OFFSET + (uint64_t)dev) == 0)
-            return 0;
-        if ((errno != EAGAIN && errno != EACCES && errno != EINTR) || waited >= patience_ms)
-            return -1;
-        usleep(1000);
-    }
+    return vgpu_region_file_lock_byte(file.fd, VGPU_REGION_DISCOVERY_LOCK_OFFSET + (uint64_t)dev,
+                                      patience_ms);
 }
 
 void vgpu_region_unlock_discovery(int dev)
 {
     dev = vgpu_device_record(dev);
     if (dev >= 0)
-        byte_lock(F_OFD_SETLK, F_UNLCK, VGPU_REGION_DISCOVERY_LOCK_OFFSET + (uint64_t)dev);
+        vgpu_region_file_unlock_byte(file.fd, VGPU_REGION_DISCOVERY_LOCK_OFFSET + (uint64_t)dev);
 }

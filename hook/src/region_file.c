@@ -88,16 +88,16 @@ const char vgpu_creation_lock_held[] =
     "another process has held the region's creation lock for 10 s (stopped while it attached "
     "or claimed a slot, or holding it on purpose)";
 
-int vgpu_region_file_lock_creation(int fd)
+int vgpu_region_file_lock_byte(int fd, uint64_t at, unsigned wait_ms)
 {
-    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t)at, .l_len = 1};
     uint64_t start = monotonic_ns();
     for (;;) {
         if (fcntl(fd, F_OFD_SETLK, &fl) == 0)
             return 0;
         if (errno != EAGAIN && errno != EACCES && errno != EINTR)
             return -1;
-        if (monotonic_ns() - start >= (uint64_t)VGPU_CREATION_LOCK_WAIT_S * 1000000000u) {
+        if (monotonic_ns() - start >= (uint64_t)wait_ms * 1000000u) {
             errno = ETIMEDOUT;
             return -1;
         }
@@ -105,9 +105,9 @@ int vgpu_region_file_lock_creation(int fd)
     }
 }
 
-void vgpu_region_file_unlock_creation(int fd)
+void vgpu_region_file_unlock_byte(int fd, uint64_t at)
 {
-    struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = (off_t)at, .l_len = 1};
     fcntl(fd, F_OFD_SETLK, &fl);
 }
 
@@ -319,7 +319,7 @@ int vgpu_region_file_open(const char *path, const struct vgpu_limits *limits,
         problem = "not a regular file";
     else if (st.st_size < (off_t)VGPU_REGION_FILE_SIZE)
         problem = "too small for a region (not a region, or truncated)";
-    else if (vgpu_region_file_lock_creation(fd) != 0)
+    else if (vgpu_region_file_lock_byte(fd, 0, VGPU_CREATION_LOCK_WAIT_S * 1000) != 0)
         problem = errno == ETIMEDOUT ? vgpu_creation_lock_held : because("cannot lock it", errno);
     else {
         problem = check_or_initialise(fd, dir_fd, guard, st.st_size, limits);
@@ -332,7 +332,7 @@ int vgpu_region_file_open(const char *path, const struct vgpu_limits *limits,
             else
                 problem = still_linked(fd, dir_fd, name);
         }
-        vgpu_region_file_unlock_creation(fd);
+        vgpu_region_file_unlock_byte(fd, 0);
     }
     if (problem != NULL) {
         if (map != MAP_FAILED)

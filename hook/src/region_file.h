@@ -24,9 +24,10 @@ int vgpu_region_file_open(const char *path, const struct vgpu_limits *limits,
  * and who waited in vain is refused, saying why, rather than hang in its first CUDA call. */
 enum { VGPU_CREATION_LOCK_WAIT_S = 10 };
 
-/* Takes byte 0's lock on fd within that wait: 0, or -1 with errno (ETIMEDOUT: still held). */
-int vgpu_region_file_lock_creation(int fd);
-void vgpu_region_file_unlock_creation(int fd);
+/* Takes the write lock of byte `at` of fd (an open file description's), waiting for it
+ * wait_ms at most: 0, or -1 with errno (ETIMEDOUT: still held by another). */
+int vgpu_region_file_lock_byte(int fd, uint64_t at, unsigned wait_ms);
+void vgpu_region_file_unlock_byte(int fd, uint64_t at);
 
 /* Why a process that waited so long in vain is refused. */
 extern const char vgpu_creation_lock_held[];

@@ -73,8 +73,7 @@ for typedefs in "$@"; do
             case "$target" in "$name" | "__CUDA_API_PTSZ($name)" | "__CUDA_API_PTDS($name)") continue ;; esac
             echo "$name -> $target"
         done)
-    [ -z "$renamed" ]
-    if [ $? = 0 ]; then
+    if [ -z "$renamed" ]; then
         echo "ok - CUDA ${version:-?}: no name of the table renamed by a macro left in force"
     else
         fail "CUDA ${version:-?}: renamed by a macro in force: $(tr '\n' ';' <<<"$renamed")"
@@ -85,8 +84,7 @@ unlisted=$(while read -r name since pt export; do
     [ "$pt" = 1 ] && flavour=" per-thread"
     grep -qx "$name $since $pt" <<<"$listed" || echo "$export ($name at $since$flavour)"
 done <<<"$hooks")
-[ "$#" -gt 0 ] && [ -z "$unlisted" ]
-if [ $? = 0 ]; then
+if [ "$#" -gt 0 ] && [ -z "$unlisted" ]; then
     echo "ok - each of the table's $lines wrappers is an ABI the headers list"
 else
     fail "wrappers of ABIs no header lists: $(tr '\n' ';' <<<"$unlisted")"

@@ -293,12 +293,23 @@ static void *release_racing(void *arg)
 }
 
 static pthread_t racer;
+static int racing;
 
 static void release_meanwhile(void)
 {
-    pthread_create(&racer, NULL, release_racing, NULL);
+    racing = pthread_create(&racer, NULL, release_racing, NULL) == 0;
     for (int i = 0; i < 300 && !__atomic_load_n(&race_released, __ATOMIC_ACQUIRE); i++)
         usleep(1000);
+}
+
+/* After the call release_meanwhile was to run inside: the racing thread joined, or (the call
+ * failed before it) the fake's hook disarmed. */
+static void race_over(void)
+{
+    fake_cuda_inside[0] = '\0';
+    if (racing)
+        pthread_join(racer, NULL);
+    racing = 0;
 }
 
 /* A handle released by another thread between the driver's mapping and the library's record of
@@ -317,7 +328,7 @@ static void vmm_map_race(void)
     strcpy(fake_cuda_inside, "cuMemMap");
     fake_cuda_inside_fn = release_meanwhile;
     int mapped = made && cuMemMap(va, 600 * MiB, 0, racing_handle, 0) == CUDA_SUCCESS;
-    pthread_join(racer, NULL);
+    race_over();
     uint64_t counted = container_used(), held = fake_cuda_device_used(0);
     check(mapped && counted == 600 * MiB && held == 600 * MiB, "600 MiB mapped, its handle "
           "released by another thread while the driver mapped it: still counted (%llu MiB; the "
@@ -339,7 +350,7 @@ static void vmm_map_race(void)
     strcpy(fake_cuda_inside, "cuMemRetainAllocationHandle");
     fake_cuda_inside_fn = release_meanwhile;
     int kept = made && cuMemRetainAllocationHandle(&retained, (void *)(uintptr_t)va) == 0;
-    pthread_join(racer, NULL);
+    race_over();
     counted = container_used();
     held = fake_cuda_device_used(0);
     check(kept && counted == 600 * MiB && held == 600 * MiB, "600 MiB retained from its address "

@@ -962,15 +962,7 @@ static void sync_device(int dev)
     pthread_mutex_unlock(&table_lock);
 }
 
-static CUresult wait_idle(void)
-{
-    CUresult rc = need_ctx();
-    if (rc == CUDA_SUCCESS)
-        sync_device(current->dev);
-    return rc;
-}
-
-EXPORT CUresult cuCtxSynchronize(void) { return wait_idle(); }
+EXPORT CUresult cuCtxSynchronize(void) { return cuCtxSynchronize_v2(NULL); }
 
 /* CUDA 13.0's exports naming a context (cuda_13.h): ctx, or the current one where NULL, in *c. */
 static CUresult named_context(CUcontext ctx, struct fake_ctx **c)
@@ -1520,13 +1512,15 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR
 /* A destroyed sparse array's tiles let go of the memory they were mapped onto (below). */
 static void array_gone(uint64_t array);
 
-EXPORT CUresult cuArrayDestroy(CUarray array)
+static CUresult destroy_array(uint64_t array)
 {
-    CUresult rc = fake_free((uint64_t)(uintptr_t)array);
+    CUresult rc = fake_free(array);
     if (rc == CUDA_SUCCESS)
-        array_gone((uint64_t)(uintptr_t)array);
+        array_gone(array);
     return rc;
 }
+
+EXPORT CUresult cuArrayDestroy(CUarray array) { return destroy_array((uint64_t)(uintptr_t)array); }
 
 /* Every level, each half the one before in every dimension (at least 1). */
 EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *handle,
@@ -1549,10 +1543,7 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *handle,
 
 EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array)
 {
-    CUresult rc = fake_free((uint64_t)(uintptr_t)array);
-    if (rc == CUDA_SUCCESS)
-        array_gone((uint64_t)(uintptr_t)array);
-    return rc;
+    return destroy_array((uint64_t)(uintptr_t)array);
 }
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
@@ -1585,6 +1576,16 @@ static struct mapping {
 } mappings[MAX_MAPPINGS];
 static const uint64_t first_reserved = UINT64_C(0x600000000000);
 static uint64_t next_reserved = UINT64_C(0x600000000000); /* first_reserved */
+
+/* The mapping that holds address at (mappings never overlap), or NULL. Caller holds
+ * table_lock. */
+static const struct mapping *mapping_over(uint64_t at)
+{
+    for (int i = 0; i < MAX_MAPPINGS; i++)
+        if (mappings[i].size != 0 && at - mappings[i].va < mappings[i].size)
+            return &mappings[i];
+    return NULL;
+}
 
 /* Frees a handle nothing holds any more. Caller holds table_lock. */
 static void free_if_unheld(struct alloc *a)
@@ -1776,11 +1777,9 @@ EXPORT CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mc, size_t mc_o
     (void)size;
     if (flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&table_lock);
-    for (int i = 0; i < MAX_MAPPINGS && rc == CUDA_ERROR_INVALID_VALUE; i++)
-        if (mappings[i].size != 0 && ptr - mappings[i].va < mappings[i].size)
-            rc = bind(mc, mc_offset, mappings[i].handle);
+    const struct mapping *m = mapping_over(ptr);
+    CUresult rc = m != NULL ? bind(mc, mc_offset, m->handle) : CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_unlock(&table_lock);
     return rc;
 }
@@ -1877,17 +1876,14 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 
 EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
-    uint64_t at = (uint64_t)(uintptr_t)addr;
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&table_lock);
-    for (int i = 0; i < MAX_MAPPINGS && rc != CUDA_SUCCESS; i++) {
-        struct alloc *a = mappings[i].size != 0 && at - mappings[i].va < mappings[i].size
-                              ? find_alloc(mappings[i].handle) : NULL;
-        if (a != NULL && handle != NULL) {
-            a->refs++;
-            *handle = a->key;
-            rc = CUDA_SUCCESS;
-        }
+    const struct mapping *m = mapping_over((uint64_t)(uintptr_t)addr);
+    struct alloc *a = m != NULL ? find_alloc(m->handle) : NULL;
+    if (a != NULL && handle != NULL) {
+        a->refs++;
+        *handle = a->key;
+        rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&table_lock);
     if (rc == CUDA_SUCCESS)
