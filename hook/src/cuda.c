@@ -207,7 +207,7 @@ static void learn_devices(void)
     static char uuids[VGPU_REGION_MAX_DEVICES][VGPU_REGION_UUID_BYTES];
     int count = 0;
     if (real.cuDeviceGetCount == NULL || real.cuDeviceGetCount(&count) != CUDA_SUCCESS)
-        count = 0;
+        count = -1;
     for (int i = 0; i < count && i < VGPU_REGION_MAX_DEVICES; i++) {
         CUdevice dev;
         CUuuid id;

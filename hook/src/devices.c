@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "devices.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 static int records[VGPU_REGION_MAX_DEVICES]; /* of each CUDA ordinal, once learnt */
 static int learnt;                           /* atomic: records is set (release) */
 static int listed;                           /* the settings file names the GPUs (once learnt) */
+static int device_count;                     /* the process's CUDA devices (once learnt) */
 static pthread_mutex_t learn_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread int learning;                /* this thread holds learn_lock */
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
@@ -104,6 +106,7 @@ void vgpu_devices_learn(int count, const char uuids[][VGPU_REGION_UUID_BYTES])
 {
     const char *assigned = assigned_list();
     listed = names_gpus(assigned);
+    device_count = count < 0 ? INT_MAX : count;
     if (assigned != NULL && !listed)
         vgpu_log(VGPU_LOG_WARN, "%s: NVIDIA_VISIBLE_DEVICES=%s does not name the GPUs by UUID; "
                  "devices are matched to limits in the order processes meet them",
@@ -137,12 +140,29 @@ int vgpu_device_record(int dev)
     return map_learnt() ? records[dev] : dev;
 }
 
+/* An ordinal past the region's records has no ledger and no SM account: where a limit is set,
+ * anything made there would escape it. Only one of the file's GPUs is never there. */
+static int past_records_usable(int dev)
+{
+    static int told; /* atomic: logged once a process */
+    if (dev >= device_count)
+        return 1; /* no such device: the driver's to refuse */
+    if (listed || !vgpu_region_limits_anything())
+        return !listed;
+    if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+        vgpu_log(VGPU_LOG_ERROR, "CUDA device %d: the shared region keeps the limits of %d GPUs "
+                 "and this one is past them, so nothing may be made or allocated on it. Give the "
+                 "container at most %d GPUs (CUDA_VISIBLE_DEVICES)",
+                 dev, VGPU_REGION_MAX_DEVICES, VGPU_REGION_MAX_DEVICES);
+    return 0;
+}
+
 int vgpu_device_usable(int dev)
 {
     if (dev < 0 || !map_learnt())
         return 1; /* the driver answers for it */
     if (dev >= VGPU_REGION_MAX_DEVICES)
-        return !listed; /* never one of the file's GPUs; past the region's records otherwise */
+        return past_records_usable(dev);
     return records[dev] != VGPU_DEVICE_NOT_ASSIGNED;
 }
 

@@ -27,7 +27,8 @@ void vgpu_devices_lock(void);
 void vgpu_devices_unlock(void);
 
 /* With the lock held, once per process (cuInit, after its first success), maps this process's
- * count CUDA devices (uuids[i]: ordinal i's UUID, "" when unreadable) to records:
+ * count CUDA devices (-1: the driver could not say; uuids[i]: ordinal i's UUID, "" when
+ * unreadable) to records:
  * - where the settings file names the assigned GPUs (vgpu_assigned_position), a GPU's record
  *   is its position there, and a GPU not listed gets none: nothing may be made or allocated on
  *   it (logged). The environment's list is not used: any process may change it;
@@ -41,8 +42,8 @@ void vgpu_devices_learn(int count, const char uuids[][VGPU_REGION_UUID_BYTES]);
  * a dev out of range; dev itself while no cuInit has succeeded (the driver is not up). */
 int vgpu_device_record(int dev);
 
-/* Whether anything may be made on CUDA device dev: not on a GPU not assigned, nor, where the
- * settings file names the GPUs, on an ordinal past the region's records. */
+/* Whether anything may be made on CUDA device dev: not on a GPU not assigned, nor on an ordinal
+ * past the region's records where the settings file names the GPUs or any limit is set. */
 int vgpu_device_usable(int dev);
 
 /* The record of the GPU with this UUID (an NVML device, which may have no CUDA ordinal in this

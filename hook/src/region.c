@@ -34,7 +34,8 @@ static struct vgpu_region *region;     /* set once (release) by attach; NULL: re
 static struct vgpu_region_file file = {.fd = -1, .dir_fd = -1};
 static uint64_t limit_bytes[VGPU_REGION_MAX_DEVICES];  /* chosen once at attach */
 static uint32_t sm_percent[VGPU_REGION_MAX_DEVICES];
-static int any_limit; /* some device has a memory cap (chosen with limit_bytes) */
+static int any_limit;    /* some device has a memory cap (chosen with limit_bytes) */
+static int any_sm_limit; /* some device has an SM limit (chosen with sm_percent) */
 static int my_slot = -1;               /* -1: none claimed yet in this process */
 static int no_slot;                    /* the last claim found none, or could not be made */
 static uint64_t no_slot_since_ms;      /* when: claims are retried once a second */
@@ -179,6 +180,7 @@ static void attach(void)
         limit_bytes[d] = limits.memory_bytes[d];
         sm_percent[d] = limits.sm_percent[d];
         any_limit |= limit_bytes[d] != 0;
+        any_sm_limit |= sm_percent[d] != 0;
     }
     if (vgpu_truncation_guard(r, VGPU_REGION_FILE_SIZE) != 0)
         vgpu_log(VGPU_LOG_WARN, "cannot install the SIGBUS handler: a truncated region file will "
@@ -527,6 +529,11 @@ uint64_t vgpu_region_limit(int dev)
 }
 
 int vgpu_region_any_limit(void) { return vgpu_region_get() != NULL && any_limit; }
+
+int vgpu_region_limits_anything(void)
+{
+    return vgpu_region_get() != NULL && (any_limit || any_sm_limit);
+}
 
 uint64_t vgpu_region_used(int dev) { return vgpu_region_record_used(vgpu_device_record(dev)); }
 

@@ -44,6 +44,7 @@ uint64_t vgpu_region_record_in_use(int record);
 /* The limits are the region's, read once at attach (0 when not attached). */
 uint64_t vgpu_region_limit(int dev);
 int vgpu_region_any_limit(void); /* any device has a memory cap */
+int vgpu_region_limits_anything(void); /* any device has a memory cap or an SM limit */
 uint64_t vgpu_region_used(int dev);
 uint32_t vgpu_region_sm_limit(int dev);
 /* The container's SM account on dev (sm_credit_ns, sm_charged_us), shared by its processes;

@@ -253,7 +253,7 @@ if [ "${VGPU_SANITIZED:-0}" = 0 ] && command -v unshare >/dev/null && can_bind_m
     with_settings devices-listed "NVIDIA_VISIBLE_DEVICES=$gpu_b,$gpu_a\nCUDA_DEVICE_MEMORY_LIMIT_0=2g\nCUDA_DEVICE_MEMORY_LIMIT_1=1g\nCUDA_DEVICE_MEMORY_SHARED_CACHE=$tmp/devices-listed.cache\n" \
         "$build/tests/test_devices" listed
     with_settings devices-unassigned "NVIDIA_VISIBLE_DEVICES=$gpu_a\nCUDA_DEVICE_MEMORY_LIMIT_0=1g\nCUDA_DEVICE_MEMORY_SHARED_CACHE=$tmp/devices-unassigned.cache\n" \
-        "$build/tests/test_devices" unassigned
+        env FAKE_CUDA_DEVICES=17 "$build/tests/test_devices" unassigned
     grep -q "CUDA device 1 is $gpu_b, which the device plugin did not assign" \
         "$tmp/devices-unassigned.log" ||
         { echo "FAIL devices-unassigned: the unassigned GPU was not named in the log"; failed=1; }
@@ -268,6 +268,16 @@ run devices-hinted CUDA_DEVICE_MEMORY_LIMIT_0=1g CUDA_DEVICE_MEMORY_LIMIT_1=2g \
     "$build/tests/test_devices" hinted
 run devices-claim-wait CUDA_DEVICE_MEMORY_LIMIT_0=1g CUDA_DEVICE_MEMORY_LIMIT_1=2g \
     "$build/tests/test_devices" claim-wait
+# A GPU past the region's 16 device records: nothing on it while any limit is set.
+run devices-past-records CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_DEVICES=17 \
+    "$build/tests/test_devices" past-records limited
+grep -q "CUDA device 16: the shared region keeps the limits of 16 GPUs" \
+    "$tmp/devices-past-records.log" ||
+    { echo "FAIL devices-past-records: the log did not say why device 16 was refused"; failed=1; }
+run devices-past-records-sm CUDA_DEVICE_SM_LIMIT=30 FAKE_CUDA_DEVICES=17 \
+    "$build/tests/test_devices" past-records sm
+run devices-past-records-uncapped FAKE_CUDA_DEVICES=17 \
+    "$build/tests/test_devices" past-records uncapped
 # The fake GPU shared by processes (FAKE_GPU_SHARED): sharing, NVML, memory, kill -9, graphs.
 run fake-gpu FAKE_GPU_SHARED="$tmp/fake-gpu.shm" FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_LAZY_MIB=100 \
     "$build/tests/test_fake_gpu"

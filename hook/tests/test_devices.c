@@ -9,12 +9,18 @@
  *               place in the environment's NVIDIA_VISIBLE_DEVICES (A,B), not ordinal 0's record;
  *   claim-wait  a process meets the GPUs while another is halfway through writing a record:
  *               it waits, and each GPU keeps one record (a second would be a cap of its own);
- *   unassigned  the settings file assigns A only: nothing is made or allocated on B, not even by
- *               a thread that asks while another thread's cuInit is still mapping the GPUs.
+ *   unassigned  the settings file assigns A only (of 17 GPUs): nothing is made or allocated on
+ *               B, not even by a thread that asks while another thread's cuInit is still mapping
+ *               the GPUs, nor on ordinal 16;
+ *   past-records KIND  17 GPUs (FAKE_CUDA_DEVICES), one more than the region keeps records of:
+ *               with a limit set (KIND limited: a memory cap, sm: an SM limit alone), nothing is
+ *               made or allocated on ordinal 16, which no ledger would count; with none
+ *               (uncapped), the library stays out of the way there.
  *
  * tests/run.sh runs swapped, hinted and claim-wait with CUDA_DEVICE_MEMORY_LIMIT_0=1g and _1=2g,
- * and the other two under a settings file (listed: _0=2g for B, _1=1g for A; unassigned:
- * _0=1g). */
+ * listed and unassigned under a settings file (listed: _0=2g for B, _1=1g for A; unassigned:
+ * _0=1g), past-records limited with CUDA_DEVICE_MEMORY_LIMIT=1g, sm with CUDA_DEVICE_SM_LIMIT=30
+ * and uncapped with neither. */
 #include <cuda.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -290,13 +296,52 @@ static int unassigned(void)
           "cuMemCreate on B from A's context: refused");
     prop.location.id = 16;
     check(cuMemCreate(&handle, 2 * MiB, &prop, 0) == CUDA_ERROR_OUT_OF_MEMORY,
-          "cuMemCreate on an ordinal past the region's records: refused");
+          "cuMemCreate on ordinal 16 (of 17 GPUs), past the region's records: refused");
     uint64_t total = 0, used = 0;
     int nvml_rc = nvml_memory(1, &total, &used);
     check(nvml_rc == 0 && total == fake_cuda_device_total(1) / MiB,
           "NVML's GPU 1 (B, not assigned): the driver's figures, not A's cap (%llu MiB)",
           (unsigned long long)total);
     return check_done("test_devices unassigned");
+}
+
+static int past_records(const char *kind)
+{
+    int limited = strcmp(kind, "uncapped") != 0;
+    const char *what = limited ? "refused" : "allowed";
+    CUresult want = limited ? CUDA_ERROR_NOT_PERMITTED : CUDA_SUCCESS;
+    int count = 0;
+    CUresult init_rc = cuInit(0) == CUDA_SUCCESS ? cuDeviceGetCount(&count) : CUDA_ERROR_UNKNOWN;
+    check(init_rc == CUDA_SUCCESS && count == 17, "the fake shows 17 GPUs (%d)", count);
+    CUcontext primary, created;
+    CUgreenCtx green;
+    CUresult primary_rc = cuDevicePrimaryCtxRetain(&primary, 16);
+    CUresult created_rc = cuCtxCreate_v2(&created, 0, 16);
+    CUresult green_rc = cuGreenCtxCreate(&green, NULL, 16, CU_GREEN_CTX_DEFAULT_STREAM);
+    check(primary_rc == want && created_rc == want && green_rc == want,
+          "%s: a context on ordinal 16, past the region's 16 records: primary, created and green "
+          "%s (rc %d, %d, %d)", kind, what, primary_rc, created_rc, green_rc);
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 16}};
+    CUmemGenericAllocationHandle handle;
+    CUresult create_rc = use_device(0) == CUDA_SUCCESS ? cuMemCreate(&handle, 2048 * MiB, &prop, 0)
+                                                       : CUDA_ERROR_UNKNOWN;
+    check(create_rc == (limited ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS),
+          "%s: 2 GiB of cuMemCreate on ordinal 16 from ordinal 0's context %s (rc %d)", kind, what,
+          create_rc);
+    CUdeviceptr p;
+    CUresult last_rc = use_device(15);
+    uint64_t shown = total_mib();
+    uint64_t want_shown = strcmp(kind, "limited") == 0 ? 1024 : fake_cuda_device_total(15) / MiB;
+    check(last_rc == CUDA_SUCCESS && shown == want_shown && cuMemAlloc_v2(&p, 512 * MiB) == 0,
+          "%s: ordinal 15, the region's last record, is usable: %llu MiB shown, 512 MiB allocated",
+          kind, (unsigned long long)shown);
+    if (limited)
+        return check_done("test_devices past-records");
+    CUresult big_rc = use_device(16) == CUDA_SUCCESS ? cuMemAlloc_v2(&p, 2048 * MiB)
+                                                     : CUDA_ERROR_UNKNOWN;
+    check(big_rc == CUDA_SUCCESS, "uncapped: 2 GiB allocated on ordinal 16 (rc %d)", big_rc);
+    return check_done("test_devices past-records");
 }
 
 int main(int argc, char **argv)
@@ -323,6 +368,9 @@ int main(int argc, char **argv)
         return claim_wait();
     if (strcmp(mode, "claim-child") == 0)
         return claim_child();
-    fprintf(stderr, "usage: %s swapped|listed|hinted|claim-wait|unassigned\n", argv[0]);
+    if (strcmp(mode, "past-records") == 0 && argc > 2)
+        return past_records(argv[2]);
+    fprintf(stderr, "usage: %s swapped|listed|hinted|claim-wait|unassigned|past-records KIND\n",
+            argv[0]);
     return 2;
 }

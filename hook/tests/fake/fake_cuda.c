@@ -46,7 +46,7 @@ CUresult cuGraphUpload_ptsz(CUgraphExec, CUstream);
 CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
                                         const CUgraphNode **, size_t *);
 
-enum { MAX_DEVICES = 8, TABLE_SIZE = 1 << 20 };
+enum { MAX_DEVICES = GPU_MAX_DEVICES, TABLE_SIZE = 1 << 20 };
 
 enum { CTX_MAGIC = 0x43545846 };
 
@@ -155,9 +155,12 @@ static void set_up_gpus(void)
     nphysical = (int)gpu_env("FAKE_CUDA_DEVICES", 2);
     if (nphysical < 1 || nphysical > MAX_DEVICES)
         nphysical = 2;
-    for (int d = 0; d < MAX_DEVICES; d++)
+    for (int d = 0; d < MAX_DEVICES; d++) {
         for (int i = 0; i < 16; i++)
             uuids[d][i] = (unsigned char)(0x10 * (d + 1) + i);
+        if (d >= 15) /* 0x10 * (d + 1) wrapped: a first byte no GPU before has */
+            uuids[d][0] = (unsigned char)(d - 14);
+    }
     const char *list = getenv("FAKE_CUDA_UUIDS");
     if (list == NULL || list[0] == '\0')
         return;

@@ -27,12 +27,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fake_state.h"
+
 /* GPU_HISTORY: the completed sample periods kept for NVML's averages since a time (nvml.h,
  * nvmlDeviceGetProcessUtilization: "utilization since the previous query", or over "all the
  * samples maintained by the driver's internal sample buffer"), 21 s at 166 ms; of each, the
  * GPU time of the first GPU_HISTORY_PROCS processes that ran in it. */
-enum { GPU_MAX_DEVICES = 8, GPU_MAX_PROCS = 64, GPU_HISTORY = 128, GPU_HISTORY_PROCS = 8 };
-#define GPU_MAGIC UINT64_C(0x334750474b414646) /* "FFAKGPG3": layout version 3 */
+enum { GPU_MAX_DEVICES = FAKE_MAX_GPUS, GPU_MAX_PROCS = 64, GPU_HISTORY = 128, GPU_HISTORY_PROCS = 8 };
+#define GPU_MAGIC UINT64_C(0x344750474b414646) /* "FFAKGPG4": layout version 4 */
 #define GPU_REAP_NS UINT64_C(10000000)         /* dead-pid sweep at most every 10 ms */
 
 struct gpu_proc {
@@ -242,7 +244,7 @@ static struct gpu_shared *gpu_get(void)
 
 /* CUDA_VISIBLE_DEVICES: the GPU (its NVML index, the shared state's device) behind each CUDA
  * ordinal of this process; set by fake_cuda.c before any call. */
-static int gpu_physical[GPU_MAX_DEVICES] = {0, 1, 2, 3, 4, 5, 6, 7};
+static int gpu_physical[GPU_MAX_DEVICES];
 
 /* The locked GPU `physical`. */
 static struct gpu_device *gpu_lock(int physical)

@@ -14,16 +14,13 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-enum { MAX_DEVICES = 8, MAX_PROCS = 64 };
+enum { MAX_DEVICES = FAKE_MAX_GPUS, MAX_PROCS = 64 };
 static const unsigned long long reserved_bytes = 5ull << 20;
 
 struct nvmlDevice_st {
     int index;
 };
-static struct nvmlDevice_st devices[MAX_DEVICES] = {
-    {.index = 0}, {.index = 1}, {.index = 2}, {.index = 3},
-    {.index = 4}, {.index = 5}, {.index = 6}, {.index = 7},
-};
+static struct nvmlDevice_st devices[MAX_DEVICES]; /* index i at i (set by nvmlInit_v2) */
 static int initialised;
 
 /* NVML names processes in the host's pid namespace; FAKE_NVML_PID_OFFSET plays a container's
@@ -36,6 +33,8 @@ static unsigned int host_pid(int pid)
 
 EXPORT nvmlReturn_t nvmlInit_v2(void)
 {
+    for (int i = 0; i < MAX_DEVICES; i++)
+        devices[i].index = i;
     initialised = 1;
     return NVML_SUCCESS;
 }

@@ -5,6 +5,10 @@
 
 #include <stdint.h>
 
+/* The fake's most GPUs (FAKE_CUDA_DEVICES, FAKE_CUDA_UUIDS): more than the region's 16 device
+ * records, so that a GPU past them can be tested. */
+enum { FAKE_MAX_GPUS = 20 };
+
 enum fake_launch_variant {
     FAKE_LAUNCH = 0, FAKE_LAUNCH_PTSZ, FAKE_LAUNCH_EX, FAKE_LAUNCH_EX_PTSZ, FAKE_LAUNCH_COOP,
     FAKE_LAUNCH_COOP_PTSZ, FAKE_GRAPH, FAKE_GRAPH_PTSZ,
