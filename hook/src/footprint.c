@@ -8,6 +8,7 @@
 #include "footprint.h"
 
 #include <pthread.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -61,6 +62,8 @@ static struct vgpu_gpu_process learn_list[VGPU_NVML_MAX_PROCESSES]; /* NVML's, b
  * ours is one of them, and only one of them may be learnt later. */
 static int32_t candidates[LEARN_CANDIDATES];
 static int ncandidates; /* atomic: written under the footprint lock, before it is read */
+static int pid_is_hosts_answer = -1; /* atomic: pid_is_hosts(), once asked (-1: not yet) */
+static int not_listed_warned;
 
 static void reset(void)
 {
@@ -77,6 +80,7 @@ static void reset(void)
     learn_tried_at = 0;
     learn_every_ns = LEARN_EVERY_NS;
     ncandidates = 0;
+    pid_is_hosts_answer = -1; /* the parent may have made a pid namespace for its children */
 }
 
 void vgpu_footprint_init(uint64_t (*cache_of)(uintptr_t pool))
@@ -108,18 +112,38 @@ static const struct vgpu_gpu_process *find(const struct vgpu_gpu_process *list, 
     return NULL;
 }
 
+/* Whether getpid() is the pid NVML lists this process by: only in the host's pid namespace,
+ * whose inode is fixed (the kernel's PROC_PID_INIT_INO). In a container's, our pid may be
+ * another tenant's host pid, and taking it made that tenant's memory the one measured as ours:
+ * when it exited, this process's context went uncounted. */
+static int pid_is_hosts(void)
+{
+    int answer = __atomic_load_n(&pid_is_hosts_answer, __ATOMIC_RELAXED);
+    if (answer >= 0)
+        return answer;
+    char link[64];
+    ssize_t len = readlink("/proc/self/ns/pid", link, sizeof link - 1);
+    if (len > 0)
+        link[len] = '\0';
+    answer = len > 0 && strcmp(link, "pid:[4026531836]") == 0;
+    __atomic_store_n(&pid_is_hosts_answer, answer, __ATOMIC_RELAXED);
+    return answer;
+}
+
+/* Whether pid may be ours: one of the pids that were new at a first context on another device,
+ * or any, with none remembered (learn_host_pid). */
 static int candidate(int32_t pid)
 {
     int n = __atomic_load_n(&ncandidates, __ATOMIC_ACQUIRE);
     for (int i = 0; i < n; i++)
         if (candidates[i] == pid)
             return 1;
-    return n == 0; /* none remembered (the lists failed): any unclaimed pid */
+    return n == 0;
 }
 
 /* Our host pid from the lists NVML gave before and after this process made a context on dev:
  * the one pid new in the second that no other process of the container has claimed, or our
- * own pid among the new ones (no pid namespace). Two candidates (another container made a
+ * own pid among the new ones (in the host's pid namespace, pid_is_hosts). Two candidates (another container made a
  * context at the same moment): remembered, and told apart by an allocation (below). This rests
  * on NVML listing every process "with a compute context" (nvml.h), ours as soon as it is made:
  * were ours left out, a neighbour's context made meanwhile would be the one new pid, and taken
@@ -135,7 +159,7 @@ static void learn_host_pid(const struct vgpu_gpu_process *before, int nbefore,
         if (find(before, nbefore, after[i].pid) != NULL ||
             vgpu_region_host_pid_taken(after[i].pid) || !candidate(after[i].pid))
             continue;
-        if (after[i].pid == (int32_t)getpid()) {
+        if (after[i].pid == (int32_t)getpid() && pid_is_hosts()) {
             n = 1;
             fresh[0] = after[i].pid;
             break;
@@ -156,11 +180,15 @@ static void learn_host_pid(const struct vgpu_gpu_process *before, int nbefore,
 
 /* A host pid left unknown at the context is learnt from an allocation: the one candidate, not
  * claimed by another process of the container, that NVML shows grown by the allocation's size
- * across it. Tries back off from 1 s to a minute while nothing is learnt. */
+ * across it. Tries back off from 1 s to a minute while nothing is learnt. Only among the pids
+ * remembered at the context: with none (NVML's lists failed then, or the discovery lock was not
+ * had), an allocation alone cannot tell our growth from another container's of the same size at
+ * the same moment, and a pid learnt wrongly measures that process in place of this one. */
 int vgpu_footprint_learn_before(int dev, uint64_t bytes)
 {
     if (bytes < LEARN_MIN_BYTES || vgpu_region_host_pid() != 0 || dev < 0 ||
-        dev >= VGPU_REGION_MAX_DEVICES || !__atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE))
+        dev >= VGPU_REGION_MAX_DEVICES || !__atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE) ||
+        __atomic_load_n(&ncandidates, __ATOMIC_ACQUIRE) == 0)
         return 0;
     int idle = 0;
     if (!__atomic_compare_exchange_n(&learn_busy, &idle, 1, 0, __ATOMIC_ACQUIRE,
@@ -228,6 +256,8 @@ static int64_t measure_once(int dev)
     uint64_t allocated = vgpu_mem_tracked(dev);
     int n = epoch != 0 ? vgpu_nvml_processes(dev, list, VGPU_NVML_MAX_PROCESSES) : -1;
     if (n < 0 || vgpu_mem_quiet_epoch() != epoch || vgpu_mem_tracked(dev) != allocated)
+        return HELD_UNKNOWN;
+    if (pid == 0 && !pid_is_hosts())
         return HELD_UNKNOWN;
     const struct vgpu_gpu_process *mine = find(list, n, pid != 0 ? pid : (int32_t)getpid());
     if (mine == NULL)
@@ -421,6 +451,18 @@ int vgpu_footprint_after_context(struct vgpu_context_probe *p, int created)
     return rc;
 }
 
+/* NVML does not list the host pid this process learnt, yet it holds a context on dev (one it
+ * destroyed is measured at once, vgpu_footprint_context_gone): the pid was another process's,
+ * which has exited. Taken for no context left, its memory went uncounted. */
+static void warn_not_listed(int dev)
+{
+    if (!__atomic_exchange_n(&not_listed_warned, 1, __ATOMIC_RELAXED))
+        vgpu_log(VGPU_LOG_WARN, "device %d: NVML no longer lists host pid %d, which this process "
+                 "took for its own, while it holds a context; the %llu bytes counted for the "
+                 "context stay counted", dev, (int)vgpu_region_host_pid(),
+                 (unsigned long long)load64(&counted[dev]));
+}
+
 /* Re-measures dev when the last measurement is older than period_ns. */
 static void refresh(int dev, uint64_t period_ns)
 {
@@ -434,7 +476,7 @@ static void refresh(int dev, uint64_t period_ns)
     int64_t held = measure(dev, 1);
     int64_t was = (int64_t)load64(&counted[dev]);
     if (held == HELD_NOT_LISTED)
-        settle_to(dev, 0);
+        warn_not_listed(dev); /* the count stays */
     else if (held >= 0 && (held > was + HYSTERESIS || held + HYSTERESIS < was))
         settle_to(dev, (uint64_t)held);
     pthread_mutex_unlock(&locks[dev]);

@@ -298,6 +298,23 @@ run footprint-together-green CUDA_DEVICE_MEMORY_LIMIT=1g \
 run footprint-bystander CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-by.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXTS_TOGETHER=2 \
     "$build/tests/test_footprint" bystander
+# A pid no context made it remember is never learnt from an allocation; a learnt pid NVML
+# stops listing while the process holds a context leaves the context counted.
+run footprint-no-candidates CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-nc.shm" \
+    FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_LAZY_MIB=100 FAKE_NVML_PID_OFFSET=100000 \
+    "$build/tests/test_footprint" no-candidates
+run footprint-wrong-pid-gone CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-wp.shm" \
+    FAKE_CUDA_CONTEXT_MIB=300 FAKE_NVML_PID_OFFSET=100000 \
+    "$build/tests/test_footprint" wrong-pid-gone
+# In a pid namespace (a container's), a process's own pid may be another tenant's host pid.
+if [ "${VGPU_SANITIZED:-0}" = 0 ] && unshare -pf --mount-proc true 2>/dev/null; then
+    run footprint-together-pidns CUDA_DEVICE_MEMORY_LIMIT=1g \
+        FAKE_GPU_SHARED="$tmp/footprint-together-pidns.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+        FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXTS_TOGETHER=2 LIBCUDA_LOG_LEVEL=3 \
+        unshare -pf --mount-proc sh -c '"$0" together-pidns; exit $?' "$build/tests/test_footprint"
+else
+    echo "SKIP footprint-together-pidns (needs unshare -p: a pid namespace of its own)"
+fi
 run footprint-created-contexts CUDA_DEVICE_MEMORY_LIMIT=1g \
     FAKE_GPU_SHARED="$tmp/footprint-created.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     FAKE_CUDA_CREATED_CONTEXT_MIB=200 "$build/tests/test_footprint" created-contexts

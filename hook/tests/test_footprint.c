@@ -22,10 +22,21 @@
  *   test_footprint together-green
  *                       the same with this process's first context a green one (which makes
  *                       the primary context inside the driver): the probe runs in it.
+ *   test_footprint together-pidns
+ *                       together in a pid namespace of its own (tests/run.sh: unshare), this
+ *                       process's pid there being the peer's host pid: not taken for its own.
  *   test_footprint bystander
  *                       the same, with this process's probe refused and a process of a third
  *                       container (its context made earlier) growing by the same 64 MiB while
  *                       this one allocates: it is not taken for this process.
+ *   test_footprint no-candidates
+ *                       NVML's process list failing while this process makes its context (so
+ *                       no pid is remembered as maybe ours), a third container's process grows
+ *                       by 64 MiB while this one allocates 64 MiB: it is not taken for this one.
+ *   test_footprint wrong-pid-gone
+ *                       this process's slot names a third container's process as its host pid
+ *                       (as a pid learnt wrongly would), which then exits: the context stays
+ *                       counted, and NVML's figure for this process stays within the cap.
  *   test_footprint created-contexts
  *                       with FAKE_CUDA_CREATED_CONTEXT_MIB=200: each cuCtxCreate context holds
  *                       200 MiB more; one that does not fit under the cap is refused.
@@ -531,8 +542,35 @@ static int together_peer(int go_fd)
     return region->slots[self].host_pid == getpid() + offset ? 0 : 3;
 }
 
-static int together(const char *program, int green)
+/* The memory NVML would show for this process (the fake's own view, by its pid here). */
+static uint64_t fake_bytes_of_self(void)
 {
+    struct fake_gpu_process all[64];
+    int n = fake_gpu_processes(0, all, 64);
+    for (int i = 0; i < n && i < 64; i++)
+        if (all[i].pid == getpid())
+            return all[i].bytes;
+    return 0;
+}
+
+/* Whether this process is in a pid namespace other than the host's (whose inode is fixed). */
+static int in_own_pid_namespace(void)
+{
+    char link[64];
+    ssize_t len = readlink("/proc/self/ns/pid", link, sizeof link - 1);
+    if (len <= 0)
+        return 0;
+    link[len] = '\0';
+    return strcmp(link, "pid:[4026531836]") != 0;
+}
+
+/* together, green: this process's first context a green one; collide: in a pid namespace of
+ * its own, its pid there being what NVML calls the peer (FAKE_NVML_PID_OFFSET set so). */
+static int together(const char *program, int green, int collide)
+{
+    if (collide && !check(in_own_pid_namespace() && getpid() > 1, "in a pid namespace of its "
+                          "own, not its first process (pid %d)", (int)getpid()))
+        return check_done("test_footprint together");
     int go[2];
     if (pipe(go) != 0)
         return 1;
@@ -551,6 +589,13 @@ static int together(const char *program, int green)
     CUcontext ctx;
     CUdeviceptr b = 0;
     int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET"));
+    if (collide) {
+        /* NVML (read by this process) calls the peer by this process's own pid. */
+        offset = getpid() - peer;
+        char text[16];
+        snprintf(text, sizeof text, "%d", (int)offset);
+        setenv("FAKE_NVML_PID_OFFSET", text, 1);
+    }
     check(cuInit(0) == CUDA_SUCCESS, "cuInit");
     CUgreenCtx made = NULL;
     capture_begin();
@@ -715,6 +760,106 @@ static int bystander(const char *program)
           "ours is learnt (%d, pid %d)", learnt, (int)getpid());
     others_done(&o);
     return check_done("test_footprint bystander");
+}
+
+/* A third container's process (bystander_child) is spawned; 0 when it did not say it holds a
+ * context. */
+static pid_t spawn_bystander(const char *program)
+{
+    int cmd[2], ack[2];
+    if (!check(pipe(cmd) == 0 && pipe(ack) == 0, "pipes to the third container's process"))
+        return 0;
+    pid_t third = spawn(program, "bystander-child", "third", "0", cmd[0], ack[1]);
+    close(cmd[0]);
+    close(ack[1]);
+    third_cmd = cmd[1];
+    third_ack = ack[0];
+    char c = 0;
+    return check(read(third_ack, &c, 1) == 1 && c == 'r', "a third container's process holds a "
+                 "context") ? third : 0;
+}
+
+static void bystander_done(pid_t third)
+{
+    close(third_cmd);
+    int status = -1;
+    waitpid(third, &status, 0);
+    check(status == 0, "the third container's process did its part (status 0x%x)", status);
+}
+
+/* Inside this process's allocation: the third container's process grows by 64 MiB, and this
+ * process's first launch loads 100 MiB of modules (FAKE_CUDA_LAZY_MIB), so that the third
+ * process's is the one growth of the allocation's size. */
+static void third_acts_and_launch(void)
+{
+    third_acts();
+    cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+}
+
+static int no_candidates(const char *program)
+{
+    int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET"));
+    pid_t third = spawn_bystander(program);
+    if (third == 0)
+        return check_done("test_footprint no-candidates");
+    CUcontext ctx;
+    CUdeviceptr small = 0, big = 0;
+    setenv("FAKE_NVML_PROCESSES_FAIL", "1", 1);
+    strcpy(fake_cuda_fail_next, "cuMemAlloc_v2"); /* the library's probe, should it run */
+    int made = cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+               cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
+    unsetenv("FAKE_NVML_PROCESSES_FAIL");
+    fake_cuda_fail_next[0] = '\0';
+    made = made && cuMemAlloc(&small, 1 * MiB) == CUDA_SUCCESS && open_region();
+    int self = made ? slot_of(getpid()) : -1;
+    if (!check(self >= 0 && region->slots[self].host_pid == 0, "NVML's process list failed while "
+               "the context was made: the host pid is not known"))
+        return check_done("test_footprint no-candidates");
+    sleep_s(1.1); /* past the wait between tries to learn it */
+    strcpy(fake_cuda_inside, "cuMemAlloc_v2");
+    fake_cuda_inside_fn = third_acts_and_launch;
+    made = cuMemAlloc(&big, 64 * MiB) == CUDA_SUCCESS;
+    fake_cuda_inside[0] = '\0';
+    int32_t learnt = region->slots[self].host_pid;
+    check(made && learnt != third + offset && learnt == 0, "64 MiB allocated while the third "
+          "container's process grew by 64 MiB (NVML pid %d) and this one by 164 MiB: that pid "
+          "is not taken for this process's (host pid %d; a8f5cf7 took it)", (int)third + offset,
+          learnt);
+    bystander_done(third);
+    return check_done("test_footprint no-candidates");
+}
+
+static int wrong_pid_gone(const char *program)
+{
+    int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET"));
+    pid_t third = spawn_bystander(program);
+    if (third == 0)
+        return check_done("test_footprint wrong-pid-gone");
+    CUcontext ctx;
+    CUdeviceptr p = 0;
+    int made = cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+               cuCtxSetCurrent(ctx) == CUDA_SUCCESS &&
+               cuMemAlloc(&p, 1 * MiB) == CUDA_SUCCESS && open_region();
+    int self = made ? slot_of(getpid()) : -1;
+    struct vgpu_region *edit = region_edit();
+    if (!check(self >= 0 && edit != NULL && used() == 301 * MiB, "a context (300 MiB) and 1 MiB "
+               "counted (%llu MiB)", (unsigned long long)(used() / MiB)))
+        return check_done("test_footprint wrong-pid-gone");
+    __atomic_store_n(&edit->slots[self].host_pid, (int32_t)third + offset, __ATOMIC_RELEASE);
+    bystander_done(third);
+    sleep_s(1.1); /* past the wait between measurements */
+    uint64_t held = 1 * MiB;
+    while (cuMemAlloc(&p, 16 * MiB) == CUDA_SUCCESS)
+        held += 16 * MiB;
+    sleep_s(1.1);
+    while (cuMemAlloc(&p, 16 * MiB) == CUDA_SUCCESS)
+        held += 16 * MiB;
+    uint64_t shown = fake_bytes_of_self();
+    check(shown <= 1024 * MiB, "the pid its slot named exited: the context stays counted, and "
+          "NVML shows this process holding %llu MiB (%llu MiB allocated) under the 1024 MiB cap "
+          "(a8f5cf7: 1309 with 1009 allocated)", (unsigned long long)(shown / MiB),
+          (unsigned long long)(held / MiB));
+    return check_done("test_footprint wrong-pid-gone");
 }
 
 /* A process of a third container that makes its first context when told to, says so, and
@@ -1623,9 +1768,15 @@ int main(int argc, char **argv)
     if (argc == 3 && strcmp(argv[1], "together-peer") == 0)
         return together_peer(atoi(argv[2]));
     if (argc == 2 && strcmp(argv[1], "together") == 0)
-        return together(argv[0], 0);
+        return together(argv[0], 0, 0);
     if (argc == 2 && strcmp(argv[1], "together-green") == 0)
-        return together(argv[0], 1);
+        return together(argv[0], 1, 0);
+    if (argc == 2 && strcmp(argv[1], "together-pidns") == 0)
+        return together(argv[0], 0, 1);
+    if (argc == 2 && strcmp(argv[1], "no-candidates") == 0)
+        return no_candidates(argv[0]);
+    if (argc == 2 && strcmp(argv[1], "wrong-pid-gone") == 0)
+        return wrong_pid_gone(argv[0]);
     if (argc == 2 && strcmp(argv[1], "na") == 0)
         return memory_not_available();
     if (argc == 2 && strcmp(argv[1], "pool-cache") == 0)

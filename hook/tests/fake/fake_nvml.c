@@ -211,6 +211,10 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count,
         return NVML_ERROR_UNINITIALIZED;
     if (device == NULL || count == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
+    /* FAKE_NVML_PROCESSES_FAIL=1, read at every call: the list cannot be had. */
+    const char *fails = getenv("FAKE_NVML_PROCESSES_FAIL");
+    if (fails != NULL && strcmp(fails, "1") == 0)
+        return NVML_ERROR_UNKNOWN;
     struct fake_gpu_process got[MAX_PROCS];
     int n = fake_gpu_processes(device->index, got, MAX_PROCS);
     if (n > MAX_PROCS)
