@@ -1,6 +1,7 @@
 /* nvml.c - NVML wrappers: nvmlDeviceGetMemoryInfo (v1, v2) report the cap and the container's
  * usage, so nvidia-smi inside the container shows the cap; plus the utilisation probe. */
 #define _GNU_SOURCE
+#define NVML_NO_UNVERSIONED_FUNC_DEFS /* nvmlInit, the first ABI, is wrapped beside nvmlInit_v2 */
 #include "nvml.h"
 
 #include <nvml.h>
@@ -19,6 +20,9 @@ static struct {
     nvmlReturn_t (*GetMemoryInfo)(nvmlDevice_t, nvmlMemory_t *);
     nvmlReturn_t (*GetMemoryInfo_v2)(nvmlDevice_t, nvmlMemory_v2_t *);
     nvmlReturn_t (*Init_v2)(void);
+    nvmlReturn_t (*Init)(void);
+    nvmlReturn_t (*InitWithFlags)(unsigned int);
+    nvmlReturn_t (*Shutdown)(void);
     nvmlReturn_t (*GetHandleByIndex_v2)(unsigned int, nvmlDevice_t *);
     nvmlReturn_t (*GetHandleByUUID)(const char *, nvmlDevice_t *);
     nvmlReturn_t (*GetUUID)(nvmlDevice_t, char *, unsigned int);
@@ -34,13 +38,21 @@ static struct {
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
+VGPU_EXPORT nvmlReturn_t nvmlInit_v2(void);
+VGPU_EXPORT nvmlReturn_t nvmlInit(void);
+VGPU_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags);
+VGPU_EXPORT nvmlReturn_t nvmlShutdown(void);
 
 static const struct vgpu_hook hooks[] = {
     {.name = "nvmlDeviceGetMemoryInfo", .wrapper = (void *)nvmlDeviceGetMemoryInfo,
      .real = (void **)&real.GetMemoryInfo},
     {.name = "nvmlDeviceGetMemoryInfo_v2", .wrapper = (void *)nvmlDeviceGetMemoryInfo_v2,
      .real = (void **)&real.GetMemoryInfo_v2},
-    {.name = "nvmlInit_v2", .real = (void **)&real.Init_v2},
+    {.name = "nvmlInit_v2", .wrapper = (void *)nvmlInit_v2, .real = (void **)&real.Init_v2},
+    {.name = "nvmlInit", .wrapper = (void *)nvmlInit, .real = (void **)&real.Init},
+    {.name = "nvmlInitWithFlags", .wrapper = (void *)nvmlInitWithFlags,
+     .real = (void **)&real.InitWithFlags},
+    {.name = "nvmlShutdown", .wrapper = (void *)nvmlShutdown, .real = (void **)&real.Shutdown},
     {.name = "nvmlDeviceGetHandleByIndex_v2", .real = (void **)&real.GetHandleByIndex_v2},
     {.name = "nvmlDeviceGetHandleByUUID", .real = (void **)&real.GetHandleByUUID},
     {.name = "nvmlDeviceGetUUID", .real = (void **)&real.GetUUID},
@@ -121,6 +133,56 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMem
         return NVML_ERROR_NO_PERMISSION;
     if (capped > 0)
         memory->reserved = 0;
+    return rc;
+}
+
+/* NVML counts its inits, and the library holds one of its own (the limiter's and the
+ * footprint's readings): an application's nvmlShutdown past its own inits would drop that one,
+ * and every later reading would fail, the SM limit with them (an adversarial review, 2026-11-30:
+ * 94 % of the GPU under a limit of 25). So the application's inits are counted, and a shutdown
+ * past them answers as NVML does to a process that holds none. */
+static int app_inits; /* atomic */
+
+static nvmlReturn_t counted_init(nvmlReturn_t rc)
+{
+    if (rc == NVML_SUCCESS)
+        __atomic_add_fetch(&app_inits, 1, __ATOMIC_ACQ_REL);
+    return rc;
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlInit_v2(void)
+{
+    vgpu_lib_ensure(&vgpu_nvml_lib);
+    return real.Init_v2 != NULL ? counted_init(real.Init_v2()) : NVML_ERROR_FUNCTION_NOT_FOUND;
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlInit(void)
+{
+    vgpu_lib_ensure(&vgpu_nvml_lib);
+    return real.Init != NULL ? counted_init(real.Init()) : NVML_ERROR_FUNCTION_NOT_FOUND;
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    vgpu_lib_ensure(&vgpu_nvml_lib);
+    return real.InitWithFlags != NULL ? counted_init(real.InitWithFlags(flags))
+                                      : NVML_ERROR_FUNCTION_NOT_FOUND;
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlShutdown(void)
+{
+    vgpu_lib_ensure(&vgpu_nvml_lib);
+    if (real.Shutdown == NULL)
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    int inits = __atomic_load_n(&app_inits, __ATOMIC_ACQUIRE);
+    do {
+        if (inits <= 0)
+            return NVML_ERROR_UNINITIALIZED;
+    } while (!__atomic_compare_exchange_n(&app_inits, &inits, inits - 1, 0, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_ACQUIRE));
+    nvmlReturn_t rc = real.Shutdown();
+    if (rc != NVML_SUCCESS)
+        __atomic_add_fetch(&app_inits, 1, __ATOMIC_ACQ_REL);
     return rc;
 }
 

@@ -45,6 +45,9 @@ static const double shortest_period_s = 1.0 / 6, longest_period_s = 1.0;
 /* Measurements after a forgiveness before the next: NVML's sample period (about 1/6 s) is
  * longer than the control period, so the first may not have seen the launch it let through. */
 static const unsigned fresh_after_forgiving = 2;
+/* A process NVML has told nothing of (no reading at all: no NVML, or one that fails) for this
+ * long since it began launching is calibrated without it (control). */
+static const double blind_seconds = 1.0;
 /* Weight of a new sample in the shares averaged for the balance between siblings: NVML may give
  * a sample period's whole share to one process (hook/README.md, "One bit a sample"), so one
  * sample tells little. */
@@ -99,6 +102,8 @@ struct bucket {
     int guessed;         /* own is the whole GPU assumed, not yet measured */
     int blind;           /* NVML could not tell at the last measurement: nothing is prepaid
                           * (no charge would give it back) */
+    unsigned long long blind_since_us; /* CLOCK_REALTIME of the first of the measurements in a
+                                        * row NVML could not tell (0: the last one could) */
     /* Between the processes of a container (vgpu_control_sibling_factor): */
     int waited;          /* atomic: a launch waited for tokens since the rate law's last step (set
                           * at every wait: one longer than a step counts in the step it ends
@@ -167,6 +172,7 @@ static void start_full(struct bucket *b)
     b->prepaid_from_us = b->prepaid_to_us = 0;
     b->prepaying = 0;
     b->blind = 0;
+    b->blind_since_us = 0;
     b->waited = 0;
     b->own_avg = b->sibling_avg = 0.0;
     b->launcher = no_launcher;
@@ -591,7 +597,31 @@ static double observe(int dev, struct bucket *b, double demand, const struct vgp
     }
     account(dev, b, &reading, own, demand, s);
     b->blind = reading.util < 0 && !reading.sampled;
+    if (!b->blind)
+        b->blind_since_us = 0;
+    else if (b->blind_since_us == 0)
+        b->blind_since_us = s->read_us;
     return util;
+}
+
+/* An uncalibrated bucket lets every launch through until NVML's first reading, which a process
+ * without NVML (a library that cannot be loaded or fails every call) never gets: it ran free for
+ * good (an adversarial review, 2026-11-30: 94 % of the GPU under a limit of 25). Past
+ * blind_seconds of launching without a reading, the rate is calibrated as if that work had kept
+ * the whole GPU busy (its demand times the limit), and the blocks alone limit it from then on,
+ * as they do a process whose NVML stops answering later. */
+static double calibration_share(int dev, const struct bucket *b, double util, double demand)
+{
+    static int warned;
+    if (util >= 0.0 || b->rate != 0.0 || demand == 0.0 || b->blind_since_us == 0 ||
+        (double)(unix_ns() / 1000u - b->blind_since_us) < blind_seconds * 1e6)
+        return util;
+    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        vgpu_log(VGPU_LOG_WARN, "SM limit: NVML has given no utilisation reading of device %d for "
+                 "%.0f s; launches are limited by their blocks alone, as if those of the last "
+                 "%.1f s had kept the whole GPU busy", dev, blind_seconds,
+                 (double)(monotonic_ns() - b->control_ns) / 1e9);
+    return 100.0;
 }
 
 /* Whether a launch waits for tokens and none has taken any since the rate law's last step, the
@@ -622,7 +652,7 @@ static void control(int dev, struct bucket *b, uint64_t now, const struct vgpu_s
     double seconds = (double)(now - b->control_ns) / 1e9;
     double demand = seconds > 0 ? (double)(taken - b->consumed_at_control) / seconds : 0.0;
     int was_held = b->held, averaged;
-    double util = observe(dev, b, demand, s, &averaged);
+    double util = calibration_share(dev, b, observe(dev, b, demand, s, &averaged), demand);
     if (averaged && starved(b, was_held)) {
         double balance = vgpu_control_sibling_factor(b->own_avg, b->sibling_avg);
         if (balance > 1.0) {

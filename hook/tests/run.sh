@@ -448,6 +448,13 @@ run throttle-second-gpu CUDA_DEVICE_SM_LIMIT_1=40 "$build/tests/test_throttle" 4
 run throttle-nothread CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 nothread
 # ... and its NVML thread never can: NVML is read on the limiter's own thread.
 run throttle-nosampler CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 nosampler
+# An application's NVML shutdowns past its own inits leave the library's; with no NVML reading
+# at all, the blocks limit a process calibrated as if it had kept the whole GPU busy.
+run throttle-nvml-shutdown CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 nvml-shutdown
+run throttle-nvml-blind CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_FAILS=1 \
+    "$build/tests/test_throttle" 25 nvml-blind
+grep -q "NVML has given no utilisation reading of device 0" "$tmp/throttle-nvml-blind.log" ||
+    { echo "FAIL throttle-nvml-blind: the log did not say the limit went blind"; failed=1; }
 # After a cuCtxSynchronize that covers all its work, nothing of a process runs: it prepays
 # nothing until its next launch; it goes on prepaying where another context, or another
 # thread's launch during the synchronisation, may leave work running (NVML silent for the

@@ -24,6 +24,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <nvml.h>
+
 #include "check.h"
 #include "cuda_13.h" /* cuCtxSynchronize_v2, called by name */
 #include "fake_state.h"
@@ -313,6 +315,46 @@ static void without_a_sampler(double limit)
           "limiter's, then the NVML thread's at every reading)", made, tried);
     check(fabs(util - limit) <= 5.0, "limit %.0f%%: NVML read on the limiter's thread, %.1f%% "
           "after 2 s", limit, util);
+}
+
+/* An application that ends more NVML inits than it made (pynvml's nvmlShutdown called twice,
+ * or a process that means to blind the limiter), after its context made the library take its
+ * own: the library's stays, and the limit holds (before, every reading failed from then on and
+ * the uncalibrated start's tokens let everything through: 94 % under a limit of 25). */
+static void nvml_shutdown(double limit)
+{
+    typedef nvmlReturn_t (*nvml_fn)(void);
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    nvml_fn init = lib != NULL ? (nvml_fn)dlsym(lib, "nvmlInit_v2") : NULL;
+    nvml_fn shutdown = lib != NULL ? (nvml_fn)dlsym(lib, "nvmlShutdown") : NULL;
+    if (!check(init != NULL && shutdown != NULL, "NVML's init and shutdown found"))
+        return;
+    use_device(0); /* the library reads NVML's process list around the context */
+    nvmlReturn_t first = init(), second = shutdown(), third = shutdown();
+    check(first == NVML_SUCCESS && second == NVML_SUCCESS && third == NVML_ERROR_UNINITIALIZED,
+          "one init, two shutdowns: the second answers NVML_ERROR_UNINITIALIZED (%d, %d, %d)",
+          first, second, third);
+    unsigned i = 0;
+    run_for(2.0, &i, VARIANTS); /* settle */
+    double util = run_for(2.0, &i, VARIANTS);
+    check(fabs(util - limit) <= 5.0, "limit %.0f%%: %.1f%% of the GPU over 2 s", limit, util);
+    third = shutdown(); /* and once the limiter runs */
+    util = run_for(2.0, &i, VARIANTS);
+    check(third == NVML_ERROR_UNINITIALIZED && fabs(util - limit) <= 5.0, "another shutdown once "
+          "launching (%d): %.1f%% over the next 2 s", third, util);
+}
+
+/* NVML never answers a utilisation query (FAKE_NVML_UTIL_FAILS, set by tests/run.sh): past a
+ * second of launching free, the rate is calibrated as if that work had kept the whole GPU busy,
+ * and the blocks limit it (before: free for good, 94 % under a limit of 25). */
+static void nvml_blind(double limit)
+{
+    use_device(0);
+    unsigned i = 0;
+    run_for(2.0, &i, VARIANTS); /* the free start, then calibrated */
+    double util = run_for(3.0, &i, VARIANTS);
+    check(fabs(util - limit) <= 5.0, "limit %.0f%%, no NVML reading at all: %.1f%% of the GPU "
+          "over 3 s", limit, util);
 }
 
 /* SIGALRM: a launch held back past the test's bound fails the test instead of hanging it. */
@@ -1491,6 +1533,8 @@ int main(int argc, char **argv)
         {"tail-bursts", bursts_with_a_tail, 0},
         {"small-tail-bursts", bursts_with_a_small_tail, 0},
         {"nosampler", without_a_sampler, 0},
+        {"nvml-shutdown", nvml_shutdown, 0},
+        {"nvml-blind", nvml_blind, 0},
         {"burst", burst_after_light_load, 1},
     };
     for (size_t m = 0; argc > 2 && m < sizeof modes / sizeof modes[0]; m++)

@@ -21,7 +21,7 @@ struct nvmlDevice_st {
     int index;
 };
 static struct nvmlDevice_st devices[MAX_DEVICES]; /* index i at i (set by nvmlInit_v2) */
-static int initialised;
+static int initialised; /* atomic: inits less shutdowns */
 
 /* NVML names processes in the host's pid namespace; FAKE_NVML_PID_OFFSET plays a container's
  * (the pid NVML reports is the process's own pid plus the offset). */
@@ -31,11 +31,12 @@ static unsigned int host_pid(int pid)
     return (unsigned int)(pid + (offset != NULL ? atoi(offset) : 0));
 }
 
+/* NVML counts inits: a shutdown ends one, the last of them all (nvml.h, nvmlShutdown). */
 EXPORT nvmlReturn_t nvmlInit_v2(void)
 {
     for (int i = 0; i < MAX_DEVICES; i++)
         devices[i].index = i;
-    initialised = 1;
+    __atomic_add_fetch(&initialised, 1, __ATOMIC_ACQ_REL);
     return NVML_SUCCESS;
 }
 
@@ -50,7 +51,12 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 
 EXPORT nvmlReturn_t nvmlShutdown(void)
 {
-    initialised = 0;
+    int was = __atomic_load_n(&initialised, __ATOMIC_ACQUIRE);
+    do {
+        if (was <= 0)
+            return NVML_ERROR_UNINITIALIZED;
+    } while (!__atomic_compare_exchange_n(&initialised, &was, was - 1, 0, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_ACQUIRE));
     return NVML_SUCCESS;
 }
 
