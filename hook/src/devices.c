@@ -141,14 +141,15 @@ int vgpu_device_record(int dev)
 }
 
 /* An ordinal past the region's records has no ledger and no SM account: where a limit is set,
- * anything made there would escape it. Only one of the file's GPUs is never there. */
+ * anything made there would escape it, and where the settings file names the GPUs it is none of
+ * theirs that has a record (a pod that sees more GPUs than it was given). */
 static int past_records_usable(int dev)
 {
     static int told; /* atomic: logged once a process */
     if (dev >= device_count)
         return 1; /* no such device: the driver's to refuse */
-    if (listed || !vgpu_region_limits_anything())
-        return !listed;
+    if (!listed && !vgpu_region_limits_anything())
+        return 1;
     if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
         vgpu_log(VGPU_LOG_ERROR, "CUDA device %d: the shared region keeps the limits of %d GPUs "
                  "and this one is past them, so nothing may be made or allocated on it. Give the "

@@ -48,6 +48,7 @@ static struct kept {
 static uint64_t pooled[VGPU_REGION_MAX_DEVICES];
 static uint64_t (*pool_cache_of)(uintptr_t pool);
 static int has_context[VGPU_REGION_MAX_DEVICES];      /* atomic: a context made on the device */
+static int released[VGPU_REGION_MAX_DEVICES]; /* atomic: one released since the last one made */
 static uint64_t measured_at[VGPU_REGION_MAX_DEVICES]; /* atomic: CLOCK_MONOTONIC ns */
 static __thread int inside;
 static int unmeasured_warned;
@@ -72,7 +73,7 @@ static void reset(void)
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
         pthread_mutex_init(&locks[d], NULL);
         counted[d] = measured_at[d] = pooled[d] = 0;
-        has_context[d] = measurable[d] = 0;
+        has_context[d] = measurable[d] = released[d] = 0;
         for (int k = 0; k < KEPT_POOLS; k++)
             kept[d][k] = (struct kept){0};
     }
@@ -251,13 +252,13 @@ enum { HELD_UNKNOWN = -1, HELD_NOT_LISTED = -2 };
 static int64_t measure_once(int dev)
 {
     int32_t pid = vgpu_region_host_pid();
+    if (pid == 0 && !pid_is_hosts())
+        return HELD_UNKNOWN;
     struct vgpu_gpu_process list[VGPU_NVML_MAX_PROCESSES];
     uint64_t epoch = vgpu_mem_quiet_epoch();
     uint64_t allocated = vgpu_mem_tracked(dev);
     int n = epoch != 0 ? vgpu_nvml_processes(dev, list, VGPU_NVML_MAX_PROCESSES) : -1;
     if (n < 0 || vgpu_mem_quiet_epoch() != epoch || vgpu_mem_tracked(dev) != allocated)
-        return HELD_UNKNOWN;
-    if (pid == 0 && !pid_is_hosts())
         return HELD_UNKNOWN;
     const struct vgpu_gpu_process *mine = find(list, n, pid != 0 ? pid : (int32_t)getpid());
     if (mine == NULL)
@@ -438,8 +439,10 @@ int vgpu_footprint_after_context(struct vgpu_context_probe *p, int created)
         vgpu_region_unlock_discovery(dev);
         vgpu_log_defer_end();
     }
-    if (created)
+    if (created) {
+        __atomic_store_n(&released[dev], 0, __ATOMIC_RELEASE);
         __atomic_store_n(&has_context[dev], 1, __ATOMIC_RELEASE);
+    }
     if (created && p->ledger)
         rc = charge_context(p);
     if ((!created || rc != 0) && p->estimate != 0) {
@@ -451,15 +454,25 @@ int vgpu_footprint_after_context(struct vgpu_context_probe *p, int created)
     return rc;
 }
 
-/* NVML does not list the host pid this process learnt, yet it holds a context on dev (one it
- * destroyed is measured at once, vgpu_footprint_context_gone): the pid was another process's,
- * which has exited. Taken for no context left, its memory went uncounted. */
-static void warn_not_listed(int dev)
+/* NVML does not list our host pid on dev. After a release there, no context is left (one
+ * measured at the release itself may have found NVML busy or slow). With none released since
+ * the last made, the pid was another process's, which has exited: taken for no context left,
+ * this one's memory went uncounted. Its count stays, and the pid is forgotten, so that the
+ * limiter no longer reads that process's samples for this one's (whole-GPU readings stand in).
+ * Caller holds locks[dev]. */
+static void not_listed(int dev)
 {
+    if (__atomic_load_n(&released[dev], __ATOMIC_ACQUIRE)) {
+        settle_to(dev, 0);
+        __atomic_store_n(&has_context[dev], 0, __ATOMIC_RELEASE);
+        return;
+    }
+    int32_t pid = vgpu_region_host_pid();
+    vgpu_region_forget_host_pid(pid);
     if (!__atomic_exchange_n(&not_listed_warned, 1, __ATOMIC_RELAXED))
         vgpu_log(VGPU_LOG_WARN, "device %d: NVML no longer lists host pid %d, which this process "
-                 "took for its own, while it holds a context; the %llu bytes counted for the "
-                 "context stay counted", dev, (int)vgpu_region_host_pid(),
+                 "took for its own, while it holds a context: the pid is forgotten, and the %llu "
+                 "bytes counted for the context stay counted", dev, (int)pid,
                  (unsigned long long)load64(&counted[dev]));
 }
 
@@ -476,7 +489,7 @@ static void refresh(int dev, uint64_t period_ns)
     int64_t held = measure(dev, 1);
     int64_t was = (int64_t)load64(&counted[dev]);
     if (held == HELD_NOT_LISTED)
-        warn_not_listed(dev); /* the count stays */
+        not_listed(dev);
     else if (held >= 0 && (held > was + HYSTERESIS || held + HYSTERESIS < was))
         settle_to(dev, (uint64_t)held);
     pthread_mutex_unlock(&locks[dev]);
@@ -495,6 +508,9 @@ void vgpu_footprint_remeasure(int dev) { refresh(dev, 0); }
 
 void vgpu_footprint_context_gone(int dev)
 {
+    for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
+        if (d == dev || dev < 0)
+            __atomic_store_n(&released[d], 1, __ATOMIC_RELEASE);
     if (inside)
         return;
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {

@@ -141,32 +141,37 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMem
  * and every later reading would fail, the SM limit with them (an adversarial review, 2026-11-30:
  * 94 % of the GPU under a limit of 25). So the application's inits are counted, and a shutdown
  * past them answers as NVML does to a process that holds none. */
-static int app_inits; /* atomic */
+static int app_inits;        /* atomic */
+static __thread int initing; /* inside one of the init wrappers: an NVML whose nvmlInit called
+                              * its exported nvmlInit_v2 would be counted twice */
 
-static nvmlReturn_t counted_init(nvmlReturn_t rc)
+enum init_abi { INIT_V2, INIT_V1, INIT_WITH_FLAGS };
+
+/* One of the application's inits, through NVML's of that ABI (flags: nvmlInitWithFlags'). */
+static nvmlReturn_t counted_init(enum init_abi abi, unsigned int flags)
 {
-    if (rc == NVML_SUCCESS)
-        __atomic_add_fetch(&app_inits, 1, __ATOMIC_ACQ_REL);
+    vgpu_lib_ensure(&vgpu_nvml_lib);
+    nvmlReturn_t (*init)(void) = abi == INIT_V2 ? real.Init_v2 : abi == INIT_V1 ? real.Init : NULL;
+    if (init == NULL && (abi != INIT_WITH_FLAGS || real.InitWithFlags == NULL))
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    int outer = !initing;
+    initing = 1;
+    nvmlReturn_t rc = init != NULL ? init() : real.InitWithFlags(flags);
+    if (outer) {
+        initing = 0;
+        if (rc == NVML_SUCCESS)
+            __atomic_add_fetch(&app_inits, 1, __ATOMIC_ACQ_REL);
+    }
     return rc;
 }
 
-VGPU_EXPORT nvmlReturn_t nvmlInit_v2(void)
-{
-    vgpu_lib_ensure(&vgpu_nvml_lib);
-    return real.Init_v2 != NULL ? counted_init(real.Init_v2()) : NVML_ERROR_FUNCTION_NOT_FOUND;
-}
+VGPU_EXPORT nvmlReturn_t nvmlInit_v2(void) { return counted_init(INIT_V2, 0); }
 
-VGPU_EXPORT nvmlReturn_t nvmlInit(void)
-{
-    vgpu_lib_ensure(&vgpu_nvml_lib);
-    return real.Init != NULL ? counted_init(real.Init()) : NVML_ERROR_FUNCTION_NOT_FOUND;
-}
+VGPU_EXPORT nvmlReturn_t nvmlInit(void) { return counted_init(INIT_V1, 0); }
 
 VGPU_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
-    vgpu_lib_ensure(&vgpu_nvml_lib);
-    return real.InitWithFlags != NULL ? counted_init(real.InitWithFlags(flags))
-                                      : NVML_ERROR_FUNCTION_NOT_FOUND;
+    return counted_init(INIT_WITH_FLAGS, flags);
 }
 
 VGPU_EXPORT nvmlReturn_t nvmlShutdown(void)

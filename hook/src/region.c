@@ -718,6 +718,14 @@ int vgpu_region_claim_host_pid(int32_t pid)
                                        __ATOMIC_ACQUIRE);
 }
 
+void vgpu_region_forget_host_pid(int32_t pid)
+{
+    int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
+    if (region != NULL && slot >= 0 && pid != 0)
+        __atomic_compare_exchange_n(&region->slots[slot].host_pid, &pid, 0, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE);
+}
+
 int vgpu_region_host_pids_known(void)
 {
     struct vgpu_region *r = vgpu_region_get();

@@ -89,6 +89,8 @@ int vgpu_region_pids(int32_t *pids, int max);
 int32_t vgpu_region_host_pid(void);
 /* Sets it only while none is set (two threads may learn it at once); 1 when this call did. */
 int vgpu_region_claim_host_pid(int32_t pid);
+/* Unsets it where it is still pid (found not to be this process's). */
+void vgpu_region_forget_host_pid(int32_t pid);
 
 /* 1 when this process has a slot and every slot with an owner has its host pid learnt. */
 int vgpu_region_host_pids_known(void);

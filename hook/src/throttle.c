@@ -45,9 +45,9 @@ static const double shortest_period_s = 1.0 / 6, longest_period_s = 1.0;
 /* Measurements after a forgiveness before the next: NVML's sample period (about 1/6 s) is
  * longer than the control period, so the first may not have seen the launch it let through. */
 static const unsigned fresh_after_forgiving = 2;
-/* A process NVML has told nothing of (no reading at all: no NVML, or one that fails) for this
- * long since it began launching is calibrated without it (control). */
-static const double blind_seconds = 1.0;
+/* While NVML tells nothing (blind_charge), work not seen drained is taken to run this long
+ * after its launch. */
+static const double blind_tail_seconds = 1.0;
 /* Weight of a new sample in the shares averaged for the balance between siblings: NVML may give
  * a sample period's whole share to one process (hook/README.md, "One bit a sample"), so one
  * sample tells little. */
@@ -102,8 +102,7 @@ struct bucket {
     int guessed;         /* own is the whole GPU assumed, not yet measured */
     int blind;           /* NVML could not tell at the last measurement: nothing is prepaid
                           * (no charge would give it back) */
-    unsigned long long blind_since_us; /* CLOCK_REALTIME of the first of the measurements in a
-                                        * row NVML could not tell (0: the last one could) */
+    unsigned long long blind_launch_us; /* last_launch_us as of the last period charged blind */
     /* Between the processes of a container (vgpu_control_sibling_factor): */
     int waited;          /* atomic: a launch waited for tokens since the rate law's last step (set
                           * at every wait: one longer than a step counts in the step it ends
@@ -172,7 +171,7 @@ static void start_full(struct bucket *b)
     b->prepaid_from_us = b->prepaid_to_us = 0;
     b->prepaying = 0;
     b->blind = 0;
-    b->blind_since_us = 0;
+    b->blind_launch_us = 0;
     b->waited = 0;
     b->own_avg = b->sibling_avg = 0.0;
     b->launcher = no_launcher;
@@ -532,6 +531,32 @@ static void hold(int dev, struct bucket *b, unsigned long long now_us)
     b->held = held;
 }
 
+/* An uncalibrated bucket lets every launch through until NVML's first reading, which a process
+ * without NVML (a library that cannot be loaded, or one failing every call) never gets: it ran
+ * free for good (an adversarial review, 2026-11-30: 94 % of the GPU under a limit of 25).
+ * Calibrated by blocks alone, a light first second left a heavy load after it at 0.5 %. So
+ * until a reading comes, each control period this process's work may run in (a launch in it,
+ * or one not seen drained up to blind_tail_seconds before) is charged to the account as the
+ * whole GPU's, and the account's hold makes its duty cycle the limit. Whether it charges. */
+static int blind_charge(int dev, struct bucket *b, const struct vgpu_reading *reading,
+                        unsigned long long now_us)
+{
+    static int warned;
+    if (reading->sampled || b->rate != 0.0 || b->last_launch_us == 0)
+        return 0;
+    int launched = b->last_launch_us > b->blind_launch_us; /* since the last such period */
+    int running = __atomic_load_n(&b->drained_us, __ATOMIC_ACQUIRE) == 0 &&
+                  (double)(now_us - b->last_launch_us) / 1e6 <= blind_tail_seconds;
+    if (!launched && !running)
+        return 0;
+    b->blind_launch_us = b->last_launch_us;
+    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        vgpu_log(VGPU_LOG_WARN, "SM limit: NVML gives no utilisation reading of device %d; until "
+                 "it does, each period this process's work may run in is charged as the whole "
+                 "GPU's", dev);
+    return 1;
+}
+
 /* Charges a reading to the container's GPU-time account (account.h), forgives a debt the
  * account does not back, and holds launches back while the container is over its limit by more
  * than held_seconds at the limit. A share that is the whole GPU's counts other tenants, as the
@@ -568,6 +593,13 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
     }
     if (reading->util >= 0)
         vgpu_account_charge(dev, b->limit, reading, period, share * credit_seconds, now_us);
+    else if (blind_charge(dev, b, reading, now_us)) {
+        /* This control period alone, whatever the gap since the last charge (a hold's time is
+         * not the process's); the reading stays blind: nothing is prepaid or forgiven. */
+        struct vgpu_reading busy = {.util = 100.0, .stamp_us = now_us, .sampled = 1,
+                                    .since_us = now_us - (unsigned long long)(control_seconds * 1e6)};
+        vgpu_account_charge(dev, b->limit, &busy, control_seconds, share * credit_seconds, now_us);
+    }
     if (reading->util >= 0 && b->rate > 0.0) {
         double covered =
             reading->sampled ? vgpu_reading_span(reading, period) : control_seconds;
@@ -597,31 +629,7 @@ static double observe(int dev, struct bucket *b, double demand, const struct vgp
     }
     account(dev, b, &reading, own, demand, s);
     b->blind = reading.util < 0 && !reading.sampled;
-    if (!b->blind)
-        b->blind_since_us = 0;
-    else if (b->blind_since_us == 0)
-        b->blind_since_us = s->read_us;
     return util;
-}
-
-/* An uncalibrated bucket lets every launch through until NVML's first reading, which a process
- * without NVML (a library that cannot be loaded or fails every call) never gets: it ran free for
- * good (an adversarial review, 2026-11-30: 94 % of the GPU under a limit of 25). Past
- * blind_seconds of launching without a reading, the rate is calibrated as if that work had kept
- * the whole GPU busy (its demand times the limit), and the blocks alone limit it from then on,
- * as they do a process whose NVML stops answering later. */
-static double calibration_share(int dev, const struct bucket *b, double util, double demand)
-{
-    static int warned;
-    if (util >= 0.0 || b->rate != 0.0 || demand == 0.0 || b->blind_since_us == 0 ||
-        (double)(unix_ns() / 1000u - b->blind_since_us) < blind_seconds * 1e6)
-        return util;
-    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-        vgpu_log(VGPU_LOG_WARN, "SM limit: NVML has given no utilisation reading of device %d for "
-                 "%.0f s; launches are limited by their blocks alone, as if those of the last "
-                 "%.1f s had kept the whole GPU busy", dev, blind_seconds,
-                 (double)(monotonic_ns() - b->control_ns) / 1e9);
-    return 100.0;
 }
 
 /* Whether a launch waits for tokens and none has taken any since the rate law's last step, the
@@ -652,7 +660,7 @@ static void control(int dev, struct bucket *b, uint64_t now, const struct vgpu_s
     double seconds = (double)(now - b->control_ns) / 1e9;
     double demand = seconds > 0 ? (double)(taken - b->consumed_at_control) / seconds : 0.0;
     int was_held = b->held, averaged;
-    double util = calibration_share(dev, b, observe(dev, b, demand, s, &averaged), demand);
+    double util = observe(dev, b, demand, s, &averaged);
     if (averaged && starved(b, was_held)) {
         double balance = vgpu_control_sibling_factor(b->own_avg, b->sibling_avg);
         if (balance > 1.0) {

@@ -299,13 +299,16 @@ run footprint-bystander CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footpr
     FAKE_CUDA_CONTEXT_MIB=300 FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXTS_TOGETHER=2 \
     "$build/tests/test_footprint" bystander
 # A pid no context made it remember is never learnt from an allocation; a learnt pid NVML
-# stops listing while the process holds a context leaves the context counted.
+# stops listing while the process holds a context (none released since) leaves it counted.
 run footprint-no-candidates CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-nc.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_LAZY_MIB=100 FAKE_NVML_PID_OFFSET=100000 \
     "$build/tests/test_footprint" no-candidates
 run footprint-wrong-pid-gone CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-wp.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 FAKE_NVML_PID_OFFSET=100000 \
     "$build/tests/test_footprint" wrong-pid-gone
+run footprint-released-unmeasured CUDA_DEVICE_MEMORY_LIMIT=1g \
+    FAKE_GPU_SHARED="$tmp/footprint-ru.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    "$build/tests/test_footprint" released-unmeasured
 # In a pid namespace (a container's), a process's own pid may be another tenant's host pid.
 if [ "${VGPU_SANITIZED:-0}" = 0 ] && unshare -pf --mount-proc true 2>/dev/null; then
     run footprint-together-pidns CUDA_DEVICE_MEMORY_LIMIT=1g \
@@ -449,12 +452,14 @@ run throttle-nothread CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 no
 # ... and its NVML thread never can: NVML is read on the limiter's own thread.
 run throttle-nosampler CUDA_DEVICE_SM_LIMIT=50 "$build/tests/test_throttle" 50 nosampler
 # An application's NVML shutdowns past its own inits leave the library's; with no NVML reading
-# at all, the blocks limit a process calibrated as if it had kept the whole GPU busy.
+# at all, each period of its work is charged as the whole GPU's.
 run throttle-nvml-shutdown CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 nvml-shutdown
 run throttle-nvml-blind CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_FAILS=1 \
     "$build/tests/test_throttle" 25 nvml-blind
-grep -q "NVML has given no utilisation reading of device 0" "$tmp/throttle-nvml-blind.log" ||
+grep -q "NVML gives no utilisation reading of device 0" "$tmp/throttle-nvml-blind.log" ||
     { echo "FAIL throttle-nvml-blind: the log did not say the limit went blind"; failed=1; }
+run throttle-nvml-blind-light-start CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_FAILS=1 \
+    "$build/tests/test_throttle" 25 nvml-blind-light-start
 # After a cuCtxSynchronize that covers all its work, nothing of a process runs: it prepays
 # nothing until its next launch; it goes on prepaying where another context, or another
 # thread's launch during the synchronisation, may leave work running (NVML silent for the

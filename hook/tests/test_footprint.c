@@ -36,7 +36,11 @@
  *   test_footprint wrong-pid-gone
  *                       this process's slot names a third container's process as its host pid
  *                       (as a pid learnt wrongly would), which then exits: the context stays
- *                       counted, and NVML's figure for this process stays within the cap.
+ *                       counted, NVML's figure for this process stays within the cap, and the
+ *                       pid is forgotten.
+ *   test_footprint released-unmeasured
+ *                       the context released while NVML's process list fails: the next
+ *                       allocation's measurement gives its memory back.
  *   test_footprint created-contexts
  *                       with FAKE_CUDA_CREATED_CONTEXT_MIB=200: each cuCtxCreate context holds
  *                       200 MiB more; one that does not fit under the cap is refused.
@@ -859,7 +863,33 @@ static int wrong_pid_gone(const char *program)
           "NVML shows this process holding %llu MiB (%llu MiB allocated) under the 1024 MiB cap "
           "(a8f5cf7: 1309 with 1009 allocated)", (unsigned long long)(shown / MiB),
           (unsigned long long)(held / MiB));
+    check(region->slots[self].host_pid == 0, "... and that pid is forgotten (host pid %d)",
+          (int)region->slots[self].host_pid);
     return check_done("test_footprint wrong-pid-gone");
+}
+
+static int released_unmeasured(void)
+{
+    CUcontext ctx;
+    int made = cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+               cuCtxSetCurrent(ctx) == CUDA_SUCCESS && open_region();
+    check(made && used() == 300 * MiB, "a context: 300 MiB counted (%llu MiB)",
+          (unsigned long long)(used() / MiB));
+    setenv("FAKE_NVML_PROCESSES_FAIL", "1", 1);
+    CUresult rc = cuDevicePrimaryCtxRelease(0);
+    unsetenv("FAKE_NVML_PROCESSES_FAIL");
+    check(rc == CUDA_SUCCESS && used() == 300 * MiB, "released while NVML's process list fails: "
+          "still counted, nothing could be measured (%llu MiB)",
+          (unsigned long long)(used() / MiB));
+    sleep_s(1.1); /* past the wait between measurements */
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    CUmemGenericAllocationHandle h = 0;
+    rc = cuMemCreate(&h, 2 * MiB, &prop, 0);
+    check(rc == CUDA_SUCCESS && used() == 2 * MiB, "the next allocation's measurement finds no "
+          "context: its 300 MiB given back (%llu MiB counted; a first version kept them)",
+          (unsigned long long)(used() / MiB));
+    return check_done("test_footprint released-unmeasured");
 }
 
 /* A process of a third container that makes its first context when told to, says so, and
@@ -1777,6 +1807,8 @@ int main(int argc, char **argv)
         return no_candidates(argv[0]);
     if (argc == 2 && strcmp(argv[1], "wrong-pid-gone") == 0)
         return wrong_pid_gone(argv[0]);
+    if (argc == 2 && strcmp(argv[1], "released-unmeasured") == 0)
+        return released_unmeasured();
     if (argc == 2 && strcmp(argv[1], "na") == 0)
         return memory_not_available();
     if (argc == 2 && strcmp(argv[1], "pool-cache") == 0)
