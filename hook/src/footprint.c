@@ -48,7 +48,12 @@ static struct kept {
 static uint64_t pooled[VGPU_REGION_MAX_DEVICES];
 static uint64_t (*pool_cache_of)(uintptr_t pool);
 static int has_context[VGPU_REGION_MAX_DEVICES];      /* atomic: a context made on the device */
-static int released[VGPU_REGION_MAX_DEVICES]; /* atomic: one released since the last one made */
+static int released[VGPU_REGION_MAX_DEVICES]; /* atomic: one released since the last one made,
+                                                * and no measurement since listed the process */
+static uint64_t unlisted_since[VGPU_REGION_MAX_DEVICES]; /* CLOCK_MONOTONIC ns: the first of the
+                                                          * measurements in a row that did not
+                                                          * list it (0: the last did); under
+                                                          * locks[dev] */
 static uint64_t measured_at[VGPU_REGION_MAX_DEVICES]; /* atomic: CLOCK_MONOTONIC ns */
 static __thread int inside;
 static int unmeasured_warned;
@@ -74,6 +79,7 @@ static void reset(void)
         pthread_mutex_init(&locks[d], NULL);
         counted[d] = measured_at[d] = pooled[d] = 0;
         has_context[d] = measurable[d] = released[d] = 0;
+        unlisted_since[d] = 0;
         for (int k = 0; k < KEPT_POOLS; k++)
             kept[d][k] = (struct kept){0};
     }
@@ -457,16 +463,23 @@ int vgpu_footprint_after_context(struct vgpu_context_probe *p, int created)
 /* NVML does not list our host pid on dev. After a release there, no context is left (one
  * measured at the release itself may have found NVML busy or slow). With none released since
  * the last made, the pid was another process's, which has exited: taken for no context left,
- * this one's memory went uncounted. Its count stays, and the pid is forgotten, so that the
- * limiter no longer reads that process's samples for this one's (whole-GPU readings stand in).
- * Caller holds locks[dev]. */
+ * this one's memory went uncounted. Its count stays, and once that has held for a second (a
+ * release under way in another thread is marked only after the driver's call), the pid is
+ * forgotten, so that the limiter no longer reads that process's samples for this one's
+ * (whole-GPU readings stand in). Caller holds locks[dev]. */
 static void not_listed(int dev)
 {
     if (__atomic_load_n(&released[dev], __ATOMIC_ACQUIRE)) {
         settle_to(dev, 0);
         __atomic_store_n(&has_context[dev], 0, __ATOMIC_RELEASE);
+        unlisted_since[dev] = 0;
         return;
     }
+    uint64_t now = monotonic_ns();
+    if (unlisted_since[dev] == 0)
+        unlisted_since[dev] = now;
+    if (now - unlisted_since[dev] < REFRESH_NS)
+        return;
     int32_t pid = vgpu_region_host_pid();
     vgpu_region_forget_host_pid(pid);
     if (!__atomic_exchange_n(&not_listed_warned, 1, __ATOMIC_RELAXED))
@@ -488,6 +501,8 @@ static void refresh(int dev, uint64_t period_ns)
     __atomic_store_n(&measured_at[dev], now, __ATOMIC_RELAXED);
     int64_t held = measure(dev, 1);
     int64_t was = (int64_t)load64(&counted[dev]);
+    if (held >= 0)
+        unlisted_since[dev] = 0;
     if (held == HELD_NOT_LISTED)
         not_listed(dev);
     else if (held >= 0 && (held > was + HYSTERESIS || held + HYSTERESIS < was))

@@ -192,7 +192,14 @@ VGPU_EXPORT nvmlReturn_t nvmlShutdown(void)
 }
 
 static int nvml_ready;
-static void init_nvml(void) { nvml_ready = real.Init_v2 != NULL && real.Init_v2() == NVML_SUCCESS; }
+
+/* The library's own reference: not the application's to count, nor to drop. */
+static void init_nvml(void)
+{
+    initing = 1;
+    nvml_ready = real.Init_v2 != NULL && real.Init_v2() == NVML_SUCCESS;
+    initing = 0;
+}
 
 /* The NVML handle of CUDA device dev: by the UUID CUDA recorded, else by the same index.
  * Called from the limiter's watcher thread and from allocating threads. */

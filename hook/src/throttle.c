@@ -45,9 +45,11 @@ static const double shortest_period_s = 1.0 / 6, longest_period_s = 1.0;
 /* Measurements after a forgiveness before the next: NVML's sample period (about 1/6 s) is
  * longer than the control period, so the first may not have seen the launch it let through. */
 static const unsigned fresh_after_forgiving = 2;
-/* While NVML tells nothing (blind_charge), work not seen drained is taken to run this long
- * after its launch. */
+/* While NVML tells nothing (blind_step), work not seen drained is taken to run this long after
+ * its launch; a reading this late since the last, or NVML's "no new sample" this long after a
+ * first launch still uncalibrated, counts as none. */
 static const double blind_tail_seconds = 1.0;
+static const double blind_after_seconds = 2.0;
 /* Weight of a new sample in the shares averaged for the balance between siblings: NVML may give
  * a sample period's whole share to one process (hook/README.md, "One bit a sample"), so one
  * sample tells little. */
@@ -102,7 +104,10 @@ struct bucket {
     int guessed;         /* own is the whole GPU assumed, not yet measured */
     int blind;           /* NVML could not tell at the last measurement: nothing is prepaid
                           * (no charge would give it back) */
-    unsigned long long blind_launch_us; /* last_launch_us as of the last period charged blind */
+    unsigned long long blind_launch_us; /* last_launch_us as of the last blind step */
+    unsigned long long blind_from_us;   /* the time up to which blind_step has decided */
+    int blind_held;                     /* held at that time */
+    unsigned long long read_us;         /* CLOCK_REALTIME of NVML's latest reading, any */
     /* Between the processes of a container (vgpu_control_sibling_factor): */
     int waited;          /* atomic: a launch waited for tokens since the rate law's last step (set
                           * at every wait: one longer than a step counts in the step it ends
@@ -171,7 +176,8 @@ static void start_full(struct bucket *b)
     b->prepaid_from_us = b->prepaid_to_us = 0;
     b->prepaying = 0;
     b->blind = 0;
-    b->blind_launch_us = 0;
+    b->blind_launch_us = b->blind_from_us = b->read_us = 0;
+    b->blind_held = 0;
     b->waited = 0;
     b->own_avg = b->sibling_avg = 0.0;
     b->launcher = no_launcher;
@@ -531,32 +537,6 @@ static void hold(int dev, struct bucket *b, unsigned long long now_us)
     b->held = held;
 }
 
-/* An uncalibrated bucket lets every launch through until NVML's first reading, which a process
- * without NVML (a library that cannot be loaded, or one failing every call) never gets: it ran
- * free for good (an adversarial review, 2026-11-30: 94 % of the GPU under a limit of 25).
- * Calibrated by blocks alone, a light first second left a heavy load after it at 0.5 %. So
- * until a reading comes, each control period this process's work may run in (a launch in it,
- * or one not seen drained up to blind_tail_seconds before) is charged to the account as the
- * whole GPU's, and the account's hold makes its duty cycle the limit. Whether it charges. */
-static int blind_charge(int dev, struct bucket *b, const struct vgpu_reading *reading,
-                        unsigned long long now_us)
-{
-    static int warned;
-    if (reading->sampled || b->rate != 0.0 || b->last_launch_us == 0)
-        return 0;
-    int launched = b->last_launch_us > b->blind_launch_us; /* since the last such period */
-    int running = __atomic_load_n(&b->drained_us, __ATOMIC_ACQUIRE) == 0 &&
-                  (double)(now_us - b->last_launch_us) / 1e6 <= blind_tail_seconds;
-    if (!launched && !running)
-        return 0;
-    b->blind_launch_us = b->last_launch_us;
-    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-        vgpu_log(VGPU_LOG_WARN, "SM limit: NVML gives no utilisation reading of device %d; until "
-                 "it does, each period this process's work may run in is charged as the whole "
-                 "GPU's", dev);
-    return 1;
-}
-
 /* Charges a reading to the container's GPU-time account (account.h), forgives a debt the
  * account does not back, and holds launches back while the container is over its limit by more
  * than held_seconds at the limit. A share that is the whole GPU's counts other tenants, as the
@@ -593,13 +573,6 @@ static void account(int dev, struct bucket *b, struct vgpu_reading *reading, dou
     }
     if (reading->util >= 0)
         vgpu_account_charge(dev, b->limit, reading, period, share * credit_seconds, now_us);
-    else if (blind_charge(dev, b, reading, now_us)) {
-        /* This control period alone, whatever the gap since the last charge (a hold's time is
-         * not the process's); the reading stays blind: nothing is prepaid or forgiven. */
-        struct vgpu_reading busy = {.util = 100.0, .stamp_us = now_us, .sampled = 1,
-                                    .since_us = now_us - (unsigned long long)(control_seconds * 1e6)};
-        vgpu_account_charge(dev, b->limit, &busy, control_seconds, share * credit_seconds, now_us);
-    }
     if (reading->util >= 0 && b->rate > 0.0) {
         double covered =
             reading->sampled ? vgpu_reading_span(reading, period) : control_seconds;
@@ -628,8 +601,57 @@ static double observe(int dev, struct bucket *b, double demand, const struct vgp
         b->sibling_avg += share_weight * (sibling - b->sibling_avg);
     }
     account(dev, b, &reading, own, demand, s);
-    b->blind = reading.util < 0 && !reading.sampled;
+    /* NVML's "no new sample" for long while launching is no reading either (an NVML of the
+     * process's choosing may answer nothing else). */
+    unsigned long long after_us = (unsigned long long)(blind_after_seconds * 1e6);
+    b->blind = (reading.util < 0 && !reading.sampled) ||
+               (s->what == VGPU_UTIL_NO_NEW_SAMPLE && b->rate == 0.0 && b->launched_us != 0 &&
+                s->read_us > b->launched_us + after_us);
+    b->read_us = s->read_us;
     return util;
+}
+
+/* An uncalibrated bucket lets every launch through until NVML's first reading, which a process
+ * without NVML (a library that cannot be loaded, or one failing, hung or answering nothing)
+ * never gets: it ran free for good (an adversarial review, 2026-11-30: 94 % of the GPU under a
+ * limit of 25; calibrated from its first second's blocks instead, a heavy load after a light
+ * start got 0.5 %). So at each control step while no reading tells, the time since the last
+ * step is charged to the account as the whole GPU's where the process's work may have run in
+ * it (a launch since, or one not seen drained up to blind_tail_seconds before, not held back),
+ * and the account's hold makes its duty cycle the limit. Held time is not charged: work
+ * queued before a hold runs on uncounted. */
+static void blind_step(int dev, struct bucket *b, unsigned long long now_us)
+{
+    static int warned;
+    unsigned long long from = b->blind_from_us;
+    int was_held = b->blind_held;
+    b->blind_from_us = now_us;
+    b->blind_held = b->held;
+    unsigned long long heard = b->read_us > b->launched_us ? b->read_us : b->launched_us;
+    int blind = b->rate == 0.0 && b->launched_us != 0 &&
+                (b->blind || now_us > heard + (unsigned long long)(blind_after_seconds * 1e6));
+    int launched = b->last_launch_us != b->blind_launch_us;
+    b->blind_launch_us = b->last_launch_us;
+    int running = !b->held && !was_held &&
+                  __atomic_load_n(&b->drained_us, __ATOMIC_ACQUIRE) == 0 &&
+                  (double)(now_us - b->last_launch_us) / 1e6 <= blind_tail_seconds;
+    double cap = b->limit / 100.0 * credit_seconds;
+    if (blind && b->prepaid > 0.0) {
+        /* What was prepaid for a measurement that will not come: the charges below stand for
+         * it, and while its share stays guessed a hold would leave it out. */
+        vgpu_account_refund(dev, b->prepaid, cap);
+        b->prepaid = 0.0;
+        b->prepaying = 0;
+        b->guessed = 0;
+    }
+    if (!blind || from == 0 || now_us <= from || !(launched || running))
+        return;
+    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        vgpu_log(VGPU_LOG_WARN, "SM limit: NVML gives no utilisation reading of device %d; until "
+                 "it does, the time this process's work may run is charged as the whole GPU's",
+                 dev);
+    struct vgpu_reading busy = {.util = 100.0, .stamp_us = now_us, .since_us = from, .sampled = 1};
+    vgpu_account_charge(dev, b->limit, &busy, control_seconds, cap, now_us);
 }
 
 /* Whether a launch waits for tokens and none has taken any since the rate law's last step, the
@@ -652,8 +674,10 @@ static int starved(const struct bucket *b, int was_held)
  * then the account, which other processes may have charged, still decides the hold. */
 static void control(int dev, struct bucket *b, uint64_t now, const struct vgpu_sample *s)
 {
+    unsigned long long now_us = unix_ns() / 1000u;
     if (s == NULL) {
-        hold(dev, b, unix_ns() / 1000u);
+        hold(dev, b, now_us);
+        blind_step(dev, b, now_us);
         return;
     }
     uint64_t taken = consumed(b);
@@ -661,6 +685,7 @@ static void control(int dev, struct bucket *b, uint64_t now, const struct vgpu_s
     double demand = seconds > 0 ? (double)(taken - b->consumed_at_control) / seconds : 0.0;
     int was_held = b->held, averaged;
     double util = observe(dev, b, demand, s, &averaged);
+    blind_step(dev, b, now_us);
     if (averaged && starved(b, was_held)) {
         double balance = vgpu_control_sibling_factor(b->own_avg, b->sibling_avg);
         if (balance > 1.0) {

@@ -460,6 +460,10 @@ grep -q "NVML gives no utilisation reading of device 0" "$tmp/throttle-nvml-blin
     { echo "FAIL throttle-nvml-blind: the log did not say the limit went blind"; failed=1; }
 run throttle-nvml-blind-light-start CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_FAILS=1 \
     "$build/tests/test_throttle" 25 nvml-blind-light-start
+run throttle-nvml-blind-threads CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_FAILS=1 \
+    "$build/tests/test_throttle" 25 nvml-blind-threads
+run throttle-nvml-not-found CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_NOT_FOUND=1 \
+    "$build/tests/test_throttle" 25 nvml-blind-light-start
 # After a cuCtxSynchronize that covers all its work, nothing of a process runs: it prepays
 # nothing until its next launch; it goes on prepaying where another context, or another
 # thread's launch during the synchronisation, may leave work running (NVML silent for the

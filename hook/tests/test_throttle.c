@@ -369,6 +369,35 @@ static void nvml_blind(double limit)
           "over 4 s", limit, util);
 }
 
+/* The same with a second thread launching too (never drained: a synchronisation of one may
+ * return before the other's work is done): a first version charged the time after its last
+ * launch while the hold held it back, and such a process got 2-3 % by reckoning. */
+static volatile int second_thread_stops;
+
+static void *second_launcher(void *unused)
+{
+    (void)unused;
+    use_device(0);
+    while (!second_thread_stops)
+        step(0);
+    return NULL;
+}
+
+static void nvml_blind_threads(double limit)
+{
+    use_device(0);
+    pthread_t t;
+    if (!check(pthread_create(&t, NULL, second_launcher, NULL) == 0, "a second launching thread"))
+        return;
+    unsigned i = 0;
+    run_for(2.0, &i, VARIANTS);
+    double util = run_for(4.0, &i, VARIANTS);
+    second_thread_stops = 1;
+    pthread_join(t, NULL);
+    check(fabs(util - limit) <= 5.0, "limit %.0f%%, no NVML reading, two launching threads: %.1f%% "
+          "of the GPU over 4 s", limit, util);
+}
+
 static void nvml_blind_light_start(double limit)
 {
     use_device(0);
@@ -1563,6 +1592,7 @@ int main(int argc, char **argv)
         {"nvml-shutdown", nvml_shutdown, 0},
         {"nvml-blind", nvml_blind, 0},
         {"nvml-blind-light-start", nvml_blind_light_start, 0},
+        {"nvml-blind-threads", nvml_blind_threads, 0},
         {"burst", burst_after_light_load, 1},
     };
     for (size_t m = 0; argc > 2 && m < sizeof modes / sizeof modes[0]; m++)

@@ -137,13 +137,18 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
     return NVML_SUCCESS;
 }
 
-/* FAKE_NVML_UTIL_FAILS=1, read at every call: both utilisation queries answer
- * NVML_ERROR_UNKNOWN (a driver that stopped answering them mid-run). */
-static int util_fails(void)
+static int env_set(const char *name)
 {
-    const char *fails = getenv("FAKE_NVML_UTIL_FAILS");
-    return fails != NULL && fails[0] != '\0' && strcmp(fails, "0") != 0;
+    const char *value = getenv(name);
+    return value != NULL && value[0] != '\0' && strcmp(value, "0") != 0;
 }
+
+/* FAKE_NVML_UTIL_FAILS=1, read at every call: both utilisation queries answer
+ * NVML_ERROR_UNKNOWN (a driver that stopped answering them mid-run). FAKE_NVML_UTIL_NOT_FOUND=1:
+ * the per-process query finds no sample ever, and the whole GPU's fails (an NVML stub). */
+static int util_fails(void) { return env_set("FAKE_NVML_UTIL_FAILS"); }
+
+static int util_not_found(void) { return env_set("FAKE_NVML_UTIL_NOT_FOUND"); }
 
 /* FAKE_NVML_SLOW_MS=N, read at every call: the per-process query takes N ms before it answers
  * (NVML's calls can be slow). */
@@ -173,6 +178,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         return NVML_ERROR_INVALID_ARGUMENT;
     if (util_fails())
         return NVML_ERROR_UNKNOWN;
+    if (util_not_found()) {
+        *count = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
     answer_slowly();
     struct fake_gpu_sample got[MAX_PROCS];
     int n = fake_gpu_samples_since(device->index, last_seen, got, MAX_PROCS); /* <= MAX_PROCS */
@@ -198,7 +207,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
         return NVML_ERROR_UNINITIALIZED;
     if (device == NULL || rates == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (util_fails())
+    if (util_fails() || util_not_found())
         return NVML_ERROR_UNKNOWN;
     uint64_t end_us;
     unsigned int pct;
