@@ -150,8 +150,9 @@ static int candidate(int32_t pid)
 
 /* Our host pid from the lists NVML gave before and after this process made a context on dev:
  * the one pid new in the second that no other process of the container has claimed, or our
- * own pid among the new ones (in the host's pid namespace, pid_is_hosts). Two candidates (another container made a
- * context at the same moment): remembered, and told apart by an allocation (below). This rests
+ * own pid among the new ones (in the host's pid namespace, pid_is_hosts). Two candidates
+ * (another container made a context at the same moment): remembered, and told apart by an
+ * allocation (below). This rests
  * on NVML listing every process "with a compute context" (nvml.h), ours as soon as it is made:
  * were ours left out, a neighbour's context made meanwhile would be the one new pid, and taken
  * for ours (its GPU time then charged to this container: tests/run.sh,

@@ -342,8 +342,8 @@ static void nvml_shutdown(double limit)
     nvmlReturn_t downs[3] = {shutdown(), shutdown(), shutdown()};
     check(inits[0] == NVML_SUCCESS && inits[1] == NVML_SUCCESS && downs[0] == NVML_SUCCESS &&
               downs[1] == NVML_SUCCESS && downs[2] == NVML_ERROR_UNINITIALIZED,
-          "nvmlInit (NVML's first ABI) and nvmlInitWithFlags count too: a third shutdown after them "
-          "answers NVML_ERROR_UNINITIALIZED (%d %d; %d %d %d)", inits[0], inits[1], downs[0],
+          "nvmlInit (NVML's first ABI) and nvmlInitWithFlags count too: a third shutdown after "
+          "them answers NVML_ERROR_UNINITIALIZED (%d %d; %d %d %d)", inits[0], inits[1], downs[0],
           downs[1], downs[2]);
     unsigned i = 0;
     run_for(2.0, &i, VARIANTS); /* settle */

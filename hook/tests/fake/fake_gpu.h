@@ -33,7 +33,9 @@
  * nvmlDeviceGetProcessUtilization: "utilization since the previous query", or over "all the
  * samples maintained by the driver's internal sample buffer"), 21 s at 166 ms; of each, the
  * GPU time of the first GPU_HISTORY_PROCS processes that ran in it. */
-enum { GPU_MAX_DEVICES = FAKE_MAX_GPUS, GPU_MAX_PROCS = 64, GPU_HISTORY = 128, GPU_HISTORY_PROCS = 8 };
+enum {
+    GPU_MAX_DEVICES = FAKE_MAX_GPUS, GPU_MAX_PROCS = 64, GPU_HISTORY = 128, GPU_HISTORY_PROCS = 8
+};
 #define GPU_MAGIC UINT64_C(0x344750474b414646) /* "FFAKGPG4": layout version 4 */
 #define GPU_REAP_NS UINT64_C(10000000)         /* dead-pid sweep at most every 10 ms */
 
