@@ -48,8 +48,7 @@ static struct kept {
 static uint64_t pooled[VGPU_REGION_MAX_DEVICES];
 static uint64_t (*pool_cache_of)(uintptr_t pool);
 static int has_context[VGPU_REGION_MAX_DEVICES];      /* atomic: a context made on the device */
-static int released[VGPU_REGION_MAX_DEVICES]; /* atomic: one released since the last one made,
-                                                * and no measurement since listed the process */
+static int released[VGPU_REGION_MAX_DEVICES]; /* atomic: one released since the last one made */
 static uint64_t unlisted_since[VGPU_REGION_MAX_DEVICES]; /* CLOCK_MONOTONIC ns: the first of the
                                                           * measurements in a row that did not
                                                           * list it (0: the last did); under

@@ -49,7 +49,7 @@ static const unsigned fresh_after_forgiving = 2;
  * its launch; a reading this late since the last, or NVML's "no new sample" this long after a
  * first launch still uncalibrated, counts as none. */
 static const double blind_tail_seconds = 1.0;
-static const double blind_after_seconds = 2.0;
+static const unsigned long long blind_after_us = 2000000;
 /* Weight of a new sample in the shares averaged for the balance between siblings: NVML may give
  * a sample period's whole share to one process (hook/README.md, "One bit a sample"), so one
  * sample tells little. */
@@ -603,10 +603,9 @@ static double observe(int dev, struct bucket *b, double demand, const struct vgp
     account(dev, b, &reading, own, demand, s);
     /* NVML's "no new sample" for long while launching is no reading either (an NVML of the
      * process's choosing may answer nothing else). */
-    unsigned long long after_us = (unsigned long long)(blind_after_seconds * 1e6);
     b->blind = (reading.util < 0 && !reading.sampled) ||
                (s->what == VGPU_UTIL_NO_NEW_SAMPLE && b->rate == 0.0 && b->launched_us != 0 &&
-                s->read_us > b->launched_us + after_us);
+                s->read_us > b->launched_us + blind_after_us);
     b->read_us = s->read_us;
     return util;
 }
@@ -629,7 +628,7 @@ static void blind_step(int dev, struct bucket *b, unsigned long long now_us)
     b->blind_held = b->held;
     unsigned long long heard = b->read_us > b->launched_us ? b->read_us : b->launched_us;
     int blind = b->rate == 0.0 && b->launched_us != 0 &&
-                (b->blind || now_us > heard + (unsigned long long)(blind_after_seconds * 1e6));
+                (b->blind || now_us > heard + blind_after_us);
     int launched = b->last_launch_us != b->blind_launch_us;
     b->blind_launch_us = b->last_launch_us;
     int running = !b->held && !was_held &&

@@ -320,6 +320,7 @@ int vgpu_vmm_bind_answered(uint64_t id, int made)
          * binding's hold is its record's only mapping (out of memory again, none is kept). */
         if (find(&handles, n->b.handle) == NULL)
             add(&handles, n->b.handle, 1, 1);
+        break; /* ids are unique */
     }
     if (!made && unlink_binding(id, &handle))
         freed = unhold(handle);
