@@ -306,6 +306,11 @@ run footprint-no-candidates CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/fo
 run footprint-wrong-pid-gone CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-wp.shm" \
     FAKE_CUDA_CONTEXT_MIB=300 FAKE_NVML_PID_OFFSET=100000 \
     "$build/tests/test_footprint" wrong-pid-gone
+# ... and so when a context was released before, NVML listing the process after it (another
+# context remains): that release does not stand for the pid's going.
+run footprint-wrong-pid-gone-after-release CUDA_DEVICE_MEMORY_LIMIT=1g \
+    FAKE_GPU_SHARED="$tmp/footprint-wpr.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    FAKE_CUDA_CREATED_CONTEXT_MIB=200 FAKE_NVML_PID_OFFSET=100000 "$build/tests/test_footprint" wrong-pid-gone-after-release
 run footprint-released-unmeasured CUDA_DEVICE_MEMORY_LIMIT=1g \
     FAKE_GPU_SHARED="$tmp/footprint-ru.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     "$build/tests/test_footprint" released-unmeasured

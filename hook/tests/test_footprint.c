@@ -34,6 +34,7 @@
  *                       no pid is remembered as maybe ours), a third container's process grows
  *                       by 64 MiB while this one allocates 64 MiB: it is not taken for this one.
  *   test_footprint wrong-pid-gone
+ *   test_footprint wrong-pid-gone-after-release
  *                       this process's slot names a third container's process as its host pid
  *                       (as a pid learnt wrongly would), which then exits: the context stays
  *                       counted, NVML's figure for this process stays within the cap, and the
@@ -833,22 +834,34 @@ static int no_candidates(const char *program)
     return check_done("test_footprint no-candidates");
 }
 
-static int wrong_pid_gone(const char *program)
+/* release_first: a second context is made and destroyed before the pid goes, NVML listing the
+ * process after it (the primary context remains). */
+static int wrong_pid_gone(const char *program, int release_first)
 {
+    const char *name = release_first ? "test_footprint wrong-pid-gone-after-release"
+                                     : "test_footprint wrong-pid-gone";
     int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET"));
     pid_t third = spawn_bystander(program);
     if (third == 0)
-        return check_done("test_footprint wrong-pid-gone");
-    CUcontext ctx;
+        return check_done(name);
+    CUcontext ctx, second;
     CUdeviceptr p = 0;
     int made = cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
-               cuCtxSetCurrent(ctx) == CUDA_SUCCESS &&
-               cuMemAlloc(&p, 1 * MiB) == CUDA_SUCCESS && open_region();
+               cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
+    if (made && release_first) {
+        made = open_region() && cuCtxCreate(&second, 0, 0) == CUDA_SUCCESS;
+        check(made && used() == 500 * MiB, "a second context: 500 MiB counted (%llu MiB)",
+              (unsigned long long)(used() / MiB));
+        made = made && cuCtxDestroy(second) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
+        check(made && used() == 300 * MiB, "... destroyed, NVML still listing the process: the "
+              "primary context's 300 MiB counted (%llu MiB)", (unsigned long long)(used() / MiB));
+    }
+    made = made && cuMemAlloc(&p, 1 * MiB) == CUDA_SUCCESS && open_region();
     int self = made ? slot_of(getpid()) : -1;
     struct vgpu_region *edit = region_edit();
     if (!check(self >= 0 && edit != NULL && used() == 301 * MiB, "a context (300 MiB) and 1 MiB "
                "counted (%llu MiB)", (unsigned long long)(used() / MiB)))
-        return check_done("test_footprint wrong-pid-gone");
+        return check_done(name);
     __atomic_store_n(&edit->slots[self].host_pid, (int32_t)third + offset, __ATOMIC_RELEASE);
     bystander_done(third);
     sleep_s(1.1); /* past the wait between measurements */
@@ -861,11 +874,11 @@ static int wrong_pid_gone(const char *program)
     uint64_t shown = fake_bytes_of_self();
     check(shown <= 1024 * MiB, "the pid its slot named exited: the context stays counted, and "
           "NVML shows this process holding %llu MiB (%llu MiB allocated) under the 1024 MiB cap "
-          "(a8f5cf7: 1309 with 1009 allocated)", (unsigned long long)(shown / MiB),
-          (unsigned long long)(held / MiB));
+          "(the library of %s: 1309 with 1009 allocated)", (unsigned long long)(shown / MiB),
+          (unsigned long long)(held / MiB), release_first ? "edbb684" : "a8f5cf7");
     check(region->slots[self].host_pid == 0, "... and that pid is forgotten (host pid %d)",
           (int)region->slots[self].host_pid);
-    return check_done("test_footprint wrong-pid-gone");
+    return check_done(name);
 }
 
 static int released_unmeasured(void)
@@ -1806,7 +1819,9 @@ int main(int argc, char **argv)
     if (argc == 2 && strcmp(argv[1], "no-candidates") == 0)
         return no_candidates(argv[0]);
     if (argc == 2 && strcmp(argv[1], "wrong-pid-gone") == 0)
-        return wrong_pid_gone(argv[0]);
+        return wrong_pid_gone(argv[0], 0);
+    if (argc == 2 && strcmp(argv[1], "wrong-pid-gone-after-release") == 0)
+        return wrong_pid_gone(argv[0], 1);
     if (argc == 2 && strcmp(argv[1], "released-unmeasured") == 0)
         return released_unmeasured();
     if (argc == 2 && strcmp(argv[1], "na") == 0)
