@@ -21,8 +21,8 @@
 # for its debt in blocks, and back to back they get the limit (the GPU-time account); (13)
 # short-lived processes of one container one after another under 20 % (prepayment); (14)
 # which waits of PyTorch, CuPy and JAX drain under an SM limit (prepay nothing after them).
-# Usage: gpu-check.sh [SECTION...] (default: all fourteen, about 11 minutes on an H200 before
-# section 14, which has not run on one yet; sections
+# Usage: gpu-check.sh [SECTION...] (default: all fourteen, about 11 minutes on an H200, section
+# 14 some 25 s of it; sections
 # can be run separately: gpu-session.sh runs each under its own time limit on a lent machine).
 # Exit 77 (skip) without a GPU, 1 on any failed check.
 set -uo pipefail
