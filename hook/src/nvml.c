@@ -296,8 +296,10 @@ enum vgpu_util vgpu_nvml_container_util(int dev, const int32_t *pids, int npids,
         return whole_device(device, util);
     if (last_seen[dev] == 0)
         last_seen[dev] = called_us;
-    nvmlProcessUtilizationSample_t samples[VGPU_NVML_MAX_PROCESSES];
-    unsigned int count = VGPU_NVML_MAX_PROCESSES;
+    /* 32 KiB, not on a stack that may be an application thread's; one caller at a time, as
+     * for last_seen (the sampler's thread, or the limiter's without one). */
+    static nvmlProcessUtilizationSample_t samples[VGPU_NVML_MAX_SAMPLES];
+    unsigned int count = VGPU_NVML_MAX_SAMPLES;
     nvmlReturn_t rc = real.GetProcessUtilization(device, samples, &count, last_seen[dev]);
     if (rc == NVML_ERROR_NOT_FOUND) {
         /* No period with work has ended since last_seen: the next query asks since a period

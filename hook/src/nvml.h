@@ -5,7 +5,11 @@
 
 #include <stdint.h>
 
-enum { VGPU_NVML_MAX_PROCESSES = 256 };
+enum {
+    VGPU_NVML_MAX_PROCESSES = 256, /* the process lists asked (memory: the footprint) */
+    VGPU_NVML_MAX_SAMPLES = 1024,  /* utilisation samples asked: a container may have as many
+                                    * processes as the region has slots */
+};
 
 enum vgpu_util {
     VGPU_UTIL_OURS,          /* a new sample period in which our pids ran: *util is our share */

@@ -369,6 +369,55 @@ static void nvml_blind(double limit)
           "over 4 s", limit, util);
 }
 
+/* A container of more processes than the limiter once read (256 of the region's 1024 slots):
+ * a process in a slot past them was never matched to its NVML samples, so its time went
+ * uncharged, and beside 256 idle processes it ran free (100 % of the GPU under a limit of 25,
+ * the library of 9cabc24). The idle ones claim their slots first (1 MiB each), then hold them
+ * until the measurement is done. */
+static void many_processes(double limit)
+{
+    enum { IDLE = 256 };
+    int ready[2], hold[2];
+    if (!check(pipe(ready) == 0 && pipe(hold) == 0, "pipes to the idle processes"))
+        return;
+    int started = 0;
+    for (; started < IDLE; started++) {
+        pid_t kid = fork();
+        if (kid < 0)
+            break;
+        if (kid == 0) {
+            close(ready[0]);
+            close(hold[1]);
+            CUdeviceptr p = 0;
+            use_device(0);
+            char c = cuMemAlloc(&p, 1 << 20) == CUDA_SUCCESS ? 'r' : 'f';
+            if (write(ready[1], &c, 1) != 1 || read(hold[0], &c, 1) < 0)
+                _exit(3);
+            _exit(0);
+        }
+    }
+    close(ready[1]);
+    close(hold[0]);
+    int claimed = 0;
+    char c;
+    for (int k = 0; k < started && read(ready[0], &c, 1) == 1; k++)
+        claimed += c == 'r';
+    if (check(started == IDLE && claimed == IDLE, "%d idle processes of the container each hold a "
+              "slot (%d started)", claimed, started)) {
+        use_device(0);
+        unsigned i = 0;
+        run_for(2.0, &i, VARIANTS); /* settle */
+        double util = run_for(4.0, &i, VARIANTS);
+        check(util <= limit + 5.0, "limit %.0f%%, this process in slot %d: %.1f%% of the GPU over "
+              "4 s", limit, IDLE, util);
+    }
+    close(hold[1]); /* the idle processes exit */
+    int status = 0, clean = 1;
+    for (int k = 0; k < started; k++)
+        clean = clean && wait(&status) > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    check(clean, "the idle processes exited cleanly");
+}
+
 /* The same with a second thread launching too (never drained: a synchronisation of one may
  * return before the other's work is done): a first version charged the time after its last
  * launch while the hold held it back, and such a process got 2-3 % by reckoning. */
@@ -1593,6 +1642,7 @@ int main(int argc, char **argv)
         {"nvml-blind", nvml_blind, 0},
         {"nvml-blind-light-start", nvml_blind_light_start, 0},
         {"nvml-blind-threads", nvml_blind_threads, 0},
+        {"many-processes", many_processes, 0},
         {"burst", burst_after_light_load, 1},
     };
     for (size_t m = 0; argc > 2 && m < sizeof modes / sizeof modes[0]; m++)
