@@ -20,8 +20,9 @@
 # (12) under an SM limit of 50 %, a light load, then large kernels: the first is not held back
 # for its debt in blocks, and back to back they get the limit (the GPU-time account); (13)
 # short-lived processes of one container one after another under 20 % (prepayment); (14)
-# which waits of PyTorch, CuPy and JAX drain under an SM limit (prepay nothing after them).
-# Usage: gpu-check.sh [SECTION...] (default: all fourteen, about 11 minutes on an H200, section
+# which waits of PyTorch, CuPy and JAX drain under an SM limit (prepay nothing after them);
+# (15) memsets alone under an SM limit of 25 % (CuPy's cudaMemsetAsync).
+# Usage: gpu-check.sh [SECTION...] (default: all fifteen, about 11 minutes on an H200, section
 # 14 some 25 s of it; sections
 # can be run separately: gpu-session.sh runs each under its own time limit on a lent machine).
 # Exit 77 (skip) without a GPU, 1 on any failed check.
@@ -764,8 +765,50 @@ for framework in torch cupy jax; do
 done
 }
 
+section_15() {
+echo "== 15. SM limit 25 %: a process that only sets memory (cudaMemsetAsync through CuPy)"
+# A memset is a kernel the driver writes (src/cuda_memset.c): it passes the limiter's gate as a
+# launch does. 1 GiB a memset, a synchronisation every 4; its rate over the second half of the
+# run against the same loop bare, and NVML's whole-GPU utilisation meanwhile.
+cat > "$work/memset.py" <<'PY'
+import sys, threading, time
+import cupy, pynvml
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+name, seconds = sys.argv[1], float(sys.argv[2])
+size = 1 << 30
+buf = cupy.empty(size, dtype=cupy.uint8)
+stream = cupy.cuda.get_current_stream()
+samples, stop = [], False
+def sample():
+    while not stop:
+        samples.append((time.time(), pynvml.nvmlDeviceGetUtilizationRates(h).gpu))
+        time.sleep(0.2)
+t = threading.Thread(target=sample); t.start()
+start = time.time(); n = 0; n_half = None
+while time.time() - start < seconds:
+    cupy.cuda.runtime.memsetAsync(buf.data.ptr, n & 0xff, size, stream.ptr); n += 1
+    if n % 4 == 0: stream.synchronize()
+    if n_half is None and time.time() - start >= seconds / 2:
+        stream.synchronize(); n_half, t_half = n, time.time()
+stream.synchronize(); rate = (n - n_half) / (time.time() - t_half); stop = True; t.join()
+util = [u for (at, u) in samples if at >= t_half]
+print(f"{name}: {rate:.1f} memsets/s, utilisation {sum(util) / max(len(util), 1):.1f} %")
+PY
+if ! python3 -c 'import cupy' 2>/dev/null; then echo "cupy: not installed; section 15 not run"; return; fi
+python3 "$work/memset.py" bare 6 | tee "$work/memset-bare.txt"
+CUDA_DEVICE_SM_LIMIT=25 under_cap memset.cache 0 python3 "$work/memset.py" limit-25 12 |
+    tee "$work/memset-limited.txt"
+local bare limited share
+bare=$(sed -n 's/.*: \([0-9.]*\) memsets.*/\1/p' "$work/memset-bare.txt")
+limited=$(sed -n 's/.*: \([0-9.]*\) memsets.*/\1/p' "$work/memset-limited.txt")
+share=$(awk -v b="$bare" -v l="$limited" 'BEGIN { if (b > 0) printf "%.1f", 100 * l / b }')
+[ -n "$share" ] && within "$share" 25
+result $? "memsets under an SM limit of 25 %: ${share:-?} % of the bare rate"
+}
+
 sections=("$@")
-[ ${#sections[@]} -gt 0 ] || sections=(1 2 3 4 5 6 7 8 9 10 11 12 13 14)
+[ ${#sections[@]} -gt 0 ] || sections=(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
 for section in "${sections[@]}"; do
     declare -F "section_$section" >/dev/null || { echo "gpu-check: no section $section"; exit 2; }
     "section_$section"

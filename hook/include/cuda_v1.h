@@ -30,6 +30,12 @@
 #undef cuCtxPushCurrent
 #undef cuCtxPopCurrent
 #undef cuMemcpyDtoH
+#undef cuMemsetD8
+#undef cuMemsetD16
+#undef cuMemsetD32
+#undef cuMemsetD2D8
+#undef cuMemsetD2D16
+#undef cuMemsetD2D32
 
 typedef unsigned int v1_ptr;
 struct array_v1 { /* CUDA_ARRAY_DESCRIPTOR_v1 */
@@ -65,6 +71,16 @@ CUresult cuStreamDestroy(CUstream stream);
 CUresult cuEventDestroy(CUevent event);
 /* Copies: CUDA 2.0's copy to the host, a 32-bit source and size. */
 CUresult cuMemcpyDtoH(void *dst, v1_ptr src, unsigned int bytes);
+/* Memsets: CUDA 2.0's, a 32-bit pointer, count, pitch and width. */
+CUresult cuMemsetD8(v1_ptr dst, unsigned char value, unsigned int n);
+CUresult cuMemsetD16(v1_ptr dst, unsigned short value, unsigned int n);
+CUresult cuMemsetD32(v1_ptr dst, unsigned int value, unsigned int n);
+CUresult cuMemsetD2D8(v1_ptr dst, unsigned int pitch, unsigned char value, unsigned int width,
+                      unsigned int height);
+CUresult cuMemsetD2D16(v1_ptr dst, unsigned int pitch, unsigned short value, unsigned int width,
+                       unsigned int height);
+CUresult cuMemsetD2D32(v1_ptr dst, unsigned int pitch, unsigned int value, unsigned int width,
+                       unsigned int height);
 /* CUDA 10.0 and 11.0 (same arguments), and CUDA 10.2. */
 CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node,
                             char *log, size_t log_size);

@@ -130,6 +130,39 @@ struct vgpu_cuda_real {
     CUresult (*cuMemcpyDtoH_v2_ptds)(void *, CUdeviceptr, size_t);
     CUresult (*cuMemcpy)(CUdeviceptr, CUdeviceptr, size_t);
     CUresult (*cuMemcpy_ptds)(CUdeviceptr, CUdeviceptr, size_t);
+    CUresult (*cuMemsetD8)(v1_ptr, unsigned char, unsigned int);
+    CUresult (*cuMemsetD8_v2)(CUdeviceptr, unsigned char, size_t);
+    CUresult (*cuMemsetD8_v2_ptds)(CUdeviceptr, unsigned char, size_t);
+    CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
+    CUresult (*cuMemsetD8Async_ptsz)(CUdeviceptr, unsigned char, size_t, CUstream);
+    CUresult (*cuMemsetD2D8)(v1_ptr, unsigned int, unsigned char, unsigned int, unsigned int);
+    CUresult (*cuMemsetD2D8_v2)(CUdeviceptr, size_t, unsigned char, size_t, size_t);
+    CUresult (*cuMemsetD2D8_v2_ptds)(CUdeviceptr, size_t, unsigned char, size_t, size_t);
+    CUresult (*cuMemsetD2D8Async)(CUdeviceptr, size_t, unsigned char, size_t, size_t, CUstream);
+    CUresult (*cuMemsetD2D8Async_ptsz)(CUdeviceptr, size_t, unsigned char, size_t, size_t,
+                                       CUstream);
+    CUresult (*cuMemsetD16)(v1_ptr, unsigned short, unsigned int);
+    CUresult (*cuMemsetD16_v2)(CUdeviceptr, unsigned short, size_t);
+    CUresult (*cuMemsetD16_v2_ptds)(CUdeviceptr, unsigned short, size_t);
+    CUresult (*cuMemsetD16Async)(CUdeviceptr, unsigned short, size_t, CUstream);
+    CUresult (*cuMemsetD16Async_ptsz)(CUdeviceptr, unsigned short, size_t, CUstream);
+    CUresult (*cuMemsetD2D16)(v1_ptr, unsigned int, unsigned short, unsigned int, unsigned int);
+    CUresult (*cuMemsetD2D16_v2)(CUdeviceptr, size_t, unsigned short, size_t, size_t);
+    CUresult (*cuMemsetD2D16_v2_ptds)(CUdeviceptr, size_t, unsigned short, size_t, size_t);
+    CUresult (*cuMemsetD2D16Async)(CUdeviceptr, size_t, unsigned short, size_t, size_t, CUstream);
+    CUresult (*cuMemsetD2D16Async_ptsz)(CUdeviceptr, size_t, unsigned short, size_t, size_t,
+                                        CUstream);
+    CUresult (*cuMemsetD32)(v1_ptr, unsigned int, unsigned int);
+    CUresult (*cuMemsetD32_v2)(CUdeviceptr, unsigned int, size_t);
+    CUresult (*cuMemsetD32_v2_ptds)(CUdeviceptr, unsigned int, size_t);
+    CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
+    CUresult (*cuMemsetD32Async_ptsz)(CUdeviceptr, unsigned int, size_t, CUstream);
+    CUresult (*cuMemsetD2D32)(v1_ptr, unsigned int, unsigned int, unsigned int, unsigned int);
+    CUresult (*cuMemsetD2D32_v2)(CUdeviceptr, size_t, unsigned int, size_t, size_t);
+    CUresult (*cuMemsetD2D32_v2_ptds)(CUdeviceptr, size_t, unsigned int, size_t, size_t);
+    CUresult (*cuMemsetD2D32Async)(CUdeviceptr, size_t, unsigned int, size_t, size_t, CUstream);
+    CUresult (*cuMemsetD2D32Async_ptsz)(CUdeviceptr, size_t, unsigned int, size_t, size_t,
+                                        CUstream);
     CUresult (*cuCtxCreate)(CUcontext *, unsigned int, CUdevice);
     CUresult (*cuCtxDestroy)(CUcontext);
     CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
@@ -230,6 +263,27 @@ VGPU_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent event, CUstream stream,
                                                  unsigned int flags);
 VGPU_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t bytes);
 VGPU_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
+VGPU_EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char value, size_t n);
+VGPU_EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char value, size_t n,
+                                          CUstream stream);
+VGPU_EXPORT CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dst, size_t pitch, unsigned char value,
+                                          size_t width, size_t height);
+VGPU_EXPORT CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dst, size_t pitch, unsigned char value,
+                                            size_t width, size_t height, CUstream stream);
+VGPU_EXPORT CUresult cuMemsetD16_v2_ptds(CUdeviceptr dst, unsigned short value, size_t n);
+VGPU_EXPORT CUresult cuMemsetD16Async_ptsz(CUdeviceptr dst, unsigned short value, size_t n,
+                                           CUstream stream);
+VGPU_EXPORT CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dst, size_t pitch, unsigned short value,
+                                           size_t width, size_t height);
+VGPU_EXPORT CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dst, size_t pitch, unsigned short value,
+                                             size_t width, size_t height, CUstream stream);
+VGPU_EXPORT CUresult cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned int value, size_t n);
+VGPU_EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr dst, unsigned int value, size_t n,
+                                           CUstream stream);
+VGPU_EXPORT CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dst, size_t pitch, unsigned int value,
+                                           size_t width, size_t height);
+VGPU_EXPORT CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dst, size_t pitch, unsigned int value,
+                                             size_t width, size_t height, CUstream stream);
 VGPU_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream stream);
 VGPU_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
                                                        CUDA_GRAPH_INSTANTIATE_PARAMS *params);

@@ -17,7 +17,7 @@ struct vgpu_hook {
     int per_thread;
 };
 
-enum { VGPU_MAX_HOOKS = 160 };
+enum { VGPU_MAX_HOOKS = 192 };
 
 struct vgpu_hook_lib {
     const char *soname;            /* "libcuda.so.1" */

@@ -468,6 +468,7 @@ run throttle-nvml-blind-light-start CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_FAILS
 run throttle-nvml-blind-threads CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_FAILS=1 \
     "$build/tests/test_throttle" 25 nvml-blind-threads
 # A process in a slot past the 256th is charged as the rest of its container.
+run throttle-memsets CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 memsets
 run throttle-many-processes CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 many-processes
 run throttle-nvml-not-found CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_NOT_FOUND=1 \
     "$build/tests/test_throttle" 25 nvml-blind-light-start

@@ -369,6 +369,142 @@ static void nvml_blind(double limit)
           "over 4 s", limit, util);
 }
 
+/* Each memset export (30: CUDA 2.0's, _v2, _v2_ptds, Async and Async_ptsz of D8, D16, D32 and
+ * their 2D forms), named through dlsym as a runtime resolves them, sets `bytes` at p: 0 when
+ * the driver took it. */
+struct memset_way {
+    const char *name;
+    int width, v1, d2, async;
+};
+
+static CUresult set_memory(const struct memset_way *w, void *f, CUdeviceptr p, size_t bytes)
+{
+    size_t n = bytes / (size_t)w->width, rows = 16, pitch = bytes / rows, cols = n / rows;
+    unsigned v1p = (unsigned)p;
+    if (w->v1 && !w->d2) {
+        return w->width == 1 ? ((CUresult(*)(unsigned, unsigned char, unsigned))f)(v1p, 0, n)
+             : w->width == 2 ? ((CUresult(*)(unsigned, unsigned short, unsigned))f)(v1p, 0, n)
+                             : ((CUresult(*)(unsigned, unsigned, unsigned))f)(v1p, 0, n);
+    }
+    if (w->v1) {
+        return w->width == 1
+                   ? ((CUresult(*)(unsigned, unsigned, unsigned char, unsigned, unsigned))f)(
+                         v1p, pitch, 0, cols, rows)
+               : w->width == 2
+                   ? ((CUresult(*)(unsigned, unsigned, unsigned short, unsigned, unsigned))f)(
+                         v1p, pitch, 0, cols, rows)
+                   : ((CUresult(*)(unsigned, unsigned, unsigned, unsigned, unsigned))f)(
+                         v1p, pitch, 0, cols, rows);
+    }
+    if (!w->d2 && !w->async) {
+        return w->width == 1 ? ((CUresult(*)(CUdeviceptr, unsigned char, size_t))f)(p, 0, n)
+             : w->width == 2 ? ((CUresult(*)(CUdeviceptr, unsigned short, size_t))f)(p, 0, n)
+                             : ((CUresult(*)(CUdeviceptr, unsigned, size_t))f)(p, 0, n);
+    }
+    if (!w->d2) {
+        return w->width == 1
+                   ? ((CUresult(*)(CUdeviceptr, unsigned char, size_t, CUstream))f)(p, 0, n, NULL)
+               : w->width == 2
+                   ? ((CUresult(*)(CUdeviceptr, unsigned short, size_t, CUstream))f)(p, 0, n, NULL)
+                   : ((CUresult(*)(CUdeviceptr, unsigned, size_t, CUstream))f)(p, 0, n, NULL);
+    }
+    if (!w->async) {
+        return w->width == 1
+                   ? ((CUresult(*)(CUdeviceptr, size_t, unsigned char, size_t, size_t))f)(
+                         p, pitch, 0, cols, rows)
+               : w->width == 2
+                   ? ((CUresult(*)(CUdeviceptr, size_t, unsigned short, size_t, size_t))f)(
+                         p, pitch, 0, cols, rows)
+                   : ((CUresult(*)(CUdeviceptr, size_t, unsigned, size_t, size_t))f)(
+                         p, pitch, 0, cols, rows);
+    }
+    return w->width == 1
+               ? ((CUresult(*)(CUdeviceptr, size_t, unsigned char, size_t, size_t, CUstream))f)(
+                     p, pitch, 0, cols, rows, NULL)
+           : w->width == 2
+               ? ((CUresult(*)(CUdeviceptr, size_t, unsigned short, size_t, size_t, CUstream))f)(
+                     p, pitch, 0, cols, rows, NULL)
+               : ((CUresult(*)(CUdeviceptr, size_t, unsigned, size_t, size_t, CUstream))f)(
+                     p, pitch, 0, cols, rows, NULL);
+}
+
+/* A memset is a kernel the driver writes: under a limit each export passes the gate. Before,
+ * a container that only set memory ran free (the library of edbb684: up to 95.7 % of the GPU
+ * under 25). 8 MiB a memset, 2048 of the fake's 4 KiB blocks (2 ms), each
+ * waited for; every export for 0.8 s in turn after 2 s of the first. */
+static void memsets(double limit)
+{
+    static const struct memset_way ways[] = {
+        {"cuMemsetD8", 1, 1, 0, 0},
+        {"cuMemsetD8_v2", 1, 0, 0, 0},
+        {"cuMemsetD8_v2_ptds", 1, 0, 0, 0},
+        {"cuMemsetD8Async", 1, 0, 0, 1},
+        {"cuMemsetD8Async_ptsz", 1, 0, 0, 1},
+        {"cuMemsetD2D8", 1, 1, 1, 0},
+        {"cuMemsetD2D8_v2", 1, 0, 1, 0},
+        {"cuMemsetD2D8_v2_ptds", 1, 0, 1, 0},
+        {"cuMemsetD2D8Async", 1, 0, 1, 1},
+        {"cuMemsetD2D8Async_ptsz", 1, 0, 1, 1},
+        {"cuMemsetD16", 2, 1, 0, 0},
+        {"cuMemsetD16_v2", 2, 0, 0, 0},
+        {"cuMemsetD16_v2_ptds", 2, 0, 0, 0},
+        {"cuMemsetD16Async", 2, 0, 0, 1},
+        {"cuMemsetD16Async_ptsz", 2, 0, 0, 1},
+        {"cuMemsetD2D16", 2, 1, 1, 0},
+        {"cuMemsetD2D16_v2", 2, 0, 1, 0},
+        {"cuMemsetD2D16_v2_ptds", 2, 0, 1, 0},
+        {"cuMemsetD2D16Async", 2, 0, 1, 1},
+        {"cuMemsetD2D16Async_ptsz", 2, 0, 1, 1},
+        {"cuMemsetD32", 4, 1, 0, 0},
+        {"cuMemsetD32_v2", 4, 0, 0, 0},
+        {"cuMemsetD32_v2_ptds", 4, 0, 0, 0},
+        {"cuMemsetD32Async", 4, 0, 0, 1},
+        {"cuMemsetD32Async_ptsz", 4, 0, 0, 1},
+        {"cuMemsetD2D32", 4, 1, 1, 0},
+        {"cuMemsetD2D32_v2", 4, 0, 1, 0},
+        {"cuMemsetD2D32_v2_ptds", 4, 0, 1, 0},
+        {"cuMemsetD2D32Async", 4, 0, 1, 1},
+        {"cuMemsetD2D32Async_ptsz", 4, 0, 1, 1},
+    };
+    enum { WAYS = sizeof ways / sizeof ways[0] };
+    use_device(0);
+    CUdeviceptr p = 0;
+    size_t bytes = 8u << 20;
+    if (!check(cuMemAlloc(&p, bytes) == CUDA_SUCCESS, "8 MiB to set"))
+        return;
+    void *f[WAYS];
+    int found = 0;
+    for (int k = 0; k < WAYS; k++)
+        found += (f[k] = dlsym(RTLD_DEFAULT, ways[k].name)) != NULL;
+    if (!check(found == WAYS, "all %d memset exports found (%d)", WAYS, found))
+        return;
+    uint64_t before = fake_cuda_stats.memsets;
+    for (double t0 = now_s(); now_s() - t0 < 2.0;) {
+        set_memory(&ways[0], f[0], p, bytes);
+        cuCtxSynchronize();
+    }
+    double worst = 0;
+    const char *worst_name = "";
+    int refused = 0;
+    for (int k = 0; k < WAYS; k++) {
+        uint64_t busy0 = fake_cuda_busy_ns(0);
+        double t0 = now_s();
+        while (now_s() - t0 < 0.8) {
+            refused += set_memory(&ways[k], f[k], p, bytes) != CUDA_SUCCESS;
+            cuCtxSynchronize();
+        }
+        double util = 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - t0) * 1e9);
+        if (util > worst) {
+            worst = util;
+            worst_name = ways[k].name;
+        }
+    }
+    check(refused == 0 && fake_cuda_stats.memsets > before, "the driver took every memset "
+          "(%llu, %d refused)", (unsigned long long)(fake_cuda_stats.memsets - before), refused);
+    check(worst <= limit + 10.0, "limit %.0f%%, memsets only: each export kept to at most "
+          "%.1f%% of the GPU over its 0.8 s (%s)", limit, worst, worst_name);
+}
+
 /* A container of more processes than the limiter once read (256 of the region's 1024 slots):
  * a process in a slot past them was never matched to its NVML samples, so its time went
  * uncharged, and beside 256 idle processes it ran free (100 % of the GPU under a limit of 25,
@@ -1643,6 +1779,7 @@ int main(int argc, char **argv)
         {"nvml-blind-light-start", nvml_blind_light_start, 0},
         {"nvml-blind-threads", nvml_blind_threads, 0},
         {"many-processes", many_processes, 0},
+        {"memsets", memsets, 0},
         {"burst", burst_after_light_load, 1},
     };
     for (size_t m = 0; argc > 2 && m < sizeof modes / sizeof modes[0]; m++)

@@ -35,6 +35,18 @@ CUresult cuEventRecord_ptsz(CUevent, CUstream);
 CUresult cuEventRecordWithFlags_ptsz(CUevent, CUstream, unsigned int);
 CUresult cuMemcpyDtoH_v2_ptds(void *, CUdeviceptr, size_t);
 CUresult cuMemcpy_ptds(CUdeviceptr, CUdeviceptr, size_t);
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr, unsigned char, size_t);
+CUresult cuMemsetD16_v2_ptds(CUdeviceptr, unsigned short, size_t);
+CUresult cuMemsetD32_v2_ptds(CUdeviceptr, unsigned int, size_t);
+CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr, size_t, unsigned char, size_t, size_t);
+CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr, size_t, unsigned short, size_t, size_t);
+CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr, size_t, unsigned int, size_t, size_t);
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr, unsigned char, size_t, CUstream);
+CUresult cuMemsetD16Async_ptsz(CUdeviceptr, unsigned short, size_t, CUstream);
+CUresult cuMemsetD32Async_ptsz(CUdeviceptr, unsigned int, size_t, CUstream);
+CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr, size_t, unsigned char, size_t, size_t, CUstream);
+CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr, size_t, unsigned short, size_t, size_t, CUstream);
+CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr, size_t, unsigned int, size_t, size_t, CUstream);
 CUresult cuMemAdvise(CUdeviceptr, size_t, CUmem_advise, CUdevice);
 CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void **, void **);
@@ -2466,6 +2478,224 @@ EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, u
     return launch(FAKE_LAUNCH_MULTI_DEVICE, NULL, blocks); /* the stacks raised above */
 }
 
+/* ---- memsets ------------------------------------------------------------------------------ */
+
+/* A memset of `bytes` on stream: the driver's is a kernel, here as many blocks as it sets 4 KiB
+ * (the fake's addresses hold nothing to set). Counted in fake_cuda_stats.memsets. */
+static CUresult memset_on(CUstream stream, uint64_t bytes)
+{
+    struct fake_ctx *ctx = current;
+    CUresult rc = default_stream(stream) ? need_ctx() : stream_ctx(stream, &ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    __atomic_add_fetch(&fake_cuda_stats.memsets, 1, __ATOMIC_RELAXED);
+    gpu_get();
+    uint64_t blocks = (bytes + 4095) / 4096;
+    if (ns_per_block == 0)
+        return CUDA_SUCCESS;
+    return gpu_submit(ctx->dev, (blocks != 0 ? blocks : 1) * ns_per_block) == 0
+               ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+
+EXPORT CUresult cuMemsetD8(v1_ptr dst, unsigned char value, unsigned int n)
+{
+    (void)dst, (void)value;
+    return memset_on(NULL, (uint64_t)n);
+}
+
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
+{
+    (void)dst, (void)value;
+    return memset_on(NULL, (uint64_t)n);
+}
+
+EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char value, size_t n)
+{
+    (void)dst, (void)value;
+    return memset_on(NULL, (uint64_t)n);
+}
+
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream stream)
+{
+    (void)dst, (void)value;
+    return memset_on(stream, (uint64_t)n);
+}
+
+EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char value, size_t n,
+                                     CUstream stream)
+{
+    (void)dst, (void)value;
+    return memset_on(stream, (uint64_t)n);
+}
+
+EXPORT CUresult cuMemsetD2D8(v1_ptr dst, unsigned int pitch, unsigned char value,
+                             unsigned int width, unsigned int height)
+{
+    (void)dst, (void)pitch, (void)value;
+    return memset_on(NULL, (uint64_t)width * height);
+}
+
+EXPORT CUresult cuMemsetD2D8_v2(CUdeviceptr dst, size_t pitch, unsigned char value, size_t width,
+                                size_t height)
+{
+    (void)dst, (void)pitch, (void)value;
+    return memset_on(NULL, (uint64_t)width * height);
+}
+
+EXPORT CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dst, size_t pitch, unsigned char value,
+                                     size_t width, size_t height)
+{
+    (void)dst, (void)pitch, (void)value;
+    return memset_on(NULL, (uint64_t)width * height);
+}
+
+EXPORT CUresult cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned char value, size_t width,
+                                  size_t height, CUstream stream)
+{
+    (void)dst, (void)pitch, (void)value;
+    return memset_on(stream, (uint64_t)width * height);
+}
+
+EXPORT CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dst, size_t pitch, unsigned char value,
+                                       size_t width, size_t height, CUstream stream)
+{
+    (void)dst, (void)pitch, (void)value;
+    return memset_on(stream, (uint64_t)width * height);
+}
+
+EXPORT CUresult cuMemsetD16(v1_ptr dst, unsigned short value, unsigned int n)
+{
+    (void)dst, (void)value;
+    return memset_on(NULL, (uint64_t)n * 2);
+}
+
+EXPORT CUresult cuMemsetD16_v2(CUdeviceptr dst, unsigned short value, size_t n)
+{
+    (void)dst, (void)value;
+    return memset_on(NULL, (uint64_t)n * 2);
+}
+
+EXPORT CUresult cuMemsetD16_v2_ptds(CUdeviceptr dst, unsigned short value, size_t n)
+{
+    (void)dst, (void)value;
+    return memset_on(NULL, (uint64_t)n * 2);
+}
+
+EXPORT CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short value, size_t n, CUstream stream)
+{
+    (void)dst, (void)value;
+    return memset_on(stream, (uint64_t)n * 2);
+}
+
+EXPORT CUresult cuMemsetD16Async_ptsz(CUdeviceptr dst, unsigned short value, size_t n,
+                                      CUstream stream)
+{
+    (void)dst, (void)value;
+    return memset_on(stream, (uint64_t)n * 2);
+}
+
+EXPORT CUresult cuMemsetD2D16(v1_ptr dst, unsigned int pitch, unsigned short value,
+                              unsigned int width, unsigned int height)
+{
+    (void)dst, (void)pitch, (void)value;
+    return memset_on(NULL, (uint64_t)width * height * 2);
+}
+
+EXPORT CUresult cuMemsetD2D16_v2(CUdeviceptr dst, size_t pitch, unsigned short value, size_t width,
+                                 size_t height)
+{
+    (void)dst, (void)pitch, (void)value;
+    return memset_on(NULL, (uint64_t)width * height * 2);
+}
+
+EXPORT CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dst, size_t pitch, unsigned short value,
+                                      size_t width, size_t height)
+{
+    (void)dst, (void)pitch, (void)value;
+    return memset_on(NULL, (uint64_t)width * height * 2);
+}
+
+EXPORT CUresult cuMemsetD2D16Async(CUdeviceptr dst, size_t pitch, unsigned short value,
+                                   size_t width, size_t height, CUstream stream)
+{
+    (void)dst, (void)pitch, (void)value;
+    return memset_on(stream, (uint64_t)width * height * 2);
+}
+
+EXPORT CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dst, size_t pitch, unsigned short value,
+                                        size_t width, size_t height, CUstream stream)
+{
+    (void)dst, (void)pitch, (void)value;
+    return memset_on(stream, (uint64_t)width * height * 2);
+}
+
+EXPORT CUresult cuMemsetD32(v1_ptr dst, unsigned int value, unsigned int n)
+{
+    (void)dst, (void)value;
+    return memset_on(NULL, (uint64_t)n * 4);
+}
+
+EXPORT CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int value, size_t n)
+{
+    (void)dst, (void)value;
+    return memset_on(NULL, (uint64_t)n * 4);
+}
+
+EXPORT CUresult cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned int value, size_t n)
+{
+    (void)dst, (void)value;
+    return memset_on(NULL, (uint64_t)n * 4);
+}
+
+EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n, CUstream stream)
+{
+    (void)dst, (void)value;
+    return memset_on(stream, (uint64_t)n * 4);
+}
+
+EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr dst, unsigned int value, size_t n,
+                                      CUstream stream)
+{
+    (void)dst, (void)value;
+    return memset_on(stream, (uint64_t)n * 4);
+}
+
+EXPORT CUresult cuMemsetD2D32(v1_ptr dst, unsigned int pitch, unsigned int value,
+                              unsigned int width, unsigned int height)
+{
+    (void)dst, (void)pitch, (void)value;
+    return memset_on(NULL, (uint64_t)width * height * 4);
+}
+
+EXPORT CUresult cuMemsetD2D32_v2(CUdeviceptr dst, size_t pitch, unsigned int value, size_t width,
+                                 size_t height)
+{
+    (void)dst, (void)pitch, (void)value;
+    return memset_on(NULL, (uint64_t)width * height * 4);
+}
+
+EXPORT CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dst, size_t pitch, unsigned int value,
+                                      size_t width, size_t height)
+{
+    (void)dst, (void)pitch, (void)value;
+    return memset_on(NULL, (uint64_t)width * height * 4);
+}
+
+EXPORT CUresult cuMemsetD2D32Async(CUdeviceptr dst, size_t pitch, unsigned int value, size_t width,
+                                   size_t height, CUstream stream)
+{
+    (void)dst, (void)pitch, (void)value;
+    return memset_on(stream, (uint64_t)width * height * 4);
+}
+
+EXPORT CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dst, size_t pitch, unsigned int value,
+                                        size_t width, size_t height, CUstream stream)
+{
+    (void)dst, (void)pitch, (void)value;
+    return memset_on(stream, (uint64_t)width * height * 4);
+}
+
 /* ---- graphs ------------------------------------------------------------------------------- */
 
 /* Graphs, nodes and executable graphs are this process's objects. A node keeps its kernel's
@@ -3505,6 +3735,36 @@ static const struct proc procs[] = {
     P("cuMemFreeHost", cuMemFreeHost, 2000, 0),
     P("cuMemcpy", cuMemcpy, 4000, 0),
     P("cuMemcpy", cuMemcpy_ptds, 7000, 1),
+    P("cuMemsetD8", cuMemsetD8, 2000, 0),
+    P("cuMemsetD8", cuMemsetD8_v2, 3020, 0),
+    P("cuMemsetD8", cuMemsetD8_v2_ptds, 7000, 1),
+    P("cuMemsetD8Async", cuMemsetD8Async, 3020, 0),
+    P("cuMemsetD8Async", cuMemsetD8Async_ptsz, 7000, 1),
+    P("cuMemsetD2D8", cuMemsetD2D8, 2000, 0),
+    P("cuMemsetD2D8", cuMemsetD2D8_v2, 3020, 0),
+    P("cuMemsetD2D8", cuMemsetD2D8_v2_ptds, 7000, 1),
+    P("cuMemsetD2D8Async", cuMemsetD2D8Async, 3020, 0),
+    P("cuMemsetD2D8Async", cuMemsetD2D8Async_ptsz, 7000, 1),
+    P("cuMemsetD16", cuMemsetD16, 2000, 0),
+    P("cuMemsetD16", cuMemsetD16_v2, 3020, 0),
+    P("cuMemsetD16", cuMemsetD16_v2_ptds, 7000, 1),
+    P("cuMemsetD16Async", cuMemsetD16Async, 3020, 0),
+    P("cuMemsetD16Async", cuMemsetD16Async_ptsz, 7000, 1),
+    P("cuMemsetD2D16", cuMemsetD2D16, 2000, 0),
+    P("cuMemsetD2D16", cuMemsetD2D16_v2, 3020, 0),
+    P("cuMemsetD2D16", cuMemsetD2D16_v2_ptds, 7000, 1),
+    P("cuMemsetD2D16Async", cuMemsetD2D16Async, 3020, 0),
+    P("cuMemsetD2D16Async", cuMemsetD2D16Async_ptsz, 7000, 1),
+    P("cuMemsetD32", cuMemsetD32, 2000, 0),
+    P("cuMemsetD32", cuMemsetD32_v2, 3020, 0),
+    P("cuMemsetD32", cuMemsetD32_v2_ptds, 7000, 1),
+    P("cuMemsetD32Async", cuMemsetD32Async, 3020, 0),
+    P("cuMemsetD32Async", cuMemsetD32Async_ptsz, 7000, 1),
+    P("cuMemsetD2D32", cuMemsetD2D32, 2000, 0),
+    P("cuMemsetD2D32", cuMemsetD2D32_v2, 3020, 0),
+    P("cuMemsetD2D32", cuMemsetD2D32_v2_ptds, 7000, 1),
+    P("cuMemsetD2D32Async", cuMemsetD2D32Async, 3020, 0),
+    P("cuMemsetD2D32Async", cuMemsetD2D32Async_ptsz, 7000, 1),
     P("cuCtxPushCurrent", cuCtxPushCurrent_v2, 4000, 0),
     P("cuCtxPopCurrent", cuCtxPopCurrent_v2, 4000, 0),
     P("cuCtxPushCurrent", cuCtxPushCurrent, 2000, 0),

@@ -23,6 +23,7 @@ struct fake_cuda_stats {
     uint64_t graph_execs;   /* executable graphs alive */
     uint64_t pool_trims;    /* cuMemPoolTrimTo calls */
     uint64_t map_array_ptsz_calls; /* cuMemMapArrayAsync_ptsz calls */
+    uint64_t memsets;       /* memsets of any export, refused ones included */
 };
 
 extern struct fake_cuda_stats fake_cuda_stats;
