@@ -234,6 +234,8 @@ static int primary_active(CUdevice dev)
 /* A retain makes the primary context only while it is inactive. */
 static int primary_inactive(int dev) { return !primary_active((CUdevice)dev); }
 
+int vgpu_primary_context_active(int dev) { return primary_active((CUdevice)dev); }
+
 /* Undoes a context that does not fit: destroyed, or the retain released. */
 static void undo_context(enum vgpu_context_kind how, void *ctx, CUdevice dev)
 {

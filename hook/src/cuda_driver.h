@@ -215,6 +215,9 @@ struct vgpu_cuda_real {
     CUresult (*cuGraphKernelNodeGetParams)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS_v1 *);
     CUresult (*cuGraphChildGraphNodeGetGraph)(CUgraphNode, CUgraph *);
     CUresult (*cuGraphMemAllocNodeGetParams)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *);
+    CUresult (*cuGraphMemsetNodeGetParams)(CUgraphNode, CUDA_MEMSET_NODE_PARAMS *);
+    CUresult (*cuGraphExecMemsetNodeSetParams)(CUgraphExec, CUgraphNode,
+                                               const CUDA_MEMSET_NODE_PARAMS *, CUcontext);
     CUresult (*cuStreamGetCaptureInfo_v2)(CUstream, CUstreamCaptureStatus *, cuuint64_t *,
                                           CUgraph *, const CUgraphNode **, size_t *);
     CUresult (*cuStreamGetCaptureInfo_v2_ptsz)(CUstream, CUstreamCaptureStatus *, cuuint64_t *,

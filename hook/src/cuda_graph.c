@@ -3,6 +3,7 @@
  * take is counted when it runs (cuda_graph_memory.c). */
 #define _GNU_SOURCE
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda_driver.h"
 #include "graphs.h"
@@ -20,6 +21,7 @@ static struct vgpu_graph_api graph_api(void)
         .kernel_params = real.cuGraphKernelNodeGetParams_v2,
         .kernel_params_v1 = real.cuGraphKernelNodeGetParams,
         .child_graph = real.cuGraphChildGraphNodeGetGraph,
+        .memset_params = real.cuGraphMemsetNodeGetParams,
         .alloc_params = real.cuGraphMemAllocNodeGetParams,
         .local_bytes = vgpu_kernel_local_bytes,
     };
@@ -292,6 +294,16 @@ VGPU_EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNod
         : rc;
 }
 
+VGPU_EXPORT CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                                    const CUDA_MEMSET_NODE_PARAMS *params,
+                                                    CUcontext ctx)
+{
+    if (!ready() || real.cuGraphExecMemsetNodeSetParams == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real.cuGraphExecMemsetNodeSetParams(exec, node, params, ctx);
+    return params != NULL ? node_set(rc, exec, node, vgpu_graph_memset_blocks(params)) : rc;
+}
+
 VGPU_EXPORT CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgraphNode node,
                                                         CUgraph child)
 {
@@ -305,7 +317,7 @@ VGPU_EXPORT CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgrap
     return child_set(node_set(rc, exec, node, blocks), exec, &memory);
 }
 
-/* CUDA 12.2's setter of any node: kernels and child graphs change the cost. */
+/* CUDA 12.2's setter of any node: kernels, memsets and child graphs change the cost. */
 VGPU_EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node,
                                               CUgraphNodeParams *params)
 {
@@ -322,6 +334,11 @@ VGPU_EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node
                                              params->kernel.gridDimZ));
     if (params != NULL && params->type == CU_GRAPH_NODE_TYPE_GRAPH)
         return child_set(node_set(rc, exec, node, blocks), exec, &memory);
+    if (params != NULL && params->type == CU_GRAPH_NODE_TYPE_MEMSET) {
+        CUDA_MEMSET_NODE_PARAMS set; /* the v2 struct leads with the v1 fields (cuda.h) */
+        memcpy(&set, &params->memset, sizeof set);
+        return node_set(rc, exec, node, vgpu_graph_memset_blocks(&set));
+    }
     return rc;
 }
 

@@ -1,29 +1,29 @@
 /* cuda_memset.c - a memset of device memory is a kernel the driver writes: under an SM limit it
- * passes the limiter's gate as a launch does, its cost the blocks of a kernel that sets 4 KiB a
- * block (the rate is calibrated from NVML's readings whatever the unit). Before, a container that
- * only set memory ran free of its limit (tests/test_throttle.c, memsets: 95.7 % of the fake GPU
- * under a limit of 25; 99.0 % of an H200's, hook/README.md). Every ABI cudaTypedefs.h lists for the six names is wrapped: CUDA 2.0's
- * (32-bit pointer and sizes), 3.2's _v2, the per-thread default stream's _v2_ptds and _ptsz. */
+ * passes the limiter's gate as a launch does, at vgpu_memset_blocks (throttle.h). Before, a
+ * container that only set memory ran free of its limit (tests/test_throttle.c, memsets: 95.7 %
+ * of the fake GPU under a limit of 25; 99.0 % of an H200's, hook/README.md). Every ABI
+ * cudaTypedefs.h lists for the six names is wrapped: CUDA 2.0's (32-bit pointer and sizes),
+ * 3.2's _v2, the per-thread default stream's _v2_ptds and _ptsz. */
 #define _GNU_SOURCE
 #include "cuda_driver.h"
+#include "region.h"
 #include "throttle.h"
 
-/* The blocks a memset of `bytes` is charged as. */
-static uint64_t memset_blocks(uint64_t bytes)
-{
-    uint64_t blocks = (bytes + 4095) / 4096;
-    return blocks != 0 ? blocks : 1;
-}
+/* As launches do (cuda_launch.c): every 1024th memset of a thread, and its first, stamps the
+ * slot's last_launch_unix_ns, so that the node monitor does not take a process that only sets
+ * memory for an idle one. */
+static __thread __attribute__((tls_model("initial-exec"))) unsigned memsets_here;
 
 /* The SM limiter's gate for a memset of `bytes` on stream (NULL: a default stream, the
  * per-thread one where per_thread); with no limit one predictable branch. */
 static inline void gate(uint64_t bytes, CUstream stream, int per_thread)
 {
+    if (__builtin_expect((memsets_here++ & 1023) == 0, 0))
+        vgpu_region_note_launch();
     if (__builtin_expect(vgpu_throttle_enabled, 0))
-        vgpu_throttle_launch(launch_device_on(stream), memset_blocks(bytes),
+        vgpu_throttle_launch(launch_device_on(stream), vgpu_memset_blocks(bytes),
                              vgpu_stream_key(stream, per_thread));
 }
-
 
 VGPU_EXPORT CUresult cuMemsetD8(v1_ptr dst, unsigned char value, unsigned int n)
 {

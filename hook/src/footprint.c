@@ -48,11 +48,7 @@ static struct kept {
 static uint64_t pooled[VGPU_REGION_MAX_DEVICES];
 static uint64_t (*pool_cache_of)(uintptr_t pool);
 static int has_context[VGPU_REGION_MAX_DEVICES];      /* atomic: a context made on the device */
-/* Releases of contexts (atomic, counted up), and their count as of the last context made or the
- * last measurement that listed this process, read before it began (under locks[dev]): a release
- * since that is why NVML may no longer list the process. */
-static unsigned released[VGPU_REGION_MAX_DEVICES];
-static unsigned released_seen[VGPU_REGION_MAX_DEVICES];
+static int released[VGPU_REGION_MAX_DEVICES]; /* atomic: one released since the last one made */
 static uint64_t unlisted_since[VGPU_REGION_MAX_DEVICES]; /* CLOCK_MONOTONIC ns: the first of the
                                                           * measurements in a row that did not
                                                           * list it (0: the last did); under
@@ -81,8 +77,7 @@ static void reset(void)
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
         pthread_mutex_init(&locks[d], NULL);
         counted[d] = measured_at[d] = pooled[d] = 0;
-        has_context[d] = measurable[d] = 0;
-        released[d] = released_seen[d] = 0;
+        has_context[d] = measurable[d] = released[d] = 0;
         unlisted_since[d] = 0;
         for (int k = 0; k < KEPT_POOLS; k++)
             kept[d][k] = (struct kept){0};
@@ -451,7 +446,7 @@ int vgpu_footprint_after_context(struct vgpu_context_probe *p, int created)
         vgpu_log_defer_end();
     }
     if (created) {
-        released_seen[dev] = __atomic_load_n(&released[dev], __ATOMIC_ACQUIRE);
+        __atomic_store_n(&released[dev], 0, __ATOMIC_RELEASE);
         __atomic_store_n(&has_context[dev], 1, __ATOMIC_RELEASE);
     }
     if (created && p->ledger)
@@ -465,17 +460,20 @@ int vgpu_footprint_after_context(struct vgpu_context_probe *p, int created)
     return rc;
 }
 
-/* NVML does not list our host pid on dev. After a release there, no context is left (one
- * measured at the release itself may have found NVML busy or slow). With none released since
- * the last made or the last measurement that listed the process (a release that left another
- * context), the pid was another process's, which has exited: taken for no context left,
- * this one's memory went uncounted. Its count stays, and once that has held for a second (a
- * release under way in another thread is marked only after the driver's call), the pid is
- * forgotten, so that the limiter no longer reads that process's samples for this one's
- * (whole-GPU readings stand in). Caller holds locks[dev]. */
+/* NVML does not list our host pid on dev. After a release there that left the primary context
+ * inactive, no context is left (one measured at the release itself may have found NVML busy or
+ * slow; memory that outlives a context, a VMM handle, may have kept the process listed since).
+ * With none released since the last made, or the primary context still active (a release that
+ * left it, of a created context: before, that release stood for any later unlisting, and the
+ * primary context went uncounted, 1309 MiB on a 1 GiB cap), the pid was another process's,
+ * which has exited: taken for no context left, this one's memory went uncounted. Its count
+ * stays, and once that has held for a second (a release under way in another thread is marked
+ * only after the driver's call), the pid is forgotten, so that the limiter no longer reads
+ * that process's samples for this one's (whole-GPU readings stand in). Caller holds
+ * locks[dev]. */
 static void not_listed(int dev)
 {
-    if (__atomic_load_n(&released[dev], __ATOMIC_ACQUIRE) != released_seen[dev]) {
+    if (__atomic_load_n(&released[dev], __ATOMIC_ACQUIRE) && !vgpu_primary_context_active(dev)) {
         settle_to(dev, 0);
         __atomic_store_n(&has_context[dev], 0, __ATOMIC_RELEASE);
         unlisted_since[dev] = 0;
@@ -505,13 +503,10 @@ static void refresh(int dev, uint64_t period_ns)
         pthread_mutex_trylock(&locks[dev]) != 0)
         return;
     __atomic_store_n(&measured_at[dev], now, __ATOMIC_RELAXED);
-    unsigned releases = __atomic_load_n(&released[dev], __ATOMIC_ACQUIRE);
     int64_t held = measure(dev, 1);
     int64_t was = (int64_t)load64(&counted[dev]);
-    if (held >= 0) {
+    if (held >= 0)
         unlisted_since[dev] = 0;
-        released_seen[dev] = releases;
-    }
     if (held == HELD_NOT_LISTED)
         not_listed(dev);
     else if (held >= 0 && (held > was + HYSTERESIS || held + HYSTERESIS < was))
@@ -534,7 +529,7 @@ void vgpu_footprint_context_gone(int dev)
 {
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++)
         if (d == dev || dev < 0)
-            __atomic_add_fetch(&released[d], 1, __ATOMIC_ACQ_REL);
+            __atomic_store_n(&released[d], 1, __ATOMIC_RELEASE);
     if (inside)
         return;
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
@@ -542,14 +537,12 @@ void vgpu_footprint_context_gone(int dev)
                                                                      __ATOMIC_ACQUIRE))
             continue;
         pthread_mutex_lock(&locks[d]);
-        unsigned releases = __atomic_load_n(&released[d], __ATOMIC_ACQUIRE);
         int64_t held = measure(d, MEASURE_TRIES);
         if (held == HELD_NOT_LISTED) {
             settle_to(d, 0); /* no context left on d: NVML no longer lists the process */
             __atomic_store_n(&has_context[d], 0, __ATOMIC_RELEASE);
         } else if (held >= 0) {
             settle_to(d, (uint64_t)held);
-            released_seen[d] = releases;
         }
         pthread_mutex_unlock(&locks[d]);
     }

@@ -53,6 +53,10 @@ void vgpu_footprint_context_unseen(int dev);
  * left. */
 void vgpu_footprint_context_gone(int dev);
 
+/* Whether dev's primary context is active, as the driver says (cuda_context.c; active where it
+ * cannot say): a release that left it active left a context. */
+int vgpu_primary_context_active(int dev);
+
 /* On the allocation path: re-measures a device with a context at most once a second (modules
  * load lazily, libraries allocate through paths that are not counted). */
 void vgpu_footprint_refresh(int dev);

@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #endif
 #include "graphs.h"
+#include "throttle.h"
 
 #include <pthread.h>
 #include <stddef.h>
@@ -49,6 +50,11 @@ static uint64_t add(uint64_t a, uint64_t b)
 }
 
 static uint64_t clamp(uint64_t blocks) { return blocks < max_node_blocks ? blocks : max_node_blocks; }
+
+static uint64_t mul(uint64_t a, uint64_t b)
+{
+    return a != 0 && b > UINT64_MAX / a ? UINT64_MAX : a * b;
+}
 
 /* ---- reading a graph ------------------------------------------------------------------------ */
 
@@ -131,7 +137,22 @@ static int blocks_of(const struct vgpu_graph_api *api, CUgraph graph, int depth,
 enum { NODE_TYPE_CONDITIONAL = 13 };
 static const uint64_t unread_blocks = UINT64_C(1) << 10;
 
-/* What one node costs (*blocks; 0 for a node that launches no kernel). *costly: a kernel or
+uint64_t vgpu_graph_memset_blocks(const CUDA_MEMSET_NODE_PARAMS *p)
+{
+    return vgpu_memset_blocks(mul((uint64_t)p->elementSize, mul((uint64_t)p->width, p->height)));
+}
+
+/* What a memset node costs; one that cannot be read costs a block, as a launch the driver
+ * takes with no grid does. */
+static uint64_t memset_node_blocks(const struct vgpu_graph_api *api, CUgraphNode node)
+{
+    CUDA_MEMSET_NODE_PARAMS p;
+    if (api->memset_params == NULL || api->memset_params(node, &p) != CUDA_SUCCESS)
+        return 1;
+    return vgpu_graph_memset_blocks(&p);
+}
+
+/* What one node costs (*blocks; 0 for a node that runs no kernel). *costly: a kernel, memset or
  * child graph node (one a setter may change). -1: out of host memory in a child graph. */
 static int node_blocks(const struct vgpu_graph_api *api, CUgraphNode node, int depth,
                        uint64_t *blocks, int *costly, int *unread)
@@ -145,6 +166,11 @@ static int node_blocks(const struct vgpu_graph_api *api, CUgraphNode node, int d
     if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
         *costly = 1;
         *blocks = clamp(kernel_blocks(api, node));
+        return 0;
+    }
+    if (type == CU_GRAPH_NODE_TYPE_MEMSET) {
+        *costly = 1;
+        *blocks = clamp(memset_node_blocks(api, node));
         return 0;
     }
     if (type == CU_GRAPH_NODE_TYPE_GRAPH) {

@@ -20,6 +20,7 @@ struct vgpu_graph_api {
     CUresult (*kernel_params)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS *);
     CUresult (*kernel_params_v1)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS_v1 *);
     CUresult (*child_graph)(CUgraphNode, CUgraph *);
+    CUresult (*memset_params)(CUgraphNode, CUDA_MEMSET_NODE_PARAMS *); /* NULL: not read */
     CUresult (*alloc_params)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *); /* NULL: none can exist */
     uint64_t (*local_bytes)(CUfunction); /* a kernel's local memory a thread; NULL: not asked */
 };
@@ -56,6 +57,10 @@ void vgpu_graph_costs_free(struct vgpu_graph_costs *costs);
  * graph, so that a failure here leaves everything as it was. */
 int vgpu_graph_costs(const struct vgpu_graph_api *api, CUgraph graph,
                      struct vgpu_graph_costs *costs);
+
+/* What a memset node of these parameters costs: the memset exports' charge for the bytes it
+ * sets (vgpu_memset_blocks, throttle.h), saturating. */
+uint64_t vgpu_graph_memset_blocks(const CUDA_MEMSET_NODE_PARAMS *p);
 
 /* What graph's allocation nodes take when it runs, into costs->memory (NULL when nothing); 0,
  * or -1 when that cannot be told (out of host memory, an allocation node the driver does not

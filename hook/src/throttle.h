@@ -15,6 +15,13 @@ void vgpu_throttle_init(void);
  * key (vgpu_stream_key, cuda_driver.h) is `stream`, then takes them. */
 void vgpu_throttle_launch(int dev, uint64_t cost, uintptr_t stream);
 
+/* What a memset of `bytes` costs: the driver runs it as a kernel, counted as one of a block per
+ * 4 KiB it sets (the rate is calibrated from NVML's readings whatever the unit), at least one. */
+static inline uint64_t vgpu_memset_blocks(uint64_t bytes)
+{
+    return bytes != 0 ? bytes / 4096 + (bytes % 4096 != 0) : 1;
+}
+
 /* What vgpu_throttle_synced is told a synchronisation of the current context waited for. */
 enum { VGPU_ALL_STREAMS = 0 };
 

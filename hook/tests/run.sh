@@ -314,6 +314,9 @@ run footprint-wrong-pid-gone-after-release CUDA_DEVICE_MEMORY_LIMIT=1g \
 run footprint-released-unmeasured CUDA_DEVICE_MEMORY_LIMIT=1g \
     FAKE_GPU_SHARED="$tmp/footprint-ru.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     "$build/tests/test_footprint" released-unmeasured
+run footprint-released-last-listed CUDA_DEVICE_MEMORY_LIMIT=1g \
+    FAKE_GPU_SHARED="$tmp/footprint-rll.shm" FAKE_CUDA_CONTEXT_MIB=300 FAKE_NVML_PID_OFFSET=100000 \
+    "$build/tests/test_footprint" released-last-listed
 # In a pid namespace (a container's), a process's own pid may be another tenant's host pid.
 if [ "${VGPU_SANITIZED:-0}" = 0 ] && unshare -pf --mount-proc true 2>/dev/null; then
     run footprint-together-pidns CUDA_DEVICE_MEMORY_LIMIT=1g \
@@ -469,6 +472,7 @@ run throttle-nvml-blind-threads CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_FAILS=1 \
     "$build/tests/test_throttle" 25 nvml-blind-threads
 # A process in a slot past the 256th is charged as the rest of its container.
 run throttle-memsets CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 memsets
+run throttle-graph-memsets CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 graph-memsets
 run throttle-many-processes CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 many-processes
 run throttle-nvml-not-found CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_NOT_FOUND=1 \
     "$build/tests/test_throttle" 25 nvml-blind-light-start

@@ -42,6 +42,9 @@
  *   test_footprint released-unmeasured
  *                       the context released while NVML's process list fails: the next
  *                       allocation's measurement gives its memory back.
+ *   test_footprint released-last-listed
+ *                       the last context released while a VMM handle keeps the process
+ *                       listed, the handle released after: nothing counted, the host pid kept.
  *   test_footprint created-contexts
  *                       with FAKE_CUDA_CREATED_CONTEXT_MIB=200: each cuCtxCreate context holds
  *                       200 MiB more; one that does not fit under the cap is refused.
@@ -903,6 +906,42 @@ static int released_unmeasured(void)
           "context: its 300 MiB given back (%llu MiB counted; a first version kept them)",
           (unsigned long long)(used() / MiB));
     return check_done("test_footprint released-unmeasured");
+}
+
+/* The last context released while a VMM handle keeps the process listed by NVML; the handle
+ * released after: NVML's unlisting is that release's, not a wrong pid's. (A first version of
+ * the check above took it for a wrong pid and forgot the host pid for good, a review found.) */
+static int released_last_listed(void)
+{
+    CUcontext ctx;
+    CUdeviceptr p = 0;
+    int made = cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+               cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cuMemAlloc(&p, 1 * MiB) == CUDA_SUCCESS &&
+               open_region();
+    int self = made ? slot_of(getpid()) : -1;
+    int32_t learnt = self >= 0 ? region->slots[self].host_pid : 0;
+    if (!check(learnt != 0, "a context, its host pid learnt (%d)", (int)learnt))
+        return check_done("test_footprint released-last-listed");
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    CUmemGenericAllocationHandle h = 0;
+    made = cuMemCreate(&h, 64 * MiB, &prop, 0) == CUDA_SUCCESS &&
+           cuDevicePrimaryCtxRelease(0) == CUDA_SUCCESS;
+    check(made && fake_bytes_of_self() == 64 * MiB, "the last context released, a 64 MiB handle "
+          "kept: NVML lists the process holding it (%llu MiB)",
+          (unsigned long long)(fake_bytes_of_self() / MiB));
+    cuMemRelease(h);
+    for (int i = 0; i < 3; i++) {
+        sleep_s(1.1); /* past the wait between measurements, and the second before forgetting */
+        h = 0;
+        if (cuMemCreate(&h, 1 * MiB, &prop, 0) == CUDA_SUCCESS)
+            cuMemRelease(h);
+    }
+    check(region->slots[self].host_pid == learnt && used() == 0, "the handle released, NVML no "
+          "longer lists the process: nothing counted (%llu MiB), and its host pid kept (%d, "
+          "learnt %d)", (unsigned long long)(used() / MiB), (int)region->slots[self].host_pid,
+          (int)learnt);
+    return check_done("test_footprint released-last-listed");
 }
 
 /* A process of a third container that makes its first context when told to, says so, and
@@ -1822,6 +1861,8 @@ int main(int argc, char **argv)
         return wrong_pid_gone(argv[0], 0);
     if (argc == 2 && strcmp(argv[1], "wrong-pid-gone-after-release") == 0)
         return wrong_pid_gone(argv[0], 1);
+    if (argc == 2 && strcmp(argv[1], "released-last-listed") == 0)
+        return released_last_listed();
     if (argc == 2 && strcmp(argv[1], "released-unmeasured") == 0)
         return released_unmeasured();
     if (argc == 2 && strcmp(argv[1], "na") == 0)

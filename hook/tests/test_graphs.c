@@ -1,7 +1,8 @@
 /* test_graphs.c - what a CUDA graph launch costs the SM limiter (src/graphs.c), over graphs of
  * the test's own: a graph's top-level nodes costed (kernels, child graphs nested up to the
  * limit, other nodes left out), each exec-level setter changing its node's cost (a kernel's grid,
- * a child graph, a node unknown at instantiation, a node disabled and enabled), an update (costs
+ * a child graph, a node unknown at instantiation, a node disabled and enabled), memset nodes
+ * costed by what they set, an update (costs
  * from the new graph, nodes named by the first), grids that would wrap a 64-bit sum, graphs
  * that cannot be read, a table of more executable graphs than the old fixed one held, running
  * out of host memory at each allocation, and a fork while the table's lock is held (calloc and
@@ -59,7 +60,8 @@ struct tnode {
     unsigned grid[3];
     struct tgraph *child;
     int unreadable; /* its parameters cannot be read */
-    uint64_t bytes; /* MEM_ALLOC: its size, on device dev; KERNEL: local memory a thread */
+    uint64_t bytes; /* MEM_ALLOC: its size, on device dev; KERNEL: local memory a thread;
+                     * MEMSET: its width in 4-byte elements (one row) */
     int dev;
 };
 struct tgraph {
@@ -122,6 +124,15 @@ static CUresult alloc_params(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *param
     return CUDA_SUCCESS;
 }
 
+static CUresult memset_params(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS *params)
+{
+    const struct tnode *n = (const struct tnode *)node;
+    if (n->type != CU_GRAPH_NODE_TYPE_MEMSET || n->unreadable)
+        return CUDA_ERROR_INVALID_VALUE;
+    *params = (CUDA_MEMSET_NODE_PARAMS){.elementSize = 4, .width = n->bytes, .height = 1};
+    return CUDA_SUCCESS;
+}
+
 static uint64_t kernel_local(CUfunction f)
 {
     return f != NULL ? ((const struct tnode *)(const void *)f)->bytes : 0;
@@ -140,7 +151,8 @@ static CUresult kernel_params_v1(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS_v1 *p
 static const struct vgpu_graph_api api = {.get_nodes = get_nodes, .node_type = node_type,
                                           .kernel_params = kernel_params,
                                           .child_graph = child_graph,
-                                          .alloc_params = alloc_params};
+                                          .alloc_params = alloc_params,
+                                          .memset_params = memset_params};
 
 enum { POOL = 256 };
 static struct tnode nodes[POOL];
@@ -670,6 +682,31 @@ static void memory_nodes(void)
           "kernels needing no local memory: nothing to record");
 }
 
+/* A memset node is work as a kernel is (the driver runs it as one): it costs what the memset
+ * exports are charged for what it sets, a block a 4 KiB (src/cuda_memset.c). Before, memset
+ * nodes were left out, and a graph of them cost one token a launch. */
+static void memset_nodes(void)
+{
+    struct tgraph g = {0};
+    struct tnode *set = other(CU_GRAPH_NODE_TYPE_MEMSET), *unread = other(CU_GRAPH_NODE_TYPE_MEMSET);
+    set->bytes = 6 * 1024; /* 4-byte elements: 24 KiB, 6 blocks */
+    unread->unreadable = 1;
+    add(&g, kernel(10, 1, 1));
+    add(&g, set);
+    add(&g, unread);
+    CUgraphExec e = exec_at(19000);
+    int rc = instantiate(e, &g);
+    check(rc == 0 && cost(e) == 17, "a kernel of 10 blocks, a memset of 24 KiB "
+          "and one whose parameters cannot be read cost 10 + 6 + 1: %llu", cost(e));
+    CUDA_MEMSET_NODE_PARAMS bigger = {.elementSize = 2, .width = 4096, .height = 8};
+    vgpu_graph_set_node(e, (CUgraphNode)set, vgpu_graph_memset_blocks(&bigger));
+    check(cost(e) == 27, "the memset set to 8 rows of 8 KiB: 10 + 16 + 1 (%llu)", cost(e));
+    CUDA_MEMSET_NODE_PARAMS huge = {.elementSize = 4, .width = SIZE_MAX / 2, .height = 8};
+    check(vgpu_graph_memset_blocks(&huge) == UINT64_MAX / 4096 + 1, "a size past 64 bits "
+          "saturates (%llu blocks)", (unsigned long long)vgpu_graph_memset_blocks(&huge));
+    forget(e);
+}
+
 int main(void)
 {
     out_of_memory(); /* first: the table's first allocation is tested there */
@@ -679,5 +716,6 @@ int main(void)
     fork_while_locked(); /* before many(): the table is small, so it soon grows */
     many();
     memory_nodes();
+    memset_nodes();
     return check_done("test_graphs");
 }

@@ -483,6 +483,14 @@ static void memsets(double limit)
         set_memory(&ways[0], f[0], p, bytes);
         cuCtxSynchronize();
     }
+    /* A process that only sets memory is not idle to the node monitor (nothing launched yet). */
+    const struct vgpu_region *region = region_view();
+    uint64_t stamped = 0;
+    for (uint32_t s = 0; region != NULL && s < region->header.slot_high_water; s++)
+        if (region->slots[s].pid == getpid())
+            stamped = __atomic_load_n(&region->slots[s].last_launch_unix_ns, __ATOMIC_ACQUIRE);
+    check(stamped != 0, "its memsets stamped the slot's last_launch_unix_ns (%llu)",
+          (unsigned long long)stamped);
     double worst = 0;
     const char *worst_name = "";
     int refused = 0;
@@ -503,6 +511,61 @@ static void memsets(double limit)
           "(%llu, %d refused)", (unsigned long long)(fake_cuda_stats.memsets - before), refused);
     check(worst <= limit + 10.0, "limit %.0f%%, memsets only: each export kept to at most "
           "%.1f%% of the GPU over its 0.8 s (%s)", limit, worst, worst_name);
+}
+
+/* A graph's memset nodes are work as its kernels are: costed by what they set, as the memset
+ * exports are (made with nodes of 2 MiB; made with nodes of 4 bytes and set to 2 MiB in the
+ * executable graph by cuGraphExecMemsetNodeSetParams; by CUDA 12.2's cuGraphExecNodeSetParams).
+ * Four nodes a graph, 2048 of the fake's blocks a launch, each waited for. The library of
+ * edbb684, which left memset nodes out of a graph's cost (one token a launch), held these to
+ * the limit as well, by the account's holds and the rate's feedback; the costs themselves are
+ * test_graphs' (memset_nodes). */
+static void graph_memsets(double limit)
+{
+    static const char *const ways[] = {"made", "memset-set", "node-set"};
+    use_device(0);
+    CUdeviceptr p = 0;
+    if (!check(cuMemAlloc(&p, 2u << 20) == CUDA_SUCCESS, "2 MiB to set"))
+        return;
+    for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
+        int made_big = w == 0;
+        CUDA_MEMSET_NODE_PARAMS small = {.dst = p, .value = 0, .elementSize = 4, .width = 1,
+                                         .height = 1};
+        CUDA_MEMSET_NODE_PARAMS big = small;
+        big.width = (2u << 20) / 4;
+        CUgraph graph;
+        CUgraphNode nodes[4];
+        CUgraphExec exec;
+        int ok = cuGraphCreate(&graph, 0) == CUDA_SUCCESS;
+        for (int k = 0; ok && k < 4; k++)
+            ok = cuGraphAddMemsetNode(&nodes[k], graph, k ? &nodes[k - 1] : NULL, k ? 1 : 0,
+                                      made_big ? &big : &small, NULL) == CUDA_SUCCESS;
+        ok = ok && cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS;
+        CUgraphNodeParams any = {.type = CU_GRAPH_NODE_TYPE_MEMSET};
+        memcpy(&any.memset, &big, sizeof big);
+        for (int k = 0; ok && !made_big && k < 4; k++)
+            ok = (w == 1 ? cuGraphExecMemsetNodeSetParams(exec, nodes[k], &big, NULL)
+                         : cuGraphExecNodeSetParams(exec, nodes[k], &any)) == CUDA_SUCCESS;
+        if (!check(ok, "%s: a graph of four 2 MiB memsets", ways[w]))
+            continue;
+        double util = 0, t0 = now_s();
+        uint64_t busy0 = 0;
+        for (int half = 0; half < 2; half++) {
+            if (half == 1) {
+                busy0 = fake_cuda_busy_ns(0);
+                t0 = now_s();
+            }
+            for (double start = now_s(); now_s() - start < (half ? 4.0 : 2.0);) {
+                cuGraphLaunch(exec, NULL);
+                cuCtxSynchronize();
+            }
+        }
+        util = 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - t0) * 1e9);
+        check(util <= limit + 5.0, "limit %.0f%%, %s: the graph's memsets kept the GPU %.1f%% "
+              "busy over 4 s", limit, ways[w], util);
+        cuGraphExecDestroy(exec);
+        cuGraphDestroy(graph);
+    }
 }
 
 /* A container of more processes than the limiter once read (256 of the region's 1024 slots):
@@ -1780,6 +1843,7 @@ int main(int argc, char **argv)
         {"nvml-blind-threads", nvml_blind_threads, 0},
         {"many-processes", many_processes, 0},
         {"memsets", memsets, 0},
+        {"graph-memsets", graph_memsets, 0},
         {"burst", burst_after_light_load, 1},
     };
     for (size_t m = 0; argc > 2 && m < sizeof modes / sizeof modes[0]; m++)

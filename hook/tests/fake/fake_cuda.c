@@ -2711,6 +2711,7 @@ struct fake_node {
     CUDA_KERNEL_NODE_PARAMS params;  /* CU_GRAPH_NODE_TYPE_KERNEL */
     struct fake_graph *child;        /* CU_GRAPH_NODE_TYPE_GRAPH: owned by the node */
     CUDA_MEM_ALLOC_NODE_PARAMS alloc; /* CU_GRAPH_NODE_TYPE_MEM_ALLOC (dptr: its address) */
+    CUDA_MEMSET_NODE_PARAMS memset;  /* CU_GRAPH_NODE_TYPE_MEMSET */
     int disabled;                    /* in an executable graph's copy: cuGraphNodeSetEnabled */
     CUgraphConditionalNodeType cond; /* CU_GRAPH_NODE_TYPE_CONDITIONAL: its body is child */
     CUgraph bodies[1];               /* what cuGraphAddNode's phGraph_out points to */
@@ -2823,6 +2824,7 @@ static struct fake_graph *graph_clone(const struct fake_graph *src)
         if (n != NULL) {
             n->params = src->nodes[i]->params;
             n->alloc = src->nodes[i]->alloc;
+            n->memset = src->nodes[i]->memset;
             n->cond = src->nodes[i]->cond;
             if (src->nodes[i]->child != NULL)
                 n->child = graph_clone(src->nodes[i]->child);
@@ -2835,6 +2837,13 @@ static struct fake_graph *graph_clone(const struct fake_graph *src)
     return g;
 }
 
+/* A memset runs as a kernel of a block per 4 KiB it sets (memset_on). */
+static uint64_t memset_node_blocks(const CUDA_MEMSET_NODE_PARAMS *m)
+{
+    uint64_t bytes = (uint64_t)m->elementSize * m->width * m->height;
+    return bytes != 0 ? (bytes + 4095) / 4096 : 1;
+}
+
 static uint64_t graph_blocks(const struct fake_graph *g)
 {
     uint64_t blocks = 0;
@@ -2844,6 +2853,8 @@ static uint64_t graph_blocks(const struct fake_graph *g)
             continue;
         if (n->type == CU_GRAPH_NODE_TYPE_KERNEL)
             blocks += (uint64_t)n->params.gridDimX * n->params.gridDimY * n->params.gridDimZ;
+        else if (n->type == CU_GRAPH_NODE_TYPE_MEMSET)
+            blocks += memset_node_blocks(&n->memset);
         else if (n->type == CU_GRAPH_NODE_TYPE_CONDITIONAL && n->cond == CU_GRAPH_COND_TYPE_WHILE)
             blocks += graph_blocks(n->child) * fake_cuda_while_loops;
         else if (n->child != NULL)
@@ -2971,6 +2982,24 @@ EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNo
     return n->child != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+/* A memset node (cuda.h: elementSize 1, 2 or 4), in the current context (ctx is not read). */
+EXPORT CUresult cuGraphAddMemsetNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                     size_t ndeps, const CUDA_MEMSET_NODE_PARAMS *params,
+                                     CUcontext ctx)
+{
+    (void)deps, (void)ndeps, (void)ctx;
+    if (params == NULL || (params->elementSize != 1 && params->elementSize != 2 &&
+                           params->elementSize != 4))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = add_node(node, graph, CU_GRAPH_NODE_TYPE_MEMSET, NULL, NULL);
+    if (rc == CUDA_SUCCESS) {
+        pthread_mutex_lock(&graph_lock);
+        ((struct fake_node *)*node)->memset = *params;
+        pthread_mutex_unlock(&graph_lock);
+    }
+    return rc;
+}
+
 EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                                        size_t ndeps, CUDA_MEM_ALLOC_NODE_PARAMS *params)
 {
@@ -3047,6 +3076,15 @@ EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE
     if (params == NULL || read_node(node, CU_GRAPH_NODE_TYPE_KERNEL, &n) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     *params = n.params;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS *params)
+{
+    struct fake_node n;
+    if (params == NULL || read_node(node, CU_GRAPH_NODE_TYPE_MEMSET, &n) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *params = n.memset;
     return CUDA_SUCCESS;
 }
 
@@ -3310,13 +3348,16 @@ static struct fake_node *exec_node(struct fake_exec *e, CUgraphNode node)
 /* Sets a kernel node's grid (child NULL) or a child graph node's graph in exec: one of the
  * same topology, as the driver requires. */
 static CUresult exec_set(CUgraphExec exec, CUgraphNode node, const unsigned *grid,
-                         CUgraph child)
+                         CUgraph child, const CUDA_MEMSET_NODE_PARAMS *memset_params)
 {
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&graph_lock);
     struct fake_exec *e = (struct fake_exec *)exec;
     struct fake_node *n = exec_node(e, node);
-    if (n != NULL && grid != NULL && n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
+    if (n != NULL && memset_params != NULL && n->type == CU_GRAPH_NODE_TYPE_MEMSET) {
+        n->memset = *memset_params;
+        rc = CUDA_SUCCESS;
+    } else if (n != NULL && grid != NULL && n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
         n->params.gridDimX = grid[0];
         n->params.gridDimY = grid[1];
         n->params.gridDimZ = grid[2];
@@ -3346,7 +3387,7 @@ static CUresult set_grid(CUgraphExec exec, CUgraphNode node, unsigned gx, unsign
                          unsigned gz)
 {
     const unsigned grid[3] = {gx, gy, gz};
-    return exec_set(exec, node, grid, NULL);
+    return exec_set(exec, node, grid, NULL, NULL);
 }
 
 EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
@@ -3369,7 +3410,16 @@ EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode nod
 EXPORT CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgraphNode node,
                                                    CUgraph child)
 {
-    return exec_set(exec, node, NULL, child);
+    return exec_set(exec, node, NULL, child, NULL);
+}
+
+/* Changes a memset node's size in an executable graph (ctx is not read). */
+EXPORT CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                               const CUDA_MEMSET_NODE_PARAMS *params,
+                                               CUcontext ctx)
+{
+    (void)ctx;
+    return params != NULL ? exec_set(exec, node, NULL, NULL, params) : CUDA_ERROR_INVALID_VALUE;
 }
 
 EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node,
@@ -3381,18 +3431,24 @@ EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node,
         return set_grid(exec, node, params->kernel.gridDimX, params->kernel.gridDimY,
                         params->kernel.gridDimZ);
     if (params->type == CU_GRAPH_NODE_TYPE_GRAPH)
-        return exec_set(exec, node, NULL, params->graph.graph);
-    return CUDA_ERROR_INVALID_VALUE; /* the fake's graphs hold kernels and child graphs only */
+        return exec_set(exec, node, NULL, params->graph.graph, NULL);
+    if (params->type == CU_GRAPH_NODE_TYPE_MEMSET) {
+        /* CUDA_MEMSET_NODE_PARAMS_v2 leads with the v1 fields, then its context. */
+        CUDA_MEMSET_NODE_PARAMS m;
+        memcpy(&m, &params->memset, sizeof m);
+        return exec_set(exec, node, NULL, NULL, &m);
+    }
+    return CUDA_ERROR_INVALID_VALUE; /* the fake's graphs hold kernels, memsets, child graphs */
 }
 
-/* Kernel nodes only: the driver also takes memset and memcpy nodes, which the fake's graphs do
- * not hold, and refuses the rest (child graphs among them). */
+/* Kernel and memset nodes: the driver also takes memcpy nodes, which the fake's graphs do not
+ * hold, and refuses the rest (child graphs among them). */
 EXPORT CUresult cuGraphNodeSetEnabled(CUgraphExec exec, CUgraphNode node, unsigned int enabled)
 {
     pthread_mutex_lock(&graph_lock);
     struct fake_exec *e = (struct fake_exec *)exec;
     struct fake_node *n = exec_node(e, node);
-    if (n != NULL && n->type != CU_GRAPH_NODE_TYPE_KERNEL)
+    if (n != NULL && n->type != CU_GRAPH_NODE_TYPE_KERNEL && n->type != CU_GRAPH_NODE_TYPE_MEMSET)
         n = NULL;
     if (n != NULL) {
         n->disabled = !enabled;
@@ -3876,6 +3932,9 @@ static const struct proc procs[] = {
     P("cuGraphGetNodes", cuGraphGetNodes, 10000, 0),
     P("cuGraphNodeGetType", cuGraphNodeGetType, 10000, 0),
     P("cuGraphKernelNodeGetParams", cuGraphKernelNodeGetParams, 10000, 0),
+    P("cuGraphAddMemsetNode", cuGraphAddMemsetNode, 10000, 0),
+    P("cuGraphMemsetNodeGetParams", cuGraphMemsetNodeGetParams, 10000, 0),
+    P("cuGraphExecMemsetNodeSetParams", cuGraphExecMemsetNodeSetParams, 10020, 0),
     P("cuGraphKernelNodeGetParams", cuGraphKernelNodeGetParams_v2, 12000, 0),
     P("cuGraphChildGraphNodeGetGraph", cuGraphChildGraphNodeGetGraph, 10000, 0),
     P("cuGraphInstantiate", cuGraphInstantiate, 10000, 0),
