@@ -370,10 +370,11 @@ static void nvml_blind(double limit)
 }
 
 /* Each memset export (30: CUDA 2.0's, _v2, _v2_ptds, Async and Async_ptsz of D8, D16, D32 and
- * their 2D forms), named through dlsym as a runtime resolves them, sets `bytes` at p: 0 when
- * the driver took it. */
+ * their 2D forms), named through dlsym (cuGetProcAddress is checked to answer the same), sets
+ * `bytes` at p: 0 when the driver took it. */
 struct memset_way {
-    const char *name;
+    const char *name, *base; /* the export, and the name cuGetProcAddress is asked */
+    int version, per_thread; /* the CUDA version its ABI is answered from */
     int width, v1, d2, async;
 };
 
@@ -435,36 +436,36 @@ static CUresult set_memory(const struct memset_way *w, void *f, CUdeviceptr p, s
 static void memsets(double limit)
 {
     static const struct memset_way ways[] = {
-        {"cuMemsetD8", 1, 1, 0, 0},
-        {"cuMemsetD8_v2", 1, 0, 0, 0},
-        {"cuMemsetD8_v2_ptds", 1, 0, 0, 0},
-        {"cuMemsetD8Async", 1, 0, 0, 1},
-        {"cuMemsetD8Async_ptsz", 1, 0, 0, 1},
-        {"cuMemsetD2D8", 1, 1, 1, 0},
-        {"cuMemsetD2D8_v2", 1, 0, 1, 0},
-        {"cuMemsetD2D8_v2_ptds", 1, 0, 1, 0},
-        {"cuMemsetD2D8Async", 1, 0, 1, 1},
-        {"cuMemsetD2D8Async_ptsz", 1, 0, 1, 1},
-        {"cuMemsetD16", 2, 1, 0, 0},
-        {"cuMemsetD16_v2", 2, 0, 0, 0},
-        {"cuMemsetD16_v2_ptds", 2, 0, 0, 0},
-        {"cuMemsetD16Async", 2, 0, 0, 1},
-        {"cuMemsetD16Async_ptsz", 2, 0, 0, 1},
-        {"cuMemsetD2D16", 2, 1, 1, 0},
-        {"cuMemsetD2D16_v2", 2, 0, 1, 0},
-        {"cuMemsetD2D16_v2_ptds", 2, 0, 1, 0},
-        {"cuMemsetD2D16Async", 2, 0, 1, 1},
-        {"cuMemsetD2D16Async_ptsz", 2, 0, 1, 1},
-        {"cuMemsetD32", 4, 1, 0, 0},
-        {"cuMemsetD32_v2", 4, 0, 0, 0},
-        {"cuMemsetD32_v2_ptds", 4, 0, 0, 0},
-        {"cuMemsetD32Async", 4, 0, 0, 1},
-        {"cuMemsetD32Async_ptsz", 4, 0, 0, 1},
-        {"cuMemsetD2D32", 4, 1, 1, 0},
-        {"cuMemsetD2D32_v2", 4, 0, 1, 0},
-        {"cuMemsetD2D32_v2_ptds", 4, 0, 1, 0},
-        {"cuMemsetD2D32Async", 4, 0, 1, 1},
-        {"cuMemsetD2D32Async_ptsz", 4, 0, 1, 1},
+        {"cuMemsetD8", "cuMemsetD8", 2000, 0, 1, 1, 0, 0},
+        {"cuMemsetD8_v2", "cuMemsetD8", 3020, 0, 1, 0, 0, 0},
+        {"cuMemsetD8_v2_ptds", "cuMemsetD8", 7000, 1, 1, 0, 0, 0},
+        {"cuMemsetD8Async", "cuMemsetD8Async", 3020, 0, 1, 0, 0, 1},
+        {"cuMemsetD8Async_ptsz", "cuMemsetD8Async", 7000, 1, 1, 0, 0, 1},
+        {"cuMemsetD2D8", "cuMemsetD2D8", 2000, 0, 1, 1, 1, 0},
+        {"cuMemsetD2D8_v2", "cuMemsetD2D8", 3020, 0, 1, 0, 1, 0},
+        {"cuMemsetD2D8_v2_ptds", "cuMemsetD2D8", 7000, 1, 1, 0, 1, 0},
+        {"cuMemsetD2D8Async", "cuMemsetD2D8Async", 3020, 0, 1, 0, 1, 1},
+        {"cuMemsetD2D8Async_ptsz", "cuMemsetD2D8Async", 7000, 1, 1, 0, 1, 1},
+        {"cuMemsetD16", "cuMemsetD16", 2000, 0, 2, 1, 0, 0},
+        {"cuMemsetD16_v2", "cuMemsetD16", 3020, 0, 2, 0, 0, 0},
+        {"cuMemsetD16_v2_ptds", "cuMemsetD16", 7000, 1, 2, 0, 0, 0},
+        {"cuMemsetD16Async", "cuMemsetD16Async", 3020, 0, 2, 0, 0, 1},
+        {"cuMemsetD16Async_ptsz", "cuMemsetD16Async", 7000, 1, 2, 0, 0, 1},
+        {"cuMemsetD2D16", "cuMemsetD2D16", 2000, 0, 2, 1, 1, 0},
+        {"cuMemsetD2D16_v2", "cuMemsetD2D16", 3020, 0, 2, 0, 1, 0},
+        {"cuMemsetD2D16_v2_ptds", "cuMemsetD2D16", 7000, 1, 2, 0, 1, 0},
+        {"cuMemsetD2D16Async", "cuMemsetD2D16Async", 3020, 0, 2, 0, 1, 1},
+        {"cuMemsetD2D16Async_ptsz", "cuMemsetD2D16Async", 7000, 1, 2, 0, 1, 1},
+        {"cuMemsetD32", "cuMemsetD32", 2000, 0, 4, 1, 0, 0},
+        {"cuMemsetD32_v2", "cuMemsetD32", 3020, 0, 4, 0, 0, 0},
+        {"cuMemsetD32_v2_ptds", "cuMemsetD32", 7000, 1, 4, 0, 0, 0},
+        {"cuMemsetD32Async", "cuMemsetD32Async", 3020, 0, 4, 0, 0, 1},
+        {"cuMemsetD32Async_ptsz", "cuMemsetD32Async", 7000, 1, 4, 0, 0, 1},
+        {"cuMemsetD2D32", "cuMemsetD2D32", 2000, 0, 4, 1, 1, 0},
+        {"cuMemsetD2D32_v2", "cuMemsetD2D32", 3020, 0, 4, 0, 1, 0},
+        {"cuMemsetD2D32_v2_ptds", "cuMemsetD2D32", 7000, 1, 4, 0, 1, 0},
+        {"cuMemsetD2D32Async", "cuMemsetD2D32Async", 3020, 0, 4, 0, 1, 1},
+        {"cuMemsetD2D32Async_ptsz", "cuMemsetD2D32Async", 7000, 1, 4, 0, 1, 1},
     };
     enum { WAYS = sizeof ways / sizeof ways[0] };
     use_device(0);
@@ -478,6 +479,22 @@ static void memsets(double limit)
         found += (f[k] = dlsym(RTLD_DEFAULT, ways[k].name)) != NULL;
     if (!check(found == WAYS, "all %d memset exports found (%d)", WAYS, found))
         return;
+    /* As a runtime resolves them: cuGetProcAddress answers each ABI with the library's export. */
+    int answered = 0;
+    for (int k = 0; k < WAYS; k++) {
+        void *fn = NULL;
+        CUdriverProcAddressQueryResult status;
+        cuuint64_t flags = ways[k].per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                                              : CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+        if (cuGetProcAddress(ways[k].base, &fn, ways[k].version, flags, &status) ==
+                CUDA_SUCCESS && fn == f[k])
+            answered++;
+        else
+            fprintf(stderr, "cuGetProcAddress(%s, %d) did not answer %s\n", ways[k].base,
+                    ways[k].version, ways[k].name);
+    }
+    check(answered == WAYS, "cuGetProcAddress answers each of the %d with the library's "
+          "export (%d)", WAYS, answered);
     uint64_t before = fake_cuda_stats.memsets;
     for (double t0 = now_s(); now_s() - t0 < 2.0;) {
         set_memory(&ways[0], f[0], p, bytes);
