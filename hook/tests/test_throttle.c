@@ -587,9 +587,9 @@ static void graph_memsets(double limit)
 
 /* A container of more processes than the limiter once read (256 of the region's 1024 slots):
  * a process in a slot past them was never matched to its NVML samples, so its time went
- * uncharged, and beside 256 idle processes it ran free (100 % of the GPU under a limit of 25,
- * the library of 9cabc24). The idle ones claim their slots first (1 MiB each), then hold them
- * until the measurement is done. */
+ * uncharged, and beside 256 idle processes it ran free (94.8 % of the GPU under a limit of
+ * 25, the library of edbb684). The idle ones claim their slots first (1 MiB each), then hold
+ * them until the measurement is done. */
 static void many_processes(double limit)
 {
     enum { IDLE = 256 };
