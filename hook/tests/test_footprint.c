@@ -855,7 +855,8 @@ static int wrong_pid_gone(const char *program, int release_first)
         made = open_region() && cuCtxCreate(&second, 0, 0) == CUDA_SUCCESS;
         check(made && used() == 500 * MiB, "a second context: 500 MiB counted (%llu MiB)",
               (unsigned long long)(used() / MiB));
-        made = made && cuCtxDestroy(second) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
+        made = made && cuCtxDestroy(second) == CUDA_SUCCESS &&
+               cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
         check(made && used() == 300 * MiB, "... destroyed, NVML still listing the process: the "
               "primary context's 300 MiB counted (%llu MiB)", (unsigned long long)(used() / MiB));
     }
