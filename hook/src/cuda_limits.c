@@ -18,6 +18,7 @@
 #include "log.h"
 #include "memory.h"
 #include "region.h"
+#include "util.h"
 
 enum { DEFAULT_STACK = 1024, FUNCTIONS = 4096 /* a power of two */, CONTEXTS = 64 };
 
@@ -72,18 +73,12 @@ static uint64_t resident_threads(int dev)
     return (uint64_t)sms * (uint64_t)per_sm;
 }
 
-/* a x b, at most UINT64_MAX. */
-static uint64_t times(uint64_t a, uint64_t b)
-{
-    return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
-}
-
 /* The device memory a stack of `per_thread` bytes more takes on dev: every resident thread's
  * (2^20 threads, a device of this size's most, when the driver cannot say how many). */
 static uint64_t stack_bytes(int dev, uint64_t per_thread)
 {
     uint64_t threads = resident_threads(dev);
-    return times(per_thread, threads != 0 ? threads : UINT64_C(1) << 20);
+    return mul_saturated(per_thread, threads != 0 ? threads : UINT64_C(1) << 20);
 }
 
 /* What setting limit to value on dev may add to what the driver reserves there: the raise,

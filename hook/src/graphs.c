@@ -9,6 +9,7 @@
 #endif
 #include "graphs.h"
 #include "throttle.h"
+#include "util.h"
 
 #include <pthread.h>
 #include <stddef.h>
@@ -50,11 +51,6 @@ static uint64_t add(uint64_t a, uint64_t b)
 }
 
 static uint64_t clamp(uint64_t blocks) { return blocks < max_node_blocks ? blocks : max_node_blocks; }
-
-static uint64_t mul(uint64_t a, uint64_t b)
-{
-    return a != 0 && b > UINT64_MAX / a ? UINT64_MAX : a * b;
-}
 
 /* ---- reading a graph ------------------------------------------------------------------------ */
 
@@ -139,7 +135,8 @@ static const uint64_t unread_blocks = UINT64_C(1) << 10;
 
 uint64_t vgpu_graph_memset_blocks(const CUDA_MEMSET_NODE_PARAMS *p)
 {
-    return vgpu_memset_blocks(mul((uint64_t)p->elementSize, mul((uint64_t)p->width, p->height)));
+    return vgpu_memset_blocks(
+        mul_saturated(p->elementSize, mul_saturated(p->width, p->height)));
 }
 
 /* What a memset node costs; one that cannot be read costs a block, as a launch the driver

@@ -2480,8 +2480,14 @@ EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, u
 
 /* ---- memsets ------------------------------------------------------------------------------ */
 
-/* A memset of `bytes` on stream: the driver's is a kernel, here as many blocks as it sets 4 KiB
- * (the fake's addresses hold nothing to set). Counted in fake_cuda_stats.memsets. */
+/* The driver's memset is a kernel: here one of a block per 4 KiB set, at least one. */
+static uint64_t memset_blocks(uint64_t bytes)
+{
+    return bytes != 0 ? (bytes + 4095) / 4096 : 1;
+}
+
+/* A memset of `bytes` on stream, run as memset_blocks (the fake's addresses hold nothing to
+ * set). Counted in fake_cuda_stats.memsets. */
 static CUresult memset_on(CUstream stream, uint64_t bytes)
 {
     struct fake_ctx *ctx = current;
@@ -2490,10 +2496,9 @@ static CUresult memset_on(CUstream stream, uint64_t bytes)
         return rc;
     __atomic_add_fetch(&fake_cuda_stats.memsets, 1, __ATOMIC_RELAXED);
     gpu_get();
-    uint64_t blocks = (bytes + 4095) / 4096;
     if (ns_per_block == 0)
         return CUDA_SUCCESS;
-    return gpu_submit(ctx->dev, (blocks != 0 ? blocks : 1) * ns_per_block) == 0
+    return gpu_submit(ctx->dev, memset_blocks(bytes) * ns_per_block) == 0
                ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -2837,11 +2842,10 @@ static struct fake_graph *graph_clone(const struct fake_graph *src)
     return g;
 }
 
-/* A memset runs as a kernel of a block per 4 KiB it sets (memset_on). */
+/* A memset node runs as the memset exports do (memset_blocks). */
 static uint64_t memset_node_blocks(const CUDA_MEMSET_NODE_PARAMS *m)
 {
-    uint64_t bytes = (uint64_t)m->elementSize * m->width * m->height;
-    return bytes != 0 ? (bytes + 4095) / 4096 : 1;
+    return memset_blocks((uint64_t)m->elementSize * m->width * m->height);
 }
 
 static uint64_t graph_blocks(const struct fake_graph *g)
