@@ -286,6 +286,8 @@ static CUresult keep_context(struct vgpu_context_probe *probe, CUresult rc, void
         __atomic_store_n(&primary_of[dev], context, __ATOMIC_RELEASE);
     if (how != VGPU_CONTEXT_PRIMARY)
         vgpu_throttle_context_made((int)dev);
+    if (how == VGPU_CONTEXT_CREATED)
+        vgpu_footprint_context_created((int)dev, ctx);
     if (probe->active && probe->first)
         probe_host_pid(context, (int)dev);
     else if (how == VGPU_CONTEXT_PRIMARY && !probe->active)
@@ -434,6 +436,7 @@ static CUresult destroy_context(CUresult (*const *destroy)(CUcontext), CUcontext
     uint64_t before = vgpu_mem_recorded();
     CUresult rc = (*destroy)(ctx);
     if (rc == CUDA_SUCCESS) {
+        vgpu_footprint_context_destroyed(ctx);
         vgpu_stack_context_gone(ctx);
         arrays_gone(ctx, before);
         context_gone(-1);

@@ -49,6 +49,16 @@ static uint64_t pooled[VGPU_REGION_MAX_DEVICES];
 static uint64_t (*pool_cache_of)(uintptr_t pool);
 static int has_context[VGPU_REGION_MAX_DEVICES];      /* atomic: a context made on the device */
 static int released[VGPU_REGION_MAX_DEVICES]; /* atomic: one released since the last one made */
+/* Created contexts (cuCtxCreate) not destroyed yet, by device, and the handles of up to
+ * CREATED_KEPT of them (a destroy names only its handle); under created_lock. One not kept
+ * stays counted as alive: its destroy cannot be told from another context's. */
+enum { CREATED_KEPT = 64 };
+static pthread_mutex_t created_lock = PTHREAD_MUTEX_INITIALIZER;
+static int created_alive[VGPU_REGION_MAX_DEVICES];
+static struct created {
+    const void *ctx; /* NULL: a free entry */
+    int dev;
+} created_kept[CREATED_KEPT];
 static uint64_t unlisted_since[VGPU_REGION_MAX_DEVICES]; /* CLOCK_MONOTONIC ns: the first of the
                                                           * measurements in a row that did not
                                                           * list it (0: the last did); under
@@ -77,11 +87,13 @@ static void reset(void)
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
         pthread_mutex_init(&locks[d], NULL);
         counted[d] = measured_at[d] = pooled[d] = 0;
-        has_context[d] = measurable[d] = released[d] = 0;
+        has_context[d] = measurable[d] = released[d] = created_alive[d] = 0;
         unlisted_since[d] = 0;
         for (int k = 0; k < KEPT_POOLS; k++)
             kept[d][k] = (struct kept){0};
     }
+    pthread_mutex_init(&created_lock, NULL);
+    memset(created_kept, 0, sizeof created_kept);
     learn_busy = 0;
     learn_tried_at = 0;
     learn_every_ns = LEARN_EVERY_NS;
@@ -460,20 +472,27 @@ int vgpu_footprint_after_context(struct vgpu_context_probe *p, int created)
     return rc;
 }
 
-/* NVML does not list our host pid on dev. After a release there that left the primary context
- * inactive, no context is left (one measured at the release itself may have found NVML busy or
- * slow; memory that outlives a context, a VMM handle, may have kept the process listed since).
- * With none released since the last made, or the primary context still active (a release that
- * left it, of a created context: before, that release stood for any later unlisting, and the
- * primary context went uncounted, 1309 MiB on a 1 GiB cap), the pid was another process's,
- * which has exited: taken for no context left, this one's memory went uncounted. Its count
- * stays, and once that has held for a second (a release under way in another thread is marked
- * only after the driver's call), the pid is forgotten, so that the limiter no longer reads
- * that process's samples for this one's (whole-GPU readings stand in). Caller holds
- * locks[dev]. */
+/* Whether a context the library saw made may be alive on dev: the primary context is active,
+ * or a created one was not destroyed. */
+static int contexts_alive(int dev)
+{
+    return __atomic_load_n(&created_alive[dev], __ATOMIC_ACQUIRE) > 0 ||
+           vgpu_primary_context_active(dev);
+}
+
+/* NVML does not list our host pid on dev. After a release there that left no context alive,
+ * none is left (one measured at the release itself may have found NVML busy or slow; memory
+ * that outlives a context, a VMM handle, may have kept the process listed since). With none
+ * released since the last made, or a context still alive (a release that left the primary
+ * context, or a created one: before, that release stood for any later unlisting, and what was
+ * left went uncounted, 1309 MiB on a 1 GiB cap), the pid was another process's, which has
+ * exited: taken for no context left, this one's memory went uncounted. Its count stays, and
+ * once that has held for a second (a release under way in another thread is marked only after
+ * the driver's call), the pid is forgotten, so that the limiter no longer reads that process's
+ * samples for this one's (whole-GPU readings stand in). Caller holds locks[dev]. */
 static void not_listed(int dev)
 {
-    if (__atomic_load_n(&released[dev], __ATOMIC_ACQUIRE) && !vgpu_primary_context_active(dev)) {
+    if (__atomic_load_n(&released[dev], __ATOMIC_ACQUIRE) && !contexts_alive(dev)) {
         settle_to(dev, 0);
         __atomic_store_n(&has_context[dev], 0, __ATOMIC_RELEASE);
         unlisted_since[dev] = 0;
@@ -524,6 +543,32 @@ void vgpu_footprint_before_refusal(int dev)
 }
 
 void vgpu_footprint_remeasure(int dev) { refresh(dev, 0); }
+
+void vgpu_footprint_context_created(int dev, const void *ctx)
+{
+    if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES || ctx == NULL)
+        return;
+    pthread_mutex_lock(&created_lock);
+    __atomic_add_fetch(&created_alive[dev], 1, __ATOMIC_ACQ_REL);
+    for (int i = 0; i < CREATED_KEPT; i++)
+        if (created_kept[i].ctx == NULL) {
+            created_kept[i] = (struct created){.ctx = ctx, .dev = dev};
+            break;
+        }
+    pthread_mutex_unlock(&created_lock);
+}
+
+void vgpu_footprint_context_destroyed(const void *ctx)
+{
+    pthread_mutex_lock(&created_lock);
+    for (int i = 0; ctx != NULL && i < CREATED_KEPT; i++)
+        if (created_kept[i].ctx == ctx) {
+            __atomic_sub_fetch(&created_alive[created_kept[i].dev], 1, __ATOMIC_ACQ_REL);
+            created_kept[i].ctx = NULL;
+            break;
+        }
+    pthread_mutex_unlock(&created_lock);
+}
 
 void vgpu_footprint_context_gone(int dev)
 {

@@ -53,6 +53,12 @@ void vgpu_footprint_context_unseen(int dev);
  * left. */
 void vgpu_footprint_context_gone(int dev);
 
+/* A created context (cuCtxCreate) ctx was kept on dev, and one was destroyed (before
+ * vgpu_footprint_context_gone): while one is alive, NVML's unlisting of the host pid is not
+ * taken for no context left. */
+void vgpu_footprint_context_created(int dev, const void *ctx);
+void vgpu_footprint_context_destroyed(const void *ctx);
+
 /* Whether dev's primary context is active, as the driver says (cuda_context.c; active where it
  * cannot say): a release that left it active left a context. */
 int vgpu_primary_context_active(int dev);

@@ -311,6 +311,11 @@ run footprint-wrong-pid-gone CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/f
 run footprint-wrong-pid-gone-after-release CUDA_DEVICE_MEMORY_LIMIT=1g \
     FAKE_GPU_SHARED="$tmp/footprint-wpr.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     FAKE_CUDA_CREATED_CONTEXT_MIB=200 FAKE_NVML_PID_OFFSET=100000 "$build/tests/test_footprint" wrong-pid-gone-after-release
+# ... and so for a process of created contexts only (cuCtxCreate), one destroyed before: the
+# primary context is inactive, yet a context remains.
+run footprint-wrong-pid-gone-created CUDA_DEVICE_MEMORY_LIMIT=1g \
+    FAKE_GPU_SHARED="$tmp/footprint-wpc.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    FAKE_CUDA_CREATED_CONTEXT_MIB=200 FAKE_NVML_PID_OFFSET=100000 "$build/tests/test_footprint" wrong-pid-gone-created
 run footprint-released-unmeasured CUDA_DEVICE_MEMORY_LIMIT=1g \
     FAKE_GPU_SHARED="$tmp/footprint-ru.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     "$build/tests/test_footprint" released-unmeasured

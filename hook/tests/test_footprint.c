@@ -35,6 +35,7 @@
  *                       by 64 MiB while this one allocates 64 MiB: it is not taken for this one.
  *   test_footprint wrong-pid-gone
  *   test_footprint wrong-pid-gone-after-release
+ *   test_footprint wrong-pid-gone-created
  *                       this process's slot names a third container's process as its host pid
  *                       (as a pid learnt wrongly would), which then exits: the context stays
  *                       counted, NVML's figure for this process stays within the cap, and the
@@ -837,34 +838,50 @@ static int no_candidates(const char *program)
     return check_done("test_footprint no-candidates");
 }
 
-/* release_first: a second context is made and destroyed before the pid goes, NVML listing the
- * process after it (the primary context remains). */
-static int wrong_pid_gone(const char *program, int release_first)
+/* What a process holds when the pid its slot names goes (wrong_pid_gone). */
+enum held_contexts {
+    PRIMARY,               /* the primary context */
+    PRIMARY_AFTER_RELEASE, /* ... after a created one was made and destroyed, NVML listing the
+                            * process after it */
+    CREATED_AFTER_RELEASE, /* a created context, after a second one was made and destroyed */
+};
+
+static int wrong_pid_gone(const char *program, enum held_contexts held_contexts)
 {
-    const char *name = release_first ? "test_footprint wrong-pid-gone-after-release"
-                                     : "test_footprint wrong-pid-gone";
+    const char *name = held_contexts == PRIMARY ? "test_footprint wrong-pid-gone"
+                     : held_contexts == PRIMARY_AFTER_RELEASE
+                         ? "test_footprint wrong-pid-gone-after-release"
+                         : "test_footprint wrong-pid-gone-created";
+    /* What the context left counts (the fake's first context FAKE_CUDA_CONTEXT_MIB, a created
+     * one FAKE_CUDA_CREATED_CONTEXT_MIB more). */
+    uint64_t context = (held_contexts == CREATED_AFTER_RELEASE ? 500 : 300) * MiB;
     int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET"));
     pid_t third = spawn_bystander(program);
     if (third == 0)
         return check_done(name);
     CUcontext ctx, second;
     CUdeviceptr p = 0;
-    int made = cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+    int made = cuInit(0) == CUDA_SUCCESS &&
+               (held_contexts == CREATED_AFTER_RELEASE
+                    ? cuCtxCreate(&ctx, 0, 0) == CUDA_SUCCESS
+                    : cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS) &&
                cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
-    if (made && release_first) {
+    if (made && held_contexts != PRIMARY) {
         made = open_region() && cuCtxCreate(&second, 0, 0) == CUDA_SUCCESS;
-        check(made && used() == 500 * MiB, "a second context: 500 MiB counted (%llu MiB)",
+        check(made && used() == context + 200 * MiB, "a second context: %llu MiB counted",
               (unsigned long long)(used() / MiB));
         made = made && cuCtxDestroy(second) == CUDA_SUCCESS &&
                cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
-        check(made && used() == 300 * MiB, "... destroyed, NVML still listing the process: the "
-              "primary context's 300 MiB counted (%llu MiB)", (unsigned long long)(used() / MiB));
+        check(made && used() == context, "... destroyed, NVML still listing the process: the "
+              "first context's %llu MiB counted (%llu MiB)", (unsigned long long)(context / MiB),
+              (unsigned long long)(used() / MiB));
     }
     made = made && cuMemAlloc(&p, 1 * MiB) == CUDA_SUCCESS && open_region();
     int self = made ? slot_of(getpid()) : -1;
     struct vgpu_region *edit = region_edit();
-    if (!check(self >= 0 && edit != NULL && used() == 301 * MiB, "a context (300 MiB) and 1 MiB "
-               "counted (%llu MiB)", (unsigned long long)(used() / MiB)))
+    if (!check(self >= 0 && edit != NULL && used() == context + 1 * MiB, "a context (%llu MiB) "
+               "and 1 MiB counted (%llu MiB)", (unsigned long long)(context / MiB),
+               (unsigned long long)(used() / MiB)))
         return check_done(name);
     __atomic_store_n(&edit->slots[self].host_pid, (int32_t)third + offset, __ATOMIC_RELEASE);
     bystander_done(third);
@@ -878,8 +895,11 @@ static int wrong_pid_gone(const char *program, int release_first)
     uint64_t shown = fake_bytes_of_self();
     check(shown <= 1024 * MiB, "the pid its slot named exited: the context stays counted, and "
           "NVML shows this process holding %llu MiB (%llu MiB allocated) under the 1024 MiB cap "
-          "(the library of %s: 1309 with 1009 allocated)", (unsigned long long)(shown / MiB),
-          (unsigned long long)(held / MiB), release_first ? "edbb684" : "a8f5cf7");
+          "(the library of %s)", (unsigned long long)(shown / MiB),
+          (unsigned long long)(held / MiB),
+          held_contexts == PRIMARY ? "a8f5cf7: 1309 with 1009 allocated"
+          : held_contexts == PRIMARY_AFTER_RELEASE ? "edbb684: 1309 with 1009 allocated"
+                                                   : "7ebc113: 1509 with 1009 allocated");
     check(region->slots[self].host_pid == 0, "... and that pid is forgotten (host pid %d)",
           (int)region->slots[self].host_pid);
     return check_done(name);
@@ -1859,9 +1879,11 @@ int main(int argc, char **argv)
     if (argc == 2 && strcmp(argv[1], "no-candidates") == 0)
         return no_candidates(argv[0]);
     if (argc == 2 && strcmp(argv[1], "wrong-pid-gone") == 0)
-        return wrong_pid_gone(argv[0], 0);
+        return wrong_pid_gone(argv[0], PRIMARY);
     if (argc == 2 && strcmp(argv[1], "wrong-pid-gone-after-release") == 0)
-        return wrong_pid_gone(argv[0], 1);
+        return wrong_pid_gone(argv[0], PRIMARY_AFTER_RELEASE);
+    if (argc == 2 && strcmp(argv[1], "wrong-pid-gone-created") == 0)
+        return wrong_pid_gone(argv[0], CREATED_AFTER_RELEASE);
     if (argc == 2 && strcmp(argv[1], "released-last-listed") == 0)
         return released_last_listed();
     if (argc == 2 && strcmp(argv[1], "released-unmeasured") == 0)
