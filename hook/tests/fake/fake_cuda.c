@@ -1249,6 +1249,8 @@ struct fake_event {
     int captured;
     unsigned int flags;
     struct fake_ctx *ctx;
+    uint64_t mark;   /* the GPU model's number of its last record (gpu_mark) */
+    int marked;      /* ... taken (not while the model is off: FAKE_CUDA_NS_PER_BLOCK=0) */
 };
 
 static void *recycled_event; /* as recycled_stream */
@@ -1289,6 +1291,9 @@ static CUresult record_event(CUevent event, CUstream stream, unsigned int flags)
     if (!fake_cuda_capturing) {
         ev->recorded = 1;
         ev->captured = 0;
+        ev->marked = ns_per_block != 0;
+        if (ev->marked)
+            ev->mark = gpu_mark(ctx->dev);
     } else if ((flags & CU_EVENT_RECORD_EXTERNAL) == 0)
         ev->captured = 1;
     run_inside("cuEventRecord"); /* after the record (each record export's) */
@@ -1333,14 +1338,62 @@ EXPORT CUresult cuEventSynchronize(CUevent event)
     return rc;
 }
 
+/* When a recorded event's work ended: 1 (*done_ns, CLOCK_MONOTONIC ns), 0 not yet, -1 not
+ * known (its record was overwritten in the model's ring before it ended). */
+static int event_done(const struct fake_event *ev, uint64_t *done_ns)
+{
+    if (!ev->marked) {
+        *done_ns = 0;
+        return 1;
+    }
+    return gpu_mark_done(ev->ctx->dev, ev->mark, done_ns);
+}
+
+/* Done once the work queued before its record has run (not the work queued after). */
 EXPORT CUresult cuEventQuery(CUevent event)
 {
     struct fake_event *ev;
     CUresult rc = waitable(event, &ev);
     if (rc != CUDA_SUCCESS || !ev->recorded)
         return rc;
-    return fake_cuda_pending_ns(ev->ctx->dev, (int)getpid()) == 0 ? CUDA_SUCCESS
-                                                                  : CUDA_ERROR_NOT_READY;
+    uint64_t done_ns;
+    return event_done(ev, &done_ns) != 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+/* As cuda.h says: never recorded, or made with CU_EVENT_DISABLE_TIMING: INVALID_HANDLE; either
+ * not done: NOT_READY. The span is the model's: a kernel's cost, plus what other processes ran
+ * while it waited its turn (fake_gpu.h, gpu_end_marks). */
+static CUresult elapsed(float *ms, CUevent start, CUevent end)
+{
+    struct fake_event *from, *to;
+    CUresult rc = waitable(start, &from);
+    if (rc == CUDA_SUCCESS)
+        rc = waitable(end, &to);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (ms == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!from->recorded || !to->recorded || ((from->flags | to->flags) & CU_EVENT_DISABLE_TIMING))
+        return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t a, b;
+    int done_a = event_done(from, &a), done_b = event_done(to, &b);
+    if (done_a < 0 || done_b < 0)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (done_a == 0 || done_b == 0)
+        return CUDA_ERROR_NOT_READY;
+    *ms = (float)(((double)b - (double)a) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
+{
+    return elapsed(ms, start, end);
+}
+
+/* CUDA 12.8's, the same here (cuda.h: it supplants the first in 13.0). */
+EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
+{
+    return elapsed(ms, start, end);
 }
 
 EXPORT CUresult cuEventDestroy_v2(CUevent event)
@@ -3838,6 +3891,8 @@ static const struct proc procs[] = {
     P("cuEventRecordWithFlags", cuEventRecordWithFlags_ptsz, 11010, 1),
     P("cuEventQuery", cuEventQuery, 2000, 0),
     P("cuEventSynchronize", cuEventSynchronize, 2000, 0),
+    P("cuEventElapsedTime", cuEventElapsedTime, 2000, 0),
+    P("cuEventElapsedTime", cuEventElapsedTime_v2, 12080, 0),
     P("cuEventDestroy", cuEventDestroy_v2, 4000, 0),
     P("cuEventDestroy", cuEventDestroy, 2000, 0),
     P("cuIpcGetEventHandle", cuIpcGetEventHandle, 4010, 0),

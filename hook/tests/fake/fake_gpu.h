@@ -34,9 +34,10 @@
  * samples maintained by the driver's internal sample buffer"), 21 s at 166 ms; of each, the
  * GPU time of the first GPU_HISTORY_PROCS processes that ran in it. */
 enum {
-    GPU_MAX_DEVICES = FAKE_MAX_GPUS, GPU_MAX_PROCS = 64, GPU_HISTORY = 128, GPU_HISTORY_PROCS = 8
+    GPU_MAX_DEVICES = FAKE_MAX_GPUS, GPU_MAX_PROCS = 64, GPU_HISTORY = 128, GPU_HISTORY_PROCS = 8,
+    GPU_MARKS = 64, /* event records a process may have outstanding, each device */
 };
-#define GPU_MAGIC UINT64_C(0x344750474b414646) /* "FFAKGPG4": layout version 4 */
+#define GPU_MAGIC UINT64_C(0x354750474b414646) /* "FFAKGPG5": layout version 5 */
 #define GPU_REAP_NS UINT64_C(10000000)         /* dead-pid sweep at most every 10 ms */
 
 struct gpu_proc {
@@ -51,6 +52,15 @@ struct gpu_proc {
     uint64_t ctx_bytes;      /* charged for its contexts (while it has one) */
     uint64_t lazy_bytes;     /* charged at its first launch (lazy module loading) */
     uint64_t alloc_bytes;    /* its allocations */
+    /* Event records (fake_cuda.c): the GPU time received (busy_ns) at which each one's work is
+     * done, and the simulated time it was reached, a ring by the record's number. Its work runs
+     * in order, so records end in order: those before marks_done have ended. */
+    uint64_t marks_next;     /* records made so far */
+    uint64_t marks_done;     /* records ended so far */
+    struct {
+        uint64_t busy_ns;
+        uint64_t done_ns;
+    } marks[GPU_MARKS];
 };
 
 /* A completed sample period, as NVML's sample buffer keeps it. */
@@ -327,6 +337,22 @@ static void gpu_roll(struct gpu_device *d, uint64_t end)
         }
 }
 
+/* Ends p's records whose work is done in a step from sim where p, one of `active` entries with
+ * work, gets `share` ns of GPU time: p gets 1/active of the GPU, so a record whose work needs
+ * x ns more ends x * active after sim. (An event's span over its kernel is so the kernel's
+ * cost plus what the others ran meanwhile, as timing events showed on an H200: 46.8 ms for a
+ * 21.6 ms kernel beside a second busy process, hook/README.md.) */
+static void gpu_end_marks(struct gpu_proc *p, uint64_t sim, unsigned active, uint64_t share)
+{
+    for (; p->marks_done < p->marks_next; p->marks_done++) {
+        uint64_t need = p->marks[p->marks_done % GPU_MARKS].busy_ns;
+        if (need > p->busy_ns + share)
+            return;
+        uint64_t ran = need > p->busy_ns ? need - p->busy_ns : 0;
+        p->marks[p->marks_done % GPU_MARKS].done_ns = sim + ran * active;
+    }
+}
+
 /* Runs the device from sim_ns to now: processor sharing among the entries with pending work. */
 static void gpu_advance(struct gpu_device *d, uint64_t now)
 {
@@ -366,6 +392,7 @@ static void gpu_advance(struct gpu_device *d, uint64_t now)
         for (int i = 0; i < GPU_MAX_PROCS; i++) {
             struct gpu_proc *p = &d->procs[i];
             if (p->pid != 0 && p->pending_ns > 0) {
+                gpu_end_marks(p, sim, active, share);
                 p->pending_ns -= share;
                 p->busy_ns += share;
                 p->period_busy_ns += share;
@@ -489,6 +516,41 @@ static int gpu_submit(int dev, uint64_t work)
         p->pending_ns += work;
     gpu_unlock(d);
     return p != NULL ? 0 : -1;
+}
+
+/* An event record by the caller on dev: its number (for gpu_mark_done), the work it waits for
+ * being all the caller's work queued there so far. */
+static uint64_t gpu_mark(int dev)
+{
+    struct gpu_device *d = gpu_enter(dev);
+    struct gpu_proc *p = gpu_entry(d, (int32_t)getpid());
+    uint64_t n = 0;
+    if (p != NULL) {
+        n = p->marks_next++;
+        p->marks[n % GPU_MARKS].busy_ns = p->busy_ns + p->pending_ns;
+        p->marks[n % GPU_MARKS].done_ns = d->sim_ns;
+        if (p->pending_ns == 0)
+            p->marks_done = p->marks_next; /* nothing to wait for: ended now */
+        else if (p->marks_next - p->marks_done > GPU_MARKS)
+            p->marks_done = p->marks_next - GPU_MARKS; /* the oldest overwritten: lost */
+    }
+    gpu_unlock(d);
+    return n;
+}
+
+/* Whether the caller's record n on dev has ended (1, *done_ns when), not yet (0), or is not
+ * known: overwritten by GPU_MARKS later ones before it ended, or the entry is gone (-1). */
+static int gpu_mark_done(int dev, uint64_t n, uint64_t *done_ns)
+{
+    struct gpu_device *d = gpu_enter(dev);
+    const struct gpu_proc *p = gpu_find(d, (int32_t)getpid());
+    int done = p == NULL || n >= p->marks_next || p->marks_next - n > GPU_MARKS ? -1
+             : n < p->marks_done                                                ? 1
+                                                                                : 0;
+    if (done == 1)
+        *done_ns = p->marks[n % GPU_MARKS].done_ns;
+    gpu_unlock(d);
+    return done;
 }
 
 /* One more context of the caller on dev (primary or created); its first is charged, and each
