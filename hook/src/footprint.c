@@ -583,10 +583,13 @@ void vgpu_footprint_context_gone(int dev)
             continue;
         pthread_mutex_lock(&locks[d]);
         int64_t held = measure(d, MEASURE_TRIES);
+        /* Not listed: no context left, unless one is alive still (not_listed: the pid was then
+         * another's; settled to 0 here, a review found, the primary context left went
+         * uncounted, 1309 MiB on a 1 GiB cap). */
         if (held == HELD_NOT_LISTED) {
-            settle_to(d, 0); /* no context left on d: NVML no longer lists the process */
-            __atomic_store_n(&has_context[d], 0, __ATOMIC_RELEASE);
+            not_listed(d);
         } else if (held >= 0) {
+            unlisted_since[d] = 0;
             settle_to(d, (uint64_t)held);
         }
         pthread_mutex_unlock(&locks[d]);

@@ -316,6 +316,12 @@ run footprint-wrong-pid-gone-after-release CUDA_DEVICE_MEMORY_LIMIT=1g \
 run footprint-wrong-pid-gone-created CUDA_DEVICE_MEMORY_LIMIT=1g \
     FAKE_GPU_SHARED="$tmp/footprint-wpc.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     FAKE_CUDA_CREATED_CONTEXT_MIB=200 FAKE_NVML_PID_OFFSET=100000 "$build/tests/test_footprint" wrong-pid-gone-created
+# ... and so when the pid's owner exits first and a release comes after, another context left.
+for case in destroyed-after-gone released-after-gone; do
+    run "footprint-$case" CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_GPU_SHARED="$tmp/footprint-$case.shm" \
+        FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_CREATED_CONTEXT_MIB=200 FAKE_NVML_PID_OFFSET=100000 \
+        "$build/tests/test_footprint" "$case"
+done
 run footprint-released-unmeasured CUDA_DEVICE_MEMORY_LIMIT=1g \
     FAKE_GPU_SHARED="$tmp/footprint-ru.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     "$build/tests/test_footprint" released-unmeasured
