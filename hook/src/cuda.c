@@ -199,9 +199,21 @@ struct vgpu_hook_lib vgpu_cuda_lib = {
     .after_load = after_load,
 };
 
+/* Whether answer is the export of some hooked function. */
+static int is_hooked_export(const void *answer)
+{
+    for (size_t i = 0; i < sizeof hooks / sizeof hooks[0]; i++)
+        if (*hooks[i].real == answer)
+            return 1;
+    return 0;
+}
+
 /* The wrapper swap in cuGetProcAddress matches the driver's answer against its dlsym exports.
  * In case a driver answers with other addresses (internal entry points of the same ABI), ask
- * it once, at load, what it answers for each hooked function, and accept that address too. */
+ * it once, at load, what it answers for each hooked function, and accept that address too;
+ * not one that is another hooked function's export (a driver answering a CUDA 2.0 name with
+ * its _v2 export): taken for the first's, a _v2 caller got the 32-bit ABI's wrapper (a review
+ * found). */
 static void learn_proc_addresses(void)
 {
     for (size_t i = 0; i < sizeof hooks / sizeof hooks[0]; i++) {
@@ -217,7 +229,8 @@ static void learn_proc_addresses(void)
             : real.cuGetProcAddress != NULL
             ? real.cuGetProcAddress(h->base, &answer, h->version, flags)
             : CUDA_ERROR_NOT_SUPPORTED;
-        if (rc == CUDA_SUCCESS && answer != NULL && answer != *h->real) {
+        if (rc == CUDA_SUCCESS && answer != NULL && answer != *h->real &&
+            !is_hooked_export(answer)) {
             vgpu_cuda_lib.alias[i] = answer;
             vgpu_log(VGPU_LOG_DEBUG, "cuGetProcAddress(%s, %d) answers %p, not the export %p",
                      h->base, h->version, answer, *h->real);

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "loader.h"
+#include "throttle.h"
 #include "vgpu_region.h"
 
 #undef cuGetProcAddress /* cuda.h renames it to _v2; the v1 ABI is a separate export */
@@ -21,6 +22,15 @@
 #include "cuda_13.h" /* CUDA 13.0's, where cuda.h is older */
 
 #define VGPU_EXPORT __attribute__((visibility("default")))
+
+/* The driver's answer to a call the SM limiter gated (throttle.h, vgpu_throttle_answered): a
+ * refused one's tokens go back. With no limit, one predictable branch. */
+static inline CUresult vgpu_answered(CUresult rc)
+{
+    if (__builtin_expect(vgpu_throttle_enabled, 0))
+        vgpu_throttle_answered(rc != CUDA_SUCCESS);
+    return rc;
+}
 
 typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                               unsigned, unsigned, CUstream, void **, void **);

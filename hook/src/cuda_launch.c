@@ -28,11 +28,12 @@ static inline void gate(uint64_t blocks, CUstream stream, int per_thread)
         charge(blocks, stream, per_thread);
 }
 
-/* After the driver launched (rc its answer) a kernel whose stack check gave `stack`. */
+/* After the driver launched (rc its answer) a kernel whose stack check gave `stack`: a refused
+ * launch's tokens go back (vgpu_answered). */
 static CUresult launched(int stack, CUresult rc)
 {
     vgpu_stack_after_launch(stack, rc);
-    return rc;
+    return vgpu_answered(rc);
 }
 
 VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
@@ -43,7 +44,7 @@ VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsi
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz), stream, 0);
     int stack = vgpu_stack_before_launch(f, stream);
-    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+    return stack < 0 ? vgpu_answered(CUDA_ERROR_OUT_OF_MEMORY)
                      : launched(stack, real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream,
                                                            params, extra));
 }
@@ -56,7 +57,7 @@ VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz), stream, 1);
     int stack = vgpu_stack_before_launch(f, stream);
-    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+    return stack < 0 ? vgpu_answered(CUDA_ERROR_OUT_OF_MEMORY)
                      : launched(stack, real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem,
                                                                 stream, params, extra));
 }
@@ -69,7 +70,7 @@ VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f
     if (config != NULL)
         gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ), config->hStream, 0);
     int stack = vgpu_stack_before_launch(f, config != NULL ? config->hStream : NULL);
-    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+    return stack < 0 ? vgpu_answered(CUDA_ERROR_OUT_OF_MEMORY)
                      : launched(stack, real.cuLaunchKernelEx(config, f, params, extra));
 }
 
@@ -81,7 +82,7 @@ VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunct
     if (config != NULL)
         gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ), config->hStream, 1);
     int stack = vgpu_stack_before_launch(f, config != NULL ? config->hStream : NULL);
-    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+    return stack < 0 ? vgpu_answered(CUDA_ERROR_OUT_OF_MEMORY)
                      : launched(stack, real.cuLaunchKernelEx_ptsz(config, f, params, extra));
 }
 
@@ -94,7 +95,7 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsign
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz), stream, 0);
     int stack = vgpu_stack_before_launch(f, stream);
-    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+    return stack < 0 ? vgpu_answered(CUDA_ERROR_OUT_OF_MEMORY)
                      : launched(stack, real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz,
                                                                       shmem, stream, params));
 }
@@ -108,7 +109,7 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(grid(gx, gy, gz), stream, 1);
     int stack = vgpu_stack_before_launch(f, stream);
-    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+    return stack < 0 ? vgpu_answered(CUDA_ERROR_OUT_OF_MEMORY)
                      : launched(stack, real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by,
                                                                            bz, shmem, stream,
                                                                            params));
@@ -127,7 +128,7 @@ VGPU_EXPORT CUresult cuLaunch(CUfunction f)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(1, NULL, 0);
     int stack = vgpu_stack_before_launch(f, NULL);
-    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY : launched(stack, real.cuLaunch(f));
+    return stack < 0 ? vgpu_answered(CUDA_ERROR_OUT_OF_MEMORY) : launched(stack, real.cuLaunch(f));
 }
 
 VGPU_EXPORT CUresult cuLaunchGrid(CUfunction f, int width, int height)
@@ -136,7 +137,7 @@ VGPU_EXPORT CUresult cuLaunchGrid(CUfunction f, int width, int height)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(legacy_grid(width, height), NULL, 0);
     int stack = vgpu_stack_before_launch(f, NULL);
-    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+    return stack < 0 ? vgpu_answered(CUDA_ERROR_OUT_OF_MEMORY)
                      : launched(stack, real.cuLaunchGrid(f, width, height));
 }
 
@@ -146,7 +147,7 @@ VGPU_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int width, int height, CUst
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(legacy_grid(width, height), stream, 0);
     int stack = vgpu_stack_before_launch(f, stream);
-    return stack < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+    return stack < 0 ? vgpu_answered(CUDA_ERROR_OUT_OF_MEMORY)
                      : launched(stack, real.cuLaunchGridAsync(f, width, height, stream));
 }
 
@@ -161,20 +162,30 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *li
         return CUDA_ERROR_NOT_INITIALIZED;
     int stacks = 0;
     vgpu_region_note_launch();
-    for (unsigned int i = 0; list != NULL && i < count; i++) {
+    /* What each device's kernels took, given back should the launch be refused. */
+    uint64_t taken[VGPU_REGION_MAX_DEVICES] = {0};
+    CUresult rc = CUDA_SUCCESS;
+    for (unsigned int i = 0; list != NULL && i < count && rc == CUDA_SUCCESS; i++) {
         if (vgpu_throttle_enabled) {
             uint64_t blocks = grid(list[i].gridDimX, list[i].gridDimY, list[i].gridDimZ);
-            vgpu_throttle_launch(launch_device_on(list[i].hStream), blocks ? blocks : 1,
-                                 vgpu_stream_key(list[i].hStream, 0));
+            int dev = launch_device_on(list[i].hStream);
+            vgpu_throttle_launch(dev, blocks ? blocks : 1, vgpu_stream_key(list[i].hStream, 0));
+            vgpu_throttle_answered(0); /* answered below, for every device */
+            if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES)
+                taken[dev] += blocks ? blocks : 1;
         }
         int stack = vgpu_stack_before_launch(list[i].function, list[i].hStream);
-        if (stack < 0) {
-            vgpu_stack_after_launch(stacks, CUDA_ERROR_OUT_OF_MEMORY);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        stacks |= stack;
+        if (stack < 0)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            stacks |= stack;
     }
-    return launched(stacks, real.cuLaunchCooperativeKernelMultiDevice(list, count, flags));
+    if (rc == CUDA_SUCCESS)
+        rc = real.cuLaunchCooperativeKernelMultiDevice(list, count, flags);
+    vgpu_stack_after_launch(stacks, rc);
+    for (int dev = 0; rc != CUDA_SUCCESS && dev < VGPU_REGION_MAX_DEVICES; dev++)
+        vgpu_throttle_refund(dev, taken[dev]);
+    return rc;
 }
 
 /* A graph costs the blocks of all its kernels (learnt when it was instantiated, cuda_graph.c),
@@ -184,7 +195,7 @@ VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
     if (!ready() || real.cuGraphLaunch == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1, stream, 0);
-    return vgpu_graph_launch(real.cuGraphLaunch, exec, stream, "cuGraphLaunch");
+    return vgpu_answered(vgpu_graph_launch(real.cuGraphLaunch, exec, stream, "cuGraphLaunch"));
 }
 
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
@@ -192,5 +203,6 @@ VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
     if (!ready() || real.cuGraphLaunch_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate(vgpu_throttle_enabled ? vgpu_graph_cost(exec) : 1, stream, 1);
-    return vgpu_graph_launch(real.cuGraphLaunch_ptsz, exec, stream, "cuGraphLaunch");
+    return vgpu_answered(
+        vgpu_graph_launch(real.cuGraphLaunch_ptsz, exec, stream, "cuGraphLaunch"));
 }

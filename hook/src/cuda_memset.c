@@ -30,7 +30,7 @@ VGPU_EXPORT CUresult cuMemsetD8(v1_ptr dst, unsigned char value, unsigned int n)
     if (!ready() || real.cuMemsetD8 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)n, NULL, 0);
-    return real.cuMemsetD8(dst, value, n);
+    return vgpu_answered(real.cuMemsetD8(dst, value, n));
 }
 
 VGPU_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
@@ -38,7 +38,7 @@ VGPU_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t 
     if (!ready() || real.cuMemsetD8_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)n, NULL, 0);
-    return real.cuMemsetD8_v2(dst, value, n);
+    return vgpu_answered(real.cuMemsetD8_v2(dst, value, n));
 }
 
 VGPU_EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char value, size_t n)
@@ -46,7 +46,7 @@ VGPU_EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char value, si
     if (!ready() || real.cuMemsetD8_v2_ptds == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)n, NULL, 1);
-    return real.cuMemsetD8_v2_ptds(dst, value, n);
+    return vgpu_answered(real.cuMemsetD8_v2_ptds(dst, value, n));
 }
 
 VGPU_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n,
@@ -55,7 +55,7 @@ VGPU_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_
     if (!ready() || real.cuMemsetD8Async == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)n, stream, 0);
-    return real.cuMemsetD8Async(dst, value, n, stream);
+    return vgpu_answered(real.cuMemsetD8Async(dst, value, n, stream));
 }
 
 VGPU_EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char value, size_t n,
@@ -64,7 +64,7 @@ VGPU_EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char value, 
     if (!ready() || real.cuMemsetD8Async_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)n, stream, 1);
-    return real.cuMemsetD8Async_ptsz(dst, value, n, stream);
+    return vgpu_answered(real.cuMemsetD8Async_ptsz(dst, value, n, stream));
 }
 
 VGPU_EXPORT CUresult cuMemsetD2D8(v1_ptr dst, unsigned int pitch, unsigned char value,
@@ -73,7 +73,7 @@ VGPU_EXPORT CUresult cuMemsetD2D8(v1_ptr dst, unsigned int pitch, unsigned char 
     if (!ready() || real.cuMemsetD2D8 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)width * height, NULL, 0);
-    return real.cuMemsetD2D8(dst, pitch, value, width, height);
+    return vgpu_answered(real.cuMemsetD2D8(dst, pitch, value, width, height));
 }
 
 VGPU_EXPORT CUresult cuMemsetD2D8_v2(CUdeviceptr dst, size_t pitch, unsigned char value,
@@ -82,7 +82,7 @@ VGPU_EXPORT CUresult cuMemsetD2D8_v2(CUdeviceptr dst, size_t pitch, unsigned cha
     if (!ready() || real.cuMemsetD2D8_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)width * height, NULL, 0);
-    return real.cuMemsetD2D8_v2(dst, pitch, value, width, height);
+    return vgpu_answered(real.cuMemsetD2D8_v2(dst, pitch, value, width, height));
 }
 
 VGPU_EXPORT CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dst, size_t pitch, unsigned char value,
@@ -91,7 +91,7 @@ VGPU_EXPORT CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dst, size_t pitch, unsigne
     if (!ready() || real.cuMemsetD2D8_v2_ptds == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)width * height, NULL, 1);
-    return real.cuMemsetD2D8_v2_ptds(dst, pitch, value, width, height);
+    return vgpu_answered(real.cuMemsetD2D8_v2_ptds(dst, pitch, value, width, height));
 }
 
 VGPU_EXPORT CUresult cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned char value,
@@ -100,7 +100,7 @@ VGPU_EXPORT CUresult cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned c
     if (!ready() || real.cuMemsetD2D8Async == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)width * height, stream, 0);
-    return real.cuMemsetD2D8Async(dst, pitch, value, width, height, stream);
+    return vgpu_answered(real.cuMemsetD2D8Async(dst, pitch, value, width, height, stream));
 }
 
 VGPU_EXPORT CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dst, size_t pitch, unsigned char value,
@@ -109,7 +109,7 @@ VGPU_EXPORT CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dst, size_t pitch, unsig
     if (!ready() || real.cuMemsetD2D8Async_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)width * height, stream, 1);
-    return real.cuMemsetD2D8Async_ptsz(dst, pitch, value, width, height, stream);
+    return vgpu_answered(real.cuMemsetD2D8Async_ptsz(dst, pitch, value, width, height, stream));
 }
 
 VGPU_EXPORT CUresult cuMemsetD16(v1_ptr dst, unsigned short value, unsigned int n)
@@ -117,7 +117,7 @@ VGPU_EXPORT CUresult cuMemsetD16(v1_ptr dst, unsigned short value, unsigned int 
     if (!ready() || real.cuMemsetD16 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)n * 2, NULL, 0);
-    return real.cuMemsetD16(dst, value, n);
+    return vgpu_answered(real.cuMemsetD16(dst, value, n));
 }
 
 VGPU_EXPORT CUresult cuMemsetD16_v2(CUdeviceptr dst, unsigned short value, size_t n)
@@ -125,7 +125,7 @@ VGPU_EXPORT CUresult cuMemsetD16_v2(CUdeviceptr dst, unsigned short value, size_
     if (!ready() || real.cuMemsetD16_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)n * 2, NULL, 0);
-    return real.cuMemsetD16_v2(dst, value, n);
+    return vgpu_answered(real.cuMemsetD16_v2(dst, value, n));
 }
 
 VGPU_EXPORT CUresult cuMemsetD16_v2_ptds(CUdeviceptr dst, unsigned short value, size_t n)
@@ -133,7 +133,7 @@ VGPU_EXPORT CUresult cuMemsetD16_v2_ptds(CUdeviceptr dst, unsigned short value, 
     if (!ready() || real.cuMemsetD16_v2_ptds == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)n * 2, NULL, 1);
-    return real.cuMemsetD16_v2_ptds(dst, value, n);
+    return vgpu_answered(real.cuMemsetD16_v2_ptds(dst, value, n));
 }
 
 VGPU_EXPORT CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short value, size_t n,
@@ -142,7 +142,7 @@ VGPU_EXPORT CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short value, siz
     if (!ready() || real.cuMemsetD16Async == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)n * 2, stream, 0);
-    return real.cuMemsetD16Async(dst, value, n, stream);
+    return vgpu_answered(real.cuMemsetD16Async(dst, value, n, stream));
 }
 
 VGPU_EXPORT CUresult cuMemsetD16Async_ptsz(CUdeviceptr dst, unsigned short value, size_t n,
@@ -151,7 +151,7 @@ VGPU_EXPORT CUresult cuMemsetD16Async_ptsz(CUdeviceptr dst, unsigned short value
     if (!ready() || real.cuMemsetD16Async_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)n * 2, stream, 1);
-    return real.cuMemsetD16Async_ptsz(dst, value, n, stream);
+    return vgpu_answered(real.cuMemsetD16Async_ptsz(dst, value, n, stream));
 }
 
 VGPU_EXPORT CUresult cuMemsetD2D16(v1_ptr dst, unsigned int pitch, unsigned short value,
@@ -160,7 +160,7 @@ VGPU_EXPORT CUresult cuMemsetD2D16(v1_ptr dst, unsigned int pitch, unsigned shor
     if (!ready() || real.cuMemsetD2D16 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)width * height * 2, NULL, 0);
-    return real.cuMemsetD2D16(dst, pitch, value, width, height);
+    return vgpu_answered(real.cuMemsetD2D16(dst, pitch, value, width, height));
 }
 
 VGPU_EXPORT CUresult cuMemsetD2D16_v2(CUdeviceptr dst, size_t pitch, unsigned short value,
@@ -169,7 +169,7 @@ VGPU_EXPORT CUresult cuMemsetD2D16_v2(CUdeviceptr dst, size_t pitch, unsigned sh
     if (!ready() || real.cuMemsetD2D16_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)width * height * 2, NULL, 0);
-    return real.cuMemsetD2D16_v2(dst, pitch, value, width, height);
+    return vgpu_answered(real.cuMemsetD2D16_v2(dst, pitch, value, width, height));
 }
 
 VGPU_EXPORT CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dst, size_t pitch, unsigned short value,
@@ -178,7 +178,7 @@ VGPU_EXPORT CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dst, size_t pitch, unsign
     if (!ready() || real.cuMemsetD2D16_v2_ptds == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)width * height * 2, NULL, 1);
-    return real.cuMemsetD2D16_v2_ptds(dst, pitch, value, width, height);
+    return vgpu_answered(real.cuMemsetD2D16_v2_ptds(dst, pitch, value, width, height));
 }
 
 VGPU_EXPORT CUresult cuMemsetD2D16Async(CUdeviceptr dst, size_t pitch, unsigned short value,
@@ -187,7 +187,7 @@ VGPU_EXPORT CUresult cuMemsetD2D16Async(CUdeviceptr dst, size_t pitch, unsigned 
     if (!ready() || real.cuMemsetD2D16Async == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)width * height * 2, stream, 0);
-    return real.cuMemsetD2D16Async(dst, pitch, value, width, height, stream);
+    return vgpu_answered(real.cuMemsetD2D16Async(dst, pitch, value, width, height, stream));
 }
 
 VGPU_EXPORT CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dst, size_t pitch, unsigned short value,
@@ -196,7 +196,7 @@ VGPU_EXPORT CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dst, size_t pitch, unsi
     if (!ready() || real.cuMemsetD2D16Async_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)width * height * 2, stream, 1);
-    return real.cuMemsetD2D16Async_ptsz(dst, pitch, value, width, height, stream);
+    return vgpu_answered(real.cuMemsetD2D16Async_ptsz(dst, pitch, value, width, height, stream));
 }
 
 VGPU_EXPORT CUresult cuMemsetD32(v1_ptr dst, unsigned int value, unsigned int n)
@@ -204,7 +204,7 @@ VGPU_EXPORT CUresult cuMemsetD32(v1_ptr dst, unsigned int value, unsigned int n)
     if (!ready() || real.cuMemsetD32 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)n * 4, NULL, 0);
-    return real.cuMemsetD32(dst, value, n);
+    return vgpu_answered(real.cuMemsetD32(dst, value, n));
 }
 
 VGPU_EXPORT CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int value, size_t n)
@@ -212,7 +212,7 @@ VGPU_EXPORT CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int value, size_t 
     if (!ready() || real.cuMemsetD32_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)n * 4, NULL, 0);
-    return real.cuMemsetD32_v2(dst, value, n);
+    return vgpu_answered(real.cuMemsetD32_v2(dst, value, n));
 }
 
 VGPU_EXPORT CUresult cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned int value, size_t n)
@@ -220,7 +220,7 @@ VGPU_EXPORT CUresult cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned int value, si
     if (!ready() || real.cuMemsetD32_v2_ptds == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)n * 4, NULL, 1);
-    return real.cuMemsetD32_v2_ptds(dst, value, n);
+    return vgpu_answered(real.cuMemsetD32_v2_ptds(dst, value, n));
 }
 
 VGPU_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n,
@@ -229,7 +229,7 @@ VGPU_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_
     if (!ready() || real.cuMemsetD32Async == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)n * 4, stream, 0);
-    return real.cuMemsetD32Async(dst, value, n, stream);
+    return vgpu_answered(real.cuMemsetD32Async(dst, value, n, stream));
 }
 
 VGPU_EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr dst, unsigned int value, size_t n,
@@ -238,7 +238,7 @@ VGPU_EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr dst, unsigned int value, 
     if (!ready() || real.cuMemsetD32Async_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)n * 4, stream, 1);
-    return real.cuMemsetD32Async_ptsz(dst, value, n, stream);
+    return vgpu_answered(real.cuMemsetD32Async_ptsz(dst, value, n, stream));
 }
 
 VGPU_EXPORT CUresult cuMemsetD2D32(v1_ptr dst, unsigned int pitch, unsigned int value,
@@ -247,7 +247,7 @@ VGPU_EXPORT CUresult cuMemsetD2D32(v1_ptr dst, unsigned int pitch, unsigned int 
     if (!ready() || real.cuMemsetD2D32 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)width * height * 4, NULL, 0);
-    return real.cuMemsetD2D32(dst, pitch, value, width, height);
+    return vgpu_answered(real.cuMemsetD2D32(dst, pitch, value, width, height));
 }
 
 VGPU_EXPORT CUresult cuMemsetD2D32_v2(CUdeviceptr dst, size_t pitch, unsigned int value,
@@ -256,7 +256,7 @@ VGPU_EXPORT CUresult cuMemsetD2D32_v2(CUdeviceptr dst, size_t pitch, unsigned in
     if (!ready() || real.cuMemsetD2D32_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)width * height * 4, NULL, 0);
-    return real.cuMemsetD2D32_v2(dst, pitch, value, width, height);
+    return vgpu_answered(real.cuMemsetD2D32_v2(dst, pitch, value, width, height));
 }
 
 VGPU_EXPORT CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dst, size_t pitch, unsigned int value,
@@ -265,7 +265,7 @@ VGPU_EXPORT CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dst, size_t pitch, unsign
     if (!ready() || real.cuMemsetD2D32_v2_ptds == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)width * height * 4, NULL, 1);
-    return real.cuMemsetD2D32_v2_ptds(dst, pitch, value, width, height);
+    return vgpu_answered(real.cuMemsetD2D32_v2_ptds(dst, pitch, value, width, height));
 }
 
 VGPU_EXPORT CUresult cuMemsetD2D32Async(CUdeviceptr dst, size_t pitch, unsigned int value,
@@ -274,7 +274,7 @@ VGPU_EXPORT CUresult cuMemsetD2D32Async(CUdeviceptr dst, size_t pitch, unsigned 
     if (!ready() || real.cuMemsetD2D32Async == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)width * height * 4, stream, 0);
-    return real.cuMemsetD2D32Async(dst, pitch, value, width, height, stream);
+    return vgpu_answered(real.cuMemsetD2D32Async(dst, pitch, value, width, height, stream));
 }
 
 VGPU_EXPORT CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dst, size_t pitch, unsigned int value,
@@ -283,5 +283,5 @@ VGPU_EXPORT CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dst, size_t pitch, unsi
     if (!ready() || real.cuMemsetD2D32Async_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate((uint64_t)width * height * 4, stream, 1);
-    return real.cuMemsetD2D32Async_ptsz(dst, pitch, value, width, height, stream);
+    return vgpu_answered(real.cuMemsetD2D32Async_ptsz(dst, pitch, value, width, height, stream));
 }

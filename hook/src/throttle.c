@@ -680,6 +680,8 @@ static void control(int dev, struct bucket *b, uint64_t now, const struct vgpu_s
         return;
     }
     uint64_t taken = consumed(b);
+    if (taken < b->consumed_at_control)
+        b->consumed_at_control = taken; /* refunded since (vgpu_throttle_refund) */
     double seconds = (double)(now - b->control_ns) / 1e9;
     double demand = seconds > 0 ? (double)(taken - b->consumed_at_control) / seconds : 0.0;
     int was_held = b->held, averaged;
@@ -762,6 +764,8 @@ static void *watch(void *unused)
                 continue;
             unsigned long long now_us = unix_ns() / 1000u;
             uint64_t taken = consumed(b);
+            if (taken < b->consumed_at_tick)
+                b->consumed_at_tick = taken; /* refunded since (vgpu_throttle_refund) */
             if (b->launched_us == 0 && taken != 0)
                 first_launch(dev, b, now_us - TICK_NS / 1000, taken);
             if (taken != b->consumed_at_tick) {
@@ -914,6 +918,29 @@ static __attribute__((noinline)) void wait_for_tokens(int dev, struct bucket *b)
     }
 }
 
+/* The calling thread's last gated launch not answered yet (vgpu_throttle_answered): its device
+ * and tokens (0: none). */
+static __thread __attribute__((tls_model("initial-exec"))) struct {
+    int dev;
+    uint64_t cost;
+} unanswered;
+
+void vgpu_throttle_refund(int dev, uint64_t cost)
+{
+    /* Launches' tokens go back as if not taken: what launches took (consumed) shrinks by as
+     * much, which the watcher's marks of it allow for (watch, control). */
+    if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES && buckets[dev].limit != 0 &&
+        cost <= (uint64_t)INT64_MAX)
+        __atomic_add_fetch(&buckets[dev].tokens, (int64_t)cost, __ATOMIC_ACQ_REL);
+}
+
+void vgpu_throttle_answered(int refused)
+{
+    if (unanswered.cost != 0 && refused)
+        vgpu_throttle_refund(unanswered.dev, unanswered.cost);
+    unanswered.cost = 0;
+}
+
 void vgpu_throttle_launch(int dev, uint64_t cost, uintptr_t stream)
 {
     if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES)
@@ -921,6 +948,8 @@ void vgpu_throttle_launch(int dev, uint64_t cost, uintptr_t stream)
     struct bucket *b = &buckets[dev];
     if (b->limit == 0)
         return;
+    unanswered.dev = dev;
+    unanswered.cost = cost;
     if (__builtin_expect(!__atomic_load_n(&watcher_running, __ATOMIC_ACQUIRE), 0))
         start_watcher(dev);
     if (__builtin_expect(__atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) <= 0, 0))

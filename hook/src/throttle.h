@@ -15,6 +15,16 @@ void vgpu_throttle_init(void);
  * key (vgpu_stream_key, cuda_driver.h) is `stream`, then takes them. */
 void vgpu_throttle_launch(int dev, uint64_t cost, uintptr_t stream);
 
+/* The driver answered the call the calling thread's last vgpu_throttle_launch gated (through
+ * vgpu_answered, cuda_driver.h): where it refused the work (nothing was queued), its tokens
+ * are given back. Taken for refused work, they were a debt no GPU time backs, forgiven at a
+ * rate of the debt itself: a memset of 2^60 bytes the driver refused lifted a limit of 25 to
+ * bursts of 78 % (a review found). */
+void vgpu_throttle_answered(int refused);
+
+/* Gives cost tokens of device dev back (work the driver refused). */
+void vgpu_throttle_refund(int dev, uint64_t cost);
+
 /* What a memset of `bytes` costs: the driver runs it as a kernel, counted as one of a block per
  * 4 KiB it sets (the rate is calibrated from NVML's readings whatever the unit), at least one. */
 static inline uint64_t vgpu_memset_blocks(uint64_t bytes)

@@ -115,6 +115,8 @@ fi
 run procaddr CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_procaddr"
 run procaddr-private CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_GPA_PRIVATE=1 \
     "$build/tests/test_procaddr" private
+run procaddr-v1-as-v2 CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_GPA_V1_AS_V2=1 \
+    "$build/tests/test_procaddr" v1-as-v2
 run multiproc CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" fork-kill
 # The holes of an adversarial review; the uids test needs folders another uid can enter.
 chmod 711 "$tmp" && mkdir -m 755 "$tmp/shared"
@@ -484,6 +486,7 @@ run throttle-nvml-blind-threads CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_FAILS=1 \
 # A process in a slot past the 256th is charged as the rest of its container.
 run throttle-memsets CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 memsets
 run throttle-graph-memsets CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 graph-memsets
+run throttle-refused CUDA_DEVICE_SM_LIMIT=25 LIBCUDA_LOG_LEVEL=4 "$build/tests/test_throttle" 25 refused
 run throttle-many-processes CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 many-processes
 run throttle-nvml-not-found CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_NOT_FOUND=1 \
     "$build/tests/test_throttle" 25 nvml-blind-light-start

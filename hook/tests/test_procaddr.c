@@ -292,10 +292,38 @@ static int private_answers(void)
     return check_done("test_procaddr private");
 }
 
+/* FAKE_CUDA_GPA_V1_AS_V2=1: the driver answers a CUDA 2.0 name asked at 2.0 with its _v2
+ * export. Learnt as the v1 function's other address, a _v2 caller got the 32-bit ABI's wrapper
+ * (the library of 33bd322, a review found). */
+static int v1_as_v2(void)
+{
+    CUdriverProcAddressQueryResult status;
+    gpa_v2_fn driver_gpa = (gpa_v2_fn)fake_cuda_entry("cuGetProcAddress_v2");
+    void *answer = NULL;
+    driver_gpa("cuMemsetD8", &answer, 2000, 0, &status);
+    check(answer == fake_cuda_entry("cuMemsetD8_v2"), "premise: the driver answers cuMemsetD8 "
+          "at 2.0 with cuMemsetD8_v2's export");
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    gpa_v2_fn gpa = (gpa_v2_fn)dlsym(cuda, "cuGetProcAddress_v2");
+    static const char *const names[][2] = {
+        {"cuMemsetD8", "cuMemsetD8_v2"}, {"cuMemAlloc", "cuMemAlloc_v2"},
+        {"cuMemsetD2D32", "cuMemsetD2D32_v2"}, {"cuCtxCreate", "cuCtxCreate_v2"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        void *fn = NULL;
+        check(gpa(names[i][0], &fn, 3020, 0, &status) == CUDA_SUCCESS &&
+                  fn == wrapper(names[i][1]) && dlsym(cuda, names[i][1]) == wrapper(names[i][1]),
+              "%s at 3.2, and dlsym of %s: the _v2 wrapper", names[i][0], names[i][1]);
+    }
+    return check_done("test_procaddr v1-as-v2");
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "private") == 0)
         return private_answers();
+    if (argc > 1 && strcmp(argv[1], "v1-as-v2") == 0)
+        return v1_as_v2();
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     check(cuda != NULL, "dlopen(libcuda.so.1)");
     gpa_v2_fn gpa2 = (gpa_v2_fn)dlsym(cuda, "cuGetProcAddress_v2");

@@ -530,6 +530,53 @@ static void memsets(double limit)
           "%.1f%% of the GPU over its 0.8 s (%s)", limit, worst, worst_name);
 }
 
+/* Calls the driver refuses queue nothing, and their tokens go back: before, a memset of 2^60
+ * bytes or a launch of a grid past the GPU's bounds took them, a debt no GPU time backed,
+ * forgiven at a rate of the debt itself, and the limit was lifted to bursts (a review of
+ * 7c94ef6 saw 78 % under 25). Memsets of 8 MiB (2 ms) waited for, with a refused memset and a
+ * refused launch every 0.25 s after 2 s; the GPU's share over each 0.5 s. */
+static void refused(double limit)
+{
+    use_device(0);
+    CUdeviceptr p = 0;
+    size_t bytes = 8u << 20;
+    if (!check(cuMemAlloc(&p, bytes) == CUDA_SUCCESS, "8 MiB to set"))
+        return;
+    for (double t0 = now_s(); now_s() - t0 < 2.0;) {
+        cuMemsetD8_v2(p, 0, bytes);
+        cuCtxSynchronize();
+    }
+    int refusals = 0, tries = 0;
+    double worst = 0, least = 100, sum = 0;
+    int windows = 0;
+    for (; windows < 8; windows++) {
+        uint64_t busy0 = fake_cuda_busy_ns(0);
+        double t0 = now_s(), next = t0;
+        while (now_s() - t0 < 0.5) {
+            if (now_s() >= next) {
+                next += 0.25;
+                tries += 2;
+                refusals += cuMemsetD8_v2(p, 0, (size_t)1 << 60) == CUDA_ERROR_INVALID_VALUE;
+                refusals += cuLaunchKernel(NULL, INT32_MAX, 65536, 1, 128, 1, 1, 0, NULL, NULL,
+                                           NULL) == CUDA_ERROR_INVALID_VALUE;
+            }
+            cuMemsetD8_v2(p, 0, bytes);
+            cuCtxSynchronize();
+        }
+        double util = 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - t0) * 1e9);
+        worst = util > worst ? util : worst;
+        least = util < least ? util : least;
+        sum += util;
+    }
+    check(refusals == tries, "the driver refused each of %d memsets of 2^60 bytes and "
+          "launches of a grid past its bounds (%d)", tries, refusals);
+    /* Before, the rate swung: bursts the account's hold cut, then holds (the library of
+     * 33bd322, 3 runs: 0.5 s windows of 0.1-40.1, 0.1-63.8 and 0.1-52.4 %). */
+    check(worst <= limit + 7.0 && least >= limit - 7.0 && fabs(sum / windows - limit) <= 5.0,
+          "limit %.0f%%: the GPU %.1f%% busy on average over 4 s, %.1f-%.1f%% over each 0.5 s",
+          limit, sum / windows, least, worst);
+}
+
 /* A graph's memset nodes are work as its kernels are: costed by what they set, as the memset
  * exports are (made with nodes of 2 MiB; made with nodes of 4 bytes and set to 2 MiB in the
  * executable graph by cuGraphExecMemsetNodeSetParams; by CUDA 12.2's cuGraphExecNodeSetParams).
@@ -1861,6 +1908,7 @@ int main(int argc, char **argv)
         {"many-processes", many_processes, 0},
         {"memsets", memsets, 0},
         {"graph-memsets", graph_memsets, 0},
+        {"refused", refused, 0},
         {"burst", burst_after_light_load, 1},
     };
     for (size_t m = 0; argc > 2 && m < sizeof modes / sizeof modes[0]; m++)

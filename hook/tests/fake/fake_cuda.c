@@ -85,6 +85,8 @@ static int no_stream_ctx_v2; /* FAKE_CUDA_NO_STREAM_CTX_V2=1: see cuStreamGetCtx
 static int contexts_together; /* FAKE_CUDA_CONTEXTS_TOGETHER: see cuDevicePrimaryCtxRetain */
 static int private_answers; /* FAKE_CUDA_GPA_PRIVATE=1: cuGetProcAddress answers with internal
                              * entry points, not the dlsym exports, for a few functions */
+static int v1_as_v2; /* FAKE_CUDA_GPA_V1_AS_V2=1: it answers a CUDA 2.0 ABI asked for with the
+                      * export of CUDA 3.2's, as a driver without the old ABI might */
 static int initialised;
 
 /* live allocations: open addressing, key = address or handle, value = size, device and the
@@ -251,6 +253,7 @@ __attribute__((constructor)) static void fake_setup(void)
     ns_per_block = gpu_env("FAKE_CUDA_NS_PER_BLOCK", 1000);
     pitch_align = gpu_env("FAKE_CUDA_PITCH_ALIGN", 512);
     private_answers = gpu_env("FAKE_CUDA_GPA_PRIVATE", 0) != 0;
+    v1_as_v2 = gpu_env("FAKE_CUDA_GPA_V1_AS_V2", 0) != 0;
     no_stream_device = gpu_env("FAKE_CUDA_NO_STREAM_DEVICE", 0) != 0;
     no_stream_ctx_v2 = gpu_env("FAKE_CUDA_NO_STREAM_CTX_V2", 0) != 0;
     contexts_together = (int)gpu_env("FAKE_CUDA_CONTEXTS_TOGETHER", 0);
@@ -2433,12 +2436,22 @@ static CUresult launch(enum fake_launch_variant variant, CUfunction f, uint64_t 
     return launch_on(variant, f, NULL, blocks);
 }
 
+/* A grid past what a GPU takes (2^31 - 1 blocks across, 65535 down and deep; none empty) is
+ * refused, as the driver refuses it: CUDA_ERROR_INVALID_VALUE, nothing queued. */
+static CUresult launch_grid(enum fake_launch_variant variant, CUfunction f, CUstream stream,
+                            unsigned gx, unsigned gy, unsigned gz)
+{
+    if (gx == 0 || gy == 0 || gz == 0 || gx > INT32_MAX || gy > 65535 || gz > 65535)
+        return CUDA_ERROR_INVALID_VALUE;
+    return launch_on(variant, f, stream, (uint64_t)gx * gy * gz);
+}
+
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned shmem, CUstream stream,
                                void **params, void **extra)
 {
     (void)bx, (void)by, (void)bz, (void)shmem, (void)params, (void)extra;
-    return launch_on(FAKE_LAUNCH, f, stream, (uint64_t)gx * gy * gz);
+    return launch_grid(FAKE_LAUNCH, f, stream, gx, gy, gz);
 }
 
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
@@ -2446,20 +2459,20 @@ EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsi
                                     CUstream stream, void **params, void **extra)
 {
     (void)bx, (void)by, (void)bz, (void)shmem, (void)params, (void)extra;
-    return launch_on(FAKE_LAUNCH_PTSZ, f, stream, (uint64_t)gx * gy * gz);
+    return launch_grid(FAKE_LAUNCH_PTSZ, f, stream, gx, gy, gz);
 }
 
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e)
 {
     (void)p, (void)e;
-    return launch_on(FAKE_LAUNCH_EX, f, c->hStream, (uint64_t)c->gridDimX * c->gridDimY * c->gridDimZ);
+    return launch_grid(FAKE_LAUNCH_EX, f, c->hStream, c->gridDimX, c->gridDimY, c->gridDimZ);
 }
 
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **e)
 {
     (void)p, (void)e;
-    return launch_on(FAKE_LAUNCH_EX_PTSZ, f, c->hStream,
-                     (uint64_t)c->gridDimX * c->gridDimY * c->gridDimZ);
+    return launch_grid(FAKE_LAUNCH_EX_PTSZ, f, c->hStream, c->gridDimX, c->gridDimY,
+                       c->gridDimZ);
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
@@ -2467,7 +2480,7 @@ EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy
                                           CUstream stream, void **params)
 {
     (void)bx, (void)by, (void)bz, (void)shmem, (void)params;
-    return launch_on(FAKE_LAUNCH_COOP, f, stream, (uint64_t)gx * gy * gz);
+    return launch_grid(FAKE_LAUNCH_COOP, f, stream, gx, gy, gz);
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
@@ -2475,7 +2488,7 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsign
                                                unsigned shmem, CUstream stream, void **params)
 {
     (void)bx, (void)by, (void)bz, (void)shmem, (void)params;
-    return launch_on(FAKE_LAUNCH_COOP_PTSZ, f, stream, (uint64_t)gx * gy * gz);
+    return launch_grid(FAKE_LAUNCH_COOP_PTSZ, f, stream, gx, gy, gz);
 }
 
 /* The deprecated launches (cuda.h): the block shape and parameters were set beforehand. */
@@ -2547,6 +2560,9 @@ static CUresult memset_on(CUstream stream, uint64_t bytes)
     CUresult rc = default_stream(stream) ? need_ctx() : stream_ctx(stream, &ctx);
     if (rc != CUDA_SUCCESS)
         return rc;
+    if (bytes > device_bytes)
+        return CUDA_ERROR_INVALID_VALUE; /* no allocation is that large: refused, as a driver
+                                          * refuses a range outside its allocations */
     __atomic_add_fetch(&fake_cuda_stats.memsets, 1, __ATOMIC_RELAXED);
     gpu_get();
     if (ns_per_block == 0)
@@ -4024,7 +4040,7 @@ static CUresult private_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned 
                                             CUstream stream, void **params, void **extra)
 {
     (void)bx, (void)by, (void)bz, (void)shmem, (void)params, (void)extra;
-    return launch_on(FAKE_LAUNCH_PTSZ, f, stream, (uint64_t)gx * gy * gz);
+    return launch_grid(FAKE_LAUNCH_PTSZ, f, stream, gx, gy, gz);
 }
 
 static CUresult get_proc(const char *symbol, void **pfn, int version, cuuint64_t flags,
@@ -4072,10 +4088,12 @@ static CUresult get_proc(const char *symbol, void **pfn, int version, cuuint64_t
 {
     if (symbol == NULL || pfn == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    int known;
-    const struct proc *p = select_proc(symbol, version,
-                                       (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0,
-                                       &known);
+    int known, per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    const struct proc *p = select_proc(symbol, version, per_thread, &known);
+    if (v1_as_v2 && p != NULL && p->since < 3020) {
+        const struct proc *newer = select_proc(symbol, 3020, per_thread, &known);
+        p = newer != NULL ? newer : p;
+    }
     *pfn = p == NULL ? NULL : private_answers ? private_answer(p->fn) : p->fn;
     if (status != NULL)
         *status = p != NULL ? CU_GET_PROC_ADDRESS_SUCCESS
