@@ -208,6 +208,21 @@ static int is_hooked_export(const void *answer)
     return 0;
 }
 
+/* Whether hook i, whose answer is `answer`, keeps it: where an earlier hook learnt the same
+ * address (a driver answering both ABIs of a name with one entry point), the newer ABI keeps
+ * it, the entry point being the newer's (the first match handed a _v2 caller the 32-bit ABI's
+ * wrapper), and of two of one version the first. */
+static int newest_alias(size_t i, const void *answer)
+{
+    for (size_t j = 0; j < i; j++)
+        if (vgpu_cuda_lib.alias[j] == answer) {
+            if (hooks[j].version >= hooks[i].version)
+                return 0; /* the newer's, or on a tie the first's (the legacy stream's) */
+            vgpu_cuda_lib.alias[j] = NULL;
+        }
+    return 1;
+}
+
 /* The wrapper swap in cuGetProcAddress matches the driver's answer against its dlsym exports.
  * In case a driver answers with other addresses (internal entry points of the same ABI), ask
  * it once, at load, what it answers for each hooked function, and accept that address too;
@@ -230,7 +245,7 @@ static void learn_proc_addresses(void)
             ? real.cuGetProcAddress(h->base, &answer, h->version, flags)
             : CUDA_ERROR_NOT_SUPPORTED;
         if (rc == CUDA_SUCCESS && answer != NULL && answer != *h->real &&
-            !is_hooked_export(answer)) {
+            !is_hooked_export(answer) && newest_alias(i, answer)) {
             vgpu_cuda_lib.alias[i] = answer;
             vgpu_log(VGPU_LOG_DEBUG, "cuGetProcAddress(%s, %d) answers %p, not the export %p",
                      h->base, h->version, answer, *h->real);

@@ -24,7 +24,7 @@
 #define VGPU_EXPORT __attribute__((visibility("default")))
 
 /* The driver's answer to a call the SM limiter gated (throttle.h, vgpu_throttle_answered): a
- * refused one's tokens go back. With no limit, one predictable branch. */
+ * call it took takes its tokens, a refused one none. With no limit, one predictable branch. */
 static inline CUresult vgpu_answered(CUresult rc)
 {
     if (__builtin_expect(vgpu_throttle_enabled, 0))
@@ -424,7 +424,10 @@ static inline int launch_device_on(CUstream stream)
 /* The blocks a launch of this grid runs: what the SM limiter charges for it. */
 static inline uint64_t grid(unsigned gx, unsigned gy, unsigned gz)
 {
-    return (uint64_t)gx * gy * gz;
+    /* Three 32-bit factors may pass 2^64 (a grid the driver refuses): saturated, not wrapped
+     * (vgpu_throttle_launch bounds what one launch takes). */
+    uint64_t across = (uint64_t)gx * gy;
+    return gz != 0 && across > UINT64_MAX / gz ? UINT64_MAX : across * gz;
 }
 
 #endif

@@ -10,8 +10,8 @@
  * the node monitor: a clock read per launch would cost more than the rest of the wrapper. */
 static __thread __attribute__((tls_model("initial-exec"))) unsigned launches_here;
 
-/* A launch on stream (named through a _ptsz export: per_thread) under an SM limit takes its
- * tokens. Out of line: the driver's question for the device needs a stack frame that the
+/* A launch on stream (named through a _ptsz export: per_thread) under an SM limit passes the
+ * gate; its tokens are taken once the driver took it (vgpu_answered). Out of line: the driver's question for the device needs a stack frame that the
  * unlimited launch should not pay for. */
 static __attribute__((noinline)) void charge(uint64_t blocks, CUstream stream, int per_thread)
 {
@@ -28,8 +28,8 @@ static inline void gate(uint64_t blocks, CUstream stream, int per_thread)
         charge(blocks, stream, per_thread);
 }
 
-/* After the driver launched (rc its answer) a kernel whose stack check gave `stack`: a refused
- * launch's tokens go back (vgpu_answered). */
+/* After the driver launched (rc its answer) a kernel whose stack check gave `stack`: its
+ * tokens are taken unless it was refused (vgpu_answered). */
 static CUresult launched(int stack, CUresult rc)
 {
     vgpu_stack_after_launch(stack, rc);
@@ -67,8 +67,9 @@ VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f
 {
     if (!ready() || real.cuLaunchKernelEx == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (config != NULL)
-        gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ), config->hStream, 0);
+    /* Gated with no config too: every gate has its answer (vgpu_answered). */
+    gate(config != NULL ? grid(config->gridDimX, config->gridDimY, config->gridDimZ) : 1,
+         config != NULL ? config->hStream : NULL, 0);
     int stack = vgpu_stack_before_launch(f, config != NULL ? config->hStream : NULL);
     return stack < 0 ? vgpu_answered(CUDA_ERROR_OUT_OF_MEMORY)
                      : launched(stack, real.cuLaunchKernelEx(config, f, params, extra));
@@ -79,8 +80,8 @@ VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunct
 {
     if (!ready() || real.cuLaunchKernelEx_ptsz == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (config != NULL)
-        gate(grid(config->gridDimX, config->gridDimY, config->gridDimZ), config->hStream, 1);
+    gate(config != NULL ? grid(config->gridDimX, config->gridDimY, config->gridDimZ) : 1,
+         config != NULL ? config->hStream : NULL, 1);
     int stack = vgpu_stack_before_launch(f, config != NULL ? config->hStream : NULL);
     return stack < 0 ? vgpu_answered(CUDA_ERROR_OUT_OF_MEMORY)
                      : launched(stack, real.cuLaunchKernelEx_ptsz(config, f, params, extra));
@@ -162,17 +163,17 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *li
         return CUDA_ERROR_NOT_INITIALIZED;
     int stacks = 0;
     vgpu_region_note_launch();
-    /* What each device's kernels took, given back should the launch be refused. */
+    /* What each device's kernels take, once the driver took the launch. */
     uint64_t taken[VGPU_REGION_MAX_DEVICES] = {0};
     CUresult rc = CUDA_SUCCESS;
     for (unsigned int i = 0; list != NULL && i < count && rc == CUDA_SUCCESS; i++) {
         if (vgpu_throttle_enabled) {
             uint64_t blocks = grid(list[i].gridDimX, list[i].gridDimY, list[i].gridDimZ);
             int dev = launch_device_on(list[i].hStream);
-            vgpu_throttle_launch(dev, blocks ? blocks : 1, vgpu_stream_key(list[i].hStream, 0));
-            vgpu_throttle_answered(0); /* answered below, for every device */
+            vgpu_throttle_wait(dev, vgpu_stream_key(list[i].hStream, 0));
+            uint64_t add = blocks ? blocks : 1;
             if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES)
-                taken[dev] += blocks ? blocks : 1;
+                taken[dev] = taken[dev] > UINT64_MAX - add ? UINT64_MAX : taken[dev] + add;
         }
         int stack = vgpu_stack_before_launch(list[i].function, list[i].hStream);
         if (stack < 0)
@@ -183,8 +184,8 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *li
     if (rc == CUDA_SUCCESS)
         rc = real.cuLaunchCooperativeKernelMultiDevice(list, count, flags);
     vgpu_stack_after_launch(stacks, rc);
-    for (int dev = 0; rc != CUDA_SUCCESS && dev < VGPU_REGION_MAX_DEVICES; dev++)
-        vgpu_throttle_refund(dev, taken[dev]);
+    for (int dev = 0; rc == CUDA_SUCCESS && dev < VGPU_REGION_MAX_DEVICES; dev++)
+        vgpu_throttle_take(dev, taken[dev]);
     return rc;
 }
 

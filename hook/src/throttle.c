@@ -680,8 +680,6 @@ static void control(int dev, struct bucket *b, uint64_t now, const struct vgpu_s
         return;
     }
     uint64_t taken = consumed(b);
-    if (taken < b->consumed_at_control)
-        b->consumed_at_control = taken; /* refunded since (vgpu_throttle_refund) */
     double seconds = (double)(now - b->control_ns) / 1e9;
     double demand = seconds > 0 ? (double)(taken - b->consumed_at_control) / seconds : 0.0;
     int was_held = b->held, averaged;
@@ -764,8 +762,6 @@ static void *watch(void *unused)
                 continue;
             unsigned long long now_us = unix_ns() / 1000u;
             uint64_t taken = consumed(b);
-            if (taken < b->consumed_at_tick)
-                b->consumed_at_tick = taken; /* refunded since (vgpu_throttle_refund) */
             if (b->launched_us == 0 && taken != 0)
                 first_launch(dev, b, now_us - TICK_NS / 1000, taken);
             if (taken != b->consumed_at_tick) {
@@ -918,43 +914,76 @@ static __attribute__((noinline)) void wait_for_tokens(int dev, struct bucket *b)
     }
 }
 
-/* The calling thread's last gated launch not answered yet (vgpu_throttle_answered): its device
- * and tokens (0: none). */
-static __thread __attribute__((tls_model("initial-exec"))) struct {
-    int dev;
-    uint64_t cost;
-} unanswered;
+/* What a launch takes: at most 2^56 tokens (months of any GPU's blocks). Larger, or wrapped past
+ * 2^63 (a grid the driver refuses: 3 * 2^62 blocks), a cost taken as a negative number gave
+ * tokens instead (a review found), and threads taking at once could wrap the bucket. */
+static const uint64_t max_cost = UINT64_C(1) << 56;
 
-void vgpu_throttle_refund(int dev, uint64_t cost)
+void vgpu_throttle_take(int dev, uint64_t cost)
 {
-    /* Launches' tokens go back as if not taken: what launches took (consumed) shrinks by as
-     * much, which the watcher's marks of it allow for (watch, control). */
-    if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES && buckets[dev].limit != 0 &&
-        cost <= (uint64_t)INT64_MAX)
-        __atomic_add_fetch(&buckets[dev].tokens, (int64_t)cost, __ATOMIC_ACQ_REL);
+    if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES && buckets[dev].limit != 0 && cost != 0)
+        __atomic_sub_fetch(&buckets[dev].tokens, (int64_t)(cost < max_cost ? cost : max_cost),
+                           __ATOMIC_ACQ_REL);
 }
+
+/* The calling thread's gated calls the driver has not answered yet (vgpu_throttle_answered),
+ * innermost last: a signal handler's launch may come between a launch's gate and its answer.
+ * Past UNANSWERED of them a call takes its tokens at its gate (overflowed counts those). */
+enum { UNANSWERED = 4 };
+static __thread __attribute__((tls_model("initial-exec"))) struct {
+    struct {
+        int dev;
+        uint64_t cost;
+    } calls[UNANSWERED];
+    unsigned depth, overflowed;
+} unanswered;
 
 void vgpu_throttle_answered(int refused)
 {
-    if (unanswered.cost != 0 && refused)
-        vgpu_throttle_refund(unanswered.dev, unanswered.cost);
-    unanswered.cost = 0;
+    if (unanswered.overflowed != 0) {
+        unanswered.overflowed--;
+        return;
+    }
+    unsigned depth = unanswered.depth;
+    if (depth == 0)
+        return;
+    int dev = unanswered.calls[depth - 1].dev;
+    uint64_t cost = unanswered.calls[depth - 1].cost;
+    /* Read before the entry is given up: a signal handler's call in between takes it. */
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    unanswered.depth = depth - 1;
+    if (!refused)
+        vgpu_throttle_take(dev, cost);
 }
 
 void vgpu_throttle_launch(int dev, uint64_t cost, uintptr_t stream)
+{
+    vgpu_throttle_wait(dev, stream);
+    if (unanswered.depth == UNANSWERED) {
+        unanswered.overflowed++;
+        vgpu_throttle_take(dev, cost);
+        return;
+    }
+    unsigned depth = unanswered.depth;
+    unanswered.depth = depth + 1;
+    /* The entry is taken before it is written: a signal handler's call in between uses the
+     * next. */
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    unanswered.calls[depth].dev = dev;
+    unanswered.calls[depth].cost = cost;
+}
+
+void vgpu_throttle_wait(int dev, uintptr_t stream)
 {
     if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES)
         return;
     struct bucket *b = &buckets[dev];
     if (b->limit == 0)
         return;
-    unanswered.dev = dev;
-    unanswered.cost = cost;
     if (__builtin_expect(!__atomic_load_n(&watcher_running, __ATOMIC_ACQUIRE), 0))
         start_watcher(dev);
     if (__builtin_expect(__atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) <= 0, 0))
         wait_for_tokens(dev, b);
-    __atomic_sub_fetch(&b->tokens, (int64_t)cost, __ATOMIC_ACQ_REL);
     /* Several launching threads, for good: a synchronisation on one may return before
      * another's launch, made while it ran, is done. */
     uintptr_t launcher = __atomic_load_n(&b->launcher, __ATOMIC_RELAXED);

@@ -11,19 +11,25 @@ extern int vgpu_throttle_enabled;
 /* Reads the limits from the region; call once, when the driver is loaded. */
 void vgpu_throttle_init(void);
 
-/* Waits until device dev may start work costing cost tokens (grid blocks) on the stream whose
- * key (vgpu_stream_key, cuda_driver.h) is `stream`, then takes them. */
+/* The SM limiter's gate of a call that starts work costing cost tokens (grid blocks) on device
+ * dev, on the stream whose key (vgpu_stream_key, cuda_driver.h) is `stream`: waits until the
+ * device's bucket holds tokens; they are taken once the driver has answered that it took the
+ * work (vgpu_throttle_answered, which must follow on the same thread). Taken at the gate, a
+ * call the driver refused (a grid past the GPU's bounds, a memset outside any allocation) left
+ * a debt no GPU time backed, forgiven at a rate of the debt itself: such calls now and then
+ * lifted a limit of 25 to bursts of 40-64 % (a review found; given back after the answer, a
+ * control step could still find them under way). */
 void vgpu_throttle_launch(int dev, uint64_t cost, uintptr_t stream);
 
-/* The driver answered the call the calling thread's last vgpu_throttle_launch gated (through
- * vgpu_answered, cuda_driver.h): where it refused the work (nothing was queued), its tokens
- * are given back. Taken for refused work, they were a debt no GPU time backs, forgiven at a
- * rate of the debt itself: a memset of 2^60 bytes the driver refused lifted a limit of 25 to
- * bursts of 78 % (a review found). */
+/* The driver answered the calling thread's innermost gated call (through vgpu_answered,
+ * cuda_driver.h): taken (refused 0), its tokens are taken now; refused, nothing was queued. */
 void vgpu_throttle_answered(int refused);
 
-/* Gives cost tokens of device dev back (work the driver refused). */
-void vgpu_throttle_refund(int dev, uint64_t cost);
+/* The gate and the take apart, for a launch of several kernels in one call
+ * (cuLaunchCooperativeKernelMultiDevice): the wait of vgpu_throttle_launch, and the taking of
+ * cost tokens on dev. */
+void vgpu_throttle_wait(int dev, uintptr_t stream);
+void vgpu_throttle_take(int dev, uint64_t cost);
 
 /* What a memset of `bytes` costs: the driver runs it as a kernel, counted as one of a block per
  * 4 KiB it sets (the rate is calibrated from NVML's readings whatever the unit), at least one. */

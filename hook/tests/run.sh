@@ -117,6 +117,9 @@ run procaddr-private CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_GPA_PRIVATE=1 \
     "$build/tests/test_procaddr" private
 run procaddr-v1-as-v2 CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_GPA_V1_AS_V2=1 \
     "$build/tests/test_procaddr" v1-as-v2
+# ... and with internal entry points too: both ABIs' answers one address, the newer's.
+run procaddr-v1-as-v2-private CUDA_DEVICE_MEMORY_LIMIT=1g FAKE_CUDA_GPA_V1_AS_V2=1 \
+    FAKE_CUDA_GPA_PRIVATE=1 "$build/tests/test_procaddr" v1-as-v2
 run multiproc CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_multiproc" fork-kill
 # The holes of an adversarial review; the uids test needs folders another uid can enter.
 chmod 711 "$tmp" && mkdir -m 755 "$tmp/shared"
@@ -487,6 +490,9 @@ run throttle-nvml-blind-threads CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_FAILS=1 \
 run throttle-memsets CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 memsets
 run throttle-graph-memsets CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 graph-memsets
 run throttle-refused CUDA_DEVICE_SM_LIMIT=25 LIBCUDA_LOG_LEVEL=4 "$build/tests/test_throttle" 25 refused
+# ... from a thread in a loop, each refusal taking 1 ms in the driver, as checks may.
+run throttle-refused-spinning CUDA_DEVICE_SM_LIMIT=25 FAKE_CUDA_REFUSE_US=1000 \
+    "$build/tests/test_throttle" 25 refused-spinning
 run throttle-many-processes CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 many-processes
 run throttle-nvml-not-found CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_NOT_FOUND=1 \
     "$build/tests/test_throttle" 25 nvml-blind-light-start

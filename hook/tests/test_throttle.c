@@ -577,6 +577,62 @@ static void refused(double limit)
           limit, sum / windows, least, worst);
 }
 
+static int spinning; /* refused_spinning's thread runs while set */
+
+/* Refused memsets of 2^60 bytes, and refused launches, back to back: one nearly always under
+ * way in the driver, its tokens taken and not yet given back. */
+static void *refuse_in_a_loop(void *unused)
+{
+    (void)unused;
+    use_device(0);
+    CUdeviceptr p = 0;
+    while (__atomic_load_n(&spinning, __ATOMIC_ACQUIRE)) {
+        cuMemsetD8_v2(p, 0, (size_t)1 << 60);
+        cuLaunchKernel(NULL, INT32_MAX, 65536, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+    }
+    return NULL;
+}
+
+/* As refused, but a second thread makes refused calls in a loop from the start, so that a
+ * control step nearly always finds one under way: a debt seen then, forgiven or taken for the
+ * first period's demand, set the rate from tokens no GPU time backed (a review of the first
+ * refund, d914621, found). */
+static void refused_spinning(double limit)
+{
+    use_device(0);
+    CUdeviceptr p = 0;
+    size_t bytes = 8u << 20;
+    pthread_t thread;
+    __atomic_store_n(&spinning, 1, __ATOMIC_RELEASE);
+    if (!check(cuMemAlloc(&p, bytes) == CUDA_SUCCESS &&
+                   pthread_create(&thread, NULL, refuse_in_a_loop, NULL) == 0,
+               "8 MiB to set, and a thread making refused calls"))
+        return;
+    for (double t0 = now_s(); now_s() - t0 < 2.0;) {
+        cuMemsetD8_v2(p, 0, bytes);
+        cuCtxSynchronize();
+    }
+    double worst = 0, least = 100, sum = 0;
+    int windows = 0;
+    for (; windows < 8; windows++) {
+        uint64_t busy0 = fake_cuda_busy_ns(0);
+        double t0 = now_s();
+        while (now_s() - t0 < 0.5) {
+            cuMemsetD8_v2(p, 0, bytes);
+            cuCtxSynchronize();
+        }
+        double util = 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - t0) * 1e9);
+        worst = util > worst ? util : worst;
+        least = util < least ? util : least;
+        sum += util;
+    }
+    __atomic_store_n(&spinning, 0, __ATOMIC_RELEASE);
+    pthread_join(thread, NULL);
+    check(worst <= limit + 7.0 && least >= limit - 7.0 && fabs(sum / windows - limit) <= 5.0,
+          "limit %.0f%%, refused calls in a loop beside: the GPU %.1f%% busy on average over 4 s, "
+          "%.1f-%.1f%% over each 0.5 s", limit, sum / windows, least, worst);
+}
+
 /* A graph's memset nodes are work as its kernels are: costed by what they set, as the memset
  * exports are (made with nodes of 2 MiB; made with nodes of 4 bytes and set to 2 MiB in the
  * executable graph by cuGraphExecMemsetNodeSetParams; by CUDA 12.2's cuGraphExecNodeSetParams).
@@ -1909,6 +1965,7 @@ int main(int argc, char **argv)
         {"memsets", memsets, 0},
         {"graph-memsets", graph_memsets, 0},
         {"refused", refused, 0},
+        {"refused-spinning", refused_spinning, 0},
         {"burst", burst_after_light_load, 1},
     };
     for (size_t m = 0; argc > 2 && m < sizeof modes / sizeof modes[0]; m++)

@@ -85,6 +85,8 @@ static int no_stream_ctx_v2; /* FAKE_CUDA_NO_STREAM_CTX_V2=1: see cuStreamGetCtx
 static int contexts_together; /* FAKE_CUDA_CONTEXTS_TOGETHER: see cuDevicePrimaryCtxRetain */
 static int private_answers; /* FAKE_CUDA_GPA_PRIVATE=1: cuGetProcAddress answers with internal
                              * entry points, not the dlsym exports, for a few functions */
+static uint64_t refuse_ns; /* FAKE_CUDA_REFUSE_US: a refused launch or memset takes that long,
+                           * as a driver's checks take some (0 by default) */
 static int v1_as_v2; /* FAKE_CUDA_GPA_V1_AS_V2=1: it answers a CUDA 2.0 ABI asked for with the
                       * export of CUDA 3.2's, as a driver without the old ABI might */
 static int initialised;
@@ -254,6 +256,7 @@ __attribute__((constructor)) static void fake_setup(void)
     pitch_align = gpu_env("FAKE_CUDA_PITCH_ALIGN", 512);
     private_answers = gpu_env("FAKE_CUDA_GPA_PRIVATE", 0) != 0;
     v1_as_v2 = gpu_env("FAKE_CUDA_GPA_V1_AS_V2", 0) != 0;
+    refuse_ns = gpu_env("FAKE_CUDA_REFUSE_US", 0) * 1000;
     no_stream_device = gpu_env("FAKE_CUDA_NO_STREAM_DEVICE", 0) != 0;
     no_stream_ctx_v2 = gpu_env("FAKE_CUDA_NO_STREAM_CTX_V2", 0) != 0;
     contexts_together = (int)gpu_env("FAKE_CUDA_CONTEXTS_TOGETHER", 0);
@@ -2436,13 +2439,21 @@ static CUresult launch(enum fake_launch_variant variant, CUfunction f, uint64_t 
     return launch_on(variant, f, NULL, blocks);
 }
 
+/* A launch or memset refused for its arguments, after FAKE_CUDA_REFUSE_US. */
+static CUresult refused(void)
+{
+    if (refuse_ns != 0)
+        gpu_sleep_ns(refuse_ns);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
 /* A grid past what a GPU takes (2^31 - 1 blocks across, 65535 down and deep; none empty) is
  * refused, as the driver refuses it: CUDA_ERROR_INVALID_VALUE, nothing queued. */
 static CUresult launch_grid(enum fake_launch_variant variant, CUfunction f, CUstream stream,
                             unsigned gx, unsigned gy, unsigned gz)
 {
     if (gx == 0 || gy == 0 || gz == 0 || gx > INT32_MAX || gy > 65535 || gz > 65535)
-        return CUDA_ERROR_INVALID_VALUE;
+        return refused();
     return launch_on(variant, f, stream, (uint64_t)gx * gy * gz);
 }
 
@@ -2561,8 +2572,8 @@ static CUresult memset_on(CUstream stream, uint64_t bytes)
     if (rc != CUDA_SUCCESS)
         return rc;
     if (bytes > device_bytes)
-        return CUDA_ERROR_INVALID_VALUE; /* no allocation is that large: refused, as a driver
-                                          * refuses a range outside its allocations */
+        return refused(); /* no allocation is that large: as a driver refuses a range outside
+                           * its allocations */
     __atomic_add_fetch(&fake_cuda_stats.memsets, 1, __ATOMIC_RELAXED);
     gpu_get();
     if (ns_per_block == 0)
