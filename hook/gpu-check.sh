@@ -21,8 +21,9 @@
 # for its debt in blocks, and back to back they get the limit (the GPU-time account); (13)
 # short-lived processes of one container one after another under 20 % (prepayment); (14)
 # which waits of PyTorch, CuPy and JAX drain under an SM limit (prepay nothing after them);
-# (15) memsets alone under an SM limit of 25 % (CuPy's cudaMemsetAsync).
-# Usage: gpu-check.sh [SECTION...] (default: all fifteen, about 11 minutes on an H200, section
+# (15) memsets alone under an SM limit of 25 % (CuPy's cudaMemsetAsync); (16) matmuls under
+# 25 % beside a thread making calls the driver refuses in a loop (they take no tokens).
+# Usage: gpu-check.sh [SECTION...] (default: all sixteen, about 11 minutes on an H200, section
 # 14 some 25 s of it; sections
 # can be run separately: gpu-session.sh runs each under its own time limit on a lent machine).
 # Exit 77 (skip) without a GPU, 1 on any failed check.
@@ -807,8 +808,57 @@ share=$(awk -v b="$bare" -v l="$limited" 'BEGIN { if (b > 0) printf "%.1f", 100 
 result $? "memsets under an SM limit of 25 %: ${share:-?} % of the bare rate"
 }
 
+section_16() {
+echo "== 16. SM limit 25 %: matmuls beside a thread making calls the driver refuses"
+# A call the driver refuses queues nothing and takes no tokens (SM limit, hook/README.md):
+# taken at the gate, such calls lifted the limit (33bd322); given back after the answer, a
+# control step that found one under way did (d914621, 94.5 % over the fake). A second thread
+# sets 2^60 bytes at address 0 and launches a grid 65536 blocks deep, in a loop, through the
+# driver API; the first runs 4096^2 matmuls. Its rate over the second half against the same
+# loop bare.
+cat > "$work/refused.py" <<'PY'
+import ctypes, sys, threading, time
+import torch
+name, seconds, spin = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "spin"
+cuda = ctypes.CDLL("libcuda.so.1")
+cuda.cuMemsetD8_v2.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t]
+cuda.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+a = torch.randn(4096, 4096, device="cuda")
+stop, refusals, answers = False, [0], set()
+def refuse():
+    torch.zeros(1, device="cuda"); torch.cuda.synchronize() # the context current here too
+    while not stop:
+        for rc in (cuda.cuMemsetD8_v2(0, 0, 1 << 60),
+                   cuda.cuLaunchKernel(None, 0x7fffffff, 65536, 1, 128, 1, 1, 0, None, None, None)):
+            refusals[0] += rc != 0; answers.add(rc)
+t = threading.Thread(target=refuse)
+if spin: t.start()
+start = time.time(); n = 0; n_half = None
+while time.time() - start < seconds:
+    a = (a @ a).clamp_(-1, 1); n += 1
+    if n % 8 == 0: torch.cuda.synchronize()
+    if n_half is None and time.time() - start >= seconds / 2:
+        torch.cuda.synchronize(); n_half, t_half = n, time.time()
+torch.cuda.synchronize(); rate = (n - n_half) / (time.time() - t_half); stop = True
+if spin: t.join()
+print(f"{name}: {rate:.1f} matmuls/s, {refusals[0]} calls refused (answers {sorted(answers)})")
+PY
+python3 "$work/refused.py" bare 8 none | tee "$work/refused-bare.txt"
+CUDA_DEVICE_SM_LIMIT=25 under_cap refused.cache 0 python3 "$work/refused.py" limit-25 12 spin |
+    tee "$work/refused-limited.txt"
+local bare limited share count
+bare=$(sed -n 's/.*: \([0-9.]*\) matmuls.*/\1/p' "$work/refused-bare.txt")
+limited=$(sed -n 's/.*: \([0-9.]*\) matmuls.*/\1/p' "$work/refused-limited.txt")
+count=$(sed -n 's/.* \([0-9]*\) calls refused.*/\1/p' "$work/refused-limited.txt")
+share=$(awk -v b="$bare" -v l="$limited" 'BEGIN { if (b > 0) printf "%.1f", 100 * l / b }')
+[ "${count:-0}" -gt 0 ]
+result $? "the driver refused the second thread's calls (${count:-0})"
+[ -n "$share" ] && within "$share" 25
+result $? "matmuls under 25 % beside refused calls: ${share:-?} % of the bare rate"
+}
+
 sections=("$@")
-[ ${#sections[@]} -gt 0 ] || sections=(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+[ ${#sections[@]} -gt 0 ] || sections=(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
 for section in "${sections[@]}"; do
     declare -F "section_$section" >/dev/null || { echo "gpu-check: no section $section"; exit 2; }
     "section_$section"

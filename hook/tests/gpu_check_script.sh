@@ -53,6 +53,8 @@ case "$1" in
 *burst.py)
     [ "$2" = limited ] && echo "after a light load, a large kernel held the next back $(rate held) s"
     echo "large kernels from 3 s on: $(rate "burst-$2")/s" ;;
+*refused.py) # NAME SECONDS MODE: CANNED's "refused-NAME RATE" and "refused-count N"
+    echo "$2: $(rate "refused-$2") matmuls/s, $(rate refused-count) calls refused (answers [1])" ;;
 *) echo "python3 stand-in: unexpected $*" >&2; exit 1 ;;
 esac
 EOF
@@ -138,6 +140,21 @@ check() {
     fi
 }
 
+# Section 16's arithmetic, over invented figures (the bare rate is section 3's on the H200, 366
+# matmuls/s): the limited rate's share of the bare one, within 5 of 25, and the second thread's
+# calls refused.
+refused='refused-bare 366.0
+refused-limit-25 92.0
+refused-count 52000'
+check "section 16: 25.1 % of the bare rate beside refused calls passes" 0 \
+    "PASS the driver refused the second thread's calls (52000)
+PASS matmuls under 25 % beside refused calls: 25.1 % of the bare rate" "$refused" 16
+check "section 16: a limit lifted by refused calls fails" 1 \
+    "FAIL matmuls under 25 % beside refused calls: 94.3 % of the bare rate" \
+    "$(sed -e 's/^refused-limit-25 .*/refused-limit-25 345.0/' <<<"$refused")" 16
+check "section 16: a second thread whose calls were not refused fails" 1 \
+    "FAIL the driver refused the second thread's calls (0)" \
+    "$(sed -e 's/^refused-count .*/refused-count 0/' <<<"$refused")" 16
 check "H200 figures: section 12 computes its share (51.1 %) and passes" 0 \
     "PASS after a light load, a large kernel holds the next one back 0.031 s (< 1 s)
 PASS back-to-back large kernels then get 51.1 % of the bare rate (50 ± 5)" "$h200" 12
