@@ -23,7 +23,7 @@
 # which waits of PyTorch, CuPy and JAX drain under an SM limit (prepay nothing after them);
 # (15) memsets alone under an SM limit of 25 % (CuPy's cudaMemsetAsync); (16) matmuls under
 # 25 % beside a thread making calls the driver refuses in a loop (they take no tokens).
-# Usage: gpu-check.sh [SECTION...] (default: all sixteen, about 11 minutes on an H200, section
+# Usage: gpu-check.sh [SECTION...] (default: all sixteen; sections 1-15 about 11 minutes on an H200, section
 # 14 some 25 s of it; sections
 # can be run separately: gpu-session.sh runs each under its own time limit on a lent machine).
 # Exit 77 (skip) without a GPU, 1 on any failed check.
@@ -813,7 +813,7 @@ echo "== 16. SM limit 25 %: matmuls beside a thread making calls the driver refu
 # A call the driver refuses queues nothing and takes no tokens (SM limit, hook/README.md):
 # taken at the gate, such calls lifted the limit (33bd322); given back after the answer, a
 # control step that found one under way did (d914621, 94.5 % over the fake). A second thread
-# sets 2^60 bytes at address 0 and launches a grid 65536 blocks deep, in a loop, through the
+# sets 2^60 bytes at address 0 and launches a grid 65536 blocks down, in a loop, through the
 # driver API; the first runs 4096^2 matmuls. Its rate over the second half against the same
 # loop bare.
 cat > "$work/refused.py" <<'PY'

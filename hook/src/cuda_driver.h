@@ -425,7 +425,7 @@ static inline int launch_device_on(CUstream stream)
 static inline uint64_t grid(unsigned gx, unsigned gy, unsigned gz)
 {
     /* Three 32-bit factors may pass 2^64 (a grid the driver refuses): saturated, not wrapped
-     * (vgpu_throttle_launch bounds what one launch takes). */
+     * (vgpu_throttle_take bounds what one launch takes). */
     uint64_t across = (uint64_t)gx * gy;
     return gz != 0 && across > UINT64_MAX / gz ? UINT64_MAX : across * gz;
 }

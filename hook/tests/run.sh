@@ -489,7 +489,7 @@ run throttle-nvml-blind-threads CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_FAILS=1 \
 # A process in a slot past the 256th is charged as the rest of its container.
 run throttle-memsets CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 memsets
 run throttle-graph-memsets CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 graph-memsets
-run throttle-refused CUDA_DEVICE_SM_LIMIT=25 LIBCUDA_LOG_LEVEL=4 "$build/tests/test_throttle" 25 refused
+run throttle-refused CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 refused
 # ... from a thread in a loop, each refusal taking 1 ms in the driver, as checks may.
 run throttle-refused-spinning CUDA_DEVICE_SM_LIMIT=25 FAKE_CUDA_REFUSE_US=1000 \
     "$build/tests/test_throttle" 25 refused-spinning

@@ -408,8 +408,10 @@ static void event_spans(void)
     if (!check(pipe(go) == 0 && pipe(out) == 0 && pipe(go_worker) == 0, "pipes"))
         return;
     pid_t child = fork();
-    if (child == 0)
+    if (child == 0) {
+        close(go[1]); /* a parent that skips its write ends the child's wait */
         _exit(timer(go[0], out[1]));
+    }
     close(out[1]);
     struct spans r;
     if (!check(read(out[0], &r, sizeof r) == (ssize_t)sizeof r, "the timing process ran alone"))

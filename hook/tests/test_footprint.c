@@ -930,8 +930,9 @@ static int released_after_gone(const char *program, int destroy_second)
     uint64_t contexts = (destroy_second ? 500 : 300) * MiB;
     int self = made ? slot_of(getpid()) : -1;
     struct vgpu_region *edit = region_edit();
-    if (!check(self >= 0 && edit != NULL && used() == contexts + 1 * MiB, "two contexts (%llu "
-               "MiB) and 1 MiB counted (%llu MiB)", (unsigned long long)(contexts / MiB),
+    if (!check(self >= 0 && edit != NULL && used() == contexts + 1 * MiB, "%s (%llu MiB) and 1 "
+               "MiB counted (%llu MiB)", destroy_second ? "two contexts" : "one retained twice",
+               (unsigned long long)(contexts / MiB),
                (unsigned long long)(used() / MiB)))
         return check_done(name);
     __atomic_store_n(&edit->slots[self].host_pid, (int32_t)third + offset, __ATOMIC_RELEASE);

@@ -530,10 +530,10 @@ static void memsets(double limit)
           "%.1f%% of the GPU over its 0.8 s (%s)", limit, worst, worst_name);
 }
 
-/* Calls the driver refuses queue nothing, and their tokens go back: before, a memset of 2^60
+/* Calls the driver refuses queue nothing, and take no tokens: before, a memset of 2^60
  * bytes or a launch of a grid past the GPU's bounds took them, a debt no GPU time backed,
  * forgiven at a rate of the debt itself, and the limit was lifted to bursts (a review of
- * 7c94ef6 saw 78 % under 25). Memsets of 8 MiB (2 ms) waited for, with a refused memset and a
+ * 7c94ef6 found it). Memsets of 8 MiB (2 ms) waited for, with a refused memset and a
  * refused launch every 0.25 s after 2 s; the GPU's share over each 0.5 s. */
 static void refused(double limit)
 {
@@ -580,7 +580,7 @@ static void refused(double limit)
 static int spinning; /* refused_spinning's thread runs while set */
 
 /* Refused memsets of 2^60 bytes, and refused launches, back to back: one nearly always under
- * way in the driver, its tokens taken and not yet given back. */
+ * way in the driver (under d914621, its tokens taken and not yet given back). */
 static void *refuse_in_a_loop(void *unused)
 {
     (void)unused;
