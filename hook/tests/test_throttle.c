@@ -530,35 +530,36 @@ static void memsets(double limit)
           "%.1f%% of the GPU over its 0.8 s (%s)", limit, worst, worst_name);
 }
 
-/* Calls the driver refuses queue nothing, and take no tokens: before, a memset of 2^60
- * bytes or a launch of a grid past the GPU's bounds took them, a debt no GPU time backed,
- * forgiven at a rate of the debt itself, and the limit was lifted to bursts (a review of
- * 7c94ef6 found it). Memsets of 8 MiB (2 ms) waited for, with a refused memset and a
- * refused launch every 0.25 s after 2 s; the GPU's share over each 0.5 s. */
-static void refused(double limit)
+/* Two calls the driver refuses: a memset of 2^60 bytes and a launch of a grid 2^31 - 1 across
+ * and 65536 down; returns how many it refused. */
+static int refused_calls(CUdeviceptr p)
 {
-    use_device(0);
-    CUdeviceptr p = 0;
+    return (cuMemsetD8_v2(p, 0, (size_t)1 << 60) == CUDA_ERROR_INVALID_VALUE) +
+           (cuLaunchKernel(NULL, INT32_MAX, 65536, 1, 128, 1, 1, 0, NULL, NULL, NULL) ==
+            CUDA_ERROR_INVALID_VALUE);
+}
+
+/* The fake GPU's share over eight 0.5 s windows of 8 MiB memsets at p (2 ms each) waited for,
+ * after 2 s of them; with `every` > 0, refused_calls every that many seconds (*tries calls,
+ * *refusals refused). Checks each window within 7 points of the limit, their mean within 5. */
+static void memset_windows(double limit, CUdeviceptr p, double every, int *tries, int *refusals,
+                           const char *beside)
+{
     size_t bytes = 8u << 20;
-    if (!check(cuMemAlloc(&p, bytes) == CUDA_SUCCESS, "8 MiB to set"))
-        return;
     for (double t0 = now_s(); now_s() - t0 < 2.0;) {
         cuMemsetD8_v2(p, 0, bytes);
         cuCtxSynchronize();
     }
-    int refusals = 0, tries = 0;
     double worst = 0, least = 100, sum = 0;
     int windows = 0;
     for (; windows < 8; windows++) {
         uint64_t busy0 = fake_cuda_busy_ns(0);
         double t0 = now_s(), next = t0;
         while (now_s() - t0 < 0.5) {
-            if (now_s() >= next) {
-                next += 0.25;
-                tries += 2;
-                refusals += cuMemsetD8_v2(p, 0, (size_t)1 << 60) == CUDA_ERROR_INVALID_VALUE;
-                refusals += cuLaunchKernel(NULL, INT32_MAX, 65536, 1, 128, 1, 1, 0, NULL, NULL,
-                                           NULL) == CUDA_ERROR_INVALID_VALUE;
+            if (every > 0 && now_s() >= next) {
+                next += every;
+                *tries += 2;
+                *refusals += refused_calls(p);
             }
             cuMemsetD8_v2(p, 0, bytes);
             cuCtxSynchronize();
@@ -568,69 +569,59 @@ static void refused(double limit)
         least = util < least ? util : least;
         sum += util;
     }
+    check(worst <= limit + 7.0 && least >= limit - 7.0 && fabs(sum / windows - limit) <= 5.0,
+          "limit %.0f%%, %s: the GPU %.1f%% busy on average over 4 s, %.1f-%.1f%% over each "
+          "0.5 s", limit, beside, sum / windows, least, worst);
+}
+
+/* Calls the driver refuses queue nothing, and take no tokens: before, a memset of 2^60 bytes
+ * or a launch of a grid past the GPU's bounds took them, a debt no GPU time backed, forgiven
+ * at a rate of the debt itself, and the limit was lifted to bursts (a review of 7c94ef6 found
+ * it): the rate swung, bursts the account's hold cut, then holds (the library of 33bd322, 3
+ * runs: 0.5 s windows of 0.1-40.1, 0.1-63.8 and 0.1-52.4 %). Refused calls every 0.25 s. */
+static void refused(double limit)
+{
+    use_device(0);
+    CUdeviceptr p = 0;
+    if (!check(cuMemAlloc(&p, 8u << 20) == CUDA_SUCCESS, "8 MiB to set"))
+        return;
+    int tries = 0, refusals = 0;
+    memset_windows(limit, p, 0.25, &tries, &refusals, "refused calls every 0.25 s");
     check(refusals == tries, "the driver refused each of %d memsets of 2^60 bytes and "
           "launches of a grid past its bounds (%d)", tries, refusals);
-    /* Before, the rate swung: bursts the account's hold cut, then holds (the library of
-     * 33bd322, 3 runs: 0.5 s windows of 0.1-40.1, 0.1-63.8 and 0.1-52.4 %). */
-    check(worst <= limit + 7.0 && least >= limit - 7.0 && fabs(sum / windows - limit) <= 5.0,
-          "limit %.0f%%: the GPU %.1f%% busy on average over 4 s, %.1f-%.1f%% over each 0.5 s",
-          limit, sum / windows, least, worst);
 }
 
 static int spinning; /* refused_spinning's thread runs while set */
 
-/* Refused memsets of 2^60 bytes, and refused launches, back to back: one nearly always under
- * way in the driver (under d914621, its tokens taken and not yet given back). */
+/* Refused calls back to back: one nearly always under way in the driver (under d914621, its
+ * tokens taken and not yet given back). */
 static void *refuse_in_a_loop(void *unused)
 {
     (void)unused;
     use_device(0);
-    CUdeviceptr p = 0;
-    while (__atomic_load_n(&spinning, __ATOMIC_ACQUIRE)) {
-        cuMemsetD8_v2(p, 0, (size_t)1 << 60);
-        cuLaunchKernel(NULL, INT32_MAX, 65536, 1, 128, 1, 1, 0, NULL, NULL, NULL);
-    }
+    while (__atomic_load_n(&spinning, __ATOMIC_ACQUIRE))
+        refused_calls(0);
     return NULL;
 }
 
 /* As refused, but a second thread makes refused calls in a loop from the start, so that a
  * control step nearly always finds one under way: a debt seen then, forgiven or taken for the
  * first period's demand, set the rate from tokens no GPU time backed (a review of the first
- * refund, d914621, found). */
+ * refund, d914621, found: 94.5 % under 25). */
 static void refused_spinning(double limit)
 {
     use_device(0);
     CUdeviceptr p = 0;
-    size_t bytes = 8u << 20;
     pthread_t thread;
     __atomic_store_n(&spinning, 1, __ATOMIC_RELEASE);
-    if (!check(cuMemAlloc(&p, bytes) == CUDA_SUCCESS &&
+    if (!check(cuMemAlloc(&p, 8u << 20) == CUDA_SUCCESS &&
                    pthread_create(&thread, NULL, refuse_in_a_loop, NULL) == 0,
                "8 MiB to set, and a thread making refused calls"))
         return;
-    for (double t0 = now_s(); now_s() - t0 < 2.0;) {
-        cuMemsetD8_v2(p, 0, bytes);
-        cuCtxSynchronize();
-    }
-    double worst = 0, least = 100, sum = 0;
-    int windows = 0;
-    for (; windows < 8; windows++) {
-        uint64_t busy0 = fake_cuda_busy_ns(0);
-        double t0 = now_s();
-        while (now_s() - t0 < 0.5) {
-            cuMemsetD8_v2(p, 0, bytes);
-            cuCtxSynchronize();
-        }
-        double util = 100.0 * (double)(fake_cuda_busy_ns(0) - busy0) / ((now_s() - t0) * 1e9);
-        worst = util > worst ? util : worst;
-        least = util < least ? util : least;
-        sum += util;
-    }
+    int tries = 0, refusals = 0;
+    memset_windows(limit, p, 0, &tries, &refusals, "refused calls in a loop beside");
     __atomic_store_n(&spinning, 0, __ATOMIC_RELEASE);
     pthread_join(thread, NULL);
-    check(worst <= limit + 7.0 && least >= limit - 7.0 && fabs(sum / windows - limit) <= 5.0,
-          "limit %.0f%%, refused calls in a loop beside: the GPU %.1f%% busy on average over 4 s, "
-          "%.1f-%.1f%% over each 0.5 s", limit, sum / windows, least, worst);
 }
 
 /* A graph's memset nodes are work as its kernels are: costed by what they set, as the memset
