@@ -798,6 +798,15 @@ static void bystander_done(pid_t third)
     check(status == 0, "the third container's process did its part (status 0x%x)", status);
 }
 
+/* This process's slot (self, in the region's writable view edit) names the bystander's host
+ * pid, as though the library had learnt it wrongly; then the bystander exits. */
+static void bystander_named_then_gone(struct vgpu_region *edit, int self, pid_t third)
+{
+    int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET"));
+    __atomic_store_n(&edit->slots[self].host_pid, (int32_t)third + offset, __ATOMIC_RELEASE);
+    bystander_done(third);
+}
+
 /* Inside this process's allocation: the third container's process grows by 64 MiB, and this
  * process's first launch loads 100 MiB of modules (FAKE_CUDA_LAZY_MIB), so that the third
  * process's is the one growth of the allocation's size. */
@@ -857,7 +866,6 @@ static int wrong_pid_gone(const char *program, enum held_contexts held_contexts)
     /* What the context left counts (the fake's first context FAKE_CUDA_CONTEXT_MIB, a created
      * one FAKE_CUDA_CREATED_CONTEXT_MIB more). */
     uint64_t context = (held_contexts == CREATED_AFTER_RELEASE ? 500 : 300) * MiB;
-    int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET"));
     pid_t third = spawn_bystander(program);
     if (third == 0)
         return check_done(name);
@@ -885,8 +893,7 @@ static int wrong_pid_gone(const char *program, enum held_contexts held_contexts)
                "and 1 MiB counted (%llu MiB)", (unsigned long long)(context / MiB),
                (unsigned long long)(used() / MiB)))
         return check_done(name);
-    __atomic_store_n(&edit->slots[self].host_pid, (int32_t)third + offset, __ATOMIC_RELEASE);
-    bystander_done(third);
+    bystander_named_then_gone(edit, self, third);
     sleep_s(1.1); /* past the wait between measurements */
     uint64_t held = 1 * MiB;
     while (cuMemAlloc(&p, 16 * MiB) == CUDA_SUCCESS)
@@ -916,7 +923,6 @@ static int released_after_gone(const char *program, int destroy_second)
 {
     const char *name = destroy_second ? "test_footprint destroyed-after-gone"
                                       : "test_footprint released-after-gone";
-    int32_t offset = atoi(getenv("FAKE_NVML_PID_OFFSET"));
     pid_t third = spawn_bystander(program);
     if (third == 0)
         return check_done(name);
@@ -935,8 +941,7 @@ static int released_after_gone(const char *program, int destroy_second)
                (unsigned long long)(contexts / MiB),
                (unsigned long long)(used() / MiB)))
         return check_done(name);
-    __atomic_store_n(&edit->slots[self].host_pid, (int32_t)third + offset, __ATOMIC_RELEASE);
-    bystander_done(third);
+    bystander_named_then_gone(edit, self, third);
     sleep_s(0.05);
     cuCtxSynchronize(); /* the fake's GPU forgets the exited process */
     made = destroy_second ? cuCtxDestroy(second) == CUDA_SUCCESS &&
