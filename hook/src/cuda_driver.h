@@ -407,25 +407,29 @@ int vgpu_stream_device(CUstream stream);
  * cuCtxFromGreenCtx gives for it (NULL: the driver cannot say). */
 CUcontext vgpu_stream_context(CUstream stream);
 
+/* The device a kernel launched on stream runs on, with more than one device: the stream's,
+ * since a CUkernel runs in its stream's context whatever is current (cuda.h, cuLaunchKernel),
+ * and the current context's where the driver cannot name the stream's. Out of line: its
+ * questions to the driver need a stack frame (and canary) the one-device path should not pay
+ * for. */
+int vgpu_launch_device(CUstream stream);
+
 /* The device a kernel launched on stream runs on. With one device (most vGPU containers), 0
  * without asking the driver: the SM gate's costliest step on the fake (hook/README.md,
- * "Overhead"); a launch without a current context is charged to it too, though the driver then
- * refuses it (as any launch the driver refuses is charged). Else the stream's device, since a
- * CUkernel runs in its stream's context whatever is current (cuda.h, cuLaunchKernel), and the
- * current context's where the driver cannot name the stream's. */
+ * "Overhead"); a launch without a current context is gated on it too (the driver then refuses
+ * it, and it takes no tokens). */
 static inline int launch_device_on(CUstream stream)
 {
     if (__atomic_load_n(&vgpu_one_device, __ATOMIC_RELAXED))
         return 0;
-    int dev = vgpu_stream_device(stream);
-    return dev >= 0 ? dev : current_device();
+    return vgpu_launch_device(stream);
 }
 
 /* The blocks a launch of this grid runs: what the SM limiter charges for it. */
 static inline uint64_t grid(unsigned gx, unsigned gy, unsigned gz)
 {
     /* Three 32-bit factors may pass 2^64 (a grid the driver refuses): saturated, not wrapped
-     * (vgpu_throttle_take bounds what one launch takes). */
+     * (vgpu_throttle_launch and vgpu_throttle_take bound what one launch takes). */
     uint64_t across = (uint64_t)gx * gy;
     return gz != 0 && across > UINT64_MAX / gz ? UINT64_MAX : across * gz;
 }

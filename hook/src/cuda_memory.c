@@ -54,6 +54,12 @@ int vgpu_stream_device(CUstream stream)
     return found;
 }
 
+int vgpu_launch_device(CUstream stream)
+{
+    int dev = vgpu_stream_device(stream);
+    return dev >= 0 ? dev : current_device();
+}
+
 /* The device of the allocation at ptr (-1: the driver cannot say). */
 static int pointer_device(CUdeviceptr ptr)
 {

@@ -892,7 +892,7 @@ static __attribute__((noinline)) void note_other(uintptr_t *slot, uintptr_t none
  * which brought contention-chain-20 from 19.1-22.4 % to 19.0-20.9 % under 20, but moved
  * throttle-siblings' split further from even: the first process 18.8 % on average in 10 runs
  * against 16.8, hook/README.md.) */
-static void end_drain(struct bucket *b)
+static inline void end_drain(struct bucket *b)
 {
     if (__atomic_load_n(&b->drained_us, __ATOMIC_SEQ_CST) != 0)
         __atomic_store_n(&b->drained_us, 0, __ATOMIC_SEQ_CST);
@@ -926,75 +926,95 @@ void vgpu_throttle_take(int dev, uint64_t cost)
                            __ATOMIC_ACQ_REL);
 }
 
-/* The calling thread's gated calls the driver has not answered yet (vgpu_throttle_answered),
- * innermost last: a signal handler's launch may come between a launch's gate and its answer.
- * Past UNANSWERED of them a call takes its tokens at its gate (overflowed counts those). */
-enum { UNANSWERED = 4 };
-static __thread __attribute__((tls_model("initial-exec"))) struct {
-    struct {
-        int dev;
-        uint64_t cost;
-    } calls[UNANSWERED];
-    unsigned depth, overflowed;
-} unanswered;
-
-void vgpu_throttle_answered(int refused)
+/* The gate's rare cases, in the order they matter: the watcher not started yet, no tokens
+ * (wait), another thread or stream than the one named. Out of line, so that a launch that
+ * meets none of them saves no registers (its calls are here). */
+static __attribute__((noinline)) void gate_rare(int dev, struct bucket *b, uintptr_t stream)
 {
-    if (unanswered.overflowed != 0) {
-        unanswered.overflowed--;
-        return;
-    }
-    unsigned depth = unanswered.depth;
-    if (depth == 0)
-        return;
-    int dev = unanswered.calls[depth - 1].dev;
-    uint64_t cost = unanswered.calls[depth - 1].cost;
-    /* Read before the entry is given up: a signal handler's call in between takes it. */
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    unanswered.depth = depth - 1;
-    if (!refused)
-        vgpu_throttle_take(dev, cost);
-}
-
-void vgpu_throttle_launch(int dev, uint64_t cost, uintptr_t stream)
-{
-    vgpu_throttle_wait(dev, stream);
-    if (unanswered.depth == UNANSWERED) {
-        unanswered.overflowed++;
-        vgpu_throttle_take(dev, cost);
-        return;
-    }
-    unsigned depth = unanswered.depth;
-    unanswered.depth = depth + 1;
-    /* The entry is taken before it is written: a signal handler's call in between uses the
-     * next. */
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    unanswered.calls[depth].dev = dev;
-    unanswered.calls[depth].cost = cost;
-}
-
-void vgpu_throttle_wait(int dev, uintptr_t stream)
-{
-    if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES)
-        return;
-    struct bucket *b = &buckets[dev];
-    if (b->limit == 0)
-        return;
-    if (__builtin_expect(!__atomic_load_n(&watcher_running, __ATOMIC_ACQUIRE), 0))
+    if (!__atomic_load_n(&watcher_running, __ATOMIC_ACQUIRE))
         start_watcher(dev);
-    if (__builtin_expect(__atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) <= 0, 0))
+    if (__atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) <= 0)
         wait_for_tokens(dev, b);
     /* Several launching threads, for good: a synchronisation on one may return before
      * another's launch, made while it ran, is done. */
     uintptr_t launcher = __atomic_load_n(&b->launcher, __ATOMIC_RELAXED);
-    if (__builtin_expect(launcher != thread_name && launcher != several_launchers, 0))
+    if (launcher != thread_name && launcher != several_launchers)
         note_other(&b->launcher, no_launcher, this_thread(), several_launchers);
     /* Several streams, until a drain of the whole context: a stream's synchronisation does
      * not wait for another's work. */
     uintptr_t named = __atomic_load_n(&b->stream, __ATOMIC_RELAXED);
-    if (__builtin_expect(named != stream && named != several_streams, 0))
+    if (named != stream && named != several_streams)
         note_other(&b->stream, 0, stream, several_streams);
+}
+
+/* The bucket of dev, NULL where dev has no limit. */
+static inline struct bucket *limited(int dev)
+{
+    return dev >= 0 && dev < VGPU_REGION_MAX_DEVICES && buckets[dev].limit != 0 ? &buckets[dev]
+                                                                               : NULL;
+}
+
+/* Whether a launch on b's device, on the stream whose key is `stream`, meets none of
+ * gate_rare's cases: most do. */
+static inline int gate_open(const struct bucket *b, uintptr_t stream)
+{
+    uintptr_t launcher = __atomic_load_n(&b->launcher, __ATOMIC_RELAXED);
+    uintptr_t named = __atomic_load_n(&b->stream, __ATOMIC_RELAXED);
+    return __atomic_load_n(&watcher_running, __ATOMIC_ACQUIRE) &&
+           __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) > 0 &&
+           (launcher == thread_name || launcher == several_launchers) &&
+           (named == stream || named == several_streams);
+}
+
+void vgpu_throttle_wait(int dev, uintptr_t stream)
+{
+    struct bucket *b = limited(dev);
+    if (b == NULL)
+        return;
+    if (!gate_open(b, stream))
+        gate_rare(dev, b, stream);
     end_drain(b);
+}
+
+__thread __attribute__((tls_model("initial-exec"))) struct vgpu_unanswered vgpu_unanswered;
+
+/* The calling thread's next unanswered call, on b (NULL: a device with no limit). */
+static inline void remember(struct bucket *b, uint64_t cost)
+{
+    int64_t capped = (int64_t)(cost < max_cost ? cost : max_cost);
+    unsigned depth = vgpu_unanswered.depth;
+    vgpu_unanswered.depth = depth + 1;
+    if (__builtin_expect(depth >= VGPU_UNANSWERED, 0)) {
+        if (b != NULL) /* no room to wait for the answer: taken at the gate */
+            __atomic_sub_fetch(&b->tokens, capped, __ATOMIC_ACQ_REL);
+        return;
+    }
+    /* The entry is taken before it is written: a signal handler's call in between uses the
+     * next. */
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    vgpu_unanswered.calls[depth].tokens = b != NULL ? &b->tokens : NULL;
+    vgpu_unanswered.calls[depth].cost = capped;
+}
+
+/* vgpu_throttle_launch past gate_rare. Out of line and called last: the common path then
+ * makes no call and saves no registers. */
+static __attribute__((noinline)) void launch_rare(int dev, uint64_t cost, uintptr_t stream)
+{
+    vgpu_throttle_wait(dev, stream);
+    remember(limited(dev), cost);
+}
+
+void vgpu_throttle_launch(int dev, uint64_t cost, uintptr_t stream)
+{
+    struct bucket *b = limited(dev);
+    if (b != NULL) {
+        if (__builtin_expect(!gate_open(b, stream), 0)) {
+            launch_rare(dev, cost, stream);
+            return;
+        }
+        end_drain(b);
+    }
+    remember(b, cost);
 }
 
 /* Whether thread me's synchronisation on dev of stream (VGPU_ALL_STREAMS: the context's) may

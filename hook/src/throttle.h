@@ -3,6 +3,7 @@
 #ifndef VGPU_THROTTLE_H
 #define VGPU_THROTTLE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Non-zero once some device has an SM limit (read by every launch wrapper). */
@@ -21,9 +22,40 @@ void vgpu_throttle_init(void);
  * control step could still find them under way). */
 void vgpu_throttle_launch(int dev, uint64_t cost, uintptr_t stream);
 
+/* The calling thread's gated calls the driver has not answered yet, innermost last: a signal
+ * handler's launch may come between a launch's gate and its answer. Past VGPU_UNANSWERED of
+ * them a call takes its tokens at its gate (depth counts those too, entries only the first). */
+enum { VGPU_UNANSWERED = 4 };
+struct vgpu_unanswered {
+    struct {
+        int64_t *tokens; /* its device's bucket; NULL: no limit there */
+        int64_t cost;
+    } calls[VGPU_UNANSWERED];
+    unsigned depth;
+};
+extern __thread __attribute__((tls_model("initial-exec"))) struct vgpu_unanswered vgpu_unanswered;
+
 /* The driver answered the calling thread's innermost gated call (through vgpu_answered,
- * cuda_driver.h): taken (refused 0), its tokens are taken now; refused, nothing was queued. */
-void vgpu_throttle_answered(int refused);
+ * cuda_driver.h): taken (refused 0), its tokens are taken now; refused, nothing was queued.
+ * Inline: out of line, a limited launch ran 5 instructions more and took some 5 ns longer
+ * (hook/README.md, "Overhead"). */
+static inline void vgpu_throttle_answered(int refused)
+{
+    unsigned depth = vgpu_unanswered.depth;
+    if (depth == 0)
+        return;
+    if (depth > VGPU_UNANSWERED) {
+        vgpu_unanswered.depth = depth - 1;
+        return;
+    }
+    int64_t *tokens = vgpu_unanswered.calls[depth - 1].tokens;
+    int64_t cost = vgpu_unanswered.calls[depth - 1].cost;
+    /* Read before the entry is given up: a signal handler's call in between takes it. */
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    vgpu_unanswered.depth = depth - 1;
+    if (!refused && tokens != NULL)
+        __atomic_sub_fetch(tokens, cost, __ATOMIC_ACQ_REL);
+}
 
 /* The gate and the take apart, for a launch of several kernels in one call
  * (cuLaunchCooperativeKernelMultiDevice): the wait of vgpu_throttle_launch, and the taking of
