@@ -416,8 +416,8 @@ int vgpu_launch_device(CUstream stream);
 
 /* The device a kernel launched on stream runs on. With one device (most vGPU containers), 0
  * without asking the driver: the SM gate's costliest step on the fake (hook/README.md,
- * "Overhead"); a launch without a current context is gated on it too (the driver then refuses
- * it, and it takes no tokens). */
+ * "Overhead"); a launch without a current context is gated on it too, and the driver then
+ * refuses it (vgpu_answered). */
 static inline int launch_device_on(CUstream stream)
 {
     if (__atomic_load_n(&vgpu_one_device, __ATOMIC_RELAXED))

@@ -11,9 +11,8 @@
 static __thread __attribute__((tls_model("initial-exec"))) unsigned launches_here;
 
 /* A launch on stream (named through a _ptsz export: per_thread) under an SM limit passes the
- * gate; its tokens are taken once the driver took it (vgpu_answered). Out of line: the
- * driver's question for the device needs a stack frame that the unlimited launch should not
- * pay for. */
+ * gate; its tokens are taken once the driver took it (vgpu_answered). Out of line: an
+ * unlimited launch, which every wrapper here inlines its gate for, carries none of this. */
 static __attribute__((noinline)) void charge(uint64_t blocks, CUstream stream, int per_thread)
 {
     vgpu_throttle_launch(launch_device_on(stream), blocks ? blocks : 1,

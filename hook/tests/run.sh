@@ -494,7 +494,7 @@ run throttle-refused CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 ref
 run throttle-refused-spinning CUDA_DEVICE_SM_LIMIT=25 FAKE_CUDA_REFUSE_US=1000 \
     "$build/tests/test_throttle" 25 refused-spinning
 # Launches made while the driver answers another, 7 deep (past the library's stack of 4
-# unanswered calls), with refused calls beside them: each launch charged once, no refusal.
+# unanswered calls), with refused calls beside them within the stack: none of those charged.
 run throttle-nested CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 nested
 run throttle-many-processes CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 many-processes
 run throttle-nvml-not-found CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_NOT_FOUND=1 \

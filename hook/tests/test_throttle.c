@@ -633,7 +633,7 @@ static void refused_spinning(double limit)
  * driver's answer on a per-thread stack of 4 unanswered calls, and past it a call takes them at
  * its gate (src/throttle.h): refused calls are made only where the stack has room, since past
  * it they are charged, as documented. */
-enum { NESTED = 6, UNANSWERED = 4 };
+enum { NESTED = 6, UNANSWERED = 4 /* VGPU_UNANSWERED, src/throttle.h */ };
 static int nested_depth, nested_tries, nested_refusals;
 static int nested_refusing;      /* this unit makes refused calls: one every 0.25 s does */
 static double nested_refuse_at; /* now_s() from which the next unit does */
