@@ -1081,17 +1081,24 @@ static unsigned long event_changes;
 static unsigned long records_under_way;
 /* Set once the process made or opened an interprocess event (vgpu_throttle_events_shared). */
 static int events_shared;
+/* Bit dev: device dev's bucket has kept an event (keep_event), so that forgetting one reads
+ * those lists alone. Scanning every limited device's (all 16 where the limit is set for all)
+ * cost each record some 780 instructions (hook/README.md, "Overhead"). Never cleared. */
+static unsigned events_kept_on;
 
 void vgpu_throttle_events_shared(void)
 {
     __atomic_store_n(&events_shared, 1, __ATOMIC_SEQ_CST);
 }
 
-/* No device keeps event any more. */
+/* No device keeps event any more. A device whose bucket keeps it for the first time sets its
+ * bit before keeping it, and then looks at event_changes: a forgetting that read the bits
+ * before that counted itself there first (event_changed), and the keeper forgets the event. */
 static void forget_event(uintptr_t event)
 {
-    for (int dev = 0; event != 0 && dev < VGPU_REGION_MAX_DEVICES; dev++)
-        for (int i = 0; buckets[dev].limit != 0 && i < KEPT_EVENTS; i++) {
+    unsigned on = __atomic_load_n(&events_kept_on, __ATOMIC_SEQ_CST);
+    for (int dev = 0; event != 0 && dev < VGPU_REGION_MAX_DEVICES && (on >> dev) != 0; dev++)
+        for (int i = 0; (on >> dev & 1) != 0 && i < KEPT_EVENTS; i++) {
             uintptr_t was = event; /* read first: a locked exchange costs every record ~20 ns */
             if (__atomic_load_n(&buckets[dev].events[i], __ATOMIC_SEQ_CST) == event)
                 __atomic_compare_exchange_n(&buckets[dev].events[i], &was, 0, 0,
@@ -1119,11 +1126,14 @@ unsigned long vgpu_throttle_event_recording(void)
     return __atomic_load_n(&event_changes, __ATOMIC_SEQ_CST);
 }
 
-/* Keeps event on b, this thread's (may_drain). Only this thread launches here, and only a
- * launch ends freshness: the list is this thread's to start again. A launch by another from
- * here on makes it one of several, and no wait drains. */
-static void keep_event(struct bucket *b, uintptr_t stream, uintptr_t event)
+/* Keeps event on dev's bucket, this thread's (may_drain). Only this thread launches here, and
+ * only a launch ends freshness: the list is this thread's to start again. A launch by another
+ * from here on makes it one of several, and no wait drains. */
+static void keep_event(int dev, uintptr_t stream, uintptr_t event)
 {
+    struct bucket *b = &buckets[dev];
+    if (!(__atomic_load_n(&events_kept_on, __ATOMIC_SEQ_CST) >> dev & 1))
+        __atomic_fetch_or(&events_kept_on, 1u << dev, __ATOMIC_SEQ_CST);
     if (!__atomic_load_n(&b->events_fresh, __ATOMIC_ACQUIRE)) {
         for (int i = 0; i < KEPT_EVENTS; i++)
             __atomic_store_n(&b->events[i], 0, __ATOMIC_RELAXED);
@@ -1146,7 +1156,7 @@ void vgpu_throttle_event_recorded(int dev, uintptr_t stream, uintptr_t event,
     unsigned long mine = event_changed(event);
     if (event != 0 && mine == since + 1 && !__atomic_load_n(&events_shared, __ATOMIC_SEQ_CST) &&
         may_drain(dev, stream, this_thread())) {
-        keep_event(&buckets[dev], stream, event);
+        keep_event(dev, stream, event);
         if (__atomic_load_n(&event_changes, __ATOMIC_SEQ_CST) != mine)
             forget_event(event);
     }
@@ -1159,9 +1169,10 @@ void vgpu_throttle_event_done(uintptr_t event)
 {
     if (__atomic_load_n(&records_under_way, __ATOMIC_SEQ_CST) != 0)
         return;
-    for (int dev = 0; event != 0 && dev < VGPU_REGION_MAX_DEVICES; dev++) {
+    unsigned on = __atomic_load_n(&events_kept_on, __ATOMIC_ACQUIRE);
+    for (int dev = 0; event != 0 && dev < VGPU_REGION_MAX_DEVICES && (on >> dev) != 0; dev++) {
         struct bucket *b = &buckets[dev];
-        if (b->limit == 0 || !__atomic_load_n(&b->events_fresh, __ATOMIC_ACQUIRE))
+        if (!(on >> dev & 1) || !__atomic_load_n(&b->events_fresh, __ATOMIC_ACQUIRE))
             continue;
         for (int i = 0; i < KEPT_EVENTS; i++)
             if (__atomic_load_n(&b->events[i], __ATOMIC_ACQUIRE) == event) {
