@@ -917,13 +917,16 @@ static __attribute__((noinline)) void wait_for_tokens(int dev, struct bucket *b)
 /* What a launch takes: at most 2^56 tokens (months of any GPU's blocks). Larger, or wrapped past
  * 2^63 (a grid the driver refuses: 3 * 2^62 blocks), a cost taken as a negative number gave
  * tokens instead (a review found), and threads taking at once could wrap the bucket. */
-static const uint64_t max_cost = UINT64_C(1) << 56;
+static inline int64_t bounded(uint64_t cost)
+{
+    const uint64_t max_cost = UINT64_C(1) << 56;
+    return (int64_t)(cost < max_cost ? cost : max_cost);
+}
 
 void vgpu_throttle_take(int dev, uint64_t cost)
 {
     if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES && buckets[dev].limit != 0 && cost != 0)
-        __atomic_sub_fetch(&buckets[dev].tokens, (int64_t)(cost < max_cost ? cost : max_cost),
-                           __ATOMIC_ACQ_REL);
+        __atomic_sub_fetch(&buckets[dev].tokens, bounded(cost), __ATOMIC_ACQ_REL);
 }
 
 /* The gate's rare cases, in the order they matter: the watcher not started yet, no tokens
@@ -981,7 +984,7 @@ __thread __attribute__((tls_model("initial-exec"))) struct vgpu_unanswered vgpu_
 /* The calling thread's next unanswered call, on b (NULL: a device with no limit). */
 static inline void remember(struct bucket *b, uint64_t cost)
 {
-    int64_t capped = (int64_t)(cost < max_cost ? cost : max_cost);
+    int64_t capped = bounded(cost);
     unsigned depth = vgpu_unanswered.depth;
     vgpu_unanswered.depth = depth + 1;
     if (__builtin_expect(depth >= VGPU_UNANSWERED, 0)) {
@@ -996,12 +999,14 @@ static inline void remember(struct bucket *b, uint64_t cost)
     vgpu_unanswered.calls[depth].cost = capped;
 }
 
-/* vgpu_throttle_launch past gate_rare. Out of line and called last: the common path then
- * makes no call and saves no registers. */
-static __attribute__((noinline)) void launch_rare(int dev, uint64_t cost, uintptr_t stream)
+/* vgpu_throttle_launch on dev's bucket b through gate_rare. Out of line and called last: the
+ * common path then makes no call and saves no registers. */
+static __attribute__((noinline)) void launch_rare(int dev, struct bucket *b, uint64_t cost,
+                                                  uintptr_t stream)
 {
-    vgpu_throttle_wait(dev, stream);
-    remember(limited(dev), cost);
+    gate_rare(dev, b, stream);
+    end_drain(b);
+    remember(b, cost);
 }
 
 void vgpu_throttle_launch(int dev, uint64_t cost, uintptr_t stream)
@@ -1009,7 +1014,7 @@ void vgpu_throttle_launch(int dev, uint64_t cost, uintptr_t stream)
     struct bucket *b = limited(dev);
     if (b != NULL) {
         if (__builtin_expect(!gate_open(b, stream), 0)) {
-            launch_rare(dev, cost, stream);
+            launch_rare(dev, b, cost, stream);
             return;
         }
         end_drain(b);
