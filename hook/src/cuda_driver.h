@@ -325,18 +325,75 @@ void vgpu_graph_mapping_forget(CUgraphExec exec, uint64_t serial);
 CUresult vgpu_graph_launch(graph_launch_fn launch, CUgraphExec exec, CUstream stream,
                            const char *api);
 
+/* vgpu_stack_before_launch where vgpu_stack_fits cannot tell (cuda_limits.c). */
+int vgpu_stack_check_launch(CUfunction f, CUstream stream);
+/* The same for a launch on stream whose kernels need `local` bytes a thread at most (a
+ * graph's). */
+int vgpu_stack_before_needs(uint64_t local, CUstream stream);
+/* vgpu_stack_after_launch for a launch that counted raises (raised > 0). */
+void vgpu_stack_launched(int raised, CUresult rc);
+/* A kernel's local memory a thread (0: none, or the driver cannot say). */
+uint64_t vgpu_kernel_local_bytes(CUfunction f);
+
+/* What vgpu_stack_before_launch keeps for the launches' fast path (cuda_launch.c), which
+ * reads it inline: each kernel's local memory as asked (a table by handle, direct-mapped), the
+ * floor (no counted context on a capped device has a smaller stack), and whether a launch is
+ * checked at all (not known until the region is attached; never where no device is capped). */
+enum { VGPU_FUNCTIONS = 4096 /* a power of two */ };
+struct vgpu_known_function {
+    CUfunction f;
+    uint64_t local;
+};
+extern struct vgpu_known_function vgpu_functions[VGPU_FUNCTIONS];
+extern uint64_t vgpu_floor_stack;
+enum { VGPU_STACK_NOT_KNOWN = 0, VGPU_STACK_BY_TABLE, VGPU_STACK_NEVER };
+extern int vgpu_stack_checked;
+
+static inline size_t vgpu_function_slot(CUfunction f)
+{
+    return (size_t)(((uintptr_t)f >> 4) * UINT64_C(0x9e3779b97f4a7c15) >> 32) &
+           (VGPU_FUNCTIONS - 1);
+}
+
+/* 1 with f's local memory in *local, as the table has it; 0 when it was never asked (or the
+ * handle was forgotten, or is being written). */
+static inline int vgpu_known_local_bytes(CUfunction f, uint64_t *local)
+{
+    const struct vgpu_known_function *k = &vgpu_functions[vgpu_function_slot(f)];
+    CUfunction before = __atomic_load_n(&k->f, __ATOMIC_ACQUIRE);
+    *local = __atomic_load_n(&k->local, __ATOMIC_ACQUIRE);
+    return before == f && __atomic_load_n(&k->f, __ATOMIC_ACQUIRE) == f;
+}
+
+/* 1 when vgpu_stack_before_launch(f, any stream) would surely answer 0 without asking the
+ * driver anything: no device capped, or f's local memory known and within the floor. 0: it
+ * must be asked. */
+static inline int vgpu_stack_fits(CUfunction f)
+{
+    int checked = __atomic_load_n(&vgpu_stack_checked, __ATOMIC_ACQUIRE);
+    if (checked != VGPU_STACK_BY_TABLE)
+        return checked == VGPU_STACK_NEVER;
+    uint64_t local;
+    return f == NULL || (vgpu_known_local_bytes(f, &local) &&
+                         local <= __atomic_load_n(&vgpu_floor_stack, __ATOMIC_ACQUIRE));
+}
+
 /* Before a launch of f on stream (cuda_limits.c): the stack the driver will raise for it on the
  * device it runs on, if its threads need more local memory than that device's stack holds,
  * reserved and counted; -1: it does not fit (logged; the caller answers
  * CUDA_ERROR_OUT_OF_MEMORY without launching); else the devices it was counted on, a bit each
- * (0: nothing to do), which vgpu_stack_after_launch takes with the launch's result. */
-int vgpu_stack_before_launch(CUfunction f, CUstream stream);
-/* The same for a launch on stream whose kernels need `local` bytes a thread at most (a
- * graph's). */
-int vgpu_stack_before_needs(uint64_t local, CUstream stream);
-void vgpu_stack_after_launch(int raised, CUresult rc);
-/* A kernel's local memory a thread (0: none, or the driver cannot say). */
-uint64_t vgpu_kernel_local_bytes(CUfunction f);
+ * (0: nothing to do), which vgpu_stack_after_launch takes with the launch's result. Inline up
+ * to what the table answers: every launch asks (hook/README.md, "Overhead"). */
+static inline int vgpu_stack_before_launch(CUfunction f, CUstream stream)
+{
+    return vgpu_stack_fits(f) ? 0 : vgpu_stack_check_launch(f, stream);
+}
+
+static inline void vgpu_stack_after_launch(int raised, CUresult rc)
+{
+    if (raised > 0)
+        vgpu_stack_launched(raised, rc);
+}
 
 /* How a context came to be: what undoes or ends it, what it is to the limiter, and whether a
  * reset of the device's primary context resets its limits (cuda_limits.c). SEEN: one the

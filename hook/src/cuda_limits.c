@@ -20,7 +20,7 @@
 #include "region.h"
 #include "util.h"
 
-enum { DEFAULT_STACK = 1024, FUNCTIONS = 4096 /* a power of two */, CONTEXTS = 64 };
+enum { DEFAULT_STACK = 1024, CONTEXTS = 64 };
 
 /* The per-thread stack counted in each context, under stack_lock; ctx and stack read without
  * it are atomic. A context is entered as it is made (cuda_context.c), or when first met at a
@@ -40,8 +40,8 @@ static uint64_t generations;
 static unsigned given_up;
 static uint64_t given_up_floor = UINT64_MAX;
 /* No counted context on a capped device has a smaller stack: a kernel needing no more launches
- * with no question asked (not even which context it runs in). */
-static uint64_t floor_stack = DEFAULT_STACK;
+ * with no question asked (not even which context it runs in; cuda_driver.h, vgpu_stack_fits). */
+uint64_t vgpu_floor_stack = DEFAULT_STACK;
 static pthread_mutex_t stack_lock = PTHREAD_MUTEX_INITIALIZER;
 /* The context entry (and its generation), and its stack, each device's raise of this thread's
  * launch under way was counted from (raising: those devices, a bit each): what it is again if
@@ -53,12 +53,11 @@ static __thread struct raised {
 } raised_from[VGPU_REGION_MAX_DEVICES];
 static __thread int raising;
 
-/* Kernels' local memory per thread, direct-mapped by handle: written under stack_lock, read
- * without it (the handle read before and after the size must be the one asked about). */
-static struct known_function {
-    CUfunction f;
-    uint64_t local;
-} functions[FUNCTIONS];
+/* Kernels' local memory per thread, direct-mapped by handle (vgpu_function_slot): written under
+ * stack_lock, read without it (the handle read before and after the size must be the one asked
+ * about). */
+struct vgpu_known_function vgpu_functions[VGPU_FUNCTIONS];
+int vgpu_stack_checked;
 
 /* How many threads dev holds at once (0: the driver cannot say). */
 static uint64_t resident_threads(int dev)
@@ -133,7 +132,7 @@ static void refloor(void)
     }
     if (!any && lowest > DEFAULT_STACK)
         lowest = DEFAULT_STACK;
-    __atomic_store_n(&floor_stack, lowest, __ATOMIC_RELEASE);
+    __atomic_store_n(&vgpu_floor_stack, lowest, __ATOMIC_RELEASE);
 }
 
 /* ctx's entry (NULL: none; entry_of(NULL) is a free one). Caller holds stack_lock. */
@@ -282,8 +281,8 @@ void vgpu_stack_context_made(CUcontext ctx, const void *made, int dev,
  * holds stack_lock. */
 static void clear_functions(void)
 {
-    for (size_t i = 0; i < FUNCTIONS; i++)
-        __atomic_store_n(&functions[i].f, NULL, __ATOMIC_RELEASE);
+    for (size_t i = 0; i < VGPU_FUNCTIONS; i++)
+        __atomic_store_n(&vgpu_functions[i].f, NULL, __ATOMIC_RELEASE);
 }
 
 int vgpu_stack_context_gone(const void *made)
@@ -364,11 +363,6 @@ VGPU_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
 
 /* ---- the stack a kernel needs, which the driver raises at its launch ---------------------- */
 
-static size_t slot(CUfunction f)
-{
-    return (size_t)(((uintptr_t)f >> 4) * UINT64_C(0x9e3779b97f4a7c15) >> 32) & (FUNCTIONS - 1);
-}
-
 /* What the driver says f's threads need, asked as a CUfunction and else as a CUkernel (cast to
  * CUfunction, as cuLaunchKernel allows; cuda.h documents cuFuncGetAttribute for CUfunction
  * alone) on the current device, or device 0 when no context is current (a CUkernel launched on
@@ -393,7 +387,7 @@ static int ask_local_bytes(CUfunction f)
  * below: what every launch runs then needs no stack frame of its own (hook/README.md,
  * "Overhead"). */
 static __attribute__((noinline)) uint64_t learn_local_bytes(CUfunction f,
-                                                            struct known_function *k)
+                                                            struct vgpu_known_function *k)
 {
     int bytes = ask_local_bytes(f);
     pthread_mutex_lock(&stack_lock);
@@ -410,12 +404,10 @@ uint64_t vgpu_kernel_local_bytes(CUfunction f)
 {
     if (f == NULL)
         return 0;
-    struct known_function *k = &functions[slot(f)];
-    CUfunction before = __atomic_load_n(&k->f, __ATOMIC_ACQUIRE);
-    uint64_t known = __atomic_load_n(&k->local, __ATOMIC_ACQUIRE);
-    if (before == f && __atomic_load_n(&k->f, __ATOMIC_ACQUIRE) == f)
+    uint64_t known;
+    if (vgpu_known_local_bytes(f, &known))
         return known;
-    return learn_local_bytes(f, k);
+    return learn_local_bytes(f, &vgpu_functions[vgpu_function_slot(f)]);
 }
 
 /* The context a launch on stream runs in: a default stream's is the current one; a named
@@ -451,7 +443,7 @@ static __attribute__((noinline)) int raise_before(uint64_t local, CUstream strea
             vgpu_log(VGPU_LOG_WARN, "refusing launches needing more stack a thread than %llu "
                      "bytes on a stream whose device the driver cannot name (a green context's "
                      "before CUDA 12.5): their raise would go uncounted",
-                     (unsigned long long)__atomic_load_n(&floor_stack, __ATOMIC_RELAXED));
+                     (unsigned long long)__atomic_load_n(&vgpu_floor_stack, __ATOMIC_RELAXED));
         return -1;
     }
     if (dev < 0 || vgpu_region_limit(dev) == 0)
@@ -486,15 +478,20 @@ static __attribute__((noinline)) int raise_before(uint64_t local, CUstream strea
 
 int vgpu_stack_before_needs(uint64_t local, CUstream stream)
 {
-    if (local <= __atomic_load_n(&floor_stack, __ATOMIC_ACQUIRE))
+    if (local <= __atomic_load_n(&vgpu_floor_stack, __ATOMIC_ACQUIRE))
         return 0;
     return raise_before(local, stream);
 }
 
-int vgpu_stack_before_launch(CUfunction f, CUstream stream)
+int vgpu_stack_check_launch(CUfunction f, CUstream stream)
 {
-    return vgpu_stack_before_needs(
-        f != NULL && vgpu_region_any_limit() ? vgpu_kernel_local_bytes(f) : 0, stream);
+    /* The region is attached at most once a process (its caps with it): the answer is kept
+     * for the launches' fast path (vgpu_stack_fits). */
+    int capped = vgpu_region_any_limit();
+    int checked = capped ? VGPU_STACK_BY_TABLE : VGPU_STACK_NEVER;
+    if (__atomic_load_n(&vgpu_stack_checked, __ATOMIC_RELAXED) != checked) /* a line not dirtied */
+        __atomic_store_n(&vgpu_stack_checked, checked, __ATOMIC_RELEASE);
+    return vgpu_stack_before_needs(f != NULL && capped ? vgpu_kernel_local_bytes(f) : 0, stream);
 }
 
 /* After a launch the driver refused (or the library did, a later kernel's raise not fitting),
@@ -519,10 +516,8 @@ static __attribute__((noinline)) void forget_raises(int raised)
     pthread_mutex_unlock(&stack_lock);
 }
 
-void vgpu_stack_after_launch(int raised, CUresult rc)
+void vgpu_stack_launched(int raised, CUresult rc)
 {
-    if (raised <= 0)
-        return;
     if (rc != CUDA_SUCCESS)
         forget_raises(raised);
     raising &= ~raised;
