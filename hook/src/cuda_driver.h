@@ -335,10 +335,11 @@ void vgpu_stack_launched(int raised, CUresult rc);
 /* A kernel's local memory a thread (0: none, or the driver cannot say). */
 uint64_t vgpu_kernel_local_bytes(CUfunction f);
 
-/* What vgpu_stack_before_launch keeps for the launches' fast path (cuda_launch.c), which
- * reads it inline: each kernel's local memory as asked (a table by handle, direct-mapped), the
- * floor (no counted context on a capped device has a smaller stack), and whether a launch is
- * checked at all (not known until the region is attached; never where no device is capped). */
+/* What cuda_limits.c keeps for every launch to read inline (vgpu_stack_fits): each kernel's
+ * local memory as asked (a table by handle, direct-mapped; learn_local_bytes), the floor (no
+ * counted context on a capped device has a smaller stack; refloor), and whether a launch is
+ * checked at all (not known until the first launch that calls out, vgpu_stack_check_launch;
+ * never where no device is capped or the region could not be attached). */
 enum { VGPU_FUNCTIONS = 4096 /* a power of two */ };
 struct vgpu_known_function {
     CUfunction f;
@@ -356,7 +357,7 @@ static inline size_t vgpu_function_slot(CUfunction f)
 }
 
 /* 1 with f's local memory in *local, as the table has it; 0 when it was never asked (or the
- * handle was forgotten, or is being written). */
+ * handle was forgotten, another handle took its slot, or it is being written). */
 static inline int vgpu_known_local_bytes(CUfunction f, uint64_t *local)
 {
     const struct vgpu_known_function *k = &vgpu_functions[vgpu_function_slot(f)];
@@ -365,9 +366,9 @@ static inline int vgpu_known_local_bytes(CUfunction f, uint64_t *local)
     return before == f && __atomic_load_n(&k->f, __ATOMIC_ACQUIRE) == f;
 }
 
-/* 1 when vgpu_stack_before_launch(f, any stream) would surely answer 0 without asking the
- * driver anything: no device capped, or f's local memory known and within the floor. 0: it
- * must be asked. */
+/* 1 when vgpu_stack_check_launch(f, any stream) would surely answer 0 without asking the
+ * driver anything: no device capped, f NULL, or f's local memory known and within the floor.
+ * 0: it must be called. */
 static inline int vgpu_stack_fits(CUfunction f)
 {
     int checked = __atomic_load_n(&vgpu_stack_checked, __ATOMIC_ACQUIRE);

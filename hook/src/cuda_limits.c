@@ -57,6 +57,7 @@ static __thread int raising;
  * stack_lock, read without it (the handle read before and after the size must be the one asked
  * about). */
 struct vgpu_known_function vgpu_functions[VGPU_FUNCTIONS];
+/* VGPU_STACK_* (cuda_driver.h): set by vgpu_stack_check_launch. */
 int vgpu_stack_checked;
 
 /* How many threads dev holds at once (0: the driver cannot say). */
