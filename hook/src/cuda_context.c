@@ -329,6 +329,7 @@ static CUresult end_primary(CUresult (*const *call)(CUdevice), CUdevice dev, int
     if (!ready() || *call == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t before = vgpu_mem_recorded();
+    vgpu_kernels_forget(); /* before its modules' handles are free: kernels.h */
     CUresult rc = (*call)(dev);
     if (rc == CUDA_SUCCESS && (reset || !primary_active(dev)))
         primary_gone((int)dev, before);
@@ -434,6 +435,7 @@ static CUresult destroy_context(CUresult (*const *destroy)(CUcontext), CUcontext
     if (!ready() || *destroy == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t before = vgpu_mem_recorded();
+    vgpu_kernels_forget(); /* before its modules' handles are free: kernels.h */
     CUresult rc = (*destroy)(ctx);
     if (rc == CUDA_SUCCESS) {
         vgpu_footprint_context_destroyed(ctx);
@@ -463,6 +465,7 @@ VGPU_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx ctx)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUcontext as = as_context(VGPU_CONTEXT_GREEN, ctx);
     uint64_t before = vgpu_mem_recorded();
+    vgpu_kernels_forget(); /* before its modules' handles are free: kernels.h */
     CUresult rc = real.cuGreenCtxDestroy(ctx);
     if (rc == CUDA_SUCCESS) {
         /* Its arrays are no context's now: its CUcontext may name another context next. */

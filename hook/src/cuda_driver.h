@@ -13,6 +13,7 @@
 #include <cuda.h>
 #include <stdint.h>
 
+#include "kernels.h"
 #include "loader.h"
 #include "throttle.h"
 #include "vgpu_region.h"
@@ -336,35 +337,13 @@ void vgpu_stack_launched(int raised, CUresult rc);
 uint64_t vgpu_kernel_local_bytes(CUfunction f);
 
 /* What cuda_limits.c keeps for every launch to read inline (vgpu_stack_fits): each kernel's
- * local memory as asked (a table by handle, direct-mapped; learn_local_bytes), the floor (no
- * counted context on a capped device has a smaller stack; refloor), and whether a launch is
- * checked at all (not known until the first launch that calls out, vgpu_stack_check_launch;
- * never where no device is capped or the region could not be attached). */
-enum { VGPU_FUNCTIONS = 4096 /* a power of two */ };
-struct vgpu_known_function {
-    CUfunction f;
-    uint64_t local;
-};
-extern struct vgpu_known_function vgpu_functions[VGPU_FUNCTIONS];
+ * local memory as asked (kernels.h; learn_local_bytes), the floor (no counted context on a
+ * capped device has a smaller stack; refloor), and whether a launch is checked at all (not
+ * known until the first launch that calls out, vgpu_stack_check_launch; never where no device
+ * is capped or the region could not be attached). */
 extern uint64_t vgpu_floor_stack;
 enum { VGPU_STACK_NOT_KNOWN = 0, VGPU_STACK_BY_TABLE, VGPU_STACK_NEVER };
 extern int vgpu_stack_checked;
-
-static inline size_t vgpu_function_slot(CUfunction f)
-{
-    return (size_t)(((uintptr_t)f >> 4) * UINT64_C(0x9e3779b97f4a7c15) >> 32) &
-           (VGPU_FUNCTIONS - 1);
-}
-
-/* 1 with f's local memory in *local, as the table has it; 0 when it was never asked (or the
- * handle was forgotten, another handle took its slot, or it is being written). */
-static inline int vgpu_known_local_bytes(CUfunction f, uint64_t *local)
-{
-    const struct vgpu_known_function *k = &vgpu_functions[vgpu_function_slot(f)];
-    CUfunction before = __atomic_load_n(&k->f, __ATOMIC_ACQUIRE);
-    *local = __atomic_load_n(&k->local, __ATOMIC_ACQUIRE);
-    return before == f && __atomic_load_n(&k->f, __ATOMIC_ACQUIRE) == f;
-}
 
 /* 1 when vgpu_stack_check_launch(f, any stream) would surely answer 0 without asking the
  * driver anything: no device capped, f NULL, or f's local memory known and within the floor.
@@ -375,7 +354,7 @@ static inline int vgpu_stack_fits(CUfunction f)
     if (checked != VGPU_STACK_BY_TABLE)
         return checked == VGPU_STACK_NEVER;
     uint64_t local;
-    return f == NULL || (vgpu_known_local_bytes(f, &local) &&
+    return f == NULL || (vgpu_kernel_known(f, &local) &&
                          local <= __atomic_load_n(&vgpu_floor_stack, __ATOMIC_ACQUIRE));
 }
 

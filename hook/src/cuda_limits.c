@@ -43,6 +43,20 @@ static uint64_t given_up_floor = UINT64_MAX;
  * with no question asked (not even which context it runs in; cuda_driver.h, vgpu_stack_fits). */
 uint64_t vgpu_floor_stack = DEFAULT_STACK;
 static pthread_mutex_t stack_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* A fork while another thread held stack_lock (a raise waits on the driver and NVML holding it)
+ * must not leave the child's first launch of an unknown kernel waiting for ever. */
+static void after_fork_child(void) { pthread_mutex_init(&stack_lock, NULL); }
+
+static void register_fork_handler(void) { pthread_atfork(NULL, NULL, after_fork_child); }
+
+static void lock_stack(void)
+{
+    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+    pthread_once(&fork_once, register_fork_handler);
+    pthread_mutex_lock(&stack_lock);
+}
+
 /* The context entry (and its generation), and its stack, each device's raise of this thread's
  * launch under way was counted from (raising: those devices, a bit each): what it is again if
  * the launch is refused (forget_raises), unless the entry is another context's by then. */
@@ -53,10 +67,6 @@ static __thread struct raised {
 } raised_from[VGPU_REGION_MAX_DEVICES];
 static __thread int raising;
 
-/* Kernels' local memory per thread, direct-mapped by handle (vgpu_function_slot): written under
- * stack_lock, read without it (the handle read before and after the size must be the one asked
- * about). */
-struct vgpu_known_function vgpu_functions[VGPU_FUNCTIONS];
 /* VGPU_STACK_* (cuda_driver.h): set by vgpu_stack_check_launch. */
 int vgpu_stack_checked;
 
@@ -145,6 +155,13 @@ static struct counted_context *entry_of(CUcontext ctx)
     return NULL;
 }
 
+/* c's raises counted before are no longer its to undo; a lock-free reader of c (holds) reads
+ * it again. Caller holds stack_lock. */
+static void new_generation(struct counted_context *c)
+{
+    __atomic_store_n(&c->generation, ++generations, __ATOMIC_RELEASE);
+}
+
 /* ctx's entry, made (its stack not asked yet: a new context's is the driver's default) when it
  * has none. With the table full the entry after the last one given up is given up for it: asked
  * anew if its context is met again, and kept under the floor meanwhile. Caller holds
@@ -170,7 +187,7 @@ static struct counted_context *enter(CUcontext ctx, const void *made, int dev,
     c->dev = dev;
     c->kind = kind;
     c->at_least = DEFAULT_STACK;
-    c->generation = ++generations;
+    new_generation(c);
     __atomic_store_n(&c->stack, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&c->ctx, ctx, __ATOMIC_RELEASE);
     return c;
@@ -200,16 +217,19 @@ static void count_stack(struct counted_context *c, uint64_t stack)
     refloor();
 }
 
-/* Whether ctx is counted at `local` bytes a thread or more, read without the lock (the entry's
- * context, read before and after its stack, must be ctx). */
+/* Whether ctx is counted at `local` bytes a thread or more, read without the lock: the entry's
+ * generation and context, read before and after its stack, must not change (the context alone
+ * could: given to another, raised, and entered again between the reads). */
 static int holds(CUcontext ctx, uint64_t local)
 {
     for (int i = 0; i < CONTEXTS; i++) {
         struct counted_context *c = &contexts[i];
+        uint64_t generation = __atomic_load_n(&c->generation, __ATOMIC_ACQUIRE);
         if (__atomic_load_n(&c->ctx, __ATOMIC_ACQUIRE) != ctx)
             continue;
         uint64_t stack = __atomic_load_n(&c->stack, __ATOMIC_ACQUIRE);
-        return __atomic_load_n(&c->ctx, __ATOMIC_ACQUIRE) == ctx && local <= stack;
+        return __atomic_load_n(&c->ctx, __ATOMIC_ACQUIRE) == ctx &&
+               __atomic_load_n(&c->generation, __ATOMIC_ACQUIRE) == generation && local <= stack;
     }
     return 0;
 }
@@ -251,7 +271,7 @@ void vgpu_stack_context_made(CUcontext ctx, const void *made, int dev,
 {
     if (ctx == NULL || dev < 0 || dev >= VGPU_REGION_MAX_DEVICES)
         return;
-    pthread_mutex_lock(&stack_lock);
+    lock_stack();
     struct counted_context *c = entry_of(ctx);
     /* A handle the driver gives out again for a new context is that context's. */
     if (c != NULL && kind != VGPU_CONTEXT_PRIMARY)
@@ -262,7 +282,7 @@ void vgpu_stack_context_made(CUcontext ctx, const void *made, int dev,
      * A raise counted before is no longer its to undo. */
     if (c != NULL && kind == VGPU_CONTEXT_PRIMARY) {
         c->at_least = floor_of(c) < DEFAULT_STACK ? floor_of(c) : DEFAULT_STACK;
-        c->generation = ++generations;
+        new_generation(c);
         __atomic_store_n(&c->stack, 0, __ATOMIC_RELEASE);
     }
     c = enter(ctx, made, dev, kind);
@@ -278,19 +298,11 @@ void vgpu_stack_context_made(CUcontext ctx, const void *made, int dev,
     pthread_mutex_unlock(&stack_lock);
 }
 
-/* Every kernel's local memory is asked anew (a handle may name another kernel next). Caller
- * holds stack_lock. */
-static void clear_functions(void)
-{
-    for (size_t i = 0; i < VGPU_FUNCTIONS; i++)
-        __atomic_store_n(&vgpu_functions[i].f, NULL, __ATOMIC_RELEASE);
-}
-
 int vgpu_stack_context_gone(const void *made)
 {
     int dev = -1;
-    pthread_mutex_lock(&stack_lock);
-    clear_functions();
+    lock_stack();
+    vgpu_kernels_forget(); /* its modules' kernel handles may name others next */
     for (int i = 0; i < CONTEXTS; i++)
         if (contexts[i].ctx != NULL && contexts[i].made == made) {
             dev = contexts[i].dev;
@@ -307,15 +319,15 @@ int vgpu_stack_context_gone(const void *made)
  * contexts keep theirs. */
 void vgpu_stack_primary_gone(int dev)
 {
-    pthread_mutex_lock(&stack_lock);
-    clear_functions();
+    lock_stack();
+    vgpu_kernels_forget(); /* its modules' kernel handles may name others next */
     for (int i = 0; i < CONTEXTS; i++) {
         struct counted_context *c = &contexts[i];
         if (c->ctx == NULL || c->dev != dev)
             continue;
         if (primary_limits(c->kind)) {
             c->at_least = DEFAULT_STACK;
-            c->generation = ++generations;
+            new_generation(c);
             __atomic_store_n(&c->stack, 0, __ATOMIC_RELEASE);
         } else if (c->kind == VGPU_CONTEXT_SEEN) {
             if (floor_of(c) < given_up_floor)
@@ -335,9 +347,9 @@ static void stack_now(int dev, uint64_t value)
     CUcontext ctx = NULL;
     if (real.cuCtxGetCurrent == NULL || real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == NULL)
         return;
-    pthread_mutex_lock(&stack_lock);
+    lock_stack();
     struct counted_context *c = enter(ctx, ctx, dev, VGPU_CONTEXT_SEEN);
-    c->generation = ++generations;
+    new_generation(c);
     count_stack(c, value != 0 ? value : 1);
     pthread_mutex_unlock(&stack_lock);
 }
@@ -384,31 +396,27 @@ static int ask_local_bytes(CUfunction f)
     return 0;
 }
 
-/* A kernel not in the table (k its entry): asked, and kept. Out of line, as is the raise
- * below: what every launch runs then needs no stack frame of its own (hook/README.md,
- * "Overhead"). */
-static __attribute__((noinline)) uint64_t learn_local_bytes(CUfunction f,
-                                                            struct vgpu_known_function *k)
+/* A kernel not in the table: asked, and kept (unless a module went meanwhile: kernels.h). Out
+ * of line, as is the raise below: what every launch runs then needs no stack frame of its own
+ * (hook/README.md, "Overhead"). */
+static __attribute__((noinline)) uint64_t learn_local_bytes(CUfunction f)
 {
+    uint64_t forgotten = vgpu_kernels_forgotten();
     int bytes = ask_local_bytes(f);
-    pthread_mutex_lock(&stack_lock);
-    __atomic_store_n(&k->f, NULL, __ATOMIC_RELEASE);
-    __atomic_store_n(&k->local, (uint64_t)bytes, __ATOMIC_RELEASE);
-    __atomic_store_n(&k->f, f, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&stack_lock);
+    vgpu_kernel_keep(f, (uint32_t)bytes, forgotten);
     return (uint64_t)bytes;
 }
 
 /* f's local memory per thread (0, kept as such, when the driver cannot say: it is asked once
- * a kernel, not at every launch). A table by handle (above). */
+ * a kernel, not at every launch). */
 uint64_t vgpu_kernel_local_bytes(CUfunction f)
 {
     if (f == NULL)
         return 0;
     uint64_t known;
-    if (vgpu_known_local_bytes(f, &known))
+    if (vgpu_kernel_known(f, &known))
         return known;
-    return learn_local_bytes(f, &vgpu_functions[vgpu_function_slot(f)]);
+    return learn_local_bytes(f);
 }
 
 /* The context a launch on stream runs in: a default stream's is the current one; a named
@@ -449,7 +457,7 @@ static __attribute__((noinline)) int raise_before(uint64_t local, CUstream strea
     }
     if (dev < 0 || vgpu_region_limit(dev) == 0)
         return 0;
-    pthread_mutex_lock(&stack_lock);
+    lock_stack();
     struct counted_context *c = ctx != NULL ? enter(ctx, ctx, dev, VGPU_CONTEXT_SEEN) : NULL;
     uint64_t counted = c == NULL           ? lowest_on(dev)
                        : c->stack != 0 ? c->stack
@@ -502,7 +510,7 @@ int vgpu_stack_check_launch(CUfunction f, CUstream stream)
  * (Not "asked anew": that is the driver's default, and a stack cut below it would be lost.) */
 static __attribute__((noinline)) void forget_raises(int raised)
 {
-    pthread_mutex_lock(&stack_lock);
+    lock_stack();
     for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
         struct counted_context *c = raised & (1 << d) ? raised_from[d].c : NULL;
         if (c != NULL && c->ctx != NULL && c->generation == raised_from[d].generation)
@@ -527,15 +535,14 @@ void vgpu_stack_launched(int raised, CUresult rc)
             vgpu_mem_op_end();
 }
 
-/* After a module or library was unloaded (rc the driver's answer): its kernels' handles may
- * be another kernel's next. */
+/* A module or library is unloaded: its kernels' handles may be another kernel's next.
+ * Forgotten before the driver frees them too, so a kernel another thread loads and launches
+ * once they are free is asked about, never taken for the one unloaded; and after, for an
+ * answer about the unloaded one asked meanwhile (kernels.h, vgpu_kernel_keep). */
 static CUresult forget_functions(CUresult rc)
 {
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    pthread_mutex_lock(&stack_lock);
-    clear_functions();
-    pthread_mutex_unlock(&stack_lock);
+    if (rc == CUDA_SUCCESS)
+        vgpu_kernels_forget();
     return rc;
 }
 
@@ -543,6 +550,7 @@ VGPU_EXPORT CUresult cuModuleUnload(CUmodule module)
 {
     if (!ready() || real.cuModuleUnload == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    vgpu_kernels_forget();
     return forget_functions(real.cuModuleUnload(module));
 }
 
@@ -550,5 +558,6 @@ VGPU_EXPORT CUresult cuLibraryUnload(CUlibrary library)
 {
     if (!ready() || real.cuLibraryUnload == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    vgpu_kernels_forget();
     return forget_functions(real.cuLibraryUnload(library));
 }

@@ -39,6 +39,7 @@ run() {
 run limits "$units/test_limits"
 run settings "$units/test_settings"
 run control "$units/test_control"
+run kernels "$units/test_kernels"
 run ledger "$units/test_ledger"
 run owner "$units/test_owner"
 run graphs "$units/test_graphs"
