@@ -475,6 +475,15 @@ static int reap_dead(int fresh)
 
 int vgpu_region_reap_dead(void) { return reap_dead(1); }
 
+void vgpu_region_reap_lately(void)
+{
+    static uint64_t last_ns;
+    uint64_t now = monotonic_ns(), last = __atomic_load_n(&last_ns, __ATOMIC_RELAXED);
+    if (now - last >= UINT64_C(100000000) &&
+        __atomic_compare_exchange_n(&last_ns, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        reap_dead(0);
+}
+
 /* Whether slot i's owner is alive: its byte is locked, asked as the node monitor asks
  * (F_OFD_GETLK: no lock taken, so the question cannot make a dead slot look alive to anyone
  * else), or it runs without its lock (owner_gone). */
@@ -492,14 +501,8 @@ uint64_t vgpu_region_record_in_use(int record)
     if (r == NULL || record < 0 || record >= VGPU_REGION_MAX_DEVICES)
         return 0;
     int slot = __atomic_load_n(&my_slot, __ATOMIC_ACQUIRE);
-    if (slot >= 0) {
-        /* A process of the container (it has a slot): reap the dead, at most every 100 ms. */
-        static uint64_t last_ns;
-        uint64_t now = monotonic_ns(), last = __atomic_load_n(&last_ns, __ATOMIC_RELAXED);
-        if (now - last >= UINT64_C(100000000) &&
-            __atomic_compare_exchange_n(&last_ns, &last, now, 0, __ATOMIC_RELAXED,
-                                        __ATOMIC_RELAXED))
-            reap_dead(0);
+    if (slot >= 0) { /* a process of the container (it has a slot) */
+        vgpu_region_reap_lately();
         return vgpu_region_device_used(r, record);
     }
     /* One that only asks (nvidia-smi, an NVML monitor): the live slots' ledgers, read only. */

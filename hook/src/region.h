@@ -30,6 +30,10 @@ void vgpu_region_release(int dev, uint64_t bytes);
 
 /* Returns dead processes' memory to the container; returns how many slots were reaped. */
 int vgpu_region_reap_dead(void);
+/* The same, unless this process did within 100 ms (an owner found running is believed alive
+ * for a second): for those who read every slot often (what the container holds, its pids). A
+ * process with no slot reaps nothing. */
+void vgpu_region_reap_lately(void);
 
 /* What the container holds on a record, as it is told (cuMemGetInfo, NVML): so that a process
  * that exited does not shrink what it has until an allocation happens to need the room, a

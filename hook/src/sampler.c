@@ -61,6 +61,10 @@ static void read_one(int dev, const struct container *c, struct vgpu_sample *s)
 static void read_all(unsigned devices)
 {
     struct container c;
+    /* A sibling that exited keeps its slot until reaped, and a reading would go on summing
+     * its host pid (another tenant's once the host hands it out again) or, never learnt,
+     * leave the container's pids unknown. */
+    vgpu_region_reap_lately();
     c.npids = vgpu_region_pids(c.pids, MAX_PIDS);
     c.self = vgpu_region_host_pid();
     c.pids_known = vgpu_region_host_pids_known();

@@ -47,6 +47,11 @@
  *                                     for 0.15 s) for 4 s: none takes more than a second longer
  *                                     than the longest of three unlimited ones
  *
+ * CONTENTION_DEAD_SIBLING=S (A B, over the fake, a memory cap set): a process of A's
+ * container holds a slot and exits after S s, while A and B run; A keeps its share and reaps
+ * the dead slot though it only launches (unreaped, the slot kept the container's host pids
+ * unknown, and a host pid handed out again would have been summed as A's sibling's).
+ *
  * The graph cases run on a real GPU too (gpu-check.sh): the kernel is real PTX, a counter on the
  * device shows a graph runs its blocks (over the fake, the fake's own count), and the measured
  * rates are compared.
@@ -54,15 +59,18 @@
  * unlimited ones split the GPU. */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 
 #include "check.h"
 #include "cuda_v1.h"    /* the CUDA 10/11 graph exports, called by name */
 #include "fake_state.h" /* its declarations only: the fake's exports are looked up */
+#include "vgpu_region.h"
 
 enum { BLOCKS = 2000, GRAPH_KERNELS = 10, CROWD = 5000 };
 /* Seconds of settling and of measuring; CONTENTION_SETTLE_S and CONTENTION_MEASURE_S change
@@ -427,6 +435,52 @@ static pid_t start_tenant(int *fd, const char *dir, const char *name, const char
     return pid;
 }
 
+/* CONTENTION_DEAD_SIBLING=S: a process of tenant A's container (its region and limit) whose
+ * host pid is never learnt (NVML's lists fail in it) makes its context, holds 1 MiB (a slot,
+ * where the container has a memory cap) and exits after S seconds, while A runs on without a
+ * claim, a refusal or a memory query. */
+static pid_t start_sibling(const char *dir, const char *limit, double seconds)
+{
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    char region[512];
+    snprintf(region, sizeof region, "%s/a.cache", dir);
+    join_container(region, limit);
+    setenv("FAKE_NVML_PROCESSES_FAIL", "1", 1); /* its host pid is never learnt */
+    CUcontext ctx;
+    CUdeviceptr held;
+    int fine = done(cuInit(0), "cuInit") &&
+               done(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain") &&
+               done(cuCtxSetCurrent(ctx), "cuCtxSetCurrent") &&
+               done(cuMemAlloc_v2(&held, 1 << 20), "cuMemAlloc");
+    struct timespec nap = {.tv_sec = (time_t)seconds,
+                           .tv_nsec = (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    nanosleep(&nap, NULL);
+    _exit(fine ? 0 : 1);
+}
+
+/* Whether the region file of tenant A (in dir) still has a slot of pid; -1: it cannot be read. */
+static int slot_of(const char *dir, pid_t pid)
+{
+    char region[512];
+    snprintf(region, sizeof region, "%s/a.cache", dir);
+    int fd = open(region, O_RDONLY | O_CLOEXEC);
+    void *m = fd >= 0 ? mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ, MAP_SHARED, fd, 0)
+                      : MAP_FAILED;
+    if (fd >= 0)
+        close(fd);
+    if (m == MAP_FAILED)
+        return -1;
+    const struct vgpu_region *r = m;
+    int found = 0;
+    uint32_t high = __atomic_load_n(&r->header.slot_high_water, __ATOMIC_ACQUIRE);
+    for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++)
+        found |= __atomic_load_n(&r->slots[i].pid, __ATOMIC_ACQUIRE) == pid;
+    munmap(m, VGPU_REGION_FILE_SIZE);
+    return found;
+}
+
 static struct measured result(pid_t pid, int fd)
 {
     struct measured m = {-1, -1, 0};
@@ -599,9 +653,20 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "chain") == 0)
         return chain_case(dir, argv[2]);
     int fa, fb;
+    const char *sibling_s = getenv("CONTENTION_DEAD_SIBLING");
+    pid_t sibling = sibling_s != NULL ? start_sibling(dir, argv[1], atof(sibling_s)) : 0;
     pid_t a = start_tenant(&fa, dir, "a", argv[1], NULL);
     pid_t b = start_tenant(&fb, dir, "b", argv[2], NULL);
+    if (sibling > 0) {
+        int status = 0;
+        check(waitpid(sibling, &status, 0) == sibling && WIFEXITED(status) &&
+                  WEXITSTATUS(status) == 0,
+              "A's sibling held 1 MiB and exited after %s s", sibling_s);
+    }
     struct measured ma = result(a, fa), mb = result(b, fb);
+    if (sibling > 0)
+        check(slot_of(dir, sibling) == 0, "A reaped its dead sibling's slot while it only "
+              "launched (its samples would go on naming the sibling's pid)");
     double sa = ma.share, sb = mb.share;
     double la = limit_of(argv[1]), lb = limit_of(argv[2]);
     /* Unlimited tenants share what the limited ones leave. */
