@@ -61,10 +61,6 @@ static void read_one(int dev, const struct container *c, struct vgpu_sample *s)
 static void read_all(unsigned devices)
 {
     struct container c;
-    /* A sibling that exited keeps its slot until reaped, and a reading would go on summing
-     * its host pid (another tenant's once the host hands it out again) or, never learnt,
-     * leave the container's pids unknown. */
-    vgpu_region_reap_lately();
     c.npids = vgpu_region_pids(c.pids, MAX_PIDS);
     c.self = vgpu_region_host_pid();
     c.pids_known = vgpu_region_host_pids_known();
@@ -72,6 +68,12 @@ static void read_all(unsigned devices)
         if (devices & (1u << dev))
             read_one(dev, &c, &readings[dev]);
 }
+
+/* After a reading, once it is out (a scan of the slots may take a few ms, /proc read for an
+ * owner running without its lock): a sibling that exited keeps its slot until reaped, and the
+ * next reading would go on naming its pid (another tenant's once the host hands it out again)
+ * or, its host pid never learnt, leave the container's pids unknown. */
+static void reap_after_reading(void) { vgpu_region_reap_lately(); }
 
 /* The readings of `devices` to out; returns the mask. */
 static unsigned copy_out(unsigned devices, struct vgpu_sample *out)
@@ -97,6 +99,7 @@ static void *sample(void *unused)
         state = DONE;
         pthread_cond_broadcast(&changed);
         pthread_mutex_unlock(&lock);
+        reap_after_reading();
     }
     return NULL;
 }
@@ -172,7 +175,9 @@ unsigned vgpu_sampler_collect(unsigned devices, struct vgpu_sample *out, uint64_
         if (!start_thread()) {
             pthread_mutex_unlock(&lock);
             read_all(devices); /* no other thread to read: state stays IDLE, readings ours */
-            return copy_out(devices, out);
+            got = copy_out(devices, out);
+            reap_after_reading();
+            return got;
         }
         ask(devices);
         wait_done(monotonic_ns() + wait_ns);

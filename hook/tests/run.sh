@@ -625,9 +625,10 @@ c2=$!
 # 33.4-36.8 % on a thread of its own asking each of the fake's 2 devices, the limit naming 16).
 FAKE_NVML_SLOW_MS=400 contention 30-none-slow-nvml 30 none
 wait $c1 $c2
-# A sibling of tenant A (a memory cap: it holds a slot) whose host pid was never learnt exits
-# while A only launches: A's readings reap its slot (unreaped, it stayed in every reading, its
-# pid unknown and the container's host pids with it, until a claim, refusal or memory query).
+# A sibling of tenant A (a memory cap, as a vGPU container has) whose host pid was never
+# learnt exits while A only launches: A's readings reap its slot (unreaped, it stayed in every
+# reading, its pid unknown and the container's host pids with it, until a claim, refusal or
+# memory query).
 FAKE_NVML_PID_OFFSET=100000 FAKE_CUDA_CONTEXT_MIB=100 CUDA_DEVICE_MEMORY_LIMIT=4g \
     CONTENTION_DEAD_SIBLING=1.5 contention 30-none-dead-sibling 30 none
 # Graphs made executable through the CUDA 10/11 exports, which CUDA 11 builds call, and graphs

@@ -47,10 +47,10 @@
  *                                     for 0.15 s) for 4 s: none takes more than a second longer
  *                                     than the longest of three unlimited ones
  *
- * CONTENTION_DEAD_SIBLING=S (A B, over the fake, a memory cap set): a process of A's
- * container holds a slot and exits after S s, while A and B run; A keeps its share and reaps
- * the dead slot though it only launches (unreaped, the slot kept the container's host pids
- * unknown, and a host pid handed out again would have been summed as A's sibling's).
+ * CONTENTION_DEAD_SIBLING=S (A B, over the fake): a process of A's container holds a slot and
+ * exits after S s, while A and B run; A keeps its share and reaps the dead slot though it only
+ * launches (unreaped, the slot kept the container's host pids unknown, and a host pid handed
+ * out again would have been summed as A's sibling's).
  *
  * The graph cases run on a real GPU too (gpu-check.sh): the kernel is real PTX, a counter on the
  * device shows a graph runs its blocks (over the fake, the fake's own count), and the measured
@@ -436,14 +436,24 @@ static pid_t start_tenant(int *fd, const char *dir, const char *name, const char
 }
 
 /* CONTENTION_DEAD_SIBLING=S: a process of tenant A's container (its region and limit) whose
- * host pid is never learnt (NVML's lists fail in it) makes its context, holds 1 MiB (a slot,
- * where the container has a memory cap) and exits after S seconds, while A runs on without a
- * claim, a refusal or a memory query. */
+ * host pid is never learnt (NVML's lists fail in it) makes its context, holds 1 MiB (and a
+ * slot) and exits after S seconds, while A runs on without a claim, a refusal or a memory
+ * query. */
 static pid_t start_sibling(const char *dir, const char *limit, double seconds)
 {
+    int p[2];
+    if (pipe(p) != 0)
+        return -1;
     pid_t pid = fork();
-    if (pid != 0)
+    if (pid != 0) {
+        close(p[1]);
+        char held = 0; /* once it holds its memory (or has failed: end of file) */
+        if (pid < 0 || read(p[0], &held, 1) != 1)
+            pid = -1;
+        close(p[0]);
         return pid;
+    }
+    close(p[0]);
     char region[512];
     snprintf(region, sizeof region, "%s/a.cache", dir);
     join_container(region, limit);
@@ -454,10 +464,12 @@ static pid_t start_sibling(const char *dir, const char *limit, double seconds)
                done(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain") &&
                done(cuCtxSetCurrent(ctx), "cuCtxSetCurrent") &&
                done(cuMemAlloc_v2(&held, 1 << 20), "cuMemAlloc");
+    if (!fine || write(p[1], "h", 1) != 1)
+        _exit(1);
     struct timespec nap = {.tv_sec = (time_t)seconds,
                            .tv_nsec = (long)((seconds - (double)(time_t)seconds) * 1e9)};
     nanosleep(&nap, NULL);
-    _exit(fine ? 0 : 1);
+    _exit(0);
 }
 
 /* Whether the region file of tenant A (in dir) still has a slot of pid; -1: it cannot be read. */
@@ -655,13 +667,17 @@ int main(int argc, char **argv)
     int fa, fb;
     const char *sibling_s = getenv("CONTENTION_DEAD_SIBLING");
     pid_t sibling = sibling_s != NULL ? start_sibling(dir, argv[1], atof(sibling_s)) : 0;
+    if (sibling_s != NULL &&
+        !check(sibling > 0 && slot_of(dir, sibling) == 1,
+               "A's sibling holds 1 MiB, and a slot of A's region"))
+        return check_done("test_contention");
     pid_t a = start_tenant(&fa, dir, "a", argv[1], NULL);
     pid_t b = start_tenant(&fb, dir, "b", argv[2], NULL);
     if (sibling > 0) {
         int status = 0;
         check(waitpid(sibling, &status, 0) == sibling && WIFEXITED(status) &&
                   WEXITSTATUS(status) == 0,
-              "A's sibling held 1 MiB and exited after %s s", sibling_s);
+              "A's sibling exited after %s s", sibling_s);
     }
     struct measured ma = result(a, fa), mb = result(b, fb);
     if (sibling > 0)
