@@ -11,6 +11,7 @@
 
 #include "log.h"
 #include "region.h"
+#include "threads.h"
 #include "util.h"
 
 /* Every slot's: a process of the container left out had its samples charged nowhere (256 of
@@ -110,12 +111,7 @@ static int start_thread(void)
 {
     if (thread_running)
         return 1;
-    pthread_t thread;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(&thread, &attr, sample, NULL);
-    pthread_attr_destroy(&attr);
+    int rc = vgpu_thread_start(sample);
     if (rc != 0) {
         static int told;
         if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))

@@ -11,6 +11,7 @@
 #include "nvml.h"
 #include "region.h"
 #include "sampler.h"
+#include "threads.h"
 #include "util.h"
 
 enum {
@@ -813,10 +814,6 @@ static void start_watcher(int dev)
 {
     pthread_mutex_lock(&watcher_lock);
     if (!watcher_running) {
-        pthread_t thread;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         /* The first control period starts now, not when the library loaded. */
         for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
             struct bucket *b = &buckets[d];
@@ -829,7 +826,7 @@ static void start_watcher(int dev)
         }
         if (!buckets[dev].held && buckets[dev].launched_us == 0)
             first_launch(dev, &buckets[dev], unix_ns() / 1000u, consumed(&buckets[dev]));
-        int rc = pthread_create(&thread, &attr, watch, NULL);
+        int rc = vgpu_thread_start(watch);
         if (rc == 0) {
             __atomic_store_n(&watcher_running, 1, __ATOMIC_RELEASE);
             if (watcher_failures != 0)
@@ -848,7 +845,6 @@ static void start_watcher(int dev)
                 vgpu_log(VGPU_LOG_ERROR, "cannot start the SM limiter thread (error %d); launches "
                          "wait until it starts (tried again every 0.1 s)", rc);
         }
-        pthread_attr_destroy(&attr);
     }
     pthread_mutex_unlock(&watcher_lock);
 }

@@ -487,6 +487,8 @@ run throttle-nvml-blind-light-start CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_FAILS
     "$build/tests/test_throttle" 25 nvml-blind-light-start
 run throttle-nvml-blind-threads CUDA_DEVICE_SM_LIMIT=25 FAKE_NVML_UTIL_FAILS=1 \
     "$build/tests/test_throttle" 25 nvml-blind-threads
+# The library's threads (the watcher, the sampler) take none of the application's signals.
+run throttle-signals CUDA_DEVICE_SM_LIMIT=30 "$build/tests/test_throttle" 30 signals
 # A process in a slot past the 256th is charged as the rest of its container.
 run throttle-memsets CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 memsets
 run throttle-graph-memsets CUDA_DEVICE_SM_LIMIT=25 "$build/tests/test_throttle" 25 graph-memsets

@@ -14,6 +14,7 @@
  * "second-gpu": two GPUs, a limit on the second alone (limit_on_second_gpu); with "drain CASE":
  * what a process prepays after a synchronisation (drained). */
 #include <cuda.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
@@ -21,6 +22,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <time.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1994,6 +1996,60 @@ static void limit_on_second_gpu(double limit)
     check(first > 80.0, "device 0 (no limit): the loop keeps it %.1f%% busy", first);
 }
 
+static volatile sig_atomic_t handled_on; /* the thread id SIGUSR1's handler ran on */
+
+static void on_usr1(int sig)
+{
+    (void)sig;
+    handled_on = (sig_atomic_t)syscall(SYS_gettid);
+}
+
+/* The process's threads (/proc/self/task), -1 when it cannot say. */
+static int threads_now(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (d == NULL)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* The library's threads take none of the application's signals. The watcher starts at the
+ * first limited launch, from the application's thread with SIGUSR1 open, and the watcher
+ * starts the NVML sampler; that thread then blocks it and the process is sent one: it stays
+ * pending until the thread opens it again, and the handler runs there (the library before ran
+ * it at once on a thread of its own, one that holds the library's locks at times: a handler's
+ * CUDA call could wait on them for ever). */
+static void signals(double limit)
+{
+    (void)limit;
+    struct sigaction sa = {.sa_handler = on_usr1};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    int threads = threads_now();
+    for (double t0 = now_s(); threads >= 0 && threads < 3 && now_s() - t0 < 5.0;) {
+        back_to_back(0, 2000, 0.1, 0.0);
+        threads = threads_now();
+    }
+    check(threads == 3, "the limiter's watcher and sampler run beside the test's thread (%d "
+          "threads)", threads);
+    sigset_t usr1, open;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &usr1, &open);
+    kill(getpid(), SIGUSR1);
+    sleep_s(0.3);
+    check(handled_on == 0, "SIGUSR1 to the process, blocked in the application's thread: "
+          "pending, not handled on a thread of the library's (handled on thread %d)",
+          (int)handled_on);
+    pthread_sigmask(SIG_SETMASK, &open, NULL);
+    check(handled_on == (sig_atomic_t)syscall(SYS_gettid),
+          "handled on the application's thread once it opens it (thread %d)", (int)handled_on);
+}
+
 int main(int argc, char **argv)
 {
     const char *limit_arg = argc > 1 ? argv[1] : "none";
@@ -2022,6 +2078,7 @@ int main(int argc, char **argv)
         {"refused-spinning", refused_spinning, 0},
         {"nested", nested, 0},
         {"burst", burst_after_light_load, 1},
+        {"signals", signals, 1},
     };
     for (size_t m = 0; argc > 2 && m < sizeof modes / sizeof modes[0]; m++)
         if (strcmp(argv[2], modes[m].name) == 0) {
