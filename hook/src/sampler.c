@@ -70,12 +70,6 @@ static void read_all(unsigned devices)
             read_one(dev, &c, &readings[dev]);
 }
 
-/* After a reading, once it is out (a scan of the slots may take a few ms, /proc read for an
- * owner running without its lock): a sibling that exited keeps its slot until reaped, and the
- * next reading would go on naming its pid (another tenant's once the host hands it out again)
- * or, its host pid never learnt, leave the container's pids unknown. */
-static void reap_after_reading(void) { vgpu_region_reap_lately(); }
-
 /* The readings of `devices` to out; returns the mask. */
 static unsigned copy_out(unsigned devices, struct vgpu_sample *out)
 {
@@ -100,7 +94,11 @@ static void *sample(void *unused)
         state = DONE;
         pthread_cond_broadcast(&changed);
         pthread_mutex_unlock(&lock);
-        reap_after_reading();
+        /* Once the reading is out (a scan of the slots may take a few ms, /proc read for an
+         * owner running without its lock): a sibling that exited keeps its slot until reaped,
+         * and the next reading would go on naming its pid (another tenant's once the host hands
+         * it out again) or, its host pid never learnt, leave the container's pids unknown. */
+        vgpu_region_reap_lately();
     }
     return NULL;
 }
@@ -172,7 +170,7 @@ unsigned vgpu_sampler_collect(unsigned devices, struct vgpu_sample *out, uint64_
             pthread_mutex_unlock(&lock);
             read_all(devices); /* no other thread to read: state stays IDLE, readings ours */
             got = copy_out(devices, out);
-            reap_after_reading();
+            vgpu_region_reap_lately(); /* as the sampler's thread does after a reading */
             return got;
         }
         ask(devices);
