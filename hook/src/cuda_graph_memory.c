@@ -12,6 +12,7 @@
 #include "cuda_driver.h"
 #include "footprint.h"
 #include "graphs.h"
+#include "locks.h"
 #include "log.h"
 #include "memory.h"
 #include "region.h"
@@ -155,7 +156,7 @@ static void undo(struct graph_mapping *m, int n)
 {
     for (int i = 0; i < n; i++) {
         vgpu_mem_unreserve(m->devs[i].dev, m->devs[i].reserved);
-        pthread_mutex_unlock(&devices[m->devs[i].dev].lock);
+        vgpu_unlock(&devices[m->devs[i].dev].lock);
     }
 }
 
@@ -175,7 +176,7 @@ static int mapping_begin(const struct vgpu_graph_memory *memory, CUgraphExec exe
             continue;
         struct device_graphs *d = &devices[dev];
         struct graph_mapped *md = &m->devs[m->ndevs];
-        pthread_mutex_lock(&d->lock);
+        vgpu_lock(&d->lock);
         md->dev = dev;
         md->known = pool_reserve(dev, &md->pool_before) == 0;
         if (md->known && md->pool_before < d->pool)
@@ -185,7 +186,7 @@ static int mapping_begin(const struct vgpu_graph_memory *memory, CUgraphExec exe
         if (need != 0 && vgpu_region_reserve(dev, need) != 0 &&
             (trim_unused(d, dev, &md->pool_before, &md->known),
              vgpu_mem_reserve(dev, need, api) != 0)) {
-            pthread_mutex_unlock(&d->lock);
+            vgpu_unlock(&d->lock);
             undo(m, m->ndevs);
             m->ndevs = 0;
             return -1;
@@ -216,7 +217,7 @@ static void mapping_end(struct graph_mapping *m, int launched)
                      (unsigned long long)grew, (unsigned long long)(grew - md->reserved));
         vgpu_footprint_grew(md->dev, md->reserved, grew);
         note_launch(d, m, launched, known, after);
-        pthread_mutex_unlock(&d->lock);
+        vgpu_unlock(&d->lock);
     }
     if (m->ndevs != 0)
         vgpu_mem_op_end();
@@ -227,11 +228,11 @@ void vgpu_graph_mapping_forget(CUgraphExec exec, uint64_t serial)
     pthread_once(&once, init);
     for (int dev = 0; dev < VGPU_GRAPH_DEVICES; dev++) {
         struct device_graphs *d = &devices[dev];
-        pthread_mutex_lock(&d->lock);
+        vgpu_lock(&d->lock);
         struct kept_graph *k = kept_slot(d, exec, serial);
         if (k != NULL)
             k->serial = 0;
-        pthread_mutex_unlock(&d->lock);
+        vgpu_unlock(&d->lock);
     }
 }
 
@@ -243,6 +244,17 @@ CUresult vgpu_graph_launch(graph_launch_fn launch, CUgraphExec exec, CUstream st
     uint64_t serial = vgpu_graph_memory_of(exec, &memory);
     if (serial == 0)
         return launch(exec, stream);
+    /* Mapping takes this file's device locks and the footprint's: on a thread holding one of
+     * the library's (a signal handler's launch inside it, locks.h) it would wait for ever. */
+    if (serial == VGPU_GRAPH_UNKNOWN_SERIAL || vgpu_holds_a_lock()) {
+        static int told;
+        if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+            vgpu_log(VGPU_LOG_WARN, "%s: refused a graph launched while this thread is inside "
+                     "libvgpu (from a signal handler, or from within a driver call): what it "
+                     "allocates cannot be counted without waiting for a lock the thread holds",
+                     api);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     /* Its kernels may need a larger stack, which the driver raises at the launch. */
     int stack = vgpu_stack_before_needs(memory.stack, stream);
     if (stack < 0)
@@ -279,11 +291,11 @@ VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device)
     int dev = device >= 0 && device < VGPU_GRAPH_DEVICES ? (int)device : -1;
     pthread_once(&once, init);
     if (dev >= 0)
-        pthread_mutex_lock(&devices[dev].lock);
+        vgpu_lock(&devices[dev].lock);
     CUresult rc = real.cuDeviceGraphMemTrim(device);
     if (dev >= 0) {
         devices[dev].epoch++; /* graphs map anew after a trim (cuda.h) */
-        pthread_mutex_unlock(&devices[dev].lock);
+        vgpu_unlock(&devices[dev].lock);
     }
     if (rc == CUDA_SUCCESS && dev >= 0)
         vgpu_footprint_remeasure(dev);

@@ -15,6 +15,7 @@
 
 #include "cuda_driver.h"
 #include "footprint.h"
+#include "locks.h"
 #include "log.h"
 #include "memory.h"
 #include "region.h"
@@ -54,7 +55,7 @@ static void lock_stack(void)
 {
     static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
     pthread_once(&fork_once, register_fork_handler);
-    pthread_mutex_lock(&stack_lock);
+    vgpu_lock(&stack_lock);
 }
 
 /* The context entry (and its generation), and its stack, each device's raise of this thread's
@@ -295,7 +296,7 @@ void vgpu_stack_context_made(CUcontext ctx, const void *made, int dev,
                 c->at_least = contexts[i].at_least;
             }
     refloor();
-    pthread_mutex_unlock(&stack_lock);
+    vgpu_unlock(&stack_lock);
 }
 
 int vgpu_stack_context_gone(const void *made)
@@ -309,7 +310,7 @@ int vgpu_stack_context_gone(const void *made)
             __atomic_store_n(&contexts[i].ctx, NULL, __ATOMIC_RELEASE);
         }
     refloor();
-    pthread_mutex_unlock(&stack_lock);
+    vgpu_unlock(&stack_lock);
     return dev;
 }
 
@@ -336,7 +337,7 @@ void vgpu_stack_primary_gone(int dev)
         }
     }
     refloor();
-    pthread_mutex_unlock(&stack_lock);
+    vgpu_unlock(&stack_lock);
 }
 
 /* After the current context's stack on dev was set to value (0 counted as 1: 0 means "not
@@ -351,7 +352,7 @@ static void stack_now(int dev, uint64_t value)
     struct counted_context *c = enter(ctx, ctx, dev, VGPU_CONTEXT_SEEN);
     new_generation(c);
     count_stack(c, value != 0 ? value : 1);
-    pthread_mutex_unlock(&stack_lock);
+    vgpu_unlock(&stack_lock);
 }
 
 /* ---- cuCtxSetLimit ----------------------------------------------------------------------- */
@@ -457,6 +458,18 @@ static __attribute__((noinline)) int raise_before(uint64_t local, CUstream strea
     }
     if (dev < 0 || vgpu_region_limit(dev) == 0)
         return 0;
+    /* Counting a raise takes stack_lock, a device's footprint lock and others: on a thread
+     * that holds one already (a signal handler's launch inside the library, locks.h) it
+     * would wait for ever. */
+    if (vgpu_holds_a_lock()) {
+        static int told;
+        if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+            vgpu_log(VGPU_LOG_WARN, "refusing a launch needing a larger stack made while this "
+                     "thread is inside libvgpu (from a signal handler, or from within a driver "
+                     "call): its raise cannot be counted without waiting for a lock the thread "
+                     "holds");
+        return -1;
+    }
     lock_stack();
     struct counted_context *c = ctx != NULL ? enter(ctx, ctx, dev, VGPU_CONTEXT_SEEN) : NULL;
     uint64_t counted = c == NULL           ? lowest_on(dev)
@@ -481,7 +494,7 @@ static __attribute__((noinline)) int raise_before(uint64_t local, CUstream strea
     }
     if (c != NULL)
         count_stack(c, rc > 0 && !again ? local : counted);
-    pthread_mutex_unlock(&stack_lock);
+    vgpu_unlock(&stack_lock);
     return rc;
 }
 
@@ -522,7 +535,7 @@ static __attribute__((noinline)) void forget_raises(int raised)
             refloor();
         }
     }
-    pthread_mutex_unlock(&stack_lock);
+    vgpu_unlock(&stack_lock);
 }
 
 void vgpu_stack_launched(int raised, CUresult rc)

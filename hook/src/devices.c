@@ -8,6 +8,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "locks.h"
 #include "log.h"
 #include "region.h"
 #include "settings.h"
@@ -17,7 +18,9 @@ static int learnt;                           /* atomic: records is set (release)
 static int listed;                           /* the settings file names the GPUs (once learnt) */
 static int device_count;                     /* the process's CUDA devices (once learnt) */
 static pthread_mutex_t learn_lock = PTHREAD_MUTEX_INITIALIZER;
-static __thread int learning;                /* this thread holds learn_lock */
+/* This thread holds learn_lock: set once it is taken (vgpu_holds is true while a thread waits
+ * for it too, and a thread waiting for another's learning must go on waiting). */
+static __thread int learning;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 /* A fork child of a process whose other thread was learning: the lock is not its to wait for. */
@@ -28,14 +31,14 @@ static void install_atfork(void) { pthread_atfork(NULL, NULL, after_fork_child);
 void vgpu_devices_lock(void)
 {
     pthread_once(&atfork_once, install_atfork);
-    pthread_mutex_lock(&learn_lock);
+    vgpu_lock(&learn_lock);
     learning = 1;
 }
 
 void vgpu_devices_unlock(void)
 {
     learning = 0;
-    pthread_mutex_unlock(&learn_lock);
+    vgpu_unlock(&learn_lock);
 }
 
 static int is_gpu_uuid(const char *text, size_t len)
@@ -127,8 +130,8 @@ void vgpu_devices_learn(int count, const char uuids[][VGPU_REGION_UUID_BYTES])
 static int map_learnt(void)
 {
     if (!__atomic_load_n(&learnt, __ATOMIC_ACQUIRE) && !learning) {
-        pthread_mutex_lock(&learn_lock);
-        pthread_mutex_unlock(&learn_lock);
+        vgpu_lock(&learn_lock);
+        vgpu_unlock(&learn_lock);
     }
     return __atomic_load_n(&learnt, __ATOMIC_ACQUIRE);
 }

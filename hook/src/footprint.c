@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "locks.h"
 #include "log.h"
 #include "memory.h"
 #include "nvml.h"
@@ -381,10 +382,10 @@ int vgpu_footprint_before_context(int dev, int (*makes_one)(int dev), int reserv
     if ((!capped(dev) && !discover) || inside || makes_nothing(dev, makes_one))
         return 0;
     inside = 1;
-    pthread_mutex_lock(&locks[dev]);
+    vgpu_lock(&locks[dev]);
     /* Asked again: another thread's retain may have made it while this one waited. */
     if (makes_nothing(dev, makes_one)) {
-        pthread_mutex_unlock(&locks[dev]);
+        vgpu_unlock(&locks[dev]);
         inside = 0;
         return 0;
     }
@@ -467,7 +468,7 @@ int vgpu_footprint_after_context(struct vgpu_context_probe *p, int created)
         vgpu_region_release(dev, p->estimate);
         __atomic_sub_fetch(&counted[dev], p->estimate, __ATOMIC_ACQ_REL);
     }
-    pthread_mutex_unlock(&locks[dev]);
+    vgpu_unlock(&locks[dev]);
     inside = 0;
     return rc;
 }
@@ -519,7 +520,7 @@ static void refresh(int dev, uint64_t period_ns)
         return;
     uint64_t now = monotonic_ns();
     if (now - __atomic_load_n(&measured_at[dev], __ATOMIC_RELAXED) < period_ns ||
-        pthread_mutex_trylock(&locks[dev]) != 0)
+        vgpu_trylock(&locks[dev]) != 0)
         return;
     __atomic_store_n(&measured_at[dev], now, __ATOMIC_RELAXED);
     int64_t held = measure(dev, 1);
@@ -530,7 +531,7 @@ static void refresh(int dev, uint64_t period_ns)
         not_listed(dev);
     else if (held >= 0 && (held > was + HYSTERESIS || held + HYSTERESIS < was))
         settle_to(dev, (uint64_t)held);
-    pthread_mutex_unlock(&locks[dev]);
+    vgpu_unlock(&locks[dev]);
 }
 
 void vgpu_footprint_refresh(int dev) { refresh(dev, REFRESH_NS); }
@@ -548,26 +549,26 @@ void vgpu_footprint_context_created(int dev, const void *ctx)
 {
     if (dev < 0 || dev >= VGPU_REGION_MAX_DEVICES || ctx == NULL)
         return;
-    pthread_mutex_lock(&created_lock);
+    vgpu_lock(&created_lock);
     __atomic_add_fetch(&created_alive[dev], 1, __ATOMIC_ACQ_REL);
     for (int i = 0; i < CREATED_KEPT; i++)
         if (created_kept[i].ctx == NULL) {
             created_kept[i] = (struct created){.ctx = ctx, .dev = dev};
             break;
         }
-    pthread_mutex_unlock(&created_lock);
+    vgpu_unlock(&created_lock);
 }
 
 void vgpu_footprint_context_destroyed(const void *ctx)
 {
-    pthread_mutex_lock(&created_lock);
+    vgpu_lock(&created_lock);
     for (int i = 0; ctx != NULL && i < CREATED_KEPT; i++)
         if (created_kept[i].ctx == ctx) {
             __atomic_sub_fetch(&created_alive[created_kept[i].dev], 1, __ATOMIC_ACQ_REL);
             created_kept[i].ctx = NULL;
             break;
         }
-    pthread_mutex_unlock(&created_lock);
+    vgpu_unlock(&created_lock);
 }
 
 void vgpu_footprint_context_gone(int dev)
@@ -581,7 +582,7 @@ void vgpu_footprint_context_gone(int dev)
         if ((d != dev && dev >= 0) || !capped(d) || !__atomic_load_n(&has_context[d],
                                                                      __ATOMIC_ACQUIRE))
             continue;
-        pthread_mutex_lock(&locks[d]);
+        vgpu_lock(&locks[d]);
         int64_t held = measure(d, MEASURE_TRIES);
         /* Not listed: no context left, unless one is alive still (not_listed: the pid was then
          * another's; settled to 0 here, a review found, the primary context left went
@@ -592,7 +593,7 @@ void vgpu_footprint_context_gone(int dev)
             unlisted_since[d] = 0;
             settle_to(d, (uint64_t)held);
         }
-        pthread_mutex_unlock(&locks[d]);
+        vgpu_unlock(&locks[d]);
     }
 }
 
@@ -639,10 +640,10 @@ int vgpu_footprint_pool_kept(int dev, uintptr_t pool, uint64_t bytes)
 {
     /* Never waits: the lock may be held across a context creation (seconds). */
     if (!capped(dev) || !__atomic_load_n(&measurable[dev], __ATOMIC_RELAXED) || inside ||
-        pthread_mutex_trylock(&locks[dev]) != 0)
+        vgpu_trylock(&locks[dev]) != 0)
         return 0;
     keep(dev, pool, bytes);
-    pthread_mutex_unlock(&locks[dev]);
+    vgpu_unlock(&locks[dev]);
     return 1;
 }
 
@@ -650,7 +651,7 @@ uint64_t vgpu_footprint_pooled(int dev) { return load64(&pooled[dev]); }
 
 uint64_t vgpu_footprint_pool_take(int dev, uintptr_t pool, uint64_t bytes)
 {
-    if (inside || pthread_mutex_trylock(&locks[dev]) != 0)
+    if (inside || vgpu_trylock(&locks[dev]) != 0)
         return 0;
     struct kept *e = kept_entry(dev, pool, 0);
     uint64_t take = e == NULL ? 0 : e->bytes < bytes ? e->bytes : bytes;
@@ -659,7 +660,7 @@ uint64_t vgpu_footprint_pool_take(int dev, uintptr_t pool, uint64_t bytes)
         __atomic_sub_fetch(&pooled[dev], take, __ATOMIC_ACQ_REL);
         recount(dev, 0, take);
     }
-    pthread_mutex_unlock(&locks[dev]);
+    vgpu_unlock(&locks[dev]);
     return take;
 }
 
@@ -667,28 +668,28 @@ void vgpu_footprint_pool_put_back(int dev, uintptr_t pool, uint64_t bytes)
 {
     if (bytes == 0)
         return;
-    pthread_mutex_lock(&locks[dev]);
+    vgpu_lock(&locks[dev]);
     keep(dev, pool, bytes);
-    pthread_mutex_unlock(&locks[dev]);
+    vgpu_unlock(&locks[dev]);
 }
 
 void vgpu_footprint_pools_check(int dev)
 {
-    if (inside || load64(&pooled[dev]) == 0 || pthread_mutex_trylock(&locks[dev]) != 0)
+    if (inside || load64(&pooled[dev]) == 0 || vgpu_trylock(&locks[dev]) != 0)
         return;
     uint64_t dropped = bound_kept(dev, UINT64_MAX);
     if (dropped != 0) {
         vgpu_region_release(dev, dropped);
         recount(dev, 0, dropped);
     }
-    pthread_mutex_unlock(&locks[dev]);
+    vgpu_unlock(&locks[dev]);
 }
 
 void vgpu_footprint_context_unseen(int dev)
 {
     if (!capped(dev) || inside || __atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE))
         return;
-    pthread_mutex_lock(&locks[dev]);
+    vgpu_lock(&locks[dev]);
     if (!__atomic_load_n(&has_context[dev], __ATOMIC_ACQUIRE)) {
         __atomic_store_n(&has_context[dev], 1, __ATOMIC_RELEASE);
         /* As for any context made: the container's context size, until it is measured (past
@@ -702,19 +703,19 @@ void vgpu_footprint_context_unseen(int dev)
             settle_to(dev, (uint64_t)held);
         }
     }
-    pthread_mutex_unlock(&locks[dev]);
+    vgpu_unlock(&locks[dev]);
 }
 
 /* ---- what other driver calls make the driver hold (footprint.h) -------------------------- */
 
 void vgpu_footprint_grew(int dev, uint64_t reserved, uint64_t grew)
 {
-    pthread_mutex_lock(&locks[dev]);
+    vgpu_lock(&locks[dev]);
     if (grew > reserved)
         vgpu_region_charge(dev, grew - reserved);
     else
         vgpu_region_release(dev, reserved - grew);
     if (grew != 0)
         recount(dev, grew, 0);
-    pthread_mutex_unlock(&locks[dev]);
+    vgpu_unlock(&locks[dev]);
 }

@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #endif
 #include "graphs.h"
+#include "locks.h"
 #include "throttle.h"
 #include "util.h"
 
@@ -438,7 +439,7 @@ int vgpu_graph_remember(CUgraphExec exec, struct vgpu_graph_costs *costs)
         vgpu_graph_costs_free(costs);
     } else {
         pthread_once(&fork_once, register_fork_handler);
-        pthread_mutex_lock(&table_lock);
+        vgpu_lock(&table_lock);
         struct entry *e = find(exec);
         if (e != NULL)
             drop_costs(e);
@@ -453,7 +454,7 @@ int vgpu_graph_remember(CUgraphExec exec, struct vgpu_graph_costs *costs)
             vgpu_graph_costs_free(costs);
             rc = -1;
         }
-        pthread_mutex_unlock(&table_lock);
+        vgpu_unlock(&table_lock);
     }
     *costs = (struct vgpu_graph_costs){0};
     return rc;
@@ -499,7 +500,7 @@ static void keep_larger_memory(struct entry *e, struct vgpu_graph_costs *costs)
 
 int vgpu_graph_update(CUgraphExec exec, struct vgpu_graph_costs *costs)
 {
-    pthread_mutex_lock(&table_lock);
+    vgpu_lock(&table_lock);
     struct entry *e = find(exec);
     if (e != NULL) {
         /* Both lists in node-list order, walked together: a new cost takes the name of the
@@ -524,18 +525,18 @@ int vgpu_graph_update(CUgraphExec exec, struct vgpu_graph_costs *costs)
         e->total = total_of(costs);
         *costs = (struct vgpu_graph_costs){0};
     }
-    pthread_mutex_unlock(&table_lock);
+    vgpu_unlock(&table_lock);
     return e != NULL ? 0 : vgpu_graph_remember(exec, costs);
 }
 
 uint64_t vgpu_graph_more_memory(CUgraphExec exec, struct vgpu_graph_costs *costs)
 {
-    pthread_mutex_lock(&table_lock);
+    vgpu_lock(&table_lock);
     struct entry *e = find(exec);
     uint64_t serial = e != NULL ? e->serial : 0;
     if (e != NULL)
         absorb_memory(e, &costs->memory);
-    pthread_mutex_unlock(&table_lock);
+    vgpu_unlock(&table_lock);
     if (e != NULL || costs->memory == NULL) {
         vgpu_graph_costs_free(costs);
         return serial;
@@ -580,7 +581,7 @@ static void retotal(struct entry *e, uint64_t before, uint64_t after)
 void vgpu_graph_set_node(CUgraphExec exec, CUgraphNode node, uint64_t blocks)
 {
     blocks = clamp(blocks);
-    pthread_mutex_lock(&table_lock);
+    vgpu_lock(&table_lock);
     struct entry *e = find(exec);
     struct vgpu_node_cost *n = e != NULL ? node_cost(e, node) : NULL;
     if (n != NULL) {
@@ -590,27 +591,30 @@ void vgpu_graph_set_node(CUgraphExec exec, CUgraphNode node, uint64_t blocks)
     } else if (e != NULL) {
         add_node(e, node, blocks);
     }
-    pthread_mutex_unlock(&table_lock);
+    vgpu_unlock(&table_lock);
 }
 
 void vgpu_graph_enable_node(CUgraphExec exec, CUgraphNode node, int enabled)
 {
-    pthread_mutex_lock(&table_lock);
+    vgpu_lock(&table_lock);
     struct entry *e = find(exec);
     struct vgpu_node_cost *n = e != NULL ? node_cost(e, node) : NULL;
     if (n != NULL && n->enabled != (enabled != 0)) {
         n->enabled = enabled != 0;
         retotal(e, n->enabled ? 0 : n->blocks, n->enabled ? n->blocks : 0);
     }
-    pthread_mutex_unlock(&table_lock);
+    vgpu_unlock(&table_lock);
 }
 
 uint64_t vgpu_graph_cost(CUgraphExec exec)
 {
-    pthread_mutex_lock(&table_lock);
+    /* A signal handler's launch while this thread changes the table (locks.h): the cost of a
+     * graph that cannot be read. */
+    if (vgpu_lock_unless_mine(&table_lock) != 0)
+        return unread_blocks;
     const struct entry *e = find(exec);
     uint64_t blocks = e != NULL ? e->total : 0;
-    pthread_mutex_unlock(&table_lock);
+    vgpu_unlock(&table_lock);
     return blocks != 0 ? blocks : 1;
 }
 
@@ -618,27 +622,28 @@ uint64_t vgpu_graph_memory_of(CUgraphExec exec, struct vgpu_graph_memory *memory
 {
     if (__atomic_load_n(&allocating, __ATOMIC_ACQUIRE) == 0)
         return 0;
-    pthread_mutex_lock(&table_lock);
+    if (vgpu_lock_unless_mine(&table_lock) != 0)
+        return VGPU_GRAPH_UNKNOWN_SERIAL;
     const struct entry *e = find(exec);
     uint64_t serial = e != NULL && e->costs.memory != NULL ? e->serial : 0;
     if (serial != 0)
         *memory = *e->costs.memory;
-    pthread_mutex_unlock(&table_lock);
+    vgpu_unlock(&table_lock);
     return serial;
 }
 
 uint64_t vgpu_graph_serial(CUgraphExec exec)
 {
-    pthread_mutex_lock(&table_lock);
+    vgpu_lock(&table_lock);
     const struct entry *e = find(exec);
     uint64_t serial = e != NULL ? e->serial : 0;
-    pthread_mutex_unlock(&table_lock);
+    vgpu_unlock(&table_lock);
     return serial;
 }
 
 int vgpu_graph_forget(CUgraphExec exec, uint64_t serial)
 {
-    pthread_mutex_lock(&table_lock);
+    vgpu_lock(&table_lock);
     struct entry *e = find(exec);
     if (e != NULL && e->serial != serial)
         e = NULL; /* recorded anew since: another graph's now */
@@ -656,6 +661,6 @@ int vgpu_graph_forget(CUgraphExec exec, uint64_t serial)
             }
         }
     }
-    pthread_mutex_unlock(&table_lock);
+    vgpu_unlock(&table_lock);
     return e != NULL ? 0 : -1;
 }

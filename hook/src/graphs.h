@@ -105,11 +105,15 @@ void vgpu_graph_set_node(CUgraphExec exec, CUgraphNode node, uint64_t blocks);
 void vgpu_graph_enable_node(CUgraphExec exec, CUgraphNode node, int enabled);
 
 /* The recorded cost of exec (at most INT64_MAX); 1 for an exec instantiated where we could not
- * see it. */
+ * see it; an unreadable graph's (2^10 blocks) when the calling thread is changing the table (a
+ * signal handler's launch: locks.h). */
 uint64_t vgpu_graph_cost(CUgraphExec exec);
 
 /* What exec's allocation nodes take, copied into *memory; returns the serial of exec's
- * recording (below), or 0 when it takes nothing (or is unknown). */
+ * recording (below), or 0 when it takes nothing (or is unknown), or VGPU_GRAPH_UNKNOWN_SERIAL
+ * when the calling thread is changing the table (a signal handler's launch: locks.h), nothing
+ * copied. */
+static const uint64_t VGPU_GRAPH_UNKNOWN_SERIAL = UINT64_MAX;
 uint64_t vgpu_graph_memory_of(CUgraphExec exec, struct vgpu_graph_memory *memory);
 
 /* Which recording of exec the table holds: a serial, new at each vgpu_graph_remember (the

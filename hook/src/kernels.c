@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include "kernels.h"
+#include "locks.h"
 
 struct vgpu_kernel vgpu_kernels[VGPU_KERNELS];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -16,11 +17,10 @@ static void after_fork_child(void) { pthread_mutex_init(&lock, NULL); }
 
 static void register_fork_handler(void) { pthread_atfork(NULL, NULL, after_fork_child); }
 
-static void lock_table(void)
+static void register_once(void)
 {
     static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
     pthread_once(&fork_once, register_fork_handler);
-    pthread_mutex_lock(&lock);
 }
 
 static void write_slot(struct vgpu_kernel *k, CUfunction f, uint32_t local)
@@ -40,20 +40,24 @@ uint64_t vgpu_kernels_forgotten(void)
 
 int vgpu_kernel_keep(CUfunction f, uint32_t local, uint64_t forgotten)
 {
-    lock_table();
+    register_once();
+    /* A launch of a signal handler's that interrupted this thread's own write: not kept. */
+    if (vgpu_lock_unless_mine(&lock) != 0)
+        return 0;
     int keep = __atomic_load_n(&forgets, __ATOMIC_RELAXED) == forgotten;
     if (keep)
         write_slot(&vgpu_kernels[vgpu_kernel_slot(f)], f, local);
-    pthread_mutex_unlock(&lock);
+    vgpu_unlock(&lock);
     return keep;
 }
 
 void vgpu_kernels_forget(void)
 {
-    lock_table();
+    register_once();
+    vgpu_lock(&lock);
     __atomic_store_n(&forgets, __atomic_load_n(&forgets, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
     for (size_t i = 0; i < VGPU_KERNELS; i++)
         if (__atomic_load_n(&vgpu_kernels[i].f, __ATOMIC_RELAXED) != NULL)
             write_slot(&vgpu_kernels[i], NULL, 0);
-    pthread_mutex_unlock(&lock);
+    vgpu_unlock(&lock);
 }

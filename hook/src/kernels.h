@@ -47,8 +47,9 @@ static inline int vgpu_kernel_known(CUfunction f, uint64_t *local)
 uint64_t vgpu_kernels_forgotten(void);
 /* Keeps f's local memory, in place of whatever its slot held, unless the table was forgotten
  * since `forgotten` was read (the answer may be about the kernel the handle named before a
- * module unload: kept, it would be another kernel's size once the handle is reused). Returns
- * whether it was kept. */
+ * module unload: kept, it would be another kernel's size once the handle is reused), or unless
+ * the calling thread is writing the table already (a signal handler's launch: locks.h).
+ * Returns whether it was kept. */
 int vgpu_kernel_keep(CUfunction f, uint32_t local, uint64_t forgotten);
 /* Forgets every handle (its module going or gone, a handle may name another kernel next). */
 void vgpu_kernels_forget(void);

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "locks.h"
 #include "log.h"
 
 #define VGPU_EXPORT __attribute__((visibility("default")))
@@ -64,7 +65,7 @@ void vgpu_lib_load(struct vgpu_hook_lib *lib)
     if (loading)
         return; /* a constructor of the real library called back into us */
     pthread_once(&fork_once, register_fork_handler); /* a fork mid-load must not wedge the child */
-    pthread_mutex_lock(&load_lock);
+    vgpu_lock(&load_lock);
     if (!__atomic_load_n(&lib->loaded, __ATOMIC_ACQUIRE)) {
         /* Until this returns, lookups from this thread (the real library's constructors, its
          * cuGetProcAddress) pass through untouched instead of re-entering the load. */
@@ -79,7 +80,7 @@ void vgpu_lib_load(struct vgpu_hook_lib *lib)
         loading = 0;
         __atomic_store_n(&lib->loaded, 1, __ATOMIC_RELEASE);
     }
-    pthread_mutex_unlock(&load_lock);
+    vgpu_unlock(&load_lock);
 }
 
 void *vgpu_lib_wrapper_for(struct vgpu_hook_lib *lib, const void *real)

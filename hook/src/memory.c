@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "footprint.h"
+#include "locks.h"
 #include "log.h"
 #include "region.h"
 
@@ -161,11 +162,11 @@ static void insert(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t by
     struct shard *s = &shards[h & (SHARDS - 1)];
     struct entry mine = {.key = key, .bytes = bytes, .owner = owner, .dev = dev,
                          .kind = (int)kind};
-    pthread_mutex_lock(&s->lock);
+    vgpu_lock(&s->lock);
     struct entry *stale = unlink_entry(s, h, kind, key), old;
     if (stale != NULL && keep_existing) {
         link_entry(s, h, stale);
-        pthread_mutex_unlock(&s->lock);
+        vgpu_unlock(&s->lock);
         give_back(&mine, kind, "its free failed and the driver has handed the address out "
                   "again: freed with its context");
         return;
@@ -181,7 +182,7 @@ static void insert(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t by
         e = malloc(sizeof *e);
     /* (With a stale entry there is a spare and a table: this cannot fail.) */
     if (e == NULL || (s->count >= s->nbuckets && grow(s) != 0 && s->nbuckets == 0)) {
-        pthread_mutex_unlock(&s->lock);
+        vgpu_unlock(&s->lock);
         free(e);
         vgpu_log(VGPU_LOG_ERROR, "out of host memory while recording an allocation; its %llu "
                  "bytes stay counted until the process exits", (unsigned long long)bytes);
@@ -190,7 +191,7 @@ static void insert(enum vgpu_alloc_kind kind, uint64_t key, int dev, uint64_t by
     *e = mine;
     e->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_ACQ_REL);
     link_entry(s, h, e);
-    pthread_mutex_unlock(&s->lock);
+    vgpu_unlock(&s->lock);
     if (dev >= 0 && dev < VGPU_REGION_MAX_DEVICES)
         __atomic_add_fetch(&tracked[dev], bytes, __ATOMIC_ACQ_REL);
     if (stale != NULL) {
@@ -221,13 +222,13 @@ int vgpu_mem_untrack(enum vgpu_alloc_kind kind, uint64_t key, struct vgpu_mem_re
     pthread_once(&table_once, table_init);
     uint64_t h = mix(key, (int)kind);
     struct shard *s = &shards[h & (SHARDS - 1)];
-    pthread_mutex_lock(&s->lock);
+    vgpu_lock(&s->lock);
     struct entry *e = unlink_entry(s, h, kind, key);
     if (e != NULL) {
         *out = record_of(e);
         recycle(s, e);
     }
-    pthread_mutex_unlock(&s->lock);
+    vgpu_unlock(&s->lock);
     if (e != NULL)
         untracked(out->dev, out->bytes);
     return e != NULL;
@@ -238,12 +239,12 @@ int vgpu_mem_find(enum vgpu_alloc_kind kind, uint64_t key, struct vgpu_mem_recor
     pthread_once(&table_once, table_init);
     uint64_t h = mix(key, (int)kind);
     struct shard *s = &shards[h & (SHARDS - 1)];
-    pthread_mutex_lock(&s->lock);
+    vgpu_lock(&s->lock);
     struct entry **link = link_to(s, h, kind, key);
     const struct entry *e = link != NULL ? *link : NULL;
     if (e != NULL)
         *out = record_of(e);
-    pthread_mutex_unlock(&s->lock);
+    vgpu_unlock(&s->lock);
     return e != NULL;
 }
 
@@ -254,7 +255,7 @@ int vgpu_mem_untrack_exact(const struct vgpu_mem_record *asked)
     pthread_once(&table_once, table_init);
     uint64_t h = mix(asked->key, asked->kind);
     struct shard *s = &shards[h & (SHARDS - 1)];
-    pthread_mutex_lock(&s->lock);
+    vgpu_lock(&s->lock);
     struct entry *e = unlink_entry(s, h, (enum vgpu_alloc_kind)asked->kind, asked->key);
     if (e != NULL && e->serial != asked->serial) {
         link_entry(s, h, e);
@@ -262,7 +263,7 @@ int vgpu_mem_untrack_exact(const struct vgpu_mem_record *asked)
     } else if (e != NULL) {
         recycle(s, e);
     }
-    pthread_mutex_unlock(&s->lock);
+    vgpu_unlock(&s->lock);
     if (e != NULL)
         untracked(asked->dev, asked->bytes);
     return e != NULL;
@@ -281,7 +282,7 @@ static struct vgpu_mem_record *collect(enum vgpu_alloc_kind kind, int dev, const
     *n = 0;
     for (int i = 0; i < SHARDS; i++) {
         struct shard *s = &shards[i];
-        pthread_mutex_lock(&s->lock);
+        vgpu_lock(&s->lock);
         for (size_t b = 0; b < s->nbuckets && !short_of_memory; b++) {
             for (const struct entry *e = s->buckets[b]; e != NULL; e = e->next) {
                 if (e->kind != (int)kind || (dev >= 0 && e->dev != dev) ||
@@ -300,7 +301,7 @@ static struct vgpu_mem_record *collect(enum vgpu_alloc_kind kind, int dev, const
                 list[(*n)++] = record_of(e);
             }
         }
-        pthread_mutex_unlock(&s->lock);
+        vgpu_unlock(&s->lock);
     }
     if (short_of_memory)
         vgpu_log(VGPU_LOG_ERROR, "out of host memory while checking allocations after a context "
@@ -360,12 +361,12 @@ void vgpu_mem_disown(enum vgpu_alloc_kind kind, const void *owner, uint64_t befo
     pthread_once(&table_once, table_init);
     for (int i = 0; i < SHARDS && owner != NULL; i++) {
         struct shard *s = &shards[i];
-        pthread_mutex_lock(&s->lock);
+        vgpu_lock(&s->lock);
         for (size_t b = 0; b < s->nbuckets; b++)
             for (struct entry *e = s->buckets[b]; e != NULL; e = e->next)
                 if (e->kind == (int)kind && e->owner == owner && e->serial <= before)
                     e->owner = NULL;
-        pthread_mutex_unlock(&s->lock);
+        vgpu_unlock(&s->lock);
     }
 }
 

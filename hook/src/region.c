@@ -21,6 +21,7 @@
 
 #include "devices.h"
 #include "ledger.h"
+#include "locks.h"
 #include "log.h"
 #include "owner.h"
 #include "region_file.h"
@@ -408,12 +409,12 @@ static int ensure_slot(struct vgpu_region *r)
     if (slot >= 0)
         return slot;
     vgpu_log_defer_begin(); /* the claim's lines wait until its locks are released (log.h) */
-    pthread_mutex_lock(&slot_lock);
+    vgpu_lock(&slot_lock);
     uint64_t now_ms = monotonic_ns() / 1000000u;
     if (my_slot < 0 && (!no_slot || now_ms - no_slot_since_ms >= SLOT_RETRY_MS))
         try_claim(r);
     slot = my_slot;
-    pthread_mutex_unlock(&slot_lock);
+    vgpu_unlock(&slot_lock);
     vgpu_log_defer_end();
     return slot;
 }
@@ -466,9 +467,9 @@ static int reap_dead(int fresh)
     if (r == NULL || slot < 0 || !intact(r) || !descriptor_intact())
         return 0;
     vgpu_log_defer_begin(); /* not while holding the dead slots' bytes (log.h) */
-    pthread_mutex_lock(&slot_lock);
+    vgpu_lock(&slot_lock);
     int reaped = reap_scan(r, (uint32_t)slot, fresh);
-    pthread_mutex_unlock(&slot_lock);
+    vgpu_unlock(&slot_lock);
     vgpu_log_defer_end();
     return reaped;
 }

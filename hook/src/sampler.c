@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "locks.h"
 #include "log.h"
 #include "region.h"
 #include "threads.h"
@@ -83,17 +84,17 @@ static void *sample(void *unused)
 {
     (void)unused;
     for (;;) {
-        pthread_mutex_lock(&lock);
+        vgpu_lock(&lock);
         while (state != ASKED)
             pthread_cond_wait(&changed, &lock);
         state = READING;
         unsigned devices = asked;
-        pthread_mutex_unlock(&lock);
+        vgpu_unlock(&lock);
         read_all(devices); /* NVML, unlocked: the watcher goes on meanwhile */
-        pthread_mutex_lock(&lock);
+        vgpu_lock(&lock);
         state = DONE;
         pthread_cond_broadcast(&changed);
-        pthread_mutex_unlock(&lock);
+        vgpu_unlock(&lock);
         /* Once the reading is out (a scan of the slots may take a few ms, /proc read for an
          * owner running without its lock): a sibling that exited keeps its slot until reaped,
          * and the next reading would go on naming its pid (another tenant's once the host hands
@@ -157,7 +158,7 @@ static void ask(unsigned devices)
 unsigned vgpu_sampler_collect(unsigned devices, struct vgpu_sample *out, uint64_t wait_ns)
 {
     pthread_once(&made, make_changed);
-    pthread_mutex_lock(&lock);
+    vgpu_lock(&lock);
     unsigned got = 0;
     if (state == DONE) {
         /* One that took longer than its wait: taken now and the next asked at once, so that a
@@ -167,7 +168,7 @@ unsigned vgpu_sampler_collect(unsigned devices, struct vgpu_sample *out, uint64_
             ask(devices);
     } else if (state == IDLE && devices != 0) {
         if (!start_thread()) {
-            pthread_mutex_unlock(&lock);
+            vgpu_unlock(&lock);
             read_all(devices); /* no other thread to read: state stays IDLE, readings ours */
             got = copy_out(devices, out);
             vgpu_region_reap_lately(); /* as the sampler's thread does after a reading */
@@ -178,7 +179,7 @@ unsigned vgpu_sampler_collect(unsigned devices, struct vgpu_sample *out, uint64_
         if (state == DONE)
             got = take(devices, out);
     } /* else under way since an earlier call, and not waited for again */
-    pthread_mutex_unlock(&lock);
+    vgpu_unlock(&lock);
     return got;
 }
 

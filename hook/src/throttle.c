@@ -7,6 +7,7 @@
 
 #include "account.h"
 #include "control.h"
+#include "locks.h"
 #include "log.h"
 #include "nvml.h"
 #include "region.h"
@@ -812,7 +813,10 @@ static void hold_back(struct bucket *b)
 /* Starts the watcher at the first launch, which is on device dev. */
 static void start_watcher(int dev)
 {
-    pthread_mutex_lock(&watcher_lock);
+    /* A signal handler's launch while this thread starts it (locks.h) leaves it to the start
+     * under way. */
+    if (vgpu_lock_unless_mine(&watcher_lock) != 0)
+        return;
     if (!watcher_running) {
         /* The first control period starts now, not when the library loaded. */
         for (int d = 0; d < VGPU_REGION_MAX_DEVICES; d++) {
@@ -846,7 +850,7 @@ static void start_watcher(int dev)
                          "wait until it starts (tried again every 0.1 s)", rc);
         }
     }
-    pthread_mutex_unlock(&watcher_lock);
+    vgpu_unlock(&watcher_lock);
 }
 
 void vgpu_throttle_init(void)
@@ -902,6 +906,12 @@ static inline void end_drain(struct bucket *b)
 static __attribute__((noinline)) void wait_for_tokens(int dev, struct bucket *b)
 {
     for (unsigned waits = 1; __atomic_load_n(&b->tokens, __ATOMIC_ACQUIRE) <= 0; waits++) {
+        /* A signal handler's launch on a thread inside the library's locks (locks.h): the
+         * watcher may be the one to wait for them (starting, or reaping without its sampler),
+         * and nothing would refill the bucket before the handler returns. It runs, its tokens
+         * taken (a debt the next periods pay). */
+        if (vgpu_holds_a_lock())
+            return;
         __atomic_store_n(&b->waited, 1, __ATOMIC_RELAXED);
         sleep_ns(WAIT_NS);
         if (waits % WATCHER_RETRY_WAITS == 0 &&

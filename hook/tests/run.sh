@@ -39,6 +39,7 @@ run() {
 run limits "$units/test_limits"
 run settings "$units/test_settings"
 run control "$units/test_control"
+run locks "$units/test_locks"
 run kernels "$units/test_kernels"
 run ledger "$units/test_ledger"
 run owner "$units/test_owner"
@@ -390,6 +391,10 @@ run footprint-limits-many-contexts CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVI
 run footprint-limits-reset-inside CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVICES=0 \
     FAKE_GPU_SHARED="$tmp/footprint-limits-reset.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     FAKE_CUDA_MEM_MIB=500 "$build/tests/test_footprint" limits-reset-inside
+# A launch from inside the library's locks (a signal handler's) never waits for them.
+run footprint-limits-inside-locks CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVICES=0 \
+    FAKE_GPU_SHARED="$tmp/footprint-limits-inside.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    "$build/tests/test_footprint" limits-inside-locks
 run footprint-limits-retain-race CUDA_DEVICE_MEMORY_LIMIT=2g CUDA_VISIBLE_DEVICES=0 \
     FAKE_GPU_SHARED="$tmp/footprint-limits-retain-race.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     FAKE_CUDA_CREATED_CONTEXT_MIB=200 "$build/tests/test_footprint" limits-retain-race

@@ -86,6 +86,10 @@
  *                       the stack counted per context (created, green), past the 64 the
  *                       library keeps, across a context made anew with the same handle, and
  *                       on a green context's stream.
+ *   test_footprint limits-inside-locks
+ *                       launches made inside the library's locks, as a signal handler's
+ *                       would be: one needing a raise refused, one needing none launched;
+ *                       neither waits for its own thread's lock.
  *   test_footprint second-context
  *                       the host pid left unknown the same way, this process makes a second
  *                       context while a third container's process makes its first: the one
@@ -1913,6 +1917,88 @@ static int limits_green_stream(void)
     return check_done("test_footprint limits-green-stream");
 }
 
+/* Launches made while this thread is inside the library's locks, as a signal handler's call
+ * would be (the application's handler runs on the thread it interrupts): inside the driver's
+ * answer for the stack a raise asks under stack_lock, and inside NVML's process list, which a
+ * measurement asks under the device's footprint lock. One needing a raise is refused (the
+ * raise takes those locks); one needing none launches. The library of fb85428 waited for ever
+ * on its own thread's lock in both: the watchdog ends such a run. */
+static CUresult inside_raise_rc = CUDA_ERROR_UNKNOWN, inside_plain_rc = CUDA_ERROR_UNKNOWN;
+static char inside_kernels[6][64];
+
+static void launches_inside(int raise_kernel, int plain_kernel)
+{
+    uint64_t outer = fake_cuda_local_bytes;
+    fake_cuda_local_bytes = 3072;
+    inside_raise_rc = cuLaunchKernel((CUfunction)(void *)inside_kernels[raise_kernel], 1, 1, 1,
+                                     32, 1, 1, 0, NULL, NULL, NULL);
+    fake_cuda_local_bytes = 0;
+    inside_plain_rc = cuLaunchKernel((CUfunction)(void *)inside_kernels[plain_kernel], 1, 1, 1,
+                                     32, 1, 1, 0, NULL, NULL, NULL);
+    fake_cuda_local_bytes = outer;
+}
+
+static void inside_stack_question(void) { launches_inside(1, 2); }
+static void inside_process_list(void) { launches_inside(4, 5); }
+
+static void waited_for_ever(int sig)
+{
+    (void)sig;
+    static const char line[] = "not ok - a launch inside the library's locks waited for its "
+                               "own thread's lock (30 s)\n";
+    if (write(STDOUT_FILENO, line, sizeof line - 1) < 0)
+        _exit(1);
+    _exit(1);
+}
+
+static int limits_inside_locks(void)
+{
+    signal(SIGALRM, waited_for_ever);
+    alarm(30);
+    CUcontext primary;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(primary) == CUDA_SUCCESS && open_region(),
+          "the primary context (300 MiB) under a 1 GiB cap");
+    fake_cuda_local_bytes = 1536;
+    fake_cuda_inside_fn = inside_stack_question;
+    strcpy(fake_cuda_inside, "cuCtxGetLimit");
+    CUresult rc = cuLaunchKernel((CUfunction)(void *)inside_kernels[0], 1, 1, 1, 32, 1, 1, 0,
+                                 NULL, NULL, NULL);
+    check(rc == CUDA_SUCCESS && settled_at(432),
+          "a kernel needing 1.5 KiB a thread raises the stack: counted (held %llu MiB, counted "
+          "%llu)", held_mib(0), counted_mib(0));
+    check(inside_raise_rc == CUDA_ERROR_OUT_OF_MEMORY && inside_plain_rc == CUDA_SUCCESS,
+          "inside the driver's answer for the stack, asked holding the stack lock: a kernel "
+          "needing 3 KiB is refused (rc %d), one needing none launches (rc %d)",
+          inside_raise_rc, inside_plain_rc);
+    void (**nvml_inside)(void) = NULL;
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (nvml != NULL)
+        nvml_inside = (void (**)(void))dlsym(nvml, "fake_nvml_inside_fn");
+    if (!check(nvml_inside != NULL, "the fake NVML the library opened"))
+        return check_done("test_footprint limits-inside-locks");
+    inside_raise_rc = inside_plain_rc = CUDA_ERROR_UNKNOWN;
+    sleep_s(1.1); /* the next allocation measures */
+    *nvml_inside = inside_process_list;
+    CUdeviceptr p;
+    rc = cuMemAlloc(&p, 64 * MiB);
+    check(rc == CUDA_SUCCESS && cuMemFree(p) == CUDA_SUCCESS && *nvml_inside == NULL,
+          "an allocation measures the device (rc %d)", rc);
+    check(inside_raise_rc == CUDA_ERROR_OUT_OF_MEMORY && inside_plain_rc == CUDA_SUCCESS,
+          "inside NVML's process list, asked holding the device's footprint lock: a kernel "
+          "needing 3 KiB is refused (rc %d), one needing none launches (rc %d)",
+          inside_raise_rc, inside_plain_rc);
+    fake_cuda_local_bytes = 3072;
+    rc = cuLaunchKernel((CUfunction)(void *)inside_kernels[3], 1, 1, 1, 32, 1, 1, 0, NULL, NULL,
+                        NULL);
+    check(rc == CUDA_SUCCESS && settled_at(828),
+          "outside the library, a kernel needing 3 KiB launches, its raise counted (held %llu "
+          "MiB, counted %llu)", held_mib(0), counted_mib(0));
+    fake_cuda_local_bytes = 0;
+    alarm(0);
+    return check_done("test_footprint limits-inside-locks");
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "created-contexts") == 0)
@@ -1985,6 +2071,8 @@ int main(int argc, char **argv)
         return limits_green_given_up();
     if (argc == 2 && strcmp(argv[1], "limits-green-stream") == 0)
         return limits_green_stream();
+    if (argc == 2 && strcmp(argv[1], "limits-inside-locks") == 0)
+        return limits_inside_locks();
     if (argc == 2 && strcmp(argv[1], "limits") == 0)
         return limits();
     if (argc == 2 && strcmp(argv[1], "green") == 0)

@@ -957,6 +957,7 @@ EXPORT CUresult cuCtxGetLimit(size_t *value, CUlimit limit)
     if (rc != CUDA_SUCCESS || value == NULL || (unsigned)limit > CU_LIMIT_PERSISTING_L2_CACHE_SIZE)
         return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_INVALID_VALUE;
     *value = (unsigned)limit <= CU_LIMIT_MALLOC_HEAP_SIZE ? limits_of(current)[limit] : 0;
+    run_inside("cuCtxGetLimit"); /* after its answer */
     return CUDA_SUCCESS;
 }
 

@@ -217,11 +217,19 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
     return NVML_SUCCESS;
 }
 
+/* fake_nvml_inside_fn runs once inside the next call for the running processes (any version),
+ * before its answer: a test's way to have a call land while one is inside NVML (a signal
+ * handler's, found through dlsym: the library opens NVML itself). */
+EXPORT void (*fake_nvml_inside_fn)(void);
+
 /* Every live process with a context or memory on the device (fake_state.h), its footprint as
  * usedGpuMemory (no MIG). */
 static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count,
                                       nvmlProcessInfo_t *infos)
 {
+    void (*inside)(void) = __atomic_exchange_n(&fake_nvml_inside_fn, NULL, __ATOMIC_ACQ_REL);
+    if (inside != NULL)
+        inside();
     if (!initialised)
         return NVML_ERROR_UNINITIALIZED;
     if (device == NULL || count == NULL)

@@ -61,7 +61,7 @@ extern int fake_cuda_graph_remap;
  * cuGraphExecDestroy: before it destroys; "cuMemAllocAsync", any flavour: after the memory is
  * taken; "cuLaunchKernel", any launch: before the driver raises the stack; cuInit: once the
  * driver is up, before it returns; cuMemMap: once the mapping is made;
- * cuMemRetainAllocationHandle: once the reference is taken). */
+ * cuMemRetainAllocationHandle: once the reference is taken; cuCtxGetLimit: after its answer). */
 extern char fake_cuda_inside[64];
 extern void (*fake_cuda_inside_fn)(void);
 

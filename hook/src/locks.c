@@ -1,0 +1,32 @@
+/* locks.c - which of the library's mutexes each thread holds (locks.h): the list itself, its
+ * fork handler, and the line said when a call waits for its own thread's lock. */
+#ifndef _GNU_SOURCE /* the unit tests define it on the command line */
+#define _GNU_SOURCE
+#endif
+#include "locks.h"
+
+#include <unistd.h>
+
+__thread __attribute__((tls_model("initial-exec"))) struct vgpu_held_locks vgpu_held_locks;
+
+/* A fork child holds none: each lock's own fork handler makes it anew there, even one the
+ * forking thread held (a fork from a callback inside the library). */
+static void after_fork_child(void) { vgpu_held_locks.count = 0; }
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, after_fork_child);
+}
+
+/* Written at once with write(2), not through vgpu_log: the interrupted thread may be keeping
+ * its lines for later (log.h), which would be never. */
+void vgpu_say_waiting_on_own_lock(void)
+{
+    static const char line[] =
+        "[vgpu ERROR] a CUDA or NVML call made inside a signal handler (or from within a driver "
+        "call) waits for a lock of libvgpu that the thread it interrupted holds or is waiting "
+        "for: if it holds it, the call never returns. Make CUDA calls outside signal handlers "
+        "(the driver's are not async-signal-safe either)\n";
+    if (write(STDERR_FILENO, line, sizeof line - 1) < 0)
+        return;
+}
