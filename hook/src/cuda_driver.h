@@ -333,6 +333,9 @@ int vgpu_stack_check_launch(CUfunction f, CUstream stream);
 int vgpu_stack_before_needs(uint64_t local, CUstream stream);
 /* vgpu_stack_after_launch for a launch that counted raises (raised > 0). */
 void vgpu_stack_launched(int raised, CUresult rc);
+/* Around the kernels of a multi-device launch, which raise one after another before the one
+ * launch: outside it a launch while this thread's raise is under way is refused. */
+void vgpu_stack_several(int on);
 /* A kernel's local memory a thread (0: none, or the driver cannot say). */
 uint64_t vgpu_kernel_local_bytes(CUfunction f);
 

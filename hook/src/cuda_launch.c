@@ -166,6 +166,7 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *li
     /* What each device's kernels take, once the driver took the launch. */
     uint64_t taken[VGPU_REGION_MAX_DEVICES] = {0};
     CUresult rc = CUDA_SUCCESS;
+    vgpu_stack_several(1);
     for (unsigned int i = 0; list != NULL && i < count && rc == CUDA_SUCCESS; i++) {
         if (vgpu_throttle_enabled) {
             uint64_t blocks = grid(list[i].gridDimX, list[i].gridDimY, list[i].gridDimZ);
@@ -181,6 +182,7 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *li
         else
             stacks |= stack;
     }
+    vgpu_stack_several(0);
     if (rc == CUDA_SUCCESS)
         rc = real.cuLaunchCooperativeKernelMultiDevice(list, count, flags);
     vgpu_stack_after_launch(stacks, rc);

@@ -67,6 +67,24 @@ static __thread struct raised {
     uint64_t stack;
 } raised_from[VGPU_REGION_MAX_DEVICES];
 static __thread int raising;
+/* Inside a multi-device launch, whose kernels raise one after another (vgpu_stack_several). */
+static __thread int several_kernels;
+
+void vgpu_stack_several(int on) { several_kernels = on; }
+
+/* A launch needing a raise is refused, said once: made inside the library (a signal handler's
+ * launch on a thread in one of its locks, or in a launch of its own), its raise could not be
+ * counted without waiting for the thread's own lock, or would be taken for the outer launch's. */
+static int refuse_inside(void)
+{
+    static int told;
+    if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+        vgpu_log(VGPU_LOG_WARN, "refusing a launch needing a larger stack made while this thread "
+                 "is inside libvgpu (from a signal handler, or from within a driver call): its "
+                 "raise cannot be counted without waiting for a lock the thread holds, or apart "
+                 "from the raise of the launch it interrupted");
+    return -1;
+}
 
 /* VGPU_STACK_* (cuda_driver.h): set by vgpu_stack_check_launch. */
 int vgpu_stack_checked;
@@ -460,16 +478,12 @@ static __attribute__((noinline)) int raise_before(uint64_t local, CUstream strea
         return 0;
     /* Counting a raise takes stack_lock, a device's footprint lock and others: on a thread
      * that holds one already (a signal handler's launch inside the library, locks.h) it
-     * would wait for ever. */
-    if (vgpu_holds_a_lock()) {
-        static int told;
-        if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
-            vgpu_log(VGPU_LOG_WARN, "refusing a launch needing a larger stack made while this "
-                     "thread is inside libvgpu (from a signal handler, or from within a driver "
-                     "call): its raise cannot be counted without waiting for a lock the thread "
-                     "holds");
-        return -1;
-    }
+     * would wait for ever. And while this thread's own raise is under way (counted, its launch
+     * not answered yet) a launch is a handler's inside that launch: its raise would be taken
+     * for the outer launch's second, and the outer's memory operation ended twice (no
+     * measurement would settle anything again). */
+    if (vgpu_holds_a_lock() || (raising != 0 && !several_kernels))
+        return refuse_inside();
     lock_stack();
     struct counted_context *c = ctx != NULL ? enter(ctx, ctx, dev, VGPU_CONTEXT_SEEN) : NULL;
     uint64_t counted = c == NULL           ? lowest_on(dev)

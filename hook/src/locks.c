@@ -11,7 +11,10 @@ __thread __attribute__((tls_model("initial-exec"))) struct vgpu_held_locks vgpu_
 
 /* A fork child holds none: each lock's own fork handler makes it anew there, even one the
  * forking thread held (a fork from a callback inside the library). */
-static void after_fork_child(void) { vgpu_held_locks.count = 0; }
+static void after_fork_child(void)
+{
+    __atomic_store_n(&vgpu_held_locks.count, 0, __ATOMIC_RELAXED);
+}
 
 __attribute__((constructor)) static void register_fork_handler(void)
 {

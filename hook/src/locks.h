@@ -30,36 +30,44 @@ extern __thread __attribute__((tls_model("initial-exec"))) struct vgpu_held_lock
 /* Whether the calling thread holds m (or is taking or giving it back). */
 static inline int vgpu_holds(const pthread_mutex_t *m)
 {
-    for (unsigned i = 0; i < vgpu_held_locks.count; i++)
-        if (vgpu_held_locks.locks[i] == m)
+    unsigned n = __atomic_load_n(&vgpu_held_locks.count, __ATOMIC_RELAXED);
+    for (unsigned i = 0; i < n; i++)
+        if (__atomic_load_n(&vgpu_held_locks.locks[i], __ATOMIC_RELAXED) == m)
             return 1;
     return 0;
 }
 
 /* Whether the calling thread holds any of the library's locks: a call it makes now interrupted
  * the library (a signal handler's), or was made from within a driver call the library made. */
-static inline int vgpu_holds_a_lock(void) { return vgpu_held_locks.count != 0; }
+static inline int vgpu_holds_a_lock(void)
+{
+    return __atomic_load_n(&vgpu_held_locks.count, __ATOMIC_RELAXED) != 0;
+}
 
+/* Relaxed atomics, ordered by signal fences: a handler on this thread is the only other
+ * reader (C11 leaves plain accesses from a handler undefined). */
 static inline void vgpu_listed(const pthread_mutex_t *m)
 {
-    unsigned n = vgpu_held_locks.count;
+    unsigned n = __atomic_load_n(&vgpu_held_locks.count, __ATOMIC_RELAXED);
     if (n >= VGPU_HELD_MAX)
         return;
-    vgpu_held_locks.count = n + 1;
+    __atomic_store_n(&vgpu_held_locks.count, n + 1, __ATOMIC_RELAXED);
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    vgpu_held_locks.locks[n] = m;
+    __atomic_store_n(&vgpu_held_locks.locks[n], m, __ATOMIC_RELAXED);
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
 }
 
 static inline void vgpu_unlisted(const pthread_mutex_t *m)
 {
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    unsigned n = vgpu_held_locks.count;
+    unsigned n = __atomic_load_n(&vgpu_held_locks.count, __ATOMIC_RELAXED);
     for (unsigned i = n; i-- > 0;)
-        if (vgpu_held_locks.locks[i] == m) {
-            vgpu_held_locks.locks[i] = vgpu_held_locks.locks[n - 1];
+        if (__atomic_load_n(&vgpu_held_locks.locks[i], __ATOMIC_RELAXED) == m) {
+            const pthread_mutex_t *last =
+                __atomic_load_n(&vgpu_held_locks.locks[n - 1], __ATOMIC_RELAXED);
+            __atomic_store_n(&vgpu_held_locks.locks[i], last, __ATOMIC_RELAXED);
             __atomic_signal_fence(__ATOMIC_SEQ_CST);
-            vgpu_held_locks.count = n - 1;
+            __atomic_store_n(&vgpu_held_locks.count, n - 1, __ATOMIC_RELAXED);
             __atomic_signal_fence(__ATOMIC_SEQ_CST);
             return;
         }

@@ -395,6 +395,9 @@ run footprint-limits-reset-inside CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVIC
 run footprint-limits-inside-locks CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVICES=0 \
     FAKE_GPU_SHARED="$tmp/footprint-limits-inside.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     "$build/tests/test_footprint" limits-inside-locks
+run footprint-limits-inside-launch CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_VISIBLE_DEVICES=0 \
+    FAKE_GPU_SHARED="$tmp/footprint-limits-inside-launch.shm" FAKE_CUDA_CONTEXT_MIB=300 \
+    "$build/tests/test_footprint" limits-inside-launch
 run footprint-limits-retain-race CUDA_DEVICE_MEMORY_LIMIT=2g CUDA_VISIBLE_DEVICES=0 \
     FAKE_GPU_SHARED="$tmp/footprint-limits-retain-race.shm" FAKE_CUDA_CONTEXT_MIB=300 \
     FAKE_CUDA_CREATED_CONTEXT_MIB=200 "$build/tests/test_footprint" limits-retain-race

@@ -90,6 +90,8 @@
  *                       launches made inside the library's locks, as a signal handler's
  *                       would be: one needing a raise refused, one needing none launched;
  *                       neither waits for its own thread's lock.
+ *   test_footprint limits-inside-launch
+ *                       the same inside a launch whose raise is counted and not yet made.
  *   test_footprint second-context
  *                       the host pid left unknown the same way, this process makes a second
  *                       context while a third container's process makes its first: the one
@@ -1944,7 +1946,7 @@ static void inside_process_list(void) { launches_inside(4, 5); }
 static void waited_for_ever(int sig)
 {
     (void)sig;
-    static const char line[] = "not ok - a launch inside the library's locks waited for its "
+    static const char line[] = "FAIL - a launch inside the library's locks waited for its "
                                "own thread's lock (30 s)\n";
     if (write(STDOUT_FILENO, line, sizeof line - 1) < 0)
         _exit(1);
@@ -1997,6 +1999,45 @@ static int limits_inside_locks(void)
     fake_cuda_local_bytes = 0;
     alarm(0);
     return check_done("test_footprint limits-inside-locks");
+}
+
+/* A launch inside another launch of the same thread, whose raise is counted and not yet made
+ * (inside the fake driver's launch, before it raises the stack: where a signal handler's launch
+ * lands). The inner one needing a raise is refused (taken for the outer's second raise, the
+ * library of fb85428 launched it and ended the outer's memory operation twice: no measurement
+ * settled anything after, 828 MiB counted for 300 held once the stack was cut); one needing
+ * none launches; measurements settle. */
+static void launches_inside_launch(void) { launches_inside(1, 2); }
+
+static int limits_inside_launch(void)
+{
+    signal(SIGALRM, waited_for_ever);
+    alarm(30);
+    CUcontext primary;
+    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS &&
+              cuCtxSetCurrent(primary) == CUDA_SUCCESS && open_region(),
+          "the primary context (300 MiB) under a 1 GiB cap");
+    fake_cuda_local_bytes = 1536;
+    fake_cuda_inside_fn = launches_inside_launch;
+    strcpy(fake_cuda_inside, "cuLaunchKernel");
+    CUresult rc = cuLaunchKernel((CUfunction)(void *)inside_kernels[0], 1, 1, 1, 32, 1, 1, 0,
+                                 NULL, NULL, NULL);
+    check(rc == CUDA_SUCCESS && inside_raise_rc == CUDA_ERROR_OUT_OF_MEMORY &&
+              inside_plain_rc == CUDA_SUCCESS,
+          "a kernel needing 1.5 KiB a thread launches (rc %d); inside its launch a kernel "
+          "needing 3 KiB is refused (rc %d), one needing none launches (rc %d)", rc,
+          inside_raise_rc, inside_plain_rc);
+    measure_now();
+    check(settled_at(432), "a measurement settles: %llu MiB held, %llu counted", held_mib(0),
+          counted_mib(0));
+    CUresult cut = cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 1024);
+    measure_now();
+    check(cut == CUDA_SUCCESS && settled_at(300),
+          "the stack cut back to 1 KiB: the next measurement settles (%llu MiB held, %llu "
+          "counted)", held_mib(0), counted_mib(0));
+    fake_cuda_local_bytes = 0;
+    alarm(0);
+    return check_done("test_footprint limits-inside-launch");
 }
 
 int main(int argc, char **argv)
@@ -2073,6 +2114,8 @@ int main(int argc, char **argv)
         return limits_green_stream();
     if (argc == 2 && strcmp(argv[1], "limits-inside-locks") == 0)
         return limits_inside_locks();
+    if (argc == 2 && strcmp(argv[1], "limits-inside-launch") == 0)
+        return limits_inside_launch();
     if (argc == 2 && strcmp(argv[1], "limits") == 0)
         return limits();
     if (argc == 2 && strcmp(argv[1], "green") == 0)

@@ -8,9 +8,12 @@
  * out of host memory at each allocation, and a fork while the table's lock is held (calloc and
  * realloc are wrapped by the linker: --wrap); and what a graph's allocation nodes take on each
  * device, kept per executable graph. */
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -707,6 +710,71 @@ static void memset_nodes(void)
     forget(e);
 }
 
+/* A signal handler's launch while its thread changes the table (a storm of SIGPROF every tick
+ * for 2 s over a loop that disables and enables a node): its lookup does not wait for the
+ * thread's own lock; it gets the graph's cost, or that of a graph that cannot be read when it
+ * landed inside the lock (a plain lock waited for ever there: the watchdog ends the test). */
+static CUgraphExec storm_exec;
+static volatile sig_atomic_t storm_known, storm_unread, storm_other;
+
+static void storm_lookup(int sig)
+{
+    (void)sig;
+    uint64_t blocks = vgpu_graph_cost(storm_exec);
+    if (blocks == 1024)
+        storm_unread = storm_unread + 1;
+    else if (blocks == 30 || blocks == 10)
+        storm_known = storm_known + 1;
+    else
+        storm_other = storm_other + 1;
+}
+
+static void waited_for_ever(int sig)
+{
+    (void)sig;
+    static const char line[] = "FAIL - a lookup from a signal handler waited for its own "
+                               "thread's lock of the table\n";
+    if (write(STDOUT_FILENO, line, sizeof line - 1) < 0)
+        _exit(1);
+    _exit(1);
+}
+
+static void lookup_from_handler(void)
+{
+    struct tgraph g = {0};
+    struct tnode *k10 = kernel(10, 1, 1), *k20 = kernel(20, 1, 1);
+    add(&g, k10);
+    add(&g, k20);
+    storm_exec = exec_at(2);
+    if (!check(instantiate(storm_exec, &g) == 0 && vgpu_graph_cost(storm_exec) == 30,
+               "a graph of 30 blocks"))
+        return;
+    struct sigaction sa = {.sa_handler = storm_lookup, .sa_flags = SA_RESTART};
+    sigaction(SIGPROF, &sa, NULL);
+    signal(SIGALRM, waited_for_ever);
+    alarm(20);
+    struct itimerval every = {.it_interval = {0, 50}, .it_value = {0, 50}};
+    setitimer(ITIMER_PROF, &every, NULL);
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    unsigned long rounds = 0;
+    do {
+        vgpu_graph_enable_node(storm_exec, (CUgraphNode)k20, 0);
+        vgpu_graph_enable_node(storm_exec, (CUgraphNode)k20, 1);
+        rounds++;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+    } while ((double)(now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < 2.0);
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_PROF, &off, NULL);
+    alarm(0);
+    signal(SIGPROF, SIG_DFL);
+    check(storm_unread > 0 && storm_known > 0 && storm_other == 0,
+          "lookups from a signal handler over %lu rounds of a node disabled and enabled: %d "
+          "inside the thread's lock cost an unreadable graph's 1024 blocks, %d the graph's own; "
+          "none waited for ever", rounds, (int)storm_unread, (int)storm_known);
+    forget(storm_exec);
+}
+
 int main(void)
 {
     out_of_memory(); /* first: the table's first allocation is tested there */
@@ -717,5 +785,6 @@ int main(void)
     many();
     memory_nodes();
     memset_nodes();
+    lookup_from_handler();
     return check_done("test_graphs");
 }

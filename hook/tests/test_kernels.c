@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -144,10 +145,62 @@ static void forks_while_writing(int children)
           ok, children);
 }
 
+/* A signal handler's launch of a kernel not in the table while its thread writes the table (a
+ * storm of SIGPROF every tick for 2 s over a loop of keeps): not kept when it landed inside the
+ * thread's own lock (a plain lock waited for ever there: the watchdog ends the test), kept
+ * otherwise. */
+static volatile sig_atomic_t storm_kept, storm_not_kept;
+
+static void storm_keep(int sig)
+{
+    (void)sig;
+    if (vgpu_kernel_keep(handle(999), 64, vgpu_kernels_forgotten()))
+        storm_kept = storm_kept + 1;
+    else
+        storm_not_kept = storm_not_kept + 1;
+}
+
+static void waited_for_ever(int sig)
+{
+    (void)sig;
+    static const char line[] = "FAIL - a keep from a signal handler waited for its own "
+                               "thread's lock of the table\n";
+    if (write(STDOUT_FILENO, line, sizeof line - 1) < 0)
+        _exit(1);
+    _exit(1);
+}
+
+static void keep_from_handler(void)
+{
+    struct sigaction sa = {.sa_handler = storm_keep, .sa_flags = SA_RESTART};
+    sigaction(SIGPROF, &sa, NULL);
+    signal(SIGALRM, waited_for_ever);
+    alarm(20);
+    struct itimerval every = {.it_interval = {0, 50}, .it_value = {0, 50}};
+    setitimer(ITIMER_PROF, &every, NULL);
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    unsigned long rounds = 0;
+    do {
+        keep(handle(1000 + rounds % 64), 32);
+        rounds++;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+    } while ((double)(now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < 2.0);
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_PROF, &off, NULL);
+    alarm(0);
+    signal(SIGPROF, SIG_DFL);
+    check(storm_not_kept > 0 && storm_kept > 0,
+          "keeps from a signal handler over %lu keeps of its thread: %d inside the thread's "
+          "lock not kept, %d kept; none waited for ever", rounds, (int)storm_not_kept,
+          (int)storm_kept);
+}
+
 int main(int argc, char **argv)
 {
     kept_and_forgotten();
     racing_writer(argc > 1 ? atof(argv[1]) : 6.0);
     forks_while_writing(200);
+    keep_from_handler();
     return check_done("kernels");
 }

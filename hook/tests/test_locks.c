@@ -1,10 +1,10 @@
-/* test_locks.c - which of the library's locks a thread holds (src/locks.c): listed while taken,
+/* test_locks.c - which of the library's locks a thread holds (src/locks.h): listed while taken,
  * gone once given back, another thread's not its own; a signal handler that interrupts the
  * holder is refused the lock instead of waiting for ever, and takes it once it is free; a
  * trylock that fails lists nothing; past VGPU_HELD_MAX a lock is taken unlisted. Then a storm
- * of signals (every 50 us for 2 s) on a thread that takes and gives back two locks in a loop,
- * each handler asking for both: none waits for ever (the storm lands inside the listing's
- * changes as well), and the thread's list is empty at the end. */
+ * of signals (SIGPROF every tick, asked for every 50 us, for 2 s) on a thread that takes and
+ * gives back two locks in a loop, each handler asking for both: none waits for ever (the storm
+ * lands inside the listing's changes as well), and the thread's list is empty at the end. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
