@@ -110,6 +110,7 @@
 #include "check.h"
 #include "fake_state.h"
 #include "region_view.h"
+#include "storm.h"
 #include "vgpu_region.h"
 
 /* CUDA 2.0's exports, called by name below (cuda.h maps the names to _v2; cuda_v1.h would map
@@ -1943,29 +1944,27 @@ static void launches_inside(int raise_kernel, int plain_kernel)
 static void inside_stack_question(void) { launches_inside(1, 2); }
 static void inside_process_list(void) { launches_inside(4, 5); }
 
-static void waited_for_ever(int sig)
+/* Under a 30 s watchdog: the primary context current, and a launch of a kernel needing 1.5 KiB
+ * a thread with `inside` run inside the fake driver's entry point `entry` (its stack raise
+ * counted on the way, 132 MiB). Returns the launch's answer. */
+static CUresult launch_with_inside(const char *entry, void (*inside)(void))
 {
-    (void)sig;
-    static const char line[] = "FAIL - a launch inside the library's locks waited for its "
-                               "own thread's lock (30 s)\n";
-    if (write(STDOUT_FILENO, line, sizeof line - 1) < 0)
-        _exit(1);
-    _exit(1);
-}
-
-static int limits_inside_locks(void)
-{
-    signal(SIGALRM, waited_for_ever);
-    alarm(30);
+    watchdog(30, "FAIL - a launch inside the library's locks waited for its own thread's lock "
+                 "(30 s)\n");
     CUcontext primary;
     check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS &&
               cuCtxSetCurrent(primary) == CUDA_SUCCESS && open_region(),
           "the primary context (300 MiB) under a 1 GiB cap");
     fake_cuda_local_bytes = 1536;
-    fake_cuda_inside_fn = inside_stack_question;
-    strcpy(fake_cuda_inside, "cuCtxGetLimit");
-    CUresult rc = cuLaunchKernel((CUfunction)(void *)inside_kernels[0], 1, 1, 1, 32, 1, 1, 0,
-                                 NULL, NULL, NULL);
+    fake_cuda_inside_fn = inside;
+    strcpy(fake_cuda_inside, entry);
+    return cuLaunchKernel((CUfunction)(void *)inside_kernels[0], 1, 1, 1, 32, 1, 1, 0, NULL, NULL,
+                          NULL);
+}
+
+static int limits_inside_locks(void)
+{
+    CUresult rc = launch_with_inside("cuCtxGetLimit", inside_stack_question);
     check(rc == CUDA_SUCCESS && settled_at(432),
           "a kernel needing 1.5 KiB a thread raises the stack: counted (held %llu MiB, counted "
           "%llu)", held_mib(0), counted_mib(0));
@@ -1997,7 +1996,7 @@ static int limits_inside_locks(void)
           "outside the library, a kernel needing 3 KiB launches, its raise counted (held %llu "
           "MiB, counted %llu)", held_mib(0), counted_mib(0));
     fake_cuda_local_bytes = 0;
-    alarm(0);
+    watchdog(0, NULL);
     return check_done("test_footprint limits-inside-locks");
 }
 
@@ -2011,17 +2010,7 @@ static void launches_inside_launch(void) { launches_inside(1, 2); }
 
 static int limits_inside_launch(void)
 {
-    signal(SIGALRM, waited_for_ever);
-    alarm(30);
-    CUcontext primary;
-    check(cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&primary, 0) == CUDA_SUCCESS &&
-              cuCtxSetCurrent(primary) == CUDA_SUCCESS && open_region(),
-          "the primary context (300 MiB) under a 1 GiB cap");
-    fake_cuda_local_bytes = 1536;
-    fake_cuda_inside_fn = launches_inside_launch;
-    strcpy(fake_cuda_inside, "cuLaunchKernel");
-    CUresult rc = cuLaunchKernel((CUfunction)(void *)inside_kernels[0], 1, 1, 1, 32, 1, 1, 0,
-                                 NULL, NULL, NULL);
+    CUresult rc = launch_with_inside("cuLaunchKernel", launches_inside_launch);
     check(rc == CUDA_SUCCESS && inside_raise_rc == CUDA_ERROR_OUT_OF_MEMORY &&
               inside_plain_rc == CUDA_SUCCESS,
           "a kernel needing 1.5 KiB a thread launches (rc %d); inside its launch a kernel "
@@ -2036,7 +2025,7 @@ static int limits_inside_launch(void)
           "the stack cut back to 1 KiB: the next measurement settles (%llu MiB held, %llu "
           "counted)", held_mib(0), counted_mib(0));
     fake_cuda_local_bytes = 0;
-    alarm(0);
+    watchdog(0, NULL);
     return check_done("test_footprint limits-inside-launch");
 }
 

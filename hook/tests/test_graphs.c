@@ -8,16 +8,14 @@
  * out of host memory at each allocation, and a fork while the table's lock is held (calloc and
  * realloc are wrapped by the linker: --wrap); and what a graph's allocation nodes take on each
  * device, kept per executable graph. */
-#include <signal.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/time.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "graphs.h"
+#include "storm.h"
 
 /* ---- allocation failures on demand ---- */
 void *__real_calloc(size_t n, size_t size);
@@ -729,14 +727,13 @@ static void storm_lookup(int sig)
         storm_other = storm_other + 1;
 }
 
-static void waited_for_ever(int sig)
+static struct tnode *storm_node;
+
+static void toggle_node(unsigned long round)
 {
-    (void)sig;
-    static const char line[] = "FAIL - a lookup from a signal handler waited for its own "
-                               "thread's lock of the table\n";
-    if (write(STDOUT_FILENO, line, sizeof line - 1) < 0)
-        _exit(1);
-    _exit(1);
+    (void)round;
+    vgpu_graph_enable_node(storm_exec, (CUgraphNode)storm_node, 0);
+    vgpu_graph_enable_node(storm_exec, (CUgraphNode)storm_node, 1);
 }
 
 static void lookup_from_handler(void)
@@ -749,25 +746,10 @@ static void lookup_from_handler(void)
     if (!check(instantiate(storm_exec, &g) == 0 && vgpu_graph_cost(storm_exec) == 30,
                "a graph of 30 blocks"))
         return;
-    struct sigaction sa = {.sa_handler = storm_lookup, .sa_flags = SA_RESTART};
-    sigaction(SIGPROF, &sa, NULL);
-    signal(SIGALRM, waited_for_ever);
-    alarm(20);
-    struct itimerval every = {.it_interval = {0, 50}, .it_value = {0, 50}};
-    setitimer(ITIMER_PROF, &every, NULL);
-    struct timespec start, now;
-    clock_gettime(CLOCK_MONOTONIC, &start);
-    unsigned long rounds = 0;
-    do {
-        vgpu_graph_enable_node(storm_exec, (CUgraphNode)k20, 0);
-        vgpu_graph_enable_node(storm_exec, (CUgraphNode)k20, 1);
-        rounds++;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-    } while ((double)(now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < 2.0);
-    struct itimerval off = {{0, 0}, {0, 0}};
-    setitimer(ITIMER_PROF, &off, NULL);
-    alarm(0);
-    signal(SIGPROF, SIG_DFL);
+    storm_node = k20;
+    unsigned long rounds = storm(2.0, storm_lookup, toggle_node,
+                                 "FAIL - a lookup from a signal handler waited for its own "
+                                 "thread's lock of the table\n");
     check(storm_unread > 0 && storm_known > 0 && storm_other == 0,
           "lookups from a signal handler over %lu rounds of a node disabled and enabled: %d "
           "inside the thread's lock cost an unreadable graph's 1024 blocks, %d the graph's own; "

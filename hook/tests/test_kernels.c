@@ -10,12 +10,12 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 
 #include "check.h"
 #include "kernels.h"
+#include "storm.h"
 
 static CUfunction handle(uintptr_t n) { return (CUfunction)(n << 4); }
 
@@ -160,36 +160,13 @@ static void storm_keep(int sig)
         storm_not_kept = storm_not_kept + 1;
 }
 
-static void waited_for_ever(int sig)
-{
-    (void)sig;
-    static const char line[] = "FAIL - a keep from a signal handler waited for its own "
-                               "thread's lock of the table\n";
-    if (write(STDOUT_FILENO, line, sizeof line - 1) < 0)
-        _exit(1);
-    _exit(1);
-}
+static void keep_another(unsigned long round) { keep(handle(1000 + round % 64), 32); }
 
 static void keep_from_handler(void)
 {
-    struct sigaction sa = {.sa_handler = storm_keep, .sa_flags = SA_RESTART};
-    sigaction(SIGPROF, &sa, NULL);
-    signal(SIGALRM, waited_for_ever);
-    alarm(20);
-    struct itimerval every = {.it_interval = {0, 50}, .it_value = {0, 50}};
-    setitimer(ITIMER_PROF, &every, NULL);
-    struct timespec start, now;
-    clock_gettime(CLOCK_MONOTONIC, &start);
-    unsigned long rounds = 0;
-    do {
-        keep(handle(1000 + rounds % 64), 32);
-        rounds++;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-    } while ((double)(now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < 2.0);
-    struct itimerval off = {{0, 0}, {0, 0}};
-    setitimer(ITIMER_PROF, &off, NULL);
-    alarm(0);
-    signal(SIGPROF, SIG_DFL);
+    unsigned long rounds = storm(2.0, storm_keep, keep_another,
+                                 "FAIL - a keep from a signal handler waited for its own "
+                                 "thread's lock of the table\n");
     check(storm_not_kept > 0 && storm_kept > 0,
           "keeps from a signal handler over %lu keeps of its thread: %d inside the thread's "
           "lock not kept, %d kept; none waited for ever", rounds, (int)storm_not_kept,

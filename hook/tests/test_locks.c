@@ -8,10 +8,10 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/time.h>
 
 #include "check.h"
 #include "locks.h"
+#include "storm.h"
 
 static pthread_mutex_t a = PTHREAD_MUTEX_INITIALIZER, b = PTHREAD_MUTEX_INITIALIZER;
 
@@ -115,37 +115,19 @@ static void storm_handler(int sig)
     }
 }
 
-static void waited_for_ever(int sig)
+static void two_locks(unsigned long round)
 {
-    (void)sig;
-    static const char line[] = "FAIL - the storm's handler waited for its own thread's lock\n";
-    if (write(STDOUT_FILENO, line, sizeof line - 1) < 0)
-        _exit(1);
-    _exit(1);
+    (void)round;
+    vgpu_lock(&a);
+    vgpu_lock(&b);
+    vgpu_unlock(&a);
+    vgpu_unlock(&b);
 }
 
-static void storm(void)
+static void signal_storm(void)
 {
-    struct sigaction sa = {.sa_handler = storm_handler, .sa_flags = SA_RESTART};
-    sigaction(SIGPROF, &sa, NULL);
-    signal(SIGALRM, waited_for_ever);
-    alarm(20);
-    struct itimerval every = {.it_interval = {0, 50}, .it_value = {0, 50}};
-    setitimer(ITIMER_PROF, &every, NULL);
-    struct timespec start, now;
-    clock_gettime(CLOCK_MONOTONIC, &start);
-    unsigned long rounds = 0;
-    do {
-        vgpu_lock(&a);
-        vgpu_lock(&b);
-        vgpu_unlock(&a);
-        vgpu_unlock(&b);
-        rounds++;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-    } while ((double)(now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < 2.0);
-    struct itimerval off = {{0, 0}, {0, 0}};
-    setitimer(ITIMER_PROF, &off, NULL);
-    alarm(0);
+    unsigned long rounds = storm(2.0, storm_handler, two_locks,
+                                 "FAIL - the storm's handler waited for its own thread's lock\n");
     check(storm_refused > 0 && storm_taken > 0 && !vgpu_holds_a_lock(),
           "a storm of signals over %lu rounds of two locks: %d asks refused, %d taken, none "
           "waited for ever; none listed after", rounds, (int)storm_refused, (int)storm_taken);
@@ -156,6 +138,6 @@ int main(void)
     listing();
     handler_inside();
     overflow();
-    storm();
+    signal_storm();
     return check_done("test_locks");
 }
