@@ -1962,6 +1962,14 @@ static CUresult launch_with_inside(const char *entry, void (*inside)(void))
                           NULL);
 }
 
+/* The end of such a case: no kernel needs local memory, the watchdog disarmed. */
+static int inside_case_done(const char *suite)
+{
+    fake_cuda_local_bytes = 0;
+    watchdog(0, NULL);
+    return check_done(suite);
+}
+
 static int limits_inside_locks(void)
 {
     CUresult rc = launch_with_inside("cuCtxGetLimit", inside_stack_question);
@@ -1995,9 +2003,7 @@ static int limits_inside_locks(void)
     check(rc == CUDA_SUCCESS && settled_at(828),
           "outside the library, a kernel needing 3 KiB launches, its raise counted (held %llu "
           "MiB, counted %llu)", held_mib(0), counted_mib(0));
-    fake_cuda_local_bytes = 0;
-    watchdog(0, NULL);
-    return check_done("test_footprint limits-inside-locks");
+    return inside_case_done("test_footprint limits-inside-locks");
 }
 
 /* A launch inside another launch of the same thread, whose raise is counted and not yet made
@@ -2024,9 +2030,7 @@ static int limits_inside_launch(void)
     check(cut == CUDA_SUCCESS && settled_at(300),
           "the stack cut back to 1 KiB: the next measurement settles (%llu MiB held, %llu "
           "counted)", held_mib(0), counted_mib(0));
-    fake_cuda_local_bytes = 0;
-    watchdog(0, NULL);
-    return check_done("test_footprint limits-inside-launch");
+    return inside_case_done("test_footprint limits-inside-launch");
 }
 
 int main(int argc, char **argv)
