@@ -50,8 +50,8 @@ static uint64_t mapped_dev, mapped_ino;
 /* A free-lock slot whose owner was found running, and until when that is taken as still so
  * (generation: the claim it was found for): the frequent questions (a usage query's or an SM
  * limiter reading's reaping, at most every 100 ms, and a usage query's sum of the live slots)
- * read /proc at most once a second per slot. A claim, and a reservation about to be refused, ask afresh: an owner that died since
- * must not cost an allocation. */
+ * read /proc at most once a second per slot. A claim, and a reservation about to be refused,
+ * ask afresh: an owner that died since must not cost an allocation. */
 static struct {
     uint64_t generation, until_ns;
 } running[VGPU_REGION_MAX_SLOTS];
