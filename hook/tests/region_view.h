@@ -10,10 +10,10 @@
 
 #include "vgpu_region.h"
 
-/* The region, mapped with prot; NULL when it cannot be opened or is not a region. */
-static inline struct vgpu_region *region_map(int prot)
+/* The region file at path, mapped with prot; NULL when it cannot be opened or is not a region
+ * (unmapped with munmap(r, VGPU_REGION_FILE_SIZE)). */
+static inline struct vgpu_region *region_map_at(const char *path, int prot)
 {
-    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     int fd = path != NULL ? open(path, (prot & PROT_WRITE ? O_RDWR : O_RDONLY) | O_CLOEXEC) : -1;
     if (fd < 0)
         return NULL;
@@ -23,6 +23,12 @@ static inline struct vgpu_region *region_map(int prot)
         return NULL;
     struct vgpu_region *r = m;
     return r->header.magic == VGPU_REGION_MAGIC ? r : NULL;
+}
+
+/* This process's region, mapped with prot. */
+static inline struct vgpu_region *region_map(int prot)
+{
+    return region_map_at(getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE"), prot);
 }
 
 /* The region, mapped read-only. */

@@ -59,18 +59,16 @@
  * unlimited ones split the GPU. */
 #include <cuda.h>
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 
 #include "check.h"
 #include "cuda_v1.h"    /* the CUDA 10/11 graph exports, called by name */
 #include "fake_state.h" /* its declarations only: the fake's exports are looked up */
-#include "vgpu_region.h"
+#include "region_view.h"
 
 enum { BLOCKS = 2000, GRAPH_KERNELS = 10, CROWD = 5000 };
 /* Seconds of settling and of measuring; CONTENTION_SETTLE_S and CONTENTION_MEASURE_S change
@@ -477,19 +475,14 @@ static int slot_of(const char *dir, pid_t pid)
 {
     char region[512];
     snprintf(region, sizeof region, "%s/a.cache", dir);
-    int fd = open(region, O_RDONLY | O_CLOEXEC);
-    void *m = fd >= 0 ? mmap(NULL, VGPU_REGION_FILE_SIZE, PROT_READ, MAP_SHARED, fd, 0)
-                      : MAP_FAILED;
-    if (fd >= 0)
-        close(fd);
-    if (m == MAP_FAILED)
+    struct vgpu_region *r = region_map_at(region, PROT_READ);
+    if (r == NULL)
         return -1;
-    const struct vgpu_region *r = m;
     int found = 0;
     uint32_t high = __atomic_load_n(&r->header.slot_high_water, __ATOMIC_ACQUIRE);
     for (uint32_t i = 0; i < high && i < VGPU_REGION_MAX_SLOTS; i++)
         found |= __atomic_load_n(&r->slots[i].pid, __ATOMIC_ACQUIRE) == pid;
-    munmap(m, VGPU_REGION_FILE_SIZE);
+    munmap(r, VGPU_REGION_FILE_SIZE);
     return found;
 }
 
