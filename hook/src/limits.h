@@ -20,11 +20,12 @@ int vgpu_parse_percent(const char *text, uint32_t *percent, const char **why);
 
 /* Reads CUDA_DEVICE_MEMORY_LIMIT[_<i>], CUDA_DEVICE_SM_LIMIT[_<i>] and
  * GPU_CORE_UTILIZATION_POLICY through getenv_fn. A value that does not parse is logged (naming
- * the variable and the accepted forms) and ignored; a per-device value overrides the global.
- * An empty value is unset, as HAMi-core reads the environment, unless empty_rejected (a settings
- * file, in which the plugin writes none: unset there would be no limit). Returns how many values
- * were rejected. */
+ * the variable and the accepted forms) and left out; a per-device value overrides the global.
+ * An empty value is unset, as HAMi-core reads the environment, unless from_file (a settings
+ * file, in which the plugin writes none: unset there would be no limit; nor does it write a
+ * memory limit of 0, no cap, which is rejected there too). Returns how many values were
+ * rejected: the caller refuses CUDA then, since a value left out is a limit left off. */
 int vgpu_limits_read(struct vgpu_limits *out, const char *(*getenv_fn)(const char *name),
-                     int empty_rejected);
+                     int from_file);
 
 #endif

@@ -159,11 +159,16 @@ static void attach(void)
         return;
     }
     struct vgpu_limits limits;
-    if (vgpu_limits_read(&limits, vgpu_setting, settings->from_file) != 0 && settings->from_file) {
-        /* The plugin writes only values the library accepts: a rejected one means the file is
-         * not what it wrote, and ignoring it would leave that limit off. */
-        vgpu_log(VGPU_LOG_ERROR, "settings file %s: a limit in it was rejected (above); CUDA is "
-                 "refused in this process", vgpu_settings_path);
+    if (vgpu_limits_read(&limits, vgpu_setting, settings->from_file) != 0) {
+        /* Ignoring a rejected value would leave that limit off: whoever wrote CUDA_DEVICE_MEMORY_
+         * LIMIT=16Gb meant a cap. The plugin writes only values the library accepts, so in its
+         * file a rejected one means the file is not what it wrote. */
+        if (settings->from_file)
+            vgpu_log(VGPU_LOG_ERROR, "settings file %s: a limit in it was rejected (above); CUDA "
+                     "is refused in this process", vgpu_settings_path);
+        else
+            vgpu_log(VGPU_LOG_ERROR, "a limit in the environment was rejected (above): correct "
+                     "it, or unset it for no limit; CUDA is refused in this process");
         return;
     }
     const char *path = vgpu_settings_lookup(settings, "CUDA_DEVICE_MEMORY_SHARED_CACHE");

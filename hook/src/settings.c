@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "vgpu_region.h"
 
 const char vgpu_settings_path[] = "/usr/local/vgpu/vgpu.env";
 
@@ -50,6 +51,38 @@ static int valid_name(const char *name, size_t len)
     return 1;
 }
 
+/* Whether name is one the library reads from the file: a governed name, or NAME_<i> for a
+ * per-device one and a device the region keeps (0..15, no leading zero, as the plugin writes
+ * it). */
+static int read_by_library(const char *name)
+{
+    for (size_t i = 0; i < sizeof governed_names / sizeof governed_names[0]; i++) {
+        size_t n = strlen(governed_names[i].name);
+        if (strncmp(name, governed_names[i].name, n) != 0)
+            continue;
+        const char *rest = name + n;
+        if (rest[0] == '\0')
+            return 1;
+        if (!governed_names[i].per_device || rest[0] != '_' || rest[1] < '0' || rest[1] > '9' ||
+            (rest[1] == '0' && rest[2] != '\0'))
+            continue;
+        int device = 0;
+        for (rest++; *rest >= '0' && *rest <= '9' && device < VGPU_REGION_MAX_DEVICES; rest++)
+            device = device * 10 + (*rest - '0');
+        if (rest[0] == '\0' && device < VGPU_REGION_MAX_DEVICES)
+            return 1;
+    }
+    return 0;
+}
+
+/* Whether name looks like one of the library's settings (its prefixes): one it does not read is
+ * a typo or a device past the region's 16, whose limit would be left off. */
+static int looks_like_setting(const char *name)
+{
+    return strncmp(name, "CUDA_DEVICE_", 12) == 0 ||
+           strncmp(name, "GPU_CORE_UTILIZATION_POLICY", 27) == 0;
+}
+
 /* The file's value of name, or NULL. */
 static const char *entry(const struct vgpu_settings *s, const char *name)
 {
@@ -76,6 +109,11 @@ static int parse(struct vgpu_settings *s, size_t size)
             *eq = '\0';
             if (entry(s, p) != NULL)
                 return fail(s, "%s given twice (line %d)", p, line);
+            if (looks_like_setting(p) && !read_by_library(p))
+                return fail(s, "line %d: no setting %.48s (it reads CUDA_DEVICE_MEMORY_LIMIT and "
+                            "CUDA_DEVICE_SM_LIMIT, also with _0 to _%d, CUDA_DEVICE_MEMORY_SHARED_"
+                            "CACHE, GPU_CORE_UTILIZATION_POLICY)", line, p,
+                            VGPU_REGION_MAX_DEVICES - 1);
             if (s->count == VGPU_SETTINGS_MAX_ENTRIES)
                 return fail(s, "more than %d entries (line %d)", VGPU_SETTINGS_MAX_ENTRIES, line);
             s->names[s->count] = p;
@@ -138,9 +176,13 @@ int vgpu_settings_load(struct vgpu_settings *s, const char *path)
         }
     }
     close(fd);
-    if (rc == 0 && entry(s, required_name) == NULL)
+    const char *required = rc == 0 ? entry(s, required_name) : NULL;
+    if (rc == 0 && required == NULL)
         rc = fail(s, "it does not set %s (the device plugin always writes it: the file is empty or "
                   "cut short)", required_name);
+    else if (rc == 0 && required[0] == '\0')
+        rc = fail(s, "%s is empty (the device plugin always names the container's region)",
+                  required_name);
     if (rc != 0) {
         s->count = 0;
         return -1;

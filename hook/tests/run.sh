@@ -90,6 +90,15 @@ mkfifo "$tmp/fifo.cache" && mkdir "$tmp/dir.cache"
 refused fifo "$tmp/fifo.cache" "not a regular file"
 refused dir "$tmp/dir.cache" "cannot open it read-write: Is a directory"
 refused unwritable /proc/vgpu-test.cache "cannot create it"
+# A limit in the environment the library rejects refuses CUDA too, naming the variable, and
+# makes no region: left out, as until 2026-12-02, it was no cap (whoever wrote 16Gb meant one),
+# written into a new region's header for the whole container.
+refused bad-limit "$tmp/bad-limit.cache" "CUDA_DEVICE_MEMORY_LIMIT='16Gb' rejected" \
+    CUDA_DEVICE_MEMORY_LIMIT=16Gb
+refused bad-device-limit "$tmp/bad-device-limit.cache" \
+    "CUDA_DEVICE_MEMORY_LIMIT_0='0.0001k' rejected: under one byte" CUDA_DEVICE_MEMORY_LIMIT_0=0.0001k
+refused bad-sm-limit "$tmp/bad-sm-limit.cache" "CUDA_DEVICE_SM_LIMIT='101' rejected" \
+    CUDA_DEVICE_SM_LIMIT=101
 # Error paths a healthy system never takes, through faults.so: a kernel without open file
 # description locks (before Linux 3.15) refuses CUDA, the region missing or present; host memory
 # running out while an allocation is recorded loses nothing; no SIGBUS handler is logged, and

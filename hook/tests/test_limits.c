@@ -1,6 +1,7 @@
 /* test_limits.c - the limit syntax, table-driven: valid forms, and invalid ones that must be
  * rejected (HAMi-core read "1Gi" as 1 byte and "010g" as octal 8 GiB). */
 #include <stdint.h>
+#include <string.h>
 
 #include "check.h"
 #include "limits.h"
@@ -16,7 +17,7 @@ static void memory_forms(void)
         {"512M", 512 * (UINT64_C(1) << 20)}, {"512Mi", 512 * (UINT64_C(1) << 20)},
         {"1k", 1024}, {"1K", 1024}, {"1048576", 1048576}, {"0", 0},
         {"010g", 10 * (UINT64_C(1) << 30)}, {"08G", 8 * (UINT64_C(1) << 30)},
-        {"1.5g", 3 * (UINT64_C(1) << 29)}, {"0.5m", 512 * 1024},
+        {"1.5g", 3 * (UINT64_C(1) << 29)}, {"0.5m", 512 * 1024}, {"0.0g", 0}, {"0.001k", 1},
     };
     for (size_t i = 0; i < sizeof valid / sizeof valid[0]; i++) {
         uint64_t got = 0;
@@ -28,6 +29,8 @@ static void memory_forms(void)
     static const char *const invalid[] = {
         "", "g", "-1", "0x10G", "4T", "50%", " 4g", "4g ", "1.5", "1.g", ".5g", "4gg", "4Gib",
         "1e9", "99999999999999999999", "17179869184g", "3000 m", "+4g",
+        /* Under a byte: 0, no cap, is not what was asked for. */
+        "0.0001k", "0.0000000001g",
     };
     for (size_t i = 0; i < sizeof invalid / sizeof invalid[0]; i++) {
         uint64_t got = 12345;
@@ -36,6 +39,13 @@ static void memory_forms(void)
         check(rc == -1 && got == 12345 && why != NULL, "memory '%s' rejected (%s)", invalid[i],
               why ? why : "no reason");
     }
+    uint64_t got = 0;
+    const char *why = "";
+    check(vgpu_parse_memory("99999999999999999999", &got, &why) == -1 &&
+              strcmp(why, "value too large") == 0,
+          "20 digits are too large, and said so (%s)", why);
+    check(vgpu_parse_memory("0.0001k", &got, &why) == -1 && strstr(why, "under one byte") != NULL,
+          "a fraction under a byte says so (%s)", why);
 }
 
 static void percent_forms(void)
@@ -117,6 +127,22 @@ static void environment(void)
     log = capture_end();
     check(rejected == 1 && strstr(log, "CUDA_DEVICE_MEMORY_LIMIT_0='' rejected: empty") != NULL,
           "in a settings file it is rejected, and logged: %s", log);
+    /* Nor a memory limit of 0 (no cap on that GPU): the plugin refuses a 0 MiB share. */
+    static const char *const zero[] = {"CUDA_DEVICE_MEMORY_LIMIT", "4g",
+                                       "CUDA_DEVICE_MEMORY_LIMIT_1", "0m",
+                                       "CUDA_DEVICE_SM_LIMIT", "0", NULL};
+    env_table = zero;
+    capture_begin();
+    rejected = vgpu_limits_read(&limits, table_getenv, 1);
+    log = capture_end();
+    check(rejected == 1 && strstr(log, "CUDA_DEVICE_MEMORY_LIMIT_1='0m' rejected: 0 means no cap") !=
+              NULL, "in a settings file a memory limit of 0 is rejected, and logged: %s", log);
+    check(limits.sm_percent[0] == 0, "an SM limit of 0 (none) is read from a settings file");
+    capture_begin();
+    rejected = vgpu_limits_read(&limits, table_getenv, 0);
+    capture_end();
+    check(rejected == 0 && limits.memory_bytes[1] == 0 && limits.memory_bytes[0] == 4 * GiB,
+          "in the environment 0 is no cap, as HAMi-core reads it");
 }
 
 int main(void)

@@ -44,6 +44,12 @@ static void reads_entries(void)
           "a value is the rest of the line");
     check(strcmp(vgpu_settings_lookup(&s, "CUDA_DEVICE_MEMORY_SHARED_CACHE"), "/tmp/vgpu/a=b.cache") == 0,
           "a value may hold '=' and needs no final newline");
+    static struct vgpu_settings all;
+    check(load_text(&all, "CUDA_DEVICE_MEMORY_LIMIT_0=1m\nCUDA_DEVICE_MEMORY_LIMIT_9=1m\n"
+                          "CUDA_DEVICE_MEMORY_LIMIT_10=1m\nCUDA_DEVICE_SM_LIMIT_15=30\n"
+                          "NVIDIA_VISIBLE_DEVICES=GPU-1\nCUDA_VISIBLE_DEVICES=0\n"
+                          "CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/x\n") == 0 && all.count == 7,
+          "devices 0 to 15 and names not of the library's kind are read (%s)", all.why);
     check(strcmp(vgpu_settings_lookup(&s, "GPU_CORE_UTILIZATION_POLICY"), "") == 0,
           "an empty value is a value");
 
@@ -80,6 +86,16 @@ static void refuses_bad_text(void)
         {"1ABC=30\n", "line 1 is not NAME=VALUE"},
         {"CUDA DEVICE=30\n", "line 1 is not NAME=VALUE"},
         {"CUDA_DEVICE_SM_LIMIT=30\nCUDA_DEVICE_SM_LIMIT=90\n", "CUDA_DEVICE_SM_LIMIT given twice (line 2)"},
+        /* Names of the library's kind that it does not read: their limits would be left off. */
+        {"CUDA_DEVICE_SM_LIMT_0=30\n", "line 1: no setting CUDA_DEVICE_SM_LIMT_0 (it reads"},
+        {"CUDA_DEVICE_MEMORY_LIMIT_16=1g\n", "line 1: no setting CUDA_DEVICE_MEMORY_LIMIT_16"},
+        {"CUDA_DEVICE_MEMORY_LIMIT_00=1g\n", "line 1: no setting CUDA_DEVICE_MEMORY_LIMIT_00"},
+        {"CUDA_DEVICE_SM_LIMIT_01=30\n", "line 1: no setting CUDA_DEVICE_SM_LIMIT_01"},
+        {"CUDA_DEVICE_SM_LIMIT_99999999999999999999=30\n", "line 1: no setting"},
+        {"CUDA_DEVICE_MEMORY_LIMIT_=1g\n", "line 1: no setting CUDA_DEVICE_MEMORY_LIMIT_ "},
+        {"CUDA_DEVICE_MEMORY_SHARED_CACHE_0=/tmp/x\n", "no setting CUDA_DEVICE_MEMORY_SHARED_CACHE_0"},
+        {"GPU_CORE_UTILIZATION_POLICY_0=disable\n", "no setting GPU_CORE_UTILIZATION_POLICY_0"},
+        {"CUDA_DEVICE_MEMORY_SHARED_CACHE=\n", "CUDA_DEVICE_MEMORY_SHARED_CACHE is empty"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         static struct vgpu_settings s;
