@@ -146,7 +146,10 @@ def pending_calls(pod: Pod, names: ResourceNames, init_served: int = 0) -> list[
         # The kubelet calls the count plugin only for containers that have the count resource.
         if names.count in _limits(c) and any(d.type == ann.DEVICE_TYPE_NVIDIA for d in parts[j])
     ]
-    init_with_gpu = [c for c in spec.get("initContainers") or [] if names.count in _limits(c)]
+    # The kubelet calls Allocate only for a container that asks for at least one device: an init
+    # container asking for 0 gets no call, and left in the list it blocked every call after it.
+    init_with_gpu = [c for c in spec.get("initContainers") or []
+                     if names.count in _limits(c) and _int_limit(_limits(c).get(names.count)) != 0]
     init_calls: list[Call] = []
     if app_calls:
         first = app_calls[0]
@@ -228,9 +231,11 @@ def plan(
     hook_path: str,
     cache_root: str,
     cache_id: str,
+    allow_disable_control: bool = False,
 ) -> Plan:
     """Build the response and the annotation update for `call`. `gpus`: this node's healthy GPUs
-    and their memory in MiB. Raises AllocateError (pod set)."""
+    and their memory in MiB. `allow_disable_control`: a container env CUDA_DISABLE_CONTROL drops
+    the preload (upstream's opt-out), else it is refused. Raises AllocateError (pod set)."""
     if call.refusal:
         raise AllocateError(f"pod {ref}: init container {call.container} {call.refusal}", ref)
     if len(call.devices) > HOOK_MAX_DEVICES:
@@ -263,6 +268,15 @@ def plan(
                 f"pod {ref}: annotation {ann.DEVICES_TO_ALLOCATE} gives GPU {dev.uuid} {problem}; "
                 "the container would run without that limit, so it is not started", ref)
     container = _container(pod, call)
+    opted_out = any(e.get("name") == DISABLE_CONTROL_ENV for e in container.get("env") or [])
+    if opted_out and not allow_disable_control:
+        # Without the preload nothing loads libvgpu.so: the container would hold the whole GPU
+        # that the scheduler shares out, on a line of its own pod spec.
+        raise AllocateError(
+            f"pod {ref}: container {call.container} sets {DISABLE_CONTROL_ENV}, which would run it "
+            "without libvgpu.so: no memory or SM limit on a shared GPU. This node's device plugin "
+            "does not allow that (--allow-disable-control, chart value "
+            "devicePlugin.allowDisableControl); remove the variable from the container's env", ref)
     envs = hami_core_env(call.devices, settings, cache_id)
     cache_dir = f"{cache_root}/containers/{ref.uid}_{call.container}"
     # Only the region file is mounted, not its directory: the container cannot create files on
@@ -275,7 +289,7 @@ def plan(
         Mount(SETTINGS_CONTAINER_PATH, settings_file, True),
         Mount(envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"], cache_file, False),
     ]
-    if not any(e.get("name") == DISABLE_CONTROL_ENV for e in container.get("env") or []):
+    if not opted_out:
         mounts.append(Mount(PRELOAD_CONTAINER_PATH, f"{hook_path}/ld.so.preload", True))
     new_value: str | None = None
     done = False

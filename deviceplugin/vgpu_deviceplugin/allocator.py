@@ -77,6 +77,7 @@ class Allocator:
     async def _allocate(self, amount: int) -> Plan:
         cached = self._cache.pods() if self._cache is not None else None
         if cached is not None:
+            self._forget_gone(cached)
             try:
                 return await self._allocate_from(cached, amount)
             except AllocateError:
@@ -88,18 +89,24 @@ class Allocator:
             pods = await self._kube.list_pods_on_node(node)
         except KubeError as exc:
             raise AllocateError(f"cannot list pods on node {node}: {exc}") from exc
-        # Forget init-container counts of pods that left the node (deleted before they ran).
+        self._forget_gone(pods)
+        return await self._allocate_from(pods, amount)
+
+    def _forget_gone(self, pods: list[dict[str, Any]]) -> None:
+        """Forgets the init-container counts of pods that left the node, and only those: an init
+        call takes no swap, so the count is all that tells a served init container from one to
+        serve, in an older version of the pod that the watch may still deliver (dropped when the
+        pod was done or failed, that version's init container answered another pod's call)."""
         present = {p.get("metadata", {}).get("uid") for p in pods}
         for uid in [u for u in self._state.init_served if u not in present]:
             del self._state.init_served[uid]
-        return await self._allocate_from(pods, amount)
 
     async def _allocate_from(self, pods: list[dict[str, Any]], amount: int) -> Plan:
         state, flags = self._state, self._flags
         node = state.settings.node_name
         ref, pod, call = allocate.select(pods, node, amount, state.settings.names, state.init_served)
         result = allocate.plan(pod, ref, call, state.settings, state.healthy_memory, flags.hook_path,
-                               flags.cache_root, self._cache_id())
+                               flags.cache_root, self._cache_id(), flags.allow_disable_control)
         # The upstream flags that change the answer's form (plan() checked every uuid is here).
         gpus = {g.uuid: g for g in state.gpus}
         if flags.device_id_strategy == "index":
@@ -109,13 +116,8 @@ class Allocator:
         if flags.pass_device_specs:
             specs = allocate.device_specs([gpus[d.uuid].minor for d in call.devices], os.path.exists)
             result = dataclasses.replace(result, device_specs=specs)
-        try:
-            write_settings_file(result.settings_file, result.settings_text)
-            make_region_file(result.cache_file)
-        except OSError as exc:
-            raise AllocateError(f"pod {ref}: cannot create {exc.filename or result.cache_dir}: "
-                                f"{exc.strerror or exc}", ref) from exc
         if call.is_init:
+            _write_files(ref, result)
             state.init_served[ref.uid] = state.init_served.get(ref.uid, 0) + 1
         else:
             assert result.devices_to_allocate is not None
@@ -131,8 +133,10 @@ class Allocator:
                 raise AllocateError(f"pod {ref}: cannot update its annotations: {exc}", ref) from exc
             if self._cache is not None:
                 self._cache.put(updated)
+            # After the swap, not before: a decision on a stale cache names a container already
+            # answered, whose swap fails; its files (the settings file naming its region) stay.
+            _write_files(ref, result)
             if result.done:
-                state.init_served.pop(ref.uid, None)
                 try:
                     await self._kube.patch_pod(ref.namespace, ref.name, allocate.success_patch())
                 except KubeError as exc:
@@ -143,7 +147,6 @@ class Allocator:
         return result
 
     async def _mark_failed(self, ref: PodRef) -> None:
-        self._state.init_served.pop(ref.uid, None)
         try:
             await self._kube.patch_pod(ref.namespace, ref.name, allocate.failed_patch())
         except KubeError as exc:
@@ -155,6 +158,16 @@ class Allocator:
             await self._kube.patch_node(node, allocate.release_lock_patch())
         except KubeError as exc:
             log.error("cannot release the node lock on %s: %s", node, exc)
+
+
+def _write_files(ref: PodRef, result: Plan) -> None:
+    """The container's settings file and empty region file, which its answer mounts."""
+    try:
+        write_settings_file(result.settings_file, result.settings_text)
+        make_region_file(result.cache_file)
+    except OSError as exc:
+        raise AllocateError(f"pod {ref}: cannot create {exc.filename or result.cache_dir}: "
+                            f"{exc.strerror or exc}", ref) from exc
 
 
 def _container_dir(path: str) -> str:

@@ -48,6 +48,8 @@ class Flags:
     register_interval: float = DEFAULT_REGISTER_INTERVAL
     handshake: bool = True
     kubeconfig: str | None = None
+    # Honour a container's CUDA_DISABLE_CONTROL (no libvgpu.so, so no cap): the admin's choice.
+    allow_disable_control: bool = False
     # Legacy flags: honoured only where the ConfigMap is silent.
     resource_name: str | None = None
     resource_memory_name: str | None = None

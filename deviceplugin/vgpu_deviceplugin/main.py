@@ -147,6 +147,10 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds between node annotation writes (the handshake needs 60 or less)")
     p.add_argument("--no-handshake", dest="handshake", action="store_false",
                    help="do not write volcano.sh/node-vgpu-handshake (only Volcano <= v1.15.0 needs it)")
+    p.add_argument("--allow-disable-control", action="store_true",
+                   help="honour a container env named CUDA_DISABLE_CONTROL, as upstream always does: "
+                   "no /etc/ld.so.preload, so no libvgpu.so and no memory or SM limit on a shared GPU. "
+                   "Without it such a pod fails Allocate with an error naming the variable")
     p.add_argument("--kubeconfig", default=None,
                    help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the in-cluster "
                    "service account)")

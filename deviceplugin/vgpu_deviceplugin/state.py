@@ -18,7 +18,8 @@ class PluginState:
     settings: Settings
     gpus: list[GpuDevice]  # visible GPUs (node-config filters applied)
     health: dict[str, bool] = field(default_factory=dict)
-    # Answered init-container calls per pod uid (see allocate.py); small, pruned when pods finish.
+    # Answered init-container calls per pod uid (see allocate.py); small, pruned when pods leave
+    # the node (allocator.py), not before: an older version of a pod may still come.
     init_served: dict[str, int] = field(default_factory=dict)
     version: int = 0
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)

@@ -197,6 +197,16 @@ def test_plugin_arguments_are_accepted_by_the_plugin(renders: Renders, profile: 
     assert args.mock_gpus == chart.PROFILES[profile].get("devicePlugin", {}).get("mockGpus")
 
 
+def test_the_cuda_disable_control_opt_out_is_off_unless_the_admin_turns_it_on() -> None:
+    # Without libvgpu.so a container has no cap: a tenant's env line must not decide that.
+    def parsed(values: dict[str, Any]) -> Any:
+        args = container(pod_spec(chart.render(values), "DaemonSet"), "device-plugin")["args"]
+        return plugin_main.flags_from(plugin_main.parser().parse_args(expand_env(args, NODE_NAME="n")))
+
+    assert parsed({}).allow_disable_control is False
+    assert parsed({"devicePlugin": {"allowDisableControl": True}}).allow_disable_control is True
+
+
 def test_plugin_paths_match_the_plugin_defaults() -> None:
     # The plugin hands these to the kubelet as host paths: the chart must mount them 1:1.
     assert {config.DEFAULT_HOOK_PATH, f"{config.DEFAULT_CACHE_ROOT}/containers",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import pytest
@@ -90,11 +91,24 @@ def test_memory_limit_uses_the_memory_factor() -> None:
     assert plan_for([fixture_pod()], 2, settings=settings).envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "12000m"
 
 
-def test_disable_control_env_drops_the_preload_mount() -> None:
+def test_disable_control_env_drops_the_preload_mount_where_the_admin_allows_it() -> None:
     pod = fixture_pod()
     pod["spec"]["containers"][0]["env"] = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
-    paths = [m.container_path for m in plan_for([pod], 2).mounts]
+    ref, pod, call = allocate.select([pod], FIXTURE_NODE, 2, NAMES, {})
+    result = allocate.plan(pod, ref, call, SETTINGS, NODE_GPUS, "/usr/local/vgpu", "/tmp/vgpu",
+                           "cache-id", allow_disable_control=True)
+    paths = [m.container_path for m in result.mounts]
     assert "/etc/ld.so.preload" not in paths and "/usr/local/vgpu/libvgpu.so" in paths
+
+
+def test_disable_control_env_is_refused_by_default() -> None:
+    # Without the preload nothing loads libvgpu.so: one env line would lift the tenant's cap.
+    pod = fixture_pod()
+    pod["spec"]["containers"][0]["env"] = [{"name": "CUDA_DISABLE_CONTROL", "value": "false"}]
+    with pytest.raises(AllocateError, match=r"container cuda-app sets CUDA_DISABLE_CONTROL, which "
+                       r"would run it without libvgpu.so.*--allow-disable-control") as err:
+        plan_for([pod], 2)
+    assert err.value.pod is not None and err.value.pod.name == pod["metadata"]["name"]
 
 
 def test_two_gpu_containers_are_served_in_order_and_sidecars_skipped() -> None:
@@ -136,6 +150,20 @@ def test_init_container_reuses_the_first_part_without_consuming_it() -> None:
     assert first.devices_to_allocate is None and not first.done
     second = plan_for([pod], 1, init_served={"uid-init": 1})
     assert second.call.container == "app" and not second.call.is_init and second.done
+
+
+def test_an_init_container_asking_for_no_gpu_is_passed_over() -> None:
+    # The kubelet makes no Allocate call for a container asking for 0 devices: waiting for one
+    # left the pod's app container unserved for ever.
+    pod = gpu_pod("init0", [ctr("app", 1)], f"{GPU_A},NVIDIA,3000,50:",
+                  init=[ctr("setup", 0), ctr("prepare", 1)])
+    first = plan_for([pod], 1)
+    assert first.call.is_init and first.call.container == "prepare"
+    second = plan_for([pod], 1, init_served={"uid-init0": 1})
+    assert second.call.container == "app" and not second.call.is_init and second.done
+    only_zero = gpu_pod("init00", [ctr("app", 1)], f"{GPU_A},NVIDIA,3000,50:", init=[ctr("setup", 0)])
+    result = plan_for([only_zero], 1)
+    assert result.call.container == "app" and result.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A
 
 
 def test_oldest_pod_wins_and_other_nodes_are_never_picked() -> None:
@@ -378,6 +406,78 @@ async def test_a_pod_rejected_since_the_cache_saw_it_is_not_served(tmp_path: Any
     assert plan.pod.name == "small" and plan.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
     assert kube.pods[("default", "rejected")]["metadata"]["annotations"][ann.DEVICES_TO_ALLOCATE] == \
         f"{GPU_A},NVIDIA,20000,100:"
+
+
+async def test_a_stale_cache_never_rewrites_the_files_of_a_container_already_answered(
+        tmp_path: Any) -> None:
+    # The watch may deliver an older version of the pod after the plugin's own write, still
+    # showing container a's part pending: the decision taken on it names a again, and its swap
+    # fails. Before, a's settings file had been rewritten first, naming a region (a new cache id)
+    # that a's answer does not mount.
+    from vgpu_deviceplugin.pod_cache import PodCache
+
+    from tests.deviceplugin.kit import FakeKube
+
+    pod = gpu_pod("two", [ctr("a"), ctr("b")], f"{GPU_A},NVIDIA,1000,10:;{GPU_B},NVIDIA,2000,20:")
+    pod["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_ALLOCATING
+    kube, cache = FakeKube(), PodCache()
+    kube.add_pod(copy.deepcopy(pod))
+    cache.apply("ADDED", copy.deepcopy(pod))
+    cache.apply("SYNCED", {})
+    ids = iter(["first", "second", "third"])
+    allocator = _allocator(kube, tmp_path, cache)
+    allocator._cache_id = lambda: next(ids)
+    first = await allocator.allocate(1)
+    assert first.call.container == "a"
+    with open(first.settings_file) as f:
+        answered = f.read()
+    folder = os.path.dirname(first.settings_file)
+    files = sorted(os.listdir(folder))
+    cache.apply("MODIFIED", copy.deepcopy(pod))  # the older version, after the plugin's write
+    second = await allocator.allocate(1)
+    assert second.call.container == "b" and second.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+    with open(first.settings_file) as f:
+        assert f.read() == answered
+    assert sorted(os.listdir(folder)) == files
+
+
+async def test_a_stale_cache_never_answers_another_pod_with_a_served_init_container(
+        tmp_path: Any) -> None:
+    # An init call takes no swap (it consumes no part): only the plugin's count of init
+    # containers served tells it apart. Dropped once the pod was done, an older version of the
+    # pod from the watch offered its init container again, and the next pod's Allocate got that
+    # pod's GPU and limits.
+    from vgpu_deviceplugin.pod_cache import PodCache
+
+    from tests.deviceplugin.kit import FakeKube
+
+    done = gpu_pod("done", [ctr("app", 1)], f"{GPU_A},NVIDIA,1000,10:", init=[ctr("prepare", 1)],
+                   vgpu_time="1")
+    later = gpu_pod("later", [ctr("app", 1)], f"{GPU_B},NVIDIA,2000,20:", vgpu_time="2")
+    for pod in (done, later):
+        pod["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_ALLOCATING
+    kube, cache = FakeKube(), PodCache()
+    kube.add_pod(copy.deepcopy(done))
+    cache.apply("ADDED", copy.deepcopy(done))
+    cache.apply("SYNCED", {})
+    allocator = _allocator(kube, tmp_path, cache)
+    assert (await allocator.allocate(1)).call.container == "prepare"
+    served = await allocator.allocate(1)
+    assert served.call.container == "app" and served.done
+    kube.add_pod(copy.deepcopy(later))
+    cache.apply("ADDED", copy.deepcopy(later))
+    cache.apply("MODIFIED", copy.deepcopy(done))  # the older version, after the plugin's writes
+    answer = await allocator.allocate(1)
+    assert answer.pod.name == "later" and answer.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
+    assert allocator._state.init_served == {"uid-done": 1}  # kept while the pod is on the node
+    third = gpu_pod("third", [ctr("app", 1)], f"{GPU_C},NVIDIA,500,5:", vgpu_time="3")
+    third["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_ALLOCATING
+    kube.pods.pop(("default", "done"))
+    cache.apply("DELETED", copy.deepcopy(done))
+    kube.add_pod(copy.deepcopy(third))
+    cache.apply("ADDED", copy.deepcopy(third))
+    assert (await allocator.allocate(1)).pod.name == "third"
+    assert allocator._state.init_served == {}  # forgotten once it left the node
 
 
 async def test_a_gpu_marked_unhealthy_is_refused_by_the_allocator(tmp_path: Any) -> None:
