@@ -51,11 +51,14 @@ Pod = Mapping[str, Any]
 
 
 class AllocateError(Exception):
-    """Allocate cannot be answered. `pod` is set when that pod must be marked failed."""
+    """Allocate cannot be answered. `pod` is set when that pod must be marked failed; `final` when
+    the call already changed the cluster (a part consumed), so deciding again would serve another
+    container with this call."""
 
-    def __init__(self, message: str, pod: PodRef | None = None) -> None:
+    def __init__(self, message: str, pod: PodRef | None = None, final: bool = False) -> None:
         super().__init__(message)
         self.pod = pod
+        self.final = final
 
 
 @dataclass(frozen=True)

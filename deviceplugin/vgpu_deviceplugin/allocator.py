@@ -77,29 +77,33 @@ class Allocator:
     async def _allocate(self, amount: int) -> Plan:
         cached = self._cache.pods() if self._cache is not None else None
         if cached is not None:
-            self._forget_gone(cached)
+            self._forget(self._cache.deleted() if self._cache is not None else set())
             try:
                 return await self._allocate_from(cached, amount)
-            except AllocateError:
+            except AllocateError as exc:
                 # The cache may lag behind the scheduler (pod missing, or changed under the
-                # compare-and-swap): decide again, once, on a fresh list.
-                pass
+                # compare-and-swap): decide again, once, on a fresh list. Not after a swap that
+                # took: that pod's part is consumed, and is this call's.
+                if exc.final:
+                    raise
         node = self._state.settings.node_name
         try:
             pods = await self._kube.list_pods_on_node(node)
         except KubeError as exc:
             raise AllocateError(f"cannot list pods on node {node}: {exc}") from exc
-        self._forget_gone(pods)
+        present = {p.get("metadata", {}).get("uid") for p in pods}
+        self._forget({u for u in self._state.init_served if u not in present})
         return await self._allocate_from(pods, amount)
 
-    def _forget_gone(self, pods: list[dict[str, Any]]) -> None:
-        """Forgets the init-container counts of pods that left the node, and only those: an init
-        call takes no swap, so the count is all that tells a served init container from one to
-        serve, in an older version of the pod that the watch may still deliver (dropped when the
-        pod was done or failed, that version's init container answered another pod's call)."""
-        present = {p.get("metadata", {}).get("uid") for p in pods}
-        for uid in [u for u in self._state.init_served if u not in present]:
-            del self._state.init_served[uid]
+    def _forget(self, uids: set[str]) -> None:
+        """Forgets the init-container counts of pods that left the node (a fresh list lacks them,
+        or the pod cache saw them deleted; a pod the cache has not seen yet keeps its count), and
+        only those: an init call takes no swap, so the count is all that tells a served init
+        container from one to serve, in an older version of the pod that the watch may still
+        deliver (dropped when the pod was done or failed, that version's init container answered
+        another pod's call)."""
+        for uid in uids:
+            self._state.init_served.pop(uid, None)
 
     async def _allocate_from(self, pods: list[dict[str, Any]], amount: int) -> Plan:
         state, flags = self._state, self._flags
@@ -135,7 +139,7 @@ class Allocator:
                 self._cache.put(updated)
             # After the swap, not before: a decision on a stale cache names a container already
             # answered, whose swap fails; its files (the settings file naming its region) stay.
-            _write_files(ref, result)
+            _write_files(ref, result, final=True)
             if result.done:
                 try:
                     await self._kube.patch_pod(ref.namespace, ref.name, allocate.success_patch())
@@ -160,14 +164,15 @@ class Allocator:
             log.error("cannot release the node lock on %s: %s", node, exc)
 
 
-def _write_files(ref: PodRef, result: Plan) -> None:
-    """The container's settings file and empty region file, which its answer mounts."""
+def _write_files(ref: PodRef, result: Plan, final: bool = False) -> None:
+    """The container's settings file and empty region file, which its answer mounts. `final`: the
+    pod's part is consumed already (the error ends the call, and fails the pod)."""
     try:
         write_settings_file(result.settings_file, result.settings_text)
         make_region_file(result.cache_file)
     except OSError as exc:
         raise AllocateError(f"pod {ref}: cannot create {exc.filename or result.cache_dir}: "
-                            f"{exc.strerror or exc}", ref) from exc
+                            f"{exc.strerror or exc}", ref, final) from exc
 
 
 def _container_dir(path: str) -> str:

@@ -16,10 +16,14 @@ from vgpu_deviceplugin.kube import KubeClient
 
 log = logging.getLogger(__name__)
 
+# Deleted pods remembered between two Allocates (a node that churns pods and allocates none).
+MAX_DELETED = 4096
+
 
 class PodCache:
     def __init__(self) -> None:
         self._pods: dict[str, dict[str, Any]] = {}
+        self._deleted: set[str] = set()
         self.synced = False
 
     def pods(self) -> list[dict[str, Any]] | None:
@@ -32,6 +36,11 @@ class PodCache:
         if uid and uid in self._pods:
             self._pods[uid] = pod
 
+    def deleted(self) -> set[str]:
+        """The uids of pods deleted since the last call (what the plugin keeps of them can go)."""
+        gone, self._deleted = self._deleted, set()
+        return gone
+
     def apply(self, kind: str, pod: dict[str, Any]) -> None:
         if kind == "RESET":
             self._pods.clear()
@@ -39,7 +48,10 @@ class PodCache:
         elif kind == "SYNCED":
             self.synced = True
         elif kind == "DELETED":
-            self._pods.pop(pod.get("metadata", {}).get("uid", ""), None)
+            uid = pod.get("metadata", {}).get("uid", "")
+            self._pods.pop(uid, None)
+            if len(self._deleted) < MAX_DELETED:  # past it, the next fresh list prunes instead
+                self._deleted.add(uid)
         elif kind in ("ADDED", "MODIFIED"):
             self._pods[pod.get("metadata", {}).get("uid", "")] = pod
 

@@ -85,7 +85,7 @@ int vgpu_parse_memory(const char *text, uint64_t *bytes, const char **why)
         result += (uint64_t)(((unsigned __int128)frac << shift) / frac_scale);
     if (result == 0 && (whole != 0 || frac != 0)) {
         /* 0.0001k: 0 bytes would be read as no cap at all. */
-        *why = "under one byte (0 means no cap; write 0 for that)";
+        *why = "under one byte (0 would mean no cap)";
         return -1;
     }
     *bytes = result;

@@ -75,11 +75,13 @@ static int read_by_library(const char *name)
     return 0;
 }
 
-/* Whether name looks like one of the library's settings (its prefixes): one it does not read is
- * a typo or a device past the region's 16, whose limit would be left off. */
+/* Whether name looks like one of the library's settings (the prefixes of its limits and
+ * policy): one it does not read is a typo or a device past the region's 16, whose limit would be
+ * left off. CUDA's own CUDA_DEVICE_ORDER and CUDA_DEVICE_MAX_CONNECTIONS are not of that kind. */
 static int looks_like_setting(const char *name)
 {
-    return strncmp(name, "CUDA_DEVICE_", 12) == 0 ||
+    return strncmp(name, "CUDA_DEVICE_MEMORY_", 19) == 0 ||
+           strncmp(name, "CUDA_DEVICE_SM_", 15) == 0 ||
            strncmp(name, "GPU_CORE_UTILIZATION_POLICY", 27) == 0;
 }
 

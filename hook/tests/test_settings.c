@@ -48,7 +48,8 @@ static void reads_entries(void)
     check(load_text(&all, "CUDA_DEVICE_MEMORY_LIMIT_0=1m\nCUDA_DEVICE_MEMORY_LIMIT_9=1m\n"
                           "CUDA_DEVICE_MEMORY_LIMIT_10=1m\nCUDA_DEVICE_SM_LIMIT_15=30\n"
                           "NVIDIA_VISIBLE_DEVICES=GPU-1\nCUDA_VISIBLE_DEVICES=0\n"
-                          "CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/x\n") == 0 && all.count == 7,
+                          "CUDA_DEVICE_ORDER=PCI_BUS_ID\nCUDA_DEVICE_MAX_CONNECTIONS=8\n"
+                          "CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/x\n") == 0 && all.count == 9,
           "devices 0 to 15 and names not of the library's kind are read (%s)", all.why);
     check(strcmp(vgpu_settings_lookup(&s, "GPU_CORE_UTILIZATION_POLICY"), "") == 0,
           "an empty value is a value");

@@ -470,14 +470,54 @@ async def test_a_stale_cache_never_answers_another_pod_with_a_served_init_contai
     answer = await allocator.allocate(1)
     assert answer.pod.name == "later" and answer.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
     assert allocator._state.init_served == {"uid-done": 1}  # kept while the pod is on the node
-    third = gpu_pod("third", [ctr("app", 1)], f"{GPU_C},NVIDIA,500,5:", vgpu_time="3")
+    # Nor is a count dropped because the cache has not seen its pod yet.
+    fresh = gpu_pod("fresh", [ctr("app", 1)], f"{GPU_C},NVIDIA,500,5:", init=[ctr("prepare", 1)],
+                    vgpu_time="3")
+    fresh["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_ALLOCATING
+    kube.add_pod(copy.deepcopy(fresh))
+    assert (await allocator.allocate(1)).call.container == "prepare"  # from a fresh list
+    app = await allocator.allocate(1)
+    assert app.pod.name == "fresh" and app.call.container == "app" and app.done
+    cache.apply("ADDED", kube.pods[("default", "fresh")])
+    third = gpu_pod("third", [ctr("app", 1)], f"{GPU_C},NVIDIA,500,5:", vgpu_time="4")
     third["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_ALLOCATING
     kube.pods.pop(("default", "done"))
     cache.apply("DELETED", copy.deepcopy(done))
     kube.add_pod(copy.deepcopy(third))
     cache.apply("ADDED", copy.deepcopy(third))
     assert (await allocator.allocate(1)).pod.name == "third"
-    assert allocator._state.init_served == {}  # forgotten once it left the node
+    assert allocator._state.init_served == {"uid-fresh": 1}  # uid-done forgotten: it left the node
+
+
+async def test_a_file_that_cannot_be_written_after_the_swap_fails_that_pod_only(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The part is consumed by then: deciding again would answer this call with another pod's
+    # (or container's) part, and leave this pod allocating with nothing left to serve.
+    from vgpu_deviceplugin import allocator as allocator_module
+    from vgpu_deviceplugin.pod_cache import PodCache
+
+    from tests.deviceplugin.kit import FakeKube
+
+    full = gpu_pod("full", [ctr("app", 1)], f"{GPU_A},NVIDIA,1000,10:", vgpu_time="1")
+    other = gpu_pod("other", [ctr("app", 1)], f"{GPU_B},NVIDIA,2000,20:", vgpu_time="2")
+    kube, cache = FakeKube(), PodCache()
+    for pod in (full, other):
+        pod["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_ALLOCATING
+        kube.add_pod(copy.deepcopy(pod))
+        cache.apply("ADDED", copy.deepcopy(pod))
+    cache.apply("SYNCED", {})
+
+    def no_space(path: str, text: str) -> None:
+        raise OSError(28, "No space left on device", path)
+
+    monkeypatch.setattr(allocator_module, "write_settings_file", no_space)
+    with pytest.raises(AllocateError, match=r"pod default/full: cannot create .*No space left"):
+        await _allocator(kube, tmp_path, cache).allocate(1)
+    annotations = kube.pods[("default", "other")]["metadata"]["annotations"]
+    assert annotations[ann.DEVICES_TO_ALLOCATE] == f"{GPU_B},NVIDIA,2000,20:"
+    assert annotations[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
+    assert kube.pods[("default", "full")]["metadata"]["annotations"][ann.BIND_PHASE] == \
+        ann.BIND_PHASE_FAILED
 
 
 async def test_a_gpu_marked_unhealthy_is_refused_by_the_allocator(tmp_path: Any) -> None:
