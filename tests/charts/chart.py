@@ -53,7 +53,7 @@ PROFILES: dict[str, Values] = {
         "operator": {"ha": {"enabled": True}, "verbose": True, "priorityClassName": "system-cluster-critical",
                      "podAnnotations": {"example.com/owner": "gpu"}, "extraArgs": ["--resync=30"]},
         "devicePlugin": {"runtimeClassName": "nvidia", "mockGpus": "1xA100-40GB,1xT4",
-                         "extraArgs": ["--no-handshake"],
+                         "extraArgs": ["--no-handshake"], "allowDisableControl": True,
                          "podAnnotations": {"example.com/owner": "gpu"}},
         "policy": {"spec": {"device": {"deviceSplitCount": 4, "deviceMemoryScaling": 1.5},
                             "driftPolicy": "Report",
