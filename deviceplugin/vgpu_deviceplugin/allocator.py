@@ -76,8 +76,8 @@ class Allocator:
 
     async def _allocate(self, amount: int) -> Plan:
         cached = self._cache.pods() if self._cache is not None else None
-        if cached is not None:
-            self._forget(self._cache.deleted() if self._cache is not None else set())
+        if self._cache is not None and cached is not None:
+            self._forget(self._cache.deleted())
             try:
                 return await self._allocate_from(cached, amount)
             except AllocateError as exc:

@@ -51,28 +51,39 @@ static int valid_name(const char *name, size_t len)
     return 1;
 }
 
+/* Matches name (len bytes) against the governed names: 0 none, 1 one of them, 2 NAME_<digits>
+ * of a per-device one, with *device its index, or VGPU_REGION_MAX_DEVICES for one past the
+ * region's devices or written otherwise than the plugin writes it (a leading zero). */
+static int governed_as(const char *name, size_t len, int *device)
+{
+    for (size_t i = 0; i < sizeof governed_names / sizeof governed_names[0]; i++) {
+        size_t n = strlen(governed_names[i].name);
+        if (len < n || strncmp(name, governed_names[i].name, n) != 0)
+            continue;
+        if (len == n)
+            return 1;
+        if (!governed_names[i].per_device || name[n] != '_' || len == n + 1)
+            continue;
+        size_t d = n + 1;
+        int index = name[d] == '0' && len > d + 1 ? VGPU_REGION_MAX_DEVICES : 0;
+        for (; d < len && name[d] >= '0' && name[d] <= '9'; d++)
+            if (index < VGPU_REGION_MAX_DEVICES)
+                index = index * 10 + (name[d] - '0');
+        if (d == len) {
+            *device = index < VGPU_REGION_MAX_DEVICES ? index : VGPU_REGION_MAX_DEVICES;
+            return 2;
+        }
+    }
+    return 0;
+}
+
 /* Whether name is one the library reads from the file: a governed name, or NAME_<i> for a
  * per-device one and a device the region keeps (0..15, no leading zero, as the plugin writes
  * it). */
 static int read_by_library(const char *name)
 {
-    for (size_t i = 0; i < sizeof governed_names / sizeof governed_names[0]; i++) {
-        size_t n = strlen(governed_names[i].name);
-        if (strncmp(name, governed_names[i].name, n) != 0)
-            continue;
-        const char *rest = name + n;
-        if (rest[0] == '\0')
-            return 1;
-        if (!governed_names[i].per_device || rest[0] != '_' || rest[1] < '0' || rest[1] > '9' ||
-            (rest[1] == '0' && rest[2] != '\0'))
-            continue;
-        int device = 0;
-        for (rest++; *rest >= '0' && *rest <= '9' && device < VGPU_REGION_MAX_DEVICES; rest++)
-            device = device * 10 + (*rest - '0');
-        if (rest[0] == '\0' && device < VGPU_REGION_MAX_DEVICES)
-            return 1;
-    }
-    return 0;
+    int device = 0, kind = governed_as(name, strlen(name), &device);
+    return kind == 1 || (kind == 2 && device < VGPU_REGION_MAX_DEVICES);
 }
 
 /* Whether name looks like one of the library's settings (the prefixes of its limits and
@@ -202,21 +213,8 @@ const char *vgpu_settings_lookup(const struct vgpu_settings *s, const char *name
 /* name (len bytes) is a governed variable: one of the names, or NAME_<digits> where marked. */
 static int governed(const char *name, size_t len)
 {
-    for (size_t i = 0; i < sizeof governed_names / sizeof governed_names[0]; i++) {
-        size_t n = strlen(governed_names[i].name);
-        if (len < n || strncmp(name, governed_names[i].name, n) != 0)
-            continue;
-        if (len == n)
-            return 1;
-        if (!governed_names[i].per_device || name[n] != '_' || len == n + 1)
-            continue;
-        size_t d = n + 1;
-        while (d < len && name[d] >= '0' && name[d] <= '9')
-            d++;
-        if (d == len)
-            return 1;
-    }
-    return 0;
+    int device;
+    return governed_as(name, len, &device) != 0;
 }
 
 /* Says which of the environment's limits the file overrides: a user who set one sees why it

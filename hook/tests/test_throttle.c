@@ -835,7 +835,8 @@ static void nvml_blind_light_start(double limit)
      * then and on the account's credit a little longer. The account's first hold, 0.33 s of
      * GPU over the limit, then lasts 1.3 s and ends about 2.4 s after the light start
      * (LIBCUDA_LOG_LEVEL=4). Settled for 1 s, the window read held the hold whole (21.1-21.4 %,
-     * once 19.5 %); for 2 s, its end (20.4-21.7 %). 0.5 s windows after it read 23.2-24.0 %. */
+     * once 19.5 %); for 2 s, its end (20.4-23.1 %). 0.5 s windows after it read 22.6-24.0 %
+     * (in one run of 12, four swung 21.2-27.5 %). */
     unsigned i = 0;
     run_for(3.0, &i, VARIANTS);
     double util = run_for(4.0, &i, VARIANTS);
