@@ -36,6 +36,8 @@ from vgpu_formats import annotations as ann
 
 NODE = "gpu-node-0"
 COUNT = "volcano.sh/vgpu-number"
+MEMORY = "volcano.sh/vgpu-memory"
+CORES = "volcano.sh/vgpu-cores"
 CALLS = int(os.environ.get("BENCH_CALLS", "1000"))
 GPUS = parse_mock_spec("8xA100-80GB", NODE)
 
@@ -53,7 +55,7 @@ def _pod(name: str, node: str, pending: bool) -> dict[str, Any]:
                      "labels": {"app": "bench"}},
         "spec": {"nodeName": node, "containers": [{
             "name": "cuda", "image": "cuda",
-            "resources": {"limits": {COUNT: "2", "volcano.sh/vgpu-memory": "3000"}}}]},
+            "resources": {"limits": {COUNT: "2", MEMORY: "3000"}}}]},
         "status": {"phase": "Pending" if pending else "Running"},
     }
 
@@ -112,6 +114,29 @@ async def _allocate_latency(on_node: int, total: int, calls: int) -> list[float]
         return samples
 
 
+async def _memory_latency(on_node: int, total: int, calls: int) -> dict[str, list[float]]:
+    """Per admitted pod (a new one each time, deleted after its calls): the memory resource's
+    Allocate for a container that asks the count resource too (the common case: counted and
+    answered empty), the count call after it, and as the baseline a cores call, answered empty
+    at once as the memory call was before 2026-12-02."""
+    emulator = _cluster(on_node, total)
+    async with _plugin_on(emulator, MockBackend(GPUS), [COUNT, MEMORY, CORES]) as sim:
+        asked = ((COUNT, 2), (MEMORY, 3000), (CORES, 50))
+        ids = {resource: sim.free_ids(resource, n) for resource, n in asked}
+        samples: dict[str, list[float]] = {MEMORY: [], COUNT: [], CORES: []}
+        for i in range(20 + calls):
+            pod = _pod(f"pending-{i}", NODE, pending=True)
+            emulator.apply(pod)
+            for resource in (CORES, MEMORY, COUNT):
+                started = time.perf_counter()
+                answer = await sim.allocate(resource, ids[resource])
+                if i >= 20:  # after the warm-up
+                    samples[resource].append(time.perf_counter() - started)
+                assert resource == COUNT or not answer.container_responses[0].envs
+            emulator.delete_object("Pod", "default", pod["metadata"]["name"])
+        return samples
+
+
 def _pct(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
@@ -135,6 +160,16 @@ def allocate_figures() -> None:
     print(f"  target p99 < 20 ms at 110/10000: {'met' if p99 < 20 else 'NOT met'} ({p99:.2f} ms)")
 
 
+def memory_figures() -> None:
+    print(f"Allocate per resource for one container asking all three, {CALLS} pods (ms):")
+    samples = asyncio.run(_memory_latency(110, 1_000, CALLS))
+    for resource, what in ((CORES, "cores (empty at once)"), (MEMORY, "memory (counted)"), (COUNT, "count")):
+        got = samples[resource]
+        print(f"  {what:<22} p50 {_pct(got, 0.5):6.2f}  p99 {_pct(got, 0.99):6.2f}")
+    ratio = statistics.median(samples[MEMORY]) / statistics.median(samples[CORES])
+    print(f"  ratio p50 memory / cores call: {ratio:.2f}")
+
+
 def lookup_figures() -> None:
     """The plugin's own share of Allocate: choosing the pod among this node's pods (pure)."""
     from vgpu_deviceplugin import allocate
@@ -151,7 +186,13 @@ def lookup_figures() -> None:
             allocate.select(pods, NODE, 2, settings.names, {})
             samples.append(time.perf_counter() - started)
         medians[on_node] = statistics.median(samples)
-        print(f"  {on_node:>5} pods on node: p50 {_pct(samples, 0.5):.3f}  p99 {_pct(samples, 0.99):.3f}")
+        memory = []
+        for _ in range(1_000):
+            started = time.perf_counter()
+            allocate.select_memory(pods, NODE, 3000, settings.names, {}, None)
+            memory.append(time.perf_counter() - started)
+        print(f"  {on_node:>5} pods on node: p50 {_pct(samples, 0.5):.3f}  p99 {_pct(samples, 0.99):.3f}"
+              f"  (select_memory p50 {_pct(memory, 0.5):.3f})")
     ratio = medians[1_100] / medians[110]
     print(f"  ratio p50 1100 vs 110 pods on node: {ratio:.1f} (linear in pods on node)")
 
@@ -201,7 +242,7 @@ async def _rss_of_process() -> float:
                 env=env,
             )
             try:
-                await sim.wait_for([COUNT, "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"], timeout=60)
+                await sim.wait_for([COUNT, MEMORY, CORES], timeout=60)
                 pending = _pod("pending", NODE, pending=True)
                 ids = sim.free_ids(COUNT, 2)
                 for _ in range(200):
@@ -216,7 +257,7 @@ async def _rss_of_process() -> float:
 
 
 async def _restart_times(rounds: int) -> list[float]:
-    resources = [COUNT, "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"]
+    resources = [COUNT, MEMORY, CORES]
     backend = MockBackend(parse_mock_spec("8xRTX4090", NODE))  # 196,512 memory devices
     async with _plugin_on(_cluster(10, 10), backend, resources) as sim:
         times = []
@@ -252,6 +293,7 @@ def main() -> None:
     restart_figure()
     rss_figure()
     allocate_figures()
+    memory_figures()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Allocate for the count resource: which pod, which container, which answer. Pure.
+"""Allocate: which pod, which container, which answer. Pure.
 
 The kubelet's Allocate carries only fake device ids. The real GPUs come from the scheduler's
 annotations on the pod being admitted, so the plugin must find that pod:
@@ -20,6 +20,14 @@ naming the pod and the container: one that asks for more GPUs than the first par
 sidecar (`restartPolicy: Always`), which runs beside the app containers on the same share.
 A pod the kubelet has already ended (phase Failed or Succeeded, say rejected by an admission
 check before Allocate) is never a candidate: its part would go to the next pod in line.
+
+A container with the memory resource and no count resource is one GPU to the scheduler, which
+writes it a part; the kubelet calls only the memory plugin for it. Upstream answers that call
+empty, so the container ran with no limit at all (and the image's NVIDIA_VISIBLE_DEVICES). Here
+the memory call serves it: the kubelet calls the memory plugin once per container with the
+memory resource, in its order, so the plugin counts those calls per pod and knows which
+container the next one is for (`select_memory`). Calls for containers that also have the count
+resource are counted and answered empty, as upstream: the count call answers them.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from typing import Any
 
 from vgpu_formats import FormatError
 from vgpu_formats import annotations as ann
+from vgpu_formats.quantity import quantity_or_zero
 
 from vgpu_deviceplugin.config import ResourceNames, Settings
 from vgpu_deviceplugin.monitor.region import MAX_DEVICES as HOOK_MAX_DEVICES
@@ -81,6 +90,7 @@ class Call:
     devices: tuple[ann.ContainerDevice, ...]
     asked: int | None = None  # what the container asks, where it differs from len(devices)
     refusal: str = ""  # why this call cannot be answered (plan() refuses it, naming the pod)
+    by_memory: bool = False  # a memory-only container: the memory plugin's call, `asked` its units
 
     @property
     def amount(self) -> int:
@@ -130,7 +140,8 @@ def _limits(container: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def pending_calls(pod: Pod, names: ResourceNames, init_served: int = 0) -> list[Call]:
-    """The Allocate calls still to come for `pod`, in the kubelet's order. Raises FormatError."""
+    """The Allocate calls still to come for `pod`, in the kubelet's order (the count plugin's, and
+    the memory plugin's for memory-only containers). Raises FormatError."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     parts = ann.decode_pod_devices(annotations.get(ann.DEVICES_TO_ALLOCATE, ""))
     spec = pod.get("spec") or {}
@@ -143,24 +154,33 @@ def pending_calls(pod: Pod, names: ResourceNames, init_served: int = 0) -> list[
             f"requesting {names.count} or {names.memory}",
             "the scheduler and this plugin disagree on resource names; compare the device-config ConfigMap",
         )
-    app_calls = [
-        Call(str(c.get("name")), False, j, tuple(d for d in parts[j] if d.type == ann.DEVICE_TYPE_NVIDIA))
-        for j, c in enumerate(gpu_containers[: len(parts)])
-        # The kubelet calls the count plugin only for containers that have the count resource.
-        if names.count in _limits(c) and any(d.type == ann.DEVICE_TYPE_NVIDIA for d in parts[j])
-    ]
+    app_calls: list[Call] = []
+    for j, c in enumerate(gpu_containers[: len(parts)]):
+        devices = tuple(d for d in parts[j] if d.type == ann.DEVICE_TYPE_NVIDIA)
+        if not devices:
+            continue
+        if _counted(c, names):
+            app_calls.append(Call(str(c.get("name")), False, j, devices))
+        elif (units := quantity_or_zero(_limits(c).get(names.memory))) > 0:
+            # The kubelet calls only the memory plugin for it, asking that many memory units.
+            app_calls.append(Call(str(c.get("name")), False, j, devices, units, by_memory=True))
     # The kubelet calls Allocate only for a container that asks for at least one device: an init
     # container asking for 0 gets no call, and left in the list it blocked every call after it.
     init_with_gpu = [c for c in spec.get("initContainers") or []
-                     if names.count in _limits(c) and _int_limit(_limits(c).get(names.count)) != 0]
+                     if _counted(c, names)]
     init_calls: list[Call] = []
     if app_calls:
         first = app_calls[0]
         for c in init_with_gpu[init_served:]:
-            wanted = _int_limit(_limits(c).get(names.count))
+            wanted = quantity_or_zero(_limits(c).get(names.count))
             init_calls.append(Call(str(c.get("name")), True, first.part, first.devices[:wanted],
                                    wanted, _init_refusal(c, wanted, len(first.devices), names)))
     return init_calls + app_calls
+
+
+def _counted(container: Mapping[str, Any], names: ResourceNames) -> bool:
+    """Whether the kubelet calls the count plugin for `container` (it asks at least one)."""
+    return quantity_or_zero(_limits(container).get(names.count)) > 0
 
 
 def _init_refusal(container: Mapping[str, Any], wanted: int, first: int, names: ResourceNames) -> str:
@@ -174,22 +194,13 @@ def _init_refusal(container: Mapping[str, Any], wanted: int, first: int, names: 
     return ""
 
 
-def _int_limit(value: Any) -> int:
-    try:
-        return int(str(value))
-    except ValueError:
-        return 0
-
-
 # A pod in one of these will never be admitted: the kubelet rejected it (or it ran) already.
 ENDED_PHASES = frozenset({"Failed", "Succeeded"})
 
 
-def select(
-    pods: Sequence[Pod], node: str, amount: int, names: ResourceNames, init_served: Mapping[str, int]
-) -> tuple[PodRef, Pod, Call]:
-    """The pod this Allocate is for and its next call. Raises AllocateError."""
-    candidates: list[_Candidate] = []
+def _waiting(pods: Sequence[Pod], node: str) -> list[tuple[int, PodRef, Pod]]:
+    """The pods bound to `node` that wait for Allocate, oldest vgpu-time first."""
+    out: list[tuple[int, PodRef, Pod]] = []
     for pod in pods:
         meta = pod.get("metadata") or {}
         annotations = meta.get("annotations") or {}
@@ -199,14 +210,25 @@ def select(
                 or meta.get("deletionTimestamp")
                 or (pod.get("status") or {}).get("phase") in ENDED_PHASES):
             continue
-        ref = pod_ref(pod)
-        cand = _Candidate(pod, ref, ann.decode_vgpu_time(annotations.get(ann.VGPU_TIME)))
+        out.append((ann.decode_vgpu_time(annotations.get(ann.VGPU_TIME)), pod_ref(pod), pod))
+    out.sort(key=lambda w: (w[0], w[1].namespace, w[1].name))
+    return out
+
+
+def select(
+    pods: Sequence[Pod], node: str, amount: int, names: ResourceNames, init_served: Mapping[str, int]
+) -> tuple[PodRef, Pod, Call]:
+    """The pod this count-resource Allocate is for and its next call. Raises AllocateError."""
+    candidates: list[_Candidate] = []
+    for time, ref, pod in _waiting(pods, node):
+        cand = _Candidate(pod, ref, time)
         try:
-            cand.calls = pending_calls(pod, names, init_served.get(ref.uid, 0))
+            # The memory plugin serves memory-only containers: a count call is never theirs.
+            cand.calls = [c for c in pending_calls(pod, names, init_served.get(ref.uid, 0))
+                          if not c.by_memory]
         except FormatError as exc:
             cand.error = exc
         candidates.append(cand)
-    candidates.sort(key=lambda c: (c.time, c.ref.namespace, c.ref.name))
     for cand in candidates:
         if cand.calls and cand.calls[0].amount == amount:
             return cand.ref, cand.pod, cand.calls[0]
@@ -223,6 +245,73 @@ def select(
         f"reads other resource names than this plugin registered ({names.count}, {names.memory}, "
         f"{names.cores}) from the device-config ConfigMap"
     )
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    """A container the kubelet calls the memory plugin for (it asks at least one unit)."""
+
+    container: str
+    is_init: bool
+    units: int  # the memory units it asks: the call's device count
+    counted: bool  # it has the count resource too: the count plugin's call answers it
+
+
+def memory_uses(pod: Pod, names: ResourceNames) -> list[MemoryUse]:
+    """The memory plugin's calls for `pod`, in the kubelet's order (init containers first)."""
+    spec = pod.get("spec") or {}
+    uses: list[MemoryUse] = []
+    for key, is_init in (("initContainers", True), ("containers", False)):
+        for c in spec.get(key) or []:
+            units = quantity_or_zero(_limits(c).get(names.memory))
+            if units > 0:
+                uses.append(MemoryUse(str(c.get("name")), is_init, units, _counted(c, names)))
+    return uses
+
+
+def select_memory(
+    pods: Sequence[Pod], node: str, units: int, names: ResourceNames,
+    memory_seen: Mapping[str, int], last: str | None,
+) -> tuple[PodRef, Pod, MemoryUse] | None:
+    """The pod a memory-resource call of `units` is for and the container it serves, or None (no
+    pod: answered empty, as upstream). `memory_seen`: the memory calls counted per pod uid;
+    `last`: the uid of the pod the previous call (either resource) was for. The kubelet admits
+    one pod at a time, so that pod comes first: its last container's memory call may follow
+    the count call that finished it (no longer waiting then). Then the waiting pods, oldest first."""
+    def next_use(pod: Pod) -> MemoryUse | None:
+        uses = memory_uses(pod, names)
+        seen = memory_seen.get(pod_ref(pod).uid, 0)
+        return uses[seen] if seen < len(uses) and uses[seen].units == units else None
+
+    previous = [p for p in pods if last is not None and pod_ref(p).uid == last]
+    for pod in previous + [pod for _, _, pod in _waiting(pods, node)]:
+        if (use := next_use(pod)) is not None:
+            return pod_ref(pod), pod, use
+    return None
+
+
+def memory_call(pod: Pod, ref: PodRef, use: MemoryUse, names: ResourceNames) -> Call | None:
+    """The call that serves memory-only container `use`, or None when there is nothing to serve
+    (its part was consumed, or holds no GPU). Raises AllocateError (pod set) for a memory-only
+    init container: it has no part, and lending it another container's share would give it
+    that container's memory, not what it asks."""
+    if use.is_init:
+        raise AllocateError(
+            f"pod {ref}: init container {use.container} asks for {names.memory} without "
+            f"{names.count}; the scheduler gives it no share of its own. Add {names.count}: 1 to "
+            "its limits (it then runs on the first GPU container's share)", ref)
+    return next((c for c in pending_calls(pod, names) if c.by_memory and c.container == use.container),
+                None)
+
+
+def memory_seen_after(pod: Pod, names: ResourceNames, call: Call, seen: int) -> int:
+    """The memory calls counted for `pod` once the count plugin answered `call`: every container
+    before it has had its memory call, and its own may have come, so `seen` is clamped to
+    that (a memory call taken for another pod's, when two wait asking alike, is mended here)."""
+    for i, use in enumerate(memory_uses(pod, names)):
+        if use.container == call.container and use.is_init == call.is_init:
+            return min(max(seen, i), i + 1)
+    return seen
 
 
 def plan(

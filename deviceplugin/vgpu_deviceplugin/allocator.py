@@ -12,13 +12,13 @@ import dataclasses
 import logging
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from vgpu_formats.annotations import DEVICES_TO_ALLOCATE
 
 from vgpu_deviceplugin import allocate
-from vgpu_deviceplugin.allocate import AllocateError, Plan, PodRef
+from vgpu_deviceplugin.allocate import AllocateError, Call, Plan, Pod, PodRef
 from vgpu_deviceplugin.config import Flags
 from vgpu_deviceplugin.kube import KubeClient, KubeError
 from vgpu_deviceplugin.monitor.region import FILE_SIZE as REGION_SIZE
@@ -31,6 +31,14 @@ log = logging.getLogger(__name__)
 REGION_FILE_MODE = 0o666
 REGION_DIR_MODE = 0o755
 SETTINGS_FILE_MODE = 0o644
+
+
+class _NoPod(Exception):
+    """No pod explains a memory call (the count plugin's calls raise AllocateError instead)."""
+
+
+# How a call decides on a list of pods (the cache's, then a fresh one).
+Decide = Callable[[list[dict[str, Any]]], Awaitable[Plan | None]]
 
 
 class Allocator:
@@ -50,11 +58,23 @@ class Allocator:
         self._lock = asyncio.Lock()
 
     async def allocate(self, amount: int) -> Plan:
+        """The count resource's Allocate of `amount` devices."""
+        result = await self._guarded(f"{amount} device(s)", lambda pods: self._count_from(pods, amount))
+        assert result is not None  # a count call is answered or raises
+        return result
+
+    async def allocate_memory(self, units: int) -> Plan | None:
+        """The memory resource's Allocate of `units`: the answer for a memory-only container, or
+        None (an empty answer: the count call answers the container, or no pod is known)."""
+        return await self._guarded(f"{units} memory unit(s)", lambda pods: self._memory_from(pods, units))
+
+    async def _guarded(self, what: str, decide: Decide) -> Plan | None:
+        """One call, serialised, with every ending path releasing the node lock."""
         async with self._lock:
             try:
-                result = await self._allocate(amount)
+                result = await self._decide(decide)
             except AllocateError as exc:
-                log.error("Allocate of %d device(s) failed: %s", amount, exc)
+                log.error("Allocate of %s failed: %s", what, exc)
                 if exc.pod is not None:
                     await self._mark_failed(exc.pod)
                 await self._release_node_lock()
@@ -66,20 +86,22 @@ class Allocator:
             except Exception as exc:
                 # A bug or a value no check foresaw must not leave the node locked for every
                 # later pod: report it as this call's error and release the lock.
-                log.exception("Allocate of %d device(s) failed unexpectedly", amount)
+                log.exception("Allocate of %s failed unexpectedly", what)
                 await self._release_node_lock()
-                raise AllocateError(f"unexpected error while allocating {amount} device(s): "
+                raise AllocateError(f"unexpected error while allocating {what}: "
                                     f"{exc!r}; see the device plugin's log") from exc
-            if result.done:
+            if result is not None and result.done:
                 await self._release_node_lock()
             return result
 
-    async def _allocate(self, amount: int) -> Plan:
+    async def _decide(self, decide: Decide) -> Plan | None:
         cached = self._cache.pods() if self._cache is not None else None
         if self._cache is not None and cached is not None:
             self._forget(self._cache.deleted())
             try:
-                return await self._allocate_from(cached, amount)
+                return await decide(cached)
+            except _NoPod:
+                pass  # a memory call the cache explains with no pod: looked for on a fresh list
             except AllocateError as exc:
                 # The cache may lag behind the scheduler (pod missing, or changed under the
                 # compare-and-swap): decide again, once, on a fresh list. Not after a swap that
@@ -92,23 +114,57 @@ class Allocator:
         except KubeError as exc:
             raise AllocateError(f"cannot list pods on node {node}: {exc}") from exc
         present = {p.get("metadata", {}).get("uid") for p in pods}
-        self._forget({u for u in self._state.init_served if u not in present})
-        return await self._allocate_from(pods, amount)
+        self._forget({u for u in self._state.served_uids() if u not in present})
+        try:
+            return await decide(pods)
+        except _NoPod:
+            return None  # answered empty, as upstream answers every memory call
 
     def _forget(self, uids: set[str]) -> None:
-        """Forgets the init-container counts of pods that left the node (a fresh list lacks them,
-        or the pod cache saw them deleted; a pod the cache has not seen yet keeps its count), and
-        only those: an init call takes no swap, so the count is all that tells a served init
+        """Forgets the call counts of pods that left the node (a fresh list lacks them, or the pod
+        cache saw them deleted; a pod the cache has not seen yet keeps its counts), and only
+        those: an init call takes no swap, so the count is all that tells a served init
         container from one to serve, in an older version of the pod that the watch may still
         deliver (dropped when the pod was done or failed, that version's init container answered
-        another pod's call)."""
+        another pod's call); a memory call follows the count call that finished its pod."""
         for uid in uids:
             self._state.init_served.pop(uid, None)
+            self._state.memory_seen.pop(uid, None)
 
-    async def _allocate_from(self, pods: list[dict[str, Any]], amount: int) -> Plan:
+    async def _count_from(self, pods: list[dict[str, Any]], amount: int) -> Plan:
+        state = self._state
+        ref, pod, call = allocate.select(pods, state.settings.node_name, amount, state.settings.names,
+                                         state.init_served)
+        result = await self._answer(ref, pod, call)
+        seen = state.memory_seen.get(ref.uid, 0)
+        state.memory_seen[ref.uid] = allocate.memory_seen_after(pod, state.settings.names, call, seen)
+        state.last_pod = ref.uid
+        return result
+
+    async def _memory_from(self, pods: list[dict[str, Any]], units: int) -> Plan | None:
+        state = self._state
+        names = state.settings.names
+        found = allocate.select_memory(pods, state.settings.node_name, units, names,
+                                       state.memory_seen, state.last_pod)
+        if found is None:
+            raise _NoPod
+        ref, pod, use = found
+        result: Plan | None = None
+        if not use.counted:
+            call = allocate.memory_call(pod, ref, use, names)
+            if call is None:
+                log.warning("pod %s: container %s asks for %s only, and no GPU part of its is left "
+                            "in %s: answered without a GPU", ref, use.container, names.memory,
+                            DEVICES_TO_ALLOCATE)
+            else:
+                result = await self._answer(ref, pod, call)
+        state.memory_seen[ref.uid] = state.memory_seen.get(ref.uid, 0) + 1
+        state.last_pod = ref.uid
+        return result
+
+    async def _answer(self, ref: PodRef, pod: Pod, call: Call) -> Plan:
+        """Plans `call`, consumes its part (compare-and-swap) and writes the container's files."""
         state, flags = self._state, self._flags
-        node = state.settings.node_name
-        ref, pod, call = allocate.select(pods, node, amount, state.settings.names, state.init_served)
         result = allocate.plan(pod, ref, call, state.settings, state.healthy_memory, flags.hook_path,
                                flags.cache_root, self._cache_id(), flags.allow_disable_control)
         # The upstream flags that change the answer's form (plan() checked every uuid is here).

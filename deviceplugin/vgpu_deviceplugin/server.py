@@ -1,7 +1,8 @@
 """The kubelet-facing gRPC service, one instance per resource (count, memory, cores).
 
-Only the count resource does real work in Allocate; memory and cores answer one empty response
-per container (the kubelet merges the answers of all plugins a container uses).
+The count resource's Allocate answers the containers that ask for it; the memory resource's
+answers a container that asks for memory alone (allocate.py), and is empty for the others, as
+cores' always is (the kubelet merges the answers of all plugins a container uses).
 """
 
 from __future__ import annotations
@@ -76,17 +77,18 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocateResponse:
         response = pb.AllocateResponse()
-        if self.kind is not ResourceKind.COUNT:
-            for _ in request.container_requests:
-                response.container_responses.add()
-            return response
         for req in request.container_requests:
             try:
-                result = await self._allocator.allocate(len(req.devices_ids))
+                result: Plan | None = None
+                if self.kind is ResourceKind.COUNT:
+                    result = await self._allocator.allocate(len(req.devices_ids))
+                elif self.kind is ResourceKind.MEMORY:
+                    result = await self._allocator.allocate_memory(len(req.devices_ids))
             except AllocateError as exc:
                 code = grpc.StatusCode.FAILED_PRECONDITION if exc.pod else grpc.StatusCode.NOT_FOUND
                 await context.abort(code, str(exc))
-            response.container_responses.append(to_response(result))
+            response.container_responses.append(
+                pb.ContainerAllocateResponse() if result is None else to_response(result))
         return response
 
     async def PreStartContainer(

@@ -134,12 +134,106 @@ def test_two_one_gpu_containers_match_per_container_not_pod_total() -> None:
     assert plan_for([pod], 1).call.container == "a"
 
 
-def test_memory_only_container_keeps_its_part_and_does_not_block_success() -> None:
+def memory_plan(pods: list[dict[str, Any]], units: int, seen: dict[str, int],
+                last: str | None = None) -> tuple[allocate.MemoryUse, allocate.Plan | None]:
+    """A memory-resource call as the allocator decides it; `seen` is counted as it does."""
+    found = allocate.select_memory(pods, FIXTURE_NODE, units, NAMES, seen, last)
+    assert found is not None, f"no pod explains a memory call of {units}"
+    ref, pod, use = found
+    seen[ref.uid] = seen.get(ref.uid, 0) + 1
+    call = None if use.counted else allocate.memory_call(pod, ref, use, NAMES)
+    if call is None:
+        return use, None
+    return use, allocate.plan(pod, ref, call, SETTINGS, NODE_GPUS, "/usr/local/vgpu", "/tmp/vgpu", "m")
+
+
+def consumed(pod: dict[str, Any], plan: allocate.Plan) -> dict[str, Any]:
+    """`pod` as the plugin leaves it after `plan`'s swap."""
+    out = copy.deepcopy(pod)
+    assert plan.devices_to_allocate is not None
+    out["metadata"]["annotations"][ann.DEVICES_TO_ALLOCATE] = plan.devices_to_allocate
+    if plan.done:
+        out["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_SUCCESS
+    return out
+
+
+def test_a_memory_only_container_is_served_by_its_memory_call() -> None:
+    # The scheduler gives a container asking only for memory one GPU and 0 cores; the kubelet
+    # calls only the memory plugin for it. Upstream answered empty: the container ran with no
+    # limit (and whatever GPUs its image's NVIDIA_VISIBLE_DEVICES named).
     devices = f"{GPU_A},NVIDIA,1000,0:;{GPU_B},NVIDIA,3000,0:"
-    pod = gpu_pod("memonly", [ctr("mem", count=None, memory=1000), ctr("gpu", 1)], devices)
+    pod = gpu_pod("memonly", [ctr("mem", count=None, memory=1000), ctr("gpu", 1, memory=3000)], devices)
+    seen: dict[str, int] = {}
+    use, first = memory_plan([pod], 1000, seen)
+    assert use.container == "mem" and not use.counted and first is not None
+    assert first.envs == {"NVIDIA_VISIBLE_DEVICES": GPU_A, "CUDA_DEVICE_MEMORY_LIMIT_0": "1000m",
+                          "CUDA_DEVICE_SM_LIMIT": "0",
+                          "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/vgpu/m.cache"}
+    assert first.cache_dir.endswith("uid-memonly_mem") and not first.done
+    assert first.devices_to_allocate == f";{GPU_B},NVIDIA,3000,0:"
+    pod = consumed(pod, first)
+    # The next container's two calls, in either order: the count call answers it, its memory
+    # call is counted and answered empty; the pod is done once both parts are consumed.
+    second = plan_for([pod], 1)
+    assert second.call.container == "gpu" and second.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
+    assert second.done
+    use, empty = memory_plan([consumed(pod, second)], 3000, seen, last="uid-memonly")
+    assert use.container == "gpu" and use.counted and empty is None
+    assert seen == {"uid-memonly": 2}
+
+
+def test_a_count_call_never_takes_a_memory_only_part_and_done_waits_for_it() -> None:
+    devices = f"{GPU_A},NVIDIA,3000,0:;{GPU_B},NVIDIA,1000,0:"
+    pod = gpu_pod("mixed", [ctr("gpu", 1, memory=3000), ctr("mem", count=None, memory=1000)], devices)
     result = plan_for([pod], 1)
-    assert result.call.container == "gpu" and result.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
-    assert result.done
+    assert result.call.container == "gpu" and not result.done  # "mem" still waits for its call
+    pod = consumed(pod, result)
+    with pytest.raises(AllocateError, match="no pod on node"):
+        plan_for([pod], 1)
+    # The count call came first: the memory call that follows is still "gpu"'s (the pod of the
+    # last call is asked first), then "mem"'s, which finishes the pod.
+    seen = {"uid-mixed": allocate.memory_seen_after(pod, NAMES, result.call, 0)}
+    use, empty = memory_plan([pod], 3000, seen, last="uid-mixed")
+    assert use.container == "gpu" and empty is None
+    use, last = memory_plan([pod], 1000, seen, last="uid-mixed")
+    assert use.container == "mem" and last is not None and last.done
+    assert last.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B and last.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+
+
+def test_the_last_pods_trailing_memory_call_is_not_taken_for_a_waiting_pods() -> None:
+    # "done" asked the same as "next" asks: the count call finished "done" (bind-phase success,
+    # no longer waiting), and the kubelet's memory call for the same container comes after it.
+    done = gpu_pod("done", [ctr("gpu", 1, memory=1000)], ";", vgpu_time="100")
+    done["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_SUCCESS
+    waiting = gpu_pod("next", [ctr("mem", count=None, memory=1000)], f"{GPU_A},NVIDIA,1000,0:",
+                      vgpu_time="50")
+    seen = {"uid-done": 0}
+    use, empty = memory_plan([waiting, done], 1000, seen, last="uid-done")
+    assert use.container == "gpu" and empty is None and seen == {"uid-done": 1}
+    use, served = memory_plan([waiting, done], 1000, seen, last="uid-done")
+    assert use.container == "mem" and served is not None and served.pod.name == "next"
+    assert allocate.select_memory([waiting, done], FIXTURE_NODE, 999, NAMES, seen, "uid-done") is None
+
+
+def test_memory_counts_are_mended_by_the_count_calls() -> None:
+    pod = gpu_pod("m", [ctr("a", 1, memory=10), ctr("b", 1, memory=10), ctr("c", count=None, memory=10)],
+                  f"{GPU_A},NVIDIA,10,0:;{GPU_B},NVIDIA,10,0:;{GPU_C},NVIDIA,10,0:")
+    b = allocate.Call("b", False, 1, ())
+    # Answering "b": "a"'s memory call came (1 at least), "b"'s may have (2 at most).
+    assert [allocate.memory_seen_after(pod, NAMES, b, seen) for seen in (0, 1, 2, 3)] == [1, 1, 2, 2]
+    no_memory = allocate.Call("x", False, 0, ())
+    assert allocate.memory_seen_after(pod, NAMES, no_memory, 3) == 3
+
+
+def test_a_memory_only_init_container_is_refused_naming_the_fix() -> None:
+    pod = gpu_pod("initmem", [ctr("app", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:",
+                  init=[ctr("warm", count=None, memory=500)])
+    found = allocate.select_memory([pod], FIXTURE_NODE, 500, NAMES, {}, None)
+    assert found is not None and found[2].is_init
+    with pytest.raises(AllocateError, match=r"init container warm asks for volcano\.sh/vgpu-memory "
+                       r"without volcano\.sh/vgpu-number.*Add volcano\.sh/vgpu-number: 1") as caught:
+        allocate.memory_call(found[1], found[0], found[2], NAMES)
+    assert caught.value.pod is not None and caught.value.pod.name == "initmem"
 
 
 def test_init_container_reuses_the_first_part_without_consuming_it() -> None:

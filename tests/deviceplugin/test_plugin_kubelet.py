@@ -146,6 +146,48 @@ async def test_init_and_two_app_containers_in_kubelet_order(flags: Flags, kube: 
     assert annotations[ann.DEVICES_TO_ALLOCATE] == ";" and annotations[ann.BIND_PHASE] == "success"
 
 
+@pytest.mark.parametrize("count_first", [True, False])
+async def test_a_memory_only_container_gets_its_share_from_the_memory_call(
+        flags: Flags, kube: FakeKube, count_first: bool) -> None:
+    # Container "a" asks for both resources, "m" for memory only (one GPU to the scheduler). The
+    # kubelet calls the plugins per container in order, a container's resources in either order.
+    gpu_a, gpu_b = "GPU-bc94e532-1820-8ee8-ceaa-704166369c7c", "GPU-5beec879-79c9-6252-3aaa-9f5e146ba220"
+    pod = fixture_pod()
+    # Quantities as the API server writes them back (canonical: 3000 is "3k").
+    pod["spec"]["containers"] = [{"name": "a", "resources": {"limits": {COUNT: "1", MEMORY: "3k"}}},
+                                 {"name": "m", "resources": {"limits": {MEMORY: "1k"}}}]
+    devices = f"{gpu_a},NVIDIA,3000,50:;{gpu_b},NVIDIA,1000,0:"
+    pod["metadata"]["annotations"][ann.DEVICES_TO_ALLOCATE] = devices
+    uid = pod["metadata"]["uid"]
+    kube.add_pod(pod)
+    kube.nodes[FIXTURE_NODE] = {"metadata": {"name": FIXTURE_NODE, "annotations": {"hamivgpu": "x"}}}
+    async with running(flags, kube) as sim:
+        first = [(COUNT, 1), (MEMORY, 3000)] if count_first else [(MEMORY, 3000), (COUNT, 1)]
+        answers = {resource: (await sim.allocate(resource, sim.free_ids(resource, n))).container_responses[0]
+                   for resource, n in first}
+        assert answers[MEMORY] == pb.ContainerAllocateResponse()
+        assert answers[COUNT].envs["NVIDIA_VISIBLE_DEVICES"] == gpu_a
+        assert "hamivgpu" in _annotations(kube)  # "m" still to come: the lock is kept
+        memory_only = (await sim.allocate(MEMORY, sim.free_ids(MEMORY, 1000))).container_responses[0]
+    envs = dict(memory_only.envs)
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == gpu_b and envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+    mounts = {m.container_path: m.host_path for m in memory_only.mounts}
+    assert mounts["/etc/ld.so.preload"] == "/usr/local/vgpu/ld.so.preload"
+    settings = mounts["/usr/local/vgpu/vgpu.env"]
+    assert settings == f"{flags.cache_root}/containers/{uid}_m/vgpu.env" and os.path.exists(settings)
+    annotations = kube.pods[("default", "vgpu-test")]["metadata"]["annotations"]
+    assert annotations[ann.DEVICES_TO_ALLOCATE] == ";" and annotations[ann.BIND_PHASE] == "success"
+    assert "hamivgpu" not in _annotations(kube)
+
+
+async def test_a_memory_call_no_pod_explains_is_answered_empty(flags: Flags, kube: FakeKube) -> None:
+    kube.add_pod(fixture_pod())  # waiting, its container asking 3000 memory units
+    async with running(flags, kube) as sim:
+        response = await sim.allocate(MEMORY, sim.free_ids(MEMORY, 7))
+    assert response.container_responses[0] == pb.ContainerAllocateResponse()
+    assert kube.pod_writes("default/vgpu-test") == []
+
+
 async def test_preferred_allocation_and_prestart(flags: Flags, kube: FakeKube) -> None:
     async with running(flags, kube) as sim:
         stub = sim.plugins[COUNT].stub
@@ -218,6 +260,23 @@ async def test_a_share_libvgpu_would_read_as_no_limit_is_a_grpc_error(flags: Fla
         assert "usedmem 0" in details
         assert kube.pods[("default", "vgpu-test")]["metadata"]["annotations"][ann.BIND_PHASE] == "failed"
     assert not any(p.endswith(".cache") for _, _, files in os.walk(flags.cache_root) for p in files)
+
+
+async def test_a_memory_only_init_container_is_a_grpc_error_naming_the_fix(flags: Flags,
+                                                                         kube: FakeKube) -> None:
+    pod = fixture_pod()
+    pod["spec"]["initContainers"] = [{"name": "warm", "resources": {"limits": {MEMORY: "500"}}}]
+    kube.add_pod(pod)
+    kube.nodes[FIXTURE_NODE] = {"metadata": {"name": FIXTURE_NODE, "annotations": {"hamivgpu": "x"}}}
+    async with running(flags, kube) as sim:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await sim.allocate(MEMORY, sim.free_ids(MEMORY, 500))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = err.value.details() or ""
+    assert "pod default/vgpu-test: init container warm asks for volcano.sh/vgpu-memory" in details
+    assert f"Add {COUNT}: 1" in details
+    assert kube.pods[("default", "vgpu-test")]["metadata"]["annotations"][ann.BIND_PHASE] == "failed"
+    assert "hamivgpu" not in _annotations(kube)
 
 
 async def test_health_change_resends_the_list_and_the_annotation(flags: Flags, kube: FakeKube) -> None:
