@@ -189,10 +189,10 @@ def lookup_figures() -> None:
         memory = []
         for _ in range(1_000):
             started = time.perf_counter()
-            allocate.select_memory(pods, NODE, 3000, settings.names, {}, None)
+            allocate.decide_memory(pods, NODE, 3000, settings.names, {}, None)
             memory.append(time.perf_counter() - started)
         print(f"  {on_node:>5} pods on node: p50 {_pct(samples, 0.5):.3f}  p99 {_pct(samples, 0.99):.3f}"
-              f"  (select_memory p50 {_pct(memory, 0.5):.3f})")
+              f"  (decide_memory p50 {_pct(memory, 0.5):.3f})")
     ratio = medians[1_100] / medians[110]
     print(f"  ratio p50 1100 vs 110 pods on node: {ratio:.1f} (linear in pods on node)")
 

@@ -12,7 +12,8 @@ annotations on the pod being admitted, so the plugin must find that pod:
 
 The scheduler writes one `devices-to-allocate` part per container of `spec.containers` that has
 the count or the memory resource in its limits, in order. The kubelet calls Allocate for every
-container (init containers first) that has the count resource. An init container has no part:
+container (init containers first) that asks for at least one of the count resource. An init
+container has no part:
 it gets the devices of the first pending part without consuming them (init containers finish
 before app containers start, so the scheduler's accounting still holds); the plugin counts the
 init calls it has answered per pod. Two init containers break that accounting and are refused,
@@ -26,7 +27,7 @@ writes it a part; the kubelet calls only the memory plugin for it. Upstream answ
 empty, so the container ran with no limit at all (and the image's NVIDIA_VISIBLE_DEVICES). Here
 the memory call serves it: the kubelet calls the memory plugin once per container with the
 memory resource, in its order, so the plugin counts those calls per pod and knows which
-container the next one is for (`select_memory`). Calls for containers that also have the count
+container the next one is for (`decide_memory`). Calls for containers that also have the count
 resource are counted and answered empty, as upstream: the count call answers them.
 """
 
@@ -88,7 +89,8 @@ class Call:
     is_init: bool
     part: int  # index into devices-to-allocate
     devices: tuple[ann.ContainerDevice, ...]
-    asked: int | None = None  # what the container asks, where it differs from len(devices)
+    asked: int | None = None  # the ids the kubelet's call carries, where not len(devices): what
+    # an init container asks, or the memory units of a memory-only container (`by_memory`)
     refusal: str = ""  # why this call cannot be answered (plan() refuses it, naming the pod)
     by_memory: bool = False  # a memory-only container: the memory plugin's call, `asked` its units
 
@@ -170,7 +172,9 @@ def pending_calls(pod: Pod, names: ResourceNames, init_served: int = 0) -> list[
                      if _counted(c, names)]
     init_calls: list[Call] = []
     if app_calls:
-        first = app_calls[0]
+        # The first part of a container with the count resource, as before memory-only
+        # containers were served; a pod with none lends its first memory-only part.
+        first = next((c for c in app_calls if not c.by_memory), app_calls[0])
         for c in init_with_gpu[init_served:]:
             wanted = quantity_or_zero(_limits(c).get(names.count))
             init_calls.append(Call(str(c.get("name")), True, first.part, first.devices[:wanted],
@@ -196,6 +200,9 @@ def _init_refusal(container: Mapping[str, Any], wanted: int, first: int, names: 
 
 # A pod in one of these will never be admitted: the kubelet rejected it (or it ran) already.
 ENDED_PHASES = frozenset({"Failed", "Succeeded"})
+# The bind-phases of a pod under admission: success once its last part is consumed, which a
+# memory call of its last container may follow.
+ADMITTING_PHASES = frozenset({ann.BIND_PHASE_ALLOCATING, ann.BIND_PHASE_SUCCESS})
 
 
 def _waiting(pods: Sequence[Pod], node: str) -> list[tuple[int, PodRef, Pod]]:
@@ -249,59 +256,128 @@ def select(
 
 @dataclass(frozen=True)
 class MemoryUse:
-    """A container the kubelet calls the memory plugin for (it asks at least one unit)."""
+    """A container asking for the count or the memory resource; the kubelet calls the memory
+    plugin for it when it asks at least one unit."""
 
     container: str
     is_init: bool
-    units: int  # the memory units it asks: the call's device count
+    units: int  # the memory units it asks: the memory call's device count
     counted: bool  # it has the count resource too: the count plugin's call answers it
 
 
 def memory_uses(pod: Pod, names: ResourceNames) -> list[MemoryUse]:
     """The memory plugin's calls for `pod`, in the kubelet's order (init containers first)."""
+    return [use for use in _gpu_uses(pod, names) if use.units > 0]
+
+
+def _first_call_use(pod: Pod, names: ResourceNames) -> MemoryUse | None:
+    """The memory use the kubelet's first call for `pod` may be: that of its first container
+    asking for either resource (None when that one asks for no memory: its count call comes first)."""
+    first = next(iter(_gpu_uses(pod, names)), None)
+    return first if first is not None and first.units > 0 else None
+
+
+def _gpu_uses(pod: Pod, names: ResourceNames) -> list[MemoryUse]:
+    """Every container asking for at least one of the count or the memory resource, in the
+    kubelet's order, with the memory units it asks (maybe 0)."""
     spec = pod.get("spec") or {}
     uses: list[MemoryUse] = []
     for key, is_init in (("initContainers", True), ("containers", False)):
         for c in spec.get(key) or []:
             units = quantity_or_zero(_limits(c).get(names.memory))
-            if units > 0:
+            if units > 0 or _counted(c, names):
                 uses.append(MemoryUse(str(c.get("name")), is_init, units, _counted(c, names)))
     return uses
 
 
-def select_memory(
+@dataclass(frozen=True)
+class MemoryDecision:
+    """What one memory-resource call is. `ref` None: no pod explains it (answered empty, as
+    upstream). Else it is `use`'s call, answered by serving `call` (a memory-only container's
+    part), or empty when `call` is None (the count call answers the container; a memory-only
+    container whose part holds no GPU)."""
+
+    ref: PodRef | None = None
+    pod: Pod | None = None
+    use: MemoryUse | None = None
+    call: Call | None = None
+
+
+def decide_memory(
     pods: Sequence[Pod], node: str, units: int, names: ResourceNames,
     memory_seen: Mapping[str, int], last: str | None,
-) -> tuple[PodRef, Pod, MemoryUse] | None:
-    """The pod a memory-resource call of `units` is for and the container it serves, or None (no
-    pod: answered empty, as upstream). `memory_seen`: the memory calls counted per pod uid;
-    `last`: the uid of the pod the previous call (either resource) was for. The kubelet admits
-    one pod at a time, so that pod comes first: its last container's memory call may follow
-    the count call that finished it (no longer waiting then). Then the waiting pods, oldest first."""
-    def next_use(pod: Pod) -> MemoryUse | None:
-        uses = memory_uses(pod, names)
-        seen = memory_seen.get(pod_ref(pod).uid, 0)
-        return uses[seen] if seen < len(uses) and uses[seen].units == units else None
+) -> MemoryDecision:
+    """Which container a memory-resource call of `units` is for. `memory_seen`: the memory calls
+    counted per pod uid; a pod has an entry once any call of it was answered (or it failed).
+    `last`: the uid of the pod of the last call answered, None after a failed one.
 
-    previous = [p for p in pods if last is not None and pod_ref(p).uid == last]
-    for pod in previous + [pod for _, _, pod in _waiting(pods, node)]:
-        if (use := next_use(pod)) is not None:
-            return pod_ref(pod), pod, use
+    The kubelet admits one pod at a time, calling Allocate for its containers in order, so the
+    call is the next memory use of the pod under admission (`last`: its last container's memory
+    call may even follow the count call that finished it), or the first memory use of a pod
+    none of whose calls has come yet. Waiting pods whose first use would fit are told apart only
+    by age, which is enough when the call is answered empty anyway (a container with the count
+    resource); serving a memory-only container on a guess could hand its share to another pod's
+    container, so that is refused (AllocateError, no pod patched: the admission fails, and the
+    kubelet's next try decides afresh). Raises AllocateError (pod set) for a memory-only init
+    container or a pod whose annotation cannot be read."""
+    found = _use_of_last(pods, units, names, memory_seen, last)
+    if found is None:
+        fresh = [(ref, pod, use) for _, ref, pod in _waiting(pods, node) if ref.uid not in memory_seen
+                 if (use := _first_call_use(pod, names)) is not None and use.units == units]
+        if len(fresh) > 1 and not all(use.counted for _, _, use in fresh):
+            raise AllocateError(
+                f"pods {', '.join(str(ref) for ref, _, _ in fresh)} all wait on node {node} for a "
+                f"first {names.memory} call of {units} units, and one of them is for a container "
+                f"asking for {names.memory} alone: which one this call serves cannot be told. "
+                "Nothing was allocated; admitting the pods one at a time (or asking "
+                f"{names.count}: 1 with the memory) avoids it")
+        found = fresh[0] if fresh else None
+    if found is None:
+        return MemoryDecision()
+    ref, pod, use = found
+    if use.counted:
+        return MemoryDecision(ref, pod, use)
+    return MemoryDecision(ref, pod, use, memory_call(pod, ref, use, names))
+
+
+def _use_of_last(
+    pods: Sequence[Pod], units: int, names: ResourceNames, memory_seen: Mapping[str, int],
+    last: str | None,
+) -> tuple[PodRef, Pod, MemoryUse] | None:
+    """The next memory use of the pod under admission, if this call fits it."""
+    if last is None:
+        return None
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("uid") != last:
+            continue
+        ref = pod_ref(pod)
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        if ((pod.get("metadata") or {}).get("deletionTimestamp")
+                or (pod.get("status") or {}).get("phase") in ENDED_PHASES
+                or annotations.get(ann.BIND_PHASE) not in ADMITTING_PHASES):
+            return None
+        uses = memory_uses(pod, names)
+        seen = memory_seen.get(ref.uid, 0)
+        if seen < len(uses) and uses[seen].units == units:
+            return ref, pod, uses[seen]
     return None
 
 
 def memory_call(pod: Pod, ref: PodRef, use: MemoryUse, names: ResourceNames) -> Call | None:
     """The call that serves memory-only container `use`, or None when there is nothing to serve
-    (its part was consumed, or holds no GPU). Raises AllocateError (pod set) for a memory-only
-    init container: it has no part, and lending it another container's share would give it
-    that container's memory, not what it asks."""
+    (its part holds no GPU). Raises AllocateError (pod set) for a memory-only init container: it
+    has no part, and lending it another container's share would give it that container's
+    memory, not what it asks."""
     if use.is_init:
         raise AllocateError(
             f"pod {ref}: init container {use.container} asks for {names.memory} without "
             f"{names.count}; the scheduler gives it no share of its own. Add {names.count}: 1 to "
             "its limits (it then runs on the first GPU container's share)", ref)
-    return next((c for c in pending_calls(pod, names) if c.by_memory and c.container == use.container),
-                None)
+    try:
+        calls = pending_calls(pod, names)
+    except FormatError as exc:
+        raise AllocateError(f"pod {ref}: {exc}", ref) from exc
+    return next((c for c in calls if c.by_memory and c.container == use.container), None)
 
 
 def memory_seen_after(pod: Pod, names: ResourceNames, call: Call, seen: int) -> int:

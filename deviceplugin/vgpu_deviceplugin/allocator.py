@@ -33,12 +33,18 @@ REGION_DIR_MODE = 0o755
 SETTINGS_FILE_MODE = 0o644
 
 
-class _NoPod(Exception):
-    """No pod explains a memory call (the count plugin's calls raise AllocateError instead)."""
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a call decided on a list of pods: `explained` False when no pod explains it (a
+    memory call: decided again on a fresh list, then answered empty); `plan` the answer to
+    give, None for an empty one."""
+
+    explained: bool
+    plan: Plan | None
 
 
 # How a call decides on a list of pods (the cache's, then a fresh one).
-Decide = Callable[[list[dict[str, Any]]], Awaitable[Plan | None]]
+Decide = Callable[[list[dict[str, Any]]], Awaitable[Outcome]]
 
 
 class Allocator:
@@ -59,49 +65,57 @@ class Allocator:
 
     async def allocate(self, amount: int) -> Plan:
         """The count resource's Allocate of `amount` devices."""
-        result = await self._guarded(f"{amount} device(s)", lambda pods: self._count_from(pods, amount))
-        assert result is not None  # a count call is answered or raises
-        return result
+        outcome = await self._guarded(f"{amount} device(s)", lambda pods: self._count_from(pods, amount))
+        assert outcome.plan is not None  # a count call is answered or raises
+        return outcome.plan
 
     async def allocate_memory(self, units: int) -> Plan | None:
         """The memory resource's Allocate of `units`: the answer for a memory-only container, or
-        None (an empty answer: the count call answers the container, or no pod is known)."""
-        return await self._guarded(f"{units} memory unit(s)", lambda pods: self._memory_from(pods, units))
+        None (an empty answer: the count call answers the container, or no pod explains it)."""
+        outcome = await self._guarded(f"{units} memory unit(s)", lambda pods: self._memory_from(pods, units))
+        return outcome.plan
 
-    async def _guarded(self, what: str, decide: Decide) -> Plan | None:
+    async def _guarded(self, what: str, decide: Decide) -> Outcome:
         """One call, serialised, with every ending path releasing the node lock."""
         async with self._lock:
             try:
-                result = await self._decide(decide)
+                outcome = await self._decide(decide)
             except AllocateError as exc:
                 log.error("Allocate of %s failed: %s", what, exc)
+                # The kubelet gives up the pod under admission: the next call starts another.
+                self._state.last_pod = None
                 if exc.pod is not None:
+                    # Never again taken for a pod whose admission starts (decide_memory).
+                    self._state.memory_seen.setdefault(exc.pod.uid, 0)
                     await self._mark_failed(exc.pod)
                 await self._release_node_lock()
                 raise
             except asyncio.CancelledError:
                 # The kubelet went away mid-call (gRPC cancels the handler): the lock still goes.
+                self._state.last_pod = None
                 await asyncio.shield(self._release_node_lock())
                 raise
             except Exception as exc:
                 # A bug or a value no check foresaw must not leave the node locked for every
                 # later pod: report it as this call's error and release the lock.
                 log.exception("Allocate of %s failed unexpectedly", what)
+                self._state.last_pod = None
                 await self._release_node_lock()
                 raise AllocateError(f"unexpected error while allocating {what}: "
                                     f"{exc!r}; see the device plugin's log") from exc
-            if result is not None and result.done:
+            if outcome.plan is not None and outcome.plan.done:
                 await self._release_node_lock()
-            return result
+            return outcome
 
-    async def _decide(self, decide: Decide) -> Plan | None:
+    async def _decide(self, decide: Decide) -> Outcome:
         cached = self._cache.pods() if self._cache is not None else None
         if self._cache is not None and cached is not None:
             self._forget(self._cache.deleted())
             try:
-                return await decide(cached)
-            except _NoPod:
-                pass  # a memory call the cache explains with no pod: looked for on a fresh list
+                outcome = await decide(cached)
+                if outcome.explained:
+                    return outcome
+                # A memory call no pod in the cache explains: looked for on a fresh list.
             except AllocateError as exc:
                 # The cache may lag behind the scheduler (pod missing, or changed under the
                 # compare-and-swap): decide again, once, on a fresh list. Not after a swap that
@@ -115,10 +129,7 @@ class Allocator:
             raise AllocateError(f"cannot list pods on node {node}: {exc}") from exc
         present = {p.get("metadata", {}).get("uid") for p in pods}
         self._forget({u for u in self._state.served_uids() if u not in present})
-        try:
-            return await decide(pods)
-        except _NoPod:
-            return None  # answered empty, as upstream answers every memory call
+        return await decide(pods)
 
     def _forget(self, uids: set[str]) -> None:
         """Forgets the call counts of pods that left the node (a fresh list lacks them, or the pod
@@ -131,7 +142,7 @@ class Allocator:
             self._state.init_served.pop(uid, None)
             self._state.memory_seen.pop(uid, None)
 
-    async def _count_from(self, pods: list[dict[str, Any]], amount: int) -> Plan:
+    async def _count_from(self, pods: list[dict[str, Any]], amount: int) -> Outcome:
         state = self._state
         ref, pod, call = allocate.select(pods, state.settings.node_name, amount, state.settings.names,
                                          state.init_served)
@@ -139,28 +150,23 @@ class Allocator:
         seen = state.memory_seen.get(ref.uid, 0)
         state.memory_seen[ref.uid] = allocate.memory_seen_after(pod, state.settings.names, call, seen)
         state.last_pod = ref.uid
-        return result
+        return Outcome(True, result)
 
-    async def _memory_from(self, pods: list[dict[str, Any]], units: int) -> Plan | None:
+    async def _memory_from(self, pods: list[dict[str, Any]], units: int) -> Outcome:
         state = self._state
-        names = state.settings.names
-        found = allocate.select_memory(pods, state.settings.node_name, units, names,
-                                       state.memory_seen, state.last_pod)
-        if found is None:
-            raise _NoPod
-        ref, pod, use = found
-        result: Plan | None = None
-        if not use.counted:
-            call = allocate.memory_call(pod, ref, use, names)
-            if call is None:
-                log.warning("pod %s: container %s asks for %s only, and no GPU part of its is left "
-                            "in %s: answered without a GPU", ref, use.container, names.memory,
-                            DEVICES_TO_ALLOCATE)
-            else:
-                result = await self._answer(ref, pod, call)
+        decision = allocate.decide_memory(pods, state.settings.node_name, units, state.settings.names,
+                                          state.memory_seen, state.last_pod)
+        if decision.ref is None or decision.pod is None or decision.use is None:
+            return Outcome(False, None)
+        ref, use = decision.ref, decision.use
+        result = None if decision.call is None else await self._answer(ref, decision.pod, decision.call)
+        if result is None and not use.counted:
+            log.warning("pod %s: container %s asks for %s alone and holds no GPU part in %s: "
+                        "answered without a GPU", ref, use.container, state.settings.names.memory,
+                        DEVICES_TO_ALLOCATE)
         state.memory_seen[ref.uid] = state.memory_seen.get(ref.uid, 0) + 1
         state.last_pod = ref.uid
-        return result
+        return Outcome(True, result)
 
     async def _answer(self, ref: PodRef, pod: Pod, call: Call) -> Plan:
         """Plans `call`, consumes its part (compare-and-swap) and writes the container's files."""

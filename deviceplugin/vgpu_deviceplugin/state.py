@@ -21,8 +21,9 @@ class PluginState:
     # Answered init-container calls per pod uid (see allocate.py); small, pruned when pods leave
     # the node (allocator.py), not before: an older version of a pod may still come.
     init_served: dict[str, int] = field(default_factory=dict)
-    # Memory-resource calls counted per pod uid, and the pod of the last call: which container
-    # the next memory call is for (allocate.select_memory). Pruned with init_served.
+    # Memory-resource calls counted per pod uid, and the pod of the last call answered (None
+    # after a failed one): which container the next memory call is for (allocate.decide_memory).
+    # A pod has an entry once any call of it was answered, or it failed. Pruned with init_served.
     memory_seen: dict[str, int] = field(default_factory=dict)
     last_pod: str | None = None
     version: int = 0

@@ -42,7 +42,7 @@ def gpu_pod(name: str, containers: list[dict[str, Any]], devices: str, *, vgpu_t
     return pod
 
 
-def ctr(name: str, count: int | None = 1, memory: int | None = None) -> dict[str, Any]:
+def ctr(name: str, count: int | None = 1, memory: int | str | None = None) -> dict[str, Any]:
     limits: dict[str, Any] = {}
     if count is not None:
         limits[NAMES.count] = str(count)
@@ -134,85 +134,156 @@ def test_two_one_gpu_containers_match_per_container_not_pod_total() -> None:
     assert plan_for([pod], 1).call.container == "a"
 
 
-def memory_plan(pods: list[dict[str, Any]], units: int, seen: dict[str, int],
-                last: str | None = None) -> tuple[allocate.MemoryUse, allocate.Plan | None]:
-    """A memory-resource call as the allocator decides it; `seen` is counted as it does."""
-    found = allocate.select_memory(pods, FIXTURE_NODE, units, NAMES, seen, last)
-    assert found is not None, f"no pod explains a memory call of {units}"
-    ref, pod, use = found
-    seen[ref.uid] = seen.get(ref.uid, 0) + 1
-    call = None if use.counted else allocate.memory_call(pod, ref, use, NAMES)
-    if call is None:
-        return use, None
-    return use, allocate.plan(pod, ref, call, SETTINGS, NODE_GPUS, "/usr/local/vgpu", "/tmp/vgpu", "m")
+def _waiting(name: str, containers: list[dict[str, Any]], devices: str, **kwargs: Any) -> dict[str, Any]:
+    pod = gpu_pod(name, containers, devices, **kwargs)
+    pod["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_ALLOCATING
+    return pod
 
 
-def consumed(pod: dict[str, Any], plan: allocate.Plan) -> dict[str, Any]:
-    """`pod` as the plugin leaves it after `plan`'s swap."""
-    out = copy.deepcopy(pod)
-    assert plan.devices_to_allocate is not None
-    out["metadata"]["annotations"][ann.DEVICES_TO_ALLOCATE] = plan.devices_to_allocate
-    if plan.done:
-        out["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_SUCCESS
-    return out
+def _memory_world(tmp_path: Any, *pods: dict[str, Any]) -> tuple[Any, Any]:
+    """A FakeKube holding `pods` (and the node, its lock held) and an Allocator on it."""
+    from tests.deviceplugin.kit import FakeKube
+
+    kube = FakeKube()
+    kube.nodes[FIXTURE_NODE] = {"metadata": {"name": FIXTURE_NODE, "annotations": {ann.NODE_LOCK: "t"}}}
+    for pod in pods:
+        kube.add_pod(copy.deepcopy(pod))
+    return kube, _allocator(kube, tmp_path)
 
 
-def test_a_memory_only_container_is_served_by_its_memory_call() -> None:
+def _annotations(kube: Any, name: str) -> dict[str, str]:
+    found: dict[str, str] = kube.pods[("default", name)]["metadata"]["annotations"]
+    return found
+
+
+async def test_a_memory_only_container_is_served_by_its_memory_call(tmp_path: Any) -> None:
     # The scheduler gives a container asking only for memory one GPU and 0 cores; the kubelet
     # calls only the memory plugin for it. Upstream answered empty: the container ran with no
-    # limit (and whatever GPUs its image's NVIDIA_VISIBLE_DEVICES named).
+    # limit (and whatever GPUs its image's NVIDIA_VISIBLE_DEVICES named). Quantities as the API
+    # server writes them back ("1k").
     devices = f"{GPU_A},NVIDIA,1000,0:;{GPU_B},NVIDIA,3000,0:"
-    pod = gpu_pod("memonly", [ctr("mem", count=None, memory=1000), ctr("gpu", 1, memory=3000)], devices)
-    seen: dict[str, int] = {}
-    use, first = memory_plan([pod], 1000, seen)
-    assert use.container == "mem" and not use.counted and first is not None
+    pod = _waiting("memonly", [ctr("mem", count=None, memory="1k"), ctr("gpu", 1, memory="3k")], devices)
+    kube, allocator = _memory_world(tmp_path, pod)
+    first = await allocator.allocate_memory(1000)
+    assert first is not None and first.call.container == "mem"
     assert first.envs == {"NVIDIA_VISIBLE_DEVICES": GPU_A, "CUDA_DEVICE_MEMORY_LIMIT_0": "1000m",
                           "CUDA_DEVICE_SM_LIMIT": "0",
-                          "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/vgpu/m.cache"}
-    assert first.cache_dir.endswith("uid-memonly_mem") and not first.done
-    assert first.devices_to_allocate == f";{GPU_B},NVIDIA,3000,0:"
-    pod = consumed(pod, first)
-    # The next container's two calls, in either order: the count call answers it, its memory
-    # call is counted and answered empty; the pod is done once both parts are consumed.
-    second = plan_for([pod], 1)
-    assert second.call.container == "gpu" and second.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
-    assert second.done
-    use, empty = memory_plan([consumed(pod, second)], 3000, seen, last="uid-memonly")
-    assert use.container == "gpu" and use.counted and empty is None
-    assert seen == {"uid-memonly": 2}
+                          "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/vgpu/id.cache"}
+    assert first.cache_dir.endswith("uid-memonly_mem") and os.path.exists(first.settings_file)
+    assert not first.done
+    assert _annotations(kube, "memonly")[ann.DEVICES_TO_ALLOCATE] == f";{GPU_B},NVIDIA,3000,0:"
+    # The next container's two calls, count first here: the count call answers it and finishes
+    # the pod; its memory call, after, is counted and answered empty.
+    second = await allocator.allocate(1)
+    assert second.call.container == "gpu" and second.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B and second.done
+    assert await allocator.allocate_memory(3000) is None
+    assert _annotations(kube, "memonly")[ann.BIND_PHASE] == ann.BIND_PHASE_SUCCESS
+    assert ann.NODE_LOCK not in kube.nodes[FIXTURE_NODE]["metadata"]["annotations"]
+    assert allocator._state.memory_seen == {"uid-memonly": 2}
 
 
-def test_a_count_call_never_takes_a_memory_only_part_and_done_waits_for_it() -> None:
+async def test_a_count_call_never_takes_a_memory_only_part_and_done_waits_for_it(tmp_path: Any) -> None:
     devices = f"{GPU_A},NVIDIA,3000,0:;{GPU_B},NVIDIA,1000,0:"
-    pod = gpu_pod("mixed", [ctr("gpu", 1, memory=3000), ctr("mem", count=None, memory=1000)], devices)
-    result = plan_for([pod], 1)
-    assert result.call.container == "gpu" and not result.done  # "mem" still waits for its call
-    pod = consumed(pod, result)
+    pod = _waiting("mixed", [ctr("gpu", 1, memory=3000), ctr("mem", count=None, memory=1000)], devices)
+    assert plan_for([pod], 1).call.container == "gpu"
+    served = copy.deepcopy(pod)
+    served["metadata"]["annotations"][ann.DEVICES_TO_ALLOCATE] = f";{GPU_B},NVIDIA,1000,0:"
     with pytest.raises(AllocateError, match="no pod on node"):
-        plan_for([pod], 1)
-    # The count call came first: the memory call that follows is still "gpu"'s (the pod of the
-    # last call is asked first), then "mem"'s, which finishes the pod.
-    seen = {"uid-mixed": allocate.memory_seen_after(pod, NAMES, result.call, 0)}
-    use, empty = memory_plan([pod], 3000, seen, last="uid-mixed")
-    assert use.container == "gpu" and empty is None
-    use, last = memory_plan([pod], 1000, seen, last="uid-mixed")
-    assert use.container == "mem" and last is not None and last.done
+        plan_for([served], 1)  # "mem"'s part is the memory call's
+    kube, allocator = _memory_world(tmp_path, pod)
+    first = await allocator.allocate(1)
+    assert first.call.container == "gpu" and not first.done  # "mem" still waits for its call
+    assert _annotations(kube, "mixed")[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
+    # The count call came first: the memory call after it is still "gpu"'s (the pod under
+    # admission is asked first), then "mem"'s, which finishes the pod.
+    assert await allocator.allocate_memory(3000) is None
+    last = await allocator.allocate_memory(1000)
+    assert last is not None and last.call.container == "mem" and last.done
     assert last.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B and last.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+    assert _annotations(kube, "mixed")[ann.BIND_PHASE] == ann.BIND_PHASE_SUCCESS
 
 
-def test_the_last_pods_trailing_memory_call_is_not_taken_for_a_waiting_pods() -> None:
-    # "done" asked the same as "next" asks: the count call finished "done" (bind-phase success,
-    # no longer waiting), and the kubelet's memory call for the same container comes after it.
-    done = gpu_pod("done", [ctr("gpu", 1, memory=1000)], ";", vgpu_time="100")
-    done["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_SUCCESS
-    waiting = gpu_pod("next", [ctr("mem", count=None, memory=1000)], f"{GPU_A},NVIDIA,1000,0:",
-                      vgpu_time="50")
-    seen = {"uid-done": 0}
-    use, empty = memory_plan([waiting, done], 1000, seen, last="uid-done")
-    assert use.container == "gpu" and empty is None and seen == {"uid-done": 1}
-    use, served = memory_plan([waiting, done], 1000, seen, last="uid-done")
-    assert use.container == "mem" and served is not None and served.pod.name == "next"
-    assert allocate.select_memory([waiting, done], FIXTURE_NODE, 999, NAMES, seen, "uid-done") is None
+async def test_the_trailing_memory_call_is_not_taken_for_a_waiting_pods(tmp_path: Any) -> None:
+    # "done" and "next" ask alike; the count call finishes "done" (bind-phase success, no longer
+    # waiting), and the kubelet's memory call for that container comes after it.
+    done = _waiting("done", [ctr("gpu", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="100")
+    waiting = _waiting("next", [ctr("mem", count=None, memory=1000)], f"{GPU_B},NVIDIA,1000,0:",
+                       vgpu_time="50")
+    kube, allocator = _memory_world(tmp_path, done, waiting)
+    assert (await allocator.allocate(1)).pod.name == "done"
+    assert await allocator.allocate_memory(1000) is None
+    assert _annotations(kube, "next")[ann.DEVICES_TO_ALLOCATE] == f"{GPU_B},NVIDIA,1000,0:"
+    served = await allocator.allocate_memory(1000)  # "next"'s admission
+    assert served is not None and served.pod.name == "next" and served.done
+    assert await allocator.allocate_memory(999) is None  # no pod asks 999: empty, as upstream
+
+
+async def test_after_a_failed_pod_the_next_pods_memory_call_is_its_own(tmp_path: Any) -> None:
+    # "bad"'s second container is refused (a share of 0 MiB) and the kubelet gives up "bad"; that
+    # container's memory call, never made, asks what the next pod's memory-only container asks.
+    bad = _waiting("bad", [ctr("a", 1, memory=2000), ctr("b", 1, memory=1000)],
+                   f"{GPU_A},NVIDIA,2000,0:;{GPU_A},NVIDIA,0,0:", vgpu_time="1")
+    good = _waiting("good", [ctr("m", count=None, memory=1000)], f"{GPU_B},NVIDIA,1000,0:", vgpu_time="2")
+    kube, allocator = _memory_world(tmp_path, bad, good)
+    assert (await allocator.allocate(1)).call.container == "a"
+    assert await allocator.allocate_memory(2000) is None
+    with pytest.raises(AllocateError, match="usedmem 0"):
+        await allocator.allocate(1)
+    assert _annotations(kube, "bad")[ann.BIND_PHASE] == ann.BIND_PHASE_FAILED
+    served = await allocator.allocate_memory(1000)
+    assert served is not None and served.pod.name == "good" and served.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
+
+
+async def test_a_memory_call_two_waiting_pods_could_start_with_is_refused(tmp_path: Any) -> None:
+    # The kubelet's first call for "both" may be its memory call, which "alone", older, would
+    # take for its memory-only container's: serving either on a guess could give one pod's
+    # share to the other's container. Nothing is patched; the admission fails and is tried again.
+    alone = _waiting("alone", [ctr("m", count=None, memory=1000)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="1")
+    both = _waiting("both", [ctr("a", 1, memory=1000)], f"{GPU_B},NVIDIA,1000,0:", vgpu_time="2")
+    kube, allocator = _memory_world(tmp_path, alone, both)
+    with pytest.raises(AllocateError, match=r"pods default/alone, default/both all wait .* cannot be told"):
+        await allocator.allocate_memory(1000)
+    assert kube.pod_writes("default/alone") == kube.pod_writes("default/both") == []
+    # Alike but each for a container with the count resource: answered empty, nothing to guess.
+    other = _waiting("other", [ctr("a", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="1")
+    kube, allocator = _memory_world(tmp_path, other, both)
+    assert await allocator.allocate_memory(1000) is None
+    # A pod whose first call is a count call (its first container asks no memory) is no guess.
+    count_first = _waiting("count-first", [ctr("a", 1), ctr("m", count=None, memory=1000)],
+                           f"{GPU_A},NVIDIA,1000,0:;{GPU_B},NVIDIA,1000,0:", vgpu_time="1")
+    kube, allocator = _memory_world(tmp_path, count_first, alone)
+    served = await allocator.allocate_memory(1000)
+    assert served is not None and served.pod.name == "alone"
+
+
+async def test_a_memory_only_container_served_on_a_stale_cache_is_decided_again(tmp_path: Any) -> None:
+    from vgpu_deviceplugin.pod_cache import PodCache
+
+    devices = f"{GPU_A},NVIDIA,1000,0:;{GPU_B},NVIDIA,1000,0:"
+    pod = _waiting("twomem", [ctr("m1", count=None, memory=1000), ctr("m2", count=None, memory=1000)],
+                   devices)
+    _, allocator = _memory_world(tmp_path, pod)
+    cache = PodCache()
+    cache.apply("ADDED", copy.deepcopy(pod))
+    cache.apply("SYNCED", {})
+    allocator._cache = cache
+    first = await allocator.allocate_memory(1000)
+    assert first is not None and first.call.container == "m1"
+    cache.apply("MODIFIED", copy.deepcopy(pod))  # the watch delivers the older version again
+    second = await allocator.allocate_memory(1000)
+    assert second is not None and second.call.container == "m2" and second.done
+    assert second.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
+    assert allocator._state.memory_seen == {"uid-twomem": 2}  # counted once, not per decision
+
+
+async def test_a_memory_only_pod_whose_annotation_cannot_be_read_is_failed(tmp_path: Any) -> None:
+    pod = _waiting("garbled", [ctr("m", count=None, memory=1000)],
+                   f"{GPU_A},NVIDIA,1000,0:;{GPU_B},NVIDIA,1,0:")  # two parts, one container
+    kube, allocator = _memory_world(tmp_path, pod)
+    with pytest.raises(AllocateError,
+                       match=r"pod default/garbled: annotation volcano\.sh/devices-to-allocate"):
+        await allocator.allocate_memory(1000)
+    assert _annotations(kube, "garbled")[ann.BIND_PHASE] == ann.BIND_PHASE_FAILED
 
 
 def test_memory_counts_are_mended_by_the_count_calls() -> None:
@@ -225,15 +296,24 @@ def test_memory_counts_are_mended_by_the_count_calls() -> None:
     assert allocate.memory_seen_after(pod, NAMES, no_memory, 3) == 3
 
 
-def test_a_memory_only_init_container_is_refused_naming_the_fix() -> None:
-    pod = gpu_pod("initmem", [ctr("app", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:",
-                  init=[ctr("warm", count=None, memory=500)])
-    found = allocate.select_memory([pod], FIXTURE_NODE, 500, NAMES, {}, None)
-    assert found is not None and found[2].is_init
+async def test_a_memory_only_init_container_is_refused_naming_the_fix(tmp_path: Any) -> None:
+    pod = _waiting("initmem", [ctr("app", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:",
+                   init=[ctr("warm", count=None, memory=500)])
+    kube, allocator = _memory_world(tmp_path, pod)
     with pytest.raises(AllocateError, match=r"init container warm asks for volcano\.sh/vgpu-memory "
                        r"without volcano\.sh/vgpu-number.*Add volcano\.sh/vgpu-number: 1") as caught:
-        allocate.memory_call(found[1], found[0], found[2], NAMES)
+        await allocator.allocate_memory(500)
     assert caught.value.pod is not None and caught.value.pod.name == "initmem"
+    assert _annotations(kube, "initmem")[ann.BIND_PHASE] == ann.BIND_PHASE_FAILED
+
+
+def test_init_containers_borrow_the_first_part_with_the_count_resource() -> None:
+    # As before memory-only containers were served: their part is not lent.
+    pod = gpu_pod("lend", [ctr("m", count=None, memory=1000), ctr("app", 2)],
+                  f"{GPU_A},NVIDIA,1000,0:;{GPU_B},NVIDIA,3000,50:{GPU_C},NVIDIA,3000,50:",
+                  init=[ctr("warm", 2)])
+    result = plan_for([pod], 2)
+    assert result.call.is_init and result.envs["NVIDIA_VISIBLE_DEVICES"] == f"{GPU_B},{GPU_C}"
 
 
 def test_init_container_reuses_the_first_part_without_consuming_it() -> None:
@@ -581,6 +661,8 @@ async def test_a_stale_cache_never_answers_another_pod_with_a_served_init_contai
     cache.apply("ADDED", copy.deepcopy(third))
     assert (await allocator.allocate(1)).pod.name == "third"
     assert allocator._state.init_served == {"uid-fresh": 1}  # uid-done forgotten: it left the node
+    # The memory calls' counts too (every pod that had a call has one).
+    assert set(allocator._state.memory_seen) == {"uid-later", "uid-fresh", "uid-third"}
 
 
 async def test_a_file_that_cannot_be_written_after_the_swap_fails_that_pod_only(

@@ -112,7 +112,8 @@ async def test_allocate_fixture_pod_through_grpc(flags: Flags, kube: FakeKube) -
             entries = dict(line.split("=", 1) for line in settings_file.read().splitlines()[1:])
         assert entries == envs
         assert sorted(os.listdir(folder)) == sorted([os.path.basename(region), "vgpu.env"])
-        # Memory and cores answer empty responses, as upstream.
+        # The memory call of a container that asks for the count resource too is answered
+        # empty, as upstream (cores' always are).
         empty = await sim.allocate(MEMORY, sim.free_ids(MEMORY, 3000))
         assert empty.container_responses[0] == pb.ContainerAllocateResponse()
     annotations = kube.pods[("default", "vgpu-test")]["metadata"]["annotations"]

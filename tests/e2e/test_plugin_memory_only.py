@@ -35,7 +35,7 @@ def _node(name: str) -> dict[str, Any]:
                                                        ann.NODE_LOCK: "2026-01-01T00:00:00Z"}}}
 
 
-def _pod(namespace: str, node: str) -> dict[str, Any]:
+def _pod(namespace: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "memory-only", "namespace": namespace},
             "spec": {"schedulerName": "volcano", "containers": [
                 {"name": "both", "image": "cuda", "resources": {"limits": {COUNT: "1", MEMORY: "3000"}}},
@@ -48,7 +48,7 @@ async def test_a_memory_only_container_is_served_on_the_real_server(cluster: Clu
     namespace = cluster.namespace("memonly")
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(_node(node)))
     created = json.loads(cluster.kubectl("create", "-o", "json", "-f", "-",
-                                         stdin=json.dumps(_pod(namespace, node))).stdout)
+                                         stdin=json.dumps(_pod(namespace))).stdout)
     # The server keeps quantities in canonical form: the plugin reads "3k", not "3000".
     assert created["spec"]["containers"][1]["resources"]["limits"][MEMORY] == "1k"
     path = f"/api/v1/namespaces/{namespace}/pods/memory-only"
