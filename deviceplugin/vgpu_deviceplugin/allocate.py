@@ -33,6 +33,7 @@ resource are counted and answered empty, as upstream: the count call answers the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -206,16 +207,21 @@ ADMITTING_PHASES = frozenset({ann.BIND_PHASE_ALLOCATING, ann.BIND_PHASE_SUCCESS}
 
 
 def _waiting(pods: Sequence[Pod], node: str) -> list[tuple[int, PodRef, Pod]]:
-    """The pods bound to `node` that wait for Allocate, oldest vgpu-time first."""
+    """The pods bound to `node` that wait for Allocate, oldest vgpu-time first. Not one the kubelet
+    has admitted already (`status.startTime`, which it writes only after admission): a pod whose
+    part was never consumed (its allocation went astray) stays `allocating` for good, and would
+    otherwise take the calls of every later pod asking alike."""
     out: list[tuple[int, PodRef, Pod]] = []
     for pod in pods:
         meta = pod.get("metadata") or {}
         annotations = meta.get("annotations") or {}
+        status = pod.get("status") or {}
         if (annotations.get(ann.VGPU_NODE) != node
                 or (pod.get("spec") or {}).get("nodeName") != node
                 or annotations.get(ann.BIND_PHASE) != ann.BIND_PHASE_ALLOCATING
                 or meta.get("deletionTimestamp")
-                or (pod.get("status") or {}).get("phase") in ENDED_PHASES):
+                or status.get("phase") in ENDED_PHASES
+                or status.get("startTime")):
             continue
         out.append((ann.decode_vgpu_time(annotations.get(ann.VGPU_TIME)), pod_ref(pod), pod))
     out.sort(key=lambda w: (w[0], w[1].namespace, w[1].name))
@@ -256,13 +262,13 @@ def select(
 
 @dataclass(frozen=True)
 class MemoryUse:
-    """A container asking for the count or the memory resource; the kubelet calls the memory
-    plugin for it when it asks at least one unit."""
+    """A container asking for the count or the memory resource, with the memory units it asks;
+    the kubelet calls the memory plugin for it when that is at least one (`memory_uses`)."""
 
     container: str
     is_init: bool
     units: int  # the memory units it asks: the memory call's device count
-    counted: bool  # it has the count resource too: the count plugin's call answers it
+    counted: bool  # it asks for the count resource too: the count plugin's call answers it
 
 
 def memory_uses(pod: Pod, names: ResourceNames) -> list[MemoryUse]:
@@ -292,15 +298,20 @@ def _gpu_uses(pod: Pod, names: ResourceNames) -> list[MemoryUse]:
 
 @dataclass(frozen=True)
 class MemoryDecision:
-    """What one memory-resource call is. `ref` None: no pod explains it (answered empty, as
-    upstream). Else it is `use`'s call, answered by serving `call` (a memory-only container's
-    part), or empty when `call` is None (the count call answers the container; a memory-only
-    container whose part holds no GPU)."""
+    """What one memory-resource call is.
+
+    * `ref` None: no pod explains it; answered empty, as upstream. `deferred`: it is the first
+      call of a container with the count resource in a pod not told yet (`decide_memory`).
+    * Else it is `use`'s call, answered by serving `call` (a memory-only container's part), or
+      empty when `call` is None (the count call answers the container; a memory-only container
+      whose part holds no GPU). `unstarted`: the pod had no call before this one."""
 
     ref: PodRef | None = None
     pod: Pod | None = None
     use: MemoryUse | None = None
     call: Call | None = None
+    deferred: bool = False
+    unstarted: bool = False
 
 
 def decide_memory(
@@ -312,29 +323,35 @@ def decide_memory(
     `last`: the uid of the pod of the last call answered, None after a failed one.
 
     The kubelet admits one pod at a time, calling Allocate for its containers in order, so the
-    call is the next memory use of the pod under admission (`last`: its last container's memory
-    call may even follow the count call that finished it), or the first memory use of a pod
-    none of whose calls has come yet. Waiting pods whose first use would fit are told apart only
-    by age, which is enough when the call is answered empty anyway (a container with the count
-    resource); serving a memory-only container on a guess could hand its share to another pod's
-    container, so that is refused (AllocateError, no pod patched: the admission fails, and the
-    kubelet's next try decides afresh). Raises AllocateError (pod set) for a memory-only init
-    container or a pod whose annotation cannot be read."""
+    call is the next memory use of the pod under admission (`last`; its last container's memory
+    call may even follow the count call that finished it), or the first call of a pod none of
+    whose calls has come yet ("unstarted"). Among unstarted pods only age would tell them apart,
+    so no guess is made: a call whose candidates all ask for the count resource too is answered
+    empty and counted by the count call that must follow it (`deferred`; `memory_seen_after`),
+    and a memory-only container is served only when its pod is the one candidate. Else the call
+    is refused (AllocateError, no pod patched: the kubelet rejects the pod it was admitting).
+    Raises AllocateError (pod set) for a memory-only init container or a pod whose annotation
+    cannot be read."""
     found = _use_of_last(pods, units, names, memory_seen, last)
-    if found is None:
-        fresh = [(ref, pod, use) for _, ref, pod in _waiting(pods, node) if ref.uid not in memory_seen
-                 if (use := _first_call_use(pod, names)) is not None and use.units == units]
-        if len(fresh) > 1 and not all(use.counted for _, _, use in fresh):
-            raise AllocateError(
-                f"pods {', '.join(str(ref) for ref, _, _ in fresh)} all wait on node {node} for a "
-                f"first {names.memory} call of {units} units, and one of them is for a container "
-                f"asking for {names.memory} alone: which one this call serves cannot be told. "
-                "Nothing was allocated; admitting the pods one at a time (or asking "
-                f"{names.count}: 1 with the memory) avoids it")
-        found = fresh[0] if fresh else None
-    if found is None:
-        return MemoryDecision()
-    ref, pod, use = found
+    if found is not None:
+        return _decision(*found, names)
+    candidates = [(ref, pod, use) for _, ref, pod in _waiting(pods, node)
+                  if ref.uid not in memory_seen
+                  and (use := _first_call_use(pod, names)) is not None and use.units == units]
+    if all(use.counted for _, _, use in candidates):
+        return MemoryDecision(deferred=bool(candidates))
+    if len(candidates) > 1:
+        raise AllocateError(
+            f"pods {', '.join(str(ref) for ref, _, _ in candidates)} all wait on node {node} for a "
+            f"first {names.memory} call of {units} units, and one of them would be served as a "
+            f"container asking for {names.memory} alone: which pod the kubelet is admitting cannot "
+            "be told, and a guess could give one pod's share to another's container. Nothing was "
+            "allocated; the kubelet rejects the pod it was admitting (its controller makes it "
+            f"again). Asking {names.count}: 1 beside the memory avoids it")
+    return dataclasses.replace(_decision(*candidates[0], names), unstarted=True)
+
+
+def _decision(ref: PodRef, pod: Pod, use: MemoryUse, names: ResourceNames) -> MemoryDecision:
     if use.counted:
         return MemoryDecision(ref, pod, use)
     return MemoryDecision(ref, pod, use, memory_call(pod, ref, use, names))
@@ -380,12 +397,15 @@ def memory_call(pod: Pod, ref: PodRef, use: MemoryUse, names: ResourceNames) -> 
     return next((c for c in calls if c.by_memory and c.container == use.container), None)
 
 
-def memory_seen_after(pod: Pod, names: ResourceNames, call: Call, seen: int) -> int:
-    """The memory calls counted for `pod` once the count plugin answered `call`: every container
-    before it has had its memory call, and its own may have come, so `seen` is clamped to
-    that (a memory call taken for another pod's, when two wait asking alike, is mended here)."""
+def memory_seen_after(pod: Pod, names: ResourceNames, call: Call, seen: int, deferred: int | None) -> int:
+    """The memory calls counted for `pod` once the count plugin answered `call`. Every container
+    before it has had its memory call, and its own may have come: `seen` is kept within that.
+    `deferred`: the units of the memory call just before, counted for no pod (`decide_memory`):
+    this container's, when it asks as many."""
     for i, use in enumerate(memory_uses(pod, names)):
         if use.container == call.container and use.is_init == call.is_init:
+            if deferred == use.units:
+                return i + 1
             return min(max(seen, i), i + 1)
     return seen
 

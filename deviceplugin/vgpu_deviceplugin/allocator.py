@@ -1,7 +1,9 @@
 """Allocate's I/O: read pods on this node, call the pure core, write annotations, report.
 
 Calls are serialised (one lock): two concurrent Allocates would otherwise pick the same pod part.
-Every path that ends an allocation releases the node lock (`hamivgpu`), as the scheduler expects.
+A failed call, and the one that consumes a pod's last part, release the node lock (`hamivgpu`), as
+the scheduler expects (a pod whose part no call consumes keeps it until the scheduler's lock
+expires: a memory-only container's call that no pod explained, say).
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ SETTINGS_FILE_MODE = 0o644
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """What a call decided on a list of pods: `explained` False when no pod explains it (a
-    memory call: decided again on a fresh list, then answered empty); `plan` the answer to
+    """What a call decided on a list of pods: `explained` False when the list cannot settle it (a
+    memory call: decided again on a fresh list; there, answered empty); `plan` the answer to
     give, None for an empty one."""
 
     explained: bool
@@ -44,7 +46,8 @@ class Outcome:
 
 
 # How a call decides on a list of pods (the cache's, then a fresh one).
-Decide = Callable[[list[dict[str, Any]]], Awaitable[Outcome]]
+# `fresh`: the list is a fresh one, not the cache's.
+Decide = Callable[[list[dict[str, Any]], bool], Awaitable[Outcome]]
 
 
 class Allocator:
@@ -65,14 +68,20 @@ class Allocator:
 
     async def allocate(self, amount: int) -> Plan:
         """The count resource's Allocate of `amount` devices."""
-        outcome = await self._guarded(f"{amount} device(s)", lambda pods: self._count_from(pods, amount))
+        outcome = await self._guarded(f"{amount} device(s)", lambda pods, _: self._count_from(pods, amount))
         assert outcome.plan is not None  # a count call is answered or raises
         return outcome.plan
 
     async def allocate_memory(self, units: int) -> Plan | None:
         """The memory resource's Allocate of `units`: the answer for a memory-only container, or
         None (an empty answer: the count call answers the container, or no pod explains it)."""
-        outcome = await self._guarded(f"{units} memory unit(s)", lambda pods: self._memory_from(pods, units))
+        outcome = await self._guarded(f"{units} memory unit(s)",
+                                      lambda pods, fresh: self._memory_from(pods, units, fresh))
+        if not outcome.explained:
+            # After a node reboot, say, the kubelet admits a pod again: a container asking memory
+            # alone then runs without a share (and without libvgpu.so), as upstream.
+            log.warning("a %s call of %d units that no pod on this node explains: answered empty",
+                        self._state.settings.names.memory, units)
         return outcome.plan
 
     async def _guarded(self, what: str, decide: Decide) -> Outcome:
@@ -82,8 +91,7 @@ class Allocator:
                 outcome = await self._decide(decide)
             except AllocateError as exc:
                 log.error("Allocate of %s failed: %s", what, exc)
-                # The kubelet gives up the pod under admission: the next call starts another.
-                self._state.last_pod = None
+                self._admission_ended()
                 if exc.pod is not None:
                     # Never again taken for a pod whose admission starts (decide_memory).
                     self._state.memory_seen.setdefault(exc.pod.uid, 0)
@@ -92,14 +100,14 @@ class Allocator:
                 raise
             except asyncio.CancelledError:
                 # The kubelet went away mid-call (gRPC cancels the handler): the lock still goes.
-                self._state.last_pod = None
+                self._admission_ended()
                 await asyncio.shield(self._release_node_lock())
                 raise
             except Exception as exc:
                 # A bug or a value no check foresaw must not leave the node locked for every
                 # later pod: report it as this call's error and release the lock.
                 log.exception("Allocate of %s failed unexpectedly", what)
-                self._state.last_pod = None
+                self._admission_ended()
                 await self._release_node_lock()
                 raise AllocateError(f"unexpected error while allocating {what}: "
                                     f"{exc!r}; see the device plugin's log") from exc
@@ -112,10 +120,10 @@ class Allocator:
         if self._cache is not None and cached is not None:
             self._forget(self._cache.deleted())
             try:
-                outcome = await decide(cached)
+                outcome = await decide(cached, False)
                 if outcome.explained:
                     return outcome
-                # A memory call no pod in the cache explains: looked for on a fresh list.
+                # A memory call the cache cannot settle: looked at on a fresh list.
             except AllocateError as exc:
                 # The cache may lag behind the scheduler (pod missing, or changed under the
                 # compare-and-swap): decide again, once, on a fresh list. Not after a swap that
@@ -129,7 +137,7 @@ class Allocator:
             raise AllocateError(f"cannot list pods on node {node}: {exc}") from exc
         present = {p.get("metadata", {}).get("uid") for p in pods}
         self._forget({u for u in self._state.served_uids() if u not in present})
-        return await decide(pods)
+        return await decide(pods, True)
 
     def _forget(self, uids: set[str]) -> None:
         """Forgets the call counts of pods that left the node (a fresh list lacks them, or the pod
@@ -142,21 +150,36 @@ class Allocator:
             self._state.init_served.pop(uid, None)
             self._state.memory_seen.pop(uid, None)
 
+    def _admission_ended(self) -> None:
+        """The kubelet gives up the pod under admission after a failed call: the next call
+        starts another."""
+        self._state.last_pod = None
+        self._state.deferred_units = None
+
     async def _count_from(self, pods: list[dict[str, Any]], amount: int) -> Outcome:
         state = self._state
         ref, pod, call = allocate.select(pods, state.settings.node_name, amount, state.settings.names,
                                          state.init_served)
         result = await self._answer(ref, pod, call)
         seen = state.memory_seen.get(ref.uid, 0)
-        state.memory_seen[ref.uid] = allocate.memory_seen_after(pod, state.settings.names, call, seen)
+        state.memory_seen[ref.uid] = allocate.memory_seen_after(pod, state.settings.names, call, seen,
+                                                                state.deferred_units)
+        state.deferred_units = None
         state.last_pod = ref.uid
         return Outcome(True, result)
 
-    async def _memory_from(self, pods: list[dict[str, Any]], units: int) -> Outcome:
+    async def _memory_from(self, pods: list[dict[str, Any]], units: int, fresh: bool) -> Outcome:
+        """`fresh`: `pods` is a fresh list, not the cache's."""
         state = self._state
         decision = allocate.decide_memory(pods, state.settings.node_name, units, state.settings.names,
                                           state.memory_seen, state.last_pod)
         if decision.ref is None or decision.pod is None or decision.use is None:
+            # Deferred: the count call that follows counts it. Unexplained: a fresh list may.
+            state.deferred_units = units if decision.deferred else None
+            return Outcome(decision.deferred, None)
+        if decision.unstarted and decision.call is not None and not fresh:
+            # Served only when its pod is the one candidate: a cache that lags may not show
+            # the pod the kubelet is admitting.
             return Outcome(False, None)
         ref, use = decision.ref, decision.use
         result = None if decision.call is None else await self._answer(ref, decision.pod, decision.call)
@@ -165,6 +188,7 @@ class Allocator:
                         "answered without a GPU", ref, use.container, state.settings.names.memory,
                         DEVICES_TO_ALLOCATE)
         state.memory_seen[ref.uid] = state.memory_seen.get(ref.uid, 0) + 1
+        state.deferred_units = None
         state.last_pod = ref.uid
         return Outcome(True, result)
 

@@ -26,6 +26,9 @@ class PluginState:
     # A pod has an entry once any call of it was answered, or it failed. Pruned with init_served.
     memory_seen: dict[str, int] = field(default_factory=dict)
     last_pod: str | None = None
+    # The units of a memory call just answered empty for no pod yet: the count call that
+    # follows counts it (allocate.memory_seen_after).
+    deferred_units: int | None = None
     version: int = 0
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 

@@ -221,10 +221,12 @@ async def test_the_trailing_memory_call_is_not_taken_for_a_waiting_pods(tmp_path
 async def test_after_a_failed_pod_the_next_pods_memory_call_is_its_own(tmp_path: Any) -> None:
     # "bad"'s second container is refused (a share of 0 MiB) and the kubelet gives up "bad"; that
     # container's memory call, never made, asks what the next pod's memory-only container asks.
+    # The pod cache still shows "bad" allocating (its watch event is not in yet).
     bad = _waiting("bad", [ctr("a", 1, memory=2000), ctr("b", 1, memory=1000)],
                    f"{GPU_A},NVIDIA,2000,0:;{GPU_A},NVIDIA,0,0:", vgpu_time="1")
     good = _waiting("good", [ctr("m", count=None, memory=1000)], f"{GPU_B},NVIDIA,1000,0:", vgpu_time="2")
     kube, allocator = _memory_world(tmp_path, bad, good)
+    allocator._cache = _synced_cache(bad, good)
     assert (await allocator.allocate(1)).call.container == "a"
     assert await allocator.allocate_memory(2000) is None
     with pytest.raises(AllocateError, match="usedmem 0"):
@@ -234,21 +236,79 @@ async def test_after_a_failed_pod_the_next_pods_memory_call_is_its_own(tmp_path:
     assert served is not None and served.pod.name == "good" and served.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
 
 
+def _synced_cache(*pods: dict[str, Any]) -> Any:
+    from vgpu_deviceplugin.pod_cache import PodCache
+
+    cache = PodCache()
+    for pod in pods:
+        cache.apply("ADDED", copy.deepcopy(pod))
+    cache.apply("SYNCED", {})
+    return cache
+
+
+async def test_a_first_memory_call_alike_for_two_pods_is_counted_by_the_count_call(tmp_path: Any) -> None:
+    # "older" and "admitted" both start with a container asking 1000 units and the count
+    # resource; the kubelet admits "admitted" first. Its memory call is counted for neither (a
+    # guess for "older" made "admitted"'s next memory call look like its first container's,
+    # answered empty: "m" ran uncapped), and the count call that follows counts it.
+    older = _waiting("older", [ctr("x", 2, memory=1000)],
+                     f"{GPU_A},NVIDIA,1000,0:{GPU_B},NVIDIA,1000,0:", vgpu_time="1")
+    admitted = _waiting("admitted", [ctr("a", 1, memory=1000), ctr("m", count=None, memory=1000)],
+                        f"{GPU_C},NVIDIA,1000,0:;{GPU_A},NVIDIA,1000,0:", vgpu_time="2")
+    kube, allocator = _memory_world(tmp_path, older, admitted)
+    assert await allocator.allocate_memory(1000) is None
+    assert allocator._state.memory_seen == {}
+    assert (await allocator.allocate(1)).pod.name == "admitted"
+    served = await allocator.allocate_memory(1000)
+    assert served is not None and served.pod.name == "admitted" and served.call.container == "m"
+    assert served.done and _annotations(kube, "older")[ann.DEVICES_TO_ALLOCATE].count("NVIDIA") == 2
+    # Then "older": its memory call is no longer taken for "admitted"'s.
+    assert await allocator.allocate_memory(1000) is None
+    assert (await allocator.allocate(2)).pod.name == "older"
+    assert allocator._state.memory_seen == {"uid-admitted": 2, "uid-older": 1}
+
+
+async def test_a_pod_the_kubelet_admitted_takes_no_more_calls(tmp_path: Any) -> None:
+    # "stuck" runs (the kubelet wrote status.startTime after admitting it) with its part never
+    # consumed, so it stays allocating; it must not make later pods' memory calls a guess, nor
+    # take them.
+    stuck = _waiting("stuck", [ctr("m", count=None, memory=1000)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="1")
+    stuck["status"] = {"phase": "Running", "startTime": "2026-12-01T00:00:00Z"}
+    new = _waiting("new", [ctr("a", 1, memory=1000)], f"{GPU_B},NVIDIA,1000,0:", vgpu_time="2")
+    kube, allocator = _memory_world(tmp_path, stuck, new)
+    assert await allocator.allocate_memory(1000) is None
+    assert (await allocator.allocate(1)).pod.name == "new"
+    alone = _waiting("alone", [ctr("m", count=None, memory=1000)], f"{GPU_C},NVIDIA,1000,0:", vgpu_time="3")
+    kube.add_pod(copy.deepcopy(alone))
+    served = await allocator.allocate_memory(1000)
+    assert served is not None and served.pod.name == "alone"
+    assert _annotations(kube, "stuck")[ann.DEVICES_TO_ALLOCATE] == f"{GPU_A},NVIDIA,1000,0:"
+
+
+async def test_a_memory_only_container_is_served_only_when_a_fresh_list_agrees(tmp_path: Any) -> None:
+    # The cache lags: it shows "alone" but not "both", which the kubelet is admitting. On the
+    # cache alone "alone" looks like the one candidate, and "both"'s container got its share.
+    alone = _waiting("alone", [ctr("m", count=None, memory=1000)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="1")
+    both = _waiting("both", [ctr("a", 1, memory=1000)], f"{GPU_B},NVIDIA,1000,0:", vgpu_time="2")
+    kube, allocator = _memory_world(tmp_path, alone, both)
+    allocator._cache = _synced_cache(alone)
+    with pytest.raises(AllocateError, match="cannot be told"):
+        await allocator.allocate_memory(1000)
+    assert _annotations(kube, "alone")[ann.DEVICES_TO_ALLOCATE] == f"{GPU_A},NVIDIA,1000,0:"
+    assert kube.pod_writes("default/alone") == kube.pod_writes("default/both") == []
+
+
 async def test_a_memory_call_two_waiting_pods_could_start_with_is_refused(tmp_path: Any) -> None:
     # The kubelet's first call for "both" may be its memory call, which "alone", older, would
     # take for its memory-only container's: serving either on a guess could give one pod's
-    # share to the other's container. Nothing is patched; the admission fails and is tried again.
+    # share to the other's container. Nothing is patched; the kubelet rejects the pod it admits.
     alone = _waiting("alone", [ctr("m", count=None, memory=1000)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="1")
     both = _waiting("both", [ctr("a", 1, memory=1000)], f"{GPU_B},NVIDIA,1000,0:", vgpu_time="2")
     kube, allocator = _memory_world(tmp_path, alone, both)
     with pytest.raises(AllocateError, match=r"pods default/alone, default/both all wait .* cannot be told"):
         await allocator.allocate_memory(1000)
     assert kube.pod_writes("default/alone") == kube.pod_writes("default/both") == []
-    # Alike but each for a container with the count resource: answered empty, nothing to guess.
-    other = _waiting("other", [ctr("a", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="1")
-    kube, allocator = _memory_world(tmp_path, other, both)
-    assert await allocator.allocate_memory(1000) is None
-    # A pod whose first call is a count call (its first container asks no memory) is no guess.
+    # A pod whose first call is a count call (its first container asks no memory) is no candidate.
     count_first = _waiting("count-first", [ctr("a", 1), ctr("m", count=None, memory=1000)],
                            f"{GPU_A},NVIDIA,1000,0:;{GPU_B},NVIDIA,1000,0:", vgpu_time="1")
     kube, allocator = _memory_world(tmp_path, count_first, alone)
@@ -257,15 +317,11 @@ async def test_a_memory_call_two_waiting_pods_could_start_with_is_refused(tmp_pa
 
 
 async def test_a_memory_only_container_served_on_a_stale_cache_is_decided_again(tmp_path: Any) -> None:
-    from vgpu_deviceplugin.pod_cache import PodCache
-
     devices = f"{GPU_A},NVIDIA,1000,0:;{GPU_B},NVIDIA,1000,0:"
     pod = _waiting("twomem", [ctr("m1", count=None, memory=1000), ctr("m2", count=None, memory=1000)],
                    devices)
     _, allocator = _memory_world(tmp_path, pod)
-    cache = PodCache()
-    cache.apply("ADDED", copy.deepcopy(pod))
-    cache.apply("SYNCED", {})
+    cache = _synced_cache(pod)
     allocator._cache = cache
     first = await allocator.allocate_memory(1000)
     assert first is not None and first.call.container == "m1"
@@ -291,9 +347,12 @@ def test_memory_counts_are_mended_by_the_count_calls() -> None:
                   f"{GPU_A},NVIDIA,10,0:;{GPU_B},NVIDIA,10,0:;{GPU_C},NVIDIA,10,0:")
     b = allocate.Call("b", False, 1, ())
     # Answering "b": "a"'s memory call came (1 at least), "b"'s may have (2 at most).
-    assert [allocate.memory_seen_after(pod, NAMES, b, seen) for seen in (0, 1, 2, 3)] == [1, 1, 2, 2]
+    assert [allocate.memory_seen_after(pod, NAMES, b, seen, None) for seen in (0, 1, 2, 3)] == [1, 1, 2, 2]
+    # The memory call just before, counted for no pod, asked what "b" asks: it was "b"'s.
+    assert allocate.memory_seen_after(pod, NAMES, b, 0, 10) == 2
+    assert allocate.memory_seen_after(pod, NAMES, b, 0, 11) == 1
     no_memory = allocate.Call("x", False, 0, ())
-    assert allocate.memory_seen_after(pod, NAMES, no_memory, 3) == 3
+    assert allocate.memory_seen_after(pod, NAMES, no_memory, 3, None) == 3
 
 
 async def test_a_memory_only_init_container_is_refused_naming_the_fix(tmp_path: Any) -> None:
