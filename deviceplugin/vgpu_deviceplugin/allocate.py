@@ -297,11 +297,20 @@ def _gpu_uses(pod: Pod, names: ResourceNames) -> list[MemoryUse]:
 
 
 @dataclass(frozen=True)
+class Deferred:
+    """A memory call answered empty and counted for no pod yet: the count call that follows it
+    names the pod (one of `pods`, the uids it may be of) and counts it (`memory_seen_after`)."""
+
+    units: int
+    pods: frozenset[str]
+
+
+@dataclass(frozen=True)
 class MemoryDecision:
     """What one memory-resource call is.
 
-    * `ref` None: no pod explains it; answered empty, as upstream. `deferred`: it is the first
-      call of a container with the count resource in a pod not told yet (`decide_memory`).
+    * `ref` None: no pod explains it; answered empty, as upstream. `deferred` set: it is the
+      first call of a container with the count resource in a pod not told yet (`decide_memory`).
     * Else it is `use`'s call, answered by serving `call` (a memory-only container's part), or
       empty when `call` is None (the count call answers the container; a memory-only container
       whose part holds no GPU). `unstarted`: the pod had no call before this one."""
@@ -310,7 +319,7 @@ class MemoryDecision:
     pod: Pod | None = None
     use: MemoryUse | None = None
     call: Call | None = None
-    deferred: bool = False
+    deferred: Deferred | None = None
     unstarted: bool = False
 
 
@@ -339,7 +348,8 @@ def decide_memory(
                   if ref.uid not in memory_seen
                   and (use := _first_call_use(pod, names)) is not None and use.units == units]
     if all(use.counted for _, _, use in candidates):
-        return MemoryDecision(deferred=bool(candidates))
+        return MemoryDecision(deferred=Deferred(units, frozenset(ref.uid for ref, _, _ in candidates))
+                              if candidates else None)
     if len(candidates) > 1:
         raise AllocateError(
             f"pods {', '.join(str(ref) for ref, _, _ in candidates)} all wait on node {node} for a "
@@ -397,14 +407,15 @@ def memory_call(pod: Pod, ref: PodRef, use: MemoryUse, names: ResourceNames) -> 
     return next((c for c in calls if c.by_memory and c.container == use.container), None)
 
 
-def memory_seen_after(pod: Pod, names: ResourceNames, call: Call, seen: int, deferred: int | None) -> int:
+def memory_seen_after(pod: Pod, names: ResourceNames, call: Call, seen: int,
+                      deferred: Deferred | None) -> int:
     """The memory calls counted for `pod` once the count plugin answered `call`. Every container
     before it has had its memory call, and its own may have come: `seen` is kept within that.
-    `deferred`: the units of the memory call just before, counted for no pod (`decide_memory`):
-    this container's, when it asks as many."""
+    `deferred`: the memory call just before, counted for no pod: this container's, when it asks
+    as many units and `pod` is one that call may be of."""
     for i, use in enumerate(memory_uses(pod, names)):
         if use.container == call.container and use.is_init == call.is_init:
-            if deferred == use.units:
+            if deferred is not None and deferred.units == use.units and pod_ref(pod).uid in deferred.pods:
                 return i + 1
             return min(max(seen, i), i + 1)
     return seen

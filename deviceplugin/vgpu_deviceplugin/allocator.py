@@ -78,14 +78,15 @@ class Allocator:
         outcome = await self._guarded(f"{units} memory unit(s)",
                                       lambda pods, fresh: self._memory_from(pods, units, fresh))
         if not outcome.explained:
-            # After a node reboot, say, the kubelet admits a pod again: a container asking memory
-            # alone then runs without a share (and without libvgpu.so), as upstream.
+            # The plugin restarted in the middle of a pod's admission, say: a container asking
+            # memory alone then runs without a share (and without libvgpu.so), as upstream.
             log.warning("a %s call of %d units that no pod on this node explains: answered empty",
                         self._state.settings.names.memory, units)
         return outcome.plan
 
     async def _guarded(self, what: str, decide: Decide) -> Outcome:
-        """One call, serialised, with every ending path releasing the node lock."""
+        """One call, serialised. A failed call releases the node lock, as does one that consumes
+        its pod's last part."""
         async with self._lock:
             try:
                 outcome = await self._decide(decide)
@@ -154,7 +155,7 @@ class Allocator:
         """The kubelet gives up the pod under admission after a failed call: the next call
         starts another."""
         self._state.last_pod = None
-        self._state.deferred_units = None
+        self._state.deferred = None
 
     async def _count_from(self, pods: list[dict[str, Any]], amount: int) -> Outcome:
         state = self._state
@@ -163,8 +164,8 @@ class Allocator:
         result = await self._answer(ref, pod, call)
         seen = state.memory_seen.get(ref.uid, 0)
         state.memory_seen[ref.uid] = allocate.memory_seen_after(pod, state.settings.names, call, seen,
-                                                                state.deferred_units)
-        state.deferred_units = None
+                                                                state.deferred)
+        state.deferred = None
         state.last_pod = ref.uid
         return Outcome(True, result)
 
@@ -173,14 +174,15 @@ class Allocator:
         state = self._state
         decision = allocate.decide_memory(pods, state.settings.node_name, units, state.settings.names,
                                           state.memory_seen, state.last_pod)
-        if decision.ref is None or decision.pod is None or decision.use is None:
-            # Deferred: the count call that follows counts it. Unexplained: a fresh list may.
-            state.deferred_units = units if decision.deferred else None
-            return Outcome(decision.deferred, None)
-        if decision.unstarted and decision.call is not None and not fresh:
-            # Served only when its pod is the one candidate: a cache that lags may not show
-            # the pod the kubelet is admitting.
+        if not fresh and (decision.ref is None or decision.unstarted):
+            # Only the pod under admission is taken from the cache: the pods that may start
+            # an admission are counted on a fresh list (a cache that lags may not show the one
+            # the kubelet admits, and the call then looked like another's, or like nobody's).
             return Outcome(False, None)
+        if decision.ref is None or decision.pod is None or decision.use is None:
+            # Deferred: the count call that follows counts it.
+            state.deferred = decision.deferred
+            return Outcome(decision.deferred is not None, None)
         ref, use = decision.ref, decision.use
         result = None if decision.call is None else await self._answer(ref, decision.pod, decision.call)
         if result is None and not use.counted:
@@ -188,7 +190,7 @@ class Allocator:
                         "answered without a GPU", ref, use.container, state.settings.names.memory,
                         DEVICES_TO_ALLOCATE)
         state.memory_seen[ref.uid] = state.memory_seen.get(ref.uid, 0) + 1
-        state.deferred_units = None
+        state.deferred = None
         state.last_pod = ref.uid
         return Outcome(True, result)
 

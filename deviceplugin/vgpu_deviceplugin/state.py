@@ -6,6 +6,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+from vgpu_deviceplugin.allocate import Deferred
 from vgpu_deviceplugin.config import Settings
 from vgpu_deviceplugin.gpus import GpuDevice
 from vgpu_deviceplugin.gpus.base import ALL_GPUS
@@ -26,9 +27,9 @@ class PluginState:
     # A pod has an entry once any call of it was answered, or it failed. Pruned with init_served.
     memory_seen: dict[str, int] = field(default_factory=dict)
     last_pod: str | None = None
-    # The units of a memory call just answered empty for no pod yet: the count call that
-    # follows counts it (allocate.memory_seen_after).
-    deferred_units: int | None = None
+    # A memory call just answered empty for no pod yet: the count call that follows counts it
+    # (allocate.memory_seen_after).
+    deferred: Deferred | None = None
     version: int = 0
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 

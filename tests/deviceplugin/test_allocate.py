@@ -298,6 +298,52 @@ async def test_a_memory_only_container_is_served_only_when_a_fresh_list_agrees(t
     assert kube.pod_writes("default/alone") == kube.pod_writes("default/both") == []
 
 
+async def test_a_first_memory_call_is_decided_on_a_fresh_list(tmp_path: Any) -> None:
+    # The cache shows "both" (its container asks both resources) but not "alone", bound a moment
+    # ago, which the kubelet admits. On the cache the call looked like "both"'s, deferred and
+    # answered empty: "alone"'s container ran uncapped.
+    both = _waiting("both", [ctr("a", 1, memory=1000)], f"{GPU_B},NVIDIA,1000,0:", vgpu_time="1")
+    alone = _waiting("alone", [ctr("m", count=None, memory=1000)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="2")
+    kube, allocator = _memory_world(tmp_path, both)
+    allocator._cache = _synced_cache(both)
+    kube.add_pod(copy.deepcopy(alone))
+    both["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_SUCCESS  # admitted earlier
+    kube.pods[("default", "both")] = copy.deepcopy(both)
+    served = await allocator.allocate_memory(1000)
+    assert served is not None and served.pod.name == "alone" and served.done
+    assert allocator._state.deferred is None
+
+
+async def test_a_pod_failed_before_any_memory_call_takes_none(tmp_path: Any) -> None:
+    # "bad" fails on its first call (a count call: usedmem 0) while a lagging list still shows
+    # it allocating, its first container asking what "good"'s asks: "good"'s first memory call
+    # must not look like a guess between the two (refused, "good" would fail too).
+    bad = _waiting("bad", [ctr("a", 1, memory=1000)], f"{GPU_A},NVIDIA,0,0:", vgpu_time="1")
+    good = _waiting("good", [ctr("m", count=None, memory=1000)], f"{GPU_C},NVIDIA,1000,0:", vgpu_time="2")
+    kube, allocator = _memory_world(tmp_path, bad, good)
+    with pytest.raises(AllocateError, match="usedmem 0"):
+        await allocator.allocate(1)
+    kube.pods[("default", "bad")] = copy.deepcopy(bad)  # the list lags behind the failure
+    served = await allocator.allocate_memory(1000)
+    assert served is not None and served.pod.name == "good"
+    assert _annotations(kube, "bad")[ann.DEVICES_TO_ALLOCATE] == f"{GPU_A},NVIDIA,0,0:"
+
+
+def test_a_count_call_skips_a_pod_the_kubelet_admitted() -> None:
+    started = _waiting("started", [ctr("a", 1)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="1")
+    started["status"] = {"phase": "Pending", "startTime": "2026-12-01T00:00:00Z"}
+    waiting = _waiting("waiting", [ctr("a", 1)], f"{GPU_B},NVIDIA,1000,0:", vgpu_time="2")
+    assert plan_for([started, waiting], 1).pod.name == "waiting"
+
+
+def test_an_init_container_borrows_a_memory_only_part_when_no_other_holds_one() -> None:
+    pod = _waiting("memonly-init", [ctr("m", count=None, memory=1000)], f"{GPU_A},NVIDIA,1000,0:",
+                   init=[ctr("warm", 1)])
+    result = plan_for([pod], 1)
+    assert result.call.is_init and result.call.container == "warm"
+    assert result.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A and result.devices_to_allocate is None
+
+
 async def test_a_memory_call_two_waiting_pods_could_start_with_is_refused(tmp_path: Any) -> None:
     # The kubelet's first call for "both" may be its memory call, which "alone", older, would
     # take for its memory-only container's: serving either on a guess could give one pod's
@@ -348,9 +394,11 @@ def test_memory_counts_are_mended_by_the_count_calls() -> None:
     b = allocate.Call("b", False, 1, ())
     # Answering "b": "a"'s memory call came (1 at least), "b"'s may have (2 at most).
     assert [allocate.memory_seen_after(pod, NAMES, b, seen, None) for seen in (0, 1, 2, 3)] == [1, 1, 2, 2]
-    # The memory call just before, counted for no pod, asked what "b" asks: it was "b"'s.
-    assert allocate.memory_seen_after(pod, NAMES, b, 0, 10) == 2
-    assert allocate.memory_seen_after(pod, NAMES, b, 0, 11) == 1
+    # The memory call just before, counted for no pod, asked what "b" asks and may be this
+    # pod's: it was "b"'s.
+    assert allocate.memory_seen_after(pod, NAMES, b, 0, allocate.Deferred(10, frozenset({"uid-m"}))) == 2
+    assert allocate.memory_seen_after(pod, NAMES, b, 0, allocate.Deferred(11, frozenset({"uid-m"}))) == 1
+    assert allocate.memory_seen_after(pod, NAMES, b, 0, allocate.Deferred(10, frozenset({"uid-x"}))) == 1
     no_memory = allocate.Call("x", False, 0, ())
     assert allocate.memory_seen_after(pod, NAMES, no_memory, 3, None) == 3
 
