@@ -13,8 +13,8 @@ annotations on the pod being admitted, so the plugin must find that pod:
 The scheduler writes one `devices-to-allocate` part per container of `spec.containers` that has
 the count or the memory resource in its limits, in order. The kubelet calls Allocate for every
 container (init containers first) that asks for at least one of the count resource. An init
-container has no part:
-it gets the devices of the first pending part without consuming them (init containers finish
+container has no part: it gets the devices of the first pending part of a container with the
+count resource (with none, of a memory-only one) without consuming them (init containers finish
 before app containers start, so the scheduler's accounting still holds); the plugin counts the
 init calls it has answered per pod. Two init containers break that accounting and are refused,
 naming the pod and the container: one that asks for more GPUs than the first part holds, and a
