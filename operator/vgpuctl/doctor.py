@@ -348,6 +348,48 @@ def _check_sizing_flags(facts: ClusterFacts) -> list[Finding]:
 # --- nodes --------------------------------------------------------------------------------
 
 
+def check_memory_only(facts: ClusterFacts) -> list[Finding]:
+    """Containers asking the scheduler's memory resource without its count resource, where the
+    device plugin in place does not serve them: upstream's answers their Allocate empty (the
+    container runs with no limit and without libvgpu.so, on the GPUs its image names, while the
+    scheduler counts a share for it); ours serves app containers but refuses init containers."""
+    names = facts.scheduler_names()
+    memory, count = names.get("memory"), names.get("count")
+    if not memory or not count or not facts.plugin.daemonset.found:
+        return []
+    # A container asking the plugin's count name where the scheduler reads another is the name
+    # mismatch, reported as such (check_names), not this.
+    counts = {count, facts.plugin_names()["count"][0]}
+    upstream = facts.plugin.generation != "builtin"
+    found: list[str] = []
+    for pod in facts.pods:
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        spec = pod.get("spec") or {}
+        for key in ("initContainers", "containers") if upstream else ("initContainers",):
+            for c in spec.get(key) or []:
+                limits = (c.get("resources") or {}).get("limits") or {}
+                if quantity_or_zero(limits.get(memory)) > 0 and not any(
+                        quantity_or_zero(limits.get(name)) > 0 for name in counts):
+                    found.append(f"{pod_key(pod)} container {c.get('name', '')}")
+    if not found:
+        return []
+    shown = ", ".join(found[:MAX_NAMES_SHOWN]) + (f" and {len(found) - MAX_NAMES_SHOWN} more"
+                                                  if len(found) > MAX_NAMES_SHOWN else "")
+    if upstream:
+        message = (f"{shown} ask for {memory} without {count}: the scheduler gives each one GPU, but "
+                   f"the device plugin ({show_version(facts.plugin.version)}, {facts.plugin.generation}) "
+                   "answers their Allocate empty, so they run with no memory or SM limit (and without "
+                   "libvgpu.so), on whatever GPUs their image names")
+        how = (f"add {count}: 1 to those containers' limits, or deploy this project's device plugin "
+               "(chart value devicePlugin.enabled), which serves them")
+    else:
+        message = (f"{shown} ask for {memory} without {count} in an init container: it has no share of "
+                   "its own, and the device plugin refuses the pod")
+        how = f"add {count}: 1 to those init containers' limits (they then borrow the first share)"
+    return [finding(rules.MEMORY_ONLY_CONTAINER, "Pods", "resources.limits", message, how=how)]
+
+
 # Node findings are grouped by (rule, field, message, fix).
 NodeGroups = dict[tuple[rules.Rule, str, str, str], list[str]]
 
@@ -583,6 +625,7 @@ def diagnose(facts: ClusterFacts, pod: str | None = None, extra: Iterable[Findin
     report.findings += check_scheduler(facts)
     report.findings += check_device_config(facts)
     report.findings += check_names(facts)
+    report.findings += check_memory_only(facts)
     node_findings, report.nodes = check_nodes(facts)
     report.findings += node_findings
     report.findings += extra

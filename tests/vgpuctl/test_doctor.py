@@ -419,3 +419,42 @@ def test_an_action_volcano_does_not_have_is_named_as_that_version_treats_it(heal
     scheduler["spec"]["template"]["spec"]["containers"][0]["image"] = image
     (found,) = [f for f in _doctor(healthy).findings if f.code == "unknown-scheduler-action"]
     assert found.severity == severity and "'backfil'" in found.message and "'backfil'" in found.fix
+
+
+def _memory_only_pod(name: str, init: bool = False) -> dict[str, Any]:
+    container = {"name": "m", "image": "cuda", "resources": {"limits": {"volcano.sh/vgpu-memory": "1k"}}}
+    spec: dict[str, Any] = {"schedulerName": "volcano", "containers": [
+        {"name": "app", "image": "cuda", "resources": {"limits": {"volcano.sh/vgpu-number": "1"}}}]}
+    if init:
+        spec["initContainers"] = [container]
+    else:
+        spec["containers"].append(container)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": spec, "status": {"phase": "Running"}}
+
+
+def test_a_memory_only_container_under_the_upstream_plugin_is_named(healthy):
+    """Upstream's plugin answers the memory call of a container asking memory alone empty: it
+    runs uncapped while the scheduler counts a share."""
+    assert "memory-only-container" not in _codes(_doctor(healthy))
+    healthy.append(_memory_only_pod("uncapped"))
+    done = _memory_only_pod("done")
+    done["status"]["phase"] = "Succeeded"
+    healthy.append(done)
+    found = [f for f in _doctor(healthy).findings if f.code == "memory-only-container"]
+    assert len(found) == 1 and found[0].severity == "warning"
+    assert "default/uncapped container m ask for volcano.sh/vgpu-memory without volcano.sh/vgpu-number" in (
+        found[0].message) and "no memory or SM limit" in found[0].message and "done" not in found[0].message
+    assert "add volcano.sh/vgpu-number: 1" in found[0].fix
+
+
+def test_our_plugin_serves_memory_only_containers_but_not_init_ones(healthy):
+    container = find(healthy, *PLUGIN_CONTAINER)["spec"]["template"]["spec"]["containers"][0]
+    container["image"] = "ghcr.io/example/vgpu-device-plugin:0.1.0"
+    container["args"] = []
+    healthy.append(_memory_only_pod("served"))
+    assert "memory-only-container" not in _codes(_doctor(healthy))
+    healthy.append(_memory_only_pod("refused", init=True))
+    found = [f for f in _doctor(healthy).findings if f.code == "memory-only-container"]
+    assert len(found) == 1 and "default/refused container m" in found[0].message
+    assert "refuses the pod" in found[0].message and "served" not in found[0].message
