@@ -345,9 +345,6 @@ def _check_sizing_flags(facts: ClusterFacts) -> list[Finding]:
     return out
 
 
-# --- nodes --------------------------------------------------------------------------------
-
-
 def check_memory_only(facts: ClusterFacts) -> list[Finding]:
     """Containers asking the scheduler's memory resource without its count resource, where the
     device plugin in place does not serve them: upstream's answers their Allocate empty (the
@@ -377,17 +374,20 @@ def check_memory_only(facts: ClusterFacts) -> list[Finding]:
     shown = ", ".join(found[:MAX_NAMES_SHOWN]) + (f" and {len(found) - MAX_NAMES_SHOWN} more"
                                                   if len(found) > MAX_NAMES_SHOWN else "")
     if upstream:
-        message = (f"{shown} ask for {memory} without {count}: the scheduler gives each one GPU, but "
-                   f"the device plugin ({show_version(facts.plugin.version)}, {facts.plugin.generation}) "
-                   "answers their Allocate empty, so they run with no memory or SM limit (and without "
-                   "libvgpu.so), on whatever GPUs their image names")
+        message = (f"containers asking for {memory} without {count}: {shown}. The scheduler gives each "
+                   f"one GPU, but the device plugin ({show_version(facts.plugin.version)}, "
+                   f"{facts.plugin.generation}) answers their Allocate empty, so they run with no memory "
+                   "or SM limit (and without libvgpu.so), on whatever GPUs their image names")
         how = (f"add {count}: 1 to those containers' limits, or deploy this project's device plugin "
                "(chart value devicePlugin.enabled), which serves them")
     else:
-        message = (f"{shown} ask for {memory} without {count} in an init container: it has no share of "
-                   "its own, and the device plugin refuses the pod")
+        message = (f"init containers asking for {memory} without {count}: {shown}. Such a container "
+                   "has no share of its own, and the device plugin refuses its pod")
         how = f"add {count}: 1 to those init containers' limits (they then borrow the first share)"
     return [finding(rules.MEMORY_ONLY_CONTAINER, "Pods", "resources.limits", message, how=how)]
+
+
+# --- nodes --------------------------------------------------------------------------------
 
 
 # Node findings are grouped by (rule, field, message, fix).
