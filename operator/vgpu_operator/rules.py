@@ -143,7 +143,8 @@ VERSION_SKEW = Rule("version-skew", "error", "image", "{how}")
 # A container asking the memory resource without the count resource: one GPU to the scheduler,
 # but the kubelet calls only the memory plugin for it. Upstream's answers that call empty (no
 # limit, no libvgpu.so); ours serves it, and refuses an init container (it has no part).
-MEMORY_ONLY_CONTAINER = Rule("memory-only-container", "warning", "resources.limits", "{how}")
+MEMORY_ONLY_CONTAINER = Rule("memory-only-container", "warning", "resources.limits", "{how}",
+                             cases=((GUESSED, "info"),))
 VOLCANO_VERSION_UNKNOWN = _operator("VolcanoVersionUnknown", "error", "spec.scheduler.volcanoVersion",
                                     "set spec.scheduler.volcanoVersion (e.g. v1.13.0)",
                                     ((DEFAULT_NAMES, "warning"),))

@@ -346,23 +346,27 @@ def _check_sizing_flags(facts: ClusterFacts) -> list[Finding]:
 
 
 def check_memory_only(facts: ClusterFacts) -> list[Finding]:
-    """Containers asking the scheduler's memory resource without its count resource, where the
-    device plugin in place does not serve them: upstream's answers their Allocate empty (the
-    container runs with no limit and without libvgpu.so, on the GPUs its image names, while the
-    scheduler counts a share for it); ours serves app containers but refuses init containers."""
+    """Containers of Volcano's pods asking the scheduler's memory resource without its count
+    resource, where the device plugin in place does not serve them: upstream's answers their
+    Allocate empty (the container runs with no limit and without libvgpu.so, on the GPUs its
+    image names, while the scheduler counts a share for an app container; its pod never leaves
+    bind-phase allocating); ours serves app containers but refuses init containers."""
     names = facts.scheduler_names()
     memory, count = names.get("memory"), names.get("count")
-    if not memory or not count or not facts.plugin.daemonset.found:
+    plugin_names = facts.plugin_names()
+    # Under other memory names no node has that allocatable: the name mismatch, reported as
+    # such (check_names). So is a container asking the plugin's count name where the scheduler
+    # reads another.
+    if not memory or not count or not facts.plugin.daemonset.found or plugin_names["memory"][0] != memory:
         return []
-    # A container asking the plugin's count name where the scheduler reads another is the name
-    # mismatch, reported as such (check_names), not this.
-    counts = {count, facts.plugin_names()["count"][0]}
+    counts = {count, plugin_names["count"][0]}
     upstream = facts.plugin.generation != "builtin"
     found: list[str] = []
     for pod in facts.pods:
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue
         spec = pod.get("spec") or {}
+        if spec.get("schedulerName") != "volcano" or (pod.get("status") or {}).get("phase") in (
+                "Succeeded", "Failed"):
+            continue
         for key in ("initContainers", "containers") if upstream else ("initContainers",):
             for c in spec.get(key) or []:
                 limits = (c.get("resources") or {}).get("limits") or {}
@@ -373,18 +377,25 @@ def check_memory_only(facts: ClusterFacts) -> list[Finding]:
         return []
     shown = ", ".join(found[:MAX_NAMES_SHOWN]) + (f" and {len(found) - MAX_NAMES_SHOWN} more"
                                                   if len(found) > MAX_NAMES_SHOWN else "")
-    if upstream:
-        message = (f"containers asking for {memory} without {count}: {shown}. The scheduler gives each "
-                   f"one GPU, but the device plugin ({show_version(facts.plugin.version)}, "
-                   f"{facts.plugin.generation}) answers their Allocate empty, so they run with no memory "
-                   "or SM limit (and without libvgpu.so), on whatever GPUs their image names")
-        how = (f"add {count}: 1 to those containers' limits, or deploy this project's device plugin "
-               "(chart value devicePlugin.enabled), which serves them")
-    else:
-        message = (f"init containers asking for {memory} without {count}: {shown}. Such a container "
-                   "has no share of its own, and the device plugin refuses its pod")
-        how = f"add {count}: 1 to those init containers' limits (they then borrow the first share)"
-    return [finding(rules.MEMORY_ONLY_CONTAINER, "Pods", "resources.limits", message, how=how)]
+    if not upstream:
+        return [finding(rules.MEMORY_ONLY_CONTAINER, "Pods", "resources.limits",
+                        f"init containers asking for {memory} without {count}: {shown}. Such a container "
+                        "has no share of its own, and the device plugin refuses its pod",
+                        how=f"add {count}: 1 to those init containers' limits (they then borrow the "
+                            "first share)")]
+    plugin = facts.plugin
+    guessed = plugin.known_generation is None
+    which = (f"the device plugin ({show_version(plugin.version)}, {plugin.generation}"
+             + (f", guessed from image {plugin.image!r}: if it is upstream's" if guessed else "") + ")")
+    return [finding(rules.MEMORY_ONLY_CONTAINER, "Pods", "resources.limits",
+                    f"containers asking for {memory} without {count}: {shown}. The scheduler gives each "
+                    f"app container one GPU (an init container none), but {which} answers their "
+                    "Allocate empty, so they run with no memory or SM limit (and without libvgpu.so), on "
+                    "whatever GPUs their image names (a pod with such an app container never leaves "
+                    "bind-phase allocating)",
+                    rules.GUESSED if guessed else "",
+                    how=f"add {count}: 1 to those containers' limits, or deploy this project's device "
+                        "plugin (chart value devicePlugin.enabled), which serves them")]
 
 
 # --- nodes --------------------------------------------------------------------------------
@@ -509,7 +520,9 @@ def _extended_requests(pod: Obj) -> dict[str, str]:
 
 
 # Text that every pod doctor explains unasked contains (a cheap test before parsing the pod).
-TROUBLE_MARKERS = ("UnexpectedAdmissionError", "Pending")
+# "allocating": under upstream's plugin a pod with a container asking memory alone never leaves
+# that bind-phase, running (check_memory_only).
+TROUBLE_MARKERS = ("UnexpectedAdmissionError", "Pending", "allocating")
 
 
 def is_failed_admission(pod: Obj) -> bool:

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 from vgpuctl.doctor import Report, diagnose
 from vgpuctl.facts import gather
 from vgpuctl.main import main
@@ -433,20 +434,50 @@ def _memory_only_pod(name: str, init: bool = False) -> dict[str, Any]:
             "spec": spec, "status": {"phase": "Running"}}
 
 
-def test_a_memory_only_container_under_the_upstream_plugin_is_named(healthy):
+def test_a_memory_only_container_under_the_upstream_plugin_is_named(healthy, tmp_path, capsys):
     """Upstream's plugin answers the memory call of a container asking memory alone empty: it
-    runs uncapped while the scheduler counts a share."""
+    runs uncapped while the scheduler counts a share, its pod left in bind-phase allocating."""
     assert "memory-only-container" not in _codes(_doctor(healthy))
-    healthy.append(_memory_only_pod("uncapped"))
+    uncapped = _memory_only_pod("uncapped")
+    uncapped["metadata"]["annotations"] = {"volcano.sh/bind-phase": "allocating"}
     done = _memory_only_pod("done")
     done["status"]["phase"] = "Succeeded"
-    healthy.append(done)
+    other = _memory_only_pod("other-scheduler")
+    other["spec"]["schedulerName"] = "default-scheduler"
+    healthy += [uncapped, done, other]
     found = [f for f in _doctor(healthy).findings if f.code == "memory-only-container"]
     assert len(found) == 1 and found[0].severity == "warning"
     assert found[0].message.startswith("containers asking for volcano.sh/vgpu-memory without "
                                        "volcano.sh/vgpu-number: default/uncapped container m. ")
-    assert "no memory or SM limit" in found[0].message and "done" not in found[0].message
+    assert "no memory or SM limit" in found[0].message
+    assert "done" not in found[0].message and "other-scheduler" not in found[0].message
     assert "add volcano.sh/vgpu-number: 1" in found[0].fix
+    # From files too: the running pod is read (doctor's prefilter keeps pods left allocating).
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump_all(healthy))
+    main(["doctor", "-f", str(path), "-o", "json"])
+    codes = {f["code"] for f in json.loads(capsys.readouterr().out)["findings"]}
+    assert "memory-only-container" in codes
+
+
+def test_a_memory_only_container_under_a_guessed_plugin_is_only_info(healthy):
+    container = find(healthy, *PLUGIN_CONTAINER)["spec"]["template"]["spec"]["containers"][0]
+    container["image"] = "registry.example/gpu-plugin:latest"
+    healthy.append(_memory_only_pod("maybe"))
+    found = [f for f in _doctor(healthy).findings if f.code == "memory-only-container"]
+    assert len(found) == 1 and found[0].severity == "info"
+    assert "guessed from image 'registry.example/gpu-plugin:latest': if it is upstream's" in found[0].message
+
+
+def test_a_memory_only_container_under_another_memory_name_is_the_name_mismatch(healthy):
+    cm = _device_config(healthy)
+    cm["data"]["device-config.yaml"] = cm["data"]["device-config.yaml"].replace(
+        "resourceMemoryName: volcano.sh/vgpu-memory", "resourceMemoryName: volcano.sh/gpu-mem")
+    pod = _memory_only_pod("renamed")
+    pod["spec"]["containers"][1]["resources"]["limits"] = {"volcano.sh/gpu-mem": "1k"}
+    healthy.append(pod)
+    codes = _codes(_doctor(healthy), ("error", "warning", "info"))
+    assert "resource-name-mismatch" in codes and "memory-only-container" not in codes
 
 
 def test_our_plugin_serves_memory_only_containers_but_not_init_ones(healthy):

@@ -70,6 +70,7 @@ def test_prefilter_skips_pods_doctor_does_not_explain(tmp_path: Path):
     pod = next(o for o in load_objects([CLUSTER]) if o["kind"] == "Pod")
     running = copy.deepcopy(pod)
     running["metadata"]["name"], running["status"] = "fine", {"phase": "Running"}
+    running["metadata"]["annotations"]["volcano.sh/bind-phase"] = "success"  # left allocating: kept
     failed = copy.deepcopy(pod)
     failed["metadata"]["name"] = "broken"
     failed["status"] = {"phase": "Failed", "reason": "UnexpectedAdmissionError"}
