@@ -355,11 +355,12 @@ def check_memory_only(facts: ClusterFacts) -> list[Finding]:
     memory, count = names.get("memory"), names.get("count")
     plugin_names = facts.plugin_names()
     # Under other memory names no node has that allocatable: the name mismatch, reported as
-    # such (check_names). So is a container asking the plugin's count name where the scheduler
-    # reads another.
+    # such (check_names).
     if not memory or not count or not facts.plugin.daemonset.found or plugin_names["memory"][0] != memory:
         return []
-    counts = {count, plugin_names["count"][0]}
+    # Asking memory alone: besides it, only the cores or memory-percentage names; a container
+    # asking any other extended resource (an old count name, say) is a naming problem.
+    alone = {memory, names.get("cores"), names.get("memoryPercentage"), plugin_names["cores"][0]} - {None, ""}
     upstream = facts.plugin.generation != "builtin"
     found: list[str] = []
     for pod in facts.pods:
@@ -370,8 +371,8 @@ def check_memory_only(facts: ClusterFacts) -> list[Finding]:
         for key in ("initContainers", "containers") if upstream else ("initContainers",):
             for c in spec.get(key) or []:
                 limits = (c.get("resources") or {}).get("limits") or {}
-                if quantity_or_zero(limits.get(memory)) > 0 and not any(
-                        quantity_or_zero(limits.get(name)) > 0 for name in counts):
+                if quantity_or_zero(limits.get(memory)) > 0 and all(
+                        key in alone for key in limits if "/" in key):
                     found.append(f"{pod_key(pod)} container {c.get('name', '')}")
     if not found:
         return []
