@@ -201,6 +201,12 @@ def _init_refusal(container: Mapping[str, Any], wanted: int, first: int, names: 
 
 # A pod in one of these will never be admitted: the kubelet rejected it (or it ran) already.
 ENDED_PHASES = frozenset({"Failed", "Succeeded"})
+
+
+def _gone(pod: Pod) -> bool:
+    """Being deleted, or ended: the kubelet admits it no more."""
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp")
+                or (pod.get("status") or {}).get("phase") in ENDED_PHASES)
 # The bind-phases of a pod under admission: success once its last part is consumed, which a
 # memory call of its last container may follow.
 ADMITTING_PHASES = frozenset({ann.BIND_PHASE_ALLOCATING, ann.BIND_PHASE_SUCCESS})
@@ -219,8 +225,7 @@ def _waiting(pods: Sequence[Pod], node: str) -> list[tuple[int, PodRef, Pod]]:
         if (annotations.get(ann.VGPU_NODE) != node
                 or (pod.get("spec") or {}).get("nodeName") != node
                 or annotations.get(ann.BIND_PHASE) != ann.BIND_PHASE_ALLOCATING
-                or meta.get("deletionTimestamp")
-                or status.get("phase") in ENDED_PHASES
+                or _gone(pod)
                 or status.get("startTime")):
             continue
         out.append((ann.decode_vgpu_time(annotations.get(ann.VGPU_TIME)), pod_ref(pod), pod))
@@ -379,9 +384,7 @@ def _use_of_last(
             continue
         ref = pod_ref(pod)
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        if ((pod.get("metadata") or {}).get("deletionTimestamp")
-                or (pod.get("status") or {}).get("phase") in ENDED_PHASES
-                or annotations.get(ann.BIND_PHASE) not in ADMITTING_PHASES):
+        if _gone(pod) or annotations.get(ann.BIND_PHASE) not in ADMITTING_PHASES:
             return None
         uses = memory_uses(pod, names)
         seen = memory_seen.get(ref.uid, 0)

@@ -345,6 +345,12 @@ def _check_sizing_flags(facts: ClusterFacts) -> list[Finding]:
     return out
 
 
+def _listed(names: list[str]) -> str:
+    """The first MAX_NAMES_SHOWN of `names`, and how many more."""
+    more = len(names) - MAX_NAMES_SHOWN
+    return ", ".join(names[:MAX_NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
 def check_memory_only(facts: ClusterFacts) -> list[Finding]:
     """Containers of Volcano's pods asking the scheduler's memory resource without its count
     resource, where the device plugin in place does not serve them: upstream's answers their
@@ -376,8 +382,7 @@ def check_memory_only(facts: ClusterFacts) -> list[Finding]:
                     found.append(f"{pod_key(pod)} container {c.get('name', '')}")
     if not found:
         return []
-    shown = ", ".join(found[:MAX_NAMES_SHOWN]) + (f" and {len(found) - MAX_NAMES_SHOWN} more"
-                                                  if len(found) > MAX_NAMES_SHOWN else "")
+    shown = _listed(found)
     if not upstream:
         return [finding(rules.MEMORY_ONLY_CONTAINER, "Pods", "resources.limits",
                         f"init containers asking for {memory} without {count}: {shown}. Such a container "
@@ -407,8 +412,7 @@ NodeGroups = dict[tuple[rules.Rule, str, str, str], list[str]]
 
 
 def _grouped(rule: rules.Rule, field_name: str, message: str, fix: str, nodes: list[str]) -> Finding:
-    shown = ", ".join(nodes[:MAX_NAMES_SHOWN]) + (f" and {len(nodes) - MAX_NAMES_SHOWN} more"
-                                                  if len(nodes) > MAX_NAMES_SHOWN else "")
+    shown = _listed(nodes)
     noun = "Node" if len(nodes) == 1 else f"{len(nodes)} nodes"
     return Finding(rule.severity, rule.code, f"{noun} {shown}", field_name, message, fix)
 
