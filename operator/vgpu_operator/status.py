@@ -15,9 +15,8 @@ from vgpu_formats import annotations as node_annotations
 from vgpu_formats.errors import FormatError
 from vgpu_formats.quantity import quantity_or_zero
 
-from vgpu_operator import api
+from vgpu_operator import api, placement
 from vgpu_operator.plan import Plan, PlannedEvent, Restart, TargetDecision, describe
-from vgpu_operator.render.inputs import pod_template
 from vgpu_operator.render.selectors import node_name
 
 MAX_MISMATCHED = 50
@@ -99,25 +98,17 @@ def report_nodes(nodes: Sequence[Mapping[str, Any]], spec: api.VGPUPolicySpec,
                  splits: Mapping[str, int], plugin: Mapping[str, Any] | None = None) -> list[NodeReport]:
     """`splits`: node name -> the split count its node-config entry sets (the rendered target's
     `node_splits`); other nodes use the policy's default. `plugin`: the device plugin DaemonSet,
-    whose nodeSelector says where a plugin is expected to register (None: everywhere); a node an
-    override names is expected all the same (the policy means it)."""
+    whose placement (nodeSelector, required node affinity, tolerations: `placement.runs_on`) says
+    where a plugin is expected to register (None: everywhere); a node an override names is
+    expected all the same (the policy means it)."""
     default = spec.device.device_split_count
-    wanted = plugin_node_selector(plugin)
     named = {name for override in spec.node_overrides for name in override.node_names or []}
     reports = []
     for node in nodes:
         name = node_name(dict(node))
-        labels = (node.get("metadata") or {}).get("labels") or {}
-        expected = name in named or all(labels.get(k) == v for k, v in wanted.items())
+        expected = name in named or placement.runs_on(plugin, node)
         reports.append(report_node(node, spec, splits.get(name) or default, expected))
     return [report for report in reports if report.gpu]
-
-
-def plugin_node_selector(daemonset: Mapping[str, Any] | None) -> dict[str, str]:
-    """The labels a node needs for the DaemonSet's pods to run there ({}: any node)."""
-    spec = pod_template(dict(daemonset or {})).get("spec") or {}
-    selector = spec.get("nodeSelector")
-    return {str(k): str(v) for k, v in selector.items()} if isinstance(selector, dict) else {}
 
 
 def node_summary(reports: Sequence[NodeReport]) -> api.NodeSummary:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import yaml
 from vgpu_operator import api
 from vgpu_operator.status import Outcome, build_status, report_node, report_nodes
 
+ROOT = Path(__file__).resolve().parents[2]
 REGISTER = "volcano.sh/node-vgpu-register"
 GPU = "GPU-{i},{split},24564,NVIDIA-NVIDIA GeForce RTX 4090,true,hami-core:"
 
@@ -93,3 +96,21 @@ def test_conflict_says_which_policy_is_active() -> None:
     conflict, ready = status.condition("Conflict"), status.condition("Ready")
     assert conflict is not None and conflict.status == "True" and "older" in conflict.message
     assert ready is not None and ready.status == "False"
+
+
+def test_the_stock_upstream_plugin_selects_its_nodes_by_affinity() -> None:
+    # examples/adopt-upstream's DaemonSet (upstream's, unchanged) has no nodeSelector, only
+    # `gpu In [on]` node affinity: read as "every node", a whole-GPU pool beside it kept READY
+    # False for ever.
+    example = ROOT / "examples" / "adopt-upstream" / "volcano-vgpu-device-plugin.yaml"
+    docs = yaml.safe_load_all(example.read_text())
+    plugin = next(d for d in docs if d and d["kind"] == "DaemonSet")
+    assert "nodeSelector" not in plugin["spec"]["template"]["spec"]
+    vgpu = _node("vgpu", _register(1, 10), **{"volcano.sh/vgpu-number": "10"})
+    vgpu["metadata"]["labels"] = {"gpu": "on"}
+    train = _node("train-1", None, **{"nvidia.com/gpu": "8"})
+    reports = report_nodes([vgpu, train], SPEC, {}, plugin)
+    assert [(r.name, r.converged) for r in reports] == [("vgpu", True)]
+    train["metadata"]["labels"] = {"gpu": "on"}
+    reports = report_nodes([vgpu, train], SPEC, {}, plugin)
+    assert [(r.name, r.converged) for r in reports] == [("vgpu", True), ("train-1", False)]
