@@ -194,6 +194,34 @@ class Allocator:
         state.last_pod = ref.uid
         return Outcome(True, result)
 
+    async def _swap_taken(self, ref: PodRef, old: str, new: str, exc: KubeError) -> dict[str, Any]:
+        """The pod, when the swap that raised `exc` took all the same; else an AllocateError.
+
+        Refused (422: changed under it, 404: gone), the swap did not take, and the call may be
+        decided again on a fresh list. Any other failure (a timeout, a connection reset, a 5xx)
+        may have come after the server applied it: deciding again would then find this pod's
+        part consumed and give this container the next pod's part. So the pod is read back: the
+        part consumed means the swap took, and the call is answered with it; the part still
+        there, it did not, and the call is decided again; anything else (or no reading) fails
+        the call, deciding nothing again."""
+        failed = f"pod {ref}: cannot update its annotations: {exc}"
+        if exc.status in (404, 409, 422):
+            raise AllocateError(failed, ref) from exc
+        try:
+            pods = await self._kube.list_pods_on_node(self._state.settings.node_name)
+        except KubeError as again:
+            raise AllocateError(f"{failed}; nor read it back to see whether it took: {again}",
+                                ref, final=True) from exc
+        pod = next((p for p in pods if (p.get("metadata") or {}).get("uid") == ref.uid), None)
+        now = ((pod or {}).get("metadata") or {}).get("annotations", {}).get(DEVICES_TO_ALLOCATE)
+        if pod is not None and now == new:
+            log.warning("%s; read back, it took: the call is answered with that part", failed)
+            return dict(pod)
+        if now == old:
+            raise AllocateError(failed, ref) from exc
+        raise AllocateError(f"{failed}; read back, its {DEVICES_TO_ALLOCATE} is neither the "
+                            "value before nor after the swap", ref, final=True) from exc
+
     async def _answer(self, ref: PodRef, pod: Pod, call: Call) -> Plan:
         """Plans `call`, consumes its part (compare-and-swap) and writes the container's files."""
         state, flags = self._state, self._flags
@@ -222,7 +250,7 @@ class Allocator:
                 updated = await self._kube.consume_devices(ref.namespace, ref.name, old,
                                                            result.devices_to_allocate, phase)
             except KubeError as exc:
-                raise AllocateError(f"pod {ref}: cannot update its annotations: {exc}", ref) from exc
+                updated = await self._swap_taken(ref, old, result.devices_to_allocate, exc)
             if self._cache is not None:
                 self._cache.put(updated)
             # After the swap, not before: a decision on a stale cache names a container already

@@ -39,6 +39,7 @@ class FakeKube:
         self.configmaps: dict[tuple[str, str], dict[str, str]] = {}
         self.writes: list[tuple[str, str, dict[str, Any]]] = []
         self.fail: dict[str, list[str]] = {}  # method name -> messages of the next failures
+        self.lost_replies = 0  # the next swaps that take but whose reply is lost (a timeout)
         self._watchers: list[asyncio.Queue[None]] = []
         self._pod_watchers: list[asyncio.Queue[tuple[str, dict[str, Any]]]] = []
 
@@ -119,6 +120,9 @@ class FakeKube:
                 phase and (self.pods[key].get("status") or {}).get("phase") != phase):
             raise KubeError(f"Pod {namespace}/{name}: HTTP 422 test failed", 422)
         await self.patch_pod(namespace, name, {"metadata": {"annotations": {ann.DEVICES_TO_ALLOCATE: new}}})
+        if self.lost_replies:
+            self.lost_replies -= 1
+            raise KubeError(f"Pod {namespace}/{name}: ServerDisconnectedError('Server disconnected')")
         return copy.deepcopy(self.pods[key])
 
     async def patch_node(self, name: str, patch: dict[str, Any]) -> None:

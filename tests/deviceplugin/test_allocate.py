@@ -246,6 +246,40 @@ def _synced_cache(*pods: dict[str, Any]) -> Any:
     return cache
 
 
+async def test_a_swap_whose_reply_is_lost_is_read_back_never_taken_for_the_next_pods(tmp_path: Any) -> None:
+    # The server applied the compare-and-swap of "first"'s part but the reply never came (a
+    # timeout, a reset connection). Before, the call was decided again on a fresh list, where
+    # "first"'s part was gone: "second"'s part was consumed and its GPU given to "first"'s
+    # container, and "second" was rejected later with its share given away.
+    first = _waiting("first", [ctr("gpu", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="1")
+    second = _waiting("second", [ctr("gpu", 1, memory=1000)], f"{GPU_B},NVIDIA,1000,0:", vgpu_time="2")
+    kube, allocator = _memory_world(tmp_path, first, second)
+    allocator._cache = _synced_cache(first, second)
+    kube.lost_replies = 1
+    served = await allocator.allocate(1)
+    assert served.pod.name == "first" and served.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A and served.done
+    assert _annotations(kube, "first")[ann.BIND_PHASE] == ann.BIND_PHASE_SUCCESS
+    assert _annotations(kube, "second")[ann.DEVICES_TO_ALLOCATE] == f"{GPU_B},NVIDIA,1000,0:"
+    assert _annotations(kube, "second")[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
+    # The next call is "second"'s own.
+    assert (await allocator.allocate(1)).pod.name == "second"
+
+
+async def test_a_lost_swap_reply_that_cannot_be_read_back_fails_the_call_deciding_nothing_again(
+        tmp_path: Any) -> None:
+    first = _waiting("first", [ctr("gpu", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="1")
+    second = _waiting("second", [ctr("gpu", 1, memory=1000)], f"{GPU_B},NVIDIA,1000,0:", vgpu_time="2")
+    kube, allocator = _memory_world(tmp_path, first, second)
+    allocator._cache = _synced_cache(first, second)  # decided on the cache: the list is the read-back
+    kube.lost_replies = 1
+    kube.fail_next("list_pods_on_node", "HTTP 503 Service Unavailable")
+    with pytest.raises(AllocateError, match="nor read it back"):
+        await allocator.allocate(1)
+    assert _annotations(kube, "first")[ann.BIND_PHASE] == ann.BIND_PHASE_FAILED
+    assert _annotations(kube, "second")[ann.DEVICES_TO_ALLOCATE] == f"{GPU_B},NVIDIA,1000,0:"
+    assert _annotations(kube, "second")[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
+
+
 async def test_a_first_memory_call_alike_for_two_pods_is_counted_by_the_count_call(tmp_path: Any) -> None:
     # "older" and "admitted" both start with a container asking 1000 units and the count
     # resource; the kubelet admits "admitted" first. Its memory call is counted for neither (a
