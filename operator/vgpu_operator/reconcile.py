@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 STATUS_ATTEMPTS = 5  # status writes that met a newer policy (409), each merged into it anew
 NODES_TIMEOUT_SECONDS = 30.0  # how long a reconcile waits for the first full node list
+APPLY_FAILED_REPEAT_SECONDS = 600.0  # the same ApplyFailed event again after this long
 
 
 class Reconciler:
@@ -68,6 +69,8 @@ class Reconciler:
         # Nodes whose plugin pod this process recreated while announced restarts were pending: a
         # reconcile that retries after a late failure must not restart them twice.
         self._recreated: set[str] = set()
+        # Per policy, the ApplyFailed event last posted and when (monotonic): one per failure.
+        self._apply_failed: dict[str, tuple[str, float]] = {}
 
     async def release(self, name: str, body: dict[str, Any]) -> None:
         """The policy is going away: keep every rendered setting (the cluster keeps working) and
@@ -235,8 +238,10 @@ class Reconciler:
         except Exception as exc:
             error = describe_error(exc)[:1024]
             log.warning("applying VGPUPolicy %s failed: %s", body["metadata"]["name"], error)
-            await self.kube.post_event(body, "Warning", "ApplyFailed", error)
+            if self._apply_failure_is_news(body["metadata"]["name"], error):
+                await self.kube.post_event(body, "Warning", "ApplyFailed", error)
         else:
+            self._apply_failed.pop(body["metadata"]["name"], None)
             self.metrics.drift_repairs.inc(sum(1 for d in plan.decisions if d.repair))
         # What happened before a failure did happen: reported like a whole apply's.
         restarted = plan.done(recreated, written)
@@ -248,6 +253,18 @@ class Reconciler:
         for event in [*(plan.events if error is None else []), *restart_events(restarted)]:
             await self.kube.post_event(body, event.type, event.reason, event.message)
         return error, restarted, frozenset(written)
+
+    def _apply_failure_is_news(self, name: str, error: str) -> bool:
+        """Whether an ApplyFailed event is due: the first failure in a row, one that says something
+        else, or the same again after APPLY_FAILED_REPEAT_SECONDS (Events expire; the Applied
+        condition says it all along). A lasting failure retried every few seconds posted an
+        Event each time."""
+        now = time.monotonic()
+        last = self._apply_failed.get(name)
+        if last is not None and last[0] == error and now - last[1] < APPLY_FAILED_REPEAT_SECONDS:
+            return False
+        self._apply_failed[name] = (error, now)
+        return True
 
     async def _settle_pending(self, plan: Plan, announced: bool, log: logs.PolicyLogger) -> None:
         """Every announced restart is done (and in status): remove the announcements, from the

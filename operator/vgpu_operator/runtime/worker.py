@@ -20,6 +20,10 @@ from vgpu_operator.metrics import Metrics
 from vgpu_operator.reconcile import NODES_TIMEOUT_SECONDS, Reconciler
 from vgpu_operator.runtime.watching import BACKOFF_SECONDS, backoff_delay
 
+# A reconcile that keeps failing (an admission policy refusing a write, an immutable ConfigMap)
+# is retried ever more slowly, up to twice a minute: each try re-reads every target.
+RECONCILE_BACKOFF_SECONDS = (*BACKOFF_SECONDS, 10.0, 30.0)
+
 
 @dataclass
 class Tuning:
@@ -27,7 +31,7 @@ class Tuning:
 
     resync_seconds: float = 60.0
     debounce_seconds: float = 0.02
-    error_backoff_seconds: tuple[float, ...] = BACKOFF_SECONDS
+    error_backoff_seconds: tuple[float, ...] = RECONCILE_BACKOFF_SECONDS
     nodes_timeout_seconds: float = NODES_TIMEOUT_SECONDS  # how long a reconcile waits for the first node list
 
 
