@@ -106,6 +106,21 @@ def test_unreadable_device_config_is_not_overwritten(cluster_docs: list[dict[str
     assert failed.error in problems
 
 
+def test_a_foreign_setting_of_the_wrong_type_is_named_not_rewritten_for_ever(
+        cluster_docs: list[dict[str, Any]]) -> None:
+    # passDeviceSpecs is not the operator's: kept as written, it keeps the whole file unreadable
+    # to its readers. Before, the operator wrote its own settings beside it at every resync
+    # (the file never meant what it asked) and took each write for a hand edit it repaired.
+    docs = copy.deepcopy(cluster_docs)
+    cm = next(d for d in docs if d["metadata"]["name"] == "volcano-vgpu-device-config")
+    text = cm["data"]["device-config.yaml"]
+    cm["data"]["device-config.yaml"] = text.replace("nvidia:\n", 'nvidia:\n  passDeviceSpecs: "true"\n', 1)
+    failed, problems = _only_failed(docs)
+    assert failed.error.reason == "DeviceConfigUnreadable" and failed.error in problems
+    assert "nvidia.passDeviceSpecs" in failed.error.message and "fix or remove it" in failed.error.message
+    assert failed.desired is None  # nothing written
+
+
 def test_missing_objects(cluster_docs: list[dict[str, Any]]) -> None:
     docs = [d for d in cluster_docs if d["kind"] != "Deployment"]
     failed, problems = _only_failed(docs)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from vgpu_formats import device_config as fmt
 from vgpu_formats import device_fields, yamlio
+from vgpu_formats.errors import FormatError
 from vgpu_formats.rewrite import rewrite
 
 from vgpu_operator import versions
@@ -121,6 +122,18 @@ def live_document(observed: Observed, where: str) -> dict[str, Any] | None:
     return {str(k): v for k, v in doc.items()}
 
 
+def _still_unreadable(text: str) -> FormatError | None:
+    """Why `text`, the operator's settings merged into the live file, fails its readers' strict
+    load: a setting the operator does not own with a value of the wrong type (say
+    `passDeviceSpecs: "true"`). Written anyway, it would be written again at every resync, the
+    readers never loading it."""
+    try:
+        fmt.parse_device_config(text)
+    except FormatError as err:
+        return err
+    return None
+
+
 def render_device_config_target(view: ClusterView) -> TargetRender:
     ref = view.spec.targets.device_config
     where = describe("ConfigMap", ref.namespace, ref.name)
@@ -142,5 +155,13 @@ def render_device_config_target(view: ClusterView) -> TargetRender:
         # An edited ConfigMap keeps its comments and layout; a new one gets upstream's key order.
         text = rewrite(live_text, fmt.device_config_dict(cfg), fmt.render_device_config_dict) \
             if live_text else fmt.render_device_config(cfg)
+        unreadable = _still_unreadable(text)
+        if unreadable is not None:
+            return failed_target("ConfigMap", ref.namespace, ref.name, view.device_config, Problem(
+                "spec.targets.deviceConfig", "DeviceConfigUnreadable",
+                f"{where} key {fmt.CONFIGMAP_KEY}: {unreadable.field}: {unreadable.problem}. The "
+                "operator does not own that setting and keeps it as written, so writing its own "
+                f"would not make the file readable ({unreadable.fix}): fix or remove it",
+                object=where))
     return configmap_target(ref.namespace, ref.name, fmt.CONFIGMAP_KEY, view.device_config, text,
                             short_hash(ours.to_yaml_dict()))
