@@ -255,8 +255,9 @@ class Kube:
             on_node = f"spec.nodeName={node}"
             for pod in await self.list_objects("Pod", namespace, labels=labels, fields=on_node):
                 owners = pod.get("metadata", {}).get("ownerReferences") or []
-                if uid and owners and not any(owner.get("uid") == uid for owner in owners):
-                    continue  # same labels, other owner: not ours to restart
+                if uid and not any(owner.get("uid") == uid for owner in owners):
+                    continue  # same labels, another owner or none (a hand-made pod): not ours
+                    # to restart; deleted, it would not come back
                 pods.append(pod)
         return pods
 

@@ -27,7 +27,8 @@ RESYNC = 0.25
 
 
 def plugin_pods(emulator: Emulator) -> None:
-    """One device plugin pod per node (owned by the DaemonSet), and an unrelated pod beside each."""
+    """One device plugin pod per node (owned by the DaemonSet), and two unrelated pods beside each:
+    one with other labels, one a hand-made copy of the plugin's (its labels, no owner)."""
     ds = emulator.get_object("DaemonSet", PLUGIN_NS, "volcano-device-plugin")
     assert ds is not None
     owner = {
@@ -60,6 +61,19 @@ def plugin_pods(emulator: Emulator) -> None:
                     "name": f"bystander-{node}",
                     "namespace": PLUGIN_NS,
                     "labels": {"name": "something-else"},
+                },
+                "spec": {"nodeName": node},
+                "status": {"phase": "Running"},
+            }
+        )
+        emulator.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"plugin-debug-{node}",
+                    "namespace": PLUGIN_NS,
+                    "labels": {"name": "volcano-device-plugin"},
                 },
                 "spec": {"nodeName": node},
                 "status": {"phase": "Running"},

@@ -138,6 +138,8 @@ async def test_node_override_change_recreates_only_that_nodes_plugin_pod(
     pods = _plugin_pods(cluster)
     assert f"volcano-device-plugin-{second}" in pods, "other nodes keep their plugin pod"
     assert {f"bystander-{first}", f"bystander-{second}"} <= pods, "unrelated pods are never touched"
+    # Nor one with the plugin's labels and no owner (deleted, nothing would bring it back).
+    assert {f"plugin-debug-{first}", f"plugin-debug-{second}"} <= pods
     assert '"operatingmode": "mig"' in cluster.data("volcano-vgpu-node-config", "config.json")
     assert cluster.writes_to("/daemonsets/") == ds_writes, "node-config changes need no DaemonSet rollout"
     assert plugin_pod_restarts() == restarted + 1  # settled: all recorded
