@@ -161,6 +161,12 @@ def resolve_settings(
     if split <= 0:
         r.warnings.append(f"deviceSplitCount={split} advertises no devices; using 1 (set it to 1 or more)")
         split = 1
+    if int(100 * scaling) <= 0:
+        # No core devices at all: Volcano v1.14.3 and later then pass the node over (the
+        # scheduler itself caps cores at 100 a GPU whatever this says).
+        r.warnings.append(f"deviceCoreScaling={scaling} advertises no {names.cores} devices; using 1 "
+                          "(set it above 0.01; the scheduler counts 100 cores a GPU regardless)")
+        scaling = 1.0
     if flags.mig_strategy != "none":
         r.warnings.append(
             f"--mig-strategy={flags.mig_strategy} is not supported (upstream's static MIG strategies "

@@ -59,6 +59,16 @@ def test_unusable_values_are_corrected_with_a_warning() -> None:
                for w in s.warnings) == 3
 
 
+
+@pytest.mark.parametrize("scaling", ["0", "-1", "0.004"])
+def test_a_core_scaling_that_advertises_no_cores_is_corrected_with_a_warning(scaling: str) -> None:
+    # 0 core devices a GPU: Volcano v1.14.3 and later pass such a node over, silently.
+    cfg = parse_device_config(f"nvidia:\n  deviceCoreScaling: {scaling}\n")
+    s = resolve_settings(Flags(node_name=NODE), cfg, None)
+    assert s.cores_per_gpu == 100
+    assert [w for w in s.warnings if f"deviceCoreScaling={float(scaling)}" in w and "using 1" in w]
+
+
 def test_namespace_lookup_order() -> None:
     assert Flags(node_name=NODE).device_config_namespaces() == ("kube-system", "volcano-system")
     assert Flags(node_name=NODE, device_config_namespace="gpu").device_config_namespaces() == ("gpu",)
