@@ -266,6 +266,16 @@ def test_device_records_that_cannot_be_the_libraries_are_not_reported(
     assert caplog.text.count(why) == 1  # once, not at every scrape
 
 
+def test_a_region_of_another_layout_is_said_once_not_at_every_scrape(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A tenant can write anything into its region file (or run HAMi-core's own library).
+    write_container(tmp_path, "foreign", bytes(region_bytes([], [], magic=19920718)))
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            assert scan(str(tmp_path)) == []
+    assert caplog.text.count("unknown layout") == 1
+
+
 def test_folder_removed_during_a_scan_is_skipped(tmp_path: Path) -> None:
     # The plugin's cleanup may remove a gone pod's folder between the listing and the read.
     assert read_container(tmp_path / f"{POD_UID}_gone") is None

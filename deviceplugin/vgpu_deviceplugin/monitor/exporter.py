@@ -31,6 +31,7 @@ from vgpu_formats.cli import version
 
 from vgpu_deviceplugin.monitor.assigned import records_fit
 from vgpu_deviceplugin.monitor.host import HostGpu, HostGpuSource, NvmlHostGpus
+from vgpu_deviceplugin.monitor.once import warn_once
 from vgpu_deviceplugin.monitor.scan import ContainerRegion, scan
 
 CONTAINER_LABELS = ["zone", "poduid", "podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid"]
@@ -104,7 +105,7 @@ def metrics(
         assigned = c.assigned
         unfit = records_fit(assigned, [(d.index, d.uuid) for d in c.region.devices]) if assigned else ""
         if unfit:
-            _warn_once(c.path, f"{c.path}: {unfit}; its device figures are not reported")
+            warn_once(log, c.path, f"{c.path}: {unfit}; its device figures are not reported")
         for dev in () if unfit else c.region.devices:
             capped = assigned.memory_limit(dev.index) if assigned else dev.limit_bytes
             labels = [*base, str(dev.index), dev.uuid]
@@ -135,16 +136,6 @@ def metrics(
         families += [_renamed(f, LEGACY_NAMES[f.name]) for f in families if f.name in LEGACY_NAMES]
     return families
 
-
-_warned: set[str] = set()  # (a scrape every few seconds must not repeat a line per container)
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        if len(_warned) >= 10_000:  # containers come and go: bounded
-            _warned.clear()
-        _warned.add(key)
-        log.warning("%s", message)
 
 
 def _renamed(family: Metric, name: str) -> Metric:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from vgpu_deviceplugin.allocate import SETTINGS_FILE_NAME
 from vgpu_deviceplugin.monitor.assigned import Assigned, parse_assigned
+from vgpu_deviceplugin.monitor.once import warn_once
 from vgpu_deviceplugin.monitor.region import (
     Region,
     RegionError,
@@ -103,7 +104,8 @@ def read_container(directory: Path) -> ContainerRegion | None:
     except RegionNotReady:
         return None
     except RegionError as exc:
-        log.warning("%s: %s", path, exc)
+        # A tenant can write anything into its region file: said once, not at every scrape.
+        warn_once(log, f"{path}: {exc}", f"{path}: {exc}")
         return None
     finally:
         os.close(fd)
