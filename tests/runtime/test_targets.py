@@ -46,18 +46,25 @@ class Following:
 
 
 @asynccontextmanager
-async def following() -> AsyncIterator[Following]:
+async def following(refused: int = 0, retry_forbidden: float = targets.FORBIDDEN_RETRY_SECONDS,
+                    ) -> AsyncIterator[Following]:
+    """The policy's objects followed; `refused`: the first lists of the device-config answer
+    403, as when its RoleBinding comes after the operator started."""
     async with run_emulator(FIXTURES / "cluster") as running:
         running.emulator.apply(_configmap(*DEVICE_CONFIG[1:], "1"))
+        if refused:
+            running.emulator.fail_next("GET", r"/namespaces/kube-system/configmaps$", status=403,
+                                       times=refused)
         kube = Kube(await new_api_client(str(running.kubeconfig)))
         policies, stop, triggers = PolicyIndex(), asyncio.Event(), []
         policies.update(_policy(1))
-        follow = targets.follow(kube, policies, lambda: triggers.append(1), stop, poll=0.02)
+        follow = targets.follow(kube, policies, lambda: triggers.append(1), stop, poll=0.02,
+                                retry_forbidden=retry_forbidden)
         task = asyncio.create_task(follow)
         try:
             state = Following(running.emulator, policies, triggers)
-            await eventually(lambda: running.emulator.open_watches() == 5,
-                             what="one watch per object of the policy")
+            await eventually(lambda: running.emulator.open_watches() >= 5 - (1 if refused else 0),
+                             what="one watch per object of the policy (but a refused one)")
             yield state
         finally:
             stop.set()
@@ -84,6 +91,15 @@ async def test_one_watch_per_named_object_and_a_trigger_only_for_them() -> None:
         await eventually(lambda: state.triggers, what="a trigger for the edited ConfigMap")
         await asyncio.sleep(0.2)
         assert len(state.triggers) == 1
+
+
+async def test_a_watch_the_rbac_refused_is_tried_again() -> None:
+    # Before, one 403 stopped following that object for the process's life: its hand edits
+    # were repaired only at the next resync.
+    async with following(refused=1, retry_forbidden=0.3) as state:
+        await eventually(lambda: state.emulator.open_watches() == 5, what="the refused watch tried again")
+        state.emulator.apply(_configmap(*DEVICE_CONFIG[1:], "2"))  # a hand edit
+        await eventually(lambda: state.triggers, what="a trigger for the edited ConfigMap")
 
 
 async def test_changes_while_the_watch_was_down_are_not_lost() -> None:

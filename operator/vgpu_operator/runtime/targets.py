@@ -28,6 +28,11 @@ from vgpu_operator.runtime.watching import BACKOFF_SECONDS, list_and_watch
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.5  # how soon a policy that names other objects gets its new watches
+# A watch the RBAC refused is tried again this much later: a grant may come after the operator
+# started (a RoleBinding applied later), and until it is retried, a hand edit of that object is
+# repaired only at the next resync.
+FORBIDDEN_RETRY_SECONDS = 60.0
+_said_forbidden: set[Key] = set()  # a refusal is said at info once per object, then at debug
 
 
 def targets_of(body: dict[str, Any] | None) -> frozenset[Key]:
@@ -66,9 +71,12 @@ async def watch_one(kube: Kube, key: Key, trigger: Callable[[], None],
 
     def forbidden(exc: Exception) -> bool:
         # An object the RBAC does not name (the optional shadow copy of device-config): the
-        # reconcile reads it when it can; nothing to follow here.
+        # reconcile reads it when it can; `follow` tries again now and then.
         if isinstance(exc, ApiException) and exc.status == 403:
-            logger.info("%s %s/%s: not watchable with this RBAC; not followed", kind, namespace, name)
+            level = logging.DEBUG if key in _said_forbidden else logging.INFO
+            _said_forbidden.add(key)
+            logger.log(level, "%s %s/%s: not watchable with this RBAC; not followed (tried again "
+                       "every %.0f s)", kind, namespace, name, FORBIDDEN_RETRY_SECONDS)
             return True
         return False
 
@@ -77,11 +85,15 @@ async def watch_one(kube: Kube, key: Key, trigger: Callable[[], None],
 
 
 async def follow(kube: Kube, policies: PolicyIndex, trigger: Callable[[], None], stop: asyncio.Event,
-                 poll: float = POLL_SECONDS, backoff: tuple[float, ...] = BACKOFF_SECONDS) -> None:
-    """Keep one watch per object of the active policy until `stop` is set."""
+                 poll: float = POLL_SECONDS, backoff: tuple[float, ...] = BACKOFF_SECONDS,
+                 retry_forbidden: float = FORBIDDEN_RETRY_SECONDS) -> None:
+    """Keep one watch per object of the active policy until `stop` is set; a watch that gave up
+    (the RBAC refused it) starts again `retry_forbidden` seconds after it ended."""
     tasks: dict[Key, asyncio.Task[None]] = {}
+    ended: dict[Key, float] = {}  # when each watch that gave up ended (loop time)
     body: dict[str, Any] | None = None
     wanted: frozenset[Key] = frozenset()
+    loop = asyncio.get_running_loop()
     try:
         while not stop.is_set():
             active = policies.active()
@@ -90,6 +102,10 @@ async def follow(kube: Kube, policies: PolicyIndex, trigger: Callable[[], None],
                 body, wanted = latest, targets_of(latest)
             for key in set(tasks) - wanted:
                 tasks.pop(key).cancel()
+                ended.pop(key, None)
+            for key in [k for k, task in tasks.items() if task.done()]:
+                if loop.time() - ended.setdefault(key, loop.time()) >= retry_forbidden:
+                    del tasks[key], ended[key]
             for key in sorted(wanted - set(tasks)):
                 tasks[key] = asyncio.create_task(watch_one(kube, key, trigger, backoff),
                                                  name=f"vgpu-operator watch {key[0]} {key[1]}/{key[2]}")
