@@ -194,33 +194,45 @@ class Allocator:
         state.last_pod = ref.uid
         return Outcome(True, result)
 
-    async def _swap_taken(self, ref: PodRef, old: str, new: str, exc: KubeError) -> dict[str, Any]:
-        """The pod, when the swap that raised `exc` took all the same; else an AllocateError.
+    async def _swap(self, ref: PodRef, old: str, new: str, phase: str | None) -> dict[str, Any]:
+        """Consumes the call's part: the pod's devices-to-allocate from `old` to `new` by
+        compare-and-swap (and, given `phase`, only while the pod is in it); the updated pod.
 
-        Refused (422: changed under it, 404: gone), the swap did not take, and the call may be
-        decided again on a fresh list. Any other failure (a timeout, a connection reset, a 5xx)
-        may have come after the server applied it: deciding again would then find this pod's
-        part consumed and give this container the next pod's part. So the pod is read back: the
-        part consumed means the swap took, and the call is answered with it; the part still
-        there, it did not, and the call is decided again; anything else (or no reading) fails
-        the call, deciding nothing again."""
-        failed = f"pod {ref}: cannot update its annotations: {exc}"
-        if exc.status in (404, 409, 422):
-            raise AllocateError(failed, ref) from exc
+        Refused at once (422: changed under it, 409, 404: gone), the swap did not take, and the
+        call may be decided again on a fresh list (a stale cache). Any other failure (a timeout,
+        a reset connection, a 5xx) may come after the server applied it, or before it applies
+        it late: deciding again would find this pod's part consumed and give this container the
+        next waiting pod's part. So the pod is read back: its part consumed, the swap took and
+        the call is answered with it; its part still there, the same swap is made once more
+        (the compare lets only one of the two take); anything else, or no reading, fails the
+        call, deciding nothing again."""
+        attempts = 2
+        for attempt in range(1, attempts + 1):
+            try:
+                return await self._kube.consume_devices(ref.namespace, ref.name, old, new, phase)
+            except KubeError as exc:
+                failed = f"pod {ref}: cannot update its annotations: {exc}"
+                if attempt == 1 and exc.status in (404, 409, 422):
+                    raise AllocateError(failed, ref) from exc
+                pod = await self._read_back(ref, failed)
+                now = ((pod or {}).get("metadata") or {}).get("annotations") or {}
+                if pod is not None and now.get(DEVICES_TO_ALLOCATE) == new:
+                    log.warning("%s; read back, it took: the call is answered with that part", failed)
+                    return dict(pod)
+                if now.get(DEVICES_TO_ALLOCATE) != old or attempt == attempts:
+                    raise AllocateError(f"{failed}; read back, its {DEVICES_TO_ALLOCATE} is not the "
+                                        "value after the swap", ref, final=True) from exc
+                log.warning("%s; read back, it did not take: swapping again", failed)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _read_back(self, ref: PodRef, failed: str) -> Pod | None:
+        """The pod as a fresh list shows it (None: gone); a failed list fails the call for good."""
         try:
             pods = await self._kube.list_pods_on_node(self._state.settings.node_name)
         except KubeError as again:
             raise AllocateError(f"{failed}; nor read it back to see whether it took: {again}",
-                                ref, final=True) from exc
-        pod = next((p for p in pods if (p.get("metadata") or {}).get("uid") == ref.uid), None)
-        now = ((pod or {}).get("metadata") or {}).get("annotations", {}).get(DEVICES_TO_ALLOCATE)
-        if pod is not None and now == new:
-            log.warning("%s; read back, it took: the call is answered with that part", failed)
-            return dict(pod)
-        if now == old:
-            raise AllocateError(failed, ref) from exc
-        raise AllocateError(f"{failed}; read back, its {DEVICES_TO_ALLOCATE} is neither the "
-                            "value before nor after the swap", ref, final=True) from exc
+                                ref, final=True) from again
+        return next((p for p in pods if (p.get("metadata") or {}).get("uid") == ref.uid), None)
 
     async def _answer(self, ref: PodRef, pod: Pod, call: Call) -> Plan:
         """Plans `call`, consumes its part (compare-and-swap) and writes the container's files."""
@@ -246,11 +258,7 @@ class Allocator:
             # rejected the pod (its status is written asynchronously), and a stale 422 decides
             # again on a fresh list, where the pod is no candidate.
             phase = (pod.get("status") or {}).get("phase")
-            try:
-                updated = await self._kube.consume_devices(ref.namespace, ref.name, old,
-                                                           result.devices_to_allocate, phase)
-            except KubeError as exc:
-                updated = await self._swap_taken(ref, old, result.devices_to_allocate, exc)
+            updated = await self._swap(ref, old, result.devices_to_allocate, phase)
             if self._cache is not None:
                 self._cache.put(updated)
             # After the swap, not before: a decision on a stale cache names a container already

@@ -165,7 +165,7 @@ def resolve_settings(
         # No core devices at all: Volcano v1.14.3 and later then pass the node over (the
         # scheduler itself caps cores at 100 a GPU whatever this says).
         r.warnings.append(f"deviceCoreScaling={scaling} advertises no {names.cores} devices; using 1 "
-                          "(set it above 0.01; the scheduler counts 100 cores a GPU regardless)")
+                          "(set it to 0.01 or more; the scheduler counts 100 cores a GPU regardless)")
         scaling = 1.0
     if flags.mig_strategy != "none":
         r.warnings.append(

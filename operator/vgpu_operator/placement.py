@@ -15,14 +15,15 @@ from typing import Any
 
 from vgpu_operator.render.inputs import pod_template
 
-# Tolerations the DaemonSet controller adds to every DaemonSet pod (the node lifecycle taints):
-# a node carrying only these still runs the plugin.
+# The tolerations the DaemonSet controller adds to every DaemonSet pod, (key, effect): a node
+# carrying only these taints still runs the plugin. A hostNetwork pod also tolerates
+# network-unavailable (HOST_NETWORK_TOLERATED).
 DAEMONSET_TOLERATED = frozenset({
-    "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
-    "node.kubernetes.io/disk-pressure", "node.kubernetes.io/memory-pressure",
-    "node.kubernetes.io/pid-pressure", "node.kubernetes.io/unschedulable",
-    "node.kubernetes.io/network-unavailable",
+    ("node.kubernetes.io/not-ready", "NoExecute"), ("node.kubernetes.io/unreachable", "NoExecute"),
+    ("node.kubernetes.io/disk-pressure", "NoSchedule"), ("node.kubernetes.io/memory-pressure", "NoSchedule"),
+    ("node.kubernetes.io/pid-pressure", "NoSchedule"), ("node.kubernetes.io/unschedulable", "NoSchedule"),
 })
+HOST_NETWORK_TOLERATED = ("node.kubernetes.io/network-unavailable", "NoSchedule")
 
 
 def runs_on(daemonset: Mapping[str, Any] | None, node: Mapping[str, Any]) -> bool:
@@ -36,7 +37,8 @@ def runs_on(daemonset: Mapping[str, Any] | None, node: Mapping[str, Any]) -> boo
     name = str(meta.get("name", ""))
     return (_selector_admits(spec.get("nodeSelector"), labels)
             and _affinity_admits(spec.get("affinity"), labels, name)
-            and _tolerated(spec.get("tolerations"), (node.get("spec") or {}).get("taints")))
+            and _tolerated(spec.get("tolerations"), (node.get("spec") or {}).get("taints"),
+                           spec.get("hostNetwork") is True))
 
 
 def _selector_admits(selector: Any, labels: Mapping[str, Any]) -> bool:
@@ -88,14 +90,15 @@ def _requirement_holds(expression: Mapping[str, Any], values: Mapping[str, Any])
     return False  # an unknown operator, or Gt/Lt on a missing or non-integer label
 
 
-def _tolerated(tolerations: Any, taints: Any) -> bool:
+def _tolerated(tolerations: Any, taints: Any, host_network: bool) -> bool:
     """Every NoSchedule and NoExecute taint of the node is tolerated (PreferNoSchedule does not
     keep a DaemonSet pod away)."""
     given = [t for t in tolerations or [] if isinstance(t, dict)] if isinstance(tolerations, list) else []
+    automatic = DAEMONSET_TOLERATED | ({HOST_NETWORK_TOLERATED} if host_network else set())
     for taint in taints if isinstance(taints, list) else []:
         if not isinstance(taint, dict) or taint.get("effect") not in ("NoSchedule", "NoExecute"):
             continue
-        if taint.get("key") in DAEMONSET_TOLERATED:
+        if (taint.get("key"), taint.get("effect")) in automatic:
             continue
         if not any(_tolerates(t, taint) for t in given):
             return False

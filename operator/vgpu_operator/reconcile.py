@@ -69,7 +69,7 @@ class Reconciler:
         # Nodes whose plugin pod this process recreated while announced restarts were pending: a
         # reconcile that retries after a late failure must not restart them twice.
         self._recreated: set[str] = set()
-        # Per policy, the ApplyFailed event last posted and when (monotonic): one per failure.
+        # Per policy (`_identity`), the ApplyFailed event last posted and when (monotonic).
         self._apply_failed: dict[str, tuple[str, float]] = {}
 
     async def release(self, name: str, body: dict[str, Any]) -> None:
@@ -238,10 +238,10 @@ class Reconciler:
         except Exception as exc:
             error = describe_error(exc)[:1024]
             log.warning("applying VGPUPolicy %s failed: %s", body["metadata"]["name"], error)
-            if self._apply_failure_is_news(body["metadata"]["name"], error):
+            if self._apply_failure_is_news(_identity(body), error):
                 await self.kube.post_event(body, "Warning", "ApplyFailed", error)
         else:
-            self._apply_failed.pop(body["metadata"]["name"], None)
+            self._apply_failed.pop(_identity(body), None)
             self.metrics.drift_repairs.inc(sum(1 for d in plan.decisions if d.repair))
         # What happened before a failure did happen: reported like a whole apply's.
         restarted = plan.done(recreated, written)
@@ -254,16 +254,16 @@ class Reconciler:
             await self.kube.post_event(body, event.type, event.reason, event.message)
         return error, restarted, frozenset(written)
 
-    def _apply_failure_is_news(self, name: str, error: str) -> bool:
+    def _apply_failure_is_news(self, policy: str, error: str) -> bool:
         """Whether an ApplyFailed event is due: the first failure in a row, one that says something
         else, or the same again after APPLY_FAILED_REPEAT_SECONDS (Events expire; the Applied
         condition says it all along). A lasting failure retried every few seconds posted an
         Event each time."""
         now = time.monotonic()
-        last = self._apply_failed.get(name)
+        last = self._apply_failed.get(policy)
         if last is not None and last[0] == error and now - last[1] < APPLY_FAILED_REPEAT_SECONDS:
             return False
-        self._apply_failed[name] = (error, now)
+        self._apply_failed[policy] = (error, now)
         return True
 
     async def _settle_pending(self, plan: Plan, announced: bool, log: logs.PolicyLogger) -> None:
@@ -367,3 +367,9 @@ def _log_write(log: logs.PolicyLogger, decision: TargetDecision) -> None:
     else:
         verb, reason, detail = "updated", "policy", "differed from the policy"
     logs.action(log, verb, target.kind, target.namespace, target.name, reason, detail)
+
+
+def _identity(body: dict[str, Any]) -> str:
+    """A policy's uid (a policy deleted and made again is another), else its name."""
+    meta = body.get("metadata") or {}
+    return str(meta.get("uid") or meta.get("name"))

@@ -92,7 +92,14 @@ def test_an_untolerated_taint_keeps_the_plugin_away() -> None:
 
 def test_taints_a_daemonset_pod_runs_beside() -> None:
     # PreferNoSchedule does not keep it away, nor do the lifecycle taints the DaemonSet
-    # controller tolerates on every DaemonSet pod (a cordoned node keeps its plugin).
+    # controller tolerates on every DaemonSet pod (a cordoned node keeps its plugin), each for
+    # its own effect only; network-unavailable only for a hostNetwork pod.
     taints = [{"key": "x", "effect": "PreferNoSchedule"},
-              {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]
+              {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+              {"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}]
     assert runs_on(_daemonset(), _node(taints=taints))
+    not_ready = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+    assert not runs_on(_daemonset(), _node(taints=[not_ready]))
+    no_network = {"key": "node.kubernetes.io/network-unavailable", "effect": "NoSchedule"}
+    assert not runs_on(_daemonset(), _node(taints=[no_network]))
+    assert runs_on(_daemonset(hostNetwork=True), _node(taints=[no_network]))

@@ -40,6 +40,8 @@ class FakeKube:
         self.writes: list[tuple[str, str, dict[str, Any]]] = []
         self.fail: dict[str, list[str]] = {}  # method name -> messages of the next failures
         self.lost_replies = 0  # the next swaps that take but whose reply is lost (a timeout)
+        self.late_swaps = 0  # the next swaps that time out and take only after the next pod list
+        self._late: list[tuple[str, str, str]] = []
         self._watchers: list[asyncio.Queue[None]] = []
         self._pod_watchers: list[asyncio.Queue[tuple[str, dict[str, Any]]]] = []
 
@@ -84,7 +86,12 @@ class FakeKube:
 
     async def list_pods_on_node(self, node: str) -> list[dict[str, Any]]:
         self._check("list_pods_on_node")
-        return [copy.deepcopy(p) for p in self.pods.values() if p.get("spec", {}).get("nodeName") == node]
+        listed = [copy.deepcopy(p) for p in self.pods.values() if p.get("spec", {}).get("nodeName") == node]
+        while self._late:  # a timed-out swap the server applies late, after this list was read
+            namespace, name, new = self._late.pop()
+            late = {"metadata": {"annotations": {ann.DEVICES_TO_ALLOCATE: new}}}
+            await self.patch_pod(namespace, name, late)
+        return listed
 
     async def pod_events(self, node: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
@@ -114,6 +121,10 @@ class FakeKube:
                               phase: str | None = None) -> dict[str, Any]:
         self._check("consume_devices")
         key = (namespace, name)
+        if self.late_swaps:
+            self.late_swaps -= 1
+            self._late.append((namespace, name, new))
+            raise KubeError(f"Pod {namespace}/{name}: TimeoutError()")
         if key not in self.pods:
             raise KubeError(f"Pod {namespace}/{name}: HTTP 404 Not Found", 404)
         if self.pods[key]["metadata"]["annotations"].get(ann.DEVICES_TO_ALLOCATE) != old or (

@@ -265,6 +265,27 @@ async def test_a_swap_whose_reply_is_lost_is_read_back_never_taken_for_the_next_
     assert (await allocator.allocate(1)).pod.name == "second"
 
 
+@pytest.mark.parametrize("late", [False, True])
+async def test_a_timed_out_swap_read_back_untaken_is_made_again_for_the_same_pod(tmp_path: Any,
+                                                                                 late: bool) -> None:
+    # The swap timed out and the read-back still shows the part. It may never have reached
+    # the server, or (late) the server applies it after the read-back: the same swap is made
+    # again, which the compare lets take once, and never the next pod's part instead.
+    first = _waiting("first", [ctr("gpu", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="1")
+    second = _waiting("second", [ctr("gpu", 1, memory=1000)], f"{GPU_B},NVIDIA,1000,0:", vgpu_time="2")
+    kube, allocator = _memory_world(tmp_path, first, second)
+    allocator._cache = _synced_cache(first, second)
+    if late:
+        kube.late_swaps = 1
+    else:
+        kube.fail_next("consume_devices", "Pod default/first: TimeoutError()")
+    served = await allocator.allocate(1)
+    assert served.pod.name == "first" and served.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A and served.done
+    assert _annotations(kube, "first")[ann.BIND_PHASE] == ann.BIND_PHASE_SUCCESS
+    assert _annotations(kube, "second")[ann.DEVICES_TO_ALLOCATE] == f"{GPU_B},NVIDIA,1000,0:"
+    assert _annotations(kube, "second")[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
+
+
 async def test_a_lost_swap_reply_that_cannot_be_read_back_fails_the_call_deciding_nothing_again(
         tmp_path: Any) -> None:
     first = _waiting("first", [ctr("gpu", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="1")

@@ -164,17 +164,23 @@ async def test_persistent_failure_is_reported_then_recovers(cluster: Cluster) ->
 async def test_a_lasting_failure_posts_one_event_not_one_per_retry(cluster: Cluster) -> None:
     # An admission policy refusing a write fails every retry alike: before, each one (every 5 s
     # at most) posted its own ApplyFailed Warning, about 720 an hour.
-    fault = cluster.emulator.fail_next("PATCH", r"/deployments/volcano-scheduler$", status=403, times=10**6)
-    cluster.create_policy()
+    refused = r"/configmaps/volcano-vgpu-device-config$"
+    fault = cluster.emulator.fail_next("PATCH", refused, status=403, times=10**6)
+    cluster.create_policy(spec={"device": {"overwriteEnv": True}})  # the fixture has false: a write
     errors = cluster.metrics.reconciles.labels(result="error")
     await eventually(lambda: errors._value.get() >= 4, what="four failed reconciles in a row")
-    assert len(cluster.events("ApplyFailed")) == 1
+    first = cluster.events("ApplyFailed")
+    assert len(first) == 1
     fault.times = 0
     await cluster.ready()
-    # A failure after a success is news again.
-    cluster.emulator.fail_next("PATCH", r"/configmaps/volcano-vgpu-device-config$", status=403, times=10**6)
-    cluster.set_spec("default", lambda spec: spec.update(device={"deviceSplitCount": 7}))
-    await eventually(lambda: len(cluster.events("ApplyFailed")) == 2, what="the next failure's event")
+    # The same failure again, after a success between: news again, said anew.
+    before = errors._value.get()
+    cluster.emulator.fail_next("PATCH", refused, status=403, times=10**6)
+    cluster.edit("ConfigMap", "kube-system", "volcano-vgpu-device-config",  # repaired: a write
+                 lambda cm: cm["data"].update({"device-config.yaml": "nvidia: {}\n"}))
+    await eventually(lambda: errors._value.get() >= before + 2, what="two more failed reconciles")
+    events = cluster.events("ApplyFailed")
+    assert len(events) == 2 and events[1]["message"] == first[0]["message"]
 
 
 async def test_dropped_watches_do_not_lose_changes(cluster: Cluster) -> None:

@@ -76,7 +76,7 @@ async def watch_one(kube: Kube, key: Key, trigger: Callable[[], None],
             level = logging.DEBUG if key in _said_forbidden else logging.INFO
             _said_forbidden.add(key)
             logger.log(level, "%s %s/%s: not watchable with this RBAC; not followed (tried again "
-                       "every %.0f s)", kind, namespace, name, FORBIDDEN_RETRY_SECONDS)
+                       "later)", kind, namespace, name)
             return True
         return False
 
@@ -104,7 +104,12 @@ async def follow(kube: Kube, policies: PolicyIndex, trigger: Callable[[], None],
                 tasks.pop(key).cancel()
                 ended.pop(key, None)
             for key in [k for k, task in tasks.items() if task.done()]:
-                if loop.time() - ended.setdefault(key, loop.time()) >= retry_forbidden:
+                if key not in ended:
+                    ended[key] = loop.time()
+                    failure = None if tasks[key].cancelled() else tasks[key].exception()
+                    if failure is not None:  # a bug: said, and the watch started again as after a 403
+                        logger.error("the watch of %s %s/%s failed", *key, exc_info=failure)
+                if loop.time() - ended[key] >= retry_forbidden:
                     del tasks[key], ended[key]
             for key in sorted(wanted - set(tasks)):
                 tasks[key] = asyncio.create_task(watch_one(kube, key, trigger, backoff),
