@@ -38,7 +38,7 @@ from vgpu_operator import api
 from vgpu_operator.api import TargetState
 from vgpu_operator.registry import BY_SLOT, ROLLOUTS, Key, PluginPods, RestartKind, Rollout
 from vgpu_operator.render.inputs import describe as describe_object
-from vgpu_operator.render.inputs import template_annotations
+from vgpu_operator.render.inputs import template_annotations, updated_on_delete
 from vgpu_operator.render.target import TargetRender
 
 logger = logging.getLogger(__name__)
@@ -178,6 +178,8 @@ def _restarts(decisions: Sequence[TargetDecision], builtin_plugin: bool,
         if isinstance(rule, Rollout):
             before, after = _template_annotation(target.live, rule.annotation), target.restart_hash
             if after is not None and before != after:
+                if rule.kind == "daemonset" and updated_on_delete(target.live):
+                    continue  # no pod restarts: not reported as a restart (validate warns)
                 daemonset_rolls = daemonset_rolls or rule.kind == "daemonset"
                 why = ("scheduler config changed" if rule.kind == "scheduler"
                        else "device plugin config changed")

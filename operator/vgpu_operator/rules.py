@@ -200,6 +200,9 @@ MIG_STRATEGY_UNUSED = _operator("MigStrategyUnused", "warning", "spec.nodeOverri
                                 "use operatingMode mig for dynamic MIG")
 NODE_CONFIG_NOT_MOUNTED = _operator("NodeConfigNotMounted", "warning", "spec.targets.nodeConfig.name",
                                     "mount it at /config or set spec.targets.nodeConfig.name")
+PLUGIN_ON_DELETE = _operator("DevicePluginOnDelete", "warning", "spec.devicePlugin.daemonSet",
+                             "set the DaemonSet's updateStrategy to RollingUpdate, or delete its pods "
+                             "after each change of its arguments")
 NODE_NOT_REGISTERED = Rule("node-not-registered", "error", "volcano.sh/node-vgpu-register",
                            "check the device plugin pod on the node")
 NODE_REGISTER_INVALID = Rule("node-register-invalid", "error", "volcano.sh/node-vgpu-register",

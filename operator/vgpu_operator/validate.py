@@ -33,6 +33,7 @@ from vgpu_operator.render.inputs import (
     find_plugin,
     pod_template,
     tier_plugins,
+    updated_on_delete,
 )
 from vgpu_operator.render.selectors import node_name, override_nodes
 from vgpu_operator.render.target import TargetRender
@@ -481,6 +482,17 @@ def check_gpu_memory_factor(spec: VGPUPolicySpec, observed: ClusterView) -> Iter
 
 
 # In this order, after `edited_object_errors`.
+def check_plugin_update_strategy(spec: VGPUPolicySpec, observed: ClusterView) -> Iterable[Problem]:
+    """The operator restarts the plugin for a change of its arguments by a template annotation:
+    a DaemonSet updated OnDelete ignores it, and its pods keep the old arguments until deleted."""
+    if observed.device_plugin is not None and updated_on_delete(observed.device_plugin):
+        where = describe("DaemonSet", spec.device_plugin.namespace, spec.device_plugin.daemon_set)
+        yield _problem(rules.PLUGIN_ON_DELETE, "spec.devicePlugin.daemonSet",
+                       f"{where} has updateStrategy OnDelete: a change of the plugin's arguments "
+                       "reaches its pods only once they are deleted (node-config changes still "
+                       f"restart their nodes' pods); {rules.PLUGIN_ON_DELETE.fix}", where)
+
+
 RULES: tuple[Rule, ...] = (
     check_volcano_version,
     check_plugin_generation,
@@ -488,4 +500,5 @@ RULES: tuple[Rule, ...] = (
     check_target_namespaces,
     check_node_overrides,
     check_gpu_memory_factor,
+    check_plugin_update_strategy,
 )

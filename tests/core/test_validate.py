@@ -188,6 +188,15 @@ def test_node_config_must_be_mounted(cluster_docs: list[dict[str, Any]]) -> None
     assert "NodeConfigNotMounted" in _reasons(problems)
 
 
+def test_a_plugin_daemonset_updated_on_delete_is_a_warning(cluster_docs: list[dict[str, Any]]) -> None:
+    assert "DevicePluginOnDelete" not in _reasons(_problems({}, cluster_docs))
+    docs = copy.deepcopy(cluster_docs)
+    next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["updateStrategy"] = {"type": "OnDelete"}
+    (found,) = [p for p in _problems({}, docs) if p.reason == "DevicePluginOnDelete"]
+    assert found.severity == "warning" and "RollingUpdate" in found.message
+    assert found.object.startswith("DaemonSet ")
+
+
 def test_every_problem_says_what_to_do(cluster_docs: list[dict[str, Any]]) -> None:
     docs = _with_images(cluster_docs, scheduler="volcanosh/vc-scheduler:v1.16.0")
     spec = {"resources": {"count": "volcano.sh/gpu"}, "device": {"gpuMemoryFactor": 40000},

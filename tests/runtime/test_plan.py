@@ -108,6 +108,19 @@ def test_plugin_pods_recreated_only_on_changed_nodes_and_only_when_needed() -> N
     assert [r.kind for r in rolling.restarts] == ["daemonset"]
 
 
+def test_a_daemonset_updated_on_delete_restarts_nothing_by_its_template() -> None:
+    # OnDelete ignores a template change: before, a rollout was reported (an event, a
+    # status.restarts entry) that restarted no pod, and node-config changes, taken as covered
+    # by it, never reached the plugin.
+    on_delete = _workload("DaemonSet", PLUGIN_HASH, "a", "b")
+    assert on_delete.live is not None
+    on_delete.live["spec"]["updateStrategy"] = {"type": "OnDelete"}
+    plan = make_plan([_node_config(["n1"]), on_delete], {}, enforce=True, paused=False, builtin_plugin=False)
+    assert [d.write for d in plan.decisions] == [True, True]  # the arguments are written all the same
+    assert [(r.kind, r.target) for r in plan.restarts] == [("plugin-pod", "n1")]
+    assert plan.recreate_plugin_pods_on == ["n1"]
+
+
 def test_only_restarts_that_happened_are_reported() -> None:
     plan = make_plan([_node_config(["n1", "n2"]), _workload("Deployment", SCHEDULER_HASH, "a", "b")], {},
                      enforce=True, paused=False, builtin_plugin=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -166,3 +167,10 @@ def template_annotations(workload: dict[str, Any] | None) -> dict[str, str]:
     if workload is None:
         return {}
     return dict((pod_template(workload).get("metadata") or {}).get("annotations") or {})
+
+
+def updated_on_delete(daemonset: Mapping[str, Any] | None) -> bool:
+    """Whether the DaemonSet's pods take a new template only when deleted (updateStrategy
+    OnDelete): a rollout by template annotation then restarts nothing."""
+    strategy = ((daemonset or {}).get("spec") or {}).get("updateStrategy") or {}
+    return isinstance(strategy, dict) and strategy.get("type") == "OnDelete"
