@@ -8,6 +8,7 @@
 #include "cuda_driver.h"
 #include "devices.h"
 #include "footprint.h"
+#include "locks.h"
 #include "log.h"
 #include "memory.h"
 #include "region.h"
@@ -777,11 +778,26 @@ VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array)
     return destroy_array(MIPMAP_DESTROY, (uint64_t)(uintptr_t)array);
 }
 
+/* A call that keeps the books of virtual memory (vmm.h), made while its own thread is inside
+ * them (a signal handler's, the bookkeeping or a driver call under vgpu_vmm_hold interrupted):
+ * said on stderr, to be refused with CUDA_ERROR_NOT_PERMITTED before anything is read or
+ * changed. The vmm lock is recursive and would let it in: a release landing inside a mapping's
+ * driver call found no mapping and gave the mapped memory back (test_alloc handler-inside). */
+static int vmm_inside(const char *api)
+{
+    if (!vgpu_vmm_mine())
+        return 0;
+    vgpu_say_refused_inside(api);
+    return 1;
+}
+
 VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
     if (!ready() || real.cuMemCreate == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vmm_inside("cuMemCreate"))
+        return CUDA_ERROR_NOT_PERMITTED;
     /* The device is the one the properties name, never the current context's (threads that
      * create VMM memory often have none). Host and invalid locations are not counted. */
     int dev = -1;
@@ -842,6 +858,8 @@ VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     if (!ready() || real.cuMemRelease == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vmm_inside("cuMemRelease"))
+        return CUDA_ERROR_NOT_PERMITTED;
     struct vgpu_mem_record before = {0};
     vgpu_mem_find(VGPU_KIND_HANDLE, handle, &before);
     vgpu_mem_op_begin();
@@ -863,6 +881,8 @@ VGPU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 {
     if (!ready() || real.cuMemMap == NULL || real.cuMemUnmap == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vmm_inside("cuMemMap"))
+        return CUDA_ERROR_NOT_PERMITTED;
     vgpu_vmm_hold();
     CUresult rc = real.cuMemMap(ptr, size, offset, handle, flags);
     int recorded = rc != CUDA_SUCCESS || vgpu_vmm_mapped(ptr, size, handle) == 0;
@@ -880,6 +900,8 @@ VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h
 {
     if (!ready() || real.cuMemRetainAllocationHandle == NULL || real.cuMemRelease == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vmm_inside("cuMemRetainAllocationHandle"))
+        return CUDA_ERROR_NOT_PERMITTED;
     vgpu_vmm_hold(); /* as cuMemMap's: a release meanwhile would not see this reference */
     CUresult rc = real.cuMemRetainAllocationHandle(handle, addr);
     int recorded = rc != CUDA_SUCCESS || handle == NULL || vgpu_vmm_retained(*handle) == 0;
@@ -905,6 +927,8 @@ VGPU_EXPORT CUresult cuMemExportToShareableHandle(void *shareable,
 {
     if (!ready() || real.cuMemExportToShareableHandle == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vmm_inside("cuMemExportToShareableHandle"))
+        return CUDA_ERROR_NOT_PERMITTED;
     CUresult rc = real.cuMemExportToShareableHandle(shareable, handle, type, flags);
     if (rc != CUDA_SUCCESS || vgpu_vmm_exported(handle) == 0)
         return rc;
@@ -1068,20 +1092,23 @@ static uint64_t array_of(const CUarrayMapInfo *m)
  * undoes the bindings made before the call of the tiles within it (one that covers part of a
  * mapped tile undoes none: counted until the array is destroyed). A list of several entries
  * the driver refuses keeps its maps counted: it may have applied some. */
-static CUresult map_array(CUresult (*const *map)(CUarrayMapInfo *, unsigned int, CUstream),
+static CUresult map_array(const char *api,
+                          CUresult (*const *map)(CUarrayMapInfo *, unsigned int, CUstream),
                           CUarrayMapInfo *list, unsigned int count, CUstream stream)
 {
     if (!ready() || *map == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vmm_inside(api))
+        return CUDA_ERROR_NOT_PERMITTED;
     if (list == NULL || count == 0)
         return (*map)(list, count, stream);
     struct binds p;
     CUarrayMapInfo *copy = malloc((size_t)count * sizeof *copy);
     struct unbinds *unmaps = calloc(count, sizeof *unmaps);
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
-    if (binds_begin(&p, count, "cuMemMapArrayAsync") != 0 || copy == NULL || unmaps == NULL) {
+    if (binds_begin(&p, count, api) != 0 || copy == NULL || unmaps == NULL) {
         if (copy == NULL || unmaps == NULL)
-            no_room_to_bind("cuMemMapArrayAsync");
+            no_room_to_bind(api);
         free(copy);
         free(unmaps);
         return binds_end(&p, rc, 0);
@@ -1114,17 +1141,20 @@ static CUresult map_array(CUresult (*const *map)(CUarrayMapInfo *, unsigned int,
 VGPU_EXPORT CUresult cuMemMapArrayAsync(CUarrayMapInfo *list, unsigned int count,
                                         CUstream stream)
 {
-    return map_array(&real.cuMemMapArrayAsync, list, count, stream);
+    return map_array("cuMemMapArrayAsync", &real.cuMemMapArrayAsync, list, count, stream);
 }
 
 VGPU_EXPORT CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo *list, unsigned int count,
                                              CUstream stream)
 {
-    return map_array(&real.cuMemMapArrayAsync_ptsz, list, count, stream);
+    return map_array("cuMemMapArrayAsync_ptsz", &real.cuMemMapArrayAsync_ptsz, list, count,
+                     stream);
 }
 
 static CUresult destroy_array(enum free_api api, uint64_t array)
 {
+    if (vmm_inside(api == ARRAY_DESTROY ? "cuArrayDestroy" : "cuMipmappedArrayDestroy"))
+        return CUDA_ERROR_NOT_PERMITTED;
     struct unbinds u = unbinds_begin(&(struct vgpu_vmm_select){array, 0, UINT64_MAX, -1, NULL, NULL});
     vgpu_mem_op_begin();
     CUresult rc = release_counted(api, array, NULL);
@@ -1179,6 +1209,8 @@ VGPU_EXPORT CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t 
 {
     if (!ready() || real.cuMulticastBindMem == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vmm_inside("cuMulticastBindMem"))
+        return CUDA_ERROR_NOT_PERMITTED;
     struct binds p;
     if (bind_handle(&p, mc, -1, mc_offset, handle, "cuMulticastBindMem") != 0)
         return binds_end(&p, CUDA_ERROR_OUT_OF_MEMORY, 0);
@@ -1192,6 +1224,8 @@ VGPU_EXPORT CUresult cuMulticastBindMem_v2(CUmemGenericAllocationHandle mc, CUde
 {
     if (!ready() || real.cuMulticastBindMem_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vmm_inside("cuMulticastBindMem_v2"))
+        return CUDA_ERROR_NOT_PERMITTED;
     struct binds p;
     if (bind_handle(&p, mc, dev, mc_offset, handle, "cuMulticastBindMem") != 0)
         return binds_end(&p, CUDA_ERROR_OUT_OF_MEMORY, 0);
@@ -1204,6 +1238,8 @@ VGPU_EXPORT CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mc, size_t
 {
     if (!ready() || real.cuMulticastBindAddr == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vmm_inside("cuMulticastBindAddr"))
+        return CUDA_ERROR_NOT_PERMITTED;
     struct binds p;
     if (bind_range(&p, mc, -1, mc_offset, ptr, size, "cuMulticastBindAddr") != 0)
         return binds_end(&p, CUDA_ERROR_OUT_OF_MEMORY, 0);
@@ -1216,6 +1252,8 @@ VGPU_EXPORT CUresult cuMulticastBindAddr_v2(CUmemGenericAllocationHandle mc, CUd
 {
     if (!ready() || real.cuMulticastBindAddr_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vmm_inside("cuMulticastBindAddr_v2"))
+        return CUDA_ERROR_NOT_PERMITTED;
     struct binds p;
     if (bind_range(&p, mc, dev, mc_offset, ptr, size, "cuMulticastBindAddr") != 0)
         return binds_end(&p, CUDA_ERROR_OUT_OF_MEMORY, 0);
@@ -1228,6 +1266,8 @@ VGPU_EXPORT CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mc, CUdevice
 {
     if (!ready() || real.cuMulticastUnbind == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vmm_inside("cuMulticastUnbind"))
+        return CUDA_ERROR_NOT_PERMITTED;
     struct unbinds u = unbinds_begin(&(struct vgpu_vmm_select){mc, mc_offset, size, dev, NULL, NULL});
     vgpu_mem_op_begin();
     CUresult rc = real.cuMulticastUnbind(mc, dev, mc_offset, size);
@@ -1242,6 +1282,8 @@ VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     if (!ready() || real.cuMemUnmap == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (vmm_inside("cuMemUnmap"))
+        return CUDA_ERROR_NOT_PERMITTED;
     vgpu_mem_op_begin();
     vgpu_vmm_hold(); /* the range's mappings stay as read here until the bookkeeping after */
     size_t n = vgpu_vmm_handles_in(ptr, size, NULL, 0);

@@ -5,6 +5,7 @@
 #endif
 #include "locks.h"
 
+#include <string.h>
 #include <unistd.h>
 
 __thread __attribute__((tls_model("initial-exec"))) struct vgpu_held_locks vgpu_held_locks;
@@ -31,5 +32,24 @@ void vgpu_say_waiting_on_own_lock(void)
         "for: if it holds it, the call never returns. Make CUDA calls outside signal handlers "
         "(the driver's are not async-signal-safe either)\n";
     if (write(STDERR_FILENO, line, sizeof line - 1) < 0)
+        return;
+}
+
+/* As vgpu_say_waiting_on_own_lock, naming the call: built with strnlen and memcpy, which a
+ * signal handler may call. */
+void vgpu_say_refused_inside(const char *call)
+{
+    static const char head[] = "[vgpu ERROR] ";
+    static const char tail[] =
+        " made inside a signal handler (or from within a driver call) that interrupted libvgpu "
+        "while it kept the books of virtual memory: refused (CUDA_ERROR_NOT_PERMITTED), since "
+        "it would change them under the call it interrupted. Make CUDA calls outside signal "
+        "handlers\n";
+    char line[sizeof head + 64 + sizeof tail];
+    size_t n = strnlen(call, 64);
+    memcpy(line, head, sizeof head - 1);
+    memcpy(line + sizeof head - 1, call, n);
+    memcpy(line + sizeof head - 1 + n, tail, sizeof tail - 1);
+    if (write(STDERR_FILENO, line, sizeof head - 1 + n + sizeof tail - 1) < 0)
         return;
 }

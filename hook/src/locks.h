@@ -76,6 +76,10 @@ static inline void vgpu_unlisted(const pthread_mutex_t *m)
 /* Says on stderr, at once, that a call waits for a lock its own thread holds (locks.c). */
 void vgpu_say_waiting_on_own_lock(void);
 
+/* Says on stderr, at once, that call was refused inside the virtual memory bookkeeping of its
+ * own thread (vmm.h, vgpu_vmm_mine). */
+void vgpu_say_refused_inside(const char *call);
+
 /* Takes m. One the calling thread holds already can never be had: that is said on stderr at
  * once (the call then waits for ever, as it did before the library knew). */
 static inline void vgpu_lock(pthread_mutex_t *m)

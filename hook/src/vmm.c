@@ -7,6 +7,8 @@
 #endif
 #include "vmm.h"
 
+#include "locks.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -26,6 +28,12 @@ enum { INITIAL_BUCKETS = 64 };
 
 /* Recursive: vgpu_vmm_hold keeps it across a driver call and the bookkeeping after it. */
 static pthread_mutex_t lock;
+/* How deep the calling thread is in it: from the start of its first take to the end of its
+ * last let-go, so that vgpu_vmm_mine tells a signal handler's call inside from the bookkeeping
+ * (listed per take, a list full past VGPU_HELD_MAX would have left the lock unlisted while held).
+ * Listed in the thread's held locks (locks.h) once, for the launch paths. Relaxed atomics with
+ * signal fences: a handler on this thread is the only other reader. */
+static __thread __attribute__((tls_model("initial-exec"))) unsigned depth;
 static pthread_once_t lock_once = PTHREAD_ONCE_INIT;
 static struct table mappings, handles;
 
@@ -53,6 +61,7 @@ static void forget_after_fork(void)
     /* The parent's mappings are not the child's: a CUDA context does not survive fork. The
      * tables are leaked on purpose: the child may not touch what another thread was changing. */
     make_lock();
+    __atomic_store_n(&depth, 0, __ATOMIC_RELAXED); /* the forking thread's, the child's only */
     mappings = (struct table){0};
     handles = (struct table){0};
     bindings = NULL;
@@ -67,12 +76,30 @@ static void first_use(void)
 static void take_lock(void)
 {
     pthread_once(&lock_once, first_use);
+    unsigned d = __atomic_load_n(&depth, __ATOMIC_RELAXED);
+    __atomic_store_n(&depth, d + 1, __ATOMIC_RELAXED);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if (d == 0)
+        vgpu_listed(&lock);
     pthread_mutex_lock(&lock);
+}
+
+static void let_go(void)
+{
+    unsigned d = __atomic_load_n(&depth, __ATOMIC_RELAXED);
+    if (d == 1)
+        vgpu_unlock(&lock);
+    else
+        pthread_mutex_unlock(&lock);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    __atomic_store_n(&depth, d - 1, __ATOMIC_RELAXED);
 }
 
 void vgpu_vmm_hold(void) { take_lock(); }
 
-void vgpu_vmm_let_go(void) { pthread_mutex_unlock(&lock); }
+void vgpu_vmm_let_go(void) { let_go(); }
+
+int vgpu_vmm_mine(void) { return __atomic_load_n(&depth, __ATOMIC_RELAXED) != 0; }
 
 static size_t bucket_of(const struct table *t, uint64_t key)
 {
@@ -170,7 +197,7 @@ int vgpu_vmm_mapped(uint64_t va, uint64_t size, uint64_t handle)
         h->b++;
     else if (h != NULL)
         settle(h); /* a record just made for this is dropped again */
-    pthread_mutex_unlock(&lock);
+    let_go();
     return ok ? 0 : -1;
 }
 
@@ -184,7 +211,7 @@ int vgpu_vmm_retained(uint64_t handle)
     struct node *h = handle_record(handle);
     if (h != NULL && h->a != exported_refs)
         h->a++;
-    pthread_mutex_unlock(&lock);
+    let_go();
     return h != NULL ? 0 : -1;
 }
 
@@ -214,7 +241,7 @@ void vgpu_vmm_created(uint64_t handle)
     uint64_t pending = rebind(handle);
     if (pending != 0)
         add(&handles, handle, 1, pending); /* out of memory: taken as unbound */
-    pthread_mutex_unlock(&lock);
+    let_go();
 }
 
 int vgpu_vmm_exported(uint64_t handle)
@@ -223,7 +250,7 @@ int vgpu_vmm_exported(uint64_t handle)
     struct node *h = handle_record(handle);
     if (h != NULL)
         h->a = exported_refs;
-    pthread_mutex_unlock(&lock);
+    let_go();
     return h != NULL ? 0 : -1;
 }
 
@@ -236,7 +263,7 @@ int vgpu_vmm_released(uint64_t handle)
         h->a -= h->a != 0 && h->a != exported_refs;
         freed = settle(h);
     }
-    pthread_mutex_unlock(&lock);
+    let_go();
     return freed;
 }
 
@@ -260,7 +287,7 @@ size_t vgpu_vmm_handles_in(uint64_t va, uint64_t size, uint64_t *out, size_t max
     for (const struct node *m; (m = next_mapping(va, size, &at)) != NULL; n++)
         if (n < max)
             out[n] = m->b;
-    pthread_mutex_unlock(&lock);
+    let_go();
     return n;
 }
 
@@ -278,7 +305,7 @@ uint64_t vgpu_vmm_bound(const struct vgpu_vmm_binding *b)
     } else if (h != NULL) {
         settle(h); /* a record just made for this is dropped again */
     }
-    pthread_mutex_unlock(&lock);
+    let_go();
     return id;
 }
 
@@ -324,7 +351,7 @@ int vgpu_vmm_bind_answered(uint64_t id, int made)
     }
     if (!made && unlink_binding(id, &handle))
         freed = unhold(handle);
-    pthread_mutex_unlock(&lock);
+    let_go();
     return freed;
 }
 
@@ -346,7 +373,7 @@ size_t vgpu_vmm_bound_ids(const struct vgpu_vmm_select *s, uint64_t *ids, uint64
             ids[n - 1] = e->id;
             of[n - 1] = e->b.handle;
         }
-    pthread_mutex_unlock(&lock);
+    let_go();
     return n;
 }
 
@@ -358,7 +385,7 @@ size_t vgpu_vmm_unbound(const uint64_t *ids, size_t n, uint64_t *freed, size_t m
     for (size_t i = 0; i < n; i++)
         if (unlink_binding(ids[i], &handle) && unhold(handle) && nfreed < max)
             freed[nfreed++] = handle;
-    pthread_mutex_unlock(&lock);
+    let_go();
     return nfreed;
 }
 
@@ -370,7 +397,7 @@ size_t vgpu_vmm_handles_over(uint64_t va, uint64_t size, uint64_t *out, size_t m
         for (const struct node *m = mappings.buckets[b]; m != NULL; m = m->next)
             if ((m->key - va < size || va - m->key < m->a) && n++ < max)
                 out[n - 1] = m->b;
-    pthread_mutex_unlock(&lock);
+    let_go();
     return n;
 }
 
@@ -385,6 +412,6 @@ size_t vgpu_vmm_unmapped(uint64_t va, uint64_t size, uint64_t *freed, size_t max
         if (unhold(handle) && n < max)
             freed[n++] = handle;
     }
-    pthread_mutex_unlock(&lock);
+    let_go();
     return n;
 }

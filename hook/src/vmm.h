@@ -90,4 +90,9 @@ size_t vgpu_vmm_unmapped(uint64_t va, uint64_t size, uint64_t *freed, size_t max
 void vgpu_vmm_hold(void);
 void vgpu_vmm_let_go(void);
 
+/* Whether the calling thread holds the lock (or is taking or giving it back): a call it makes
+ * now is a signal handler's that interrupted the tables' bookkeeping or a hold, and the
+ * recursive lock would let it change the tables under the call it interrupted. */
+int vgpu_vmm_mine(void);
+
 #endif

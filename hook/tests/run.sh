@@ -53,6 +53,7 @@ run alloc-uncapped "$build/tests/test_alloc" uncapped
 run alloc-exported CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_alloc" exported
 run alloc-bound CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_alloc" bound
 run alloc-map-race CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_alloc" map-race
+run alloc-handler-inside CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_alloc" handler-inside
 run alloc-teardown CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_LIMIT_1=512m LIBCUDA_LOG_LEVEL=3 \
     "$build/tests/test_alloc" teardown
 run alloc-arrays-teardown CUDA_DEVICE_MEMORY_LIMIT=1g "$build/tests/test_alloc" arrays-teardown

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <nvml.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <stdint.h>
@@ -854,6 +855,84 @@ static void wide_pitch(void)
     cuMemFree_v2(big);
 }
 
+/* The VMM calls of an application's signal handler, raised on the thread whose own cuMemMap
+ * is inside the driver (under the library's vmm lock): the release of the handle being mapped,
+ * the unmap of its range, and a creation. */
+/* volatile: shared between the handler and the code it interrupts. */
+static volatile CUmemGenericAllocationHandle handler_handle;
+static volatile CUdeviceptr handler_va;
+static volatile CUresult handler_release_rc, handler_create_rc, handler_unmap_rc;
+
+static void vmm_calls_on_signal(int sig)
+{
+    (void)sig;
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    CUmemGenericAllocationHandle h = 0;
+    handler_release_rc = cuMemRelease(handler_handle);
+    handler_unmap_rc = handler_va != 0 ? cuMemUnmap(handler_va, 600 * MiB) : CUDA_SUCCESS;
+    handler_create_rc = cuMemCreate(&h, 2 * MiB, &prop, 0);
+    if (handler_create_rc == CUDA_SUCCESS)
+        cuMemRelease(h);
+}
+
+static void raise_inside(void) { raise(SIGUSR1); }
+
+/* A signal handler's VMM calls inside its thread's own mapping are refused (each said on
+ * stderr), and the mapped memory stays counted. The vmm lock is recursive: the library of
+ * 85a3949 let the handler's release in while the driver mapped, found no mapping recorded yet
+ * and gave the 600 MiB back, and 600 MiB more were then created on the 1 GiB cap. Outside the
+ * library the same handler's calls work. */
+static void vmm_handler_inside(void)
+{
+    struct sigaction sa = {.sa_handler = vmm_calls_on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle more = 0;
+    CUmemGenericAllocationHandle made_handle = 0;
+    int made = cuMemCreate(&made_handle, 600 * MiB, &prop, 0) == CUDA_SUCCESS &&
+               cuMemAddressReserve(&va, 600 * MiB, 0, 0, 0) == CUDA_SUCCESS;
+    handler_release_rc = handler_create_rc = handler_unmap_rc = CUDA_ERROR_UNKNOWN;
+    handler_handle = made_handle;
+    handler_va = va;
+    strcpy(fake_cuda_inside, "cuMemMap");
+    fake_cuda_inside_fn = raise_inside;
+    capture_begin();
+    int mapped = made && cuMemMap(va, 600 * MiB, 0, made_handle, 0) == CUDA_SUCCESS;
+    const char *said = capture_end();
+    fake_cuda_inside[0] = '\0';
+    check(mapped && handler_release_rc == CUDA_ERROR_NOT_PERMITTED &&
+              handler_unmap_rc == CUDA_ERROR_NOT_PERMITTED &&
+              handler_create_rc == CUDA_ERROR_NOT_PERMITTED,
+          "a signal handler's release, unmap and creation inside the thread's cuMemMap: refused "
+          "(rc %d, %d, %d)", handler_release_rc, handler_unmap_rc, handler_create_rc);
+    check(strstr(said, "cuMemRelease made inside a signal handler") != NULL &&
+              strstr(said, "cuMemUnmap made inside a signal handler") != NULL &&
+              strstr(said, "cuMemCreate made inside a signal handler") != NULL,
+          "each refusal said on stderr: %s", said);
+    uint64_t counted = container_used(), held = fake_cuda_device_used(0);
+    check(counted == 600 * MiB && held == 600 * MiB, "the 600 MiB mapped stay counted (%llu MiB; "
+          "the driver holds %llu MiB)", (unsigned long long)(counted / MiB),
+          (unsigned long long)(held / MiB));
+    CUresult rc = cuMemCreate(&more, 600 * MiB, &prop, 0);
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY, "600 MiB more is refused (rc %d, the driver holds "
+          "%llu MiB)", rc, (unsigned long long)(fake_cuda_device_used(0) / MiB));
+    check(cuMemRelease(made_handle) == CUDA_SUCCESS && cuMemUnmap(va, 600 * MiB) == CUDA_SUCCESS &&
+              container_used() == 0 && fake_cuda_device_used(0) == 0,
+          "released and unmapped by the thread itself: freed and given back");
+    handler_handle = 0;
+    handler_va = 0;
+    handler_release_rc = handler_create_rc = CUDA_ERROR_UNKNOWN;
+    raise(SIGUSR1);
+    check(handler_create_rc == CUDA_SUCCESS && container_used() == 0,
+          "the handler's creation outside the library: made (rc %d), then released",
+          handler_create_rc);
+    cuMemAddressFree(va, 600 * MiB);
+}
+
 static CUdeviceptr meanwhile;
 static size_t meanwhile_bytes;
 
@@ -1205,6 +1284,7 @@ int main(int argc, char **argv)
         {"arrays-teardown", arrays_teardown}, {"arrays-race", arrays_race},
         {"arrays-green", arrays_green}, {"exported", vmm_exported},
         {"bound", vmm_bound},           {"map-race", vmm_map_race},
+        {"handler-inside", vmm_handler_inside},
         {"host-memory", host_memory},   {"uncapped", uncapped},
     };
     for (size_t i = 0; argc > 1 && i < sizeof alone / sizeof alone[0]; i++)
