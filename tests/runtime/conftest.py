@@ -26,6 +26,14 @@ PLUGIN_NS = "kube-system"
 RESYNC = 0.25
 
 
+def _pod(name: str, node: str, labels: dict[str, str], owners: list[dict[str, Any]]) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": PLUGIN_NS, "labels": labels}
+    if owners:
+        meta["ownerReferences"] = owners
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": node},
+            "status": {"phase": "Running"}}
+
+
 def plugin_pods(emulator: Emulator) -> None:
     """One device plugin pod per node (owned by the DaemonSet), and two unrelated pods beside each:
     one with other labels, one a hand-made copy of the plugin's (its labels, no owner)."""
@@ -38,47 +46,11 @@ def plugin_pods(emulator: Emulator) -> None:
         "uid": ds["metadata"]["uid"],
         "controller": True,
     }
+    plugin = {"name": "volcano-device-plugin"}
     for node in NODES:
-        emulator.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": f"volcano-device-plugin-{node}",
-                    "namespace": PLUGIN_NS,
-                    "labels": {"name": "volcano-device-plugin"},
-                    "ownerReferences": [owner],
-                },
-                "spec": {"nodeName": node},
-                "status": {"phase": "Running"},
-            }
-        )
-        emulator.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": f"bystander-{node}",
-                    "namespace": PLUGIN_NS,
-                    "labels": {"name": "something-else"},
-                },
-                "spec": {"nodeName": node},
-                "status": {"phase": "Running"},
-            }
-        )
-        emulator.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": f"plugin-debug-{node}",
-                    "namespace": PLUGIN_NS,
-                    "labels": {"name": "volcano-device-plugin"},
-                },
-                "spec": {"nodeName": node},
-                "status": {"phase": "Running"},
-            }
-        )
+        emulator.apply(_pod(f"volcano-device-plugin-{node}", node, plugin, [owner]))
+        emulator.apply(_pod(f"bystander-{node}", node, {"name": "something-else"}, []))
+        emulator.apply(_pod(f"plugin-debug-{node}", node, plugin, []))
 
 
 @dataclass

@@ -49,15 +49,23 @@ def test_cpu_nodes_are_not_counted() -> None:
     assert report_nodes([_node("cpu", None, cpu="8")], SPEC, {}) == []
 
 
+def _vgpu_and_training_nodes(plugin: dict[str, Any], labels: dict[str, str],
+                             ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A registered vGPU node with `labels`, and an unlabelled node of 8 whole GPUs (NVIDIA's
+    plugin) that `plugin` does not run on, so is none of the policy's: checked here."""
+    vgpu = _node("vgpu", _register(1, 10), **{"volcano.sh/vgpu-number": "10"})
+    vgpu["metadata"]["labels"] = labels
+    train = _node("train-1", None, **{"nvidia.com/gpu": "8"})
+    reports = report_nodes([vgpu, train], SPEC, {}, plugin)
+    assert [(r.name, r.converged) for r in reports] == [("vgpu", True)]
+    return vgpu, train
+
+
 def test_a_whole_gpu_pool_the_plugin_does_not_run_on_is_none_of_the_policys_nodes() -> None:
     # A training pool under NVIDIA's own plugin (nvidia.com/gpu, no register annotation) that the
     # vGPU plugin's DaemonSet does not select: before, READY stayed False for ever (NODES 1/2).
     plugin = {"spec": {"template": {"spec": {"nodeSelector": {"volcano.sh/vgpu.enabled": "true"}}}}}
-    vgpu = _node("vgpu", _register(1, 10), **{"volcano.sh/vgpu-number": "10"})
-    vgpu["metadata"]["labels"] = {"volcano.sh/vgpu.enabled": "true"}
-    train = _node("train-1", None, **{"nvidia.com/gpu": "8"})
-    reports = report_nodes([vgpu, train], SPEC, {}, plugin)
-    assert [(r.name, r.converged) for r in reports] == [("vgpu", True)]
+    vgpu, train = _vgpu_and_training_nodes(plugin, {"volcano.sh/vgpu.enabled": "true"})
     # Where the plugin should run and has not registered, the node is still reported.
     train["metadata"]["labels"] = {"volcano.sh/vgpu.enabled": "true"}
     reports = report_nodes([vgpu, train], SPEC, {}, plugin)
@@ -106,11 +114,7 @@ def test_the_stock_upstream_plugin_selects_its_nodes_by_affinity() -> None:
     docs = yaml.safe_load_all(example.read_text())
     plugin = next(d for d in docs if d and d["kind"] == "DaemonSet")
     assert "nodeSelector" not in plugin["spec"]["template"]["spec"]
-    vgpu = _node("vgpu", _register(1, 10), **{"volcano.sh/vgpu-number": "10"})
-    vgpu["metadata"]["labels"] = {"gpu": "on"}
-    train = _node("train-1", None, **{"nvidia.com/gpu": "8"})
-    reports = report_nodes([vgpu, train], SPEC, {}, plugin)
-    assert [(r.name, r.converged) for r in reports] == [("vgpu", True)]
+    vgpu, train = _vgpu_and_training_nodes(plugin, {"gpu": "on"})
     train["metadata"]["labels"] = {"gpu": "on"}
     reports = report_nodes([vgpu, train], SPEC, {}, plugin)
     assert [(r.name, r.converged) for r in reports] == [("vgpu", True), ("train-1", False)]
