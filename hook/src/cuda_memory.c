@@ -782,7 +782,8 @@ VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array)
  * them (a signal handler's, the bookkeeping or a driver call under vgpu_vmm_hold interrupted):
  * said on stderr, to be refused with CUDA_ERROR_NOT_PERMITTED before anything is read or
  * changed. The vmm lock is recursive and would let it in: a release landing inside a mapping's
- * driver call found no mapping and gave the mapped memory back (test_alloc handler-inside). */
+ * driver call found no mapping and gave the mapped memory back (test_alloc handler-inside).
+ * `api`: the exported call's name (`__func__` in each). */
 static int vmm_inside(const char *api)
 {
     if (!vgpu_vmm_mine())
@@ -796,7 +797,7 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t by
 {
     if (!ready() || real.cuMemCreate == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vmm_inside("cuMemCreate"))
+    if (vmm_inside(__func__))
         return CUDA_ERROR_NOT_PERMITTED;
     /* The device is the one the properties name, never the current context's (threads that
      * create VMM memory often have none). Host and invalid locations are not counted. */
@@ -858,7 +859,7 @@ VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     if (!ready() || real.cuMemRelease == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vmm_inside("cuMemRelease"))
+    if (vmm_inside(__func__))
         return CUDA_ERROR_NOT_PERMITTED;
     struct vgpu_mem_record before = {0};
     vgpu_mem_find(VGPU_KIND_HANDLE, handle, &before);
@@ -881,7 +882,7 @@ VGPU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 {
     if (!ready() || real.cuMemMap == NULL || real.cuMemUnmap == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vmm_inside("cuMemMap"))
+    if (vmm_inside(__func__))
         return CUDA_ERROR_NOT_PERMITTED;
     vgpu_vmm_hold();
     CUresult rc = real.cuMemMap(ptr, size, offset, handle, flags);
@@ -900,7 +901,7 @@ VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h
 {
     if (!ready() || real.cuMemRetainAllocationHandle == NULL || real.cuMemRelease == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vmm_inside("cuMemRetainAllocationHandle"))
+    if (vmm_inside(__func__))
         return CUDA_ERROR_NOT_PERMITTED;
     vgpu_vmm_hold(); /* as cuMemMap's: a release meanwhile would not see this reference */
     CUresult rc = real.cuMemRetainAllocationHandle(handle, addr);
@@ -927,7 +928,7 @@ VGPU_EXPORT CUresult cuMemExportToShareableHandle(void *shareable,
 {
     if (!ready() || real.cuMemExportToShareableHandle == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vmm_inside("cuMemExportToShareableHandle"))
+    if (vmm_inside(__func__))
         return CUDA_ERROR_NOT_PERMITTED;
     CUresult rc = real.cuMemExportToShareableHandle(shareable, handle, type, flags);
     if (rc != CUDA_SUCCESS || vgpu_vmm_exported(handle) == 0)
@@ -1209,7 +1210,7 @@ VGPU_EXPORT CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t 
 {
     if (!ready() || real.cuMulticastBindMem == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vmm_inside("cuMulticastBindMem"))
+    if (vmm_inside(__func__))
         return CUDA_ERROR_NOT_PERMITTED;
     struct binds p;
     if (bind_handle(&p, mc, -1, mc_offset, handle, "cuMulticastBindMem") != 0)
@@ -1224,7 +1225,7 @@ VGPU_EXPORT CUresult cuMulticastBindMem_v2(CUmemGenericAllocationHandle mc, CUde
 {
     if (!ready() || real.cuMulticastBindMem_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vmm_inside("cuMulticastBindMem_v2"))
+    if (vmm_inside(__func__))
         return CUDA_ERROR_NOT_PERMITTED;
     struct binds p;
     if (bind_handle(&p, mc, dev, mc_offset, handle, "cuMulticastBindMem") != 0)
@@ -1238,7 +1239,7 @@ VGPU_EXPORT CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mc, size_t
 {
     if (!ready() || real.cuMulticastBindAddr == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vmm_inside("cuMulticastBindAddr"))
+    if (vmm_inside(__func__))
         return CUDA_ERROR_NOT_PERMITTED;
     struct binds p;
     if (bind_range(&p, mc, -1, mc_offset, ptr, size, "cuMulticastBindAddr") != 0)
@@ -1252,7 +1253,7 @@ VGPU_EXPORT CUresult cuMulticastBindAddr_v2(CUmemGenericAllocationHandle mc, CUd
 {
     if (!ready() || real.cuMulticastBindAddr_v2 == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vmm_inside("cuMulticastBindAddr_v2"))
+    if (vmm_inside(__func__))
         return CUDA_ERROR_NOT_PERMITTED;
     struct binds p;
     if (bind_range(&p, mc, dev, mc_offset, ptr, size, "cuMulticastBindAddr") != 0)
@@ -1266,7 +1267,7 @@ VGPU_EXPORT CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mc, CUdevice
 {
     if (!ready() || real.cuMulticastUnbind == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vmm_inside("cuMulticastUnbind"))
+    if (vmm_inside(__func__))
         return CUDA_ERROR_NOT_PERMITTED;
     struct unbinds u = unbinds_begin(&(struct vgpu_vmm_select){mc, mc_offset, size, dev, NULL, NULL});
     vgpu_mem_op_begin();
@@ -1282,7 +1283,7 @@ VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     if (!ready() || real.cuMemUnmap == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (vmm_inside("cuMemUnmap"))
+    if (vmm_inside(__func__))
         return CUDA_ERROR_NOT_PERMITTED;
     vgpu_mem_op_begin();
     vgpu_vmm_hold(); /* the range's mappings stay as read here until the bookkeeping after */

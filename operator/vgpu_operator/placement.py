@@ -11,6 +11,7 @@ plugin's, and the policy stayed not Ready for good.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from vgpu_operator.render.inputs import pod_template
@@ -26,19 +27,42 @@ DAEMONSET_TOLERATED = frozenset({
 HOST_NETWORK_TOLERATED = ("node.kubernetes.io/network-unavailable", "NoSchedule")
 
 
+@dataclass(frozen=True)
+class Placement:
+    """A DaemonSet's placement fields, read from its pod template once for all the nodes asked
+    about. `anywhere`: no DaemonSet known, so every node."""
+
+    anywhere: bool = True
+    selector: Any = None
+    affinity: Any = None
+    tolerations: Any = None
+    host_network: bool = False
+
+    @classmethod
+    def of(cls, daemonset: Mapping[str, Any] | None) -> Placement:
+        if daemonset is None:
+            return cls()
+        spec = pod_template(dict(daemonset)).get("spec") or {}
+        return cls(False, spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations"),
+                   spec.get("hostNetwork") is True)
+
+    def admits(self, node: Mapping[str, Any]) -> bool:
+        """Whether the DaemonSet's pods run on `node`."""
+        if self.anywhere:
+            return True
+        meta = node.get("metadata") or {}
+        found = meta.get("labels")
+        labels: Mapping[str, Any] = found if isinstance(found, dict) else {}
+        name = str(meta.get("name", ""))
+        return (_selector_admits(self.selector, labels)
+                and _affinity_admits(self.affinity, labels, name)
+                and _tolerated(self.tolerations, (node.get("spec") or {}).get("taints"),
+                               self.host_network))
+
+
 def runs_on(daemonset: Mapping[str, Any] | None, node: Mapping[str, Any]) -> bool:
     """Whether the DaemonSet's pods run on `node` (None: no DaemonSet known, so any node)."""
-    if daemonset is None:
-        return True
-    spec = pod_template(dict(daemonset)).get("spec") or {}
-    meta = node.get("metadata") or {}
-    found = meta.get("labels")
-    labels: Mapping[str, Any] = found if isinstance(found, dict) else {}
-    name = str(meta.get("name", ""))
-    return (_selector_admits(spec.get("nodeSelector"), labels)
-            and _affinity_admits(spec.get("affinity"), labels, name)
-            and _tolerated(spec.get("tolerations"), (node.get("spec") or {}).get("taints"),
-                           spec.get("hostNetwork") is True))
+    return Placement.of(daemonset).admits(node)
 
 
 def _selector_admits(selector: Any, labels: Mapping[str, Any]) -> bool:

@@ -98,15 +98,16 @@ def report_nodes(nodes: Sequence[Mapping[str, Any]], spec: api.VGPUPolicySpec,
                  splits: Mapping[str, int], plugin: Mapping[str, Any] | None = None) -> list[NodeReport]:
     """`splits`: node name -> the split count its node-config entry sets (the rendered target's
     `node_splits`); other nodes use the policy's default. `plugin`: the device plugin DaemonSet,
-    whose placement (nodeSelector, required node affinity, tolerations: `placement.runs_on`) says
+    whose placement (nodeSelector, required node affinity, tolerations: `placement.Placement`) says
     where a plugin is expected to register (None: everywhere); a node an override names is
     expected all the same (the policy means it)."""
     default = spec.device.device_split_count
     named = {name for override in spec.node_overrides for name in override.node_names or []}
+    plugin_placement = placement.Placement.of(plugin)  # its pod template read once, not per node
     reports = []
     for node in nodes:
         name = node_name(dict(node))
-        expected = name in named or placement.runs_on(plugin, node)
+        expected = name in named or plugin_placement.admits(node)
         reports.append(report_node(node, spec, splits.get(name) or default, expected))
     return [report for report in reports if report.gpu]
 
