@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import struct
@@ -15,12 +16,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from vgpu_deviceplugin.monitor import region as layout
 from vgpu_deviceplugin.monitor.exporter import LEGACY_NAMES, build_info, metrics
 from vgpu_deviceplugin.monitor.host import HostGpu, NvmlHostGpus
 from vgpu_deviceplugin.monitor.main import serve
+from vgpu_deviceplugin.monitor.pods import PodView
 from vgpu_deviceplugin.monitor.region import RegionError, RegionNotReady, parse_region
 from vgpu_deviceplugin.monitor.scan import read_container, scan
+from vgpu_emulator import run_emulator
 from vgpu_formats.cli import version
 
 GPU_A = "GPU-bc94e532-1820-8ee8-ceaa-704166369c7c"
@@ -43,8 +47,8 @@ def region_bytes(devices: list[tuple[str, int, int]], slots: list[tuple[int, lis
     return data
 
 
-def write_container(root: Path, container: str, data: bytes) -> Path:
-    folder = root / f"{POD_UID}_{container}"
+def write_container(root: Path, container: str, data: bytes, uid: str = POD_UID) -> Path:
+    folder = root / f"{uid}_{container}"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "0b2d.cache"
     path.write_bytes(data)
@@ -177,7 +181,7 @@ def test_scan_and_metrics_name_the_container_and_sum_per_gpu(tmp_path: Path) -> 
     (tmp_path / "not-a-container-dir").mkdir()
     found = scan(str(tmp_path))
     assert sorted(c.container for c in found) == ["cuda-app", "other"]
-    families = {m.name: m for m in metrics(found, {POD_UID: ("default", "vgpu-test")}, now_ns=0)}
+    families = {m.name: m for m in metrics(found, PodView({POD_UID: ("default", "vgpu-test")}), now_ns=0)}
     usage = {(s.labels["ctrname"], s.labels["vdeviceid"]): s.value
              for s in families["vgpu_container_memory_used_bytes"].samples}
     assert usage == {("cuda-app", "0"): 1000 * MIB, ("cuda-app", "1"): 200 * MIB, ("other", "0"): 500 * MIB}
@@ -197,11 +201,52 @@ def test_a_dead_process_is_counted_against_the_cap_not_reported_in_use(tmp_path:
     # the device total until a process of the container reaps the slot; nothing uses them.
     devices = [(GPU_A, 3000 * MIB, 1200 * MIB)]
     write_container(tmp_path, "cuda-app", region_bytes(devices, [(41, [1000 * MIB], 5)]))
-    families = {m.name: m for m in metrics(scan(str(tmp_path)), {}, now_ns=0)}
+    families = {m.name: m for m in metrics(scan(str(tmp_path)), PodView(), now_ns=0)}
     assert [s.value for s in families["vgpu_container_memory_used_bytes"].samples] == [200 * MIB]
     assert _by_gpu(families, "vgpu_gpu_memory_used_bytes") == {GPU_A: 200 * MIB}
     assert {s.value for s in families["vgpu_container_processes"].samples} == {0}
     assert families["vgpu_container_last_kernel_age_seconds"].samples == []
+
+
+def _pod(phase: str, init_state: str, main_state: str) -> dict[str, Any]:
+    """The fixture pod's uid with an init container `fetch` and a container `train` (GPU both)."""
+    return {"metadata": {"uid": POD_UID, "namespace": "team-a", "name": "trainer"},
+            "spec": {"initContainers": [{"name": "fetch"}], "containers": [{"name": "train"}]},
+            "status": {"phase": phase,
+                       "initContainerStatuses": [{"name": "fetch", "state": {init_state: {}}}],
+                       "containerStatuses": [{"name": "train", "state": {main_state: {}}}]}}
+
+
+@pytest.mark.parametrize(("pod", "ended"), [
+    (_pod("Pending", "running", "waiting"), set()),
+    (_pod("Running", "terminated", "running"), {"fetch"}),
+    (_pod("Running", "terminated", "waiting"), {"fetch"}),  # CrashLoopBackOff: it runs again
+    (_pod("Running", "terminated", "terminated"), {"fetch", "train"}),
+    (_pod("Succeeded", "terminated", "terminated"), {"fetch", "train"}),
+    (_pod("Failed", "terminated", "running"), {"fetch", "train"}),  # statuses not updated yet
+])
+def test_pod_view_names_the_containers_that_ran_to_an_end(pod: dict[str, Any], ended: set[str]) -> None:
+    view = PodView.of([pod, {"metadata": {"name": "no-uid-yet"}}])
+    assert view.names == {POD_UID: ("team-a", "trainer")}
+    assert view.finished == {(POD_UID, name) for name in ended}
+
+
+def test_a_finished_init_container_is_not_summed_into_its_gpu(tmp_path: Path) -> None:
+    # The init container's region stays until the pod is deleted; it holds nothing now. Summed, the
+    # GPU showed 7000 MiB of caps handed out to a pod that can only ever use 4000 at once.
+    write_container(tmp_path, "fetch", region_bytes([(GPU_A, 3000 * MIB, 40 * MIB)], []))
+    write_container(tmp_path, "train", region_bytes([(GPU_A, 4000 * MIB, 900 * MIB)], []))
+    found = scan(str(tmp_path))
+    view = PodView.of([_pod("Running", "terminated", "running")])
+    families = {m.name: m for m in metrics(found, view, now_ns=0)}
+    assert _by_gpu(families, "vgpu_gpu_memory_limit_bytes") == {GPU_A: 4000 * MIB}
+    assert _by_gpu(families, "vgpu_gpu_memory_used_bytes") == {GPU_A: 900 * MIB}
+    # Its own series stay: what it peaked at and was refused is still worth reading.
+    limits = {s.labels["ctrname"]: s.value for s in families["vgpu_container_memory_limit_bytes"].samples}
+    assert limits == {"fetch": 3000 * MIB, "train": 4000 * MIB}
+    # Without the pods (no API access) every region counts, as before.
+    families = {m.name: m for m in metrics(found, PodView(), now_ns=0)}
+    assert _by_gpu(families, "vgpu_gpu_memory_limit_bytes") == {GPU_A: 7000 * MIB}
 
 
 def _assigned_container(root: Path, devices: list[tuple[str, int, int]], settings: str) -> Path:
@@ -222,13 +267,13 @@ def test_limits_come_from_the_plugins_settings_not_the_containers_region(tmp_pat
     settings = _assigned_container(tmp_path, [(GPU_A, 0, 1000 * MIB), (GPU_B, 0, 10 * MIB)],
                                    f"NVIDIA_VISIBLE_DEVICES={GPU_A},{GPU_B}\nCUDA_DEVICE_MEMORY_LIMIT_0=3000m\n"
                                    "CUDA_DEVICE_MEMORY_LIMIT_1=1g\nCUDA_DEVICE_SM_LIMIT=25\n")
-    families = {m.name: m for m in metrics(scan(str(tmp_path)), {}, now_ns=0)}
+    families = {m.name: m for m in metrics(scan(str(tmp_path)), PodView(), now_ns=0)}
     assert _by_gpu(families, "vgpu_container_memory_limit_bytes") == {GPU_A: 3000 * MIB, GPU_B: 1024 * MIB}
     assert _by_gpu(families, "vgpu_container_sm_limit_percent") == {GPU_A: 25, GPU_B: 25}
     assert _by_gpu(families, "vgpu_gpu_memory_used_bytes") == {GPU_A: 1000 * MIB, GPU_B: 10 * MIB}
     # A settings file the container could have written is not trusted: the region's figures stay.
     settings.chmod(0o666)
-    families = {m.name: m for m in metrics(scan(str(tmp_path)), {}, now_ns=0)}
+    families = {m.name: m for m in metrics(scan(str(tmp_path)), PodView(), now_ns=0)}
     assert _by_gpu(families, "vgpu_container_memory_limit_bytes") == {GPU_A: 0, GPU_B: 0}
 
 
@@ -240,7 +285,7 @@ def test_limits_come_from_the_plugins_settings_not_the_containers_region(tmp_pat
 def test_an_sm_limit_the_library_does_not_apply_is_reported_as_none(tmp_path: Path, settings: str) -> None:
     # libvgpu.so applies no SM limit at 100 or more, nor with the utilization policy disabled.
     _assigned_container(tmp_path, [(GPU_A, 0, 0)], settings)
-    families = {m.name: m for m in metrics(scan(str(tmp_path)), {}, now_ns=0)}
+    families = {m.name: m for m in metrics(scan(str(tmp_path)), PodView(), now_ns=0)}
     assert _by_gpu(families, "vgpu_container_sm_limit_percent") == {GPU_A: 0}
 
 
@@ -259,8 +304,8 @@ def test_device_records_that_cannot_be_the_libraries_are_not_reported(
     _assigned_container(tmp_path, devices,
                         f"NVIDIA_VISIBLE_DEVICES={assigned}\nCUDA_DEVICE_MEMORY_LIMIT_0=3000m\n")
     with caplog.at_level(logging.WARNING):
-        families = {m.name: m for m in metrics(scan(str(tmp_path)), {}, now_ns=0)}
-        metrics(scan(str(tmp_path)), {}, now_ns=0)
+        families = {m.name: m for m in metrics(scan(str(tmp_path)), PodView(), now_ns=0)}
+        metrics(scan(str(tmp_path)), PodView(), now_ns=0)
     assert families["vgpu_gpu_memory_used_bytes"].samples == []
     assert families["vgpu_container_memory_used_bytes"].samples == []
     assert caplog.text.count(why) == 1  # once, not at every scrape
@@ -295,7 +340,7 @@ def test_live_process_is_seen_through_its_lock(tmp_path: Path) -> None:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         found = scan(str(tmp_path))
         assert found[0].live_slots == frozenset({0})
-        families = {m.name: m for m in metrics(found, {}, now_ns=now)}
+        families = {m.name: m for m in metrics(found, PodView(), now_ns=now)}
         assert families["vgpu_container_processes"].samples[0].value == 1
         age = families["vgpu_container_last_kernel_age_seconds"].samples[0].value
         assert 2.9 < age < 3.1
@@ -340,6 +385,40 @@ async def test_metrics_endpoint_serves_the_upstream_names(tmp_path: Path, legacy
         await task
 
 
+async def test_the_monitor_reads_names_and_ended_containers_from_its_nodes_pods(tmp_path: Path) -> None:
+    # Through the real client and a pod list selected by node, as the DaemonSet runs it.
+    pod = _pod("Running", "terminated", "running")
+    pod.update(apiVersion="v1", kind="Pod")
+    pod["spec"]["nodeName"] = "gpu-1"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with run_emulator() as cluster:
+        uid = cluster.emulator.apply(pod)["metadata"]["uid"]  # the server's, not ours
+        write_container(tmp_path, "fetch", region_bytes([(GPU_A, 3000 * MIB, 40 * MIB)], []), uid)
+        write_container(tmp_path, "train", region_bytes([(GPU_A, 4000 * MIB, 900 * MIB)], []), uid)
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(port, "127.0.0.1", str(tmp_path), "gpu-1", str(cluster.kubeconfig),
+                                         stop, NoGpus(), legacy=False))
+        try:
+            text = ""
+            for _ in range(100):
+                with contextlib.suppress(aiohttp.ClientConnectionError):
+                    async with aiohttp.ClientSession() as session, \
+                            session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                        text = await resp.text()
+                if 'podname="trainer"' in text:
+                    break
+                await asyncio.sleep(0.05)
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            assert _by_gpu(families, "vgpu_gpu_memory_limit_bytes") == {GPU_A: 4000 * MIB}
+            assert {s.labels["podname"] for s in families["vgpu_container_memory_limit_bytes"].samples} == {
+                "trainer"}
+        finally:
+            stop.set()
+            await task
+
+
 class FakeNvmlError(Exception):
     def __init__(self, value: int) -> None:
         super().__init__(f"NVML error {value}")
@@ -369,7 +448,7 @@ def test_host_gpus_come_from_nvml() -> None:
     gpus = NvmlHostGpus(fake_nvml()).sample()  # type: ignore[arg-type]
     assert gpus == [HostGpu(0, GPU_A, "NVIDIA L4", 1500 * MIB, 23034 * MIB, 42),
                     HostGpu(1, GPU_B, "NVIDIA L4", 1500 * MIB, 23034 * MIB, None)]
-    families = {m.name: m for m in metrics([], {}, 0, gpus)}
+    families = {m.name: m for m in metrics([], PodView(), 0, gpus)}
     used = families["HostGPUMemoryUsage"].samples
     assert [s.labels for s in used] == [
         {"zone": "vGPU", "deviceidx": "0", "deviceuuid": GPU_A, "devicetype": "NVIDIA-NVIDIA L4"},
@@ -409,13 +488,13 @@ def test_without_nvml_the_host_series_are_left_out_and_come_back(caplog: pytest.
 def test_upstream_names_are_twins_of_the_snake_case_series(tmp_path: Path) -> None:
     write_container(tmp_path, "cuda-app", region_bytes([(GPU_A, 3000 * MIB, 1000 * MIB)], []))
     host = [HostGpu(0, GPU_A, "NVIDIA L4", 5, 10, 30)]
-    families = {m.name: m for m in metrics(scan(str(tmp_path)), {}, 0, host)}
+    families = {m.name: m for m in metrics(scan(str(tmp_path)), PodView(), 0, host)}
     for snake, legacy in LEGACY_NAMES.items():
         assert [(s.labels, s.value) for s in families[legacy].samples] == \
             [(s.labels, s.value) for s in families[snake].samples], legacy
         assert all(s.name == legacy for s in families[legacy].samples)
     assert families["HostGPUMemoryUsage"].documentation == "GPU device memory usage"  # upstream's help
-    without = {m.name for m in metrics(scan(str(tmp_path)), {}, 0, host, legacy=False)}
+    without = {m.name for m in metrics(scan(str(tmp_path)), PodView(), 0, host, legacy=False)}
     assert not without & set(LEGACY_NAMES.values())
     assert set(LEGACY_NAMES) <= without
 

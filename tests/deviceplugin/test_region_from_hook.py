@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 from vgpu_deviceplugin.allocator import make_region_file
 from vgpu_deviceplugin.monitor.exporter import LEGACY_NAMES, metrics
+from vgpu_deviceplugin.monitor.pods import PodView
 from vgpu_deviceplugin.monitor.scan import ContainerRegion, scan
 
 from tests.support.hook import FAKE_DRIVER, LIBVGPU, REGION_READER, ensure_built
@@ -173,7 +174,7 @@ def _exported(found: ContainerRegion, now_ns: int) -> dict[tuple[str, tuple[tupl
 
     class Fixed:
         def collect(self) -> list[object]:
-            return list(metrics([found], {POD_UID: ("team-a", "trainer")}, now_ns))
+            return list(metrics([found], PodView({POD_UID: ("team-a", "trainer")}), now_ns))
 
     registry = CollectorRegistry()
     registry.register(Fixed())  # type: ignore[arg-type]

@@ -9,8 +9,9 @@ when it added its snake_case names. Labels: upstream's (`zone="vGPU"`, `podnames
 told apart before the pod names are known. They stay clear of `namespace`/`pod`/`container`,
 which Prometheus sets on every target and would rename to `exported_*`.
 
-Per-GPU `vgpu_gpu_*` figures are sums over the containers' regions (what the vGPU layer has handed
-out and what is in use through it); `vgpu_host_gpu_*` is NVML's view of the whole card.
+Per-GPU `vgpu_gpu_*` figures are sums over the regions of the containers that have not finished
+(what the vGPU layer has handed out and what is in use through it; pods.py says which have);
+`vgpu_host_gpu_*` is NVML's view of the whole card.
 
 A container can write its region file: where the plugin's settings file is there, limits come
 from it, and a container whose device records cannot be what libvgpu.so wrote for what was
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -32,6 +33,7 @@ from vgpu_formats.cli import version
 from vgpu_deviceplugin.monitor.assigned import records_fit
 from vgpu_deviceplugin.monitor.host import HostGpu, HostGpuSource, NvmlHostGpus
 from vgpu_deviceplugin.monitor.once import warn_once
+from vgpu_deviceplugin.monitor.pods import PodView
 from vgpu_deviceplugin.monitor.scan import ContainerRegion, scan
 
 CONTAINER_LABELS = ["zone", "poduid", "podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid"]
@@ -63,7 +65,7 @@ def _gauge(name: str, documentation: str, labels: Sequence[str]) -> GaugeMetricF
 
 
 def metrics(
-    containers: Iterable[ContainerRegion], pod_names: Mapping[str, tuple[str, str]], now_ns: int,
+    containers: Iterable[ContainerRegion], pods: PodView, now_ns: int,
     host_gpus: Iterable[HostGpu] = (), legacy: bool = True,
 ) -> list[Metric]:
     usage = _gauge("vgpu_container_memory_used_bytes",
@@ -84,9 +86,10 @@ def metrics(
                      "allocations (measured through NVML, counted against the cap; all devices)",
                      CONTAINER_LABELS[:5])
     gpu_used = _gauge("vgpu_gpu_memory_used_bytes",
-                      "sum of the containers' GPU memory use per physical GPU", GPU_LABELS)
+                      "sum of the running containers' GPU memory use per physical GPU", GPU_LABELS)
     gpu_limit = _gauge("vgpu_gpu_memory_limit_bytes",
-                       "sum of the containers' memory caps per physical GPU", GPU_LABELS)
+                       "sum of the running containers' memory caps per physical GPU (not those of "
+                       "init containers that completed or of containers that exited)", GPU_LABELS)
     host_used = _gauge("vgpu_host_gpu_memory_used_bytes",
                        "GPU memory in use on the whole card, all processes (NVML)", HOST_LABELS)
     host_total = _gauge("vgpu_host_gpu_memory_total_bytes", "GPU memory of the card (NVML)", HOST_LABELS)
@@ -94,7 +97,8 @@ def metrics(
                        "percent of the last sample period a kernel ran on the card (NVML)", HOST_LABELS)
     per_gpu: dict[str, list[int]] = {}
     for c in containers:
-        namespace, name = pod_names.get(c.pod_uid, ("", ""))
+        namespace, name = pods.names.get(c.pod_uid, ("", ""))
+        ended = (c.pod_uid, c.container) in pods.finished
         base = [ZONE, c.pod_uid, namespace, name, c.container]
         processes.add_metric(base, len(c.live_slots))
         live = [s for s in c.region.slots if s.slot in c.live_slots]
@@ -118,6 +122,8 @@ def metrics(
             launched = max((s.last_launch_unix_ns for s in live if s.used_bytes[dev.index] > 0), default=0)
             if launched > 0:
                 last_kernel.add_metric(labels, max(0.0, (now_ns - launched) / 1e9))
+            if ended:  # its series stay (peak, refusals); it holds nothing on the GPU now
+                continue
             sums = per_gpu.setdefault(dev.uuid, [0, 0])
             sums[0] += in_use
             sums[1] += capped
@@ -155,13 +161,13 @@ def build_info() -> Metric:
 class RegionCollector(Collector):
     """Scans the containers directory (a few reads of 200 KB files) and asks NVML on every scrape."""
 
-    def __init__(self, containers_dir: str, pod_names: dict[str, tuple[str, str]],
+    def __init__(self, containers_dir: str, pods: PodView,
                  host: HostGpuSource | None = None, legacy: bool = True) -> None:
         self._dir = containers_dir
-        self.pod_names = pod_names
+        self.pods = pods  # replaced whole by the monitor's refresh (main.py)
         self._host = host if host is not None else NvmlHostGpus()
         self._legacy = legacy
 
     def collect(self) -> Iterable[Metric]:
-        return [*metrics(scan(self._dir), self.pod_names, time.time_ns(), self._host.sample(), self._legacy),
+        return [*metrics(scan(self._dir), self.pods, time.time_ns(), self._host.sample(), self._legacy),
                 build_info()]

@@ -19,6 +19,7 @@ from vgpu_formats import cli, kubeconfig
 from vgpu_deviceplugin.kube import ApiKubeClient, KubeError
 from vgpu_deviceplugin.monitor.exporter import RegionCollector
 from vgpu_deviceplugin.monitor.host import HostGpuSource
+from vgpu_deviceplugin.monitor.pods import PodView
 
 log = logging.getLogger("vgpu_deviceplugin.monitor")
 NAMES_REFRESH_SECONDS = 30.0
@@ -54,9 +55,7 @@ async def _refresh_names(collector: RegionCollector, node: str, kubeconfig: str 
     try:
         while not stop.is_set():
             try:
-                pods = await kube.list_pods_on_node(node)
-                collector.pod_names = {
-                    p["metadata"]["uid"]: (p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods}
+                collector.pods = PodView.of(await kube.list_pods_on_node(node))
             except KubeError as exc:
                 log.warning("cannot list pods on %s: %s", node, exc)
             with contextlib.suppress(TimeoutError):
@@ -70,7 +69,7 @@ async def serve(port: int, bind: str, containers_dir: str, node: str | None, kub
     """`host`: where the whole-card figures come from; None: NVML (tests pass a fake). `legacy`:
     upstream's names too (--no-legacy-metrics turns them off)."""
     registry = CollectorRegistry()
-    collector = RegionCollector(containers_dir, {}, host, legacy)
+    collector = RegionCollector(containers_dir, PodView(), host, legacy)
     registry.register(collector)
 
     async def handle(_: web.Request) -> web.Response:
