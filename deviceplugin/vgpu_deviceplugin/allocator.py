@@ -3,7 +3,8 @@
 Calls are serialised (one lock): two concurrent Allocates would otherwise pick the same pod part.
 A failed call, and the one that consumes a pod's last part, release the node lock (`hamivgpu`), as
 the scheduler expects (a pod whose part no call consumes keeps it until the scheduler's lock
-expires: a memory-only container's call that no pod explained, say).
+expires: a memory-only container's call that no pod explained, say). A call the kubelet gave up
+(it went away: gRPC cancels the handler) puts back the part it consumed (`Taken`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from vgpu_formats.annotations import DEVICES_TO_ALLOCATE
+from vgpu_formats.annotations import (
+    BIND_PHASE,
+    BIND_PHASE_ALLOCATING,
+    BIND_PHASE_SUCCESS,
+    DEVICES_TO_ALLOCATE,
+    VGPU_TIME,
+)
 
 from vgpu_deviceplugin import allocate
 from vgpu_deviceplugin.allocate import AllocateError, Call, Plan, Pod, PodRef
@@ -45,6 +52,20 @@ class Outcome:
     plan: Plan | None
 
 
+@dataclasses.dataclass(frozen=True)
+class Taken:
+    """The part a call is consuming, and what the call changed besides, to be put back when the
+    kubelet gives the call up: restarted, it asks again for each container it holds no answer
+    for (the answers it got are in its checkpoint), and that call must find the same part, not
+    the pod's next one or none ("device request not found"). Set just before the swap."""
+
+    ref: PodRef
+    before: str  # devices-to-allocate before the swap
+    after: str
+    vgpu_time: str | None  # the pod's, which the success patch replaces
+    memory_seen: int | None  # the pod's memory calls counted before the call (None: none)
+
+
 # How a call decides on a list of pods (the cache's, then a fresh one).
 # `fresh`: the list is a fresh one, not the cache's.
 Decide = Callable[[list[dict[str, Any]], bool], Awaitable[Outcome]]
@@ -65,6 +86,7 @@ class Allocator:
         self._flags = flags
         self._cache_id = cache_id
         self._lock = asyncio.Lock()
+        self._taken: Taken | None = None  # the call in progress's, once its swap is under way
 
     async def allocate(self, amount: int) -> Plan:
         """The count resource's Allocate of `amount` devices."""
@@ -88,8 +110,12 @@ class Allocator:
         """One call, serialised. A failed call releases the node lock, as does one that consumes
         its pod's last part."""
         async with self._lock:
+            self._taken = None
             try:
                 outcome = await self._decide(decide)
+                if outcome.plan is not None and outcome.plan.done:
+                    await self._release_node_lock()
+                return outcome
             except AllocateError as exc:
                 log.error("Allocate of %s failed: %s", what, exc)
                 self._admission_ended()
@@ -100,9 +126,10 @@ class Allocator:
                 await self._release_node_lock()
                 raise
             except asyncio.CancelledError:
-                # The kubelet went away mid-call (gRPC cancels the handler): the lock still goes.
+                # The kubelet went away mid-call (gRPC cancels the handler): the answer never
+                # reaches it. The part goes back and the lock still goes, whatever cancels next.
                 self._admission_ended()
-                await asyncio.shield(self._release_node_lock())
+                await asyncio.shield(self._went_away(self._taken))
                 raise
             except Exception as exc:
                 # A bug or a value no check foresaw must not leave the node locked for every
@@ -112,9 +139,41 @@ class Allocator:
                 await self._release_node_lock()
                 raise AllocateError(f"unexpected error while allocating {what}: "
                                     f"{exc!r}; see the device plugin's log") from exc
-            if outcome.plan is not None and outcome.plan.done:
-                await self._release_node_lock()
-            return outcome
+
+    async def _went_away(self, taken: Taken | None) -> None:
+        if taken is not None:
+            await self._give_back(taken)
+        await self._release_node_lock()
+
+    async def _give_back(self, taken: Taken) -> None:
+        """Puts a given-up call's part back (compare-and-swap, as it was taken), and the pod's
+        bind-phase and vgpu-time where the call had written success; its memory count too."""
+        ref = taken.ref
+        try:
+            pod = await self._kube.consume_devices(ref.namespace, ref.name, taken.after, taken.before)
+        except KubeError as exc:
+            if exc.status in (404, 422):  # gone, or the swap never took (or the pod moved on)
+                log.info("pod %s: a call given up by the kubelet had consumed nothing: %s", ref, exc)
+            else:
+                log.error("pod %s: the kubelet gave up a call whose part cannot be put back (%s); "
+                          "its next call for this container will not find it", ref, exc)
+            return
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        if annotations.get(BIND_PHASE) == BIND_PHASE_SUCCESS:
+            back = {BIND_PHASE: BIND_PHASE_ALLOCATING, VGPU_TIME: taken.vgpu_time}
+            try:
+                await self._kube.patch_pod(ref.namespace, ref.name, {"metadata": {"annotations": back}})
+                annotations.update(back)
+            except KubeError as exc:
+                log.error("pod %s: cannot write bind-phase %s back: %s", ref, BIND_PHASE_ALLOCATING, exc)
+        if taken.memory_seen is None:
+            self._state.memory_seen.pop(ref.uid, None)
+        else:
+            self._state.memory_seen[ref.uid] = taken.memory_seen
+        if self._cache is not None:
+            self._cache.put(pod)
+        log.warning("pod %s: the kubelet gave up the call before its answer reached it; the part "
+                    "is put back for the kubelet's next call", ref)
 
     async def _decide(self, decide: Decide) -> Outcome:
         cached = self._cache.pods() if self._cache is not None else None
@@ -258,6 +317,9 @@ class Allocator:
             # rejected the pod (its status is written asynchronously), and a stale 422 decides
             # again on a fresh list, where the pod is no candidate.
             phase = (pod.get("status") or {}).get("phase")
+            self._taken = Taken(ref, old, result.devices_to_allocate,
+                                pod["metadata"]["annotations"].get(VGPU_TIME),
+                                state.memory_seen.get(ref.uid))
             updated = await self._swap(ref, old, result.devices_to_allocate, phase)
             if self._cache is not None:
                 self._cache.put(updated)

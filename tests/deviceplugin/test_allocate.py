@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 from typing import Any
@@ -299,6 +300,72 @@ async def test_a_lost_swap_reply_that_cannot_be_read_back_fails_the_call_decidin
     assert _annotations(kube, "first")[ann.BIND_PHASE] == ann.BIND_PHASE_FAILED
     assert _annotations(kube, "second")[ann.DEVICES_TO_ALLOCATE] == f"{GPU_B},NVIDIA,1000,0:"
     assert _annotations(kube, "second")[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
+
+
+def _stall_once(kube: Any, method: str, applied: bool) -> asyncio.Event:
+    """The next `method` call stalls for good, after it took effect (`applied`) or before; the
+    event is set once it stalls. Later calls go through."""
+    stalled = asyncio.Event()
+    real = getattr(kube, method)
+
+    async def stall(*args: Any) -> Any:
+        if stalled.is_set():
+            return await real(*args)
+        if applied:
+            await real(*args)
+        stalled.set()
+        await asyncio.Event().wait()
+
+    setattr(kube, method, stall)
+    return stalled
+
+
+@pytest.mark.parametrize(("method", "applied"), [
+    ("patch_pod", True),  # the swap took, the success patch was written: the reply is pending
+    ("consume_devices", True),  # the swap took, its reply is pending
+    ("consume_devices", False),  # the swap never reached the server
+])
+async def test_a_call_the_kubelet_gives_up_puts_its_part_back_for_its_next_call(
+        tmp_path: Any, method: str, applied: bool) -> None:
+    # The kubelet restarted while its Allocate call was waiting for the plugin: gRPC cancels the
+    # handler. The restarted kubelet asks again for the container. Before, the part this call
+    # had consumed was gone: the call failed with no pod waiting ("device request not found"),
+    # and in a pod of two the container would have got the next container's part.
+    first = _waiting("first", [ctr("gpu", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="7")
+    kube, allocator = _memory_world(tmp_path, first)
+    stalled = _stall_once(kube, method, applied)
+    call = asyncio.create_task(allocator.allocate(1))
+    await asyncio.wait_for(stalled.wait(), 5)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert _annotations(kube, "first")[ann.DEVICES_TO_ALLOCATE] == f"{GPU_A},NVIDIA,1000,0:"
+    assert _annotations(kube, "first")[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
+    assert _annotations(kube, "first")[ann.VGPU_TIME] == "7"
+    assert ann.NODE_LOCK not in kube.nodes[FIXTURE_NODE]["metadata"]["annotations"]
+    again = await allocator.allocate(1)
+    assert again.pod.name == "first" and again.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A and again.done
+    assert _annotations(kube, "first")[ann.DEVICES_TO_ALLOCATE] == ""
+    assert _annotations(kube, "first")[ann.BIND_PHASE] == ann.BIND_PHASE_SUCCESS
+
+
+async def test_a_given_up_memory_call_is_counted_again_by_its_next_call(tmp_path: Any) -> None:
+    # A memory-only container's call, given up after its swap: the count of the pod's memory
+    # calls goes back too, or the kubelet's next call would be taken for the next container's.
+    devices = f"{GPU_A},NVIDIA,1000,0:;{GPU_B},NVIDIA,3000,0:"
+    pod = _waiting("memonly", [ctr("mem", count=None, memory="1k"), ctr("gpu", 1, memory="3k")], devices)
+    kube, allocator = _memory_world(tmp_path, pod)
+    stalled = _stall_once(kube, "consume_devices", applied=True)
+    call = asyncio.create_task(allocator.allocate_memory(1000))
+    await asyncio.wait_for(stalled.wait(), 5)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert _annotations(kube, "memonly")[ann.DEVICES_TO_ALLOCATE] == devices
+    again = await allocator.allocate_memory(1000)
+    assert again is not None and again.call.container == "mem"
+    assert again.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A
+    assert (await allocator.allocate(1)).call.container == "gpu"
 
 
 async def test_a_first_memory_call_alike_for_two_pods_is_counted_by_the_count_call(tmp_path: Any) -> None:

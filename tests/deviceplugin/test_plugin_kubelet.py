@@ -9,6 +9,7 @@ import os
 import stat
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from typing import Any
 
 import grpc
 import pytest
@@ -303,6 +304,43 @@ async def test_kubelet_restart_reregisters(flags: Flags, kube: FakeKube) -> None
         assert len(sim.registrations) == before + 3
         response = await sim.allocate(MEMORY, sim.free_ids(MEMORY, 1))
         assert len(response.container_responses) == 1
+
+
+async def test_a_call_the_kubelet_gave_up_is_answered_again_after_its_restart(
+        flags: Flags, kube: FakeKube) -> None:
+    # The kubelet went away while the plugin was writing bind-phase success: gRPC cancels the
+    # handler on the plugin's side. Restarted, the kubelet asks again for that container (its
+    # checkpoint holds no answer for it) and gets the same GPUs.
+    kube.add_pod(fixture_pod())
+    kube.nodes[FIXTURE_NODE] = {"metadata": {"name": FIXTURE_NODE, "annotations": {"hamivgpu": "t"}}}
+    stalled, patch_pod = asyncio.Event(), kube.patch_pod
+
+    async def stall_success(namespace: str, name: str, patch: dict[str, Any]) -> None:
+        await patch_pod(namespace, name, patch)
+        if patch["metadata"]["annotations"].get(ann.BIND_PHASE) == "success" and not stalled.is_set():
+            stalled.set()
+            await asyncio.Event().wait()
+
+    kube.patch_pod = stall_success  # type: ignore[method-assign]
+    async with running(flags, kube) as sim:
+        call = asyncio.create_task(sim.allocate(COUNT, sim.free_ids(COUNT, 2)))
+        await asyncio.wait_for(stalled.wait(), 10)
+        call.cancel()  # the client side of the RPC goes: the server's handler is cancelled
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        def annotations() -> dict[str, str]:
+            found: dict[str, str] = kube.pods[("default", "vgpu-test")]["metadata"]["annotations"]
+            return found
+
+        await eventually(lambda: annotations()[ann.BIND_PHASE] == "allocating")
+        assert annotations()[ann.DEVICES_TO_ALLOCATE] == fixture_pod()["metadata"]["annotations"][
+            ann.DEVICES_TO_ALLOCATE]
+        await sim.restart()
+        await sim.wait_for([COUNT, MEMORY, CORES], timeout=20.0)
+        response = await sim.allocate(COUNT, sim.free_ids(COUNT, 2))
+        assert dict(response.container_responses[0].envs)["NVIDIA_VISIBLE_DEVICES"] == (
+            "GPU-bc94e532-1820-8ee8-ceaa-704166369c7c,GPU-5beec879-79c9-6252-3aaa-9f5e146ba220")
+        assert annotations()[ann.BIND_PHASE] == "success" and annotations()[ann.DEVICES_TO_ALLOCATE] == ""
 
 
 async def test_seed001_configmap_name_is_what_gets_registered(flags: Flags, kube: FakeKube) -> None:
