@@ -84,7 +84,11 @@ static void cuda_start(void)
     cuCtxSetCurrent(ctx);
 }
 
-/* 2 ms kernels back to back, a sync every 4, for `seconds` after the byte on go_fd. */
+/* 2 ms kernels back to back for `seconds` after the byte on go_fd, then one sync. No sync in
+ * between: the fake's push buffer (FAKE_CUDA_QUEUE_NS, 200 ms) blocks a launch while it is
+ * full, so the worker keeps 200 ms queued and a worker descheduled for less than that (a loaded
+ * CI machine) still keeps its share of the GPU busy; with a sync every 4 kernels a stall of
+ * a few ms left the GPU idle and the shares below their bounds. */
 static int worker(double seconds, int go_fd, int out_fd)
 {
     struct report r = {.fine = 1};
@@ -98,12 +102,9 @@ static int worker(double seconds, int go_fd, int out_fd)
         return 2;
     uint64_t own0 = fake_cuda_busy_ns(0), dev0 = fake_cuda_device_busy_ns(0), t0 = now_ns();
     uint64_t until = t0 + (uint64_t)(seconds * 1e9);
-    for (unsigned i = 0; now_ns() < until; i++) {
+    while (now_ns() < until)
         r.fine &= cuLaunchKernel(NULL, 2000, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL) == CUDA_SUCCESS;
-        if (i % 4 == 3)
-            cuCtxSynchronize();
-    }
-    cuCtxSynchronize();
+    r.fine &= cuCtxSynchronize() == CUDA_SUCCESS;
     r.wall = now_ns() - t0;
     r.own_busy = fake_cuda_busy_ns(0) - own0;
     r.device_busy = fake_cuda_device_busy_ns(0) - dev0;
@@ -139,8 +140,7 @@ static void alone(void)
     struct report r;
     if (!check(pid > 0 && collect(pid, out[0], &r), "a worker alone ran"))
         return;
-    /* Not 100: the worker's own CPU side (slower under the sanitizers, on 2 cores beside the
-     * test) leaves the queue empty now and then. */
+    /* Not 100: the worker's first launch after the go and its last sync's wake-up. */
     check(pct(r.own_busy, r.wall) >= 90.0, "alone it gets %.1f%% of the GPU",
           pct(r.own_busy, r.wall));
     check(r.own_bytes == footprint, "its context and lazy modules hold %llu MiB",
@@ -257,9 +257,10 @@ static void nvml_views(nvmlDevice_t dev, const pid_t kids[2])
     check(nvml_proc_util(dev, s, &count, since) == NVML_ERROR_INSUFFICIENT_SIZE && count == 2,
           "since 0.5 s ago, a buffer of 1 -> INSUFFICIENT_SIZE with the count, 2");
     nvmlReturn_t again = NVML_SUCCESS;
-    unsigned long long stamp = 0;
+    unsigned long long stamp = 0, asked_us = 0;
     for (int attempt = 0; attempt < 3 && again != NVML_ERROR_NOT_FOUND; attempt++) {
         count = 8;
+        asked_us = realtime_us();
         if (nvml_proc_util(dev, s, &count, since) != NVML_SUCCESS)
             break;
         stamp = s[0].timeStamp;
@@ -275,10 +276,12 @@ static void nvml_views(nvmlDevice_t dev, const pid_t kids[2])
                 seen |= 1 << k;
     check(count == 2 && seen == 3, "one sample per worker, smUtil %u and %u (near 50) over the "
           "periods since", s[0].smUtil, count > 1 ? s[1].smUtil : 0);
+    /* Within a period (166 ms) before the call: timed from the call, not from after it, so
+     * that a stall of this process in between does not count. */
     unsigned long long real_us = realtime_us();
-    check(stamp <= real_us && real_us - stamp < 200000,
-          "stamped with the latest period's end in CLOCK_REALTIME us (%llu us ago)",
-          (unsigned long long)(real_us - stamp));
+    check(stamp <= real_us && asked_us < stamp + 200000,
+          "stamped with the latest period's end in CLOCK_REALTIME us (%lld us before the call)",
+          (long long)asked_us - (long long)stamp);
     check(again == NVML_ERROR_NOT_FOUND, "asked again with that timestamp: NOT_FOUND");
     setenv("FAKE_NVML_NO_PROCESS_UTIL", "1", 1);
     count = 8;
@@ -437,8 +440,8 @@ static void event_spans(void)
     struct report w;
     check(got && status == 0 && r.fine && worker_pid > 0 &&
           collect(worker_pid, worker_out[0], &w), "both processes ran (status 0x%x)", status);
-    /* The worker's syncs every 4 kernels leave it without work now and then. */
-    check(r.shared_min_ms >= 34.0f && r.shared_max_ms <= 41.0f, "beside a busy process the "
+    /* The worker always has work queued: the kernel gets half the GPU throughout. */
+    check(r.shared_min_ms >= 38.0f && r.shared_max_ms <= 41.0f, "beside a busy process the "
           "20 ms kernel spans %.2f-%.2f ms (the H200: 46.8 ms for a 21.6 ms kernel)",
           r.shared_min_ms, r.shared_max_ms);
 }
