@@ -21,7 +21,6 @@ from typing import Any
 from vgpu_formats.annotations import (
     BIND_PHASE,
     BIND_PHASE_ALLOCATING,
-    BIND_PHASE_SUCCESS,
     DEVICES_TO_ALLOCATE,
     VGPU_TIME,
 )
@@ -64,6 +63,7 @@ class Taken:
     after: str
     vgpu_time: str | None  # the pod's, which the success patch replaces
     memory_seen: int | None  # the pod's memory calls counted before the call (None: none)
+    region_file: str  # the call's own (a name of its own): the next call's answer makes another
 
 
 # How a call decides on a list of pods (the cache's, then a fresh one).
@@ -110,6 +110,7 @@ class Allocator:
         """One call, serialised. A failed call releases the node lock, as does one that consumes
         its pod's last part."""
         async with self._lock:
+            await self._after_put_back()
             self._taken = None
             try:
                 outcome = await self._decide(decide)
@@ -127,9 +128,11 @@ class Allocator:
                 raise
             except asyncio.CancelledError:
                 # The kubelet went away mid-call (gRPC cancels the handler): the answer never
-                # reaches it. The part goes back and the lock still goes, whatever cancels next.
+                # reaches it. The part goes back and the lock still goes, whatever cancels next;
+                # the next call, of this allocator or of the one a restart makes, waits for it.
                 self._admission_ended()
-                await asyncio.shield(self._went_away(self._taken))
+                self._state.putting_back = asyncio.ensure_future(self._went_away(self._taken))
+                await asyncio.shield(self._state.putting_back)
                 raise
             except Exception as exc:
                 # A bug or a value no check foresaw must not leave the node locked for every
@@ -140,40 +143,73 @@ class Allocator:
                 raise AllocateError(f"unexpected error while allocating {what}: "
                                     f"{exc!r}; see the device plugin's log") from exc
 
+    async def _after_put_back(self) -> None:
+        """Waits for the put-back of a call given up before this one, which may still be at it
+        (a second cancel ended its handler, or a kubelet restart replaced its allocator)."""
+        pending = self._state.putting_back
+        if pending is None:
+            return
+        try:
+            await asyncio.shield(pending)
+        except Exception:
+            log.exception("putting back the part of a call the kubelet gave up failed")
+        if self._state.putting_back is pending:
+            self._state.putting_back = None
+
     async def _went_away(self, taken: Taken | None) -> None:
         if taken is not None:
             await self._give_back(taken)
         await self._release_node_lock()
 
     async def _give_back(self, taken: Taken) -> None:
-        """Puts a given-up call's part back (compare-and-swap, as it was taken), and the pod's
-        bind-phase and vgpu-time where the call had written success; its memory count too."""
+        """Puts a given-up call's part back, then the pod's bind-phase and vgpu-time as the call
+        found them, its memory count, and removes the call's region file."""
         ref = taken.ref
-        try:
-            pod = await self._kube.consume_devices(ref.namespace, ref.name, taken.after, taken.before)
-        except KubeError as exc:
-            if exc.status in (404, 422):  # gone, or the swap never took (or the pod moved on)
-                log.info("pod %s: a call given up by the kubelet had consumed nothing: %s", ref, exc)
-            else:
-                log.error("pod %s: the kubelet gave up a call whose part cannot be put back (%s); "
-                          "its next call for this container will not find it", ref, exc)
+        pod = await self._part_back(taken)
+        if pod is None:
             return
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        if annotations.get(BIND_PHASE) == BIND_PHASE_SUCCESS:
-            back = {BIND_PHASE: BIND_PHASE_ALLOCATING, VGPU_TIME: taken.vgpu_time}
-            try:
-                await self._kube.patch_pod(ref.namespace, ref.name, {"metadata": {"annotations": back}})
-                annotations.update(back)
-            except KubeError as exc:
-                log.error("pod %s: cannot write bind-phase %s back: %s", ref, BIND_PHASE_ALLOCATING, exc)
+        # Written whether or not success shows: a success patch in flight when the call was given
+        # up may land after the swap's reply.
+        back = {BIND_PHASE: BIND_PHASE_ALLOCATING, VGPU_TIME: taken.vgpu_time}
+        try:
+            await self._kube.patch_pod(ref.namespace, ref.name, {"metadata": {"annotations": back}})
+            annotations.update(back)
+        except KubeError as exc:
+            log.error("pod %s: cannot write bind-phase %s back: %s", ref, BIND_PHASE_ALLOCATING, exc)
         if taken.memory_seen is None:
             self._state.memory_seen.pop(ref.uid, None)
         else:
             self._state.memory_seen[ref.uid] = taken.memory_seen
         if self._cache is not None:
-            self._cache.put(pod)
+            self._cache.put(dict(pod))
+        # Never mounted (the kubelet has no answer naming it); the monitor reads one region a folder.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(taken.region_file)
         log.warning("pod %s: the kubelet gave up the call before its answer reached it; the part "
                     "is put back for the kubelet's next call", ref)
+
+    async def _part_back(self, taken: Taken) -> Pod | None:
+        """The reverse compare-and-swap; an unclear failure is read back, as `_swap` does. The pod
+        with its part back, or None (the swap never took, the pod is gone, or it cannot be put
+        back: logged)."""
+        ref = taken.ref
+        try:
+            return await self._kube.consume_devices(ref.namespace, ref.name, taken.after, taken.before)
+        except KubeError as exc:
+            if exc.status in (404, 422):  # gone, or the swap never took (or the pod moved on)
+                log.info("pod %s: a call given up by the kubelet had consumed nothing: %s", ref, exc)
+                return None
+            failed = f"pod {ref}: cannot put back the part of a call the kubelet gave up: {exc}"
+        try:
+            pod = await self._read_back(ref, failed)
+        except AllocateError as unread:
+            pod, failed = None, str(unread)
+        now = ((pod or {}).get("metadata") or {}).get("annotations") or {}
+        if pod is not None and now.get(DEVICES_TO_ALLOCATE) == taken.before:
+            return pod
+        log.error("%s; the kubelet's next call for this container will not find its part", failed)
+        return None
 
     async def _decide(self, decide: Decide) -> Outcome:
         cached = self._cache.pods() if self._cache is not None else None
@@ -319,8 +355,12 @@ class Allocator:
             phase = (pod.get("status") or {}).get("phase")
             self._taken = Taken(ref, old, result.devices_to_allocate,
                                 pod["metadata"]["annotations"].get(VGPU_TIME),
-                                state.memory_seen.get(ref.uid))
-            updated = await self._swap(ref, old, result.devices_to_allocate, phase)
+                                state.memory_seen.get(ref.uid), result.cache_file)
+            try:
+                updated = await self._swap(ref, old, result.devices_to_allocate, phase)
+            except AllocateError:
+                self._taken = None  # it did not take; a decision on a fresh list may follow
+                raise
             if self._cache is not None:
                 self._cache.put(updated)
             # After the swap, not before: a decision on a stale cache names a container already

@@ -30,6 +30,9 @@ class PluginState:
     # A memory call just answered empty for no pod yet: the count call that follows counts it
     # (allocate.memory_seen_after).
     deferred: Deferred | None = None
+    # The put-back of a call the kubelet gave up (allocator.py), while it may still run: the
+    # next call waits for it, whichever allocator makes it.
+    putting_back: asyncio.Future[None] | None = None
     version: int = 0
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 

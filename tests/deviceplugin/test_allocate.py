@@ -302,14 +302,19 @@ async def test_a_lost_swap_reply_that_cannot_be_read_back_fails_the_call_decidin
     assert _annotations(kube, "second")[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
 
 
-def _stall_once(kube: Any, method: str, applied: bool) -> asyncio.Event:
-    """The next `method` call stalls for good, after it took effect (`applied`) or before; the
-    event is set once it stalls. Later calls go through."""
+def _writes_success(namespace: str, name: str, patch: dict[str, Any]) -> bool:
+    return bool(patch["metadata"]["annotations"].get(ann.BIND_PHASE) == ann.BIND_PHASE_SUCCESS)
+
+
+def _stall_once(kube: Any, method: str, applied: bool, when: Any = None) -> asyncio.Event:
+    """The next `method` call (for which `when(*args)` holds, if given) stalls for good, after it
+    took effect (`applied`) or before; the event is set once it stalls. Later calls go through.
+    (FakeKube's swap patches through patch_pod: `when` tells the success patch from it.)"""
     stalled = asyncio.Event()
     real = getattr(kube, method)
 
     async def stall(*args: Any) -> Any:
-        if stalled.is_set():
+        if stalled.is_set() or (when is not None and not when(*args)):
             return await real(*args)
         if applied:
             await real(*args)
@@ -333,7 +338,7 @@ async def test_a_call_the_kubelet_gives_up_puts_its_part_back_for_its_next_call(
     # and in a pod of two the container would have got the next container's part.
     first = _waiting("first", [ctr("gpu", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="7")
     kube, allocator = _memory_world(tmp_path, first)
-    stalled = _stall_once(kube, method, applied)
+    stalled = _stall_once(kube, method, applied, _writes_success if method == "patch_pod" else None)
     call = asyncio.create_task(allocator.allocate(1))
     await asyncio.wait_for(stalled.wait(), 5)
     call.cancel()
@@ -343,6 +348,8 @@ async def test_a_call_the_kubelet_gives_up_puts_its_part_back_for_its_next_call(
     assert _annotations(kube, "first")[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
     assert _annotations(kube, "first")[ann.VGPU_TIME] == "7"
     assert ann.NODE_LOCK not in kube.nodes[FIXTURE_NODE]["metadata"]["annotations"]
+    # Its region file (written once the swap took) is gone: the monitor reads one a folder.
+    assert not os.path.exists(f"{tmp_path}/containers/uid-first_gpu/id.cache")
     again = await allocator.allocate(1)
     assert again.pod.name == "first" and again.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A and again.done
     assert _annotations(kube, "first")[ann.DEVICES_TO_ALLOCATE] == ""
@@ -366,6 +373,106 @@ async def test_a_given_up_memory_call_is_counted_again_by_its_next_call(tmp_path
     assert again is not None and again.call.container == "mem"
     assert again.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A
     assert (await allocator.allocate(1)).call.container == "gpu"
+
+
+async def test_a_put_back_whose_reply_is_lost_is_read_back(tmp_path: Any) -> None:
+    # The reverse swap took but its reply was lost: read back, the part is there, and the
+    # bind-phase goes back to allocating (left at success, no call would find the pod).
+    first = _waiting("first", [ctr("gpu", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:")
+    kube, allocator = _memory_world(tmp_path, first)
+    stalled = _stall_once(kube, "patch_pod", applied=True, when=_writes_success)
+    call = asyncio.create_task(allocator.allocate(1))
+    await asyncio.wait_for(stalled.wait(), 5)
+    kube.lost_replies = 1
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert _annotations(kube, "first")[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
+    assert (await allocator.allocate(1)).envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A
+
+
+async def test_a_given_up_call_is_put_back_before_the_next_call_decides(tmp_path: Any) -> None:
+    # A second cancel (a restart's server stop) ends the handler while the put-back is still
+    # under way; the next call, the restarted kubelet's, must not decide before it is done.
+    first = _waiting("first", [ctr("gpu", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:")
+    kube, allocator = _memory_world(tmp_path, first)
+    _stall_once(kube, "patch_pod", applied=True, when=_writes_success)
+    swapped, consume = asyncio.Event(), kube.consume_devices
+    release = asyncio.Event()
+
+    async def slow_put_back(namespace: str, name: str, old: str, new: str, phase: str | None = None) -> Any:
+        if old == "" and new != "":  # the reverse swap
+            swapped.set()
+            await release.wait()
+        return await consume(namespace, name, old, new, phase)
+
+    kube.consume_devices = slow_put_back
+    call = asyncio.create_task(allocator.allocate(1))
+    await asyncio.wait_for(_until(lambda: _annotations(kube, "first")[ann.BIND_PHASE] == "success"), 5)
+    call.cancel()
+    await asyncio.wait_for(swapped.wait(), 5)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    again = asyncio.create_task(allocator.allocate(1))
+    await asyncio.sleep(0.05)
+    assert not again.done()  # waiting for the put-back, not failing on the consumed part
+    release.set()
+    served = await asyncio.wait_for(again, 5)
+    assert served.pod.name == "first" and served.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A
+
+
+async def _until(condition: Any) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
+async def test_a_given_up_call_whose_swap_was_refused_puts_back_nothing(tmp_path: Any) -> None:
+    # On a stale cache the call named container a again (already answered) and its swap was
+    # refused; it was given up while deciding again on a fresh list. Putting "its" part back
+    # would give a's part to the pod again, and the kubelet's call for b would get a's GPU.
+    from vgpu_deviceplugin.pod_cache import PodCache
+
+    from tests.deviceplugin.kit import FakeKube
+
+    pod = gpu_pod("two", [ctr("a"), ctr("b")], f"{GPU_A},NVIDIA,1000,10:;{GPU_B},NVIDIA,2000,20:")
+    pod["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_ALLOCATING
+    kube, cache = FakeKube(), PodCache()
+    kube.add_pod(copy.deepcopy(pod))
+    cache.apply("ADDED", copy.deepcopy(pod))
+    cache.apply("SYNCED", {})
+    allocator = _allocator(kube, tmp_path, cache)
+    assert (await allocator.allocate(1)).call.container == "a"
+    cache.apply("MODIFIED", copy.deepcopy(pod))  # the older version, after the plugin's write
+    stalled = _stall_once(kube, "list_pods_on_node", applied=False)
+    call = asyncio.create_task(allocator.allocate(1))
+    await asyncio.wait_for(stalled.wait(), 5)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert _annotations(kube, "two")[ann.DEVICES_TO_ALLOCATE] == f";{GPU_B},NVIDIA,2000,20:"
+    served = await allocator.allocate(1)
+    assert served.call.container == "b" and served.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
+
+
+async def test_a_memory_call_given_up_after_its_pod_was_done_is_counted_again(tmp_path: Any) -> None:
+    # A pod of one memory-only container: its call consumed the last part and was given up
+    # while releasing the node lock, after its count had been taken. The count goes back too:
+    # the kubelet's next call is then a first call again, of a pod none of whose calls came; left
+    # counted, that call was explained by no pod and answered empty (the container uncapped).
+    pod = _waiting("memonly", [ctr("mem", count=None, memory="1k")], f"{GPU_A},NVIDIA,1000,0:")
+    kube, allocator = _memory_world(tmp_path, pod)
+    stalled = _stall_once(kube, "patch_node", applied=False)
+    call = asyncio.create_task(allocator.allocate_memory(1000))
+    await asyncio.wait_for(stalled.wait(), 5)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert _annotations(kube, "memonly")[ann.DEVICES_TO_ALLOCATE] == f"{GPU_A},NVIDIA,1000,0:"
+    assert _annotations(kube, "memonly")[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
+    again = await allocator.allocate_memory(1000)
+    assert again is not None and again.call.container == "mem" and again.done
+    assert again.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A
 
 
 async def test_a_first_memory_call_alike_for_two_pods_is_counted_by_the_count_call(tmp_path: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import socket
 import struct
@@ -208,24 +209,41 @@ def test_a_dead_process_is_counted_against_the_cap_not_reported_in_use(tmp_path:
     assert families["vgpu_container_last_kernel_age_seconds"].samples == []
 
 
-def _pod(phase: str, init_state: str, main_state: str) -> dict[str, Any]:
+def _state(state: str) -> dict[str, Any]:
+    """"running", "waiting", or "exited N"."""
+    if state.startswith("exited "):
+        return {"terminated": {"exitCode": int(state.split()[1])}}
+    return {state: {}}
+
+
+def _pod(phase: str, init_state: str, main_state: str, policy: str = "Always",
+         sidecar: bool = False) -> dict[str, Any]:
     """The fixture pod's uid with an init container `fetch` and a container `train` (GPU both)."""
+    init: dict[str, Any] = {"name": "fetch"}
+    if sidecar:
+        init["restartPolicy"] = "Always"
     return {"metadata": {"uid": POD_UID, "namespace": "team-a", "name": "trainer"},
-            "spec": {"initContainers": [{"name": "fetch"}], "containers": [{"name": "train"}]},
+            "spec": {"restartPolicy": policy, "initContainers": [init], "containers": [{"name": "train"}]},
             "status": {"phase": phase,
-                       "initContainerStatuses": [{"name": "fetch", "state": {init_state: {}}}],
-                       "containerStatuses": [{"name": "train", "state": {main_state: {}}}]}}
+                       "initContainerStatuses": [{"name": "fetch", "state": _state(init_state)}],
+                       "containerStatuses": [{"name": "train", "state": _state(main_state)}]}}
 
 
 @pytest.mark.parametrize(("pod", "ended"), [
     (_pod("Pending", "running", "waiting"), set()),
-    (_pod("Running", "terminated", "running"), {"fetch"}),
-    (_pod("Running", "terminated", "waiting"), {"fetch"}),  # CrashLoopBackOff: it runs again
-    (_pod("Running", "terminated", "terminated"), {"fetch", "train"}),
-    (_pod("Succeeded", "terminated", "terminated"), {"fetch", "train"}),
-    (_pod("Failed", "terminated", "running"), {"fetch", "train"}),  # statuses not updated yet
+    (_pod("Running", "exited 0", "running"), {"fetch"}),
+    (_pod("Pending", "exited 1", "waiting"), set()),  # a failed init container is run again
+    (_pod("Running", "running", "running", sidecar=True), set()),
+    (_pod("Running", "exited 0", "running", sidecar=True), set()),  # a sidecar restarts
+    (_pod("Running", "exited 0", "waiting"), {"fetch"}),  # CrashLoopBackOff: it runs again
+    (_pod("Running", "exited 0", "exited 0"), {"fetch"}),  # Always: restarted
+    (_pod("Running", "exited 0", "exited 1", policy="OnFailure"), {"fetch"}),
+    (_pod("Running", "exited 0", "exited 0", policy="OnFailure"), {"fetch", "train"}),
+    (_pod("Running", "exited 0", "exited 1", policy="Never"), {"fetch", "train"}),
+    (_pod("Succeeded", "exited 0", "exited 0", policy="Never"), {"fetch", "train"}),
+    (_pod("Failed", "exited 0", "running"), {"fetch", "train"}),  # statuses not updated yet
 ])
-def test_pod_view_names_the_containers_that_ran_to_an_end(pod: dict[str, Any], ended: set[str]) -> None:
+def test_pod_view_names_the_containers_that_will_not_run_again(pod: dict[str, Any], ended: set[str]) -> None:
     view = PodView.of([pod, {"metadata": {"name": "no-uid-yet"}}])
     assert view.names == {POD_UID: ("team-a", "trainer")}
     assert view.finished == {(POD_UID, name) for name in ended}
@@ -237,7 +255,7 @@ def test_a_finished_init_container_is_not_summed_into_its_gpu(tmp_path: Path) ->
     write_container(tmp_path, "fetch", region_bytes([(GPU_A, 3000 * MIB, 40 * MIB)], []))
     write_container(tmp_path, "train", region_bytes([(GPU_A, 4000 * MIB, 900 * MIB)], []))
     found = scan(str(tmp_path))
-    view = PodView.of([_pod("Running", "terminated", "running")])
+    view = PodView.of([_pod("Running", "exited 0", "running")])
     families = {m.name: m for m in metrics(found, view, now_ns=0)}
     assert _by_gpu(families, "vgpu_gpu_memory_limit_bytes") == {GPU_A: 4000 * MIB}
     assert _by_gpu(families, "vgpu_gpu_memory_used_bytes") == {GPU_A: 900 * MIB}
@@ -246,6 +264,12 @@ def test_a_finished_init_container_is_not_summed_into_its_gpu(tmp_path: Path) ->
     assert limits == {"fetch": 3000 * MIB, "train": 4000 * MIB}
     # Without the pods (no API access) every region counts, as before.
     families = {m.name: m for m in metrics(found, PodView(), now_ns=0)}
+    assert _by_gpu(families, "vgpu_gpu_memory_limit_bytes") == {GPU_A: 7000 * MIB}
+    # A process still alive in it (the list is up to 30 s old; a Failed pod's containers during
+    # their grace period) keeps it counted.
+    alive = [dataclasses.replace(c, live_slots=frozenset({0})) if c.container == "fetch" else c
+             for c in found]
+    families = {m.name: m for m in metrics(alive, view, now_ns=0)}
     assert _by_gpu(families, "vgpu_gpu_memory_limit_bytes") == {GPU_A: 7000 * MIB}
 
 
@@ -387,7 +411,7 @@ async def test_metrics_endpoint_serves_the_upstream_names(tmp_path: Path, legacy
 
 async def test_the_monitor_reads_names_and_ended_containers_from_its_nodes_pods(tmp_path: Path) -> None:
     # Through the real client and a pod list selected by node, as the DaemonSet runs it.
-    pod = _pod("Running", "terminated", "running")
+    pod = _pod("Running", "exited 0", "running")
     pod.update(apiVersion="v1", kind="Pod")
     pod["spec"]["nodeName"] = "gpu-1"
     with socket.socket() as probe:

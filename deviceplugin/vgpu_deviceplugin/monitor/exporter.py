@@ -9,7 +9,7 @@ when it added its snake_case names. Labels: upstream's (`zone="vGPU"`, `podnames
 told apart before the pod names are known. They stay clear of `namespace`/`pod`/`container`,
 which Prometheus sets on every target and would rename to `exported_*`.
 
-Per-GPU `vgpu_gpu_*` figures are sums over the regions of the containers that have not finished
+Per-GPU `vgpu_gpu_*` figures are sums over the regions of the containers that may still run
 (what the vGPU layer has handed out and what is in use through it; pods.py says which have);
 `vgpu_host_gpu_*` is NVML's view of the whole card.
 
@@ -86,10 +86,12 @@ def metrics(
                      "allocations (measured through NVML, counted against the cap; all devices)",
                      CONTAINER_LABELS[:5])
     gpu_used = _gauge("vgpu_gpu_memory_used_bytes",
-                      "sum of the running containers' GPU memory use per physical GPU", GPU_LABELS)
+                      "sum of the GPU memory use per physical GPU of the containers that may still run",
+                      GPU_LABELS)
     gpu_limit = _gauge("vgpu_gpu_memory_limit_bytes",
-                       "sum of the running containers' memory caps per physical GPU (not those of "
-                       "init containers that completed or of containers that exited)", GPU_LABELS)
+                       "sum of the memory caps per physical GPU of the containers that may still run "
+                       "(not of init containers that completed, nor of containers that exited for good)",
+                       GPU_LABELS)
     host_used = _gauge("vgpu_host_gpu_memory_used_bytes",
                        "GPU memory in use on the whole card, all processes (NVML)", HOST_LABELS)
     host_total = _gauge("vgpu_host_gpu_memory_total_bytes", "GPU memory of the card (NVML)", HOST_LABELS)
@@ -98,7 +100,8 @@ def metrics(
     per_gpu: dict[str, list[int]] = {}
     for c in containers:
         namespace, name = pods.names.get(c.pod_uid, ("", ""))
-        ended = (c.pod_uid, c.container) in pods.finished
+        # Live processes count whatever the pod list says (it is up to 30 s old).
+        ended = (c.pod_uid, c.container) in pods.finished and not c.live_slots
         base = [ZONE, c.pod_uid, namespace, name, c.container]
         processes.add_metric(base, len(c.live_slots))
         live = [s for s in c.region.slots if s.slot in c.live_slots]
