@@ -254,7 +254,7 @@ class Kube:
         for node in sorted(set(node_names)):
             on_node = f"spec.nodeName={node}"
             for pod in await self.list_objects("Pod", namespace, labels=labels, fields=on_node):
-                owners = pod.get("metadata", {}).get("ownerReferences") or []
+                owners = (pod.get("metadata") or {}).get("ownerReferences") or []
                 if uid and not any(owner.get("uid") == uid for owner in owners):
                     continue  # same labels, another owner or none (a hand-made pod): not ours
                     # to restart; deleted, it would not come back

@@ -128,7 +128,7 @@ def is_vgpu_pod(pod: Obj, settings: SchedulerSettings) -> bool:
     if not settings.vgpu_enable:
         return False
     names = {n for n in (settings.count_name, settings.memory_name) if n}
-    for container in pod.get("spec", {}).get("containers", []) or []:
+    for container in (pod.get("spec") or {}).get("containers", []) or []:
         limits = (container.get("resources") or {}).get("limits") or {}
         if names & set(limits):
             return True
@@ -149,7 +149,7 @@ def _limit_or_request(name: str, limits: Obj, requests: Obj) -> int | None:
 def container_requests(pod: Obj, settings: SchedulerSettings) -> list[ContainerRequest]:
     """One request per container whose limits name the count or memory resource (docs/upstream.md §6.3)."""
     out: list[ContainerRequest] = []
-    for container in pod.get("spec", {}).get("containers", []) or []:
+    for container in (pod.get("spec") or {}).get("containers", []) or []:
         resources = container.get("resources") or {}
         limits = resources.get("limits") or {}
         requests = resources.get("requests") or {}
@@ -180,7 +180,7 @@ def container_requests(pod: Obj, settings: SchedulerSettings) -> list[ContainerR
 
 def node_gpus(node: Obj, settings: SchedulerSettings) -> tuple[list[GPU], str]:
     """The node's GPUs from its register annotation, or ([], why the scheduler ignores it)."""
-    meta = node.get("metadata", {})
+    meta = (node.get("metadata") or {})
     raw = (meta.get("annotations") or {}).get(ann.NODE_REGISTER)
     if not raw:
         return [], f"no {ann.NODE_REGISTER} annotation (device plugin not registered)"
@@ -211,13 +211,13 @@ def node_gpus(node: Obj, settings: SchedulerSettings) -> tuple[list[GPU], str]:
 
 
 def _pod_node(pod: Obj) -> str:
-    annotations = pod.get("metadata", {}).get("annotations") or {}
-    return str(annotations.get(ann.VGPU_NODE) or pod.get("spec", {}).get("nodeName") or "")
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(ann.VGPU_NODE) or (pod.get("spec") or {}).get("nodeName") or "")
 
 
 def _counts_toward_usage(pod: Obj) -> bool:
     """Terminated and deleting pods do not hold GPU shares for the scheduler (docs/upstream.md §6.7)."""
-    if pod.get("metadata", {}).get("deletionTimestamp"):
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return False
     return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
@@ -227,7 +227,7 @@ def add_usage(gpus: Sequence[GPU], pods: Iterable[Obj]) -> None:
     for pod in pods:
         if not _counts_toward_usage(pod):
             continue
-        raw = (pod.get("metadata", {}).get("annotations") or {}).get(ann.VGPU_IDS_NEW)
+        raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ann.VGPU_IDS_NEW)
         if not raw:
             continue
         try:
@@ -313,7 +313,7 @@ def fit_node(
 
     Returns (devices per container, score, "") or ([], 0, reason).
     """
-    annotations: Mapping[str, str] = pod.get("metadata", {}).get("annotations") or {}
+    annotations: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
     wanted_mode = annotations.get(ann.VGPU_MODE)
     node_mode = gpus[-1].mode if gpus else "hami-core"  # the last record decides (docs/upstream.md §6.1)
     if wanted_mode and wanted_mode != node_mode:
@@ -360,8 +360,8 @@ def fit_node(
 
 
 def _selector_matches(pod: Obj, node: Obj) -> str:
-    selector = pod.get("spec", {}).get("nodeSelector") or {}
-    labels = node.get("metadata", {}).get("labels") or {}
+    selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+    labels = (node.get("metadata") or {}).get("labels") or {}
     for key, value in selector.items():
         if labels.get(key) != value:
             return f"nodeSelector {key}={value} does not match"
@@ -389,7 +389,7 @@ def _scalar_requests(pod: Obj, settings: SchedulerSettings) -> dict[str, int]:
     """
     wanted: dict[str, int] = {}
     percentage = (settings.memory_percentage_name, dc.DEFAULT_MEMORY_PERCENTAGE_NAME)
-    for container in pod.get("spec", {}).get("containers", []) or []:
+    for container in (pod.get("spec") or {}).get("containers", []) or []:
         for name, value in ((container.get("resources") or {}).get("limits") or {}).items():
             if "/" in name and name not in percentage:
                 wanted[name] = wanted.get(name, 0) + parse_quantity(value)
@@ -408,7 +408,7 @@ def _insufficient(wanted: Mapping[str, int], node: Obj) -> str:
 
 
 def _taints_block(pod: Obj, node: Obj) -> str:
-    tolerations = pod.get("spec", {}).get("tolerations") or []
+    tolerations = (pod.get("spec") or {}).get("tolerations") or []
     for taint in (node.get("spec") or {}).get("taints") or []:
         if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(taint, tolerations):
             return f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} not tolerated"
@@ -443,8 +443,8 @@ def bind(
     wanted = _scalar_requests(pod, settings)
     reasons: dict[str, str] = {}
     best: tuple[float, str, list[list[DeviceGrant]]] | None = None
-    for node in sorted(nodes, key=lambda n: str(n.get("metadata", {}).get("name", ""))):
-        name = str(node.get("metadata", {}).get("name", ""))
+    for node in sorted(nodes, key=lambda n: str((n.get("metadata") or {}).get("name", ""))):
+        name = str((node.get("metadata") or {}).get("name", ""))
         why = _selector_matches(pod, node) or _taints_block(pod, node) or _insufficient(wanted, node)
         if why:
             reasons[name] = why

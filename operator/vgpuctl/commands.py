@@ -121,7 +121,7 @@ def load_policy(path: str | None, objects: list[dict[str, Any]],
         raise UsageError(f"no VGPUPolicy in {where}: pass one with --policy FILE (`vgpuctl import` "
                          f"writes one)")
     if len(docs) > 1:
-        names = ", ".join(str(d.get("metadata", {}).get("name")) for d in docs)
+        names = ", ".join(str((d.get("metadata") or {}).get("name")) for d in docs)
         raise UsageError(f"{len(docs)} VGPUPolicies ({names}) in {where}: pass the one you mean with "
                          f"--policy")
     try:

@@ -183,7 +183,7 @@ async def _demo(narrator: Narrator, with_hook: bool, workdir: Path) -> bool:
                     say(f"mount {mount['container']} <- {mount['host']}")
                 meta = pod["metadata"]
                 bound = running.emulator.get_object("Pod", meta["namespace"], meta["name"])
-                phase = ((bound or {}).get("metadata", {}).get("annotations") or {}).get(ann.BIND_PHASE)
+                phase = (((bound or {}).get("metadata") or {}).get("annotations") or {}).get(ann.BIND_PHASE)
                 say(f"pod annotation {ann.BIND_PHASE}: {phase}")
                 narrator.data("allocate", allocation)
                 narrator.done()

@@ -313,9 +313,17 @@ def _check_sizing_flags(facts: ClusterFacts) -> list[Finding]:
     case, guessed = ("", "") if p.known_generation is not None else (
         rules.GUESSED, f" (if it is {p.generation}: its image does not tell)")
     out: list[Finding] = []
+    if p.shell:
+        out.append(finding(rules.FLAGS_IN_SHELL_SCRIPT, str(p.daemonset), "command",
+                           f"container {p.container!r} runs the device plugin from a shell script, whose "
+                           "flags cannot be read: the sizing it runs with where a flag decides it is not "
+                           "checked, nor can the operator edit them",
+                           "" if p.traits.flags is not None else rules.SWITCH_ONLY))
     for flag, key in versions.SIZING_KEYS.items():
         if flag == "device-cores-scaling" and not p.traits.applies_core_scaling:
             continue  # 100 core devices per GPU whatever it says
+        if facts.sizing_hidden(flag):
+            continue  # not the flag's default: the script may set it
         found, where = facts.sizing(flag)
         value = configured.get(key)
         if found.value is None:
@@ -487,7 +495,8 @@ def _check_one_node(
             devices = []
         expected, source = facts.expected_split(name)
         splits = sorted({d.count for d in devices})
-        if devices and facts.plugin.daemonset.found and expected is not None and splits != [expected]:
+        if (devices and facts.plugin.daemonset.found and expected is not None and splits != [expected]
+                and not facts.sizing_hidden("device-split-count")):
             groups[(rules.SPLIT_COUNT_MISMATCH, f"{ann.NODE_REGISTER} count",
                     f"registers split count {'/'.join(map(str, splits))}, but the plugin's settings give "
                     f"{expected} ({source}): the plugin has not restarted since the change",

@@ -132,6 +132,7 @@ class PluginFacts:
     version: Version | None = None
     args: list[str] = field(default_factory=list)  # what the binary gets: flags in `command`, then `args`
     known_generation: versions.Generation | None = None  # None: cannot tell from the image
+    shell: bool = False  # a shell script runs the binary: its flags cannot be read (`args` empty)
 
     @property
     def generation(self) -> versions.Generation:
@@ -252,6 +253,11 @@ class ClusterFacts:
         }[found.source]
         return found, where
 
+    def sizing_hidden(self, flag: versions.SizingFlag) -> bool:
+        """Would a flag decide this setting, in a shell script no reader can see? Then what the
+        plugin runs with cannot be told (not the flag's default)."""
+        return self.plugin.shell and self.sizing(flag)[0].source == "flag default"
+
     def expected_split(self, node_name: str) -> tuple[int | None, str]:
         """The split count the plugin registers on a node (None: it exits on its flag), and which
         setting decides it."""
@@ -279,7 +285,8 @@ def _place(kind: str, obj: Obj | None, namespace: str, name: str) -> Place:
 
 
 def _containers(workload: Obj) -> list[Obj]:
-    return list(((workload.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or [])
+    template = (workload.get("spec") or {}).get("template") or {}
+    return list((template.get("spec") or {}).get("containers") or [])
 
 
 def _scheduler(objects: Sequence[Obj]) -> SchedulerFacts:
@@ -349,6 +356,8 @@ def _plugin(objects: Sequence[Obj]) -> PluginFacts:
     found = versions.generation_of_container(dict(container))
     facts.version, facts.known_generation = found.version, found.generation
     facts.args = dp.binary_args(container)
+    command, _ = dp.container_argv(container)
+    facts.shell = bool(command) and dp.command_flags(command) is None
     return facts
 
 

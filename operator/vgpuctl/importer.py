@@ -15,15 +15,17 @@ scheduler's device-config and a note says what applying the policy will change.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from vgpu_formats import device_config as dc
 from vgpu_formats import device_fields
 from vgpu_operator import versions
-from vgpu_operator.api import API_VERSION, KIND, VGPUPolicy
+from vgpu_operator.api import API_VERSION, DNS_NAME_PATTERN, KIND, VGPUPolicy
 from vgpu_operator.render import scheduler_conf as sc
 
+from vgpuctl.errors import UsageError
 from vgpuctl.facts import ClusterFacts
 
 
@@ -44,7 +46,7 @@ def _given(first: dc.DeviceConfig | None, then: dc.DeviceConfig | None) -> dict[
 
 def _resources(facts: ClusterFacts, notes: list[str]) -> dict[str, Any]:
     given = _given(facts.scheduler_config.parsed, facts.plugin_config.parsed)
-    out: dict[str, Any] = given.get("resources", {})
+    out: dict[str, Any] = (given.get("resources") or {})
     for key, name_field in device_fields.NAME_FIELDS.items():
         if not out.get(key):
             notes.append(f"device-config has no {name_field.attr}: the policy uses the default "
@@ -62,6 +64,11 @@ def _sizing(facts: ClusterFacts, flag: versions.SizingFlag, fallback: float, not
     """What the plugin runs with (`fallback`, the policy's default, without a plugin); a value the
     policy cannot hold (0, or a flag the plugin rejects) becomes `fallback`, with a note."""
     if not facts.plugin.daemonset.found:
+        return fallback
+    if facts.sizing_hidden(flag):
+        notes.append(f"the device plugin runs from a shell script, whose --{flag} cannot be read: the "
+                     f"policy sets {versions.SIZING_KEYS[flag]} {fallback:g} (device-config's, or the "
+                     "default); check the script")
         return fallback
     found, where = facts.sizing(flag)
     if found.value is not None and found.value > 0:
@@ -115,16 +122,21 @@ def _node_overrides(facts: ClusterFacts, notes: list[str]) -> list[dict[str, Any
     return overrides
 
 
-def _scheduler(facts: ClusterFacts) -> dict[str, Any]:
+def _scheduler(facts: ClusterFacts, notes: list[str]) -> dict[str, Any]:
     s = facts.scheduler
     args = s.deviceshare or {}
+    # As the scheduler reads it: Volcano 1.15+ takes a quoted "true" (unknown version: so taken).
+    node_lock = sc.reads_true(args, sc.NODE_LOCK, s.version, if_unknown=True)
+    if isinstance(args.get(sc.NODE_LOCK), str):
+        notes.append(f"{sc.NODE_LOCK} is the string {args[sc.NODE_LOCK]!r} (Volcano before "
+                     f"1.15 reads it as off): the policy holds {str(node_lock).lower()} and renders a bool")
     out: dict[str, Any] = {
         "namespace": s.conf.namespace,
         "configMap": s.conf.name,
         "deployment": s.deployment.name if s.deployment else "volcano-scheduler",
         "schedulePolicy": s.schedule_policy if s.schedule_policy in ("binpack", "spread") else "unset",
         "scheduleWeight": s.schedule_weight,
-        "nodeLockEnable": args.get(sc.NODE_LOCK) is True,
+        "nodeLockEnable": node_lock,
     }
     rules = args.get(sc.EXCLUSIVE_RULES)
     if isinstance(rules, list):
@@ -133,15 +145,35 @@ def _scheduler(facts: ClusterFacts) -> dict[str, Any]:
     return out
 
 
+def _namespaces_named(facts: ClusterFacts) -> None:
+    """The policy names the namespace of each object it targets: one read from a manifest
+    without `metadata.namespace` (a chart's templated output) cannot be guessed."""
+    found = [(facts.plugin.daemonset, "the device plugin's DaemonSet"),
+             (facts.scheduler.conf, "the scheduler's conf ConfigMap"),
+             (facts.scheduler_config.place, "the scheduler's device-config ConfigMap"),
+             (facts.node_config, "the node-config ConfigMap")]
+    for place, what in found:
+        if place.found and not place.namespace:
+            raise UsageError(f"{what}, {place.kind} {place.name}, has no metadata.namespace in the "
+                             "manifests: add the namespace it runs in (`helm template -n NS` "
+                             "leaves it out), or read the cluster itself")
+
+
 def import_policy(facts: ClusterFacts, name: str = "default") -> Imported:
-    """The policy, validated against the API model (so `kubectl apply` accepts it)."""
+    """The policy, validated against the API model (so `kubectl apply` accepts it). Raises
+    UsageError for a name the API server would refuse or a target without a namespace."""
+    if not re.match(DNS_NAME_PATTERN, name) or len(name) > 253:
+        raise UsageError(f"--name {name!r}: a VGPUPolicy's name must be a DNS-1123 subdomain "
+                         "(lower-case letters, digits, '-' and '.', starting and ending with a letter "
+                         "or digit, at most 253 characters)")
+    _namespaces_named(facts)
     notes: list[str] = []
     plugin = facts.plugin
     spec: dict[str, Any] = {
         "resources": _resources(facts, notes),
         "device": _device(facts, notes),
         "nodeOverrides": _node_overrides(facts, notes),
-        "scheduler": _scheduler(facts),
+        "scheduler": _scheduler(facts, notes),
         "devicePlugin": {
             "namespace": plugin.daemonset.namespace,
             "daemonSet": plugin.daemonset.name,

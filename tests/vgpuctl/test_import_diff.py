@@ -12,6 +12,7 @@ from vgpu_operator.decide import render_all
 from vgpu_operator.registry import load_observed_from_manifests
 from vgpu_operator.validate import validate
 from vgpuctl.diffing import target_diff
+from vgpuctl.errors import UsageError
 from vgpuctl.facts import gather
 from vgpuctl.importer import import_policy
 from vgpuctl.main import main
@@ -172,3 +173,61 @@ def test_import_of_a_v1_12_plugin_missing_sizing_keys_notes_the_fix(healthy):
     imported = import_policy(gather(healthy))
     assert imported.policy["spec"]["device"]["gpuMemoryFactor"] == 1
     assert any("runs with gpuMemoryFactor 0" in note for note in imported.notes)
+
+
+def _set_node_lock(objects: list[dict[str, Any]], spelling: str, scheduler_image: str) -> None:
+    conf = variants._scheduler_conf(objects)
+    conf["volcano-scheduler.conf"] = conf["volcano-scheduler.conf"].replace(
+        "VGPUEnable: true", f"VGPUEnable: true\n      deviceshare.NodeLockEnable: {spelling}")
+    deployment = find(objects, "Deployment", "volcano-scheduler")
+    deployment["spec"]["template"]["spec"]["containers"][0]["image"] = scheduler_image
+
+
+@pytest.mark.parametrize(("spelling", "image", "locked"), [
+    ("true", "docker.io/volcanosh/vc-scheduler:v1.13.0", True),
+    ('"true"', "docker.io/volcanosh/vc-scheduler:v1.15.1", True),  # 1.15+ reads the string
+    ('"true"', "docker.io/volcanosh/vc-scheduler:v1.13.0", False),  # before: off
+])
+def test_import_reads_node_lock_as_the_scheduler_does(healthy, spelling, image, locked):
+    # Before, only a YAML true counted: a quoted "true" that Volcano 1.15 reads as on was
+    # imported as off, and applying the import turned the node lock off.
+    _set_node_lock(healthy, spelling, image)
+    imported = import_policy(gather(healthy))
+    assert imported.policy["spec"]["scheduler"]["nodeLockEnable"] is locked
+    assert any("NodeLockEnable is the string 'true'" in n for n in imported.notes) == spelling.startswith('"')
+
+
+def test_import_refuses_a_target_without_a_namespace_and_a_bad_name(healthy):
+    # Templated manifests (`helm template` without -n) leave metadata.namespace out: before, a
+    # pydantic traceback, exit 1 (the code for "problems found").
+    del find(healthy, "DaemonSet", "volcano-device-plugin")["metadata"]["namespace"]
+    with pytest.raises(UsageError, match=r"DaemonSet volcano-device-plugin, has no metadata\.namespace"):
+        import_policy(gather(healthy))
+    find(healthy, "DaemonSet", "volcano-device-plugin")["metadata"]["namespace"] = "kube-system"
+    for name in ("Bad_Name", "", "-x"):
+        with pytest.raises(UsageError, match="must be a DNS-1123 subdomain"):
+            import_policy(gather(healthy), name=name)
+
+
+def test_a_plugin_run_from_a_shell_script_is_not_read_as_its_flag_defaults(healthy):
+    # A legacy plugin started by `sh -c "exec plugin --device-split-count=10"`: its flags cannot
+    # be read. Before, doctor took the flag defaults (split 2) and reported a sizing mismatch and
+    # a split-count mismatch on every node, and import wrote deviceSplitCount 2.
+    from vgpuctl.doctor import diagnose
+
+    container = variants._plugin(healthy)
+    container["command"] = ["/bin/sh", "-c", "exec volcano-vgpu-device-plugin " + " ".join(container["args"])]
+    container["args"] = []
+    facts = gather(healthy)
+    codes = {f.code for f in diagnose(facts).findings}
+    assert "plugin-flags-in-shell-script" in codes
+    assert not codes & {"sizing-mismatch", "split-count-mismatch"}
+    imported = import_policy(facts)
+    assert imported.policy["spec"]["device"]["deviceSplitCount"] == 10  # device-config's
+    assert any("runs from a shell script" in n for n in imported.notes)
+
+
+def test_manifest_objects_with_null_fields_are_read_not_a_traceback(healthy):
+    find(healthy, "DaemonSet", "volcano-device-plugin")["spec"]["template"]["spec"] = None
+    facts = gather(healthy)
+    assert facts.plugin.daemonset.found and facts.plugin.args == []
