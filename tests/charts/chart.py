@@ -41,7 +41,9 @@ PROFILES: dict[str, Values] = {
     "no-policy": {"policy": {"create": False}},
     "no-metrics-service": {"metrics": {"service": {"enabled": False}}},
     "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
-    "prometheus-rule": {"metrics": {"prometheusRule": {"enabled": True}}},
+    # The alerts read the ServiceMonitor's jobs: the chart refuses the rule without it.
+    "prometheus-rule": {"metrics": {"prometheusRule": {"enabled": True},
+                                    "serviceMonitor": {"enabled": True}}},
     "no-dashboard": {"metrics": {"grafanaDashboard": {"enabled": False}}},
     "verbose": {"operator": {"verbose": True}},
     "unmanaged-crd": {"operator": {"manageCRD": False}},
@@ -54,6 +56,7 @@ PROFILES: dict[str, Values] = {
                      "podAnnotations": {"example.com/owner": "gpu"}, "extraArgs": ["--resync=30"]},
         "devicePlugin": {"runtimeClassName": "nvidia", "mockGpus": "1xA100-40GB,1xT4",
                          "extraArgs": ["--no-handshake"], "allowDisableControl": True,
+                         "criticalPriorityQuota": False,
                          "podAnnotations": {"example.com/owner": "gpu"}},
         "policy": {"spec": {"device": {"deviceSplitCount": 4, "deviceMemoryScaling": 1.5},
                             "driftPolicy": "Report",

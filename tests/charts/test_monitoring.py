@@ -191,7 +191,8 @@ def test_every_alert_links_its_runbook_section(full_objects: list[Obj]) -> None:
 
 
 def test_per_alert_settings() -> None:
-    objects = chart.render({"metrics": {"prometheusRule": {"enabled": True, "runbookUrl": "", "alerts": {
+    objects = chart.render({"metrics": {"serviceMonitor": {"enabled": True},
+                                        "prometheusRule": {"enabled": True, "runbookUrl": "", "alerts": {
         "VGPUMemoryOverLimit": {"enabled": False},
         "VGPUOperatorDown": {"severity": "warning", "for": "3m", "labels": {"team": "gpu"}}}}}})
     by_name = {r["alert"]: r for r in rules(objects)}
@@ -214,7 +215,17 @@ DOWN = "/metrics/prometheusRule/alerts/VGPUOperatorDown"
 ])
 def test_a_bad_alert_setting_is_refused(alerts: Obj, message: str) -> None:
     with pytest.raises(chart.HelmError, match=re.escape(message)):
-        chart.template({"metrics": {"prometheusRule": {"enabled": True, "alerts": alerts}}})
+        chart.template({"metrics": {"serviceMonitor": {"enabled": True},
+                                    "prometheusRule": {"enabled": True, "alerts": alerts}}})
+
+
+@pytest.mark.parametrize("metrics", [{"serviceMonitor": {"enabled": False}},
+                                     {"service": {"enabled": False}, "serviceMonitor": {"enabled": False}}])
+def test_alerts_without_the_scrape_they_read_are_refused(metrics: Obj) -> None:
+    # VGPUOperatorDown is absent(up{job=<the ServiceMonitor's>}): with nothing scraping that job
+    # it fired for good, and VGPUNodeMonitorDown never could.
+    with pytest.raises(chart.HelmError, match=re.escape("metrics.serviceMonitor.enabled=true")):
+        chart.template({"metrics": {**metrics, "prometheusRule": {"enabled": True}}})
 
 
 def test_operator_down_names_its_job_and_namespace(full_objects: list[Obj]) -> None:

@@ -58,9 +58,33 @@ def test_monitoring_kinds_are_not_schema_checked(renders: Renders) -> None:
 def test_default_profile_installs_the_whole_system(default_objects: list[dict[str, Any]]) -> None:
     kinds = sorted({o["kind"] for o in default_objects})
     assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "CustomResourceDefinition",
-                     "DaemonSet", "Deployment", "NetworkPolicy", "Role", "RoleBinding", "Service",
-                     "ServiceAccount", "VGPUPolicy", "ValidatingAdmissionPolicy",
+                     "DaemonSet", "Deployment", "NetworkPolicy", "ResourceQuota", "Role", "RoleBinding",
+                     "Service", "ServiceAccount", "VGPUPolicy", "ValidatingAdmissionPolicy",
                      "ValidatingAdmissionPolicyBinding"]
+
+
+def test_the_plugins_critical_priority_class_gets_its_quota_outside_kube_system() -> None:
+    # GKE (and any cluster limiting system-*-critical to namespaces with such a quota) refused the
+    # plugin pods in the release namespace: the DaemonSet made none.
+    (quota,) = chart.of_kind(chart.render(), "ResourceQuota")
+    assert quota["metadata"]["namespace"] == chart.NAMESPACE
+    assert quota["spec"]["scopeSelector"]["matchExpressions"] == [
+        {"scopeName": "PriorityClass", "operator": "In", "values": ["system-node-critical"]}]
+    in_kube_system = chart.run_helm("template", chart.RELEASE, str(chart.CHART), "--namespace", "kube-system")
+    assert not chart.of_kind(chart.objects(in_kube_system), "ResourceQuota")
+    for values in ({"priorityClassName": "gpu-high"}, {"criticalPriorityQuota": False}):
+        assert not chart.of_kind(chart.render({"devicePlugin": values}), "ResourceQuota")
+
+
+def test_common_labels_never_replace_the_charts_own(default_objects: list[dict[str, Any]]) -> None:
+    # A commonLabels key the chart sets itself rendered twice; read last-wins, the pod labels no
+    # longer matched their selectors.
+    objects = chart.render({"commonLabels": {"app.kubernetes.io/name": "foo", "team": "gpu"}})
+    for kind in ("Deployment", "DaemonSet"):
+        for obj in chart.of_kind(objects, kind):
+            labels = obj["spec"]["template"]["metadata"]["labels"]
+            assert labels["team"] == "gpu" and labels["app.kubernetes.io/name"] == "vgpu-operator"
+            assert obj["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
 def test_every_object_has_the_standard_labels(full_objects: list[dict[str, Any]]) -> None:

@@ -265,7 +265,10 @@ def test_monitor_is_never_privileged(renders: Renders, profile: str) -> None:
     sc = monitor["securityContext"]
     assert not sc.get("privileged") and sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["allowPrivilegeEscalation"] is False
-    assert {m["mountPath"] for m in monitor["volumeMounts"]} == {"/tmp/vgpu/containers", "/tmp"}
+    # Not root, and the regions read-only: it only reads the plugin's files (0755/0666/0644).
+    assert sc["runAsUser"] == 10001 and sc["runAsNonRoot"] is True
+    mounts = {m["mountPath"]: m.get("readOnly", False) for m in monitor["volumeMounts"]}
+    assert mounts == {"/tmp/vgpu/containers": True, "/tmp": False}
     assert monitor["command"] == ["vgpu-monitor"]
     assert expand_env(monitor["args"], NODE_NAME="n1") == [
         "--port=9394", "--containers-dir=/tmp/vgpu/containers", "--node-name=n1",

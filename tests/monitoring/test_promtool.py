@@ -43,7 +43,8 @@ def run(promtool: Path, *args: str, stdin: str | None = None, cwd: Path | None =
 @pytest.fixture(scope="module")
 def rules_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The PrometheusRule's spec (a Prometheus rules file), rendered with the default values."""
-    objects = chart.render({"metrics": {"prometheusRule": {"enabled": True}}})
+    objects = chart.render({"metrics": {"prometheusRule": {"enabled": True},
+                                        "serviceMonitor": {"enabled": True}}})
     folder = tmp_path_factory.mktemp("rules")
     path = folder / "rules.yaml"
     path.write_text(yaml.safe_dump(chart.one(objects, "PrometheusRule")["spec"], sort_keys=False))

@@ -28,7 +28,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: vgpu-operator
-{{- with .Values.commonLabels }}
+{{- /* Never the chart's own keys: a selector must keep matching its pods. */ -}}
+{{- with omit .Values.commonLabels "helm.sh/chart" "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/version" "app.kubernetes.io/managed-by" "app.kubernetes.io/part-of" "app.kubernetes.io/component" }}
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
