@@ -501,7 +501,16 @@ def _check_one_node(
                     f"registers split count {'/'.join(map(str, splits))}, but the plugin's settings give "
                     f"{expected} ({source}): the plugin has not restarted since the change",
                     rules.SPLIT_COUNT_MISMATCH.fix_text())].append(name)
-    count = sched.get("count", "")
+    count, memory = sched.get("count", ""), sched.get("memory", "")
+    if (count and memory and memory in plugin_names.values()
+            and quantity_or_zero(allocatable.get(count, 0)) > 0
+            and quantity_or_zero(allocatable.get(memory, 0)) <= 0):
+        # The plugin registers memory as one device per gpuMemoryFactor MiB: past the kubelet's
+        # 4 MiB gRPC message the list never arrives and the node offers none.
+        groups[(rules.LIST_AND_WATCH_TOO_LARGE, f"status.allocatable[{memory}]",
+                f"advertises {count} but no {memory}: every pod asking for vGPU memory waits; the plugin's "
+                "memory device list is likely over the kubelet's 4 MiB gRPC message limit",
+                rules.LIST_AND_WATCH_TOO_LARGE.fix_text())].append(name)
     if count and quantity_or_zero(allocatable.get(count, 0)) <= 0:
         have = [n for n in sorted(set(plugin_names.values())) if n in allocatable]
         groups[(rules.NODE_ADVERTISEMENT, f"status.allocatable[{count}]",

@@ -80,7 +80,18 @@ def _sizing(facts: ClusterFacts, flag: versions.SizingFlag, fallback: float, not
 
 
 def _device(facts: ClusterFacts, notes: list[str]) -> dict[str, Any]:
-    spec = _given(facts.plugin_config.parsed, facts.scheduler_config.parsed)
+    # The scheduler's copy, as for the names: the policy renders that one (geometries, say, are
+    # the scheduler's to read); where the plugin reads another copy that differs, a note.
+    spec = _given(facts.scheduler_config.parsed, facts.plugin_config.parsed)
+    plugin_reads = _given(facts.plugin_config.parsed, facts.scheduler_config.parsed).get("device") or {}
+    sizing_keys = {f.policy.rsplit(".", 1)[1] for f in device_fields.SIZING_FIELDS.values()}
+    for key in sorted(set(spec.get("device") or {}) | set(plugin_reads)):
+        theirs, ours = plugin_reads.get(key), (spec.get("device") or {}).get(key)
+        if theirs == ours or (key in sizing_keys and None in (theirs, ours)):
+            continue
+        keeps = "what the plugin runs with" if key in sizing_keys else "the scheduler's"
+        notes.append(f"the device plugin reads {facts.plugin_config.place}, whose {key} differs from "
+                     f"the scheduler's {facts.scheduler_config.place}: the policy keeps {keeps}")
     # Sizing as the plugin runs with it (a legacy one on its flags, whatever the ConfigMap says).
     for flag, sizing_field in device_fields.SIZING_FIELDS.items():
         given = device_fields.policy_value(spec, sizing_field)

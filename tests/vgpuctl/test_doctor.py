@@ -490,3 +490,14 @@ def test_our_plugin_serves_memory_only_containers_but_not_init_ones(healthy):
     found = [f for f in _doctor(healthy).findings if f.code == "memory-only-container"]
     assert len(found) == 1 and "default/refused container m" in found[0].message
     assert "refuses its pod" in found[0].message and "served" not in found[0].message
+
+
+def test_a_node_offering_no_vgpu_memory_is_found(healthy):
+    # The plugin's memory list (one device per gpuMemoryFactor MiB) over the kubelet's 4 MiB
+    # message: the node offers the count but 0 memory, and every pod asking memory waits.
+    # Before, doctor said healthy (diff warned of it).
+    node = find(healthy, "Node", "test-app-64-46-msxf")
+    node["status"]["allocatable"]["volcano.sh/vgpu-memory"] = "0"
+    report = _doctor(healthy)
+    (found,) = [f for f in report.findings if f.code == "list-and-watch-too-large"]
+    assert "test-app-64-46-msxf" in found.place and "raise gpuMemoryFactor" in found.fix

@@ -231,3 +231,22 @@ def test_manifest_objects_with_null_fields_are_read_not_a_traceback(healthy):
     find(healthy, "DaemonSet", "volcano-device-plugin")["spec"]["template"]["spec"] = None
     facts = gather(healthy)
     assert facts.plugin.daemonset.found and facts.plugin.args == []
+
+
+def test_import_takes_the_scheduler_copys_device_settings_and_notes_the_plugins(healthy):
+    # The scheduler reads a volcano-system copy of device-config, the plugin the kube-system one.
+    # Before, the policy took the plugin's copy's geometries without a note, and its diff then
+    # replaced the ones the scheduler reads.
+    variants._wrong_namespace(healthy)
+    plugin_copy = find(healthy, "ConfigMap", "volcano-vgpu-device-config")
+    scheduler_copy = copy.deepcopy(plugin_copy)
+    scheduler_copy["metadata"]["namespace"] = "volcano-system"
+    text = scheduler_copy["data"]["device-config.yaml"]
+    assert '[ "A30" ]' in text
+    scheduler_copy["data"]["device-config.yaml"] = text.replace('[ "A30" ]', '[ "H100-SXM5-80GB" ]', 1)
+    healthy.append(scheduler_copy)
+    imported = import_policy(gather(healthy))
+    models = [m for g in imported.policy["spec"]["device"]["knownMigGeometries"] for m in g["models"]]
+    assert "H100-SXM5-80GB" in models and "A30" not in models
+    assert any("whose knownMigGeometries differs" in n and "keeps the scheduler's" in n
+               for n in imported.notes)
