@@ -22,6 +22,17 @@ def _clean(obj: dict[str, Any] | None) -> dict[str, Any] | None:
 class _BlockDumper(yaml.SafeDumper):
     """Multi-line strings (ConfigMap data) as `|` blocks, so a diff shows the changed lines."""
 
+    def choose_scalar_style(self) -> str:
+        # PyYAML gives up the block for a line with trailing spaces (upstream's device-config
+        # has `geometries: `) and wrote the whole text as one escaped line; a literal block keeps
+        # them, and this text is read by people, not parsed back.
+        event = self.event
+        if (isinstance(event, yaml.ScalarEvent) and event.style == "|" and not self.flow_level
+                and not self.simple_key_context):
+            self.analysis = self.analysis or self.analyze_scalar(event.value)
+            return "|"
+        return str(super().choose_scalar_style())
+
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
     style = "|" if "\n" in value and not any(c in value for c in "\t\r") else None

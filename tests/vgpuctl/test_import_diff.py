@@ -250,3 +250,18 @@ def test_import_takes_the_scheduler_copys_device_settings_and_notes_the_plugins(
     assert "H100-SXM5-80GB" in models and "A30" not in models
     assert any("whose knownMigGeometries differs" in n and "keeps the scheduler's" in n
                for n in imported.notes)
+
+
+def test_a_device_config_diff_shows_the_lines_that_change(healthy):
+    # Upstream's device-config has lines with trailing spaces (`geometries: `): PyYAML then gave
+    # up the block style and the diff showed the whole text as one escaped line, before and after.
+    config = find(healthy, "ConfigMap", "volcano-vgpu-device-config")
+    assert "geometries: \n" in config["data"]["device-config.yaml"]
+    policy = import_policy(gather(healthy)).policy
+    policy["spec"]["device"]["deviceSplitCount"] = 4
+    (target,) = [t for t in _render(policy, healthy).targets
+                 if t.ref == "ConfigMap kube-system/volcano-vgpu-device-config"]
+    lines = [line for line in target_diff(target).splitlines() if not line.startswith(("---", "+++"))]
+    assert "deviceSplitCount: 10" in [line[1:].strip() for line in lines if line.startswith("-")]
+    assert "deviceSplitCount: 4" in [line[1:].strip() for line in lines if line.startswith("+")]
+    assert all(len(line) < 200 for line in lines)
