@@ -307,3 +307,16 @@ def test_dashboard_panels_do_not_overlap() -> None:
             for y in range(g["y"], g["y"] + g["h"]):
                 assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
                 cells[(x, y)] = p["title"]
+
+
+@pytest.mark.parametrize(("timeout", "refused"), [("30s", False), ("29s500ms", False), ("30s1ms", True),
+                                                  ("1m", True)])
+def test_a_scrape_timeout_longer_than_the_interval_is_refused(timeout: str, refused: bool) -> None:
+    # Prometheus refuses such a scrape config: nothing is scraped and the down alerts fire.
+    values = {"metrics": {"serviceMonitor": {"enabled": True, "interval": "30s", "scrapeTimeout": timeout}}}
+    if refused:
+        with pytest.raises(chart.HelmError, match="longer than the interval 30s"):
+            chart.template(values)
+    else:
+        monitors = chart.of_kind(chart.render(values), "ServiceMonitor")
+        assert {e["scrapeTimeout"] for m in monitors for e in m["spec"]["endpoints"]} == {timeout}
