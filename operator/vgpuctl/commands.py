@@ -215,8 +215,11 @@ def render_command(args: argparse.Namespace, objects: list[dict[str, Any]], styl
         # Without a cluster only the two ConfigMaps can be rendered; the rest edits live objects.
         print("vgpuctl render: no cluster given (-f DIR, --kubeconfig or --context): the scheduler "
               "ConfigMap, its Deployment and the device plugin DaemonSet are edits of live objects and "
-              "are left out", file=sys.stderr)
-        problems = [p for p in problems if not p.object]
+              "are left out, and node-config holds only the nodeOverrides that name nodes (those by "
+              "nodeSelector need the nodes)", file=sys.stderr)
+        # No node was read: that none matches an override says nothing.
+        unread = {rules.NODE_NOT_FOUND.reason, rules.OVERRIDE_MATCHES_NO_NODES.reason}
+        problems = [p for p in problems if not p.object and p.reason not in unread]
         result.targets = [t for t in result.targets if t.error is None]
     states, restarts = _states(decision), _restarts(decision)
     if args.output == "table":

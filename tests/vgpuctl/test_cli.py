@@ -115,3 +115,18 @@ def test_colour_only_when_asked_or_on_a_terminal(capsys):
     assert "\x1b[31m" in capsys.readouterr().out
     assert main(["doctor", *SEED]) == 1  # captured output is not a terminal
     assert "\x1b[" not in capsys.readouterr().out
+
+
+def test_render_offline_does_not_warn_of_nodes_it_never_read(capsys, tmp_path):
+    # Without a cluster no node is known: each override naming a node warned NodeNotFound.
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "vgpu.io/v1alpha1", "kind": "VGPUPolicy",
+                                    "metadata": {"name": "default"},
+                                    "spec": {"nodeOverrides": [{"nodeNames": ["gpu-a100-1"],
+                                                                "deviceSplitCount": 2}]}}))
+    assert main(["render", "--policy", str(path), "-o", "json"]) == 0
+    captured = capsys.readouterr()
+    assert "NodeNotFound" not in captured.err and "no cluster given" in captured.err
+    rendered = json.loads(captured.out)
+    (node_config,) = [d for d in rendered if d["metadata"]["name"] == "volcano-vgpu-node-config"]
+    assert "gpu-a100-1" in node_config["data"]["config.json"]
