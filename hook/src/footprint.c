@@ -2,8 +2,11 @@
  * contexts, the modules the driver loads lazily, library workspaces. NVML lists each process's
  * device memory by host pid; the difference from the allocations this process counts is charged
  * to its ledger, so the cap bounds what the container holds, not only what it asked for (on an
- * H100 a context is about 0.5 GiB). Also where a process learns its host pid, which the SM
- * limiter needs to find its own samples. */
+ * H100 a context is about 0.5 GiB). Measured on the process's allocation paths and, once it has
+ * a context on a capped device, by a thread of its own once a second: memory it comes to hold
+ * without an allocation (lazily loaded modules, a module's globals, what the library only
+ * measures) is counted even while it only launches or sleeps. Also where a process learns its
+ * host pid, which the SM limiter needs to find its own samples. */
 #define _GNU_SOURCE
 #include "footprint.h"
 
@@ -17,6 +20,7 @@
 #include "memory.h"
 #include "nvml.h"
 #include "region.h"
+#include "threads.h"
 #include "throttle.h"
 #include "util.h"
 
@@ -80,6 +84,8 @@ static int32_t candidates[LEARN_CANDIDATES];
 static int ncandidates; /* atomic: written under the footprint lock, before it is read */
 static int pid_is_hosts_answer = -1; /* atomic: pid_is_hosts(), once asked (-1: not yet) */
 static int not_listed_warned;
+static int watcher_started; /* atomic: the measuring thread was started (or its start failed) */
+static void start_watcher(void);
 
 static void reset(void)
 {
@@ -100,6 +106,7 @@ static void reset(void)
     learn_every_ns = LEARN_EVERY_NS;
     ncandidates = 0;
     pid_is_hosts_answer = -1; /* the parent may have made a pid namespace for its children */
+    watcher_started = 0;      /* fork copies no thread: the child starts its own, if it needs one */
 }
 
 void vgpu_footprint_init(uint64_t (*cache_of)(uintptr_t pool))
@@ -461,6 +468,8 @@ int vgpu_footprint_after_context(struct vgpu_context_probe *p, int created)
     if (created) {
         __atomic_store_n(&released[dev], 0, __ATOMIC_RELEASE);
         __atomic_store_n(&has_context[dev], 1, __ATOMIC_RELEASE);
+        if (capped(dev))
+            start_watcher();
     }
     if (created && p->ledger)
         rc = charge_context(p);
@@ -535,6 +544,33 @@ static void refresh(int dev, uint64_t period_ns)
 }
 
 void vgpu_footprint_refresh(int dev) { refresh(dev, REFRESH_NS); }
+
+/* The measuring thread: each capped device with a context, once a second (it wakes twice a
+ * second; refresh() skips a device measured less than a second ago, or being measured), so
+ * what a process comes to hold is counted within 1.5 s. */
+static void *watch(void *unused)
+{
+    (void)unused;
+    for (;;) {
+        struct timespec half = {.tv_sec = 0, .tv_nsec = REFRESH_NS / 2};
+        nanosleep(&half, NULL);
+        for (int dev = 0; dev < VGPU_REGION_MAX_DEVICES; dev++)
+            refresh(dev, REFRESH_NS);
+    }
+    return NULL;
+}
+
+/* Once a process (or a fork child) has a context on a capped device. Without the thread the
+ * allocation paths still measure; a failed start is said once and not tried again. */
+static void start_watcher(void)
+{
+    if (__atomic_exchange_n(&watcher_started, 1, __ATOMIC_ACQ_REL))
+        return;
+    int rc = vgpu_thread_start(watch);
+    if (rc != 0)
+        vgpu_log(VGPU_LOG_WARN, "cannot start the footprint thread (error %d): memory this process "
+                 "holds outside its allocations is counted at its next allocation only", rc);
+}
 
 /* A pool may have given back what frees left counted in it, and memory NVML showed may be gone. */
 void vgpu_footprint_before_refusal(int dev)

@@ -104,6 +104,7 @@
 #include <stdint.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -1981,18 +1982,29 @@ static int limits_inside_locks(void)
           "needing 3 KiB is refused (rc %d), one needing none launches (rc %d)",
           inside_raise_rc, inside_plain_rc);
     void (**nvml_inside)(void) = NULL;
+    long *inside_tid = NULL;
     void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (nvml != NULL)
+    if (nvml != NULL) {
         nvml_inside = (void (**)(void))dlsym(nvml, "fake_nvml_inside_fn");
-    if (!check(nvml_inside != NULL, "the fake NVML the library opened"))
+        inside_tid = (long *)dlsym(nvml, "fake_nvml_inside_tid");
+    }
+    if (!check(nvml_inside != NULL && inside_tid != NULL, "the fake NVML the library opened"))
         return check_done("test_footprint limits-inside-locks");
     inside_raise_rc = inside_plain_rc = CUDA_ERROR_UNKNOWN;
-    sleep_s(1.1); /* the next allocation measures */
+    /* Inside this thread's measurement (a handler lands on no library thread): a refused
+     * allocation measures, at most every 0.1 s, so tried until one does (the library's own
+     * thread may just have measured). */
+    *inside_tid = (long)syscall(SYS_gettid);
     *nvml_inside = inside_process_list;
     CUdeviceptr p;
-    rc = cuMemAlloc(&p, 64 * MiB);
-    check(rc == CUDA_SUCCESS && cuMemFree(p) == CUDA_SUCCESS && *nvml_inside == NULL,
-          "an allocation measures the device (rc %d)", rc);
+    int tries = 0;
+    for (rc = CUDA_SUCCESS; tries < 40 && *nvml_inside != NULL; tries++) {
+        sleep_s(0.15);
+        rc = cuMemAlloc(&p, 2048 * MiB);
+    }
+    check(rc == CUDA_ERROR_OUT_OF_MEMORY && *nvml_inside == NULL,
+          "a refused allocation measures the device (rc %d, try %d)", rc, tries);
+    *inside_tid = 0;
     check(inside_raise_rc == CUDA_ERROR_OUT_OF_MEMORY && inside_plain_rc == CUDA_SUCCESS,
           "inside NVML's process list, asked holding the device's footprint lock: a kernel "
           "needing 3 KiB is refused (rc %d), one needing none launches (rc %d)",
@@ -2143,10 +2155,16 @@ int main(int argc, char **argv)
     check(fake_cuda_device_used(0) <= cap, "what the driver holds for the process: %llu MiB",
           (unsigned long long)(fake_cuda_device_used(0) / MiB));
 
-    /* The first launch loads modules: memory the driver takes without asking. */
+    /* The first launch loads modules: memory the driver takes without asking. The library's
+     * own thread measures it while the process does nothing more (before, it was counted at
+     * the process's next allocation only, and a sibling could fill the cap meanwhile). */
     cuLaunchKernel(NULL, 10, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
     cuCtxSynchronize();
-    sleep_s(1.1);
+    double waited = 0;
+    for (; waited < 3.0 && used() != context + lazy + 700 * MiB; waited += 0.05)
+        sleep_s(0.05);
+    check(used() == context + lazy + 700 * MiB, "while the process only waits, the loaded modules "
+          "are counted within %.2f s: %llu MiB", waited, (unsigned long long)(used() / MiB));
     check(cuMemAlloc(&more, 1 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
           "after the lazy load (%llu MiB held), 1 MiB more is refused",
           (unsigned long long)(fake_cuda_device_used(0) / MiB));

@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fake_state.h"
 
@@ -219,15 +221,21 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
 
 /* fake_nvml_inside_fn runs once inside the next call for the running processes (any version),
  * before its answer: a test's way to have a call land while one is inside NVML (a signal
- * handler's, found through dlsym: the library opens NVML itself). */
+ * handler's, found through dlsym: the library opens NVML itself). With fake_nvml_inside_tid
+ * set, only inside a call of that thread: a handler never lands on the library's own threads,
+ * which block signals (its footprint thread measures too). */
 EXPORT void (*fake_nvml_inside_fn)(void);
+EXPORT long fake_nvml_inside_tid;
 
 /* Every live process with a context or memory on the device (fake_state.h), its footprint as
  * usedGpuMemory (no MIG). */
 static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count,
                                       nvmlProcessInfo_t *infos)
 {
-    void (*inside)(void) = __atomic_exchange_n(&fake_nvml_inside_fn, NULL, __ATOMIC_ACQ_REL);
+    long tid = __atomic_load_n(&fake_nvml_inside_tid, __ATOMIC_ACQUIRE);
+    void (*inside)(void) = tid != 0 && tid != (long)syscall(SYS_gettid)
+                               ? NULL
+                               : __atomic_exchange_n(&fake_nvml_inside_fn, NULL, __ATOMIC_ACQ_REL);
     if (inside != NULL)
         inside();
     if (!initialised)
