@@ -10,14 +10,16 @@ server would.
 Defaults are upstream's (Helm chart of volcano-vgpu-device-plugin, Volcano's deviceshare plugin),
 so an empty spec (`spec: {}`) describes a stock install with vGPU enabled.
 
-Read a policy with `VGPUPolicy.from_object(obj)`; write status with
-`status.model_dump(by_alias=True, exclude_none=True, mode="json")`.
+Read a policy with `VGPUPolicy.from_object(obj)` (a manifest: unknown fields are errors) or
+`VGPUPolicy.from_api(obj)` (as the API server returns it, whose CRD may be newer than this code);
+write status with `status.model_dump(by_alias=True, exclude_none=True, mode="json")`.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Literal
+import types
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -477,8 +479,20 @@ class VGPUPolicy(ApiModel):
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> VGPUPolicy:
-        """Parse an object as read from the API (or a manifest). Raises pydantic ValidationError."""
+        """Parse a manifest (vgpuctl) or a policy built here. Raises pydantic ValidationError."""
         return cls.model_validate(obj)
+
+    @classmethod
+    def from_api(cls, obj: dict[str, Any]) -> tuple[VGPUPolicy, list[str]]:
+        """Parse a policy as the API server returns it, and the paths of the fields this code does
+        not know, left out. The server's CRD may be newer than this operator (Helm never
+        downgrades crds/, so a rollback keeps the newer one), and it fills each new field's
+        default into every policy: read strictly, every policy would be rejected, nothing
+        reconciled. The API server validated the object against its CRD; the values of the
+        fields known here are validated again. Raises pydantic ValidationError."""
+        spec, unknown = known_fields(VGPUPolicySpec, obj.get("spec") or {}, "spec.")
+        status, unknown_status = known_fields(VGPUPolicyStatus, obj.get("status"), "status.")
+        return cls.model_validate({**obj, "spec": spec, "status": status}), unknown + unknown_status
 
     @property
     def name(self) -> str:
@@ -487,6 +501,41 @@ class VGPUPolicy(ApiModel):
     def spec_dict(self) -> dict[str, Any]:
         """The spec as the API server would show it (aliases, defaults filled)."""
         return self.spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def known_fields(model: type[BaseModel], data: Any, at: str = "") -> tuple[Any, list[str]]:
+    """`data` (a dict the API server returned for `model`) without the keys `model` does not
+    define, at any depth (nested models, lists and optional ones), and the paths of those left
+    out, from `at`. Anything but a dict is returned as it is, for validation to judge."""
+    if not isinstance(data, dict):
+        return data, []
+    annotations: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        annotations[name] = annotations[info.alias or to_camel(name)] = info.annotation
+    kept: dict[str, Any] = {}
+    unknown: list[str] = []
+    for key, value in data.items():
+        if key not in annotations:
+            unknown.append(f"{at}{key}")
+            continue
+        kept[key], inner = _known_in(annotations[key], value, f"{at}{key}")
+        unknown += inner
+    return kept, unknown
+
+
+def _known_in(annotation: Any, value: Any, at: str) -> tuple[Any, list[str]]:
+    """`known_fields` inside one field's value, by the field's type."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return known_fields(annotation, value, f"{at}.")
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is list and args and isinstance(value, list):
+        pairs = [_known_in(args[0], item, f"{at}[{i}]") for i, item in enumerate(value)]
+        return [v for v, _ in pairs], [path for _, paths in pairs for path in paths]
+    if origin in (Union, types.UnionType):
+        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(models) == 1:
+            return _known_in(models[0], value, at)
+    return value, []
 
 
 def parse_spec(spec: dict[str, Any] | None) -> VGPUPolicySpec:

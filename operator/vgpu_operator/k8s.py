@@ -270,7 +270,9 @@ class Kube:
 
         A 404 on a target that was read (deleted since) raises TargetMissing: creating it here
         would POST the stale copy read before, someone else's Deployment or DaemonSet or
-        ConfigMap resurrected from memory. Only an object rendered from nothing is created."""
+        ConfigMap resurrected from memory. Only an object rendered from nothing is created, and
+        by POST alone: one that someone made since the read (409) raises TargetChanged, where a
+        merge patch would have written the render for "missing" over their data."""
         path = path_of(target.kind, target.namespace, target.name)
         where = f"{target.kind} {target.namespace}/{target.name}"
         patch = target.patch()
@@ -279,6 +281,8 @@ class Kube:
             meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
 
         async def attempt() -> dict[str, Any]:
+            if target.live is None:
+                return await create()
             try:
                 return await self._call("PATCH", path, patch, content_type=MERGE_PATCH)
             except ApiException as exc:
@@ -313,7 +317,14 @@ class Kube:
             meta = patch.get("metadata") or {}
             kept = {key: value for key, value in (meta.get("annotations") or {}).items() if value is not None}
             created = {**patch, "metadata": {**meta, "annotations": kept}} if "annotations" in meta else patch
-            return await self._call("POST", path_of(target.kind, target.namespace), created)
+            try:
+                return await self._call("POST", path_of(target.kind, target.namespace), created)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                # Also our own POST applied before a lost answer: the next reconcile reads it.
+                raise TargetChanged(f"{where} was created by someone else while the operator was "
+                                    "creating it; decided again at the next reconcile") from exc
 
         return await self._retrying(f"apply {target.kind} {target.namespace}/{target.name}", attempt)
 

@@ -71,6 +71,8 @@ class Reconciler:
         self._recreated: set[str] = set()
         # Per policy (`_identity`), the ApplyFailed event last posted and when (monotonic).
         self._apply_failed: dict[str, tuple[str, float]] = {}
+        # Per policy (`_identity`), the fields unknown here last said, and for which generation.
+        self._unknown_said: dict[str, tuple[Any, tuple[str, ...]]] = {}
 
     async def release(self, name: str, body: dict[str, Any]) -> None:
         """The policy is going away: keep every rendered setting (the cluster keeps working) and
@@ -83,7 +85,7 @@ class Reconciler:
         async with self._lock:
             log = logs.PolicyLogger(body, logger)
             try:
-                policy = api.VGPUPolicy.model_validate({**body, "status": None})
+                policy, _ = api.VGPUPolicy.from_api({**body, "status": None})
             except pydantic.ValidationError as exc:
                 log.warning("policy deleted with a spec that does not validate (%d problems): no "
                             "target released", len(exc.errors()))
@@ -141,6 +143,17 @@ class Reconciler:
             self.metrics.duration.observe(time.monotonic() - started)
             return result != "error"
 
+    def _say_unknown(self, body: dict[str, Any], unknown: list[str]) -> None:
+        """Fields of a newer CRD than this operator's (a rollback), ignored: said once a generation."""
+        key, said = _identity(body), (body["metadata"].get("generation"), tuple(unknown))
+        if self._unknown_said.get(key) == said:
+            return
+        self._unknown_said[key] = said
+        logs.PolicyLogger(body, logger).warning(
+            "the policy has fields this operator does not know, ignored: %s. The installed CRD is "
+            "newer than the operator (a rollback keeps the newer CRD): upgrade the operator, or "
+            "leave those fields at their defaults", ", ".join(unknown))
+
     def _log(self, name: str) -> logging.Logger | logs.PolicyLogger:
         """Lines about this policy: with its object reference when its body is known."""
         body = self.policies.bodies.get(name)
@@ -157,7 +170,7 @@ class Reconciler:
             await self._report(body, previous, decide.conflict(generation, active).outcome())
             return "conflict"
         try:
-            policy = api.VGPUPolicy.from_object(body)
+            policy, unknown = api.VGPUPolicy.from_api(body)
         except pydantic.ValidationError as exc:
             # The locations start at the object (`spec...`); pydantic prefixes a validator's own
             # message with "Value error, ", which says nothing to a user.
@@ -165,6 +178,10 @@ class Reconciler:
                         for err in exc.errors()]
             await self._report(body, previous, decide.rejected(generation, problems).outcome())
             return "invalid"
+        # Unknown status fields are a newer operator's, rewritten by this one: not the admin's.
+        on_spec = [path for path in unknown if path.startswith("spec.")]
+        if on_spec:
+            self._say_unknown(body, on_spec)
         # Never render node-config from a partial node list: that would drop the entries of the
         # nodes not seen yet and restart their plugin pods.
         try:

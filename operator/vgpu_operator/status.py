@@ -280,6 +280,6 @@ def parse_status(raw: Mapping[str, Any] | None) -> api.VGPUPolicyStatus | None:
     if not raw:
         return None
     try:
-        return api.VGPUPolicyStatus.model_validate(dict(raw))
+        return api.VGPUPolicyStatus.model_validate(api.known_fields(api.VGPUPolicyStatus, dict(raw))[0])
     except ValueError:
         return None

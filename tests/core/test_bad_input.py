@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pydantic
 import pytest
 from vgpu_operator.api import parse_spec
 from vgpu_operator.decide import render_all
@@ -138,3 +139,28 @@ def test_malformed_node_annotation_does_not_crash(cluster_docs: list[dict[str, A
     spec = parse_spec({})
     problems = validate(spec, observe(docs, spec))
     assert not errors(problems)
+
+
+def test_a_policy_read_from_the_api_leaves_out_fields_a_newer_crd_added() -> None:
+    # A manifest with an unknown field is an error (a typo must not pass); the API server's copy
+    # of a policy under a newer CRD carries that CRD's new fields, which this code cannot use.
+    from vgpu_operator.api import VGPUPolicy
+
+    body = {"apiVersion": "vgpu.io/v1alpha1", "kind": "VGPUPolicy", "metadata": {"name": "p"},
+            "spec": {"device": {"deviceSplitCount": 4, "futureKnob": 1},
+                     "nodeOverrides": [{"nodeNames": ["n1"], "deviceSplitCount": 2, "futureTag": "x"}]},
+            "status": {"observedGeneration": 3, "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Ready", "message": "",
+                 "lastTransitionTime": "2026-12-02T00:00:00Z", "futureField": 1}]}}
+    with pytest.raises(pydantic.ValidationError):
+        VGPUPolicy.from_object(body)
+    policy, unknown = VGPUPolicy.from_api(body)
+    assert unknown == ["spec.device.futureKnob", "spec.nodeOverrides[0].futureTag",
+                       "status.conditions[0].futureField"]
+    assert policy.spec.device.device_split_count == 4
+    assert policy.spec.node_overrides[0].device_split_count == 2
+    assert policy.status is not None and policy.status.observed_generation == 3
+    # Values are still validated: a known field with a bad value is an error.
+    body["spec"]["device"]["deviceSplitCount"] = -1
+    with pytest.raises(pydantic.ValidationError):
+        VGPUPolicy.from_api(body)

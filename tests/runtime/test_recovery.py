@@ -381,3 +381,56 @@ async def test_an_active_policy_whose_reconciles_fail_reads_present_and_not_read
         metrics = op.reconciler.metrics
         assert metrics.policy_present._value.get() == 1
         assert metrics.policy_ready._value.get() == 0
+
+
+async def test_a_configmap_someone_creates_while_the_operator_creates_it_is_not_overwritten() -> None:
+    # The device-config ConfigMap was missing when read; someone (the plugin's own chart, say)
+    # creates it before the operator's write. Before, that write was a merge patch of the whole
+    # object rendered for "missing": it replaced their device-config.yaml and added the
+    # managed-by label. Now it is a POST, which meets 409 and is decided again.
+    async with scenario(ROLL) as running, solo(running) as operator:
+        emulator = running.emulator
+        emulator.delete_object("ConfigMap", PLUGIN_NS, "volcano-vgpu-device-config")
+        theirs = {"apiVersion": "v1", "kind": "ConfigMap",
+                  "metadata": {"name": "volcano-vgpu-device-config", "namespace": PLUGIN_NS},
+                  "data": {"device-config.yaml": "nvidia: {}\n", "vnpus": "theirs\n"}}
+        call = operator.kube._call
+
+        async def racing(method: str, path: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            if method in ("PATCH", "POST") and "/configmaps" in path and \
+                    emulator.get_object("ConfigMap", PLUGIN_NS, "volcano-vgpu-device-config") is None:
+                emulator.apply(copy.deepcopy(theirs))
+            return await call(method, path, *args, **kwargs)
+
+        operator.kube._call = racing  # type: ignore[method-assign]
+        assert not await operator.reconcile()
+        assert "created by someone else while the operator was creating it" in condition(
+            emulator, "Applied")["message"]
+        found = emulator.get_object("ConfigMap", PLUGIN_NS, "volcano-vgpu-device-config")
+        assert found is not None and found["data"] == theirs["data"]
+        assert "app.kubernetes.io/managed-by" not in (found["metadata"].get("labels") or {})
+
+
+async def test_a_policy_with_fields_of_a_newer_crd_is_reconciled_and_they_are_said_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # After a rollback the API server keeps the newer CRD (Helm never downgrades crds/) and
+    # fills its new fields' defaults into every policy. Read strictly, every policy was rejected
+    # (Valid False, nothing applied, drift not repaired) and its status rebuilt without the
+    # last-applied hashes.
+    spec = copy.deepcopy(ROLL)
+    spec["device"]["futureKnob"] = 3
+    spec["futureSection"] = {"enabled": True}
+    async with scenario(spec) as running, solo(running) as operator:
+        emulator = running.emulator
+        assert await operator.reconcile()
+        assert condition(emulator, "Valid")["status"] == "True"
+        assert condition(emulator, "Applied")["status"] == "True"
+        policy = emulator.get_object(api.KIND, None, NAME)
+        policy.setdefault("status", {})["futureCounter"] = 7  # a newer operator's status field
+        policy["status"]["targets"][0]["futureNote"] = "x"
+        emulator.apply(policy)
+        hashes = [t["hash"] for t in policy["status"]["targets"]]
+        assert await operator.reconcile()
+        assert [t["hash"] for t in status(emulator)["targets"]] == hashes  # kept, not rebuilt
+    said = [r.getMessage() for r in caplog.records if "does not know" in r.getMessage()]
+    assert len(said) == 1 and "spec.device.futureKnob, spec.futureSection" in said[0]

@@ -40,7 +40,7 @@ def targets_of(body: dict[str, Any] | None) -> frozenset[Key]:
     if body is None:
         return frozenset()
     try:
-        spec = api.VGPUPolicy.from_object(body).spec
+        spec = api.VGPUPolicy.from_api(body)[0].spec
     except pydantic.ValidationError:
         return frozenset()
     return frozenset(w.key for w in wanted_objects(spec))
