@@ -325,6 +325,17 @@ def _stall_once(kube: Any, method: str, applied: bool, when: Any = None) -> asyn
     return stalled
 
 
+async def _give_up(kube: Any, method: str, applied: bool, call: Any, when: Any = None) -> None:
+    """Runs the coroutine `call` until `method` stalls (`_stall_once`), then cancels it, as gRPC
+    cancels the handler when the kubelet goes away."""
+    stalled = _stall_once(kube, method, applied, when)
+    task = asyncio.ensure_future(call)
+    await asyncio.wait_for(stalled.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 @pytest.mark.parametrize(("method", "applied"), [
     ("patch_pod", True),  # the swap took, the success patch was written: the reply is pending
     ("consume_devices", True),  # the swap took, its reply is pending
@@ -338,12 +349,8 @@ async def test_a_call_the_kubelet_gives_up_puts_its_part_back_for_its_next_call(
     # and in a pod of two the container would have got the next container's part.
     first = _waiting("first", [ctr("gpu", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:", vgpu_time="7")
     kube, allocator = _memory_world(tmp_path, first)
-    stalled = _stall_once(kube, method, applied, _writes_success if method == "patch_pod" else None)
-    call = asyncio.create_task(allocator.allocate(1))
-    await asyncio.wait_for(stalled.wait(), 5)
-    call.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await call
+    when = _writes_success if method == "patch_pod" else None
+    await _give_up(kube, method, applied, allocator.allocate(1), when)
     assert _annotations(kube, "first")[ann.DEVICES_TO_ALLOCATE] == f"{GPU_A},NVIDIA,1000,0:"
     assert _annotations(kube, "first")[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
     assert _annotations(kube, "first")[ann.VGPU_TIME] == "7"
@@ -362,12 +369,7 @@ async def test_a_given_up_memory_call_is_counted_again_by_its_next_call(tmp_path
     devices = f"{GPU_A},NVIDIA,1000,0:;{GPU_B},NVIDIA,3000,0:"
     pod = _waiting("memonly", [ctr("mem", count=None, memory="1k"), ctr("gpu", 1, memory="3k")], devices)
     kube, allocator = _memory_world(tmp_path, pod)
-    stalled = _stall_once(kube, "consume_devices", applied=True)
-    call = asyncio.create_task(allocator.allocate_memory(1000))
-    await asyncio.wait_for(stalled.wait(), 5)
-    call.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await call
+    await _give_up(kube, "consume_devices", True, allocator.allocate_memory(1000))
     assert _annotations(kube, "memonly")[ann.DEVICES_TO_ALLOCATE] == devices
     again = await allocator.allocate_memory(1000)
     assert again is not None and again.call.container == "mem"
@@ -431,25 +433,12 @@ async def test_a_given_up_call_whose_swap_was_refused_puts_back_nothing(tmp_path
     # On a stale cache the call named container a again (already answered) and its swap was
     # refused; it was given up while deciding again on a fresh list. Putting "its" part back
     # would give a's part to the pod again, and the kubelet's call for b would get a's GPU.
-    from vgpu_deviceplugin.pod_cache import PodCache
-
-    from tests.deviceplugin.kit import FakeKube
-
-    pod = gpu_pod("two", [ctr("a"), ctr("b")], f"{GPU_A},NVIDIA,1000,10:;{GPU_B},NVIDIA,2000,20:")
-    pod["metadata"]["annotations"][ann.BIND_PHASE] = ann.BIND_PHASE_ALLOCATING
-    kube, cache = FakeKube(), PodCache()
-    kube.add_pod(copy.deepcopy(pod))
-    cache.apply("ADDED", copy.deepcopy(pod))
-    cache.apply("SYNCED", {})
-    allocator = _allocator(kube, tmp_path, cache)
+    pod = _waiting("two", [ctr("a"), ctr("b")], f"{GPU_A},NVIDIA,1000,10:;{GPU_B},NVIDIA,2000,20:")
+    kube, allocator = _memory_world(tmp_path, pod)
+    allocator._cache = cache = _synced_cache(pod)
     assert (await allocator.allocate(1)).call.container == "a"
     cache.apply("MODIFIED", copy.deepcopy(pod))  # the older version, after the plugin's write
-    stalled = _stall_once(kube, "list_pods_on_node", applied=False)
-    call = asyncio.create_task(allocator.allocate(1))
-    await asyncio.wait_for(stalled.wait(), 5)
-    call.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await call
+    await _give_up(kube, "list_pods_on_node", False, allocator.allocate(1))
     assert _annotations(kube, "two")[ann.DEVICES_TO_ALLOCATE] == f";{GPU_B},NVIDIA,2000,20:"
     served = await allocator.allocate(1)
     assert served.call.container == "b" and served.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
@@ -462,12 +451,7 @@ async def test_a_memory_call_given_up_after_its_pod_was_done_is_counted_again(tm
     # counted, that call was explained by no pod and answered empty (the container uncapped).
     pod = _waiting("memonly", [ctr("mem", count=None, memory="1k")], f"{GPU_A},NVIDIA,1000,0:")
     kube, allocator = _memory_world(tmp_path, pod)
-    stalled = _stall_once(kube, "patch_node", applied=False)
-    call = asyncio.create_task(allocator.allocate_memory(1000))
-    await asyncio.wait_for(stalled.wait(), 5)
-    call.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await call
+    await _give_up(kube, "patch_node", False, allocator.allocate_memory(1000))
     assert _annotations(kube, "memonly")[ann.DEVICES_TO_ALLOCATE] == f"{GPU_A},NVIDIA,1000,0:"
     assert _annotations(kube, "memonly")[ann.BIND_PHASE] == ann.BIND_PHASE_ALLOCATING
     again = await allocator.allocate_memory(1000)
