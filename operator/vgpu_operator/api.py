@@ -531,10 +531,10 @@ def _known_in(annotation: Any, value: Any, at: str) -> tuple[Any, list[str]]:
     if origin is list and args and isinstance(value, list):
         pairs = [_known_in(args[0], item, f"{at}[{i}]") for i, item in enumerate(value)]
         return [v for v, _ in pairs], [path for _, paths in pairs for path in paths]
-    if origin in (Union, types.UnionType):
-        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
-        if len(models) == 1:
-            return _known_in(models[0], value, at)
+    if origin in (Union, types.UnionType):  # an optional field: `X | None`, X a model or a list
+        present = [a for a in args if a is not type(None)]
+        if len(present) == 1:
+            return _known_in(present[0], value, at)
     return value, []
 
 

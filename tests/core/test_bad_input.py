@@ -147,7 +147,10 @@ def test_a_policy_read_from_the_api_leaves_out_fields_a_newer_crd_added() -> Non
     from vgpu_operator.api import VGPUPolicy
 
     body = {"apiVersion": "vgpu.io/v1alpha1", "kind": "VGPUPolicy", "metadata": {"name": "p"},
-            "spec": {"device": {"deviceSplitCount": 4, "futureKnob": 1},
+            "spec": {"device": {"deviceSplitCount": 4, "futureKnob": 1, "knownMigGeometries": [
+                         {"models": ["A30"], "futureModelField": 1, "allowedGeometries": [
+                             {"group": "g1", "geometries": [
+                                 {"name": "1g.6gb", "memory": 6144, "count": 4, "futureSize": 2}]}]}]},
                      "nodeOverrides": [{"nodeNames": ["n1"], "deviceSplitCount": 2, "futureTag": "x"}]},
             "status": {"observedGeneration": 3, "conditions": [
                 {"type": "Ready", "status": "True", "reason": "Ready", "message": "",
@@ -155,8 +158,9 @@ def test_a_policy_read_from_the_api_leaves_out_fields_a_newer_crd_added() -> Non
     with pytest.raises(pydantic.ValidationError):
         VGPUPolicy.from_object(body)
     policy, unknown = VGPUPolicy.from_api(body)
-    assert unknown == ["spec.device.futureKnob", "spec.nodeOverrides[0].futureTag",
-                       "status.conditions[0].futureField"]
+    assert unknown == ["spec.device.futureKnob", "spec.device.knownMigGeometries[0].futureModelField",
+                       "spec.device.knownMigGeometries[0].allowedGeometries[0].geometries[0].futureSize",
+                       "spec.nodeOverrides[0].futureTag", "status.conditions[0].futureField"]
     assert policy.spec.device.device_split_count == 4
     assert policy.spec.node_overrides[0].device_split_count == 2
     assert policy.status is not None and policy.status.observed_generation == 3
