@@ -157,9 +157,11 @@ class Allocator:
             self._state.putting_back = None
 
     async def _went_away(self, taken: Taken | None) -> None:
-        if taken is not None:
-            await self._give_back(taken)
-        await self._release_node_lock()
+        try:
+            if taken is not None:
+                await self._give_back(taken)
+        finally:
+            await self._release_node_lock()  # whatever the put-back met
 
     async def _give_back(self, taken: Taken) -> None:
         """Puts a given-up call's part back, then the pod's bind-phase and vgpu-time as the call
@@ -184,8 +186,12 @@ class Allocator:
         if self._cache is not None:
             self._cache.put(dict(pod))
         # Never mounted (the kubelet has no answer naming it); the monitor reads one region a folder.
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(taken.region_file)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.error("pod %s: cannot remove %s, which no answer mounts: %s", ref, taken.region_file, exc)
         log.warning("pod %s: the kubelet gave up the call before its answer reached it; the part "
                     "is put back for the kubelet's next call", ref)
 

@@ -1026,3 +1026,21 @@ async def test_a_gpu_marked_unhealthy_is_refused_by_the_allocator(tmp_path: Any)
     with pytest.raises(AllocateError, match=f"GPU {GPU_A} .* is not a healthy GPU"):
         await _allocator(kube, tmp_path, unhealthy=GPU_A).allocate(1)
     assert kube.pods[("default", "xid")]["metadata"]["annotations"][ann.BIND_PHASE] == ann.BIND_PHASE_FAILED
+
+
+async def test_a_put_back_that_cannot_remove_its_region_file_still_releases_the_node_lock(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from vgpu_deviceplugin import allocator as allocator_module
+
+    first = _waiting("first", [ctr("gpu", 1, memory=1000)], f"{GPU_A},NVIDIA,1000,0:")
+    kube, allocator = _memory_world(tmp_path, first)
+
+    def refused(path: str) -> None:
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(allocator_module.os, "unlink", refused)
+    await _give_up(kube, "patch_pod", True, allocator.allocate(1), _writes_success)
+    assert _annotations(kube, "first")[ann.DEVICES_TO_ALLOCATE] == f"{GPU_A},NVIDIA,1000,0:"
+    assert ann.NODE_LOCK not in kube.nodes[FIXTURE_NODE]["metadata"]["annotations"]
+    assert any("cannot remove" in r.getMessage() and "Permission denied" in r.getMessage()
+               for r in caplog.records)
