@@ -211,8 +211,7 @@ class Allocator:
             pod = await self._read_back(ref, failed)
         except AllocateError as unread:
             pod, failed = None, str(unread)
-        now = ((pod or {}).get("metadata") or {}).get("annotations") or {}
-        if pod is not None and now.get(DEVICES_TO_ALLOCATE) == taken.before:
+        if pod is not None and _devices_of(pod) == taken.before:
             return pod
         log.error("%s; the kubelet's next call for this container will not find its part", failed)
         return None
@@ -316,11 +315,10 @@ class Allocator:
                 if attempt == 1 and exc.status in (404, 409, 422):
                     raise AllocateError(failed, ref) from exc
                 pod = await self._read_back(ref, failed)
-                now = ((pod or {}).get("metadata") or {}).get("annotations") or {}
-                if pod is not None and now.get(DEVICES_TO_ALLOCATE) == new:
+                if pod is not None and _devices_of(pod) == new:
                     log.warning("%s; read back, it took: the call is answered with that part", failed)
                     return dict(pod)
-                if now.get(DEVICES_TO_ALLOCATE) != old or attempt == attempts:
+                if _devices_of(pod) != old or attempt == attempts:
                     raise AllocateError(f"{failed}; read back, its {DEVICES_TO_ALLOCATE} is not the "
                                         "value after the swap", ref, final=True) from exc
                 log.warning("%s; read back, it did not take: swapping again", failed)
@@ -394,6 +392,11 @@ class Allocator:
             await self._kube.patch_node(node, allocate.release_lock_patch())
         except KubeError as exc:
             log.error("cannot release the node lock on %s: %s", node, exc)
+
+
+def _devices_of(pod: Pod | None) -> str | None:
+    """The pod's devices-to-allocate as read back (None: no pod, or no such annotation)."""
+    return (((pod or {}).get("metadata") or {}).get("annotations") or {}).get(DEVICES_TO_ALLOCATE)
 
 
 def _write_files(ref: PodRef, result: Plan, final: bool = False) -> None:

@@ -60,11 +60,6 @@ class Placement:
                                self.host_network))
 
 
-def runs_on(daemonset: Mapping[str, Any] | None, node: Mapping[str, Any]) -> bool:
-    """Whether the DaemonSet's pods run on `node` (None: no DaemonSet known, so any node)."""
-    return Placement.of(daemonset).admits(node)
-
-
 def _selector_admits(selector: Any, labels: Mapping[str, Any]) -> bool:
     if not isinstance(selector, dict):
         return True

@@ -481,7 +481,6 @@ def check_gpu_memory_factor(spec: VGPUPolicySpec, observed: ClusterView) -> Iter
                    "or more", f"Node {name}")
 
 
-# In this order, after `edited_object_errors`.
 def check_plugin_update_strategy(spec: VGPUPolicySpec, observed: ClusterView) -> Iterable[Problem]:
     """The operator restarts the plugin for a change of its arguments by a template annotation:
     a DaemonSet updated OnDelete ignores it, and its pods keep the old arguments until deleted."""
@@ -493,6 +492,7 @@ def check_plugin_update_strategy(spec: VGPUPolicySpec, observed: ClusterView) ->
                        f"restart their nodes' pods); {rules.PLUGIN_ON_DELETE.fix}", where)
 
 
+# In this order, after `edited_object_errors`.
 RULES: tuple[Rule, ...] = (
     check_volcano_version,
     check_plugin_generation,

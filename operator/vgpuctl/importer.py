@@ -22,7 +22,7 @@ from typing import Any, cast
 from vgpu_formats import device_config as dc
 from vgpu_formats import device_fields
 from vgpu_operator import versions
-from vgpu_operator.api import API_VERSION, DNS_NAME_PATTERN, KIND, VGPUPolicy
+from vgpu_operator.api import API_VERSION, DNS_NAME_PATTERN, KIND, NAME_MAX, VGPUPolicy
 from vgpu_operator.render import scheduler_conf as sc
 
 from vgpuctl.errors import UsageError
@@ -83,10 +83,11 @@ def _device(facts: ClusterFacts, notes: list[str]) -> dict[str, Any]:
     # The scheduler's copy, as for the names: the policy renders that one (geometries, say, are
     # the scheduler's to read); where the plugin reads another copy that differs, a note.
     spec = _given(facts.scheduler_config.parsed, facts.plugin_config.parsed)
+    scheduler_reads = spec.get("device") or {}
     plugin_reads = _given(facts.plugin_config.parsed, facts.scheduler_config.parsed).get("device") or {}
     sizing_keys = {f.policy.rsplit(".", 1)[1] for f in device_fields.SIZING_FIELDS.values()}
-    for key in sorted(set(spec.get("device") or {}) | set(plugin_reads)):
-        theirs, ours = plugin_reads.get(key), (spec.get("device") or {}).get(key)
+    for key in sorted(set(scheduler_reads) | set(plugin_reads)):
+        theirs, ours = plugin_reads.get(key), scheduler_reads.get(key)
         if theirs == ours or (key in sizing_keys and None in (theirs, ours)):
             continue
         keeps = "what the plugin runs with" if key in sizing_keys else "the scheduler's"
@@ -173,7 +174,7 @@ def _namespaces_named(facts: ClusterFacts) -> None:
 def import_policy(facts: ClusterFacts, name: str = "default") -> Imported:
     """The policy, validated against the API model (so `kubectl apply` accepts it). Raises
     UsageError for a name the API server would refuse or a target without a namespace."""
-    if not re.match(DNS_NAME_PATTERN, name) or len(name) > 253:
+    if not re.match(DNS_NAME_PATTERN, name) or len(name) > NAME_MAX:
         raise UsageError(f"--name {name!r}: a VGPUPolicy's name must be a DNS-1123 subdomain "
                          "(lower-case letters, digits, '-' and '.', starting and ending with a letter "
                          "or digit, at most 253 characters)")

@@ -1,4 +1,4 @@
-"""Where the device plugin's DaemonSet runs (placement.runs_on), as the DaemonSet controller
+"""Where the device plugin's DaemonSet runs (placement.Placement), as the DaemonSet controller
 decides it: nodeSelector, required node affinity, taints and tolerations."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from vgpu_operator.placement import runs_on
+from vgpu_operator.placement import Placement
 
 
 def _daemonset(**pod_spec: Any) -> dict[str, Any]:
@@ -28,15 +28,15 @@ def _expr(key: str, operator: str, *values: str) -> dict[str, Any]:
 
 
 def test_no_daemonset_or_no_constraint_means_every_node() -> None:
-    assert runs_on(None, _node())
-    assert runs_on(_daemonset(), _node(labels={"any": "thing"}))
+    assert Placement.of(None).admits(_node())
+    assert Placement.of(_daemonset()).admits(_node(labels={"any": "thing"}))
 
 
 def test_node_selector_needs_every_label() -> None:
     ds = _daemonset(nodeSelector={"gpu": "on", "pool": "vgpu"})
-    assert runs_on(ds, _node(labels={"gpu": "on", "pool": "vgpu", "zone": "a"}))
-    assert not runs_on(ds, _node(labels={"gpu": "on"}))
-    assert not runs_on(ds, _node(labels={"gpu": "off", "pool": "vgpu"}))
+    assert Placement.of(ds).admits(_node(labels={"gpu": "on", "pool": "vgpu", "zone": "a"}))
+    assert not Placement.of(ds).admits(_node(labels={"gpu": "on"}))
+    assert not Placement.of(ds).admits(_node(labels={"gpu": "off", "pool": "vgpu"}))
 
 
 @pytest.mark.parametrize(("expression", "labels", "admitted"), [
@@ -56,38 +56,38 @@ def test_node_selector_needs_every_label() -> None:
 def test_each_node_affinity_operator(expression: dict[str, Any], labels: dict[str, str],
                                      admitted: bool) -> None:
     ds = _daemonset(affinity=_affinity({"matchExpressions": [expression]}))
-    assert runs_on(ds, _node(labels=labels)) is admitted
+    assert Placement.of(ds).admits(_node(labels=labels)) is admitted
 
 
 def test_terms_are_ored_their_requirements_anded_and_an_empty_term_matches_nothing() -> None:
     ds = _daemonset(affinity=_affinity(
         {"matchExpressions": [_expr("gpu", "In", "on"), _expr("pool", "In", "vgpu")]},
         {"matchFields": [_expr("metadata.name", "In", "special")]}))
-    assert runs_on(ds, _node(labels={"gpu": "on", "pool": "vgpu"}))
-    assert not runs_on(ds, _node(labels={"gpu": "on"}))
-    assert runs_on(ds, _node("special"))
-    assert not runs_on(_daemonset(affinity=_affinity({})), _node(labels={"gpu": "on"}))
+    assert Placement.of(ds).admits(_node(labels={"gpu": "on", "pool": "vgpu"}))
+    assert not Placement.of(ds).admits(_node(labels={"gpu": "on"}))
+    assert Placement.of(ds).admits(_node("special"))
+    assert not Placement.of(_daemonset(affinity=_affinity({}))).admits(_node(labels={"gpu": "on"}))
 
 
 def test_selector_and_affinity_must_both_admit() -> None:
     ds = _daemonset(nodeSelector={"pool": "vgpu"},
                     affinity=_affinity({"matchExpressions": [_expr("gpu", "Exists")]}))
-    assert runs_on(ds, _node(labels={"pool": "vgpu", "gpu": "on"}))
-    assert not runs_on(ds, _node(labels={"pool": "vgpu"}))
+    assert Placement.of(ds).admits(_node(labels={"pool": "vgpu", "gpu": "on"}))
+    assert not Placement.of(ds).admits(_node(labels={"pool": "vgpu"}))
 
 
 def test_an_untolerated_taint_keeps_the_plugin_away() -> None:
     taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
-    assert not runs_on(_daemonset(), _node(taints=[taint]))
+    assert not Placement.of(_daemonset()).admits(_node(taints=[taint]))
     for toleration in ({"key": "nvidia.com/gpu", "operator": "Exists"},
                        {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present",
                         "effect": "NoSchedule"},
                        {"operator": "Exists"}):
-        assert runs_on(_daemonset(tolerations=[toleration]), _node(taints=[taint])), toleration
+        assert Placement.of(_daemonset(tolerations=[toleration])).admits(_node(taints=[taint])), toleration
     wrong_value = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "absent"}
-    assert not runs_on(_daemonset(tolerations=[wrong_value]), _node(taints=[taint]))
-    assert not runs_on(_daemonset(tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists",
-                                                "effect": "NoExecute"}]), _node(taints=[taint]))
+    assert not Placement.of(_daemonset(tolerations=[wrong_value])).admits(_node(taints=[taint]))
+    other_effect = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}
+    assert not Placement.of(_daemonset(tolerations=[other_effect])).admits(_node(taints=[taint]))
 
 
 def test_taints_a_daemonset_pod_runs_beside() -> None:
@@ -97,9 +97,9 @@ def test_taints_a_daemonset_pod_runs_beside() -> None:
     taints = [{"key": "x", "effect": "PreferNoSchedule"},
               {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
               {"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}]
-    assert runs_on(_daemonset(), _node(taints=taints))
+    assert Placement.of(_daemonset()).admits(_node(taints=taints))
     not_ready = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
-    assert not runs_on(_daemonset(), _node(taints=[not_ready]))
+    assert not Placement.of(_daemonset()).admits(_node(taints=[not_ready]))
     no_network = {"key": "node.kubernetes.io/network-unavailable", "effect": "NoSchedule"}
-    assert not runs_on(_daemonset(), _node(taints=[no_network]))
-    assert runs_on(_daemonset(hostNetwork=True), _node(taints=[no_network]))
+    assert not Placement.of(_daemonset()).admits(_node(taints=[no_network]))
+    assert Placement.of(_daemonset(hostNetwork=True)).admits(_node(taints=[no_network]))

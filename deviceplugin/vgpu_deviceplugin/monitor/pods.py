@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-ENDED_PHASES = frozenset({"Succeeded", "Failed"})  # every container of the pod has stopped
+from vgpu_deviceplugin.allocate import ENDED_PHASES  # every container of the pod has stopped
 
 
 @dataclass(frozen=True)
